@@ -1,0 +1,64 @@
+"""Engine core subprocess: `python -m engine --config JSON`. Frames on stdin / the original stdout."""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import logging
+import os
+import signal
+import sys
+import traceback
+
+from engine.config import EngineConfig
+from engine.ipc import FrameReader, FrameWriter
+from engine.messages import LoadFailed, ToEngine
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """The engine must never outlive the server, even after SIGKILL of the server."""
+    parent = os.getppid()
+    if sys.platform == "linux":
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent or parent == 1:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m engine")
+    parser.add_argument("--config", required=True, help="EngineConfig as JSON")
+    args = parser.parse_args()
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the server, which shuts us down
+    # frames go to the original stdout; anything a library prints goes to stderr instead
+    out_fd = os.dup(1)
+    os.dup2(2, 1)
+    writer = FrameWriter(out_fd)
+    reader: FrameReader[ToEngine] = FrameReader(0, ToEngine)
+    logging.basicConfig(level=os.environ.get("SPINDLE_LOG_LEVEL", "INFO").upper(),
+                        format="%(asctime)s engine %(levelname)s %(message)s")
+    try:
+        config = EngineConfig(**json.loads(args.config))
+        from engine.core import serve  # heavy imports (torch) after the pipes are set up
+    except Exception as e:  # noqa: BLE001 - any load failure is reported to the parent, then we exit
+        writer.send(LoadFailed(f"{type(e).__name__}: {e}"))
+        sys.exit(1)
+    try:
+        serve(config, reader, writer)
+    except (BrokenPipeError, KeyboardInterrupt):
+        pass
+    except Exception as e:  # noqa: BLE001
+        traceback.print_exc()
+        try:
+            writer.send(LoadFailed(f"{type(e).__name__}: {e}"))
+        except OSError:
+            pass
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""The model's swappable pieces: RMSNorm, rotary embedding, paged KV writes and paged attention.
+
+Plain torch references; `engine/kernels/` replaces them with Triton kernels tested against these.
+The KV cache of one layer is a pair of tensors [num_blocks, block_size, num_kv_heads, head_dim];
+a token at position p of a sequence lives in slot block_table[p // block_size] * block_size + p % block_size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Computed in float32 as transformers does, so half-precision runs round the same way.
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
+    """Inverse frequencies [head_dim // 2], with llama3 / linear scaling applied."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if rope_type == "default":
+        return inv_freq
+    assert scaling is not None
+    if rope_type == "linear":
+        return inv_freq / float(scaling["factor"])
+    if rope_type == "llama3":
+        factor = float(scaling["factor"])
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_len = float(scaling["original_max_position_embeddings"])
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return torch.where(is_medium, smoothed, scaled)
+    raise ValueError(f"rope_type {rope_type!r} is not supported; supported: default, linear, llama3")
+
+
+def rope_cos_sin(inv_freq: torch.Tensor, max_positions: int) -> torch.Tensor:
+    """[max_positions, head_dim] float32: cos in the first half, sin in the second."""
+    freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, head_dim], cos_sin [T, head_dim] (rows of rope_cos_sin at the tokens' positions)."""
+    half = x.shape[-1] // 2
+    cos, sin = cos_sin[:, None, :half], cos_sin[:, None, half:]
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    # Non-interleaved halves (rotate_half), the layout HF Llama/Qwen2/Mistral checkpoints use.
+    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return out.to(x.dtype)
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Store the step's new K/V [T, kv_heads, head_dim] in their slots."""
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k)
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v)
+
+
+@dataclass
+class PrefillChunk:
+    """A sequence running several tokens: rows [q_start, q_start + q_len) attend over key_slots."""
+
+    q_start: int
+    q_len: int
+    key_slots: torch.Tensor  # [ctx_len] slots of positions 0..ctx_len-1 (ctx_len = first position + q_len)
+    mask: torch.Tensor  # [q_len, ctx_len] bool, True where attention is allowed
+
+
+@dataclass
+class AttnMetadata:
+    """Everything attention needs for one step, built once by the runner and shared by all layers."""
+
+    slot_mapping: torch.Tensor  # [T] where each new token's K/V goes
+    decode_rows: torch.Tensor  # [B] rows of the flat batch that are single-token steps
+    decode_key_slots: torch.Tensor  # [B, max_ctx] slot of each key position (padding points at slot 0)
+    decode_bias: torch.Tensor  # [B, 1, 1, max_ctx] 0 where allowed, -inf on padding
+    prefills: list[PrefillChunk] = field(default_factory=list)
+
+    @property
+    def num_decodes(self) -> int:
+        return int(self.decode_rows.numel())
+
+
+def _decode_attention(q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor,
+                      meta: AttnMetadata, scale: float) -> torch.Tensor:
+    """q [B, heads, D] -> [B, heads, D]: every decode sequence in one padded batched matmul."""
+    b, heads, d = q.shape
+    kv_heads = k_flat.shape[1]
+    k = k_flat[meta.decode_key_slots]  # [B, L, kv_heads, D]
+    v = v_flat[meta.decode_key_slots]
+    qg = q.view(b, kv_heads, heads // kv_heads, d)  # query heads grouped under their kv head (GQA)
+    scores = torch.matmul(qg, k.permute(0, 2, 3, 1)).float() * scale  # [B, kv_heads, G, L]
+    probs = torch.softmax(scores + meta.decode_bias, dim=-1).to(v.dtype)
+    out = torch.matmul(probs, v.permute(0, 2, 1, 3))  # [B, kv_heads, G, D]
+    return out.reshape(b, heads, d)
+
+
+def _prefill_attention(q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor,
+                       chunk: PrefillChunk, scale: float) -> torch.Tensor:
+    """q [Lq, heads, D] -> [Lq, heads, D] over the chunk's whole context (cached prefix + itself)."""
+    k = k_flat[chunk.key_slots].transpose(0, 1).unsqueeze(0)  # [1, kv_heads, L, D]
+    v = v_flat[chunk.key_slots].transpose(0, 1).unsqueeze(0)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k, v, attn_mask=chunk.mask,
+                                         scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+    return out[0].transpose(0, 1)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    meta: AttnMetadata, scale: float) -> torch.Tensor:
+    """q [T, heads, D] for the flat batch -> attention output [T, heads, D]."""
+    k_flat = k_cache.view(-1, *k_cache.shape[2:])
+    v_flat = v_cache.view(-1, *v_cache.shape[2:])
+    out = torch.empty_like(q)
+    if meta.num_decodes:
+        out[meta.decode_rows] = _decode_attention(q[meta.decode_rows], k_flat, v_flat, meta, scale)
+    for chunk in meta.prefills:
+        rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
+        out[rows] = _prefill_attention(q[rows], k_flat, v_flat, chunk, scale)
+    return out

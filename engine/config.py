@@ -1,0 +1,52 @@
+"""Engine configuration: one frozen dataclass, validated on construction, sent to the child as JSON."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def parse_bytes(text: str | int) -> int:
+    """'2GiB' / '512MiB' / '1.5G' / plain bytes -> bytes."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?B?)\s*", text, re.IGNORECASE)
+    if not m:
+        raise ValueError(f"cannot read {text!r} as a size; write e.g. '2GiB' or '512MiB'")
+    unit = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2).upper()]
+    return int(float(m.group(1)) * unit)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str  # a local HF-format folder (hub ids are resolved to a folder before this)
+    dtype: str = "auto"
+    max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    kv_cache_memory: int = 1 << 30  # bytes for the KV cache
+    num_blocks: int | None = None  # overrides kv_cache_memory
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    heartbeat_interval: float = 0.5  # seconds between heartbeats while idle
+    device: str = "auto"  # auto: cuda when available, else cpu
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_memory"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ValueError(f"num_blocks must be at least 1, got {self.num_blocks}")
+        if self.heartbeat_interval <= 0:
+            raise ValueError("heartbeat_interval must be positive")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

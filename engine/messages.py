@@ -1,0 +1,116 @@
+"""The contract between the API server and the engine core: typed msgpack frames.
+
+Everything that crosses the pipe is one of these Structs. `ToEngine` and `FromEngine` are
+tagged unions, so one `msgspec.msgpack.Decoder` per direction decodes any frame.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Token-level sampling and stopping. Text-level stops (stop strings) live in the server."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    seed: int | None = None
+    min_tokens: int = 0
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    logprobs: int | None = None  # top-N logprobs per sampled token (the sampled one always included)
+    prompt_logprobs: int | None = None
+
+
+class AddRequest(msgspec.Struct, frozen=True, tag="add"):
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    priority: int = 0  # lower runs first, as in vLLM
+
+
+class AbortRequests(msgspec.Struct, frozen=True, tag="abort"):
+    request_ids: list[str]
+
+
+class Shutdown(msgspec.Struct, frozen=True, tag="shutdown"):
+    pass
+
+
+ToEngine = AddRequest | AbortRequests | Shutdown
+
+
+class EngineStats(msgspec.Struct, frozen=True, array_like=True):
+    num_running: int
+    num_waiting: int
+    num_used_blocks: int  # blocks held by requests; cached-but-free blocks count as free
+    num_total_blocks: int
+    num_preemptions: int  # cumulative
+    prefix_cache_queries: int  # cumulative, in tokens
+    prefix_cache_hits: int  # cumulative, in tokens
+
+
+class TokenLogprobs(msgspec.Struct, frozen=True, array_like=True):
+    """One position: the chosen token's logprob and rank, then the top-N alternatives."""
+
+    token_id: int
+    logprob: float
+    rank: int  # 1-based rank of token_id in the distribution
+    top_ids: list[int]
+    top_logprobs: list[float]
+
+
+class RequestOutput(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """One request's news from one engine step."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None  # "stop" (eos / stop token) | "length" | "abort" | "error"
+    stop_token_id: int | None = None  # the stop_token_ids entry that ended it (not plain eos)
+    error: str | None = None  # with finish_reason "error": why the request was refused
+    logprobs: list[TokenLogprobs] | None = None  # one per new token, when asked
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # once, with the first token
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    arrival_time: float = 0.0
+    scheduled_time: float = 0.0  # first time the request was scheduled
+    first_token_time: float = 0.0
+    num_preemptions: int = 0
+
+
+class Ready(msgspec.Struct, frozen=True, tag="ready"):
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: list[int]
+    num_blocks: int
+    block_size: int
+    model_dtype: str
+    generation_defaults: dict[str, float | int] = {}  # from generation_config.json
+
+
+class LoadFailed(msgspec.Struct, frozen=True, tag="load_failed"):
+    message: str
+
+
+class StepOutputs(msgspec.Struct, frozen=True, tag="step"):
+    """ONE frame per engine step: every request's news, the step's time, and the engine's stats."""
+
+    outputs: list[RequestOutput]
+    timestamp: float
+    stats: EngineStats
+
+
+class Heartbeat(msgspec.Struct, frozen=True, tag="heartbeat"):
+    timestamp: float
+    stats: EngineStats
+
+
+FromEngine = Ready | LoadFailed | StepOutputs | Heartbeat

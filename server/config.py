@@ -1,0 +1,175 @@
+"""Server configuration: one frozen dataclass, validated on construction, readable from SPINDLE_* env vars."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args, get_type_hints
+
+from engine.config import EngineConfig, parse_bytes
+
+WorkerClass = Literal["trio", "asyncio", "uvloop"]
+LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+ENV_PREFIX = "SPINDLE_"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: str | None = None  # None: the built-in demo checkpoint
+    served_model_name: str | None = None  # None: the --model value
+    tokenizer: str | None = None  # None: the model folder
+    max_model_len: int | None = None  # None: the checkpoint's limit
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    stream_interval: int = 1  # tokens between stream events (the first token always leaves at once)
+    max_num_queued_reqs: int | None = None  # requests waiting for their first token; beyond: 503
+    max_num_queued_tokens: int | None = None  # prompt tokens waiting for their first token; beyond: 503
+    chat_template: str | None = None  # a file path or the template text
+    trust_request_chat_template: bool = False
+    api_keys: tuple[str, ...] = ()
+    renderer_num_workers: int = 1
+    seed: int = 0
+    dtype: str = "auto"
+    shutdown_timeout: float = 10.0  # seconds for in-flight requests and the engine to stop
+    worker_class: WorkerClass = "trio"
+    kv_cache_memory: int = 1 << 30
+    num_blocks: int | None = None
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    max_logprobs: int = 20
+    chat_template_render_timeout: float = 5.0
+    sse_keepalive: float = 15.0  # seconds of silence before an SSE comment line; 0: off
+    log_level: LogLevel = "info"
+    device: str = "auto"
+    engine_ready_timeout: float = 600.0
+    engine_heartbeat_timeout: float = 10.0
+    max_request_body: int = 32 << 20  # bytes
+    default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--port must be in 0..65535, got {self.port}")
+        positive = ("max_num_seqs", "max_num_batched_tokens", "stream_interval", "renderer_num_workers",
+                    "block_size", "kv_cache_memory", "max_request_body")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")
+        for name in ("max_num_queued_reqs", "max_num_queued_tokens", "num_blocks"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{_flag(name)} must be at least 1 (or unset for no limit), got {value}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"--max-model-len must be at least 2, got {self.max_model_len}")
+        if self.max_logprobs < 0:
+            raise ValueError(f"--max-logprobs must be at least 0, got {self.max_logprobs}")
+        for name in ("shutdown_timeout", "chat_template_render_timeout", "engine_ready_timeout",
+                     "engine_heartbeat_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{_flag(name)} must be positive, got {getattr(self, name)}")
+        if self.sse_keepalive < 0:
+            raise ValueError(f"--sse-keepalive must be 0 (off) or positive, got {self.sse_keepalive}")
+        if self.worker_class not in get_args(WorkerClass):
+            raise ValueError(f"--worker-class must be one of trio, asyncio, uvloop; got {self.worker_class!r}")
+        if self.log_level not in get_args(LogLevel):
+            raise ValueError(f"--log-level must be one of {', '.join(get_args(LogLevel))}; got {self.log_level!r}")
+        if any(not k for k in self.api_keys):
+            raise ValueError("--api-key must not be empty")
+        self._engine_config(self.model or "<demo>")  # the engine's own checks (dtype, sizes) fail here, at startup
+
+    @property
+    def model_path(self) -> str:
+        if self.model is not None:
+            return self.model
+        from engine.checkpoint import demo_checkpoint_path
+
+        return str(demo_checkpoint_path())
+
+    @property
+    def model_name(self) -> str:
+        """The name responses show and requests may ask for."""
+        return self.served_model_name or self.model or "spindle-demo"
+
+    @property
+    def tokenizer_path(self) -> str:
+        return self.tokenizer or self.model_path
+
+    def engine_config(self) -> EngineConfig:
+        return self._engine_config(self.model_path)
+
+    def _engine_config(self, model: str) -> EngineConfig:
+        return EngineConfig(
+            model=model, dtype=self.dtype, max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens, block_size=self.block_size,
+            kv_cache_memory=self.kv_cache_memory, num_blocks=self.num_blocks,
+            enable_prefix_caching=self.enable_prefix_caching, seed=self.seed, device=self.device,
+        )
+
+    def resolved(self) -> ServerConfig:
+        """The same config with the demo checkpoint path filled in (done at startup, not at validation)."""
+        return dataclasses.replace(self, model=self.model_path,
+                                   served_model_name=self.served_model_name or
+                                   (self.model if self.model is not None else "spindle-demo"))
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> ServerConfig:
+        """Read SPINDLE_<FIELD> (upper case) for every field; `overrides` win. Unknown SPINDLE_ vars are errors."""
+        env = dict(os.environ if environ is None else environ)
+        hints = get_type_hints(cls)
+        names = {f.name for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {}
+        for key, raw in env.items():
+            if not key.startswith(ENV_PREFIX):
+                continue
+            name = key[len(ENV_PREFIX):].lower()
+            if name in _NOT_CONFIG:
+                continue
+            if name not in names:
+                raise ValueError(f"unknown setting {key}; known: {', '.join(sorted(ENV_PREFIX + n.upper() for n in names))}")
+            values[name] = _parse(name, hints[name], raw, key)
+        values.update(overrides)
+        return cls(**values)
+
+
+# SPINDLE_* variables that other parts of the project read (not ServerConfig fields).
+_NOT_CONFIG = frozenset({"output_chunk", "cache_dir", "demo_dir"})
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _parse(name: str, hint: Any, raw: str, key: str) -> Any:
+    text = raw.strip()
+    try:
+        if name == "kv_cache_memory":
+            return parse_bytes(text)
+        if name == "api_keys":
+            return tuple(k.strip() for k in text.split(",") if k.strip())
+        if name == "default_chat_template_kwargs":
+            import json
+
+            value = json.loads(text)
+            if not isinstance(value, dict):
+                raise ValueError("expected a JSON object")
+            return value
+        args = set(get_args(hint))
+        optional = type(None) in args
+        if optional and text.lower() in ("", "none", "null"):
+            return None
+        base = next((a for a in args if a is not type(None)), hint) if args else hint
+        if base is bool or hint is bool:
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError("expected true or false")
+        if base is int or hint is int:
+            return int(text)
+        if base is float or hint is float:
+            return float(text)
+        return text
+    except ValueError as e:
+        raise ValueError(f"{key}={raw!r}: {e}") from None
