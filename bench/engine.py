@@ -1,0 +1,84 @@
+"""Engine-only throughput (no HTTP): decode tok/s at batch 1, 16, 64 and prefill tok/s,
+beside `transformers.generate` on the same checkpoint, in one run.
+
+    python -m bench.engine [--model DIR] [--dtype float32] [--threads 2] [--skip-hf]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+import torch
+
+from engine.config import EngineConfig
+from engine.core import EngineCore
+from engine.messages import AddRequest, SamplingParams
+
+
+def engine_decode(core: EngineCore, batch: int, prompt_len: int, new: int) -> float:
+    rng = random.Random(batch)
+    for i in range(batch):
+        prompt = [rng.randrange(core.vocab_size) for _ in range(prompt_len)]
+        core.add_request(AddRequest(f"d{batch}-{i}", prompt,
+                                    SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True), 0.0))
+    core.step()  # prefill (all prompts fit one step's budget)
+    generated, t0 = 0, time.perf_counter()
+    while core.has_work:
+        generated += sum(len(o.new_token_ids) for o in core.step())
+    return generated / (time.perf_counter() - t0)
+
+
+def engine_prefill(core: EngineCore, n: int, prompt_len: int) -> float:
+    rng = random.Random(7)
+    for i in range(n):
+        prompt = [rng.randrange(core.vocab_size) for _ in range(prompt_len)]
+        core.add_request(AddRequest(f"p{i}", prompt, SamplingParams(max_tokens=1, temperature=0.0), 0.0))
+    t0 = time.perf_counter()
+    while core.has_work:
+        core.step()
+    return n * prompt_len / (time.perf_counter() - t0)
+
+
+def hf_decode(model_dir: str, batch: int, prompt_len: int, new: int, dtype: torch.dtype) -> float:
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len))
+    kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
+    model.generate(ids, max_new_tokens=2, **kw)  # warm-up
+    t0 = time.perf_counter()
+    model.generate(ids, max_new_tokens=1, **kw)
+    prefill = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    model.generate(ids, max_new_tokens=new, min_new_tokens=new, **kw)
+    return batch * (new - 1) / (time.perf_counter() - t0 - prefill)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=None, help="checkpoint folder (default: the demo checkpoint)")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--skip-hf", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.model is None:
+        from engine.checkpoint import demo_checkpoint_path
+        args.model = str(demo_checkpoint_path())
+    core = EngineCore(EngineConfig(model=args.model, dtype=args.dtype, max_num_seqs=256,
+                                   max_num_batched_tokens=8192, enable_prefix_caching=False))
+    engine_decode(core, 4, 16, 4)  # warm-up
+    print(f"model {args.model} dtype {args.dtype} threads {args.threads}")
+    print(f"{'batch':>6} {'engine tok/s':>14} {'hf generate tok/s':>18} {'ratio':>7}")
+    tdtype = getattr(torch, args.dtype)
+    for batch in (1, 16, 64):
+        ours = engine_decode(core, batch, 32, args.new)
+        hf = float("nan") if args.skip_hf else hf_decode(args.model, batch, 32, args.new, tdtype)
+        print(f"{batch:>6} {ours:>14.1f} {hf:>18.1f} {ours / hf:>7.2f}")
+    print(f"prefill tok/s (8 x 512 tokens): {engine_prefill(core, 8, 512):.0f}")
+
+
+if __name__ == "__main__":
+    main()

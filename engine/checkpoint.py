@@ -1,0 +1,122 @@
+"""Random-weight Hugging Face checkpoints with real tokenizers: the demo model and test fixtures.
+
+Built with transformers' own model classes and `save_pretrained`, so the files are exactly what a
+real checkpoint looks like and transformers can serve as the reference implementation.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+Arch = Literal["qwen2", "llama", "mistral"]
+
+_CLASSES = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
+            "mistral": ("MistralConfig", "MistralForCausalLM")}
+_BOS = {"qwen2": 151643, "llama": 1, "mistral": 1}
+_EOS = {"qwen2": [151645, 151643], "llama": [2], "mistral": [2]}
+# Sampling defaults in the style of each family's instruct generation_config.json.
+_SAMPLING = {"qwen2": {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05},
+             "llama": {"temperature": 0.6, "top_p": 0.9}, "mistral": {}}
+
+DEMO = dict(arch="qwen2", hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=2, head_dim=64,
+            intermediate_size=384, vocab_size=151_646, tie_word_embeddings=True, rope_theta=1_000_000.0,
+            max_position_embeddings=4096, seed=0)
+_DEMO_NAME = "demo-qwen2"
+
+
+def _reinit(model: torch.nn.Module, hidden_size: int, seed: int) -> None:
+    """Scale weights so activations keep unit size and logits spread (std ~2.5), not near-uniform."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "embed_tokens" in name or "lm_head" in name:
+                std = 2.5 / math.sqrt(hidden_size)
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+            elif "norm" in name:  # not exactly one, so a norm weight that is not loaded shows
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
+
+
+def write_random_checkpoint(path: str | Path, arch: Arch, *, hidden_size: int, num_layers: int, num_heads: int,
+                            num_kv_heads: int, intermediate_size: int, vocab_size: int,
+                            tie_word_embeddings: bool, rope_theta: float, max_position_embeddings: int,
+                            seed: int, head_dim: int | None = None, rope_scaling: dict[str, Any] | None = None,
+                            sliding_window: int | None = None, dtype: str = "float32", shards: int = 1,
+                            tokenizer: bool = True) -> Path:
+    """Write a checkpoint folder at `path` (which must not exist yet) atomically; returns it."""
+    import transformers  # late: the engine imports this module, only builders need transformers
+
+    path = Path(path)
+    if path.exists():
+        raise FileExistsError(f"{path} already exists; pick a new folder or delete it first")
+    config_cls, model_cls = (getattr(transformers, n) for n in _CLASSES[arch])
+    kwargs: dict[str, Any] = dict(
+        hidden_size=hidden_size, num_hidden_layers=num_layers, num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads, head_dim=head_dim or hidden_size // num_heads,
+        intermediate_size=intermediate_size, vocab_size=vocab_size, tie_word_embeddings=tie_word_embeddings,
+        rope_theta=rope_theta, max_position_embeddings=max_position_embeddings,
+        bos_token_id=_BOS[arch], eos_token_id=_EOS[arch][0], architectures=[model_cls.__name__])
+    if rope_scaling is not None:
+        kwargs["rope_scaling"] = rope_scaling
+    if arch == "mistral":
+        kwargs["sliding_window"] = sliding_window
+    elif sliding_window is not None:
+        raise ValueError("sliding_window is only written for mistral checkpoints")
+    config = config_cls(**kwargs)
+    torch.manual_seed(seed)
+    model = model_cls(config)
+    _reinit(model, hidden_size, seed)
+    model = model.to(getattr(torch, dtype))
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        total = sum(p.numel() * p.element_size() for p in model.parameters())
+        shard_size = max(1, math.ceil(total / shards) + 1) if shards > 1 else "50GB"
+        model.save_pretrained(tmp, max_shard_size=shard_size)
+        gen = {"bos_token_id": _BOS[arch], "eos_token_id": _EOS[arch], "do_sample": True, **_SAMPLING[arch]}
+        if arch == "qwen2":
+            gen["pad_token_id"] = 151643
+        (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
+        if tokenizer:
+            from engine.models.hf_tokenizer import write_tokenizer
+
+            write_tokenizer(arch, tmp)
+        os.rename(tmp, path)  # atomic: readers see no folder or a whole checkpoint
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def make_demo(path: str | Path) -> Path:
+    """The demo checkpoint (random weights, real Qwen2 tokenizer and ChatML template) at `path`."""
+    return write_random_checkpoint(path, **DEMO)  # type: ignore[arg-type]
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SPINDLE_CACHE_DIR") or Path.home() / ".cache" / "spindle")
+
+
+def demo_checkpoint_path() -> Path:
+    """The demo checkpoint in the cache, built on first use (about 80 MB, a few seconds)."""
+    path = cache_root() / _DEMO_NAME
+    if path.is_dir():
+        return path
+    try:
+        return make_demo(path)
+    except OSError:
+        if path.is_dir():  # another process finished it first
+            return path
+        raise

@@ -1,0 +1,139 @@
+"""Runs one scheduled step: every sequence's new tokens in one flat forward pass over the paged KV cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.attention import AttnMetadata, PrefillChunk
+from engine.config import EngineConfig
+from engine.models.loader import ModelLoadError, load_model, read_config, resolve_model
+from engine.sequence import ScheduledSeq
+
+
+@dataclass
+class RunnerOutput:
+    logits: torch.Tensor  # [num sampling seqs, vocab] float32, in batch order of seqs with .samples
+    prompt_logits: dict[int, torch.Tensor] = field(default_factory=dict)  # batch index -> [num_new, vocab]
+
+
+def pick_device(requested: str) -> torch.device:
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(requested)
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig) -> None:
+        self.device = pick_device(config.device)
+        path = resolve_model(config.model)
+        # Read the limit before loading, so the rotary table is sized for max_model_len only.
+        max_pos = int(read_config(path).get("max_position_embeddings", 4096))
+        if config.max_model_len is not None and config.max_model_len > max_pos:
+            raise ModelLoadError(f"--max-model-len {config.max_model_len} exceeds the model's "
+                                 f"max_position_embeddings {max_pos}; pass at most {max_pos}")
+        self.max_model_len = config.max_model_len or max_pos
+        self.model, info = load_model(path, config.dtype, self.device, max_positions=self.max_model_len)
+        self.vocab_size = info.vocab_size
+        self.eos_token_ids = info.eos_token_ids
+        self.generation_defaults = info.generation_defaults
+        self.model_dtype = info.dtype
+        self.block_size = config.block_size
+        dtype = self.model.embed.dtype
+        # K and V, every layer, one block of block_size tokens.
+        bytes_per_block = (2 * info.num_layers * config.block_size * info.num_kv_heads * info.head_dim
+                           * dtype.itemsize)
+        self.num_blocks = config.num_blocks or config.kv_cache_memory // bytes_per_block
+        if self.num_blocks < 1:
+            raise ModelLoadError(f"kv_cache_memory {config.kv_cache_memory} bytes holds no block of "
+                                 f"{bytes_per_block} bytes; give the KV cache more memory")
+        # Zeroed, not empty: padded key slots point at real slots and 0 * NaN would poison masked rows.
+        self.kv_cache = torch.zeros(info.num_layers, 2, self.num_blocks, config.block_size,
+                                    info.num_kv_heads, info.head_dim, dtype=dtype, device=self.device)
+        self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(info.num_layers)]
+        self.sliding_window = None
+        self._offsets = torch.arange(config.block_size, device=self.device)
+
+    def _key_slots(self, block_table: list[int], ctx_len: int) -> torch.Tensor:
+        """Slots of positions 0..ctx_len-1 of one sequence."""
+        n_blocks = -(-ctx_len // self.block_size)
+        blocks = torch.tensor(block_table[:n_blocks], dtype=torch.long, device=self.device)
+        return (blocks[:, None] * self.block_size + self._offsets).flatten()[:ctx_len]
+
+    def _allowed(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """Causal (and sliding-window) mask: q_pos [..., 1] against k_pos [L]."""
+        allowed = k_pos <= q_pos
+        if self.sliding_window is not None:
+            allowed &= q_pos - k_pos < self.sliding_window
+        return allowed
+
+    def _metadata(self, batch: list[ScheduledSeq]) -> tuple[list[int], list[int], AttnMetadata]:
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[tuple[int, torch.Tensor]] = []
+        prefills: list[PrefillChunk] = []
+        decode_rows: list[int] = []
+        decode_tables: list[list[int]] = []
+        decode_ctx: list[int] = []
+        for s in batch:
+            start, n = s.start, s.num_new_tokens
+            row = len(input_ids)
+            input_ids += s.seq.token_ids[start:start + n]
+            positions += range(start, start + n)
+            if n == 1:  # batched with every other single-token step
+                decode_rows.append(row)
+                decode_tables.append(s.seq.block_table)
+                decode_ctx.append(start + 1)
+                continue
+            key_slots = self._key_slots(s.seq.block_table, start + n)
+            q_pos = torch.arange(start, start + n, device=self.device)[:, None]
+            mask = self._allowed(q_pos, torch.arange(start + n, device=self.device))
+            prefills.append(PrefillChunk(row, n, key_slots, mask))
+            slots.append((row, key_slots[start:]))
+
+        dev = self.device
+        if decode_rows:
+            max_ctx = max(decode_ctx)
+            n_blocks = -(-max_ctx // self.block_size)
+            table = torch.tensor([t[:n_blocks] + [0] * (n_blocks - len(t[:n_blocks])) for t in decode_tables],
+                                 dtype=torch.long, device=dev)
+            key_slots = (table[:, :, None] * self.block_size + self._offsets).flatten(1)[:, :max_ctx]
+            ctx = torch.tensor(decode_ctx, dtype=torch.long, device=dev)
+            k_pos = torch.arange(max_ctx, device=dev)
+            allowed = self._allowed((ctx - 1)[:, None], k_pos)
+            bias = torch.zeros(allowed.shape, dtype=torch.float32, device=dev).masked_fill_(~allowed, float("-inf"))
+            decode_slots = key_slots.gather(1, (ctx - 1)[:, None])[:, 0]
+        else:
+            key_slots = torch.zeros(0, 1, dtype=torch.long, device=dev)
+            bias = torch.zeros(0, 1, dtype=torch.float32, device=dev)
+            decode_slots = torch.zeros(0, dtype=torch.long, device=dev)
+
+        slot_mapping = torch.empty(len(input_ids), dtype=torch.long, device=dev)
+        decode_rows_t = torch.tensor(decode_rows, dtype=torch.long, device=dev)
+        slot_mapping[decode_rows_t] = decode_slots
+        for row, chunk_slots in slots:
+            slot_mapping[row:row + chunk_slots.numel()] = chunk_slots
+        meta = AttnMetadata(slot_mapping, decode_rows_t, key_slots, bias[:, None, None, :], prefills)
+        return input_ids, positions, meta
+
+    @torch.inference_mode()
+    def execute(self, batch: list[ScheduledSeq]) -> RunnerOutput:
+        input_ids, positions, meta = self._metadata(batch)
+        ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
+        hidden = self.model.forward(ids, pos, self.kv_caches, meta)
+
+        sample_rows: list[int] = []
+        prompt_rows: dict[int, tuple[int, int]] = {}
+        row = 0
+        for i, s in enumerate(batch):
+            if s.samples:
+                sample_rows.append(row + s.num_new_tokens - 1)
+            if s.seq.params.prompt_logprobs is not None and s.start < s.seq.num_prompt_tokens:
+                prompt_rows[i] = (row, s.num_new_tokens)
+            row += s.num_new_tokens
+        # The LM head only for rows someone reads: it dominates the cost of small models.
+        logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, dtype=torch.long, device=self.device)])
+        prompt_logits = {i: self.model.compute_logits(hidden[r:r + n]) for i, (r, n) in prompt_rows.items()}
+        return RunnerOutput(logits, prompt_logits)

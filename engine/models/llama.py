@@ -1,0 +1,158 @@
+"""One decoder for Llama, Qwen2 and Mistral checkpoints over a paged KV cache.
+
+The three differ only in config: Qwen2 has q/k/v biases, Mistral may use a sliding window,
+Llama 3 scales its rotary frequencies. Weights are fused at load (q|k|v, gate|up) so each layer
+runs four matmuls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention import (AttnMetadata, apply_rope, paged_attention, rms_norm, rope_cos_sin,
+                              rope_inv_freq, write_kv)
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+
+
+class ConfigError(ValueError):
+    """config.json describes something this implementation cannot run."""
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    architecture: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool | None  # None: config.json does not say
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    sliding_window: int | None  # one window for every layer, or None
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict[str, Any]) -> ModelArgs:
+        archs = cfg.get("architectures") or []
+        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None:
+            raise ConfigError(f"architecture {archs or 'unknown'} is not supported; "
+                              f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ConfigError(f"hidden_act {cfg['hidden_act']!r} is not supported; only silu is")
+        heads = int(cfg["num_attention_heads"])
+        # transformers 5 nests rope settings under rope_parameters; older configs keep them top level.
+        rope = dict(cfg.get("rope_parameters") or {})
+        theta = float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0)
+        scaling = cfg.get("rope_scaling") or rope or None
+        if scaling and scaling.get("rope_type", scaling.get("type", "default")) == "default":
+            scaling = None
+        is_llama = arch == "LlamaForCausalLM"
+        return cls(
+            architecture=arch,
+            hidden_size=int(cfg["hidden_size"]),
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
+            intermediate_size=int(cfg["intermediate_size"]),
+            vocab_size=int(cfg["vocab_size"]),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+            tie_word_embeddings=cfg.get("tie_word_embeddings"),
+            qkv_bias=arch == "Qwen2ForCausalLM" or (is_llama and bool(cfg.get("attention_bias"))),
+            o_bias=is_llama and bool(cfg.get("attention_bias")),
+            mlp_bias=is_llama and bool(cfg.get("mlp_bias")),
+            sliding_window=_sliding_window(arch, cfg),
+        )
+
+
+def _sliding_window(arch: str, cfg: dict[str, Any]) -> int | None:
+    window = cfg.get("sliding_window")
+    if arch == "MistralForCausalLM":
+        return int(window) if window else None
+    if arch == "Qwen2ForCausalLM" and cfg.get("use_sliding_window") and window:
+        types = cfg.get("layer_types") or []
+        if types and set(types) != {"sliding_attention"}:
+            raise ConfigError("Qwen2 with sliding window on some layers only is not supported; "
+                              "set use_sliding_window to false in config.json")
+        return int(window)
+    return None
+
+
+WeightGetter = Callable[[str], torch.Tensor]
+
+
+class Layer:
+    def __init__(self, args: ModelArgs, prefix: str, get: WeightGetter) -> None:
+        def cat(*names: str) -> torch.Tensor:
+            return torch.cat([get(f"{prefix}.{n}") for n in names], dim=0)
+
+        attn = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+        self.qkv_w = cat(*(f"{n}.weight" for n in attn))
+        self.qkv_b = cat(*(f"{n}.bias" for n in attn)) if args.qkv_bias else None
+        self.o_w = get(f"{prefix}.self_attn.o_proj.weight")
+        self.o_b = get(f"{prefix}.self_attn.o_proj.bias") if args.o_bias else None
+        self.gate_up_w = cat("mlp.gate_proj.weight", "mlp.up_proj.weight")
+        self.gate_up_b = cat("mlp.gate_proj.bias", "mlp.up_proj.bias") if args.mlp_bias else None
+        self.down_w = get(f"{prefix}.mlp.down_proj.weight")
+        self.down_b = get(f"{prefix}.mlp.down_proj.bias") if args.mlp_bias else None
+        self.ln1 = get(f"{prefix}.input_layernorm.weight")
+        self.ln2 = get(f"{prefix}.post_attention_layernorm.weight")
+
+
+class CausalLM:
+    """Weights plus forward; holds no per-request state (that is the KV cache the runner owns)."""
+
+    def __init__(self, args: ModelArgs, get: WeightGetter, has_lm_head: bool, max_positions: int) -> None:
+        self.args = args
+        self.embed = get("model.embed_tokens.weight")
+        self.layers = [Layer(args, f"model.layers.{i}", get) for i in range(args.num_layers)]
+        self.norm = get("model.norm.weight")
+        tied = args.tie_word_embeddings if args.tie_word_embeddings is not None else not has_lm_head
+        self.lm_head = self.embed if tied else get("lm_head.weight")
+        inv_freq = rope_inv_freq(args.head_dim, args.rope_theta, args.rope_scaling)
+        self.cos_sin = rope_cos_sin(inv_freq, max_positions).to(self.embed.device)
+        self.scale = args.head_dim ** -0.5
+        self.q_size = args.num_heads * args.head_dim
+        self.kv_size = args.num_kv_heads * args.head_dim
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttnMetadata) -> torch.Tensor:
+        """input_ids, positions [T] -> hidden states [T, hidden] before the final norm."""
+        a = self.args
+        t = input_ids.shape[0]
+        cos_sin = self.cos_sin[positions]
+        x = F.embedding(input_ids, self.embed)
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            h = rms_norm(x, layer.ln1, a.rms_norm_eps)
+            qkv = F.linear(h, layer.qkv_w, layer.qkv_b)
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q = apply_rope(q.view(t, a.num_heads, a.head_dim), cos_sin)
+            k = apply_rope(k.view(t, a.num_kv_heads, a.head_dim), cos_sin)
+            write_kv(k_cache, v_cache, k, v.reshape(t, a.num_kv_heads, a.head_dim), meta.slot_mapping)
+            attn = paged_attention(q, k_cache, v_cache, meta, self.scale)
+            x = x + F.linear(attn.reshape(t, self.q_size), layer.o_w, layer.o_b)
+            h = rms_norm(x, layer.ln2, a.rms_norm_eps)
+            gate, up = F.linear(h, layer.gate_up_w, layer.gate_up_b).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down_w, layer.down_b)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] (rows from forward) -> float32 logits [N, vocab]."""
+        return F.linear(rms_norm(hidden, self.norm, self.args.rms_norm_eps), self.lm_head).float()

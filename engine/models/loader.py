@@ -1,0 +1,151 @@
+"""Find a checkpoint folder and load it: config.json, safetensors weights, generation_config.json.
+
+Weights are read with safetensors directly (no transformers model class), tensor by tensor, so
+loading needs little more memory than the model itself.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from engine.models.llama import SUPPORTED_ARCHITECTURES, CausalLM, ConfigError, ModelArgs
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# generation_config.json keys that become the server's default sampling parameters.
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                  "presence_penalty", "frequency_penalty", "max_new_tokens")
+_HUB_PATTERNS = ["*.safetensors", "*.json", "tokenizer.model", "*.tiktoken", "*.txt", "*.jinja"]
+
+
+class ModelLoadError(Exception):
+    """The model could not be found or loaded; the message says what is missing and what to do."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    vocab_size: int
+    max_position_embeddings: int
+    eos_token_ids: list[int]
+    generation_defaults: dict[str, float | int] = field(default_factory=dict)
+    dtype: str = "float32"
+    num_layers: int = 0
+    num_kv_heads: int = 0
+    head_dim: int = 0
+
+
+def resolve_model(model: str) -> Path:
+    """A local folder as is; otherwise a Hugging Face hub id, downloaded (or found in the HF cache)."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ModelLoadError(f"--model {model!r} is a file; pass the checkpoint's folder")
+    from huggingface_hub import snapshot_download  # imported late: only hub ids need it
+
+    try:
+        return Path(snapshot_download(repo_id=model, allow_patterns=_HUB_PATTERNS))
+    except Exception as e:  # noqa: BLE001 - any hub failure means the same thing to the user
+        raise ModelLoadError(
+            f"--model {model!r} is not a local folder and could not be downloaded from the Hugging Face "
+            f"hub ({type(e).__name__}: {e}); pass the path of a local checkpoint folder instead") from e
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path} should hold a JSON object")
+    return data
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    if not (folder / "config.json").exists():
+        raise ModelLoadError(f"{folder} has no config.json; pass a Hugging Face format checkpoint folder")
+    return _read_json(folder / "config.json")
+
+
+def _id_list(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, list) else [int(value)]
+
+
+class _Weights:
+    """Name -> tensor over one or many safetensors files, opened lazily."""
+
+    def __init__(self, folder: Path, dtype: torch.dtype, device: torch.device) -> None:
+        self.dtype, self.device = dtype, device
+        index = folder / "model.safetensors.index.json"
+        if index.exists():
+            weight_map: dict[str, str] = _read_json(index).get("weight_map", {})
+            missing = sorted({f for f in weight_map.values() if not (folder / f).exists()})
+            if missing:
+                raise ModelLoadError(f"{folder} is missing shard(s) {', '.join(missing)} named in {index.name}")
+            self.files = {name: folder / f for name, f in weight_map.items()}
+        else:
+            files = sorted(folder.glob("*.safetensors"))
+            if not files:
+                raise ModelLoadError(f"{folder} holds no *.safetensors weights; only safetensors "
+                                     "checkpoints are supported (convert .bin files with save_pretrained)")
+            self.files = {}
+            for f in files:
+                with safe_open(f, framework="pt") as h:
+                    self.files.update({name: f for name in h.keys()})
+        self._handles: dict[Path, Any] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.files
+
+    def __call__(self, name: str) -> torch.Tensor:
+        if name not in self.files:
+            raise ModelLoadError(f"weight {name!r} is missing from the checkpoint's safetensors files")
+        f = self.files[name]
+        if f not in self._handles:
+            self._handles[f] = safe_open(f, framework="pt")
+        return self._handles[f].get_tensor(name).to(device=self.device, dtype=self.dtype)
+
+
+def pick_dtype(requested: str, checkpoint_dtype: str | None, device: torch.device) -> str:
+    """auto: the checkpoint's dtype on GPU, float32 on CPU (half precision matmuls are slow there)."""
+    if requested != "auto":
+        if requested not in _DTYPES:
+            raise ModelLoadError(f"dtype {requested!r} is not supported; use one of auto, {', '.join(_DTYPES)}")
+        return requested
+    if device.type == "cpu":
+        return "float32"
+    return checkpoint_dtype if checkpoint_dtype in _DTYPES else "float32"
+
+
+def load_model(path: str | Path, dtype: str, device: torch.device | str,
+               max_positions: int | None = None) -> tuple[CausalLM, ModelInfo]:
+    """Build the model from a checkpoint folder. max_positions sizes the rotary table (default: the config's)."""
+    folder, device = Path(path), torch.device(device)
+    cfg = read_config(folder)
+    try:
+        args = ModelArgs.from_hf_config(cfg)
+    except ConfigError as e:
+        raise ModelLoadError(f"{folder / 'config.json'}: {e}") from e
+    except (KeyError, TypeError, ValueError) as e:
+        raise ModelLoadError(f"{folder / 'config.json'} lacks or mangles {e}; "
+                             f"supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}") from e
+    dtype_name = pick_dtype(dtype, cfg.get("torch_dtype") or cfg.get("dtype"), device)
+    weights = _Weights(folder, _DTYPES[dtype_name], device)
+    with torch.inference_mode():
+        model = CausalLM(args, weights, "lm_head.weight" in weights,
+                         max_positions or args.max_position_embeddings)
+
+    gen = _read_json(folder / "generation_config.json") if (folder / "generation_config.json").exists() else {}
+    eos = _id_list(gen.get("eos_token_id")) or _id_list(cfg.get("eos_token_id"))
+    defaults = {k: gen[k] for k in _SAMPLING_KEYS if isinstance(gen.get(k), (int, float))}
+    info = ModelInfo(vocab_size=args.vocab_size, max_position_embeddings=args.max_position_embeddings,
+                     eos_token_ids=eos, generation_defaults=defaults, dtype=dtype_name,
+                     num_layers=args.num_layers, num_kv_heads=args.num_kv_heads, head_dim=args.head_dim)
+    return model, info

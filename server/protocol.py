@@ -1,0 +1,218 @@
+"""msgspec Structs for the OpenAI wire format (plus vLLM's extras). Unknown request fields are ignored."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+# ----------------------------------------------------------------------------------------- requests
+
+
+class StreamOptions(msgspec.Struct, kw_only=True):
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
+
+
+class _GenerationRequest(msgspec.Struct, kw_only=True):
+    """Fields shared by /v1/completions and /v1/chat/completions. None means 'not given'."""
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # vLLM's extras
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int = 0
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    allowed_token_ids: list[int] | None = None
+    priority: int = 0
+    request_id: str | None = None
+    truncate_prompt_tokens: int | None = None
+
+
+class CompletionRequest(_GenerationRequest, kw_only=True):
+    # str | list[str] | list[int] | list[list[int]]: msgspec allows one array type per union, checked later.
+    prompt: str | list[Any] | None = None
+    logprobs: int | None = None
+    echo: bool = False
+    add_special_tokens: bool = True
+
+
+class ChatCompletionRequest(_GenerationRequest, kw_only=True):
+    messages: list[dict[str, Any]] | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False  # the template already placed bos/eos
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    documents: list[dict[str, Any]] | None = None
+
+
+# ---------------------------------------------------------------------------------------- responses
+
+
+class PromptTokensDetails(msgspec.Struct):
+    cached_tokens: int = 0
+
+
+class Usage(msgspec.Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class CompletionLogprobs(msgspec.Struct):
+    text_offset: list[int] = msgspec.field(default_factory=list)
+    token_logprobs: list[float | None] = msgspec.field(default_factory=list)
+    tokens: list[str] = msgspec.field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = msgspec.field(default_factory=list)
+
+
+class TopLogprob(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(msgspec.Struct):
+    content: list[ChatTokenLogprob] | None = None
+
+
+class CompletionChoice(msgspec.Struct):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class CompletionResponse(msgspec.Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    object: str = "text_completion"
+    system_fingerprint: str | None = None
+
+
+class CompletionStreamResponse(msgspec.Struct, omit_defaults=True):
+    id: str
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    object: str = "text_completion"
+    usage: Usage | None = None
+
+
+class ChatMessage(msgspec.Struct):
+    role: str
+    content: str | None
+    tool_calls: list[Any] = msgspec.field(default_factory=list)
+    refusal: str | None = None
+
+
+class ChatChoice(msgspec.Struct):
+    index: int
+    message: ChatMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(msgspec.Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+    object: str = "chat.completion"
+    system_fingerprint: str | None = None
+
+
+class DeltaMessage(msgspec.Struct, omit_defaults=True):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatStreamChoice(msgspec.Struct):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionStreamResponse(msgspec.Struct, omit_defaults=True):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatStreamChoice]
+    object: str = "chat.completion.chunk"
+    usage: Usage | None = None
+
+
+class ModelPermission(msgspec.Struct):
+    id: str = "modelperm-spindle"
+    object: str = "model_permission"
+    allow_sampling: bool = True
+    allow_logprobs: bool = True
+
+
+class ModelCard(msgspec.Struct):
+    id: str
+    created: int
+    owned_by: str
+    root: str
+    max_model_len: int
+    object: str = "model"
+    parent: str | None = None
+
+
+class ModelList(msgspec.Struct):
+    data: list[ModelCard]
+    object: str = "list"
+
+
+class ErrorInfo(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None
+    code: int | str | None
+
+
+class ErrorResponse(msgspec.Struct):
+    error: ErrorInfo
+
+
+encoder = msgspec.json.Encoder()
+completion_decoder = msgspec.json.Decoder(CompletionRequest)
+chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)

@@ -1,0 +1,95 @@
+"""Start the real server (real engine subprocess, real pipes, real HTTP on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def engine_pid(self) -> int:
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid), "-f", "engine"], capture_output=True, text=True)
+        return int(out.stdout.split()[0])
+
+    def metric(self, name: str, labels: str = "") -> float:
+        """One sample from /metrics (summed over label sets that contain `labels`)."""
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        total, seen = 0.0, False
+        for line in text.splitlines():
+            if line.startswith(name) and not line.startswith(name + "_") and labels in line:
+                total += float(line.rsplit(" ", 1)[1])
+                seen = True
+        assert seen, f"{name}{{{labels}}} not in /metrics"
+        return total
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def start_server(model: Path, tmp: Path, *args: str, wait: bool = True, env: dict[str, str] | None = None) -> Server:
+    port = free_port()
+    log = tmp / f"server-{port}.log"
+    cmd = [sys.executable, "-m", "server", "--model", str(model), "--host", "127.0.0.1",
+           "--port", str(port), "--served-model-name", "tiny", *args]
+    full_env = {**os.environ, "SPINDLE_LOG_LEVEL": "WARNING", **(env or {})}
+    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=full_env)
+    server = Server(proc, port, log, list(args))
+    if wait:
+        wait_healthy(server)
+    return server
+
+
+def wait_healthy(server: Server, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"server exited {server.proc.returncode}:\n{server.log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    server.stop()
+    raise RuntimeError(f"server not healthy in {timeout}s:\n{server.log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="session")
+def server(qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The shared server: demo-shaped Qwen2 checkpoint, Trio worker, default flags."""
+    s = start_server(qwen2_ckpt, tmp_path_factory.mktemp("srv"))
+    yield s
+    s.stop()

@@ -1,0 +1,177 @@
+"""EngineCore in-process: greedy output equals transformers token for token under every scheduling regime."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.core import EngineCore
+from engine.messages import AddRequest, RequestOutput, SamplingParams
+
+torch.set_num_threads(1)
+
+
+def hf_greedy(ckpt: Path, prompt: list[int], n: int) -> list[int]:
+    from transformers import AutoModelForCausalLM
+    model = _hf_model(ckpt)
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
+                         eos_token_id=None, pad_token_id=0, min_new_tokens=n)
+    return out[0, len(prompt):].tolist()
+
+
+_HF: dict[Path, object] = {}
+
+
+def _hf_model(ckpt: Path):  # type: ignore[no-untyped-def]
+    from transformers import AutoModelForCausalLM
+    if ckpt not in _HF:
+        m = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
+        m.generation_config.eos_token_id = None
+        _HF[ckpt] = m.eval()
+    return _HF[ckpt]
+
+
+def run(core: EngineCore, reqs: list[tuple[str, list[int], SamplingParams, int]]
+        ) -> dict[str, list[RequestOutput]]:
+    """Feed requests at their step numbers; step until everything finished."""
+    outs: dict[str, list[RequestOutput]] = {rid: [] for rid, *_ in reqs}
+    pending = sorted(reqs, key=lambda r: r[3])
+    step = 0
+    while pending or core.has_work:
+        while pending and pending[0][3] <= step:
+            rid, prompt, params, _ = pending.pop(0)
+            core.add_request(AddRequest(rid, prompt, params, arrival_time=float(step)))
+        for o in core.step():
+            outs[o.request_id].append(o)
+        step += 1
+        assert step < 10_000, "engine did not finish"
+    return outs
+
+
+def tokens(outs: list[RequestOutput]) -> list[int]:
+    return [t for o in outs for t in o.new_token_ids]
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+
+
+def make_core(ckpt: Path, **kw: object) -> EngineCore:
+    kw.setdefault("num_blocks", 256)
+    return EngineCore(EngineConfig(model=str(ckpt), **kw))  # type: ignore[arg-type]
+
+
+def prompts(vocab: int, seed: int, lengths: list[int], shared: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    prefix = [rng.randrange(vocab) for _ in range(shared)]
+    return [prefix + [rng.randrange(vocab) for _ in range(n)] for n in lengths]
+
+
+REGIMES = {
+    "together": dict(),
+    "chunked_prefill": dict(max_num_batched_tokens=16),
+    "preemption": dict(num_blocks=12, block_size=8),
+    "no_prefix_cache": dict(enable_prefix_caching=False, max_num_batched_tokens=24),
+}
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "mistral"])
+@pytest.mark.parametrize("regime", list(REGIMES))
+def test_greedy_matches_transformers(request: pytest.FixtureRequest, arch: str, regime: str) -> None:
+    ckpt: Path = request.getfixturevalue(f"{arch}_ckpt")
+    core = make_core(ckpt, **REGIMES[regime])
+    vocab = core.vocab_size
+    ps = prompts(vocab, seed=hash((arch, regime)) % 1000, lengths=[3, 17, 33, 9, 26], shared=20)
+    n = 12
+    # staggered: requests join a running batch at different steps
+    reqs = [(f"r{i}", p, greedy(n), 0 if regime == "together" else 2 * i) for i, p in enumerate(ps)]
+    outs = run(core, reqs)
+    for rid, p, _, _ in reqs:
+        assert tokens(outs[rid]) == hf_greedy(ckpt, p, n), (rid, regime)
+        assert outs[rid][-1].finish_reason == "length"
+    st = core.stats()
+    assert st.num_running == 0 and st.num_used_blocks == 0
+    if regime == "preemption":
+        assert st.num_preemptions > 0, "the tiny cache should have forced preemption"
+
+
+def test_seeded_sample_is_batch_invariant(qwen2_ckpt: Path) -> None:
+    core = make_core(qwen2_ckpt)
+    ps = prompts(core.vocab_size, seed=5, lengths=[11] * 32)
+    seeded = SamplingParams(max_tokens=10, temperature=1.0, top_p=0.9, seed=1234)
+    alone = tokens(run(core, [("alone", ps[0], seeded, 0)])["alone"])
+    others = [(f"o{i}", p, SamplingParams(max_tokens=10, temperature=1.0, seed=i if i % 2 else None), 0)
+              for i, p in enumerate(ps[1:])]
+    batch = run(core, [("in-batch", ps[0], seeded, 0)] + others)
+    assert tokens(batch["in-batch"]) == alone
+    assert len(alone) == 10
+
+
+def test_abort_100_running_returns_every_block(qwen2_ckpt: Path) -> None:
+    core = make_core(qwen2_ckpt, num_blocks=1024)
+    ps = prompts(core.vocab_size, seed=9, lengths=[random.Random(i).randrange(5, 60) for i in range(100)])
+    for i, p in enumerate(ps):
+        core.add_request(AddRequest(f"a{i}", p, greedy(200), 0.0))
+    for _ in range(3):
+        core.step()
+    assert core.stats().num_used_blocks > 0
+    core.abort([f"a{i}" for i in range(100)])
+    outs = core.step()
+    assert sorted(o.request_id for o in outs if o.finish_reason == "abort") == sorted(f"a{i}" for i in range(100))
+    st = core.stats()
+    assert (st.num_running, st.num_waiting, st.num_used_blocks) == (0, 0, 0)
+    assert not core.has_work
+
+
+def test_repeated_512_token_prompt_hits_prefix_cache(qwen2_ckpt: Path) -> None:
+    core = make_core(qwen2_ckpt, num_blocks=200)
+    p = prompts(core.vocab_size, seed=3, lengths=[512])[0]
+    first = run(core, [("first", p, greedy(2), 0)])["first"]
+    second = run(core, [("second", p, greedy(2), 0)])["second"]
+    assert first[0].num_cached_tokens == 0
+    assert second[0].num_cached_tokens >= 496
+    assert tokens(first) == tokens(second)
+
+
+def test_stop_token_ids_min_tokens_and_eos(qwen2_ckpt: Path) -> None:
+    core = make_core(qwen2_ckpt)
+    p = prompts(core.vocab_size, seed=4, lengths=[10])[0]
+    free = tokens(run(core, [("free", p, greedy(8), 0)])["free"])
+    # stop on the 3rd greedy token (not seen earlier in the output)
+    stop_at = next(i for i in range(2, 8) if free[i] not in free[:i])
+    params = SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=[free[stop_at]])
+    outs = run(core, [("s", p, params, 0)])["s"]
+    assert tokens(outs) == free[:stop_at + 1]
+    assert outs[-1].finish_reason == "stop" and outs[-1].stop_token_id == free[stop_at]
+    # min_tokens holds the stop id back: generation goes past it
+    held = SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=[free[0]], min_tokens=3)
+    got = tokens(run(core, [("m", p, held, 0)])["m"])
+    assert len(got) >= 3 and free[0] not in got[:3]
+
+
+@pytest.mark.parametrize("bad", [
+    dict(prompt=[], why="empty"),
+    dict(prompt=[10**9], why="vocabulary"),
+    dict(prompt=[-1], why="vocabulary"),
+    dict(params=SamplingParams(max_tokens=10**7), why="max"),
+    dict(params=SamplingParams(max_tokens=1, temperature=float("nan")), why="finite"),
+    dict(params=SamplingParams(max_tokens=1, stop_token_ids=[10**9]), why="vocabulary"),
+])
+def test_impossible_requests_are_refused_not_crashes(qwen2_ckpt: Path, bad: dict) -> None:  # type: ignore[type-arg]
+    core = make_core(qwen2_ckpt)
+    prompt = bad.get("prompt", [1, 2, 3])
+    params = bad.get("params", greedy(2))
+    outs = run(core, [("bad", prompt, params, 0), ("good", [1, 2, 3], greedy(2), 0)])
+    assert outs["bad"][-1].finish_reason == "error" and outs["bad"][-1].error
+    assert len(tokens(outs["good"])) == 2
+
+
+def test_huge_top_k_and_extreme_bias_do_not_crash(qwen2_ckpt: Path) -> None:
+    core = make_core(qwen2_ckpt)
+    params = SamplingParams(max_tokens=3, temperature=0.7, top_k=10**9, logit_bias={5: 100.0}, seed=1)
+    outs = run(core, [("k", [1, 2, 3], params, 0)])
+    assert tokens(outs["k"]) == [5, 5, 5]

@@ -1,0 +1,167 @@
+"""The runner's logits over the paged KV cache equal transformers' on the same checkpoint."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.messages import SamplingParams
+from engine.model_runner import ModelRunner
+from engine.models.loader import ModelLoadError
+from engine.sequence import ScheduledSeq, Sequence
+
+ARCHS = ["qwen2", "llama", "mistral"]
+BLOCK = 4
+ATOL = 1e-4
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def hf_models() -> dict[Path, torch.nn.Module]:
+    return {}
+
+
+def hf_model(cache: dict[Path, torch.nn.Module], path: Path) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    if path not in cache:
+        cache[path] = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return cache[path]
+
+
+def hf_logits(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
+    """[len(tokens), vocab]: transformers' logits at every position, no cache."""
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits[0].float()
+
+
+class Blocks:
+    """The scheduler's part in miniature: hands out shuffled block ids so tables are not contiguous."""
+
+    def __init__(self, num_blocks: int, seed: int = 0) -> None:
+        self.free = list(range(num_blocks))
+        random.Random(seed).shuffle(self.free)
+
+    def grow(self, seq: Sequence, num_tokens: int) -> None:
+        while len(seq.block_table) * BLOCK < num_tokens:
+            seq.block_table.append(self.free.pop())
+
+
+def new_seq(rid: str, prompt: list[int], prompt_logprobs: int | None = None) -> Sequence:
+    return Sequence.new(rid, prompt, SamplingParams(max_tokens=16, prompt_logprobs=prompt_logprobs), 0.0)
+
+
+def step(runner: ModelRunner, blocks: Blocks, work: list[tuple[Sequence, int]]):  # type: ignore[no-untyped-def]
+    """Run one step, then advance num_computed_tokens as the scheduler would."""
+    batch = []
+    for seq, n in work:
+        blocks.grow(seq, seq.num_computed_tokens + n)
+        batch.append(ScheduledSeq(seq, n))
+    out = runner.execute(batch)
+    for seq, n in work:
+        seq.num_computed_tokens += n
+    return out
+
+
+def make_runner(path: Path, **kw: object) -> ModelRunner:
+    return ModelRunner(EngineConfig(model=str(path), block_size=BLOCK, num_blocks=kw.pop("num_blocks", 64),
+                                    **kw))  # type: ignore[arg-type]
+
+
+def prompt(n: int, seed: int, vocab: int = 32_000) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, vocab) for _ in range(n)]
+
+
+@pytest.mark.parametrize("any_ckpt", ARCHS, indirect=True)
+def test_prefill_matches_transformers(any_ckpt: Path, hf_models: dict) -> None:
+    runner = make_runner(any_ckpt)
+    hf = hf_model(hf_models, any_ckpt)
+    tokens = prompt(21, seed=1)
+    seq = new_seq("a", tokens, prompt_logprobs=1)
+    out = step(runner, Blocks(64), [(seq, len(tokens))])
+    ref = hf_logits(hf, tokens)
+    assert out.logits.shape == (1, runner.vocab_size) and out.logits.dtype == torch.float32
+    torch.testing.assert_close(out.logits[0], ref[-1], atol=ATOL, rtol=0)
+    torch.testing.assert_close(out.prompt_logits[0], ref, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("any_ckpt", ARCHS, indirect=True)
+def test_chunked_prefill_matches_transformers(any_ckpt: Path, hf_models: dict) -> None:
+    runner = make_runner(any_ckpt)
+    hf = hf_model(hf_models, any_ckpt)
+    tokens = prompt(23, seed=2)
+    ref = hf_logits(hf, tokens)
+    seq, blocks, done = new_seq("a", tokens, prompt_logprobs=0), Blocks(64, seed=3), 0
+    for n in (7, 1, 9, 2, 4):  # a one-token chunk takes the decode path
+        out = step(runner, blocks, [(seq, n)])
+        torch.testing.assert_close(out.prompt_logits[0], ref[done:done + n], atol=ATOL, rtol=0)
+        done += n
+        assert out.logits.shape[0] == (1 if done == len(tokens) else 0)
+    torch.testing.assert_close(out.logits[0], ref[-1], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("any_ckpt", ARCHS, indirect=True)
+def test_batched_decode_with_shared_prefix(any_ckpt: Path, hf_models: dict) -> None:
+    """Sequences of different lengths decode in one batch; B reuses A's first two blocks as its prefix."""
+    runner = make_runner(any_ckpt)
+    hf = hf_model(hf_models, any_ckpt)
+    blocks = Blocks(64, seed=4)
+    a = new_seq("a", prompt(13, seed=5))
+    c = new_seq("c", prompt(5, seed=6))
+    out = step(runner, blocks, [(a, 13), (c, 5)])
+    # B's prompt starts with A's first 8 tokens (two full blocks): the prefix cache hands it those blocks.
+    b = new_seq("b", a.token_ids[:8] + prompt(6, seed=7))
+    b.block_table = a.block_table[:2]
+    b.num_computed_tokens = 8
+    seqs = [a, c]
+    logits = dict(zip(["a", "c"], out.logits))
+    for i in range(5):
+        for s in seqs:  # greedy next token, so decode follows the model
+            s.token_ids.append(int(logits[s.request_id].argmax()))
+        work = [(s, 1) for s in seqs]
+        if i == 1:  # B's prefill rides in the same step as the decodes
+            work.insert(1, (b, 6))
+            seqs.insert(1, b)
+        out = step(runner, blocks, work)
+        logits = {s.request_id: row for (s, _), row in zip(work, out.logits)}
+        for s in seqs:
+            torch.testing.assert_close(logits[s.request_id], hf_logits(hf, s.token_ids)[-1], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("any_ckpt", ARCHS, indirect=True)
+def test_greedy_loop_matches_generate(any_ckpt: Path, hf_models: dict) -> None:
+    runner = make_runner(any_ckpt)
+    hf = hf_model(hf_models, any_ckpt)
+    tokens = prompt(9, seed=8)
+    seq, blocks = new_seq("a", tokens), Blocks(64, seed=9)
+    out = step(runner, blocks, [(seq, len(tokens))])
+    for _ in range(16):
+        seq.token_ids.append(int(out.logits[0].argmax()))
+        out = step(runner, blocks, [(seq, 1)])
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([tokens]), do_sample=False, max_new_tokens=16, min_new_tokens=16,
+                          temperature=None, top_p=None, top_k=None, repetition_penalty=None)
+    assert seq.output_token_ids == ref[0, len(tokens):].tolist()
+
+
+def test_kv_cache_sized_from_memory(qwen2_ckpt: Path) -> None:
+    # K and V x 2 layers x block 16 x 2 kv heads x 16 dims x 4 bytes = 8 KiB per block.
+    runner = ModelRunner(EngineConfig(model=str(qwen2_ckpt), block_size=16, kv_cache_memory=1 << 20))
+    assert runner.num_blocks == (1 << 20) // (2 * 2 * 16 * 2 * 16 * 4)
+    assert runner.max_model_len == 512 and runner.model_dtype == "float32"
+    assert runner.eos_token_ids == [151645, 151643]
+    assert runner.generation_defaults["temperature"] == 0.7
+
+
+def test_max_model_len_over_the_model_limit_is_refused(qwen2_ckpt: Path) -> None:
+    with pytest.raises(ModelLoadError, match="max_position_embeddings 512"):
+        ModelRunner(EngineConfig(model=str(qwen2_ckpt), max_model_len=4096, num_blocks=8))
