@@ -52,7 +52,7 @@ class ModelRunner:
         self.kv_cache = torch.zeros(info.num_layers, 2, self.num_blocks, config.block_size,
                                     info.num_kv_heads, info.head_dim, dtype=dtype, device=self.device)
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(info.num_layers)]
-        self.sliding_window = None
+        self.sliding_window = self.model.args.sliding_window
         self._offsets = torch.arange(config.block_size, device=self.device)
 
     def _key_slots(self, block_table: list[int], ctx_len: int) -> torch.Tensor:

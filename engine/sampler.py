@@ -43,39 +43,48 @@ class Sampler:
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
         self.device = torch.device(device)
+        # reused [rows, V] scratch: a fresh 150k-wide tensor per op costs more in page faults
+        # than the op itself on CPU
+        self._scratch: dict[str, torch.Tensor] = {}
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
+        """One token per row of `logits` [len(seqs), V]; `logits` is not modified."""
         params = [s.params for s in seqs]
         greedy = [p.temperature < GREEDY_EPS for p in params]
         process = [i for i, (s, p) in enumerate(zip(seqs, params)) if _needs_processing(s, p)]
         want_lp = [i for i, p in enumerate(params) if p.logprobs is not None]
+        x = logits.float()
+        rowmax = x.amax(-1)  # NaN and +inf show here, cheaply
+        insane = ~torch.isfinite(rowmax)
+        if bool(insane.any()):
+            x = x.clone()
+            rows = insane.nonzero()[:, 0]
+            fixed = torch.nan_to_num(x[rows], nan=-math.inf, posinf=BIG)
+            fixed[fixed.amax(-1) == -math.inf] = 0.0  # nothing finite: uniform, not a crash
+            x[rows] = fixed
         if all(greedy) and not process and not want_lp:
-            tokens = logits.argmax(-1)
-            if not bool(torch.isnan(logits.gather(1, tokens[:, None])).any()):  # argmax picks NaN
-                return SamplerOutput(tokens.tolist(), [None] * len(seqs))
-        raw = torch.nan_to_num(logits.float(), nan=-math.inf, posinf=BIG)
-        raw[raw.amax(-1) == -math.inf] = 0.0  # a row with nothing finite: uniform, not a crash
-        raw_lp = torch.log_softmax(raw[want_lp], -1) if want_lp else None
-        x = raw
+            return SamplerOutput(x.argmax(-1).tolist(), [None] * len(seqs))
+        raw_lp = torch.log_softmax(x[want_lp], -1) if want_lp else None
         if process:
-            x = raw.clone()
+            raw, x = x, self._buffer("processed", x)
             self._process(x, [seqs[i] for i in process], process)
-            dead = x.amax(-1) == -math.inf  # contradictory masks: fall back to the raw logits
+            rows_t = torch.tensor(process, device=x.device)
+            dead = x[rows_t].amax(-1) == -math.inf  # contradictory masks: use the raw logits
             if bool(dead.any()):
-                x[dead] = raw[dead]
+                x[rows_t[dead]] = raw[rows_t[dead]]
         tokens = torch.empty(len(seqs), dtype=torch.long, device=x.device)
         g_rows = [i for i, g in enumerate(greedy) if g]
         r_rows = [i for i, g in enumerate(greedy) if not g]
         if g_rows:
             tokens[g_rows] = x[g_rows].argmax(-1)
         if r_rows:
-            tokens[r_rows] = self._random(x[r_rows], [seqs[i] for i in r_rows])
+            tokens[r_rows] = self._random(x, r_rows, [seqs[i] for i in r_rows])
         token_list = tokens.tolist()
         out_lp: list[TokenLogprobs | None] = [None] * len(seqs)
         if raw_lp is not None:
             sel = [token_list[i] for i in want_lp]
-            for i, tlp in zip(want_lp, self._logprobs(raw_lp, sel, [params[i].logprobs or 0
-                                                                  for i in want_lp])):
+            ns = [params[i].logprobs or 0 for i in want_lp]
+            for i, tlp in zip(want_lp, self._logprobs(raw_lp, sel, ns)):
                 out_lp[i] = tlp
         return SamplerOutput(token_list, out_lp)
 
@@ -83,6 +92,20 @@ class Sampler:
         """Per position: the logprob and rank of target_ids[t] under logits[t], and the top n."""
         lp = torch.log_softmax(torch.nan_to_num(logits.float(), nan=-math.inf, posinf=BIG), -1)
         return self._logprobs(lp, target_ids, [n] * len(target_ids))
+
+    def _buffer(self, name: str, like: torch.Tensor, rows: list[int] | None = None) -> torch.Tensor:
+        """A scratch copy of like[rows] (all rows when None), reusing memory across steps."""
+        n = like.shape[0] if rows is None else len(rows)
+        buf = self._scratch.get(name)
+        if buf is None or buf.shape[0] < n or buf.shape[1] != like.shape[1] or buf.device != like.device:
+            buf = torch.empty(max(n, 8), like.shape[1], dtype=torch.float32, device=like.device)
+            self._scratch[name] = buf
+        out = buf[:n]
+        if rows is None:
+            out.copy_(like)
+        else:
+            torch.index_select(like, 0, torch.tensor(rows, device=like.device), out=out)
+        return out
 
     # ---- logits processing (in place on x; rows[j] is seqs[j]'s row) ---------------------
     def _process(self, x: torch.Tensor, seqs: list[Sequence], rows: list[int]) -> None:

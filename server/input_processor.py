@@ -120,11 +120,10 @@ def check_request(req: CompletionRequest | ChatCompletionRequest, limits: ModelL
     if req.allowed_token_ids is not None and not req.allowed_token_ids:
         raise bad_request("allowed_token_ids must not be empty; leave it out to allow every token.", "allowed_token_ids")
     _logit_bias(req.logit_bias, limits.vocab_size)
-    num_logprobs = _num_logprobs(req, limits.max_logprobs)
+    _num_logprobs(req, limits.max_logprobs)
     if req.truncate_prompt_tokens is not None and req.truncate_prompt_tokens < 1 and req.truncate_prompt_tokens != -1:
         raise bad_request(f"truncate_prompt_tokens must be -1 (max_model_len) or at least 1, got "
                           f"{req.truncate_prompt_tokens}.", "truncate_prompt_tokens")
-    del num_logprobs
 
 
 def _requested_max_tokens(req: CompletionRequest | ChatCompletionRequest) -> int | None:

@@ -81,8 +81,10 @@ class Collector:
         self._waiting: list[Output] | None = None
 
     def put(self, out: Output) -> None:
+        batch = [out]
         try:
-            self.send.send_nowait([out])
+            self.send.send_nowait(batch)
+            self._waiting = batch
             return
         except anyio.WouldBlock:
             pass
@@ -205,7 +207,7 @@ class OutputProcessor:
                     self._feed(state, False)
                 if kind == _DELTA:
                     text = state.detok.take_delta()
-                    if not text and not state.logprobs and state.emitted:
+                    if not text and not state.logprobs:
                         return False  # nothing visible yet (held back); the ids go with the next output
                     out = Output(state.index, text, state.unsent, state.num_output_tokens,
                                  logprobs=state.logprobs, first=not state.emitted)

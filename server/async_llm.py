@@ -1,0 +1,223 @@
+"""AsyncLLM: the engine client, one reader task, one output-handler task, and `generate`.
+
+Cancellation is the abort path: whatever ends a request early (client gone, stop string, shutdown)
+leaves `generate` through the same `finally`, which aborts the engine requests still running, once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Protocol
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from engine.messages import AddRequest, EngineStats, Heartbeat, Ready, StepOutputs
+from server.errors import APIError
+from server.input_processor import GenerationSpec, OutputKind
+from server.output_processor import Collector, Output, OutputProcessor, RequestState
+
+log = logging.getLogger("spindle.server")
+
+
+class EngineClientLike(Protocol):
+    ready: Ready
+    stats: EngineStats
+
+    async def add_request(self, req: AddRequest) -> None: ...
+    async def abort(self, request_ids: list[str]) -> None: ...
+    async def receive(self) -> StepOutputs | Heartbeat: ...
+
+
+class AdmissionLike(Protocol):
+    def try_admit(self, num_reqs: int, num_tokens: int) -> str | None: ...
+    def first_token(self, num_tokens: int) -> None: ...
+    def release(self, num_reqs: int, num_tokens: int) -> None: ...
+
+
+DetokenizerFactory = Callable[[GenerationSpec], Any]  # spec -> a fresh IncrementalDetokenizer
+
+
+class RequestStream:
+    """The outputs of one `generate` call: batches of `Output`, until every choice has finished."""
+
+    def __init__(self, collector: Collector, states: list[RequestState], specs: Sequence[GenerationSpec]) -> None:
+        self._receive: MemoryObjectReceiveStream[list[Output]] = collector.receive
+        self.states = states
+        self.specs = specs
+        self.remaining = len(states)
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> list[Output]:
+        if not self.remaining:
+            raise StopAsyncIteration
+        try:
+            batch = self._receive.receive_nowait()  # fast path: the engine is ahead of the client
+        except anyio.WouldBlock:
+            batch = await self._receive.receive()
+        self._count(batch)
+        return batch
+
+    async def next_within(self, timeout: float) -> list[Output] | None:
+        """Like __anext__, but None after `timeout` seconds of silence (for SSE keep-alives)."""
+        if not self.remaining:
+            raise StopAsyncIteration
+        try:
+            batch = self._receive.receive_nowait()
+        except anyio.WouldBlock:
+            with anyio.move_on_after(timeout):
+                batch = await self._receive.receive()
+                self._count(batch)
+                return batch
+            return None
+        self._count(batch)
+        return batch
+
+    def _count(self, batch: list[Output]) -> None:
+        for out in batch:
+            if out.finish_reason is not None:
+                self.remaining -= 1
+
+
+class AsyncLLM:
+    def __init__(self, client: EngineClientLike, detokenizer: DetokenizerFactory, *,
+                 admission: AdmissionLike | None = None, stream_interval: int = 1,
+                 on_dead: Callable[[str], None] | None = None) -> None:
+        self.client = client
+        self.detokenizer = detokenizer
+        self.admission = admission
+        self.output = OutputProcessor(stream_interval=stream_interval)
+        self.on_dead = on_dead
+        self.dead: str | None = None  # why the engine is gone; set once
+        self._steps_send: MemoryObjectSendStream[StepOutputs]
+        self._steps_recv: MemoryObjectReceiveStream[StepOutputs]
+        self._steps_send, self._steps_recv = anyio.create_memory_object_stream[StepOutputs](16)
+
+    @property
+    def ready(self) -> Ready:
+        return self.client.ready
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """The reader and the output handler; returns when the engine is dead, or runs until cancelled."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._read)
+            tg.start_soon(self._handle)
+            task_status.started()
+
+    async def _read(self) -> None:
+        from engine.client import EngineDeadError
+
+        async with self._steps_send:
+            try:
+                while True:
+                    frame = await self.client.receive()
+                    if type(frame) is StepOutputs:
+                        await self._steps_send.send(frame)
+            except EngineDeadError as e:
+                # Marked dead before the stream closes: the handler drains what was read, then fails the rest.
+                self._die(str(e))
+
+    async def _handle(self) -> None:
+        from engine.client import EngineDeadError
+
+        async with self._steps_recv:
+            async for step in self._steps_recv:
+                to_abort = await self.output.process_outputs(step)
+                if to_abort and self.dead is None:
+                    try:
+                        await self.client.abort(to_abort)
+                    except EngineDeadError:
+                        pass  # the reader reports it
+        if self.dead is not None:
+            self.output.fail_all(f"{self.dead}; retry once the server is restarted")
+
+    def _die(self, why: str) -> None:
+        if self.dead is not None:
+            return
+        self.dead = why
+        log.error("%s", why)
+        if self.on_dead is not None:
+            self.on_dead(why)
+
+    def _dead_error(self) -> APIError:
+        return APIError(f"The engine is not running ({self.dead}); retry against a restarted server.", status=503)
+
+    @asynccontextmanager
+    async def generate(self, specs: Sequence[GenerationSpec]) -> AsyncIterator[RequestStream]:
+        """Admit, register the output side, send to the engine; yield the outputs; abort what is left on exit.
+
+        Several specs (completions with several prompts) share one collector; choices are
+        numbered spec.index_offset + child index.
+        """
+        if self.dead is not None:
+            raise self._dead_error()
+        num_reqs = sum(s.n for s in specs)
+        num_tokens = sum(s.n * len(s.prompt_token_ids) for s in specs)
+        admission = self.admission
+        if admission is not None:
+            reason = admission.try_admit(num_reqs, num_tokens)
+            if reason is not None:
+                raise APIError(f"The server is overloaded ({reason}); retry after a moment.", status=503,
+                               retry_after=1)
+        queued: dict[str, int] = {}  # child id -> prompt tokens still counted as queued
+
+        def first_token(state: RequestState) -> None:
+            n = queued.pop(state.request_id, None)
+            if n is not None and admission is not None:
+                admission.first_token(n)
+
+        collector = Collector(specs[0].output_kind if specs else OutputKind.FINAL_ONLY)
+        states: list[RequestState] = []
+        sent: list[str] = []
+        try:
+            for spec in specs:
+                has_stops = bool(spec.stop)
+                for i, child_id in enumerate(spec.child_ids()):
+                    state = RequestState(child_id, spec.index_offset + i, collector, self.detokenizer(spec),
+                                         spec.output_kind, has_stops, len(spec.prompt_token_ids), first_token)
+                    states.append(state)
+                    queued[child_id] = len(spec.prompt_token_ids)
+                    self.output.add(state)  # registered before sent: a fast engine finds it
+            for spec in specs:
+                for i, child_id in enumerate(spec.child_ids()):
+                    req = AddRequest(child_id, spec.prompt_token_ids, spec.child_params(i), spec.arrival_time,
+                                     spec.priority)
+                    await self._send(req)
+                    sent.append(child_id)
+            yield RequestStream(collector, states, specs)
+        finally:
+            with anyio.CancelScope(shield=True):
+                sent_set = set(sent)
+                pending = [s.request_id for s in states if not s.finished and s.request_id in sent_set]
+                for state in states:
+                    self.output.remove(state.request_id)
+                if admission is not None:
+                    if queued:
+                        admission.release(len(queued), sum(queued.values()))
+                if pending and self.dead is None:
+                    await self._abort(pending)
+                collector.send.close()
+                collector.receive.close()
+
+    async def _send(self, req: AddRequest) -> None:
+        from engine.client import EngineDeadError
+
+        if self.dead is not None:
+            raise self._dead_error()
+        try:
+            await self.client.add_request(req)
+        except EngineDeadError as e:
+            self._die(str(e))
+            raise self._dead_error() from None
+
+    async def _abort(self, request_ids: list[str]) -> None:
+        from engine.client import EngineDeadError
+
+        try:
+            await self.client.abort(request_ids)
+        except EngineDeadError as e:
+            self._die(str(e))
