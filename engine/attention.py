@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from engine.kernels import PagedBatch
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -85,8 +88,10 @@ class AttnMetadata:
     slot_mapping: torch.Tensor  # [T] where each new token's K/V goes
     decode_rows: torch.Tensor  # [B] rows of the flat batch that are single-token steps
     decode_key_slots: torch.Tensor  # [B, max_ctx] slot of each key position (padding points at slot 0)
-    decode_bias: torch.Tensor  # [B, 1, 1, max_ctx] 0 where allowed, -inf on padding
+    decode_bias: torch.Tensor  # [B, 1, 1, max_ctx] in the model's dtype: 0 where allowed, -inf elsewhere
     prefills: list[PrefillChunk] = field(default_factory=list)
+    paged: PagedBatch | None = None  # the Triton path's block tables and lengths, instead of the above
+    sliding_window: int | None = None  # the Triton path applies it in-kernel; the masks above already do
 
     @property
     def num_decodes(self) -> int:
@@ -95,16 +100,12 @@ class AttnMetadata:
 
 def _decode_attention(q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor,
                       meta: AttnMetadata, scale: float) -> torch.Tensor:
-    """q [B, heads, D] -> [B, heads, D]: every decode sequence in one padded batched matmul."""
-    b, heads, d = q.shape
-    kv_heads = k_flat.shape[1]
-    k = k_flat[meta.decode_key_slots]  # [B, L, kv_heads, D]
-    v = v_flat[meta.decode_key_slots]
-    qg = q.view(b, kv_heads, heads // kv_heads, d)  # query heads grouped under their kv head (GQA)
-    scores = torch.matmul(qg, k.permute(0, 2, 3, 1)).float() * scale  # [B, kv_heads, G, L]
-    probs = torch.softmax(scores + meta.decode_bias, dim=-1).to(v.dtype)
-    out = torch.matmul(probs, v.permute(0, 2, 1, 3))  # [B, kv_heads, G, D]
-    return out.reshape(b, heads, d)
+    """q [B, heads, D] -> [B, heads, D]: every decode sequence in one padded batched SDPA call."""
+    k = k_flat[meta.decode_key_slots].transpose(1, 2)  # [B, kv_heads, L, D]
+    v = v_flat[meta.decode_key_slots].transpose(1, 2)
+    out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=meta.decode_bias,
+                                         scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+    return out[:, :, 0]
 
 
 def _prefill_attention(q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor,
@@ -129,3 +130,55 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
         out[rows] = _prefill_attention(q[rows], k_flat, v_flat, chunk, scale)
     return out
+
+
+class TorchOps:
+    """The reference implementations above, behind the interface the model calls."""
+
+    rms_norm = staticmethod(rms_norm)
+
+    @staticmethod
+    def rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+             cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = cos_sin[positions]
+        return apply_rope(q, rows), apply_rope(k, rows)
+
+    @staticmethod
+    def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+        write_kv(k_cache, v_cache, k, v, slot_mapping)
+
+    attention = staticmethod(paged_attention)
+
+
+class TritonOps:
+    """engine.kernels' Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1); metadata must carry `paged`."""
+
+    @staticmethod
+    def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        from engine import kernels
+
+        return kernels.rms_norm(x, weight, eps)
+
+    @staticmethod
+    def rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+             cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        from engine import kernels
+
+        return kernels.rotary_embedding(positions, q, k, cos_sin)  # in place
+
+    @staticmethod
+    def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+        from engine import kernels
+
+        kernels.write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+
+    @staticmethod
+    def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMetadata,
+                  scale: float) -> torch.Tensor:
+        from engine import kernels
+
+        assert meta.paged is not None, "the runner builds `paged` metadata for the Triton path"
+        fn = kernels.decode_attention if meta.paged.max_query_len == 1 else kernels.prefill_attention
+        return fn(q, k_cache, v_cache, meta.paged, scale, sliding_window=meta.sliding_window)

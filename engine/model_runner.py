@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.attention import AttnMetadata, PrefillChunk
+from engine.attention import AttnMetadata, PrefillChunk, TritonOps
 from engine.config import EngineConfig
 from engine.models.loader import ModelLoadError, load_model, read_config, resolve_model
 from engine.sequence import ScheduledSeq
@@ -15,7 +15,9 @@ from engine.sequence import ScheduledSeq
 @dataclass
 class RunnerOutput:
     logits: torch.Tensor  # [num sampling seqs, vocab] float32, in batch order of seqs with .samples
-    prompt_logits: dict[int, torch.Tensor] = field(default_factory=dict)  # batch index -> [num_new, vocab]
+    # batch index -> [num_new_tokens, vocab] float32 for seqs asking prompt_logprobs while in their prompt;
+    # row j holds the logits after token start + j, i.e. the distribution of token start + j + 1.
+    prompt_logits: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 def pick_device(requested: str) -> torch.device:
@@ -25,7 +27,8 @@ def pick_device(requested: str) -> torch.device:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, *, use_triton: bool | None = None) -> None:
+        """use_triton None: the Triton kernels on CUDA when triton imports, the torch reference elsewhere."""
         self.device = pick_device(config.device)
         path = resolve_model(config.model)
         # Read the limit before loading, so the rotary table is sized for max_model_len only.
@@ -40,7 +43,7 @@ class ModelRunner:
         self.generation_defaults = info.generation_defaults
         self.model_dtype = info.dtype
         self.block_size = config.block_size
-        dtype = self.model.embed.dtype
+        self.dtype = dtype = self.model.embed.dtype
         # K and V, every layer, one block of block_size tokens.
         bytes_per_block = (2 * info.num_layers * config.block_size * info.num_kv_heads * info.head_dim
                            * dtype.itemsize)
@@ -54,6 +57,13 @@ class ModelRunner:
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(info.num_layers)]
         self.sliding_window = self.model.args.sliding_window
         self._offsets = torch.arange(config.block_size, device=self.device)
+        if use_triton is None:
+            from engine.kernels import triton_available
+
+            use_triton = self.device.type == "cuda" and triton_available()
+        self.use_triton = use_triton
+        if use_triton:
+            self.model.ops = TritonOps
 
     def _key_slots(self, block_table: list[int], ctx_len: int) -> torch.Tensor:
         """Slots of positions 0..ctx_len-1 of one sequence."""
@@ -102,11 +112,11 @@ class ModelRunner:
             ctx = torch.tensor(decode_ctx, dtype=torch.long, device=dev)
             k_pos = torch.arange(max_ctx, device=dev)
             allowed = self._allowed((ctx - 1)[:, None], k_pos)
-            bias = torch.zeros(allowed.shape, dtype=torch.float32, device=dev).masked_fill_(~allowed, float("-inf"))
+            bias = torch.zeros(allowed.shape, dtype=self.dtype, device=dev).masked_fill_(~allowed, float("-inf"))
             decode_slots = key_slots.gather(1, (ctx - 1)[:, None])[:, 0]
         else:
             key_slots = torch.zeros(0, 1, dtype=torch.long, device=dev)
-            bias = torch.zeros(0, 1, dtype=torch.float32, device=dev)
+            bias = torch.zeros(0, 1, dtype=self.dtype, device=dev)
             decode_slots = torch.zeros(0, dtype=torch.long, device=dev)
 
         slot_mapping = torch.empty(len(input_ids), dtype=torch.long, device=dev)
@@ -117,9 +127,29 @@ class ModelRunner:
         meta = AttnMetadata(slot_mapping, decode_rows_t, key_slots, bias[:, None, None, :], prefills)
         return input_ids, positions, meta
 
+    def _paged_metadata(self, batch: list[ScheduledSeq]) -> tuple[list[int], list[int], AttnMetadata]:
+        """The Triton path's metadata: block tables and lengths; the kernels do the gathering and masking."""
+        from engine.kernels import build_paged_batch
+
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        for s in batch:
+            start, end, table = s.start, s.start + s.num_new_tokens, s.seq.block_table
+            input_ids += s.seq.token_ids[start:end]
+            positions += range(start, end)
+            slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
+        paged = build_paged_batch([s.seq.block_table for s in batch], [s.start + s.num_new_tokens for s in batch],
+                                  [s.num_new_tokens for s in batch], bs, self.device)
+        empty = torch.zeros(0, dtype=torch.long, device=self.device)
+        slot_mapping = torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True)
+        meta = AttnMetadata(slot_mapping, empty, empty, empty, paged=paged, sliding_window=self.sliding_window)
+        return input_ids, positions, meta
+
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> RunnerOutput:
-        input_ids, positions, meta = self._metadata(batch)
+        input_ids, positions, meta = (self._paged_metadata if self.use_triton else self._metadata)(batch)
         ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)
         hidden = self.model.forward(ids, pos, self.kv_caches, meta)

@@ -50,8 +50,8 @@ class Scheduler:
                 f"this model's maximum context length is {self.max_model_len} tokens, but the request "
                 f"asks for {n + max_tokens} ({n} in the prompt, {max_tokens} max_tokens); "
                 "shorten the prompt or lower max_tokens")
-        # the last sampled token's K/V is never computed
-        blocks = self.bm.blocks_needed(n + max_tokens - 1)
+        final = n + max_tokens  # the last token's K/V is never computed
+        blocks = self.bm.blocks_needed(final - 1)
         if blocks > self.bm.num_total_blocks:
             raise RequestRefused(
                 f"the request needs {blocks} KV cache blocks ({n} prompt tokens + {max_tokens} "
@@ -122,12 +122,15 @@ class Scheduler:
 
     def _admit(self, budget: int, chosen: dict[Sequence, int]) -> int:
         heap, bm = self._waiting, self.bm
-        while heap and budget > 0 and len(self.running) < self.max_num_seqs:
+        # never more running than tokens per step: each must get at least one token every step
+        cap = min(self.max_num_seqs, self.max_num_batched_tokens)
+        while heap and budget > 0 and len(self.running) < cap:
             seq = heap[0][3]
             if seq.status is not SeqStatus.WAITING or heap[0][2] != self._order.get(seq):
                 heapq.heappop(heap)  # aborted while waiting
                 continue
-            hits = bm.lookup(seq)
+            # prompt logprobs need every prompt position's logits: no cache hits for those
+            hits = bm.lookup(seq) if seq.params.prompt_logprobs is None else []
             computed = len(hits) * bm.block_size
             n = min(seq.num_tokens - computed, budget)
             if not bm.allocate(seq, n, hits):
@@ -146,10 +149,10 @@ class Scheduler:
         return budget
 
     def _pick_victim(self) -> Sequence:
-        """The running sequence that matters least: highest priority value, then newest."""
+        """The running sequence that matters least: the last in waiting-queue order."""
         order = self._order
         return max((s for s in self.running if s.status is SeqStatus.RUNNING),
-                   key=lambda s: (s.priority, order[s]))
+                   key=lambda s: (s.priority, s.arrival_time, order[s]))
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute later: drop its KV; its output so far is re-prefilled with the prompt."""

@@ -7,6 +7,7 @@ leaves `generate` through the same `finally`, which aborts the engine requests s
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
@@ -55,27 +56,31 @@ class RequestStream:
     async def __anext__(self) -> list[Output]:
         if not self.remaining:
             raise StopAsyncIteration
+        batch = self.poll()
+        return batch if batch is not None else await self.wait()
+
+    def poll(self) -> list[Output] | None:
+        """The waiting batch, if any, without a checkpoint (the engine is ahead of the client)."""
         try:
-            batch = self._receive.receive_nowait()  # fast path: the engine is ahead of the client
+            batch = self._receive.receive_nowait()
         except anyio.WouldBlock:
-            batch = await self._receive.receive()
+            return None
+        self._count(batch)
+        return batch
+
+    async def wait(self) -> list[Output]:
+        batch = await self._receive.receive()
         self._count(batch)
         return batch
 
     async def next_within(self, timeout: float) -> list[Output] | None:
-        """Like __anext__, but None after `timeout` seconds of silence (for SSE keep-alives)."""
-        if not self.remaining:
-            raise StopAsyncIteration
-        try:
-            batch = self._receive.receive_nowait()
-        except anyio.WouldBlock:
-            with anyio.move_on_after(timeout):
-                batch = await self._receive.receive()
-                self._count(batch)
-                return batch
-            return None
-        self._count(batch)
-        return batch
+        """The next batch, or None after `timeout` seconds of silence (for SSE keep-alives)."""
+        batch = self.poll()
+        if batch is not None:
+            return batch
+        with anyio.move_on_after(timeout):
+            return await self.wait()
+        return None
 
     def _count(self, batch: list[Output]) -> None:
         for out in batch:
@@ -86,11 +91,12 @@ class RequestStream:
 class AsyncLLM:
     def __init__(self, client: EngineClientLike, detokenizer: DetokenizerFactory, *,
                  admission: AdmissionLike | None = None, stream_interval: int = 1,
-                 on_dead: Callable[[str], None] | None = None) -> None:
+                 on_dead: Callable[[str], None] | None = None, metrics: Any = None) -> None:
         self.client = client
         self.detokenizer = detokenizer
         self.admission = admission
-        self.output = OutputProcessor(stream_interval=stream_interval)
+        self.metrics = metrics  # server.metrics.ServerMetrics or None
+        self.output = OutputProcessor(stream_interval=stream_interval, metrics=metrics)
         self.on_dead = on_dead
         self.dead: str | None = None  # why the engine is gone; set once
         self._steps_send: MemoryObjectSendStream[StepOutputs]
@@ -113,8 +119,11 @@ class AsyncLLM:
 
         async with self._steps_send:
             try:
+                metrics = self.metrics
                 while True:
                     frame = await self.client.receive()
+                    if metrics is not None:
+                        metrics.record_stats(frame.stats)
                     if type(frame) is StepOutputs:
                         await self._steps_send.send(frame)
             except EngineDeadError as e:
@@ -161,6 +170,8 @@ class AsyncLLM:
         if admission is not None:
             reason = admission.try_admit(num_reqs, num_tokens)
             if reason is not None:
+                if self.metrics is not None:
+                    self.metrics.rejected("queue_full")
                 raise APIError(f"The server is overloaded ({reason}); retry after a moment.", status=503,
                                retry_after=1)
         queued: dict[str, int] = {}  # child id -> prompt tokens still counted as queued
@@ -178,7 +189,8 @@ class AsyncLLM:
                 has_stops = bool(spec.stop)
                 for i, child_id in enumerate(spec.child_ids()):
                     state = RequestState(child_id, spec.index_offset + i, collector, self.detokenizer(spec),
-                                         spec.output_kind, has_stops, len(spec.prompt_token_ids), first_token)
+                                         spec.output_kind, has_stops, len(spec.prompt_token_ids), first_token,
+                                         spec.arrival_time)
                     states.append(state)
                     queued[child_id] = len(spec.prompt_token_ids)
                     self.output.add(state)  # registered before sent: a fast engine finds it
@@ -200,6 +212,14 @@ class AsyncLLM:
                         admission.release(len(queued), sum(queued.values()))
                 if pending and self.dead is None:
                     await self._abort(pending)
+                if pending and self.metrics is not None:
+                    now = time.time()
+                    for state in states:
+                        if state.request_id in pending:
+                            self.metrics.record_finished(
+                                reason="abort", arrival=state.arrival_time, scheduled=0.0, first_token=0.0,
+                                finished=now, num_prompt_tokens=state.num_prompt_tokens,
+                                num_output_tokens=state.num_output_tokens)
                 collector.send.close()
                 collector.receive.close()
 

@@ -50,6 +50,7 @@ class ServerConfig:
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "log_level", str(self.log_level).lower())  # WARNING and warning alike
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
         positive = ("max_num_seqs", "max_num_batched_tokens", "stream_interval", "renderer_num_workers",

@@ -120,11 +120,11 @@ class RequestState:
 
     __slots__ = ("request_id", "index", "collector", "detok", "kind", "has_stops", "unsent", "detok_done",
                  "num_output_tokens", "last_emit", "logprobs", "num_prompt_tokens", "finished", "emitted",
-                 "num_cached_tokens", "on_first_token")
+                 "num_cached_tokens", "on_first_token", "arrival_time", "last_time", "prompt_logprobs")
 
     def __init__(self, request_id: str, index: int, collector: Collector, detok: Any, kind: OutputKind,
                  has_stops: bool, num_prompt_tokens: int,
-                 on_first_token: Callable[[RequestState], None] | None = None) -> None:
+                 on_first_token: Callable[[RequestState], None] | None = None, arrival_time: float = 0.0) -> None:
         self.request_id = request_id
         self.index = index
         self.collector = collector
@@ -141,10 +141,14 @@ class RequestState:
         self.emitted = False
         self.num_cached_tokens = 0
         self.on_first_token = on_first_token
+        self.arrival_time = arrival_time
+        self.last_time = 0.0  # step time of the latest token (metrics)
+        self.prompt_logprobs: list[TokenLogprobs | None] | None = None  # echo + logprobs: sent with the first output
 
 
 class OutputProcessor:
-    def __init__(self, *, stream_interval: int = 1, chunk_size: int = CHUNK) -> None:
+    def __init__(self, *, stream_interval: int = 1, chunk_size: int = CHUNK, metrics: Any = None) -> None:
+        self.metrics = metrics  # server.metrics.ServerMetrics or None
         self.states: dict[str, RequestState] = {}
         self.stream_interval = stream_interval
         self.chunk_size = chunk_size
@@ -161,24 +165,32 @@ class OutputProcessor:
         to_abort: list[str] = []
         states = self.states
         size = self.chunk_size
+        now = step.timestamp
         for start in range(0, len(outputs), size):
             if start:
                 await anyio.lowlevel.checkpoint()  # let routes send between chunks of a big step
             for ro in outputs[start:start + size]:
                 state = states.get(ro.request_id)
-                if state is not None and self._process_one(state, ro):
+                if state is not None and self._process_one(state, ro, now):
                     to_abort.append(ro.request_id)
         return to_abort
 
-    def _process_one(self, state: RequestState, ro: RequestOutput) -> bool:
+    def _process_one(self, state: RequestState, ro: RequestOutput, now: float) -> bool:
         """Returns True when the request must be aborted in the engine (it ended here, not there)."""
         ids = ro.new_token_ids
         finish = ro.finish_reason
         if ids:
+            metrics = self.metrics
             if state.num_output_tokens == 0:
                 state.num_cached_tokens = ro.num_cached_tokens
+                state.prompt_logprobs = ro.prompt_logprobs
                 if state.on_first_token is not None:
                     state.on_first_token(state)
+                if metrics is not None and state.arrival_time:
+                    metrics.ttft.observe(max(now - state.arrival_time, 0.0))
+            elif metrics is not None:
+                metrics.itl.observe(max(now - state.last_time, 0.0))
+            state.last_time = now
             state.num_output_tokens += len(ids)
             if state.unsent:
                 state.unsent.extend(ids)
@@ -221,6 +233,8 @@ class OutputProcessor:
                 if state.kind == _DELTA:
                     state.logprobs = None
                 out.num_cached_tokens = state.num_cached_tokens
+                if not state.emitted:
+                    out.prompt_logprobs = state.prompt_logprobs
                 state.emitted = True
                 state.last_emit = state.num_output_tokens
                 state.collector.put(out)
@@ -230,7 +244,7 @@ class OutputProcessor:
         except ValueError as e:  # DetokenizeError: ids the tokenizer cannot decode
             self._fail(state, f"the model produced token ids the tokenizer cannot decode: {e}")
             return True
-        self._finish(state, finish, stop_reason)
+        self._finish(state, finish, stop_reason, ro, now)
         return abort
 
     def _feed(self, state: RequestState, finished: bool) -> str | None:
@@ -242,7 +256,8 @@ class OutputProcessor:
         matched: str | None = state.detok.update(new, finished)
         return matched
 
-    def _finish(self, state: RequestState, finish: str, stop_reason: int | str | None) -> None:
+    def _finish(self, state: RequestState, finish: str, stop_reason: int | str | None, ro: RequestOutput,
+                now: float) -> None:
         kind = state.kind
         if kind == _DELTA:
             text = state.detok.take_delta()
@@ -253,6 +268,13 @@ class OutputProcessor:
         out = Output(state.index, text, ids, state.num_output_tokens, finish, stop_reason, state.logprobs,
                      first=not state.emitted)
         out.num_cached_tokens = state.num_cached_tokens
+        if not state.emitted:
+            out.prompt_logprobs = state.prompt_logprobs
+        if self.metrics is not None:
+            self.metrics.record_finished(
+                reason=finish, arrival=ro.arrival_time or state.arrival_time, scheduled=ro.scheduled_time,
+                first_token=ro.first_token_time, finished=now, num_prompt_tokens=state.num_prompt_tokens,
+                num_output_tokens=state.num_output_tokens)
         self._close(state, out)
 
     def _fail(self, state: RequestState, message: str) -> None:

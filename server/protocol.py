@@ -124,7 +124,7 @@ class CompletionResponse(msgspec.Struct):
     system_fingerprint: str | None = None
 
 
-class CompletionStreamResponse(msgspec.Struct, omit_defaults=True):
+class CompletionStreamResponse(msgspec.Struct):
     id: str
     created: int
     model: str
@@ -171,7 +171,7 @@ class ChatStreamChoice(msgspec.Struct):
     stop_reason: int | str | None = None
 
 
-class ChatCompletionStreamResponse(msgspec.Struct, omit_defaults=True):
+class ChatCompletionStreamResponse(msgspec.Struct):
     id: str
     created: int
     model: str

@@ -65,10 +65,13 @@ def _cap_memory(extra_bytes: int) -> None:
 
 def _handle(request: list[Any], tok: tokenizers.Tokenizer, default_template: str | None, max_output_chars: int) -> Any:
     op = request[0]
-    if op == "encode":
-        return tok.encode(request[1], add_special_tokens=request[2]).ids
-    if op == "decode":
-        return tok.decode(request[1], skip_special_tokens=request[2])
+    try:
+        if op == "encode":
+            return tok.encode(request[1], add_special_tokens=request[2]).ids
+        if op == "decode":
+            return tok.decode(request[1], skip_special_tokens=request[2])
+    except (TypeError, ValueError, OverflowError) as e:  # bad input, not a broken worker
+        raise template_sandbox.TemplateRenderError(f"cannot {op}: {e}") from None
     if op == "render":
         args = request[1]
         source = args["source"] if args["source"] is not None else default_template
@@ -102,7 +105,10 @@ def main() -> None:
         return None if body is None else decoder.decode(body)
 
     def send(obj: Any) -> None:
-        body = encoder.encode(obj)
+        try:
+            body = encoder.encode(obj)
+        except (MemoryError, UnicodeEncodeError, TypeError, OverflowError) as e:  # e.g. a lone surrogate
+            body = encoder.encode([USER_ERROR, f"the result cannot be sent back: {type(e).__name__}"])
         _write_all(out_fd, _HEADER.pack(len(body)) + body)
 
     config = receive()
@@ -127,10 +133,7 @@ def main() -> None:
             reply = [USER_ERROR, "the request ran out of the renderer's memory limit"]
         except Exception as e:  # noqa: BLE001 - report and stay alive for the next request
             reply = [INTERNAL_ERROR, f"{type(e).__name__}: {template_sandbox.safe_message(e)}"]
-        try:
-            send(reply)
-        except MemoryError:
-            send([USER_ERROR, "the result is too large for the renderer's memory limit"])
+        send(reply)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,13 @@ class TemplateRenderError(ValueError):
 class _SpindleSandbox(ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset({"*", "**"})
 
+    def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
+        # Jinja renders a blocked attribute as empty text; an escape attempt should fail loudly instead.
+        raise TemplateRenderError(
+            f"chat template tried an unsafe operation: attribute {attribute!r} of a {type(obj).__name__!r} "
+            "value is off limits"
+        )
+
     def call_binop(self, context: jinja2.runtime.Context, operator: str, left: Any, right: Any) -> Any:
         if operator == "*":
             for seq, count in ((left, right), (right, left)):

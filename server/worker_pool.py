@@ -22,7 +22,6 @@ from typing import Any
 import anyio
 import anyio.abc
 import msgspec
-from anyio.streams.buffered import BufferedByteReceiveStream
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 log = logging.getLogger(__name__)
@@ -56,21 +55,27 @@ class _Worker:
         self.proc = proc
         assert proc.stdin is not None and proc.stdout is not None
         self._stdin = proc.stdin
-        self._stdout = BufferedByteReceiveStream(proc.stdout)
-        self._body_len: int | None = None  # kept across a cancelled read so a drain resumes mid-frame
+        self._stdout = proc.stdout
+        # Bytes read but not yet parsed; kept across a cancelled read so a drain resumes mid-frame.
+        self._buffer = bytearray()
 
-    async def send(self, obj: Any) -> None:
-        body = msgspec.msgpack.encode(obj)
-        await self._stdin.send(_HEADER.pack(len(body)) + body)
+    async def send(self, frame: bytes) -> None:
+        await self._stdin.send(frame)
+
+    async def _fill(self, n: int) -> None:
+        while len(self._buffer) < n:
+            # Large reads: a small reply arrives in one wake-up and one syscall.
+            self._buffer += await self._stdout.receive(max(1 << 16, n - len(self._buffer)))
 
     async def receive(self) -> _Reply:
-        if self._body_len is None:
-            self._body_len = _HEADER.unpack(await self._stdout.receive_exactly(4))[0]
-            if self._body_len > _MAX_REPLY_BYTES:
-                raise WorkerCrashed(f"worker sent a {self._body_len}-byte reply")
-        body = await self._stdout.receive_exactly(self._body_len)
-        self._body_len = None
-        return _reply_decoder.decode(body)
+        await self._fill(4)
+        (length,) = _HEADER.unpack_from(self._buffer)
+        if length > _MAX_REPLY_BYTES:
+            raise WorkerCrashed(f"worker sent a {length}-byte reply")
+        await self._fill(4 + length)
+        reply = _reply_decoder.decode(memoryview(self._buffer)[4 : 4 + length])
+        del self._buffer[: 4 + length]
+        return reply
 
     async def kill(self) -> None:
         with anyio.CancelScope(shield=True):
@@ -78,6 +83,11 @@ class _Worker:
                 self.proc.kill()
             await self.proc.wait()  # reap: the pid is gone once this returns
             await self.proc.aclose()
+
+
+def _frame(obj: Any) -> bytes:
+    body = msgspec.msgpack.encode(obj)
+    return _HEADER.pack(len(body)) + body
 
 
 _BROKEN = (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, anyio.ClosedResourceError,
@@ -106,9 +116,12 @@ class WorkerPool:
         async with anyio.create_task_group() as tg:
             pool = cls(size, config, max_waiting, tg)
             try:
+                failures: list[BaseException] = []
                 async with anyio.create_task_group() as starting:
                     for _ in range(size):
-                        starting.start_soon(pool._spawn_into_idle)  # a failure here fails open()
+                        starting.start_soon(pool._spawn_into_idle, failures)
+                if failures:  # a worker that cannot start fails open(), with its own error
+                    raise failures[0]
                 yield pool
             finally:
                 pool._closing = True
@@ -135,7 +148,7 @@ class WorkerPool:
         worker = _Worker(proc)
         self._all.add(worker)
         try:
-            await worker.send(self._config)
+            await worker.send(_frame(self._config))
             code, value = await worker.receive()
             if code == USER_ERROR:
                 raise WorkerUserError(value)
@@ -147,15 +160,18 @@ class WorkerPool:
             raise
         return worker
 
-    async def _spawn_into_idle(self) -> None:
-        self._idle_send.send_nowait(await self._spawn())
+    async def _spawn_into_idle(self, failures: list[BaseException]) -> None:
+        try:
+            self._idle_send.send_nowait(await self._spawn())
+        except Exception as e:  # noqa: BLE001 - collected, re-raised by open()
+            failures.append(e)
 
     async def _start_into_idle(self) -> None:
         delay = 0.1
         while True:
             try:
                 worker = await self._spawn()
-            except _BROKEN as e:
+            except Exception as e:  # noqa: BLE001 - keep trying: the slot must come back
                 log.error("renderer worker failed to start (%s); retrying in %.1f s", e, delay)
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 10.0)
@@ -186,18 +202,24 @@ class WorkerPool:
 
         Raises WorkerUserError, WorkerTimeout (worker killed), WorkerCrashed or PoolOverloaded.
         """
-        if self._waiting >= self._max_waiting:
-            raise PoolOverloaded(f"{self._waiting} requests are already waiting for the renderer")
-        self._waiting += 1
         try:
-            worker = await self._idle_recv.receive()
-        finally:
-            self._waiting -= 1
+            frame = _frame(request)
+        except (msgspec.EncodeError, UnicodeEncodeError, TypeError, OverflowError) as e:
+            raise WorkerUserError(f"the request holds a value the renderer cannot take: {e}") from None
+        while True:
+            worker = await self._acquire()
+            if worker.proc.returncode is not None:  # it died while idle: replace it and use another
+                await self._replace(worker)
+                continue
+            try:
+                with anyio.CancelScope(shield=True):
+                    await worker.send(frame)  # a half-written frame would desync the worker
+                break
+            except _BROKEN:  # it died while idle: replace it and use another
+                await self._replace(worker)
         deadline = anyio.current_time() + (math.inf if timeout is None else timeout)
         reply: _Reply | None = None
         try:
-            with anyio.CancelScope(shield=True):
-                await worker.send(request)  # a half-written frame would desync the worker
             with anyio.move_on_after(max(0.0, deadline - anyio.current_time())):
                 reply = await worker.receive()
         except _BROKEN as e:
@@ -205,6 +227,9 @@ class WorkerPool:
             raise WorkerCrashed(f"renderer worker died: {e!r}") from None
         except anyio.get_cancelled_exc_class():
             self._tg.start_soon(self._drain, worker, deadline)
+            raise
+        except BaseException:
+            await self._replace(worker)
             raise
         if reply is None:
             await self._replace(worker)
@@ -216,3 +241,12 @@ class WorkerPool:
         if code != OK:
             raise WorkerCrashed(f"renderer worker error: {value}")
         return value
+
+    async def _acquire(self) -> _Worker:
+        if self._waiting >= self._max_waiting:
+            raise PoolOverloaded(f"{self._waiting} requests are already waiting for the renderer")
+        self._waiting += 1
+        try:
+            return await self._idle_recv.receive()
+        finally:
+            self._waiting -= 1

@@ -14,8 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.attention import (AttnMetadata, apply_rope, paged_attention, rms_norm, rope_cos_sin,
-                              rope_inv_freq, write_kv)
+from engine.attention import AttnMetadata, TorchOps, TritonOps, rope_cos_sin, rope_inv_freq
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 
@@ -121,6 +120,7 @@ class CausalLM:
 
     def __init__(self, args: ModelArgs, get: WeightGetter, has_lm_head: bool, max_positions: int) -> None:
         self.args = args
+        self.ops: type[TorchOps] | type[TritonOps] = TorchOps  # the runner switches to TritonOps on GPU
         self.embed = get("model.embed_tokens.weight")
         self.layers = [Layer(args, f"model.layers.{i}", get) for i in range(args.num_layers)]
         self.norm = get("model.norm.weight")
@@ -135,24 +135,23 @@ class CausalLM:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttnMetadata) -> torch.Tensor:
         """input_ids, positions [T] -> hidden states [T, hidden] before the final norm."""
-        a = self.args
+        a, ops = self.args, self.ops
         t = input_ids.shape[0]
-        cos_sin = self.cos_sin[positions]
         x = F.embedding(input_ids, self.embed)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            h = rms_norm(x, layer.ln1, a.rms_norm_eps)
+            h = ops.rms_norm(x, layer.ln1, a.rms_norm_eps)
             qkv = F.linear(h, layer.qkv_w, layer.qkv_b)
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-            q = apply_rope(q.view(t, a.num_heads, a.head_dim), cos_sin)
-            k = apply_rope(k.view(t, a.num_kv_heads, a.head_dim), cos_sin)
-            write_kv(k_cache, v_cache, k, v.reshape(t, a.num_kv_heads, a.head_dim), meta.slot_mapping)
-            attn = paged_attention(q, k_cache, v_cache, meta, self.scale)
+            q, k = ops.rope(positions, q.view(t, a.num_heads, a.head_dim),
+                            k.view(t, a.num_kv_heads, a.head_dim), self.cos_sin)
+            ops.write_kv(k, v.view(t, a.num_kv_heads, a.head_dim), k_cache, v_cache, meta.slot_mapping)
+            attn = ops.attention(q, k_cache, v_cache, meta, self.scale)
             x = x + F.linear(attn.reshape(t, self.q_size), layer.o_w, layer.o_b)
-            h = rms_norm(x, layer.ln2, a.rms_norm_eps)
+            h = ops.rms_norm(x, layer.ln2, a.rms_norm_eps)
             gate, up = F.linear(h, layer.gate_up_w, layer.gate_up_b).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, layer.down_w, layer.down_b)
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] (rows from forward) -> float32 logits [N, vocab]."""
-        return F.linear(rms_norm(hidden, self.norm, self.args.rms_norm_eps), self.lm_head).float()
+        return F.linear(self.ops.rms_norm(hidden, self.norm, self.args.rms_norm_eps), self.lm_head).float()

@@ -46,14 +46,17 @@ def resolve_model(model: str) -> Path:
         return path
     if path.exists():
         raise ModelLoadError(f"--model {model!r} is a file; pass the checkpoint's folder")
+    if model.startswith(("/", ".", "~")) or model.count("/") > 1:  # a path, not an "org/name" hub id
+        raise ModelLoadError(f"--model {model!r}: no such folder; pass an existing checkpoint folder or a hub id")
     from huggingface_hub import snapshot_download  # imported late: only hub ids need it
 
     try:
         return Path(snapshot_download(repo_id=model, allow_patterns=_HUB_PATTERNS))
     except Exception as e:  # noqa: BLE001 - any hub failure means the same thing to the user
+        why = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise ModelLoadError(
             f"--model {model!r} is not a local folder and could not be downloaded from the Hugging Face "
-            f"hub ({type(e).__name__}: {e}); pass the path of a local checkpoint folder instead") from e
+            f"hub ({type(e).__name__}: {why}); pass the path of a local checkpoint folder instead") from e
 
 
 def _read_json(path: Path) -> dict[str, Any]:

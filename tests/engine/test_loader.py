@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.checkpoint import write_random_checkpoint
-from engine.models.loader import ModelLoadError, load_model, resolve_model
+from engine.models.loader import ModelLoadError, load_model, pick_dtype, resolve_model
 
 SMALL = dict(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64, vocab_size=1000,
              rope_theta=10_000.0, max_position_embeddings=128, seed=7, tokenizer=False)
@@ -77,6 +77,19 @@ def test_explicit_dtype(small: Path) -> None:
     assert info.dtype == "bfloat16" and model.layers[0].qkv_w.dtype == torch.bfloat16
 
 
+def test_auto_dtype_is_float32_on_cpu_and_the_checkpoints_on_gpu(tmp_path: Path) -> None:
+    folder = write_random_checkpoint(tmp_path / "bf16", "llama", tie_word_embeddings=False, dtype="bfloat16",
+                                     **SMALL)  # type: ignore[arg-type]
+    model, info = load_model(folder, "auto", "cpu")
+    stored = load_file(folder / "model.safetensors")["model.norm.weight"]
+    assert info.dtype == "float32" and stored.dtype == torch.bfloat16
+    assert torch.equal(model.norm, stored.float())
+    assert pick_dtype("auto", "bfloat16", torch.device("cuda")) == "bfloat16"
+    assert pick_dtype("auto", None, torch.device("cuda")) == "float32"
+    with pytest.raises(ModelLoadError, match="float64"):
+        pick_dtype("float64", None, torch.device("cpu"))
+
+
 def test_missing_config(small: Path, tmp_path: Path) -> None:
     folder = broken_copy(small, tmp_path)
     (folder / "config.json").unlink()
@@ -122,7 +135,51 @@ def test_local_folder_resolves_to_itself(small: Path) -> None:
     assert resolve_model(str(small)) == small
 
 
+def test_missing_local_folder(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="no such folder"):
+        resolve_model(str(tmp_path / "nowhere"))
+
+
 def test_unreachable_hub_id() -> None:
     # Offline here; online the id does not exist: either way the user is told to pass a folder.
-    with pytest.raises(ModelLoadError, match="could not be downloaded.*local checkpoint folder"):
+    with pytest.raises(ModelLoadError, match="(?s)could not be downloaded.*local checkpoint folder"):
         resolve_model("no-such-org/no-such-model")
+
+
+def test_demo_checkpoint_built_once_and_loads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from engine.checkpoint import demo_checkpoint_path
+
+    monkeypatch.setenv("SPINDLE_CACHE_DIR", str(tmp_path))
+    path = demo_checkpoint_path()
+    assert path == tmp_path / "demo-qwen2"
+    stamp = (path / "model.safetensors").stat().st_mtime_ns
+    assert demo_checkpoint_path() == path and (path / "model.safetensors").stat().st_mtime_ns == stamp
+    assert [p.name for p in tmp_path.iterdir()] == ["demo-qwen2"]  # no temporary folder left behind
+    model, info = load_model(path, "auto", "cpu")
+    assert (info.vocab_size, info.num_layers, info.num_kv_heads, info.head_dim) == (151_646, 2, 2, 64)
+    assert model.embed.shape == (151_646, 128) and model.lm_head is model.embed
+    tok = AutoTokenizer.from_pretrained(path)
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    assert text.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    assert len(tok) == info.vocab_size
+
+
+def test_concurrent_demo_builders_agree(tmp_path: Path) -> None:
+    """Two processes building the demo at once both get the one complete folder (a small stand-in demo)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import engine.checkpoint as c, json, sys; c.DEMO = dict(c.DEMO, hidden_size=32, head_dim=16, "
+            "vocab_size=1000, intermediate_size=64); c.write_random_checkpoint.__kwdefaults__['tokenizer'] = False; "
+            "print(c.demo_checkpoint_path())")
+    env = dict(os.environ, SPINDLE_CACHE_DIR=str(tmp_path), OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=120)[0].strip().splitlines()[-1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    assert outs == [str(tmp_path / "demo-qwen2")] * 2
+    assert [p.name for p in tmp_path.iterdir()] == ["demo-qwen2"]  # the loser's temporary folder is gone
+    load_model(tmp_path / "demo-qwen2", "auto", "cpu")

@@ -165,3 +165,68 @@ def test_kv_cache_sized_from_memory(qwen2_ckpt: Path) -> None:
 def test_max_model_len_over_the_model_limit_is_refused(qwen2_ckpt: Path) -> None:
     with pytest.raises(ModelLoadError, match="max_position_embeddings 512"):
         ModelRunner(EngineConfig(model=str(qwen2_ckpt), max_model_len=4096, num_blocks=8))
+
+
+def test_bfloat16_runs_close_to_transformers(llama_ckpt: Path, hf_models: dict) -> None:
+    runner = make_runner(llama_ckpt, dtype="bfloat16")
+    assert runner.model_dtype == "bfloat16" and runner.kv_cache.dtype == torch.bfloat16
+    hf = hf_model(hf_models, llama_ckpt)
+    tokens = prompt(12, seed=10)
+    seq, blocks = new_seq("a", tokens), Blocks(64, seed=11)
+    step(runner, blocks, [(seq, 11)])
+    out = step(runner, blocks, [(seq, 1)])  # the decode path, with its bias mask in bfloat16
+    ref = hf_logits(hf, tokens)[-1]
+    assert out.logits.dtype == torch.float32
+    # bfloat16 keeps ~3 significant digits: close to the float32 reference, and the same top token.
+    torch.testing.assert_close(out.logits[0], ref, atol=0.25, rtol=0.05)
+    assert int(out.logits[0].argmax()) == int(ref.argmax())
+
+
+def fixed_schedule(runner: ModelRunner) -> list[torch.Tensor]:
+    """Chunked prefill from mid-block, a mixed step, two decode-only steps; fixed tokens, so any runner
+    (or process) produces logits comparable with transformers' on A_FULL / B_FULL."""
+    blocks = Blocks(64, seed=12)
+    a, b = new_seq("a", A_FULL[:17], prompt_logprobs=0), new_seq("b", B_FULL[:6])
+    outs = [step(runner, blocks, [(a, 7)]).prompt_logits[0], step(runner, blocks, [(a, 10)]).prompt_logits[0]]
+    a.token_ids.append(A_FULL[17])
+    outs.append(step(runner, blocks, [(a, 1), (b, 6)]).logits)
+    for i in range(2):
+        a.token_ids.append(A_FULL[18 + i])
+        b.token_ids.append(B_FULL[6 + i])
+        outs.append(step(runner, blocks, [(a, 1), (b, 1)]).logits)
+    return outs
+
+
+A_FULL, B_FULL = prompt(20, seed=13), prompt(8, seed=14)
+
+
+def kernel_path_child(ckpt: str, out: str) -> None:
+    """Entry point of the subprocess: TRITON_INTERPRET must be set before anything imports triton."""
+    torch.set_num_threads(1)
+    runner = ModelRunner(EngineConfig(model=ckpt, block_size=BLOCK, num_blocks=64), use_triton=True)
+    assert runner.use_triton
+    torch.save(fixed_schedule(runner), out)
+
+
+@pytest.mark.parametrize("any_ckpt", ["qwen2", "mistral"], indirect=True)
+def test_triton_kernel_path_matches_transformers(any_ckpt: Path, hf_models: dict, tmp_path: Path) -> None:
+    """The GPU path (engine.kernels through TritonOps), run on CPU by Triton's interpreter in a fresh process."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    out = tmp_path / "logits.pt"
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_model_runner as t; "
+            f"t.kernel_path_child({str(any_ckpt)!r}, {str(out)!r})")
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240,
+                          cwd=Path(__file__).parents[2])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = torch.load(out)
+    hf = hf_model(hf_models, any_ckpt)
+    ref_a, ref_b = hf_logits(hf, A_FULL), hf_logits(hf, B_FULL)
+    expected = [ref_a[:7], ref_a[7:17]] + [torch.stack([ref_a[17 + i], ref_b[5 + i]]) for i in range(3)]
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, atol=ATOL, rtol=0)

@@ -1,0 +1,87 @@
+"""Queued-request / queued-token limits (--max-num-queued-reqs, --max-num-queued-tokens) -> 503.
+
+"Queued" means admitted and not yet given a first token. Pessimistic: a request's whole prompt counts
+until its first token arrives, whatever part of it the engine has already prefilled. Pure bookkeeping,
+no I/O; callers pair every successful try_admit with exactly one first_token or release.
+"""
+
+from __future__ import annotations
+
+# Tokens a tokenizer may add around a text (bos/eos, a SentencePiece dummy-prefix piece).
+SPECIAL_TOKEN_ALLOWANCE = 8
+
+
+def estimate_tokens(text: str) -> int:
+    """An upper bound on the number of tokens `text` encodes to: its UTF-8 byte length + SPECIAL_TOKEN_ALLOWANCE.
+
+    The bound holds for byte-level BPE (Qwen2, Llama 3, tiktoken-style) and SentencePiece with byte fallback
+    (Llama 2, Mistral): every token covers at least one byte of the text, and the SentencePiece space marker
+    "▁" stands for one byte. It can be exceeded only by a normalizer that lengthens text: NFC rewrites a few
+    rare characters (e.g. U+0958) into up to 3 code points. Using it for admission is pessimistic:
+    it may count more tokens than the prompt has, never far fewer.
+    """
+    return len(text.encode("utf-8", "surrogatepass")) + SPECIAL_TOKEN_ALLOWANCE
+
+
+def min_tokens(text: str, max_token_bytes: int) -> int:
+    """A lower bound on the tokens of `text`, to refuse before tokenizing only when a limit is surely exceeded.
+
+    `max_token_bytes` is the longest token's UTF-8 length (128 for Qwen2, 24 for Llama 2's vocabulary).
+    A normalizer may shrink text (NFC composes Hangul jamo 3:1), so each token covers at most
+    3 * max_token_bytes bytes of the original text.
+    """
+    return -(-len(text.encode("utf-8", "surrogatepass")) // (3 * max_token_bytes))
+
+
+class Admission:
+    """Counts queued requests and their prompt tokens against optional limits (None: unlimited)."""
+
+    def __init__(self, max_num_queued_reqs: int | None, max_num_queued_tokens: int | None) -> None:
+        for name, value in (("max_num_queued_reqs", max_num_queued_reqs), ("max_num_queued_tokens", max_num_queued_tokens)):
+            if value is not None and value < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0 or unset, got {value}")
+        self._max_reqs = max_num_queued_reqs
+        self._max_tokens = max_num_queued_tokens
+        self._reqs = 0
+        self._tokens = 0
+
+    @property
+    def queued_reqs(self) -> int:
+        return self._reqs
+
+    @property
+    def queued_tokens(self) -> int:
+        return self._tokens
+
+    def try_admit(self, num_reqs: int, num_tokens: int) -> str | None:
+        """Admit `num_reqs` requests holding `num_tokens` prompt tokens in all; None if admitted, else why not."""
+        if num_reqs < 0 or num_tokens < 0:
+            raise ValueError(f"cannot admit {num_reqs} requests with {num_tokens} tokens")
+        if self._max_reqs is not None and self._reqs + num_reqs > self._max_reqs:
+            if num_reqs > self._max_reqs:
+                return (f"the request needs {num_reqs} queue slots but --max-num-queued-reqs is {self._max_reqs}; "
+                        "send fewer choices (n) per request")
+            return (f"too many queued requests ({self._reqs} queued, limit {self._max_reqs}); retry later")
+        if self._max_tokens is not None and self._tokens + num_tokens > self._max_tokens:
+            if num_tokens > self._max_tokens:
+                return (f"the request's {num_tokens} prompt tokens exceed --max-num-queued-tokens "
+                        f"{self._max_tokens} on their own; send a shorter prompt or fewer choices")
+            return (f"too many queued prompt tokens ({self._tokens} queued + {num_tokens} requested, "
+                    f"limit {self._max_tokens}); retry later")
+        self._reqs += num_reqs
+        self._tokens += num_tokens
+        return None
+
+    def first_token(self, num_tokens: int) -> None:
+        """One admitted request got its first token: it and its `num_tokens` prompt tokens stop counting."""
+        self.release(1, num_tokens)
+
+    def release(self, num_reqs: int, num_tokens: int) -> None:
+        """Admitted requests ended before their first token (abort, error, disconnect)."""
+        if num_reqs < 0 or num_tokens < 0 or num_reqs > self._reqs or num_tokens > self._tokens:
+            raise RuntimeError(
+                f"releasing {num_reqs} requests / {num_tokens} tokens but only {self._reqs} / {self._tokens} "
+                "are queued: a request was released twice or never admitted"
+            )
+        self._reqs -= num_reqs
+        self._tokens -= num_tokens

@@ -1,0 +1,35 @@
+"""GET /health (200 while the engine serves, 503 otherwise) and GET /version."""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+from server.api.http import Receive, Scope, Send, send_json
+from server.api.state import AppState
+from server.errors import APIError
+
+
+def _version() -> str:
+    try:
+        return version("spindle")
+    except PackageNotFoundError:
+        return "0.0.0"
+
+
+class HealthRoute:
+    def __init__(self, state: AppState) -> None:
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            self.state.require()
+        except APIError as e:
+            await send_json(send, 503, e.body())
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+
+
+class VersionRoute:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_json(send, 200, b'{"version":"%s"}' % _version().encode())

@@ -1,0 +1,123 @@
+"""The part chat and completions share: run `generate`, then stream SSE events or send one JSON body."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
+
+from server import sse
+from server.api.http import SSE_HEADERS, Receive, Send, run_until_disconnect, send_error, send_json
+from server.async_llm import AsyncLLM
+from server.errors import APIError
+from server.input_processor import GenerationSpec
+from server.output_processor import Output
+from server.protocol import PromptTokensDetails, Usage
+
+
+class Formatter(Protocol):
+    def stream_start(self) -> bytes | None: ...
+    def stream_chunk(self, batch: list[Output], usage: Usage | None) -> bytes | None: ...
+    def usage_chunk(self, usage: Usage) -> bytes: ...
+    def final(self, outputs: list[Output], usage: Usage) -> bytes: ...
+
+
+class UsageCounter:
+    """Prompt tokens once per prompt (shared by its n choices), completion tokens summed over choices."""
+
+    def __init__(self, specs: Sequence[GenerationSpec]) -> None:
+        self.prompt_tokens = sum(len(s.prompt_token_ids) for s in specs)
+        self._spec_of = {s.index_offset + i: k for k, s in enumerate(specs) for i in range(s.n)}
+        self._completion: dict[int, int] = {}
+        self._cached: dict[int, int] = {}  # per spec: its prompt's cached tokens
+
+    def add(self, batch: list[Output]) -> None:
+        for out in batch:
+            self._completion[out.index] = out.num_output_tokens
+            if out.num_cached_tokens:
+                k = self._spec_of.get(out.index, 0)
+                self._cached[k] = max(self._cached.get(k, 0), out.num_cached_tokens)
+
+    def usage(self) -> Usage:
+        completion = sum(self._completion.values())
+        return Usage(self.prompt_tokens, completion, self.prompt_tokens + completion,
+                     PromptTokensDetails(sum(self._cached.values())))
+
+
+def _usage(counter: UsageCounter, last: dict[int, Output]) -> Usage:
+    counter.add(list(last.values()))
+    return counter.usage()
+
+
+def output_error(llm: AsyncLLM, out: Output) -> APIError:
+    if llm.dead is not None:
+        return APIError(f"{out.error}", status=503)
+    return APIError(out.error or "the request failed", status=400)
+
+
+async def respond(llm: AsyncLLM, specs: Sequence[GenerationSpec], fmt: Formatter, send: Send, *, stream: bool,
+                  include_usage: bool = False, continuous_usage: bool = False, keepalive: float = 0.0,
+                  headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    """Everything after validation. Raises APIError only before the response started."""
+    counter = UsageCounter(specs)
+    async with llm.generate(specs) as outputs:
+        if not stream:
+            finals: dict[int, Output] = {}
+            async for batch in outputs:
+                counter.add(batch)
+                for out in batch:
+                    if out.error is not None:
+                        raise output_error(llm, out)
+                    if out.finish_reason is not None:
+                        finals[out.index] = out
+            await send_json(send, 200, fmt.final([finals[i] for i in sorted(finals)], counter.usage()), headers)
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + (headers or [])})
+        start = fmt.stream_start()
+        if start is not None:
+            await send({"type": "http.response.body", "body": start, "more_body": True})
+        failed = False
+        waiting_first = keepalive > 0  # keep-alives cover the queue wait; a started stream keeps flowing
+        last: dict[int, Output] = {}
+        while outputs.remaining:
+            batch = outputs.poll()
+            if batch is None:
+                if waiting_first:
+                    batch = await outputs.next_within(keepalive)
+                    if batch is None:
+                        await send({"type": "http.response.body", "body": sse.KEEPALIVE, "more_body": True})
+                        continue
+                    waiting_first = False
+                else:
+                    batch = await outputs.wait()
+            error = None
+            for out in batch:
+                last[out.index] = out
+                if out.error is not None:
+                    error = out
+            if error is not None:
+                data = sse.error_frame(output_error(llm, error))
+                failed = True
+            else:
+                data = fmt.stream_chunk(batch, _usage(counter, last) if continuous_usage else None)
+            if data:
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+            if failed:
+                break
+        counter.add(list(last.values()))
+        tail = sse.DONE
+        if include_usage and not failed:
+            tail = fmt.usage_chunk(counter.usage()) + sse.DONE
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+
+async def handle(receive: Receive, send: Send, work: Callable[[], Awaitable[None]],
+                 headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    """Run a route's work until it ends or the client leaves; APIErrors before the response become error bodies."""
+
+    async def guarded() -> None:
+        try:
+            await work()
+        except APIError as e:
+            await send_error(send, e, headers)
+
+    await run_until_disconnect(receive, guarded)

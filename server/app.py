@@ -1,0 +1,153 @@
+"""create_app(config): the raw-ASGI Starlette app; its lifespan runs the renderer, the engine and AsyncLLM.
+
+`hypercorn 'server.app:create_app()' -k trio` works too: with no config, SPINDLE_* env vars are read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import anyio
+from starlette.routing import Route, Router
+
+from server.api.chat import ChatRoute
+from server.api.completions import CompletionsRoute
+from server.api.health import HealthRoute, VersionRoute
+from server.api.metrics import MetricsRoute
+from server.api.http import Receive, Scope, Send, header, send_error
+from server.api.models import ModelsRoute
+from server.api.state import AppState
+from server.async_llm import AsyncLLM
+from server.config import ServerConfig
+from server.errors import APIError
+from server.input_processor import GenerationSpec, ModelLimits
+
+log = logging.getLogger("spindle.server")
+
+EngineFactory = Callable[[ServerConfig], AbstractAsyncContextManager[Any]]
+RendererFactory = Callable[[ServerConfig], AbstractAsyncContextManager[Any]]
+
+
+def _open_engine(config: ServerConfig) -> AbstractAsyncContextManager[Any]:
+    from engine.client import open_engine
+
+    return open_engine(config.engine_config(), ready_timeout=config.engine_ready_timeout,
+                       heartbeat_timeout=config.engine_heartbeat_timeout)
+
+
+def _open_renderer(config: ServerConfig) -> AbstractAsyncContextManager[Any]:
+    from server.renderer import Renderer
+
+    return Renderer.open(config.model_path, tokenizer_dir=config.tokenizer, chat_template=config.chat_template,
+                         num_workers=config.renderer_num_workers, render_timeout=config.chat_template_render_timeout,
+                         default_chat_template_kwargs=config.default_chat_template_kwargs,
+                         trust_request_chat_template=config.trust_request_chat_template)
+
+
+def detokenizer_factory(tokenizer: Any) -> Callable[[GenerationSpec], Any]:
+    from server.detokenizer import IncrementalDetokenizer
+
+    def make(spec: GenerationSpec) -> Any:
+        return IncrementalDetokenizer(
+            tokenizer, spec.prompt_token_ids, skip_special_tokens=spec.skip_special_tokens,
+            spaces_between_special_tokens=spec.spaces_between_special_tokens, stop=spec.stop,
+            include_stop_str_in_output=spec.include_stop_str_in_output, min_tokens=spec.params.min_tokens)
+
+    return make
+
+
+def _admission(config: ServerConfig) -> Any:
+    if config.max_num_queued_reqs is None and config.max_num_queued_tokens is None:
+        return None
+    from server.admission import Admission
+
+    return Admission(config.max_num_queued_reqs, config.max_num_queued_tokens)
+
+
+def _default_on_fatal(why: str) -> None:
+    # Served by an outside Hypercorn: ask it to shut down the way Ctrl-C would.
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def limits_for(config: ServerConfig, ready: Any, tokenizer: Any) -> ModelLimits:
+    vocab = ready.vocab_size
+    if tokenizer is not None:  # ids the tokenizer cannot decode are refused even if the embedding is padded
+        vocab = min(vocab, tokenizer.get_vocab_size(with_added_tokens=True))
+    return ModelLimits(max_model_len=ready.max_model_len, vocab_size=vocab,
+                       eos_token_ids=tuple(ready.eos_token_ids), max_logprobs=config.max_logprobs,
+                       generation_defaults=dict(ready.generation_defaults))
+
+
+class _Auth:
+    """--api-key: /v1/* needs `Authorization: Bearer <key>`; /health, /version and /metrics stay open."""
+
+    def __init__(self, app: Any, keys: tuple[str, ...]) -> None:
+        self.app = app
+        self.keys = {f"Bearer {k}" for k in keys}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1") and header(scope, b"authorization") not in self.keys:
+            await send_error(send, APIError("Invalid or missing API key; send `Authorization: Bearer <key>`.",
+                                            status=401), [(b"www-authenticate", b"Bearer")])
+            return
+        await self.app(scope, receive, send)
+
+
+async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:
+    if scope["type"] != "http":
+        return
+    await send_error(send, APIError(f"No route {scope.get('method')} {scope['path']}; see /v1/models, "
+                                    "/v1/completions, /v1/chat/completions.", status=404))
+
+
+def create_app(config: ServerConfig | None = None, *, on_fatal: Callable[[str], None] | None = None,
+               engine_factory: EngineFactory | None = None, renderer_factory: RendererFactory | None = None) -> Any:
+    """The ASGI app. `on_fatal(why)` is called once if the engine dies (the CLI exits non-zero)."""
+    config = config if config is not None else ServerConfig.from_env()
+    state = AppState(config=config, model_name=config.model_name)
+    from server.metrics import ServerMetrics
+
+    metrics = ServerMetrics(config.model_name)
+    open_engine = engine_factory or _open_engine
+    open_renderer = renderer_factory or _open_renderer
+    fatal = on_fatal or _default_on_fatal
+
+    @asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        cfg = config
+        if cfg.model is None and engine_factory is None:
+            cfg = await anyio.to_thread.run_sync(cfg.resolved)  # builds the demo checkpoint on first use
+        state.config = cfg
+        async with AsyncExitStack() as stack:
+            renderer = await stack.enter_async_context(open_renderer(cfg))
+            client = await stack.enter_async_context(open_engine(cfg))
+            tokenizer = getattr(renderer, "tokenizer", None)
+            llm = AsyncLLM(client, detokenizer_factory(tokenizer), admission=_admission(cfg),
+                           stream_interval=cfg.stream_interval, on_dead=fatal, metrics=metrics)
+            async with anyio.create_task_group() as tg:
+                await tg.start(llm.run)
+                state.renderer, state.limits, state.llm = renderer, limits_for(cfg, client.ready, tokenizer), llm
+                log.info("serving %s (max_model_len %d)", state.model_name, state.limits.max_model_len)
+                try:
+                    yield
+                finally:
+                    state.stopping = True
+                    tg.cancel_scope.cancel()
+
+    routes = [
+        Route("/v1/completions", CompletionsRoute(state), methods=["POST"]),
+        Route("/v1/chat/completions", ChatRoute(state), methods=["POST"]),
+        Route("/v1/models", ModelsRoute(state), methods=["GET"]),
+        Route("/health", HealthRoute(state), methods=["GET"]),
+        Route("/version", VersionRoute(), methods=["GET"]),
+        Route("/metrics", MetricsRoute(metrics), methods=["GET"]),
+    ]
+    router = Router(routes=routes, lifespan=lifespan, default=_not_found)
+    app: Any = _Auth(router, config.api_keys) if config.api_keys else router
+    app.state_holder = state  # for tests and diagnostics
+    return app

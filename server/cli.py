@@ -1,0 +1,151 @@
+"""`spindle [serve] [flags]` and `spindle make-demo PATH`. Flags use vLLM's names; SPINDLE_* env vars fill the rest."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+
+from server.config import ServerConfig
+
+# flag -> (ServerConfig field, type, help). Booleans are switches.
+_FLAGS: list[tuple[str, str, Any, str]] = [
+    ("--host", "host", str, "address to listen on"),
+    ("--port", "port", int, "port to listen on"),
+    ("--model", "model", str, "local HF-format checkpoint folder (default: the built-in demo checkpoint)"),
+    ("--served-model-name", "served_model_name", str, "the model name clients use (default: --model)"),
+    ("--tokenizer", "tokenizer", str, "tokenizer folder (default: the model folder)"),
+    ("--max-model-len", "max_model_len", int, "context length: prompt + output tokens"),
+    ("--max-num-seqs", "max_num_seqs", int, "requests in one batch"),
+    ("--max-num-batched-tokens", "max_num_batched_tokens", int, "tokens in one engine step"),
+    ("--stream-interval", "stream_interval", int, "tokens between stream events"),
+    ("--max-num-queued-reqs", "max_num_queued_reqs", int, "requests waiting for a first token before 503"),
+    ("--max-num-queued-tokens", "max_num_queued_tokens", int, "prompt tokens waiting before 503"),
+    ("--chat-template", "chat_template", str, "chat template file or text"),
+    ("--renderer-num-workers", "renderer_num_workers", int, "template/tokenizer worker processes"),
+    ("--seed", "seed", int, "engine seed"),
+    ("--dtype", "dtype", str, "auto, float32, bfloat16 or float16"),
+    ("--shutdown-timeout", "shutdown_timeout", float, "seconds to finish in-flight requests on shutdown"),
+    ("--worker-class", "worker_class", str, "trio (default), asyncio or uvloop"),
+    ("--block-size", "block_size", int, "KV-cache block size in tokens"),
+    ("--kv-cache-memory", "kv_cache_memory", str, "KV-cache size, e.g. 2GiB"),
+    ("--num-blocks", "num_blocks", int, "KV-cache blocks (overrides --kv-cache-memory)"),
+    ("--max-logprobs", "max_logprobs", int, "most top logprobs a request may ask for"),
+    ("--chat-template-render-timeout", "chat_template_render_timeout", float, "seconds a template may render"),
+    ("--sse-keepalive", "sse_keepalive", float, "seconds of stream silence before a keep-alive comment (0: off)"),
+    ("--log-level", "log_level", str, "debug, info, warning, error"),
+    ("--device", "device", str, "auto, cpu or cuda"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="spindle", description="OpenAI-compatible LLM server. "
+                                     "`spindle make-demo PATH` writes the demo checkpoint.")
+    for flag, dest, typ, text in _FLAGS:
+        parser.add_argument(flag, dest=dest, type=typ, default=None, help=text)
+    parser.add_argument("--api-key", dest="api_keys", action="append", default=None,
+                        help="require this bearer key on /v1 (repeatable)")
+    parser.add_argument("--trust-request-chat-template", dest="trust_request_chat_template", action="store_const",
+                        const=True, default=None, help="let requests bring their own chat_template")
+    parser.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_const",
+                        const=False, default=None, help="turn the prefix cache off")
+    parser.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_const", const=True,
+                        help=argparse.SUPPRESS)
+    return parser
+
+
+def config_from_args(argv: Sequence[str]) -> ServerConfig:
+    """Flags over SPINDLE_* env vars over defaults."""
+    args = build_parser().parse_args(list(argv))
+    given = {k: v for k, v in vars(args).items() if v is not None}
+    if "kv_cache_memory" in given:
+        from engine.config import parse_bytes
+
+        given["kv_cache_memory"] = parse_bytes(given["kv_cache_memory"])
+    if "api_keys" in given:
+        given["api_keys"] = tuple(given["api_keys"])
+    return ServerConfig.from_env(**given)
+
+
+def _hypercorn_config(config: ServerConfig) -> Any:
+    from hypercorn.config import Config
+
+    hc = Config()
+    hc.bind = [f"[{config.host}]:{config.port}" if ":" in config.host else f"{config.host}:{config.port}"]
+    hc.graceful_timeout = config.shutdown_timeout
+    hc.startup_timeout = config.engine_ready_timeout + 120  # model load + demo build happen in the lifespan
+    hc.shutdown_timeout = config.shutdown_timeout + 15  # the engine's own stop after requests drained
+    hc.keep_alive_timeout = 75
+    hc.accesslog = None
+    hc.loglevel = config.log_level.upper()
+    return hc
+
+
+async def serve(config: ServerConfig) -> int:
+    """Serve until SIGINT/SIGTERM (exit 0) or the engine dies (exit 1)."""
+    from server.app import create_app
+
+    stop = anyio.Event()
+    code = 0
+
+    def fatal(why: str) -> None:
+        nonlocal code
+        code = 1
+        stop.set()
+
+    app = create_app(config, on_fatal=fatal)
+    hc = _hypercorn_config(config)
+    async with anyio.create_task_group() as tg:
+
+        async def signals() -> None:
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
+                async for _ in received:
+                    logging.getLogger("spindle.server").info("shutting down")
+                    stop.set()
+                    return
+
+        tg.start_soon(signals)
+        try:
+            if config.worker_class == "trio":
+                from hypercorn.trio import serve as hypercorn_serve
+            else:
+                from hypercorn.asyncio import serve as hypercorn_serve  # type: ignore[assignment]
+            await hypercorn_serve(app, hc, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+        except Exception as e:  # startup failed (e.g. the model did not load): say why, exit non-zero
+            logging.getLogger("spindle.server").error("server failed: %s", e)
+            code = code or 1
+        tg.cancel_scope.cancel()
+    return code
+
+
+def run_server(config: ServerConfig) -> int:
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if config.worker_class == "trio":
+        return anyio.run(serve, config, backend="trio")
+    options = {"use_uvloop": config.worker_class == "uvloop"}
+    return anyio.run(serve, config, backend="asyncio", backend_options=options)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "make-demo":
+        if len(argv) != 2:
+            print("usage: spindle make-demo PATH", file=sys.stderr)
+            return 2
+        from engine.checkpoint import make_demo
+
+        print(make_demo(argv[1]))
+        return 0
+    if argv and argv[0] == "serve":
+        argv = argv[1:]
+    try:
+        config = config_from_args(argv)
+    except ValueError as e:
+        print(f"spindle: {e}", file=sys.stderr)
+        return 2
+    return run_server(config)

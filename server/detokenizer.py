@@ -1,0 +1,277 @@
+"""Incremental detokenization and stop strings for one request: pure, no I/O, O(1) amortized per token.
+
+Reference text (what the concatenated deltas equal once finished): `decode(prompt + generated)` with
+`decode(prompt)` cut off the front, special tokens dropped from both when `skip_special_tokens`.
+With an empty prompt (or one made only of skipped special tokens) the reference is `decode(generated)`,
+so a SentencePiece tokenizer drops the first piece's leading space, as it does at the start of any text.
+
+How: decode a short window of ids, `[context token] + ids not yet committed`, and commit the window's
+text past what the context token decodes to alone. A decode is local at a committed boundary, so the
+text matches the reference. Text is held back (not committed) while the window ends in U+FFFD (a
+character still incomplete) or, for byte-fallback tokenizers, while the last token is a byte token
+(a later byte token can turn the whole run of byte tokens into U+FFFDs). `finished=True` commits all.
+
+Stop strings: the first match in the text (earliest start; at one start, the stop listed first) ends
+the request; text after it (and the stop itself unless `include_stop_str_in_output`) is dropped. A
+match may start only in text committed once `min_tokens` tokens were consumed (none if the request
+ends sooner). Until then text is released at once; after it, the last `longest_stop - 1` characters
+are held back until more text (or the finish) shows they start no match.
+
+`spaces_between_special_tokens` is accepted for API parity but has no effect: fast tokenizers' decode
+(the reference) has no such option.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import tokenizers
+
+_REPLACEMENT = "\ufffd"
+
+
+class DetokenizeError(ValueError):
+    """The engine produced ids the tokenizer cannot decode; the request fails, the server goes on."""
+
+
+@dataclass(frozen=True)
+class _TokenizerInfo:
+    vocab_size: int
+    special_ids: frozenset[int]
+    byte_ids: frozenset[int]  # byte-fallback tokens (<0xAB>); empty for byte-level BPE
+    alone_len: tuple[dict[int, int], dict[int, int]]  # len(decode([id])) cache, per skip_special_tokens
+
+
+# Keyed by id(); the tokenizer is kept alive in the value so its id is never reused.
+_INFO: dict[int, tuple[tokenizers.Tokenizer, _TokenizerInfo]] = {}
+
+
+def _tokenizer_info(tok: tokenizers.Tokenizer) -> _TokenizerInfo:
+    hit = _INFO.get(id(tok))
+    if hit is not None and hit[0] is tok:
+        return hit[1]
+    special = frozenset(i for i, t in tok.get_added_tokens_decoder().items() if t.special)
+    byte_ids: frozenset[int] = frozenset()
+    if getattr(tok.model, "byte_fallback", False):
+        found = (tok.token_to_id(f"<0x{b:02X}>") for b in range(256))
+        byte_ids = frozenset(i for i in found if i is not None)
+    info = _TokenizerInfo(tok.get_vocab_size(with_added_tokens=True), special, byte_ids, ({}, {}))
+    _INFO[id(tok)] = (tok, info)
+    return info
+
+
+class IncrementalDetokenizer:
+    """Turns one request's generated ids into text deltas, applying stop strings."""
+
+    def __init__(
+        self,
+        tokenizer: tokenizers.Tokenizer,
+        prompt_token_ids: list[int],
+        *,
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+        stop: Sequence[str] = (),
+        include_stop_str_in_output: bool = False,
+        min_tokens: int = 0,
+    ) -> None:
+        self._tok = tokenizer
+        self._info = info = _tokenizer_info(tokenizer)
+        self._skip = skip_special_tokens
+        self._hidden = info.special_ids if skip_special_tokens else frozenset()
+        self._byte_ids = info.byte_ids
+        self._alone_len = info.alone_len[1 if skip_special_tokens else 0]
+        self._stops = [s for s in stop if s]
+        self._hold = max((len(s) for s in self._stops), default=1) - 1
+        self._scan = 0  # absolute text position before which no stop string can start
+        self._include_stop = include_stop_str_in_output
+        self._min_tokens = max(0, min_tokens)
+        self._num_tokens = 0
+        self._done = False
+        self._stop_reason: str | None = None
+        # Absolute committed-text position from which stop strings may start; None until min_tokens.
+        self._search_from: int | None = 0 if self._min_tokens == 0 else None
+        self._pending = ""  # committed text not yet released (stop-string hold-back)
+        self._released: list[str] = []
+        self._released_len = 0
+        self._delta: list[str] = []
+        self._text_cache: str | None = ""
+
+        self._check(prompt_token_ids)
+        # Context: the prompt's last visible token, and a trailing byte-fallback run whole.
+        self._window: list[int] = []
+        for i in reversed(prompt_token_ids):
+            if i not in self._hidden:
+                self._window.append(i)
+                if i not in info.byte_ids:
+                    break
+        self._window.reverse()
+        self._ctx_n = len(self._window)  # leading window ids that are context, already committed
+        self._ctx_chars = len(self._decode(self._window)) if self._window else 0
+
+    # -- public ---------------------------------------------------------------------------------
+
+    def update(self, new_token_ids: list[int], finished: bool) -> str | None:
+        """Consume one engine step's ids; return the stop string that matched (the request is then
+        done and text after it dropped), else None. `finished` releases everything held back.
+        Calls after the request is done are ignored."""
+        if self._done:
+            return None
+        self._check(new_token_ids)
+        before = self._num_tokens
+        self._num_tokens += len(new_token_ids)
+        if self._search_from is None and self._num_tokens >= self._min_tokens:
+            self._reach_min_tokens(new_token_ids[: self._min_tokens - before])
+            new_token_ids = new_token_ids[self._min_tokens - before :]
+        self._consume(new_token_ids, finished)
+        if finished:
+            self._done = True
+        return self._stop_reason
+
+    def take_delta(self) -> str:
+        """Text released since the last call ("" if none)."""
+        if not self._delta:
+            return ""
+        out = self._delta[0] if len(self._delta) == 1 else "".join(self._delta)
+        self._delta.clear()
+        return out
+
+    @property
+    def output_text(self) -> str:
+        """All text released so far; after a stop or finish, the final text."""
+        if self._text_cache is None:
+            self._text_cache = "".join(self._released)
+            self._released = [self._text_cache]
+        return self._text_cache
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self._num_tokens
+
+    @property
+    def finished(self) -> bool:
+        """True once a stop string matched or `update(..., finished=True)` was called."""
+        return self._done
+
+    @property
+    def stop_reason(self) -> str | None:
+        """The stop string that ended the request, if any."""
+        return self._stop_reason
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _check(self, ids: list[int]) -> None:
+        if not ids:
+            return
+        n = self._info.vocab_size
+        try:
+            if min(ids) >= 0 and max(ids) < n:
+                return  # the common case, checked in C; a float slipping through fails in decode
+        except TypeError:
+            pass
+        for i in ids:
+            if type(i) is not int or not 0 <= i < n:
+                raise DetokenizeError(
+                    f"token id {i!r} is outside the tokenizer's vocabulary (0..{n - 1}); "
+                    "the model and tokenizer do not match: check --tokenizer and the checkpoint's vocab_size"
+                )
+        raise DetokenizeError(f"token ids must be integers, got {ids!r}")
+
+    def _decode(self, ids: list[int]) -> str:
+        try:
+            return self._tok.decode(ids, skip_special_tokens=self._skip)
+        except Exception as exc:  # tokenizers raises plain Exception subclasses; keep the contract narrow
+            raise DetokenizeError(f"could not decode token ids: {exc}") from exc
+
+    def _reach_min_tokens(self, ids: list[int]) -> None:
+        """Stop strings may start only in text committed once the min_tokens-th token is consumed.
+
+        Replaying the uncommitted ids one by one commits every stable token boundary, so that
+        position does not depend on how the generation was split into engine steps."""
+        replay = self._window[self._ctx_n :] + ids
+        del self._window[self._ctx_n :]
+        for i in replay:
+            self._consume([i], False)
+        self._search_from = self._scan = self._released_len + len(self._pending)
+
+    def _consume(self, ids: list[int], finished: bool) -> None:
+        hidden = self._hidden
+        if hidden:
+            if len(ids) == 1:
+                if ids[0] in hidden:
+                    ids = []
+            else:
+                ids = [i for i in ids if i not in hidden]
+        window = self._window
+        if ids:
+            window += ids
+        elif not finished:
+            return
+        new_text = ""
+        if window:
+            text = self._decode(window)
+            if not finished and (text[-1:] == _REPLACEMENT or window[-1] in self._byte_ids):
+                return  # a character (or a byte-fallback run) may still change: wait for more ids
+            new_text = text[self._ctx_chars :]
+            # Rebase: the last token becomes the next window's context.
+            last = window[-1]
+            alone = self._alone_len.get(last)
+            if alone is None:
+                alone = self._alone_len[last] = len(self._decode([last]))
+            self._window = [last]
+            self._ctx_n = 1
+            self._ctx_chars = alone
+        if self._stops and self._search_from is not None:
+            if new_text or finished:
+                self._commit(new_text, finished)
+        elif new_text:  # nothing here can start a stop string
+            self._released.append(new_text)
+            self._released_len += len(new_text)
+            self._delta.append(new_text)
+            self._text_cache = None
+
+    def _commit(self, text: str, finished: bool) -> None:
+        pending = self._pending + text
+        base = self._released_len  # absolute position of pending[0]
+        start = max(self._search_from or 0, self._scan) - base
+        best, best_k = -1, -1
+        for k, s in enumerate(self._stops):
+            at = pending.find(s, start)
+            if at != -1 and (best == -1 or at < best):  # ties keep the stop listed first
+                best, best_k = at, k
+        undecided = -1
+        if best != -1 and not finished:
+            undecided = self._could_match_before(pending, start, best, best_k)
+        if best != -1 and undecided == -1:
+            s = self._stops[best_k]
+            self._pending = ""
+            self._release(pending[: best + len(s) if self._include_stop else best])
+            self._stop_reason = s
+            self._done = True
+            return
+        hold_from = len(pending) - self._hold
+        self._scan = base + (undecided if undecided != -1 else max(start, hold_from))
+        cut = len(pending) if finished else hold_from
+        if cut > 0:
+            self._pending = pending[cut:]
+            self._release(pending[:cut])
+        else:
+            self._pending = pending
+
+    def _could_match_before(self, pending: str, start: int, at: int, k_at: int) -> int:
+        """First position <= `at` where a stop that would win over the match at `at` may still
+        complete with more text (it runs off the end of `pending`), else -1."""
+        n = len(pending)
+        for y in range(max(start, n - self._hold), at + 1):
+            tail = pending[y:]
+            for k, s in enumerate(self._stops):
+                if (y < at or k < k_at) and len(s) > len(tail) and s.startswith(tail):
+                    return y
+        return -1
+
+    def _release(self, text: str) -> None:
+        if text:
+            self._released.append(text)
+            self._released_len += len(text)
+            self._delta.append(text)
+            self._text_cache = None

@@ -1,0 +1,102 @@
+"""The model's pieces against transformers' own: rotary frequencies, RoPE, RMSNorm, config parsing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import LlamaConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+from engine.attention import apply_rope, rms_norm, rope_cos_sin, rope_inv_freq
+from engine.models.llama import ConfigError, ModelArgs
+
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def llama_config(**kw: Any) -> LlamaConfig:
+    return LlamaConfig(hidden_size=256, num_attention_heads=4, head_dim=64, num_hidden_layers=1,
+                       intermediate_size=64, vocab_size=100, **kw)
+
+
+def test_llama3_inv_freq_matches_transformers() -> None:
+    cfg = llama_config(rope_theta=500_000.0, rope_scaling=LLAMA3)
+    ref, _ = ROPE_INIT_FUNCTIONS["llama3"](cfg, "cpu")
+    ours = rope_inv_freq(64, 500_000.0, LLAMA3)
+    torch.testing.assert_close(ours, ref, atol=0, rtol=1e-6)
+    assert not torch.allclose(ours, rope_inv_freq(64, 500_000.0, None))  # the scaling did something
+
+
+def test_apply_rope_matches_transformers() -> None:
+    cfg = llama_config(rope_theta=10_000.0)
+    positions = torch.tensor([0, 1, 5, 17, 300])
+    cos, sin = LlamaRotaryEmbedding(cfg)(torch.zeros(1), positions[None])
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(5, 4, 64, generator=g), torch.randn(5, 2, 64, generator=g)
+    ref_q, ref_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
+    table = rope_cos_sin(rope_inv_freq(64, 10_000.0, None), 512)[positions]
+    torch.testing.assert_close(apply_rope(q, table), ref_q[0].transpose(0, 1), atol=1e-5, rtol=0)
+    torch.testing.assert_close(apply_rope(k, table), ref_k[0].transpose(0, 1), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_matches_transformers(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(7, 32, generator=g) * 3).to(dtype)
+    ref = Qwen2RMSNorm(32, eps=1e-6)
+    with torch.no_grad():
+        ref.weight.copy_(torch.randn(32, generator=g))
+    ref = ref.to(dtype)
+    with torch.no_grad():
+        torch.testing.assert_close(rms_norm(x, ref.weight, 1e-6), ref(x))
+
+
+def hf_dict(**kw: Any) -> dict[str, Any]:
+    return json.loads(llama_config(**kw).to_json_string()) | {"architectures": ["LlamaForCausalLM"]}
+
+
+def test_rope_settings_old_and_new_config_styles_agree() -> None:
+    new = hf_dict(rope_theta=500_000.0, rope_scaling=LLAMA3)
+    assert "rope_parameters" in new  # transformers 5 writes them nested
+    old = {k: v for k, v in new.items() if k != "rope_parameters"} | {"rope_theta": 500_000.0, "rope_scaling": LLAMA3}
+    a, b = ModelArgs.from_hf_config(new), ModelArgs.from_hf_config(old)
+    assert a == b and a.rope_theta == 500_000.0 and a.rope_scaling is not None
+    assert a.rope_scaling["factor"] == 8.0
+
+
+def test_default_rope_and_head_dim_fallback() -> None:
+    cfg = hf_dict(rope_theta=10_000.0)
+    del cfg["head_dim"]
+    args = ModelArgs.from_hf_config(cfg)
+    assert args.rope_scaling is None and args.head_dim == 256 // 4 and not args.qkv_bias
+
+
+def test_architecture_flags(qwen2_ckpt: Path, mistral_ckpt: Path) -> None:
+    qwen = ModelArgs.from_hf_config(json.loads((qwen2_ckpt / "config.json").read_text()))
+    mistral = ModelArgs.from_hf_config(json.loads((mistral_ckpt / "config.json").read_text()))
+    assert qwen.qkv_bias and not qwen.o_bias and qwen.tie_word_embeddings and qwen.sliding_window is None
+    assert not mistral.qkv_bias and mistral.sliding_window == 8
+
+
+def test_unsupported_config_is_refused() -> None:
+    with pytest.raises(ConfigError, match="GPT2LMHeadModel"):
+        ModelArgs.from_hf_config(hf_dict() | {"architectures": ["GPT2LMHeadModel"]})
+    with pytest.raises(ConfigError, match="gelu"):
+        ModelArgs.from_hf_config(hf_dict() | {"hidden_act": "gelu"})
+    qwen_mixed = hf_dict() | {"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True,
+                              "sliding_window": 16, "layer_types": ["full_attention", "sliding_attention"]}
+    with pytest.raises(ConfigError, match="sliding window"):
+        ModelArgs.from_hf_config(qwen_mixed)
+    with pytest.raises(ValueError, match="yarn"):
+        rope_inv_freq(64, 10_000.0, {"rope_type": "yarn", "factor": 4.0})

@@ -1,0 +1,192 @@
+"""The app over real HTTP (Hypercorn on Trio, in a thread) with the real renderer and the FakeEngineClient."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import httpx
+import openai
+import pytest
+from fake_engine import FakeEngineClient, fake_engine_factory
+from hypercorn.config import Config
+
+from engine.messages import AddRequest
+from engine.models.hf_tokenizer import load_tokenizer, tokenizer_dir
+from server.app import create_app
+from server.config import ServerConfig
+
+TOK = load_tokenizer("qwen2")
+TEXT = "Hello there, how are you doing today? I am fine, thanks. 🦊"
+GEN = TOK.encode(TEXT).ids
+
+
+def script(req: AddRequest) -> list[int]:
+    return GEN * 40 if req.params.ignore_eos else GEN  # ignore_eos: a long stream for disconnect tests
+
+
+@dataclass
+class Running:
+    url: str
+    fake: FakeEngineClient
+    deaths: list[str]
+    portal: Any  # runs calls in the server's event loop thread
+
+    def sse(self, path: str, body: dict[str, Any], **kw: Any) -> list[Any]:
+        with httpx.stream("POST", self.url + path, json=body, timeout=30, **kw) as r:
+            assert r.status_code == 200, r.read()
+            assert r.headers["content-type"].startswith("text/event-stream")
+            events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        return [json.loads(e) for e in events[:-1]]
+
+
+def serve_in_thread(**config: Any) -> Iterator[Running]:
+    """Hypercorn (trio worker) serving create_app(...) in a portal thread; shut down on exit."""
+    import hypercorn.trio
+
+    fake = FakeEngineClient(script, max_model_len=512)
+    deaths: list[str] = []
+    cfg = ServerConfig(model=str(tokenizer_dir("qwen2")), served_model_name="tiny", sse_keepalive=0, **config)
+    app = create_app(cfg, engine_factory=fake_engine_factory(fake), on_fatal=deaths.append)
+    hc = Config()
+    hc.bind = ["127.0.0.1:0"]
+    hc.accesslog = None
+    hc.graceful_timeout = 1
+    with anyio.from_thread.start_blocking_portal(backend="trio") as portal:
+        stop = portal.call(anyio.Event)
+        future, binds = portal.start_task(
+            lambda task_status: hypercorn.trio.serve(app, hc, shutdown_trigger=stop.wait, task_status=task_status))
+        try:
+            yield Running(binds[0], fake, deaths, portal)
+        finally:
+            portal.call(stop.set)
+            future.result(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def srv() -> Iterator[Running]:
+    yield from serve_in_thread()
+
+
+def test_completion_non_streaming(srv: Running) -> None:
+    r = httpx.post(srv.url + "/v1/completions", json={"model": "tiny", "prompt": "Hi", "max_tokens": 5},
+                   headers={"X-Request-Id": "abc-1"})
+    assert r.status_code == 200 and r.headers["x-request-id"] == "abc-1"
+    body = r.json()
+    assert body["id"] == "cmpl-abc-1" and body["object"] == "text_completion" and body["model"] == "tiny"
+    (choice,) = body["choices"]
+    assert choice["text"] == TOK.decode(GEN[:5]) and choice["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": len(TOK.encode("Hi").ids), "completion_tokens": 5,
+                             "total_tokens": len(TOK.encode("Hi").ids) + 5,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
+    added = next(a for a in srv.fake.added if a.request_id.startswith("abc-1-"))
+    assert len(added.request_id) == len("abc-1-") + 8
+
+
+def test_chat_stream_shape(srv: Running) -> None:
+    chunks = srv.sse("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "stream": True,
+                                              "n": 2, "stream_options": {"include_usage": True}})
+    assert all(c["object"] == "chat.completion.chunk" and c["id"].startswith("chatcmpl-") for c in chunks)
+    texts: dict[int, str] = {0: "", 1: ""}
+    seen_role: set[int] = set()
+    finish: dict[int, Any] = {}
+    for c in chunks[:-1]:
+        for ch in c["choices"]:
+            i = ch["index"]
+            if i not in seen_role:
+                assert ch["delta"].get("role") == "assistant"  # the first chunk of each choice
+                seen_role.add(i)
+            assert i not in finish  # nothing after the finishing chunk
+            texts[i] += ch["delta"].get("content", "")
+            if ch["finish_reason"] is not None:
+                finish[i] = (ch["finish_reason"], ch["stop_reason"])
+    assert texts == {0: TEXT, 1: TEXT} and finish == {0: ("length", None), 1: ("length", None)}
+    usage_chunk = chunks[-1]
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 2 * len(GEN)
+
+
+def test_openai_sdk_completion_stream_and_stop(srv: Running) -> None:
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x")
+    stream = client.completions.create(model="tiny", prompt="Hi", stream=True, stop=["today"],
+                                       extra_body={"include_stop_str_in_output": True})
+    parts, last = [], None
+    for chunk in stream:
+        parts.append(chunk.choices[0].text)
+        last = chunk.choices[0]
+    assert "".join(parts) == TEXT[:TEXT.index("today") + len("today")]
+    assert last is not None and last.finish_reason == "stop"
+    assert last.model_extra and last.model_extra["stop_reason"] == "today"
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
+                                          max_completion_tokens=3)
+    assert chat.choices[0].message.content == TOK.decode(GEN[:3]) and chat.choices[0].finish_reason == "length"
+
+
+def test_errors(srv: Running) -> None:
+    r = httpx.post(srv.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": "x"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    r = httpx.post(srv.url + "/v1/completions", json={"prompt": "Hi", "model": "other"})
+    assert r.status_code == 404 and "`other`" in r.json()["error"]["message"]
+    r = httpx.post(srv.url + "/v1/completions", json={"prompt": [1, 2, 10**6]})
+    assert r.status_code == 400 and "out of vocabulary" in r.json()["error"]["message"]
+    r = httpx.post(srv.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 512})
+    assert r.status_code == 400 and "maximum context length is 512" in r.json()["error"]["message"]
+    r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": []})
+    assert r.status_code == 400
+    r = httpx.get(srv.url + "/v1/nothing")
+    assert r.status_code == 404 and "error" in r.json()
+
+
+def test_models_and_health(srv: Running) -> None:
+    models = httpx.get(srv.url + "/v1/models").json()
+    assert models["object"] == "list" and models["data"][0]["id"] == "tiny"
+    assert models["data"][0]["max_model_len"] == 512
+    assert httpx.get(srv.url + "/health").status_code == 200
+    assert "version" in httpx.get(srv.url + "/version").json()
+
+
+def test_disconnect_mid_stream_aborts(srv: Running) -> None:
+    body = {"prompt": "Hi", "stream": True, "ignore_eos": True, "max_tokens": 400}
+    with httpx.stream("POST", srv.url + "/v1/completions", json=body, headers={"X-Request-Id": "gone"}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                break  # leave after the first event
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not any(a.startswith("gone-") for a in srv.fake.aborted):
+        time.sleep(0.02)
+    aborted = [a for a in srv.fake.aborted if a.startswith("gone-")]
+    assert len(aborted) == 1  # aborted, exactly once
+
+
+def test_engine_death_then_503() -> None:
+    gen = serve_in_thread()
+    running = next(gen)
+    try:
+        running.portal.call(running.fake.die, "pipe closed")
+        deadline = time.monotonic() + 5
+        while not running.deaths and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert running.deaths
+        assert httpx.get(running.url + "/health").status_code == 503
+        r = httpx.post(running.url + "/v1/completions", json={"prompt": "Hi"})
+        assert r.status_code == 503 and "pipe closed" in r.json()["error"]["message"]
+    finally:
+        gen.close()
+
+
+def test_api_key_and_admission() -> None:
+    gen = serve_in_thread(api_keys=("sekret",))
+    running = next(gen)
+    try:
+        assert httpx.post(running.url + "/v1/completions", json={"prompt": "Hi"}).status_code == 401
+        r = httpx.post(running.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2},
+                       headers={"Authorization": "Bearer sekret"})
+        assert r.status_code == 200
+        assert httpx.get(running.url + "/health").status_code == 200  # not behind the key
+    finally:
+        gen.close()

@@ -1,0 +1,155 @@
+"""The output processor with the real Qwen2 tokenizer and the real incremental detokenizer."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from engine.messages import EngineStats, RequestOutput, StepOutputs
+from engine.models.hf_tokenizer import load_tokenizer
+from server.detokenizer import IncrementalDetokenizer
+from server.input_processor import OutputKind
+from server.output_processor import Collector, Output, OutputProcessor, RequestState
+
+pytestmark = pytest.mark.anyio
+STATS = EngineStats(0, 0, 0, 1, 0, 0, 0)
+TEXT = "Grüße, 世界! The quick brown fox jumps over the lazy dog. 🦊🐶 done"
+
+
+@pytest.fixture(scope="module")
+def tok():  # type: ignore[no-untyped-def]
+    return load_tokenizer("qwen2")
+
+
+def reference(tok, prompt: list[int], gen: list[int]) -> str:  # type: ignore[no-untyped-def]
+    return tok.decode(prompt + gen)[len(tok.decode(prompt)):]
+
+
+def make(tok, kind: OutputKind, *, stop: tuple[str, ...] = (), interval: int = 1,  # type: ignore[no-untyped-def]
+         prompt: list[int] | None = None) -> tuple[OutputProcessor, RequestState, Collector]:
+    prompt = prompt if prompt is not None else tok.encode("Say:").ids
+    proc = OutputProcessor(stream_interval=interval)
+    collector = Collector(kind)
+    detok = IncrementalDetokenizer(tok, prompt, stop=stop)
+    state = RequestState("r", 0, collector, detok, kind, bool(stop), len(prompt))
+    proc.add(state)
+    return proc, state, collector
+
+
+def step(*outs: RequestOutput) -> StepOutputs:
+    return StepOutputs(list(outs), 0.0, STATS)
+
+
+def drain(collector: Collector) -> list[list[Output]]:
+    got = []
+    while True:
+        try:
+            got.append(collector.receive.receive_nowait())
+        except anyio.WouldBlock:
+            return got
+
+
+async def test_delta_stream_concatenates_to_reference(tok) -> None:  # type: ignore[no-untyped-def]
+    proc, _, collector = make(tok, OutputKind.DELTA)
+    gen = tok.encode(TEXT).ids
+    texts, ids = [], []
+    for i, tid in enumerate(gen):
+        last = i == len(gen) - 1
+        await proc.process_outputs(step(RequestOutput("r", [tid], "length" if last else None)))
+        for batch in drain(collector):  # the consumer keeps up: one output per hand-over
+            texts += [o.text for o in batch]
+            ids += [t for o in batch for t in o.token_ids]
+    assert "".join(texts) == reference(tok, tok.encode("Say:").ids, gen) == TEXT
+    assert ids == gen
+    assert "r" not in proc.states
+
+
+async def test_slow_consumer_gets_one_merged_output(tok) -> None:  # type: ignore[no-untyped-def]
+    proc, _, collector = make(tok, OutputKind.DELTA)
+    gen = tok.encode(TEXT).ids
+    for i, tid in enumerate(gen):
+        await proc.process_outputs(step(RequestOutput("r", [tid], "length" if i == len(gen) - 1 else None)))
+    batches = drain(collector)  # nobody read until now: everything waits in the one slot
+    assert len(batches) == 1 and len(batches[0]) == 1
+    out = batches[0][0]
+    assert out.text == TEXT and out.token_ids == gen
+    assert out.finish_reason == "length" and out.num_output_tokens == len(gen)
+
+
+async def test_cumulative_replaces_on_merge(tok) -> None:  # type: ignore[no-untyped-def]
+    proc, _, collector = make(tok, OutputKind.CUMULATIVE)
+    gen = tok.encode("one two three four").ids
+    await proc.process_outputs(step(RequestOutput("r", gen[:2])))
+    await proc.process_outputs(step(RequestOutput("r", gen[2:], "length")))
+    (batch,) = drain(collector)
+    assert batch[0].text == "one two three four" and batch[0].token_ids == gen
+
+
+async def test_final_only_builds_one_output(tok) -> None:  # type: ignore[no-untyped-def]
+    proc, _, collector = make(tok, OutputKind.FINAL_ONLY)
+    gen = tok.encode(TEXT).ids
+    for tid in gen[:-1]:
+        await proc.process_outputs(step(RequestOutput("r", [tid])))
+        assert drain(collector) == []
+    await proc.process_outputs(step(RequestOutput("r", gen[-1:], "stop")))
+    (batch,) = drain(collector)
+    assert batch[0].text == TEXT and batch[0].token_ids == gen and batch[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("interval", [1, 2, 5])
+async def test_stream_interval(tok, interval: int) -> None:  # type: ignore[no-untyped-def]
+    proc, _, collector = make(tok, OutputKind.DELTA, interval=interval)
+    gen = tok.encode(" a b c d e f g h i j k").ids  # one token per word: no held-back text
+    assert len(gen) == 11
+    emitted_at = []
+    for i, tid in enumerate(gen):
+        await proc.process_outputs(step(RequestOutput("r", [tid], "length" if i == len(gen) - 1 else None)))
+        if drain(collector):
+            emitted_at.append(i + 1)
+    # the first token at once, then every `interval` tokens, and at the end
+    expected = sorted({1, *range(1 + interval, len(gen) + 1, interval), len(gen)})
+    assert emitted_at == expected
+
+
+async def test_stop_string_ends_and_asks_for_abort(tok) -> None:  # type: ignore[no-untyped-def]
+    proc, state, collector = make(tok, OutputKind.DELTA, stop=("lazy",))
+    gen = tok.encode(TEXT).ids
+    aborts, texts, finish = [], [], None
+    for tid in gen:
+        aborts += await proc.process_outputs(step(RequestOutput("r", [tid])))
+        for batch in drain(collector):
+            texts += [o.text for o in batch]
+            finish = (batch[-1].finish_reason, batch[-1].stop_reason)
+        if state.finished:
+            break
+    assert "".join(texts) == TEXT[:TEXT.index("lazy")]
+    assert finish == ("stop", "lazy")
+    assert aborts == ["r"]  # the engine did not finish it: it must be aborted, once
+    assert await proc.process_outputs(step(RequestOutput("r", [gen[-1]]))) == []  # later news is ignored
+
+
+async def test_engine_error_and_stop_token(tok) -> None:  # type: ignore[no-untyped-def]
+    proc, _, collector = make(tok, OutputKind.DELTA)
+    await proc.process_outputs(step(RequestOutput("r", [], "error", error="prompt too long for the KV cache")))
+    (batch,) = drain(collector)
+    assert batch[0].finish_reason == "error" and batch[0].error == "prompt too long for the KV cache"
+
+    proc, _, collector = make(tok, OutputKind.FINAL_ONLY)
+    ids = tok.encode("hi").ids
+    await proc.process_outputs(step(RequestOutput("r", ids + [151643], "stop", stop_token_id=151643)))
+    (batch,) = drain(collector)
+    assert batch[0].text == "hi" and batch[0].stop_reason == 151643
+
+
+async def test_big_step_is_chunked_and_all_requests_served(tok) -> None:  # type: ignore[no-untyped-def]
+    proc = OutputProcessor(chunk_size=3)
+    collectors = []
+    prompt = tok.encode("x").ids
+    for i in range(10):
+        c = Collector(OutputKind.DELTA)
+        collectors.append(c)
+        proc.add(RequestState(f"r{i}", 0, c, IncrementalDetokenizer(tok, prompt), OutputKind.DELTA, False, 1))
+    ids = tok.encode(" hello").ids
+    await proc.process_outputs(step(*(RequestOutput(f"r{i}", ids, "length") for i in range(10))))
+    assert all(drain(c)[0][0].text == " hello" for c in collectors)
+    assert proc.states == {}
