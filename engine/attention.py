@@ -1,6 +1,7 @@
 """The model's swappable pieces: RMSNorm, rotary embedding, paged KV writes and paged attention.
 
-Plain torch references; `engine/kernels/` replaces them with Triton kernels tested against these.
+`TorchOps` bundles the plain torch versions (CPU); `TritonOps` routes the same calls to `engine.kernels`
+(GPU). The model only calls `ops.rms_norm / rope / write_kv / attention`, so the two swap per runner.
 The KV cache of one layer is a pair of tensors [num_blocks, block_size, num_kv_heads, head_dim];
 a token at position p of a sequence lives in slot block_table[p // block_size] * block_size + p % block_size.
 """

@@ -199,15 +199,13 @@ class Sampler:
             e = torch.index_select(x, 0, r, out=buf)
             e.sub_(e.amax(-1, keepdim=True))
         e.div_(_column([s.params.temperature for s in seqs], dev))  # row max is now 0
-        if any(ks):  # large top_k: mask below each row's k-th largest logit
+        e.exp_()  # unnormalized probabilities, max 1: the draw scales by the row total
+        if any(ks):  # large top_k: zero what is below each row's k-th largest probability
             k = torch.tensor([k or 1 for k in ks], device=dev)
-            kth = e.topk(max(ks), dim=-1).values.gather(1, (k - 1)[:, None])
-            on = torch.tensor([k > 0 for k in ks], device=dev)[:, None]
-            e.masked_fill_(on & (e < kth), -math.inf)
-        min_p = [s.params.min_p for s in seqs]
-        if any(min_p):  # prob < min_p * max prob  <=>  shifted logit < log(min_p)
-            e.masked_fill_(e < torch.log(_column(min_p, dev)), -math.inf)
-        e.exp_()  # unnormalized probabilities: the draw scales by the row total
+            kth = e.topk(max(ks), dim=-1).values.gather(1, (k - 1)[:, None])[:, 0]
+            below = torch.nextafter(kth, torch.zeros_like(kth)).tolist()  # keeps ties with the k-th
+            _zero_below(e, [t if k else 0.0 for t, k in zip(below, ks)])
+        _zero_below(e, [s.params.min_p for s in seqs])  # relative to the max, which is 1
         cdf = torch.cumsum(e, -1, out=self._empty("cdf", e.shape[0], e.shape[1], torch.float32, dev))
         pick = _search(cdf, e, _uniforms(seqs, dev))
         nucleus = [i for i, s in enumerate(seqs) if s.params.top_p < 1.0]
@@ -252,9 +250,9 @@ class Sampler:
         else:
             r = torch.tensor(nucleus, device=dev)
             er, pr, total = e[r], pick[r], cdf[r, -1]
-        n, V = er.shape
-        ahead = _above(er, er.gather(1, pr[:, None]), self._empty("tmp", n, V, torch.float32, dev),
-                       weights=er)
+        tmp = self._empty("tmp", er.shape[0], er.shape[1], torch.float32, dev).copy_(er)
+        _zero_below(tmp, er.gather(1, pr[:, None])[:, 0].tolist())
+        ahead = tmp.sum(-1)  # the mass of tokens more likely than the drawn one
         top_p = _column([seqs[i].params.top_p for i in nucleus], dev)[:, 0]
         return (ahead >= top_p * total).tolist()
 
@@ -275,7 +273,7 @@ class Sampler:
         tok = torch.tensor(token_ids, dtype=torch.long, device=dev)[:, None]
         tok_x = x.gather(1, tok)
         # exp is spent: its memory counts the logits above the token's
-        ranks = (_above(x, tok_x.clamp(min=-BIG), exp) + 1).long().tolist()
+        ranks = (_count_above(x, tok_x.clamp(min=-BIG), exp) + 1).long().tolist()
         n_max = min(max(ns, default=0), V)
         top_v, top_i = x.topk(n_max, dim=-1) if n_max else (x[:, :0], tok[:, :0])
         top_v_l, top_i_l = (top_v - lse).tolist(), top_i.tolist()
@@ -310,14 +308,19 @@ def _sane(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _above(x: torch.Tensor, t: torch.Tensor, buf: torch.Tensor,
-           weights: torch.Tensor | None = None) -> torch.Tensor:
-    """Per row: how many entries of x exceed t (or their total weight), via float scratch.
+def _count_above(x: torch.Tensor, t: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+    """Per row: how many entries of x exceed t; sign/clamp in place beats a bool mask's sum."""
+    return torch.sub(x, t, out=buf).sign_().clamp_(min=0).sum(-1)
 
-    sign/clamp in place is several times faster on CPU than a bool mask's sum.
+
+def _zero_below(x: torch.Tensor, thresholds: list[float]) -> None:
+    """Per row, in place: entries <= its threshold (when > 0) become 0.
+
+    threshold_ on a row view is an order of magnitude cheaper than building a mask.
     """
-    ind = torch.sub(x, t, out=buf).sign_().clamp_(min=0)
-    return (ind.mul_(weights) if weights is not None else ind).sum(-1)
+    for i, t in enumerate(thresholds):
+        if t > 0:
+            torch.threshold_(x[i], t, 0.0)
 
 
 def _column(values: list[float], dev: torch.device) -> torch.Tensor:

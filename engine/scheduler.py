@@ -81,6 +81,10 @@ class Scheduler:
             return  # already finished
         if seq.status is SeqStatus.WAITING:
             self._num_waiting -= 1
+            if len(self._waiting) > 2 * self._num_waiting + 64:  # drop finished entries at once
+                self._waiting = [e for e in self._waiting
+                                 if e[3].status is SeqStatus.WAITING and e[3] is not seq]
+                heapq.heapify(self._waiting)
         del self._by_id[seq.request_id]
         del self._order[seq]
         seq.status = SeqStatus.FINISHED

@@ -37,9 +37,10 @@ class Admission:
     """Counts queued requests and their prompt tokens against optional limits (None: unlimited)."""
 
     def __init__(self, max_num_queued_reqs: int | None, max_num_queued_tokens: int | None) -> None:
-        for name, value in (("max_num_queued_reqs", max_num_queued_reqs), ("max_num_queued_tokens", max_num_queued_tokens)):
+        limits = (("--max-num-queued-reqs", max_num_queued_reqs), ("--max-num-queued-tokens", max_num_queued_tokens))
+        for flag, value in limits:
             if value is not None and value < 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 0 or unset, got {value}")
+                raise ValueError(f"{flag} must be >= 0 or unset, got {value}")
         self._max_reqs = max_num_queued_reqs
         self._max_tokens = max_num_queued_tokens
         self._reqs = 0

@@ -77,7 +77,9 @@ def _raise_exception(message: str) -> None:
     raise TemplateRenderError(f"chat template error: {message}")
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False) -> str:
+def _tojson(
+    x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
+) -> str:
     # HF's tojson: no HTML escaping, and the json.dumps options templates use.
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 

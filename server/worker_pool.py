@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 OK, USER_ERROR, INTERNAL_ERROR = 0, 1, 2  # reply codes, as in server/render_worker.py
 _HEADER = struct.Struct(">I")
 _MAX_REPLY_BYTES = 512 << 20  # a reply this large means a broken (or subverted) worker
+_STARTUP_TIMEOUT = 120.0  # seconds to import, load the tokenizer and report ready (slow disks, busy CPUs)
 _REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 _Reply = tuple[int, Any]
 _reply_decoder = msgspec.msgpack.Decoder(tuple[int, Any])
@@ -148,8 +149,9 @@ class WorkerPool:
         worker = _Worker(proc)
         self._all.add(worker)
         try:
-            await worker.send(_frame(self._config))
-            code, value = await worker.receive()
+            with anyio.fail_after(_STARTUP_TIMEOUT):
+                await worker.send(_frame(self._config))
+                code, value = await worker.receive()
             if code == USER_ERROR:
                 raise WorkerUserError(value)
             if code != OK:
@@ -162,7 +164,7 @@ class WorkerPool:
 
     async def _spawn_into_idle(self, failures: list[BaseException]) -> None:
         try:
-            self._idle_send.send_nowait(await self._spawn())
+            self._release(await self._spawn())
         except Exception as e:  # noqa: BLE001 - collected, re-raised by open()
             failures.append(e)
 
@@ -176,8 +178,13 @@ class WorkerPool:
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 10.0)
                 continue
-            self._idle_send.send_nowait(worker)
+            self._release(worker)
             return
+
+    def _release(self, worker: _Worker) -> None:
+        if self._closing:  # open() is tearing down: it kills everything in _all
+            return
+        self._idle_send.send_nowait(worker)
 
     async def _replace(self, worker: _Worker) -> None:
         self._all.discard(worker)
@@ -193,7 +200,7 @@ class WorkerPool:
             except _BROKEN:
                 await self._replace(worker)
                 return
-            self._idle_send.send_nowait(worker)
+            self._release(worker)
             return
         await self._replace(worker)
 
@@ -234,7 +241,7 @@ class WorkerPool:
         if reply is None:
             await self._replace(worker)
             raise WorkerTimeout(f"did not finish within {timeout} s")
-        self._idle_send.send_nowait(worker)
+        self._release(worker)
         code, value = reply
         if code == USER_ERROR:
             raise WorkerUserError(value)

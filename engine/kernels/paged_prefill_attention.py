@@ -77,7 +77,7 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_q_ptr, seq_lens_ptr, out_p
             s = tl.where(allowed, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             # A row with nothing visible yet keeps m = -inf; subtract 0 there instead of -inf (no NaN).
-            m_sub = m_new
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
             p = tl.exp(s - m_sub[:, None])
             alpha = tl.exp(m_i - m_sub)
             l_i = l_i * alpha + tl.sum(p, axis=1)
@@ -89,6 +89,11 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_q_ptr, seq_lens_ptr, out_p
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(out_ptr + rows[:, None] * o_stride_t + h * o_stride_h + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+def prefill_num_warps(block_m: int, block_d: int) -> int:
+    # 64x128 tiles spill at 4 warps (ptxas sm_90: 255 regs + stack); 8 warps fit in 198 registers.
+    return 8 if block_m * block_d >= 64 * 128 else 4
 
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -111,12 +116,13 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         return out
     # Tiles no bigger than the longest chunk: decode-heavy batches do not pay for 64-row tiles.
     block_m = max(16, min(block_m, triton.next_power_of_2(max_query_len)))
+    block_d = max(16, triton.next_power_of_2(d))  # tl.dot needs every dim >= 16
     grid = (n_seqs, n_heads, triton.cdiv(max_query_len, block_m))
     _prefill_kernel[grid](
         q, kf, vf, block_tables, cu_seqlens_q, seq_lens, out,
         q.stride(0), q.stride(1), kf.stride(0), kf.stride(1), block_tables.stride(0), out.stride(0), out.stride(1),
         scale, bs, sliding_window or 0, n_heads // n_kv,
-        HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
+        HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        UPCAST=interpreter_dot_upcast(q.dtype), num_warps=4)
+        UPCAST=interpreter_dot_upcast(q.dtype), num_warps=prefill_num_warps(block_m, block_d))
     return out

@@ -249,3 +249,15 @@ def test_low_priority_is_preempted_first() -> None:
             break
     assert low.num_preemptions == 1 and high.num_preemptions == 0
     eng.run()
+
+
+def test_aborting_most_of_a_long_queue_keeps_order_and_memory() -> None:
+    eng = FakeEngine(num_blocks=100, max_num_seqs=2)
+    seqs = [eng.add(str(i), [i % 50 + 1, 2], 2, arrival=float(i)) for i in range(300)]
+    eng.sched.abort([str(i) for i in range(300) if i % 10])  # keep every tenth
+    assert eng.sched.num_waiting == 30 and len(eng.sched._waiting) < 200
+    order = []
+    while eng.sched.has_unfinished:
+        order += [s.seq.request_id for s in eng.step() if s.seq.request_id not in order]
+    assert order == [str(i) for i in range(0, 300, 10)]
+    assert all(s.num_output_tokens == 2 for s in seqs[::10])

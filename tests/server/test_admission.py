@@ -116,6 +116,8 @@ def test_token_bounds_hold_for_real_tokenizers(family: str, text: str) -> None:
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
 def test_token_bounds_on_prose_code_and_cjk(family: str) -> None:
     tok, max_token_bytes = _tok(family)
-    for text in ["Hello, world! " * 50, "def f(x):\n    return x ** 2\n" * 30, "数据科学是一门学科。" * 40, " " * 300, "\x00" * 9]:
+    texts = ["Hello, world! " * 50, "def f(x):\n    return x ** 2\n" * 30, "数据科学是一门学科。" * 40, " " * 300,
+             "\x00" * 9]
+    for text in texts:
         n = len(tok.encode(text, add_special_tokens=True).ids)
         assert min_tokens(text, max_token_bytes) <= n <= estimate_tokens(text), text[:20]

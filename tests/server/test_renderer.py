@@ -169,7 +169,14 @@ async def test_giant_values_fail_fast(qwen: Renderer) -> None:
                                                                                add_generation_prompt=True)
 
 
+async def _all_workers_up(renderer: Renderer, n: int) -> None:
+    with anyio.fail_after(30):  # replacements for workers killed by earlier tests start in the background
+        while len(renderer.worker_pids) < n:
+            await anyio.sleep(0.02)
+
+
 async def test_runaway_template_is_killed_while_others_render(qwen: Renderer) -> None:
+    await _all_workers_up(qwen, 2)
     pids_before = set(qwen.worker_pids)
     normal_done_at: list[float] = []
     errors: list[RenderError] = []
@@ -196,13 +203,12 @@ async def test_runaway_template_is_killed_while_others_render(qwen: Renderer) ->
     # A fresh worker takes the slot.
     assert await qwen.render_chat(CHATS[0], add_generation_prompt=False) == hf("qwen2").apply_chat_template(
         CHATS[0], tokenize=False)
-    with anyio.fail_after(30):
-        while len(qwen.worker_pids) < 2:
-            await anyio.sleep(0.05)
+    await _all_workers_up(qwen, 2)
 
 
 async def test_cancelled_requests_leave_workers_in_sync(qwen: Renderer) -> None:
     text = "hello world, " * 20000
+    await _all_workers_up(qwen, 2)
     pids = set(qwen.worker_pids)
     for _ in range(2):  # both workers get a cancelled encode whose late reply must be drained
         with anyio.move_on_after(0.001):
@@ -220,7 +226,8 @@ async def test_cancelled_requests_leave_workers_in_sync(qwen: Renderer) -> None:
 async def test_encode_decode_match_tokenizer(family: str, qwen: Renderer, llama: Renderer) -> None:
     renderer = qwen if family == "qwen2" else llama
     ref = fast(family)
-    texts = ["Hello world", " leading space", "数据科学 ü é\u0301", "<|im_start|>user\nhi<|im_end|>", "<s>[INST] x [/INST]",
+    texts = ["Hello world", " leading space", "数据科学 ü é\u0301", "<|im_start|>user\nhi<|im_end|>",
+             "<s>[INST] x [/INST]",
              "", "long " * 30000]
     for text in texts:
         for special in (True, False):
@@ -273,9 +280,7 @@ async def test_waiting_queue_is_bounded(tmp_path: Path, anyio_backend: str) -> N
             with pytest.raises(RendererOverloaded, match="retry later"):
                 await r.render_chat(CHATS[0])
         assert sorted(outcomes) == ["Hello there", "timeout"]
-        with anyio.fail_after(30):  # the timed-out worker's replacement comes up
-            while not r.worker_pids:
-                await anyio.sleep(0.05)
+        await _all_workers_up(r, 1)
         # A worker that dies while idle is replaced without failing the next request.
         (pid,) = r.worker_pids
         os.kill(pid, signal.SIGKILL)
@@ -298,7 +303,8 @@ async def test_template_sources(tmp_path: Path, anyio_backend: str) -> None:
     with pytest.raises(ValueError, match="no such file"):
         load_chat_template("templates/missing.jinja", bare)
     assert load_chat_template(None, bare) is None
-    assert load_chat_template(None, tokenizer_dir("llama")) == (tokenizer_dir("llama") / "chat_template.jinja").read_text()
+    llama_dir = tokenizer_dir("llama")
+    assert load_chat_template(None, llama_dir) == (llama_dir / "chat_template.jinja").read_text()
     (bare / "tokenizer_config.json").write_text('{"chat_template": [{"name": "tool_use", "template": "T"},'
                                                  ' {"name": "default", "template": "D"}]}')
     assert load_chat_template(None, bare) == "D"

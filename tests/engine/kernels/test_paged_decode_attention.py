@@ -59,13 +59,15 @@ def test_sliding_window_and_flat_cache_layout() -> None:
     assert not torch.allclose(full[3], ref[3]) and torch.allclose(full[0], ref[0])
 
 
-def test_more_splits_than_keys_and_strided_query() -> None:
-    case = make_case([1, 2, 70], kv_heads=1, head_dim=64, dtype=torch.float32)
-    qkv = torch.randn(3, 6 * 64)
-    q = qkv[:, :4 * 64].view(3, 4, 64)  # a view into a fused projection, row stride 384
+@pytest.mark.parametrize("num_splits", [1, 8])
+def test_more_splits_than_keys_padding_rows_and_strided_query(num_splits: int) -> None:
+    case = make_case([1, 0, 2, 70], kv_heads=1, head_dim=64, dtype=torch.float32)  # seq_len 0: a padding row
+    qkv = torch.randn(4, 6 * 64)
+    q = qkv[:, :4 * 64].view(4, 4, 64)  # a view into a fused projection, row stride 384
     args = (q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, 0.125)
-    torch.testing.assert_close(paged_decode_attention(*args, num_splits=8), paged_decode_attention_ref(*args),
-                               atol=2e-5, rtol=2e-5)
+    out = paged_decode_attention(*args, num_splits=num_splits)
+    torch.testing.assert_close(out, paged_decode_attention_ref(*args), atol=2e-5, rtol=2e-5)
+    assert torch.equal(out[1], torch.zeros(4, 64))
 
 
 def test_split_heuristic() -> None:

@@ -1,0 +1,107 @@
+"""Compile every kernel for a CUDA GPU without one (Triton ships ptxas), so type and shape errors that the
+CPU interpreter lets through are caught on any machine.
+
+    python -m engine.kernels.compile_check [--arch 90]    (needs TRITON_INTERPRET unset)
+
+Prints each variant's registers/shared memory as ptxas reports them in the cubin's metadata.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+@dataclass(frozen=True)
+class Variant:
+    module: str
+    kernel: str
+    pointers: dict[str, str]  # pointer argument -> element type ("bf16", "i32", ...)
+    constexprs: dict[str, Any]
+    floats: tuple[str, ...] = ()
+    num_warps: int = 4
+
+
+def variants() -> list[Variant]:
+    from engine.kernels.paged_decode_attention import decode_num_warps
+    from engine.kernels.paged_prefill_attention import prefill_num_warps
+
+    out: list[Variant] = []
+    for dt in DTYPES.values():
+        act = {"x_ptr": dt, "res_ptr": dt, "w_ptr": dt, "out_ptr": dt, "res_out_ptr": dt}
+        for has_res in (False, True):
+            out.append(Variant("rmsnorm", "_rms_norm_kernel", act, {"HAS_RESIDUAL": has_res, "BLOCK": 4096},
+                               ("eps",), num_warps=16))
+        out.append(Variant("rotary", "_rotary_kernel",
+                           {"pos_ptr": "i64", "q_ptr": dt, "k_ptr": dt, "cs_ptr": "fp32"},
+                           {"HALF": 64, "BLOCK_HALF": 64, "BLOCK_HQ": 32, "BLOCK_HK": 8}))
+        out.append(Variant("kv_cache_write", "_kv_write_kernel",
+                           {"k_ptr": dt, "v_ptr": dt, "kc_ptr": dt, "vc_ptr": dt, "slot_ptr": "i64"},
+                           {"HEAD_DIM": 128, "BLOCK_H": 8, "BLOCK_D": 128}))
+        precision = "ieee" if dt == "fp32" else "tf32"
+        for d in (64, 128):
+            attn = {"q_ptr": dt, "kc_ptr": dt, "vc_ptr": dt, "bt_ptr": "i32", "seq_lens_ptr": "i32", "out_ptr": dt}
+            for splits in (1, 4):
+                out.append(Variant("paged_decode_attention", "_decode_kernel",
+                                   {**attn, "part_ptr": "fp32", "lse_ptr": "fp32"},
+                                   {"NUM_SPLITS": splits, "HEAD_DIM": d, "BLOCK_G": 16, "BLOCK_N": 32,
+                                    "BLOCK_D": d, "DOT_PRECISION": precision, "UPCAST": False}, ("scale",),
+                                   num_warps=decode_num_warps(d)))
+            out.append(Variant("paged_decode_attention", "_merge_kernel",
+                               {"part_ptr": "fp32", "lse_ptr": "fp32", "out_ptr": dt},
+                               {"NUM_SPLITS": 4, "HEAD_DIM": d, "BLOCK_S": 4, "BLOCK_D": d}))
+            out.append(Variant("paged_prefill_attention", "_prefill_kernel", {**attn, "cu_q_ptr": "i32"},
+                               {"HEAD_DIM": d, "BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_D": d,
+                                "DOT_PRECISION": precision, "UPCAST": False}, ("scale",),
+                               num_warps=prefill_num_warps(64, d)))
+    return out
+
+
+def compile_variant(v: Variant, arch: int) -> dict[str, Any]:
+    import importlib
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = getattr(importlib.import_module(f"engine.kernels.{v.module}"), v.kernel)
+    sig: dict[str, str] = {}
+    for name in fn.arg_names:
+        if name in v.constexprs:
+            sig[name] = "constexpr"
+        elif name in v.pointers:
+            sig[name] = "*" + v.pointers[name]
+        else:
+            sig[name] = "fp32" if name in v.floats else "i32"
+    compiled = triton.compile(ASTSource(fn, sig, constexprs=dict(v.constexprs)), target=GPUTarget("cuda", arch, 32),
+                              options={"num_warps": v.num_warps})
+    return {"shared": compiled.metadata.shared, "cubin_bytes": len(compiled.asm["cubin"])}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--arch", type=int, default=90, help="compute capability x10: 80 (A100), 90 (H100/H200)")
+    args = p.parse_args()
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        sys.exit("unset TRITON_INTERPRET: the interpreter replaces the kernels this check compiles")
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # silence triton 3.9's default-change warning
+    failed = 0
+    for v in variants():
+        label = f"{v.kernel} {v.pointers.get('q_ptr') or v.pointers.get('x_ptr') or v.pointers.get('k_ptr') or ''} " \
+                f"{v.constexprs}"
+        try:
+            info = compile_variant(v, args.arch)
+            print(f"ok   {label}  shared={info['shared']}")
+        except Exception as e:  # report every failing variant, not only the first
+            failed += 1
+            print(f"FAIL {label}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
