@@ -2,8 +2,9 @@
 
     python -m bench.kernels [--batch 64] [--ctx 1024] [--heads 32] [--kv-heads 8] [--head-dim 128]
 
-TRITON_INTERPRET=1 with tiny shapes runs it on CPU as a smoke test. Prints one row per kernel: torch and Triton time (median, CUDA-synchronised), speed-up, and the largest
-difference from torch, so a fast but wrong kernel shows.
+Prints one row per kernel: torch and Triton time (median, CUDA-synchronised), speed-up, and the
+largest difference from torch, so a fast but wrong kernel shows. TRITON_INTERPRET=1 with tiny shapes
+runs it on CPU as a smoke test of the script (times there mean nothing).
 """
 
 from __future__ import annotations

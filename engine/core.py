@@ -18,15 +18,11 @@ from engine.messages import (
 )
 from engine.model_runner import ModelRunner
 from engine.sampler import Sampler
-from engine.scheduler import Scheduler
+from engine.scheduler import RequestRefused, Scheduler
 from engine.sequence import Sequence
 
 log = logging.getLogger("engine")
 INT64_MAX = (1 << 63) - 1
-
-
-class RequestRefused(ValueError):
-    """A request the engine can never run; it is answered with finish_reason "error"."""
 
 
 def validate_params(p: SamplingParams, vocab_size: int) -> None:
@@ -173,12 +169,14 @@ class EngineCore:
         if acc is None or seq.params.prompt_logprobs is None:
             return
         # position p's logits predict token p + 1; only prompt tokens are scored
+        # acc[k] scores prompt token k; a recompute after preemption repeats positions already scored
+        first = max(start, len(acc) - 1)
         end = min(start + logits.shape[0], seq.num_prompt_tokens - 1)  # type: ignore[attr-defined]
-        if end <= start:
+        if end <= first:
             return
-        targets = seq.token_ids[start + 1:end + 1]
-        acc.extend(self.sampler.prompt_logprobs(logits[:end - start], targets,  # type: ignore[index]
-                                                seq.params.prompt_logprobs))
+        targets = seq.token_ids[first + 1:end + 1]
+        acc.extend(self.sampler.prompt_logprobs(logits[first - start:end - start],  # type: ignore[index]
+                                                targets, seq.params.prompt_logprobs))
 
 
 def serve(config: EngineConfig, reader: FrameReader[ToEngine], writer: FrameWriter) -> None:

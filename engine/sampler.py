@@ -329,13 +329,13 @@ def _column(values: list[float], dev: torch.device) -> torch.Tensor:
 
 def _uniforms(seqs: list[Sequence], dev: torch.device) -> torch.Tensor:
     """One U[0, 1) per row; a seeded request's comes from its own generator (created lazily)."""
-    u = torch.rand(len(seqs))
+    u: list[float] = torch.rand(len(seqs)).tolist()
     for i, s in enumerate(seqs):
         if s.params.seed is not None:
             if s.generator is None:
                 s.generator = torch.Generator().manual_seed(s.params.seed)
-            u[i] = torch.rand(1, generator=s.generator)[0]
-    return u.to(dev)
+            u[i] = torch.rand(1, generator=s.generator).item()
+    return torch.tensor(u, dtype=torch.float32, device=dev)
 
 
 def _search(cdf: torch.Tensor, probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -45,7 +45,7 @@ class RequestStream:
     """The outputs of one `generate` call: batches of `Output`, until every choice has finished."""
 
     def __init__(self, collector: Collector, states: list[RequestState], specs: Sequence[GenerationSpec]) -> None:
-        self._receive: MemoryObjectReceiveStream[list[Output]] = collector.receive
+        self._collector = collector
         self.states = states
         self.specs = specs
         self.remaining = len(states)
@@ -61,15 +61,13 @@ class RequestStream:
 
     def poll(self) -> list[Output] | None:
         """The waiting batch, if any, without a checkpoint (the engine is ahead of the client)."""
-        try:
-            batch = self._receive.receive_nowait()
-        except anyio.WouldBlock:
-            return None
-        self._count(batch)
+        batch = self._collector.poll()
+        if batch is not None:
+            self._count(batch)
         return batch
 
     async def wait(self) -> list[Output]:
-        batch = await self._receive.receive()
+        batch = await self._collector.wait()
         self._count(batch)
         return batch
 
@@ -99,6 +97,7 @@ class AsyncLLM:
         self.output = OutputProcessor(stream_interval=stream_interval, metrics=metrics)
         self.on_dead = on_dead
         self.dead: str | None = None  # why the engine is gone; set once
+        self._event_cls: Callable[[], anyio.Event] = anyio.Event
         self._steps_send: MemoryObjectSendStream[StepOutputs]
         self._steps_recv: MemoryObjectReceiveStream[StepOutputs]
         self._steps_send, self._steps_recv = anyio.create_memory_object_stream[StepOutputs](16)
@@ -109,6 +108,7 @@ class AsyncLLM:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """The reader and the output handler; returns when the engine is dead, or runs until cancelled."""
+        self._event_cls = type(anyio.Event())  # this backend's Event class, looked up once
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._read)
             tg.start_soon(self._handle)
@@ -181,7 +181,7 @@ class AsyncLLM:
             if n is not None and admission is not None:
                 admission.first_token(n)
 
-        collector = Collector(specs[0].output_kind if specs else OutputKind.FINAL_ONLY)
+        collector = Collector(specs[0].output_kind if specs else OutputKind.FINAL_ONLY, self._event_cls)
         states: list[RequestState] = []
         sent: list[str] = []
         try:
@@ -220,8 +220,7 @@ class AsyncLLM:
                                 reason="abort", arrival=state.arrival_time, scheduled=0.0, first_token=0.0,
                                 finished=now, num_prompt_tokens=state.num_prompt_tokens,
                                 num_output_tokens=state.num_output_tokens)
-                collector.send.close()
-                collector.receive.close()
+                collector.close()
 
     async def _send(self, req: AddRequest) -> None:
         from engine.client import EngineDeadError

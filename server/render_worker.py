@@ -4,8 +4,8 @@ Frames on stdin/stdout: 4-byte big-endian length + msgpack. The first frame in i
 answers [0, pid] once its tokenizer is loaded and its memory cap set. Then one request at a time:
 ["render", {...}] | ["encode", text, add_special_tokens] | ["decode", ids, skip_special_tokens]
 -> [0, result] | [1, message the client may see] | [2, internal error].
-It runs untrusted templates, so it holds nothing worth stealing, dies with its parent, and the parent
-kills it (SIGKILL) when a render overruns.
+It runs untrusted templates, so it holds nothing worth stealing, dies with its parent, caps its memory
+while rendering, and the parent kills it (SIGKILL) when a render overruns.
 """
 
 from __future__ import annotations
@@ -53,18 +53,41 @@ def _die_with_parent() -> None:
             pass
 
 
-def _cap_memory(extra_bytes: int) -> None:
-    # Address-space cap = what we use now (interpreter + tokenizer) + the budget: a giant string fails fast.
-    if extra_bytes <= 0 or not sys.platform.startswith("linux"):
-        return
-    with open("/proc/self/status") as f:
-        vm_kb = next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
-    limit = vm_kb * 1024 + extra_bytes
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+class _MemoryCap:
+    """RLIMIT_AS for templates only: current size + budget while rendering, so a giant string fails fast.
+
+    Tokenization runs uncapped (the soft limit is raised back): HF tokenizers need ~100x the text's size
+    and abort the process, not raise, when an allocation fails; their input is bounded by the request size.
+    """
+
+    def __init__(self, budget: int) -> None:
+        self._budget = budget if sys.platform.startswith("linux") else 0
+        self._capped = False
+        self._hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+
+    def render(self) -> None:
+        if self._budget <= 0 or self._capped:
+            return
+        with open("/proc/self/status") as f:
+            vm_kb = next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
+        limit = vm_kb * 1024 + self._budget
+        if self._hard != resource.RLIM_INFINITY:
+            limit = min(limit, self._hard)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, self._hard))
+        self._capped = True
+
+    def tokenize(self) -> None:
+        if self._capped:
+            resource.setrlimit(resource.RLIMIT_AS, (self._hard, self._hard))
+            self._capped = False
 
 
-def _handle(request: list[Any], tok: tokenizers.Tokenizer, default_template: str | None, max_output_chars: int) -> Any:
+def _handle(
+    request: list[Any], tok: tokenizers.Tokenizer, cap: _MemoryCap, default_template: str | None, max_output_chars: int
+) -> Any:
     op = request[0]
+    if op != "render":
+        cap.tokenize()
     try:
         if op == "encode":
             return tok.encode(request[1], add_special_tokens=request[2]).ids
@@ -73,6 +96,7 @@ def _handle(request: list[Any], tok: tokenizers.Tokenizer, default_template: str
     except (TypeError, ValueError, OverflowError) as e:  # bad input, not a broken worker
         raise template_sandbox.TemplateRenderError(f"cannot {op}: {e}") from None
     if op == "render":
+        cap.render()
         args = request[1]
         source = args["source"] if args["source"] is not None else default_template
         if source is None:
@@ -122,11 +146,11 @@ def main() -> None:
         except template_sandbox.TemplateRenderError as e:
             send([USER_ERROR, str(e)])
             return
-    _cap_memory(config["memory_limit"])
+    cap = _MemoryCap(config["memory_limit"])
     send([OK, os.getpid()])
     while (request := receive()) is not None:
         try:
-            reply = [OK, _handle(request, tok, default_template, config["max_output_chars"])]
+            reply = [OK, _handle(request, tok, cap, default_template, config["max_output_chars"])]
         except template_sandbox.TemplateRenderError as e:
             reply = [USER_ERROR, str(e)]
         except MemoryError:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 TINY: dict[str, Any] = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
-                            intermediate_size=128, max_position_embeddings=512, seed=1234)
+                            intermediate_size=128, max_position_embeddings=1024, seed=1234)
 
 # Llama 3 style: untied head, frequencies rescaled (original length small so scaling shows at short range).
 LLAMA3_ROPE_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

@@ -3,6 +3,14 @@
 Call the functions here: they run the Triton kernel where use_triton(device) says so and the torch
 reference otherwise. Kernel modules are imported on first use, because @triton.jit reads
 TRITON_INTERPRET at import time (tests set it to run the kernels on CPU tensors).
+
+One decoder layer on CUDA (T flat tokens, each sequence's rows contiguous, in batch order):
+    batch = build_paged_batch(block_tables, seq_lens=[start + n], query_lens=[n], block_size, device)  # per step
+    h, x = fused_add_rms_norm(prev_out, x, ln1, eps)        # layer 0: h = rms_norm(x, ln1, eps)
+    q, k, v = qkv.split(...); q = q.view(T, H, D); k = k.view(T, KH, D); v = v.view(T, KH, D)
+    rotary_embedding(positions, q, k, cos_sin)              # in place; cos_sin = rope_cos_sin table, int64 positions
+    write_kv_cache(k, v, k_cache, v_cache, slot_mapping)    # caches [num_blocks, block_size, KH, D]
+    attn = (decode_attention if batch.max_query_len == 1 else prefill_attention)(q, k_cache, v_cache, batch, scale)
 """
 
 from __future__ import annotations
@@ -32,11 +40,14 @@ def triton_available() -> bool:
 
 
 def use_triton(device: torch.device | str) -> bool:
-    """True on CUDA when triton imports; on CPU only under TRITON_INTERPRET=1 (slow, for tests)."""
+    """True on CUDA when triton imports. On CPU only when both TRITON_INTERPRET=1 and SPINDLE_TRITON_CPU=1
+    (slow; for tests of this dispatch): the kernel tests set the first for the whole pytest process, and
+    that alone must not switch the CPU model onto the interpreter."""
     kind = torch.device(device).type
     if kind == "cuda":
         return triton_available()
-    return kind == "cpu" and os.environ.get("TRITON_INTERPRET") == "1" and triton_available()
+    on_cpu = os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("SPINDLE_TRITON_CPU") == "1"
+    return kind == "cpu" and on_cpu and triton_available()
 
 
 def _module(name: str) -> ModuleType:

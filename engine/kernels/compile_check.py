@@ -1,16 +1,19 @@
 """Compile every kernel for a CUDA GPU without one (Triton ships ptxas), so type and shape errors that the
 CPU interpreter lets through are caught on any machine.
 
-    python -m engine.kernels.compile_check [--arch 90]    (needs TRITON_INTERPRET unset)
+    python -m engine.kernels.compile_check [--arch 90] [--quick]    (needs TRITON_INTERPRET unset)
 
-Prints each variant's registers/shared memory as ptxas reports them in the cubin's metadata.
+Prints each variant's registers and spill stack as ptxas allotted them (cuobjdump --dump-resource-usage).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,12 +30,13 @@ class Variant:
     num_warps: int = 4
 
 
-def variants() -> list[Variant]:
+def variants(quick: bool = False) -> list[Variant]:
+    """Every kernel in each dtype at head_dim 64 and 128; quick: bfloat16 at head_dim 128 only."""
     from engine.kernels.paged_decode_attention import decode_num_warps
     from engine.kernels.paged_prefill_attention import prefill_num_warps
 
     out: list[Variant] = []
-    for dt in DTYPES.values():
+    for dt in (["bf16"] if quick else DTYPES.values()):
         act = {"x_ptr": dt, "res_ptr": dt, "w_ptr": dt, "out_ptr": dt, "res_out_ptr": dt}
         for has_res in (False, True):
             out.append(Variant("rmsnorm", "_rms_norm_kernel", act, {"HAS_RESIDUAL": has_res, "BLOCK": 4096},
@@ -44,7 +48,7 @@ def variants() -> list[Variant]:
                            {"k_ptr": dt, "v_ptr": dt, "kc_ptr": dt, "vc_ptr": dt, "slot_ptr": "i64"},
                            {"HEAD_DIM": 128, "BLOCK_H": 8, "BLOCK_D": 128}))
         precision = "ieee" if dt == "fp32" else "tf32"
-        for d in (64, 128):
+        for d in ((128,) if quick else (64, 128)):
             attn = {"q_ptr": dt, "kc_ptr": dt, "vc_ptr": dt, "bt_ptr": "i32", "seq_lens_ptr": "i32", "out_ptr": dt}
             for splits in (1, 4):
                 out.append(Variant("paged_decode_attention", "_decode_kernel",
@@ -58,7 +62,7 @@ def variants() -> list[Variant]:
             out.append(Variant("paged_prefill_attention", "_prefill_kernel", {**attn, "cu_q_ptr": "i32"},
                                {"HEAD_DIM": d, "BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_D": d,
                                 "DOT_PRECISION": precision, "UPCAST": False}, ("scale",),
-                               num_warps=prefill_num_warps(64, d)))
+                               num_warps=prefill_num_warps(64, d, 4 if dt == "fp32" else 2)))
     return out
 
 
@@ -80,23 +84,32 @@ def compile_variant(v: Variant, arch: int) -> dict[str, Any]:
             sig[name] = "fp32" if name in v.floats else "i32"
     compiled = triton.compile(ASTSource(fn, sig, constexprs=dict(v.constexprs)), target=GPUTarget("cuda", arch, 32),
                               options={"num_warps": v.num_warps})
-    return {"shared": compiled.metadata.shared, "cubin_bytes": len(compiled.asm["cubin"])}
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    usage = ""
+    if os.path.exists(cuobjdump):
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(compiled.asm["cubin"])
+            f.flush()
+            dump = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        usage = " ".join(re.findall(r"(?:REG|STACK):\d+", dump))
+    return {"shared": compiled.metadata.shared, "usage": usage}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--arch", type=int, default=90, help="compute capability x10: 80 (A100), 90 (H100/H200)")
+    p.add_argument("--quick", action="store_true", help="bfloat16, head_dim 128 only")
     args = p.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("unset TRITON_INTERPRET: the interpreter replaces the kernels this check compiles")
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # silence triton 3.9's default-change warning
     failed = 0
-    for v in variants():
+    for v in variants(args.quick):
         label = f"{v.kernel} {v.pointers.get('q_ptr') or v.pointers.get('x_ptr') or v.pointers.get('k_ptr') or ''} " \
                 f"{v.constexprs}"
         try:
             info = compile_variant(v, args.arch)
-            print(f"ok   {label}  shared={info['shared']}")
+            print(f"ok   {label}  shared={info['shared']} {info['usage']}")
         except Exception as e:  # report every failing variant, not only the first
             failed += 1
             print(f"FAIL {label}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")

@@ -130,8 +130,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            num_splits: int | None = None, max_seq_len: int | None = None,
                            out: torch.Tensor | None = None, block_n: int = 32) -> torch.Tensor:
     """Triton version of paged_decode_attention_ref. block_tables int32 [B, max_blocks], seq_lens int32 [B]
-    (context length including the query token; 0 marks a padding row, whose output is 0). max_seq_len only sizes the split (no device sync);
-    it defaults to the block table's capacity."""
+    (context length including the query token; 0 marks a padding row, whose output is 0).
+    max_seq_len only sizes the split (no device sync); it defaults to the block table's capacity."""
     kf, bs = flat_cache(k_cache, block_size)
     vf, _ = flat_cache(v_cache, block_size)
     n_seqs, n_heads, d = q.shape

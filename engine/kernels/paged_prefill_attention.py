@@ -91,9 +91,9 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_q_ptr, seq_lens_ptr, out_p
                  out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
 
-def prefill_num_warps(block_m: int, block_d: int) -> int:
-    # 64x128 tiles spill at 4 warps (ptxas sm_90: 255 regs + stack); 8 warps fit in 198 registers.
-    return 8 if block_m * block_d >= 64 * 128 else 4
+def prefill_num_warps(block_m: int, block_d: int, elem_bytes: int) -> int:
+    # 64x128 bf16 tiles spill at 4 warps (ptxas sm_90: 255 regs + stack); 8 warps fit in 198 registers.
+    return 8 if block_m * block_d * elem_bytes >= 64 * 128 * 2 else 4
 
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -124,5 +124,5 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         scale, bs, sliding_window or 0, n_heads // n_kv,
         HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        UPCAST=interpreter_dot_upcast(q.dtype), num_warps=prefill_num_warps(block_m, block_d))
+        UPCAST=interpreter_dot_upcast(q.dtype), num_warps=prefill_num_warps(block_m, block_d, q.element_size()))
     return out

@@ -177,3 +177,26 @@ def test_huge_top_k_and_extreme_bias_do_not_crash(qwen2_ckpt: Path) -> None:
     params = SamplingParams(max_tokens=3, temperature=0.7, top_k=10**9, logit_bias={5: 100.0}, seed=1)
     outs = run(core, [("k", [1, 2, 3], params, 0)])
     assert tokens(outs["k"]) == [5, 5, 5]
+
+
+@pytest.mark.parametrize("regime", ["together", "chunked_prefill"])
+def test_prompt_and_sample_logprobs_match_transformers(qwen2_ckpt: Path, regime: str) -> None:
+    core = make_core(qwen2_ckpt, **REGIMES[regime])
+    p = prompts(core.vocab_size, seed=11, lengths=[40])[0]
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True, logprobs=2, prompt_logprobs=2)
+    outs = run(core, [("lp", p, params, 0)])["lp"]
+    with torch.no_grad():
+        ref = torch.log_softmax(_hf_model(qwen2_ckpt)(torch.tensor([p + tokens(outs)])).logits[0].float(), -1)
+    plp = outs[0].prompt_logprobs
+    assert plp is not None and len(plp) == len(p) and plp[0] is None
+    for k in range(1, len(p)):
+        e = plp[k]
+        assert e is not None and e.token_id == p[k]
+        assert e.logprob == pytest.approx(ref[k - 1, p[k]].item(), abs=1e-3)
+        assert e.top_ids == ref[k - 1].topk(2).indices.tolist()
+    for i, o in enumerate(outs):
+        assert o.logprobs is not None
+        e = o.logprobs[0]
+        pos = len(p) - 1 + i
+        assert e.token_id == o.new_token_ids[0] and e.rank == 1
+        assert e.logprob == pytest.approx(ref[pos].max().item(), abs=1e-3)

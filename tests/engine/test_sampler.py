@@ -76,7 +76,7 @@ COMBOS = [
 ]
 
 
-@pytest.mark.parametrize("params", COMBOS, ids=lambda p: repr(p)[15:-1])
+@pytest.mark.parametrize("params", COMBOS, ids=lambda p: msgspec.json.encode(p).decode()[16:-1])
 @pytest.mark.parametrize("path", ["default", "large-k", "fallback-candidates", "fallback-sort"])
 def test_distribution_matches_reference(params: SamplingParams, path: str,
                                         monkeypatch: pytest.MonkeyPatch) -> None:

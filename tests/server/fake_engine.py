@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 
 from engine.client import EngineDeadError
-from engine.messages import AddRequest, EngineStats, Heartbeat, Ready, RequestOutput, StepOutputs
+from engine.messages import AddRequest, EngineStats, Heartbeat, Ready, RequestOutput, StepOutputs, TokenLogprobs
 
 _STATS = EngineStats(0, 0, 0, 100, 0, 0, 0)
 
@@ -108,7 +108,13 @@ class FakeEngineClient:
                     break
             if finish is None and pos >= limit:
                 finish = "length"
-            outputs.append(RequestOutput(rid, new, finish, stop_token_id=stop_id))
+            lps = None
+            if req.params.logprobs is not None:  # made-up but well-formed: the sampled id ranks first
+                k = req.params.logprobs
+                lps = [TokenLogprobs(t, -0.5, 1, [t, *range(100, 100 + k)][:max(k, 0)],
+                                     [-0.5, *(-1.0 - j for j in range(k))][:max(k, 0)]) for t in new]
+            outputs.append(RequestOutput(rid, new, finish, stop_token_id=stop_id, logprobs=lps,
+                                         arrival_time=req.arrival_time))
             if finish is None:
                 self.running[rid] = (req, ids, pos)
             else:

@@ -127,6 +127,27 @@ def test_openai_sdk_completion_stream_and_stop(srv: Running) -> None:
     assert chat.choices[0].message.content == TOK.decode(GEN[:3]) and chat.choices[0].finish_reason == "length"
 
 
+def test_logprobs_shapes(srv: Running) -> None:
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x")
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
+                                          max_tokens=4, logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert [c.token for c in content] == [TOK.decode([t]) for t in GEN[:4]]
+    assert all(bytes(c.bytes) == c.token.encode() and len(c.top_logprobs) == 2 for c in content)  # type: ignore[arg-type]
+    assert content[0].top_logprobs[1].token == TOK.decode([100]) and content[0].top_logprobs[1].logprob == -1.0
+    r = httpx.post(srv.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 4, "logprobs": 1})
+    lp = r.json()["choices"][0]["logprobs"]
+    assert lp["tokens"] == [TOK.decode([t]) for t in GEN[:4]] and lp["token_logprobs"] == [-0.5] * 4
+    assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(4)]
+    assert lp["top_logprobs"][0] == {lp["tokens"][0]: -0.5}
+    echo = httpx.post(srv.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "echo": True}).json()
+    assert echo["choices"][0]["text"] == "Hi" + TOK.decode(GEN[:2])
+    streamed = srv.sse("/v1/completions", {"prompt": "Hi", "max_tokens": 3, "logprobs": 0, "stream": True})
+    tokens = [t for c in streamed for t in c["choices"][0]["logprobs"]["tokens"]]
+    offsets = [o for c in streamed for o in c["choices"][0]["logprobs"]["text_offset"]]
+    assert tokens == [TOK.decode([t]) for t in GEN[:3]] and offsets == [0, len(tokens[0]), len(tokens[0] + tokens[1])]
+
+
 def test_errors(srv: Running) -> None:
     r = httpx.post(srv.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": "x"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"

@@ -42,11 +42,9 @@ def step(*outs: RequestOutput) -> StepOutputs:
 
 def drain(collector: Collector) -> list[list[Output]]:
     got = []
-    while True:
-        try:
-            got.append(collector.receive.receive_nowait())
-        except anyio.WouldBlock:
-            return got
+    while (batch := collector.poll()) is not None:
+        got.append(batch)
+    return got
 
 
 async def test_delta_stream_concatenates_to_reference(tok) -> None:  # type: ignore[no-untyped-def]

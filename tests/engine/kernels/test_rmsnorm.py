@@ -18,7 +18,8 @@ def test_reference_matches_transformers() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("hidden", [64, 100, 128])
-def test_rms_norm(dtype: torch.dtype, hidden: int, tol: dict[torch.dtype, tuple[float, float]]) -> None:
+def test_rms_norm(dtype: torch.dtype, hidden: int,
+        tol: dict[torch.dtype, tuple[float, float]]) -> None:
     x = torch.randn(7, hidden).to(dtype)
     w = (1 + 0.1 * torch.randn(hidden)).to(dtype)
     atol, rtol = tol[dtype]
@@ -26,7 +27,8 @@ def test_rms_norm(dtype: torch.dtype, hidden: int, tol: dict[torch.dtype, tuple[
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_add_rms_norm(dtype: torch.dtype, tol: dict[torch.dtype, tuple[float, float]]) -> None:
+def test_fused_add_rms_norm(dtype: torch.dtype,
+        tol: dict[torch.dtype, tuple[float, float]]) -> None:
     x = torch.randn(2, 3, 96).to(dtype)  # any leading shape
     residual = torch.randn(2, 3, 96).to(dtype)
     w = torch.randn(96).to(dtype)

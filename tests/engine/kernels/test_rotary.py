@@ -29,7 +29,8 @@ def test_reference_matches_transformers() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("head_dim", [32, 64, 128])
-def test_rotary_in_place_on_qkv_views(dtype: torch.dtype, head_dim: int, tol: dict[torch.dtype, tuple[float, float]]) -> None:
+def test_rotary_in_place_on_qkv_views(dtype: torch.dtype, head_dim: int,
+        tol: dict[torch.dtype, tuple[float, float]]) -> None:
     t, heads, kv_heads = 9, 8, 2
     table = cos_sin_table(64, head_dim)
     pos = torch.randint(0, 64, (t,))
