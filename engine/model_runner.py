@@ -43,7 +43,7 @@ class ModelRunner:
         self.generation_defaults = info.generation_defaults
         self.model_dtype = info.dtype
         self.block_size = config.block_size
-        self.dtype = dtype = self.model.embed.dtype
+        self.dtype = dtype = self.model.dtype
         # K and V, every layer, one block of block_size tokens.
         bytes_per_block = (2 * info.num_layers * config.block_size * info.num_kv_heads * info.head_dim
                            * dtype.itemsize)

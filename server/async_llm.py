@@ -220,6 +220,7 @@ class AsyncLLM:
                                 reason="abort", arrival=state.arrival_time, scheduled=0.0, first_token=0.0,
                                 finished=now, num_prompt_tokens=state.num_prompt_tokens,
                                 num_output_tokens=state.num_output_tokens)
+                            self.metrics.generation_tokens.inc(state.num_output_tokens)
                 collector.close()
 
     async def _send(self, req: AddRequest) -> None:

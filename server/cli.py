@@ -40,6 +40,7 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--sse-keepalive", "sse_keepalive", float, "seconds of stream silence before a keep-alive comment (0: off)"),
     ("--log-level", "log_level", str, "debug, info, warning, error"),
     ("--device", "device", str, "auto, cpu or cuda"),
+    ("--socket-send-buffer", "socket_send_buffer", int, "kernel send buffer per connection in bytes (0: OS default)"),
 ]
 
 
@@ -73,9 +74,19 @@ def config_from_args(argv: Sequence[str]) -> ServerConfig:
 
 
 def _hypercorn_config(config: ServerConfig) -> Any:
-    from hypercorn.config import Config
+    import socket
 
-    hc = Config()
+    from hypercorn.config import Config, Sockets
+
+    class _Config(Config):
+        def create_sockets(self) -> Sockets:
+            sockets = super().create_sockets()
+            if config.socket_send_buffer:  # accepted connections inherit the listener's buffer size
+                for sock in (*sockets.secure_sockets, *sockets.insecure_sockets):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, config.socket_send_buffer)
+            return sockets
+
+    hc = _Config()
     hc.bind = [f"[{config.host}]:{config.port}" if ":" in config.host else f"{config.host}:{config.port}"]
     hc.graceful_timeout = config.shutdown_timeout
     hc.startup_timeout = config.engine_ready_timeout + 120  # model load + demo build happen in the lifespan
@@ -100,15 +111,16 @@ async def serve(config: ServerConfig) -> int:
 
     app = create_app(config, on_fatal=fatal)
     hc = _hypercorn_config(config)
+    listening = anyio.CancelScope()  # the signal watcher's own scope: cancelling it touches nothing else
+
+    async def signals() -> None:
+        with listening, anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
+            async for _ in received:
+                logging.getLogger("spindle.server").info("shutting down")
+                stop.set()
+                return
+
     async with anyio.create_task_group() as tg:
-
-        async def signals() -> None:
-            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
-                async for _ in received:
-                    logging.getLogger("spindle.server").info("shutting down")
-                    stop.set()
-                    return
-
         tg.start_soon(signals)
         try:
             if config.worker_class == "trio":
@@ -119,7 +131,8 @@ async def serve(config: ServerConfig) -> int:
         except Exception as e:  # startup failed (e.g. the model did not load): say why, exit non-zero
             logging.getLogger("spindle.server").error("server failed: %s", e)
             code = code or 1
-        tg.cancel_scope.cancel()
+        finally:
+            listening.cancel()
     return code
 
 

@@ -47,6 +47,9 @@ class ServerConfig:
     engine_ready_timeout: float = 600.0
     engine_heartbeat_timeout: float = 10.0
     max_request_body: int = 32 << 20  # bytes
+    # Per-connection kernel send buffer (bytes; 0: the OS default, which grows to MBs). Small, so a slow
+    # SSE reader makes sends block within ~100 events and its outputs merge instead of piling up in buffers.
+    socket_send_buffer: int = 16 << 10
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -58,6 +61,8 @@ class ServerConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")
+        if self.socket_send_buffer < 0:
+            raise ValueError(f"--socket-send-buffer must be 0 (OS default) or positive, got {self.socket_send_buffer}")
         for name in ("max_num_queued_reqs", "max_num_queued_tokens", "num_blocks"):
             value = getattr(self, name)
             if value is not None and value < 1:

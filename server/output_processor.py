@@ -278,6 +278,7 @@ class OutputProcessor:
                 reason=finish, arrival=ro.arrival_time or state.arrival_time, scheduled=ro.scheduled_time,
                 first_token=ro.first_token_time, finished=now, num_prompt_tokens=state.num_prompt_tokens,
                 num_output_tokens=state.num_output_tokens)
+            self.metrics.generation_tokens.inc(state.num_output_tokens)
         self._close(state, out)
 
     def _fail(self, state: RequestState, message: str) -> None:

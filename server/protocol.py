@@ -44,6 +44,7 @@ class _GenerationRequest(msgspec.Struct, kw_only=True):
     priority: int = 0
     request_id: str | None = None
     truncate_prompt_tokens: int | None = None
+    return_token_ids: bool = False  # vLLM: choices carry token_ids (and prompt_token_ids)
 
 
 class CompletionRequest(_GenerationRequest, kw_only=True):
@@ -114,6 +115,13 @@ class CompletionChoice(msgspec.Struct):
     stop_reason: int | str | None = None
 
 
+class CompletionChoiceIds(CompletionChoice):
+    """With return_token_ids (vLLM)."""
+
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
+
+
 class CompletionResponse(msgspec.Struct):
     id: str
     created: int
@@ -148,6 +156,12 @@ class ChatChoice(msgspec.Struct):
     stop_reason: int | str | None = None
 
 
+class ChatChoiceIds(ChatChoice):
+    """With return_token_ids (vLLM)."""
+
+    token_ids: list[int] | None = None
+
+
 class ChatCompletionResponse(msgspec.Struct):
     id: str
     created: int
@@ -169,6 +183,12 @@ class ChatStreamChoice(msgspec.Struct):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+
+
+class ChatStreamChoiceIds(ChatStreamChoice):
+    """With return_token_ids (vLLM)."""
+
+    token_ids: list[int] | None = None
 
 
 class ChatCompletionStreamResponse(msgspec.Struct):

@@ -4,18 +4,19 @@ Frames on stdin/stdout: 4-byte big-endian length + msgpack. The first frame in i
 answers [0, pid] once its tokenizer is loaded and its memory cap set. Then one request at a time:
 ["render", {...}] | ["encode", text, add_special_tokens] | ["decode", ids, skip_special_tokens]
 -> [0, result] | [1, message the client may see] | [2, internal error].
-It runs untrusted templates, so it holds nothing worth stealing, dies with its parent, caps its memory
+It runs untrusted templates, so it holds nothing worth stealing, exits with its parent, caps its memory
 while rendering, and the parent kills it (SIGKILL) when a render overruns.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import resource
+import select
 import signal
 import struct
 import sys
+import threading
 from typing import Any
 
 import msgspec
@@ -45,49 +46,52 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _die_with_parent() -> None:
-    # Linux: SIGKILL us when the parent dies, even mid-render (stdin EOF only helps when idle).
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
+    # Exit when our stdin's writer (the parent) goes away, even mid-render. Not PR_SET_PDEATHSIG: Trio
+    # spawns from a worker thread, and that signal fires when the spawning *thread* exits.
+    def watch() -> None:
+        poller = select.poll()
+        poller.register(0, 0)  # no events asked: poll() still reports POLLHUP/POLLERR
+        while True:
+            for _fd, event in poller.poll():
+                if event & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                    os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 class _MemoryCap:
-    """RLIMIT_AS for templates only: current size + budget while rendering, so a giant string fails fast.
+    """RLIMIT_AS while a template renders: current size + budget, so a giant string fails fast.
 
-    Tokenization runs uncapped (the soft limit is raised back): HF tokenizers need ~100x the text's size
-    and abort the process, not raise, when an allocation fails; their input is bounded by the request size.
+    Only around rendering: HF tokenizers need ~100x a text's size and abort the process (not raise) when an
+    allocation fails, and reading the next request must not fail either. Their inputs are bounded by the
+    request size instead.
     """
 
     def __init__(self, budget: int) -> None:
-        self._budget = budget if sys.platform.startswith("linux") else 0
-        self._capped = False
+        self._budget = budget
         self._hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+        linux = os.path.exists("/proc/self/statm")
+        self._statm = os.open("/proc/self/statm", os.O_RDONLY) if budget > 0 and linux else -1
+        self._page = os.sysconf("SC_PAGE_SIZE")
 
-    def render(self) -> None:
-        if self._budget <= 0 or self._capped:
+    def __enter__(self) -> None:
+        if self._statm < 0:
             return
-        with open("/proc/self/status") as f:
-            vm_kb = next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
-        limit = vm_kb * 1024 + self._budget
+        size = int(os.pread(self._statm, 64, 0).split()[0]) * self._page  # VmSize: the address space in use
+        limit = size + self._budget
         if self._hard != resource.RLIM_INFINITY:
             limit = min(limit, self._hard)
         resource.setrlimit(resource.RLIMIT_AS, (limit, self._hard))
-        self._capped = True
 
-    def tokenize(self) -> None:
-        if self._capped:
+    def __exit__(self, *exc: object) -> None:
+        if self._statm >= 0:
             resource.setrlimit(resource.RLIMIT_AS, (self._hard, self._hard))
-            self._capped = False
 
 
 def _handle(
     request: list[Any], tok: tokenizers.Tokenizer, cap: _MemoryCap, default_template: str | None, max_output_chars: int
 ) -> Any:
     op = request[0]
-    if op != "render":
-        cap.tokenize()
     try:
         if op == "encode":
             return tok.encode(request[1], add_special_tokens=request[2]).ids
@@ -96,21 +100,21 @@ def _handle(
     except (TypeError, ValueError, OverflowError) as e:  # bad input, not a broken worker
         raise template_sandbox.TemplateRenderError(f"cannot {op}: {e}") from None
     if op == "render":
-        cap.render()
         args = request[1]
         source = args["source"] if args["source"] is not None else default_template
         if source is None:
             raise template_sandbox.TemplateRenderError("no chat template")
-        return template_sandbox.render(
-            source,
-            args["messages"],
-            add_generation_prompt=args["add_generation_prompt"],
-            continue_final_message=args["continue_final_message"],
-            tools=args["tools"],
-            documents=args["documents"],
-            kwargs=args["kwargs"],
-            max_output_chars=max_output_chars,
-        )
+        with cap:
+            return template_sandbox.render(
+                source,
+                args["messages"],
+                add_generation_prompt=args["add_generation_prompt"],
+                continue_final_message=args["continue_final_message"],
+                tools=args["tools"],
+                documents=args["documents"],
+                kwargs=args["kwargs"],
+                max_output_chars=max_output_chars,
+            )
     raise ValueError(f"unknown worker op {op!r}")
 
 

@@ -40,14 +40,14 @@ def triton_available() -> bool:
 
 
 def use_triton(device: torch.device | str) -> bool:
-    """True on CUDA when triton imports. On CPU only when both TRITON_INTERPRET=1 and SPINDLE_TRITON_CPU=1
-    (slow; for tests of this dispatch): the kernel tests set the first for the whole pytest process, and
-    that alone must not switch the CPU model onto the interpreter."""
+    """True on CUDA when triton imports; on CPU only under TRITON_INTERPRET=1 (slow; for tests).
+
+    The model runner makes its own choice of path (TritonOps on CUDA); these functions then follow the
+    tensors' device, so the kernel tests' process-wide TRITON_INTERPRET does not move the CPU model."""
     kind = torch.device(device).type
     if kind == "cuda":
         return triton_available()
-    on_cpu = os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("SPINDLE_TRITON_CPU") == "1"
-    return kind == "cpu" and on_cpu and triton_available()
+    return kind == "cpu" and os.environ.get("TRITON_INTERPRET") == "1" and triton_available()
 
 
 def _module(name: str) -> ModuleType:

@@ -15,7 +15,8 @@ from server.errors import APIError, bad_request, from_decode_error
 from server.input_processor import build_spec, check_request, external_request_id
 from server.output_processor import Output
 from server.protocol import (
-    ChatChoice, ChatCompletionResponse, ChatCompletionStreamResponse, ChatMessage, ChatStreamChoice, DeltaMessage,
+    ChatChoice, ChatChoiceIds, ChatCompletionResponse, ChatCompletionStreamResponse, ChatMessage, ChatStreamChoice, ChatStreamChoiceIds,
+    DeltaMessage,
     Usage, chat_decoder, encoder,
 )
 from server.renderer import RendererOverloaded, RenderError
@@ -24,12 +25,15 @@ _enc = encoder.encode
 
 
 class ChatFormatter:
-    def __init__(self, request_id: str, created: int, model: str, n: int, texts: TokenTexts | None) -> None:
+    def __init__(self, request_id: str, created: int, model: str, n: int, texts: TokenTexts | None,
+                 token_ids: bool = False) -> None:
         self.id = request_id
         self.created = created
         self.model = model
         self.n = n
         self.texts = texts  # set when logprobs were asked for
+        self.token_ids = token_ids  # return_token_ids
+        self._plain = texts is None and not token_ids
         head = _enc({"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model})
         self._prefix = b"data: " + head[:-1] + b',"choices":['
 
@@ -42,13 +46,17 @@ class ChatFormatter:
     def stream_chunk(self, batch: list[Output], usage: Usage | None) -> bytes | None:
         parts = []
         for out in batch:
-            if out.finish_reason is None and self.texts is None:  # the hot path: no objects, one encode
+            if out.finish_reason is None and self._plain:  # the hot path: no objects, one encode
                 parts.append(b'{"index":%d,"delta":{"content":%s},"logprobs":null,"finish_reason":null}'
                              % (out.index, _enc(out.text)))
             else:
                 lp = chat_logprobs(out.logprobs or [], self.texts) if self.texts is not None else None
-                parts.append(_enc(ChatStreamChoice(out.index, DeltaMessage(content=out.text), lp, out.finish_reason,
-                                                   out.stop_reason)))
+                if self.token_ids:
+                    parts.append(_enc(ChatStreamChoiceIds(out.index, DeltaMessage(content=out.text), lp,
+                                                          out.finish_reason, out.stop_reason, out.token_ids)))
+                else:
+                    parts.append(_enc(ChatStreamChoice(out.index, DeltaMessage(content=out.text), lp,
+                                                       out.finish_reason, out.stop_reason)))
         tail = b"]}\n\n" if usage is None else b'],"usage":' + _enc(usage) + b"}\n\n"
         return self._prefix + b",".join(parts) + tail
 
@@ -59,7 +67,11 @@ class ChatFormatter:
         choices = []
         for o in outputs:
             lp = chat_logprobs(o.logprobs or [], self.texts) if self.texts is not None else None
-            choices.append(ChatChoice(o.index, ChatMessage("assistant", o.text), lp, o.finish_reason, o.stop_reason))
+            message = ChatMessage("assistant", o.text)
+            if self.token_ids:
+                choices.append(ChatChoiceIds(o.index, message, lp, o.finish_reason, o.stop_reason, o.token_ids))
+            else:
+                choices.append(ChatChoice(o.index, message, lp, o.finish_reason, o.stop_reason))
         return _enc(ChatCompletionResponse(self.id, self.created, self.model, choices, usage))
 
 
@@ -107,7 +119,8 @@ class ChatRoute:
             if self._texts is None:
                 self._texts = TokenTexts(renderer.tokenizer)
             texts = self._texts
-        fmt = ChatFormatter(f"chatcmpl-{external}", int(time.time()), self.state.model_name, req.n, texts)
+        fmt = ChatFormatter(f"chatcmpl-{external}", int(time.time()), self.state.model_name, req.n, texts,
+                            req.return_token_ids)
         opts = req.stream_options
         await respond(llm, [spec], fmt, send, stream=req.stream,
                       include_usage=bool(opts and opts.include_usage),

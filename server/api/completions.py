@@ -17,7 +17,7 @@ from server.input_processor import (
 )
 from server.output_processor import Output
 from server.protocol import (
-    CompletionChoice, CompletionLogprobs, CompletionResponse, CompletionStreamResponse, CompletionRequest, Usage,
+    CompletionChoice, CompletionChoiceIds, CompletionLogprobs, CompletionResponse, CompletionStreamResponse, CompletionRequest, Usage,
     completion_decoder, encoder,
 )
 from server.renderer import RendererOverloaded, RenderError
@@ -27,7 +27,8 @@ _enc = encoder.encode
 
 class CompletionFormatter:
     def __init__(self, request_id: str, created: int, model: str, *, echo: dict[int, str],
-                 texts: TokenTexts | None, first_prompt_ids: dict[int, int] | None = None) -> None:
+                 texts: TokenTexts | None, first_prompt_ids: dict[int, int] | None = None,
+                 prompt_ids: dict[int, list[int]] | None = None) -> None:
         self.id = request_id
         self.created = created
         self.model = model
@@ -35,6 +36,8 @@ class CompletionFormatter:
         self.texts = texts  # set when logprobs were asked for
         self.offsets: dict[int, int] = {}
         self.first_prompt_ids = first_prompt_ids or {}  # echo + logprobs: the prompt token without a logprob
+        self.prompt_ids = prompt_ids  # return_token_ids: choice index -> prompt ids (None: not asked)
+        self._plain = texts is None and prompt_ids is None  # the fast path applies to unfinished outputs
         head = _enc({"id": request_id, "object": "text_completion", "created": created, "model": model})
         self._prefix = b"data: " + head[:-1] + b',"choices":['
 
@@ -57,18 +60,23 @@ class CompletionFormatter:
         lp, self.offsets[out.index] = completion_logprobs(out.logprobs or [], self.texts, offset, into)
         return lp
 
+    def _choice(self, out: Output) -> CompletionChoice:
+        if self.prompt_ids is None:
+            return CompletionChoice(out.index, self._text(out), self._logprobs(out), out.finish_reason, out.stop_reason)
+        return CompletionChoiceIds(out.index, self._text(out), self._logprobs(out), out.finish_reason, out.stop_reason,
+                                   out.token_ids, self.prompt_ids.get(out.index) if out.first else None)
+
     def stream_start(self) -> bytes | None:
         return None
 
     def stream_chunk(self, batch: list[Output], usage: Usage | None) -> bytes | None:
         parts = []
         for out in batch:
-            if out.finish_reason is None and self.texts is None:  # the hot path: no objects, one encode
+            if out.finish_reason is None and self._plain:  # the hot path: no objects, one encode
                 parts.append(b'{"index":%d,"text":%s,"logprobs":null,"finish_reason":null,"stop_reason":null}'
                              % (out.index, _enc(self._text(out))))
             else:
-                parts.append(_enc(CompletionChoice(out.index, self._text(out), self._logprobs(out),
-                                                   out.finish_reason, out.stop_reason)))
+                parts.append(_enc(self._choice(out)))
         tail = b"]}\n\n" if usage is None else b'],"usage":' + _enc(usage) + b"}\n\n"
         return self._prefix + b",".join(parts) + tail
 
@@ -76,8 +84,7 @@ class CompletionFormatter:
         return sse.frame(_enc(CompletionStreamResponse(self.id, self.created, self.model, [], usage=usage)))
 
     def final(self, outputs: list[Output], usage: Usage) -> bytes:
-        choices = [CompletionChoice(o.index, self._text(o), self._logprobs(o), o.finish_reason, o.stop_reason)
-                   for o in outputs]
+        choices = [self._choice(o) for o in outputs]
         return _enc(CompletionResponse(self.id, self.created, self.model, choices, usage))
 
 
@@ -111,6 +118,7 @@ class CompletionsRoute:
         external = external_request_id(xid, req.request_id)
         prompts = completion_prompts(req.prompt)
         specs, echo, first_ids = [], {}, {}
+        prompt_ids: dict[int, list[int]] = {}
         try:
             for k, prompt in enumerate(prompts):
                 if isinstance(prompt, str):
@@ -124,6 +132,8 @@ class CompletionsRoute:
                     text = prompt if isinstance(prompt, str) else await renderer.decode(ids, req.skip_special_tokens)
                     echo.update({spec.index_offset + i: text for i in range(req.n)})
                     first_ids.update({spec.index_offset + i: spec.prompt_token_ids[0] for i in range(req.n)})
+                if req.return_token_ids:
+                    prompt_ids.update({spec.index_offset + i: spec.prompt_token_ids for i in range(req.n)})
         except RenderError as e:
             raise bad_request(str(e), "prompt") from None
         except RendererOverloaded as e:
@@ -134,7 +144,8 @@ class CompletionsRoute:
                 self._texts = TokenTexts(renderer.tokenizer)
             texts = self._texts
         fmt = CompletionFormatter(f"cmpl-{external}", int(time.time()), self.state.model_name, echo=echo,
-                                  texts=texts, first_prompt_ids=first_ids)
+                                  texts=texts, first_prompt_ids=first_ids,
+                                  prompt_ids=prompt_ids if req.return_token_ids else None)
         opts = req.stream_options
         headers = [(b"x-request-id", external.encode())]
         await respond(llm, specs, fmt, send, stream=req.stream,

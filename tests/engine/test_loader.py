@@ -36,6 +36,7 @@ def broken_copy(src: Path, tmp_path: Path) -> Path:
 
 def all_weights(model) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]
     tensors = [model.embed, model.norm, model.lm_head]
+    assert model.embed is not None  # untied checkpoints keep their embedding table
     for layer in model.layers:
         tensors += [t for t in vars(layer).values() if t is not None]
     return tensors
@@ -53,7 +54,8 @@ def test_sharded_equals_single_file(small: Path, tmp_path: Path) -> None:
         assert torch.equal(a, b)
     # And both equal the tensors as stored, so the comparison is not of two empty models.
     stored = load_file(small / "model.safetensors")
-    assert torch.equal(one.lm_head, stored["lm_head.weight"])
+    assert torch.equal(one.lm_head, stored["lm_head.weight"].t())  # stored [hidden, vocab] on CPU
+    assert torch.equal(one.embed, stored["model.embed_tokens.weight"])
     assert torch.equal(one.layers[1].down_w, stored["model.layers.1.mlp.down_proj.weight"])
 
 
@@ -159,7 +161,10 @@ def test_demo_checkpoint_built_once_and_loads(monkeypatch: pytest.MonkeyPatch, t
     assert [p.name for p in tmp_path.iterdir()] == ["demo-qwen2"]  # no temporary folder left behind
     model, info = load_model(path, "auto", "cpu")
     assert (info.vocab_size, info.num_layers, info.num_kv_heads, info.head_dim) == (151_646, 2, 2, 64)
-    assert model.embed.shape == (151_646, 128) and model.lm_head is model.embed
+    ids = torch.tensor([0, 7, 151_645])
+    stored = load_file(path / "model.safetensors")
+    assert "lm_head.weight" not in stored and model.tied  # tied: one table serves both ends
+    assert torch.equal(model.embed_tokens(ids), stored["model.embed_tokens.weight"][ids])
     tok = AutoTokenizer.from_pretrained(path)
     text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     assert text.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
@@ -172,9 +177,8 @@ def test_concurrent_demo_builders_agree(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    code = ("import engine.checkpoint as c, json, sys; c.DEMO = dict(c.DEMO, hidden_size=32, head_dim=16, "
-            "vocab_size=1000, intermediate_size=64); c.write_random_checkpoint.__kwdefaults__['tokenizer'] = False; "
-            "print(c.demo_checkpoint_path())")
+    code = ("import engine.checkpoint as c; c.DEMO = dict(c.DEMO, hidden_size=32, head_dim=16, vocab_size=1000, "
+            "intermediate_size=64, tokenizer=False); print(c.demo_checkpoint_path())")
     env = dict(os.environ, SPINDLE_CACHE_DIR=str(tmp_path), OMP_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
              for _ in range(2)]

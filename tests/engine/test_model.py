@@ -30,10 +30,11 @@ def llama_config(**kw: Any) -> LlamaConfig:
                        intermediate_size=64, vocab_size=100, **kw)
 
 
-def test_llama3_inv_freq_matches_transformers() -> None:
-    cfg = llama_config(rope_theta=500_000.0, rope_scaling=LLAMA3)
-    ref, _ = ROPE_INIT_FUNCTIONS["llama3"](cfg, "cpu")
-    ours = rope_inv_freq(64, 500_000.0, LLAMA3)
+@pytest.mark.parametrize("scaling", [LLAMA3, {"rope_type": "linear", "factor": 4.0}])
+def test_scaled_inv_freq_matches_transformers(scaling: dict[str, Any]) -> None:
+    cfg = llama_config(rope_theta=500_000.0, rope_scaling=scaling)
+    ref, _ = ROPE_INIT_FUNCTIONS[scaling["rope_type"]](cfg, "cpu")
+    ours = rope_inv_freq(64, 500_000.0, scaling)
     torch.testing.assert_close(ours, ref, atol=0, rtol=1e-6)
     assert not torch.allclose(ours, rope_inv_freq(64, 500_000.0, None))  # the scaling did something
 
@@ -98,5 +99,7 @@ def test_unsupported_config_is_refused() -> None:
                               "sliding_window": 16, "layer_types": ["full_attention", "sliding_attention"]}
     with pytest.raises(ConfigError, match="sliding window"):
         ModelArgs.from_hf_config(qwen_mixed)
+    with pytest.raises(ConfigError, match="yarn"):
+        ModelArgs.from_hf_config(hf_dict() | {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
     with pytest.raises(ValueError, match="yarn"):
         rope_inv_freq(64, 10_000.0, {"rope_type": "yarn", "factor": 4.0})

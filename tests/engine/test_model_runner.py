@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -157,14 +158,17 @@ def test_kv_cache_sized_from_memory(qwen2_ckpt: Path) -> None:
     # K and V x 2 layers x block 16 x 2 kv heads x 16 dims x 4 bytes = 8 KiB per block.
     runner = ModelRunner(EngineConfig(model=str(qwen2_ckpt), block_size=16, kv_cache_memory=1 << 20))
     assert runner.num_blocks == (1 << 20) // (2 * 2 * 16 * 2 * 16 * 4)
-    assert runner.max_model_len == 512 and runner.model_dtype == "float32"
+    max_pos = json.loads((qwen2_ckpt / "config.json").read_text())["max_position_embeddings"]
+    assert runner.max_model_len == max_pos and runner.model_dtype == "float32"
     assert runner.eos_token_ids == [151645, 151643]
     assert runner.generation_defaults["temperature"] == 0.7
 
 
 def test_max_model_len_over_the_model_limit_is_refused(qwen2_ckpt: Path) -> None:
-    with pytest.raises(ModelLoadError, match="max_position_embeddings 512"):
-        ModelRunner(EngineConfig(model=str(qwen2_ckpt), max_model_len=4096, num_blocks=8))
+    max_pos = json.loads((qwen2_ckpt / "config.json").read_text())["max_position_embeddings"]
+    with pytest.raises(ModelLoadError, match=f"max_position_embeddings {max_pos}"):
+        ModelRunner(EngineConfig(model=str(qwen2_ckpt), max_model_len=max_pos + 1, num_blocks=8))
+    assert ModelRunner(EngineConfig(model=str(qwen2_ckpt), max_model_len=100, num_blocks=8)).max_model_len == 100
 
 
 def test_bfloat16_runs_close_to_transformers(llama_ckpt: Path, hf_models: dict) -> None:

@@ -46,11 +46,11 @@ class Running:
         return [json.loads(e) for e in events[:-1]]
 
 
-def serve_in_thread(**config: Any) -> Iterator[Running]:
+def serve_in_thread(gate: bool = False, **config: Any) -> Iterator[Running]:
     """Hypercorn (trio worker) serving create_app(...) in a portal thread; shut down on exit."""
     import hypercorn.trio
 
-    fake = FakeEngineClient(script, max_model_len=512)
+    fake = FakeEngineClient(script, max_model_len=512, gate=gate)
     deaths: list[str] = []
     cfg = ServerConfig(model=str(tokenizer_dir("qwen2")), served_model_name="tiny", sse_keepalive=0, **config)
     app = create_app(cfg, engine_factory=fake_engine_factory(fake), on_fatal=deaths.append)
@@ -140,8 +140,13 @@ def test_logprobs_shapes(srv: Running) -> None:
     assert lp["tokens"] == [TOK.decode([t]) for t in GEN[:4]] and lp["token_logprobs"] == [-0.5] * 4
     assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(4)]
     assert lp["top_logprobs"][0] == {lp["tokens"][0]: -0.5}
-    echo = httpx.post(srv.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "echo": True}).json()
+    echo = httpx.post(srv.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "echo": True,
+                                                         "return_token_ids": True}).json()
     assert echo["choices"][0]["text"] == "Hi" + TOK.decode(GEN[:2])
+    assert echo["choices"][0]["token_ids"] == GEN[:2] and echo["choices"][0]["prompt_token_ids"] == TOK.encode("Hi").ids
+    ids = srv.sse("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3,
+                                           "stream": True, "return_token_ids": True})
+    assert [t for c in ids[1:] for t in c["choices"][0]["token_ids"]] == GEN[:3]
     streamed = srv.sse("/v1/completions", {"prompt": "Hi", "max_tokens": 3, "logprobs": 0, "stream": True})
     tokens = [t for c in streamed for t in c["choices"][0]["logprobs"]["tokens"]]
     offsets = [o for c in streamed for o in c["choices"][0]["logprobs"]["text_offset"]]
@@ -185,10 +190,19 @@ def test_disconnect_mid_stream_aborts(srv: Running) -> None:
 
 
 def test_engine_death_then_503() -> None:
-    gen = serve_in_thread()
+    gen = serve_in_thread(gate=True)
     running = next(gen)
     try:
-        running.portal.call(running.fake.die, "pipe closed")
+        body = {"messages": [{"role": "user", "content": "Hi"}], "stream": True}
+        with httpx.stream("POST", running.url + "/v1/chat/completions", json=body, timeout=10) as r:
+            lines = r.iter_lines()
+            assert json.loads(next(lines)[6:])["choices"][0]["delta"]["role"] == "assistant"
+            running.portal.call(running.fake.allow_step, 1)
+            assert next(line for line in lines if line.startswith("data: "))
+            running.portal.call(running.fake.die, "pipe closed")
+            rest = [line[6:] for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "[DONE]"  # the stream ends with an error event, then [DONE]: no hang
+        assert "pipe closed" in json.loads(rest[-2])["error"]["message"]
         deadline = time.monotonic() + 5
         while not running.deaths and time.monotonic() < deadline:
             time.sleep(0.02)

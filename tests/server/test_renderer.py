@@ -96,6 +96,14 @@ async def test_request_templates_kwargs_tools_documents_match_transformers(qwen:
                                            tokenize=False, add_generation_prompt=True, greeting="hi")
     assert got == want and got.startswith("hi||<|im_end|>|")
     assert (await qwen.render_chat(chat, chat_template="{{ greeting }}")) == "default"
+    # Keys set to None are dropped and reasoning is aliased, as transformers does.
+    chat = [{"role": "user", "content": "q", "name": None},
+            {"role": "assistant", "content": "a", "reasoning": "think", "tool_calls": None}]
+    template = ("{% for m in messages %}{{ m.role }}|{{ m.reasoning_content }}|{{ m.thinking }}|"
+                "{{ m.tool_calls is defined }}|{{ m.name is defined }};{% endfor %}")
+    want = hf("qwen2").apply_chat_template(chat, chat_template=template, tokenize=False)
+    assert await qwen.render_chat(chat, chat_template=template, add_generation_prompt=False) == want
+    assert "think|think|False" in want
     # Mistral's template, with bos/eos from the llama folder's tokenizer.
     want = hf("llama").apply_chat_template(CHATS[2], chat_template=MISTRAL_CHAT_TEMPLATE, tokenize=False)
     mistral = await qwen.render_chat(CHATS[2], chat_template=MISTRAL_CHAT_TEMPLATE.replace("bos_token", "'<s>'")
@@ -173,6 +181,15 @@ async def _all_workers_up(renderer: Renderer, n: int) -> None:
     with anyio.fail_after(30):  # replacements for workers killed by earlier tests start in the background
         while len(renderer.worker_pids) < n:
             await anyio.sleep(0.02)
+
+
+async def test_memory_cap_applies_to_templates_only(qwen: Renderer) -> None:
+    # Encoding this needs more than the 256 MiB the fixture's templates may use; it must not be capped.
+    text = "数据 hello world, " * 150_000
+    for _ in range(2):  # one of the two workers may not have rendered yet: make both render, then encode
+        with pytest.raises(RenderError, match="memory limit"):
+            await qwen.render_chat(CHATS[0], chat_template="{{ range(100000) | join('y' * 2**24) }}")
+    assert await qwen.encode(text) == fast("qwen2").encode(text).ids
 
 
 async def test_runaway_template_is_killed_while_others_render(qwen: Renderer) -> None:
@@ -292,6 +309,40 @@ async def test_waiting_queue_is_bounded(tmp_path: Path, anyio_backend: str) -> N
         with pytest.raises(RenderError, match="cannot take"):  # a lone surrogate cannot cross the pipe
             await r.render_chat([{"role": "user", "content": "\ud800" + "x" * 600}])
         assert await r.encode("hello world " * 100) == [1, 2] * 100
+
+
+_ORPHAN_SCRIPT = """
+import sys, anyio
+from server.renderer import Renderer
+
+async def main():
+    async with Renderer.open(sys.argv[1], chat_template="{{ 1 }}", trust_request_chat_template=True,
+                             num_workers=2, render_timeout=60) as r:
+        print(*r.worker_pids, flush=True)
+        await r.render_chat([{"role": "user", "content": "x"}], chat_template=sys.argv[2])
+
+anyio.run(main, backend=sys.argv[3])
+"""
+
+
+def test_workers_exit_when_the_server_is_killed(tmp_path: Path, anyio_backend: str) -> None:
+    import subprocess
+    import sys
+    import time
+
+    tiny = _tiny_tokenizer_dir(tmp_path / "tiny")
+    proc = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT, str(tiny), RUNAWAY, anyio_backend],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    assert len(pids) == 2 and all(_alive(p) for p in pids)
+    time.sleep(0.3)  # one worker is now deep in the runaway render
+    proc.kill()  # no cleanup runs: the workers must notice on their own
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not any(_alive(p) for p in pids)
 
 
 async def test_template_sources(tmp_path: Path, anyio_backend: str) -> None:

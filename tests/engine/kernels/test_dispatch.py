@@ -12,17 +12,12 @@ from engine.kernels.paged_prefill_attention import paged_prefill_attention_ref
 from tests.engine.kernels.paged_case import make_case
 
 
-@pytest.fixture(autouse=True)
-def _kernels_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SPINDLE_TRITON_CPU", "1")  # with conftest's TRITON_INTERPRET=1: kernels, not refs
-
-
 def test_use_triton(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert K.use_triton("cpu")
+    assert K.use_triton("cpu")  # conftest sets TRITON_INTERPRET=1: the calls below run the kernels
     assert K.use_triton("cuda") == K.triton_available()
     assert not K.use_triton("meta")
-    monkeypatch.delenv("SPINDLE_TRITON_CPU")
-    assert not K.use_triton("cpu")  # TRITON_INTERPRET alone (set for this whole process) keeps CPU on torch
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert not K.use_triton("cpu")
 
 
 def test_functions_survive_kernel_module_imports() -> None:
