@@ -3,29 +3,34 @@
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import logging
 import os
 import signal
 import sys
+import threading
+import time
 import traceback
 
 from engine.config import EngineConfig
 from engine.ipc import FrameReader, FrameWriter
 from engine.messages import LoadFailed, ToEngine
 
-PR_SET_PDEATHSIG = 1
-
-
 def die_with_parent() -> None:
-    """The engine must never outlive the server, even after SIGKILL of the server."""
+    """The engine must never outlive the server, even after SIGKILL of the server.
+
+    EOF on stdin ends the step loop; this watchdog also covers a step that never returns.
+    (Not PR_SET_PDEATHSIG: it fires when the spawning *thread* exits, and Trio spawns from a
+    worker thread that exits when idle.)
+    """
     parent = os.getppid()
-    if sys.platform == "linux":
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent or parent == 1:  # the parent died before prctl took effect
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.2)
         os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
 def main() -> None:

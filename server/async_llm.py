@@ -129,6 +129,9 @@ class AsyncLLM:
             except EngineDeadError as e:
                 # Marked dead before the stream closes: the handler drains what was read, then fails the rest.
                 self._die(str(e))
+            except Exception as e:  # a frame we cannot use is as fatal as a dead pipe; never hang requests
+                log.exception("engine reader failed")
+                self._die(f"engine core unusable: {e!r}")
 
     async def _handle(self) -> None:
         from engine.client import EngineDeadError

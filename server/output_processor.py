@@ -8,6 +8,7 @@ merged into the waiting one, so a slow client gets bigger, rarer chunks and memo
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -284,6 +285,10 @@ class OutputProcessor:
     def _fail(self, state: RequestState, message: str) -> None:
         out = Output(state.index, "", [], state.num_output_tokens, "error", first=not state.emitted)
         out.error = message
+        if self.metrics is not None:
+            self.metrics.record_finished(reason="error", arrival=state.arrival_time, scheduled=0.0, first_token=0.0,
+                                         finished=time.time(), num_prompt_tokens=state.num_prompt_tokens,
+                                         num_output_tokens=state.num_output_tokens)
         self._close(state, out)
 
     def _close(self, state: RequestState, out: Output) -> None:

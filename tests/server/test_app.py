@@ -52,7 +52,8 @@ def serve_in_thread(gate: bool = False, **config: Any) -> Iterator[Running]:
 
     fake = FakeEngineClient(script, max_model_len=512, gate=gate)
     deaths: list[str] = []
-    cfg = ServerConfig(model=str(tokenizer_dir("qwen2")), served_model_name="tiny", sse_keepalive=0, **config)
+    config.setdefault("sse_keepalive", 0)
+    cfg = ServerConfig(model=str(tokenizer_dir("qwen2")), served_model_name="tiny", **config)
     app = create_app(cfg, engine_factory=fake_engine_factory(fake), on_fatal=deaths.append)
     hc = Config()
     hc.bind = ["127.0.0.1:0"]
@@ -210,6 +211,26 @@ def test_engine_death_then_503() -> None:
         assert httpx.get(running.url + "/health").status_code == 503
         r = httpx.post(running.url + "/v1/completions", json={"prompt": "Hi"})
         assert r.status_code == 503 and "pipe closed" in r.json()["error"]["message"]
+    finally:
+        gen.close()
+
+
+def test_keepalive_while_queued_and_continuous_usage() -> None:
+    gen = serve_in_thread(gate=True, sse_keepalive=0.05)
+    running = next(gen)
+    try:
+        body = {"prompt": "Hi", "max_tokens": 3, "stream": True, "return_token_ids": True,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        with httpx.stream("POST", running.url + "/v1/completions", json=body, timeout=10) as r:
+            lines = r.iter_lines()
+            assert next(line for line in lines if line) == ": keep-alive"  # no token yet: the stream stays warm
+            running.portal.call(running.fake.allow_step, 3)
+            events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        sent = 0
+        for e in events[:-1]:  # every chunk's usage counts the tokens sent so far (merged chunks carry several)
+            sent += len(e["choices"][0]["token_ids"])
+            assert e["usage"]["completion_tokens"] == sent
+        assert sent == 3 and events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 3
     finally:
         gen.close()
 
