@@ -18,14 +18,15 @@ from starlette.routing import Route, Router
 from server.api.chat import ChatRoute
 from server.api.completions import CompletionsRoute
 from server.api.health import HealthRoute, VersionRoute
-from server.api.metrics import MetricsRoute
 from server.api.http import Receive, Scope, Send, header, send_error
+from server.api.metrics import MetricsRoute
 from server.api.models import ModelsRoute
 from server.api.state import AppState
 from server.async_llm import AsyncLLM
 from server.config import ServerConfig
 from server.errors import APIError
 from server.input_processor import GenerationSpec, ModelLimits
+from server.metrics import ServerMetrics
 
 log = logging.getLogger("spindle.server")
 
@@ -110,8 +111,6 @@ def create_app(config: ServerConfig | None = None, *, on_fatal: Callable[[str], 
     """The ASGI app. `on_fatal(why)` is called once if the engine dies (the CLI exits non-zero)."""
     config = config if config is not None else ServerConfig.from_env()
     state = AppState(config=config, model_name=config.model_name)
-    from server.metrics import ServerMetrics
-
     metrics = ServerMetrics(config.model_name)
     open_engine = engine_factory or _open_engine
     open_renderer = renderer_factory or _open_renderer

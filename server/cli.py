@@ -97,6 +97,13 @@ def _hypercorn_config(config: ServerConfig) -> Any:
     return hc
 
 
+def _reason(error: BaseException) -> str:
+    """The messages of the exceptions at the leaves of (nested) exception groups."""
+    if isinstance(error, BaseExceptionGroup):
+        return "; ".join(_reason(e) for e in error.exceptions)
+    return f"{type(error).__name__}: {error}"
+
+
 async def serve(config: ServerConfig) -> int:
     """Serve until SIGINT/SIGTERM (exit 0) or the engine dies (exit 1)."""
     from server.app import create_app
@@ -129,7 +136,7 @@ async def serve(config: ServerConfig) -> int:
                 from hypercorn.asyncio import serve as hypercorn_serve  # type: ignore[assignment]
             await hypercorn_serve(app, hc, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
         except Exception as e:  # startup failed (e.g. the model did not load): say why, exit non-zero
-            logging.getLogger("spindle.server").error("server failed: %s", e)
+            logging.getLogger("spindle.server").error("server failed: %s", _reason(e))
             code = code or 1
         finally:
             listening.cancel()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_type_hints
@@ -121,7 +122,7 @@ class ServerConfig:
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> ServerConfig:
-        """Read SPINDLE_<FIELD> (upper case) for every field; `overrides` win. Unknown SPINDLE_ vars are errors."""
+        """Read SPINDLE_<FIELD> (upper case) for every field; `overrides` win. Unknown SPINDLE_ vars are logged."""
         env = dict(os.environ if environ is None else environ)
         hints = get_type_hints(cls)
         names = {f.name for f in dataclasses.fields(cls)}
@@ -132,15 +133,16 @@ class ServerConfig:
             name = key[len(ENV_PREFIX):].lower()
             if name in _NOT_CONFIG:
                 continue
-            if name not in names:
-                raise ValueError(f"unknown setting {key}; known: {', '.join(sorted(ENV_PREFIX + n.upper() for n in names))}")
+            if name not in names:  # other tools share the prefix: say so, but do not refuse to start
+                logging.getLogger("spindle.server").warning("ignoring %s: not a server setting", key)
+                continue
             values[name] = _parse(name, hints[name], raw, key)
         values.update(overrides)
         return cls(**values)
 
 
 # SPINDLE_* variables that other parts of the project read (not ServerConfig fields).
-_NOT_CONFIG = frozenset({"output_chunk", "cache_dir", "demo_dir"})
+_NOT_CONFIG = frozenset({"output_chunk", "cache_dir", "fuzz_examples"})
 
 
 def _flag(name: str) -> str:

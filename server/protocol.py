@@ -200,13 +200,6 @@ class ChatCompletionStreamResponse(msgspec.Struct):
     usage: Usage | None = None
 
 
-class ModelPermission(msgspec.Struct):
-    id: str = "modelperm-spindle"
-    object: str = "model_permission"
-    allow_sampling: bool = True
-    allow_logprobs: bool = True
-
-
 class ModelCard(msgspec.Struct):
     id: str
     created: int

@@ -17,7 +17,7 @@ from server.input_processor import (
 )
 from server.output_processor import Output
 from server.protocol import (
-    CompletionChoice, CompletionChoiceIds, CompletionLogprobs, CompletionResponse, CompletionStreamResponse, CompletionRequest, Usage,
+    CompletionChoice, CompletionChoiceIds, CompletionLogprobs, CompletionResponse, CompletionStreamResponse, Usage,
     completion_decoder, encoder,
 )
 from server.renderer import RendererOverloaded, RenderError

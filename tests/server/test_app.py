@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -211,6 +210,21 @@ def test_engine_death_then_503() -> None:
         assert httpx.get(running.url + "/health").status_code == 503
         r = httpx.post(running.url + "/v1/completions", json={"prompt": "Hi"})
         assert r.status_code == 503 and "pipe closed" in r.json()["error"]["message"]
+    finally:
+        gen.close()
+
+
+def test_nonstream_disconnect_aborts() -> None:
+    gen = serve_in_thread(gate=True)  # the engine makes no progress: the client gives up first
+    running = next(gen)
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(running.url + "/v1/chat/completions", timeout=0.5, headers={"X-Request-Id": "impatient"},
+                       json={"messages": [{"role": "user", "content": "Hi"}]})
+        deadline = time.monotonic() + 5
+        while not running.fake.aborted and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [a.rsplit("-", 1)[0] for a in running.fake.aborted] == ["impatient"]
     finally:
         gen.close()
 

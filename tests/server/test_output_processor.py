@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import random
+
 import anyio
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.messages import EngineStats, RequestOutput, StepOutputs
 from engine.models.hf_tokenizer import load_tokenizer
@@ -151,3 +155,40 @@ async def test_big_step_is_chunked_and_all_requests_served(tok) -> None:  # type
     await proc.process_outputs(step(*(RequestOutput(f"r{i}", ids, "length") for i in range(10))))
     assert all(drain(c)[0][0].text == " hello" for c in collectors)
     assert proc.states == {}
+
+
+SAMPLES = ["Grüße, 世界! The quick brown fox jumps over the lazy dog. 🦊🐶 done",
+           "a\n\nb  c\t🦊🦊 ü ü <|im_end|> tail", "数字 1234567 and émoji 👩‍👩‍👧 end."]
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.sampled_from(SAMPLES), seed=st.integers(0, 10**6), interval=st.integers(1, 4),
+       use_stop=st.booleans())
+def test_delta_with_any_pacing_equals_final_only(tok, text: str, seed: int, interval: int,  # type: ignore[no-untyped-def]
+                                                 use_stop: bool) -> None:
+    """Whatever the step sizes, the reader's pace and --stream-interval: DELTA pieces add up to FINAL_ONLY's text."""
+    rng = random.Random(seed)
+    gen = tok.encode(text).ids
+    stop = (text[rng.randrange(5, len(text) - 3):][:rng.randrange(1, 4)],) if use_stop else ()
+    results = []
+    for kind in (OutputKind.DELTA, OutputKind.FINAL_ONLY):
+        step_rng = random.Random(seed)  # the same step sizes for both kinds
+        proc, state, collector = make(tok, kind, stop=stop, interval=interval)
+        pieces, ids, finish = [], [], None
+        pos = 0
+        while not state.finished and pos < len(gen):
+            n = step_rng.randint(1, 3)
+            new, pos = gen[pos:pos + n], pos + n
+            anyio.run(proc.process_outputs, step(RequestOutput("r", new, "length" if pos >= len(gen) else None)))
+            if step_rng.random() < 0.5 or state.finished:  # a reader that sometimes falls behind
+                for batch in drain(collector):
+                    pieces += [o.text for o in batch]
+                    ids += [t for o in batch for t in o.token_ids]
+                    finish = batch[-1].finish_reason
+        results.append(("".join(pieces), ids, finish))
+    assert results[0] == results[1]
+    full = reference(tok, tok.encode("Say:").ids, gen)
+    if not stop or stop[0] not in full:
+        assert results[0][0] == full and results[0][2] == "length"
+    else:
+        assert results[0][0] == full[:full.index(stop[0])] and results[0][2] == "stop"
