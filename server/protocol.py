@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -229,3 +229,13 @@ class ErrorResponse(msgspec.Struct):
 encoder = msgspec.json.Encoder()
 completion_decoder = msgspec.json.Decoder(CompletionRequest)
 chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
+
+T = TypeVar("T")
+
+
+def decode_request(decoder: msgspec.json.Decoder[T], body: bytes) -> T:
+    """Decode a request body; every malformed body is a msgspec.DecodeError (a 400), never a 500."""
+    try:
+        return decoder.decode(body)
+    except RecursionError:  # msgspec recurses into Any-typed fields such as prompt / content
+        raise msgspec.DecodeError("JSON is nested too deeply; flatten the request") from None

@@ -17,7 +17,7 @@ from server.output_processor import Output
 from server.protocol import (
     ChatChoice, ChatChoiceIds, ChatCompletionResponse, ChatCompletionStreamResponse, ChatMessage, ChatStreamChoice, ChatStreamChoiceIds,
     DeltaMessage,
-    Usage, chat_decoder, encoder,
+    Usage, chat_decoder, decode_request, encoder,
 )
 from server.renderer import RendererOverloaded, RenderError
 
@@ -94,7 +94,7 @@ class ChatRoute:
 
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
         try:
-            req = chat_decoder.decode(body)
+            req = decode_request(chat_decoder, body)
         except msgspec.DecodeError as e:
             raise from_decode_error(e) from None
         llm, renderer, limits = self.state.require()

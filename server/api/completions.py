@@ -18,7 +18,7 @@ from server.input_processor import (
 from server.output_processor import Output
 from server.protocol import (
     CompletionChoice, CompletionChoiceIds, CompletionLogprobs, CompletionResponse, CompletionStreamResponse, Usage,
-    completion_decoder, encoder,
+    completion_decoder, decode_request, encoder,
 )
 from server.renderer import RendererOverloaded, RenderError
 
@@ -107,7 +107,7 @@ class CompletionsRoute:
 
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
         try:
-            req = completion_decoder.decode(body)
+            req = decode_request(completion_decoder, body)
         except msgspec.DecodeError as e:
             raise from_decode_error(e) from None
         llm, renderer, limits = self.state.require()
