@@ -20,6 +20,16 @@ class RunnerOutput:
     prompt_logits: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    meta: AttnMetadata
+    sample_rows: torch.Tensor | None  # rows of the flat batch the LM head reads; None: all of them
+    num_samples: int
+    prompt_rows: dict[int, tuple[int, int]]  # batch index -> (first row, rows) needing prompt logits
+
+
 def pick_device(requested: str) -> torch.device:
     if requested == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -62,6 +72,7 @@ class ModelRunner:
 
             use_triton = self.device.type == "cuda" and triton_available()
         self.use_triton = use_triton
+        self._logits: torch.Tensor | None = None
         if use_triton:
             self.model.ops = TritonOps
 
@@ -147,23 +158,43 @@ class ModelRunner:
         meta = AttnMetadata(slot_mapping, empty, empty, empty, paged=paged, sliding_window=self.sliding_window)
         return input_ids, positions, meta
 
-    @torch.inference_mode()
-    def execute(self, batch: list[ScheduledSeq]) -> RunnerOutput:
+    def prepare(self, batch: list[ScheduledSeq]) -> StepInputs:
+        """Token ids, positions and attention metadata of the flat batch, and which rows reach the LM head."""
         input_ids, positions, meta = (self._paged_metadata if self.use_triton else self._metadata)(batch)
-        ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
-        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
-        hidden = self.model.forward(ids, pos, self.kv_caches, meta)
-
         sample_rows: list[int] = []
         prompt_rows: dict[int, tuple[int, int]] = {}
         row = 0
         for i, s in enumerate(batch):
+            n = s.num_new_tokens
             if s.samples:
-                sample_rows.append(row + s.num_new_tokens - 1)
+                sample_rows.append(row + n - 1)
             if s.seq.params.prompt_logprobs is not None and s.start < s.seq.num_prompt_tokens:
-                prompt_rows[i] = (row, s.num_new_tokens)
-            row += s.num_new_tokens
+                prompt_rows[i] = (row, n)
+            row += n
+        dev = self.device
+        # every row samples (a pure decode step): the LM head reads hidden as is, no gather
+        rows = None if len(sample_rows) == row else torch.tensor(sample_rows, dtype=torch.long, device=dev)
+        return StepInputs(torch.tensor(input_ids, dtype=torch.long, device=dev),
+                          torch.tensor(positions, dtype=torch.long, device=dev), meta, rows,
+                          len(sample_rows), prompt_rows)
+
+    def _logits_buffer(self, n: int) -> torch.Tensor:
+        """[n, vocab] float32 reused across steps: fresh 150k-wide logits fault in new pages every step."""
+        buf = self._logits
+        if buf is None or buf.shape[0] < n:
+            buf = self._logits = torch.empty(max(n, 8), self.vocab_size, dtype=torch.float32, device=self.device)
+        return buf[:n]
+
+    @torch.inference_mode()
+    def execute(self, batch: list[ScheduledSeq]) -> RunnerOutput:
+        """Run the step; the returned logits live in a buffer that the next execute overwrites."""
+        inputs = self.prepare(batch)
+        hidden = self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
         # The LM head only for rows someone reads: it dominates the cost of small models.
-        logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, dtype=torch.long, device=self.device)])
-        prompt_logits = {i: self.model.compute_logits(hidden[r:r + n]) for i, (r, n) in prompt_rows.items()}
+        sampled = hidden if inputs.sample_rows is None else hidden[inputs.sample_rows]
+        head_vocab = self.model.lm_head.shape[1 if self.model.head_transposed else 0]
+        # (a padded head's extra columns go to a fresh tensor: the sampler trims them)
+        out = self._logits_buffer(inputs.num_samples) if head_vocab == self.vocab_size else None
+        logits = self.model.compute_logits(sampled, out=out)
+        prompt_logits = {i: self.model.compute_logits(hidden[r:r + n]) for i, (r, n) in inputs.prompt_rows.items()}
         return RunnerOutput(logits, prompt_logits)

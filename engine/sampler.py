@@ -25,6 +25,7 @@ MAX_CANDIDATES = 1024  # top_k up to this runs on the topk candidates only
 REJECTION_ROUNDS = 8  # top_p draws per row before falling back to a sort
 BIG = 1e30  # +inf logits become this: still the max, but arithmetic stays finite
 PROMPT_CHUNK = 64  # prompt positions scored at once
+ARGMAX_CHUNK = 1024  # columns per block of the two-level argmax
 
 
 @dataclass
@@ -56,9 +57,11 @@ class Sampler:
         greedy = [p.temperature < GREEDY_EPS for p in params]
         process = [i for i, (s, p) in enumerate(zip(seqs, params)) if _needs_processing(s, p)]
         want_lp = [i for i, p in enumerate(params) if p.logprobs is not None]
+        if all(greedy) and not process and not want_lp and logits.dtype == torch.float32:
+            maxima = _chunk_maxima(logits)  # doubles as the NaN / +inf check
+            if bool(torch.isfinite(maxima.amax(-1)).all()):
+                return SamplerOutput(_argmax(logits, maxima).tolist(), [None] * len(seqs))
         x = _sane(logits.float())
-        if all(greedy) and not process and not want_lp:
-            return SamplerOutput(x.argmax(-1).tolist(), [None] * len(seqs))
         raw_x = x  # vLLM reports logprobs of the raw distribution
         if process:
             raw, x = x, self._buffer("processed", x)
@@ -71,7 +74,7 @@ class Sampler:
         g_rows = [i for i, g in enumerate(greedy) if g]
         r_rows = [i for i, g in enumerate(greedy) if not g]
         if g_rows:
-            tokens[g_rows] = x[g_rows].argmax(-1)
+            tokens[g_rows] = _argmax(x if len(g_rows) == x.shape[0] else x[g_rows])
         if r_rows:
             tokens[r_rows] = self._random(x, r_rows, [seqs[i] for i in r_rows])
         token_list = tokens.tolist()
@@ -306,6 +309,30 @@ def _sane(x: torch.Tensor) -> torch.Tensor:
     fixed[fixed.amax(-1) == -math.inf] = 0.0  # nothing finite: uniform, not a crash
     x[rows] = fixed
     return x
+
+
+def _chunk_maxima(x: torch.Tensor) -> torch.Tensor:
+    """[n, ceil(V / ARGMAX_CHUNK)]: each row's max over consecutive blocks of ARGMAX_CHUNK columns."""
+    n, V = x.shape
+    full = V // ARGMAX_CHUNK * ARGMAX_CHUNK
+    m = x[:, :full].unflatten(1, (-1, ARGMAX_CHUNK)).amax(-1)
+    return torch.cat([m, x[:, full:].amax(-1, keepdim=True)], 1) if full < V else m
+
+
+def _argmax(x: torch.Tensor, maxima: torch.Tensor | None = None) -> torch.Tensor:
+    """x.argmax(-1) (the first maximal column) for rows without NaN, ~5x faster on CPU.
+
+    torch's CPU argmax runs scalar; amax vectorizes. So: block maxima, the first block holding
+    the row max, then argmax inside that one block only.
+    """
+    if x.shape[1] <= ARGMAX_CHUNK or x.stride(1) != 1:
+        return x.argmax(-1)
+    maxima = _chunk_maxima(x) if maxima is None else maxima
+    block = maxima.argmax(-1)
+    cols = block[:, None] * ARGMAX_CHUNK + torch.arange(ARGMAX_CHUNK, device=x.device)
+    # the last block may be short: its overhang repeats the last column, after the real ones
+    within = x.gather(1, cols.clamp_(max=x.shape[1] - 1)).argmax(-1)
+    return block * ARGMAX_CHUNK + within
 
 
 def _count_above(x: torch.Tensor, t: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:

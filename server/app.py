@@ -15,14 +15,19 @@ from typing import Any
 import anyio
 from starlette.routing import Route, Router
 
+from server.access_log import AccessLog
 from server.api.chat import ChatRoute
 from server.api.completions import CompletionsRoute
+from server.api.generate import GenerateRoute
 from server.api.health import HealthRoute, VersionRoute
-from server.api.http import Receive, Scope, Send, header, send_error
+from server.api.http import Receive, Scope, Send, send_error
 from server.api.metrics import MetricsRoute
 from server.api.models import ModelsRoute
+from server.api.render import ChatRenderRoute, CompletionsRenderRoute
 from server.api.state import AppState
+from server.api.tokenize import DetokenizeRoute, TokenizeRoute
 from server.async_llm import AsyncLLM
+from server.auth import APIKeyAuth
 from server.config import ServerConfig
 from server.errors import APIError
 from server.input_processor import GenerationSpec, ModelLimits
@@ -84,21 +89,6 @@ def limits_for(config: ServerConfig, ready: Any, tokenizer: Any) -> ModelLimits:
                        generation_defaults=dict(ready.generation_defaults))
 
 
-class _Auth:
-    """--api-key: /v1/* needs `Authorization: Bearer <key>`; /health, /version and /metrics stay open."""
-
-    def __init__(self, app: Any, keys: tuple[str, ...]) -> None:
-        self.app = app
-        self.keys = {f"Bearer {k}" for k in keys}
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1") and header(scope, b"authorization") not in self.keys:
-            await send_error(send, APIError("Invalid or missing API key; send `Authorization: Bearer <key>`.",
-                                            status=401), [(b"www-authenticate", b"Bearer")])
-            return
-        await self.app(scope, receive, send)
-
-
 async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:
     if scope["type"] != "http":
         return
@@ -106,9 +96,22 @@ async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:
                                     "/v1/completions, /v1/chat/completions.", status=404))
 
 
+def _reason(error: BaseException) -> str:
+    """The messages of the exceptions at the leaves of (nested) exception groups."""
+    if isinstance(error, BaseExceptionGroup):
+        return "; ".join(_reason(e) for e in error.exceptions)
+    return f"{type(error).__name__}: {error}"
+
+
 def create_app(config: ServerConfig | None = None, *, on_fatal: Callable[[str], None] | None = None,
-               engine_factory: EngineFactory | None = None, renderer_factory: RendererFactory | None = None) -> Any:
-    """The ASGI app. `on_fatal(why)` is called once if the engine dies (the CLI exits non-zero)."""
+               engine_factory: EngineFactory | None = None, renderer_factory: RendererFactory | None = None,
+               load_in_background: bool = False) -> Any:
+    """The ASGI app. `on_fatal(why)` is called once if the engine dies (the CLI exits non-zero).
+
+    load_in_background: the lifespan returns at once and the model loads behind it (the CLI does this,
+    so /health answers 503 while loading); otherwise startup waits for the engine, and a failed load
+    fails startup.
+    """
     config = config if config is not None else ServerConfig.from_env()
     state = AppState(config=config, model_name=config.model_name)
     metrics = ServerMetrics(config.model_name)
@@ -116,8 +119,8 @@ def create_app(config: ServerConfig | None = None, *, on_fatal: Callable[[str], 
     open_renderer = renderer_factory or _open_renderer
     fatal = on_fatal or _default_on_fatal
 
-    @asynccontextmanager
-    async def lifespan(app: Any) -> AsyncIterator[None]:
+    async def run_engine(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Load the renderer and the engine, publish them in `state`, then serve until cancelled."""
         cfg = config
         if cfg.model is None and engine_factory is None:
             cfg = await anyio.to_thread.run_sync(cfg.resolved)  # builds the demo checkpoint on first use
@@ -132,11 +135,28 @@ def create_app(config: ServerConfig | None = None, *, on_fatal: Callable[[str], 
                 await tg.start(llm.run)
                 state.renderer, state.limits, state.llm = renderer, limits_for(cfg, client.ready, tokenizer), llm
                 log.info("serving %s (max_model_len %d)", state.model_name, state.limits.max_model_len)
-                try:
-                    yield
-                finally:
-                    state.stopping = True
-                    tg.cancel_scope.cancel()
+                task_status.started()
+                await anyio.sleep_forever()
+
+    async def load_or_die() -> None:
+        try:
+            await run_engine()
+        except Exception as e:  # the model did not load: say why; the CLI exits non-zero
+            log.error("startup failed: %s", _reason(e))
+            fatal(f"startup failed: {_reason(e)}")
+
+    @asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        async with anyio.create_task_group() as tg:
+            if load_in_background:  # the listener comes up now; /health says 503 until the engine is ready
+                tg.start_soon(load_or_die)
+            else:
+                await tg.start(run_engine)
+            try:
+                yield
+            finally:
+                state.stopping = True
+                tg.cancel_scope.cancel()
 
     routes = [
         Route("/v1/completions", CompletionsRoute(state), methods=["POST"]),
@@ -145,8 +165,15 @@ def create_app(config: ServerConfig | None = None, *, on_fatal: Callable[[str], 
         Route("/health", HealthRoute(state), methods=["GET"]),
         Route("/version", VersionRoute(), methods=["GET"]),
         Route("/metrics", MetricsRoute(metrics), methods=["GET"]),
+        Route("/tokenize", TokenizeRoute(state), methods=["POST"]),
+        Route("/detokenize", DetokenizeRoute(state), methods=["POST"]),
+        Route("/v1/completions/render", CompletionsRenderRoute(state), methods=["POST"]),
+        Route("/v1/chat/completions/render", ChatRenderRoute(state), methods=["POST"]),
+        Route("/inference/v1/generate", GenerateRoute(state), methods=["POST"]),
     ]
     router = Router(routes=routes, lifespan=lifespan, default=_not_found)
-    app: Any = _Auth(router, config.api_keys) if config.api_keys else router
+    public = ("/health", "/metrics") if config.metrics_public else ("/health",)
+    app: Any = APIKeyAuth(router, config.api_keys, public_paths=public) if config.api_keys else router
+    app = AccessLog(app, log_requests=config.log_requests)
     app.state_holder = state  # for tests and diagnostics
     return app

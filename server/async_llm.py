@@ -16,6 +16,8 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from engine.messages import AddRequest, EngineStats, Heartbeat, Ready, StepOutputs
+from server import access_log
+from server.access_log import RequestRecord
 from server.errors import APIError
 from server.input_processor import GenerationSpec, OutputKind
 from server.output_processor import Collector, Output, OutputProcessor, RequestState
@@ -44,11 +46,13 @@ DetokenizerFactory = Callable[[GenerationSpec], Any]  # spec -> a fresh Incremen
 class RequestStream:
     """The outputs of one `generate` call: batches of `Output`, until every choice has finished."""
 
-    def __init__(self, collector: Collector, states: list[RequestState], specs: Sequence[GenerationSpec]) -> None:
+    def __init__(self, collector: Collector, states: list[RequestState], specs: Sequence[GenerationSpec],
+                 record: RequestRecord | None = None) -> None:
         self._collector = collector
         self.states = states
         self.specs = specs
         self.remaining = len(states)
+        self._record = record  # the access log's record of this HTTP request, if it logs
 
     def __aiter__(self) -> RequestStream:
         return self
@@ -84,6 +88,14 @@ class RequestStream:
         for out in batch:
             if out.finish_reason is not None:
                 self.remaining -= 1
+        record = self._record
+        if record is not None:
+            if not record.first_token:
+                record.first_token = time.monotonic()
+            if record.log_text:  # --log-requests only: keep the text for the access log
+                delta = self._collector.kind == OutputKind.DELTA
+                for out in batch:
+                    record.texts[out.index] = record.texts.get(out.index, "") + out.text if delta else out.text
 
 
 class AsyncLLM:
@@ -97,6 +109,9 @@ class AsyncLLM:
         self.output = OutputProcessor(stream_interval=stream_interval, metrics=metrics)
         self.on_dead = on_dead
         self.dead: str | None = None  # why the engine is gone; set once
+        self.stopping = False  # draining for shutdown: new requests get 503
+        self.num_active = 0  # `generate` calls in flight (HTTP requests holding engine requests)
+        self._idle: anyio.Event | None = None  # set when num_active drops to 0 while a drain waits
         self._event_cls: Callable[[], anyio.Event] = anyio.Event
         self._steps_send: MemoryObjectSendStream[StepOutputs]
         self._steps_recv: MemoryObjectReceiveStream[StepOutputs]
@@ -167,6 +182,11 @@ class AsyncLLM:
         """
         if self.dead is not None:
             raise self._dead_error()
+        if self.stopping:
+            if self.metrics is not None:
+                self.metrics.rejected("shutting_down")
+            raise APIError("The server is shutting down; retry against another instance.", status=503,
+                           retry_after=1)
         num_reqs = sum(s.n for s in specs)
         num_tokens = sum(s.n * len(s.prompt_token_ids) for s in specs)
         admission = self.admission
@@ -187,6 +207,11 @@ class AsyncLLM:
         collector = Collector(specs[0].output_kind if specs else OutputKind.FINAL_ONLY, self._event_cls)
         states: list[RequestState] = []
         sent: list[str] = []
+        record = access_log.current.get()
+        if record is not None:
+            record.request_id = specs[0].external_id if specs else None
+            record.prompt_tokens = sum(len(s.prompt_token_ids) for s in specs)
+        self.num_active += 1
         try:
             for spec in specs:
                 has_stops = bool(spec.stop)
@@ -203,8 +228,14 @@ class AsyncLLM:
                                      spec.priority)
                     await self._send(req)
                     sent.append(child_id)
-            yield RequestStream(collector, states, specs)
+            yield RequestStream(collector, states, specs, record)
         finally:
+            self.num_active -= 1
+            if self.num_active == 0 and self._idle is not None:
+                self._idle.set()
+            if record is not None:
+                record.completion_tokens = sum(s.num_output_tokens for s in states)
+                record.finish_reasons = [s.finish_reason or "abort" for s in states]
             with anyio.CancelScope(shield=True):
                 sent_set = set(sent)
                 pending = [s.request_id for s in states if not s.finished and s.request_id in sent_set]
@@ -225,6 +256,26 @@ class AsyncLLM:
                                 num_output_tokens=state.num_output_tokens)
                             self.metrics.generation_tokens.inc(state.num_output_tokens)
                 collector.close()
+
+    async def drain(self, timeout: float) -> int:
+        """Shutdown: refuse new requests, let in-flight ones finish for up to `timeout` s, cut the rest.
+
+        Returns how many engine requests were cut.
+        """
+        self.stopping = True
+        with anyio.move_on_after(timeout):
+            while self.num_active:
+                self._idle = anyio.Event()
+                await self._idle.wait()
+        return self.cut("The server is shutting down and could not finish this request in time; "
+                        "retry against another instance.")
+
+    def cut(self, message: str) -> int:
+        """End every in-flight request now with an error (streams get an error event, then [DONE])."""
+        self.stopping = True
+        n = len(self.output.states)
+        self.output.fail_all(message)
+        return n
 
     async def _send(self, req: AddRequest) -> None:
         from engine.client import EngineDeadError

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -50,7 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, dest, typ, text in _FLAGS:
         parser.add_argument(flag, dest=dest, type=typ, default=None, help=text)
     parser.add_argument("--api-key", dest="api_keys", action="append", default=None,
-                        help="require this bearer key on /v1 (repeatable)")
+                        help="require this bearer key on every route but /health (repeatable; or SPINDLE_API_KEY)")
+    parser.add_argument("--metrics-public", dest="metrics_public", action="store_const", const=True, default=None,
+                        help="with --api-key: leave /metrics open")
+    parser.add_argument("--log-requests", dest="log_requests", action="store_const", const=True, default=None,
+                        help="put request bodies and output text in the access log (off by default: privacy)")
     parser.add_argument("--trust-request-chat-template", dest="trust_request_chat_template", action="store_const",
                         const=True, default=None, help="let requests bring their own chat_template")
     parser.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_const",
@@ -88,7 +93,7 @@ def _hypercorn_config(config: ServerConfig) -> Any:
 
     hc = _Config()
     hc.bind = [f"[{config.host}]:{config.port}" if ":" in config.host else f"{config.host}:{config.port}"]
-    hc.graceful_timeout = config.shutdown_timeout
+    hc.graceful_timeout = 2.0  # requests were drained (or cut) before Hypercorn is told to stop
     hc.startup_timeout = config.engine_ready_timeout + 120  # model load + demo build happen in the lifespan
     hc.shutdown_timeout = config.shutdown_timeout + 15  # the engine's own stop after requests drained
     hc.keep_alive_timeout = 75
@@ -105,9 +110,14 @@ def _reason(error: BaseException) -> str:
 
 
 async def serve(config: ServerConfig) -> int:
-    """Serve until SIGINT/SIGTERM (exit 0) or the engine dies (exit 1)."""
+    """Serve until a signal (exit 0) or the engine dies (exit 1).
+
+    SIGTERM drains: new requests get 503, in-flight ones have --shutdown-timeout seconds to finish,
+    the rest end with an error. A second SIGTERM, or a SIGINT, stops at once (requests cut the same way).
+    """
     from server.app import create_app
 
+    log = logging.getLogger("spindle.server")
     stop = anyio.Event()
     code = 0
 
@@ -116,16 +126,41 @@ async def serve(config: ServerConfig) -> int:
         code = 1
         stop.set()
 
-    app = create_app(config, on_fatal=fatal)
+    app = create_app(config, on_fatal=fatal, load_in_background=True)
+    state = app.state_holder
     hc = _hypercorn_config(config)
     listening = anyio.CancelScope()  # the signal watcher's own scope: cancelling it touches nothing else
 
+    async def drain_then_stop() -> None:
+        llm = state.llm
+        if llm is not None:
+            log.info("SIGTERM: refusing new requests; %d in flight get up to %g s (SIGTERM again: stop now)",
+                     llm.num_active, config.shutdown_timeout)
+            cut = await llm.drain(config.shutdown_timeout)
+            if cut:
+                log.warning("cut %d requests still running after --shutdown-timeout %g s", cut,
+                            config.shutdown_timeout)
+        stop.set()
+
+    def stop_now() -> None:
+        llm = state.llm
+        if llm is not None:
+            llm.cut("The server was stopped before this request finished; retry against another instance.")
+        stop.set()
+
     async def signals() -> None:
-        with listening, anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
-            async for _ in received:
-                logging.getLogger("spindle.server").info("shutting down")
-                stop.set()
-                return
+        with listening:
+            async with anyio.create_task_group() as tg:
+                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
+                    draining = False
+                    async for signum in received:
+                        if signum == signal.SIGTERM and not draining:
+                            draining = True
+                            tg.start_soon(drain_then_stop)
+                        else:
+                            log.info("stopping now")
+                            stop_now()
+                            return
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(signals)
@@ -135,8 +170,8 @@ async def serve(config: ServerConfig) -> int:
             else:
                 from hypercorn.asyncio import serve as hypercorn_serve  # type: ignore[assignment]
             await hypercorn_serve(app, hc, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
-        except Exception as e:  # startup failed (e.g. the model did not load): say why, exit non-zero
-            logging.getLogger("spindle.server").error("server failed: %s", _reason(e))
+        except Exception as e:  # the server itself failed (e.g. the port is taken): say why, exit non-zero
+            log.error("server failed: %s", _reason(e))
             code = code or 1
         finally:
             listening.cancel()
@@ -144,6 +179,7 @@ async def serve(config: ServerConfig) -> int:
 
 
 def run_server(config: ServerConfig) -> int:
+    os.environ["SPINDLE_LOG_LEVEL"] = config.log_level  # the engine subprocess logs at the same level
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if config.worker_class == "trio":
         return anyio.run(serve, config, backend="trio")

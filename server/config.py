@@ -30,7 +30,8 @@ class ServerConfig:
     max_num_queued_tokens: int | None = None  # prompt tokens waiting for their first token; beyond: 503
     chat_template: str | None = None  # a file path or the template text
     trust_request_chat_template: bool = False
-    api_keys: tuple[str, ...] = ()
+    api_keys: tuple[str, ...] = ()  # also SPINDLE_API_KEY (one key, or several separated by commas)
+    metrics_public: bool = False  # with api_keys: /metrics stays open for scrapers
     renderer_num_workers: int = 1
     seed: int = 0
     dtype: str = "auto"
@@ -44,6 +45,7 @@ class ServerConfig:
     chat_template_render_timeout: float = 5.0
     sse_keepalive: float = 15.0  # seconds of silence before an SSE comment line; 0: off
     log_level: LogLevel = "info"
+    log_requests: bool = False  # prompt and output text in the access log (off: token counts only)
     device: str = "auto"
     engine_ready_timeout: float = 600.0
     engine_heartbeat_timeout: float = 10.0
@@ -137,12 +139,14 @@ class ServerConfig:
                 logging.getLogger("spindle.server").warning("ignoring %s: not a server setting", key)
                 continue
             values[name] = _parse(name, hints[name], raw, key)
+        if "api_keys" not in values and env.get(ENV_PREFIX + "API_KEY", "").strip():  # vLLM's VLLM_API_KEY twin
+            values["api_keys"] = _parse("api_keys", tuple, env[ENV_PREFIX + "API_KEY"], ENV_PREFIX + "API_KEY")
         values.update(overrides)
         return cls(**values)
 
 
 # SPINDLE_* variables that other parts of the project read (not ServerConfig fields).
-_NOT_CONFIG = frozenset({"output_chunk", "cache_dir", "fuzz_examples"})
+_NOT_CONFIG = frozenset({"api_key", "output_chunk", "cache_dir", "fuzz_examples"})
 
 
 def _flag(name: str) -> str:

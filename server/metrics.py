@@ -15,6 +15,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                    7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
 FINISH_REASONS = ("stop", "length", "abort", "error")
+REJECT_REASONS = ("queue_full", "shutting_down")  # 503s from admission control and from a draining server
 
 
 class ServerMetrics:
@@ -47,10 +48,9 @@ class ServerMetrics:
         self.preemptions = counter("spindle_num_preemptions", "Preemptions in the engine.")
         self.cache_queries = counter("spindle_prefix_cache_queries", "Prompt tokens looked up.")
         self.cache_hits = counter("spindle_prefix_cache_hits", "Prompt tokens found cached.")
-        rejected = Counter("spindle_requests_rejected", "Requests refused by admission control.",
+        rejected = Counter("spindle_requests_rejected", "Requests refused with 503 before reaching the engine.",
                            ["model_name", "reason"], registry=self.registry)
-        self._rejected = rejected
-        self._model_name = model_name
+        self._rejected = {r: rejected.labels(model_name, r) for r in REJECT_REASONS}  # exported at 0 from the start
         self.running = gauge("spindle_num_requests_running", "Requests in the engine's running set.")
         self.waiting = gauge("spindle_num_requests_waiting", "Requests waiting in the engine.")
         self.kv_usage = gauge("spindle_kv_cache_usage_perc",
@@ -85,7 +85,7 @@ class ServerMetrics:
                 self.tpot.observe(max(finished - first_token, 0.0) / (num_output_tokens - 1))
 
     def rejected(self, reason: str) -> None:
-        self._rejected.labels(self._model_name, reason).inc()
+        self._rejected[reason].inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

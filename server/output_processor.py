@@ -124,7 +124,7 @@ class RequestState:
 
     __slots__ = ("request_id", "index", "collector", "detok", "kind", "has_stops", "unsent", "detok_done",
                  "num_output_tokens", "last_emit", "logprobs", "num_prompt_tokens", "finished", "emitted",
-                 "num_cached_tokens", "on_first_token", "arrival_time", "last_time", "prompt_logprobs")
+                 "num_cached_tokens", "on_first_token", "arrival_time", "last_time", "prompt_logprobs", "finish_reason")
 
     def __init__(self, request_id: str, index: int, collector: Collector, detok: Any, kind: OutputKind,
                  has_stops: bool, num_prompt_tokens: int,
@@ -148,6 +148,7 @@ class RequestState:
         self.arrival_time = arrival_time
         self.last_time = 0.0  # step time of the latest token (metrics)
         self.prompt_logprobs: list[TokenLogprobs | None] | None = None  # echo + logprobs: sent with the first output
+        self.finish_reason: str | None = None  # for the access log
 
 
 class OutputProcessor:
@@ -293,6 +294,7 @@ class OutputProcessor:
 
     def _close(self, state: RequestState, out: Output) -> None:
         state.finished = True
+        state.finish_reason = out.finish_reason
         state.emitted = True
         self.states.pop(state.request_id, None)
         state.collector.put(out)

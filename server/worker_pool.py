@@ -78,6 +78,22 @@ class _Worker:
         del self._buffer[: 4 + length]
         return reply
 
+    def alive(self) -> bool:
+        """False once the process exited, even before the event loop reaped it (a zombie).
+
+        asyncio reports a write into a dead worker's pipe only later, as a lost connection, so a
+        request sent to a zombie would look like a crash mid-render; look before sending.
+        """
+        if self.proc.returncode is not None:
+            return False
+        try:
+            with open(f"/proc/{self.proc.pid}/stat", "rb") as f:
+                return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+        except FileNotFoundError:
+            return False
+        except OSError:  # no /proc (not Linux): trust returncode
+            return True
+
     async def kill(self) -> None:
         with anyio.CancelScope(shield=True):
             if self.proc.returncode is None:
@@ -215,7 +231,7 @@ class WorkerPool:
             raise WorkerUserError(f"the request holds a value the renderer cannot take: {e}") from None
         while True:
             worker = await self._acquire()
-            if worker.proc.returncode is not None:  # it died while idle: replace it and use another
+            if not worker.alive():  # it died while idle: replace it and use another
                 await self._replace(worker)
                 continue
             try:

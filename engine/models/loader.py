@@ -15,6 +15,7 @@ import torch
 from safetensors import safe_open
 
 from engine.models.llama import SUPPORTED_ARCHITECTURES, CausalLM, ConfigError, ModelArgs
+from engine.progress import LoadProgress
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # generation_config.json keys that become the server's default sampling parameters.
@@ -103,6 +104,7 @@ class _Weights:
                 with safe_open(f, framework="pt") as h:
                     self.files.update({name: f for name in h.keys()})
         self._handles: dict[Path, Any] = {}
+        self.progress = LoadProgress(len(self.files))
 
     def __contains__(self, name: str) -> bool:
         return name in self.files
@@ -113,7 +115,9 @@ class _Weights:
         f = self.files[name]
         if f not in self._handles:
             self._handles[f] = safe_open(f, framework="pt")
-        return self._handles[f].get_tensor(name).to(device=self.device, dtype=self.dtype)
+        tensor = self._handles[f].get_tensor(name).to(device=self.device, dtype=self.dtype)
+        self.progress.advance()
+        return tensor
 
 
 def pick_dtype(requested: str, checkpoint_dtype: str | None, device: torch.device) -> str:
@@ -144,6 +148,7 @@ def load_model(path: str | Path, dtype: str, device: torch.device | str,
     with torch.inference_mode():
         model = CausalLM(args, weights, "lm_head.weight" in weights,
                          max_positions or args.max_position_embeddings)
+    weights.progress.close()
 
     gen = _read_json(folder / "generation_config.json") if (folder / "generation_config.json").exists() else {}
     eos = _id_list(gen.get("eos_token_id")) or _id_list(cfg.get("eos_token_id"))

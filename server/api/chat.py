@@ -7,7 +7,7 @@ import time
 import msgspec
 
 from server import sse
-from server.api.http import ClientGone, Receive, Scope, Send, header, read_body, send_error
+from server.api.http import ClientGone, Receive, Scope, Send, header, read_json_body, send_error
 from server.api.logprobs import TokenTexts, chat_logprobs
 from server.api.serving import handle, respond
 from server.api.state import AppState
@@ -82,7 +82,7 @@ class ChatRoute:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            body = await read_body(receive, self.state.config.max_request_body)
+            body = await read_json_body(scope, receive, self.state.config.max_request_body)
         except ClientGone:
             return
         except APIError as e:

@@ -1,4 +1,9 @@
-"""GET /health (200 while the engine serves, 503 otherwise) and GET /version."""
+"""GET /health (200 while the engine serves, 503 otherwise) and GET /version.
+
+"Serves" is the engine's heartbeat, not a live pid: the engine sends a frame at least every
+heartbeat interval, and the reader marks it dead after --engine-heartbeat-timeout of silence.
+503 while the model loads, while draining for shutdown, and after the engine died.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +27,9 @@ class HealthRoute:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            self.state.require()
+            llm, _, _ = self.state.require()
+            if llm.stopping:
+                raise APIError("The server is shutting down; retry against another instance.", status=503)
         except APIError as e:
             await send_json(send, 503, e.body())
             return

@@ -1,4 +1,9 @@
-"""Raw-ASGI plumbing shared by the routes: bodies, responses, headers, client-disconnect watching."""
+"""Raw-ASGI plumbing shared by the routes: bodies, responses, headers, client-disconnect watching.
+
+POST bodies are JSON. A request whose Content-Type is set to anything other than `application/json`
+(parameters such as `charset` allowed) or a `+json` type gets 415 Unsupported Media Type before its body
+is read; a request with no Content-Type at all is read as JSON (curl-style clients often omit it).
+"""
 
 from __future__ import annotations
 
@@ -47,6 +52,24 @@ async def read_body(receive: Receive, limit: int) -> bytes:
             return b"".join(chunks)
 
 
+def check_content_type(scope: Scope) -> None:
+    """415 unless the body is declared JSON (or not declared at all); see the module docstring."""
+    value = header(scope, b"content-type")
+    if value is None:
+        return
+    media = value.split(";", 1)[0].strip().lower()
+    if media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
+        return
+    raise APIError(f"Content-Type {media or value!r} is not supported; send the body as JSON with "
+                   "`Content-Type: application/json`.", status=415)
+
+
+async def read_json_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    """The body of a JSON POST: 415 for a non-JSON Content-Type, 413 beyond `limit` bytes."""
+    check_content_type(scope)
+    return await read_body(receive, limit)
+
+
 async def send_json(send: Send, status: int, body: bytes,
                     headers: list[tuple[bytes, bytes]] | None = None) -> None:
     await send({"type": "http.response.start", "status": status,
@@ -77,3 +100,26 @@ async def run_until_disconnect(receive: Receive, body: Callable[[], Awaitable[No
         await body()
         tg.cancel_scope.cancel()
     return not left
+
+
+async def serve_json_post(scope: Scope, receive: Receive, send: Send, limit: int,
+                          work: Callable[[bytes], Awaitable[None]]) -> None:
+    """Read a JSON body (415/413 as errors), then run `work(body)` until it ends or the client leaves.
+
+    An APIError raised by `work` before it sent a response becomes the error response.
+    """
+    try:
+        body = await read_json_body(scope, receive, limit)
+    except ClientGone:
+        return
+    except APIError as e:
+        await send_error(send, e)
+        return
+
+    async def guarded() -> None:
+        try:
+            await work(body)
+        except APIError as e:
+            await send_error(send, e)
+
+    await run_until_disconnect(receive, guarded)

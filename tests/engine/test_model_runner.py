@@ -193,11 +193,11 @@ def fixed_schedule(runner: ModelRunner) -> list[torch.Tensor]:
     a, b = new_seq("a", A_FULL[:17], prompt_logprobs=0), new_seq("b", B_FULL[:6])
     outs = [step(runner, blocks, [(a, 7)]).prompt_logits[0], step(runner, blocks, [(a, 10)]).prompt_logits[0]]
     a.token_ids.append(A_FULL[17])
-    outs.append(step(runner, blocks, [(a, 1), (b, 6)]).logits)
+    outs.append(step(runner, blocks, [(a, 1), (b, 6)]).logits.clone())  # the next step reuses the buffer
     for i in range(2):
         a.token_ids.append(A_FULL[18 + i])
         b.token_ids.append(B_FULL[6 + i])
-        outs.append(step(runner, blocks, [(a, 1), (b, 1)]).logits)
+        outs.append(step(runner, blocks, [(a, 1), (b, 1)]).logits.clone())
     return outs
 
 

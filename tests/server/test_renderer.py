@@ -207,7 +207,7 @@ async def test_runaway_template_is_killed_while_others_render(qwen: Renderer) ->
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(runaway)
-        await anyio.sleep(0.05)  # the runaway holds one worker; the other serves this render
+        await anyio.wait_all_tasks_blocked()  # the runaway holds one worker; the other serves this render
         await qwen.render_chat(CHATS[1])
         normal_done_at.append(anyio.current_time())
     elapsed = anyio.current_time() - start
@@ -291,9 +291,9 @@ async def test_waiting_queue_is_bounded(tmp_path: Path, anyio_backend: str) -> N
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(render, RUNAWAY)  # holds the only worker for 1 s
-            await anyio.sleep(0.1)
+            await anyio.wait_all_tasks_blocked()
             tg.start_soon(render, None)  # waits: the one allowed waiter
-            await anyio.sleep(0.1)
+            await anyio.wait_all_tasks_blocked()
             with pytest.raises(RendererOverloaded, match="retry later"):
                 await r.render_chat(CHATS[0])
         assert sorted(outcomes) == ["Hello there", "timeout"]
