@@ -124,6 +124,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     """q [T, heads, D] for the flat batch -> attention output [T, heads, D]."""
     k_flat = k_cache.view(-1, *k_cache.shape[2:])
     v_flat = v_cache.view(-1, *v_cache.shape[2:])
+    if not meta.prefills and meta.num_decodes == q.shape[0]:  # a pure decode step: no scatter back
+        return _decode_attention(q, k_flat, v_flat, meta, scale)
     out = torch.empty_like(q)
     if meta.num_decodes:
         out[meta.decode_rows] = _decode_attention(q[meta.decode_rows], k_flat, v_flat, meta, scale)

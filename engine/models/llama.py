@@ -18,6 +18,7 @@ from engine.attention import AttnMetadata, TorchOps, TritonOps, rope_cos_sin, ro
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 LOGIT_CHUNK_BYTES = 1 << 19  # one LM head chunk's float32 logits: half of this CPU's per-core L2
+LOGIT_CHUNK_MIN_ROWS = 16  # fewer rows: the product is small, one matmul is as fast
 
 
 class ConfigError(ValueError):
@@ -169,23 +170,19 @@ class CausalLM:
         return F.embedding(input_ids, self.embed)
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """hidden [N, hidden] (rows from forward) -> float32 logits [N, vocab], into `out` if given.
+        """hidden [N, hidden] (rows from forward) -> float32 logits [N, vocab], maybe in `out` [N, vocab].
 
         Rounds exactly as `(h @ head).float()`: the product is in the model's dtype, then widened.
         """
         h = self.ops.rms_norm(hidden, self.norm, self.args.rms_norm_eps)
-        if not self.head_transposed:
-            logits = F.linear(h, self.lm_head)
-            return logits.float() if out is None else out.copy_(logits)
-        n, vocab = h.shape[0], self.lm_head.shape[1]
-        if out is None:
-            out = torch.empty(n, vocab, dtype=torch.float32, device=h.device)
+        n, vocab = h.shape[0], self.lm_head.shape[-1]
+        if not self.head_transposed or n < LOGIT_CHUNK_MIN_ROWS or out is None:
+            logits = h @ self.lm_head if self.head_transposed else F.linear(h, self.lm_head)
+            return logits.float()
         # In cache-sized column chunks: each chunk's product lands in a small scratch that stays in
         # L2 and is widened into `out` from there; one [N, vocab] product would stream through
         # memory twice (written, then read back by .float()) and fault in fresh pages every step.
-        cols = max(LOGIT_CHUNK_BYTES // (4 * max(n, 1)), 1024)
-        if cols >= vocab and h.dtype == torch.float32:
-            return torch.mm(h, self.lm_head, out=out)
+        cols = max(LOGIT_CHUNK_BYTES // (4 * n), 1024)
         scratch = torch.empty(n, min(cols, vocab), dtype=h.dtype, device=h.device)
         for start in range(0, vocab, cols):
             end = min(start + cols, vocab)

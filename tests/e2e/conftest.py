@@ -87,9 +87,10 @@ def wait_healthy(server: Server, timeout: float = 120) -> None:
     raise RuntimeError(f"server not healthy in {timeout}s:\n{server.log.read_text()[-3000:]}")
 
 
-@pytest.fixture(scope="session")
-def server(qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """The shared server: demo-shaped Qwen2 checkpoint, Trio worker, default flags."""
-    s = start_server(qwen2_ckpt, tmp_path_factory.mktemp("srv"))
+@pytest.fixture(scope="session", params=["trio", "asyncio"])
+def server(request: pytest.FixtureRequest, qwen2_ckpt: Path,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The shared server, default flags, once per Hypercorn worker class: the e2e suite runs on both."""
+    s = start_server(qwen2_ckpt, tmp_path_factory.mktemp("srv"), "--worker-class", request.param)
     yield s
     s.stop()

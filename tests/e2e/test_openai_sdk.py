@@ -6,7 +6,9 @@ import anyio
 import openai
 import pytest
 
-from tests.e2e.conftest import Server
+from pathlib import Path
+
+from tests.e2e.conftest import Server, start_server
 
 MSGS = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "Say hi 你好"}]
 
@@ -62,3 +64,14 @@ async def test_async_client(server: Server, anyio_backend: str) -> None:
             ref = await client.chat.completions.create(
                 model="tiny", messages=[{"role": "user", "content": f"count {i}"}], max_tokens=8, temperature=0)
             assert results[i] == ref.choices[0].message.content
+
+
+def test_uvloop_worker_streams(qwen2_ckpt: Path, tmp_path: Path) -> None:
+    s = start_server(qwen2_ckpt, tmp_path, "--worker-class", "uvloop")
+    try:
+        client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="none")
+        full = client.completions.create(model="tiny", prompt="Hello", max_tokens=6, temperature=0)
+        parts = client.completions.create(model="tiny", prompt="Hello", max_tokens=6, temperature=0, stream=True)
+        assert "".join(p.choices[0].text for p in parts) == full.choices[0].text
+    finally:
+        assert s.stop() == 0

@@ -305,6 +305,15 @@ async def test_keepalive_while_queued_and_queue_full_rejected(fleet: dict[str, L
     assert srv.metric("spindle_requests_rejected_total", 'reason="queue_full"') - rejected == 1
 
 
+def wait_log(srv: Server, pattern: str, timeout: float = 10) -> str:
+    """The log once it has a line matching `pattern` (the line is written just after the response ends)."""
+    deadline = time.monotonic() + timeout
+    while not re.search(pattern, log := srv.log.read_text(), re.M):
+        assert time.monotonic() < deadline, log[-2000:]
+        time.sleep(0.05)
+    return log
+
+
 def test_access_log_one_line_per_request_without_text(fleet: dict[str, Launched]) -> None:
     srv = fleet["quiet"].server
     xid = "ops-log-1"
@@ -318,13 +327,9 @@ def test_access_log_one_line_per_request_without_text(fleet: dict[str, Launched]
     pattern = (rf'request_id={xid} route="POST /v1/chat/completions" status=200 '
                rf"prompt_tokens={usage['prompt_tokens']} completion_tokens=5 ttft=[\d.]+ duration=[\d.]+ "
                rf"finish_reason=length$")
-    deadline = time.monotonic() + 10
-    while not re.search(pattern, srv.log.read_text(), re.M):  # the line is written as the response ends
-        assert time.monotonic() < deadline, srv.log.read_text()[-2000:]
-        time.sleep(0.05)
-    log = srv.log.read_text()
+    wait_log(srv, pattern)
+    log = wait_log(srv, r'route="POST /v1/completions" status=400 prompt_tokens=0 completion_tokens=0 ttft=- ')
     assert len(re.findall(rf"request_id={xid} ", log)) == 1
-    assert re.search(r'route="POST /v1/completions" status=400 prompt_tokens=0 completion_tokens=0 ttft=- ', log)
     assert "private" not in log and "secret" not in log  # no prompt text without --log-requests
     # the model load was reported in plain lines (not a terminal)
     assert re.search(r"loading weights: \d+ tensors", log) and "loading weights: done" in log
