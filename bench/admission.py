@@ -1,10 +1,10 @@
 """Admission control under overload: --max-num-queued-tokens keeps TTFT bounded; without it TTFT keeps growing.
 
-    python -m bench.admission [--seconds 20] [--overload 1.4] [--prompt-len 1000] [--queue-seconds 2]
+    python -m bench.admission [--seconds 20] [--overload 1.4] [--prompt-len 500] [--queue-seconds 2]
 
 1. Start the server (a random-weight Qwen2-shaped checkpoint big enough that prefill dominates; long
    random-id prompts, max_tokens 1, so no prefix-cache hits) and measure its prefill speed (prompt tokens/s
-   with 4 requests in flight).
+   with 8 requests in flight).
 2. Offer `overload` x that many prompt tokens per second (Poisson arrivals) for `seconds`, without a limit.
 3. Restart with --max-num-queued-tokens = speed x queue-seconds and offer the same load.
 Prints one table: accepted / refused, TTFT of accepted (p50, p99, first and last third of the run),
@@ -77,7 +77,7 @@ async def one(client: httpx.AsyncClient, ids: list[int], phase: Phase, t0: float
 
 
 async def measure_speed(url: str, prompt_len: int, seconds: float = 6.0) -> float:
-    """Prompt tokens per second with 4 requests in flight (after one warm-up)."""
+    """Prompt tokens per second with 8 requests in flight (after one warm-up)."""
     rng = random.Random(1)
     done = 0
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
@@ -92,7 +92,7 @@ async def measure_speed(url: str, prompt_len: int, seconds: float = 6.0) -> floa
                 done += prompt_len
 
         async with anyio.create_task_group() as tg:
-            for _ in range(4):
+            for _ in range(8):
                 tg.start_soon(worker)
         return done / (time.monotonic() - start)
 
@@ -160,7 +160,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--overload", type=float, default=1.4)
-    parser.add_argument("--prompt-len", type=int, default=1000)
+    parser.add_argument("--prompt-len", type=int, default=500)
     parser.add_argument("--queue-seconds", type=float, default=2.0)
     run(parser.parse_args())
 

@@ -120,7 +120,8 @@ class EngineCore:
         for i, logits in result.prompt_logits.items():
             self._collect_prompt_logprobs(batch[i].seq, batch[i].start, logits)
         sampling = [s.seq for s in batch if s.samples]
-        sampled = self.sampler.sample(result.logits, sampling) if sampling else None
+        # the runner's logits buffer is rewritten next step: the sampler may work in it
+        sampled = self.sampler.sample(result.logits, sampling, scratch=True) if sampling else None
         now = time.time()
         finished: list[Sequence] = []
         if sampled is not None:

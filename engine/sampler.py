@@ -40,6 +40,11 @@ def _needs_processing(seq: Sequence, p: SamplingParams) -> bool:
                 or (p.min_tokens and seq.num_output_tokens < p.min_tokens))
 
 
+def _masks(seq: Sequence) -> bool:
+    p = seq.params
+    return bool(p.allowed_token_ids or (p.min_tokens and seq.num_output_tokens < p.min_tokens))
+
+
 class Sampler:
     def __init__(self, vocab_size: int, eos_token_ids: list[int], device: torch.device) -> None:
         self.vocab_size = vocab_size
@@ -49,8 +54,10 @@ class Sampler:
         # than the op itself on CPU
         self._scratch: dict[str, torch.Tensor] = {}
 
-    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
-        """One token per row of `logits` [len(seqs), V]; `logits` is not modified."""
+    @torch.inference_mode()  # the runner's logits are inference tensors: in-place work needs the mode
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence], *, scratch: bool = False) -> SamplerOutput:
+        """One token per row of `logits` [len(seqs), V]; `logits` is not modified unless `scratch`
+        (the caller's throwaway buffer: penalties then apply in place, saving an [n, V] copy)."""
         if logits.shape[1] > self.vocab_size:  # padded embedding rows are not tokens
             logits = logits[:, :self.vocab_size]
         params = [s.params for s in seqs]
@@ -63,13 +70,18 @@ class Sampler:
                 return SamplerOutput(_argmax(logits, maxima).tolist(), [None] * len(seqs))
         x = _sane(logits.float())
         raw_x = x  # vLLM reports logprobs of the raw distribution
-        if process:
+        # masks (allowed ids, min_tokens bans) can contradict and leave a row nothing: keep the raw row
+        masks = any(_masks(seqs[i]) for i in process)
+        if process and scratch and not want_lp and not masks:
+            self._process(x, [seqs[i] for i in process], process)
+        elif process:
             raw, x = x, self._buffer("processed", x)
             self._process(x, [seqs[i] for i in process], process)
-            rows_t = torch.tensor(process, device=x.device)
-            dead = x.amax(-1)[rows_t] == -math.inf  # contradictory masks: use the raw logits
-            if bool(dead.any()):
-                x[rows_t[dead]] = raw[rows_t[dead]]
+            if masks:
+                rows_t = torch.tensor(process, device=x.device)
+                dead = x.amax(-1)[rows_t] == -math.inf
+                if bool(dead.any()):
+                    x[rows_t[dead]] = raw[rows_t[dead]]
         tokens = torch.empty(len(seqs), dtype=torch.long, device=x.device)
         g_rows = [i for i, g in enumerate(greedy) if g]
         r_rows = [i for i, g in enumerate(greedy) if not g]
@@ -209,8 +221,8 @@ class Sampler:
             below = torch.nextafter(kth, torch.zeros_like(kth)).tolist()  # keeps ties with the k-th
             _zero_below(e, [t if k else 0.0 for t, k in zip(below, ks)])
         _zero_below(e, [s.params.min_p for s in seqs])  # relative to the max, which is 1
-        cdf = torch.cumsum(e, -1, out=self._empty("cdf", e.shape[0], e.shape[1], torch.float32, dev))
-        pick = _search(cdf, e, _uniforms(seqs, dev))
+        cdf = _block_cdf(e)  # [n, blocks]: a full-width cumsum would write another [n, V]
+        pick = _search_blocked(e, cdf, _uniforms(seqs, dev))
         nucleus = [i for i, s in enumerate(seqs) if s.params.top_p < 1.0]
         for _ in range(REJECTION_ROUNDS):
             if not nucleus:
@@ -219,7 +231,7 @@ class Sampler:
             nucleus = [i for i, m in zip(nucleus, missed) if m]
             if nucleus:  # redraw the misses, each from its own stream
                 r = torch.tensor(nucleus, device=dev)
-                pick[r] = _search(cdf[r], e[r], _uniforms([seqs[i] for i in nucleus], dev))
+                pick[r] = _search_blocked(e[r], cdf[r], _uniforms([seqs[i] for i in nucleus], dev))
         if nucleus:  # still missing: a thin nucleus; find it among the top candidates
             pick[torch.tensor(nucleus, device=dev)] = self._nucleus_fallback(
                 e, cdf, [seqs[i] for i in nucleus], nucleus)
@@ -370,6 +382,34 @@ def _search(cdf: torch.Tensor, probs: torch.Tensor, u: torch.Tensor) -> torch.Te
     target = (u.to(cdf.dtype) * cdf[:, -1])[:, None]
     pick = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.shape[1] - 1)
     bad = probs.gather(1, pick) <= 0  # float edge: u * total rounded up to the total
+    if bool(bad.any()):
+        pick = torch.where(bad, probs.argmax(-1, keepdim=True), pick)
+    return pick[:, 0]
+
+
+def _block_cdf(e: torch.Tensor) -> torch.Tensor:
+    """[n, ceil(V / ARGMAX_CHUNK)] cumulative masses of consecutive column blocks; [:, -1] is the total."""
+    V = e.shape[1]
+    full = V // ARGMAX_CHUNK * ARGMAX_CHUNK
+    sums = e[:, :full].unflatten(1, (-1, ARGMAX_CHUNK)).sum(-1)
+    if full < V:
+        sums = torch.cat([sums, e[:, full:].sum(-1, keepdim=True)], 1)
+    return sums.cumsum_(-1)
+
+
+def _search_blocked(probs: torch.Tensor, block_cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse CDF in two levels (the block holding u * total, then the token inside it): the same
+    draw as a full-width cumsum + search, reading one block per row instead of writing [n, V]."""
+    V, C = probs.shape[1], ARGMAX_CHUNK
+    if V <= C or probs.stride(1) != 1:
+        return _inverse_cdf(probs, u)
+    target = (u.to(block_cdf.dtype) * block_cdf[:, -1])[:, None]
+    block = torch.searchsorted(block_cdf, target, right=True).clamp_(max=block_cdf.shape[1] - 1)
+    before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp(min=0)), 0.0)
+    cols = block * C + torch.arange(C, device=probs.device)
+    inside = probs.gather(1, cols.clamp(max=V - 1)).masked_fill_(cols >= V, 0.0)  # short last block
+    pick = block * C + torch.searchsorted(inside.cumsum(-1), target - before, right=True).clamp_(max=C - 1)
+    bad = probs.gather(1, pick.clamp_(max=V - 1)) <= 0  # float edge: rounding past the block's mass
     if bool(bad.any()):
         pick = torch.where(bad, probs.argmax(-1, keepdim=True), pick)
     return pick[:, 0]

@@ -97,7 +97,8 @@ def _hypercorn_config(config: ServerConfig) -> Any:
     hc.startup_timeout = config.engine_ready_timeout + 120  # model load + demo build happen in the lifespan
     hc.shutdown_timeout = config.shutdown_timeout + 15  # the engine's own stop after requests drained
     hc.keep_alive_timeout = 75
-    hc.accesslog = None
+    hc.accesslog = None  # server.access_log writes one line per request instead
+    hc.errorlog = logging.getLogger("hypercorn.error")  # through the root handler: one line, one format
     hc.loglevel = config.log_level.upper()
     return hc
 

@@ -260,3 +260,39 @@ def completion_prompts(prompt: str | list[Any] | None) -> list[str | list[int]]:
         return [list(p) for p in prompt]
     raise bad_request("prompt must be a string, a list of strings, a list of token ids, or a list of non-empty "
                       "token-id lists; do not mix them.", "prompt")
+
+
+_MAX_TOKEN_BYTES: dict[int, int] = {}
+
+
+def max_token_bytes(tokenizer: Any) -> int:
+    """An upper bound on one token's UTF-8 length: the longest token string (byte-level BPE and SentencePiece
+    write a byte as one or more chars, so this never undercounts). Computed once per tokenizer (~30 ms)."""
+    key = id(tokenizer)
+    if key not in _MAX_TOKEN_BYTES:
+        size = tokenizer.get_vocab_size(with_added_tokens=True)
+        _MAX_TOKEN_BYTES[key] = max(len((tokenizer.id_to_token(i) or "").encode()) for i in range(size)) or 1
+    return _MAX_TOKEN_BYTES[key]
+
+
+def refuse_before_tokenizing(admission: Any, max_reqs: int | None, max_tokens: int | None, num_reqs: int,
+                             min_prompt_tokens: int) -> str | None:
+    """Why admission would surely refuse this request now (so it is not tokenized for nothing), else None.
+
+    `min_prompt_tokens` is a lower bound on the request's queued tokens (all choices), e.g. from
+    server.admission.min_tokens; the exact check still runs in AsyncLLM.generate.
+    """
+    if admission is None:
+        return None
+    if max_reqs is not None and admission.queued_reqs + num_reqs > max_reqs:
+        if num_reqs > max_reqs:
+            return (f"the request needs {num_reqs} queue slots but --max-num-queued-reqs is {max_reqs}; "
+                    "send fewer choices (n) per request")
+        return f"too many queued requests ({admission.queued_reqs} queued, limit {max_reqs}); retry later"
+    if max_tokens is not None and min_prompt_tokens > max_tokens:
+        return (f"the request's prompt tokens (at least {min_prompt_tokens}, all choices) exceed "
+                f"--max-num-queued-tokens {max_tokens} on their own; send a shorter prompt or fewer choices")
+    if max_tokens is not None and admission.queued_tokens + min_prompt_tokens > max_tokens:
+        return (f"too many queued prompt tokens ({admission.queued_tokens} queued + at least {min_prompt_tokens} "
+                f"requested, limit {max_tokens}); retry later")
+    return None

@@ -9,6 +9,7 @@ import msgspec
 from server import sse
 from server.api.http import ClientGone, Receive, Scope, Send, header, read_json_body, send_error
 from server.api.logprobs import TokenTexts, chat_logprobs
+from server.api.render import admit_early, prompts_lower_bound
 from server.api.serving import handle, respond
 from server.api.state import AppState
 from server.errors import APIError, bad_request, from_decode_error
@@ -103,11 +104,16 @@ class ChatRoute:
             raise bad_request("messages is required: a list of {role, content} objects.", "messages")
         check_request(req, limits)
         external = external_request_id(xid, req.request_id)
+        if llm.admission is not None:  # refuse before rendering when the queue surely has no room
+            admit_early(self.state, llm, req.n, req.n)
         try:
             text = await renderer.render_chat(
                 req.messages, add_generation_prompt=req.add_generation_prompt,
                 continue_final_message=req.continue_final_message, chat_template=req.chat_template,
                 chat_template_kwargs=req.chat_template_kwargs, tools=req.tools, documents=req.documents)
+            if llm.admission is not None:
+                lower = await prompts_lower_bound(renderer.tokenizer, [text])
+                admit_early(self.state, llm, req.n, req.n * lower)
             ids = await renderer.encode(text, req.add_special_tokens)
         except RenderError as e:
             raise bad_request(str(e), "messages") from None

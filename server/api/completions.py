@@ -9,6 +9,7 @@ import msgspec
 from server import sse
 from server.api.http import ClientGone, Receive, Scope, Send, header, read_json_body, send_error
 from server.api.logprobs import TokenTexts, completion_logprobs
+from server.api.render import admit_early, prompts_lower_bound
 from server.api.serving import handle, respond
 from server.api.state import AppState
 from server.errors import APIError, bad_request, from_decode_error
@@ -117,6 +118,9 @@ class CompletionsRoute:
             raise bad_request("echo with logprobs is not supported when streaming; drop one of them.", "echo")
         external = external_request_id(xid, req.request_id)
         prompts = completion_prompts(req.prompt)
+        if llm.admission is not None:  # refuse before tokenizing when the queue surely has no room
+            lower = await prompts_lower_bound(renderer.tokenizer, prompts)
+            admit_early(self.state, llm, req.n * len(prompts), req.n * lower)
         specs, echo, first_ids = [], {}, {}
         prompt_ids: dict[int, list[int]] = {}
         try:

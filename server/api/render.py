@@ -18,13 +18,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import msgspec
 
 from server.api.http import Receive, Scope, Send, header, send_json, serve_json_post
 from server.api.state import AppState
 from server.errors import APIError, bad_request, from_decode_error
+from server.admission import min_tokens
 from server.input_processor import (
     GenerationSpec, build_spec, check_prompt_ids, check_request, completion_prompts, external_request_id,
+    max_token_bytes, refuse_before_tokenizing,
 )
 from server.protocol import (
     ChatCompletionRequest, CompletionRequest, chat_decoder, completion_decoder, decode_request, encoder,
@@ -47,6 +50,28 @@ async def chat_prompt_ids(renderer: Any, req: Any, add_special_tokens: bool) -> 
     return ids
 
 
+async def prompts_lower_bound(tokenizer: Any, prompts: list[str | list[int]]) -> int:
+    """A lower bound on the tokens of `prompts` without tokenizing them (at least 1 each: empty is refused)."""
+    per = 1
+    if any(isinstance(p, str) for p in prompts):  # the vocabulary scan (~150 ms once) stays off the loop
+        per = await anyio.to_thread.run_sync(max_token_bytes, tokenizer)
+    return sum(max(1, min_tokens(p, per) if isinstance(p, str) else len(p)) for p in prompts)
+
+
+def admit_early(state: AppState, llm: Any, num_reqs: int, min_prompt_tokens: int) -> None:
+    """503 before rendering/tokenizing when admission would surely refuse (queue full, or the prompt too long).
+
+    The exact, pessimistic check still runs in AsyncLLM.generate once the prompt is tokenized.
+    """
+    cfg = state.config
+    reason = refuse_before_tokenizing(getattr(llm, "admission", None), cfg.max_num_queued_reqs,
+                                      cfg.max_num_queued_tokens, num_reqs, min_prompt_tokens)
+    if reason is not None:
+        if llm.metrics is not None:
+            llm.metrics.rejected("queue_full")
+        raise APIError(f"The server is overloaded ({reason}); retry after a moment.", status=503, retry_after=1)
+
+
 async def text_prompt_ids(renderer: Any, text: str, add_special_tokens: bool) -> list[int]:
     try:
         ids: list[int] = await renderer.encode(text, add_special_tokens)
@@ -57,7 +82,8 @@ async def text_prompt_ids(renderer: Any, text: str, add_special_tokens: bool) ->
     return ids
 
 
-def generate_request(spec: GenerationSpec, model: str, req: CompletionRequest | ChatCompletionRequest) -> dict[str, Any]:
+def generate_request(spec: GenerationSpec, model: str,
+                     req: CompletionRequest | ChatCompletionRequest) -> dict[str, Any]:
     """The /inference/v1/generate body that reproduces `spec`."""
     params = msgspec.to_builtins(spec.params)  # omit_defaults: only what differs from the engine's defaults
     params.pop("prompt_logprobs", None)

@@ -128,9 +128,14 @@ def test_admission_counts_n_and_tokens(guarded: Server) -> None:
     assert r.headers["retry-after"] == "1"
     ids = [random.Random(0).randrange(1000, 30000) for _ in range(800)]
     assert_error(post(guarded, "/v1/completions", {"prompt": ids, "n": 2, "max_tokens": 1}), 503,
-                 "1600 prompt tokens", "--max-num-queued-tokens")
+                 "1600", "--max-num-queued-tokens 1500")
     ok = post(guarded, "/v1/completions", {"prompt": ids[:700], "n": 2, "max_tokens": 1})
     assert ok.status_code == 200 and len(ok.json()["choices"]) == 2
+    # refused before rendering: a template that would run for the whole render timeout is never started
+    start = time.monotonic()
+    r = post(guarded, "/v1/chat/completions", {"messages": CHAT, "chat_template": LOOP, "n": 3})
+    assert_error(r, 503, "3 queue slots")
+    assert time.monotonic() - start < 0.9  # the render timeout is 1 s
 
 
 def render_workers(server: Server) -> list[int]:

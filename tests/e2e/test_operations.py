@@ -94,7 +94,7 @@ def fleet(qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "quiet": _launch(qwen2_ckpt, tmp, "--log-level", "info", "--sse-keepalive", "0.2", "--max-num-seqs", "1",
                          "--max-num-queued-reqs", "1"),
         "drain": _launch(qwen2_ckpt, tmp, "--shutdown-timeout", "60", "--log-level", "info", "--log-requests"),
-        "cut": _launch(qwen2_ckpt, tmp, "--shutdown-timeout", "1"),
+        "cut": _launch(qwen2_ckpt, tmp, "--shutdown-timeout", "1", "--worker-class", "asyncio"),
         "twice": _launch(qwen2_ckpt, tmp, "--shutdown-timeout", "60"),
         "sigint": _launch(qwen2_ckpt, tmp, "--shutdown-timeout", "60", tty=True),
         "heartbeat": _launch(qwen2_ckpt, tmp, env={"SPINDLE_ENGINE_HEARTBEAT_TIMEOUT": "3"}),
@@ -223,7 +223,7 @@ async def test_sigterm_lets_5_streams_finish(fleet: dict[str, Launched]) -> None
         refused.append(r.status_code)
         refused.append(int((await client.get("/metrics")).text.count('reason="shutting_down"} 1.0')))
 
-    results = await streams_then(srv, 5, 100, sigterm)
+    results = await streams_then(srv, 5, 48, sigterm)
     assert refused == [503, 1]
     for _, events in results:
         assert events[-1] == "[DONE]" and finishes(events) == ["length"]
@@ -232,7 +232,7 @@ async def test_sigterm_lets_5_streams_finish(fleet: dict[str, Launched]) -> None
     wait_gone(engine, 5)
     log = srv.log.read_text()
     # --log-requests: the access log carries the prompt and the output text
-    assert re.search(r'route="POST /v1/completions" status=200 prompt_tokens=\d+ completion_tokens=100 '
+    assert re.search(r'route="POST /v1/completions" status=200 prompt_tokens=\d+ completion_tokens=48 '
                      r"ttft=[\d.]+ duration=[\d.]+ finish_reason=length request_body=.*stream 3", log)
     assert re.search(r'route="POST /v1/completions" status=503 .*finish_reason=- .*late', log)
 

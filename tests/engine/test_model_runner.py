@@ -186,6 +186,28 @@ def test_bfloat16_runs_close_to_transformers(llama_ckpt: Path, hf_models: dict) 
     assert int(out.logits[0].argmax()) == int(ref.argmax())
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_wide_decode_batch_matches_transformers(qwen2_ckpt: Path, hf_models: dict, dtype: str) -> None:
+    """17 sequences decode in one step: the LM head's chunked path (>= 16 rows, several column chunks of
+    a 151k vocabulary) and, in bfloat16, the matmul decode attention, against transformers in float32."""
+    runner = make_runner(qwen2_ckpt, dtype=dtype, num_blocks=128)
+    hf = hf_model(hf_models, qwen2_ckpt)
+    blocks = Blocks(128, seed=20)
+    seqs = [new_seq(f"s{i}", prompt(3 + i % 6, seed=30 + i, vocab=151_646)) for i in range(17)]
+    step(runner, blocks, [(s, s.num_tokens) for s in seqs])
+    for i, s in enumerate(seqs):
+        s.token_ids.append(prompt(1, seed=60 + i, vocab=151_646)[0])
+    out = step(runner, blocks, [(s, 1) for s in seqs])
+    assert out.logits.shape == (17, 151_646) and out.logits.dtype == torch.float32
+    for s, row in zip(seqs, out.logits):
+        ref = hf_logits(hf, s.token_ids)[-1]
+        if dtype == "float32":
+            torch.testing.assert_close(row, ref, atol=ATOL, rtol=0)
+        else:  # bfloat16 keeps ~3 significant digits; its top token is a float32 top token up to that
+            torch.testing.assert_close(row, ref, atol=0.25, rtol=0.05)
+            assert float(ref[int(row.argmax())]) >= float(ref.max()) - 0.05
+
+
 def fixed_schedule(runner: ModelRunner) -> list[torch.Tensor]:
     """Chunked prefill from mid-block, a mixed step, two decode-only steps; fixed tokens, so any runner
     (or process) produces logits comparable with transformers' on A_FULL / B_FULL."""

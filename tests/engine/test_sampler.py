@@ -77,9 +77,11 @@ COMBOS = [
 
 
 @pytest.mark.parametrize("params", COMBOS, ids=lambda p: msgspec.json.encode(p).decode()[16:-1])
-@pytest.mark.parametrize("path", ["default", "large-k", "fallback-candidates", "fallback-sort"])
+@pytest.mark.parametrize("path", ["default", "blocked", "large-k", "fallback-candidates", "fallback-sort"])
 def test_distribution_matches_reference(params: SamplingParams, path: str,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    if path == "blocked":  # the two-level inverse CDF, with a short last block (12 = 5 + 5 + 2)
+        monkeypatch.setattr(sampler_mod, "ARGMAX_CHUNK", 5)
     if path == "large-k":  # top_k beyond the candidate limit: threshold mask on the full row
         monkeypatch.setattr(sampler_mod, "MAX_CANDIDATES", 2)
     if path.startswith("fallback"):  # top_p without rejection draws
@@ -112,6 +114,24 @@ def test_greedy_is_argmax_and_mixed_batches_keep_it() -> None:
              seq(SamplingParams(max_tokens=1, top_p=0.5))]
     out = s.sample(logits, mixed).token_ids
     assert [out[i] for i in (0, 2, 4)] == logits.argmax(-1)[[0, 2, 4]].tolist()
+
+
+@pytest.mark.parametrize("V", [7, 1024, 1025, 3000, 151_646])
+def test_blocked_argmax_equals_torch_argmax(V: int) -> None:
+    """The two-level argmax: first maximal column, ties across and inside blocks, a short last block."""
+    torch.manual_seed(V)
+    x = torch.randn(6, V)
+    x[1, :] = 0.0  # all tied: column 0
+    x[2, V // 2:] = x[2].max() + 1  # tie spanning blocks: the first one wins
+    x[3, -1] = 1e9  # in the short last block
+    x[4, :] = -math.inf  # nothing finite: argmax says column 0
+    x[4, V // 3] = -1e30
+    x[5, :V - 1] = -math.inf
+    assert sampler_mod._argmax(x).tolist() == x.argmax(-1).tolist()
+    assert sampler_mod._argmax(x[::2]).tolist() == x[::2].argmax(-1).tolist()
+    s = sampler(V)
+    assert s.sample(x, [seq(SamplingParams(max_tokens=1, temperature=0.0))] * 6).token_ids == \
+        x.argmax(-1).tolist()
 
 
 def reference_process(logits: list[float], s: Sequence, eos: list[int]) -> list[float]:
@@ -168,6 +188,9 @@ def test_processing_drives_the_choice() -> None:
         seq(msgspec.structs.replace(g, min_tokens=1, allowed_token_ids=[EOS])),
     ]
     assert sampler(6).sample(logits, seqs).token_ids == [1, 4, 5, 0]
+    # the engine's path: logits are a scratch buffer; penalties-only batches process them in place
+    assert sampler(6).sample(logits.clone(), seqs, scratch=True).token_ids == [1, 4, 5, 0]
+    assert sampler(6).sample(logits.clone(), seqs[:1] * 4, scratch=True).token_ids == [1] * 4
 
 
 def test_eos_masked_until_min_tokens_in_random_sampling() -> None:
