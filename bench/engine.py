@@ -2,13 +2,18 @@
 beside `transformers.generate` on the same checkpoint, in one run.
 
     python -m bench.engine [--model DIR] [--dtype float32] [--threads 2] [--skip-hf]
+                           [--temperature 0] [--top-k -1] [--top-p 1] [--repetition-penalty 1]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import random
+import statistics
 import time
+
+import msgspec
 
 import torch
 
@@ -17,17 +22,23 @@ from engine.core import EngineCore
 from engine.messages import AddRequest, SamplingParams
 
 
-def engine_decode(core: EngineCore, batch: int, prompt_len: int, new: int) -> float:
+def engine_decode(core: EngineCore, batch: int, prompt_len: int, new: int,
+                  params: SamplingParams) -> tuple[float, float]:
+    """(tok/s over the whole run, tok/s of the median step): the median shrugs off a noisy neighbour."""
     rng = random.Random(batch)
     for i in range(batch):
         prompt = [rng.randrange(core.vocab_size) for _ in range(prompt_len)]
         core.add_request(AddRequest(f"d{batch}-{i}", prompt,
-                                    SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True), 0.0))
+                                    msgspec.structs.replace(params, max_tokens=new), 0.0))
     core.step()  # prefill (all prompts fit one step's budget)
-    generated, t0 = 0, time.perf_counter()
+    generated, steps, t0 = 0, [], time.perf_counter()
     while core.has_work:
-        generated += sum(len(o.new_token_ids) for o in core.step())
-    return generated / (time.perf_counter() - t0)
+        t = time.perf_counter()
+        n = sum(len(o.new_token_ids) for o in core.step())
+        steps.append((time.perf_counter() - t, n))
+        generated += n
+    full = [dt for dt, n in steps if n == batch]
+    return generated / (time.perf_counter() - t0), batch / statistics.median(full or [math.nan])
 
 
 def engine_prefill(core: EngineCore, n: int, prompt_len: int) -> float:
@@ -62,6 +73,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--temperature", type=float, default=0.0, help="engine side only; hf stays greedy")
+    ap.add_argument("--top-k", type=int, default=-1)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--repetition-penalty", type=float, default=1.0)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.model is None:
@@ -69,14 +84,16 @@ def main() -> None:
         args.model = str(demo_checkpoint_path())
     core = EngineCore(EngineConfig(model=args.model, dtype=args.dtype, max_num_seqs=256,
                                    max_num_batched_tokens=8192, enable_prefix_caching=False))
-    engine_decode(core, 4, 16, 4)  # warm-up
-    print(f"model {args.model} dtype {args.dtype} threads {args.threads}")
-    print(f"{'batch':>6} {'engine tok/s':>14} {'hf generate tok/s':>18} {'ratio':>7}")
+    params = SamplingParams(max_tokens=1, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                            repetition_penalty=args.repetition_penalty, ignore_eos=True)
+    engine_decode(core, 4, 16, 4, params)  # warm-up
+    print(f"model {args.model} dtype {args.dtype} threads {args.threads} sampling {params}")
+    print(f"{'batch':>6} {'engine tok/s':>14} {'(median step)':>14} {'hf generate tok/s':>18} {'ratio':>7}")
     tdtype = getattr(torch, args.dtype)
     for batch in (1, 16, 64):
-        ours = engine_decode(core, batch, 32, args.new)
+        ours, median = engine_decode(core, batch, 32, args.new, params)
         hf = float("nan") if args.skip_hf else hf_decode(args.model, batch, 32, args.new, tdtype)
-        print(f"{batch:>6} {ours:>14.1f} {hf:>18.1f} {ours / hf:>7.2f}")
+        print(f"{batch:>6} {ours:>14.1f} {median:>14.1f} {hf:>18.1f} {ours / hf:>7.2f}")
     print(f"prefill tok/s (8 x 512 tokens): {engine_prefill(core, 8, 512):.0f}")
 
 

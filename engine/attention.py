@@ -102,27 +102,11 @@ class AttnMetadata:
 def _decode_attention(q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor,
                       meta: AttnMetadata, scale: float) -> torch.Tensor:
     """q [B, heads, D] -> [B, heads, D]: every decode sequence in one padded batched SDPA call."""
-    if q.dtype != torch.float32:
-        return _decode_attention_half(q, k_flat[meta.decode_key_slots], v_flat[meta.decode_key_slots],
-                                      meta.decode_bias, scale)
     k = k_flat[meta.decode_key_slots].transpose(1, 2)  # [B, kv_heads, L, D]
     v = v_flat[meta.decode_key_slots].transpose(1, 2)
     out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=meta.decode_bias,
                                          scale=scale, enable_gqa=k.shape[1] != q.shape[1])
     return out[:, :, 0]
-
-
-def _decode_attention_half(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
-                           scale: float) -> torch.Tensor:
-    """bf16/fp16 decode as two batched matmuls, softmax in float32: CPU SDPA takes ~2x longer here.
-
-    q [B, heads, D], k and v [B, L, kv_heads, D], bias [B, 1, 1, L]; head h reads kv head h // group.
-    """
-    b, heads, d = q.shape
-    kv_heads = k.shape[2]
-    scores = torch.matmul(q.view(b, kv_heads, heads // kv_heads, d), k.permute(0, 2, 3, 1)).float()
-    probs = torch.softmax(scores.mul_(scale).add_(bias), -1).to(q.dtype)  # [B, kv_heads, group, L]
-    return torch.matmul(probs, v.permute(0, 2, 1, 3)).view(b, heads, d)
 
 
 def _prefill_attention(q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor,

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -16,7 +17,7 @@ from engine.messages import (
     AbortRequests, AddRequest, EngineStats, Heartbeat, Ready, RequestOutput, SamplingParams,
     Shutdown, StepOutputs, ToEngine, TokenLogprobs,
 )
-from engine.model_runner import ModelRunner
+from engine.model_runner import ModelRunner, one_intra_op_thread
 from engine.sampler import Sampler
 from engine.scheduler import RequestRefused, Scheduler
 from engine.sequence import Sequence
@@ -116,12 +117,14 @@ class EngineCore:
         batch = self.scheduler.schedule()
         if not batch:
             return outputs
-        result = self.runner.execute(batch)
-        for i, logits in result.prompt_logits.items():
-            self._collect_prompt_logprobs(batch[i].seq, batch[i].start, logits)
-        sampling = [s.seq for s in batch if s.samples]
-        # the runner's logits buffer is rewritten next step: the sampler may work in it
-        sampled = self.sampler.sample(result.logits, sampling, scratch=True) if sampling else None
+        # one intra-op thread: the LM head spreads over the runner's own threads instead
+        with one_intra_op_thread() if self.runner.device.type == "cpu" else contextlib.nullcontext():
+            result = self.runner.execute(batch)
+            for i, logits in result.prompt_logits.items():
+                self._collect_prompt_logprobs(batch[i].seq, batch[i].start, logits)
+            sampling = [s.seq for s in batch if s.samples]
+            # the runner's logits buffer is rewritten next step: the sampler may work in it
+            sampled = self.sampler.sample(result.logits, sampling, scratch=True) if sampling else None
         now = time.time()
         finished: list[Sequence] = []
         if sampled is not None:

@@ -8,6 +8,7 @@ runs four matmuls.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,10 +170,12 @@ class CausalLM:
             return self.lm_head.index_select(1, input_ids).t().contiguous()
         return F.embedding(input_ids, self.embed)
 
-    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None,
+                       pool: ThreadPoolExecutor | None = None, workers: int = 1) -> torch.Tensor:
         """hidden [N, hidden] (rows from forward) -> float32 logits [N, vocab], maybe in `out` [N, vocab].
 
         Rounds exactly as `(h @ head).float()`: the product is in the model's dtype, then widened.
+        `pool` with `workers` > 1: that many threads (this one included) share the column chunks.
         """
         h = self.ops.rms_norm(hidden, self.norm, self.args.rms_norm_eps)
         n, vocab = h.shape[0], self.lm_head.shape[-1]
@@ -183,9 +186,19 @@ class CausalLM:
         # L2 and is widened into `out` from there; one [N, vocab] product would stream through
         # memory twice (written, then read back by .float()) and fault in fresh pages every step.
         cols = max(LOGIT_CHUNK_BYTES // (4 * n), 1024)
-        scratch = torch.empty(n, min(cols, vocab), dtype=h.dtype, device=h.device)
-        for start in range(0, vocab, cols):
-            end = min(start + cols, vocab)
-            part = torch.mm(h, self.lm_head[:, start:end], out=scratch[:, :end - start])
-            out[:, start:end].copy_(part)
+        starts = iter(range(0, vocab, cols))  # shared: each next() is atomic under the GIL
+
+        def work() -> None:
+            # Threads take chunks as they come free: no barrier per op, so a core that another
+            # process holds for a while slows only its own chunk, not every thread's.
+            with torch.inference_mode():
+                scratch = torch.empty(n, min(cols, vocab), dtype=h.dtype, device=h.device)
+                for start in starts:
+                    end = min(start + cols, vocab)
+                    out[:, start:end].copy_(torch.mm(h, self.lm_head[:, start:end], out=scratch[:, :end - start]))
+
+        helpers = [pool.submit(work) for _ in range(workers - 1)] if pool is not None else []
+        work()
+        for f in helpers:
+            f.result()
         return out

@@ -50,9 +50,6 @@ class TokenizeRoute:
         self.state = state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await serve_json_post(scope, receive, send, self.state.config.max_request_body, self._work(send))
-
-    def _work(self, send: Send) -> Any:
         async def work(body: bytes) -> None:
             try:
                 req = decode_request(_tokenize_decoder, body)
@@ -65,16 +62,14 @@ class TokenizeRoute:
             if req.messages is not None:
                 ids = await chat_prompt_ids(renderer, req, bool(req.add_special_tokens))
             else:
-                assert req.prompt is not None
                 special = True if req.add_special_tokens is None else req.add_special_tokens
-                ids = await text_prompt_ids(renderer, req.prompt, special)
+                ids = await text_prompt_ids(renderer, req.prompt or "", special)
             out: dict[str, Any] = {"count": len(ids), "max_model_len": limits.max_model_len, "tokens": ids}
             if req.return_token_strs:
-                tok = renderer.tokenizer
-                out["token_strs"] = [tok.id_to_token(i) for i in ids]
+                out["token_strs"] = [renderer.tokenizer.id_to_token(i) for i in ids]
             await send_json(send, 200, encoder.encode(out))
 
-        return work
+        await serve_json_post(scope, receive, send, self.state.config.max_request_body, work)
 
 
 class DetokenizeRoute:

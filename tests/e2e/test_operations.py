@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -129,7 +129,8 @@ def events_of(text: str) -> list[str]:
     return [e[6:] for e in text.split("\n\n") if e.startswith("data: ")]
 
 
-async def streams_then(server: Server, n: int, max_tokens: int, action: "Action") -> list[tuple[float, list[str]]]:
+async def streams_then(server: Server, n: int, max_tokens: int,
+                       action: Callable[[httpx.AsyncClient], Awaitable[None]]) -> list[tuple[float, list[str]]]:
     """Open n streams; once each has a first token, run `action`; return (end time, SSE payloads) per stream."""
     results: list[tuple[float, list[str]]] = []
     started = 0
@@ -159,10 +160,6 @@ async def streams_then(server: Server, n: int, max_tokens: int, action: "Action"
             await all_started.wait()
             await action(client)
     return results
-
-
-class Action:  # an async callable taking the client (typing only)
-    async def __call__(self, client: httpx.AsyncClient) -> None: ...
 
 
 def finishes(events: list[str]) -> list[str]:
@@ -223,7 +220,7 @@ async def test_sigterm_lets_5_streams_finish(fleet: dict[str, Launched]) -> None
         refused.append(r.status_code)
         refused.append(int((await client.get("/metrics")).text.count('reason="shutting_down"} 1.0')))
 
-    results = await streams_then(srv, 5, 48, sigterm)
+    results = await streams_then(srv, 5, 64, sigterm)
     assert refused == [503, 1]
     for _, events in results:
         assert events[-1] == "[DONE]" and finishes(events) == ["length"]
@@ -232,7 +229,7 @@ async def test_sigterm_lets_5_streams_finish(fleet: dict[str, Launched]) -> None
     wait_gone(engine, 5)
     log = srv.log.read_text()
     # --log-requests: the access log carries the prompt and the output text
-    assert re.search(r'route="POST /v1/completions" status=200 prompt_tokens=\d+ completion_tokens=48 '
+    assert re.search(r'route="POST /v1/completions" status=200 prompt_tokens=\d+ completion_tokens=64 '
                      r"ttft=[\d.]+ duration=[\d.]+ finish_reason=length request_body=.*stream 3", log)
     assert re.search(r'route="POST /v1/completions" status=503 .*finish_reason=- .*late', log)
 
