@@ -99,11 +99,16 @@ class AttnMetadata:
         return int(self.decode_rows.numel())
 
 
+def _gather(flat: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """flat[slots] for a slot tensor of any shape; index_select copies rows ~5x faster than indexing on CPU."""
+    return flat.index_select(0, slots.flatten()).view(*slots.shape, *flat.shape[1:])
+
+
 def _decode_attention(q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor,
                       meta: AttnMetadata, scale: float) -> torch.Tensor:
     """q [B, heads, D] -> [B, heads, D]: every decode sequence in one padded batched SDPA call."""
-    k = k_flat[meta.decode_key_slots].transpose(1, 2)  # [B, kv_heads, L, D]
-    v = v_flat[meta.decode_key_slots].transpose(1, 2)
+    k = _gather(k_flat, meta.decode_key_slots).transpose(1, 2)  # [B, kv_heads, L, D]
+    v = _gather(v_flat, meta.decode_key_slots).transpose(1, 2)
     out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=meta.decode_bias,
                                          scale=scale, enable_gqa=k.shape[1] != q.shape[1])
     return out[:, :, 0]
@@ -112,8 +117,8 @@ def _decode_attention(q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tenso
 def _prefill_attention(q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor,
                        chunk: PrefillChunk, scale: float) -> torch.Tensor:
     """q [Lq, heads, D] -> [Lq, heads, D] over the chunk's whole context (cached prefix + itself)."""
-    k = k_flat[chunk.key_slots].transpose(0, 1).unsqueeze(0)  # [1, kv_heads, L, D]
-    v = v_flat[chunk.key_slots].transpose(0, 1).unsqueeze(0)
+    k = _gather(k_flat, chunk.key_slots).transpose(0, 1).unsqueeze(0)  # [1, kv_heads, L, D]
+    v = _gather(v_flat, chunk.key_slots).transpose(0, 1).unsqueeze(0)
     out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k, v, attn_mask=chunk.mask,
                                          scale=scale, enable_gqa=k.shape[1] != q.shape[1])
     return out[0].transpose(0, 1)

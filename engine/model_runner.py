@@ -17,7 +17,9 @@ from engine.sequence import ScheduledSeq
 
 @dataclass
 class RunnerOutput:
-    logits: torch.Tensor  # [num sampling seqs, vocab] float32, in batch order of seqs with .samples
+    # [num sampling seqs, vocab] float32, in batch order of seqs with .samples; on CPU a view of the
+    # runner's buffer: valid until the next execute, and the caller may scribble in it
+    logits: torch.Tensor
     # batch index -> [num_new_tokens, vocab] float32 for seqs asking prompt_logprobs while in their prompt;
     # row j holds the logits after token start + j, i.e. the distribution of token start + j + 1.
     prompt_logits: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -215,9 +217,9 @@ class ModelRunner:
         hidden = self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
         # The LM head only for rows someone reads: it dominates the cost of small models.
         sampled = hidden if inputs.sample_rows is None else hidden[inputs.sample_rows]
-        head_vocab = self.model.lm_head.shape[1 if self.model.head_transposed else 0]
-        # (a padded head's extra columns go to a fresh tensor: the sampler trims them)
-        out = self._logits_buffer(inputs.num_samples) if head_vocab == self.vocab_size else None
+        # CPU (transposed head) only; a padded head's extra columns go to a fresh tensor, trimmed by the sampler
+        reuse = self.model.head_transposed and self.model.lm_head.shape[1] == self.vocab_size
+        out = self._logits_buffer(inputs.num_samples) if reuse else None
         logits = self.model.compute_logits(sampled, out=out, pool=self._pool, workers=self.head_workers)
         prompt_logits = {i: self.model.compute_logits(hidden[r:r + n]) for i, (r, n) in inputs.prompt_rows.items()}
         return RunnerOutput(logits, prompt_logits)

@@ -50,11 +50,16 @@ async def chat_prompt_ids(renderer: Any, req: Any, add_special_tokens: bool) -> 
     return ids
 
 
+_token_bytes: dict[int, int] = {}  # id(tokenizer) -> max_token_bytes, read without a thread hop
+
+
 async def prompts_lower_bound(tokenizer: Any, prompts: list[str | list[int]]) -> int:
     """A lower bound on the tokens of `prompts` without tokenizing them (at least 1 each: empty is refused)."""
     per = 1
-    if any(isinstance(p, str) for p in prompts):  # the vocabulary scan (~150 ms once) stays off the loop
-        per = await anyio.to_thread.run_sync(max_token_bytes, tokenizer)
+    if any(isinstance(p, str) for p in prompts):
+        per = _token_bytes.get(id(tokenizer)) or 0
+        if not per:  # the vocabulary scan (~150 ms, once) stays off the event loop
+            per = _token_bytes[id(tokenizer)] = await anyio.to_thread.run_sync(max_token_bytes, tokenizer)
     return sum(max(1, min_tokens(p, per) if isinstance(p, str) else len(p)) for p in prompts)
 
 

@@ -186,11 +186,15 @@ def test_bfloat16_runs_close_to_transformers(llama_ckpt: Path, hf_models: dict) 
     assert int(out.logits[0].argmax()) == int(ref.argmax())
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_wide_decode_batch_matches_transformers(qwen2_ckpt: Path, hf_models: dict, dtype: str) -> None:
+@pytest.mark.parametrize("dtype, threads", [("float32", 1), ("bfloat16", 1), ("float32", 2)])
+def test_wide_decode_batch_matches_transformers(qwen2_ckpt: Path, hf_models: dict, dtype: str,
+                                                threads: int) -> None:
     """17 sequences decode in one step: the LM head's chunked path (>= 16 rows, several column chunks of
-    a 151k vocabulary) and, in bfloat16, the matmul decode attention, against transformers in float32."""
+    a 151k vocabulary; with 2 threads, shared by a helper thread), against transformers in float32."""
+    torch.set_num_threads(threads)  # the runner sizes its LM head workers from this
     runner = make_runner(qwen2_ckpt, dtype=dtype, num_blocks=128)
+    torch.set_num_threads(1)
+    assert runner.head_workers == threads
     hf = hf_model(hf_models, qwen2_ckpt)
     blocks = Blocks(128, seed=20)
     seqs = [new_seq(f"s{i}", prompt(3 + i % 6, seed=30 + i, vocab=151_646)) for i in range(17)]
