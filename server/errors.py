@@ -10,7 +10,7 @@ import msgspec
 from server.protocol import ErrorInfo, ErrorResponse, encoder
 
 _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "BadRequestError",
-          408: "TimeoutError", 413: "BadRequestError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
+          408: "TimeoutError", 413: "BadRequestError", 415: "BadRequestError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
 
 
 class APIError(Exception):

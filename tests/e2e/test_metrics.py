@@ -114,9 +114,10 @@ async def test_20_disconnects_count_as_aborts_and_free_everything(server: Server
             body = {"model": "tiny", "prompt": f"leave {i}", "max_tokens": 900, "ignore_eos": True, "stream": True}
             async with client.stream("POST", "/v1/completions", json=body) as r:
                 assert r.status_code == 200
-                async for chunk in r.aiter_text():
-                    if "data: {" in chunk:
-                        break
+                it = r.aiter_text()  # held, not abandoned: a collected iterator would close the stream early
+                text = ""
+                while "data: {" not in text:
+                    text += await it.__anext__()
                 started += 1
                 if started == 20:
                     all_running.set()
