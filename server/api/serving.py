@@ -49,8 +49,10 @@ def _usage(counter: UsageCounter, last: dict[int, Output]) -> Usage:
 
 
 def output_error(llm: AsyncLLM, out: Output) -> APIError:
-    if llm.dead is not None:
-        return APIError(f"{out.error}", status=503)
+    if llm.dead is not None:  # the engine died under it: a server fault, as issue 3 specifies
+        return APIError(f"{out.error}", status=500)
+    if llm.stopping:  # cut by shutdown: the client should retry elsewhere
+        return APIError(f"{out.error}", status=503, retry_after=1)
     return APIError(out.error or "the request failed", status=400)
 
 

@@ -112,13 +112,21 @@ async def test_engine_sigkill_errors_every_stream(qwen2_ckpt: Path, tmp_path: Pa
                     rest = first + "".join([t async for t in it])
                     results[i] = (time.monotonic(), [e[6:] for e in rest.split("\n\n") if e.startswith("data: ")])
 
+            nonstream: list[httpx.Response] = []
+
+            async def blocking() -> None:
+                nonstream.append(await client.post("/v1/completions", json={
+                    "model": "tiny", "prompt": "q", "max_tokens": 900, "ignore_eos": True}))
+
             async with anyio.create_task_group() as tg:
+                tg.start_soon(blocking)
                 for i in range(20):
                     tg.start_soon(one, i)
                 await started.wait()
                 os.kill(engine_pid, signal.SIGKILL)
                 killed_at = time.monotonic()
         assert len(results) == 20
+        assert nonstream[0].status_code == 500 and "engine" in nonstream[0].json()["error"]["message"]
         for t, evs in results.values():
             assert t - killed_at < 2.0
             assert evs[-1] == "[DONE]" and "error" in json.loads(evs[-2])
