@@ -120,14 +120,21 @@ class BlockManager:
         return b
 
     # ---- registration + freeing ------------------------------------------------------------
-    def register_full_blocks(self, seq: Sequence) -> None:
-        """Enter seq's blocks that are now full of computed tokens into the prefix cache."""
+    def register_full_blocks(self, seq: Sequence, upto: int | None = None) -> None:
+        """Enter seq's blocks that are full of computed tokens into the prefix cache.
+
+        `upto`: count tokens [0, upto) as computed (default: seq.num_computed_tokens). The scheduler
+        passes the end of the chunk it just admitted, so a request admitted later in the SAME step
+        (an n > 1 sibling) shares those blocks: every layer writes the whole batch's K/V before
+        attention reads it, and nothing scheduled from the waiting queue is preempted in that step.
+        """
         chain = self._chain.get(seq)
         if chain is None or not self.enable_prefix_caching:
             return
         bs, ids, table = self.block_size, seq.token_ids, seq.block_table
         done, parent = chain
-        full = min(seq.num_computed_tokens // bs, len(table))
+        computed = seq.num_computed_tokens if upto is None else upto
+        full = min(computed // bs, len(table))
         for i in range(done, full):
             key = (parent, tuple(ids[i * bs:(i + 1) * bs]))
             existing = self._cache.get(key)

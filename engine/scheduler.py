@@ -150,6 +150,7 @@ class Scheduler:
             self.running.append(seq)
             chosen[seq] = n
             budget -= n
+            bm.register_full_blocks(seq, upto=computed + n)  # siblings admitted next can share them
         return budget
 
     def _pick_victim(self) -> Sequence:

@@ -19,7 +19,7 @@ from engine.attention import AttnMetadata, TorchOps, TritonOps, rope_cos_sin, ro
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 LOGIT_CHUNK_BYTES = 1 << 19  # one LM head chunk's float32 logits: half of this CPU's per-core L2
-LOGIT_CHUNK_MIN_ROWS = 16  # fewer rows: the product is small, one matmul is as fast
+LOGIT_CHUNK_MIN_ROWS = 16  # fewer rows on one thread: the product is small, one matmul is as fast
 
 
 class ConfigError(ValueError):
@@ -179,13 +179,14 @@ class CausalLM:
         """
         h = self.ops.rms_norm(hidden, self.norm, self.args.rms_norm_eps)
         n, vocab = h.shape[0], self.lm_head.shape[-1]
-        if not self.head_transposed or n < LOGIT_CHUNK_MIN_ROWS or out is None:
+        if not self.head_transposed or out is None or (n < LOGIT_CHUNK_MIN_ROWS and pool is None):
             logits = h @ self.lm_head if self.head_transposed else F.linear(h, self.lm_head)
             return logits.float()
         # In cache-sized column chunks: each chunk's product lands in a small scratch that stays in
         # L2 and is widened into `out` from there; one [N, vocab] product would stream through
         # memory twice (written, then read back by .float()) and fault in fresh pages every step.
-        cols = max(LOGIT_CHUNK_BYTES // (4 * n), 1024)
+        # at least two chunks per worker, so a worker that another process holds back can be covered
+        cols = max(min(LOGIT_CHUNK_BYTES // (4 * n), -(-vocab // (2 * max(workers, 1)))), 1024)
         starts = iter(range(0, vocab, cols))  # shared: each next() is atomic under the GIL
 
         def work() -> None:

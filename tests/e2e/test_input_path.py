@@ -162,9 +162,6 @@ def test_n_children_share_the_prompt_and_reassemble(server: Server, tok: tokeniz
     assert any(len(e["choices"]) > 1 for e in chunks)  # one event carries several choices
 
 
-@pytest.mark.skip(reason="racy today: children that land in one engine step all miss the cache (blocks are "
-                  "registered after the forward pass); needs AsyncLLM to send children 1..n-1 after child 0's "
-                  "first token, or the engine to hash blocks at allocation as vLLM v1 does")
 def test_n_children_compute_the_prompt_once(server: Server) -> None:
     prompt = words(120, seed=int(time.time_ns() % 10**9) + 1)  # fresh text: nothing cached before
     body = {"prompt": prompt, "n": 3, "max_tokens": 2, "ignore_eos": True}

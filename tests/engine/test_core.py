@@ -200,3 +200,23 @@ def test_prompt_and_sample_logprobs_match_transformers(qwen2_ckpt: Path, regime:
         pos = len(p) - 1 + i
         assert e.token_id == o.new_token_ids[0] and e.rank == 1
         assert e.logprob == pytest.approx(ref[pos].max().item(), abs=1e-3)
+
+
+def test_siblings_admitted_in_one_step_share_the_prompt(qwen2_ckpt: Path) -> None:
+    """n > 1: children that arrive together compute their shared prompt once, and stay correct."""
+    core = make_core(qwen2_ckpt)
+    p = prompts(core.vocab_size, seed=21, lengths=[70])[0]
+    outs = run(core, [(f"c{i}", p, greedy(4), 0) for i in range(4)])
+    cached = sorted(outs[f"c{i}"][0].num_cached_tokens for i in range(4))
+    assert cached == [0, 64, 64, 64]
+    ref = hf_greedy(qwen2_ckpt, p, 4)
+    assert all(tokens(outs[f"c{i}"]) == ref for i in range(4))
+
+
+def test_chunked_siblings_share_only_computed_blocks(qwen2_ckpt: Path) -> None:
+    # a 16-token budget: the first child's chunk covers one block; the rest wait and hit what exists
+    core = make_core(qwen2_ckpt, max_num_batched_tokens=16)
+    p = prompts(core.vocab_size, seed=22, lengths=[40])[0]
+    outs = run(core, [(f"k{i}", p, greedy(3), 0) for i in range(3)])
+    ref = hf_greedy(qwen2_ckpt, p, 3)
+    assert all(tokens(outs[f"k{i}"]) == ref for i in range(3))

@@ -210,6 +210,11 @@ def test_wide_decode_batch_matches_transformers(qwen2_ckpt: Path, hf_models: dic
         else:  # bfloat16 keeps ~3 significant digits; its top token is a float32 top token up to that
             torch.testing.assert_close(row, ref, atol=0.25, rtol=0.05)
             assert float(ref[int(row.argmax())]) >= float(ref.max()) - 0.05
+    alone = seqs[0]  # one row: with 2 threads it still goes through the shared chunks
+    alone.token_ids.append(7)
+    out = step(runner, blocks, [(alone, 1)])
+    torch.testing.assert_close(out.logits[0], hf_logits(hf, alone.token_ids)[-1],
+                               atol=ATOL if dtype == "float32" else 0.25, rtol=0 if dtype == "float32" else 0.05)
 
 
 def fixed_schedule(runner: ModelRunner) -> list[torch.Tensor]:

@@ -205,8 +205,8 @@ def test_refusals() -> None:
 
 def test_stats_track_the_queue() -> None:
     eng = FakeEngine(num_blocks=20, max_num_seqs=2)
-    for i in range(3):
-        eng.add(str(i), [1, 2, 3, 4, 5], 3)
+    for i in range(3):  # distinct prompts: siblings with one prompt would share blocks
+        eng.add(str(i), [1 + i, 2, 3, 4, 5], 3)
     st = eng.sched.stats()
     assert (st.num_running, st.num_waiting, st.num_used_blocks) == (0, 3, 0)
     eng.step()
