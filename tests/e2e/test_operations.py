@@ -284,7 +284,8 @@ async def test_keepalive_while_queued_and_queue_full_rejected(fleet: dict[str, L
     srv = fleet["quiet"].server  # --max-num-seqs 1 --max-num-queued-reqs 1 --sse-keepalive 0.2
     rejected = srv.metric("spindle_requests_rejected_total", 'reason="queue_full"')
     async with httpx.AsyncClient(base_url=srv.url, timeout=60) as client:
-        first = {"model": "tiny", "prompt": "first secret prompt", "max_tokens": 60, "ignore_eos": True,
+        # long enough to hold the only batch slot until this client lets go of it
+        first = {"model": "tiny", "prompt": "first secret prompt", "max_tokens": 900, "ignore_eos": True,
                  "stream": True}
         async with client.stream("POST", "/v1/completions", json=first) as r1:
             it1 = r1.aiter_text()
@@ -296,9 +297,9 @@ async def test_keepalive_while_queued_and_queue_full_rejected(fleet: dict[str, L
                 assert head.startswith(": keep-alive\n\n"), head
                 third = await client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2})
                 assert third.status_code == 503 and third.headers["retry-after"] == "1"
+                await r1.aclose()  # the first client leaves: its request is aborted, the second runs
                 rest = head + "".join([t async for t in it2])
             assert events_of(rest)[-1] == "[DONE]" and finishes(events_of(rest)) == ["length"]
-            "".join([t async for t in it1])
     assert srv.metric("spindle_requests_rejected_total", 'reason="queue_full"') - rejected == 1
 
 
