@@ -15,7 +15,6 @@ import resource
 import select
 import signal
 import struct
-import sys
 import threading
 from typing import Any
 

@@ -7,10 +7,10 @@ import time
 import msgspec
 
 from server import sse
-from server.api.http import ClientGone, Receive, Scope, Send, header, read_json_body, send_error
+from server.api.http import Receive, Scope, Send, header, serve_json_post
 from server.api.logprobs import TokenTexts, completion_logprobs
 from server.api.render import admit_early, prompts_lower_bound
-from server.api.serving import handle, respond
+from server.api.serving import respond
 from server.api.state import AppState
 from server.errors import APIError, bad_request, from_decode_error
 from server.input_processor import (
@@ -95,16 +95,10 @@ class CompletionsRoute:
         self._texts: TokenTexts | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            body = await read_json_body(scope, receive, self.state.config.max_request_body)
-        except ClientGone:
-            return
-        except APIError as e:
-            await send_error(send, e)
-            return
         xid = header(scope, b"x-request-id")
         headers = [(b"x-request-id", xid.encode())] if xid else []
-        await handle(receive, send, lambda: self._work(body, xid, send), headers)
+        await serve_json_post(scope, receive, send, self.state.config.max_request_body,
+                              lambda body: self._work(body, xid, send), headers)
 
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
         try:

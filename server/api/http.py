@@ -103,23 +103,24 @@ async def run_until_disconnect(receive: Receive, body: Callable[[], Awaitable[No
 
 
 async def serve_json_post(scope: Scope, receive: Receive, send: Send, limit: int,
-                          work: Callable[[bytes], Awaitable[None]]) -> None:
+                          work: Callable[[bytes], Awaitable[None]],
+                          headers: list[tuple[bytes, bytes]] | None = None) -> None:
     """Read a JSON body (415/413 as errors), then run `work(body)` until it ends or the client leaves.
 
-    An APIError raised by `work` before it sent a response becomes the error response.
+    An APIError raised by `work` before it sent a response becomes the error response (with `headers`).
     """
     try:
         body = await read_json_body(scope, receive, limit)
     except ClientGone:
         return
     except APIError as e:
-        await send_error(send, e)
+        await send_error(send, e, headers)
         return
 
     async def guarded() -> None:
         try:
             await work(body)
         except APIError as e:
-            await send_error(send, e)
+            await send_error(send, e, headers)
 
     await run_until_disconnect(receive, guarded)

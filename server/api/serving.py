@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 from server import sse
-from server.api.http import SSE_HEADERS, Receive, Send, run_until_disconnect, send_error, send_json
+from server.api.http import SSE_HEADERS, Send, send_json
 from server.async_llm import AsyncLLM
 from server.errors import APIError
 from server.input_processor import GenerationSpec
@@ -110,16 +110,3 @@ async def respond(llm: AsyncLLM, specs: Sequence[GenerationSpec], fmt: Formatter
         if include_usage and not failed:
             tail = fmt.usage_chunk(counter.usage()) + sse.DONE
         await send({"type": "http.response.body", "body": tail, "more_body": False})
-
-
-async def handle(receive: Receive, send: Send, work: Callable[[], Awaitable[None]],
-                 headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    """Run a route's work until it ends or the client leaves; APIErrors before the response become error bodies."""
-
-    async def guarded() -> None:
-        try:
-            await work()
-        except APIError as e:
-            await send_error(send, e, headers)
-
-    await run_until_disconnect(receive, guarded)
