@@ -7,11 +7,10 @@ import time
 import msgspec
 
 from server import sse
-from server.api.http import Receive, Scope, Send, header, serve_json_post
+from server.api.http import Send
 from server.api.logprobs import TokenTexts, chat_logprobs
 from server.api.render import admit_early, prompts_lower_bound
-from server.api.serving import respond
-from server.api.state import AppState
+from server.api.serving import GenerationRoute, respond
 from server.errors import APIError, bad_request, from_decode_error
 from server.input_processor import build_spec, check_request, external_request_id
 from server.output_processor import Output
@@ -76,16 +75,7 @@ class ChatFormatter:
         return _enc(ChatCompletionResponse(self.id, self.created, self.model, choices, usage))
 
 
-class ChatRoute:
-    def __init__(self, state: AppState) -> None:
-        self.state = state
-        self._texts: TokenTexts | None = None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        xid = header(scope, b"x-request-id")
-        headers = [(b"x-request-id", xid.encode())] if xid else []
-        await serve_json_post(scope, receive, send, self.state.config.max_request_body,
-                              lambda body: self._work(body, xid, send), headers)
+class ChatRoute(GenerationRoute):
 
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
         try:

@@ -6,7 +6,9 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from server import sse
-from server.api.http import SSE_HEADERS, Send, send_json
+from server.api.http import SSE_HEADERS, Receive, Scope, Send, header, send_json, serve_json_post
+from server.api.logprobs import TokenTexts
+from server.api.state import AppState
 from server.async_llm import AsyncLLM
 from server.errors import APIError
 from server.input_processor import GenerationSpec
@@ -110,3 +112,20 @@ async def respond(llm: AsyncLLM, specs: Sequence[GenerationSpec], fmt: Formatter
         if include_usage and not failed:
             tail = fmt.usage_chunk(counter.usage()) + sse.DONE
         await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+
+class GenerationRoute:
+    """The shared front of /v1/completions and /v1/chat/completions: X-Request-Id, body, disconnect."""
+
+    def __init__(self, state: AppState) -> None:
+        self.state = state
+        self._texts: TokenTexts | None = None  # token strings for logprobs, built on first use
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        xid = header(scope, b"x-request-id")
+        headers = [(b"x-request-id", xid.encode())] if xid else []
+        await serve_json_post(scope, receive, send, self.state.config.max_request_body,
+                              lambda body: self._work(body, xid, send), headers)
+
+    async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
+        raise NotImplementedError
