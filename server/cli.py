@@ -110,8 +110,10 @@ def _reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-async def serve(config: ServerConfig) -> int:
+async def serve(config: ServerConfig, engine_factory: Any = None) -> int:
     """Serve until a signal (exit 0) or the engine dies (exit 1).
+
+    engine_factory: a stand-in for the engine subprocess (bench.frontend's fake engine); None: the real one.
 
     SIGTERM drains: new requests get 503, in-flight ones have --shutdown-timeout seconds to finish,
     the rest end with an error. A second SIGTERM, or a SIGINT, stops at once (requests cut the same way).
@@ -127,7 +129,7 @@ async def serve(config: ServerConfig) -> int:
         code = 1
         stop.set()
 
-    app = create_app(config, on_fatal=fatal, load_in_background=True)
+    app = create_app(config, on_fatal=fatal, load_in_background=True, engine_factory=engine_factory)
     state = app.state_holder
     hc = _hypercorn_config(config)
     listening = anyio.CancelScope()  # the signal watcher's own scope: cancelling it touches nothing else
@@ -168,6 +170,11 @@ async def serve(config: ServerConfig) -> int:
         try:
             if config.worker_class == "trio":
                 from hypercorn.trio import serve as hypercorn_serve
+
+                from server import trio_send
+
+                if not trio_send.install():
+                    log.warning("this Hypercorn's Trio worker has an unknown layout: sending without the fast path")
             else:
                 from hypercorn.asyncio import serve as hypercorn_serve  # type: ignore[assignment]
             await hypercorn_serve(app, hc, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
@@ -179,13 +186,13 @@ async def serve(config: ServerConfig) -> int:
     return code
 
 
-def run_server(config: ServerConfig) -> int:
+def run_server(config: ServerConfig, engine_factory: Any = None) -> int:
     os.environ["SPINDLE_LOG_LEVEL"] = config.log_level  # the engine subprocess logs at the same level
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if config.worker_class == "trio":
-        return anyio.run(serve, config, backend="trio")
+        return anyio.run(serve, config, engine_factory, backend="trio")
     options = {"use_uvloop": config.worker_class == "uvloop"}
-    return anyio.run(serve, config, backend="asyncio", backend_options=options)
+    return anyio.run(serve, config, engine_factory, backend="asyncio", backend_options=options)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
