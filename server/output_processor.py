@@ -12,11 +12,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import anyio
 import anyio.lowlevel
 
 from engine.messages import RequestOutput, StepOutputs, TokenLogprobs
 from server.input_processor import OutputKind
+from server.wakeup import Waiter, waiter_class
 
 CHUNK = int(os.environ.get("SPINDLE_OUTPUT_CHUNK", "128"))
 _DELTA = OutputKind.DELTA
@@ -73,17 +73,18 @@ class Collector:
 
     Semantically a memory object stream of size 1 whose sender merges instead of blocking; written
     out because anyio's stream costs a checkpoint, two WouldBlock exceptions and a backend lookup
-    per wake-up (~25 us per token on Trio here), and the per-token path is a benchmark target.
+    per wake-up (~25 us per token on Trio here), and the per-token path is a benchmark target; the
+    consumer sleeps on a reusable `server.wakeup` waiter rather than a fresh Event per token.
     """
 
-    __slots__ = ("kind", "closed", "_batch", "_event", "_event_cls")
+    __slots__ = ("kind", "closed", "_batch", "_waiter", "_waiter_cls")
 
-    def __init__(self, kind: OutputKind, event_cls: Callable[[], anyio.Event] = anyio.Event) -> None:
+    def __init__(self, kind: OutputKind, waiter_cls: Callable[[], Waiter] | None = None) -> None:
         self.kind = kind
         self.closed = False  # the consumer left: outputs are dropped (its finally aborts the request)
         self._batch: list[Output] | None = None
-        self._event: anyio.Event | None = None
-        self._event_cls = event_cls  # type(anyio.Event()) skips anyio's per-call backend lookup
+        self._waiter: Waiter | None = None  # made on the first wait, inside the event loop
+        self._waiter_cls = waiter_cls
 
     def put(self, out: Output) -> None:
         if self.closed:
@@ -91,8 +92,8 @@ class Collector:
         batch = self._batch
         if batch is None:
             self._batch = [out]
-            if self._event is not None:
-                self._event.set()
+            if self._waiter is not None:
+                self._waiter.wake()
             return
         for old in batch:  # the consumer has not taken the slot: merge into it
             if old.index == out.index:
@@ -107,9 +108,10 @@ class Collector:
 
     async def wait(self) -> list[Output]:
         while self._batch is None:
-            event = self._event = self._event_cls()
-            await event.wait()
-        self._event = None
+            waiter = self._waiter
+            if waiter is None:
+                waiter = self._waiter = (self._waiter_cls or waiter_class())()
+            await waiter.wait()
         batch = self._batch
         self._batch = None
         return batch
