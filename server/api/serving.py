@@ -82,6 +82,7 @@ async def respond(llm: AsyncLLM, specs: Sequence[GenerationSpec], fmt: Formatter
         failed = False
         waiting_first = keepalive > 0  # keep-alives cover the queue wait; a started stream keeps flowing
         last: dict[int, Output] = {}
+        data: bytes | None = None
         while outputs.remaining:
             batch = outputs.poll()
             if batch is None:
@@ -103,15 +104,16 @@ async def respond(llm: AsyncLLM, specs: Sequence[GenerationSpec], fmt: Formatter
                 failed = True
             else:
                 data = fmt.stream_chunk(batch, _usage(counter, last) if continuous_usage else None)
+            if failed or not outputs.remaining:  # the last chunk leaves with the tail: one send fewer
+                break
             if data:
                 await send({"type": "http.response.body", "body": data, "more_body": True})
-            if failed:
-                break
+            data = None
         counter.add(list(last.values()))
         tail = sse.DONE
         if include_usage and not failed:
             tail = fmt.usage_chunk(counter.usage()) + sse.DONE
-        await send({"type": "http.response.body", "body": tail, "more_body": False})
+        await send({"type": "http.response.body", "body": (data or b"") + tail, "more_body": False})
 
 
 class GenerationRoute:
