@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -11,8 +12,10 @@ import torch
 
 from engine.attention import AttnMetadata, PrefillChunk, TritonOps
 from engine.config import EngineConfig
-from engine.models.loader import ModelLoadError, load_model, read_config, resolve_model
+from engine.models.loader import ModelLoadError, load_model, read_config, resolve_model, slow_half_precision
 from engine.sequence import ScheduledSeq
+
+log = logging.getLogger("engine")
 
 
 @dataclass
@@ -72,6 +75,8 @@ class ModelRunner:
         self.eos_token_ids = info.eos_token_ids
         self.generation_defaults = info.generation_defaults
         self.model_dtype = info.dtype
+        if (why := slow_half_precision(info.dtype, self.device)) is not None:
+            log.warning("%s", why)
         self.block_size = config.block_size
         self.dtype = dtype = self.model.dtype
         # K and V, every layer, one block of block_size tokens.

@@ -131,6 +131,22 @@ def pick_dtype(requested: str, checkpoint_dtype: str | None, device: torch.devic
     return checkpoint_dtype if checkpoint_dtype in _DTYPES else "float32"
 
 
+def slow_half_precision(dtype: str, device: torch.device) -> str | None:
+    """Why `dtype` will be slow on this CPU (no native bfloat16/float16 matmul), or None."""
+    if device.type != "cpu" or dtype not in ("bfloat16", "float16"):
+        return None
+    cpu = torch.cpu
+    if dtype == "bfloat16":
+        native = getattr(cpu, "_is_avx512_bf16_supported", lambda: True)() or \
+            getattr(cpu, "_is_amx_tile_supported", lambda: True)()
+    else:
+        native = getattr(cpu, "_is_amx_fp16_supported", lambda: True)()
+    if native:
+        return None
+    return (f"this CPU has no native {dtype} matrix multiply (AVX512-BF16 / AMX), so torch emulates it and "
+            f"--dtype {dtype} runs several times slower than float32 here; pass --dtype float32 (or auto)")
+
+
 def load_model(path: str | Path, dtype: str, device: torch.device | str,
                max_positions: int | None = None) -> tuple[CausalLM, ModelInfo]:
     """Build the model from a checkpoint folder. max_positions sizes the rotary table (default: the config's)."""

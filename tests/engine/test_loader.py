@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.checkpoint import write_random_checkpoint
-from engine.models.loader import ModelLoadError, load_model, pick_dtype, resolve_model
+from engine.models.loader import ModelLoadError, load_model, pick_dtype, resolve_model, slow_half_precision
 
 SMALL = dict(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64, vocab_size=1000,
              rope_theta=10_000.0, max_position_embeddings=128, seed=7, tokenizer=False)
@@ -187,3 +187,16 @@ def test_concurrent_demo_builders_agree(tmp_path: Path) -> None:
     assert outs == [str(tmp_path / "demo-qwen2")] * 2
     assert [p.name for p in tmp_path.iterdir()] == ["demo-qwen2"]  # the loser's temporary folder is gone
     load_model(tmp_path / "demo-qwen2", "auto", "cpu")
+
+
+def test_half_precision_on_a_cpu_without_native_support_is_called_slow(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = torch.device("cpu")
+    for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported", "_is_amx_fp16_supported"):
+        monkeypatch.setattr(torch.cpu, name, lambda: False)
+    why = slow_half_precision("bfloat16", cpu)
+    assert why is not None and "--dtype float32" in why
+    assert slow_half_precision("float16", cpu) is not None
+    assert slow_half_precision("float32", cpu) is None
+    assert slow_half_precision("bfloat16", torch.device("cuda")) is None  # GPUs have it
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)  # e.g. Sapphire Rapids, Zen 4
+    assert slow_half_precision("bfloat16", cpu) is None
