@@ -177,7 +177,7 @@ async def serve(config: ServerConfig, engine_factory: Any = None) -> int:
                     log.warning("this Hypercorn's Trio worker has an unknown layout: sending without the fast path")
             else:
                 from hypercorn.asyncio import serve as hypercorn_serve  # type: ignore[assignment]
-            await hypercorn_serve(app, hc, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+            await hypercorn_serve(app, hc, shutdown_trigger=stop.wait)
         except Exception as e:  # the server itself failed (e.g. the port is taken): say why, exit non-zero
             log.error("server failed: %s", _reason(e))
             code = code or 1

@@ -23,10 +23,11 @@ from hypercorn.trio.tcp_server import TCPServer
 
 class FastSendTCPServer(TCPServer):
     async def protocol_send(self, event: Event) -> None:
-        if type(event) is RawData and not self.send_lock.locked() and type(self.stream) is trio.SocketStream:
+        stream: Any = self.stream  # Hypercorn annotates it as an SSLStream; plain TCP gives a SocketStream
+        if type(event) is RawData and not self.send_lock.locked() and type(stream) is trio.SocketStream:
             data = event.data
             try:
-                sent = os.write(self.stream.socket.fileno(), data)  # non-blocking socket: may take part
+                sent = os.write(stream.socket.fileno(), data)  # non-blocking socket: may take part
             except BlockingIOError:
                 sent = 0
             except OSError:
@@ -44,5 +45,5 @@ def install() -> bool:
         return True
     if server_cls is not TCPServer or not hasattr(TCPServer, "protocol_send"):
         return False
-    hypercorn_trio_run.TCPServer = FastSendTCPServer  # type: ignore[misc]
+    setattr(hypercorn_trio_run, "TCPServer", FastSendTCPServer)  # the name worker_serve looks up per listener
     return True

@@ -115,7 +115,7 @@ class _Weights:
         f = self.files[name]
         if f not in self._handles:
             self._handles[f] = safe_open(f, framework="pt")
-        tensor = self._handles[f].get_tensor(name).to(device=self.device, dtype=self.dtype)
+        tensor: torch.Tensor = self._handles[f].get_tensor(name).to(device=self.device, dtype=self.dtype)
         self.progress.advance()
         return tensor
 

@@ -64,7 +64,7 @@ class ChatFormatter:
         return sse.frame(_enc(ChatCompletionStreamResponse(self.id, self.created, self.model, [], usage=usage)))
 
     def final(self, outputs: list[Output], usage: Usage) -> bytes:
-        choices = []
+        choices: list[ChatChoice] = []
         for o in outputs:
             lp = chat_logprobs(o.logprobs or [], self.texts) if self.texts is not None else None
             message = ChatMessage("assistant", o.text)

@@ -84,18 +84,18 @@ async def respond(llm: AsyncLLM, specs: Sequence[GenerationSpec], fmt: Formatter
         last: dict[int, Output] = {}
         data: bytes | None = None
         while outputs.remaining:
-            batch = outputs.poll()
-            if batch is None:
+            got = outputs.poll()
+            if got is None:
                 if waiting_first:
-                    batch = await outputs.next_within(keepalive)
-                    if batch is None:
+                    got = await outputs.next_within(keepalive)
+                    if got is None:
                         await send({"type": "http.response.body", "body": sse.KEEPALIVE, "more_body": True})
                         continue
                     waiting_first = False
                 else:
-                    batch = await outputs.wait()
+                    got = await outputs.wait()
             error = None
-            for out in batch:
+            for out in got:
                 last[out.index] = out
                 if out.error is not None:
                     error = out
@@ -103,7 +103,7 @@ async def respond(llm: AsyncLLM, specs: Sequence[GenerationSpec], fmt: Formatter
                 data = sse.error_frame(output_error(llm, error))
                 failed = True
             else:
-                data = fmt.stream_chunk(batch, _usage(counter, last) if continuous_usage else None)
+                data = fmt.stream_chunk(got, _usage(counter, last) if continuous_usage else None)
             if failed or not outputs.remaining:  # the last chunk leaves with the tail: one send fewer
                 break
             if data:
