@@ -28,6 +28,7 @@ from typing import Any
 
 import anyio
 
+from bench.serve import cpu_seconds
 from engine.messages import AddRequest, EngineStats, Ready, RequestOutput, StepOutputs
 
 _STATS = EngineStats(0, 0, 0, 1000, 0, 0, 0)
@@ -140,11 +141,6 @@ def _load(port: int, concurrency: int, num_requests: int, out_len: int) -> tuple
     return events, done, time.perf_counter() - t0
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker-class", default="trio", choices=["trio", "asyncio", "uvloop"])
@@ -173,9 +169,9 @@ def main() -> int:
                 raise SystemExit("the server did not start")
             time.sleep(0.2)
         _load(args.port, 4, 8, 8)  # warm-up
-        c0 = _cpu_seconds(server.pid)
+        c0 = cpu_seconds(server.pid)
         events, ok, secs = _load(args.port, args.concurrency, args.num_requests, args.output_len)
-        cpu = _cpu_seconds(server.pid) - c0
+        cpu = cpu_seconds(server.pid) - c0
     finally:
         server.terminate()
         server.wait(30)

@@ -21,7 +21,6 @@ from server.access_log import RequestRecord
 from server.errors import APIError
 from server.input_processor import GenerationSpec, OutputKind
 from server.output_processor import Collector, Output, OutputProcessor, RequestState
-from server.wakeup import Waiter, waiter_class
 
 log = logging.getLogger("spindle.server")
 
@@ -113,7 +112,6 @@ class AsyncLLM:
         self.stopping = False  # draining for shutdown: new requests get 503
         self.num_active = 0  # `generate` calls in flight (HTTP requests holding engine requests)
         self._idle: anyio.Event | None = None  # set when num_active drops to 0 while a drain waits
-        self._waiter_cls: Callable[[], Waiter] | None = None  # this backend's, looked up once in run()
         self._steps_send: MemoryObjectSendStream[StepOutputs]
         self._steps_recv: MemoryObjectReceiveStream[StepOutputs]
         self._steps_send, self._steps_recv = anyio.create_memory_object_stream[StepOutputs](16)
@@ -124,7 +122,6 @@ class AsyncLLM:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """The reader and the output handler; returns when the engine is dead, or runs until cancelled."""
-        self._waiter_cls = waiter_class()
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._read)
             tg.start_soon(self._handle)
@@ -205,7 +202,7 @@ class AsyncLLM:
             if n is not None and admission is not None:
                 admission.first_token(n)
 
-        collector = Collector(specs[0].output_kind if specs else OutputKind.FINAL_ONLY, self._waiter_cls)
+        collector = Collector(specs[0].output_kind if specs else OutputKind.FINAL_ONLY)
         states: list[RequestState] = []
         sent: list[str] = []
         record = access_log.current.get()

@@ -77,14 +77,13 @@ class Collector:
     consumer sleeps on a reusable `server.wakeup` waiter rather than a fresh Event per token.
     """
 
-    __slots__ = ("kind", "closed", "_batch", "_waiter", "_waiter_cls")
+    __slots__ = ("kind", "closed", "_batch", "_waiter")
 
-    def __init__(self, kind: OutputKind, waiter_cls: Callable[[], Waiter] | None = None) -> None:
+    def __init__(self, kind: OutputKind) -> None:
         self.kind = kind
         self.closed = False  # the consumer left: outputs are dropped (its finally aborts the request)
         self._batch: list[Output] | None = None
-        self._waiter: Waiter | None = None  # made on the first wait, inside the event loop
-        self._waiter_cls = waiter_cls
+        self._waiter: Waiter | None = None  # made on the first wait, inside the event loop: once per request
 
     def put(self, out: Output) -> None:
         if self.closed:
@@ -110,7 +109,7 @@ class Collector:
         while self._batch is None:
             waiter = self._waiter
             if waiter is None:
-                waiter = self._waiter = (self._waiter_cls or waiter_class())()
+                waiter = self._waiter = waiter_class()()
             await waiter.wait()
         batch = self._batch
         self._batch = None

@@ -43,10 +43,19 @@ async def test_wake_releases_the_waiter_every_time() -> None:
 
 async def test_wake_without_a_waiter_is_not_remembered() -> None:
     waiter = waiter_class()()
-    waiter.wake()
-    with anyio.move_on_after(0.05) as scope:  # the caller checks its condition first; a stale wake is no wake
+    waiter.wake()  # nobody waits: the caller checks its condition first, so a stale wake must be no wake
+    returned = False
+
+    async def waiting() -> None:
+        nonlocal returned
         await waiter.wait()
-    assert scope.cancelled_caught
+        returned = True
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiting)
+        await wait_all_tasks_blocked()
+        assert not returned
+        tg.cancel_scope.cancel()
 
 
 async def test_a_cancelled_wait_is_forgotten() -> None:
