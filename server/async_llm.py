@@ -75,6 +75,21 @@ class RequestStream:
         self._count(batch)
         return batch
 
+    def deliver_directly(self, sink: Callable[[Output], bool] | None) -> None:
+        """Unfinished outputs go to `sink` (True: delivered) instead of waking the consumer, while it
+        waits with nothing taken; finished ones and declined ones still come through `wait`."""
+        if sink is None:
+            self._collector.sink = None
+            return
+
+        def deliver(out: Output) -> bool:
+            if sink(out):
+                self._count([out])
+                return True
+            return False
+
+        self._collector.sink = deliver
+
     async def next_within(self, timeout: float) -> list[Output] | None:
         """The next batch, or None after `timeout` seconds of silence (for SSE keep-alives)."""
         batch = self.poll()

@@ -168,15 +168,15 @@ async def serve(config: ServerConfig, engine_factory: Any = None) -> int:
     async with anyio.create_task_group() as tg:
         tg.start_soon(signals)
         try:
+            from server import direct_body
+
             if config.worker_class == "trio":
                 from hypercorn.trio import serve as hypercorn_serve
-
-                from server import trio_send
-
-                if not trio_send.install():
-                    log.warning("this Hypercorn's Trio worker has an unknown layout: sending without the fast path")
             else:
                 from hypercorn.asyncio import serve as hypercorn_serve  # type: ignore[assignment]
+            if not direct_body.install(config.worker_class):
+                log.warning("this Hypercorn's %s worker has an unknown layout: streaming through ASGI only",
+                            config.worker_class)
             await hypercorn_serve(app, hc, shutdown_trigger=stop.wait)
         except Exception as e:  # the server itself failed (e.g. the port is taken): say why, exit non-zero
             log.error("server failed: %s", _reason(e))

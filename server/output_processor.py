@@ -77,11 +77,14 @@ class Collector:
     consumer sleeps on a reusable `server.wakeup` waiter rather than a fresh Event per token.
     """
 
-    __slots__ = ("kind", "closed", "_batch", "_waiter")
+    __slots__ = ("kind", "closed", "sink", "_batch", "_waiter")
 
     def __init__(self, kind: OutputKind) -> None:
         self.kind = kind
         self.closed = False  # the consumer left: outputs are dropped (its finally aborts the request)
+        # The consumer's direct delivery (server.direct_body): tried for unfinished outputs while the
+        # slot is empty; True means delivered, and the consumer is not woken.
+        self.sink: Callable[[Output], bool] | None = None
         self._batch: list[Output] | None = None
         self._waiter: Waiter | None = None  # made on the first wait, inside the event loop: once per request
 
@@ -90,6 +93,9 @@ class Collector:
             return
         batch = self._batch
         if batch is None:
+            sink = self.sink
+            if sink is not None and out.finish_reason is None and sink(out):
+                return
             self._batch = [out]
             if self._waiter is not None:
                 self._waiter.wake()
@@ -117,6 +123,7 @@ class Collector:
 
     def close(self) -> None:
         self.closed = True
+        self.sink = None
         self._batch = None
 
 

@@ -6,8 +6,8 @@ CPU per streamed token was spent there (py-spy), one SSE event per token per req
 is in flight on the connection (the lock is free) and the socket takes the whole chunk at once, as
 it does unless the client stopped reading, the bytes are written directly and nothing else is
 needed; otherwise Hypercorn's own path sends the rest (and handles a broken connection).
-Installed by `spindle serve` for the Trio worker only; asyncio's writer already writes without
-yielding.
+`server.direct_body.install("trio")` installs it (with connection tracking) for `spindle serve`;
+asyncio's writer already writes without yielding.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import Any
 
 import trio
 from hypercorn.events import Event, RawData
-from hypercorn.trio import run as hypercorn_trio_run
 from hypercorn.trio.tcp_server import TCPServer
 
 
@@ -35,13 +34,3 @@ class FastSendTCPServer(TCPServer):
             event = RawData(data=data[sent:])
         await super().protocol_send(event)
 
-
-def install() -> bool:
-    """Make Hypercorn's Trio worker build connections with the fast path; False if its layout changed."""
-    server_cls: Any = getattr(hypercorn_trio_run, "TCPServer", None)
-    if server_cls is FastSendTCPServer:
-        return True
-    if server_cls is not TCPServer or not hasattr(TCPServer, "protocol_send"):
-        return False
-    setattr(hypercorn_trio_run, "TCPServer", FastSendTCPServer)  # the name worker_serve looks up per listener
-    return True

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from server import sse
+from server import direct_body, sse
 from server.api.http import SSE_HEADERS, Receive, Scope, Send, header, send_json, serve_json_post
 from server.api.logprobs import TokenTexts
 from server.api.state import AppState
@@ -83,37 +83,61 @@ async def respond(llm: AsyncLLM, specs: Sequence[GenerationSpec], fmt: Formatter
         waiting_first = keepalive > 0  # keep-alives cover the queue wait; a started stream keeps flowing
         last: dict[int, Output] = {}
         data: bytes | None = None
-        while outputs.remaining:
-            got = outputs.poll()
-            if got is None:
-                if waiting_first:
-                    got = await outputs.next_within(keepalive)
-                    if got is None:
-                        await send({"type": "http.response.body", "body": sse.KEEPALIVE, "more_body": True})
-                        continue
-                    waiting_first = False
+        direct = direct_body.for_current_request() if len(outputs.states) == 1 else None
+
+        def deliver(out: Output) -> bool:  # runs in the output handler: format and write, no wake-up
+            if direct is None or not direct.writable():
+                return False
+            last[out.index] = out
+            try:
+                chunk = fmt.stream_chunk([out], _usage(counter, last) if continuous_usage else None)
+            except Exception:  # a formatting bug must fail this request in its own task, not the handler
+                return False
+            if chunk:
+                direct.write(chunk)
+            return True
+
+        async def body(data: bytes, more: bool) -> None:
+            if direct is not None and direct.pending:  # bytes a partial direct write left go first
+                await direct.flush()
+            await send({"type": "http.response.body", "body": data, "more_body": more})
+
+        try:
+            while outputs.remaining:
+                got = outputs.poll()
+                if got is None:
+                    if waiting_first:
+                        got = await outputs.next_within(keepalive)
+                        if got is None:
+                            await body(sse.KEEPALIVE, True)
+                            continue
+                        waiting_first = False
+                    else:
+                        if direct is not None:
+                            outputs.deliver_directly(deliver)
+                        got = await outputs.wait()
+                error = None
+                for out in got:
+                    last[out.index] = out
+                    if out.error is not None:
+                        error = out
+                if error is not None:
+                    data = sse.error_frame(output_error(llm, error))
+                    failed = True
                 else:
-                    got = await outputs.wait()
-            error = None
-            for out in got:
-                last[out.index] = out
-                if out.error is not None:
-                    error = out
-            if error is not None:
-                data = sse.error_frame(output_error(llm, error))
-                failed = True
-            else:
-                data = fmt.stream_chunk(got, _usage(counter, last) if continuous_usage else None)
-            if failed or not outputs.remaining:  # the last chunk leaves with the tail: one send fewer
-                break
-            if data:
-                await send({"type": "http.response.body", "body": data, "more_body": True})
-            data = None
+                    data = fmt.stream_chunk(got, _usage(counter, last) if continuous_usage else None)
+                if failed or not outputs.remaining:  # the last chunk leaves with the tail: one send fewer
+                    break
+                if data:
+                    await body(data, True)
+                data = None
+        finally:
+            outputs.deliver_directly(None)
         counter.add(list(last.values()))
         tail = sse.DONE
         if include_usage and not failed:
             tail = fmt.usage_chunk(counter.usage()) + sse.DONE
-        await send({"type": "http.response.body", "body": (data or b"") + tail, "more_body": False})
+        await body((data or b"") + tail, False)
 
 
 class GenerationRoute:

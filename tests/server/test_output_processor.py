@@ -78,6 +78,35 @@ async def test_slow_consumer_gets_one_merged_output(tok) -> None:  # type: ignor
     assert out.finish_reason == "length" and out.num_output_tokens == len(gen)
 
 
+async def test_sink_takes_unfinished_outputs_only_while_the_slot_is_empty(tok) -> None:  # type: ignore[no-untyped-def]
+    proc, _, collector = make(tok, OutputKind.DELTA)
+    gen = tok.encode(TEXT).ids
+    sunk: list[Output] = []
+    accept = True
+
+    def sink(out: Output) -> bool:
+        if accept:
+            sunk.append(out)
+        return accept
+
+    collector.sink = sink
+    await proc.process_outputs(step(RequestOutput("r", gen[:3], None)))
+    await proc.process_outputs(step(RequestOutput("r", gen[3:6], None)))
+    assert collector.poll() is None and len(sunk) == 2  # delivered, nothing queued, nobody woken
+    accept = False
+    await proc.process_outputs(step(RequestOutput("r", gen[6:9], None)))  # declined: queued
+    accept = True
+    await proc.process_outputs(step(RequestOutput("r", gen[9:12], None)))  # slot taken: merged, not sunk
+    await proc.process_outputs(step(RequestOutput("r", gen[12:], "length")))  # finished: never sunk
+    assert len(sunk) == 2
+    queued = drain(collector)
+    assert len(queued) == 1 and len(queued[0]) == 1 and queued[0][0].finish_reason == "length"
+    assert "".join(o.text for o in sunk) + queued[0][0].text == TEXT
+    assert [t for o in sunk for t in o.token_ids] + queued[0][0].token_ids == gen
+    collector.close()
+    assert collector.sink is None
+
+
 async def test_cumulative_replaces_on_merge(tok) -> None:  # type: ignore[no-untyped-def]
     proc, _, collector = make(tok, OutputKind.CUMULATIVE)
     gen = tok.encode("one two three four").ids

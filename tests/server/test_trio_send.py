@@ -9,10 +9,7 @@ import pytest
 import trio
 import trio.testing
 from hypercorn.events import Closed, Event, RawData
-from hypercorn.trio import run as hypercorn_trio_run
-from hypercorn.trio.tcp_server import TCPServer
 
-from server import trio_send
 from server.trio_send import FastSendTCPServer
 
 pytestmark = pytest.mark.anyio
@@ -97,16 +94,3 @@ async def test_a_broken_connection_is_reported_to_the_protocol() -> None:
     await server.protocol_send(RawData(data=b"data: x\n\n"))
     assert any(isinstance(e, Closed) for e in protocol.events)
 
-
-def test_install_swaps_hypercorns_trio_server_once() -> None:
-    before = hypercorn_trio_run.TCPServer
-    try:
-        hypercorn_trio_run.TCPServer = TCPServer  # type: ignore[misc]
-        assert trio_send.install()
-        assert hypercorn_trio_run.TCPServer is FastSendTCPServer
-        assert trio_send.install()  # idempotent
-        hypercorn_trio_run.TCPServer = object  # type: ignore[misc]  # an unknown layout: leave it alone
-        assert not trio_send.install()
-        assert hypercorn_trio_run.TCPServer is object
-    finally:
-        hypercorn_trio_run.TCPServer = before  # type: ignore[misc]

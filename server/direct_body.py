@@ -1,0 +1,137 @@
+"""Streamed body chunks written straight to the connection, under Hypercorn's ASGI and h11 layers.
+
+Each SSE event otherwise travels `send()` -> Hypercorn's HTTPStream -> H11Protocol -> h11's chunked
+writer -> TCPServer (lock, write, drain) -> socket, and the route task is woken per event to make
+that call. On the demo load that path was about a third of the API process's CPU per token, more
+than the socket write itself (`python -m bench.frontend`). Here the output handler, which already
+holds the token, frames the HTTP/1.1 chunk itself and writes it, in the same loop over the step's
+outputs, without waking the route.
+
+It writes only when that cannot reorder or block: the response was started through ASGI, h11 is
+sending a chunked body (not HTTP/1.0, not HTTP/2, not after the end), no other send holds the
+connection's lock, and the transport has nothing queued (the client keeps up). Otherwise it
+declines and the output goes the ASGI way, where it merges with later ones while the client is
+slow. A partial socket write keeps the rest in `pending`, which the route flushes through
+Hypercorn's send path before it sends anything else; h11 keeps no state for chunk data, so its
+view of the connection stays true.
+
+`install()` makes Hypercorn's workers record each connection in a context variable that the
+request's tasks inherit; without it (plain `hypercorn ...`), `for_current_request()` is None and
+everything goes through ASGI.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+from typing import Any
+
+import h11
+import trio
+from h11._writers import ChunkedWriter  # h11's writer class for a chunked body: the one framing copied here
+from hypercorn.asyncio import run as hypercorn_asyncio_run
+from hypercorn.asyncio.tcp_server import TCPServer as AsyncioTCPServer
+from hypercorn.events import RawData
+from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.trio import run as hypercorn_trio_run
+from hypercorn.trio.tcp_server import TCPServer as TrioTCPServer
+
+from server.trio_send import FastSendTCPServer
+
+_connection: contextvars.ContextVar[Any] = contextvars.ContextVar("spindle_connection", default=None)
+
+
+class DirectBody:
+    """One response's direct writer. `write` only after `writable()` said True, in the same step."""
+
+    __slots__ = ("_server", "pending")
+
+    def __init__(self, server: Any) -> None:
+        self._server = server  # Hypercorn's TCPServer of this request's connection
+        self.pending = b""  # framed bytes a partial write left; flushed before anything else is sent
+
+    def writable(self) -> bool:
+        server = self._server
+        if self.pending or server.send_lock.locked():
+            return False
+        protocol = server.protocol.protocol
+        if type(protocol) is not H11Protocol:
+            return False
+        conn = protocol.connection
+        return (type(conn) is h11.Connection and conn.our_state is h11.SEND_BODY
+                and type(getattr(conn, "_writer", None)) is ChunkedWriter and self._transport_idle())
+
+    def write(self, data: bytes) -> None:
+        if data:
+            self._put(b"%x\r\n%s\r\n" % (len(data), data))
+
+    async def flush(self) -> None:
+        """Send what a partial write left, through Hypercorn (it waits for the client, or sees it gone)."""
+        data, self.pending = self.pending, b""
+        if data:
+            await self._server.protocol_send(RawData(data=data))
+
+    def _transport_idle(self) -> bool:
+        raise NotImplementedError
+
+    def _put(self, frame: bytes) -> None:
+        raise NotImplementedError
+
+
+class _AsyncioBody(DirectBody):
+    __slots__ = ()
+
+    def _transport_idle(self) -> bool:
+        transport = self._server.writer.transport
+        return not transport.is_closing() and transport.get_write_buffer_size() == 0
+
+    def _put(self, frame: bytes) -> None:
+        self._server.writer.transport.write(frame)  # the transport keeps what the socket did not take
+
+
+class _TrioBody(DirectBody):
+    __slots__ = ()
+
+    def _transport_idle(self) -> bool:
+        return type(self._server.stream) is trio.SocketStream  # TLS goes through Hypercorn
+
+    def _put(self, frame: bytes) -> None:
+        try:
+            sent = os.write(self._server.stream.socket.fileno(), frame)  # non-blocking: may take part
+        except OSError:  # full, or broken: the flush through Hypercorn waits, or reports the close
+            sent = 0
+        if sent < len(frame):
+            self.pending = frame[sent:]
+
+
+class _AsyncioServer(AsyncioTCPServer):
+    async def run(self) -> None:
+        _connection.set((_AsyncioBody, self))
+        await super().run()
+
+
+class _TrioServer(FastSendTCPServer):
+    async def run(self) -> None:
+        _connection.set((_TrioBody, self))
+        await super().run()
+
+
+def for_current_request() -> DirectBody | None:
+    """A direct writer for the response of the request this task serves, if `install()` ran."""
+    found = _connection.get()
+    return None if found is None else found[0](found[1])
+
+
+def install(worker_class: str) -> bool:
+    """Make Hypercorn's worker record connections (Trio: with its send fast path); False if its
+    layout is not the one this module was written against (then nothing changes)."""
+    module: Any = hypercorn_trio_run if worker_class == "trio" else hypercorn_asyncio_run
+    ours: type = _TrioServer if worker_class == "trio" else _AsyncioServer
+    base: type = TrioTCPServer if worker_class == "trio" else AsyncioTCPServer
+    current = getattr(module, "TCPServer", None)
+    if current is ours:
+        return True
+    if current is not base or not all(hasattr(base, name) for name in ("run", "protocol_send")):
+        return False
+    setattr(module, "TCPServer", ours)  # the name the worker looks up per connection
+    return True
