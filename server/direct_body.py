@@ -42,24 +42,30 @@ _connection: contextvars.ContextVar[Any] = contextvars.ContextVar("spindle_conne
 
 
 class DirectBody:
-    """One response's direct writer. `write` only after `writable()` said True, in the same step."""
+    """One response's direct writer. `write` only after `writable()` said True, in the same step, and
+    only between the response's start and its last ASGI send (the route's streaming loop)."""
 
-    __slots__ = ("_server", "pending")
+    __slots__ = ("_server", "_chunked", "pending")
 
     def __init__(self, server: Any) -> None:
         self._server = server  # Hypercorn's TCPServer of this request's connection
+        self._chunked = False  # h11 was seen sending this response's chunked body
         self.pending = b""  # framed bytes a partial write left; flushed before anything else is sent
 
     def writable(self) -> bool:
-        server = self._server
-        if self.pending or server.send_lock.locked():
+        if self.pending or self._server.send_lock.locked() or not self._transport_idle():
             return False
-        protocol = server.protocol.protocol
+        if not self._chunked:  # once true it stays true until the route's last send: only sends change it
+            self._chunked = self._h11_sends_chunks()
+        return self._chunked
+
+    def _h11_sends_chunks(self) -> bool:
+        protocol = self._server.protocol.protocol
         if type(protocol) is not H11Protocol:
             return False
         conn = protocol.connection
         return (type(conn) is h11.Connection and conn.our_state is h11.SEND_BODY
-                and type(getattr(conn, "_writer", None)) is ChunkedWriter and self._transport_idle())
+                and type(getattr(conn, "_writer", None)) is ChunkedWriter)
 
     def write(self, data: bytes) -> None:
         if data:
