@@ -86,8 +86,10 @@ async def respond(llm: AsyncLLM, specs: Sequence[GenerationSpec], fmt: Formatter
         direct = direct_body.for_current_request() if len(outputs.states) == 1 else None
 
         def deliver(out: Output) -> bool:  # runs in the output handler: format and write, no wake-up
+            nonlocal waiting_first
             if direct is None or not direct.writable():
                 return False
+            waiting_first = False  # the stream flows: no keep-alive when the route's wait times out
             last[out.index] = out
             try:
                 chunk = fmt.stream_chunk([out], _usage(counter, last) if continuous_usage else None)
@@ -102,6 +104,8 @@ async def respond(llm: AsyncLLM, specs: Sequence[GenerationSpec], fmt: Formatter
                 await direct.flush()
             await send({"type": "http.response.body", "body": data, "more_body": more})
 
+        if direct is not None:
+            outputs.deliver_directly(deliver)
         try:
             while outputs.remaining:
                 got = outputs.poll()
@@ -109,12 +113,11 @@ async def respond(llm: AsyncLLM, specs: Sequence[GenerationSpec], fmt: Formatter
                     if waiting_first:
                         got = await outputs.next_within(keepalive)
                         if got is None:
-                            await body(sse.KEEPALIVE, True)
+                            if waiting_first:
+                                await body(sse.KEEPALIVE, True)
                             continue
                         waiting_first = False
                     else:
-                        if direct is not None:
-                            outputs.deliver_directly(deliver)
                         got = await outputs.wait()
                 error = None
                 for out in got:

@@ -17,6 +17,7 @@ from hypercorn.config import Config
 
 from engine.messages import AddRequest
 from engine.models.hf_tokenizer import load_tokenizer, tokenizer_dir
+from server import direct_body
 from server.app import create_app
 from server.config import ServerConfig
 
@@ -45,9 +46,11 @@ class Running:
         return [json.loads(e) for e in events[:-1]]
 
 
-def serve_in_thread(gate: bool = False, **config: Any) -> Iterator[Running]:
-    """Hypercorn (trio worker) serving create_app(...) in a portal thread; shut down on exit."""
+def serve_in_thread(gate: bool = False, direct: bool = False, **config: Any) -> Iterator[Running]:
+    """Hypercorn (trio worker) serving create_app(...) in a portal thread; shut down on exit.
+    direct: with server.direct_body installed, as `spindle serve` runs it (else plain Hypercorn)."""
     import hypercorn.trio
+    from hypercorn.trio import run as hypercorn_trio_run
 
     fake = FakeEngineClient(script, max_model_len=512, gate=gate)
     deaths: list[str] = []
@@ -60,8 +63,13 @@ def serve_in_thread(gate: bool = False, **config: Any) -> Iterator[Running]:
     hc.graceful_timeout = 1
     with anyio.from_thread.start_blocking_portal(backend="trio") as portal:
         stop = portal.call(anyio.Event)
-        future, binds = portal.start_task(
-            lambda task_status: hypercorn.trio.serve(app, hc, shutdown_trigger=stop.wait, task_status=task_status))
+        plain = hypercorn_trio_run.TCPServer
+        try:
+            assert not direct or direct_body.install("trio")
+            future, binds = portal.start_task(
+                lambda task_status: hypercorn.trio.serve(app, hc, shutdown_trigger=stop.wait, task_status=task_status))
+        finally:
+            hypercorn_trio_run.TCPServer = plain  # type: ignore[misc]  # the running server keeps its class
         try:
             yield Running(binds[0], fake, deaths, portal)
         finally:
@@ -189,8 +197,9 @@ def test_disconnect_mid_stream_aborts(srv: Running) -> None:
     assert len(aborted) == 1  # aborted, exactly once
 
 
-def test_engine_death_then_503() -> None:
-    gen = serve_in_thread(gate=True)
+@pytest.mark.parametrize("direct", [False, True])
+def test_engine_death_then_503(direct: bool) -> None:
+    gen = serve_in_thread(gate=True, direct=direct)
     running = next(gen)
     try:
         body = {"messages": [{"role": "user", "content": "Hi"}], "stream": True}
@@ -229,8 +238,9 @@ def test_nonstream_disconnect_aborts() -> None:
         gen.close()
 
 
-def test_keepalive_while_queued_and_continuous_usage() -> None:
-    gen = serve_in_thread(gate=True, sse_keepalive=0.05)
+@pytest.mark.parametrize("direct", [False, True])
+def test_keepalive_while_queued_and_continuous_usage(direct: bool) -> None:
+    gen = serve_in_thread(gate=True, direct=direct, sse_keepalive=0.05)
     running = next(gen)
     try:
         body = {"prompt": "Hi", "max_tokens": 3, "stream": True, "return_token_ids": True,
@@ -245,6 +255,34 @@ def test_keepalive_while_queued_and_continuous_usage() -> None:
             sent += len(e["choices"][0]["token_ids"])
             assert e["usage"]["completion_tokens"] == sent
         assert sent == 3 and events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 3
+    finally:
+        gen.close()
+
+
+def test_streams_go_direct_with_the_same_text_and_disconnects_still_abort(monkeypatch: pytest.MonkeyPatch) -> None:
+    writes: list[bytes] = []
+    write = direct_body.DirectBody.write
+    monkeypatch.setattr(direct_body.DirectBody, "write", lambda self, data: (writes.append(data), write(self, data))[1])
+    gen = serve_in_thread(direct=True)
+    running = next(gen)
+    try:
+        chunks = running.sse("/v1/completions", {"prompt": "Hi", "stream": True, "max_tokens": len(GEN),
+                                                 "stream_options": {"include_usage": True}})
+        assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == TEXT
+        assert chunks[-2]["choices"][0]["finish_reason"] == "length" and chunks[-1]["usage"]["completion_tokens"] == len(GEN)
+        assert len(writes) >= 1 and all(w.startswith(b"data: {") and w.endswith(b"\n\n") for w in writes)
+        chat = running.sse("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "stream": True})
+        assert chat[0]["choices"][0]["delta"]["role"] == "assistant"
+        assert "".join(c["choices"][0]["delta"].get("content", "") for c in chat) == TEXT
+        body = {"prompt": "Hi", "stream": True, "ignore_eos": True, "max_tokens": 400}
+        with httpx.stream("POST", running.url + "/v1/completions", json=body, headers={"X-Request-Id": "gone"}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    break  # leave after the first event
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(a.startswith("gone-") for a in running.fake.aborted):
+            time.sleep(0.02)
+        assert len([a for a in running.fake.aborted if a.startswith("gone-")]) == 1
     finally:
         gen.close()
 
