@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import math
 import time
@@ -186,6 +187,8 @@ class EngineCore:
 def serve(config: EngineConfig, reader: FrameReader[ToEngine], writer: FrameWriter) -> None:
     """The subprocess loop. Returns on Shutdown or when the parent closes the pipe."""
     core = EngineCore(config)
+    gc.collect()
+    gc.freeze()  # the model and startup objects live for the process: full collections skip them
     writer.send(core.ready_message())
     log.info("engine ready: %d KV blocks of %d tokens", core.runner.num_blocks, core.runner.block_size)
     last_sent = time.monotonic()
