@@ -49,7 +49,8 @@ class _TokenizerInfo:
 
 
 def _gpt2_byte_chars() -> dict[str, int]:
-    """The ByteLevel alphabet: printable bytes stand for themselves, the rest are shifted past 255."""
+    """The ByteLevel alphabet (GPT-2's bytes_to_unicode, inverted; transformers is not imported here):
+    printable bytes stand for themselves, the rest are shifted past 255."""
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
     shifted = [b for b in range(256) if b not in keep]
     return {**{chr(b): b for b in keep}, **{chr(256 + k): b for k, b in enumerate(shifted)}}
@@ -221,7 +222,7 @@ class IncrementalDetokenizer:
         table = self._bytes
         if table is not None:
             try:
-                return b"".join([table[i] for i in ids]).decode("utf-8", "replace")
+                return b"".join([table[i] for i in ids]).decode("utf-8", "replace")  # type: ignore[misc]
             except TypeError:  # an added token in the window (no bytes of its own): the tokenizer decodes
                 pass
         try:

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import HistogramMetricFamily
-from prometheus_client.utils import floatToGoString
 
 from engine.messages import EngineStats
 
@@ -47,7 +46,7 @@ class _Histograms:
         self.items: list[tuple[str, str, LoopHistogram]] = []
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
-        bounds = [floatToGoString(b) for b in LATENCY_BUCKETS] + ["+Inf"]
+        bounds = [repr(float(b)) for b in LATENCY_BUCKETS] + ["+Inf"]  # as prometheus_client prints them
         for name, doc, hist in self.items:
             family = HistogramMetricFamily(name, doc, labels=["model_name"])
             cumulative, buckets = 0, []

@@ -195,3 +195,11 @@ def test_byte_level_table_decodes_like_the_tokenizer(family: str) -> None:
         window = [rng.choice(plain) for _ in range(rng.randint(1, 5))]
         fast = b"".join(table[i] or b"" for i in window).decode("utf-8", "replace")
         assert fast == tok.decode(window, skip_special_tokens=False) == tok.decode(window), window
+
+
+def test_byte_alphabet_is_gpt2s() -> None:
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    from server.detokenizer import _gpt2_byte_chars
+
+    assert _gpt2_byte_chars() == {c: b for b, c in bytes_to_unicode().items()}
