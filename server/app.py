@@ -130,10 +130,6 @@ def create_app(config: ServerConfig | None = None, *, on_fatal: Callable[[str], 
             renderer = await stack.enter_async_context(open_renderer(cfg))
             client = await stack.enter_async_context(open_engine(cfg))
             tokenizer = getattr(renderer, "tokenizer", None)
-            if tokenizer is not None:
-                from server import detokenizer
-
-                await anyio.to_thread.run_sync(detokenizer.prepare, tokenizer)  # its tables, off the loop
             llm = AsyncLLM(client, detokenizer_factory(tokenizer), admission=_admission(cfg),
                            stream_interval=cfg.stream_interval, on_dead=fatal, metrics=metrics)
             async with anyio.create_task_group() as tg:

@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import tokenizers
-import tokenizers.decoders
 
 _REPLACEMENT = "\ufffd"
 
@@ -42,48 +41,10 @@ class _TokenizerInfo:
     special_ids: frozenset[int]
     byte_ids: frozenset[int]  # byte-fallback tokens (<0xAB>); empty for byte-level BPE
     alone_len: tuple[dict[int, int], dict[int, int]]  # len(decode([id])) cache, per skip_special_tokens
-    # Byte-level BPE only: each vocabulary token's bytes (None for added tokens and odd entries), so a
-    # window decodes as joined bytes -> UTF-8 with U+FFFD for bad runs, which is what the ByteLevel
-    # decoder does (fuzz/ checks it against decode), at a third of the cost of a call into tokenizers.
-    token_bytes: list[bytes | None] | None
-
-
-def _gpt2_byte_chars() -> dict[str, int]:
-    """The ByteLevel alphabet (GPT-2's bytes_to_unicode, inverted; transformers is not imported here):
-    printable bytes stand for themselves, the rest are shifted past 255."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
-    shifted = [b for b in range(256) if b not in keep]
-    return {**{chr(b): b for b in keep}, **{chr(256 + k): b for k, b in enumerate(shifted)}}
-
-
-def _byte_level_table(tok: tokenizers.Tokenizer) -> list[bytes | None] | None:
-    if not isinstance(tok.decoder, tokenizers.decoders.ByteLevel):
-        return None
-    chars = _gpt2_byte_chars()
-    to_latin1: dict[int, int | None] = {ord(c): b for c, b in chars.items()}
-    to_latin1.update({c: None for c in range(0x400) if chr(c) not in chars})  # outside the alphabet: dropped
-    added = tok.get_added_tokens_decoder()
-    table: list[bytes | None] = [None] * tok.get_vocab_size(with_added_tokens=True)
-    for token, i in tok.get_vocab(with_added_tokens=False).items():
-        if i in added or not 0 <= i < len(table):
-            continue
-        mapped = token.translate(to_latin1)
-        if len(mapped) == len(token):  # every character was in the alphabet (else leave it to decode)
-            try:
-                table[i] = mapped.encode("latin-1")
-            except UnicodeEncodeError:
-                pass
-    return table
 
 
 # Keyed by id(); the tokenizer is kept alive in the value so its id is never reused.
 _INFO: dict[int, tuple[tokenizers.Tokenizer, _TokenizerInfo]] = {}
-
-
-def prepare(tok: tokenizers.Tokenizer) -> None:
-    """Build the per-tokenizer tables now (a fraction of a second for a 150k vocabulary), so the
-    first request does not pay for it on the event loop."""
-    _tokenizer_info(tok)
 
 
 def _tokenizer_info(tok: tokenizers.Tokenizer) -> _TokenizerInfo:
@@ -95,8 +56,7 @@ def _tokenizer_info(tok: tokenizers.Tokenizer) -> _TokenizerInfo:
     if getattr(tok.model, "byte_fallback", False):
         found = (tok.token_to_id(f"<0x{b:02X}>") for b in range(256))
         byte_ids = frozenset(i for i in found if i is not None)
-    info = _TokenizerInfo(tok.get_vocab_size(with_added_tokens=True), special, byte_ids, ({}, {}),
-                          _byte_level_table(tok))
+    info = _TokenizerInfo(tok.get_vocab_size(with_added_tokens=True), special, byte_ids, ({}, {}))
     _INFO[id(tok)] = (tok, info)
     return info
 
@@ -120,7 +80,6 @@ class IncrementalDetokenizer:
         self._skip = skip_special_tokens
         self._hidden = info.special_ids if skip_special_tokens else frozenset()
         self._byte_ids = info.byte_ids
-        self._bytes = info.token_bytes
         self._alone_len = info.alone_len[1 if skip_special_tokens else 0]
         self._stops = [s for s in stop if s]
         self._hold = max((len(s) for s in self._stops), default=1) - 1
@@ -219,12 +178,6 @@ class IncrementalDetokenizer:
         raise DetokenizeError(f"token ids must be integers, got {ids!r}")
 
     def _decode(self, ids: list[int]) -> str:
-        table = self._bytes
-        if table is not None:
-            try:
-                return b"".join([table[i] for i in ids]).decode("utf-8", "replace")  # type: ignore[misc]
-            except TypeError:  # an added token in the window (no bytes of its own): the tokenizer decodes
-                pass
         try:
             return self._tok.decode(ids, skip_special_tokens=self._skip)
         except Exception as exc:  # tokenizers raises plain Exception subclasses; keep the contract narrow

@@ -174,32 +174,3 @@ def test_updates_after_the_request_is_done_are_ignored() -> None:
     d = IncrementalDetokenizer(tok, [], stop=["b"])
     assert d.update(ids("qwen2", "a b c"), False) == "b"
     assert d.update([-1], True) is None and d.output_text == "a " and d.num_output_tokens == len(ids("qwen2", "a b c"))
-
-
-@pytest.mark.parametrize("family", ["qwen2", "tekken", "llama"])
-def test_byte_level_table_decodes_like_the_tokenizer(family: str) -> None:
-    import random
-
-    from server.detokenizer import _tokenizer_info, prepare
-
-    tok = load_tokenizer(family)
-    prepare(tok)
-    table = _tokenizer_info(tok).token_bytes
-    if family == "llama":  # SentencePiece with byte fallback: no table, decode does it all
-        assert table is None
-        return
-    assert table is not None and sum(b is not None for b in table) > 0.99 * len(table)
-    rng = random.Random(7)
-    plain = [i for i, b in enumerate(table) if b is not None]
-    for _ in range(3000):  # random neighbours: split characters, lone continuation bytes, bad runs
-        window = [rng.choice(plain) for _ in range(rng.randint(1, 5))]
-        fast = b"".join(table[i] or b"" for i in window).decode("utf-8", "replace")
-        assert fast == tok.decode(window, skip_special_tokens=False) == tok.decode(window), window
-
-
-def test_byte_alphabet_is_gpt2s() -> None:
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    from server.detokenizer import _gpt2_byte_chars
-
-    assert _gpt2_byte_chars() == {c: b for b, c in bytes_to_unicode().items()}
