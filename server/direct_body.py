@@ -23,7 +23,6 @@ everything goes through ASGI.
 from __future__ import annotations
 
 import contextvars
-import os
 from typing import Any
 
 import h11
@@ -102,10 +101,7 @@ class _TrioBody(DirectBody):
         return type(self._server.stream) is trio.SocketStream  # TLS goes through Hypercorn
 
     def _put(self, frame: bytes) -> None:
-        try:
-            sent = os.write(self._server.stream.socket.fileno(), frame)  # non-blocking: may take part
-        except OSError:  # full, or broken: the flush through Hypercorn waits, or reports the close
-            sent = 0
+        sent = self._server.write_now(frame)  # the flush through Hypercorn sends the rest, or sees the close
         if sent < len(frame):
             self.pending = frame[sent:]
 

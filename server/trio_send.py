@@ -21,16 +21,20 @@ from hypercorn.trio.tcp_server import TCPServer
 
 
 class FastSendTCPServer(TCPServer):
+    def write_now(self, data: bytes) -> int:
+        """One non-blocking write to the socket: how many bytes it took (0 when full, or broken: then
+        Hypercorn's own path waits, or reports the close)."""
+        try:
+            return os.write(self.stream.socket.fileno(), data)  # a plain SocketStream (callers check)
+        except OSError:
+            return 0
+
     async def protocol_send(self, event: Event) -> None:
         stream: Any = self.stream  # Hypercorn annotates it as an SSLStream; plain TCP gives a SocketStream
         if type(event) is RawData and not self.send_lock.locked() and type(stream) is trio.SocketStream:
             data = event.data
-            try:
-                sent = os.write(stream.socket.fileno(), data)  # non-blocking socket: may take part
-            except OSError:  # full (BlockingIOError), or broken: Hypercorn's path waits, or closes the connection
-                sent = 0
+            sent = self.write_now(data)
             if sent == len(data):
                 return
             event = RawData(data=data[sent:])
         await super().protocol_send(event)
-
