@@ -78,15 +78,18 @@ class RequestStream:
     def deliver_directly(self, sink: Callable[[Output], bool] | None) -> None:
         """Unfinished outputs go to `sink` (True: delivered) instead of waking the consumer, while it
         waits with nothing taken; finished ones and declined ones still come through `wait`."""
-        if sink is None:
-            self._collector.sink = None
+        record = self._record
+        if sink is None or record is None:  # unfinished outputs change no count but the access log's
+            self._collector.sink = sink
             return
 
         def deliver(out: Output) -> bool:
-            if sink(out):
-                self._count([out])
-                return True
-            return False
+            if not sink(out):
+                return False
+            self._count([out])
+            if not record.log_text:  # the first token's time is taken: later ones need no count
+                self._collector.sink = sink
+            return True
 
         self._collector.sink = deliver
 

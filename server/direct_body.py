@@ -41,22 +41,29 @@ _connection: contextvars.ContextVar[Any] = contextvars.ContextVar("spindle_conne
 
 
 class DirectBody:
-    """One response's direct writer. `write` only after `writable()` said True, in the same step, and
-    only between the response's start and its last ASGI send (the route's streaming loop)."""
+    """One response's direct writer, used between the response's start and its last ASGI send (the
+    route's streaming loop)."""
 
-    __slots__ = ("_server", "_chunked", "pending")
+    __slots__ = ("_server", "_lock", "_chunked", "pending")
 
     def __init__(self, server: Any) -> None:
         self._server = server  # Hypercorn's TCPServer of this request's connection
+        self._lock = server.send_lock  # held by Hypercorn's own sends
         self._chunked = False  # h11 was seen sending this response's chunked body
         self.pending = b""  # framed bytes a partial write left; flushed before anything else is sent
 
-    def writable(self) -> bool:
-        if self.pending or self._server.send_lock.locked() or not self._transport_idle():
+    def send(self, data: bytes) -> bool:
+        """Write `data` as one HTTP/1.1 chunk now, if that cannot reorder or block; False: it was not
+        written, send it through ASGI."""
+        if self.pending or self._lock.locked() or not self._transport_idle():
             return False
         if not self._chunked:  # once true it stays true until the route's last send: only sends change it
             self._chunked = self._h11_sends_chunks()
-        return self._chunked
+            if not self._chunked:
+                return False
+        if data:
+            self._put(b"%x\r\n%s\r\n" % (len(data), data))
+        return True
 
     def _h11_sends_chunks(self) -> bool:
         protocol = self._server.protocol.protocol
@@ -65,10 +72,6 @@ class DirectBody:
         conn = protocol.connection
         return (type(conn) is h11.Connection and conn.our_state is h11.SEND_BODY
                 and type(getattr(conn, "_writer", None)) is ChunkedWriter)
-
-    def write(self, data: bytes) -> None:
-        if data:
-            self._put(b"%x\r\n%s\r\n" % (len(data), data))
 
     async def flush(self) -> None:
         """Send what a partial write left, through Hypercorn (it waits for the client, or sees it gone)."""
@@ -84,14 +87,18 @@ class DirectBody:
 
 
 class _AsyncioBody(DirectBody):
-    __slots__ = ()
+    __slots__ = ("_transport",)
+
+    def __init__(self, server: Any) -> None:
+        super().__init__(server)
+        self._transport = server.writer.transport  # one per connection
 
     def _transport_idle(self) -> bool:
-        transport = self._server.writer.transport
-        return not transport.is_closing() and transport.get_write_buffer_size() == 0
+        transport = self._transport
+        return transport.get_write_buffer_size() == 0 and not transport.is_closing()
 
     def _put(self, frame: bytes) -> None:
-        self._server.writer.transport.write(frame)  # the transport keeps what the socket did not take
+        self._transport.write(frame)  # the transport keeps what the socket did not take
 
 
 class _TrioBody(DirectBody):

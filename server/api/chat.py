@@ -44,11 +44,12 @@ class ChatFormatter:
         return self._prefix + choices + b"]}\n\n"
 
     def stream_chunk(self, batch: list[Output], usage: Usage | None) -> bytes | None:
+        if usage is None and len(batch) == 1 and self._plain and batch[0].finish_reason is None:
+            return b"%s%s]}\n\n" % (self._prefix, self._plain_choice(batch[0]))  # the per-token case
         parts = []
         for out in batch:
-            if out.finish_reason is None and self._plain:  # the hot path: no objects, one encode
-                parts.append(b'{"index":%d,"delta":{"content":%s},"logprobs":null,"finish_reason":null}'
-                             % (out.index, _enc(out.text)))
+            if out.finish_reason is None and self._plain:
+                parts.append(self._plain_choice(out))
             else:
                 lp = chat_logprobs(out.logprobs or [], self.texts) if self.texts is not None else None
                 if self.token_ids:
@@ -59,6 +60,9 @@ class ChatFormatter:
                                                        out.finish_reason, out.stop_reason)))
         tail = b"]}\n\n" if usage is None else b'],"usage":' + _enc(usage) + b"}\n\n"
         return self._prefix + b",".join(parts) + tail
+
+    def _plain_choice(self, out: Output) -> bytes:  # the hot path: no objects, one encode
+        return b'{"index":%d,"delta":{"content":%s},"logprobs":null,"finish_reason":null}' % (out.index, _enc(out.text))
 
     def usage_chunk(self, usage: Usage) -> bytes:
         return sse.frame(_enc(ChatCompletionStreamResponse(self.id, self.created, self.model, [], usage=usage)))

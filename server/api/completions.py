@@ -70,15 +70,16 @@ class CompletionFormatter:
         return None
 
     def stream_chunk(self, batch: list[Output], usage: Usage | None) -> bytes | None:
-        parts = []
-        for out in batch:
-            if out.finish_reason is None and self._plain:  # the hot path: no objects, one encode
-                parts.append(b'{"index":%d,"text":%s,"logprobs":null,"finish_reason":null,"stop_reason":null}'
-                             % (out.index, _enc(self._text(out))))
-            else:
-                parts.append(_enc(self._choice(out)))
+        if usage is None and len(batch) == 1 and self._plain and batch[0].finish_reason is None:
+            return b"%s%s]}\n\n" % (self._prefix, self._plain_choice(batch[0]))  # the per-token case
+        parts = [self._plain_choice(out) if out.finish_reason is None and self._plain else _enc(self._choice(out))
+                 for out in batch]
         tail = b"]}\n\n" if usage is None else b'],"usage":' + _enc(usage) + b"}\n\n"
         return self._prefix + b",".join(parts) + tail
+
+    def _plain_choice(self, out: Output) -> bytes:  # the hot path: no objects, one encode
+        return (b'{"index":%d,"text":%s,"logprobs":null,"finish_reason":null,"stop_reason":null}'
+                % (out.index, _enc(self._text(out))))
 
     def usage_chunk(self, usage: Usage) -> bytes:
         return sse.frame(_enc(CompletionStreamResponse(self.id, self.created, self.model, [], usage=usage)))

@@ -87,16 +87,14 @@ async def respond(llm: AsyncLLM, specs: Sequence[GenerationSpec], fmt: Formatter
 
         def deliver(out: Output) -> bool:  # runs in the output handler: format and write, no wake-up
             nonlocal waiting_first
-            if direct is None or not direct.writable():
-                return False
-            waiting_first = False  # the stream flows: no keep-alive when the route's wait times out
-            last[out.index] = out
+            last[out.index] = out  # declined, it reaches the route too, merged: same or later counts
             try:
                 chunk = fmt.stream_chunk([out], _usage(counter, last) if continuous_usage else None)
             except Exception:  # a formatting bug must fail this request in its own task, not the handler
                 return False
-            if chunk:
-                direct.write(chunk)
+            if chunk is None or direct is None or not direct.send(chunk):
+                return False
+            waiting_first = False  # the stream flows: no keep-alive when the route's wait times out
             return True
 
         async def body(data: bytes, more: bool) -> None:

@@ -265,8 +265,15 @@ def test_keepalive_while_queued_and_continuous_usage(direct: bool) -> None:
 
 def test_streams_go_direct_with_the_same_text_and_disconnects_still_abort(monkeypatch: pytest.MonkeyPatch) -> None:
     writes: list[bytes] = []
-    write = direct_body.DirectBody.write
-    monkeypatch.setattr(direct_body.DirectBody, "write", lambda self, data: (writes.append(data), write(self, data))[1])
+    send = direct_body.DirectBody.send
+
+    def counted(self: direct_body.DirectBody, data: bytes) -> bool:
+        sent = send(self, data)
+        if sent:
+            writes.append(data)
+        return sent
+
+    monkeypatch.setattr(direct_body.DirectBody, "send", counted)
     gen = serve_in_thread(direct=True)
     running = next(gen)
     try:

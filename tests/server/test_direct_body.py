@@ -57,8 +57,7 @@ class App:
         self.had_writer = direct is not None
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
         for chunk in self.chunks:
-            if direct is not None and direct.writable():
-                direct.write(chunk)
+            if direct is not None and direct.send(chunk):
                 self.direct_writes += 1
                 continue
             self.declined.set()
