@@ -252,26 +252,26 @@ class AsyncLLM:
             if record is not None:
                 record.completion_tokens = sum(s.num_output_tokens for s in states)
                 record.finish_reasons = [s.finish_reason or "abort" for s in states]
-            with anyio.CancelScope(shield=True):
-                sent_set = set(sent)
-                pending = [s.request_id for s in states if not s.finished and s.request_id in sent_set]
-                for state in states:
-                    self.output.remove(state.request_id)
-                if admission is not None:
-                    if queued:
-                        admission.release(len(queued), sum(queued.values()))
-                if pending and self.dead is None:
+            sent_set = set(sent)
+            pending = [s.request_id for s in states if not s.finished and s.request_id in sent_set]
+            for state in states:
+                self.output.remove(state.request_id)
+            if admission is not None:
+                if queued:
+                    admission.release(len(queued), sum(queued.values()))
+            if pending and self.dead is None:
+                with anyio.CancelScope(shield=True):  # a cancelled caller still aborts its engine requests
                     await self._abort(pending)
-                if pending and self.metrics is not None:
-                    now = time.time()
-                    for state in states:
-                        if state.request_id in pending:
-                            self.metrics.record_finished(
-                                reason="abort", arrival=state.arrival_time, scheduled=0.0, first_token=0.0,
-                                finished=now, num_prompt_tokens=state.num_prompt_tokens,
-                                num_output_tokens=state.num_output_tokens)
-                            self.metrics.generation_tokens.inc(state.num_output_tokens)
-                collector.close()
+            if pending and self.metrics is not None:
+                now = time.time()
+                for state in states:
+                    if state.request_id in pending:
+                        self.metrics.record_finished(
+                            reason="abort", arrival=state.arrival_time, scheduled=0.0, first_token=0.0,
+                            finished=now, num_prompt_tokens=state.num_prompt_tokens,
+                            num_output_tokens=state.num_output_tokens)
+                        self.metrics.generation_tokens.inc(state.num_output_tokens)
+            collector.close()
 
     async def drain(self, timeout: float) -> int:
         """Shutdown: refuse new requests, let in-flight ones finish for up to `timeout` s, cut the rest.

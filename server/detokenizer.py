@@ -123,10 +123,31 @@ class IncrementalDetokenizer:
         if self._search_from is None and self._num_tokens >= self._min_tokens:
             self._reach_min_tokens(new_token_ids[: self._min_tokens - before])
             new_token_ids = new_token_ids[self._min_tokens - before :]
-        self._consume(new_token_ids, finished)
+        text = self._consume(new_token_ids, finished)
+        if self._stops and self._search_from is not None:
+            if text or finished:
+                self._commit(text, finished)
+        else:  # nothing here can start a stop string
+            self._release(text)
         if finished:
             self._done = True
         return self._stop_reason
+
+    def next_delta(self, new_token_ids: list[int]) -> str:
+        """`update(ids, False)` then `take_delta()`, for a request without stop strings: the per-token path."""
+        if self._done:
+            return ""
+        if self._stops:
+            self.update(new_token_ids, False)
+            return self.take_delta()
+        self._check(new_token_ids)
+        self._num_tokens += len(new_token_ids)
+        text = self._consume(new_token_ids, False)
+        if text:
+            self._released.append(text)
+            self._released_len += len(text)
+            self._text_cache = None
+        return text if not self._delta else self.take_delta() + text
 
     def take_delta(self) -> str:
         """Text released since the last call ("" if none)."""
@@ -191,10 +212,11 @@ class IncrementalDetokenizer:
         replay = self._window[self._ctx_n :] + ids
         del self._window[self._ctx_n :]
         for i in replay:
-            self._consume([i], False)
+            self._release(self._consume([i], False))
         self._search_from = self._scan = self._released_len + len(self._pending)
 
-    def _consume(self, ids: list[int], finished: bool) -> None:
+    def _consume(self, ids: list[int], finished: bool) -> str:
+        """Add `ids` to the window; return the text it commits ("" while a character is incomplete)."""
         hidden = self._hidden
         if hidden:
             if len(ids) == 1:
@@ -205,30 +227,24 @@ class IncrementalDetokenizer:
         window = self._window
         if ids:
             window += ids
-        elif not finished:
-            return
-        new_text = ""
-        if window:
-            text = self._decode(window)
-            if not finished and (text[-1:] == _REPLACEMENT or window[-1] in self._byte_ids):
-                return  # a character (or a byte-fallback run) may still change: wait for more ids
-            new_text = text[self._ctx_chars :]
-            # Rebase: the last token becomes the next window's context.
-            last = window[-1]
-            alone = self._alone_len.get(last)
-            if alone is None:
-                alone = self._alone_len[last] = len(self._decode([last]))
-            self._window = [last]
-            self._ctx_n = 1
-            self._ctx_chars = alone
-        if self._stops and self._search_from is not None:
-            if new_text or finished:
-                self._commit(new_text, finished)
-        elif new_text:  # nothing here can start a stop string
-            self._released.append(new_text)
-            self._released_len += len(new_text)
-            self._delta.append(new_text)
-            self._text_cache = None
+        elif not finished or not window:
+            return ""
+        try:
+            text = self._tok.decode(window, skip_special_tokens=self._skip)
+        except Exception as exc:  # tokenizers raises plain Exception subclasses; keep the contract narrow
+            raise DetokenizeError(f"could not decode token ids: {exc}") from exc
+        if not finished and (text[-1:] == _REPLACEMENT or window[-1] in self._byte_ids):
+            return ""  # a character (or a byte-fallback run) may still change: wait for more ids
+        # Rebase: the last token becomes the next window's context.
+        last = window[-1]
+        alone = self._alone_len.get(last)
+        if alone is None:
+            alone = self._alone_len[last] = len(self._decode([last]))
+        new_text = text[self._ctx_chars :]
+        self._window = [last]
+        self._ctx_n = 1
+        self._ctx_chars = alone
+        return new_text
 
     def _commit(self, text: str, finished: bool) -> None:
         pending = self._pending + text

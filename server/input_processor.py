@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import enum
 import secrets
-import string
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +16,6 @@ from server.errors import bad_request
 from server.protocol import ChatCompletionRequest, CompletionRequest
 
 MAX_N = 128
-_ALPHABET = string.ascii_letters + string.digits
 _INT64 = 1 << 63
 
 
@@ -69,7 +67,8 @@ class GenerationSpec:
 
 
 def random_suffix() -> str:
-    return "".join(secrets.choice(_ALPHABET) for _ in range(8))
+    """8 characters that keep two requests with the same external id apart in the engine (not a secret)."""
+    return secrets.token_hex(4)
 
 
 def external_request_id(header: str | None, body_id: str | None) -> str:

@@ -225,26 +225,29 @@ class OutputProcessor:
                 kind = state.kind
                 if kind == _FINAL:
                     return False
-                since = state.num_output_tokens - state.last_emit
-                if state.emitted and since < self.stream_interval:
+                if state.emitted and state.num_output_tokens - state.last_emit < self.stream_interval:
                     return False
-                if not state.has_stops:
-                    self._feed(state, False)
                 if kind == _DELTA:
-                    text = state.detok.take_delta()
+                    if state.has_stops:  # fed above
+                        text = state.detok.take_delta()
+                    else:
+                        new = state.unsent[state.detok_done:] if state.detok_done else state.unsent
+                        state.detok_done = len(state.unsent)
+                        text = state.detok.next_delta(new)
                     if not text and not state.logprobs:
                         return False  # nothing visible yet (held back); the ids go with the next output
                     out = Output(state.index, text, state.unsent, state.num_output_tokens,
                                  logprobs=state.logprobs, first=not state.emitted)
                     state.unsent = []
                     state.detok_done = 0
+                    state.logprobs = None
                 else:
+                    if not state.has_stops:
+                        self._feed(state, False)
                     out = Output(state.index, state.detok.output_text, list(state.unsent), state.num_output_tokens,
                                  logprobs=None if state.logprobs is None else list(state.logprobs),
                                  first=not state.emitted)
                     state.detok_done = len(state.unsent)
-                if state.kind == _DELTA:
-                    state.logprobs = None
                 out.num_cached_tokens = state.num_cached_tokens
                 if not state.emitted:
                     out.prompt_logprobs = state.prompt_logprobs
