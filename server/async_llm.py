@@ -18,6 +18,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from engine.messages import AddRequest, EngineStats, Heartbeat, Ready, StepOutputs
 from server import access_log
 from server.access_log import RequestRecord
+from server.direct_body import WriteBatch
 from server.errors import APIError
 from server.input_processor import GenerationSpec, OutputKind
 from server.output_processor import Collector, Output, OutputProcessor, RequestState
@@ -124,7 +125,8 @@ class AsyncLLM:
         self.detokenizer = detokenizer
         self.admission = admission
         self.metrics = metrics  # server.metrics.ServerMetrics or None
-        self.output = OutputProcessor(stream_interval=stream_interval, metrics=metrics)
+        self.writes = WriteBatch()  # routes' direct writes (server.direct_body), made once per step
+        self.output = OutputProcessor(stream_interval=stream_interval, metrics=metrics, flush=self.writes.flush)
         self.on_dead = on_dead
         self.dead: str | None = None  # why the engine is gone; set once
         self.stopping = False  # draining for shutdown: new requests get 503

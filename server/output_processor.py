@@ -160,11 +160,13 @@ class RequestState:
 
 
 class OutputProcessor:
-    def __init__(self, *, stream_interval: int = 1, chunk_size: int = CHUNK, metrics: Any = None) -> None:
+    def __init__(self, *, stream_interval: int = 1, chunk_size: int = CHUNK, metrics: Any = None,
+                 flush: Callable[[], None] | None = None) -> None:
         self.metrics = metrics  # server.metrics.ServerMetrics or None
         self.states: dict[str, RequestState] = {}
         self.stream_interval = stream_interval
         self.chunk_size = chunk_size
+        self.flush = flush  # makes the direct writes the chunk's deliveries queued, before any other task runs
 
     def add(self, state: RequestState) -> None:
         self.states[state.request_id] = state
@@ -179,6 +181,7 @@ class OutputProcessor:
         states = self.states
         size = self.chunk_size
         now = step.timestamp
+        flush = self.flush
         for start in range(0, len(outputs), size):
             if start:
                 await anyio.lowlevel.checkpoint()  # let routes send between chunks of a big step
@@ -186,6 +189,8 @@ class OutputProcessor:
                 state = states.get(ro.request_id)
                 if state is not None and self._process_one(state, ro, now):
                     to_abort.append(ro.request_id)
+            if flush is not None:
+                flush()
         return to_abort
 
     def _process_one(self, state: RequestState, ro: RequestOutput, now: float) -> bool:

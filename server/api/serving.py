@@ -83,7 +83,7 @@ async def respond(llm: AsyncLLM, specs: Sequence[GenerationSpec], fmt: Formatter
         waiting_first = keepalive > 0  # keep-alives cover the queue wait; a started stream keeps flowing
         last: dict[int, Output] = {}
         data: bytes | None = None
-        direct = direct_body.for_current_request() if len(outputs.states) == 1 else None
+        direct = direct_body.for_current_request(llm.writes) if len(outputs.states) == 1 else None
 
         def deliver(out: Output) -> bool:  # runs in the output handler: format and write, no wake-up
             nonlocal waiting_first

@@ -53,11 +53,13 @@ class App:
             await send({"type": "lifespan.shutdown.complete"})
             return
         await receive()
-        direct = direct_body.for_current_request()
+        batch = direct_body.WriteBatch()
+        direct = direct_body.for_current_request(batch)
         self.had_writer = direct is not None
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
         for chunk in self.chunks:
             if direct is not None and direct.send(chunk):
+                batch.flush()
                 self.direct_writes += 1
                 continue
             self.declined.set()
@@ -165,3 +167,23 @@ def test_install_refuses_an_unknown_layout() -> None:
         assert hypercorn_trio_run.TCPServer is object
     finally:
         hypercorn_trio_run.TCPServer = before  # type: ignore[misc]
+
+
+def test_write_batch_writes_nothing_until_flush_then_all_in_order() -> None:
+    class Body:
+        def __init__(self) -> None:
+            self.frames: list[bytes] = []
+
+        def _put(self, frame: bytes) -> None:
+            self.frames.append(frame)
+
+    a, b = Body(), Body()
+    batch = direct_body.WriteBatch()
+    batch.add(a, b"1")  # type: ignore[arg-type]
+    batch.add(b, b"2")  # type: ignore[arg-type]
+    batch.add(a, b"3")  # type: ignore[arg-type]
+    assert a.frames == [] and b.frames == []
+    batch.flush()
+    assert a.frames == [b"1", b"3"] and b.frames == [b"2"]
+    batch.flush()  # emptied: nothing is written twice
+    assert a.frames == [b"1", b"3"]

@@ -186,6 +186,31 @@ async def test_big_step_is_chunked_and_all_requests_served(tok) -> None:  # type
     assert proc.states == {}
 
 
+async def test_flush_runs_after_each_chunk_before_other_tasks(tok) -> None:  # type: ignore[no-untyped-def]
+    """Direct writes queued by a chunk's deliveries go out before the handler lets a route run."""
+    events: list[str] = []
+    proc = OutputProcessor(chunk_size=3, flush=lambda: events.append("flush"))
+    prompt = tok.encode("x").ids
+    for i in range(7):
+        c = Collector(OutputKind.DELTA)
+        c.sink = lambda out, i=i: events.append(f"deliver r{i}") is None
+        proc.add(RequestState(f"r{i}", 0, c, IncrementalDetokenizer(tok, prompt), OutputKind.DELTA, False, 1))
+
+    async def other_task() -> None:  # runs only when the handler checkpoints between chunks
+        events.append("other")
+
+    ids = tok.encode(" hello").ids
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(other_task)
+        await proc.process_outputs(step(*(RequestOutput(f"r{i}", ids) for i in range(7))))
+    delivered = [e for e in events if e.startswith("deliver")]
+    assert len(delivered) == 7
+    # every chunk's deliveries, then its flush; another task only ever after a flush
+    assert events.index("flush") == 3 and events.count("flush") == 3
+    other = events.index("other")
+    assert events[other - 1] == "flush"
+
+
 SAMPLES = ["Grüße, 世界! The quick brown fox jumps over the lazy dog. 🦊🐶 done",
            "a\n\nb  c\t🦊🦊 ü ü <|im_end|> tail", "数字 1234567 and émoji 👩‍👩‍👧 end."]
 
