@@ -57,8 +57,10 @@ def _open_renderer(config: ServerConfig) -> AbstractAsyncContextManager[Any]:
 
 
 def detokenizer_factory(tokenizer: Any) -> Callable[[GenerationSpec], Any]:
-    from server.detokenizer import IncrementalDetokenizer
+    from server.detokenizer import IncrementalDetokenizer, prepare
 
+    if tokenizer is not None:
+        prepare(tokenizer)
     def make(spec: GenerationSpec) -> Any:
         return IncrementalDetokenizer(
             tokenizer, spec.prompt_token_ids, skip_special_tokens=spec.skip_special_tokens,

@@ -40,7 +40,7 @@ class _TokenizerInfo:
     vocab_size: int
     special_ids: frozenset[int]
     byte_ids: frozenset[int]  # byte-fallback tokens (<0xAB>); empty for byte-level BPE
-    alone_len: tuple[dict[int, int], dict[int, int]]  # len(decode([id])) cache, per skip_special_tokens
+    alone_len: tuple[list[int], list[int]]  # len(decode([id])) for every id, per skip_special_tokens
 
 
 # Keyed by id(); the tokenizer is kept alive in the value so its id is never reused.
@@ -56,9 +56,27 @@ def _tokenizer_info(tok: tokenizers.Tokenizer) -> _TokenizerInfo:
     if getattr(tok.model, "byte_fallback", False):
         found = (tok.token_to_id(f"<0x{b:02X}>") for b in range(256))
         byte_ids = frozenset(i for i in found if i is not None)
-    info = _TokenizerInfo(tok.get_vocab_size(with_added_tokens=True), special, byte_ids, ({}, {}))
+    n = tok.get_vocab_size(with_added_tokens=True)
+    info = _TokenizerInfo(n, special, byte_ids, (_alone_lengths(tok, n, False), _alone_lengths(tok, n, True)))
     _INFO[id(tok)] = (tok, info)
     return info
+
+
+def _alone_lengths(tok: tokenizers.Tokenizer, n: int, skip: bool) -> list[int]:
+    """len(decode([i])) for every id, once per tokenizer (~0.2 s for 150k ids): the next window's
+    context length is then a list lookup, not a second decode per token. Single-threaded on
+    purpose: decode_batch's thread pool would make every later fork (a renderer worker) warn."""
+    def length(i: int) -> int:
+        try:
+            return len(tok.decode([i], skip_special_tokens=skip))
+        except Exception:  # an id the tokenizer cannot decode fails the window's own decode first
+            return 0
+    return [length(i) for i in range(n)]
+
+
+def prepare(tok: tokenizers.Tokenizer) -> None:
+    """Build the per-tokenizer tables now (at startup) rather than in the first request."""
+    _tokenizer_info(tok)
 
 
 class IncrementalDetokenizer:
@@ -237,13 +255,10 @@ class IncrementalDetokenizer:
             return ""  # a character (or a byte-fallback run) may still change: wait for more ids
         # Rebase: the last token becomes the next window's context.
         last = window[-1]
-        alone = self._alone_len.get(last)
-        if alone is None:
-            alone = self._alone_len[last] = len(self._decode([last]))
         new_text = text[self._ctx_chars :]
         self._window = [last]
         self._ctx_n = 1
-        self._ctx_chars = alone
+        self._ctx_chars = self._alone_len[last]
         return new_text
 
     def _commit(self, text: str, finished: bool) -> None:
