@@ -61,6 +61,7 @@ def detokenizer_factory(tokenizer: Any) -> Callable[[GenerationSpec], Any]:
 
     if tokenizer is not None:
         prepare(tokenizer)
+
     def make(spec: GenerationSpec) -> Any:
         return IncrementalDetokenizer(
             tokenizer, spec.prompt_token_ids, skip_special_tokens=spec.skip_special_tokens,

@@ -160,12 +160,8 @@ class IncrementalDetokenizer:
             return self.take_delta()
         self._check(new_token_ids)
         self._num_tokens += len(new_token_ids)
-        text = self._consume(new_token_ids, False)
-        if text:
-            self._released.append(text)
-            self._released_len += len(text)
-            self._text_cache = None
-        return text if not self._delta else self.take_delta() + text
+        self._release(self._consume(new_token_ids, False))
+        return self.take_delta()
 
     def take_delta(self) -> str:
         """Text released since the last call ("" if none)."""
