@@ -80,7 +80,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.model is None:
-        from engine.checkpoint import demo_checkpoint_path
+        from engine.models.random_checkpoint import demo_checkpoint_path
         args.model = str(demo_checkpoint_path())
     core = EngineCore(EngineConfig(model=args.model, dtype=args.dtype, max_num_seqs=256,
                                    max_num_batched_tokens=8192, enable_prefix_caching=False))

@@ -18,8 +18,8 @@ from typing import Any
 import anyio
 
 from engine.models.hf_tokenizer import tokenizer_dir
-from server import template_sandbox
-from server.renderer import Renderer, load_chat_template
+from server.render import template_sandbox
+from server.render.renderer import Renderer, load_chat_template
 
 
 def _text(n_words: int) -> str:

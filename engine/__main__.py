@@ -48,7 +48,7 @@ def main() -> None:
                         format="%(asctime)s engine %(levelname)s %(message)s")
     try:
         config = EngineConfig(**json.loads(args.config))
-        from engine.core import serve  # heavy imports (torch) after the pipes are set up
+        from engine.loop import serve  # heavy imports (torch) after the pipes are set up
     except Exception as e:  # noqa: BLE001 - any load failure is reported to the parent, then we exit
         writer.send(LoadFailed(f"{type(e).__name__}: {e}"))
         sys.exit(1)

@@ -1,64 +1,21 @@
-"""The engine core: drain aborts, schedule, run the model, sample, report. Knows no text, no HTTP.
+"""The engine core's step: drain aborts, schedule, run the model, sample, report. Knows no text, no HTTP.
 
-`EngineCore` is usable in-process (tests, benchmarks); `serve` is the subprocess loop around it.
+`EngineCore` is usable in-process (tests, benchmarks); engine/loop.py runs it in the subprocess.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
-import logging
-import math
 import time
 
+from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.ipc import FrameReader, FrameWriter
-from engine.kv_cache import BlockManager
-from engine.messages import (
-    AbortRequests, AddRequest, EngineStats, Heartbeat, Ready, RequestOutput, SamplingParams,
-    Shutdown, StepOutputs, ToEngine, TokenLogprobs,
-)
+from engine.messages import AddRequest, EngineStats, Ready, RequestOutput, TokenLogprobs
 from engine.model_runner import ModelRunner, one_intra_op_thread
+from engine.params import validate_params
 from engine.sampler import Sampler
 from engine.scheduler import RequestRefused, Scheduler
 from engine.sequence import Sequence
-
-log = logging.getLogger("engine")
-INT64_MAX = (1 << 63) - 1
-
-
-def validate_params(p: SamplingParams, vocab_size: int) -> None:
-    """Engine-side guard: the server validates too, but nothing a request carries may crash the engine."""
-    floats = {"temperature": p.temperature, "top_p": p.top_p, "min_p": p.min_p,
-              "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
-              "repetition_penalty": p.repetition_penalty}
-    for name, value in floats.items():
-        if not math.isfinite(value):
-            raise RequestRefused(f"{name} must be a finite number, got {value}")
-    checks = [
-        (p.max_tokens >= 1, f"max_tokens must be at least 1, got {p.max_tokens}"),
-        (p.temperature >= 0, f"temperature must be >= 0, got {p.temperature}"),
-        (0 < p.top_p <= 1, f"top_p must be in (0, 1], got {p.top_p}"),
-        (0 <= p.min_p <= 1, f"min_p must be in [0, 1], got {p.min_p}"),
-        (p.top_k >= -1, f"top_k must be -1, 0 (off) or positive, got {p.top_k}"),
-        (p.repetition_penalty > 0, f"repetition_penalty must be > 0, got {p.repetition_penalty}"),
-        (0 <= p.min_tokens, f"min_tokens must be >= 0, got {p.min_tokens}"),
-        (p.seed is None or -INT64_MAX - 1 <= p.seed <= INT64_MAX, "seed must fit in int64"),
-        (p.logprobs is None or 0 <= p.logprobs <= vocab_size, "logprobs out of range"),
-        (p.prompt_logprobs is None or 0 <= p.prompt_logprobs <= vocab_size,
-         "prompt_logprobs out of range"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise RequestRefused(message)
-    ids = list(p.stop_token_ids) + list(p.allowed_token_ids or ()) + list(p.logit_bias or ())
-    bad = [i for i in ids if not 0 <= i < vocab_size]
-    if bad:
-        raise RequestRefused(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
-    if p.logit_bias and not all(math.isfinite(v) for v in p.logit_bias.values()):
-        raise RequestRefused("logit_bias values must be finite numbers")
-    if p.allowed_token_ids is not None and not p.allowed_token_ids:
-        raise RequestRefused("allowed_token_ids must not be empty")
 
 
 class EngineCore:
@@ -182,35 +139,3 @@ class EngineCore:
         targets = seq.token_ids[first + 1:end + 1]
         acc.extend(self.sampler.prompt_logprobs(logits[first - start:end - start],  # type: ignore[index]
                                                 targets, seq.params.prompt_logprobs))
-
-
-def serve(config: EngineConfig, reader: FrameReader[ToEngine], writer: FrameWriter) -> None:
-    """The subprocess loop. Returns on Shutdown or when the parent closes the pipe."""
-    core = EngineCore(config)
-    gc.collect()
-    gc.freeze()  # the model and startup objects live for the process: full collections skip them
-    writer.send(core.ready_message())
-    log.info("engine ready: %d KV blocks of %d tokens", core.runner.num_blocks, core.runner.block_size)
-    last_sent = time.monotonic()
-    while True:
-        # busy: just drain what arrived; idle: wait for work, but beat the heart meanwhile
-        msgs = reader.poll(0 if core.has_work else config.heartbeat_interval)
-        aborts: list[str] = []
-        for msg in msgs:
-            if isinstance(msg, AddRequest):
-                core.add_request(msg)
-            elif isinstance(msg, AbortRequests):
-                aborts.extend(msg.request_ids)
-            elif isinstance(msg, Shutdown):
-                return
-        if aborts:
-            core.abort(aborts)  # before scheduling, so their blocks are free for this very step
-        if reader.eof:
-            return  # the parent is gone
-        if core.has_work:
-            outputs = core.step()
-            writer.send(StepOutputs(outputs, time.time(), core.stats()))
-            last_sent = time.monotonic()
-        elif time.monotonic() - last_sent >= config.heartbeat_interval:
-            writer.send(Heartbeat(time.time(), core.stats()))
-            last_sent = time.monotonic()

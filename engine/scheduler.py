@@ -13,7 +13,7 @@ import heapq
 import time
 from collections.abc import Callable, Iterable
 
-from engine.kv_cache import BlockManager
+from engine.block_manager import BlockManager
 from engine.messages import EngineStats
 from engine.sequence import ScheduledSeq, Sequence, SeqStatus
 

@@ -1,7 +1,7 @@
 """Reference model of the detokenizer's contract, shared by the hypothesis properties and atheris.
 
 Everything here is computed from `tokenizer.decode` on whole sequences, independently of
-server/detokenizer.py's incremental algorithm.
+server/pipeline/detokenizer.py's incremental algorithm.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import tokenizers
 
 from engine.models.hf_tokenizer import load_tokenizer
-from server.detokenizer import IncrementalDetokenizer
+from server.pipeline.detokenizer import IncrementalDetokenizer
 
 FUZZ_FAMILIES = ("qwen2", "llama", "tekken")
 

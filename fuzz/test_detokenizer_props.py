@@ -1,4 +1,4 @@
-"""Property-based tests of server/detokenizer.py on real tokenizers (qwen2, llama, tekken).
+"""Property-based tests of server/pipeline/detokenizer.py on real tokenizers (qwen2, llama, tekken).
 
 Bounded for CI; raise SPINDLE_FUZZ_EXAMPLES (examples per property) for a longer run.
 """
@@ -22,7 +22,7 @@ from detok_support import (
     stable_prefix_len,
     tokenizer,
 )
-from server.detokenizer import DetokenizeError, IncrementalDetokenizer
+from server.pipeline.detokenizer import DetokenizeError, IncrementalDetokenizer
 
 EXAMPLES = int(os.environ.get("SPINDLE_FUZZ_EXAMPLES", "80"))
 FUZZ = settings(

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server.protocol import (ChatCompletionRequest, CompletionRequest, chat_decoder, completion_decoder,
+from server.protocol.openai import (ChatCompletionRequest, CompletionRequest, chat_decoder, completion_decoder,
                              decode_request)
 
 EXAMPLES = int(os.environ.get("SPINDLE_FUZZ_EXAMPLES", "100"))

@@ -16,22 +16,22 @@ from typing import Any
 import anyio
 from starlette.routing import Route, Router
 
-from server.access_log import AccessLog
-from server.api.chat import ChatRoute
-from server.api.completions import CompletionsRoute
-from server.api.generate import GenerateRoute
+from server.http.access_log import AccessLog
+from server.api.openai.chat import ChatRoute
+from server.api.openai.completions import CompletionsRoute
+from server.api.vllm.generate import GenerateRoute
 from server.api.health import HealthRoute, VersionRoute
-from server.api.http import Receive, Scope, Send, send_error
+from server.http.asgi import Receive, Scope, Send, send_error
 from server.api.metrics import MetricsRoute
-from server.api.models import ModelsRoute
-from server.api.render import ChatRenderRoute, CompletionsRenderRoute
+from server.api.openai.models import ModelsRoute
+from server.api.vllm.render import ChatRenderRoute, CompletionsRenderRoute
 from server.api.state import AppState
-from server.api.tokenize import DetokenizeRoute, TokenizeRoute
-from server.async_llm import AsyncLLM
-from server.auth import APIKeyAuth
+from server.api.vllm.tokenize import DetokenizeRoute, TokenizeRoute
+from server.pipeline.async_llm import AsyncLLM
+from server.http.auth import APIKeyAuth
 from server.config import ServerConfig
-from server.errors import APIError
-from server.input_processor import GenerationSpec, ModelLimits
+from server.http.errors import APIError
+from server.pipeline.input_processor import GenerationSpec, ModelLimits
 from server.metrics import ServerMetrics
 
 log = logging.getLogger("spindle.server")
@@ -48,7 +48,7 @@ def _open_engine(config: ServerConfig) -> AbstractAsyncContextManager[Any]:
 
 
 def _open_renderer(config: ServerConfig) -> AbstractAsyncContextManager[Any]:
-    from server.renderer import Renderer
+    from server.render.renderer import Renderer
 
     return Renderer.open(config.model_path, tokenizer_dir=config.tokenizer, chat_template=config.chat_template,
                          num_workers=config.renderer_num_workers, render_timeout=config.chat_template_render_timeout,
@@ -57,7 +57,7 @@ def _open_renderer(config: ServerConfig) -> AbstractAsyncContextManager[Any]:
 
 
 def detokenizer_factory(tokenizer: Any) -> Callable[[GenerationSpec], Any]:
-    from server.detokenizer import IncrementalDetokenizer, prepare
+    from server.pipeline.detokenizer import IncrementalDetokenizer, prepare
 
     if tokenizer is not None:
         prepare(tokenizer)
@@ -74,7 +74,7 @@ def detokenizer_factory(tokenizer: Any) -> Callable[[GenerationSpec], Any]:
 def _admission(config: ServerConfig) -> Any:
     if config.max_num_queued_reqs is None and config.max_num_queued_tokens is None:
         return None
-    from server.admission import Admission
+    from server.pipeline.admission import Admission
 
     return Admission(config.max_num_queued_reqs, config.max_num_queued_tokens)
 

@@ -97,7 +97,7 @@ def _hypercorn_config(config: ServerConfig) -> Any:
     hc.startup_timeout = config.engine_ready_timeout + 120  # model load + demo build happen in the lifespan
     hc.shutdown_timeout = config.shutdown_timeout + 15  # the engine's own stop after requests drained
     hc.keep_alive_timeout = 75
-    hc.accesslog = None  # server.access_log writes one line per request instead
+    hc.accesslog = None  # server.http.access_log writes one line per request instead
     hc.errorlog = logging.getLogger("hypercorn.error")  # through the root handler: one line, one format
     hc.loglevel = config.log_level.upper()
     return hc
@@ -168,7 +168,7 @@ async def serve(config: ServerConfig, engine_factory: Any = None) -> int:
     async with anyio.create_task_group() as tg:
         tg.start_soon(signals)
         try:
-            from server import direct_body
+            from server.http import direct_body
 
             if config.worker_class == "trio":
                 from hypercorn.trio import serve as hypercorn_serve
@@ -204,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if len(argv) != 2:
             print("usage: spindle make-demo PATH", file=sys.stderr)
             return 2
-        from engine.checkpoint import make_demo
+        from engine.models.random_checkpoint import make_demo
 
         print(make_demo(argv[1]))
         return 0

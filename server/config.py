@@ -92,7 +92,7 @@ class ServerConfig:
     def model_path(self) -> str:
         if self.model is not None:
             return self.model
-        from engine.checkpoint import demo_checkpoint_path
+        from engine.models.random_checkpoint import demo_checkpoint_path
 
         return str(demo_checkpoint_path())
 

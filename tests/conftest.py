@@ -21,7 +21,7 @@ MISTRAL_SLIDING_WINDOW = 8  # shorter than test prompts, so the window is exerci
 
 
 def build_checkpoint(root: Path, arch: str) -> Path:
-    from engine.checkpoint import write_random_checkpoint
+    from engine.models.random_checkpoint import write_random_checkpoint
 
     if arch == "qwen2":
         return write_random_checkpoint(root / "qwen2", "qwen2", **TINY, vocab_size=151_646,

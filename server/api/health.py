@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from server.api.http import Receive, Scope, Send, send_json
+from server.http.asgi import Receive, Scope, Send, send_json
 from server.api.state import AppState
-from server.errors import APIError
+from server.http.errors import APIError
 
 
 def _version() -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from server.api.http import Receive, Scope, Send
+from server.http.asgi import Receive, Scope, Send
 
 
 class MetricsRoute:

@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from server import direct_body, sse
-from server.api.http import SSE_HEADERS, Receive, Scope, Send, header, send_json, serve_json_post
-from server.api.logprobs import TokenTexts
+from server.http import direct_body, sse
+from server.http.asgi import SSE_HEADERS, Receive, Scope, Send, header, send_json, serve_json_post
+from server.api.openai.logprobs import TokenTexts
 from server.api.state import AppState
-from server.async_llm import AsyncLLM
-from server.errors import APIError
-from server.input_processor import GenerationSpec
-from server.output_processor import Output
-from server.protocol import PromptTokensDetails, Usage
+from server.pipeline.async_llm import AsyncLLM
+from server.http.errors import APIError
+from server.pipeline.input_processor import GenerationSpec
+from server.pipeline.output_processor import Output
+from server.protocol.openai import PromptTokensDetails, Usage
 
 
 class Formatter(Protocol):

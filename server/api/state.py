@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from server.config import ServerConfig
-from server.errors import APIError
-from server.input_processor import ModelLimits
+from server.http.errors import APIError
+from server.pipeline.input_processor import ModelLimits
 
 if TYPE_CHECKING:
-    from server.async_llm import AsyncLLM
+    from server.pipeline.async_llm import AsyncLLM
 
 
 @dataclass
@@ -19,7 +19,7 @@ class AppState:
     config: ServerConfig
     model_name: str
     llm: AsyncLLM | None = None
-    renderer: Any = None  # server.renderer.Renderer (or a test stand-in with the same methods)
+    renderer: Any = None  # server.render.renderer.Renderer (or a test stand-in with the same methods)
     limits: ModelLimits | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     stopping: bool = False

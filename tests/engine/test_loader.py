@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.checkpoint import write_random_checkpoint
+from engine.models.random_checkpoint import write_random_checkpoint
 from engine.models.loader import ModelLoadError, load_model, pick_dtype, resolve_model, slow_half_precision
 
 SMALL = dict(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64, vocab_size=1000,
@@ -151,7 +151,7 @@ def test_unreachable_hub_id() -> None:
 def test_demo_checkpoint_built_once_and_loads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
-    from engine.checkpoint import demo_checkpoint_path
+    from engine.models.random_checkpoint import demo_checkpoint_path
 
     monkeypatch.setenv("SPINDLE_CACHE_DIR", str(tmp_path))
     path = demo_checkpoint_path()
@@ -177,7 +177,7 @@ def test_concurrent_demo_builders_agree(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    code = ("import engine.checkpoint as c; c.DEMO = dict(c.DEMO, hidden_size=32, head_dim=16, vocab_size=1000, "
+    code = ("import engine.models.random_checkpoint as c; c.DEMO = dict(c.DEMO, hidden_size=32, head_dim=16, vocab_size=1000, "
             "intermediate_size=64, tokenizer=False); print(c.demo_checkpoint_path())")
     env = dict(os.environ, SPINDLE_CACHE_DIR=str(tmp_path), OMP_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)

@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from engine.kv_cache import BlockManager
+from engine.block_manager import BlockManager
 from engine.messages import SamplingParams
 from engine.scheduler import RequestRefused, Scheduler
 from engine.sequence import ScheduledSeq, Sequence, SeqStatus

@@ -17,7 +17,7 @@ from hypercorn.config import Config
 
 from engine.messages import AddRequest
 from engine.models.hf_tokenizer import load_tokenizer, tokenizer_dir
-from server import direct_body
+from server.http import direct_body
 from server.app import create_app
 from server.config import ServerConfig
 
@@ -48,7 +48,7 @@ class Running:
 
 def serve_in_thread(gate: bool = False, direct: bool = False, **config: Any) -> Iterator[Running]:
     """Hypercorn (trio worker) serving create_app(...) in a portal thread; shut down on exit.
-    direct: with server.direct_body installed, as `spindle serve` runs it (else plain Hypercorn)."""
+    direct: with server.http.direct_body installed, as `spindle serve` runs it (else plain Hypercorn)."""
     import hypercorn.trio
     from hypercorn.trio import run as hypercorn_trio_run
 

@@ -1,0 +1,122 @@
+"""POST /v1/chat/completions."""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+
+from server.http import sse
+from server.http.asgi import Send
+from server.api.openai.logprobs import TokenTexts, chat_logprobs
+from server.api.vllm.render import admit_early, prompts_lower_bound
+from server.api.serving import GenerationRoute, respond
+from server.http.errors import APIError, bad_request, from_decode_error
+from server.pipeline.input_processor import build_spec, check_request, external_request_id
+from server.pipeline.output_processor import Output
+from server.protocol.openai import (
+    ChatChoice, ChatChoiceIds, ChatCompletionResponse, ChatCompletionStreamResponse, ChatMessage, ChatStreamChoice, ChatStreamChoiceIds,
+    DeltaMessage,
+    Usage, chat_decoder, decode_request, encoder,
+)
+from server.render.renderer import RendererOverloaded, RenderError
+
+_enc = encoder.encode
+
+
+class ChatFormatter:
+    def __init__(self, request_id: str, created: int, model: str, n: int, texts: TokenTexts | None,
+                 token_ids: bool = False) -> None:
+        self.id = request_id
+        self.created = created
+        self.model = model
+        self.n = n
+        self.texts = texts  # set when logprobs were asked for
+        self.token_ids = token_ids  # return_token_ids
+        self._plain = texts is None and not token_ids
+        head = _enc({"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model})
+        self._prefix = b"data: " + head[:-1] + b',"choices":['
+
+    def stream_start(self) -> bytes:
+        """The first chunk of every choice carries the role, as OpenAI sends it."""
+        choices = b",".join(b'{"index":%d,"delta":{"role":"assistant","content":""},"logprobs":null,'
+                            b'"finish_reason":null}' % i for i in range(self.n))
+        return self._prefix + choices + b"]}\n\n"
+
+    def stream_chunk(self, batch: list[Output], usage: Usage | None) -> bytes | None:
+        if usage is None and len(batch) == 1 and self._plain and batch[0].finish_reason is None:
+            return b"%s%s]}\n\n" % (self._prefix, self._plain_choice(batch[0]))  # the per-token case
+        parts = []
+        for out in batch:
+            if out.finish_reason is None and self._plain:
+                parts.append(self._plain_choice(out))
+            else:
+                lp = chat_logprobs(out.logprobs or [], self.texts) if self.texts is not None else None
+                if self.token_ids:
+                    parts.append(_enc(ChatStreamChoiceIds(out.index, DeltaMessage(content=out.text), lp,
+                                                          out.finish_reason, out.stop_reason, out.token_ids)))
+                else:
+                    parts.append(_enc(ChatStreamChoice(out.index, DeltaMessage(content=out.text), lp,
+                                                       out.finish_reason, out.stop_reason)))
+        tail = b"]}\n\n" if usage is None else b'],"usage":' + _enc(usage) + b"}\n\n"
+        return self._prefix + b",".join(parts) + tail
+
+    def _plain_choice(self, out: Output) -> bytes:  # the hot path: no objects, one encode
+        return b'{"index":%d,"delta":{"content":%s},"logprobs":null,"finish_reason":null}' % (out.index, _enc(out.text))
+
+    def usage_chunk(self, usage: Usage) -> bytes:
+        return sse.frame(_enc(ChatCompletionStreamResponse(self.id, self.created, self.model, [], usage=usage)))
+
+    def final(self, outputs: list[Output], usage: Usage) -> bytes:
+        choices: list[ChatChoice] = []
+        for o in outputs:
+            lp = chat_logprobs(o.logprobs or [], self.texts) if self.texts is not None else None
+            message = ChatMessage("assistant", o.text)
+            if self.token_ids:
+                choices.append(ChatChoiceIds(o.index, message, lp, o.finish_reason, o.stop_reason, o.token_ids))
+            else:
+                choices.append(ChatChoice(o.index, message, lp, o.finish_reason, o.stop_reason))
+        return _enc(ChatCompletionResponse(self.id, self.created, self.model, choices, usage))
+
+
+class ChatRoute(GenerationRoute):
+
+    async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
+        try:
+            req = decode_request(chat_decoder, body)
+        except msgspec.DecodeError as e:
+            raise from_decode_error(e) from None
+        llm, renderer, limits = self.state.require()
+        self.state.check_model(req.model)
+        if req.messages is None:
+            raise bad_request("messages is required: a list of {role, content} objects.", "messages")
+        check_request(req, limits)
+        external = external_request_id(xid, req.request_id)
+        if llm.admission is not None:  # refuse before rendering when the queue surely has no room
+            admit_early(self.state, llm, req.n, req.n)
+        try:
+            text = await renderer.render_chat(
+                req.messages, add_generation_prompt=req.add_generation_prompt,
+                continue_final_message=req.continue_final_message, chat_template=req.chat_template,
+                chat_template_kwargs=req.chat_template_kwargs, tools=req.tools, documents=req.documents)
+            if llm.admission is not None:
+                lower = await prompts_lower_bound(renderer.tokenizer, [text])
+                admit_early(self.state, llm, req.n, req.n * lower)
+            ids = await renderer.encode(text, req.add_special_tokens)
+        except RenderError as e:
+            raise bad_request(str(e), "messages") from None
+        except RendererOverloaded as e:
+            raise APIError(str(e), status=503, retry_after=1) from None
+        spec = build_spec(req, ids, limits, external_id=external, stream=req.stream)
+        texts = None
+        if req.logprobs:
+            if self._texts is None:
+                self._texts = TokenTexts(renderer.tokenizer)
+            texts = self._texts
+        fmt = ChatFormatter(f"chatcmpl-{external}", int(time.time()), self.state.model_name, req.n, texts,
+                            req.return_token_ids)
+        opts = req.stream_options
+        await respond(llm, [spec], fmt, send, stream=req.stream,
+                      include_usage=bool(opts and opts.include_usage),
+                      continuous_usage=bool(opts and opts.include_usage and opts.continuous_usage_stats),
+                      keepalive=self.state.config.sse_keepalive, headers=[(b"x-request-id", external.encode())])

@@ -1,0 +1,143 @@
+"""POST /v1/completions."""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+
+from server.http import sse
+from server.http.asgi import Send
+from server.api.openai.logprobs import TokenTexts, completion_logprobs
+from server.api.vllm.render import admit_early, prompts_lower_bound
+from server.api.serving import GenerationRoute, respond
+from server.http.errors import APIError, bad_request, from_decode_error
+from server.pipeline.input_processor import (
+    build_spec, check_prompt_ids, check_request, completion_prompts, external_request_id,
+)
+from server.pipeline.output_processor import Output
+from server.protocol.openai import (
+    CompletionChoice, CompletionChoiceIds, CompletionLogprobs, CompletionResponse, CompletionStreamResponse, Usage,
+    completion_decoder, decode_request, encoder,
+)
+from server.render.renderer import RendererOverloaded, RenderError
+
+_enc = encoder.encode
+
+
+class CompletionFormatter:
+    def __init__(self, request_id: str, created: int, model: str, *, echo: dict[int, str],
+                 texts: TokenTexts | None, first_prompt_ids: dict[int, int] | None = None,
+                 prompt_ids: dict[int, list[int]] | None = None) -> None:
+        self.id = request_id
+        self.created = created
+        self.model = model
+        self.echo = echo  # choice index -> prompt text to put in front
+        self.texts = texts  # set when logprobs were asked for
+        self.offsets: dict[int, int] = {}
+        self.first_prompt_ids = first_prompt_ids or {}  # echo + logprobs: the prompt token without a logprob
+        self.prompt_ids = prompt_ids  # return_token_ids: choice index -> prompt ids (None: not asked)
+        self._plain = texts is None and prompt_ids is None  # the fast path applies to unfinished outputs
+        head = _enc({"id": request_id, "object": "text_completion", "created": created, "model": model})
+        self._prefix = b"data: " + head[:-1] + b',"choices":['
+
+    def _text(self, out: Output) -> str:
+        if out.first and self.echo:
+            return self.echo.get(out.index, "") + out.text
+        return out.text
+
+    def _logprobs(self, out: Output, into: CompletionLogprobs | None = None) -> CompletionLogprobs | None:
+        if self.texts is None:
+            return None
+        offset = self.offsets.get(out.index)
+        if offset is None:
+            offset = 0
+            if out.prompt_logprobs is not None and out.index in self.echo:  # echo: the prompt's logprobs first
+                first = self.texts(self.first_prompt_ids.get(out.index, 0))
+                into, offset = completion_logprobs(out.prompt_logprobs, self.texts, 0, into, first)
+            else:
+                offset = len(self.echo.get(out.index, ""))
+        lp, self.offsets[out.index] = completion_logprobs(out.logprobs or [], self.texts, offset, into)
+        return lp
+
+    def _choice(self, out: Output) -> CompletionChoice:
+        if self.prompt_ids is None:
+            return CompletionChoice(out.index, self._text(out), self._logprobs(out), out.finish_reason, out.stop_reason)
+        return CompletionChoiceIds(out.index, self._text(out), self._logprobs(out), out.finish_reason, out.stop_reason,
+                                   out.token_ids, self.prompt_ids.get(out.index) if out.first else None)
+
+    def stream_start(self) -> bytes | None:
+        return None
+
+    def stream_chunk(self, batch: list[Output], usage: Usage | None) -> bytes | None:
+        if usage is None and len(batch) == 1 and self._plain and batch[0].finish_reason is None:
+            return b"%s%s]}\n\n" % (self._prefix, self._plain_choice(batch[0]))  # the per-token case
+        parts = [self._plain_choice(out) if out.finish_reason is None and self._plain else _enc(self._choice(out))
+                 for out in batch]
+        tail = b"]}\n\n" if usage is None else b'],"usage":' + _enc(usage) + b"}\n\n"
+        return self._prefix + b",".join(parts) + tail
+
+    def _plain_choice(self, out: Output) -> bytes:  # the hot path: no objects, one encode
+        return (b'{"index":%d,"text":%s,"logprobs":null,"finish_reason":null,"stop_reason":null}'
+                % (out.index, _enc(self._text(out))))
+
+    def usage_chunk(self, usage: Usage) -> bytes:
+        return sse.frame(_enc(CompletionStreamResponse(self.id, self.created, self.model, [], usage=usage)))
+
+    def final(self, outputs: list[Output], usage: Usage) -> bytes:
+        choices = [self._choice(o) for o in outputs]
+        return _enc(CompletionResponse(self.id, self.created, self.model, choices, usage))
+
+
+class CompletionsRoute(GenerationRoute):
+
+    async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
+        try:
+            req = decode_request(completion_decoder, body)
+        except msgspec.DecodeError as e:
+            raise from_decode_error(e) from None
+        llm, renderer, limits = self.state.require()
+        self.state.check_model(req.model)
+        check_request(req, limits)
+        if req.echo and req.stream and req.logprobs is not None:
+            raise bad_request("echo with logprobs is not supported when streaming; drop one of them.", "echo")
+        external = external_request_id(xid, req.request_id)
+        prompts = completion_prompts(req.prompt)
+        if llm.admission is not None:  # refuse before tokenizing when the queue surely has no room
+            lower = await prompts_lower_bound(renderer.tokenizer, prompts)
+            admit_early(self.state, llm, req.n * len(prompts), req.n * lower)
+        specs, echo, first_ids = [], {}, {}
+        prompt_ids: dict[int, list[int]] = {}
+        try:
+            for k, prompt in enumerate(prompts):
+                if isinstance(prompt, str):
+                    ids = await renderer.encode(prompt, req.add_special_tokens)
+                else:
+                    check_prompt_ids(prompt, limits.vocab_size)
+                    ids = prompt
+                spec = build_spec(req, ids, limits, external_id=external, stream=req.stream, index_offset=k * req.n)
+                specs.append(spec)
+                if req.echo:
+                    text = prompt if isinstance(prompt, str) else await renderer.decode(ids, req.skip_special_tokens)
+                    echo.update({spec.index_offset + i: text for i in range(req.n)})
+                    first_ids.update({spec.index_offset + i: spec.prompt_token_ids[0] for i in range(req.n)})
+                if req.return_token_ids:
+                    prompt_ids.update({spec.index_offset + i: spec.prompt_token_ids for i in range(req.n)})
+        except RenderError as e:
+            raise bad_request(str(e), "prompt") from None
+        except RendererOverloaded as e:
+            raise APIError(str(e), status=503, retry_after=1) from None
+        texts = None
+        if req.logprobs is not None:
+            if self._texts is None:
+                self._texts = TokenTexts(renderer.tokenizer)
+            texts = self._texts
+        fmt = CompletionFormatter(f"cmpl-{external}", int(time.time()), self.state.model_name, echo=echo,
+                                  texts=texts, first_prompt_ids=first_ids,
+                                  prompt_ids=prompt_ids if req.return_token_ids else None)
+        opts = req.stream_options
+        headers = [(b"x-request-id", external.encode())]
+        await respond(llm, specs, fmt, send, stream=req.stream,
+                      include_usage=bool(opts and opts.include_usage),
+                      continuous_usage=bool(opts and opts.include_usage and opts.continuous_usage_stats),
+                      keepalive=self.state.config.sse_keepalive, headers=headers)

@@ -1,0 +1,19 @@
+"""GET /v1/models."""
+
+from __future__ import annotations
+
+from server.http.asgi import Receive, Scope, Send, send_json
+from server.api.state import AppState
+from server.protocol.openai import ModelCard, ModelList, encoder
+
+
+class ModelsRoute:
+    def __init__(self, state: AppState) -> None:
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        limits = self.state.limits
+        max_len = limits.max_model_len if limits is not None else (self.state.config.max_model_len or 0)
+        card = ModelCard(id=self.state.model_name, created=self.state.created, owned_by="spindle",
+                         root=self.state.config.model or self.state.model_name, max_model_len=max_len)
+        await send_json(send, 200, encoder.encode(ModelList([card])))

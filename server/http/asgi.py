@@ -1,0 +1,126 @@
+"""Raw-ASGI plumbing shared by the routes: bodies, responses, headers, client-disconnect watching.
+
+POST bodies are JSON. A request whose Content-Type is set to anything other than `application/json`
+(parameters such as `charset` allowed) or a `+json` type gets 415 Unsupported Media Type before its body
+is read; a request with no Content-Type at all is read as JSON (curl-style clients often omit it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import anyio
+
+from server.http.errors import APIError
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+JSON = b"application/json"
+_JSON_HEADERS = [(b"content-type", JSON)]
+SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+               (b"x-accel-buffering", b"no")]
+
+
+class ClientGone(Exception):
+    """The client disconnected before the body was read."""
+
+
+def header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+async def read_body(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise APIError(f"The request body is larger than {limit} bytes; send a smaller request.", status=413)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def check_content_type(scope: Scope) -> None:
+    """415 unless the body is declared JSON (or not declared at all); see the module docstring."""
+    value = header(scope, b"content-type")
+    if value is None:
+        return
+    media = value.split(";", 1)[0].strip().lower()
+    if media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
+        return
+    raise APIError(f"Content-Type {media or value!r} is not supported; send the body as JSON with "
+                   "`Content-Type: application/json`.", status=415)
+
+
+async def read_json_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    """The body of a JSON POST: 415 for a non-JSON Content-Type, 413 beyond `limit` bytes."""
+    check_content_type(scope)
+    return await read_body(receive, limit)
+
+
+async def send_json(send: Send, status: int, body: bytes,
+                    headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": _JSON_HEADERS + [(b"content-length", str(len(body)).encode())] + (headers or [])})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_error(send: Send, error: APIError, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    extra = list(headers or [])
+    if error.retry_after is not None:
+        extra.append((b"retry-after", str(error.retry_after).encode()))
+    await send_json(send, error.status, error.body(), extra)
+
+
+async def run_until_disconnect(receive: Receive, body: Callable[[], Awaitable[None]]) -> bool:
+    """Run `body` in a task group that a client disconnect cancels. Returns False when the client left."""
+    left = False
+    async with anyio.create_task_group() as tg:
+
+        async def watch() -> None:
+            nonlocal left
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            left = True
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(watch)
+        await body()
+        tg.cancel_scope.cancel()
+    return not left
+
+
+async def serve_json_post(scope: Scope, receive: Receive, send: Send, limit: int,
+                          work: Callable[[bytes], Awaitable[None]],
+                          headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    """Read a JSON body (415/413 as errors), then run `work(body)` until it ends or the client leaves.
+
+    An APIError raised by `work` before it sent a response becomes the error response (with `headers`).
+    """
+    try:
+        body = await read_json_body(scope, receive, limit)
+    except ClientGone:
+        return
+    except APIError as e:
+        await send_error(send, e, headers)
+        return
+
+    async def guarded() -> None:
+        try:
+            await work(body)
+        except APIError as e:
+            await send_error(send, e, headers)
+
+    await run_until_disconnect(receive, guarded)

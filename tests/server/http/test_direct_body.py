@@ -1,0 +1,189 @@
+"""Direct body writes under real Hypercorn (Trio and asyncio workers): valid chunked framing in order
+with ASGI sends, a slow client turns them off until Hypercorn's path has flushed, HTTP/1.0 and plain
+Hypercorn (no install) go through ASGI only."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import anyio
+import h11
+import pytest
+from hypercorn.asyncio import run as hypercorn_asyncio_run
+from hypercorn.config import Config
+from hypercorn.trio import run as hypercorn_trio_run
+
+from server.http import direct_body
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["trio", "asyncio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def installed(anyio_backend: str) -> Iterator[None]:
+    module: Any = hypercorn_trio_run if anyio_backend == "trio" else hypercorn_asyncio_run
+    before = module.TCPServer
+    assert direct_body.install(anyio_backend)
+    assert direct_body.install(anyio_backend)  # idempotent
+    try:
+        yield
+    finally:
+        module.TCPServer = before
+
+
+class App:
+    """Streams `chunks`: directly while the writer takes them, else flush and ASGI send."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+        self.had_writer = False
+        self.direct_writes = 0
+        self.declined = anyio.Event()  # set when the writer first declined (the client fell behind)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        await receive()
+        batch = direct_body.WriteBatch()
+        direct = direct_body.for_current_request(batch)
+        self.had_writer = direct is not None
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        for chunk in self.chunks:
+            if direct is not None and direct.send(chunk):
+                batch.flush()
+                self.direct_writes += 1
+                continue
+            self.declined.set()
+            if direct is not None:
+                await direct.flush()
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        self.declined.set()  # (also when it never declined: the client then reads, and the test fails)
+        if direct is not None:
+            await direct.flush()
+        await send({"type": "http.response.body", "body": b"end", "more_body": False})
+
+
+@pytest.fixture
+async def serve(anyio_backend: str) -> AsyncIterator[Any]:
+    """serve(app) -> the port of a real Hypercorn worker on a socket already listening (no wait for bind)."""
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tg:
+
+        async def start(app: App) -> int:
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sock.listen(16)
+            port = int(sock.getsockname()[1])
+            config = Config()
+            config.bind = [f"fd://{sock.detach()}"]  # Hypercorn owns (and closes) it from here
+            config.accesslog = None
+            if anyio_backend == "trio":
+                from hypercorn.trio import serve as hc_serve
+            else:
+                from hypercorn.asyncio import serve as hc_serve  # type: ignore[assignment]
+            tg.start_soon(lambda: hc_serve(app, config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
+            return port
+
+        yield start
+        stop.set()
+
+
+async def fetch(port: int, *, after: anyio.Event | None = None) -> bytes:
+    """GET / over HTTP/1.1, parsed by h11 (so bad chunk framing fails); reading starts after `after`."""
+    client = h11.Connection(h11.CLIENT)
+    async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+        await stream.send(client.send(h11.Request(method="GET", target="/", headers=[("host", "x")])))
+        await stream.send(client.send(h11.EndOfMessage()))
+        if after is not None:
+            await after.wait()
+        body = bytearray()
+        while True:
+            event = client.next_event()
+            if event is h11.NEED_DATA:
+                client.receive_data(await stream.receive(1 << 20))
+            elif isinstance(event, h11.Response):
+                assert event.status_code == 200
+            elif isinstance(event, h11.Data):
+                body += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                return bytes(body)
+
+
+async def test_chunks_go_direct_and_arrive_framed_in_order(installed: None, serve: Any) -> None:
+    chunks = [b"data: {\"n\":%d}\n\n" % i for i in range(200)]
+    app = App(chunks)
+    port = await serve(app)
+    assert await fetch(port) == b"".join(chunks) + b"end"
+    assert app.had_writer and app.direct_writes == len(chunks)  # a reading client: every one direct
+    assert await fetch(port) == b"".join(chunks) + b"end"  # keep-alive's next request on a new connection too
+
+
+async def test_a_client_that_stops_reading_turns_direct_writes_off(installed: None, serve: Any) -> None:
+    chunks = [b"%07d;" % i * 8192 for i in range(2000)]  # 64 KiB each: far more than socket buffers hold
+    app = App(chunks)
+    port = await serve(app)
+    assert await fetch(port, after=app.declined) == b"".join(chunks) + b"end"
+    assert 0 < app.direct_writes < len(chunks)
+
+
+async def test_http_1_0_is_not_chunked_so_it_goes_through_asgi(installed: None, serve: Any) -> None:
+    chunks = [b"one;", b"two;"]
+    app = App(chunks)
+    port = await serve(app)
+    async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+        await stream.send(b"GET / HTTP/1.0\r\n\r\n")
+        raw = bytearray()
+        with pytest.raises(anyio.EndOfStream):
+            while True:
+                raw += await stream.receive()
+    head, _, body = bytes(raw).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and body == b"one;two;end"  # close-delimited: no chunk sizes
+    assert app.had_writer and app.direct_writes == 0
+
+
+async def test_without_install_there_is_no_writer(serve: Any, anyio_backend: str) -> None:
+    module: Any = hypercorn_trio_run if anyio_backend == "trio" else hypercorn_asyncio_run
+    assert module.TCPServer.__module__.startswith("hypercorn")  # plain `hypercorn ...`
+    app = App([b"a", b"b"])
+    port = await serve(app)
+    assert await fetch(port) == b"abend"
+    assert not app.had_writer
+
+
+def test_install_refuses_an_unknown_layout() -> None:
+    before = hypercorn_trio_run.TCPServer
+    try:
+        hypercorn_trio_run.TCPServer = object  # type: ignore[misc,assignment]
+        assert not direct_body.install("trio")
+        assert hypercorn_trio_run.TCPServer is object
+    finally:
+        hypercorn_trio_run.TCPServer = before  # type: ignore[misc]
+
+
+def test_write_batch_writes_nothing_until_flush_then_all_in_order() -> None:
+    class Body:
+        def __init__(self) -> None:
+            self.frames: list[bytes] = []
+
+        def _put(self, frame: bytes) -> None:
+            self.frames.append(frame)
+
+    a, b = Body(), Body()
+    batch = direct_body.WriteBatch()
+    batch.add(a, b"1")  # type: ignore[arg-type]
+    batch.add(b, b"2")  # type: ignore[arg-type]
+    batch.add(a, b"3")  # type: ignore[arg-type]
+    assert a.frames == [] and b.frames == []
+    batch.flush()
+    assert a.frames == [b"1", b"3"] and b.frames == [b"2"]
+    batch.flush()  # emptied: nothing is written twice
+    assert a.frames == [b"1", b"3"]

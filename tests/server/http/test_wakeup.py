@@ -1,0 +1,68 @@
+"""The per-backend waiter: wake releases the waiting task, reuse works, a cancelled wait leaves no trace."""
+
+from __future__ import annotations
+
+import anyio
+import anyio.lowlevel
+import pytest
+from anyio import wait_all_tasks_blocked
+
+from server.http.wakeup import AsyncioWaiter, TrioWaiter, waiter_class
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["trio", "asyncio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+async def test_the_backends_own_waiter_is_chosen(anyio_backend: str) -> None:
+    assert waiter_class() is (TrioWaiter if anyio_backend == "trio" else AsyncioWaiter)
+
+
+async def test_wake_releases_the_waiter_every_time() -> None:
+    waiter = waiter_class()()
+    rounds = 0
+    async with anyio.create_task_group() as tg:
+
+        async def waiting() -> None:
+            nonlocal rounds
+            for _ in range(100):
+                await waiter.wait()
+                rounds += 1
+
+        tg.start_soon(waiting)
+        for i in range(100):
+            await wait_all_tasks_blocked()
+            assert rounds == i  # blocked until woken
+            waiter.wake()
+            waiter.wake()  # a second wake for the same wait changes nothing
+    assert rounds == 100
+
+
+async def test_wake_without_a_waiter_is_not_remembered() -> None:
+    waiter = waiter_class()()
+    waiter.wake()  # nobody waits: the caller checks its condition first, so a stale wake must be no wake
+    returned = False
+
+    async def waiting() -> None:
+        nonlocal returned
+        await waiter.wait()
+        returned = True
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiting)
+        await wait_all_tasks_blocked()
+        assert not returned
+        tg.cancel_scope.cancel()
+
+
+async def test_a_cancelled_wait_is_forgotten() -> None:
+    waiter = waiter_class()()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter.wait)
+        await wait_all_tasks_blocked()
+        tg.cancel_scope.cancel()
+    waiter.wake()  # must not touch the cancelled task (on Trio, rescheduling it would crash the run)
+    await anyio.lowlevel.checkpoint()

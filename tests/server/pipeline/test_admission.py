@@ -1,0 +1,123 @@
+"""Admission limits at, just under and just over each limit; token-count bounds against real tokenizers."""
+
+from __future__ import annotations
+
+import unicodedata
+
+import pytest
+import tokenizers
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.models.hf_tokenizer import load_tokenizer
+from server.pipeline.admission import Admission, estimate_tokens, min_tokens
+
+
+def test_request_limit_at_under_over() -> None:
+    adm = Admission(max_num_queued_reqs=3, max_num_queued_tokens=None)
+    assert adm.try_admit(1, 10) is None
+    assert adm.try_admit(1, 10) is None  # 2 queued: just under
+    assert adm.try_admit(1, 10) is None  # 3 queued: at the limit
+    reason = adm.try_admit(1, 10)  # just over
+    assert reason is not None and "queued requests" in reason
+    assert (adm.queued_reqs, adm.queued_tokens) == (3, 30)  # a refusal changes nothing
+    adm.first_token(10)
+    assert (adm.queued_reqs, adm.queued_tokens) == (2, 20)
+    assert adm.try_admit(1, 10) is None
+
+
+def test_multi_request_admission_counts_all_children() -> None:
+    adm = Admission(max_num_queued_reqs=4, max_num_queued_tokens=None)
+    assert adm.try_admit(3, 30) is None
+    assert adm.try_admit(2, 20) is not None  # 5 > 4
+    assert adm.try_admit(1, 10) is None  # exactly 4
+    reason = Admission(2, None).try_admit(3, 1)
+    assert reason is not None and "n" in reason and "retry" not in reason  # can never fit: no point retrying
+
+
+def test_token_limit_at_under_over() -> None:
+    adm = Admission(max_num_queued_reqs=None, max_num_queued_tokens=100)
+    assert adm.try_admit(1, 60) is None
+    assert adm.try_admit(1, 39) is None  # 99: just under
+    assert adm.try_admit(1, 1) is None  # 100: at the limit
+    reason = adm.try_admit(1, 1)  # 101: just over
+    assert reason is not None and "prompt tokens" in reason and "retry later" in reason
+    adm.release(1, 39)
+    assert (adm.queued_reqs, adm.queued_tokens) == (2, 61)
+    assert adm.try_admit(1, 39) is None
+    assert adm.try_admit(1, 1) is not None
+
+
+def test_prompt_larger_than_token_limit_alone() -> None:
+    adm = Admission(max_num_queued_reqs=None, max_num_queued_tokens=100)
+    assert adm.try_admit(1, 100) is None
+    adm.first_token(100)
+    reason = adm.try_admit(1, 101)
+    assert reason is not None and "on their own" in reason
+    assert adm.queued_tokens == 0
+
+
+def test_zero_limits_and_no_limits() -> None:
+    assert Admission(0, None).try_admit(1, 0) is not None
+    assert Admission(None, 0).try_admit(1, 0) is None  # an empty prompt holds no tokens
+    assert Admission(None, 0).try_admit(1, 1) is not None
+    free = Admission(None, None)
+    for _ in range(1000):
+        assert free.try_admit(1, 10**6) is None
+    assert (free.queued_reqs, free.queued_tokens) == (1000, 10**9)
+
+
+def test_first_token_and_release_return_to_zero() -> None:
+    adm = Admission(2, 50)
+    assert adm.try_admit(1, 20) is None
+    assert adm.try_admit(1, 30) is None
+    adm.first_token(20)
+    adm.release(1, 30)
+    assert (adm.queued_reqs, adm.queued_tokens) == (0, 0)
+    with pytest.raises(RuntimeError, match="released twice"):
+        adm.release(1, 0)
+    with pytest.raises(RuntimeError):
+        adm.first_token(1)
+
+
+def test_negative_limit_refused() -> None:
+    with pytest.raises(ValueError, match="max-num-queued-tokens"):
+        Admission(None, -1)
+
+
+_TOKENIZERS: dict[str, tuple[tokenizers.Tokenizer, int]] = {}
+
+
+def _tok(family: str) -> tuple[tokenizers.Tokenizer, int]:
+    if family not in _TOKENIZERS:
+        _TOKENIZERS[family] = (load_tokenizer(family), {"qwen2": 128, "llama": 24}[family])  # type: ignore[arg-type]
+    return _TOKENIZERS[family]
+
+
+
+
+def _nfc_keeps_length(c: str) -> bool:
+    return len(unicodedata.normalize("NFC", c).encode()) <= len(c.encode())
+
+
+# Any text but the few characters NFC lengthens (composition exclusions such as U+0958, U+0F76): documented.
+_PLAIN_TEXT = st.text(st.characters(codec="utf-8").filter(_nfc_keeps_length), max_size=200)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+@settings(max_examples=150, deadline=None)
+@given(text=_PLAIN_TEXT)
+def test_token_bounds_hold_for_real_tokenizers(family: str, text: str) -> None:
+    tok, max_token_bytes = _tok(family)
+    n = len(tok.encode(text, add_special_tokens=True).ids)
+    assert min_tokens(text, max_token_bytes) <= n <= estimate_tokens(text)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_token_bounds_on_prose_code_and_cjk(family: str) -> None:
+    tok, max_token_bytes = _tok(family)
+    texts = ["Hello, world! " * 50, "def f(x):\n    return x ** 2\n" * 30, "数据科学是一门学科。" * 40, " " * 300,
+             "\x00" * 9]
+    for text in texts:
+        n = len(tok.encode(text, add_special_tokens=True).ids)
+        assert min_tokens(text, max_token_bytes) <= n <= estimate_tokens(text), text[:20]

@@ -1,0 +1,146 @@
+"""AsyncLLM against the FakeEngineClient: ordering, abort-exactly-once, engine death, n > 1, admission."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+
+from engine.messages import AddRequest, SamplingParams
+from engine.models.hf_tokenizer import load_tokenizer
+from server.pipeline.admission import Admission
+from server.app import detokenizer_factory
+from server.pipeline.async_llm import AsyncLLM
+from server.http.errors import APIError
+from server.pipeline.input_processor import GenerationSpec, OutputKind
+from fake_engine import FakeEngineClient
+
+pytestmark = pytest.mark.anyio
+TOK = load_tokenizer("qwen2")
+TEXT = "The quick brown fox jumps over the lazy dog, and then it sleeps."
+GEN = TOK.encode(TEXT).ids
+PROMPT = TOK.encode("Tell me a story:").ids
+
+
+def spec(rid: str, *, n: int = 1, stop: tuple[str, ...] = (), kind: OutputKind = OutputKind.DELTA,
+         seed: int | None = None, max_tokens: int = 100) -> GenerationSpec:
+    return GenerationSpec(external_id=rid, request_id=rid, prompt_token_ids=PROMPT,
+                          params=SamplingParams(max_tokens=max_tokens, seed=seed), n=n, stop=stop, output_kind=kind)
+
+
+@asynccontextmanager
+async def running(fake: FakeEngineClient, **kw: Any) -> AsyncIterator[AsyncLLM]:
+    llm = AsyncLLM(fake, detokenizer_factory(TOK), **kw)
+    async with anyio.create_task_group() as tg:
+        await tg.start(llm.run)
+        yield llm
+        tg.cancel_scope.cancel()
+
+
+async def collect(llm: AsyncLLM, specs: list[GenerationSpec]) -> dict[int, list[Any]]:
+    got: dict[int, list[Any]] = {}
+    async with llm.generate(specs) as outputs:
+        async for batch in outputs:
+            for out in batch:
+                got.setdefault(out.index, []).append(out)
+    return got
+
+
+async def test_stream_matches_reference_and_engine_not_aborted() -> None:
+    fake = FakeEngineClient(lambda req: GEN)
+    async with running(fake) as llm:
+        got = await collect(llm, [spec("a")])
+    assert "".join(o.text for o in got[0]) == TEXT
+    assert got[0][-1].finish_reason == "length"
+    assert fake.aborted == []  # the engine finished it itself: nothing to abort
+
+
+async def test_cancel_aborts_exactly_once() -> None:
+    fake = FakeEngineClient(lambda req: GEN * 50, gate=True)
+    async with running(fake) as llm:
+        with anyio.move_on_after(5) as scope:
+            async with llm.generate([spec("c")]) as outputs:
+                fake.allow_step(3)
+                async for batch in outputs:
+                    if sum(o.num_output_tokens for o in batch) >= 3:
+                        scope.cancel()  # the client went away
+        assert scope.cancelled_caught
+        assert fake.aborted == ["c"]
+        assert llm.output.states == {}
+
+
+async def test_stop_string_aborts_once_and_stops_the_stream() -> None:
+    fake = FakeEngineClient(lambda req: GEN * 50)
+    async with running(fake) as llm:
+        got = await collect(llm, [spec("s", stop=("lazy",))])
+        await anyio.wait_all_tasks_blocked()
+    assert "".join(o.text for o in got[0]) == TEXT[:TEXT.index("lazy")]
+    assert (got[0][-1].finish_reason, got[0][-1].stop_reason) == ("stop", "lazy")
+    assert fake.aborted == ["s"]
+
+
+async def test_engine_death_fails_in_flight_and_refuses_new() -> None:
+    fake = FakeEngineClient(lambda req: GEN * 50, gate=True)
+    deaths: list[str] = []
+    async with running(fake, on_dead=deaths.append) as llm:
+        async with llm.generate([spec("d1")]) as outputs:
+            fake.allow_step(1)
+            first = await outputs.__anext__()
+            assert first[0].error is None
+            fake.die("pipe closed")
+            with anyio.fail_after(5):
+                batch = await outputs.__anext__()
+            assert batch[0].finish_reason == "error" and "pipe closed" in (batch[0].error or "")
+        with pytest.raises(APIError) as e:
+            async with llm.generate([spec("d2")]):
+                pass
+        assert e.value.status == 503
+    assert len(deaths) == 1 and llm.dead is not None
+
+
+async def test_n_children_with_derived_seeds_and_one_parent() -> None:
+    fake = FakeEngineClient(lambda req: GEN[: 5 + int(req.request_id[-1])])
+    async with running(fake) as llm:
+        got = await collect(llm, [spec("p", n=3, seed=7, kind=OutputKind.FINAL_ONLY)])
+    assert [r.request_id for r in fake.added] == ["p-0", "p-1", "p-2"]
+    assert [r.params.seed for r in fake.added] == [7, 8, 9]
+    for i in range(3):
+        (final,) = got[i]
+        assert final.token_ids == GEN[: 5 + i] and final.text == TOK.decode(GEN[: 5 + i])
+
+
+async def test_admission_refuses_then_accounts_back_to_zero() -> None:
+    fake = FakeEngineClient(lambda req: GEN, gate=True)
+    admission = Admission(max_num_queued_reqs=2, max_num_queued_tokens=None)
+    async with running(fake, admission=admission) as llm:
+        async with llm.generate([spec("q1", n=2)]) as outputs:
+            assert admission.queued_reqs == 2
+            with pytest.raises(APIError) as e:  # the queue is full until a first token
+                async with llm.generate([spec("q2")]):
+                    pass
+            assert e.value.status == 503 and e.value.retry_after is not None
+            fake.allow_step(1)
+            await outputs.__anext__()
+            await anyio.wait_all_tasks_blocked()
+            assert admission.queued_reqs == 0
+        assert admission.queued_reqs == 0 and admission.queued_tokens == 0
+        async with llm.generate([spec("q3")]):  # left before any token: released on exit
+            assert admission.queued_reqs == 1
+        assert admission.queued_reqs == 0 and admission.queued_tokens == 0
+
+
+async def test_registered_before_sent() -> None:
+    """A fast engine answering inside add_request must find the request registered."""
+
+    class Eager(FakeEngineClient):
+        async def add_request(self, req: AddRequest) -> None:
+            assert req.request_id in llm.output.states
+            await super().add_request(req)
+
+    fake = Eager(lambda req: GEN[:3])
+    async with running(fake) as llm:
+        got = await collect(llm, [spec("e")])
+    assert "".join(o.text for o in got[0]) == TOK.decode(GEN[:3])

@@ -1,0 +1,248 @@
+"""The output processor with the real Qwen2 tokenizer and the real incremental detokenizer."""
+
+from __future__ import annotations
+
+import random
+
+import anyio
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.messages import EngineStats, RequestOutput, StepOutputs
+from engine.models.hf_tokenizer import load_tokenizer
+from server.pipeline.detokenizer import IncrementalDetokenizer
+from server.pipeline.input_processor import OutputKind
+from server.pipeline.output_processor import Collector, Output, OutputProcessor, RequestState
+
+pytestmark = pytest.mark.anyio
+STATS = EngineStats(0, 0, 0, 1, 0, 0, 0)
+TEXT = "Grüße, 世界! The quick brown fox jumps over the lazy dog. 🦊🐶 done"
+
+
+@pytest.fixture(scope="module")
+def tok():  # type: ignore[no-untyped-def]
+    return load_tokenizer("qwen2")
+
+
+def reference(tok, prompt: list[int], gen: list[int]) -> str:  # type: ignore[no-untyped-def]
+    return tok.decode(prompt + gen)[len(tok.decode(prompt)):]
+
+
+def make(tok, kind: OutputKind, *, stop: tuple[str, ...] = (), interval: int = 1,  # type: ignore[no-untyped-def]
+         prompt: list[int] | None = None) -> tuple[OutputProcessor, RequestState, Collector]:
+    prompt = prompt if prompt is not None else tok.encode("Say:").ids
+    proc = OutputProcessor(stream_interval=interval)
+    collector = Collector(kind)
+    detok = IncrementalDetokenizer(tok, prompt, stop=stop)
+    state = RequestState("r", 0, collector, detok, kind, bool(stop), len(prompt))
+    proc.add(state)
+    return proc, state, collector
+
+
+def step(*outs: RequestOutput) -> StepOutputs:
+    return StepOutputs(list(outs), 0.0, STATS)
+
+
+def drain(collector: Collector) -> list[list[Output]]:
+    got = []
+    while (batch := collector.poll()) is not None:
+        got.append(batch)
+    return got
+
+
+async def test_delta_stream_concatenates_to_reference(tok) -> None:  # type: ignore[no-untyped-def]
+    proc, _, collector = make(tok, OutputKind.DELTA)
+    gen = tok.encode(TEXT).ids
+    texts, ids = [], []
+    for i, tid in enumerate(gen):
+        last = i == len(gen) - 1
+        await proc.process_outputs(step(RequestOutput("r", [tid], "length" if last else None)))
+        for batch in drain(collector):  # the consumer keeps up: one output per hand-over
+            texts += [o.text for o in batch]
+            ids += [t for o in batch for t in o.token_ids]
+    assert "".join(texts) == reference(tok, tok.encode("Say:").ids, gen) == TEXT
+    assert ids == gen
+    assert "r" not in proc.states
+
+
+async def test_slow_consumer_gets_one_merged_output(tok) -> None:  # type: ignore[no-untyped-def]
+    proc, _, collector = make(tok, OutputKind.DELTA)
+    gen = tok.encode(TEXT).ids
+    for i, tid in enumerate(gen):
+        await proc.process_outputs(step(RequestOutput("r", [tid], "length" if i == len(gen) - 1 else None)))
+    batches = drain(collector)  # nobody read until now: everything waits in the one slot
+    assert len(batches) == 1 and len(batches[0]) == 1
+    out = batches[0][0]
+    assert out.text == TEXT and out.token_ids == gen
+    assert out.finish_reason == "length" and out.num_output_tokens == len(gen)
+
+
+async def test_sink_takes_unfinished_outputs_only_while_the_slot_is_empty(tok) -> None:  # type: ignore[no-untyped-def]
+    proc, _, collector = make(tok, OutputKind.DELTA)
+    gen = tok.encode(TEXT).ids
+    sunk: list[Output] = []
+    accept = True
+
+    def sink(out: Output) -> bool:
+        if accept:
+            sunk.append(out)
+        return accept
+
+    collector.sink = sink
+    await proc.process_outputs(step(RequestOutput("r", gen[:3], None)))
+    await proc.process_outputs(step(RequestOutput("r", gen[3:6], None)))
+    assert collector.poll() is None and len(sunk) == 2  # delivered, nothing queued, nobody woken
+    accept = False
+    await proc.process_outputs(step(RequestOutput("r", gen[6:9], None)))  # declined: queued
+    accept = True
+    await proc.process_outputs(step(RequestOutput("r", gen[9:12], None)))  # slot taken: merged, not sunk
+    await proc.process_outputs(step(RequestOutput("r", gen[12:], "length")))  # finished: never sunk
+    assert len(sunk) == 2
+    queued = drain(collector)
+    assert len(queued) == 1 and len(queued[0]) == 1 and queued[0][0].finish_reason == "length"
+    assert "".join(o.text for o in sunk) + queued[0][0].text == TEXT
+    assert [t for o in sunk for t in o.token_ids] + queued[0][0].token_ids == gen
+    collector.close()
+    assert collector.sink is None
+
+
+async def test_cumulative_replaces_on_merge(tok) -> None:  # type: ignore[no-untyped-def]
+    proc, _, collector = make(tok, OutputKind.CUMULATIVE)
+    gen = tok.encode("one two three four").ids
+    await proc.process_outputs(step(RequestOutput("r", gen[:2])))
+    await proc.process_outputs(step(RequestOutput("r", gen[2:], "length")))
+    (batch,) = drain(collector)
+    assert batch[0].text == "one two three four" and batch[0].token_ids == gen
+
+
+async def test_final_only_builds_one_output(tok) -> None:  # type: ignore[no-untyped-def]
+    proc, _, collector = make(tok, OutputKind.FINAL_ONLY)
+    gen = tok.encode(TEXT).ids
+    for tid in gen[:-1]:
+        await proc.process_outputs(step(RequestOutput("r", [tid])))
+        assert drain(collector) == []
+    await proc.process_outputs(step(RequestOutput("r", gen[-1:], "stop")))
+    (batch,) = drain(collector)
+    assert batch[0].text == TEXT and batch[0].token_ids == gen and batch[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("interval", [1, 2, 5])
+async def test_stream_interval(tok, interval: int) -> None:  # type: ignore[no-untyped-def]
+    proc, _, collector = make(tok, OutputKind.DELTA, interval=interval)
+    gen = tok.encode(" a b c d e f g h i j k").ids  # one token per word: no held-back text
+    assert len(gen) == 11
+    emitted_at = []
+    for i, tid in enumerate(gen):
+        await proc.process_outputs(step(RequestOutput("r", [tid], "length" if i == len(gen) - 1 else None)))
+        if drain(collector):
+            emitted_at.append(i + 1)
+    # the first token at once, then every `interval` tokens, and at the end
+    expected = sorted({1, *range(1 + interval, len(gen) + 1, interval), len(gen)})
+    assert emitted_at == expected
+
+
+async def test_stop_string_ends_and_asks_for_abort(tok) -> None:  # type: ignore[no-untyped-def]
+    proc, state, collector = make(tok, OutputKind.DELTA, stop=("lazy",))
+    gen = tok.encode(TEXT).ids
+    aborts, texts, finish = [], [], None
+    for tid in gen:
+        aborts += await proc.process_outputs(step(RequestOutput("r", [tid])))
+        for batch in drain(collector):
+            texts += [o.text for o in batch]
+            finish = (batch[-1].finish_reason, batch[-1].stop_reason)
+        if state.finished:
+            break
+    assert "".join(texts) == TEXT[:TEXT.index("lazy")]
+    assert finish == ("stop", "lazy")
+    assert aborts == ["r"]  # the engine did not finish it: it must be aborted, once
+    assert await proc.process_outputs(step(RequestOutput("r", [gen[-1]]))) == []  # later news is ignored
+
+
+async def test_engine_error_and_stop_token(tok) -> None:  # type: ignore[no-untyped-def]
+    proc, _, collector = make(tok, OutputKind.DELTA)
+    await proc.process_outputs(step(RequestOutput("r", [], "error", error="prompt too long for the KV cache")))
+    (batch,) = drain(collector)
+    assert batch[0].finish_reason == "error" and batch[0].error == "prompt too long for the KV cache"
+
+    proc, _, collector = make(tok, OutputKind.FINAL_ONLY)
+    ids = tok.encode("hi").ids
+    await proc.process_outputs(step(RequestOutput("r", ids + [151643], "stop", stop_token_id=151643)))
+    (batch,) = drain(collector)
+    assert batch[0].text == "hi" and batch[0].stop_reason == 151643
+
+
+async def test_big_step_is_chunked_and_all_requests_served(tok) -> None:  # type: ignore[no-untyped-def]
+    proc = OutputProcessor(chunk_size=3)
+    collectors = []
+    prompt = tok.encode("x").ids
+    for i in range(10):
+        c = Collector(OutputKind.DELTA)
+        collectors.append(c)
+        proc.add(RequestState(f"r{i}", 0, c, IncrementalDetokenizer(tok, prompt), OutputKind.DELTA, False, 1))
+    ids = tok.encode(" hello").ids
+    await proc.process_outputs(step(*(RequestOutput(f"r{i}", ids, "length") for i in range(10))))
+    assert all(drain(c)[0][0].text == " hello" for c in collectors)
+    assert proc.states == {}
+
+
+async def test_flush_runs_after_each_chunk_before_other_tasks(tok) -> None:  # type: ignore[no-untyped-def]
+    """Direct writes queued by a chunk's deliveries go out before the handler lets a route run."""
+    events: list[str] = []
+    proc = OutputProcessor(chunk_size=3, flush=lambda: events.append("flush"))
+    prompt = tok.encode("x").ids
+    for i in range(7):
+        c = Collector(OutputKind.DELTA)
+        c.sink = lambda out, i=i: events.append(f"deliver r{i}") is None
+        proc.add(RequestState(f"r{i}", 0, c, IncrementalDetokenizer(tok, prompt), OutputKind.DELTA, False, 1))
+
+    async def other_task() -> None:  # runs only when the handler checkpoints between chunks
+        events.append("other")
+
+    ids = tok.encode(" hello").ids
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(other_task)
+        await proc.process_outputs(step(*(RequestOutput(f"r{i}", ids) for i in range(7))))
+    delivered = [e for e in events if e.startswith("deliver")]
+    assert len(delivered) == 7
+    # every chunk's deliveries, then its flush; another task only ever after a flush
+    assert events.index("flush") == 3 and events.count("flush") == 3
+    other = events.index("other")
+    assert events[other - 1] == "flush"
+
+
+SAMPLES = ["Grüße, 世界! The quick brown fox jumps over the lazy dog. 🦊🐶 done",
+           "a\n\nb  c\t🦊🦊 ü ü <|im_end|> tail", "数字 1234567 and émoji 👩‍👩‍👧 end."]
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.sampled_from(SAMPLES), seed=st.integers(0, 10**6), interval=st.integers(1, 4),
+       use_stop=st.booleans())
+def test_delta_with_any_pacing_equals_final_only(tok, text: str, seed: int, interval: int,  # type: ignore[no-untyped-def]
+                                                 use_stop: bool) -> None:
+    """Whatever the step sizes, the reader's pace and --stream-interval: DELTA pieces add up to FINAL_ONLY's text."""
+    rng = random.Random(seed)
+    gen = tok.encode(text).ids
+    stop = (text[rng.randrange(5, len(text) - 3):][:rng.randrange(1, 4)],) if use_stop else ()
+    results = []
+    for kind in (OutputKind.DELTA, OutputKind.FINAL_ONLY):
+        step_rng = random.Random(seed)  # the same step sizes for both kinds
+        proc, state, collector = make(tok, kind, stop=stop, interval=interval)
+        pieces, ids, finish = [], [], None
+        pos = 0
+        while not state.finished and pos < len(gen):
+            n = step_rng.randint(1, 3)
+            new, pos = gen[pos:pos + n], pos + n
+            anyio.run(proc.process_outputs, step(RequestOutput("r", new, "length" if pos >= len(gen) else None)))
+            if step_rng.random() < 0.5 or state.finished:  # a reader that sometimes falls behind
+                for batch in drain(collector):
+                    pieces += [o.text for o in batch]
+                    ids += [t for o in batch for t in o.token_ids]
+                    finish = batch[-1].finish_reason
+        results.append(("".join(pieces), ids, finish))
+    assert results[0] == results[1]
+    full = reference(tok, tok.encode("Say:").ids, gen)
+    if not stop or stop[0] not in full:
+        assert results[0][0] == full and results[0][2] == "length"
+    else:
+        assert results[0][0] == full[:full.index(stop[0])] and results[0][2] == "stop"
