@@ -47,11 +47,11 @@ class PacedFakeEngine:
         self._wake = anyio.Event()
         self._next = 0.0
 
-    async def add_request(self, req: AddRequest) -> None:
+    def add_request(self, req: AddRequest) -> None:
         self.running[req.request_id] = [0, req.params.max_tokens]
         self._wake.set()
 
-    async def abort(self, request_ids: list[str]) -> None:
+    def abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:
             self.running.pop(rid, None)
 

@@ -8,37 +8,21 @@ import logging
 import os
 import signal
 import sys
-import threading
-import time
 import traceback
 
 from engine.config import EngineConfig
-from engine.ipc import FrameReader, FrameWriter
+from engine.ipc import FrameReader, FrameWriter, die_with_parent
 from engine.messages import LoadFailed, ToEngine
-
-def die_with_parent() -> None:
-    """The engine must never outlive the server, even after SIGKILL of the server.
-
-    EOF on stdin ends the step loop; this watchdog also covers a step that never returns.
-    (Not PR_SET_PDEATHSIG: it fires when the spawning *thread* exits, and Trio spawns from a
-    worker thread that exits when idle.)
-    """
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.2)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m engine")
     parser.add_argument("--config", required=True, help="EngineConfig as JSON")
     args = parser.parse_args()
-    die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the server, which shuts us down
+    die_with_parent()  # EOF on stdin ends the step loop; this also covers a step that never returns
+    # Ctrl-C and a process group's SIGTERM (systemd) go to the server, which drains, then closes our stdin
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # frames go to the original stdout; anything a library prints goes to stderr instead
     out_fd = os.dup(1)
     os.dup2(2, 1)

@@ -159,13 +159,3 @@ class BlockManager:
                 else:
                     self._free_plain.append(b)
         seq.block_table = []
-
-    def reset_prefix_cache(self) -> None:
-        """Forget every free cached block (held blocks stay registered)."""
-        for b in self._free_cached:
-            key = self._key[b]
-            if key is not None:
-                del self._cache[key]
-            self._key[b], self._cid[b] = None, _ROOT
-            self._free_plain.append(b)
-        self._free_cached.clear()

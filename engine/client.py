@@ -15,13 +15,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
+import anyio.abc
 from anyio.abc import Process
 
 from engine.config import EngineConfig
 from engine.ipc import FrameBuffer, FrameEncoder, FrameError
 from engine.messages import (
-    AbortRequests, AddRequest, EngineStats, FromEngine, Heartbeat, LoadFailed, Ready, Shutdown,
-    StepOutputs, ToEngine,
+    AbortRequests, AddRequest, EngineStats, FromEngine, Heartbeat, LoadFailed, Ready, StepOutputs,
 )
 
 
@@ -34,8 +34,14 @@ class EngineLoadError(RuntimeError):
 
 
 class EngineClient:
+    """The engine's pipes. One task writes stdin (`_write_loop`), one reads stdout (`receive`).
+
+    `add_request` and `abort` only queue: they never wait on the pipe, so cancelling a caller can never
+    cut a frame, and the output handler (which aborts on stop strings) never waits for the engine.
+    """
+
     def __init__(self, process: Process, ready: Ready, frames: FrameBuffer[FromEngine],
-                 heartbeat_timeout: float) -> None:
+                 heartbeat_timeout: float, step_timeout: float = 0.0) -> None:
         self._process = process
         assert process.stdin is not None and process.stdout is not None
         self._stdin = process.stdin
@@ -43,8 +49,12 @@ class EngineClient:
         self._frames = frames
         self._pending: deque[FromEngine] = deque()
         self._encoder = FrameEncoder()
-        self._send_lock = anyio.Lock()  # one writer at a time keeps frames whole
+        self._queue: deque[AddRequest | list[str]] = deque()  # adds, and lists of ids to abort
+        self._queued_adds: set[str] = set()  # adds not yet written: an abort just drops them
+        self._queue_ready: anyio.Event | None = None  # set when the writer waits on an empty queue
+        self._writer_scope = anyio.CancelScope()
         self._heartbeat_timeout = heartbeat_timeout
+        self._step_timeout = step_timeout
         self.ready = ready
         self.stats = EngineStats(0, 0, 0, ready.num_blocks, 0, 0, 0)
         self.dead: EngineDeadError | None = None
@@ -53,22 +63,68 @@ class EngineClient:
     def pid(self) -> int:
         return self._process.pid
 
-    async def add_request(self, req: AddRequest) -> None:
-        await self._send(req)
+    @property
+    def queued(self) -> int:
+        """Messages waiting for the writer (adds still cancellable, abort batches)."""
+        return len(self._queue)
 
-    async def abort(self, request_ids: list[str]) -> None:
-        if request_ids and self.dead is None:
-            await self._send(AbortRequests(request_ids))
-
-    async def _send(self, msg: ToEngine) -> None:
+    def add_request(self, req: AddRequest) -> None:
+        """Queue `req` for the engine; raises EngineDeadError once the engine is gone."""
         if self.dead is not None:
             raise self.dead
-        data = self._encoder.encode(msg)
-        try:
-            async with self._send_lock:
-                await self._stdin.send(data)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as e:
-            raise self._die(f"the engine process stopped reading its pipe ({e!r})") from e
+        self._queued_adds.add(req.request_id)
+        self._push(req)
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Abort requests: one whose add is still queued is dropped; the others follow their add in order."""
+        if not request_ids or self.dead is not None:
+            return
+        queued = self._queued_adds
+        sent = [rid for rid in request_ids if rid not in queued]
+        queued.difference_update(request_ids)
+        if not sent:
+            return
+        last = self._queue[-1] if self._queue else None
+        if isinstance(last, list):  # aborts queued back to back go out as one frame
+            last.extend(sent)
+        else:
+            self._push(sent)
+
+    def _push(self, item: AddRequest | list[str]) -> None:
+        self._queue.append(item)
+        if self._queue_ready is not None:
+            self._queue_ready.set()
+            self._queue_ready = None
+
+    def _take(self) -> bytes:
+        """Encode everything queued into one write (the frames stay whole: only this task writes)."""
+        parts: list[bytes] = []
+        queue, queued, encode = self._queue, self._queued_adds, self._encoder.encode
+        while queue:
+            item = queue.popleft()
+            if isinstance(item, list):
+                parts.append(encode(AbortRequests(item)))
+            elif item.request_id in queued:
+                queued.discard(item.request_id)
+                parts.append(encode(item))
+        return b"".join(parts)
+
+    async def _write_loop(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """The one owner of the engine's stdin. Ends when cancelled or when the engine is gone."""
+        with self._writer_scope:
+            task_status.started()
+            while self.dead is None:
+                if not self._queue:
+                    self._queue_ready = anyio.Event()
+                    await self._queue_ready.wait()
+                    continue
+                data = self._take()
+                if not data:
+                    continue
+                try:
+                    await self._stdin.send(data)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as e:
+                    self._die(f"the engine process stopped reading its pipe ({e!r})")
 
     async def receive(self) -> StepOutputs | Heartbeat:
         """The next frame; call it from one task only."""
@@ -90,27 +146,33 @@ class EngineClient:
         msg = self._pending.popleft()
         if isinstance(msg, (StepOutputs, Heartbeat)):
             self.stats = msg.stats
+            if (isinstance(msg, Heartbeat) and self._step_timeout and msg.step_started
+                    and msg.timestamp - msg.step_started > self._step_timeout):
+                raise self._die(f"one engine step has run for over {self._step_timeout:g} s "
+                                "(SPINDLE_ENGINE_STEP_TIMEOUT): the engine is hung")
             return msg
         raise self._die(f"unexpected frame from a running engine: {type(msg).__name__}")
 
     def _die(self, why: str) -> EngineDeadError:
         if self.dead is None:
             self.dead = EngineDeadError(f"engine core died: {why}")
+            self._writer_scope.cancel()  # a writer blocked on a stopped engine's full pipe must not linger
         return self.dead
 
     async def _shutdown(self, grace: float) -> None:
-        with anyio.CancelScope(shield=True):
-            if self.dead is None and self._process.returncode is None:
-                try:
-                    with anyio.move_on_after(1):
-                        async with self._send_lock:
-                            await self._stdin.send(self._encoder.encode(Shutdown()))
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                    pass
-            with anyio.move_on_after(grace):
-                await self._process.wait()
+        """Close stdin (EOF ends the engine's loop), wait up to `grace` s, then SIGKILL. Bounded throughout."""
+        self._writer_scope.cancel()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(grace + 2):
+            try:
+                with anyio.move_on_after(0.1):  # a writer cut mid-frame leaves nothing worth flushing
+                    await self._stdin.aclose()
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                pass
             if self._process.returncode is None:
-                self._process.kill()
+                with anyio.move_on_after(grace):
+                    await self._process.wait()
+            if self._process.returncode is None:
+                self._process.kill()  # SIGKILL ends even a SIGSTOPped engine
                 await self._process.wait()
             await self._process.aclose()
 
@@ -121,23 +183,29 @@ def engine_command(config: EngineConfig) -> list[str]:
 
 @asynccontextmanager
 async def open_engine(config: EngineConfig, *, ready_timeout: float = 600.0,
-                      heartbeat_timeout: float = 10.0, shutdown_grace: float = 5.0
+                      heartbeat_timeout: float = 10.0, step_timeout: float = 0.0, shutdown_grace: float = 0.5
                       ) -> AsyncIterator[EngineClient]:
-    """Start the engine core, wait until it serves, yield a client; always stop the process on exit."""
+    """Start the engine core, wait until it serves, yield a client whose stdin writer runs inside this
+    context; always stop the process on exit (within `shutdown_grace` + a kill)."""
     process = await anyio.open_process(engine_command(config), stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, stderr=None)
     frames: FrameBuffer[FromEngine] = FrameBuffer(FromEngine)
     try:
         ready = await _wait_ready(process, frames, ready_timeout)
     except BaseException:
-        with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
             process.kill()
             await process.wait()
             await process.aclose()
         raise
-    client = EngineClient(process, ready, frames, heartbeat_timeout)
+    client = EngineClient(process, ready, frames, heartbeat_timeout, step_timeout)
     try:
-        yield client
+        async with anyio.create_task_group() as tg:
+            await tg.start(client._write_loop)
+            try:
+                yield client
+            finally:
+                tg.cancel_scope.cancel()
     finally:
         await client._shutdown(shutdown_grace)
 

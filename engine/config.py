@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 def parse_bytes(text: str | int) -> int:
@@ -34,6 +35,7 @@ class EngineConfig:
     seed: int = 0
     heartbeat_interval: float = 0.5  # seconds between heartbeats while idle
     device: str = "auto"  # auto: cuda when available, else cpu
+    scheduling_policy: str = "fcfs"  # "priority": waiting requests by (priority, arrival); fcfs: by arrival
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -45,6 +47,8 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError(f"num_blocks must be at least 1, got {self.num_blocks}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"--scheduling-policy must be fcfs or priority, not {self.scheduling_policy!r}")
         if self.heartbeat_interval <= 0:
             raise ValueError("heartbeat_interval must be positive")
 

@@ -30,7 +30,7 @@ class EngineCore:
         self.scheduler = Scheduler(max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    max_model_len=self.max_model_len,
-                                   block_manager=self.block_manager)
+                                   block_manager=self.block_manager, policy=config.scheduling_policy)
         self.sampler = Sampler(self.vocab_size, list(self.runner.eos_token_ids), self.runner.device)
         self._pending: list[RequestOutput] = []  # refusals and aborts, reported with the next step
         self._prompt_logprobs: dict[str, list[TokenLogprobs | None]] = {}

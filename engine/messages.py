@@ -42,11 +42,7 @@ class AbortRequests(msgspec.Struct, frozen=True, tag="abort"):
     request_ids: list[str]
 
 
-class Shutdown(msgspec.Struct, frozen=True, tag="shutdown"):
-    pass
-
-
-ToEngine = AddRequest | AbortRequests | Shutdown
+ToEngine = AddRequest | AbortRequests  # the server ends the engine by closing its stdin
 
 
 class EngineStats(msgspec.Struct, frozen=True, array_like=True):
@@ -109,8 +105,11 @@ class StepOutputs(msgspec.Struct, frozen=True, tag="step"):
 
 
 class Heartbeat(msgspec.Struct, frozen=True, tag="heartbeat"):
+    """Sent by a thread every heartbeat interval without other frames, also during a long step."""
+
     timestamp: float
     stats: EngineStats
+    step_started: float = 0.0  # wall time the running step began; 0 between steps
 
 
 FromEngine = Ready | LoadFailed | StepOutputs | Heartbeat

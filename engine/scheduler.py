@@ -2,9 +2,10 @@
 
 Policy (as vLLM v1): a token budget per step (`max_num_batched_tokens`) and a cap on running
 sequences (`max_num_seqs`). Running decodes go first (one token each), then running partial
-prefills, then waiting requests in (priority, arrival) order, each getting min(remaining,
-budget left) tokens: chunked prefill, so a long prompt never stalls running decodes. When KV
-blocks run out, the newest / lowest-priority running sequence is preempted by recompute.
+prefills, then waiting requests in arrival order ((priority, arrival) under the "priority"
+policy), each getting min(remaining, budget left) tokens: chunked prefill, so a long prompt never
+stalls running decodes. When KV blocks run out, the running sequence last in that order (the
+newest; under "priority" the lowest-priority one) is preempted by recompute.
 """
 
 from __future__ import annotations
@@ -24,9 +25,13 @@ class RequestRefused(ValueError):
 
 class Scheduler:
     def __init__(self, *, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
-                 block_manager: BlockManager, clock: Callable[[], float] = time.time) -> None:
+                 block_manager: BlockManager, clock: Callable[[], float] = time.time,
+                 policy: str = "fcfs") -> None:
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be at least 1")
+        if policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling policy must be fcfs or priority, not {policy!r}")
+        self.by_priority = policy == "priority"  # fcfs: priority is ignored, as vLLM (its server refuses it)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -157,7 +162,7 @@ class Scheduler:
         """The running sequence that matters least: the last in waiting-queue order."""
         order = self._order
         return max((s for s in self.running if s.status is SeqStatus.RUNNING),
-                   key=lambda s: (s.priority, s.arrival_time, order[s]))
+                   key=lambda s: (self._rank(s), s.arrival_time, order[s]))
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute later: drop its KV; its output so far is re-prefilled with the prompt."""
@@ -168,8 +173,11 @@ class Scheduler:
         seq.status = SeqStatus.WAITING
         self._push_waiting(seq)
 
+    def _rank(self, seq: Sequence) -> int:
+        return seq.priority if self.by_priority else 0
+
     def _push_waiting(self, seq: Sequence) -> None:
-        heapq.heappush(self._waiting, (seq.priority, seq.arrival_time, self._order[seq], seq))
+        heapq.heappush(self._waiting, (self._rank(seq), seq.arrival_time, self._order[seq], seq))
         self._num_waiting += 1
 
     def update(self, batch: list[ScheduledSeq]) -> None:

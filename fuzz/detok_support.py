@@ -6,13 +6,14 @@ server/pipeline/detokenizer.py's incremental algorithm.
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import tokenizers
 
 from engine.models.hf_tokenizer import load_tokenizer
-from server.pipeline.detokenizer import IncrementalDetokenizer
+from server.pipeline.detokenizer import SETTLE_TOKENS, IncrementalDetokenizer
 
 FUZZ_FAMILIES = ("qwen2", "llama", "tekken")
 
@@ -56,22 +57,58 @@ def byte_ids(tok: tokenizers.Tokenizer) -> list[int]:
     return [i for i in found if i is not None]
 
 
+def single_byte_ids(tok: tokenizers.Tokenizer) -> list[int]:
+    """Ids of tokens that are one byte each: byte-fallback tokens, or byte-level BPE's 256 base tokens."""
+    if found := byte_ids(tok):
+        return found
+    # GPT-2's byte -> char table: printable Latin-1 bytes stand for themselves, the rest map to U+0100...
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars = {b: chr(b) for b in printable}
+    chars.update({b: chr(0x100 + k) for k, b in enumerate(b for b in range(256) if b not in chars)})
+    return [i for b in range(256) if (i := tok.token_to_id(chars[b])) is not None]
+
+
+def _run_is_invalid(tok: tokenizers.Tokenizer, visible: list[int]) -> bool:
+    """The trailing byte-fallback run of `visible` is not valid UTF-8 (not merely incomplete)."""
+    values = {i: int((tok.id_to_token(i) or "")[3:5], 16) for i in byte_ids(tok)}
+    run = bytearray()
+    for i in reversed(visible):
+        if i not in values:
+            break
+        run.append(values[i])
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(bytes(reversed(run)), final=False)
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
 def stable_prefix_len(
     tok: tokenizers.Tokenizer, prompt: list[int], gen: list[int], skip: bool, ends: Sequence[int] | None = None
 ) -> int:
     """Length of the reference text that is final once `gen` is consumed in steps ending at `ends`
-    (default: token by token): up to the last step end after a token that is visible, not a
-    byte-fallback token, and does not leave the text ending in U+FFFD."""
+    (default: token by token): up to the last step end after a visible token that
+    - is not a byte-fallback token and does not leave the text ending in U+FFFD, or
+    - ends a byte-fallback run that is not valid UTF-8 (it decodes to one U+FFFD per byte whatever follows), or
+    - is not a byte-fallback token, leaves the text ending in U+FFFD, and is followed by at least
+      SETTLE_TOKENS visible tokens of `gen` whose decode keeps that text (it can no longer change)."""
     hidden = set(special_ids(tok)) if skip else set()
     bytes_ = set(byte_ids(tok))
     head = tok.decode(prompt, skip_special_tokens=skip)
+    everything = tok.decode(prompt + gen, skip_special_tokens=skip)
     candidates = range(len(gen), 0, -1) if ends is None else sorted((e for e in ends if 0 < e <= len(gen)), reverse=True)
     for j in candidates:
         last = gen[j - 1]
-        if last in hidden or last in bytes_:
+        if last in hidden:
             continue
         full = tok.decode(prompt + gen[:j], skip_special_tokens=skip)
+        if last in bytes_:
+            if _run_is_invalid(tok, [i for i in prompt + gen[:j] if i not in hidden]):
+                return len(full) - len(head)
+            continue
         if not full.endswith("\ufffd"):
+            return len(full) - len(head)
+        if sum(i not in hidden for i in gen[j:]) >= SETTLE_TOKENS and everything.startswith(full):
             return len(full) - len(head)
     return 0
 

@@ -18,6 +18,7 @@ from detok_support import (
     expected_output,
     reference_text,
     run_stream,
+    single_byte_ids,
     special_ids,
     stable_prefix_len,
     tokenizer,
@@ -53,12 +54,26 @@ def text_ids(draw: st.DrawFn, family: str) -> list[int]:
 
 
 @st.composite
+def byte_soup(draw: st.DrawFn, family: str) -> list[int]:
+    """Long runs of one-byte tokens (continuation bytes drawn often), with a few other tokens: runs that
+    stay incomplete, turn invalid, or complete late; longer than the detokenizer's settle distance."""
+    tok = tokenizer(family)
+    singles = single_byte_ids(tok)
+    continuation = singles[0x80:0xC0]
+    pools = [st.sampled_from(singles), st.sampled_from(continuation), st.sampled_from(special_ids(tok)),
+             st.integers(0, tok.get_vocab_size(with_added_tokens=True) - 1)]
+    weights = st.sampled_from([0, 1, 1, 1, 1, 1, 0, 1, 2, 3])
+    return [draw(pools[draw(weights)]) for _ in range(draw(st.integers(0, 60)))]
+
+
+@st.composite
 def case(draw: st.DrawFn) -> tuple[str, list[int], list[int], bool]:
     family = draw(families)
     tok = tokenizer(family)
     prompt_text = draw(st.sampled_from(["", "Hi", "Translate: ", "你好", "<s>", "a  "]))
     prompt = tok.encode(prompt_text, add_special_tokens=draw(st.booleans())).ids
-    gen = draw(st.one_of(random_ids(family), text_ids(family), st.tuples(text_ids(family), random_ids(family, 6)).map(lambda t: t[0] + t[1])))
+    gen = draw(st.one_of(random_ids(family), text_ids(family), byte_soup(family),
+                         st.tuples(text_ids(family), random_ids(family, 6)).map(lambda t: t[0] + t[1])))
     return family, prompt, gen, draw(st.booleans())
 
 
@@ -86,7 +101,8 @@ def stop_case(draw: st.DrawFn) -> tuple[str, list[int], list[int], list[str], bo
     family = draw(families)
     tok = tokenizer(family)
     prompt = tok.encode(draw(st.sampled_from(["", "Q: ", "日本"])), add_special_tokens=True).ids
-    gen = draw(st.one_of(text_ids(family), st.tuples(text_ids(family), random_ids(family, 4)).map(lambda t: t[0] + t[1])))
+    gen = draw(st.one_of(text_ids(family), st.tuples(text_ids(family), random_ids(family, 4)).map(lambda t: t[0] + t[1]),
+                         byte_soup(family)))
     skip = draw(st.booleans())
     text = tok.decode(prompt + gen, skip_special_tokens=skip)
     stops: list[str] = []

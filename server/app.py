@@ -9,6 +9,7 @@ import gc
 import logging
 import os
 import signal
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -30,7 +31,7 @@ from server.api.vllm.tokenize import DetokenizeRoute, TokenizeRoute
 from server.pipeline.async_llm import AsyncLLM
 from server.http.auth import APIKeyAuth
 from server.config import ServerConfig
-from server.http.errors import APIError
+from server.http.errors import APIError, describe_exception
 from server.pipeline.input_processor import GenerationSpec, ModelLimits
 from server.metrics import ServerMetrics
 
@@ -44,7 +45,7 @@ def _open_engine(config: ServerConfig) -> AbstractAsyncContextManager[Any]:
     from engine.client import open_engine
 
     return open_engine(config.engine_config(), ready_timeout=config.engine_ready_timeout,
-                       heartbeat_timeout=config.engine_heartbeat_timeout)
+                       heartbeat_timeout=config.engine_heartbeat_timeout, step_timeout=config.engine_step_timeout)
 
 
 def _open_renderer(config: ServerConfig) -> AbstractAsyncContextManager[Any]:
@@ -90,7 +91,7 @@ def limits_for(config: ServerConfig, ready: Any, tokenizer: Any) -> ModelLimits:
         vocab = min(vocab, tokenizer.get_vocab_size(with_added_tokens=True))
     return ModelLimits(max_model_len=ready.max_model_len, vocab_size=vocab,
                        eos_token_ids=tuple(ready.eos_token_ids), max_logprobs=config.max_logprobs,
-                       generation_defaults=dict(ready.generation_defaults))
+                       generation_defaults=dict(ready.generation_defaults), caps=config.request_caps())
 
 
 async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:
@@ -100,11 +101,26 @@ async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:
                                     "/v1/completions, /v1/chat/completions.", status=404))
 
 
-def _reason(error: BaseException) -> str:
-    """The messages of the exceptions at the leaves of (nested) exception groups."""
-    if isinstance(error, BaseExceptionGroup):
-        return "; ".join(_reason(e) for e in error.exceptions)
-    return f"{type(error).__name__}: {error}"
+def _refuse_several_hypercorn_workers() -> None:
+    """Exit if a Hypercorn worker with `-w N`, N > 1, is loading the app: each worker would start an engine.
+
+    Hypercorn runs `load_application` (which calls create_app()) from its worker function, whose
+    `config` local is the Hypercorn Config; found on the stack, its `workers` says how many run.
+    """
+    try:
+        from hypercorn.config import Config
+    except ImportError:
+        return
+    frame: Any = sys._getframe(1)
+    for _ in range(32):  # a few frames up: Hypercorn's worker function calls load_application, which calls us
+        if frame is None:
+            return
+        found = frame.f_locals.get("config")
+        if isinstance(found, Config) and isinstance(found.workers, int) and found.workers > 1:
+            raise SystemExit(f"spindle: Hypercorn runs {found.workers} workers, and each would start its own "
+                             "engine; several API-server processes per engine are not supported yet: run one "
+                             "worker (-w 1), or `python -m server`.")
+        frame = frame.f_back
 
 
 def create_app(config: ServerConfig | None = None, *, on_fatal: Callable[[str], None] | None = None,
@@ -116,7 +132,9 @@ def create_app(config: ServerConfig | None = None, *, on_fatal: Callable[[str], 
     so /health answers 503 while loading); otherwise startup waits for the engine, and a failed load
     fails startup.
     """
-    config = config if config is not None else ServerConfig.from_env()
+    if config is None:  # plain `hypercorn 'server.app:create_app()'`: one engine per worker process
+        _refuse_several_hypercorn_workers()
+        config = ServerConfig.from_env()
     state = AppState(config=config, model_name=config.model_name)
     metrics = ServerMetrics(config.model_name)
     open_engine = engine_factory or _open_engine
@@ -140,8 +158,7 @@ def create_app(config: ServerConfig | None = None, *, on_fatal: Callable[[str], 
                 state.renderer, state.limits, state.llm = renderer, limits_for(cfg, client.ready, tokenizer), llm
                 log.info("serving %s (max_model_len %d)", state.model_name, state.limits.max_model_len)
                 # What startup built (tokenizer, templates, modules) lives for the process: keep full
-                # collections from walking it again. Measured with bench.frontend, 4-token requests:
-                # 412 -> 335 us of API CPU per token.
+                # collections from walking it again (less API CPU per token: bench/README.md).
                 gc.collect()
                 gc.freeze()
                 task_status.started()
@@ -151,8 +168,8 @@ def create_app(config: ServerConfig | None = None, *, on_fatal: Callable[[str], 
         try:
             await run_engine()
         except Exception as e:  # the model did not load: say why; the CLI exits non-zero
-            log.error("startup failed: %s", _reason(e))
-            fatal(f"startup failed: {_reason(e)}")
+            log.error("startup failed: %s", describe_exception(e))
+            fatal(f"startup failed: {describe_exception(e)}")
 
     @asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:

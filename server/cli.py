@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 
-from server.config import ServerConfig
+from server.config import SIZE_FIELDS, ServerConfig, parse_size
 
 # flag -> (ServerConfig field, type, help). Booleans are switches.
 _FLAGS: list[tuple[str, str, Any, str]] = [
@@ -42,6 +42,16 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--log-level", "log_level", str, "debug, info, warning, error"),
     ("--device", "device", str, "auto, cpu or cuda"),
     ("--socket-send-buffer", "socket_send_buffer", int, "kernel send buffer per connection in bytes (0: OS default)"),
+    ("--max-request-body", "max_request_body", str, "largest request body, e.g. 32MiB; bigger ones get 413"),
+    ("--scheduling-policy", "scheduling_policy", str,
+     "fcfs (default: a request's non-zero priority gets 400) or priority (lower runs first)"),
+    ("--max-prompts-per-request", "max_prompts_per_request", int, "most prompts in one /v1/completions request"),
+    ("--max-choices-per-request", "max_choices_per_request", int, "most choices (n x prompts) in one request"),
+    ("--max-stop-strings", "max_stop_strings", int, "most stop strings in one request"),
+    ("--max-stop-string-length", "max_stop_string_length", int, "longest stop string, in characters"),
+    ("--max-stop-token-ids", "max_stop_token_ids", int, "most stop_token_ids in one request"),
+    ("--max-logit-bias", "max_logit_bias", int, "most logit_bias entries in one request"),
+    ("--max-allowed-token-ids", "max_allowed_token_ids", int, "most allowed_token_ids in one request"),
 ]
 
 
@@ -69,10 +79,9 @@ def config_from_args(argv: Sequence[str]) -> ServerConfig:
     """Flags over SPINDLE_* env vars over defaults."""
     args = build_parser().parse_args(list(argv))
     given = {k: v for k, v in vars(args).items() if v is not None}
-    if "kv_cache_memory" in given:
-        from engine.config import parse_bytes
-
-        given["kv_cache_memory"] = parse_bytes(given["kv_cache_memory"])
+    for name in SIZE_FIELDS:  # "2GiB", "512MiB", plain bytes: read as the SPINDLE_* variable is
+        if name in given:
+            given[name] = parse_size(name, given[name])
     if "api_keys" in given:
         given["api_keys"] = tuple(given["api_keys"])
     return ServerConfig.from_env(**given)
@@ -103,13 +112,6 @@ def _hypercorn_config(config: ServerConfig) -> Any:
     return hc
 
 
-def _reason(error: BaseException) -> str:
-    """The messages of the exceptions at the leaves of (nested) exception groups."""
-    if isinstance(error, BaseExceptionGroup):
-        return "; ".join(_reason(e) for e in error.exceptions)
-    return f"{type(error).__name__}: {error}"
-
-
 async def serve(config: ServerConfig, engine_factory: Any = None) -> int:
     """Serve until a signal (exit 0) or the engine dies (exit 1).
 
@@ -119,6 +121,7 @@ async def serve(config: ServerConfig, engine_factory: Any = None) -> int:
     the rest end with an error. A second SIGTERM, or a SIGINT, stops at once (requests cut the same way).
     """
     from server.app import create_app
+    from server.http.errors import describe_exception
 
     log = logging.getLogger("spindle.server")
     stop = anyio.Event()
@@ -149,6 +152,7 @@ async def serve(config: ServerConfig, engine_factory: Any = None) -> int:
         llm = state.llm
         if llm is not None:
             llm.cut("The server was stopped before this request finished; retry against another instance.")
+        hc.graceful_timeout = 0.3  # read when Hypercorn stops: cut streams need only their last write
         stop.set()
 
     async def signals() -> None:
@@ -174,12 +178,10 @@ async def serve(config: ServerConfig, engine_factory: Any = None) -> int:
                 from hypercorn.trio import serve as hypercorn_serve
             else:
                 from hypercorn.asyncio import serve as hypercorn_serve  # type: ignore[assignment]
-            if not direct_body.install(config.worker_class):
-                log.warning("this Hypercorn's %s worker has an unknown layout: streaming through ASGI only",
-                            config.worker_class)
+            direct_body.install(config.worker_class)  # False (logged there): SPINDLE_DIRECT_WRITE=0 or unknown layout
             await hypercorn_serve(app, hc, shutdown_trigger=stop.wait)
         except Exception as e:  # the server itself failed (e.g. the port is taken): say why, exit non-zero
-            log.error("server failed: %s", _reason(e))
+            log.error("server failed: %s", describe_exception(e))
             code = code or 1
         finally:
             listening.cancel()

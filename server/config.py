@@ -6,12 +6,16 @@ import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args, get_type_hints
+from typing import TYPE_CHECKING, Any, Literal, get_args, get_type_hints
 
 from engine.config import EngineConfig, parse_bytes
 
+if TYPE_CHECKING:
+    from server.pipeline.input_processor import RequestCaps
+
 WorkerClass = Literal["trio", "asyncio", "uvloop"]
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+SchedulingPolicy = Literal["fcfs", "priority"]
 ENV_PREFIX = "SPINDLE_"
 
 
@@ -48,19 +52,29 @@ class ServerConfig:
     log_requests: bool = False  # prompt and output text in the access log (off: token counts only)
     device: str = "auto"
     engine_ready_timeout: float = 600.0
-    engine_heartbeat_timeout: float = 10.0
+    engine_heartbeat_timeout: float = 10.0  # seconds without any frame: the engine is stopped or gone
+    engine_step_timeout: float = 600.0  # seconds one step may run before the engine counts as hung; 0: off
     max_request_body: int = 32 << 20  # bytes
     # Per-connection kernel send buffer (bytes; 0: the OS default, which grows to MBs). Small, so a slow
     # SSE reader makes sends block within ~100 events and its outputs merge instead of piling up in buffers.
     socket_send_buffer: int = 16 << 10
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    scheduling_policy: SchedulingPolicy = "fcfs"  # as vLLM: "priority" honours requests' priority, else it is refused
+    # Bounds on the work one request may cause (a 400 naming the flag); far above what normal clients send.
+    max_prompts_per_request: int = 2048  # /v1/completions prompt lists
+    max_choices_per_request: int = 4096  # n x prompts
+    max_stop_strings: int = 64
+    max_stop_string_length: int = 1024  # characters
+    max_stop_token_ids: int = 1024
+    max_logit_bias: int = 1024
+    max_allowed_token_ids: int = 262144  # above any vocabulary: refuses only padded (repeated) lists
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "log_level", str(self.log_level).lower())  # WARNING and warning alike
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
         positive = ("max_num_seqs", "max_num_batched_tokens", "stream_interval", "renderer_num_workers",
-                    "block_size", "kv_cache_memory", "max_request_body")
+                    "block_size", "kv_cache_memory", "max_request_body", *_CAP_FIELDS)
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")
@@ -78,10 +92,14 @@ class ServerConfig:
                      "engine_heartbeat_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{_flag(name)} must be positive, got {getattr(self, name)}")
+        if self.engine_step_timeout < 0:
+            raise ValueError(f"SPINDLE_ENGINE_STEP_TIMEOUT must be 0 (off) or positive, got {self.engine_step_timeout}")
         if self.sse_keepalive < 0:
             raise ValueError(f"--sse-keepalive must be 0 (off) or positive, got {self.sse_keepalive}")
         if self.worker_class not in get_args(WorkerClass):
             raise ValueError(f"--worker-class must be one of trio, asyncio, uvloop; got {self.worker_class!r}")
+        if self.scheduling_policy not in get_args(SchedulingPolicy):
+            raise ValueError(f"--scheduling-policy must be fcfs or priority; got {self.scheduling_policy!r}")
         if self.log_level not in get_args(LogLevel):
             raise ValueError(f"--log-level must be one of {', '.join(get_args(LogLevel))}; got {self.log_level!r}")
         if any(not k for k in self.api_keys):
@@ -114,7 +132,15 @@ class ServerConfig:
             max_num_batched_tokens=self.max_num_batched_tokens, block_size=self.block_size,
             kv_cache_memory=self.kv_cache_memory, num_blocks=self.num_blocks,
             enable_prefix_caching=self.enable_prefix_caching, seed=self.seed, device=self.device,
+            scheduling_policy=self.scheduling_policy,
         )
+
+    def request_caps(self) -> RequestCaps:
+        """The per-request bounds check_request enforces (ModelLimits.caps)."""
+        from server.pipeline.input_processor import RequestCaps
+
+        return RequestCaps(**{name: getattr(self, name) for name in _CAP_FIELDS},
+                           priority_scheduling=self.scheduling_policy == "priority")
 
     def resolved(self) -> ServerConfig:
         """The same config with the demo checkpoint path filled in (done at startup, not at validation)."""
@@ -145,8 +171,21 @@ class ServerConfig:
         return cls(**values)
 
 
+# The fields that become RequestCaps: each at least 1.
+_CAP_FIELDS = ("max_prompts_per_request", "max_choices_per_request", "max_stop_strings", "max_stop_string_length",
+               "max_stop_token_ids", "max_logit_bias", "max_allowed_token_ids")
 # SPINDLE_* variables that other parts of the project read (not ServerConfig fields).
-_NOT_CONFIG = frozenset({"api_key", "output_chunk", "cache_dir", "fuzz_examples"})
+_NOT_CONFIG = frozenset({"api_key", "output_chunk", "cache_dir", "fuzz_examples", "direct_write"})
+# Byte sizes: written "2GiB", "512MiB", "1.5G" or plain bytes, as env vars and as flags.
+SIZE_FIELDS = ("kv_cache_memory", "max_request_body")
+
+
+def parse_size(name: str, text: str | int) -> int:
+    """A size setting's value in bytes; the error names the flag."""
+    try:
+        return parse_bytes(text)
+    except ValueError as e:
+        raise ValueError(f"{_flag(name)}: {e}") from None
 
 
 def _flag(name: str) -> str:
@@ -156,7 +195,7 @@ def _flag(name: str) -> str:
 def _parse(name: str, hint: Any, raw: str, key: str) -> Any:
     text = raw.strip()
     try:
-        if name == "kv_cache_memory":
+        if name in SIZE_FIELDS:
             return parse_bytes(text)
         if name == "api_keys":
             return tuple(k.strip() for k in text.split(",") if k.strip())

@@ -25,7 +25,7 @@ REJECT_REASONS = ("queue_full", "shutting_down")  # 503s from admission control 
 class LoopHistogram:
     """A histogram observed and rendered on the event loop only, so it needs no lock: one bisect per
     observation (prometheus_client's Histogram takes a lock for the sum and one for the bucket, which
-    showed up at a few % of the API CPU per token for the per-token ITL)."""
+    showed up in the API CPU per token for the per-token ITL; bench/README.md)."""
 
     __slots__ = ("counts", "sum")
 

@@ -133,7 +133,7 @@ class CausalLM:
         self.norm = get("model.norm.weight")
         self.tied = args.tie_word_embeddings if args.tie_word_embeddings is not None else not has_lm_head
         head = embed if self.tied else get("lm_head.weight")
-        # On CPU, [hidden, vocab] makes the small-batch LM head (small models' biggest matmul) ~3x faster.
+        # On CPU, [hidden, vocab] makes the small-batch LM head (small models' biggest matmul) faster.
         self.head_transposed = self.device.type == "cpu"
         self.lm_head = head.t().contiguous() if self.head_transposed else head
         # Tied and transposed: token rows are read from the head's columns, so the table is stored once.

@@ -1,9 +1,10 @@
-"""The part chat and completions share: run `generate`, then stream SSE events or send one JSON body."""
+"""What the routes share: the POST front (PostRoute), and `respond`: run `generate`, then stream SSE events or
+send one JSON body."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from server.http import direct_body, sse
 from server.http.asgi import SSE_HEADERS, Receive, Scope, Send, header, send_json, serve_json_post
@@ -141,8 +142,8 @@ async def respond(llm: AsyncLLM, specs: Sequence[GenerationSpec], fmt: Formatter
         await body((data or b"") + tail, False)
 
 
-class GenerationRoute:
-    """The shared front of /v1/completions and /v1/chat/completions: X-Request-Id, body, disconnect."""
+class PostRoute:
+    """The shared front of the JSON POST routes: X-Request-Id (echoed on errors), body, disconnect."""
 
     def __init__(self, state: AppState) -> None:
         self.state = state
@@ -156,3 +157,9 @@ class GenerationRoute:
 
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
         raise NotImplementedError
+
+    def token_texts(self, renderer: Any, wanted: bool) -> TokenTexts | None:
+        """The token strings logprobs are written with, when `wanted`."""
+        if wanted and self._texts is None:
+            self._texts = TokenTexts(renderer.tokenizer)
+        return self._texts if wanted else None

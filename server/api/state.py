@@ -4,14 +4,25 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import msgspec
 
 from server.config import ServerConfig
-from server.http.errors import APIError
+from server.http.errors import APIError, from_decode_error
 from server.pipeline.input_processor import ModelLimits
+from server.protocol.openai import decode_request
 
 if TYPE_CHECKING:
     from server.pipeline.async_llm import AsyncLLM
+
+
+class _NamesModel(Protocol):
+    @property
+    def model(self) -> str | None: ...
+
+
+Req = TypeVar("Req", bound=_NamesModel)
 
 
 @dataclass
@@ -39,3 +50,14 @@ class AppState:
         if model is not None and model != self.model_name and model != self.config.model:
             raise APIError(f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
                            status=404, param="model")
+
+    def decode_for_model(self, decoder: msgspec.json.Decoder[Req],
+                         body: bytes) -> tuple[Req, AsyncLLM, Any, ModelLimits]:
+        """Every route's preamble: the body decoded (400), the running parts (503), the model named (404)."""
+        try:
+            req = decode_request(decoder, body)
+        except msgspec.DecodeError as e:
+            raise from_decode_error(e) from None
+        llm, renderer, limits = self.require()
+        self.check_model(req.model)
+        return req, llm, renderer, limits

@@ -2,7 +2,9 @@
 
 The middleware opens a `RequestRecord` in a context variable; `AsyncLLM.generate` (same task, or a
 child task that inherits the context) fills in the token counts, so routes need no logging code.
-Prompt and output text are logged only with --log-requests.
+Prompt and output text are logged only with --log-requests. Request ids, method and path come from the
+client: control characters, quotes and backslashes (and spaces in ids) are escaped, so they cannot forge log lines.
+/health probes are logged at DEBUG, not INFO (load balancers poll it).
 """
 
 from __future__ import annotations
@@ -36,6 +38,22 @@ class RequestRecord:
 current: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar("spindle_request", default=None)
 
 
+_ID_UNSAFE = ' "\\'  # a space in an id would start a forged field
+
+
+def _clean(text: str, unsafe: str = '"\\') -> str:
+    """`text` with non-printable characters and those in `unsafe` backslash-escaped: one line, one field."""
+    if text.isprintable() and not any(c in text for c in unsafe):
+        return text
+    return "".join(c if c.isprintable() and c not in unsafe else _escape(c) for c in text)
+
+
+def _escape(c: str) -> str:
+    if c in '"\\':
+        return "\\" + c
+    return c.encode("unicode_escape").decode("ascii") if c != " " else "\\x20"  # \n, \x1b, \u2028
+
+
 def _fmt_s(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
@@ -51,7 +69,8 @@ class AccessLog:
         return getattr(self.app, name)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not log.isEnabledFor(logging.INFO):
+        level = logging.DEBUG if scope.get("path") == "/health" else logging.INFO
+        if scope["type"] != "http" or not log.isEnabledFor(level):
             await self.app(scope, receive, send)
             return
         record = RequestRecord(self.log_requests)
@@ -80,18 +99,19 @@ class AccessLog:
             await self.app(scope, logged_receive if self.log_requests else receive, logged_send)
         finally:
             current.reset(token)
-            self._write(scope, record, status, start, header_id, b"".join(body_parts))
+            self._write(level, scope, record, status, start, header_id, b"".join(body_parts))
 
-    def _write(self, scope: Scope, r: RequestRecord, status: int, start: float, header_id: str | None,
+    def _write(self, level: int, scope: Scope, r: RequestRecord, status: int, start: float, header_id: str | None,
                body: bytes) -> None:
         now = time.monotonic()
         ttft = r.first_token - start if r.first_token else None
         finish = ",".join(sorted(set(r.finish_reasons))) or "-"
         # status 0: the client left before any response started
-        line = (f'request_id={r.request_id or header_id or "-"} route="{scope.get("method", "")} {scope["path"]}" '
+        line = (f'request_id={_clean(r.request_id or header_id or "-", _ID_UNSAFE)} '
+                f'route="{_clean(scope.get("method", ""))} {_clean(scope["path"])}" '
                 f"status={status} prompt_tokens={r.prompt_tokens} completion_tokens={r.completion_tokens} "
                 f"ttft={_fmt_s(ttft)} duration={_fmt_s(now - start)} finish_reason={finish}")
         if r.log_text:
             texts = [r.texts[i] for i in sorted(r.texts)]
             line += f" request_body={body.decode('utf-8', 'replace')!r} output={texts!r}"
-        log.info("%s", line)
+        log.log(level, "%s", line)

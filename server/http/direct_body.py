@@ -2,10 +2,9 @@
 
 Each SSE event otherwise travels `send()` -> Hypercorn's HTTPStream -> H11Protocol -> h11's chunked
 writer -> TCPServer (lock, write, drain) -> socket, and the route task is woken per event to make
-that call. On the demo load that path was about a third of the API process's CPU per token, more
-than the socket write itself (`python -m bench.frontend`). Here the output handler, which already
-holds the token, frames the HTTP/1.1 chunk itself and writes it, in the same loop over the step's
-outputs, without waking the route.
+that call. On the demo load that path cost more of the API process's CPU per token than the socket
+write itself (bench/README.md). Here the output handler, which already holds the token, frames the
+HTTP/1.1 chunk itself and writes it, in the same loop over the step's outputs, without waking the route.
 
 It writes only when that cannot reorder or block: the response was started through ASGI, h11 is
 sending a chunked body (not HTTP/1.0, not HTTP/2, not after the end), no other send holds the
@@ -18,32 +17,66 @@ view of the connection stays true.
 The writes of one engine step are collected in a `WriteBatch` and made together once the step's
 outputs are processed (before the output handler lets any other task run, so nothing can come
 between a `send()` and its write): alternating Python and the kernel's TCP path per token kept
-both out of the CPU caches (`python -m bench.frontend --worker-class uvloop`: 59 -> 41-46 us of
-API CPU per token).
+both out of the CPU caches (bench/README.md).
 
 `install()` makes Hypercorn's workers record each connection in a context variable that the
 request's tasks inherit; without it (plain `hypercorn ...`), `for_current_request()` is None and
 everything goes through ASGI.
+
+Fail-safe: the private Hypercorn and h11 names are looked up in `install()` only, which declines
+(changes nothing) if one is missing or differently shaped, or with `SPINDLE_DIRECT_WRITE=0`. An
+exception while using the fast path at request time turns it off for the process (one warning); the
+output that met it, and every later one, goes through ASGI.
 """
 
 from __future__ import annotations
 
 import contextvars
+import logging
+import os
 from typing import Any
 
-import h11
-import trio
-from h11._writers import ChunkedWriter  # h11's writer class for a chunked body: the one framing copied here
-from hypercorn.asyncio import run as hypercorn_asyncio_run
-from hypercorn.asyncio.tcp_server import TCPServer as AsyncioTCPServer
-from hypercorn.events import RawData
-from hypercorn.protocol.h11 import H11Protocol
-from hypercorn.trio import run as hypercorn_trio_run
-from hypercorn.trio.tcp_server import TCPServer as TrioTCPServer
-
-from server.http.trio_send import FastSendTCPServer
+log = logging.getLogger("spindle.server")
 
 _connection: contextvars.ContextVar[Any] = contextvars.ContextVar("spindle_connection", default=None)
+_OFF = ("0", "false", "no", "off")
+
+
+class _Layout:
+    """The Hypercorn, h11 and Trio classes the fast path checks against, found by `install()`."""
+
+    __slots__ = ("h11_protocol", "connection", "send_body", "chunked_writer", "raw_data", "socket_stream")
+
+    def __init__(self, h11_protocol: Any, connection: Any, send_body: Any, chunked_writer: Any,
+                 raw_data: Any, socket_stream: Any) -> None:  # Any: `type(x) is ...` must not narrow x
+        self.h11_protocol = h11_protocol
+        self.connection = connection
+        self.send_body = send_body
+        self.chunked_writer = chunked_writer
+        self.raw_data = raw_data
+        self.socket_stream = socket_stream
+
+
+_layout: _Layout | None = None  # set by a successful install()
+_servers: dict[str, type] = {}  # worker class -> our TCPServer subclass, made once (install() is idempotent)
+_active = True  # False once the fast path failed at request time: ASGI only for the rest of the process
+
+
+def is_active() -> bool:
+    return _active
+
+
+def decline(error: BaseException) -> None:
+    """The fast path met something it was not written for: turn it off for the process, warn once."""
+    global _active
+    if _active:
+        _active = False
+        log.warning("direct body writes turned off after %s: %s; streaming through ASGI from now on",
+                    type(error).__name__, error)
+
+
+def _frame(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
 
 
 class WriteBatch:
@@ -61,7 +94,11 @@ class WriteBatch:
     def flush(self) -> None:
         frames, self._frames = self._frames, []
         for body, frame in frames:
-            body._put(frame)
+            try:
+                body._put(frame)
+            except Exception as e:  # runs in the output handler: a failed write must not end it
+                decline(e)
+                body.pending += frame  # the route sends it through Hypercorn before anything else
 
 
 class DirectBody:
@@ -71,38 +108,46 @@ class DirectBody:
     __slots__ = ("_server", "_batch", "_lock", "_chunked", "pending")
 
     def __init__(self, server: Any, batch: WriteBatch) -> None:
+        self.pending = b""  # framed bytes a partial write left; flushed before anything else is sent
         self._server = server  # Hypercorn's TCPServer of this request's connection
         self._batch = batch
         self._lock = server.send_lock  # held by Hypercorn's own sends
         self._chunked = False  # h11 was seen sending this response's chunked body
-        self.pending = b""  # framed bytes a partial write left; flushed before anything else is sent
 
     def send(self, data: bytes) -> bool:
         """Take `data` as one HTTP/1.1 chunk, written at the batch's flush, if that cannot reorder or
         block; False: it was not taken, send it through ASGI."""
-        if self.pending or self._lock.locked() or not self._transport_idle():
+        if not _active:
             return False
-        if not self._chunked:  # once true it stays true until the route's last send: only sends change it
-            self._chunked = self._h11_sends_chunks()
-            if not self._chunked:
+        try:
+            if self.pending or self._lock.locked() or not self._transport_idle():
                 return False
+            if not self._chunked:  # once true it stays true until the route's last send: only sends change it
+                self._chunked = self._h11_sends_chunks()
+                if not self._chunked:
+                    return False
+        except Exception as e:  # runs in the output handler: an unknown layout declines, never raises
+            decline(e)
+            return False
         if data:
-            self._batch.add(self, b"%x\r\n%s\r\n" % (len(data), data))
+            self._batch.add(self, b"%x\r\n%s\r\n" % (len(data), data))  # _frame(), inline: once per token
         return True
 
     def _h11_sends_chunks(self) -> bool:
+        layout = _layout
         protocol = self._server.protocol.protocol
-        if type(protocol) is not H11Protocol:
+        if layout is None or type(protocol) is not layout.h11_protocol:
             return False
         conn = protocol.connection
-        return (type(conn) is h11.Connection and conn.our_state is h11.SEND_BODY
-                and type(getattr(conn, "_writer", None)) is ChunkedWriter)
+        return (type(conn) is layout.connection and conn.our_state is layout.send_body
+                and type(conn._writer) is layout.chunked_writer)
 
     async def flush(self) -> None:
         """Send what a partial write left, through Hypercorn (it waits for the client, or sees it gone)."""
         data, self.pending = self.pending, b""
         if data:
-            await self._server.protocol_send(RawData(data=data))
+            assert _layout is not None  # pending is only ever set on a body made after install()
+            await self._server.protocol_send(_layout.raw_data(data=data))
 
     def _transport_idle(self) -> bool:
         raise NotImplementedError
@@ -123,7 +168,9 @@ class _AsyncioBody(DirectBody):
         return transport.get_write_buffer_size() == 0 and not transport.is_closing()
 
     def _put(self, frame: bytes) -> None:
-        if not self._transport.is_closing():  # closed since `send()`: the route's next send sees it
+        if self.pending:  # an earlier frame is still waiting for Hypercorn's path: keep the order
+            self.pending += frame
+        elif not self._transport.is_closing():  # closed since `send()`: the route's next send sees it
             self._transport.write(frame)  # the transport keeps what the socket did not take
 
 
@@ -131,43 +178,108 @@ class _TrioBody(DirectBody):
     __slots__ = ()
 
     def _transport_idle(self) -> bool:
-        return type(self._server.stream) is trio.SocketStream  # TLS goes through Hypercorn
+        layout = _layout
+        return layout is not None and type(self._server.stream) is layout.socket_stream  # TLS: Hypercorn's path
 
     def _put(self, frame: bytes) -> None:
+        if self.pending:  # an earlier frame is still waiting for Hypercorn's path: keep the order
+            self.pending += frame
+            return
         sent = self._server.write_now(frame)  # the flush through Hypercorn sends the rest, or sees the close
         if sent < len(frame):
             self.pending = frame[sent:]
 
 
-class _AsyncioServer(AsyncioTCPServer):
-    async def run(self) -> None:
-        _connection.set((_AsyncioBody, self))
-        await super().run()
-
-
-class _TrioServer(FastSendTCPServer):
-    async def run(self) -> None:
-        _connection.set((_TrioBody, self))
-        await super().run()
-
-
 def for_current_request(batch: WriteBatch) -> DirectBody | None:
-    """A direct writer for the response of the request this task serves, if `install()` ran; its
-    writes go out at `batch.flush()`."""
+    """A direct writer for the response of the request this task serves, if `install()` ran and the
+    fast path is on; its writes go out at `batch.flush()`."""
     found = _connection.get()
-    return None if found is None else found[0](found[1], batch)
+    if found is None or not _active:
+        return None
+    try:
+        body: DirectBody = found[0](found[1], batch)
+    except Exception as e:  # a server object without the attributes this module expects
+        decline(e)
+        return None
+    return body
+
+
+def _find_layout(worker_class: str) -> tuple[Any, type, type, _Layout]:
+    """(Hypercorn's run module, its TCPServer class, our subclass of it, the layout); raises if the
+    installed Hypercorn or h11 is not shaped as this module expects."""
+    import h11
+    from h11._writers import ChunkedWriter  # h11's writer class for a chunked body: the one framing copied here
+    from hypercorn.events import RawData
+    from hypercorn.protocol.h11 import H11Protocol
+
+    parts: list[bytes] = []
+    ChunkedWriter().send_data(b"abc", parts.append)
+    if b"".join(parts) != _frame(b"abc"):
+        raise TypeError("h11's chunk framing differs from ours")
+    if not hasattr(h11.Connection(h11.SERVER), "_writer"):
+        raise AttributeError("h11.Connection has no _writer")
+    socket_stream: type | None = None
+    if worker_class == "trio":
+        import trio
+        from hypercorn.trio import run as module
+        from hypercorn.trio.tcp_server import TCPServer as base
+
+        from server.http.trio_send import FastSendTCPServer
+
+        socket_stream = trio.SocketStream
+        if not issubclass(FastSendTCPServer, base):
+            raise TypeError("server.http.trio_send was built on another TCPServer")
+    else:
+        from hypercorn.asyncio import run as module  # type: ignore[no-redef]
+        from hypercorn.asyncio.tcp_server import TCPServer as base  # type: ignore[assignment]
+    for name in ("run", "protocol_send"):
+        if not callable(getattr(base, name, None)):
+            raise AttributeError(f"Hypercorn's {worker_class} TCPServer has no {name}()")
+    ours = _servers.get(worker_class)
+    if ours is None:
+        ours = _servers[worker_class] = _server_class(worker_class, base)
+    layout = _Layout(H11Protocol, h11.Connection, h11.SEND_BODY, ChunkedWriter, RawData, socket_stream)
+    return module, base, ours, layout
+
+
+def _server_class(worker_class: str, base: type) -> type:
+    if worker_class == "trio":
+        from server.http.trio_send import FastSendTCPServer
+
+        class _TrioServer(FastSendTCPServer):
+            async def run(self) -> None:
+                _connection.set((_TrioBody, self))
+                await super().run()
+
+        return _TrioServer
+
+    class _AsyncioServer(base):  # type: ignore[misc]
+        async def run(self) -> None:
+            _connection.set((_AsyncioBody, self))
+            await super().run()
+
+    return _AsyncioServer
 
 
 def install(worker_class: str) -> bool:
-    """Make Hypercorn's worker record connections (Trio: with its send fast path); False if its
-    layout is not the one this module was written against (then nothing changes)."""
-    module: Any = hypercorn_trio_run if worker_class == "trio" else hypercorn_asyncio_run
-    ours: type = _TrioServer if worker_class == "trio" else _AsyncioServer
-    base: type = TrioTCPServer if worker_class == "trio" else AsyncioTCPServer
-    current = getattr(module, "TCPServer", None)
-    if current is ours:
-        return True
-    if current is not base or not all(hasattr(base, name) for name in ("run", "protocol_send")):
+    """Make Hypercorn's worker record connections (Trio: with its send fast path); False, with the
+    reason logged, if SPINDLE_DIRECT_WRITE=0 or the layout is not the one this module was written
+    against (then nothing changes)."""
+    global _layout
+    if os.environ.get("SPINDLE_DIRECT_WRITE", "1").strip().lower() in _OFF:
+        log.info("SPINDLE_DIRECT_WRITE=0: streaming through ASGI only")
         return False
+    try:
+        module, base, ours, layout = _find_layout(worker_class)
+    except Exception as e:  # ImportError, AttributeError, ...: an unknown Hypercorn or h11
+        log.warning("this Hypercorn's %s worker or h11 has an unknown layout (%s: %s): streaming through ASGI only",
+                    worker_class, type(e).__name__, e)
+        return False
+    current = getattr(module, "TCPServer", None)
+    if current is not ours and current is not base:
+        log.warning("Hypercorn's %s worker runs another TCPServer (%r): streaming through ASGI only",
+                    worker_class, current)
+        return False
+    _layout = layout
     setattr(module, "TCPServer", ours)  # the name the worker looks up per connection
     return True

@@ -39,6 +39,9 @@ def bad_request(message: str, param: str | None = None) -> APIError:
 _PATH = re.compile(r" - at `\$\.?([^`]*)`$")
 
 
+_INT64_BOUNDS = {f"Expected `int` <= {(1 << 63) - 1}", f"Expected `int` >= {-(1 << 63)}"}
+
+
 def from_decode_error(error: msgspec.DecodeError) -> APIError:
     """msgspec's 'Expected `int`, got `str` - at `$.max_tokens`' -> a 400 naming the field."""
     text = str(error)
@@ -46,6 +49,15 @@ def from_decode_error(error: msgspec.DecodeError) -> APIError:
     param = m.group(1) if m and m.group(1) else None
     if isinstance(error, msgspec.ValidationError):
         message = _PATH.sub("", text)
+        if message in _INT64_BOUNDS:  # the protocol's Int64 bound: say what it means, not the number
+            message = "Expected an integer that fits in 64 bits (signed)"
         message = f"{param}: {message}" if param else message
         return bad_request(f"Invalid request: {message}; see the OpenAI API reference for the field's type.", param)
     return bad_request(f"The request body is not valid JSON ({text}); send a JSON object.")
+
+
+def describe_exception(error: BaseException) -> str:
+    """For logs: the messages of the exceptions at the leaves of (nested) exception groups."""
+    if isinstance(error, BaseExceptionGroup):
+        return "; ".join(describe_exception(e) for e in error.exceptions)
+    return f"{type(error).__name__}: {error}"

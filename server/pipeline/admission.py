@@ -7,21 +7,6 @@ no I/O; callers pair every successful try_admit with exactly one first_token or 
 
 from __future__ import annotations
 
-# Tokens a tokenizer may add around a text (bos/eos, a SentencePiece dummy-prefix piece).
-SPECIAL_TOKEN_ALLOWANCE = 8
-
-
-def estimate_tokens(text: str) -> int:
-    """An upper bound on the number of tokens `text` encodes to: its UTF-8 byte length + SPECIAL_TOKEN_ALLOWANCE.
-
-    The bound holds for byte-level BPE (Qwen2, Llama 3, tiktoken-style) and SentencePiece with byte fallback
-    (Llama 2, Mistral): every token covers at least one byte of the text, and the SentencePiece space marker
-    "▁" stands for one byte. It can be exceeded only by a normalizer that lengthens text: NFC rewrites a few
-    rare characters (e.g. U+0958) into up to 3 code points. Using it for admission is pessimistic:
-    it may count more tokens than the prompt has, never far fewer.
-    """
-    return len(text.encode("utf-8", "surrogatepass")) + SPECIAL_TOKEN_ALLOWANCE
-
 
 def min_tokens(text: str, max_token_bytes: int) -> int:
     """A lower bound on the tokens of `text`, to refuse before tokenizing only when a limit is surely exceeded.
@@ -56,6 +41,20 @@ class Admission:
 
     def try_admit(self, num_reqs: int, num_tokens: int) -> str | None:
         """Admit `num_reqs` requests holding `num_tokens` prompt tokens in all; None if admitted, else why not."""
+        reason = self._refusal(num_reqs, num_tokens, "")
+        if reason is None:
+            self._reqs += num_reqs
+            self._tokens += num_tokens
+        return reason
+
+    def would_refuse(self, num_reqs: int, min_num_tokens: int) -> str | None:
+        """Why try_admit would surely refuse requests holding at least `min_num_tokens` tokens now, else None.
+
+        Admits nothing: the routes ask before tokenizing, the exact try_admit runs once the prompt is tokenized.
+        """
+        return self._refusal(num_reqs, min_num_tokens, "at least ")
+
+    def _refusal(self, num_reqs: int, num_tokens: int, bound: str) -> str | None:
         if num_reqs < 0 or num_tokens < 0:
             raise ValueError(f"cannot admit {num_reqs} requests with {num_tokens} tokens")
         if self._max_reqs is not None and self._reqs + num_reqs > self._max_reqs:
@@ -65,12 +64,11 @@ class Admission:
             return (f"too many queued requests ({self._reqs} queued, limit {self._max_reqs}); retry later")
         if self._max_tokens is not None and self._tokens + num_tokens > self._max_tokens:
             if num_tokens > self._max_tokens:
-                return (f"the request's {num_tokens} prompt tokens exceed --max-num-queued-tokens "
-                        f"{self._max_tokens} on their own; send a shorter prompt or fewer choices")
-            return (f"too many queued prompt tokens ({self._tokens} queued + {num_tokens} requested, "
+                return (f"the request's prompt tokens ({bound}{num_tokens}, all choices) exceed "
+                        f"--max-num-queued-tokens {self._max_tokens} on their own; "
+                        "send a shorter prompt or fewer choices")
+            return (f"too many queued prompt tokens ({self._tokens} queued + {bound}{num_tokens} requested, "
                     f"limit {self._max_tokens}); retry later")
-        self._reqs += num_reqs
-        self._tokens += num_tokens
         return None
 
     def first_token(self, num_tokens: int) -> None:

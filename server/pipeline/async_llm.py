@@ -30,13 +30,14 @@ class EngineClientLike(Protocol):
     ready: Ready
     stats: EngineStats
 
-    async def add_request(self, req: AddRequest) -> None: ...
-    async def abort(self, request_ids: list[str]) -> None: ...
+    def add_request(self, req: AddRequest) -> None: ...  # queues; never waits on the pipe
+    def abort(self, request_ids: list[str]) -> None: ...  # queues; drops an add still queued
     async def receive(self) -> StepOutputs | Heartbeat: ...
 
 
 class AdmissionLike(Protocol):
     def try_admit(self, num_reqs: int, num_tokens: int) -> str | None: ...
+    def would_refuse(self, num_reqs: int, min_num_tokens: int) -> str | None: ...
     def first_token(self, num_tokens: int) -> None: ...
     def release(self, num_reqs: int, num_tokens: int) -> None: ...
 
@@ -47,11 +48,9 @@ DetokenizerFactory = Callable[[GenerationSpec], Any]  # spec -> a fresh Incremen
 class RequestStream:
     """The outputs of one `generate` call: batches of `Output`, until every choice has finished."""
 
-    def __init__(self, collector: Collector, states: list[RequestState], specs: Sequence[GenerationSpec],
-                 record: RequestRecord | None = None) -> None:
+    def __init__(self, collector: Collector, states: list[RequestState], record: RequestRecord | None = None) -> None:
         self._collector = collector
         self.states = states
-        self.specs = specs
         self.remaining = len(states)
         self._record = record  # the access log's record of this HTTP request, if it logs
 
@@ -141,7 +140,10 @@ class AsyncLLM:
         return self.client.ready
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """The reader and the output handler; returns when the engine is dead, or runs until cancelled."""
+        """The reader and the output handler; returns when the engine is dead, or runs until cancelled.
+
+        Neither waits on the engine's stdin: the engine client's own writer task owns it (engine/client.py).
+        """
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._read)
             tg.start_soon(self._handle)
@@ -167,16 +169,11 @@ class AsyncLLM:
                 self._die(f"engine core unusable: {e!r}")
 
     async def _handle(self) -> None:
-        from engine.client import EngineDeadError
-
         async with self._steps_recv:
             async for step in self._steps_recv:
                 to_abort = await self.output.process_outputs(step)
                 if to_abort and self.dead is None:
-                    try:
-                        await self.client.abort(to_abort)
-                    except EngineDeadError:
-                        pass  # the reader reports it
+                    self.client.abort(to_abort)  # queued: the handler never waits for the engine
         if self.dead is not None:
             self.output.fail_all(f"{self.dead}; retry once the server is restarted")
 
@@ -187,6 +184,12 @@ class AsyncLLM:
         log.error("%s", why)
         if self.on_dead is not None:
             self.on_dead(why)
+
+    def overloaded(self, reason: str) -> APIError:
+        """The 503 for a request admission refuses (counted as `queue_full`)."""
+        if self.metrics is not None:
+            self.metrics.rejected("queue_full")
+        return APIError(f"The server is overloaded ({reason}); retry after a moment.", status=503, retry_after=1)
 
     def _dead_error(self) -> APIError:
         return APIError(f"The engine is not running ({self.dead}); retry against a restarted server.", status=503)
@@ -211,10 +214,7 @@ class AsyncLLM:
         if admission is not None:
             reason = admission.try_admit(num_reqs, num_tokens)
             if reason is not None:
-                if self.metrics is not None:
-                    self.metrics.rejected("queue_full")
-                raise APIError(f"The server is overloaded ({reason}); retry after a moment.", status=503,
-                               retry_after=1)
+                raise self.overloaded(reason)
         queued: dict[str, int] = {}  # child id -> prompt tokens still counted as queued
 
         def first_token(state: RequestState) -> None:
@@ -224,7 +224,7 @@ class AsyncLLM:
 
         collector = Collector(specs[0].output_kind if specs else OutputKind.FINAL_ONLY)
         states: list[RequestState] = []
-        sent: list[str] = []
+        sent = 0  # child requests handed to the engine client, in `states` order
         record = access_log.current.get()
         if record is not None:
             record.request_id = specs[0].external_id if specs else None
@@ -242,11 +242,10 @@ class AsyncLLM:
                     self.output.add(state)  # registered before sent: a fast engine finds it
             for spec in specs:
                 for i, child_id in enumerate(spec.child_ids()):
-                    req = AddRequest(child_id, spec.prompt_token_ids, spec.child_params(i), spec.arrival_time,
-                                     spec.priority)
-                    await self._send(req)
-                    sent.append(child_id)
-            yield RequestStream(collector, states, specs, record)
+                    self._send(AddRequest(child_id, spec.prompt_token_ids, spec.child_params(i), spec.arrival_time,
+                                          spec.priority))
+                    sent += 1
+            yield RequestStream(collector, states, record)
         finally:
             self.num_active -= 1
             if self.num_active == 0 and self._idle is not None:
@@ -254,16 +253,14 @@ class AsyncLLM:
             if record is not None:
                 record.completion_tokens = sum(s.num_output_tokens for s in states)
                 record.finish_reasons = [s.finish_reason or "abort" for s in states]
-            sent_set = set(sent)
-            pending = [s.request_id for s in states if not s.finished and s.request_id in sent_set]
+            pending = [s.request_id for s in states[:sent] if not s.finished]
             for state in states:
                 self.output.remove(state.request_id)
             if admission is not None:
                 if queued:
                     admission.release(len(queued), sum(queued.values()))
             if pending and self.dead is None:
-                with anyio.CancelScope(shield=True):  # a cancelled caller still aborts its engine requests
-                    await self._abort(pending)
+                self.client.abort(pending)  # queued, no wait: a cancelled caller aborts all the same
             if pending and self.metrics is not None:
                 now = time.time()
                 for state in states:
@@ -295,21 +292,13 @@ class AsyncLLM:
         self.output.fail_all(message)
         return n
 
-    async def _send(self, req: AddRequest) -> None:
+    def _send(self, req: AddRequest) -> None:
         from engine.client import EngineDeadError
 
         if self.dead is not None:
             raise self._dead_error()
         try:
-            await self.client.add_request(req)
+            self.client.add_request(req)
         except EngineDeadError as e:
             self._die(str(e))
             raise self._dead_error() from None
-
-    async def _abort(self, request_ids: list[str]) -> None:
-        from engine.client import EngineDeadError
-
-        try:
-            await self.client.abort(request_ids)
-        except EngineDeadError as e:
-            self._die(str(e))

@@ -11,6 +11,12 @@ text matches the reference. Text is held back (not committed) while the window e
 character still incomplete) or, for byte-fallback tokenizers, while the last token is a byte token
 (a later byte token can turn the whole run of byte tokens into U+FFFDs). `finished=True` commits all.
 
+Bounded work per token, even for ids that never complete a character: text ending in U+FFFD is
+committed up to a boundary once `SETTLE_TOKENS` more tokens follow it and the decode splits there
+(UTF-8 decides a byte within 3 bytes, so that text can no longer change); a byte-fallback run is held
+without decoding while its bytes are valid UTF-8 so far, and committed as soon as they are not (the
+run then decodes to one U+FFFD per byte whatever follows).
+
 Stop strings: the first match in the text (earliest start; at one start, the stop listed first) ends
 the request; text after it (and the stop itself unless `include_stop_str_in_output`) is dropped. A
 match may start only in text committed once `min_tokens` tokens were consumed (none if the request
@@ -23,12 +29,16 @@ are held back until more text (or the finish) shows they start no match.
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import tokenizers
 
 _REPLACEMENT = "\ufffd"
+SETTLE_TOKENS = 4  # tokens after a boundary that fix the text before it: a UTF-8 character has at most 4 bytes
+_SETTLE_SCAN = 8  # boundaries tried per step when settling: covers steps of up to 8 tokens
+_Utf8Decoder = codecs.getincrementaldecoder("utf-8")
 
 
 class DetokenizeError(ValueError):
@@ -40,6 +50,8 @@ class _TokenizerInfo:
     vocab_size: int
     special_ids: frozenset[int]
     byte_ids: frozenset[int]  # byte-fallback tokens (<0xAB>); empty for byte-level BPE
+    byte_values: dict[int, int]  # byte-fallback token id -> its byte
+    bad_byte_id: int  # a byte token invalid alone (<0x80>): the context after an invalid run (-1: none)
     alone_len: tuple[list[int], list[int]]  # len(decode([id])) for every id, per skip_special_tokens
 
 
@@ -52,18 +64,21 @@ def _tokenizer_info(tok: tokenizers.Tokenizer) -> _TokenizerInfo:
     if hit is not None and hit[0] is tok:
         return hit[1]
     special = frozenset(i for i, t in tok.get_added_tokens_decoder().items() if t.special)
-    byte_ids: frozenset[int] = frozenset()
+    byte_values: dict[int, int] = {}
     if getattr(tok.model, "byte_fallback", False):
-        found = (tok.token_to_id(f"<0x{b:02X}>") for b in range(256))
-        byte_ids = frozenset(i for i in found if i is not None)
+        found = ((tok.token_to_id(f"<0x{b:02X}>"), b) for b in range(256))
+        byte_values = {i: b for i, b in found if i is not None}
+    invalid_alone = [i for i, b in byte_values.items() if 0x80 <= b <= 0xBF or b in (0xC0, 0xC1) or b >= 0xF5]
+    bad_byte_id = min(invalid_alone, default=-1)  # without one no run can turn invalid
     n = tok.get_vocab_size(with_added_tokens=True)
-    info = _TokenizerInfo(n, special, byte_ids, (_alone_lengths(tok, n, False), _alone_lengths(tok, n, True)))
+    info = _TokenizerInfo(n, special, frozenset(byte_values), byte_values, bad_byte_id,
+                          (_alone_lengths(tok, n, False), _alone_lengths(tok, n, True)))
     _INFO[id(tok)] = (tok, info)
     return info
 
 
 def _alone_lengths(tok: tokenizers.Tokenizer, n: int, skip: bool) -> list[int]:
-    """len(decode([i])) for every id, once per tokenizer (~0.2 s for 150k ids): the next window's
+    """len(decode([i])) for every id, once per tokenizer (at startup): the next window's
     context length is then a list lookup, not a second decode per token. Single-threaded on
     purpose: decode_batch's thread pool would make every later fork (a renderer worker) warn."""
     def length(i: int) -> int:
@@ -98,6 +113,10 @@ class IncrementalDetokenizer:
         self._skip = skip_special_tokens
         self._hidden = info.special_ids if skip_special_tokens else frozenset()
         self._byte_ids = info.byte_ids
+        self._byte_values = info.byte_values
+        # The window's trailing byte-fallback run: 0 none, 1 valid UTF-8 so far, 2 invalid (final: one U+FFFD a byte).
+        self._run = 0
+        self._utf8 = _Utf8Decoder()
         self._alone_len = info.alone_len[1 if skip_special_tokens else 0]
         self._stops = [s for s in stop if s]
         self._hold = max((len(s) for s in self._stops), default=1) - 1
@@ -124,6 +143,7 @@ class IncrementalDetokenizer:
                 if i not in info.byte_ids:
                     break
         self._window.reverse()
+        self._track_bytes(self._window)
         self._ctx_n = len(self._window)  # leading window ids that are context, already committed
         self._ctx_chars = len(self._decode(self._window)) if self._window else 0
 
@@ -225,6 +245,8 @@ class IncrementalDetokenizer:
         position does not depend on how the generation was split into engine steps."""
         replay = self._window[self._ctx_n :] + ids
         del self._window[self._ctx_n :]
+        self._run = 0
+        self._track_bytes(self._window)
         for i in replay:
             self._release(self._consume([i], False))
         self._search_from = self._scan = self._released_len + len(self._pending)
@@ -241,21 +263,68 @@ class IncrementalDetokenizer:
         window = self._window
         if ids:
             window += ids
+            if self._byte_values:
+                self._track_bytes(ids)
         elif not finished or not window:
             return ""
+        if self._run == 1 and not finished:
+            return ""  # a valid byte-fallback run so far: a later byte may still void it all, decode once it ends
         try:
             text = self._tok.decode(window, skip_special_tokens=self._skip)
         except Exception as exc:  # tokenizers raises plain Exception subclasses; keep the contract narrow
             raise DetokenizeError(f"could not decode token ids: {exc}") from exc
-        if not finished and (text[-1:] == _REPLACEMENT or window[-1] in self._byte_ids):
-            return ""  # a character (or a byte-fallback run) may still change: wait for more ids
-        # Rebase: the last token becomes the next window's context.
+        if not finished and text[-1:] == _REPLACEMENT and self._run != 2:
+            # A character may still complete: wait, but commit what enough later tokens have fixed.
+            return self._settle(text) if len(window) - self._ctx_n > SETTLE_TOKENS else ""
+        # Rebase: the last token becomes the next window's context (an invalid run stays invalid through <0x80>).
         last = window[-1]
+        if self._run == 2:
+            last = self._info.bad_byte_id
         new_text = text[self._ctx_chars :]
         self._window = [last]
         self._ctx_n = 1
         self._ctx_chars = self._alone_len[last]
         return new_text
+
+    def _settle(self, text: str) -> str:
+        """Commit the window's text up to the last boundary with SETTLE_TOKENS tokens after it where the
+        decode splits (`text` = decode(before) + what the rest decodes to after its context token); "" if none."""
+        window = self._window
+        alone = self._alone_len
+        last_j = len(window) - SETTLE_TOKENS
+        for j in range(last_j, max(self._ctx_n, last_j - _SETTLE_SCAN), -1):
+            ctx = window[j - 1]
+            if ctx in self._byte_ids:  # inside a byte-fallback run nothing is local
+                continue
+            head = self._decode(window[:j])
+            if not text.startswith(head):
+                continue
+            tail = self._decode(window[j - 1 :])[alone[ctx] :]
+            if len(head) + len(tail) != len(text) or not text.endswith(tail):
+                continue
+            del window[: j - 1]
+            self._ctx_n = 1
+            new_text = head[self._ctx_chars :]
+            self._ctx_chars = alone[ctx]
+            return new_text
+        return ""
+
+    def _track_bytes(self, ids: list[int]) -> None:
+        """Follow the UTF-8 validity of the window's trailing byte-fallback run, one byte at a time."""
+        values = self._byte_values
+        for i in ids:
+            b = values.get(i)
+            if b is None:
+                self._run = 0
+                continue
+            if self._run == 0:
+                self._utf8.reset()
+                self._run = 1
+            if self._run == 1:
+                try:
+                    self._utf8.decode(bytes((b,)))
+                except UnicodeDecodeError:
+                    self._run = 2
 
     def _commit(self, text: str, finished: bool) -> None:
         pending = self._pending + text

@@ -6,6 +6,7 @@ Messages follow OpenAI's wording and state the real numbers, so a user knows wha
 from __future__ import annotations
 
 import enum
+import itertools
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -20,9 +21,22 @@ _INT64 = 1 << 63
 
 
 class OutputKind(enum.IntEnum):
-    CUMULATIVE = 0  # every output carries the whole text so far
     DELTA = 1  # every output carries what is new since the last one
     FINAL_ONLY = 2  # one output, at the end
+
+
+@dataclass(frozen=True, slots=True)
+class RequestCaps:
+    """Bounds on the work one request may cause (ServerConfig's fields of the same names; each has a flag)."""
+
+    max_prompts_per_request: int = 2048
+    max_choices_per_request: int = 4096  # n x prompts: engine requests
+    max_stop_strings: int = 64
+    max_stop_string_length: int = 1024  # characters
+    max_stop_token_ids: int = 1024
+    max_logit_bias: int = 1024
+    max_allowed_token_ids: int = 262144
+    priority_scheduling: bool = False  # --scheduling-policy priority: else a non-zero priority is refused
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +48,7 @@ class ModelLimits:
     eos_token_ids: tuple[int, ...] = ()
     max_logprobs: int = 20
     generation_defaults: dict[str, Any] = field(default_factory=dict)
+    caps: RequestCaps = field(default_factory=RequestCaps)
 
 
 @dataclass(slots=True)
@@ -41,7 +56,7 @@ class GenerationSpec:
     """One prompt's generation: n engine requests sharing a prompt, reassembled by one parent."""
 
     external_id: str  # what responses show (cmpl-<external_id>)
-    request_id: str  # f"{external_id}-{8 random chars}"; children append -<index>
+    request_id: str  # f"{a counter in hex}-{external_id}"; children append -<index>
     prompt_token_ids: list[int]
     params: SamplingParams
     n: int = 1
@@ -66,9 +81,13 @@ class GenerationSpec:
         return msgspec.structs.replace(self.params, seed=(self.params.seed + i) % _INT64)
 
 
-def random_suffix() -> str:
-    """8 characters that keep two requests with the same external id apart in the engine (not a secret)."""
-    return secrets.token_hex(4)
+_request_numbers = itertools.count()
+
+
+def unique_prefix() -> str:
+    """Keeps two requests with the same external id apart in the engine: a counter in hex (no '-' in it, so the
+    id up to its first '-' is unique by construction; random bits collided for 10^5 prompts of one request)."""
+    return format(next(_request_numbers), "x")
 
 
 def external_request_id(header: str | None, body_id: str | None) -> str:
@@ -84,10 +103,32 @@ def _in_range(value: float | None, name: str, low: float, high: float, *, low_op
         raise bad_request(f"{name} must be in {left}{low}, {high}], got {value}.", name)
 
 
+def _too_many(what: str, count: int, cap: int, flag: str, param: str) -> None:
+    if count > cap:
+        raise bad_request(f"{what}: {count}, but this server allows at most {cap} per request ({flag}).", param)
+
+
+def num_prompts(prompt: str | list[Any] | None) -> int:
+    """How many prompts `completion_prompts` will make of this (a bad shape counts as whatever it is refused as)."""
+    if not isinstance(prompt, list) or not prompt or type(prompt[0]) is int:
+        return 1
+    return len(prompt)
+
+
 def check_request(req: CompletionRequest | ChatCompletionRequest, limits: ModelLimits) -> None:
     """Checks that need no tokens: run before rendering/tokenizing, so a bad request costs nothing."""
+    caps = limits.caps
     if not 1 <= req.n <= MAX_N:
         raise bad_request(f"n must be between 1 and {MAX_N}, got {req.n}.", "n")
+    if req.priority != 0 and not caps.priority_scheduling:  # vLLM's refusal, with the flag that enables it
+        raise bad_request(f"Got priority {req.priority} but priority scheduling is not enabled; start the server "
+                          f"with --scheduling-policy priority, or leave priority out.", "priority")
+    prompts = num_prompts(req.prompt) if isinstance(req, CompletionRequest) else 1
+    _too_many("Number of prompts", prompts, caps.max_prompts_per_request, "--max-prompts-per-request", "prompt")
+    if req.n * prompts > caps.max_choices_per_request:
+        raise bad_request(f"n ({req.n}) times the number of prompts ({prompts}) is {req.n * prompts} choices, but "
+                          f"this server allows at most {caps.max_choices_per_request} per request "
+                          f"(--max-choices-per-request).", "n")
     _in_range(req.temperature, "temperature", 0.0, 2.0)
     _in_range(req.top_p, "top_p", 0.0, 1.0, low_open=True)
     _in_range(req.min_p, "min_p", 0.0, 1.0)
@@ -110,8 +151,20 @@ def check_request(req: CompletionRequest | ChatCompletionRequest, limits: ModelL
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed when stream is true.", "stream_options")
     stops = _stops(req)
+    _too_many("Number of stop strings", len(stops), caps.max_stop_strings, "--max-stop-strings", "stop")
     if any(s == "" for s in stops):
         raise bad_request("stop strings must not be empty.", "stop")
+    longest = max(map(len, stops), default=0)
+    if longest > caps.max_stop_string_length:
+        raise bad_request(f"stop strings may be at most {caps.max_stop_string_length} characters long "
+                          f"(--max-stop-string-length), got one of {longest}.", "stop")
+    # counts before the per-id loops below, so an oversized list is refused without walking it
+    _too_many("Number of stop_token_ids", len(req.stop_token_ids or ()), caps.max_stop_token_ids,
+              "--max-stop-token-ids", "stop_token_ids")
+    _too_many("Number of allowed_token_ids", len(req.allowed_token_ids or ()), caps.max_allowed_token_ids,
+              "--max-allowed-token-ids", "allowed_token_ids")
+    _too_many("Number of logit_bias entries", len(req.logit_bias or ()), caps.max_logit_bias, "--max-logit-bias",
+              "logit_bias")
     for name, ids in (("stop_token_ids", req.stop_token_ids), ("allowed_token_ids", req.allowed_token_ids)):
         for tid in ids or ():
             if not 0 <= tid < limits.vocab_size:
@@ -227,7 +280,7 @@ def build_spec(req: CompletionRequest | ChatCompletionRequest, prompt_ids: list[
     )
     return GenerationSpec(
         external_id=external_id,
-        request_id=f"{external_id}-{random_suffix()}",
+        request_id=f"{unique_prefix()}-{external_id}",
         prompt_token_ids=prompt_ids,
         params=params,
         n=req.n,
@@ -266,7 +319,7 @@ _MAX_TOKEN_BYTES: dict[int, int] = {}
 
 def max_token_bytes(tokenizer: Any) -> int:
     """An upper bound on one token's UTF-8 length: the longest token string (byte-level BPE and SentencePiece
-    write a byte as one or more chars, so this never undercounts). Computed once per tokenizer (~30 ms)."""
+    write a byte as one or more chars, so this never undercounts). Computed once per tokenizer (a vocabulary scan)."""
     key = id(tokenizer)
     if key not in _MAX_TOKEN_BYTES:
         size = tokenizer.get_vocab_size(with_added_tokens=True)
@@ -274,24 +327,14 @@ def max_token_bytes(tokenizer: Any) -> int:
     return _MAX_TOKEN_BYTES[key]
 
 
-def refuse_before_tokenizing(admission: Any, max_reqs: int | None, max_tokens: int | None, num_reqs: int,
-                             min_prompt_tokens: int) -> str | None:
-    """Why admission would surely refuse this request now (so it is not tokenized for nothing), else None.
+def check_fits(min_prompt_tokens: int, limits: ModelLimits, param: str = "prompt") -> None:
+    """400 before tokenizing a text whose token count surely leaves no room for output in max_model_len.
 
-    `min_prompt_tokens` is a lower bound on the request's queued tokens (all choices), e.g. from
-    server.pipeline.admission.min_tokens; the exact check still runs in AsyncLLM.generate.
+    `min_prompt_tokens` is a lower bound from the text's length (admission.min_tokens); build_spec refuses
+    the same prompt once tokenized (num_prompt >= max_model_len), this only spares the tokenizer the work.
     """
-    if admission is None:
-        return None
-    if max_reqs is not None and admission.queued_reqs + num_reqs > max_reqs:
-        if num_reqs > max_reqs:
-            return (f"the request needs {num_reqs} queue slots but --max-num-queued-reqs is {max_reqs}; "
-                    "send fewer choices (n) per request")
-        return f"too many queued requests ({admission.queued_reqs} queued, limit {max_reqs}); retry later"
-    if max_tokens is not None and min_prompt_tokens > max_tokens:
-        return (f"the request's prompt tokens (at least {min_prompt_tokens}, all choices) exceed "
-                f"--max-num-queued-tokens {max_tokens} on their own; send a shorter prompt or fewer choices")
-    if max_tokens is not None and admission.queued_tokens + min_prompt_tokens > max_tokens:
-        return (f"too many queued prompt tokens ({admission.queued_tokens} queued + at least {min_prompt_tokens} "
-                f"requested, limit {max_tokens}); retry later")
-    return None
+    max_len = limits.max_model_len
+    if min_prompt_tokens >= max_len:
+        raise bad_request(f"This model's maximum context length (max_model_len) is {max_len} tokens. However, "
+                          f"your request has at least {min_prompt_tokens} input tokens (judging by its length), "
+                          f"which leaves no room for output. Please reduce the length of the input.", param)

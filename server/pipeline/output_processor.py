@@ -7,6 +7,7 @@ merged into the waiting one, so a slow client gets bigger, rarer chunks and memo
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -18,16 +19,17 @@ from engine.messages import RequestOutput, StepOutputs, TokenLogprobs
 from server.pipeline.input_processor import OutputKind
 from server.http.wakeup import Waiter, waiter_class
 
+log = logging.getLogger("spindle.server")
 CHUNK = int(os.environ.get("SPINDLE_OUTPUT_CHUNK", "128"))
 _DELTA = OutputKind.DELTA
 _FINAL = OutputKind.FINAL_ONLY
 
 
 class Output:
-    """One choice's news since the last hand-over (DELTA) or its whole state (CUMULATIVE / FINAL_ONLY)."""
+    """One choice's news since the last hand-over (DELTA) or its whole state (FINAL_ONLY)."""
 
     __slots__ = ("index", "text", "token_ids", "finish_reason", "stop_reason", "logprobs", "prompt_logprobs",
-                 "num_output_tokens", "num_cached_tokens", "error", "first")
+                 "num_output_tokens", "num_cached_tokens", "error", "first", "_parts")
 
     def __init__(self, index: int, text: str, token_ids: list[int], num_output_tokens: int,
                  finish_reason: str | None = None, stop_reason: int | str | None = None,
@@ -43,14 +45,23 @@ class Output:
         self.num_cached_tokens = 0
         self.error: str | None = None
         self.first = first  # the choice's first output (chat sends delta.role with it)
+        self._parts: list[str] | None = None  # merged texts, joined once when the consumer takes the output
 
     def merge(self, newer: Output, kind: OutputKind) -> None:
-        """Fold a later output of the same choice into this one, which the consumer has not taken yet."""
+        """Fold a later output of the same choice into this one, which the consumer has not taken yet.
+
+        Amortized O(1) per merged token: lists this output owns grow in place and texts join once, at
+        `settle()`, so a client that reads rarely costs no more than one that keeps up."""
         if kind == _DELTA:
-            self.text += newer.text
-            self.token_ids = self.token_ids + newer.token_ids
+            if self._parts is None:
+                self._parts = [self.text]
+            self._parts.append(newer.text)
+            self.token_ids.extend(newer.token_ids)
             if newer.logprobs:
-                self.logprobs = (self.logprobs or []) + newer.logprobs
+                if self.logprobs is None:
+                    self.logprobs = newer.logprobs
+                else:
+                    self.logprobs.extend(newer.logprobs)
         else:
             self.text = newer.text
             self.token_ids = newer.token_ids
@@ -63,6 +74,12 @@ class Output:
             self.prompt_logprobs = newer.prompt_logprobs
         self.num_cached_tokens = max(self.num_cached_tokens, newer.num_cached_tokens)
 
+    def settle(self) -> None:
+        """Join the merged texts (the consumer is about to read `text`)."""
+        if self._parts is not None:
+            self.text = "".join(self._parts)
+            self._parts = None
+
     def __repr__(self) -> str:
         return (f"Output(index={self.index}, text={self.text!r}, ids={self.token_ids}, "
                 f"finish={self.finish_reason}, stop={self.stop_reason!r}, error={self.error!r})")
@@ -73,7 +90,7 @@ class Collector:
 
     Semantically a memory object stream of size 1 whose sender merges instead of blocking; written
     out because anyio's stream costs a checkpoint, two WouldBlock exceptions and a backend lookup
-    per wake-up (~25 us per token on Trio here), and the per-token path is a benchmark target; the
+    per wake-up (bench/README.md), and the per-token path is a benchmark target; the
     consumer sleeps on a reusable `server.http.wakeup` waiter rather than a fresh Event per token.
     """
 
@@ -109,6 +126,9 @@ class Collector:
     def poll(self) -> list[Output] | None:
         batch = self._batch
         self._batch = None
+        if batch is not None:
+            for out in batch:
+                out.settle()
         return batch
 
     async def wait(self) -> list[Output]:
@@ -119,6 +139,8 @@ class Collector:
             await waiter.wait()
         batch = self._batch
         self._batch = None
+        for out in batch:
+            out.settle()
         return batch
 
     def close(self) -> None:
@@ -143,7 +165,7 @@ class RequestState:
         self.detok = detok  # IncrementalDetokenizer
         self.kind = kind
         self.has_stops = has_stops
-        self.unsent: list[int] = []  # ids not yet handed over (DELTA) / all ids (CUMULATIVE, FINAL_ONLY)
+        self.unsent: list[int] = []  # ids not yet handed over (DELTA) / all ids (FINAL_ONLY)
         self.detok_done = 0  # how many of `unsent` the detokenizer has seen
         self.num_output_tokens = 0
         self.last_emit = 0  # num_output_tokens at the last hand-over
@@ -187,8 +209,17 @@ class OutputProcessor:
                 await anyio.lowlevel.checkpoint()  # let routes send between chunks of a big step
             for ro in outputs[start:start + size]:
                 state = states.get(ro.request_id)
-                if state is not None and self._process_one(state, ro, now):
-                    to_abort.append(ro.request_id)
+                if state is None:
+                    continue
+                try:
+                    if self._process_one(state, ro, now):
+                        to_abort.append(ro.request_id)
+                except Exception:  # one request's fault fails that request only; the handler runs on
+                    log.exception("processing the output of request %s failed", ro.request_id)
+                    if not state.finished:
+                        state.collector.sink = None  # its direct writer may be what failed
+                        self._fail(state, "internal error while processing this request's output")
+                        to_abort.append(ro.request_id)
             if flush is not None:
                 flush()
         return to_abort
@@ -215,7 +246,10 @@ class OutputProcessor:
             else:
                 state.unsent = list(ids)
             if ro.logprobs:
-                state.logprobs = ro.logprobs if state.logprobs is None else state.logprobs + ro.logprobs
+                if state.logprobs is None:
+                    state.logprobs = ro.logprobs  # the decoded frame's own list: ours to extend
+                else:
+                    state.logprobs.extend(ro.logprobs)
         if finish == "error":
             self._fail(state, ro.error or "the engine refused the request")
             return False
@@ -232,27 +266,19 @@ class OutputProcessor:
                     return False
                 if state.emitted and state.num_output_tokens - state.last_emit < self.stream_interval:
                     return False
-                if kind == _DELTA:
-                    if state.has_stops:  # fed above
-                        text = state.detok.take_delta()
-                    else:
-                        new = state.unsent[state.detok_done:] if state.detok_done else state.unsent
-                        state.detok_done = len(state.unsent)
-                        text = state.detok.next_delta(new)
-                    if not text and not state.logprobs:
-                        return False  # nothing visible yet (held back); the ids go with the next output
-                    out = Output(state.index, text, state.unsent, state.num_output_tokens,
-                                 logprobs=state.logprobs, first=not state.emitted)
-                    state.unsent = []
-                    state.detok_done = 0
-                    state.logprobs = None
+                if state.has_stops:  # fed above
+                    text = state.detok.take_delta()
                 else:
-                    if not state.has_stops:
-                        self._feed(state, False)
-                    out = Output(state.index, state.detok.output_text, list(state.unsent), state.num_output_tokens,
-                                 logprobs=None if state.logprobs is None else list(state.logprobs),
-                                 first=not state.emitted)
+                    new = state.unsent[state.detok_done:] if state.detok_done else state.unsent
                     state.detok_done = len(state.unsent)
+                    text = state.detok.next_delta(new)
+                if not text and not state.logprobs:
+                    return False  # nothing visible yet (held back); the ids go with the next output
+                out = Output(state.index, text, state.unsent, state.num_output_tokens,
+                             logprobs=state.logprobs, first=not state.emitted)
+                state.unsent = []
+                state.detok_done = 0
+                state.logprobs = None
                 out.num_cached_tokens = state.num_cached_tokens
                 if not state.emitted:
                     out.prompt_logprobs = state.prompt_logprobs
@@ -279,14 +305,8 @@ class OutputProcessor:
 
     def _finish(self, state: RequestState, finish: str, stop_reason: int | str | None, ro: RequestOutput,
                 now: float) -> None:
-        kind = state.kind
-        if kind == _DELTA:
-            text = state.detok.take_delta()
-            ids = state.unsent
-        else:
-            text = state.detok.output_text
-            ids = state.unsent if kind == _FINAL else list(state.unsent)
-        out = Output(state.index, text, ids, state.num_output_tokens, finish, stop_reason, state.logprobs,
+        text = state.detok.take_delta() if state.kind == _DELTA else state.detok.output_text
+        out = Output(state.index, text, state.unsent, state.num_output_tokens, finish, stop_reason, state.logprobs,
                      first=not state.emitted)
         out.num_cached_tokens = state.num_cached_tokens
         if not state.emitted:

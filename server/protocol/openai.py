@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+# Request integers outside msgpack's int64 would fail packing for the engine (a 500): a decode 400 instead.
+Int64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
 
 # ----------------------------------------------------------------------------------------- requests
 
@@ -18,48 +22,48 @@ class _GenerationRequest(msgspec.Struct, kw_only=True):
     """Fields shared by /v1/completions and /v1/chat/completions. None means 'not given'."""
 
     model: str | None = None
-    max_tokens: int | None = None
+    max_tokens: Int64 | None = None
     temperature: float | None = None
     top_p: float | None = None
-    n: int = 1
+    n: Int64 = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Int64 | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     # vLLM's extras
-    top_k: int | None = None
+    top_k: Int64 | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
-    min_tokens: int = 0
-    stop_token_ids: list[int] | None = None
+    min_tokens: Int64 = 0
+    stop_token_ids: list[Int64] | None = None
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
-    allowed_token_ids: list[int] | None = None
-    priority: int = 0
+    allowed_token_ids: list[Int64] | None = None
+    priority: Int64 = 0
     request_id: str | None = None
-    truncate_prompt_tokens: int | None = None
+    truncate_prompt_tokens: Int64 | None = None
     return_token_ids: bool = False  # vLLM: choices carry token_ids (and prompt_token_ids)
 
 
 class CompletionRequest(_GenerationRequest, kw_only=True):
     # str | list[str] | list[int] | list[list[int]]: msgspec allows one array type per union, checked later.
     prompt: str | list[Any] | None = None
-    logprobs: int | None = None
+    logprobs: Int64 | None = None
     echo: bool = False
     add_special_tokens: bool = True
 
 
 class ChatCompletionRequest(_GenerationRequest, kw_only=True):
     messages: list[dict[str, Any]] | None = None
-    max_completion_tokens: int | None = None
+    max_completion_tokens: Int64 | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: Int64 | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = False  # the template already placed bos/eos

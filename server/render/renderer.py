@@ -2,8 +2,8 @@
 
 Templates render in worker processes (server/render/worker.py via server/render/worker_pool.py) because a
 runaway template must stop burning CPU, which only a kill guarantees; tokenization goes to the same
-workers because HF tokenizers hold the GIL for a whole `encode` (a 100k-token prompt stalled a thread-
-based event loop for ~180 ms here). The tokenizer is also loaded here for the detokenizer.
+workers because HF tokenizers hold the GIL for a whole `encode` (a long prompt stalls even a thread-
+based event loop: bench/README.md). The tokenizer is also loaded here for the detokenizer.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from server.render.worker_pool import PoolOverloaded, WorkerCrashed, WorkerPool,
 _SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 DEFAULT_MEMORY_LIMIT = 1 << 30  # bytes a worker may allocate beyond its tokenizer
 DEFAULT_MAX_OUTPUT_CHARS = 32 << 20
-# Texts (chars) / id lists up to this size are (de)tokenized on the event loop: that takes ~10-50 us, well
-# under the ~150-400 us a worker round trip costs here; the loop blocks < 0.5 ms at the limit.
+DEFAULT_TOKENIZE_TIMEOUT = 30.0  # seconds a worker may (de)tokenize one input; a prompt that fits a context needs < 1 s
+# Texts (chars) / id lists up to this size are (de)tokenized on the event loop: far cheaper than a worker
+# round trip, and too short to stall the loop (bench/README.md).
 DEFAULT_INLINE_MAX = 512
 
 
@@ -130,7 +131,7 @@ class Renderer:
     def __init__(
         self, tokenizer: tokenizers.Tokenizer, pool: WorkerPool, chat_template: str | None,
         template_kwargs: dict[str, Any], render_timeout: float, trust_request_chat_template: bool,
-        inline_max: int = DEFAULT_INLINE_MAX,
+        inline_max: int = DEFAULT_INLINE_MAX, tokenize_timeout: float = DEFAULT_TOKENIZE_TIMEOUT,
     ) -> None:
         self.tokenizer = tokenizer
         self.has_chat_template = chat_template is not None
@@ -139,6 +140,7 @@ class Renderer:
         self._render_timeout = render_timeout
         self._trust_request_chat_template = trust_request_chat_template
         self._inline_max = inline_max
+        self._tokenize_timeout = tokenize_timeout
 
     @classmethod
     @asynccontextmanager
@@ -147,7 +149,7 @@ class Renderer:
         num_workers: int = 1, render_timeout: float = 5.0, default_chat_template_kwargs: dict[str, Any] | None = None,
         trust_request_chat_template: bool = False, max_waiting: int = 256,
         memory_limit: int = DEFAULT_MEMORY_LIMIT, max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
-        inline_max: int = DEFAULT_INLINE_MAX,
+        inline_max: int = DEFAULT_INLINE_MAX, tokenize_timeout: float = DEFAULT_TOKENIZE_TIMEOUT,
     ) -> AsyncIterator[Renderer]:
         """Load the tokenizer and template, start `num_workers` workers; stop them on exit."""
         tok_dir = Path(tokenizer_dir if tokenizer_dir is not None else model_dir)
@@ -167,7 +169,8 @@ class Renderer:
             except template_sandbox.TemplateRenderError as e:
                 raise ValueError(f"the chat template does not compile: {e}") from None
         async with WorkerPool.open(num_workers, config, max_waiting=max_waiting) as pool:
-            yield cls(tokenizer, pool, template, kwargs, render_timeout, trust_request_chat_template, inline_max)
+            yield cls(tokenizer, pool, template, kwargs, render_timeout, trust_request_chat_template, inline_max,
+                      tokenize_timeout)
 
     @property
     def worker_pids(self) -> list[int]:
@@ -236,7 +239,7 @@ class Renderer:
                 return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
             except (TypeError, ValueError) as e:
                 raise RenderError(f"cannot encode: {e}") from None
-        ids: list[int] = await self._call(["encode", text, add_special_tokens], None)
+        ids: list[int] = await self._tokenize(["encode", text, add_special_tokens], "tokenizing the text")
         return ids
 
     async def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
@@ -246,5 +249,16 @@ class Renderer:
                 return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
             except (TypeError, ValueError, OverflowError) as e:  # e.g. a negative id
                 raise RenderError(f"cannot decode: {e}") from None
-        text: str = await self._call(["decode", list(ids), skip_special_tokens], None)
+        text: str = await self._tokenize(["decode", list(ids), skip_special_tokens], "decoding the token ids")
         return text
+
+    async def _tokenize(self, request: list[Any], what: str) -> Any:
+        """A worker (de)tokenization under the same time limit and memory cap as a template render."""
+        try:
+            return await self._call(request, self._tokenize_timeout)
+        except WorkerTimeout:
+            raise RenderError(
+                f"{what} took longer than {self._tokenize_timeout} s and was stopped; send a shorter input"
+            ) from None
+        except WorkerCrashed:
+            raise RenderError(f"{what} crashed the renderer (likely its memory limit); send a shorter input") from None

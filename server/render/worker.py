@@ -1,69 +1,38 @@
 """The render/tokenize worker process: `python -m server.render.worker`, driven by server/render/worker_pool.py.
 
-Frames on stdin/stdout: 4-byte big-endian length + msgpack. The first frame in is the config; the worker
-answers [0, pid] once its tokenizer is loaded and its memory cap set. Then one request at a time:
+Frames on stdin/stdout, as engine/ipc.py defines them (4-byte big-endian length + msgpack). The first frame in
+is the config; the worker answers [0, pid] once its tokenizer is loaded and its memory cap set. Then one request
+at a time:
 ["render", {...}] | ["encode", text, add_special_tokens] | ["decode", ids, skip_special_tokens]
 -> [0, result] | [1, message the client may see] | [2, internal error].
-It runs untrusted templates, so it holds nothing worth stealing, exits with its parent, caps its memory
-while rendering, and the parent kills it (SIGKILL) when a render overruns.
+It runs untrusted templates, so it holds nothing worth stealing (the pool starts it with a scrubbed environment),
+exits with its parent, caps its memory while rendering or (de)tokenizing, and the parent kills it (SIGKILL)
+when a request overruns its time limit.
 """
 
 from __future__ import annotations
 
 import os
 import resource
-import select
 import signal
-import struct
-import threading
+from collections import deque
 from typing import Any
 
-import msgspec
 import tokenizers
 
+from engine.ipc import FrameReader, FrameWriter, die_with_parent
 from server.render import template_sandbox
 
 OK, USER_ERROR, INTERNAL_ERROR = 0, 1, 2
-_HEADER = struct.Struct(">I")
-
-
-def _read_exactly(fd: int, n: int) -> bytes | None:
-    chunks, left = [], n
-    while left:
-        chunk = os.read(fd, min(left, 1 << 20))
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _die_with_parent() -> None:
-    # Exit when our stdin's writer (the parent) goes away, even mid-render. Not PR_SET_PDEATHSIG: Trio
-    # spawns from a worker thread, and that signal fires when the spawning *thread* exits.
-    def watch() -> None:
-        poller = select.poll()
-        poller.register(0, 0)  # no events asked: poll() still reports POLLHUP/POLLERR
-        while True:
-            for _fd, event in poller.poll():
-                if event & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
-                    os._exit(0)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 class _MemoryCap:
-    """RLIMIT_AS while a template renders: current size + budget, so a giant string fails fast.
+    """RLIMIT_AS while a template renders or a text is (de)tokenized: current size + budget, so a giant
+    string fails fast.
 
-    Only around rendering: HF tokenizers need ~100x a text's size and abort the process (not raise) when an
-    allocation fails, and reading the next request must not fail either. Their inputs are bounded by the
-    request size instead.
+    HF tokenizers need many times a text's size and abort the process (not raise) when an allocation fails:
+    the pool then replaces the worker and the request gets an error. Never while reading the next request,
+    which must not fail.
     """
 
     def __init__(self, budget: int) -> None:
@@ -93,9 +62,11 @@ def _handle(
     op = request[0]
     try:
         if op == "encode":
-            return tok.encode(request[1], add_special_tokens=request[2]).ids
+            with cap:
+                return tok.encode(request[1], add_special_tokens=request[2]).ids
         if op == "decode":
-            return tok.decode(request[1], skip_special_tokens=request[2])
+            with cap:
+                return tok.decode(request[1], skip_special_tokens=request[2])
     except (TypeError, ValueError, OverflowError) as e:  # bad input, not a broken worker
         raise template_sandbox.TemplateRenderError(f"cannot {op}: {e}") from None
     if op == "render":
@@ -119,24 +90,25 @@ def _handle(
 
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the parent shuts us down
-    _die_with_parent()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # so does a process group's SIGTERM: the server drains first
+    die_with_parent()  # exit with the parent, even mid-render
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # an abort at the memory cap must not dump a core
     out_fd = os.dup(1)
     os.dup2(2, 1)  # stray prints go to stderr, never into the frame stream
-    encoder, decoder = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder()
+    reader: FrameReader[Any] = FrameReader(0, Any)
+    writer = FrameWriter(out_fd)
+    pending: deque[Any] = deque()
 
     def receive() -> Any:
-        header = _read_exactly(0, 4)
-        if header is None:
-            return None
-        body = _read_exactly(0, _HEADER.unpack(header)[0])
-        return None if body is None else decoder.decode(body)
+        while not pending and not reader.eof:
+            pending.extend(reader.poll(None))
+        return pending.popleft() if pending else None
 
     def send(obj: Any) -> None:
         try:
-            body = encoder.encode(obj)
+            writer.send(obj)  # encodes whole before writing: a failure leaves the stream intact
         except (MemoryError, UnicodeEncodeError, TypeError, OverflowError) as e:  # e.g. a lone surrogate
-            body = encoder.encode([USER_ERROR, f"the result cannot be sent back: {type(e).__name__}"])
-        _write_all(out_fd, _HEADER.pack(len(body)) + body)
+            writer.send([USER_ERROR, f"the result cannot be sent back: {type(e).__name__}"])
 
     config = receive()
     if config is None:

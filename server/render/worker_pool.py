@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 import math
 import os
-import struct
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -24,15 +24,25 @@ import anyio.abc
 import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from engine.ipc import FrameBuffer, FrameEncoder, FrameError
+
 log = logging.getLogger(__name__)
 
 OK, USER_ERROR, INTERNAL_ERROR = 0, 1, 2  # reply codes, as in server/render/worker.py
-_HEADER = struct.Struct(">I")
 _MAX_REPLY_BYTES = 512 << 20  # a reply this large means a broken (or subverted) worker
 _STARTUP_TIMEOUT = 120.0  # seconds to import, load the tokenizer and report ready (slow disks, busy CPUs)
-_REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+_REPO_ROOT = str(Path(__file__).resolve().parents[2])
+# What a worker inherits of the server's environment: what Python, locales and temp files need, never
+# credentials (HF_TOKEN, API keys...): a template that escapes the sandbox finds nothing to steal.
+_ENV_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP", "LD_LIBRARY_PATH",
+    "PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONUSERBASE", "PYTHONSAFEPATH", "PYTHONPLATLIBDIR",
+    "PYTHONUTF8", "PYTHONIOENCODING", "PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX", "PYTHONUNBUFFERED",
+    "PYTHONHASHSEED", "PYTHONWARNINGS", "PYTHONFAULTHANDLER", "PYTHONDEVMODE", "PYTHONMALLOC", "COVERAGE_PROCESS_START",
+})
+_ENV_PREFIXES = ("LC_",)
 _Reply = tuple[int, Any]
-_reply_decoder = msgspec.msgpack.Decoder(tuple[int, Any])
+_encoder = FrameEncoder()
 
 
 class WorkerUserError(Exception):
@@ -51,32 +61,29 @@ class PoolOverloaded(Exception):
     """Too many requests are already waiting for a worker."""
 
 
+def worker_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The allow-listed part of `environ` (_ENV_NAMES, LC_*): a worker starts without the server's secrets."""
+    return {k: v for k, v in environ.items() if k in _ENV_NAMES or k.startswith(_ENV_PREFIXES)}
+
+
 class _Worker:
     def __init__(self, proc: anyio.abc.Process) -> None:
         self.proc = proc
         assert proc.stdin is not None and proc.stdout is not None
         self._stdin = proc.stdin
         self._stdout = proc.stdout
-        # Bytes read but not yet parsed; kept across a cancelled read so a drain resumes mid-frame.
-        self._buffer = bytearray()
+        # Bytes and replies read but not yet returned; kept across a cancelled read so a drain resumes mid-frame.
+        self._frames: FrameBuffer[_Reply] = FrameBuffer(_Reply, max_frame=_MAX_REPLY_BYTES)
+        self._replies: deque[_Reply] = deque()
 
     async def send(self, frame: bytes) -> None:
         await self._stdin.send(frame)
 
-    async def _fill(self, n: int) -> None:
-        while len(self._buffer) < n:
-            # Large reads: a small reply arrives in one wake-up and one syscall.
-            self._buffer += await self._stdout.receive(max(1 << 16, n - len(self._buffer)))
-
     async def receive(self) -> _Reply:
-        await self._fill(4)
-        (length,) = _HEADER.unpack_from(self._buffer)
-        if length > _MAX_REPLY_BYTES:
-            raise WorkerCrashed(f"worker sent a {length}-byte reply")
-        await self._fill(4 + length)
-        reply = _reply_decoder.decode(memoryview(self._buffer)[4 : 4 + length])
-        del self._buffer[: 4 + length]
-        return reply
+        while not self._replies:
+            # Large reads: a small reply arrives in one wake-up and one syscall.
+            self._replies.extend(self._frames.feed(await self._stdout.receive(max(1 << 16, self._frames.missing))))
+        return self._replies.popleft()
 
     def alive(self) -> bool:
         """False once the process exited, even before the event loop reaped it (a zombie).
@@ -102,13 +109,8 @@ class _Worker:
             await self.proc.aclose()
 
 
-def _frame(obj: Any) -> bytes:
-    body = msgspec.msgpack.encode(obj)
-    return _HEADER.pack(len(body)) + body
-
-
 _BROKEN = (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, anyio.ClosedResourceError,
-           msgspec.DecodeError, msgspec.ValidationError, WorkerCrashed)
+           FrameError)
 
 
 class WorkerPool:
@@ -154,7 +156,7 @@ class WorkerPool:
         return sorted(w.proc.pid for w in self._all)
 
     async def _spawn(self) -> _Worker:
-        env = dict(os.environ)
+        env = worker_env(os.environ)
         # One allocator arena and no tokenizer threads: keeps the address-space cap meaningful.
         env.update(MALLOC_ARENA_MAX="2", RAYON_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH")) if p)
@@ -166,7 +168,7 @@ class WorkerPool:
         self._all.add(worker)
         try:
             with anyio.fail_after(_STARTUP_TIMEOUT):
-                await worker.send(_frame(self._config))
+                await worker.send(_encoder.encode(self._config))
                 code, value = await worker.receive()
             if code == USER_ERROR:
                 raise WorkerUserError(value)
@@ -226,7 +228,7 @@ class WorkerPool:
         Raises WorkerUserError, WorkerTimeout (worker killed), WorkerCrashed or PoolOverloaded.
         """
         try:
-            frame = _frame(request)
+            frame = _encoder.encode(request)
         except (msgspec.EncodeError, UnicodeEncodeError, TypeError, OverflowError) as e:
             raise WorkerUserError(f"the request holds a value the renderer cannot take: {e}") from None
         while True:

@@ -139,7 +139,7 @@ def test_admission_counts_n_and_tokens(guarded: Server) -> None:
 
 
 def render_workers(server: Server) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(server.proc.pid), "-f", "render_worker"], capture_output=True, text=True)
+    out = subprocess.run(["pgrep", "-P", str(server.proc.pid), "-f", "server.render.worker"], capture_output=True, text=True)
     return [int(p) for p in out.stdout.split()]
 
 
@@ -199,3 +199,17 @@ def test_giant_string_and_escapes_are_400s(guarded: Server) -> None:
         for secret in secrets:
             assert secret not in r.text, (template, r.text)
     assert post(guarded, "/tokenize", {"prompt": "still fine"}).status_code == 200
+
+
+def test_render_workers_start_without_the_servers_secrets(guarded: Server) -> None:
+    """The server holds SPINDLE_API_KEY; the workers that run request templates never see it."""
+    assert post(guarded, "/tokenize", {"prompt": "a" * 2000}).status_code == 200  # the workers are up
+    out = subprocess.run(["pgrep", "-P", str(guarded.proc.pid), "-f", "server.render.worker"],
+                         capture_output=True, text=True)
+    pids = [int(p) for p in out.stdout.split()]
+    assert pids
+    for pid in pids:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+        env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+        assert b"SPINDLE_API_KEY" not in env and not any(b"k1,k2" in v for v in env.values())
+        assert env[b"PATH"] and env[b"PYTHONPATH"]

@@ -98,6 +98,8 @@ def fleet(qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "twice": _launch(qwen2_ckpt, tmp, "--shutdown-timeout", "60"),
         "sigint": _launch(qwen2_ckpt, tmp, "--shutdown-timeout", "60", tty=True),
         "heartbeat": _launch(qwen2_ckpt, tmp, env={"SPINDLE_ENGINE_HEARTBEAT_TIMEOUT": "3"}),
+        "stopped_sigint": _launch(qwen2_ckpt, tmp, "--shutdown-timeout", "60"),
+        "stopped_twice": _launch(qwen2_ckpt, tmp, "--shutdown-timeout", "60"),
     }
     try:
         for launched in servers.values():
@@ -275,6 +277,56 @@ async def test_second_sigterm_or_sigint_stops_at_once(fleet: dict[str, Launched]
     srv.proc.wait(15)
     assert time.monotonic() - sent[0] < 15
     wait_gone(engine, 5)
+
+
+@pytest.mark.parametrize("name", ["stopped_sigint", "stopped_twice"])
+async def test_stops_within_2s_when_the_engine_stopped_reading(fleet: dict[str, Launched], name: str) -> None:
+    """SIGINT, or a second SIGTERM, ends the server within 2 s although the engine is SIGSTOPped with its
+    stdin pipe full (big prompts queued behind a running stream); the stopped engine does not outlive it."""
+    srv = fleet[name].server  # --shutdown-timeout 60: the drain would wait that long
+    engine = srv.engine_pid()
+    async with httpx.AsyncClient(base_url=srv.url, timeout=30, limits=httpx.Limits(max_connections=40)) as client:
+        async with client.stream("POST", "/v1/completions", json={
+                "model": "tiny", "prompt": "go", "max_tokens": 900, "ignore_eos": True, "stream": True}) as r:
+            assert "data: {" in await r.aiter_text().__anext__()
+            os.kill(engine, signal.SIGSTOP)
+            big = {"model": "tiny", "prompt": list(range(100, 1000)), "max_tokens": 5}  # ~3 KB per frame
+            async with anyio.create_task_group() as tg:
+                async def post() -> None:
+                    try:
+                        await client.post("/v1/completions", json=big)
+                    except httpx.TransportError:
+                        pass  # the server went away: that is the point
+                for _ in range(40):  # > 64 KiB of frames: the pipe to the stopped engine fills
+                    tg.start_soon(post)
+                with anyio.fail_after(20):
+                    while pipe_bytes(engine) < 60_000:
+                        await anyio.sleep(0.05)  # polling another process's pipe: no event to wait on
+                t0 = time.monotonic()
+                if name == "stopped_twice":
+                    srv.proc.send_signal(signal.SIGTERM)
+                    srv.proc.send_signal(signal.SIGTERM)
+                else:
+                    srv.proc.send_signal(signal.SIGINT)
+                code = await anyio.to_thread.run_sync(srv.proc.wait, 10)
+                took = time.monotonic() - t0
+                tg.cancel_scope.cancel()
+    assert took < 2.0, f"exit took {took:.2f} s"
+    assert code == 0
+    wait_gone(engine, 1)
+
+
+def pipe_bytes(pid: int) -> int:
+    """Bytes waiting in process `pid`'s stdin pipe (FIONREAD on a second descriptor of the same pipe)."""
+    import fcntl
+    import struct
+    import termios
+
+    fd = os.open(f"/proc/{pid}/fd/0", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0])
+    finally:
+        os.close(fd)
 
 
 # ---- keep-alive, access log, progress --------------------------------------------------------------------

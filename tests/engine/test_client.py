@@ -32,7 +32,7 @@ def config(ckpt: Path, **kw: object) -> EngineConfig:
 async def test_generate_then_heartbeats(qwen2_ckpt: Path) -> None:
     async with open_engine(config(qwen2_ckpt)) as engine:
         assert engine.ready.max_model_len > 0 and engine.ready.num_blocks == 128
-        await engine.add_request(AddRequest("x", [1, 2, 3, 4], SamplingParams(
+        engine.add_request(AddRequest("x", [1, 2, 3, 4], SamplingParams(
             max_tokens=5, temperature=0.0, ignore_eos=True), time.time()))
         got: list[int] = []
         finish = None
@@ -51,7 +51,7 @@ async def test_generate_then_heartbeats(qwen2_ckpt: Path) -> None:
 
 async def test_sigkill_of_engine_raises_dead_within_1s(qwen2_ckpt: Path) -> None:
     async with open_engine(config(qwen2_ckpt)) as engine:
-        await engine.add_request(AddRequest("long", [1, 2, 3], SamplingParams(
+        engine.add_request(AddRequest("long", [1, 2, 3], SamplingParams(
             max_tokens=100_000 // 100, ignore_eos=True), time.time()))
         await engine.receive()
         os.kill(engine.pid, signal.SIGKILL)
@@ -62,7 +62,7 @@ async def test_sigkill_of_engine_raises_dead_within_1s(qwen2_ckpt: Path) -> None
                     await engine.receive()
         assert time.monotonic() - t0 < 1.0
         with pytest.raises(EngineDeadError):
-            await engine.add_request(AddRequest("after", [1], SamplingParams(max_tokens=1), 0.0))
+            engine.add_request(AddRequest("after", [1], SamplingParams(max_tokens=1), 0.0))
 
 
 async def test_load_error_says_what_is_missing(tmp_path: Path) -> None:

@@ -1,9 +1,13 @@
 import os
+import subprocess
+import sys
+import threading
+import time
 
 import msgspec
 import pytest
 
-from engine.ipc import FrameBuffer, FrameEncoder, FrameError, FrameReader, FrameWriter
+from engine.ipc import MAX_FRAME, FrameBuffer, FrameEncoder, FrameError, FrameReader, FrameWriter
 from engine.messages import (AbortRequests, AddRequest, EngineStats, FromEngine, Heartbeat,
                              RequestOutput, SamplingParams, StepOutputs, ToEngine)
 
@@ -45,6 +49,77 @@ def test_corrupt_stream_is_a_frame_error() -> None:
         buf2.feed((3).to_bytes(4, "big") + b"abc")
     with pytest.raises(FrameError):  # a valid msgpack value of the wrong shape
         FrameBuffer(ToEngine).feed(FrameEncoder().encode({"type": "nope"}))
+
+
+def test_frame_size_limit_is_per_buffer() -> None:
+    frame = FrameEncoder().encode("x" * 100)
+    assert FrameBuffer(str, max_frame=len(frame) - 4).feed(frame) == ["x" * 100]
+    with pytest.raises(FrameError, match="exceeds"):  # refused from the header alone, before the body arrives
+        FrameBuffer(str, max_frame=len(frame) - 5).feed(frame[:4])
+    with pytest.raises(FrameError, match="exceeds"):
+        FrameBuffer(str).feed((MAX_FRAME + 1).to_bytes(4, "big"))
+
+
+def test_missing_says_how_much_of_the_frame_is_still_to_come() -> None:
+    frame = FrameEncoder().encode(list(range(50)))
+    buf: FrameBuffer[list[int]] = FrameBuffer(list[int])
+    assert buf.missing == 4
+    assert buf.feed(frame[:2]) == [] and buf.missing == 2
+    assert buf.feed(frame[2:10]) == [] and buf.missing == len(frame) - 10
+    assert buf.feed(frame[10:] + frame[:3]) == [list(range(50))] and buf.missing == 1
+
+
+def test_reader_poll_none_waits_for_a_whole_frame() -> None:
+    r, w = os.pipe()
+    reader: FrameReader[str] = FrameReader(r, str)
+    frame = FrameEncoder().encode("late")
+    os.write(w, frame[:3])
+    timer = threading.Timer(0.2, os.write, (w, frame[3:]))
+    timer.start()
+    got: list[str] = []
+    while not got:  # a partial frame may wake poll() early: callers loop
+        got = reader.poll(None)
+    assert got == ["late"]
+    timer.join()
+    os.close(w)
+    os.close(r)
+
+
+_SLEEPER = ("from engine.ipc import die_with_parent; die_with_parent(); print('up', flush=True); "
+            "import time; time.sleep(60)")
+
+
+def _exits_within(proc: subprocess.Popen[str], seconds: float) -> bool:
+    try:
+        proc.wait(seconds)
+        return True
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return False
+
+
+def test_die_with_parent_exits_when_the_parent_end_of_stdin_closes() -> None:
+    # the main thread is stuck (a step or a render that never returns): only the watchdog can end it
+    proc = subprocess.Popen([sys.executable, "-c", _SLEEPER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    assert proc.stdout.readline() == "up\n"
+    time.sleep(0.2)
+    assert proc.poll() is None  # an open pipe keeps it alive
+    start = time.monotonic()
+    proc.stdin.close()  # what the kernel does when the parent dies, even by SIGKILL
+    assert _exits_within(proc, 5.0)
+    assert time.monotonic() - start < 2.0
+    proc.stdout.close()
+
+
+def test_die_with_parent_exits_when_the_parent_died_before_it_looked() -> None:
+    r, w = os.pipe()
+    os.close(w)  # the parent is gone before the child even started watching
+    proc = subprocess.Popen([sys.executable, "-c", _SLEEPER], stdin=r, stdout=subprocess.DEVNULL, text=True)
+    os.close(r)
+    assert _exits_within(proc, 10.0)
 
 
 def test_reader_writer_over_a_pipe_and_eof() -> None:

@@ -21,10 +21,10 @@ from engine.sequence import ScheduledSeq, Sequence, SeqStatus
 class FakeEngine:
     def __init__(self, *, num_blocks: int, block_size: int = 4, max_num_seqs: int = 8,
                  max_num_batched_tokens: int = 32, max_model_len: int = 1024,
-                 prefix_caching: bool = True) -> None:
+                 prefix_caching: bool = True, policy: str = "fcfs") -> None:
         self.bm = BlockManager(num_blocks, block_size, prefix_caching)
         self.sched = Scheduler(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                               max_model_len=max_model_len, block_manager=self.bm)
+                               max_model_len=max_model_len, block_manager=self.bm, policy=policy)
         self.kv: dict[tuple[int, int], int] = {}  # (block, slot) -> token whose K/V is there
         self.batches: list[list[ScheduledSeq]] = []
         self.finished: list[Sequence] = []
@@ -153,8 +153,11 @@ def test_shared_prefix_is_computed_once() -> None:
     assert [s.num_new_tokens for s in eng.batches[-1]] == [16]
 
 
-def test_priority_then_arrival_order() -> None:
-    eng = FakeEngine(num_blocks=50, max_num_seqs=1)
+@pytest.mark.parametrize(("policy", "expected"), [("priority", ["high", "mid-a", "mid-b", "late-low"]),
+                                                  ("fcfs", ["late-low", "mid-a", "mid-b", "high"])])
+def test_priority_then_arrival_order(policy: str, expected: list[str]) -> None:
+    """--scheduling-policy priority: (priority, arrival); fcfs (the default): arrival only, priority ignored."""
+    eng = FakeEngine(num_blocks=50, max_num_seqs=1, policy=policy)
     order = []
     for rid, prio, arrival in [("late-low", 5, 1.0), ("high", 0, 3.0), ("mid-b", 2, 2.5),
                                ("mid-a", 2, 2.0)]:
@@ -163,7 +166,12 @@ def test_priority_then_arrival_order() -> None:
         for s in eng.step():
             if s.seq.request_id not in order:
                 order.append(s.seq.request_id)
-    assert order == ["high", "mid-a", "mid-b", "late-low"]
+    assert order == expected
+
+
+def test_scheduling_policy_is_checked() -> None:
+    with pytest.raises(ValueError, match="fcfs or priority"):
+        FakeEngine(num_blocks=4, policy="lifo")
 
 
 def test_max_num_seqs_caps_running() -> None:
@@ -239,15 +247,18 @@ def test_every_running_sequence_advances_every_step() -> None:
     assert all(s.num_output_tokens == 6 for s in seqs)
 
 
-def test_low_priority_is_preempted_first() -> None:
-    eng = FakeEngine(num_blocks=6, max_num_seqs=4)
+@pytest.mark.parametrize("policy", ["priority", "fcfs"])
+def test_low_priority_is_preempted_first(policy: str) -> None:
+    """Under fcfs the newest is preempted whatever its priority."""
+    eng = FakeEngine(num_blocks=6, max_num_seqs=4, policy=policy)
     low = eng.add("low", list(range(4)), 16, priority=9, arrival=0.0)
     high = eng.add("high", list(range(10, 14)), 16, priority=0, arrival=5.0)
+    victim, kept = (low, high) if policy == "priority" else (high, low)
     for _ in range(12):
         eng.step()
-        if low.num_preemptions:
+        if victim.num_preemptions:
             break
-    assert low.num_preemptions == 1 and high.num_preemptions == 0
+    assert victim.num_preemptions == 1 and kept.num_preemptions == 0
     eng.run()
 
 

@@ -46,3 +46,30 @@ def test_cli_flags_override_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cfg.kv_cache_memory == 1 << 30 and cfg.worker_class == "asyncio" and cfg.max_num_queued_tokens == 100
     engine = cfg.engine_config()
     assert (engine.model, engine.max_model_len, engine.enable_prefix_caching, engine.seed) == ("/m", 64, False, 7)
+
+
+def test_scheduling_policy_and_request_caps() -> None:
+    cfg = config_from_args(["--scheduling-policy", "priority", "--max-prompts-per-request", "8",
+                            "--max-choices-per-request", "16", "--max-stop-strings", "4", "--max-stop-string-length",
+                            "32", "--max-stop-token-ids", "5", "--max-logit-bias", "300", "--max-allowed-token-ids",
+                            "1"])
+    assert cfg.engine_config().scheduling_policy == "priority"
+    caps = cfg.request_caps()
+    assert caps.priority_scheduling and (caps.max_prompts_per_request, caps.max_choices_per_request) == (8, 16)
+    assert (caps.max_stop_strings, caps.max_stop_string_length, caps.max_stop_token_ids) == (4, 32, 5)
+    assert (caps.max_logit_bias, caps.max_allowed_token_ids) == (300, 1)
+    env = ServerConfig.from_env({"SPINDLE_SCHEDULING_POLICY": "priority", "SPINDLE_MAX_LOGIT_BIAS": "9"})
+    assert env.scheduling_policy == "priority" and env.max_logit_bias == 9
+    default = ServerConfig()
+    assert default.scheduling_policy == "fcfs" and default.engine_config().scheduling_policy == "fcfs"
+    assert not default.request_caps().priority_scheduling
+
+
+@pytest.mark.parametrize("env", [{"SPINDLE_SCHEDULING_POLICY": "lifo"}, {"SPINDLE_MAX_STOP_STRINGS": "0"},
+                                 {"SPINDLE_MAX_PROMPTS_PER_REQUEST": "-1"}, {"SPINDLE_MAX_CHOICES_PER_REQUEST": "0"},
+                                 {"SPINDLE_MAX_STOP_STRING_LENGTH": "0"}, {"SPINDLE_MAX_STOP_TOKEN_IDS": "0"},
+                                 {"SPINDLE_MAX_LOGIT_BIAS": "0"}, {"SPINDLE_MAX_ALLOWED_TOKEN_IDS": "0"}])
+def test_bad_caps_and_policy_are_refused_naming_the_flag(env: dict[str, str]) -> None:
+    with pytest.raises(ValueError) as e:
+        ServerConfig.from_env(env)
+    assert next(iter(env)).removeprefix("SPINDLE_").lower().replace("_", "-") in str(e.value)

@@ -4,22 +4,20 @@ from __future__ import annotations
 
 import time
 
-import msgspec
-
+from server.api.openai.logprobs import TokenTexts, chat_logprobs
+from server.api.prompts import (
+    admit_early, fit_limits, prompts_lower_bound, render_chat, require_messages, text_prompt_ids,
+)
+from server.api.serving import PostRoute, respond
 from server.http import sse
 from server.http.asgi import Send
-from server.api.openai.logprobs import TokenTexts, chat_logprobs
-from server.api.vllm.render import admit_early, prompts_lower_bound
-from server.api.serving import GenerationRoute, respond
-from server.http.errors import APIError, bad_request, from_decode_error
 from server.pipeline.input_processor import build_spec, check_request, external_request_id
 from server.pipeline.output_processor import Output
 from server.protocol.openai import (
     ChatChoice, ChatChoiceIds, ChatCompletionResponse, ChatCompletionStreamResponse, ChatMessage, ChatStreamChoice, ChatStreamChoiceIds,
     DeltaMessage,
-    Usage, chat_decoder, decode_request, encoder,
+    Usage, chat_decoder, encoder,
 )
-from server.render.renderer import RendererOverloaded, RenderError
 
 _enc = encoder.encode
 
@@ -79,40 +77,22 @@ class ChatFormatter:
         return _enc(ChatCompletionResponse(self.id, self.created, self.model, choices, usage))
 
 
-class ChatRoute(GenerationRoute):
+class ChatRoute(PostRoute):
 
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
-        try:
-            req = decode_request(chat_decoder, body)
-        except msgspec.DecodeError as e:
-            raise from_decode_error(e) from None
-        llm, renderer, limits = self.state.require()
-        self.state.check_model(req.model)
-        if req.messages is None:
-            raise bad_request("messages is required: a list of {role, content} objects.", "messages")
+        req, llm, renderer, limits = self.state.decode_for_model(chat_decoder, body)
+        require_messages(req)
         check_request(req, limits)
         external = external_request_id(xid, req.request_id)
         if llm.admission is not None:  # refuse before rendering when the queue surely has no room
-            admit_early(self.state, llm, req.n, req.n)
-        try:
-            text = await renderer.render_chat(
-                req.messages, add_generation_prompt=req.add_generation_prompt,
-                continue_final_message=req.continue_final_message, chat_template=req.chat_template,
-                chat_template_kwargs=req.chat_template_kwargs, tools=req.tools, documents=req.documents)
-            if llm.admission is not None:
-                lower = await prompts_lower_bound(renderer.tokenizer, [text])
-                admit_early(self.state, llm, req.n, req.n * lower)
-            ids = await renderer.encode(text, req.add_special_tokens)
-        except RenderError as e:
-            raise bad_request(str(e), "messages") from None
-        except RendererOverloaded as e:
-            raise APIError(str(e), status=503, retry_after=1) from None
+            admit_early(llm, req.n, req.n)
+        text = await render_chat(renderer, req)
+        if llm.admission is not None:
+            lower = await prompts_lower_bound(renderer.tokenizer, [text])
+            admit_early(llm, req.n, req.n * lower)
+        ids = await text_prompt_ids(renderer, text, req.add_special_tokens, "messages", fit_limits(req, limits))
         spec = build_spec(req, ids, limits, external_id=external, stream=req.stream)
-        texts = None
-        if req.logprobs:
-            if self._texts is None:
-                self._texts = TokenTexts(renderer.tokenizer)
-            texts = self._texts
+        texts = self.token_texts(renderer, bool(req.logprobs))
         fmt = ChatFormatter(f"chatcmpl-{external}", int(time.time()), self.state.model_name, req.n, texts,
                             req.return_token_ids)
         opts = req.stream_options

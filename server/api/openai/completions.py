@@ -4,23 +4,20 @@ from __future__ import annotations
 
 import time
 
-import msgspec
-
+from server.api.openai.logprobs import TokenTexts, completion_logprobs
+from server.api.prompts import admit_early, fit_limits, prompts_lower_bound, render_errors, text_prompt_ids
+from server.api.serving import PostRoute, respond
 from server.http import sse
 from server.http.asgi import Send
-from server.api.openai.logprobs import TokenTexts, completion_logprobs
-from server.api.vllm.render import admit_early, prompts_lower_bound
-from server.api.serving import GenerationRoute, respond
-from server.http.errors import APIError, bad_request, from_decode_error
+from server.http.errors import bad_request
 from server.pipeline.input_processor import (
     build_spec, check_prompt_ids, check_request, completion_prompts, external_request_id,
 )
 from server.pipeline.output_processor import Output
 from server.protocol.openai import (
     CompletionChoice, CompletionChoiceIds, CompletionLogprobs, CompletionResponse, CompletionStreamResponse, Usage,
-    completion_decoder, decode_request, encoder,
+    completion_decoder, encoder,
 )
-from server.render.renderer import RendererOverloaded, RenderError
 
 _enc = encoder.encode
 
@@ -89,15 +86,10 @@ class CompletionFormatter:
         return _enc(CompletionResponse(self.id, self.created, self.model, choices, usage))
 
 
-class CompletionsRoute(GenerationRoute):
+class CompletionsRoute(PostRoute):
 
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
-        try:
-            req = decode_request(completion_decoder, body)
-        except msgspec.DecodeError as e:
-            raise from_decode_error(e) from None
-        llm, renderer, limits = self.state.require()
-        self.state.check_model(req.model)
+        req, llm, renderer, limits = self.state.decode_for_model(completion_decoder, body)
         check_request(req, limits)
         if req.echo and req.stream and req.logprobs is not None:
             raise bad_request("echo with logprobs is not supported when streaming; drop one of them.", "echo")
@@ -105,13 +97,13 @@ class CompletionsRoute(GenerationRoute):
         prompts = completion_prompts(req.prompt)
         if llm.admission is not None:  # refuse before tokenizing when the queue surely has no room
             lower = await prompts_lower_bound(renderer.tokenizer, prompts)
-            admit_early(self.state, llm, req.n * len(prompts), req.n * lower)
+            admit_early(llm, req.n * len(prompts), req.n * lower)
         specs, echo, first_ids = [], {}, {}
         prompt_ids: dict[int, list[int]] = {}
-        try:
+        with render_errors("prompt"):
             for k, prompt in enumerate(prompts):
                 if isinstance(prompt, str):
-                    ids = await renderer.encode(prompt, req.add_special_tokens)
+                    ids = await text_prompt_ids(renderer, prompt, req.add_special_tokens, limits=fit_limits(req, limits))
                 else:
                     check_prompt_ids(prompt, limits.vocab_size)
                     ids = prompt
@@ -123,15 +115,7 @@ class CompletionsRoute(GenerationRoute):
                     first_ids.update({spec.index_offset + i: spec.prompt_token_ids[0] for i in range(req.n)})
                 if req.return_token_ids:
                     prompt_ids.update({spec.index_offset + i: spec.prompt_token_ids for i in range(req.n)})
-        except RenderError as e:
-            raise bad_request(str(e), "prompt") from None
-        except RendererOverloaded as e:
-            raise APIError(str(e), status=503, retry_after=1) from None
-        texts = None
-        if req.logprobs is not None:
-            if self._texts is None:
-                self._texts = TokenTexts(renderer.tokenizer)
-            texts = self._texts
+        texts = self.token_texts(renderer, req.logprobs is not None)
         fmt = CompletionFormatter(f"cmpl-{external}", int(time.time()), self.state.model_name, echo=echo,
                                   texts=texts, first_prompt_ids=first_ids,
                                   prompt_ids=prompt_ids if req.return_token_ids else None)

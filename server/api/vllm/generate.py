@@ -20,50 +20,48 @@ from typing import Any
 
 import msgspec
 
-from server.http import sse
-from server.http.asgi import Receive, Scope, Send, header, serve_json_post
 from server.api.openai.logprobs import TokenTexts, chat_logprobs
-from server.api.serving import respond
-from server.api.state import AppState
-from server.http.errors import from_decode_error
+from server.api.serving import PostRoute, respond
+from server.http import sse
+from server.http.asgi import Send
 from server.pipeline.input_processor import build_spec, check_prompt_ids, check_request, external_request_id
 from server.pipeline.output_processor import Output
-from server.protocol.openai import CompletionRequest, StreamOptions, Usage, decode_request, encoder
+from server.protocol.openai import CompletionRequest, Int64, StreamOptions, Usage, encoder
 
 _enc = encoder.encode
 
 
 class GenerateSamplingParams(msgspec.Struct, kw_only=True):
-    max_tokens: int | None = None
+    max_tokens: Int64 | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: Int64 | None = None
     min_p: float | None = None
-    n: int = 1
-    seed: int | None = None
+    n: Int64 = 1
+    seed: Int64 | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Int64] | None = None
     ignore_eos: bool = False
-    min_tokens: int = 0
-    logprobs: int | None = None
+    min_tokens: Int64 = 0
+    logprobs: Int64 | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    allowed_token_ids: list[int] | None = None
+    allowed_token_ids: list[Int64] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
 
 
 class GenerateRequest(msgspec.Struct, kw_only=True):
-    token_ids: list[int]
+    token_ids: list[Int64]
     request_id: str | None = None
     sampling_params: GenerateSamplingParams = msgspec.field(default_factory=GenerateSamplingParams)
     model: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    priority: int = 0
+    priority: Int64 = 0
 
 
 class GenerateChoice(msgspec.Struct):
@@ -114,34 +112,17 @@ class GenerateFormatter:
         return _enc(GenerateResponse(self.id, self._choices(outputs), usage=usage))
 
 
-class GenerateRoute:
-    def __init__(self, state: AppState) -> None:
-        self.state = state
-        self._texts: TokenTexts | None = None
+class GenerateRoute(PostRoute):
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        xid = header(scope, b"x-request-id")
-
-        async def work(body: bytes) -> None:
-            try:
-                raw = decode_request(_decoder, body)
-            except msgspec.DecodeError as e:
-                raise from_decode_error(e) from None
-            llm, renderer, limits = self.state.require()
-            self.state.check_model(raw.model)
-            req = as_completion_request(raw)
-            check_request(req, limits)
-            check_prompt_ids(raw.token_ids, limits.vocab_size, "token_ids")
-            external = external_request_id(xid, raw.request_id)
-            spec = build_spec(req, list(raw.token_ids), limits, external_id=external, stream=raw.stream)
-            texts = None
-            if req.logprobs is not None:
-                if self._texts is None:
-                    self._texts = TokenTexts(renderer.tokenizer)
-                texts = self._texts
-            opts = raw.stream_options
-            await respond(llm, [spec], GenerateFormatter(external, texts), send, stream=raw.stream,
-                          include_usage=bool(opts and opts.include_usage),
-                          keepalive=self.state.config.sse_keepalive, headers=[(b"x-request-id", external.encode())])
-
-        await serve_json_post(scope, receive, send, self.state.config.max_request_body, work)
+    async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
+        raw, llm, renderer, limits = self.state.decode_for_model(_decoder, body)
+        req = as_completion_request(raw)
+        check_request(req, limits)
+        check_prompt_ids(raw.token_ids, limits.vocab_size, "token_ids")
+        external = external_request_id(xid, raw.request_id)
+        spec = build_spec(req, list(raw.token_ids), limits, external_id=external, stream=raw.stream)
+        texts = self.token_texts(renderer, req.logprobs is not None)
+        opts = raw.stream_options
+        await respond(llm, [spec], GenerateFormatter(external, texts), send, stream=raw.stream,
+                      include_usage=bool(opts and opts.include_usage),
+                      keepalive=self.state.config.sse_keepalive, headers=[(b"x-request-id", external.encode())])

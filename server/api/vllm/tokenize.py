@@ -13,13 +13,12 @@ from typing import Any
 
 import msgspec
 
-from server.http.asgi import Receive, Scope, Send, send_json, serve_json_post
-from server.api.vllm.render import chat_prompt_ids, text_prompt_ids
-from server.api.state import AppState
-from server.http.errors import APIError, bad_request, from_decode_error
+from server.api.prompts import chat_prompt_ids, render_errors, text_prompt_ids
+from server.api.serving import PostRoute
+from server.http.asgi import Send, send_json
+from server.http.errors import bad_request
 from server.pipeline.input_processor import check_prompt_ids
-from server.protocol.openai import decode_request, encoder
-from server.render.renderer import RendererOverloaded, RenderError
+from server.protocol.openai import encoder
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True):
@@ -45,52 +44,28 @@ _tokenize_decoder = msgspec.json.Decoder(TokenizeRequest)
 _detokenize_decoder = msgspec.json.Decoder(DetokenizeRequest)
 
 
-class TokenizeRoute:
-    def __init__(self, state: AppState) -> None:
-        self.state = state
+class TokenizeRoute(PostRoute):
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def work(body: bytes) -> None:
-            try:
-                req = decode_request(_tokenize_decoder, body)
-            except msgspec.DecodeError as e:
-                raise from_decode_error(e) from None
-            _llm, renderer, limits = self.state.require()
-            self.state.check_model(req.model)
-            if (req.prompt is None) == (req.messages is None):
-                raise bad_request("Send exactly one of prompt (a string) or messages (a chat).", "prompt")
-            if req.messages is not None:
-                ids = await chat_prompt_ids(renderer, req, bool(req.add_special_tokens))
-            else:
-                special = True if req.add_special_tokens is None else req.add_special_tokens
-                ids = await text_prompt_ids(renderer, req.prompt or "", special)
-            out: dict[str, Any] = {"count": len(ids), "max_model_len": limits.max_model_len, "tokens": ids}
-            if req.return_token_strs:
-                out["token_strs"] = [renderer.tokenizer.id_to_token(i) for i in ids]
-            await send_json(send, 200, encoder.encode(out))
-
-        await serve_json_post(scope, receive, send, self.state.config.max_request_body, work)
+    async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
+        req, _llm, renderer, limits = self.state.decode_for_model(_tokenize_decoder, body)
+        if (req.prompt is None) == (req.messages is None):
+            raise bad_request("Send exactly one of prompt (a string) or messages (a chat).", "prompt")
+        if req.messages is not None:
+            ids = await chat_prompt_ids(renderer, req, bool(req.add_special_tokens))
+        else:
+            special = True if req.add_special_tokens is None else req.add_special_tokens
+            ids = await text_prompt_ids(renderer, req.prompt or "", special)
+        out: dict[str, Any] = {"count": len(ids), "max_model_len": limits.max_model_len, "tokens": ids}
+        if req.return_token_strs:
+            out["token_strs"] = [renderer.tokenizer.id_to_token(i) for i in ids]
+        await send_json(send, 200, encoder.encode(out))
 
 
-class DetokenizeRoute:
-    def __init__(self, state: AppState) -> None:
-        self.state = state
+class DetokenizeRoute(PostRoute):
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def work(body: bytes) -> None:
-            try:
-                req = decode_request(_detokenize_decoder, body)
-            except msgspec.DecodeError as e:
-                raise from_decode_error(e) from None
-            _llm, renderer, limits = self.state.require()
-            self.state.check_model(req.model)
-            check_prompt_ids(req.tokens, limits.vocab_size, "tokens")
-            try:
-                text = await renderer.decode(req.tokens, skip_special_tokens=False)
-            except RenderError as e:
-                raise bad_request(str(e), "tokens") from None
-            except RendererOverloaded as e:
-                raise APIError(str(e), status=503, retry_after=1) from None
-            await send_json(send, 200, encoder.encode({"prompt": text}))
-
-        await serve_json_post(scope, receive, send, self.state.config.max_request_body, work)
+    async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
+        req, _llm, renderer, limits = self.state.decode_for_model(_detokenize_decoder, body)
+        check_prompt_ids(req.tokens, limits.vocab_size, "tokens")
+        with render_errors("tokens"):
+            text = await renderer.decode(req.tokens, skip_special_tokens=False)
+        await send_json(send, 200, encoder.encode({"prompt": text}))

@@ -187,3 +187,93 @@ def test_write_batch_writes_nothing_until_flush_then_all_in_order() -> None:
     assert a.frames == [b"1", b"3"] and b.frames == [b"2"]
     batch.flush()  # emptied: nothing is written twice
     assert a.frames == [b"1", b"3"]
+
+
+@pytest.fixture
+def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path on, as at process start (a test that declines it turns it back on after)."""
+    monkeypatch.setattr(direct_body, "_active", True)
+
+
+class _Lock:
+    def locked(self) -> bool:
+        return False
+
+
+class _NoProtocol:
+    """A Trio TCPServer from a Hypercorn that renamed `protocol`: everything else is there."""
+
+    send_lock = _Lock()
+    stream: Any = None
+
+
+def test_a_server_without_an_expected_attribute_declines_and_warns_once(
+        fresh: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import trio
+
+    run_module: Any = hypercorn_trio_run
+    monkeypatch.setattr(run_module, "TCPServer", run_module.TCPServer)  # put back after
+    assert direct_body.install("trio")  # the layout, as `spindle serve` has it
+    server = _NoProtocol()
+    server.stream = object.__new__(trio.SocketStream)  # a plain TCP stream: send() goes on to h11's state
+    batch = direct_body.WriteBatch()
+    with caplog.at_level("WARNING", logger="spindle.server"):
+        body = direct_body._TrioBody(server, batch)
+        assert body.send(b"data: x\n\n") is False  # not raised: declined
+        assert body.send(b"data: y\n\n") is False
+        token = direct_body._connection.set((direct_body._TrioBody, server))
+        try:
+            assert direct_body.for_current_request(batch) is None  # off for every later response
+        finally:
+            direct_body._connection.reset(token)
+    warnings = [r for r in caplog.records if "turned off" in r.getMessage()]
+    assert len(warnings) == 1 and "AttributeError" in warnings[0].getMessage()
+    assert not direct_body.is_active()
+    batch.flush()  # nothing was taken
+
+
+def test_a_server_missing_what_the_writer_needs_at_start_gets_no_writer(
+        fresh: None, caplog: pytest.LogCaptureFixture) -> None:
+    token = direct_body._connection.set((direct_body._AsyncioBody, object()))  # no send_lock, no writer
+    try:
+        with caplog.at_level("WARNING", logger="spindle.server"):
+            assert direct_body.for_current_request(direct_body.WriteBatch()) is None
+            assert direct_body.for_current_request(direct_body.WriteBatch()) is None
+    finally:
+        direct_body._connection.reset(token)
+    assert len([r for r in caplog.records if "turned off" in r.getMessage()]) == 1
+
+
+def test_a_failed_write_keeps_the_frame_for_hypercorns_path(fresh: None) -> None:
+    class Broken(direct_body.DirectBody):
+        def _put(self, frame: bytes) -> None:
+            raise AttributeError("no write_now")
+
+    body = Broken(_NoProtocol(), direct_body.WriteBatch())
+    batch = direct_body.WriteBatch()
+    batch.add(body, b"3\r\nabc\r\n")
+    batch.add(body, b"1\r\nd\r\n")
+    batch.flush()  # runs in the output handler: must not raise
+    assert body.pending == b"3\r\nabc\r\n1\r\nd\r\n"  # in order, for the route's flush through Hypercorn
+    assert not direct_body.is_active()
+
+
+def test_spindle_direct_write_0_installs_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPINDLE_DIRECT_WRITE", "0")
+    run_module: Any = hypercorn_trio_run
+    before = run_module.TCPServer
+    assert not direct_body.install("trio")
+    assert run_module.TCPServer is before
+
+
+def test_install_declines_when_a_private_module_is_missing(monkeypatch: pytest.MonkeyPatch,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "h11._writers", None)  # import fails, as if h11 moved it
+    run_module: Any = hypercorn_asyncio_run
+    before = run_module.TCPServer
+    with caplog.at_level("WARNING", logger="spindle.server"):
+        assert not direct_body.install("asyncio")
+    assert run_module.TCPServer is before
+    assert any("unknown layout" in r.getMessage() for r in caplog.records)

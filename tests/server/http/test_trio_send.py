@@ -32,7 +32,7 @@ def make_server(sndbuf: int = 0) -> tuple[FastSendTCPServer, trio.SocketStream, 
     peer = trio.SocketStream(trio.socket.from_stdlib_socket(b))
     server = FastSendTCPServer(None, None, None, None, ours)  # type: ignore[arg-type]
     protocol = Protocol()
-    server.protocol.openai = protocol  # type: ignore[assignment]
+    server.protocol = protocol  # type: ignore[assignment]
     return server, peer, protocol
 
 

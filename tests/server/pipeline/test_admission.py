@@ -10,7 +10,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.models.hf_tokenizer import load_tokenizer
-from server.pipeline.admission import Admission, estimate_tokens, min_tokens
+from server.pipeline.admission import Admission, min_tokens
+
+# Tokens a tokenizer may add around a text (bos/eos, a SentencePiece dummy-prefix piece).
+SPECIAL_TOKEN_ALLOWANCE = 8
+
+
+def estimate_tokens(text: str) -> int:
+    """An upper bound on the number of tokens `text` encodes to: its UTF-8 byte length + SPECIAL_TOKEN_ALLOWANCE.
+
+    The bound holds for byte-level BPE (Qwen2, Llama 3, tiktoken-style) and SentencePiece with byte fallback
+    (Llama 2, Mistral): every token covers at least one byte of the text, and the SentencePiece space marker
+    "▁" stands for one byte. It can be exceeded only by a normalizer that lengthens text: NFC rewrites a few
+    rare characters (e.g. U+0958) into up to 3 code points.
+    """
+    return len(text.encode("utf-8", "surrogatepass")) + SPECIAL_TOKEN_ALLOWANCE
 
 
 def test_request_limit_at_under_over() -> None:
@@ -55,6 +69,23 @@ def test_prompt_larger_than_token_limit_alone() -> None:
     reason = adm.try_admit(1, 101)
     assert reason is not None and "on their own" in reason
     assert adm.queued_tokens == 0
+
+
+def test_would_refuse_checks_without_admitting() -> None:
+    adm = Admission(max_num_queued_reqs=2, max_num_queued_tokens=100)
+    assert adm.would_refuse(2, 100) is None
+    assert (adm.queued_reqs, adm.queued_tokens) == (0, 0)  # a check admits nothing
+    assert adm.try_admit(1, 60) is None
+    reason = adm.would_refuse(3, 1)
+    assert reason is not None and "3 queue slots" in reason and "retry" not in reason
+    reason = adm.would_refuse(1, 101)
+    assert reason is not None and "at least 101" in reason and "on their own" in reason
+    reason = adm.would_refuse(1, 41)
+    assert reason is not None and "60 queued + at least 41" in reason and "retry later" in reason
+    assert adm.would_refuse(1, 40) is None and adm.try_admit(1, 40) is None
+    reason = adm.would_refuse(1, 0)
+    assert reason is not None and "queued requests" in reason
+    assert (adm.queued_reqs, adm.queued_tokens) == (2, 100)
 
 
 def test_zero_limits_and_no_limits() -> None:

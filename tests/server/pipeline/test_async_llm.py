@@ -136,9 +136,9 @@ async def test_registered_before_sent() -> None:
     """A fast engine answering inside add_request must find the request registered."""
 
     class Eager(FakeEngineClient):
-        async def add_request(self, req: AddRequest) -> None:
+        def add_request(self, req: AddRequest) -> None:
             assert req.request_id in llm.output.states
-            await super().add_request(req)
+            super().add_request(req)
 
     fake = Eager(lambda req: GEN[:3])
     async with running(fake) as llm:

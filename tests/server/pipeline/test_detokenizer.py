@@ -174,3 +174,79 @@ def test_updates_after_the_request_is_done_are_ignored() -> None:
     d = IncrementalDetokenizer(tok, [], stop=["b"])
     assert d.update(ids("qwen2", "a b c"), False) == "b"
     assert d.update([-1], True) is None and d.output_text == "a " and d.num_output_tokens == len(ids("qwen2", "a b c"))
+
+
+class _CountingTokenizer:
+    """Forwards to a tokenizer, counting decode calls and the longest id list decoded."""
+
+    def __init__(self, tok: tokenizers.Tokenizer) -> None:
+        self._tok = tok
+        self.calls = 0
+        self.longest = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._tok, name)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        self.calls += 1
+        self.longest = max(self.longest, len(ids))
+        return str(self._tok.decode(ids, skip_special_tokens=skip_special_tokens))
+
+
+def _token_id(tok: tokenizers.Tokenizer, token: str) -> int:
+    found = tok.token_to_id(token)
+    assert found is not None, token
+    return found
+
+
+def _continuation_byte_ids(family: str) -> list[int]:
+    """The 64 one-byte tokens for bytes 0x80-0xBF: a lone one never completes a character."""
+    tok = load_tokenizer(family)  # type: ignore[arg-type]
+    if family == "llama":
+        return [_token_id(tok, f"<0x{b:02X}>") for b in range(0x80, 0xC0)]
+    # Byte-level BPE writes bytes 0x80-0xA0 as U+0122.. and 0xA1-0xBF as themselves (0xAD as U+0143).
+    chars = [chr(0x122 + b - 0x80) if b <= 0xA0 else "\u0143" if b == 0xAD else chr(b) for b in range(0x80, 0xC0)]
+    found = [_token_id(tok, c) for c in chars]
+    assert all(tok.decode([i]) == "\ufffd" for i in found)
+    return found
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("kw", [{}, {"stop": ["x"], "min_tokens": 5000}])
+def test_run_that_never_completes_a_character_costs_bounded_work(family: str, kw: dict[str, object]) -> None:
+    """10,000 lone continuation bytes: a few decodes of a short window per token (not the whole run each
+    time, which was quadratic), U+FFFDs streamed as they become final, text equal to tokenizer.decode."""
+    tok = load_tokenizer(family)  # type: ignore[arg-type]
+    cont = _continuation_byte_ids(family)
+    gen = [cont[k % len(cont)] for k in range(10_000)]
+    prompt = tok.encode("Say:").ids
+    counting = _CountingTokenizer(tok)
+    d = IncrementalDetokenizer(counting, prompt, **kw)  # type: ignore[arg-type]
+    counting.calls = counting.longest = 0
+    sent = ""
+    for k, t in enumerate(gen):
+        d.update([t], k == len(gen) - 1)
+        sent += d.take_delta()
+        if k == 99:
+            assert len(sent) >= 90  # streamed, not held to the end
+    assert sent == d.output_text == reference(tok, prompt, gen) == "\ufffd" * len(gen)
+    assert counting.calls <= 3 * len(gen) and counting.longest <= 16
+
+
+def test_valid_byte_fallback_run_is_held_without_a_decode_per_token() -> None:
+    """A valid run's text is not final (a later byte can void it), but holding it costs no decode per token."""
+    tok = load_tokenizer("llama")
+    byte = {b: _token_id(tok, f"<0x{b:02X}>") for b in range(256)}
+    gen = [byte[b] for b in ("你好" * 1500).encode()] + ids("llama", "x")
+    counting = _CountingTokenizer(tok)
+    d = IncrementalDetokenizer(counting, ids("llama", "Hi"))  # type: ignore[arg-type]
+    counting.calls = 0
+    for t in gen[:-1]:
+        assert d.next_delta([t]) == ""
+    assert counting.calls == 0
+    assert d.next_delta(gen[-1:]) == reference(tok, ids("llama", "Hi"), gen) == "你好" * 1500 + " x"
+    assert counting.calls == 1
+    # A byte that voids the run makes it final at once: one U+FFFD per byte, then one per byte after.
+    d = IncrementalDetokenizer(tok, ids("llama", "Hi"))
+    deltas = [d.next_delta([byte[b]]) for b in (0xE4, 0xBD, 0x41, 0xA0)]
+    assert deltas == ["", "", "\ufffd" * 3, "\ufffd"]

@@ -107,13 +107,43 @@ async def test_sink_takes_unfinished_outputs_only_while_the_slot_is_empty(tok) -
     assert collector.sink is None
 
 
-async def test_cumulative_replaces_on_merge(tok) -> None:  # type: ignore[no-untyped-def]
-    proc, _, collector = make(tok, OutputKind.CUMULATIVE)
-    gen = tok.encode("one two three four").ids
-    await proc.process_outputs(step(RequestOutput("r", gen[:2])))
-    await proc.process_outputs(step(RequestOutput("r", gen[2:], "length")))
+async def test_slow_reader_merge_keeps_every_token_and_owns_its_lists(tok) -> None:  # type: ignore[no-untyped-def]
+    """A consumer that never takes the slot gets one merged output equal to the whole stream (text, ids,
+    logprobs), and merging grows the waiting output's own lists in place instead of copying them."""
+    from engine.messages import TokenLogprobs
+
+    proc, _, collector = make(tok, OutputKind.DELTA)
+    gen = tok.encode(TEXT * 20).ids
+    lps = [TokenLogprobs(t, -1.0, 1, [], []) for t in gen]
+    first_ids = None
+    for i, tid in enumerate(gen):
+        await proc.process_outputs(step(RequestOutput("r", [tid], "length" if i == len(gen) - 1 else None,
+                                                      logprobs=[lps[i]])))
+        if first_ids is None and collector._batch is not None:
+            first_ids = collector._batch[0].token_ids
     (batch,) = drain(collector)
-    assert batch[0].text == "one two three four" and batch[0].token_ids == gen
+    (out,) = batch
+    assert out.text == reference(tok, tok.encode("Say:").ids, gen)
+    assert out.token_ids == gen and [lp.token_id for lp in out.logprobs or []] == gen
+    assert out.token_ids is first_ids  # the first output's list, extended: no copy per merge
+    assert out.finish_reason == "length"
+
+
+async def test_final_only_logprobs_accumulate_in_one_list(tok) -> None:  # type: ignore[no-untyped-def]
+    from engine.messages import TokenLogprobs
+
+    proc, state, collector = make(tok, OutputKind.FINAL_ONLY)
+    gen = tok.encode("one two three four five").ids
+    lists = []
+    for i, tid in enumerate(gen):
+        last = i == len(gen) - 1
+        await proc.process_outputs(step(RequestOutput("r", [tid], "length" if last else None,
+                                                      logprobs=[TokenLogprobs(tid, -0.5, 1, [], [])])))
+        if not last:
+            lists.append(state.logprobs)
+    assert all(lst is lists[0] for lst in lists)  # extended in place, never rebuilt per token
+    (batch,) = drain(collector)
+    assert [lp.token_id for lp in batch[0].logprobs or []] == gen and batch[0].text == "one two three four five"
 
 
 async def test_final_only_builds_one_output(tok) -> None:  # type: ignore[no-untyped-def]

@@ -183,9 +183,9 @@ async def _all_workers_up(renderer: Renderer, n: int) -> None:
             await anyio.sleep(0.02)
 
 
-async def test_memory_cap_applies_to_templates_only(qwen: Renderer) -> None:
-    # Encoding this needs more than the 256 MiB the fixture's templates may use; it must not be capped.
-    text = "数据 hello world, " * 150_000
+async def test_template_over_the_memory_cap_leaves_the_worker_usable(qwen: Renderer) -> None:
+    # Tokenizing is capped too (test_worker_limits.py); this text needs well under the fixture's 256 MiB.
+    text = "数据 hello world, " * 15_000
     for _ in range(2):  # one of the two workers may not have rendered yet: make both render, then encode
         with pytest.raises(RenderError, match="memory limit"):
             await qwen.render_chat(CHATS[0], chat_template="{{ range(100000) | join('y' * 2**24) }}")
@@ -343,6 +343,57 @@ def test_workers_exit_when_the_server_is_killed(tmp_path: Path, anyio_backend: s
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not any(_alive(p) for p in pids)
+
+
+class _Chunks:
+    """A worker's stdout that hands out the given chunks, then EOF."""
+
+    def __init__(self, *chunks: bytes) -> None:
+        self.chunks = list(chunks)
+        self.asked: list[int] = []
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        self.asked.append(max_bytes)
+        if not self.chunks:
+            raise anyio.EndOfStream
+        return self.chunks.pop(0)
+
+
+def _fake_worker(stdout: _Chunks) -> Any:
+    from types import SimpleNamespace
+
+    from server.render.worker_pool import _Worker
+
+    return _Worker(SimpleNamespace(stdin=object(), stdout=stdout))  # type: ignore[arg-type]
+
+
+async def test_pool_reads_the_engine_frame_format(anyio_backend: str) -> None:
+    from engine.ipc import FrameEncoder
+    from server.render.worker_pool import _BROKEN, _MAX_REPLY_BYTES
+
+    enc = FrameEncoder()
+    big = enc.encode([0, "y" * 300_000])
+    two = enc.encode([0, "a"]) + enc.encode([1, "b"])
+    stdout = _Chunks(*[bytes([b]) for b in enc.encode([0, 7])], big[:10], big[10:], two)
+    worker = _fake_worker(stdout)
+    assert await worker.receive() == (0, 7)  # split to single bytes
+    assert await worker.receive() == (0, "y" * 300_000)
+    assert stdout.asked[-1] >= len(big) - 10  # the rest of a large reply in one read
+    assert await worker.receive() == (0, "a") and await worker.receive() == (1, "b")  # two in one read
+    with pytest.raises(_BROKEN):
+        await worker.receive()  # EOF
+    for bad in ((_MAX_REPLY_BYTES + 1).to_bytes(4, "big"), enc.encode([0]), enc.encode("not a reply"), b"\0\0\0\1\xc1"):
+        with pytest.raises(_BROKEN):  # a broken or subverted worker is replaced, never trusted
+            await _fake_worker(_Chunks(bad)).receive()
+
+
+def test_worker_imports_stay_light() -> None:
+    # it starts per slot and after every kill: engine.ipc (frames, die_with_parent) must not pull in torch
+    import subprocess
+    import sys
+
+    code = "import sys, server.render.worker; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
 async def test_template_sources(tmp_path: Path, anyio_backend: str) -> None:

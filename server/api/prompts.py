@@ -1,0 +1,90 @@
+"""Prompt helpers the routes share: render and tokenize with the renderer's errors as API errors, and the
+early admission check that refuses before rendering/tokenizing when the queue surely has no room."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import anyio
+
+from server.http.errors import APIError, bad_request
+from server.pipeline.admission import min_tokens
+from server.pipeline.async_llm import AsyncLLM
+from server.pipeline.input_processor import ModelLimits, check_fits, max_token_bytes
+from server.render.renderer import RendererOverloaded, RenderError
+
+
+@contextmanager
+def render_errors(param: str) -> Iterator[None]:
+    """RenderError -> 400 naming `param`; RendererOverloaded -> 503 with Retry-After."""
+    try:
+        yield
+    except RenderError as e:
+        raise bad_request(str(e), param) from None
+    except RendererOverloaded as e:
+        raise APIError(str(e), status=503, retry_after=1) from None
+
+
+def require_messages(req: Any) -> None:
+    if req.messages is None:
+        raise bad_request("messages is required: a list of {role, content} objects.", "messages")
+
+
+async def render_chat(renderer: Any, req: Any) -> str:
+    """`req.messages` through the chat template, with the request's template options."""
+    with render_errors("messages"):
+        text: str = await renderer.render_chat(
+            req.messages, add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message, chat_template=req.chat_template,
+            chat_template_kwargs=req.chat_template_kwargs, tools=req.tools, documents=req.documents)
+    return text
+
+
+async def text_prompt_ids(renderer: Any, text: str, add_special_tokens: bool, param: str = "prompt",
+                          limits: ModelLimits | None = None) -> list[int]:
+    """Token ids of `text`; with `limits`, a text that surely cannot fit max_model_len is refused (400) first.
+
+    Pass no `limits` where length is not an error: /tokenize, or a prompt truncate_prompt_tokens will cut.
+    """
+    if limits is not None:
+        check_fits(await prompts_lower_bound(renderer.tokenizer, [text]), limits, param)
+    with render_errors(param):
+        ids: list[int] = await renderer.encode(text, add_special_tokens)
+    return ids
+
+
+async def chat_prompt_ids(renderer: Any, req: Any, add_special_tokens: bool,
+                          limits: ModelLimits | None = None) -> list[int]:
+    text = await render_chat(renderer, req)
+    return await text_prompt_ids(renderer, text, add_special_tokens, "messages", limits)
+
+
+def fit_limits(req: Any, limits: ModelLimits) -> ModelLimits | None:
+    """The limits a prompt must fit before tokenizing: none when truncate_prompt_tokens will cut it."""
+    return limits if getattr(req, "truncate_prompt_tokens", None) is None else None
+
+
+_token_bytes: dict[int, int] = {}  # id(tokenizer) -> max_token_bytes, read without a thread hop
+
+
+async def prompts_lower_bound(tokenizer: Any, prompts: list[str | list[int]]) -> int:
+    """A lower bound on the tokens of `prompts` without tokenizing them (at least 1 each: empty is refused)."""
+    per = 1
+    if any(isinstance(p, str) for p in prompts):
+        per = _token_bytes.get(id(tokenizer)) or 0
+        if not per:  # the vocabulary scan (once per tokenizer) stays off the event loop
+            per = _token_bytes[id(tokenizer)] = await anyio.to_thread.run_sync(max_token_bytes, tokenizer)
+    return sum(max(1, min_tokens(p, per) if isinstance(p, str) else len(p)) for p in prompts)
+
+
+def admit_early(llm: AsyncLLM, num_reqs: int, min_prompt_tokens: int) -> None:
+    """503 before rendering/tokenizing when admission would surely refuse (queue full, or the prompt too long).
+
+    The exact, pessimistic check still runs in AsyncLLM.generate once the prompt is tokenized.
+    """
+    admission = llm.admission
+    reason = admission.would_refuse(num_reqs, min_prompt_tokens) if admission is not None else None
+    if reason is not None:
+        raise llm.overloaded(reason)
