@@ -18,6 +18,7 @@ import anyio
 from starlette.routing import Route, Router
 
 from server.http.access_log import AccessLog
+from server.api.anthropic.messages import CountTokensRoute, MessagesRoute
 from server.api.openai.chat import ChatRoute
 from server.api.openai.completions import CompletionsRoute
 from server.api.vllm.generate import GenerateRoute
@@ -196,6 +197,8 @@ def create_app(config: ServerConfig | None = None, *, on_fatal: Callable[[str], 
         Route("/v1/completions/render", CompletionsRenderRoute(state), methods=["POST"]),
         Route("/v1/chat/completions/render", ChatRenderRoute(state), methods=["POST"]),
         Route("/inference/v1/generate", GenerateRoute(state), methods=["POST"]),
+        Route("/v1/messages", MessagesRoute(state), methods=["POST"]),
+        Route("/v1/messages/count_tokens", CountTokensRoute(state), methods=["POST"]),
     ]
     router = Router(routes=routes, lifespan=lifespan, default=_not_found)
     public = ("/health", "/metrics") if config.metrics_public else ("/health",)

@@ -15,7 +15,7 @@ import torch
 from safetensors import safe_open
 
 from engine.models.llama import SUPPORTED_ARCHITECTURES, CausalLM, ConfigError, ModelArgs
-from engine.progress import LoadProgress
+from engine.models.progress import LoadProgress
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # generation_config.json keys that become the server's default sampling parameters.

@@ -3,7 +3,8 @@ send one JSON body."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from server.http import direct_body, sse
@@ -22,6 +23,18 @@ class Formatter(Protocol):
     def stream_chunk(self, batch: list[Output], usage: Usage | None) -> bytes | None: ...
     def usage_chunk(self, usage: Usage) -> bytes: ...
     def final(self, outputs: list[Output], usage: Usage) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class StreamFraming:
+    """A stream's bytes that are not chunks: OpenAI's by default; another wire format (Anthropic's) brings its own."""
+
+    done: bytes = sse.DONE  # ends the stream
+    keepalive: bytes = sse.KEEPALIVE  # sent on silence before the first token
+    error: Callable[[APIError], bytes] = sse.error_frame  # an error after the response started
+
+
+OPENAI_FRAMING = StreamFraming()
 
 
 class UsageCounter:
@@ -61,7 +74,7 @@ def output_error(llm: AsyncLLM, out: Output) -> APIError:
 
 async def respond(llm: AsyncLLM, specs: Sequence[GenerationSpec], fmt: Formatter, send: Send, *, stream: bool,
                   include_usage: bool = False, continuous_usage: bool = False, keepalive: float = 0.0,
-                  headers: list[tuple[bytes, bytes]] | None = None) -> None:
+                  headers: list[tuple[bytes, bytes]] | None = None, framing: StreamFraming = OPENAI_FRAMING) -> None:
     """Everything after validation. Raises APIError only before the response started."""
     counter = UsageCounter(specs)
     async with llm.generate(specs) as outputs:
@@ -113,7 +126,7 @@ async def respond(llm: AsyncLLM, specs: Sequence[GenerationSpec], fmt: Formatter
                         got = await outputs.next_within(keepalive)
                         if got is None:
                             if waiting_first:
-                                await body(sse.KEEPALIVE, True)
+                                await body(framing.keepalive, True)
                             continue
                         waiting_first = False
                     else:
@@ -124,7 +137,7 @@ async def respond(llm: AsyncLLM, specs: Sequence[GenerationSpec], fmt: Formatter
                     if out.error is not None:
                         error = out
                 if error is not None:
-                    data = sse.error_frame(output_error(llm, error))
+                    data = framing.error(output_error(llm, error))
                     failed = True
                 else:
                     data = fmt.stream_chunk(got, _usage(counter, last) if continuous_usage else None)
@@ -136,9 +149,9 @@ async def respond(llm: AsyncLLM, specs: Sequence[GenerationSpec], fmt: Formatter
         finally:
             outputs.deliver_directly(None)
         counter.add(list(last.values()))
-        tail = sse.DONE
+        tail = framing.done
         if include_usage and not failed:
-            tail = fmt.usage_chunk(counter.usage()) + sse.DONE
+            tail = fmt.usage_chunk(counter.usage()) + framing.done
         await body((data or b"") + tail, False)
 
 

@@ -1,8 +1,10 @@
-"""--api-key: every route needs `Authorization: Bearer <key>` except /health (and /metrics with --metrics-public).
+"""--api-key: every route needs `Authorization: Bearer <key>` or `x-api-key: <key>` (Anthropic's header) except
+/health (and /metrics with --metrics-public).
 
 Keys are compared in constant time: the presented token and every key are hashed to equal-length digests
 and all keys are compared (no early exit), so neither a key's length nor its prefix leaks through timing.
-A refusal is a 401 in the OpenAI error shape with `WWW-Authenticate: Bearer`.
+A refusal is a 401 with `WWW-Authenticate: Bearer`, in the OpenAI error shape, or in Anthropic's for its routes
+and its clients (an `anthropic-version` header).
 
 Keys are compared as bytes: a configured key as its UTF-8 bytes (argv and environment bytes that are not
 UTF-8 come back as they were given), the header as the bytes the client sent. So a non-ASCII key works
@@ -16,10 +18,12 @@ import hmac
 from collections.abc import Iterable
 from typing import Any
 
-from server.http.asgi import Receive, Scope, Send, send_error
+from server.http.asgi import Receive, Scope, Send, send_error, send_json
 from server.http.errors import APIError
+from server.protocol.anthropic import error_body
 
 _SCHEME = b"bearer "
+_ANTHROPIC_PATHS = ("/v1/messages",)  # Anthropic's SDK reads errors only in its own shape
 
 
 def _key_bytes(key: str) -> bytes:
@@ -33,9 +37,9 @@ def _digest(token: bytes) -> bytes:
     return hashlib.sha256(token).digest()
 
 
-def _authorization(scope: Scope) -> bytes | None:
+def _header(scope: Scope, name: bytes) -> bytes | None:
     for key, value in scope.get("headers", ()):
-        if key.lower() == b"authorization":
+        if key.lower() == name:
             return bytes(value)
     return None
 
@@ -50,13 +54,21 @@ class APIKeyAuth:
             raise ValueError("APIKeyAuth needs at least one key")
         self._public = frozenset(public_paths)
 
-    def allowed(self, authorization: bytes | str | None) -> bool:
-        """`authorization`: the header's bytes as received (a str is taken as ASGI's latin-1 decoding of them)."""
+    def allowed(self, authorization: bytes | str | None, x_api_key: bytes | str | None = None) -> bool:
+        """The headers' bytes as received (a str is taken as ASGI's latin-1 decoding of them); either may hold a key."""
+        ok = False
         if isinstance(authorization, str):
             authorization = authorization.encode("latin-1", "replace")
-        if authorization is None or authorization[: len(_SCHEME)].lower() != _SCHEME:
-            return False
-        presented = _digest(authorization[len(_SCHEME):].strip())
+        if authorization is not None and authorization[: len(_SCHEME)].lower() == _SCHEME:
+            ok |= self._matches(authorization[len(_SCHEME):].strip())
+        if isinstance(x_api_key, str):
+            x_api_key = x_api_key.encode("latin-1", "replace")
+        if x_api_key is not None:
+            ok |= self._matches(x_api_key.strip())
+        return ok
+
+    def _matches(self, token: bytes) -> bool:
+        presented = _digest(token)
         ok = False
         for key in self._digests:  # every key, every time: the loop's length does not depend on a match
             ok |= hmac.compare_digest(presented, key)
@@ -64,12 +76,16 @@ class APIKeyAuth:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket") and scope["path"] not in self._public:
-            if not self.allowed(_authorization(scope)):
+            if not self.allowed(_header(scope, b"authorization"), _header(scope, b"x-api-key")):
                 if scope["type"] == "websocket":
                     await send({"type": "websocket.close", "code": 1008})
                     return
-                await send_error(send, APIError("Invalid or missing API key; send `Authorization: Bearer <key>` "
-                                                "with a key given to the server's --api-key.", status=401),
-                                 [(b"www-authenticate", b"Bearer")])
+                error = APIError("Invalid or missing API key; send `Authorization: Bearer <key>` or `x-api-key: <key>` "
+                                 "with a key given to the server's --api-key.", status=401)
+                challenge = [(b"www-authenticate", b"Bearer")]
+                if scope["path"].startswith(_ANTHROPIC_PATHS) or _header(scope, b"anthropic-version") is not None:
+                    await send_json(send, 401, error_body(401, error.message), challenge)
+                else:
+                    await send_error(send, error, challenge)
                 return
         await self.app(scope, receive, send)

@@ -102,13 +102,15 @@ class _Worker:
             return True
 
     async def kill(self) -> None:
-        with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_REAP_LIMIT):  # shielded, never unbounded
             if self.proc.returncode is None:
                 self.proc.kill()
             await self.proc.wait()  # reap: the pid is gone once this returns
             await self.proc.aclose()
 
 
+_SEND_LIMIT = 10.0  # seconds an idle worker may take to read a request
+_REAP_LIMIT = 5.0  # seconds to reap a SIGKILLed worker
 _BROKEN = (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, anyio.ClosedResourceError,
            FrameError)
 
@@ -236,12 +238,20 @@ class WorkerPool:
             if not worker.alive():  # it died while idle: replace it and use another
                 await self._replace(worker)
                 continue
+            sent = False
             try:
-                with anyio.CancelScope(shield=True):
-                    await worker.send(frame)  # a half-written frame would desync the worker
-                break
+                # a half-written frame would desync the worker: shielded, but an idle worker that does not
+                # read within the limit is wedged and gets replaced
+                with anyio.CancelScope(shield=True), anyio.move_on_after(_SEND_LIMIT):
+                    await worker.send(frame)
+                    sent = True
             except _BROKEN:  # it died while idle: replace it and use another
                 await self._replace(worker)
+                continue
+            if sent:
+                break
+            await self._replace(worker)
+            raise WorkerTimeout(f"the renderer worker did not take the request within {_SEND_LIMIT:g} s")
         deadline = anyio.current_time() + (math.inf if timeout is None else timeout)
         reply: _Reply | None = None
         try:

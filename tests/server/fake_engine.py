@@ -4,6 +4,11 @@ Each added request gets `script(req)` as its output ids, `tokens_per_step` per s
 with "length" (or "stop" when an id is in eos_token_ids / params.stop_token_ids). It is self-driving:
 `receive()` produces the next step whenever requests are running. Tests can also kill it (`die()`)
 or make it refuse a request (`refuse`).
+
+With `heartbeats=True` it also sends Heartbeat frames carrying `stats`, as the real engine's heartbeat
+thread does: one after every step (so they interleave with a stream's steps), and one whenever it has
+been idle for `heartbeat_interval` seconds. Tests wait for them with `wait_heartbeats(n)`, an event,
+never a sleep.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ class FakeEngineClient:
     def __init__(self, script: Callable[[AddRequest], list[int]], *, vocab_size: int = 151_646,
                  max_model_len: int = 256, eos_token_ids: tuple[int, ...] = (151645,),
                  tokens_per_step: int = 1, refuse: Callable[[AddRequest], str | None] | None = None,
-                 gate: bool = False) -> None:
+                 gate: bool = False, heartbeats: bool = False, heartbeat_interval: float = 0.01) -> None:
         self.ready = Ready(max_model_len=max_model_len, vocab_size=vocab_size, eos_token_ids=list(eos_token_ids),
                            num_blocks=100, block_size=16, model_dtype="float32")
         self.stats = _STATS
@@ -42,6 +47,11 @@ class FakeEngineClient:
         self.gate = gate  # when True, each step waits for `allow_step()`
         self._allowed = 0
         self._step_event = anyio.Event()
+        self.heartbeats = heartbeats
+        self.heartbeat_interval = heartbeat_interval
+        self.heartbeats_sent = 0
+        self._beat_due = False  # a heartbeat follows every step
+        self._beat_sent = anyio.Event()  # set (and replaced) each time a heartbeat is handed out
 
     def add_request(self, req: AddRequest) -> None:
         if self._dead:
@@ -67,21 +77,44 @@ class FakeEngineClient:
         self._step_event.set()
 
     async def receive(self) -> StepOutputs | Heartbeat:
+        if self._beat_due and not self._dead:
+            self._beat_due = False
+            await anyio.lowlevel.checkpoint()
+            return self._heartbeat()
         while True:
             if self._dead:
                 raise EngineDeadError(self._dead)
             if self.running and (not self.gate or self._allowed > 0):
                 break
             if self.gate and self.running:
-                self._step_event = anyio.Event()
-                await self._step_event.wait()
+                self._step_event = event = anyio.Event()
             else:
-                self._wake = anyio.Event()
-                await self._wake.wait()
+                self._wake = event = anyio.Event()
+            if not self.heartbeats:
+                await event.wait()
+                continue
+            with anyio.move_on_after(self.heartbeat_interval):
+                await event.wait()
+            if not event.is_set() and not self._dead:  # idle for an interval: the heartbeat thread speaks
+                return self._heartbeat()
         if self.gate:
             self._allowed -= 1
         await anyio.lowlevel.checkpoint()
-        return StepOutputs(self._step(), time.time(), _STATS)
+        self._beat_due = self.heartbeats
+        return StepOutputs(self._step(), time.time(), self.stats)
+
+    def _heartbeat(self) -> Heartbeat:
+        beat = Heartbeat(time.time(), self.stats, 0.0)
+        self.heartbeats_sent += 1
+        sent, self._beat_sent = self._beat_sent, anyio.Event()
+        sent.set()
+        return beat
+
+    async def wait_heartbeats(self, n: int) -> None:
+        """Return once `n` heartbeats in all have been handed to the reader (which records a frame's stats
+        before it next waits, so they are recorded by the time this task runs)."""
+        while self.heartbeats_sent < n:
+            await self._beat_sent.wait()
 
     def _step(self) -> list[RequestOutput]:
         self.steps += 1

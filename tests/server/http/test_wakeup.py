@@ -64,5 +64,22 @@ async def test_a_cancelled_wait_is_forgotten() -> None:
         tg.start_soon(waiter.wait)
         await wait_all_tasks_blocked()
         tg.cancel_scope.cancel()
-    waiter.wake()  # must not touch the cancelled task (on Trio, rescheduling it would crash the run)
+    # nothing of the cancelled wait is kept: a wake has nobody to touch (on Trio, rescheduling the
+    # cancelled task would crash the run; on asyncio a kept future would swallow the next wake-up)
+    assert (waiter._task if isinstance(waiter, TrioWaiter) else waiter._future) is None  # type: ignore[union-attr]
+    waiter.wake()
     await anyio.lowlevel.checkpoint()
+    # and the waiter still works: a new wait is released by the next wake, and only by it
+    released = anyio.Event()
+
+    async def waiting() -> None:
+        await waiter.wait()
+        released.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiting)
+        await wait_all_tasks_blocked()
+        assert not released.is_set()  # the wake above, given while nobody waited, was not remembered
+        waiter.wake()
+        with anyio.fail_after(5):
+            await released.wait()

@@ -1,4 +1,5 @@
-"""AsyncLLM against the FakeEngineClient: ordering, abort-exactly-once, engine death, n > 1, admission."""
+"""AsyncLLM against the FakeEngineClient: ordering, abort-exactly-once, engine death, n > 1, admission,
+heartbeats. On Trio and asyncio (the CLI serves on either)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,16 @@ from typing import Any
 import anyio
 import pytest
 
-from engine.messages import AddRequest, SamplingParams
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine.messages import AddRequest, EngineStats, SamplingParams
 from engine.models.hf_tokenizer import load_tokenizer
 from server.pipeline.admission import Admission
 from server.app import detokenizer_factory
 from server.pipeline.async_llm import AsyncLLM
 from server.http.errors import APIError
 from server.pipeline.input_processor import GenerationSpec, OutputKind
+from server.metrics import ServerMetrics
 from fake_engine import FakeEngineClient
 
 pytestmark = pytest.mark.anyio
@@ -23,6 +27,11 @@ TOK = load_tokenizer("qwen2")
 TEXT = "The quick brown fox jumps over the lazy dog, and then it sleeps."
 GEN = TOK.encode(TEXT).ids
 PROMPT = TOK.encode("Tell me a story:").ids
+
+
+@pytest.fixture(params=["trio", "asyncio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 def spec(rid: str, *, n: int = 1, stop: tuple[str, ...] = (), kind: OutputKind = OutputKind.DELTA,
@@ -144,3 +153,51 @@ async def test_registered_before_sent() -> None:
     async with running(fake) as llm:
         got = await collect(llm, [spec("e")])
     assert "".join(o.text for o in got[0]) == TOK.decode(GEN[:3])
+
+
+def samples(metrics: ServerMetrics) -> dict[str, float]:
+    """name -> value of every sample in the /metrics text (one model, so names are unique enough here)."""
+    return {s.name: s.value for family in text_string_to_metric_families(metrics.render().decode())
+            for s in family.samples if "finished_reason" not in s.labels and "reason" not in s.labels}
+
+
+async def test_heartbeats_update_stats_and_leave_outputs_alone() -> None:
+    fake = FakeEngineClient(lambda req: GEN * 50, gate=True, heartbeats=True)
+    metrics = ServerMetrics("tiny")
+    async with running(fake, metrics=metrics) as llm:
+        # Idle: only heartbeats arrive, and they carry the engine's stats into the metrics.
+        fake.stats = EngineStats(num_running=3, num_waiting=2, num_used_blocks=25, num_total_blocks=100,
+                                 num_preemptions=4, prefix_cache_queries=50, prefix_cache_hits=20)
+        await fake.wait_heartbeats(fake.heartbeats_sent + 1)
+        assert fake.steps == 0
+        got = samples(metrics)
+        assert (got["spindle_num_requests_running"], got["spindle_num_requests_waiting"]) == (3, 2)
+        assert got["spindle_kv_cache_usage_perc"] == 0.25
+        assert (got["spindle_num_preemptions_total"], got["spindle_prefix_cache_queries_total"],
+                got["spindle_prefix_cache_hits_total"]) == (4, 50, 20)
+        # The same cumulative counts again count nothing again; newer ones add only the difference.
+        await fake.wait_heartbeats(fake.heartbeats_sent + 2)
+        assert samples(metrics)["spindle_num_preemptions_total"] == 4
+        fake.stats = EngineStats(1, 0, 10, 100, 5, 80, 30)
+        await fake.wait_heartbeats(fake.heartbeats_sent + 1)
+        got = samples(metrics)
+        assert (got["spindle_num_requests_running"], got["spindle_num_requests_waiting"]) == (1, 0)
+        assert (got["spindle_num_preemptions_total"], got["spindle_prefix_cache_queries_total"],
+                got["spindle_prefix_cache_hits_total"]) == (5, 80, 30)
+
+        # A running request that the engine does not step: heartbeats reach no consumer.
+        async with llm.generate([spec("g")]) as outputs:
+            await fake.wait_heartbeats(fake.heartbeats_sent + 3)
+            assert outputs.poll() is None and llm.dead is None
+
+        # A stream with a heartbeat after every step: the same outputs as without heartbeats.
+        fake.gate = False
+        beats, steps = fake.heartbeats_sent, fake.steps
+        got_outputs = await collect(llm, [spec("h", max_tokens=len(GEN))])
+        assert fake.steps - steps == len(GEN)  # one token per step
+        assert fake.heartbeats_sent - beats >= len(GEN) - 1  # one after every step (the last one's may be later)
+        assert llm.dead is None
+    assert "".join(o.text for o in got_outputs[0]) == TEXT
+    assert [t for o in got_outputs[0] for t in o.token_ids] == GEN
+    assert [o.finish_reason for o in got_outputs[0]] == [None] * (len(got_outputs[0]) - 1) + ["length"]
+    assert fake.aborted == ["g"]

@@ -1,4 +1,4 @@
-"""The output processor with the real Qwen2 tokenizer and the real incremental detokenizer."""
+"""The output processor with the real Qwen2 tokenizer and the real incremental detokenizer, on Trio and asyncio."""
 
 from __future__ import annotations
 
@@ -18,6 +18,11 @@ from server.pipeline.output_processor import Collector, Output, OutputProcessor,
 pytestmark = pytest.mark.anyio
 STATS = EngineStats(0, 0, 0, 1, 0, 0, 0)
 TEXT = "Grüße, 世界! The quick brown fox jumps over the lazy dog. 🦊🐶 done"
+
+
+@pytest.fixture(params=["trio", "asyncio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")

@@ -178,9 +178,24 @@ async def test_giant_values_fail_fast(qwen: Renderer) -> None:
 
 
 async def _all_workers_up(renderer: Renderer, n: int) -> None:
-    with anyio.fail_after(30):  # replacements for workers killed by earlier tests start in the background
-        while len(renderer.worker_pids) < n:
-            await anyio.sleep(0.02)
+    """Until `n` workers are started, ready and free. Replacements for workers killed by earlier tests start
+    in the background; the pool handing a ready worker to its idle queue wakes this (an event, no polling).
+    (`worker_pids` would not do: a worker is listed from its spawn on, before it is ready.)"""
+    pool = renderer._pool
+    handed_over = anyio.Event()
+
+    def release(worker: Any, _release: Any = pool._release) -> None:
+        _release(worker)
+        handed_over.set()
+
+    pool._release = release  # type: ignore[method-assign]
+    try:
+        with anyio.fail_after(30):
+            while pool._idle_recv.statistics().current_buffer_used < n:
+                await handed_over.wait()
+                handed_over = anyio.Event()
+    finally:
+        del pool._release
 
 
 async def test_template_over_the_memory_cap_leaves_the_worker_usable(qwen: Renderer) -> None:
@@ -234,9 +249,16 @@ async def test_cancelled_requests_leave_workers_in_sync(qwen: Renderer) -> None:
     for _ in range(2):
         assert await qwen.encode(probe, add_special_tokens=False) == fast("qwen2").encode(probe).ids
     assert set(qwen.worker_pids) == pids  # drained, not killed
-    with anyio.move_on_after(0.1):
+    with anyio.move_on_after(0.1) as scope:
         await qwen.render_chat(CHATS[0], chat_template=RUNAWAY)
+    assert scope.cancelled_caught
+    # The caller left but the render runs on: its worker is killed at the render's deadline, not reused.
+    with anyio.fail_after(TIMEOUT + 10):
+        while all(_alive(p) for p in pids):
+            await anyio.sleep(0.02)  # observing other processes: no event to wait on
     assert await qwen.decode([14990, 1879] * 300) == "hello world" * 300
+    await _all_workers_up(qwen, 2)
+    assert len(pids - set(qwen.worker_pids)) == 1  # that one worker only, replaced
 
 
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
@@ -266,6 +288,12 @@ def _tiny_tokenizer_dir(path: Path) -> Path:
     path.mkdir()
     tok.save(str(path / "tokenizer.json"))
     return path
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time process `pid` has used (/proc/PID/stat fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _alive(pid: int) -> bool:
@@ -336,7 +364,13 @@ def test_workers_exit_when_the_server_is_killed(tmp_path: Path, anyio_backend: s
     assert proc.stdout is not None
     pids = [int(p) for p in proc.stdout.readline().split()]
     assert len(pids) == 2 and all(_alive(p) for p in pids)
-    time.sleep(0.3)  # one worker is now deep in the runaway render
+    # Ready workers sit idle; one is deep in the runaway render once it has burnt CPU since (observed in
+    # /proc, the other processes' state: no event reaches this one).
+    idle = {p: _cpu_seconds(p) for p in pids}
+    deadline = time.monotonic() + 30
+    while max(_cpu_seconds(p) - idle[p] for p in pids) < 0.2:
+        assert time.monotonic() < deadline, "no worker started the runaway render"
+        time.sleep(0.02)
     proc.kill()  # no cleanup runs: the workers must notice on their own
     proc.wait()
     deadline = time.monotonic() + 10

@@ -1,0 +1,1 @@
+"""Anthropic's routes: /v1/messages and /v1/messages/count_tokens, a translation layer over the chat path."""

@@ -1,0 +1,175 @@
+"""An Anthropic Messages request -> the chat path's ChatCompletionRequest (messages and tools in the shape chat
+templates take), and the pipeline's finish -> Anthropic's stop_reason.
+
+Everything a field asks for is either honoured or refused with a 400 naming it; nothing semantic is dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from server.http.errors import APIError, bad_request, from_decode_error
+from server.protocol.anthropic import (
+    CountTokensRequest, ImageBlock, InputMessage, MessagesRequest, TextBlock, ThinkingBlock, Tool, ToolResultBlock,
+    ToolUseBlock,
+)
+from server.protocol.openai import ChatCompletionRequest
+
+NO_IMAGES = "images are not supported yet: this server serves a text-only model; send text content"
+_ERROR_PREFIX = "Error: "  # a failed tool result is marked in its text: templates have no is_error field
+
+
+def decode_error(error: msgspec.DecodeError) -> APIError:
+    """The shared 400 for a malformed body, pointing at Anthropic's reference rather than OpenAI's."""
+    e = from_decode_error(error)
+    e.message = e.message.replace("the OpenAI API reference", "the Anthropic Messages API reference")
+    return e
+
+
+def _texts(blocks: list[TextBlock | ImageBlock], param: str) -> str:
+    parts = []
+    for j, block in enumerate(blocks):
+        if isinstance(block, ImageBlock):
+            raise bad_request(f"{param}[{j}]: {NO_IMAGES}.", f"{param}[{j}]")
+        parts.append(block.text)
+    return "\n".join(parts)  # as the OpenAI route joins text parts (server/render/renderer.py)
+
+
+def system_text(system: str | list[TextBlock] | None) -> str | None:
+    if system is None or isinstance(system, str):
+        return system
+    return "\n".join(block.text for block in system)
+
+
+def _tool_result(block: ToolResultBlock, names: dict[str, str], param: str) -> dict[str, Any]:
+    content = block.content
+    text = "" if content is None else content if isinstance(content, str) else _texts(content, f"{param}.content")
+    if block.is_error:
+        text = _ERROR_PREFIX + text
+    message: dict[str, Any] = {"role": "tool", "tool_call_id": block.tool_use_id, "content": text}
+    if block.tool_use_id in names:  # some templates print the tool's name with its result
+        message["name"] = names[block.tool_use_id]
+    return message
+
+
+def _user(i: int, message: InputMessage, names: dict[str, str]) -> list[dict[str, Any]]:
+    """One user turn -> tool messages for its tool_result blocks and user messages for its text, in order."""
+    out: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for j, block in enumerate(message.content):
+        param = f"messages[{i}].content[{j}]"
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        elif isinstance(block, ToolResultBlock):
+            if texts:
+                out.append({"role": "user", "content": "\n".join(texts)})
+                texts = []
+            out.append(_tool_result(block, names, param))
+        elif isinstance(block, ImageBlock):
+            raise bad_request(f"{param}: {NO_IMAGES}.", param)
+        else:
+            kind = "tool_use" if isinstance(block, ToolUseBlock) else "thinking"
+            raise bad_request(f"{param}: a {kind} block may only appear in an assistant message.", param)
+    if texts or not out:
+        out.append({"role": "user", "content": "\n".join(texts)})
+    return out
+
+
+def _assistant(i: int, message: InputMessage, names: dict[str, str]) -> dict[str, Any]:
+    """One assistant turn -> one message: text, tool_calls (arguments as objects, as templates expect) and
+    reasoning_content from thinking blocks."""
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    thinking: list[str] = []
+    for j, block in enumerate(message.content):
+        param = f"messages[{i}].content[{j}]"
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        elif isinstance(block, ToolUseBlock):
+            names[block.id] = block.name
+            calls.append({"id": block.id, "type": "function",
+                          "function": {"name": block.name, "arguments": block.input}})
+        elif isinstance(block, ThinkingBlock):
+            thinking.append(block.thinking)
+        elif isinstance(block, ImageBlock):
+            raise bad_request(f"{param}: {NO_IMAGES}.", param)
+        else:
+            raise bad_request(f"{param}: a tool_result block may only appear in a user message.", param)
+    out: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}  # "" rather than none: templates
+    if calls:                                                                 # concatenate content
+        out["tool_calls"] = calls
+    if thinking:
+        out["reasoning_content"] = "\n".join(thinking)
+    return out
+
+
+def chat_messages(req: CountTokensRequest) -> list[dict[str, Any]]:
+    """Anthropic's system + messages -> the chat template's messages (system, user, assistant, tool)."""
+    if not req.messages:
+        raise bad_request("messages must hold at least one message.", "messages")
+    out: list[dict[str, Any]] = []
+    system = system_text(req.system)
+    if system is not None:
+        out.append({"role": "system", "content": system})
+    names: dict[str, str] = {}  # tool_use id -> tool name, for the tool messages that answer it
+    for i, message in enumerate(req.messages):
+        if isinstance(message.content, str):
+            out.append({"role": message.role, "content": message.content})
+        elif message.role == "user":
+            out.extend(_user(i, message, names))
+        else:
+            out.append(_assistant(i, message, names))
+    return out
+
+
+def _tool(i: int, tool: Tool) -> dict[str, Any]:
+    if tool.type not in (None, "custom"):
+        raise bad_request(f"tools[{i}]: server tools ({tool.type!r}) are not supported; define a custom tool with "
+                          "name, description and input_schema.", f"tools[{i}]")
+    if tool.input_schema is None:
+        raise bad_request(f"tools[{i}].input_schema is required.", f"tools[{i}].input_schema")
+    function: dict[str, Any] = {"name": tool.name, "parameters": tool.input_schema}
+    if tool.description is not None:
+        function["description"] = tool.description
+    return {"type": "function", "function": function}
+
+
+def chat_tools(req: CountTokensRequest) -> list[dict[str, Any]] | None:
+    """Tools in OpenAI's function shape, which chat templates take; forced tool use is refused."""
+    choice = req.tool_choice
+    if choice is not None and choice.type in ("any", "tool"):
+        raise bad_request(f"tool_choice {choice.type!r} (forced tool use) is not supported yet: this server cannot "
+                          "constrain output to a tool call; use \"auto\" or \"none\".", "tool_choice")
+    if req.thinking is not None and req.thinking.type != "disabled":
+        raise bad_request("extended thinking is not supported yet; leave thinking out or set its type to "
+                          "\"disabled\".", "thinking")
+    return [_tool(i, t) for i, t in enumerate(req.tools)] if req.tools else None
+
+
+def chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
+    """The chat request the chat path renders, checks and builds the engine request from.
+
+    A final assistant message is a prefill: the answer continues it, as Anthropic's API does.
+    """
+    messages = chat_messages(req)
+    prefill = req.messages[-1].role == "assistant"
+    chat = ChatCompletionRequest(model=req.model, messages=messages, tools=chat_tools(req),
+                                 add_generation_prompt=not prefill, continue_final_message=prefill)
+    if isinstance(req, MessagesRequest):
+        chat.max_tokens = req.max_tokens
+        chat.stop = req.stop_sequences
+        chat.temperature, chat.top_p, chat.top_k = req.temperature, req.top_p, req.top_k
+        chat.stream = req.stream
+    return chat
+
+
+def stop_reason(finish_reason: str | None, matched: int | str | None) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence): the pipeline's Output carries the matched stop string as its stop_reason
+    (a stop token id is an int: a natural end)."""
+    if finish_reason == "length":
+        return "max_tokens", None
+    if finish_reason == "stop" and isinstance(matched, str):
+        return "stop_sequence", matched
+    return "end_turn", None
