@@ -3,7 +3,7 @@ while a ~1M-character prompt is tokenized.
 
     python -m bench.responsiveness [--model DIR] [--worker-class trio|asyncio|uvloop] [--streams 64]
         [--num-requests 128] [--output-len 128] [--tokenize-chars 1000000] [--tokenize-reps 3]
-        [--probe-interval-ms 10] [--child-nice N] [--port 8421]
+        [--probe-interval-ms 10] [--child-nice N [--child-policy other|batch]] [--port 8421]
     python -m bench.responsiveness --url http://127.0.0.1:8000 --server-pid PID    (attach: no loop lag)
 
 Without --url it starts a real server (`python -m server`, the demo checkpoint unless --model) through a thin
@@ -23,9 +23,9 @@ how much of the phase the API process's main thread spent waiting for a CPU (run
 share of that wait inside the slowest 1% of probes: that says whether a slow probe was the loop being busy or
 the OS running something else (the engine's threads, a render worker, the clients) on both cores.
 
---child-nice N sets every thread of the engine and the render workers to nice N and SCHED_OTHER after
-startup: an A/B switch against the priorities they set themselves, in one session (going below the nice
-they start with needs CAP_SYS_NICE, i.e. root here).
+--child-nice N [--child-policy other|batch] sets every thread of the engine and the render workers to nice N
+and that scheduling policy after startup: an A/B switch against the priorities they set themselves, in one
+session (going below the nice they start with needs CAP_SYS_NICE, i.e. root here).
 """
 
 from __future__ import annotations
@@ -101,11 +101,12 @@ def children(pid: int) -> dict[str, list[int]]:
     return out
 
 
-def set_nice(pid: int, nice: int) -> None:
+def set_priority(pid: int, nice: int, policy: str) -> None:
+    """Every thread of `pid` to `nice` and SCHED_OTHER / SCHED_BATCH (Linux nice and policy are per thread)."""
     for tid in thread_ids(pid):
         try:
-            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-            os.setpriority(os.PRIO_PROCESS, tid, nice)  # a tid: this one thread (Linux nice is per thread)
+            os.sched_setscheduler(tid, os.SCHED_BATCH if policy == "batch" else os.SCHED_OTHER, os.sched_param(0))
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
         except ProcessLookupError:
             pass
 
@@ -121,6 +122,8 @@ def pct(xs: list[float], p: float) -> float:
 
 def _serve_with_ticker(argv: list[str]) -> int:
     """`python -m server ARGV` with a 10 ms ticker on its event loop, writing "monotonic_ns lag_us" lines."""
+    import threading
+
     import anyio
 
     import server.cli
@@ -129,12 +132,16 @@ def _serve_with_ticker(argv: list[str]) -> int:
     path = os.environ["SPINDLE_BENCH_LAG_FILE"]
 
     async def ticker() -> None:
+        # this (the loop's) thread's schedstat: how much of each tick's lateness it spent runnable, not running
+        fd = os.open(f"/proc/self/task/{threading.get_native_id()}/schedstat", os.O_RDONLY)
         with open(path, "w", buffering=1) as out:  # line-buffered: one write per tick, read while we run
             while True:
+                w0 = int(os.pread(fd, 100, 0).split()[1])
                 t = time.perf_counter()
                 await anyio.sleep(0.01)
                 late = time.perf_counter() - t - 0.01
-                out.write(f"{time.monotonic_ns()} {late * 1e6:.0f}\n")
+                w1 = int(os.pread(fd, 100, 0).split()[1])
+                out.write(f"{time.monotonic_ns()} {late * 1e6:.0f} {(w1 - w0) / 1e3:.0f}\n")
 
     async def serve(config: Any, engine_factory: Any = None) -> int:
         async with anyio.create_task_group() as tg:
@@ -143,17 +150,17 @@ def _serve_with_ticker(argv: list[str]) -> int:
             tg.cancel_scope.cancel()
         return code
 
-    server.cli.serve = serve  # type: ignore[assignment]  # run_server looks it up at call time
+    server.cli.serve = serve  # run_server looks it up at call time
     return server.cli.main(argv)
 
 
-def read_lag(path: Path, t0: int, t1: int) -> list[float]:
-    """Loop lag samples (ms) whose tick ended within [t0, t1] (monotonic ns)."""
+def read_lag(path: Path, t0: int, t1: int) -> list[tuple[float, float]]:
+    """(loop lag ms, of which the loop's thread waited for a CPU ms) per tick that ended within [t0, t1]."""
     out = []
     for line in path.read_text().splitlines():
         parts = line.split()
-        if len(parts) == 2 and t0 <= int(parts[0]) <= t1:
-            out.append(int(parts[1]) / 1000)
+        if len(parts) == 3 and t0 <= int(parts[0]) <= t1:
+            out.append((int(parts[1]) / 1000, int(parts[2]) / 1000))
     return out
 
 
@@ -165,7 +172,12 @@ def _probe(port: int, interval_ms: float, api_pid: int) -> int:
     import threading
 
     stop = threading.Event()
-    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+
+    def watch_stdin() -> None:
+        sys.stdin.read()
+        stop.set()
+
+    threading.Thread(target=watch_stdin, daemon=True).start()
     fd = os.open(f"/proc/{api_pid}/task/{api_pid}/schedstat", os.O_RDONLY) if api_pid else -1
 
     def wait_ns() -> int:
@@ -181,13 +193,22 @@ def _probe(port: int, interval_ms: float, api_pid: int) -> int:
         w0 = wait_ns()
         t0 = time.monotonic_ns()
         try:
-            if sock is None:
-                sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                t0 = time.monotonic_ns()  # the connect is not the server's latency
-                w0 = wait_ns()
-            sock.sendall(req)
-            status = int(_read_response(sock).split(b" ", 2)[1])
+            for attempt in range(2):
+                if sock is None:
+                    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    t0 = time.monotonic_ns()  # the connect is not the server's latency
+                    w0 = wait_ns()
+                try:
+                    sock.sendall(req)
+                    status = int(_read_response(sock).split(b" ", 2)[1])
+                    break
+                except (_Closed, ConnectionResetError, BrokenPipeError):
+                    # Hypercorn closes a keep-alive connection after 1000 requests: reconnect, once
+                    sock.close()
+                    sock = None
+                    if attempt:
+                        raise
         except OSError as e:
             print(f"probe: {type(e).__name__}: {e}", file=sys.stderr)
             if sock is not None:
@@ -271,13 +292,17 @@ def run_streams(port: int, model: str, concurrency: int, num_requests: int, inpu
     return done, tokens, time.perf_counter() - t0
 
 
+class _Closed(ConnectionError):
+    pass
+
+
 def _read_response(sock: socket.socket) -> bytes:
     """One HTTP/1.1 response with a content-length (the server keeps the connection open)."""
     raw = b""
     while b"\r\n\r\n" not in raw:
         chunk = sock.recv(1 << 20)
         if not chunk:
-            raise ConnectionError("the server closed the connection")
+            raise (_Closed if not raw else ConnectionError)("the server closed the connection")
         raw += chunk
     head, body = raw.split(b"\r\n\r\n", 1)
     m = re.search(rb"content-length: *(\d+)", head, re.I)
@@ -349,15 +374,20 @@ class Phase:
         return {k: ((s1[k][0] - self.s0[k][0]) / dt, (s1[k][1] - self.s0[k][1]) / dt) for k in s1}
 
 
-def report(name: str, probes: list[tuple[int, float, float, int]], lag: list[float] | None,
+def report(name: str, probes: list[tuple[int, float, float, int]], lag: list[tuple[float, float]] | None,
            cpu: dict[str, tuple[float, float]], extra: str = "") -> None:
     lat = [p[1] for p in probes if p[3] == 200]
     bad = sum(1 for p in probes if p[3] != 200)
     line = (f"{name:10s} probes {len(lat):5d}{f' ({bad} failed)' if bad else ''}  /health ms p50 {pct(lat, 50):6.2f} "
             f"p99 {pct(lat, 99):6.2f} max {max(lat, default=float('nan')):6.2f}")
     if lag is not None:
-        line += f"  | loop lag ms p50 {pct(lag, 50):5.2f} p99 {pct(lag, 99):6.2f} max {max(lag, default=0):6.2f}"
+        late = [x for x, _ in lag]
+        line += f"  | loop lag ms p50 {pct(late, 50):5.2f} p99 {pct(late, 99):6.2f} max {max(late, default=0):6.2f}"
     print(line)
+    if lag:
+        busy = [max(x - w, 0.0) for x, w in lag]  # lateness not explained by waiting for a CPU: the loop was busy
+        print(f"{'':10s} loop lag less the loop thread's CPU wait (the loop busy) ms: p50 {pct(busy, 50):5.2f} "
+              f"p99 {pct(busy, 99):6.2f} max {max(busy):6.2f}")
     if lat:
         cut = pct(lat, 99)
         slow = [p for p in probes if p[3] == 200 and p[1] >= cut]
@@ -421,7 +451,7 @@ def run(args: argparse.Namespace) -> None:
         kids = children(api_pid) if api_pid else {"engine": [], "worker": []}
         if args.child_nice is not None:
             for p in kids["engine"] + kids["worker"]:
-                set_nice(p, args.child_nice)
+                set_priority(p, args.child_nice, args.child_policy)
         model = _get_json(port, "/v1/models")["data"][0]["id"]
         print(f"model {model}  worker-class {args.worker_class if not args.url else '?'}  "
               f"probe every {args.probe_interval_ms} ms  load avg {open('/proc/loadavg').read().split()[0]}")
@@ -431,7 +461,7 @@ def run(args: argparse.Namespace) -> None:
         text = long_text(args.tokenize_chars)
         tokenize_once(port, text[:100_000])  # warm the worker
 
-        def lag(t0: int, t1: int) -> list[float] | None:
+        def lag(t0: int, t1: int) -> list[tuple[float, float]] | None:
             return read_lag(lag_file, t0, t1) if lag_file is not None else None
 
         # idle
@@ -501,7 +531,9 @@ def main() -> int:
     ap.add_argument("--probe-interval-ms", type=float, default=10.0)
     ap.add_argument("--idle-s", type=float, default=2.0)
     ap.add_argument("--child-nice", type=int, default=None,
-                    help="set the engine's and workers' threads to this nice (SCHED_OTHER) after startup")
+                    help="set the engine's and workers' threads to this nice after startup (an A/B switch)")
+    ap.add_argument("--child-policy", default="other", choices=["other", "batch"],
+                    help="with --child-nice: SCHED_OTHER or SCHED_BATCH")
     run(ap.parse_args())
     return 0
 

@@ -3,8 +3,8 @@
 
 Keys are compared in constant time: the presented token and every key are hashed to equal-length digests
 and all keys are compared (no early exit), so neither a key's length nor its prefix leaks through timing.
-A refusal is a 401 with `WWW-Authenticate: Bearer`, in the OpenAI error shape, or in Anthropic's for its routes
-and its clients (an `anthropic-version` header).
+A refusal is a 401 with `WWW-Authenticate: Bearer`, in the OpenAI error shape, or in Anthropic's for a client
+that speaks Anthropic's API (it sends `anthropic-version`, which that API requires, or `x-api-key`).
 
 Keys are compared as bytes: a configured key as its UTF-8 bytes (argv and environment bytes that are not
 UTF-8 come back as they were given), the header as the bytes the client sent. So a non-ASCII key works
@@ -23,7 +23,6 @@ from server.http.errors import APIError
 from server.protocol.anthropic import error_body
 
 _SCHEME = b"bearer "
-_ANTHROPIC_PATHS = ("/v1/messages",)  # Anthropic's SDK reads errors only in its own shape
 
 
 def _key_bytes(key: str) -> bytes:
@@ -76,14 +75,16 @@ class APIKeyAuth:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket") and scope["path"] not in self._public:
-            if not self.allowed(_header(scope, b"authorization"), _header(scope, b"x-api-key")):
+            x_api_key = _header(scope, b"x-api-key")
+            if not self.allowed(_header(scope, b"authorization"), x_api_key):
                 if scope["type"] == "websocket":
                     await send({"type": "websocket.close", "code": 1008})
                     return
                 error = APIError("Invalid or missing API key; send `Authorization: Bearer <key>` or `x-api-key: <key>` "
                                  "with a key given to the server's --api-key.", status=401)
                 challenge = [(b"www-authenticate", b"Bearer")]
-                if scope["path"].startswith(_ANTHROPIC_PATHS) or _header(scope, b"anthropic-version") is not None:
+                # an Anthropic client (by its headers, not the route: the transport knows no routes) reads its own shape
+                if x_api_key is not None or _header(scope, b"anthropic-version") is not None:
                     await send_json(send, 401, error_body(401, error.message), challenge)
                 else:
                     await send_error(send, error, challenge)

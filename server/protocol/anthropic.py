@@ -66,6 +66,11 @@ class ThinkingConfig(msgspec.Struct, kw_only=True):
     budget_tokens: Int64 | None = None
 
 
+class OutputConfig(msgspec.Struct, kw_only=True):
+    format: dict[str, Any] | None = None  # structured outputs: refused until constrained decoding exists
+    effort: str | None = None  # a hint for how hard to think: no knob here, accepted
+
+
 class CountTokensRequest(msgspec.Struct, kw_only=True):
     """What shapes the prompt: the fields /v1/messages/count_tokens takes."""
 
@@ -75,6 +80,7 @@ class CountTokensRequest(msgspec.Struct, kw_only=True):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None
 
 
 class MessagesRequest(CountTokensRequest, kw_only=True):

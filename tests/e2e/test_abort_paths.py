@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import random
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -84,17 +86,64 @@ async def test_half_of_100_streams_disconnect(server: Server) -> None:
 
 
 async def test_nonstream_disconnect_aborts(server: Server) -> None:
+    # n choices of 1000 tokens each (the prompt is 1 token of max_model_len 1024): on CPU this takes many
+    # seconds to finish on its own (about 30 s on a 2-core box), far longer than the 2 s the engine gets below
+    # to go idle; only the abort the disconnect causes ends it in time.
+    n = 16
+    await wait_engine_idle(server)  # the shared server runs nothing else: what runs next is this request
+    aborted_before = server.metric("spindle_request_success_total", 'finished_reason="abort"')
     async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
-        with anyio.move_on_after(0.5):
-            await client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 900,
-                                                       "ignore_eos": True})
-    await wait_engine_idle(server)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: client.post("/v1/completions", json={
+                "model": "tiny", "prompt": "x", "n": n, "max_tokens": 1000, "ignore_eos": True}))
+            with anyio.fail_after(20):  # disconnect once the engine runs every choice (another process: polled)
+                while server.metric("spindle_num_requests_running") < n:
+                    await anyio.sleep(0.02)
+            tg.cancel_scope.cancel()  # the client gives up: its connection closes
+    await wait_engine_idle(server, timeout=2)
+    aborted = server.metric("spindle_request_success_total", 'finished_reason="abort"') - aborted_before
+    assert aborted == n
+
+
+class HeldRequest:
+    """A POST /v1/completions whose body is held back, to see what the server answers at a later moment.
+
+    An engine death stops the CLI at once: the listener closes in the same instant the engine is marked
+    dead, so a new /health connection is refused rather than answered 503. But Hypercorn finishes the
+    requests it has started (its graceful stop), so a request started before and completed after the death
+    is answered then, through `AppState.require`, the check /health makes. `Expect: 100-continue` makes the
+    server say when it has parsed the head: from then on the request counts as started.
+    """
+
+    BODY = b'{"model": "tiny", "prompt": "x", "max_tokens": 1}'
+
+    def __init__(self, server: Server) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        self.sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(self.BODY))
+        head = b""
+        while not head.endswith(b"\r\n\r\n"):
+            chunk = self.sock.recv(1)
+            assert chunk, f"connection closed after {head!r}"
+            head += chunk
+        assert head.startswith(b"HTTP/1.1 100 "), head
+
+    def finish(self) -> tuple[int, str]:
+        """Send the body; the status and body of the answer."""
+        try:
+            self.sock.sendall(self.BODY)
+            response = http.client.HTTPResponse(self.sock)
+            response.begin()
+            return response.status, response.read().decode()
+        finally:
+            self.sock.close()
 
 
 async def test_engine_sigkill_errors_every_stream(qwen2_ckpt: Path, tmp_path: Path) -> None:
     srv = start_server(qwen2_ckpt, tmp_path)
     try:
         engine_pid = srv.engine_pid()
+        held = HeldRequest(srv)
         results: dict[int, tuple[float, list[str]]] = {}
         started = anyio.Event()
         n_started = 0
@@ -130,11 +179,10 @@ async def test_engine_sigkill_errors_every_stream(qwen2_ckpt: Path, tmp_path: Pa
         for t, evs in results.values():
             assert t - killed_at < 2.0
             assert evs[-1] == "[DONE]" and "error" in json.loads(evs[-2])
-        # /health says 503 while the server winds down, then it exits non-zero for a supervisor
-        try:
-            assert httpx.get(f"{srv.url}/health", timeout=2).status_code == 503
-        except httpx.TransportError:
-            pass
+        # while the server winds down, a request it is serving gets 503 (the engine is gone), and it exits
+        # non-zero for a supervisor
+        status, body = held.finish()
+        assert status == 503 and "engine core died" in json.loads(body)["error"]["message"], (status, body)
         assert srv.proc.wait(30) != 0
     finally:
         srv.stop()

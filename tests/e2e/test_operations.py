@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import Server, free_port, wait_healthy
+from tests.e2e.test_abort_paths import HeldRequest
 
 pytestmark = pytest.mark.anyio
 
@@ -189,17 +190,27 @@ def test_engine_hang_turns_health_503_and_exits_nonzero(fleet: dict[str, Launche
     srv = fleet["heartbeat"].server
     engine = srv.engine_pid()
     assert httpx.get(f"{srv.url}/health").status_code == 200
+    held = HeldRequest(srv)  # started now, answered once the engine counts as dead
     os.kill(engine, signal.SIGSTOP)
+    stopped = time.monotonic()
     try:
-        deadline = time.monotonic() + 20
-        while srv.proc.poll() is None:
+        # /health stays 200 while the silence is shorter than the heartbeat timeout (3 s), though the pid
+        # lives on. At the timeout the engine is marked dead and the server stops listening in the same
+        # instant: a new /health connection is then refused (a 503 only if it slipped into that instant).
+        while True:
             try:
-                if httpx.get(f"{srv.url}/health", timeout=2).status_code == 503:
+                if httpx.get(f"{srv.url}/health", timeout=2).status_code != 200:
                     break
             except httpx.TransportError:
                 break
-            assert time.monotonic() < deadline, "/health stayed 200 with a silent engine"
+            assert time.monotonic() - stopped < 20, "/health stayed 200 with a silent engine"
             time.sleep(0.05)
+        assert time.monotonic() - stopped > 2.0, "/health changed before the heartbeat timeout"
+        # The server, still alive and winding down, answers the request it had started with the 503 /health
+        # gives: the engine is dead for want of a heartbeat.
+        status, body = held.finish()
+        assert status == 503, (status, body)
+        assert "no frame from the engine for 3 s" in json.loads(body)["error"]["message"], body
         assert srv.proc.wait(30) != 0  # a supervisor restarts it
         wait_gone(engine, 5)
     finally:

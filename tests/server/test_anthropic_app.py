@@ -128,13 +128,13 @@ def test_x_api_key_and_anthropic_shaped_401s() -> None:
         url = running.url + "/v1/messages"
         assert httpx.post(url, json=HI, headers={"x-api-key": "sekret"}).status_code == 200
         assert httpx.post(url, json=HI, headers={"Authorization": "Bearer sekret"}).status_code == 200
-        for headers in ({}, {"x-api-key": "wrong"}, {"Authorization": "Bearer wrong"}):
+        version = {"anthropic-version": "2023-06-01"}  # Anthropic's API requires it: its clients always send it
+        for headers in (version, {"x-api-key": "wrong"}, {"Authorization": "Bearer wrong", **version}):
             r = httpx.post(url, json=HI, headers=headers)
-            assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+            assert r.status_code == 401 and r.json() == {"type": "error", "error": {
+                "type": "authentication_error", "message": r.json()["error"]["message"]}}
         r = httpx.post(running.url + "/v1/completions", json={"prompt": "Hi"})
-        assert r.status_code == 401 and r.json()["error"]["code"] == 401  # OpenAI's shape off the Anthropic routes
-        r = httpx.get(running.url + "/v1/models", headers={"anthropic-version": "2023-06-01"})
-        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"  # an Anthropic client
+        assert r.status_code == 401 and r.json()["error"]["code"] == 401  # OpenAI's shape for OpenAI's clients
         models = httpx.get(running.url + "/v1/models", headers={"x-api-key": "sekret"})
         assert models.status_code == 200
     finally:

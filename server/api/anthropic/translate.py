@@ -136,15 +136,22 @@ def _tool(i: int, tool: Tool) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
-def chat_tools(req: CountTokensRequest) -> list[dict[str, Any]] | None:
-    """Tools in OpenAI's function shape, which chat templates take; forced tool use is refused."""
+def refuse_unsupported(req: CountTokensRequest) -> None:
+    """400 for what asks for behaviour this server lacks (constrained decoding, thinking on demand)."""
     choice = req.tool_choice
     if choice is not None and choice.type in ("any", "tool"):
         raise bad_request(f"tool_choice {choice.type!r} (forced tool use) is not supported yet: this server cannot "
                           "constrain output to a tool call; use \"auto\" or \"none\".", "tool_choice")
     if req.thinking is not None and req.thinking.type != "disabled":
-        raise bad_request("extended thinking is not supported yet; leave thinking out or set its type to "
-                          "\"disabled\".", "thinking")
+        raise bad_request(f"thinking of type {req.thinking.type!r} is not supported yet; leave thinking out or set "
+                          "its type to \"disabled\".", "thinking")
+    if req.output_config is not None and req.output_config.format is not None:
+        raise bad_request("structured outputs (output_config.format) are not supported yet: this server cannot "
+                          "constrain output to a schema.", "output_config.format")
+
+
+def chat_tools(req: CountTokensRequest) -> list[dict[str, Any]] | None:
+    """Tools in OpenAI's function shape, which chat templates take."""
     return [_tool(i, t) for i, t in enumerate(req.tools)] if req.tools else None
 
 
@@ -153,6 +160,7 @@ def chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
 
     A final assistant message is a prefill: the answer continues it, as Anthropic's API does.
     """
+    refuse_unsupported(req)
     messages = chat_messages(req)
     prefill = req.messages[-1].role == "assistant"
     chat = ChatCompletionRequest(model=req.model, messages=messages, tools=chat_tools(req),

@@ -18,6 +18,7 @@ from server.render.template_sandbox import render
 
 WEATHER = {"name": "get_weather", "description": "Weather for a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}
+USER = [{"role": "user", "content": "x"}]
 
 
 def decode(**body: Any) -> Any:
@@ -34,7 +35,8 @@ def refused(**body: Any) -> APIError:
 def test_sampling_fields_and_system_string_map_onto_the_chat_request() -> None:
     chat = chat_request(decode(system="be brief", messages=[{"role": "user", "content": "hi"}], stream=True,
                                stop_sequences=["\n\n", "END"], temperature=0.5, top_p=0.9, top_k=40,
-                               metadata={"user_id": "u-1"}, tool_choice={"type": "auto"}))
+                               metadata={"user_id": "u-1"}, tool_choice={"type": "auto"},
+                               thinking={"type": "disabled"}, output_config={"effort": "low"}))
     assert chat.messages == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     assert (chat.max_tokens, chat.stop, chat.temperature, chat.top_p, chat.top_k, chat.stream) == (
         5, ["\n\n", "END"], 0.5, 0.9, 40, True)
@@ -102,10 +104,13 @@ def test_a_final_assistant_message_is_a_prefill() -> None:
     ({"tool_choice": {"type": "tool", "name": "get_weather"}, "tools": [WEATHER],
       "messages": [{"role": "user", "content": "x"}]}, "forced tool use", "tool_choice"),
     ({"thinking": {"type": "enabled", "budget_tokens": 1024}, "messages": [{"role": "user", "content": "x"}]},
-     "thinking is not supported yet", "thinking"),
+     "thinking of type 'enabled' is not supported yet", "thinking"),
+    ({"thinking": {"type": "adaptive"}, "messages": USER}, "not supported yet", "thinking"),
+    ({"output_config": {"format": {"type": "json_schema", "schema": {}}}, "messages": USER},
+     "structured outputs", "output_config.format"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}], "messages": [{"role": "user", "content": "x"}]},
      "server tools", "tools[0]"),
-    ({"tools": [{"name": "f"}], "messages": [{"role": "user", "content": "x"}]}, "input_schema", "tools[0].input_schema"),
+    ({"tools": [{"name": "f"}], "messages": USER}, "input_schema", "tools[0].input_schema"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]},
      "only appear in an assistant message", "messages[0].content[0]"),
     ({"messages": [{"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t"}]}]},
