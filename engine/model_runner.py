@@ -225,6 +225,9 @@ class ModelRunner:
         # CPU (transposed head) only; a padded head's extra columns go to a fresh tensor, trimmed by the sampler
         reuse = self.model.head_transposed and self.model.lm_head.shape[1] == self.vocab_size
         out = self._logits_buffer(inputs.num_samples) if reuse else None
-        logits = self.model.compute_logits(sampled, out=out, pool=self._pool, workers=self.head_workers)
+        if inputs.num_samples:
+            logits = self.model.compute_logits(sampled, out=out, pool=self._pool, workers=self.head_workers)
+        else:  # only prompt chunks that end mid-prompt: no row samples, no LM head
+            logits = hidden.new_empty((0, self.vocab_size), dtype=torch.float32)
         prompt_logits = {i: self.model.compute_logits(hidden[r:r + n]) for i, (r, n) in inputs.prompt_rows.items()}
         return RunnerOutput(logits, prompt_logits)

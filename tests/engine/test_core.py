@@ -220,3 +220,21 @@ def test_chunked_siblings_share_only_computed_blocks(qwen2_ckpt: Path) -> None:
     outs = run(core, [(f"k{i}", p, greedy(3), 0) for i in range(3)])
     ref = hf_greedy(qwen2_ckpt, p, 3)
     assert all(tokens(outs[f"k{i}"]) == ref for i in range(3))
+
+
+def test_step_of_only_mid_prompt_chunks_samples_nothing(qwen2_ckpt: Path) -> None:
+    """A step whose every row is a prefill chunk that ends mid-prompt computes no logits (it crashed the
+    LM head's chunking before: a long prompt under a small token budget, nothing decoding beside it)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the LM head's threaded path, as in the server's engine process
+    try:
+        core = make_core(qwen2_ckpt, max_num_batched_tokens=64)
+        assert core.runner.head_workers == 2
+        prompt = prompts(core.vocab_size, seed=3, lengths=[300])[0]
+        outs = run(core, [("long", prompt, greedy(3), 0)])
+    finally:
+        torch.set_num_threads(threads)
+    assert tokens(outs["long"]) == hf_greedy(qwen2_ckpt, prompt, 3)
+    assert outs["long"][-1].finish_reason == "length"
