@@ -8,6 +8,8 @@ from typing import Any
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 SCHEDULING_POLICIES = ("fcfs", "priority")
+RUNNERS = ("generate", "pooling")
+POOLING_TYPES = ("LAST", "MEAN")
 
 
 def parse_bytes(text: str | int) -> int:
@@ -36,6 +38,9 @@ class EngineConfig:
     heartbeat_interval: float = 0.5  # seconds between heartbeats while idle
     device: str = "auto"  # auto: cuda when available, else cpu
     scheduling_policy: str = "fcfs"  # "priority": waiting requests by (priority, arrival); fcfs: by arrival
+    runner: str = "generate"  # "pooling": prefill only, one embedding per request (engine/pooler.py)
+    pooling_type: str = "LAST"  # with runner "pooling": LAST (the last token's hidden state) or MEAN
+    pooling_normalize: bool = True  # with runner "pooling": L2-normalize each embedding
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -49,6 +54,10 @@ class EngineConfig:
             raise ValueError(f"num_blocks must be at least 1, got {self.num_blocks}")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"--scheduling-policy must be fcfs or priority, not {self.scheduling_policy!r}")
+        if self.runner not in RUNNERS:
+            raise ValueError(f"--runner must be generate or pooling, not {self.runner!r}")
+        if self.pooling_type not in POOLING_TYPES:
+            raise ValueError(f"pooling_type must be one of {', '.join(POOLING_TYPES)}, not {self.pooling_type!r}")
         if self.heartbeat_interval <= 0:
             raise ValueError("heartbeat_interval must be positive")
 

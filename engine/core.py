@@ -8,14 +8,17 @@ from __future__ import annotations
 import contextlib
 import time
 
+import msgspec
+
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.messages import AddRequest, EngineStats, Ready, RequestOutput, TokenLogprobs
 from engine.model_runner import ModelRunner, one_intra_op_thread
 from engine.params import validate_params
+from engine.pooler import Pooler
 from engine.sampler import Sampler
 from engine.scheduler import RequestRefused, Scheduler
-from engine.sequence import Sequence
+from engine.sequence import ScheduledSeq, Sequence
 
 
 class EngineCore:
@@ -25,8 +28,11 @@ class EngineCore:
         self.max_model_len = self.runner.max_model_len
         self.vocab_size = self.runner.vocab_size
         self.eos_token_ids = frozenset(self.runner.eos_token_ids)
-        self.block_manager = BlockManager(self.runner.num_blocks, self.runner.block_size,
-                                          config.enable_prefix_caching)
+        # runner "pooling": one embedding per request, no tokens sampled (engine/pooler.py)
+        self.pooler = Pooler(config.pooling_type, config.pooling_normalize) if config.runner == "pooling" else None
+        # MEAN pooling reads every prompt position's hidden state: a prefix-cache hit would skip some
+        caching = config.enable_prefix_caching and not (self.pooler is not None and self.pooler.needs_all_rows)
+        self.block_manager = BlockManager(self.runner.num_blocks, self.runner.block_size, caching)
         self.scheduler = Scheduler(max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    max_model_len=self.max_model_len,
@@ -36,10 +42,20 @@ class EngineCore:
         self._prompt_logprobs: dict[str, list[TokenLogprobs | None]] = {}
 
     def ready_message(self) -> Ready:
-        return Ready(max_model_len=self.max_model_len, vocab_size=self.vocab_size,
-                     eos_token_ids=sorted(self.eos_token_ids), num_blocks=self.runner.num_blocks,
-                     block_size=self.runner.block_size, model_dtype=self.runner.model_dtype,
-                     generation_defaults=dict(self.runner.generation_defaults))
+        ready = Ready(max_model_len=self.max_model_len, vocab_size=self.vocab_size,
+                      eos_token_ids=sorted(self.eos_token_ids), num_blocks=self.runner.num_blocks,
+                      block_size=self.runner.block_size, model_dtype=self.runner.model_dtype,
+                      generation_defaults=dict(self.runner.generation_defaults))
+        if self.pooler is None:
+            return ready
+        # runner "pooling": the embedding length and the checkpoint's Matryoshka declaration (config.json)
+        from engine.models.loader import read_config, resolve_model
+
+        cfg = read_config(resolve_model(self.config.model))
+        dims = cfg.get("matryoshka_dimensions")
+        return msgspec.structs.replace(
+            ready, hidden_size=self.runner.model.args.hidden_size, is_matryoshka=bool(cfg.get("is_matryoshka")),
+            matryoshka_dimensions=[int(d) for d in dims] if isinstance(dims, list) else None)
 
     @property
     def has_work(self) -> bool:
@@ -52,8 +68,10 @@ class EngineCore:
             if bad:
                 raise RequestRefused(
                     f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
-            seq = Sequence.new(req.request_id, req.prompt_token_ids, req.params,
-                               req.arrival_time, req.priority)
+            params = req.params
+            if self.pooler is not None:  # prefill only: no output token needs room in the context
+                params = msgspec.structs.replace(params, max_tokens=0, prompt_logprobs=None)
+            seq = Sequence.new(req.request_id, req.prompt_token_ids, params, req.arrival_time, req.priority)
             self.scheduler.add(seq)  # refuses what can never fit
         except ValueError as e:
             self._pending.append(RequestOutput(req.request_id, [], finish_reason="error",
@@ -65,6 +83,8 @@ class EngineCore:
     def abort(self, request_ids: list[str]) -> None:
         for seq in self.scheduler.abort(request_ids):
             self._prompt_logprobs.pop(seq.request_id, None)
+            if self.pooler is not None:
+                self.pooler.forget(seq.request_id)
             self._pending.append(self._output(seq, [], None))
 
     def stats(self) -> EngineStats:
@@ -75,6 +95,8 @@ class EngineCore:
         batch = self.scheduler.schedule()
         if not batch:
             return outputs
+        if self.pooler is not None:
+            return outputs + self._pool_step(batch, self.pooler)
         # one intra-op thread: the LM head spreads over the runner's own threads instead
         with one_intra_op_thread() if self.runner.device.type == "cpu" else contextlib.nullcontext():
             result = self.runner.execute(batch)
@@ -98,6 +120,20 @@ class EngineCore:
         self.scheduler.update(batch)
         for seq in finished:
             self.scheduler.finish(seq, seq.finish_reason or "stop")
+        return outputs
+
+    def _pool_step(self, batch: list[ScheduledSeq], pooler: Pooler) -> list[RequestOutput]:
+        """Runner "pooling": prefill; a request whose prompt is done gets its embedding and frees its blocks."""
+        with one_intra_op_thread() if self.runner.device.type == "cpu" else contextlib.nullcontext():
+            hidden = self.runner.execute_pooling(batch, pooler.needs_all_rows)
+            done = pooler.pool(batch, hidden)
+        now = time.time()
+        self.scheduler.update(batch)
+        outputs = []
+        for seq, embedding in done:
+            seq.first_token_time = now
+            self.scheduler.finish(seq, "stop")  # no KV kept: the blocks go back now
+            outputs.append(msgspec.structs.replace(self._output(seq, [], None), embedding=embedding))
         return outputs
 
     def _check_stop(self, seq: Sequence, token: int) -> str | None:

@@ -11,11 +11,12 @@ import gc
 import logging
 import threading
 import time
+from typing import Protocol
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.ipc import FrameReader, FrameWriter
-from engine.messages import AbortRequests, AddRequest, EngineStats, Heartbeat, StepOutputs, ToEngine
+from engine.messages import AbortRequests, AddRequest, EngineStats, Heartbeat, RequestOutput, StepOutputs, ToEngine
 
 log = logging.getLogger("engine")
 
@@ -45,19 +46,35 @@ class _Pulse:
                 self.last_sent = time.monotonic()
 
 
+class Core(Protocol):
+    """What the loop needs of EngineCore (a stand-in in tests)."""
+
+    @property
+    def has_work(self) -> bool: ...
+    def add_request(self, req: AddRequest) -> None: ...
+    def abort(self, request_ids: list[str]) -> None: ...
+    def step(self) -> list[RequestOutput]: ...
+    def stats(self) -> EngineStats: ...
+
+
 def serve(config: EngineConfig, reader: FrameReader[ToEngine], writer: FrameWriter) -> None:
-    """The subprocess loop. Returns when the parent closes the pipe."""
+    """The subprocess: build the core, say Ready, run the loop."""
     core = EngineCore(config)
     gc.collect()
     gc.freeze()  # the model and startup objects live for the process: full collections skip them
     writer.send(core.ready_message())
     log.info("engine ready: %d KV blocks of %d tokens", core.runner.num_blocks, core.runner.block_size)
-    pulse = _Pulse(writer, core.stats(), config.heartbeat_interval)
+    run(core, config.heartbeat_interval, reader, writer)
+
+
+def run(core: Core, heartbeat_interval: float, reader: FrameReader[ToEngine], writer: FrameWriter) -> None:
+    """Step while there is work, drain frames between steps; returns when the parent closes the pipe."""
+    pulse = _Pulse(writer, core.stats(), heartbeat_interval)
     threading.Thread(target=pulse.run, name="heartbeat", daemon=True).start()
     try:
         while True:
             # busy: just drain what arrived; idle: wait for work (the thread beats meanwhile)
-            msgs = reader.poll(0 if core.has_work else config.heartbeat_interval)
+            msgs = reader.poll(0 if core.has_work else heartbeat_interval)
             aborts: list[str] = []
             for msg in msgs:
                 if isinstance(msg, AddRequest):

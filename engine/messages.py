@@ -70,7 +70,8 @@ class RequestOutput(msgspec.Struct, frozen=True, array_like=True, omit_defaults=
 
     request_id: str
     new_token_ids: list[int]
-    finish_reason: str | None = None  # "stop" (eos / stop token) | "length" | "abort" | "error"
+    # "stop" (eos / stop token; a pooling request's prompt fully processed) | "length" | "abort" | "error"
+    finish_reason: str | None = None
     stop_token_id: int | None = None  # the stop_token_ids entry that ended it (not plain eos)
     error: str | None = None  # with finish_reason "error": why the request was refused
     logprobs: list[TokenLogprobs] | None = None  # one per new token, when asked
@@ -80,6 +81,7 @@ class RequestOutput(msgspec.Struct, frozen=True, array_like=True, omit_defaults=
     scheduled_time: float = 0.0  # first time the request was scheduled
     first_token_time: float = 0.0
     num_preemptions: int = 0
+    embedding: list[float] | None = None  # runner "pooling": once, with finish_reason "stop"
 
 
 class Ready(msgspec.Struct, frozen=True, tag="ready"):
@@ -90,6 +92,10 @@ class Ready(msgspec.Struct, frozen=True, tag="ready"):
     block_size: int
     model_dtype: str
     generation_defaults: dict[str, float | int] = {}  # from generation_config.json
+    hidden_size: int = 0  # an embedding's length (runner "pooling")
+    # Matryoshka (config.json): embeddings may be truncated to any length (is_matryoshka) or to these lengths
+    is_matryoshka: bool = False
+    matryoshka_dimensions: list[int] | None = None
 
 
 class LoadFailed(msgspec.Struct, frozen=True, tag="load_failed"):

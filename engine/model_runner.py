@@ -231,3 +231,16 @@ class ModelRunner:
             logits = hidden.new_empty((0, self.vocab_size), dtype=torch.float32)
         prompt_logits = {i: self.model.compute_logits(hidden[r:r + n]) for i, (r, n) in inputs.prompt_rows.items()}
         return RunnerOutput(logits, prompt_logits)
+
+    @torch.inference_mode()
+    def execute_pooling(self, batch: list[ScheduledSeq], all_rows: bool) -> torch.Tensor:
+        """Runner "pooling": the final norm's output (before the LM head) as float32, no logits.
+
+        all_rows: every row of the flat batch (MEAN pooling); else the rows that end a prompt, in batch order.
+        """
+        inputs = self.prepare(batch)
+        hidden = self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        if not all_rows and inputs.sample_rows is not None:
+            hidden = hidden[inputs.sample_rows]
+        model = self.model
+        return model.ops.rms_norm(hidden, model.norm, model.args.rms_norm_eps).float()

@@ -55,8 +55,8 @@ class Scheduler:
                 f"this model's maximum context length is {self.max_model_len} tokens, but the request "
                 f"asks for {n + max_tokens} ({n} in the prompt, {max_tokens} max_tokens); "
                 "shorten the prompt or lower max_tokens")
-        final = n + max_tokens  # the last token's K/V is never computed
-        blocks = self.bm.blocks_needed(final - 1)
+        final = n + max_tokens  # the last token's K/V is never computed (pooling, max_tokens 0: all are)
+        blocks = self.bm.blocks_needed(max(final - 1, n))
         if blocks > self.bm.num_total_blocks:
             raise RequestRefused(
                 f"the request needs {blocks} KV cache blocks ({n} prompt tokens + {max_tokens} "

@@ -21,6 +21,7 @@ from server.http.access_log import AccessLog
 from server.api.anthropic.messages import CountTokensRoute, MessagesRoute
 from server.api.openai.chat import ChatRoute
 from server.api.openai.completions import CompletionsRoute
+from server.api.openai.embeddings import EmbeddingsRoute
 from server.api.vllm.generate import GenerateRoute
 from server.api.health import HealthRoute, VersionRoute
 from server.http.asgi import Receive, Scope, Send, send_error
@@ -188,6 +189,7 @@ def create_app(config: ServerConfig | None = None, *, on_fatal: Callable[[str], 
     routes = [
         Route("/v1/completions", CompletionsRoute(state), methods=["POST"]),
         Route("/v1/chat/completions", ChatRoute(state), methods=["POST"]),
+        Route("/v1/embeddings", EmbeddingsRoute(state), methods=["POST"]),
         Route("/v1/models", ModelsRoute(state), methods=["GET"]),
         Route("/health", HealthRoute(state), methods=["GET"]),
         Route("/version", VersionRoute(), methods=["GET"]),

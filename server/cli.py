@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 
-from server.config import SIZE_FIELDS, ServerConfig, parse_size
+from server.config import JSON_FIELDS, SIZE_FIELDS, ServerConfig, parse_json_object, parse_size
 
 # flag -> (ServerConfig field, type, help). Booleans are switches.
 _FLAGS: list[tuple[str, str, Any, str]] = [
@@ -45,6 +45,10 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--max-request-body", "max_request_body", str, "largest request body, e.g. 32MiB; bigger ones get 413"),
     ("--scheduling-policy", "scheduling_policy", str,
      "fcfs (default: a request's non-zero priority gets 400) or priority (lower runs first)"),
+    ("--runner", "runner", str, "generate (default) or pooling: an embedding model served on /v1/embeddings"),
+    ("--pooler-config", "pooler_config", str,
+     'with --runner pooling, JSON: {"pooling_type": "LAST" | "MEAN", "normalize": true, "is_matryoshka": false, '
+     '"matryoshka_dimensions": [...]}'),
     ("--max-prompts-per-request", "max_prompts_per_request", int, "most prompts in one /v1/completions request"),
     ("--max-choices-per-request", "max_choices_per_request", int, "most choices (n x prompts) in one request"),
     ("--max-stop-strings", "max_stop_strings", int, "most stop strings in one request"),
@@ -82,6 +86,9 @@ def config_from_args(argv: Sequence[str]) -> ServerConfig:
     for name in SIZE_FIELDS:  # "2GiB", "512MiB", plain bytes: read as the SPINDLE_* variable is
         if name in given:
             given[name] = parse_size(name, given[name])
+    for name in JSON_FIELDS:
+        if name in given:
+            given[name] = parse_json_object(name, given[name])
     if "api_keys" in given:
         given["api_keys"] = tuple(given["api_keys"])
     return ServerConfig.from_env(**given)

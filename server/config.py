@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 WorkerClass = Literal["trio", "asyncio", "uvloop"]
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 SchedulingPolicy = Literal["fcfs", "priority"]
+Runner = Literal["generate", "pooling"]
+# --pooler-config keys (vLLM's spelling); the Matryoshka ones declare which `dimensions` /v1/embeddings accepts
+POOLER_KEYS = ("pooling_type", "normalize", "is_matryoshka", "matryoshka_dimensions")
 ENV_PREFIX = "SPINDLE_"
 
 
@@ -59,6 +62,8 @@ class ServerConfig:
     # SSE reader makes sends block within ~100 events and its outputs merge instead of piling up in buffers.
     socket_send_buffer: int = 16 << 10
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    runner: Runner = "generate"  # "pooling": an embedding model (/v1/embeddings; generation routes 400)
+    pooler_config: dict[str, Any] = field(default_factory=dict)  # JSON: POOLER_KEYS (runner "pooling" only)
     scheduling_policy: SchedulingPolicy = "fcfs"  # as vLLM: "priority" honours requests' priority, else it is refused
     # Bounds on the work one request may cause (a 400 naming the flag); far above what normal clients send.
     max_prompts_per_request: int = 2048  # /v1/completions prompt lists
@@ -100,6 +105,9 @@ class ServerConfig:
             raise ValueError(f"--worker-class must be one of trio, asyncio, uvloop; got {self.worker_class!r}")
         if self.scheduling_policy not in get_args(SchedulingPolicy):
             raise ValueError(f"--scheduling-policy must be fcfs or priority; got {self.scheduling_policy!r}")
+        if self.runner not in get_args(Runner):
+            raise ValueError(f"--runner must be generate or pooling; got {self.runner!r}")
+        _check_pooler_config(self.pooler_config, self.runner)
         if self.log_level not in get_args(LogLevel):
             raise ValueError(f"--log-level must be one of {', '.join(get_args(LogLevel))}; got {self.log_level!r}")
         if any(not k for k in self.api_keys):
@@ -132,7 +140,9 @@ class ServerConfig:
             max_num_batched_tokens=self.max_num_batched_tokens, block_size=self.block_size,
             kv_cache_memory=self.kv_cache_memory, num_blocks=self.num_blocks,
             enable_prefix_caching=self.enable_prefix_caching, seed=self.seed, device=self.device,
-            scheduling_policy=self.scheduling_policy,
+            scheduling_policy=self.scheduling_policy, runner=self.runner,
+            pooling_type=str(self.pooler_config.get("pooling_type", "LAST")).upper(),
+            pooling_normalize=bool(self.pooler_config.get("normalize", True)),
         )
 
     def request_caps(self) -> RequestCaps:
@@ -178,6 +188,43 @@ _CAP_FIELDS = ("max_prompts_per_request", "max_choices_per_request", "max_stop_s
 _NOT_CONFIG = frozenset({"api_key", "output_chunk", "cache_dir", "fuzz_examples", "direct_write"})
 # Byte sizes: written "2GiB", "512MiB", "1.5G" or plain bytes, as env vars and as flags.
 SIZE_FIELDS = ("kv_cache_memory", "max_request_body")
+# JSON objects: written as JSON text, as env vars and as flags.
+JSON_FIELDS = ("default_chat_template_kwargs", "pooler_config")
+
+
+def parse_json_object(name: str, text: str | dict[str, Any]) -> dict[str, Any]:
+    """A JSON-object setting's value; the error names the flag."""
+    if isinstance(text, dict):
+        return text
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"{_flag(name)}: not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{_flag(name)}: expected a JSON object, e.g. '{{\"pooling_type\": \"MEAN\"}}'")
+    return value
+
+
+def _check_pooler_config(cfg: dict[str, Any], runner: str) -> None:
+    if not cfg:
+        return
+    if runner != "pooling":
+        raise ValueError("--pooler-config applies to --runner pooling only")
+    unknown = sorted(set(cfg) - set(POOLER_KEYS))
+    if unknown:
+        raise ValueError(f"--pooler-config: unknown keys {unknown}; known: {', '.join(POOLER_KEYS)}")
+    kind = cfg.get("pooling_type", "LAST")
+    if not isinstance(kind, str) or kind.upper() not in ("LAST", "MEAN"):
+        raise ValueError(f"--pooler-config: pooling_type must be LAST or MEAN, got {kind!r}")
+    for key in ("normalize", "is_matryoshka"):
+        if key in cfg and not isinstance(cfg[key], bool):
+            raise ValueError(f"--pooler-config: {key} must be true or false, got {cfg[key]!r}")
+    dims = cfg.get("matryoshka_dimensions")
+    if dims is not None and (not isinstance(dims, list) or not dims
+                             or not all(type(d) is int and d >= 1 for d in dims)):
+        raise ValueError(f"--pooler-config: matryoshka_dimensions must be a list of positive integers, got {dims!r}")
 
 
 def parse_size(name: str, text: str | int) -> int:
@@ -199,13 +246,8 @@ def _parse(name: str, hint: Any, raw: str, key: str) -> Any:
             return parse_bytes(text)
         if name == "api_keys":
             return tuple(k.strip() for k in text.split(",") if k.strip())
-        if name == "default_chat_template_kwargs":
-            import json
-
-            value = json.loads(text)
-            if not isinstance(value, dict):
-                raise ValueError("expected a JSON object")
-            return value
+        if name in JSON_FIELDS:
+            return parse_json_object(name, text)
         args = set(get_args(hint))
         optional = type(None) in args
         if optional and text.lower() in ("", "none", "null"):

@@ -158,6 +158,8 @@ async def respond(llm: AsyncLLM, specs: Sequence[GenerationSpec], fmt: Formatter
 class PostRoute:
     """The shared front of the JSON POST routes: X-Request-Id (echoed on errors), body, disconnect."""
 
+    runner: str | None = None  # the --runner the route needs ("generate" or "pooling"); None: either
+
     def __init__(self, state: AppState) -> None:
         self.state = state
         self._texts: TokenTexts | None = None  # token strings for logprobs, built on first use
@@ -166,7 +168,22 @@ class PostRoute:
         xid = header(scope, b"x-request-id")
         headers = [(b"x-request-id", xid.encode())] if xid else []
         await serve_json_post(scope, receive, send, self.state.config.max_request_body,
-                              lambda body: self._work(body, xid, send), headers)
+                              lambda body: self._checked_work(body, xid, send), headers)
+
+    async def _checked_work(self, body: bytes, xid: str | None, send: Send) -> None:
+        self.check_runner()
+        await self._work(body, xid, send)
+
+    def check_runner(self) -> None:
+        """400 for a generation route on an embedding server (--runner pooling), and the other way round."""
+        have = self.state.config.runner
+        if self.runner is None or self.runner == have:
+            return
+        if have == "pooling":
+            raise APIError("This server runs an embedding model (--runner pooling): it serves /v1/embeddings, not "
+                           "generation; start a server with --runner generate for this route.", status=400)
+        raise APIError("This server runs a generation model (--runner generate); /v1/embeddings needs a server "
+                       "started with --runner pooling.", status=400)
 
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
         raise NotImplementedError

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
@@ -73,6 +73,17 @@ class ChatCompletionRequest(_GenerationRequest, kw_only=True):
     documents: list[dict[str, Any]] | None = None
 
 
+class EmbeddingRequest(msgspec.Struct, kw_only=True):
+    """POST /v1/embeddings. `input`: a string, a list of strings, token ids, or a list of token-id lists."""
+
+    input: str | list[Any]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Int64 | None = None  # Matryoshka truncation, where the model declares it
+    user: str | None = None
+    add_special_tokens: bool = True  # vLLM's extra
+
+
 # ---------------------------------------------------------------------------------------- responses
 
 
@@ -85,6 +96,24 @@ class Usage(msgspec.Struct):
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class EmbeddingData(msgspec.Struct):
+    index: int
+    embedding: list[float] | str  # str: base64 of little-endian float32
+    object: str = "embedding"
+
+
+class EmbeddingUsage(msgspec.Struct):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(msgspec.Struct):
+    data: list[EmbeddingData]
+    model: str
+    usage: EmbeddingUsage
+    object: str = "list"
 
 
 class CompletionLogprobs(msgspec.Struct):
@@ -233,6 +262,7 @@ class ErrorResponse(msgspec.Struct):
 encoder = msgspec.json.Encoder()
 completion_decoder = msgspec.json.Decoder(CompletionRequest)
 chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
+embedding_decoder = msgspec.json.Decoder(EmbeddingRequest)
 
 T = TypeVar("T")
 

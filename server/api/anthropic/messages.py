@@ -107,6 +107,7 @@ class _AnthropicRoute(PostRoute):
 
         async def guarded() -> None:
             try:
+                self.check_runner()
                 await self._work(body, xid, send)
             except APIError as e:
                 await send_anthropic_error(send, e, headers)
@@ -130,6 +131,7 @@ def _decode(state: AppState, decoder: msgspec.json.Decoder[R], body: bytes) -> t
 
 
 class MessagesRoute(_AnthropicRoute):
+    runner = "generate"
 
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
         req, llm, renderer, limits = _decode(self.state, messages_decoder, body)

@@ -78,6 +78,7 @@ class ChatFormatter:
 
 
 class ChatRoute(PostRoute):
+    runner = "generate"
 
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
         req, llm, renderer, limits = self.state.decode_for_model(chat_decoder, body)

@@ -87,6 +87,7 @@ class CompletionFormatter:
 
 
 class CompletionsRoute(PostRoute):
+    runner = "generate"
 
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
         req, llm, renderer, limits = self.state.decode_for_model(completion_decoder, body)

@@ -113,6 +113,7 @@ class GenerateFormatter:
 
 
 class GenerateRoute(PostRoute):
+    runner = "generate"
 
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
         raw, llm, renderer, limits = self.state.decode_for_model(_decoder, body)
