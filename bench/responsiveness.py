@@ -129,7 +129,7 @@ def _serve_with_ticker(argv: list[str]) -> int:
     import server.cli
 
     real_serve = server.cli.serve
-    path = os.environ["SPINDLE_BENCH_LAG_FILE"]
+    path = os.environ["BENCH_RESPONSIVENESS_LAG_FILE"]
 
     async def ticker() -> None:
         # this (the loop's) thread's schedstat: how much of each tick's lateness it spent runnable, not running
@@ -444,7 +444,7 @@ def run(args: argparse.Namespace) -> None:
                "--worker-class", args.worker_class, "--log-level", "warning",
                *(["--model", args.model] if args.model else [])]
         proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                                env={**os.environ, "SPINDLE_BENCH_LAG_FILE": str(lag_file)})
+                                env={**os.environ, "BENCH_RESPONSIVENESS_LAG_FILE": str(lag_file)})
         api_pid = proc.pid
         _wait_healthy(port, proc, log)
     try:

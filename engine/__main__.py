@@ -14,11 +14,32 @@ from engine.config import EngineConfig
 from engine.ipc import FrameReader, FrameWriter, die_with_parent
 from engine.messages import LoadFailed, ToEngine
 
+# The engine runs this much nicer than the API server that started it (relative: a server started under
+# `nice` keeps the gap). The render workers use the same value (server/render/worker.py).
+NICE_BELOW_SERVER = 10
+
+
+def run_below_server() -> None:
+    """Lower this thread's scheduling priority below the API server's, for every thread started after it.
+
+    On a machine with few cores the engine's threads (the step, the LM head's helpers) otherwise hold the
+    cores while the server's event loop, woken by a request or by a step's outputs, waits for one: /health
+    and every stream stall for a scheduler slice (bench/README.md, "Responsiveness under load"). Nicer,
+    the engine still gets every core the server does not want, so throughput stays. Linux keeps nice per
+    thread and new threads inherit it, so this runs before any thread starts (the watchdog, torch's, the
+    LM head's, the heartbeat).
+    """
+    try:
+        os.nice(NICE_BELOW_SERVER)
+    except OSError:  # raising nice needs no privilege; a sandbox that forbids it only costs responsiveness
+        pass
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m engine")
     parser.add_argument("--config", required=True, help="EngineConfig as JSON")
     args = parser.parse_args()
+    run_below_server()
     die_with_parent()  # EOF on stdin ends the step loop; this also covers a step that never returns
     # Ctrl-C and a process group's SIGTERM (systemd) go to the server, which drains, then closes our stdin
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -88,7 +88,16 @@ def _handle(
     raise ValueError(f"unknown worker op {op!r}")
 
 
+# As engine/__main__.py's NICE_BELOW_SERVER: a long tokenization (a 1M-character prompt takes seconds of a
+# core) must not take the core the server's event loop needs (bench/README.md, "Responsiveness under load").
+NICE_BELOW_SERVER = 10
+
+
 def main() -> None:
+    try:
+        os.nice(NICE_BELOW_SERVER)  # first: Linux nice is per thread, and the watchdog thread inherits it
+    except OSError:  # raising nice needs no privilege; a sandbox that forbids it only costs responsiveness
+        pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the parent shuts us down
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # so does a process group's SIGTERM: the server drains first
     die_with_parent()  # exit with the parent, even mid-render

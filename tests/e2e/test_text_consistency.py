@@ -57,8 +57,10 @@ def stream(client: httpx.Client, prompt: str, **kw: object) -> tuple[list[str], 
 def test_stream_equals_nonstream_equals_reference(srv: Server, qwen2_ckpt: Path) -> None:
     tok = Tokenizer.from_file(str(qwen2_ckpt / "tokenizer.json"))
     rng = random.Random(1234)
+    cases = 50
+    stops_tested = 0
     with httpx.Client(base_url=srv.url, timeout=60) as client:
-        for _ in range(50):
+        for _ in range(cases):
             prompt = random_prompt(rng)
             body = complete(client, prompt)
             choice = body["choices"][0]
@@ -89,3 +91,8 @@ def test_stream_equals_nonstream_equals_reference(srv: Server, qwen2_ckpt: Path)
                 assert "".join(chunks) == want and (finish, stop_reason) == ("stop", stop)
                 if not include:
                     assert all(stop not in c for c in chunks)
+            stops_tested += 1
+    # the stop-string half is skipped for an output with no usable token boundary: it must still run
+    # for most cases, or the test would pass without testing stop strings
+    print("STOPS", stops_tested)
+    assert stops_tested >= cases // 2, f"only {stops_tested} of {cases} cases tested a stop string"

@@ -281,3 +281,43 @@ def test_delta_with_any_pacing_equals_final_only(tok, text: str, seed: int, inte
         assert results[0][0] == full and results[0][2] == "length"
     else:
         assert results[0][0] == full[:full.index(stop[0])] and results[0][2] == "stop"
+
+
+async def test_a_fault_in_one_request_fails_that_request_only(tok) -> None:  # type: ignore[no-untyped-def]
+    """An exception while processing one request's output (here its detokenizer) ends that request with an
+    error output and asks for its abort; the other request in the same step is served as usual."""
+
+    class Broken(IncrementalDetokenizer):
+        def next_delta(self, ids):  # type: ignore[no-untyped-def]
+            raise RuntimeError("injected fault")
+
+    prompt = tok.encode("Say:").ids
+    proc = OutputProcessor()
+    good, bad = Collector(OutputKind.DELTA), Collector(OutputKind.DELTA)
+    proc.add(RequestState("good", 0, good, IncrementalDetokenizer(tok, prompt), OutputKind.DELTA, False, len(prompt)))
+    proc.add(RequestState("bad", 0, bad, Broken(tok, prompt), OutputKind.DELTA, False, len(prompt)))
+    gen = tok.encode(" hello there").ids
+    to_abort = await proc.process_outputs(step(RequestOutput("bad", gen[:1]), RequestOutput("good", gen[:1])))
+    assert to_abort == ["bad"]
+    ((failed,),) = drain(bad)
+    assert failed.finish_reason == "error" and "internal error" in (failed.error or "")
+    assert "bad" not in proc.states  # finished: later outputs for it are ignored
+    await proc.process_outputs(step(RequestOutput("bad", gen[1:2]), RequestOutput("good", gen[1:], "length")))
+    assert drain(bad) == []
+    texts = [o.text for batch in drain(good) for o in batch]
+    assert "".join(texts) == reference(tok, prompt, gen)
+
+
+async def test_a_failing_direct_sink_falls_back_for_that_request_only(tok) -> None:  # type: ignore[no-untyped-def]
+    prompt = tok.encode("Say:").ids
+    proc = OutputProcessor()
+    c = Collector(OutputKind.DELTA)
+
+    def sink(out: Output) -> bool:
+        raise AttributeError("a transport without the expected attribute")
+
+    c.sink = sink
+    proc.add(RequestState("r", 0, c, IncrementalDetokenizer(tok, prompt), OutputKind.DELTA, False, len(prompt)))
+    assert await proc.process_outputs(step(RequestOutput("r", tok.encode(" hi").ids))) == ["r"]
+    ((out,),) = drain(c)
+    assert out.finish_reason == "error" and c.sink is None
