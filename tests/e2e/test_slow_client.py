@@ -24,13 +24,14 @@ ASYNCIO_HIGH_WATER = 64 << 10  # asyncio transports buffer this much before Hype
 
 def stream(server: Server, slow: bool) -> tuple[list[bytes], int, int]:
     """One streamed completion over a raw socket: (its `data: {...}` lines, the reads made while the engine
-    was still generating, the client's receive buffer in bytes). Slow: one read a second until the engine
-    has generated every token, then as fast as it comes."""
+    was still generating, the client's receive buffer in bytes). Slow: one read a second until the server
+    has processed the last token, then as fast as it comes."""
     body = json.dumps({"model": "tiny", "prompt": "slow", "max_tokens": MAX_TOKENS, "ignore_eos": True,
                        "temperature": 0.7, "stream": True, "stream_options": {"include_usage": True}}).encode()
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, READ)  # keep the kernel from absorbing the stream
     rcvbuf = s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)  # what the kernel made of it
+    finished = server.metric("spindle_request_success_total", 'finished_reason="length"')
     s.connect(("127.0.0.1", server.port))
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               b"Content-Length: %d\r\n\r\n" % len(body) + body)
@@ -45,7 +46,8 @@ def stream(server: Server, slow: bool) -> tuple[list[bytes], int, int]:
         data += chunk
         if generating:
             slow_reads += 1
-            generating = server.metric("spindle_num_requests_running") > 0  # the engine, seen from outside
+            # the server counts the request finished when its last token is processed, whatever the client read
+            generating = server.metric("spindle_request_success_total", 'finished_reason="length"') == finished
             if generating:
                 time.sleep(1.0)  # the slow client's pace (what is under test, not a synchronization)
     s.close()

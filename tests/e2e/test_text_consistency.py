@@ -92,7 +92,7 @@ def test_stream_equals_nonstream_equals_reference(srv: Server, qwen2_ckpt: Path)
                 if not include:
                     assert all(stop not in c for c in chunks)
             stops_tested += 1
-    # the stop-string half is skipped for an output with no usable token boundary: it must still run
-    # for most cases, or the test would pass without testing stop strings
-    print("STOPS", stops_tested)
-    assert stops_tested >= cases // 2, f"only {stops_tested} of {cases} cases tested a stop string"
+    # The stop-string half is skipped for an output without a usable token boundary (too short, or only
+    # inside a character): with 24-token outputs that is rare (1 case of 50 here), and it must stay rare,
+    # or this test would pass without testing stop strings.
+    assert stops_tested >= cases * 4 // 5, f"only {stops_tested} of {cases} cases tested a stop string"

@@ -361,18 +361,20 @@ def test_workers_exit_when_the_server_is_killed(tmp_path: Path, anyio_backend: s
     tiny = _tiny_tokenizer_dir(tmp_path / "tiny")
     proc = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT, str(tiny), RUNAWAY, anyio_backend],
                             stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    pids = [int(p) for p in proc.stdout.readline().split()]
-    assert len(pids) == 2 and all(_alive(p) for p in pids)
-    # Ready workers sit idle; one is deep in the runaway render once it has burnt CPU since (observed in
-    # /proc, the other processes' state: no event reaches this one).
-    idle = {p: _cpu_seconds(p) for p in pids}
-    deadline = time.monotonic() + 30
-    while max(_cpu_seconds(p) - idle[p] for p in pids) < 0.2:
-        assert time.monotonic() < deadline, "no worker started the runaway render"
-        time.sleep(0.02)
-    proc.kill()  # no cleanup runs: the workers must notice on their own
-    proc.wait()
+    try:
+        assert proc.stdout is not None
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        # Ready workers sit idle; one is deep in the runaway render once it has burnt CPU since (observed in
+        # /proc, the other processes' state: no event reaches this one).
+        idle = {p: _cpu_seconds(p) for p in pids}
+        deadline = time.monotonic() + 30
+        while max(_cpu_seconds(p) - idle[p] for p in pids) < 0.2:
+            assert time.monotonic() < deadline, "no worker started the runaway render"
+            time.sleep(0.02)
+    finally:
+        proc.kill()  # no cleanup runs: the workers must notice on their own
+        proc.wait()
     deadline = time.monotonic() + 10
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.02)
