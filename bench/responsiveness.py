@@ -2,7 +2,7 @@
 while a ~1M-character prompt is tokenized.
 
     python -m bench.responsiveness [--model DIR] [--worker-class trio|asyncio|uvloop] [--streams 64]
-        [--num-requests 128] [--output-len 128] [--tokenize-chars 1000000] [--tokenize-reps 3]
+        [--num-requests 128] [--output-len 128] [--client raw|serve] [--tokenize-chars 1000000] [--tokenize-reps 3]
         [--probe-interval-ms 10] [--child-nice N [--child-policy other|batch]] [--port 8421]
     python -m bench.responsiveness --url http://127.0.0.1:8000 --server-pid PID    (attach: no loop lag)
 
@@ -15,13 +15,18 @@ Phases, each measured by a separate prober process that sends GET /health on one
 every --probe-interval-ms:
   idle        the server doing nothing (the floor)
   streams     --streams concurrent /v1/completions streams (token-id prompts, --output-len tokens,
-              ignore_eos), --num-requests in all, from a cheap raw-socket client; reports output tok/s
+              ignore_eos), --num-requests in all, from a cheap raw-socket client (--client serve: from
+              bench.serve, httpx on asyncio, which itself wants about a core); reports output tok/s
   tokenize    POST /tokenize with a --tokenize-chars prompt, --tokenize-reps times, one after another
               (the probes while a request is in flight count)
-Per phase: /health latency p50 / p99 / max, loop lag p50 / p99 / max, and from /proc/<pid>/task/*/schedstat
-how much of the phase the API process's main thread spent waiting for a CPU (runnable, not running), with the
-share of that wait inside the slowest 1% of probes: that says whether a slow probe was the loop being busy or
-the OS running something else (the engine's threads, a render worker, the clients) on both cores.
+Per phase: /health latency p50 / p99 / max; loop lag p50 / p99 / max, and the same less the time the loop's
+thread spent runnable but waiting for a CPU (its schedstat, read by the ticker), i.e. the loop busy with
+other tasks; the slowest 1% of probes and how much of them the API main thread spent waiting for a CPU (read
+by the prober around each probe); and, per process, the CPUs used and the CPUs' worth of runnable-but-waiting
+over the phase (/proc/<pid>/task/*/schedstat). Together they say whether a slow probe was the event loop
+being busy or the OS running something else (the engine's threads, a render worker, the clients, other
+tenants) on both cores. To see who ran while the API thread waited: `perf sched record -a` during a phase,
+then `perf sched timehist` (bench/README.md).
 
 --child-nice N [--child-policy other|batch] sets every thread of the engine and the render workers to nice N
 and that scheduling policy after startup: an A/B switch against the priorities they set themselves, in one
@@ -318,6 +323,21 @@ def _read_response(sock: socket.socket) -> bytes:
     return head + b"\r\n\r\n" + b"".join(parts)
 
 
+def run_serve_client(port: int, args: argparse.Namespace) -> tuple[int, int, float]:
+    """The same load from bench.serve (httpx, asyncio: a heavier client that also wants a core)."""
+    out = subprocess.run([sys.executable, "-m", "bench.serve", "--url", f"http://127.0.0.1:{port}",
+                          "--num-prompts", str(args.num_requests), "--concurrency", str(args.streams),
+                          "--input-len", str(args.input_len), "--output-len", str(args.output_len)],
+                         capture_output=True, text=True, check=True).stdout
+
+    def field(name: str) -> float:
+        m = re.search(rf"{re.escape(name)}: *([\d.]+)", out)
+        return float(m.group(1)) if m else float("nan")
+
+    ok = int(field("Successful requests"))
+    return ok, ok * args.output_len, field("Benchmark duration (s)")  # ignore_eos: every request its max_tokens
+
+
 def tokenize_once(port: int, text: str) -> tuple[int, int, int]:
     """POST /tokenize {"prompt": text}: (start ns, end ns, token count)."""
     body = json.dumps({"prompt": text}).encode()
@@ -476,7 +496,11 @@ def run(args: argparse.Namespace) -> None:
         pr = Prober(port, args.probe_interval_ms, api_pid)
         time.sleep(0.2)
         t0 = time.monotonic_ns()
-        ok, tokens, secs = run_streams(port, model, args.streams, args.num_requests, args.input_len, args.output_len)
+        if args.client == "raw":
+            ok, tokens, secs = run_streams(port, model, args.streams, args.num_requests, args.input_len,
+                                           args.output_len)
+        else:
+            ok, tokens, secs = run_serve_client(port, args)
         t1 = time.monotonic_ns()
         probes = [p for p in pr.stop() if t0 <= p[0] <= t1]
         cpu = ph.end()
@@ -523,6 +547,8 @@ def main() -> int:
     ap.add_argument("--worker-class", default="trio", choices=["trio", "asyncio", "uvloop"])
     ap.add_argument("--port", type=int, default=8421)
     ap.add_argument("--streams", type=int, default=64)
+    ap.add_argument("--client", default="raw", choices=["raw", "serve"],
+                    help="the streams' client: raw sockets in this process (cheap), or bench.serve (httpx)")
     ap.add_argument("--num-requests", type=int, default=128)
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
