@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -51,13 +52,15 @@ class AppState:
             raise APIError(f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
                            status=404, param="model")
 
-    def decode_for_model(self, decoder: msgspec.json.Decoder[Req],
-                         body: bytes) -> tuple[Req, AsyncLLM, Any, ModelLimits]:
-        """Every route's preamble: the body decoded (400), the running parts (503), the model named (404)."""
+    def decode_for_model(self, decoder: msgspec.json.Decoder[Req], body: bytes,
+                         on_decode_error: Callable[[msgspec.DecodeError], APIError] = from_decode_error,
+                         ) -> tuple[Req, AsyncLLM, Any, ModelLimits]:
+        """Every route's preamble: the body decoded (400, worded by `on_decode_error`), the running parts
+        (503), the model named (404)."""
         try:
             req = decode_request(decoder, body)
         except msgspec.DecodeError as e:
-            raise from_decode_error(e) from None
+            raise on_decode_error(e) from None
         llm, renderer, limits = self.require()
         self.check_model(req.model)
         return req, llm, renderer, limits

@@ -25,7 +25,7 @@ from server.protocol.anthropic import (
     CountTokensRequest, CountTokensResponse, MessageResponse, MessageUsage, TextContent, count_tokens_decoder,
     encoder, error_body, messages_decoder,
 )
-from server.protocol.openai import Usage, decode_request
+from server.protocol.openai import Usage
 
 _enc = encoder.encode
 
@@ -119,15 +119,8 @@ R = TypeVar("R", bound=CountTokensRequest)
 
 
 def _decode(state: AppState, decoder: msgspec.json.Decoder[R], body: bytes) -> tuple[R, AsyncLLM, Any, ModelLimits]:
-    """AppState.decode_for_model with the decode error pointing at Anthropic's reference: the body (400), then
-    the running parts (503), then the model (404)."""
-    try:
-        req = decode_request(decoder, body)
-    except msgspec.DecodeError as e:
-        raise decode_error(e) from None
-    llm, renderer, limits = state.require()
-    state.check_model(req.model)
-    return req, llm, renderer, limits
+    """AppState.decode_for_model with the decode error pointing at Anthropic's reference."""
+    return state.decode_for_model(decoder, body, decode_error)
 
 
 class MessagesRoute(_AnthropicRoute):
