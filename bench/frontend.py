@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import selectors
 import socket
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from typing import Any
 
 import anyio
 
+from bench.raw_streams import run_raw_streams
 from bench.serve import cpu_seconds
 from engine.messages import AddRequest, EngineStats, Ready, RequestOutput, StepOutputs
 
@@ -104,41 +104,14 @@ def _request(port: int, out_len: int, i: int) -> bytes:
 
 def _load(port: int, concurrency: int, num_requests: int, out_len: int) -> tuple[int, int, float]:
     """Run the requests with `concurrency` keep-alive connections; returns (events, requests ok, seconds)."""
-    sel = selectors.DefaultSelector()
-    started = done = events = 0
-    bufs: dict[socket.socket, bytearray] = {}
+    events = 0
 
-    def start(sock: socket.socket) -> None:
-        nonlocal started
-        sock.sendall(_request(port, out_len, started))
-        started += 1
-        bufs[sock] = bytearray()
+    def done(buf: bytes) -> None:
+        nonlocal events
+        events += buf.count(b"data: {")
 
-    t0 = time.perf_counter()
-    for _ in range(min(concurrency, num_requests)):
-        sock = socket.create_connection(("127.0.0.1", port))
-        sock.setblocking(False)
-        sel.register(sock, selectors.EVENT_READ)
-        start(sock)
-    while done < num_requests:
-        for key, _ in sel.select():
-            sock = key.fileobj  # type: ignore[assignment]
-            data = sock.recv(1 << 16)
-            if not data:
-                raise SystemExit("the server closed a connection")
-            buf = bufs[sock]
-            buf += data
-            if buf.endswith(b"0\r\n\r\n") and b"data: [DONE]" in buf:  # the chunked body's end
-                if b" 200 " not in buf[:16]:
-                    raise SystemExit(f"request failed: {bytes(buf[:300])!r}")
-                events += buf.count(b"data: {")
-                done += 1
-                if started < num_requests:
-                    start(sock)
-                else:
-                    sel.unregister(sock)
-                    sock.close()
-    return events, done, time.perf_counter() - t0
+    ok, seconds = run_raw_streams(port, concurrency, num_requests, lambda i: _request(port, out_len, i), done)
+    return events, ok, seconds
 
 
 def main() -> int:

@@ -40,7 +40,6 @@ import json
 import os
 import random
 import re
-import selectors
 import socket
 import subprocess
 import sys
@@ -49,6 +48,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from bench.raw_streams import run_raw_streams
 
 _SCHED_POLICY = {0: "OTHER", 1: "FIFO", 2: "RR", 3: "BATCH", 5: "IDLE", 6: "DEADLINE"}
 
@@ -258,43 +259,17 @@ def run_streams(port: int, model: str, concurrency: int, num_requests: int, inpu
                 out_len: int) -> tuple[int, int, float]:
     """`concurrency` keep-alive connections streaming until `num_requests` finished: (ok, output tokens, s)."""
     rng = random.Random(0)
-    sel = selectors.DefaultSelector()
-    started = done = tokens = 0
-    bufs: dict[socket.socket, bytearray] = {}
+    tokens = 0
 
-    def start(sock: socket.socket) -> None:
-        nonlocal started
-        prompt = [rng.randrange(1000, 50000) for _ in range(input_len)]
-        sock.sendall(_stream_request(port, model, prompt, out_len))
-        started += 1
-        bufs[sock] = bytearray()
+    def done(buf: bytes) -> None:
+        nonlocal tokens
+        m = re.search(rb'"completion_tokens": ?(\d+)', buf)
+        tokens += int(m.group(1)) if m else 0
 
-    t0 = time.perf_counter()
-    for _ in range(min(concurrency, num_requests)):
-        sock = socket.create_connection(("127.0.0.1", port))
-        sock.setblocking(False)
-        sel.register(sock, selectors.EVENT_READ)
-        start(sock)
-    while done < num_requests:
-        for key, _ in sel.select():
-            sock = key.fileobj  # type: ignore[assignment]
-            data = sock.recv(1 << 16)
-            if not data:
-                raise SystemExit("the server closed a connection")
-            buf = bufs[sock]
-            buf += data
-            if buf.endswith(b"0\r\n\r\n") and b"data: [DONE]" in buf:  # the chunked body's end
-                if b" 200 " not in buf[:16]:
-                    raise SystemExit(f"request failed: {bytes(buf[:300])!r}")
-                m = re.search(rb'"completion_tokens": ?(\d+)', buf)
-                tokens += int(m.group(1)) if m else 0
-                done += 1
-                if started < num_requests:
-                    start(sock)
-                else:
-                    sel.unregister(sock)
-                    sock.close()
-    return done, tokens, time.perf_counter() - t0
+    ok, seconds = run_raw_streams(
+        port, concurrency, num_requests,
+        lambda i: _stream_request(port, model, [rng.randrange(1000, 50000) for _ in range(input_len)], out_len), done)
+    return ok, tokens, seconds
 
 
 class _Closed(ConnectionError):
