@@ -138,10 +138,11 @@ async def test_callers_cancelled_at_any_point_never_cut_a_frame() -> None:
 
 async def test_abort_of_a_queued_add_drops_it_and_an_abort_never_overtakes_its_add() -> None:
     async with client(capacity=10) as (c, proc):
-        c.add_request(add("a"))  # the writer takes it and blocks on the full pipe
+        # small prompts: ordering is the point, and each 10-byte read costs the engine stand-in a round
+        c.add_request(add("a", 4))  # the writer takes it and blocks on the full pipe
         await anyio.wait_all_tasks_blocked()
-        c.add_request(add("b"))
-        c.add_request(add("c"))
+        c.add_request(add("b", 4))
+        c.add_request(add("c", 4))
         c.abort(["b"])  # still queued: never reaches the engine
         c.abort(["a"])  # being written: the abort follows it
         c.abort(["c"])
