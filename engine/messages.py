@@ -9,6 +9,18 @@ from __future__ import annotations
 import msgspec
 
 
+class StructuredOutputs(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A constraint on the generated text, compiled by the engine's grammar backend (engine/structured/).
+
+    The server validates it before sending (a 400 names the problem); the engine compiles it off its step.
+    """
+
+    kind: str  # "json" (a JSON schema) | "json_object" (any JSON object) | "regex" | "choice" | "grammar" (Lark)
+    spec: str = ""  # json: the schema as JSON text; regex: the pattern; choice: a JSON list of strings; grammar: Lark
+    # Reasoning models: the constraint starts after the output contains this text (e.g. "</think>").
+    reasoning_end: str | None = None
+
+
 class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
     """Token-level sampling and stopping. Text-level stops (stop strings) live in the server."""
 
@@ -28,6 +40,7 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
     ignore_eos: bool = False
     logprobs: int | None = None  # top-N logprobs per sampled token (the sampled one always included)
     prompt_logprobs: int | None = None
+    structured_outputs: StructuredOutputs | None = None
 
 
 class AddRequest(msgspec.Struct, frozen=True, tag="add"):

@@ -1,0 +1,68 @@
+"""StructuredOutputs -> an llguidance grammar, and its validation (the server's 400s come from here).
+
+JSON is compiled with compact separators and no free whitespace: a model (a random one above all)
+can otherwise loop on legal whitespace until max_tokens and never close the object.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import llguidance
+from llguidance.gbnf_to_lark import any_to_lark
+
+from engine.messages import StructuredOutputs
+
+KINDS = ("json", "json_object", "regex", "choice", "grammar")
+_COMPACT = {"whitespace_flexible": False}
+
+
+class GrammarError(ValueError):
+    """The constraint cannot be compiled or enforced; the message names the problem."""
+
+
+def to_grammar(so: StructuredOutputs) -> str:
+    """The llguidance top-level grammar (JSON text) for one constraint. Raises GrammarError."""
+    if so.kind == "json":
+        try:
+            schema = json.loads(so.spec)
+        except ValueError as e:
+            raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
+        if isinstance(schema, bool):
+            schema = {} if schema else {"not": {}}
+        if not isinstance(schema, dict):
+            raise GrammarError("the JSON schema must be an object")
+        return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=_COMPACT)
+    if so.kind == "json_object":
+        return llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}', defaults=_COMPACT)
+    if so.kind == "regex":
+        return llguidance.grammar_from("regex", so.spec)
+    if so.kind == "choice":
+        try:
+            choices = json.loads(so.spec)
+        except ValueError as e:
+            raise GrammarError(f"choice is not a JSON list: {e}") from None
+        if not isinstance(choices, list) or not choices or not all(isinstance(c, str) for c in choices):
+            raise GrammarError("choice must be a non-empty list of strings")
+        return llguidance.grammar_from("lark", "start: " + " | ".join(json.dumps(c) for c in choices))
+    if so.kind == "grammar":
+        try:
+            text = any_to_lark(so.spec)  # GBNF / EBNF (llama.cpp's, xgrammar's) become Lark; Lark stays
+        except Exception as e:  # the converter raises its own error types for syntax errors
+            raise GrammarError(f"invalid grammar: {e}") from None
+        return llguidance.grammar_from("lark", text)
+    raise GrammarError(f"unknown structured output kind {so.kind!r}; expected one of {', '.join(KINDS)}")
+
+
+@functools.lru_cache(maxsize=1024)
+def validate(so: StructuredOutputs) -> str | None:
+    """None when the backend can enforce the constraint, else why not (one line per problem)."""
+    try:
+        grammar = to_grammar(so)
+    except GrammarError as e:
+        return str(e)
+    except Exception as e:  # llguidance's own parse errors (regex syntax and such)
+        return str(e).strip() or type(e).__name__
+    error = llguidance.LLMatcher.validate_grammar(grammar)
+    return error.strip() or None
