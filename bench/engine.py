@@ -3,6 +3,7 @@ beside `transformers.generate` on the same checkpoint, in one run.
 
     python -m bench.engine [--model DIR] [--dtype float32] [--threads 2] [--skip-hf]
                            [--temperature 0] [--top-k -1] [--top-p 1] [--repetition-penalty 1]
+    python -m bench.engine --tensor-parallel-size 2 [--model DIR] [--new 64]   # TP=2 against TP=1, one thread per rank
 """
 
 from __future__ import annotations
@@ -66,6 +67,27 @@ def hf_decode(model_dir: str, batch: int, prompt_len: int, new: int, dtype: torc
     return batch * (new - 1) / (time.perf_counter() - t0 - prefill)
 
 
+def compare_tp(model: str, dtype: str, tp: int, new: int, params: SamplingParams) -> None:
+    """Decode tok/s of TP=1 and TP=tp, one thread per rank (engine/distributed/), same batches as above."""
+    torch.set_num_threads(1)
+    rows: dict[int, list[float]] = {}
+    for size in (1, tp):
+        core = EngineCore(EngineConfig(model=model, dtype=dtype, max_num_seqs=256, max_num_batched_tokens=8192,
+                                       enable_prefix_caching=False, tensor_parallel_size=size))
+        try:
+            engine_decode(core, 4, 16, 4, params)  # warm-up
+            for batch in (1, 16, 64):
+                rows.setdefault(batch, []).append(engine_decode(core, batch, 32, new, params)[1])
+        finally:
+            close = getattr(core.runner, "close", None)
+            if close is not None:
+                close()
+    print(f"model {model} dtype {dtype}: decode tok/s (median step), one thread per rank")
+    print(f"{'batch':>6} {'TP=1':>10} {f'TP={tp}':>10} {'ratio':>7}")
+    for batch, (one, many) in rows.items():
+        print(f"{batch:>6} {one:>10.1f} {many:>10.1f} {many / one:>7.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None, help="checkpoint folder (default: the demo checkpoint)")
@@ -77,11 +99,17 @@ def main() -> None:
     ap.add_argument("--top-k", type=int, default=-1)
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--repetition-penalty", type=float, default=1.0)
+    ap.add_argument("--tensor-parallel-size", type=int, default=1,
+                    help="N > 1: decode at TP=N against TP=1, one thread per rank (no hf, no prefill)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.model is None:
         from engine.models.random_checkpoint import demo_checkpoint_path
         args.model = str(demo_checkpoint_path())
+    if args.tensor_parallel_size > 1:
+        compare_tp(args.model, args.dtype, args.tensor_parallel_size, args.new,
+                   SamplingParams(max_tokens=1, temperature=args.temperature, ignore_eos=True))
+        return
     core = EngineCore(EngineConfig(model=args.model, dtype=args.dtype, max_num_seqs=256,
                                    max_num_batched_tokens=8192, enable_prefix_caching=False))
     params = SamplingParams(max_tokens=1, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

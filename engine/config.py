@@ -41,6 +41,13 @@ class EngineConfig:
     runner: str = "generate"  # "pooling": prefill only, one embedding per request (engine/pooler.py)
     pooling_type: str = "LAST"  # with runner "pooling": LAST (the last token's hidden state) or MEAN
     pooling_normalize: bool = True  # with runner "pooling": L2-normalize each embedding
+    # Tensor parallelism (engine/distributed/): ranks over nodes, torchrun's names for the rendezvous.
+    tensor_parallel_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0  # this process's node; nodes other than 0 run headless (python -m engine.distributed.worker)
+    master_addr: str = "127.0.0.1"  # node 0's address: its rank 0 holds the rendezvous store
+    master_port: int = 0  # 0: a free port (one node only)
+    distributed_timeout: float = 120.0  # seconds to join the group, and the longest one collective may wait
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -60,6 +67,22 @@ class EngineConfig:
             raise ValueError(f"pooling_type must be one of {', '.join(POOLING_TYPES)}, not {self.pooling_type!r}")
         if self.heartbeat_interval <= 0:
             raise ValueError("heartbeat_interval must be positive")
+        self._check_parallel()
+
+    def _check_parallel(self) -> None:
+        tp, nodes = self.tensor_parallel_size, self.nnodes
+        if tp < 1:
+            raise ValueError(f"--tensor-parallel-size must be at least 1, got {tp}")
+        if nodes < 1 or tp % nodes:
+            raise ValueError(f"--nnodes must be at least 1 and divide --tensor-parallel-size {tp}, got {nodes}")
+        if not 0 <= self.node_rank < nodes:
+            raise ValueError(f"--node-rank must be in 0..{nodes - 1}, got {self.node_rank}")
+        if not 0 <= self.master_port <= 65535:
+            raise ValueError(f"--master-port must be in 0..65535, got {self.master_port}")
+        if nodes > 1 and self.master_port == 0:
+            raise ValueError("--nnodes above 1 needs --master-port: the other nodes must know where to join")
+        if self.distributed_timeout <= 0:
+            raise ValueError(f"distributed_timeout must be positive, got {self.distributed_timeout}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

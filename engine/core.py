@@ -8,23 +8,31 @@ from __future__ import annotations
 import contextlib
 import time
 
+from typing import TYPE_CHECKING
+
 import msgspec
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.messages import AddRequest, EngineStats, Ready, RequestOutput, TokenLogprobs
-from engine.model_runner import ModelRunner, one_intra_op_thread
+from engine.model_runner import make_runner, one_intra_op_thread
 from engine.params import validate_params
 from engine.pooler import Pooler
 from engine.sampler import Sampler
 from engine.scheduler import RequestRefused, Scheduler
 from engine.sequence import ScheduledSeq, Sequence
+from engine.structured.manager import StructuredOutputManager
+
+if TYPE_CHECKING:
+    from engine.structured.backend import StructuredBackend
+
+COMPILE_WAIT = 0.05  # seconds a step with nothing to run waits for a grammar compile (new frames wait as long)
 
 
 class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.runner = ModelRunner(config)
+        self.runner = make_runner(config)  # tensor parallel: rank 0, which starts the other ranks
         self.max_model_len = self.runner.max_model_len
         self.vocab_size = self.runner.vocab_size
         self.eos_token_ids = frozenset(self.runner.eos_token_ids)
@@ -38,8 +46,17 @@ class EngineCore:
                                    max_model_len=self.max_model_len,
                                    block_manager=self.block_manager, policy=config.scheduling_policy)
         self.sampler = Sampler(self.vocab_size, list(self.runner.eos_token_ids), self.runner.device)
+        self.structured = StructuredOutputManager(self._grammar_backend, self.runner.device)
         self._pending: list[RequestOutput] = []  # refusals and aborts, reported with the next step
         self._prompt_logprobs: dict[str, list[TokenLogprobs | None]] = {}
+
+    def _grammar_backend(self) -> StructuredBackend:
+        """Built by the first constrained request, in the compile thread (the LLTokenizer takes ~1.5 s)."""
+        from engine.models.loader import resolve_model
+        from engine.structured.llguidance_backend import LLGuidanceBackend
+
+        return LLGuidanceBackend.from_checkpoint(resolve_model(self.config.model), self.vocab_size,
+                                                 sorted(self.eos_token_ids))
 
     def ready_message(self) -> Ready:
         ready = Ready(max_model_len=self.max_model_len, vocab_size=self.vocab_size,
@@ -72,7 +89,10 @@ class EngineCore:
             if self.pooler is not None:  # prefill only: no output token needs room in the context
                 params = msgspec.structs.replace(params, max_tokens=0, prompt_logprobs=None)
             seq = Sequence.new(req.request_id, req.prompt_token_ids, params, req.arrival_time, req.priority)
-            self.scheduler.add(seq)  # refuses what can never fit
+            constrained = params.structured_outputs is not None and self.pooler is None
+            self.scheduler.add(seq, hold=constrained)  # refuses what can never fit
+            if constrained:
+                self.structured.submit(seq)  # compiles off the step; the scheduler holds seq meanwhile
         except ValueError as e:
             self._pending.append(RequestOutput(req.request_id, [], finish_reason="error",
                                                error=str(e), arrival_time=req.arrival_time))
@@ -82,6 +102,7 @@ class EngineCore:
 
     def abort(self, request_ids: list[str]) -> None:
         for seq in self.scheduler.abort(request_ids):
+            self.structured.release(seq)
             self._prompt_logprobs.pop(seq.request_id, None)
             if self.pooler is not None:
                 self.pooler.forget(seq.request_id)
@@ -92,27 +113,46 @@ class EngineCore:
 
     def step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
+        if self.structured.num_compiling:
+            outputs += self._admit_compiled()
         batch = self.scheduler.schedule()
+        if not batch and self.structured.num_compiling and not outputs:
+            self.structured.wait(COMPILE_WAIT)  # only held requests left: sleep until a compile lands
+            outputs += self._admit_compiled()
+            batch = self.scheduler.schedule()
         if not batch:
             return outputs
         if self.pooler is not None:
             return outputs + self._pool_step(batch, self.pooler)
         # one intra-op thread: the LM head spreads over the runner's own threads instead
         with one_intra_op_thread() if self.runner.device.type == "cpu" else contextlib.nullcontext():
+            sampling = [s.seq for s in batch if s.samples]
+            masks = self.structured.start_masks(sampling) if self.structured.num_live else None
             result = self.runner.execute(batch)
             for i, logits in result.prompt_logits.items():
                 self._collect_prompt_logprobs(batch[i].seq, batch[i].start, logits)
-            sampling = [s.seq for s in batch if s.samples]
+            if masks is not None:
+                # the grammar's ban goes in before the sampler, as in vLLM: logprobs (raw by the sampler's
+                # convention) are then those of the allowed distribution, and every draw is an allowed token
+                self.structured.mask_logits(result.logits, masks)
             # the runner's logits buffer is rewritten next step: the sampler may work in it
             sampled = self.sampler.sample(result.logits, sampling, scratch=True) if sampling else None
         now = time.time()
         finished: list[Sequence] = []
         if sampled is not None:
             for seq, token, lp in zip(sampling, sampled.token_ids, sampled.logprobs):
-                seq.token_ids.append(token)
                 if not seq.first_token_time:
                     seq.first_token_time = now
-                reason = self._check_stop(seq, token)
+                verdict = self.structured.accept(seq, token) if seq.structured is not None else None
+                if verdict is not None and verdict != "stop":  # rejected: never emitted, never a crash
+                    seq.finish_reason, seq.error = "error", verdict
+                    finished.append(seq)
+                    outputs.append(self._output(seq, [], None))
+                    continue
+                seq.token_ids.append(token)
+                # a complete grammar ends the request ("stop") even under ignore_eos or min_tokens: nothing
+                # more could be generated (the mask would allow only eos)
+                reason = "stop" if verdict == "stop" else self._check_stop(seq, token)
                 if reason is not None:
                     seq.finish_reason = reason
                     finished.append(seq)
@@ -120,6 +160,21 @@ class EngineCore:
         self.scheduler.update(batch)
         for seq in finished:
             self.scheduler.finish(seq, seq.finish_reason or "stop")
+            if seq.structured is not None:
+                self.structured.release(seq)
+        return outputs
+
+    def _admit_compiled(self) -> list[RequestOutput]:
+        """Release requests whose grammar is ready; finish those whose compile failed with "error"."""
+        ready, failed = self.structured.poll()
+        for seq in ready:
+            self.scheduler.release(seq)
+        outputs = []
+        for seq, why in failed:
+            seq.error = why
+            self.scheduler.finish(seq, "error")
+            self._prompt_logprobs.pop(seq.request_id, None)
+            outputs.append(self._output(seq, [], None))
         return outputs
 
     def _pool_step(self, batch: list[ScheduledSeq], pooler: Pooler) -> list[RequestOutput]:
@@ -156,7 +211,7 @@ class EngineCore:
         if reason == "abort":
             self._prompt_logprobs.pop(seq.request_id, None)
         return RequestOutput(
-            seq.request_id, new, finish_reason=reason, stop_token_id=seq.stop_token_id,
+            seq.request_id, new, finish_reason=reason, stop_token_id=seq.stop_token_id, error=seq.error,
             logprobs=[lp] if lp is not None else None, prompt_logprobs=prompt_lps,
             num_cached_tokens=max(seq.num_cached_tokens, 0), arrival_time=seq.arrival_time,
             scheduled_time=seq.scheduled_time, first_token_time=seq.first_token_time,

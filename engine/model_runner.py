@@ -7,12 +7,16 @@ import logging
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from engine.attention import AttnMetadata, PrefillChunk, TritonOps
 from engine.config import EngineConfig
-from engine.models.loader import ModelLoadError, load_model, read_config, resolve_model, slow_half_precision
+from engine.models.llama import CausalLM
+from engine.models.loader import (
+    ModelInfo, ModelLoadError, load_model, read_config, resolve_model, slow_half_precision,
+)
 from engine.sequence import ScheduledSeq
 
 log = logging.getLogger("engine")
@@ -59,6 +63,15 @@ def pick_device(requested: str) -> torch.device:
     return torch.device(requested)
 
 
+def make_runner(config: EngineConfig) -> ModelRunner:
+    """This process's runner: the whole model, or rank 0 of a tensor-parallel group (which starts the others)."""
+    if config.tensor_parallel_size > 1:
+        from engine.distributed.runner import TPModelRunner
+
+        return TPModelRunner(config)
+    return ModelRunner(config)
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, *, use_triton: bool | None = None) -> None:
         """use_triton None: the Triton kernels on CUDA when triton imports, the torch reference elsewhere."""
@@ -70,7 +83,7 @@ class ModelRunner:
             raise ModelLoadError(f"--max-model-len {config.max_model_len} exceeds the model's "
                                  f"max_position_embeddings {max_pos}; pass at most {max_pos}")
         self.max_model_len = config.max_model_len or max_pos
-        self.model, info = load_model(path, config.dtype, self.device, max_positions=self.max_model_len)
+        self.model, info = self._load(path, config)
         self.vocab_size = info.vocab_size
         self.eos_token_ids = info.eos_token_ids
         self.generation_defaults = info.generation_defaults
@@ -105,6 +118,10 @@ class ModelRunner:
             if self.head_workers > 1 else None
         if use_triton:
             self.model.ops = TritonOps
+
+    def _load(self, path: Path, config: EngineConfig) -> tuple[CausalLM, ModelInfo]:
+        """The whole model (a tensor-parallel runner loads its shard: engine/distributed/runner.py)."""
+        return load_model(path, config.dtype, self.device, max_positions=self.max_model_len)
 
     def _key_slots(self, block_table: list[int], ctx_len: int) -> torch.Tensor:
         """Slots of positions 0..ctx_len-1 of one sequence."""

@@ -46,7 +46,8 @@ class Scheduler:
         self.num_preemptions = 0
 
     # ---- admission + removal ----------------------------------------------------------------
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: Sequence, *, hold: bool = False) -> None:
+        """Queue seq, or with hold keep it WAITING_FOR_GRAMMAR (counted as waiting) until `release`."""
         n, max_tokens = seq.num_prompt_tokens, seq.params.max_tokens
         if n == 0:
             raise RequestRefused("the prompt is empty; send at least one token")
@@ -68,7 +69,17 @@ class Scheduler:
         self._by_id[seq.request_id] = seq
         self._order[seq] = self._counter
         self._counter += 1
-        self._push_waiting(seq)
+        if hold:
+            seq.status = SeqStatus.WAITING_FOR_GRAMMAR
+            self._num_waiting += 1
+        else:
+            self._push_waiting(seq)
+
+    def release(self, seq: Sequence) -> None:
+        """A held sequence may run: it queues in its arrival place (its order was taken at add)."""
+        if seq.status is SeqStatus.WAITING_FOR_GRAMMAR and self._by_id.get(seq.request_id) is seq:
+            seq.status = SeqStatus.WAITING
+            heapq.heappush(self._waiting, (self._rank(seq), seq.arrival_time, self._order[seq], seq))
 
     def abort(self, request_ids: Iterable[str]) -> list[Sequence]:
         """Finish the named requests now with finish_reason "abort"; unknown ids are ignored."""
@@ -84,7 +95,7 @@ class Scheduler:
         """Free seq's blocks and forget it (it leaves `running` / the waiting heap lazily)."""
         if self._by_id.get(seq.request_id) is not seq:
             return  # already finished
-        if seq.status is SeqStatus.WAITING:
+        if seq.status is SeqStatus.WAITING or seq.status is SeqStatus.WAITING_FOR_GRAMMAR:
             self._num_waiting -= 1
             if len(self._waiting) > 2 * self._num_waiting + 64:  # drop finished entries at once
                 self._waiting = [e for e in self._waiting

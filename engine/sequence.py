@@ -11,11 +11,14 @@ from engine.messages import SamplingParams
 if TYPE_CHECKING:
     import torch
 
+    from engine.structured.manager import StructuredState
+
 
 class SeqStatus(enum.Enum):
     WAITING = 0
     RUNNING = 1
     FINISHED = 2
+    WAITING_FOR_GRAMMAR = 3  # its constraint is compiling: not schedulable yet (vLLM's WAITING_FOR_FSM)
 
 
 @dataclass(eq=False, slots=True)
@@ -36,6 +39,8 @@ class Sequence:
     generator: torch.Generator | None = None  # per-request RNG when params.seed is set
     finish_reason: str | None = None
     stop_token_id: int | None = None
+    error: str | None = None  # with finish_reason "error": why (a grammar that failed to compile or match)
+    structured: StructuredState | None = None  # params.structured_outputs' matcher (engine/structured/)
 
     @classmethod
     def new(cls, request_id: str, prompt: list[int], params: SamplingParams,

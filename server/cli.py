@@ -56,6 +56,17 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--max-stop-token-ids", "max_stop_token_ids", int, "most stop_token_ids in one request"),
     ("--max-logit-bias", "max_logit_bias", int, "most logit_bias entries in one request"),
     ("--max-allowed-token-ids", "max_allowed_token_ids", int, "most allowed_token_ids in one request"),
+    ("--max-structured-output-size", "max_structured_output_size", str,
+     "largest structured-output spec (JSON schema, regex, choices, grammar) in one request, e.g. 64KiB"),
+    ("--tool-call-parser", "tool_call_parser", str,
+     "hermes or mistral: read tool calls out of the output (tool_choice required / named use its format)"),
+    ("--reasoning-parser", "reasoning_parser", str,
+     "deepseek_r1 or qwen3: split <think>...</think> into message.reasoning / reasoning_content"),
+    ("--tensor-parallel-size", "tensor_parallel_size", int, "engine ranks sharing each layer (torch.distributed)"),
+    ("--nnodes", "nnodes", int, "nodes the tensor-parallel ranks span"),
+    ("--node-rank", "node_rank", int, "this node (0 serves the API; the others run --headless)"),
+    ("--master-addr", "master_addr", str, "node 0's address, where the ranks meet"),
+    ("--master-port", "master_port", int, "node 0's rendezvous port (0: a free one; one node only)"),
 ]
 
 
@@ -72,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="put request bodies and output text in the access log (off by default: privacy)")
     parser.add_argument("--trust-request-chat-template", dest="trust_request_chat_template", action="store_const",
                         const=True, default=None, help="let requests bring their own chat_template")
+    parser.add_argument("--enable-auto-tool-choice", dest="enable_auto_tool_choice", action="store_const",
+                        const=True, default=None, help='allow tool_choice "auto" (needs --tool-call-parser)')
+    parser.add_argument("--headless", dest="headless", action="store_const", const=True, default=None,
+                        help="a node other than 0: run its tensor-parallel ranks only, no API server")
     parser.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_const",
                         const=False, default=None, help="turn the prefix cache off")
     parser.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_const", const=True,
@@ -224,4 +239,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         print(f"spindle: {e}", file=sys.stderr)
         return 2
+    if config.headless:
+        return run_headless(config)
     return run_server(config)
+
+
+def run_headless(config: ServerConfig) -> int:
+    """A node other than 0: its engine ranks join node 0's group (engine/distributed/worker.py); no API."""
+    import importlib
+
+    # imported by name: the engine (torch) is outside the server's strict typing
+    worker = importlib.import_module("engine.distributed.worker")
+    return int(worker.main(["--nnodes", str(config.nnodes), "--node-rank", str(config.node_rank),
+                        "--master-addr", config.master_addr, "--master-port", str(config.master_port),
+                        "--timeout", str(config.distributed_timeout)]))

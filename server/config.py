@@ -73,6 +73,20 @@ class ServerConfig:
     max_stop_token_ids: int = 1024
     max_logit_bias: int = 1024
     max_allowed_token_ids: int = 262144  # above any vocabulary: refuses only padded (repeated) lists
+    # Tool calling and reasoning (vLLM's flags): parser names from server/tools/registry.py and
+    # server/reasoning/parser.py.
+    enable_auto_tool_choice: bool = False  # tool_choice "auto" (needs tool_call_parser)
+    tool_call_parser: str | None = None  # "hermes" | "mistral": reads tool calls out of the model's text
+    reasoning_parser: str | None = None  # "deepseek_r1" | "qwen3": splits <think>...</think> into `reasoning`
+    max_structured_output_size: int = 64 << 10  # bytes of one constraint's spec (schema, regex, choices, grammar)
+    # Tensor parallelism (engine/distributed/): torchrun's names; nodes other than 0 run --headless.
+    tensor_parallel_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0  # 0: a free port (one node only)
+    headless: bool = False  # this node only runs engine ranks, no API server (node_rank > 0)
+    distributed_timeout: float = 120.0  # seconds to join the group, and the longest one collective may wait
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "log_level", str(self.log_level).lower())  # WARNING and warning alike
@@ -110,6 +124,10 @@ class ServerConfig:
         _check_pooler_config(self.pooler_config, self.runner)
         if self.log_level not in get_args(LogLevel):
             raise ValueError(f"--log-level must be one of {', '.join(get_args(LogLevel))}; got {self.log_level!r}")
+        _check_parsers(self)
+        if self.headless != (self.node_rank > 0):
+            raise ValueError("--headless is for nodes other than 0 (--node-rank 1 and up), and those run only "
+                             f"headless; got --node-rank {self.node_rank}{' --headless' if self.headless else ''}")
         if any(not k for k in self.api_keys):
             raise ValueError("--api-key must not be empty")
         self._engine_config(self.model or "<demo>")  # the engine's own checks (dtype, sizes) fail here, at startup
@@ -143,6 +161,8 @@ class ServerConfig:
             scheduling_policy=self.scheduling_policy, runner=self.runner,
             pooling_type=str(self.pooler_config.get("pooling_type", "LAST")).upper(),
             pooling_normalize=bool(self.pooler_config.get("normalize", True)),
+            tensor_parallel_size=self.tensor_parallel_size, nnodes=self.nnodes, node_rank=self.node_rank,
+            master_addr=self.master_addr, master_port=self.master_port, distributed_timeout=self.distributed_timeout,
         )
 
     def request_caps(self) -> RequestCaps:
@@ -183,11 +203,11 @@ class ServerConfig:
 
 # The fields that become RequestCaps: each at least 1.
 _CAP_FIELDS = ("max_prompts_per_request", "max_choices_per_request", "max_stop_strings", "max_stop_string_length",
-               "max_stop_token_ids", "max_logit_bias", "max_allowed_token_ids")
+               "max_stop_token_ids", "max_logit_bias", "max_allowed_token_ids", "max_structured_output_size")
 # SPINDLE_* variables that other parts of the project read (not ServerConfig fields).
 _NOT_CONFIG = frozenset({"api_key", "output_chunk", "cache_dir", "fuzz_examples", "direct_write"})
 # Byte sizes: written "2GiB", "512MiB", "1.5G" or plain bytes, as env vars and as flags.
-SIZE_FIELDS = ("kv_cache_memory", "max_request_body")
+SIZE_FIELDS = ("kv_cache_memory", "max_request_body", "max_structured_output_size")
 # JSON objects: written as JSON text, as env vars and as flags.
 JSON_FIELDS = ("default_chat_template_kwargs", "pooler_config")
 
@@ -225,6 +245,20 @@ def _check_pooler_config(cfg: dict[str, Any], runner: str) -> None:
     if dims is not None and (not isinstance(dims, list) or not dims
                              or not all(type(d) is int and d >= 1 for d in dims)):
         raise ValueError(f"--pooler-config: matryoshka_dimensions must be a list of positive integers, got {dims!r}")
+
+
+def _check_parsers(config: ServerConfig) -> None:
+    from server.reasoning.parser import REASONING_PARSERS
+    from server.tools.registry import TOOL_PARSERS
+
+    if config.tool_call_parser is not None and config.tool_call_parser not in TOOL_PARSERS:
+        raise ValueError(f"--tool-call-parser must be one of {', '.join(TOOL_PARSERS)}; "
+                         f"got {config.tool_call_parser!r}")
+    if config.enable_auto_tool_choice and config.tool_call_parser is None:
+        raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")
+    if config.reasoning_parser is not None and config.reasoning_parser not in REASONING_PARSERS:
+        raise ValueError(f"--reasoning-parser must be one of {', '.join(REASONING_PARSERS)}; "
+                         f"got {config.reasoning_parser!r}")
 
 
 def parse_size(name: str, text: str | int) -> int:

@@ -25,7 +25,7 @@ import torch
 
 from engine.kernels.metadata import PagedBatch, build_paged_batch
 
-__all__ = ["PagedBatch", "build_paged_batch", "decode_attention", "fused_add_rms_norm", "prefill_attention",
+__all__ = ["PagedBatch", "apply_token_bitmask", "build_paged_batch", "decode_attention", "fused_add_rms_norm", "prefill_attention",
            "rms_norm", "rotary_embedding", "triton_available", "use_triton", "write_kv_cache"]
 # No function here may share a kernel module's name: importing engine.kernels.X rebinds engine.kernels.X.
 
@@ -97,3 +97,8 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         return mod.paged_prefill_attention(*args, sliding_window=sliding_window,  # type: ignore[no-any-return]
                                            max_query_len=batch.max_query_len)
     return mod.paged_prefill_attention_ref(*args, sliding_window=sliding_window)  # type: ignore[no-any-return]
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
+    """In place: logits[rows[i], t] = -inf where bit t of bitmask[i] is 0 (bitmask [M, ceil(V / 32)] int32)."""
+    _pick("token_bitmask", "apply_token_bitmask", logits.device)(logits, bitmask, rows)

@@ -63,6 +63,9 @@ def variants(quick: bool = False) -> list[Variant]:
                                {"HEAD_DIM": d, "BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_D": d,
                                 "DOT_PRECISION": precision, "UPCAST": False}, ("scale",),
                                num_warps=prefill_num_warps(64, d, 4 if dt == "fp32" else 2)))
+    for dt in (["fp32"] if quick else ["fp32", "bf16"]):  # the sampler's logits are float32; bf16 for a caller's
+        out.append(Variant("token_bitmask", "_bitmask_kernel",
+                           {"logits_ptr": dt, "bitmask_ptr": "i32", "rows_ptr": "i64"}, {"BLOCK": 1024}))
     return out
 
 

@@ -17,8 +17,8 @@ from typing import Literal
 
 import tokenizers
 
-Family = Literal["qwen2", "llama", "mistral"]
-AnyFamily = Literal["qwen2", "llama", "mistral", "tekken"]
+Family = Literal["qwen2", "qwen2.5", "llama", "mistral"]
+AnyFamily = Literal["qwen2", "qwen2.5", "llama", "mistral", "tekken"]
 FAMILIES: tuple[AnyFamily, ...] = ("qwen2", "llama", "mistral", "tekken")
 
 # Bump when the files written change, so stale caches are not reused.
@@ -26,9 +26,22 @@ _CACHE_VERSION = "v1"
 
 QWEN2_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 QWEN2_SPECIAL_START_ID = 151643
+# Qwen2.5's added tokens after the three above, at their ids (151646..151664), and whether each is special.
+# <tool_call>, </tool_call> and the fim/repo/file tokens are not: they survive skip_special_tokens.
+QWEN25_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
+    ("<|object_ref_start|>", True), ("<|object_ref_end|>", True), ("<|box_start|>", True), ("<|box_end|>", True),
+    ("<|quad_start|>", True), ("<|quad_end|>", True), ("<|vision_start|>", True), ("<|vision_end|>", True),
+    ("<|vision_pad|>", True), ("<|image_pad|>", True), ("<|video_pad|>", True),
+    ("<tool_call>", False), ("</tool_call>", False),
+    ("<|fim_prefix|>", False), ("<|fim_middle|>", False), ("<|fim_suffix|>", False), ("<|fim_pad|>", False),
+    ("<|repo_name|>", False), ("<|file_sep|>", False),
+)
+QWEN25_VOCAB_SIZE = 151_665  # tokens the tokenizer defines; Qwen2.5 checkpoints pad the embedding to 151,936
 
-_VOCAB_SIZES: dict[str, int] = {"qwen2": 151_646, "llama": 32_000, "mistral": 32_000, "tekken": 131_072}
-_EOS_IDS: dict[str, list[int]] = {"qwen2": [151645, 151643], "llama": [2], "mistral": [2], "tekken": [2]}
+_VOCAB_SIZES: dict[str, int] = {"qwen2": 151_646, "qwen2.5": QWEN25_VOCAB_SIZE, "llama": 32_000, "mistral": 32_000,
+                                "tekken": 131_072}
+_EOS_IDS: dict[str, list[int]] = {"qwen2": [151645, 151643], "qwen2.5": [151645, 151643], "llama": [2],
+                                  "mistral": [2], "tekken": [2]}
 
 QWEN2_CHAT_TEMPLATE = (
     "{%- if messages and messages[0]['role'] == 'system' %}"
@@ -39,6 +52,47 @@ QWEN2_CHAT_TEMPLATE = (
     "{%- for message in messages %}"
     "{%- if not (loop.first and message['role'] == 'system') %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# Qwen2.5-Instruct's template: tools in the system prompt, <tool_call> blocks, <tool_response> turns.
+QWEN25_CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}"
+    "{%- else %}{{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}{%- endif %}"
+    "{{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>\" }}"
+    "{%- for tool in tools %}{{- \"\\n\" }}{{- tool | tojson }}{%- endfor %}"
+    "{{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, "
+    "\\\"arguments\\\": <args-json-object>}\\n</tool_call><|im_end|>\\n\" }}"
+    "{%- else %}"
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if (message.role == 'user') or (message.role == 'system' and not loop.first) or "
+    "(message.role == 'assistant' and not message.tool_calls) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    "{%- elif message.role == 'assistant' %}"
+    "{{- '<|im_start|>' + message.role }}"
+    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
+    "{%- for tool_call in message.tool_calls %}"
+    "{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' }}{{- tool_call.name }}{{- '\", \"arguments\": ' }}"
+    "{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != 'tool') %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' }}{{- message.content }}{{- '\\n</tool_response>' }}"
+    "{%- if loop.last or (messages[loop.index0 + 1].role != 'tool') %}{{- '<|im_end|>\\n' }}{%- endif %}"
     "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
@@ -104,8 +158,24 @@ def _qwen2_tokenizer() -> tokenizers.Tokenizer:
     return tok
 
 
-def _write_qwen2(path: Path) -> None:
-    _qwen2_tokenizer().save(str(path / "tokenizer.json"))
+def _qwen25_tokenizer() -> tokenizers.Tokenizer:
+    """Qwen2's vocabulary plus Qwen2.5's added tokens at their ids (151,665 tokens)."""
+    tok = _qwen2_tokenizer()
+    for token, special in QWEN25_ADDED_TOKENS:
+        added = tokenizers.AddedToken(token, normalized=False, special=special)
+        if special:
+            tok.add_special_tokens([added])
+        else:
+            tok.add_tokens([added])
+    for offset, (token, _) in enumerate(QWEN25_ADDED_TOKENS):
+        want = QWEN2_SPECIAL_START_ID + len(QWEN2_SPECIAL_TOKENS) + offset
+        if tok.token_to_id(token) != want:
+            raise RuntimeError(f"qwen2.5 added token {token!r} got id {tok.token_to_id(token)}, expected {want}")
+    return tok
+
+
+def _write_qwen2(path: Path, qwen25: bool = False) -> None:
+    (_qwen25_tokenizer() if qwen25 else _qwen2_tokenizer()).save(str(path / "tokenizer.json"))
     config = {
         "tokenizer_class": "Qwen2Tokenizer",
         "bos_token": None,
@@ -117,7 +187,7 @@ def _write_qwen2(path: Path) -> None:
         "model_max_length": 131072,
         "errors": "replace",
         "split_special_tokens": False,
-        "chat_template": QWEN2_CHAT_TEMPLATE,
+        "chat_template": QWEN25_CHAT_TEMPLATE if qwen25 else QWEN2_CHAT_TEMPLATE,
     }
     (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False))
     special = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "additional_special_tokens": ["<|im_start|>", "<|im_end|>"]}
@@ -196,12 +266,14 @@ def write_tokenizer(family: Family, path: str | Path) -> None:
     path.mkdir(parents=True, exist_ok=True)
     if family == "qwen2":
         _write_qwen2(path)
+    elif family == "qwen2.5":
+        _write_qwen2(path, qwen25=True)
     elif family == "llama":
         _write_sentencepiece(path, LLAMA_CHAT_TEMPLATE)
     elif family == "mistral":
         _write_sentencepiece(path, MISTRAL_CHAT_TEMPLATE)
     else:
-        raise ValueError(f"unknown tokenizer family {family!r}; use one of 'qwen2', 'llama', 'mistral'")
+        raise ValueError(f"unknown tokenizer family {family!r}; use one of 'qwen2', 'qwen2.5', 'llama', 'mistral'")
 
 
 def _tekken_tokenizer() -> tokenizers.Tokenizer:
@@ -293,6 +365,6 @@ def load_tokenizer(family: AnyFamily) -> tokenizers.Tokenizer:
     """The family's fast tokenizer, built once and cached on disk. Shared per process: do not mutate it."""
     if family == "tekken":
         return tokenizers.Tokenizer.from_file(str(_tekken_file()))
-    if family not in ("qwen2", "llama", "mistral"):
+    if family not in ("qwen2", "qwen2.5", "llama", "mistral"):
         raise ValueError(f"unknown tokenizer family {family!r}; use one of {', '.join(FAMILIES)}")
     return tokenizers.Tokenizer.from_file(str(tokenizer_dir(family) / "tokenizer.json"))

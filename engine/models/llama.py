@@ -159,11 +159,16 @@ class CausalLM:
                             k.view(t, a.num_kv_heads, a.head_dim), self.cos_sin)
             ops.write_kv(k, v.view(t, a.num_kv_heads, a.head_dim), k_cache, v_cache, meta.slot_mapping)
             attn = ops.attention(q, k_cache, v_cache, meta, self.scale)
-            x = x + F.linear(attn.reshape(t, self.q_size), layer.o_w, layer.o_b)
+            x = x + self.all_reduce(F.linear(attn.reshape(t, self.q_size), layer.o_w, layer.o_b))
             h = ops.rms_norm(x, layer.ln2, a.rms_norm_eps)
             gate, up = F.linear(h, layer.gate_up_w, layer.gate_up_b).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down_w, layer.down_b)
+            x = x + self.all_reduce(F.linear(F.silu(gate) * up, layer.down_w, layer.down_b))
         return x
+
+    def all_reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        """A row-parallel projection's partial sum -> the full one: the identity on one rank (tensor parallel:
+        engine/distributed/tp_model.py sums over the ranks)."""
+        return partial
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.embed is None:

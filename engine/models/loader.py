@@ -9,13 +9,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
 
 from engine.models.llama import SUPPORTED_ARCHITECTURES, CausalLM, ConfigError, ModelArgs
 from engine.models.progress import LoadProgress
+
+if TYPE_CHECKING:
+    from engine.distributed.sharding import Shard
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # generation_config.json keys that become the server's default sampling parameters.
@@ -60,6 +63,21 @@ def resolve_model(model: str) -> Path:
             f"hub ({type(e).__name__}: {why}); pass the path of a local checkpoint folder instead") from e
 
 
+def tokenizer_token_count(folder: Path) -> int | None:
+    """How many ids the folder's tokenizer.json defines (None: no readable tokenizer.json).
+
+    Checkpoints pad the embedding beyond the tokenizer (Qwen2.5: 151,936 rows, 151,665 tokens); ids past the
+    tokenizer are not tokens, so the engine never samples them."""
+    try:
+        data = json.loads((folder / "tokenizer.json").read_text())
+        vocab = data["model"]["vocab"]
+        top = (max(vocab.values(), default=-1) + 1) if isinstance(vocab, dict) else len(vocab)
+        added = max((int(t["id"]) + 1 for t in data.get("added_tokens") or ()), default=0)
+        return max(top, added) or None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
@@ -85,7 +103,8 @@ def _id_list(value: Any) -> list[int]:
 class _Weights:
     """Name -> tensor over one or many safetensors files, opened lazily."""
 
-    def __init__(self, folder: Path, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, folder: Path, dtype: torch.dtype, device: torch.device, *, quiet: bool = False) -> None:
+        """quiet: no progress lines (tensor-parallel ranks other than 0: the load is logged once)."""
         self.dtype, self.device = dtype, device
         index = folder / "model.safetensors.index.json"
         if index.exists():
@@ -104,7 +123,7 @@ class _Weights:
                 with safe_open(f, framework="pt") as h:
                     self.files.update({name: f for name in h.keys()})
         self._handles: dict[Path, Any] = {}
-        self.progress = LoadProgress(len(self.files))
+        self.progress = LoadProgress(len(self.files), quiet=quiet)
 
     def __contains__(self, name: str) -> bool:
         return name in self.files
@@ -148,8 +167,11 @@ def slow_half_precision(dtype: str, device: torch.device) -> str | None:
 
 
 def load_model(path: str | Path, dtype: str, device: torch.device | str,
-               max_positions: int | None = None) -> tuple[CausalLM, ModelInfo]:
-    """Build the model from a checkpoint folder. max_positions sizes the rotary table (default: the config's)."""
+               max_positions: int | None = None, shard: Shard | None = None) -> tuple[CausalLM, ModelInfo]:
+    """Build the model from a checkpoint folder. max_positions sizes the rotary table (default: the config's).
+
+    shard: this tensor-parallel rank's part only (engine/distributed/sharding.py); info then counts its KV heads.
+    """
     folder, device = Path(path), torch.device(device)
     cfg = read_config(folder)
     try:
@@ -160,16 +182,23 @@ def load_model(path: str | Path, dtype: str, device: torch.device | str,
         raise ModelLoadError(f"{folder / 'config.json'} lacks or mangles {e}; "
                              f"supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}") from e
     dtype_name = pick_dtype(dtype, cfg.get("torch_dtype") or cfg.get("dtype"), device)
-    weights = _Weights(folder, _DTYPES[dtype_name], device)
+    positions = max_positions or args.max_position_embeddings
+    num_kv_heads = args.num_kv_heads
     with torch.inference_mode():
-        model = CausalLM(args, weights, "lm_head.weight" in weights,
-                         max_positions or args.max_position_embeddings)
+        if shard is None:
+            weights = _Weights(folder, _DTYPES[dtype_name], device)
+            model = CausalLM(args, weights, "lm_head.weight" in weights, positions)
+        else:
+            weights = shard.weights(folder, args, _DTYPES[dtype_name], device)
+            model = shard.build(args, weights, "lm_head.weight" in weights, positions)
+            num_kv_heads = model.args.num_kv_heads  # this rank's own (maybe replicated) KV heads
     weights.progress.close()
 
     gen = _read_json(folder / "generation_config.json") if (folder / "generation_config.json").exists() else {}
     eos = _id_list(gen.get("eos_token_id")) or _id_list(cfg.get("eos_token_id"))
     defaults = {k: gen[k] for k in _SAMPLING_KEYS if isinstance(gen.get(k), (int, float))}
-    info = ModelInfo(vocab_size=args.vocab_size, max_position_embeddings=args.max_position_embeddings,
+    tokens = tokenizer_token_count(folder)
+    info = ModelInfo(vocab_size=min(args.vocab_size, tokens) if tokens else args.vocab_size, max_position_embeddings=args.max_position_embeddings,
                      eos_token_ids=eos, generation_defaults=defaults, dtype=dtype_name,
-                     num_layers=args.num_layers, num_kv_heads=args.num_kv_heads, head_dim=args.head_dim)
+                     num_layers=args.num_layers, num_kv_heads=num_kv_heads, head_dim=args.head_dim)
     return model, info

@@ -14,11 +14,13 @@ class LoadProgress:
     """Counts loaded tensors out of `total`. Terminal: one `\\r` bar; else a line per `step_pct` percent."""
 
     def __init__(self, total: int, label: str = "loading weights", *, stream: TextIO | None = None,
-                 step_pct: int = 25, min_redraw_s: float = 0.1) -> None:
+                 step_pct: int = 25, min_redraw_s: float = 0.1, quiet: bool = False) -> None:
+        """quiet: count, but draw and log nothing."""
         self.total = max(total, 1)
+        self.quiet = quiet
         self.label = label
         self.stream = stream if stream is not None else sys.stderr
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.tty = not quiet and bool(getattr(self.stream, "isatty", lambda: False)())
         self.step_pct = step_pct
         self.min_redraw_s = min_redraw_s
         self.done = 0
@@ -26,7 +28,7 @@ class LoadProgress:
         self._last_draw = 0.0
         self._last_pct = -1
         self._closed = False
-        if not self.tty:
+        if not self.tty and not quiet:
             log.info("%s: %d tensors", label, total)
 
     def advance(self, n: int = 1) -> None:
@@ -36,6 +38,8 @@ class LoadProgress:
             if now - self._last_draw >= self.min_redraw_s or self.done == self.total:
                 self._last_draw = now
                 self._draw()
+            return
+        if self.quiet:
             return
         pct = self.done * 100 // self.total
         mark = pct - pct % self.step_pct
@@ -56,6 +60,8 @@ class LoadProgress:
             return
         self._closed = True
         took = time.monotonic() - self.start
+        if self.quiet:
+            return
         if self.tty:
             self.done = self.total
             self._draw()

@@ -27,9 +27,10 @@ _SAMPLING = {"qwen2": {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetitio
              "llama": {"temperature": 0.6, "top_p": 0.9}, "mistral": {}}
 
 DEMO = dict(arch="qwen2", hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=2, head_dim=64,
-            intermediate_size=384, vocab_size=151_646, tie_word_embeddings=True, rope_theta=1_000_000.0,
-            max_position_embeddings=4096, seed=0)
-_DEMO_NAME = "demo-qwen2"
+            intermediate_size=384, vocab_size=151_936, tie_word_embeddings=True, rope_theta=1_000_000.0,
+            max_position_embeddings=4096, seed=0, tokenizer_family="qwen2.5")
+# Versioned: a demo cached by an older build (Qwen2's 151,646-token tokenizer, ChatML without tools) is rebuilt.
+_DEMO_NAME = "demo-qwen2.5-v2"
 
 
 def _reinit(model: torch.nn.Module, hidden_size: int, seed: int) -> None:
@@ -53,8 +54,11 @@ def write_random_checkpoint(path: str | Path, arch: Arch, *, hidden_size: int, n
                             tie_word_embeddings: bool, rope_theta: float, max_position_embeddings: int,
                             seed: int, head_dim: int | None = None, rope_scaling: dict[str, Any] | None = None,
                             sliding_window: int | None = None, dtype: str = "float32", shards: int = 1,
-                            tokenizer: bool = True) -> Path:
-    """Write a checkpoint folder at `path` (which must not exist yet) atomically; returns it."""
+                            tokenizer: bool = True, tokenizer_family: str | None = None) -> Path:
+    """Write a checkpoint folder at `path` (which must not exist yet) atomically; returns it.
+
+    tokenizer_family: the tokenizer written (default: the arch's; "qwen2.5" for Qwen2.5's added tokens and
+    tool-calling template)."""
     import transformers  # late: the engine imports this module, only builders need transformers
 
     path = Path(path)
@@ -92,7 +96,7 @@ def write_random_checkpoint(path: str | Path, arch: Arch, *, hidden_size: int, n
         if tokenizer:
             from engine.models.hf_tokenizer import write_tokenizer
 
-            write_tokenizer(arch, tmp)
+            write_tokenizer(tokenizer_family or arch, tmp)  # type: ignore[arg-type]
         os.rename(tmp, path)  # atomic: readers see no folder or a whole checkpoint
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -101,7 +105,8 @@ def write_random_checkpoint(path: str | Path, arch: Arch, *, hidden_size: int, n
 
 
 def make_demo(path: str | Path) -> Path:
-    """The demo checkpoint (random weights, real Qwen2 tokenizer and ChatML template) at `path`."""
+    """The demo checkpoint at `path`: random weights, Qwen2.5's real tokenizer (151,665 tokens, the embedding
+    padded to 151,936 as Qwen2.5's is) and its chat template, which renders tools, tool calls and tool results."""
     return write_random_checkpoint(path, **DEMO)  # type: ignore[arg-type]
 
 

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import functools
 import json
+from typing import TYPE_CHECKING
 
 import llguidance
 from llguidance.gbnf_to_lark import any_to_lark
 
 from engine.messages import StructuredOutputs
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # a TypedDict in the stubs only
+
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
-_COMPACT = {"whitespace_flexible": False}
+_COMPACT: JsonCompileOptions = {"whitespace_flexible": False}
 
 
 class GrammarError(ValueError):

@@ -97,7 +97,9 @@ async def respond(llm: AsyncLLM, specs: Sequence[GenerationSpec], fmt: Formatter
         waiting_first = keepalive > 0  # keep-alives cover the queue wait; a started stream keeps flowing
         last: dict[int, Output] = {}
         data: bytes | None = None
-        direct = direct_body.for_current_request(llm.writes) if len(outputs.states) == 1 else None
+        # A formatter with per-choice state (chat_parsing's) must see each output once: no direct writes.
+        direct_ok = len(outputs.states) == 1 and getattr(fmt, "direct_ok", True)
+        direct = direct_body.for_current_request(llm.writes) if direct_ok else None
 
         def deliver(out: Output) -> bool:  # runs in the output handler: format and write, no wake-up
             nonlocal waiting_first

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.messages import SamplingParams
+from engine.messages import SamplingParams, StructuredOutputs
 from server.http.errors import bad_request
 from server.protocol.openai import ChatCompletionRequest, CompletionRequest
 
@@ -36,6 +36,7 @@ class RequestCaps:
     max_stop_token_ids: int = 1024
     max_logit_bias: int = 1024
     max_allowed_token_ids: int = 262144
+    max_structured_output_size: int = 64 << 10  # bytes of a constraint's spec (server/pipeline/structured.py)
     priority_scheduling: bool = False  # --scheduling-policy priority: else a non-zero priority is refused
 
 
@@ -231,8 +232,10 @@ def check_prompt_ids(ids: list[int], vocab_size: int, param: str = "prompt") -> 
 
 
 def build_spec(req: CompletionRequest | ChatCompletionRequest, prompt_ids: list[int], limits: ModelLimits,
-               *, external_id: str, stream: bool, index_offset: int = 0) -> GenerationSpec:
-    """Lengths, then sampling parameters. `check_request` must have passed."""
+               *, external_id: str, stream: bool, index_offset: int = 0,
+               structured_outputs: StructuredOutputs | None = None) -> GenerationSpec:
+    """Lengths, then sampling parameters. `check_request` must have passed; `structured_outputs` comes from
+    server/pipeline/structured.py `structured_outputs` (already validated)."""
     if req.truncate_prompt_tokens is not None:
         keep = limits.max_model_len if req.truncate_prompt_tokens == -1 else req.truncate_prompt_tokens
         prompt_ids = prompt_ids[-keep:]
@@ -277,6 +280,7 @@ def build_spec(req: CompletionRequest | ChatCompletionRequest, prompt_ids: list[
         ignore_eos=req.ignore_eos,
         logprobs=num_logprobs,
         prompt_logprobs=num_logprobs if echo and num_logprobs is not None else None,
+        structured_outputs=structured_outputs,
     )
     return GenerationSpec(
         external_id=external_id,

@@ -67,7 +67,7 @@ class ThinkingConfig(msgspec.Struct, kw_only=True):
 
 
 class OutputConfig(msgspec.Struct, kw_only=True):
-    format: dict[str, Any] | None = None  # structured outputs: refused until constrained decoding exists
+    format: dict[str, Any] | None = None  # structured outputs: {"type": "json_schema", "schema": {...}}
     effort: str | None = None  # a hint for how hard to think: no knob here, accepted
 
 
@@ -100,6 +100,17 @@ class TextContent(msgspec.Struct, tag_field="type", tag="text"):
     text: str
 
 
+class ToolUseContent(msgspec.Struct, tag_field="type", tag="tool_use"):
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class ThinkingContent(msgspec.Struct, tag_field="type", tag="thinking"):
+    thinking: str
+    signature: str = ""  # Anthropic signs its thinking for replay; a local model's has nothing to sign
+
+
 class MessageUsage(msgspec.Struct):
     input_tokens: int
     output_tokens: int
@@ -109,7 +120,7 @@ class MessageResponse(msgspec.Struct, tag_field="type", tag="message", kw_only=T
     id: str
     role: str = "assistant"
     model: str
-    content: list[TextContent]
+    content: list[ThinkingContent | TextContent | ToolUseContent]
     stop_reason: str | None
     stop_sequence: str | None
     usage: MessageUsage

@@ -18,6 +18,42 @@ class StreamOptions(msgspec.Struct, kw_only=True):
     continuous_usage_stats: bool | None = None
 
 
+class JSONSchemaFormat(msgspec.Struct, kw_only=True):
+    """response_format.json_schema (OpenAI). `schema` is required in practice: its absence is a 400."""
+
+    name: str
+    description: str | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None  # enforced either way: the backend has no best-effort mode
+
+
+class ResponseFormat(msgspec.Struct, kw_only=True):
+    """OpenAI's response_format: text (no constraint), json_object (any JSON object) or json_schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+
+class StructuredOutputsParams(msgspec.Struct, kw_only=True):
+    """vLLM's `structured_outputs`: at most one of json / regex / choice / grammar / json_object.
+
+    `disable_any_whitespace` and `disable_fallback` hold as given (JSON is always compiled without free
+    whitespace, and there is one backend); `disable_additional_properties` closes the schema's objects; the
+    options the backend cannot honour (whitespace_pattern, structural_tag) are refused (400).
+    """
+
+    json: str | dict[str, Any] | None = None  # a JSON schema, as an object or as JSON text
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None  # Lark, or GBNF / EBNF (converted)
+    json_object: bool | None = None
+    disable_fallback: bool = False
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False  # true: objects without additionalProperties get false
+    whitespace_pattern: str | None = None  # refused when set
+    structural_tag: str | None = None  # refused when set
+
+
 class _GenerationRequest(msgspec.Struct, kw_only=True):
     """Fields shared by /v1/completions and /v1/chat/completions. None means 'not given'."""
 
@@ -49,6 +85,15 @@ class _GenerationRequest(msgspec.Struct, kw_only=True):
     request_id: str | None = None
     truncate_prompt_tokens: Int64 | None = None
     return_token_ids: bool = False  # vLLM: choices carry token_ids (and prompt_token_ids)
+    # constrained decoding (server/pipeline/structured.py): at most one constraint per request
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsParams | None = None
+    guided_json: str | dict[str, Any] | None = None  # vLLM's older spellings of structured_outputs.*
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None  # refused when set
+    guided_decoding_backend: str | None = None  # accepted, not used: one backend (llguidance)
 
 
 class CompletionRequest(_GenerationRequest, kw_only=True):
@@ -70,6 +115,9 @@ class ChatCompletionRequest(_GenerationRequest, kw_only=True):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
+    # "none" | "auto" | "required" | {"type": "function", "function": {"name": ...}} (server/tools/choice.py)
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # False: "required" writes exactly one call; a named choice always one
     documents: list[dict[str, Any]] | None = None
 
 
@@ -181,6 +229,13 @@ class ChatMessage(msgspec.Struct):
     refusal: str | None = None
 
 
+class ChatMessageReasoning(ChatMessage):
+    """With --reasoning-parser: the reasoning text, under vLLM's name and its older alias."""
+
+    reasoning: str | None = None
+    reasoning_content: str | None = None
+
+
 class ChatChoice(msgspec.Struct):
     index: int
     message: ChatMessage
@@ -208,6 +263,9 @@ class ChatCompletionResponse(msgspec.Struct):
 class DeltaMessage(msgspec.Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    reasoning: str | None = None  # --reasoning-parser (and its alias reasoning_content)
+    reasoning_content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # {"index", "id"?, "type"?, "function": {"name"?, "arguments"}}
 
 
 class ChatStreamChoice(msgspec.Struct):

@@ -113,7 +113,26 @@ def normalize_messages(messages: list[Any]) -> list[dict[str, Any]]:
         content = _text_content(i, message.get("content"))
         if content is not None:
             plain["content"] = content
+        if isinstance(plain.get("tool_calls"), list):
+            plain["tool_calls"] = _tool_calls(i, plain["tool_calls"])
         out.append(plain)
+    return out
+
+
+def _tool_calls(index: int, calls: list[Any]) -> list[Any]:
+    """Assistant tool calls for the template: `function.arguments` arrives as JSON text (OpenAI's wire format)
+    and reaches the template as an object, as transformers' templates expect (they `tojson` it)."""
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+            try:
+                args = json.loads(fn["arguments"]) if fn["arguments"].strip() else {}
+            except ValueError:
+                raise RenderError(f"messages[{index}].tool_calls[{j}].function.arguments is not valid JSON; "
+                                  "send the arguments as the JSON text the model produced") from None
+            call = {**call, "function": {**fn, "arguments": args}}
+        out.append(call)
     return out
 
 

@@ -155,13 +155,15 @@ def test_demo_checkpoint_built_once_and_loads(monkeypatch: pytest.MonkeyPatch, t
 
     monkeypatch.setenv("SPINDLE_CACHE_DIR", str(tmp_path))
     path = demo_checkpoint_path()
-    assert path == tmp_path / "demo-qwen2"
+    assert path == tmp_path / "demo-qwen2.5-v2"
     stamp = (path / "model.safetensors").stat().st_mtime_ns
     assert demo_checkpoint_path() == path and (path / "model.safetensors").stat().st_mtime_ns == stamp
-    assert [p.name for p in tmp_path.iterdir()] == ["demo-qwen2"]  # no temporary folder left behind
+    assert [p.name for p in tmp_path.iterdir()] == ["demo-qwen2.5-v2"]  # no temporary folder left behind
     model, info = load_model(path, "auto", "cpu")
-    assert (info.vocab_size, info.num_layers, info.num_kv_heads, info.head_dim) == (151_646, 2, 2, 64)
-    ids = torch.tensor([0, 7, 151_645])
+    # the embedding is padded to 151,936 rows as Qwen2.5's is; the engine samples only the tokenizer's 151,665
+    assert (info.vocab_size, info.num_layers, info.num_kv_heads, info.head_dim) == (151_665, 2, 2, 64)
+    assert json.loads((path / "config.json").read_text())["vocab_size"] == 151_936
+    ids = torch.tensor([0, 7, 151_645, 151_935])
     stored = load_file(path / "model.safetensors")
     assert "lm_head.weight" not in stored and model.tied  # tied: one table serves both ends
     assert torch.equal(model.embed_tokens(ids), stored["model.embed_tokens.weight"][ids])
@@ -169,6 +171,18 @@ def test_demo_checkpoint_built_once_and_loads(monkeypatch: pytest.MonkeyPatch, t
     text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     assert text.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
     assert len(tok) == info.vocab_size
+    assert tok.convert_ids_to_tokens([151652, 151655, 151656, 151657, 151658, 151664]) == [
+        "<|vision_start|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<|file_sep|>"]
+    assert tok.decode([151657, 151658, 151645], skip_special_tokens=True) == "<tool_call></tool_call>"
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    calls = [{"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function",
+                                                   "function": {"name": "f", "arguments": {"x": 1}}}]},
+             {"role": "tool", "tool_call_id": "call_1", "content": "42"}]
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}, *calls], tools=tools, tokenize=False,
+                                   add_generation_prompt=True)
+    assert "<tools>\n" + json.dumps(tools[0]) + "\n</tools>" in text
+    assert '<|im_start|>assistant\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call><|im_end|>' in text
+    assert "<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n" in text
 
 
 def test_concurrent_demo_builders_agree(tmp_path: Path) -> None:
@@ -184,9 +198,9 @@ def test_concurrent_demo_builders_agree(tmp_path: Path) -> None:
              for _ in range(2)]
     outs = [p.communicate(timeout=120)[0].strip().splitlines()[-1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0]
-    assert outs == [str(tmp_path / "demo-qwen2")] * 2
-    assert [p.name for p in tmp_path.iterdir()] == ["demo-qwen2"]  # the loser's temporary folder is gone
-    load_model(tmp_path / "demo-qwen2", "auto", "cpu")
+    assert outs == [str(tmp_path / "demo-qwen2.5-v2")] * 2
+    assert [p.name for p in tmp_path.iterdir()] == ["demo-qwen2.5-v2"]  # the loser's temporary folder is gone
+    load_model(tmp_path / "demo-qwen2.5-v2", "auto", "cpu")
 
 
 def test_half_precision_on_a_cpu_without_native_support_is_called_slow(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -287,3 +287,30 @@ def test_padded_vocabulary_columns_are_never_sampled() -> None:
     logits[:, 8:] = 5.0  # columns past the tokenizer's vocabulary
     for p in (SamplingParams(max_tokens=1), SamplingParams(max_tokens=1, temperature=0.0)):
         assert max(sampler(8).sample(logits, [seq(p)] * 50).token_ids) < 8
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_grammar_mask_survives_processing(temperature: float) -> None:
+    """Constrained decoding bans tokens (-inf) before the sampler: bias, penalties, allowed ids and min_tokens
+    never bring one back, a contradiction falls back to the masked row, and logprobs are the allowed ones'."""
+    from engine.structured.bitmask import apply_token_bitmask_cpu
+
+    V = 3000
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(4, V, generator=gen)
+    bitmask = torch.zeros(4, (V + 31) // 32, dtype=torch.int32)
+    bitmask[:, 3] = 0b1011  # tokens 96, 97, 99 allowed
+    apply_token_bitmask_cpu(logits, bitmask, [0, 1, 2, 3])
+    cases = [SamplingParams(max_tokens=8, temperature=temperature, seed=1, logit_bias={5: 100.0}, logprobs=2),
+             SamplingParams(max_tokens=8, temperature=temperature, seed=2, repetition_penalty=0.5,
+                            frequency_penalty=-2.0, presence_penalty=-2.0),
+             SamplingParams(max_tokens=8, temperature=temperature, seed=3, allowed_token_ids=[5, 6]),  # disjoint
+             SamplingParams(max_tokens=8, temperature=temperature, seed=4, min_tokens=4, stop_token_ids=[97])]
+    seqs = [seq(p, prompt=[5, 6, 7], output=[8, 5]) for p in cases]
+    out = sampler(V).sample(logits.clone(), seqs)
+    assert all(t in (96, 97, 99) for t in out.token_ids), out.token_ids
+    assert out.token_ids[3] != 97  # min_tokens still bans the stop token inside the mask
+    lp = out.logprobs[0]
+    assert lp is not None and set(lp.top_ids) <= {96, 97, 99} and math.isfinite(lp.logprob)
+    allowed = logits[0, [96, 97, 99]]
+    assert lp.logprob == pytest.approx(float(allowed[[96, 97, 99].index(lp.token_id)] - allowed.logsumexp(0)), abs=1e-5)

@@ -73,3 +73,11 @@ def test_bad_caps_and_policy_are_refused_naming_the_flag(env: dict[str, str]) ->
     with pytest.raises(ValueError) as e:
         ServerConfig.from_env(env)
     assert next(iter(env)).removeprefix("SPINDLE_").lower().replace("_", "-") in str(e.value)
+
+
+def test_max_structured_output_size_takes_sizes() -> None:
+    assert ServerConfig().request_caps().max_structured_output_size == 64 * 1024
+    assert config_from_args(["--max-structured-output-size", "1KiB"]).request_caps().max_structured_output_size == 1024
+    assert ServerConfig.from_env({"SPINDLE_MAX_STRUCTURED_OUTPUT_SIZE": "300"}).max_structured_output_size == 300
+    with pytest.raises(ValueError, match="--max-structured-output-size"):
+        ServerConfig.from_env({"SPINDLE_MAX_STRUCTURED_OUTPUT_SIZE": "0"})

@@ -12,10 +12,10 @@ import msgspec
 
 from server.http.errors import APIError, bad_request, from_decode_error
 from server.protocol.anthropic import (
-    CountTokensRequest, ImageBlock, InputMessage, MessagesRequest, TextBlock, ThinkingBlock, Tool, ToolResultBlock,
-    ToolUseBlock,
+    CountTokensRequest, ImageBlock, InputMessage, MessagesRequest, TextBlock, ThinkingBlock, Tool, ToolChoice,
+    ToolResultBlock, ToolUseBlock,
 )
-from server.protocol.openai import ChatCompletionRequest
+from server.protocol.openai import ChatCompletionRequest, JSONSchemaFormat, ResponseFormat
 
 NO_IMAGES = "images are not supported yet: this server serves a text-only model; send text content"
 _ERROR_PREFIX = "Error: "  # a failed tool result is marked in its text: templates have no is_error field
@@ -136,18 +136,50 @@ def _tool(i: int, tool: Tool) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
-def refuse_unsupported(req: CountTokensRequest) -> None:
-    """400 for what asks for behaviour this server lacks (constrained decoding, thinking on demand)."""
-    choice = req.tool_choice
-    if choice is not None and choice.type in ("any", "tool"):
-        raise bad_request(f"tool_choice {choice.type!r} (forced tool use) is not supported yet: this server cannot "
-                          "constrain output to a tool call; use \"auto\" or \"none\".", "tool_choice")
-    if req.thinking is not None and req.thinking.type != "disabled":
-        raise bad_request(f"thinking of type {req.thinking.type!r} is not supported yet; leave thinking out or set "
-                          "its type to \"disabled\".", "thinking")
-    if req.output_config is not None and req.output_config.format is not None:
-        raise bad_request("structured outputs (output_config.format) are not supported yet: this server cannot "
-                          "constrain output to a schema.", "output_config.format")
+def chat_tool_choice(choice: ToolChoice | None) -> tuple[str | dict[str, Any] | None, bool | None]:
+    """Anthropic's tool_choice -> (OpenAI's tool_choice, parallel_tool_calls). "auto" is the server's default
+    (parsed with --enable-auto-tool-choice, else the tools are only rendered); "any" is "required"."""
+    if choice is None:
+        return None, None
+    parallel = False if choice.disable_parallel_tool_use else None
+    if choice.type == "tool":
+        if not choice.name:
+            raise bad_request('tool_choice of type "tool" needs the tool\'s name.', "tool_choice.name")
+        return {"type": "function", "function": {"name": choice.name}}, parallel
+    return {"auto": None, "any": "required", "none": "none"}[choice.type], parallel
+
+
+def thinking_kwargs(req: CountTokensRequest, reasoning: bool) -> dict[str, Any] | None:
+    """`thinking` -> the template's enable_thinking (Qwen3's templates read it; others ignore it). Enabled
+    thinking needs a reasoning parser to split it out; budget_tokens is checked, not enforced."""
+    thinking = req.thinking
+    if thinking is None:
+        return None
+    if thinking.type == "disabled":
+        return {"enable_thinking": False}
+    if thinking.type not in ("enabled", "adaptive"):
+        raise bad_request(f"thinking.type must be \"enabled\", \"adaptive\" or \"disabled\", not {thinking.type!r}.",
+                          "thinking.type")
+    if not reasoning:
+        raise bad_request("thinking needs a reasoning model: start the server with --reasoning-parser, or leave "
+                          "thinking out or set its type to \"disabled\".", "thinking")
+    budget = thinking.budget_tokens
+    if thinking.type == "enabled" and (budget is None or budget < 1024):
+        raise bad_request("thinking.budget_tokens must be at least 1024.", "thinking.budget_tokens")
+    if isinstance(req, MessagesRequest) and budget is not None and budget >= req.max_tokens:
+        raise bad_request("max_tokens must be greater than thinking.budget_tokens.", "max_tokens")
+    return {"enable_thinking": True}
+
+
+def response_format(req: CountTokensRequest) -> ResponseFormat | None:
+    """output_config.format {"type": "json_schema", "schema": ...} -> OpenAI's response_format json_schema."""
+    fmt = req.output_config.format if req.output_config is not None else None
+    if fmt is None:
+        return None
+    if fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        raise bad_request('output_config.format must be {"type": "json_schema", "schema": {...}}.',
+                          "output_config.format")
+    return ResponseFormat(type="json_schema", json_schema=JSONSchemaFormat(name="output", schema=fmt["schema"]))
 
 
 def chat_tools(req: CountTokensRequest) -> list[dict[str, Any]] | None:
@@ -155,16 +187,20 @@ def chat_tools(req: CountTokensRequest) -> list[dict[str, Any]] | None:
     return [_tool(i, t) for i, t in enumerate(req.tools)] if req.tools else None
 
 
-def chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
+def chat_request(req: CountTokensRequest, *, reasoning: bool = False) -> ChatCompletionRequest:
     """The chat request the chat path renders, checks and builds the engine request from.
 
     A final assistant message is a prefill: the answer continues it, as Anthropic's API does.
+    `reasoning`: the server has a reasoning parser (thinking can be turned on).
     """
-    refuse_unsupported(req)
     messages = chat_messages(req)
     prefill = req.messages[-1].role == "assistant"
+    tool_choice, parallel = chat_tool_choice(req.tool_choice)
     chat = ChatCompletionRequest(model=req.model, messages=messages, tools=chat_tools(req),
-                                 add_generation_prompt=not prefill, continue_final_message=prefill)
+                                 add_generation_prompt=not prefill, continue_final_message=prefill,
+                                 tool_choice=tool_choice, parallel_tool_calls=parallel,
+                                 chat_template_kwargs=thinking_kwargs(req, reasoning),
+                                 response_format=response_format(req))
     if isinstance(req, MessagesRequest):
         chat.max_tokens = req.max_tokens
         chat.stop = req.stop_sequences
@@ -175,9 +211,11 @@ def chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
 
 def stop_reason(finish_reason: str | None, matched: int | str | None) -> tuple[str, str | None]:
     """(stop_reason, stop_sequence): the pipeline's Output carries the matched stop string as its stop_reason
-    (a stop token id is an int: a natural end)."""
+    (a stop token id is an int: a natural end). "tool_calls" comes from the tool parser's finish."""
     if finish_reason == "length":
         return "max_tokens", None
+    if finish_reason == "tool_calls":
+        return "tool_use", None
     if finish_reason == "stop" and isinstance(matched, str):
         return "stop_sequence", matched
     return "end_turn", None

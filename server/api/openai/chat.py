@@ -13,6 +13,7 @@ from server.http import sse
 from server.http.asgi import Send
 from server.pipeline.input_processor import build_spec, check_request, external_request_id
 from server.pipeline.output_processor import Output
+from server.pipeline.structured import check_constraint, structured_outputs
 from server.protocol.openai import (
     ChatChoice, ChatChoiceIds, ChatCompletionResponse, ChatCompletionStreamResponse, ChatMessage, ChatStreamChoice, ChatStreamChoiceIds,
     DeltaMessage,
@@ -84,6 +85,18 @@ class ChatRoute(PostRoute):
         req, llm, renderer, limits = self.state.decode_for_model(chat_decoder, body)
         require_messages(req)
         check_request(req, limits)
+        constraint = await structured_outputs(req, limits.caps)
+        config = self.state.config
+        # tool calling / reasoning: server/api/openai/chat_parsing.py (imported here: it builds on ChatFormatter)
+        from server.api.openai import chat_parsing
+
+        tooling = req.tools is not None or req.tool_choice is not None or config.reasoning_parser is not None
+        plan, parsed = None, False
+        if tooling:
+            plan = chat_parsing.plan_request_tools(req, config, renderer.tokenizer)
+            if plan is not None and plan.constraint is not None:
+                await check_constraint(plan.constraint, "tools", limits.caps)
+            parsed = (plan is not None and plan.parser is not None) or config.reasoning_parser is not None
         external = external_request_id(xid, req.request_id)
         if llm.admission is not None:  # refuse before rendering when the queue surely has no room
             admit_early(llm, req.n, req.n)
@@ -92,10 +105,18 @@ class ChatRoute(PostRoute):
             lower = await prompts_lower_bound(renderer.tokenizer, [text])
             admit_early(llm, req.n, req.n * lower)
         ids = await text_prompt_ids(renderer, text, req.add_special_tokens, "messages", fit_limits(req, limits))
-        spec = build_spec(req, ids, limits, external_id=external, stream=req.stream)
+        if tooling:
+            constraint = chat_parsing.request_constraint(plan, constraint, config, text)
+        spec = build_spec(req, ids, limits, external_id=external, stream=req.stream, structured_outputs=constraint)
         texts = self.token_texts(renderer, bool(req.logprobs))
-        fmt = ChatFormatter(f"chatcmpl-{external}", int(time.time()), self.state.model_name, req.n, texts,
-                            req.return_token_ids)
+        fmt: ChatFormatter
+        if parsed:
+            fmt = chat_parsing.ParsedChatFormatter(
+                f"chatcmpl-{external}", int(time.time()), self.state.model_name, req.n, texts, req.return_token_ids,
+                tools=plan, reasoning=config.reasoning_parser, prompt=text)
+        else:
+            fmt = ChatFormatter(f"chatcmpl-{external}", int(time.time()), self.state.model_name, req.n, texts,
+                                req.return_token_ids)
         opts = req.stream_options
         await respond(llm, [spec], fmt, send, stream=req.stream,
                       include_usage=bool(opts and opts.include_usage),

@@ -14,6 +14,7 @@ from server.pipeline.input_processor import (
     build_spec, check_prompt_ids, check_request, completion_prompts, external_request_id,
 )
 from server.pipeline.output_processor import Output
+from server.pipeline.structured import structured_outputs
 from server.protocol.openai import (
     CompletionChoice, CompletionChoiceIds, CompletionLogprobs, CompletionResponse, CompletionStreamResponse, Usage,
     completion_decoder, encoder,
@@ -94,6 +95,7 @@ class CompletionsRoute(PostRoute):
         check_request(req, limits)
         if req.echo and req.stream and req.logprobs is not None:
             raise bad_request("echo with logprobs is not supported when streaming; drop one of them.", "echo")
+        constraint = await structured_outputs(req, limits.caps)
         external = external_request_id(xid, req.request_id)
         prompts = completion_prompts(req.prompt)
         if llm.admission is not None:  # refuse before tokenizing when the queue surely has no room
@@ -108,7 +110,8 @@ class CompletionsRoute(PostRoute):
                 else:
                     check_prompt_ids(prompt, limits.vocab_size)
                     ids = prompt
-                spec = build_spec(req, ids, limits, external_id=external, stream=req.stream, index_offset=k * req.n)
+                spec = build_spec(req, ids, limits, external_id=external, stream=req.stream, index_offset=k * req.n,
+                                  structured_outputs=constraint)
                 specs.append(spec)
                 if req.echo:
                     text = prompt if isinstance(prompt, str) else await renderer.decode(ids, req.skip_special_tokens)

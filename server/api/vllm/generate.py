@@ -4,7 +4,7 @@ Request (what the /render routes answer):
     {"request_id": str?, "token_ids": [int], "sampling_params": {max_tokens?, temperature?, top_p?, top_k?,
      min_p?, n?, seed?, stop?, stop_token_ids?, ignore_eos?, min_tokens?, logprobs?, presence_penalty?,
      frequency_penalty?, repetition_penalty?, logit_bias?, allowed_token_ids?, include_stop_str_in_output?,
-     skip_special_tokens?, spaces_between_special_tokens?}, "model": str?, "stream": bool?,
+     skip_special_tokens?, spaces_between_special_tokens?, structured_outputs?}, "model": str?, "stream": bool?,
      "stream_options": {"include_usage"}?, "priority": int?}
 Response:
     {"request_id": str, "choices": [{"index", "token_ids", "finish_reason", "stop_reason", "logprobs"}],
@@ -26,7 +26,8 @@ from server.http import sse
 from server.http.asgi import Send
 from server.pipeline.input_processor import build_spec, check_prompt_ids, check_request, external_request_id
 from server.pipeline.output_processor import Output
-from server.protocol.openai import CompletionRequest, Int64, StreamOptions, Usage, encoder
+from server.pipeline.structured import structured_outputs
+from server.protocol.openai import CompletionRequest, Int64, StreamOptions, StructuredOutputsParams, Usage, encoder
 
 _enc = encoder.encode
 
@@ -52,6 +53,7 @@ class GenerateSamplingParams(msgspec.Struct, kw_only=True):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None  # vLLM's: json, regex, choice, grammar, json_object
 
 
 class GenerateRequest(msgspec.Struct, kw_only=True):
@@ -120,8 +122,10 @@ class GenerateRoute(PostRoute):
         req = as_completion_request(raw)
         check_request(req, limits)
         check_prompt_ids(raw.token_ids, limits.vocab_size, "token_ids")
+        constraint = await structured_outputs(req, limits.caps, prefix="sampling_params.")
         external = external_request_id(xid, raw.request_id)
-        spec = build_spec(req, list(raw.token_ids), limits, external_id=external, stream=raw.stream)
+        spec = build_spec(req, list(raw.token_ids), limits, external_id=external, stream=raw.stream,
+                          structured_outputs=constraint)
         texts = self.token_texts(renderer, req.logprobs is not None)
         opts = raw.stream_options
         await respond(llm, [spec], GenerateFormatter(external, texts), send, stream=raw.stream,

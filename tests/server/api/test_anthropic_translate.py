@@ -8,13 +8,17 @@ from typing import Any
 import msgspec
 import pytest
 
-from server.api.anthropic.messages import FRAMING, MessagesFormatter
+from server.api.anthropic.formatter import MessagesFormatter
+from server.api.anthropic.messages import FRAMING
+from server.api.openai.chat_parsing import ChoiceParser
 from server.api.anthropic.translate import chat_request, decode_error, stop_reason
 from server.http.errors import APIError
 from server.pipeline.output_processor import Output
 from server.protocol.anthropic import count_tokens_decoder, error_body, error_type, messages_decoder
 from server.protocol.openai import Usage
+from server.reasoning.parser import get_reasoning_parser
 from server.render.template_sandbox import render
+from server.tools.parser import HermesParser
 
 WEATHER = {"name": "get_weather", "description": "Weather for a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}
@@ -99,15 +103,14 @@ def test_a_final_assistant_message_is_a_prefill() -> None:
      "images are not supported yet", "messages[0].content[0]"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
         {"type": "image", "source": {}}]}]}]}, "images are not supported yet", "messages[0].content[0].content[0]"),
-    ({"tool_choice": {"type": "any"}, "tools": [WEATHER], "messages": [{"role": "user", "content": "x"}]},
-     "forced tool use", "tool_choice"),
-    ({"tool_choice": {"type": "tool", "name": "get_weather"}, "tools": [WEATHER],
-      "messages": [{"role": "user", "content": "x"}]}, "forced tool use", "tool_choice"),
+    ({"tool_choice": {"type": "tool"}, "tools": [WEATHER], "messages": USER}, "needs the tool's name",
+     "tool_choice.name"),
     ({"thinking": {"type": "enabled", "budget_tokens": 1024}, "messages": [{"role": "user", "content": "x"}]},
-     "thinking of type 'enabled' is not supported yet", "thinking"),
-    ({"thinking": {"type": "adaptive"}, "messages": USER}, "not supported yet", "thinking"),
-    ({"output_config": {"format": {"type": "json_schema", "schema": {}}}, "messages": USER},
-     "structured outputs", "output_config.format"),
+     "start the server with --reasoning-parser", "thinking"),
+    ({"thinking": {"type": "adaptive"}, "messages": USER}, "--reasoning-parser", "thinking"),
+    ({"thinking": {"type": "sometimes"}, "messages": USER}, "thinking.type must be", "thinking.type"),
+    ({"output_config": {"format": {"type": "json_object"}}, "messages": USER}, "json_schema",
+     "output_config.format"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}], "messages": [{"role": "user", "content": "x"}]},
      "server tools", "tools[0]"),
     ({"tools": [{"name": "f"}], "messages": USER}, "input_schema", "tools[0].input_schema"),
@@ -120,6 +123,41 @@ def test_a_final_assistant_message_is_a_prefill() -> None:
 def test_what_is_not_supported_is_refused_naming_the_field(body: dict[str, Any], words: str, param: str) -> None:
     e = refused(**body)
     assert words in e.message and e.param == param
+
+
+@pytest.mark.parametrize("choice, openai_choice, parallel", [
+    ({"type": "auto"}, None, None),  # the server's default: parsed with --enable-auto-tool-choice
+    ({"type": "any"}, "required", None),
+    ({"type": "any", "disable_parallel_tool_use": True}, "required", False),
+    ({"type": "tool", "name": "get_weather"}, {"type": "function", "function": {"name": "get_weather"}}, None),
+    ({"type": "none"}, "none", None),
+])
+def test_tool_choice_maps_onto_openais(choice: dict[str, Any], openai_choice: Any, parallel: bool | None) -> None:
+    chat = chat_request(decode(tools=[WEATHER], tool_choice=choice, messages=USER))
+    assert chat.tool_choice == openai_choice and chat.parallel_tool_calls is parallel
+
+
+def test_thinking_needs_a_reasoning_parser_and_a_budget_below_max_tokens() -> None:
+    on = chat_request(decode(thinking={"type": "enabled", "budget_tokens": 1024}, messages=USER, max_tokens=2048),
+                      reasoning=True)
+    assert on.chat_template_kwargs == {"enable_thinking": True}
+    off = chat_request(decode(thinking={"type": "disabled"}, messages=USER))
+    assert off.chat_template_kwargs == {"enable_thinking": False}
+    for budget, max_tokens, param in [(1023, 4096, "thinking.budget_tokens"), (1024, 1024, "max_tokens")]:
+        with pytest.raises(APIError) as e:
+            chat_request(decode(thinking={"type": "enabled", "budget_tokens": budget}, messages=USER,
+                                max_tokens=max_tokens), reasoning=True)
+        assert e.value.param == param
+    ok = chat_request(decode(thinking={"type": "enabled", "budget_tokens": 1024}, messages=USER, max_tokens=1025),
+                      reasoning=True)  # just over the budget
+    assert ok.chat_template_kwargs == {"enable_thinking": True}
+
+
+def test_output_config_format_becomes_a_json_schema_response_format() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    chat = chat_request(decode(output_config={"format": {"type": "json_schema", "schema": schema}}, messages=USER))
+    assert chat.response_format is not None and chat.response_format.type == "json_schema"
+    assert chat.response_format.json_schema is not None and chat.response_format.json_schema.schema == schema
 
 
 @pytest.mark.parametrize("body, param", [
@@ -169,12 +207,13 @@ def events(data: bytes) -> list[tuple[str, Any]]:
 
 
 def test_formatter_writes_anthropics_event_sequence() -> None:
-    fmt = MessagesFormatter("msg_x", "tiny", 7)
+    fmt = MessagesFormatter("msg_x", "tiny", 7, None)
     start = events(fmt.stream_start())
-    assert [k for k, _ in start] == ["message_start", "content_block_start", "ping"]
+    assert [k for k, _ in start] == ["message_start", "ping"]
     assert start[0][1]["message"]["usage"] == {"input_tokens": 7, "output_tokens": 0}
-    assert start[1][1] == {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
     assert events(fmt.stream_chunk([Output(0, "Hé\n", [1], 1)], None) or b"") == [
+        ("content_block_start", {"type": "content_block_start", "index": 0,
+                                 "content_block": {"type": "text", "text": ""}}),
         ("content_block_delta", {"type": "content_block_delta", "index": 0,
                                  "delta": {"type": "text_delta", "text": "Hé\n"}})]
     assert fmt.stream_chunk([Output(0, "", [], 1)], None) is None  # nothing new: nothing sent
@@ -190,8 +229,75 @@ def test_formatter_writes_anthropics_event_sequence() -> None:
 
 
 def test_final_message_shape() -> None:
-    fmt = MessagesFormatter("msg_x", "tiny", 7)
+    fmt = MessagesFormatter("msg_x", "tiny", 7, None)
     body = json.loads(fmt.final([Output(0, "Hello", [1, 2, 3], 3, "length")], Usage(7, 3, 10)))
     assert body == {"type": "message", "id": "msg_x", "role": "assistant", "model": "tiny",
                     "content": [{"type": "text", "text": "Hello"}], "stop_reason": "max_tokens",
                     "stop_sequence": None, "usage": {"input_tokens": 7, "output_tokens": 3}}
+
+
+def test_an_empty_stream_still_has_one_text_block() -> None:
+    fmt = MessagesFormatter("msg_x", "tiny", 7, None)
+    end = events(fmt.stream_chunk([Output(0, "", [2], 1, "length")], None) or b"")
+    assert [k for k, _ in end] == ["content_block_start", "content_block_stop", "message_delta", "message_stop"]
+
+
+def parsed(tools: bool = True, reasoning: bool = False) -> MessagesFormatter:
+    parser = ChoiceParser(get_reasoning_parser("deepseek_r1")(None) if reasoning else None,
+                          HermesParser() if tools else None)
+    return MessagesFormatter("msg_x", "tiny", 7, parser)
+
+
+ANSWER = ('<think>Paris is a city.</think>Let me check.<tool_call>\n{"name": "get_weather", "arguments": '
+          '{"city": "Paris"}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}'
+          '\n</tool_call>')
+
+
+def assemble_stream(fmt: MessagesFormatter, pieces: list[str]) -> tuple[list[dict[str, Any]], str]:
+    """What the SDK's stream accumulator builds: blocks by index, deltas appended, partial JSON parsed."""
+    blocks: dict[int, dict[str, Any]] = {}
+    json_parts: dict[int, str] = {}
+    stop = ""
+    chunks = [fmt.stream_chunk([Output(0, p, [1], i + 1)], None) for i, p in enumerate(pieces)]
+    chunks.append(fmt.stream_chunk([Output(0, "", [2], len(pieces) + 1, "stop")], None))
+    for kind, data in events(b"".join(c for c in chunks if c)):
+        if kind == "content_block_start":
+            assert data["index"] == len(blocks)  # indexes count up from 0, one block at a time
+            blocks[data["index"]] = dict(data["content_block"])
+        elif kind == "content_block_delta":
+            block, delta = blocks[data["index"]], data["delta"]
+            if delta["type"] == "text_delta":
+                block["text"] += delta["text"]
+            elif delta["type"] == "thinking_delta":
+                block["thinking"] += delta["thinking"]
+            else:
+                assert delta["type"] == "input_json_delta"
+                json_parts[data["index"]] = json_parts.get(data["index"], "") + delta["partial_json"]
+        elif kind == "message_delta":
+            stop = data["delta"]["stop_reason"]
+    for i, text in json_parts.items():
+        blocks[i]["input"] = json.loads(text)
+    return [blocks[i] for i in sorted(blocks)], stop
+
+
+@pytest.mark.parametrize("cut", [1, 2, 3, 7, len(ANSWER)])
+def test_tool_use_and_thinking_blocks_streamed_equal_the_final_message(cut: int) -> None:
+    final = json.loads(parsed(reasoning=True).final([Output(0, ANSWER, [1], 9, "stop")], Usage(7, 9, 16)))
+    assert final["stop_reason"] == "tool_use"
+    content = final["content"]
+    assert [b["type"] for b in content] == ["thinking", "text", "tool_use", "tool_use"]
+    assert content[0] == {"type": "thinking", "thinking": "Paris is a city.", "signature": ""}
+    assert content[1] == {"type": "text", "text": "Let me check."}
+    assert [(b["name"], b["input"]) for b in content[2:]] == [("get_weather", {"city": "Paris"}),
+                                                              ("get_weather", {"city": "Rome"})]
+    assert all(b["id"].startswith("toolu_") and len(b["id"]) == 30 for b in content[2:])
+    blocks, stop = assemble_stream(parsed(reasoning=True), [ANSWER[i:i + cut] for i in range(0, len(ANSWER), cut)])
+    assert stop == "tool_use"
+    strip = [{k: v for k, v in b.items() if k != "id"} for b in content]
+    assert [{k: v for k, v in b.items() if k != "id"} for b in blocks] == strip
+
+
+def test_a_call_whose_arguments_are_not_an_object_stays_text() -> None:
+    body = json.loads(parsed().final([Output(0, '<tool_call>\n{"name": "f", "arguments": [1]}\n</tool_call>', [1],
+                                             3, "stop")], Usage(7, 3, 10)))
+    assert all(b["type"] == "text" for b in body["content"])

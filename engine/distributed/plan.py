@@ -1,0 +1,91 @@
+"""A step's plan: what rank 0 broadcasts so every rank can run the same forward without a scheduler.
+
+Per scheduled sequence only what `ModelRunner.prepare` reads: the new token ids, the first position, the
+block table, whether it samples and whether it wants prompt logits. Other ranks rebuild stand-in
+sequences (`_PlannedSeq`) from it, so the runner's metadata code runs unchanged on every rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import cast
+
+import msgspec
+
+from engine.sequence import ScheduledSeq, Sequence
+
+GENERATE, POOL, TICK, STOP = 0, 1, 2, 3  # plan kinds: a generate step, a pooling step, rank 0 alive, shut down
+
+
+class PlannedSeq(msgspec.Struct, array_like=True):
+    new_token_ids: list[int]
+    start: int
+    block_table: list[int]
+    samples: bool
+    prompt_logits: bool  # the LM head runs for its rows (collective: every rank must take part)
+
+
+class StepPlan(msgspec.Struct, array_like=True):
+    kind: int
+    seqs: list[PlannedSeq] = []
+    all_rows: bool = False  # POOL: every row's hidden state (MEAN pooling)
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(StepPlan)
+
+
+def encode(plan: StepPlan) -> bytes:
+    return _encoder.encode(plan)
+
+
+def decode(data: bytes) -> StepPlan:
+    return _decoder.decode(data)
+
+
+def plan_of(kind: int, batch: list[ScheduledSeq], all_rows: bool = False) -> StepPlan:
+    seqs = []
+    for s in batch:
+        seq, start, n = s.seq, s.start, s.num_new_tokens
+        wants_prompt = seq.params.prompt_logprobs is not None and start < seq.num_prompt_tokens
+        seqs.append(PlannedSeq(seq.token_ids[start:start + n], start, seq.block_table, s.samples, wants_prompt))
+    return StepPlan(kind, seqs, all_rows)
+
+
+class _Window:
+    """token_ids[start:start + n] of a sequence whose other tokens this rank never sees."""
+
+    def __init__(self, start: int, ids: list[int]) -> None:
+        self.start, self.ids = start, ids
+
+    def __getitem__(self, s: slice) -> list[int]:
+        return self.ids[s.start - self.start:s.stop - self.start]
+
+
+@dataclass
+class _Params:
+    prompt_logprobs: int | None
+
+
+@dataclass
+class _PlannedSeqState:
+    """The fields of a Sequence that ModelRunner.prepare and ScheduledSeq read."""
+
+    token_ids: _Window
+    block_table: list[int]
+    params: _Params
+    num_computed_tokens: int
+    num_tokens: int
+    num_prompt_tokens: int
+
+
+def batch_of(plan: StepPlan) -> list[ScheduledSeq]:
+    batch = []
+    for p in plan.seqs:
+        end = p.start + len(p.new_token_ids)
+        seq = _PlannedSeqState(_Window(p.start, p.new_token_ids), p.block_table,
+                               _Params(1 if p.prompt_logits else None), p.start,
+                               end if p.samples else end + 1,  # ScheduledSeq.samples: start + n == num_tokens
+                               end + 1 if p.prompt_logits else 0)
+        batch.append(ScheduledSeq(cast(Sequence, seq), len(p.new_token_ids)))
+    return batch

@@ -1,0 +1,175 @@
+"""Grammars compiled off the engine's step, cached by constraint; one matcher per request; masks per step.
+
+A constrained request waits in the scheduler (WAITING_FOR_GRAMMAR, vLLM's WAITING_FOR_FSM) until its
+compile finishes; everything else keeps running. The backend itself (the LLTokenizer: ~1.5 s) is built
+by the first compile, in the compile thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from engine.messages import StructuredOutputs
+from engine.sequence import Sequence
+from engine.structured.backend import StructuredBackend, StructuredGrammar, allocate_bitmask
+from engine.structured.bitmask import apply_token_bitmask
+
+CACHE_SIZE = 256  # compiled grammars kept; a request copies its grammar, so eviction frees only the template
+
+
+@dataclass(slots=True)
+class StructuredState:
+    """A sequence's constraint: its own matcher, and whether the constraint applies yet (reasoning_end)."""
+
+    spec: StructuredOutputs
+    grammar: StructuredGrammar | None = None  # None until compiled
+    active: bool = True  # False until the output contains spec.reasoning_end
+    tail: bytes = b""  # the output's last bytes while inactive: reasoning_end may span tokens
+
+
+@dataclass(slots=True)
+class PendingMasks:
+    filled: Future[None]
+    bitmask: torch.Tensor
+    rows: list[int]  # logits row of each bitmask row
+
+
+class StructuredOutputManager:
+    def __init__(self, make_backend: Callable[[], StructuredBackend], device: torch.device,
+                 max_workers: int = 1) -> None:
+        self._make_backend = make_backend
+        self.device = device
+        self._max_workers = max_workers
+        self._backend: StructuredBackend | None = None
+        self._backend_lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None  # started by the first constrained request
+        self._cache: OrderedDict[StructuredOutputs, Future[StructuredGrammar]] = OrderedDict()
+        self._waiting: dict[Sequence, Future[StructuredGrammar]] = {}  # insertion order: arrival
+        self._wake = threading.Event()  # set whenever a compile finishes
+        self._bitmask: torch.Tensor | None = None
+        self._filler: ThreadPoolExecutor | None = None  # one thread: fills the step's bitmask during forward
+        self.num_live = 0  # matchers held by unfinished sequences (leak check)
+
+    # ---- compiling ---------------------------------------------------------------------------
+    def backend(self) -> StructuredBackend:
+        with self._backend_lock:  # compile threads race to build it once
+            if self._backend is None:
+                self._backend = self._make_backend()
+            return self._backend
+
+    def _compile(self, so: StructuredOutputs) -> StructuredGrammar:
+        return self.backend().compile(so)
+
+    def submit(self, seq: Sequence) -> None:
+        """Start (or join) the compile of seq's constraint; seq must be held by the scheduler meanwhile."""
+        so = seq.params.structured_outputs
+        assert so is not None
+        seq.structured = StructuredState(so, active=so.reasoning_end is None)
+        key = grammar_key(so)
+        fut = self._cache.get(key)
+        if fut is None:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._max_workers, thread_name_prefix="grammar")
+            fut = self._pool.submit(self._compile, so)
+            fut.add_done_callback(lambda _: self._wake.set())
+            self._cache[key] = fut
+            while len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        self._waiting[seq] = fut
+
+    @property
+    def num_compiling(self) -> int:
+        return len(self._waiting)
+
+    def poll(self) -> tuple[list[Sequence], list[tuple[Sequence, str]]]:
+        """(sequences whose matcher is ready, (sequences whose compile failed, why)); both leave the wait."""
+        ready: list[Sequence] = []
+        failed: list[tuple[Sequence, str]] = []
+        for seq, fut in list(self._waiting.items()):
+            if not fut.done():
+                continue
+            del self._waiting[seq]
+            error = fut.exception()
+            if error is not None:
+                failed.append((seq, f"structured output: {str(error).strip() or type(error).__name__}"))
+                continue
+            assert seq.structured is not None
+            seq.structured.grammar = fut.result().copy()
+            self.num_live += 1
+            ready.append(seq)
+        return ready, failed
+
+    def wait(self, timeout: float) -> None:
+        """Block until a compile finishes or timeout passes (the step has nothing else to run)."""
+        if any(f.done() for f in self._waiting.values()):
+            return
+        self._wake.wait(timeout)
+        self._wake.clear()
+
+    def release(self, seq: Sequence) -> None:
+        """seq finished or was aborted: drop its matcher, or forget its pending compile."""
+        self._waiting.pop(seq, None)
+        state = seq.structured
+        if state is not None and state.grammar is not None:
+            state.grammar = None
+            self.num_live -= 1
+
+    # ---- the step ------------------------------------------------------------------------------
+    def start_masks(self, seqs: list[Sequence]) -> PendingMasks | None:
+        """Fill the bitmask rows of seqs' active grammars in a thread, overlapping the forward pass
+        (the matchers do not move until the sampled tokens come back); None when none is constrained."""
+        items = [(s.structured.grammar, i) for i, s in enumerate(seqs)
+                 if s.structured is not None and s.structured.active and s.structured.grammar is not None]
+        if not items:
+            return None
+        backend = self.backend()
+        bitmask = self._bitmask_rows(len(items), backend.vocab_size)
+        if self._filler is None:
+            self._filler = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
+        fut = self._filler.submit(backend.fill_bitmasks, [(g, j) for j, (g, _) in enumerate(items)], bitmask)
+        return PendingMasks(fut, bitmask, [i for _, i in items])
+
+    @torch.inference_mode()  # the runner's logits are inference tensors: in-place work needs the mode
+    def mask_logits(self, logits: torch.Tensor, pending: PendingMasks) -> None:
+        """Ban, in place, what each constrained row's grammar forbids next (logits row i is seqs[i]'s)."""
+        pending.filled.result()
+        apply_token_bitmask(logits, pending.bitmask, pending.rows)
+
+    def _bitmask_rows(self, n: int, vocab_size: int) -> torch.Tensor:
+        buf = self._bitmask
+        if buf is None or buf.shape[0] < n:
+            buf = self._bitmask = allocate_bitmask(max(n, 8), vocab_size, pin=self.device.type == "cuda")
+        return buf[:n]
+
+    def accept(self, seq: Sequence, token: int) -> str | None:
+        """Feed the sampled token: None (go on), "stop" (the grammar is complete), or an error message."""
+        state = seq.structured
+        if state is None or state.grammar is None:
+            return None
+        if not state.active:  # the token that completes reasoning_end is not the constraint's
+            end = (state.spec.reasoning_end or "").encode()
+            state.tail = (state.tail + self.backend().decode_bytes([token]))[-max(len(end), 1) * 4:]
+            if end in state.tail:
+                state.active = True
+            return None
+        if not state.grammar.accept_tokens([token]):
+            return f"structured output: token {token} was rejected by the grammar: {state.grammar.error() or 'not allowed'}"
+        return "stop" if state.grammar.is_terminated() else None
+
+    def close(self) -> None:
+        for pool in (self._pool, self._filler):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+
+
+def grammar_key(so: StructuredOutputs) -> StructuredOutputs:
+    """The cache key: the constraint without reasoning_end (the grammar is the same)."""
+    return StructuredOutputs(so.kind, so.spec) if so.reasoning_end is not None else so

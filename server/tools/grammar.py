@@ -1,0 +1,37 @@
+"""Pieces of the Lark grammars (llguidance's dialect) that make the engine write a valid tool call."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+# Compact JSON in the separators the Qwen / Hermes templates use: a model (a random one above all) can
+# otherwise loop on legal whitespace and never close the call.
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def call_schema(name: str, params: dict[str, Any], args_key: str = "arguments") -> dict[str, Any]:
+    """One call as a JSON object: the name first (the streaming parsers send it before the arguments)."""
+    return {"type": "object", "properties": {"name": {"const": name}, args_key: params},
+            "required": ["name", args_key], "additionalProperties": False}
+
+
+def lark_json(schema: dict[str, Any]) -> str:
+    return "%json " + json.dumps({**schema, "x-guidance": JSON_STYLE})
+
+
+def lark_tag(text: str, token_id: Callable[[str], int | None]) -> str:
+    """A tag as its token (by id: only that token matches) or, when it is not one token, as text."""
+    tid = token_id(text)
+    return f"<[{tid}]>" if tid is not None else json.dumps(text)
+
+
+def lark_calls(functions: dict[str, dict[str, Any]], *, open_tag: str, close_tag: str, sep: str,
+               multiple: bool) -> str:
+    """start: one call (or several, separated by `sep`) of `open_tag` + JSON call object + `close_tag`."""
+    alts = "\n".join(f"obj_{i}: {lark_json(call_schema(name, params))}"
+                     for i, (name, params) in enumerate(functions.items()))
+    objs = " | ".join(f"obj_{i}" for i in range(len(functions)))
+    start = f"start: call ({json.dumps(sep)} call)*" if multiple else "start: call"
+    return f"{start}\ncall: {open_tag} obj {close_tag}\nobj: {objs}\n{alts}\n"
