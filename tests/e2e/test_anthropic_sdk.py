@@ -113,8 +113,9 @@ def test_tool_use_and_tool_result_round_trip(server: Server) -> None:
         {"type": "tool_result", "tool_use_id": "toolu_01", "content": "22C, sunny", "is_error": True},
         {"type": "text", "text": "And tomorrow?"}]}]
     assert c.messages.count_tokens(model="tiny", tools=[WEATHER], messages=failed).input_tokens > counted.input_tokens
-    with pytest.raises(anthropic.BadRequestError, match="forced tool use"):
-        c.messages.create(model="tiny", max_tokens=6, tools=[WEATHER], tool_choice={"type": "any"}, messages=MSGS)
+    with pytest.raises(anthropic.BadRequestError, match="does not match any"):  # forced use of an unknown tool
+        c.messages.create(model="tiny", max_tokens=6, tools=[WEATHER], tool_choice={"type": "tool", "name": "x"},
+                          messages=MSGS)
 
 
 def test_error_shapes(server: Server) -> None:

@@ -90,8 +90,8 @@ def test_errors_before_the_response_are_anthropic_shaped(srv: Running) -> None:
     error(httpx.post(url, json=huge), 413, "request_too_large")
     images = {**HI, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}
     assert "images are not supported yet" in error(httpx.post(url, json=images), 400, "invalid_request_error")
-    forced = {**HI, "tool_choice": {"type": "any"}}
-    assert "forced tool use" in error(httpx.post(url + "/count_tokens", json=forced), 400, "invalid_request_error")
+    forced = {**HI, "tool_choice": {"type": "any"}}  # forced tool use with no tools
+    assert "`tools` must be set" in error(httpx.post(url, json=forced), 400, "invalid_request_error")
     long = {**HI, "max_tokens": 600}
     assert "maximum context length" in error(httpx.post(url, json=long), 400, "invalid_request_error")
 

@@ -69,7 +69,10 @@ class MessagesFormatter:
             "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
             "stop_reason": None, "stop_sequence": None,
             "usage": {"input_tokens": self.input_tokens, "output_tokens": 0}}
-        return event(b"message_start", _enc({"type": "message_start", "message": message})) + PING
+        start = event(b"message_start", _enc({"type": "message_start", "message": message}))
+        if self.parser is None:  # one text block for sure: open it first, as Anthropic does
+            start += self._start("text", {"type": "text", "text": ""})
+        return start + PING
 
     def _start(self, kind: str, block: dict[str, Any]) -> bytes:
         out = self._stop()

@@ -9,6 +9,13 @@ from engine.messages import TokenLogprobs
 from server.protocol.openai import ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob
 
 _CACHE_LIMIT = 1 << 16
+# A masked token's logprob is -inf (a grammar or allowed_token_ids left fewer tokens than asked for); JSON
+# has no -inf, so it is written as vLLM writes it.
+_FLOOR = -9999.0
+
+
+def _finite(logprob: float) -> float:
+    return logprob if logprob > _FLOOR else _FLOOR
 
 
 class TokenTexts:
@@ -36,8 +43,8 @@ def chat_logprobs(entries: Sequence[TokenLogprobs], texts: TokenTexts) -> ChatLo
     content = []
     for e in entries:
         token = texts(e.token_id)
-        top = [TopLogprob(texts(t), lp, _bytes(texts(t))) for t, lp in zip(e.top_ids, e.top_logprobs)]
-        content.append(ChatTokenLogprob(token, e.logprob, _bytes(token), top))
+        top = [TopLogprob(texts(t), _finite(lp), _bytes(texts(t))) for t, lp in zip(e.top_ids, e.top_logprobs)]
+        content.append(ChatTokenLogprob(token, _finite(e.logprob), _bytes(token), top))
     return ChatLogprobs(content)
 
 
@@ -58,10 +65,10 @@ def completion_logprobs(entries: Sequence[TokenLogprobs | None], texts: TokenTex
             continue
         token = texts(e.token_id)
         out.tokens.append(token)
-        out.token_logprobs.append(e.logprob)
-        top = {token: e.logprob}
+        out.token_logprobs.append(_finite(e.logprob))
+        top = {token: _finite(e.logprob)}
         for t, lp in zip(e.top_ids, e.top_logprobs):
-            top.setdefault(texts(t), lp)
+            top.setdefault(texts(t), _finite(lp))
         out.top_logprobs.append(top)
         out.text_offset.append(offset)
         offset += len(token)

@@ -209,11 +209,10 @@ def events(data: bytes) -> list[tuple[str, Any]]:
 def test_formatter_writes_anthropics_event_sequence() -> None:
     fmt = MessagesFormatter("msg_x", "tiny", 7, None)
     start = events(fmt.stream_start())
-    assert [k for k, _ in start] == ["message_start", "ping"]
+    assert [k for k, _ in start] == ["message_start", "content_block_start", "ping"]
     assert start[0][1]["message"]["usage"] == {"input_tokens": 7, "output_tokens": 0}
+    assert start[1][1] == {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
     assert events(fmt.stream_chunk([Output(0, "Hé\n", [1], 1)], None) or b"") == [
-        ("content_block_start", {"type": "content_block_start", "index": 0,
-                                 "content_block": {"type": "text", "text": ""}}),
         ("content_block_delta", {"type": "content_block_delta", "index": 0,
                                  "delta": {"type": "text_delta", "text": "Hé\n"}})]
     assert fmt.stream_chunk([Output(0, "", [], 1)], None) is None  # nothing new: nothing sent
@@ -237,7 +236,8 @@ def test_final_message_shape() -> None:
 
 
 def test_an_empty_stream_still_has_one_text_block() -> None:
-    fmt = MessagesFormatter("msg_x", "tiny", 7, None)
+    fmt = parsed()  # with a parser, blocks open as the text decides: none was opened
+    assert [k for k, _ in events(fmt.stream_start())] == ["message_start", "ping"]
     end = events(fmt.stream_chunk([Output(0, "", [2], 1, "length")], None) or b"")
     assert [k for k, _ in end] == ["content_block_start", "content_block_stop", "message_delta", "message_stop"]
 
