@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import traceback
+from typing import Any
 
 from engine.config import EngineConfig
 from engine.ipc import FrameReader, FrameWriter, die_with_parent
@@ -38,6 +39,8 @@ def run_below_server() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m engine")
     parser.add_argument("--config", required=True, help="EngineConfig as JSON")
+    parser.add_argument("--channels", default="", help="socket fds, one per API server (engine/channels.py); "
+                        "none: frames on stdin / stdout")
     args = parser.parse_args()
     run_below_server()
     die_with_parent()  # EOF on stdin ends the step loop; this also covers a step that never returns
@@ -47,8 +50,14 @@ def main() -> None:
     # frames go to the original stdout; anything a library prints goes to stderr instead
     out_fd = os.dup(1)
     os.dup2(2, 1)
-    writer = FrameWriter(out_fd)
-    reader: FrameReader[ToEngine] = FrameReader(0, ToEngine)
+    writer: Any = FrameWriter(out_fd)
+    reader: FrameReader[ToEngine] | None = None
+    if args.channels:  # several API servers: fd 0 is only the launcher's lifeline (die_with_parent)
+        from engine.channels import ChannelSet
+
+        writer = ChannelSet([int(fd) for fd in args.channels.split(",")])
+    else:
+        reader = FrameReader(0, ToEngine)
     logging.basicConfig(level=os.environ.get("SPINDLE_LOG_LEVEL", "INFO").upper(),
                         format="%(asctime)s engine %(levelname)s %(message)s")
     try:
@@ -58,7 +67,12 @@ def main() -> None:
         writer.send(LoadFailed(f"{type(e).__name__}: {e}"))
         sys.exit(1)
     try:
-        serve(config, reader, writer)
+        if reader is None:
+            from engine.channels import serve_channels
+
+            serve_channels(config, writer)
+        else:
+            serve(config, reader, writer)
     except (BrokenPipeError, KeyboardInterrupt):
         pass
     except Exception as e:  # noqa: BLE001

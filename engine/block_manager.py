@@ -11,11 +11,21 @@ cached" and are evicted least-recently-freed first when the pool needs blocks.
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any
 
 from engine.sequence import Sequence
 
-_CacheKey = tuple[int, tuple[int, ...]]  # (parent content id, the block's token ids)
+# (parent content id, the block's token ids[, the images in it: (hash, offset in the image) each])
+_CacheKey = tuple[Any, ...]
 _ROOT = -1  # the parent content id of a sequence's first block
+
+
+def _block_key(seq: Sequence, parent: int, i: int, bs: int) -> _CacheKey:
+    """Block i's cache key: image placeholder tokens are all alike, so blocks holding images add their hashes."""
+    key = (parent, tuple(seq.token_ids[i * bs:(i + 1) * bs]))
+    if seq.mm is not None and (extra := seq.mm.block_extra(i * bs, (i + 1) * bs)):
+        return key + (extra,)
+    return key
 
 
 class BlockManager:
@@ -67,7 +77,7 @@ class BlockManager:
         hits: list[int] = []
         parent = _ROOT
         for i in range((len(ids) - 1) // bs):
-            block = self._cache.get((parent, tuple(ids[i * bs:(i + 1) * bs])))
+            block = self._cache.get(_block_key(seq, parent, i, bs))
             if block is None:
                 break
             hits.append(block)
@@ -136,7 +146,7 @@ class BlockManager:
         computed = seq.num_computed_tokens if upto is None else upto
         full = min(computed // bs, len(table))
         for i in range(done, full):
-            key = (parent, tuple(ids[i * bs:(i + 1) * bs]))
+            key = _block_key(seq, parent, i, bs)
             existing = self._cache.get(key)
             if existing is None:  # new content: register this block
                 b = table[i]

@@ -89,6 +89,10 @@ class EngineCore:
             if self.pooler is not None:  # prefill only: no output token needs room in the context
                 params = msgspec.structs.replace(params, max_tokens=0, prompt_logprobs=None)
             seq = Sequence.new(req.request_id, req.prompt_token_ids, params, req.arrival_time, req.priority)
+            if req.mm_inputs:
+                if self.runner.images is None or self.pooler is not None:
+                    raise RequestRefused("this model takes no images here; send text only")
+                seq.mm = self.runner.images.seq_images(req.mm_inputs, req.prompt_token_ids)
             constrained = params.structured_outputs is not None and self.pooler is None
             self.scheduler.add(seq, hold=constrained)  # refuses what can never fit
             if constrained:

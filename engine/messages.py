@@ -43,12 +43,29 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
     structured_outputs: StructuredOutputs | None = None
 
 
+class ImageInput(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One image of a request (Qwen2-VL): its processed pixels and where its placeholder tokens sit.
+
+    `data` is the pixel tensor's raw bytes (C order) of `shape` and `dtype`; None when the engine was sent this
+    `hash` before (the API mirrors the engine's cache; a miss is refused and the API resends the pixels).
+    """
+
+    hash: str  # of the processed pixels and grid: equal hashes mean the same encoder output
+    offset: int  # index in prompt_token_ids of the first of its placeholder tokens
+    length: int  # placeholder tokens: t * h * w / merge_size**2
+    grid_thw: list[int]  # (t, h, w) in patches
+    data: bytes | None = None
+    shape: list[int] = []
+    dtype: str = "float32"
+
+
 class AddRequest(msgspec.Struct, frozen=True, tag="add"):
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
     arrival_time: float
     priority: int = 0  # lower runs first, as in vLLM
+    mm_inputs: list[ImageInput] | None = None  # images, in prompt order
 
 
 class AbortRequests(msgspec.Struct, frozen=True, tag="abort"):

@@ -14,6 +14,8 @@ import torch
 from engine.attention import AttnMetadata, PrefillChunk, TritonOps
 from engine.config import EngineConfig
 from engine.models.llama import CausalLM
+from engine.models.qwen2_vl import Qwen2VLCausalLM
+from engine.multimodal.runner import ImageRunner
 from engine.models.loader import (
     ModelInfo, ModelLoadError, load_model, read_config, resolve_model, slow_half_precision,
 )
@@ -78,7 +80,9 @@ class ModelRunner:
         self.device = pick_device(config.device)
         path = resolve_model(config.model)
         # Read the limit before loading, so the rotary table is sized for max_model_len only.
-        max_pos = int(read_config(path).get("max_position_embeddings", 4096))
+        cfg = read_config(path)  # a vision checkpoint nests the language model's settings in text_config
+        max_pos = int(cfg.get("max_position_embeddings") or (cfg.get("text_config") or {}).get(
+            "max_position_embeddings", 4096))
         if config.max_model_len is not None and config.max_model_len > max_pos:
             raise ModelLoadError(f"--max-model-len {config.max_model_len} exceeds the model's "
                                  f"max_position_embeddings {max_pos}; pass at most {max_pos}")
@@ -118,6 +122,10 @@ class ModelRunner:
             if self.head_workers > 1 else None
         if use_triton:
             self.model.ops = TritonOps
+        # a vision model's image half of each step (engine/multimodal); None for text models
+        self.images: ImageRunner | None = None
+        if isinstance(self.model, Qwen2VLCausalLM):
+            self.images = ImageRunner(self.model)
 
     def _load(self, path: Path, config: EngineConfig) -> tuple[CausalLM, ModelInfo]:
         """The whole model (a tensor-parallel runner loads its shard: engine/distributed/runner.py)."""
@@ -236,7 +244,12 @@ class ModelRunner:
     def execute(self, batch: list[ScheduledSeq]) -> RunnerOutput:
         """Run the step; the returned logits live in a buffer that the next execute overwrites."""
         inputs = self.prepare(batch)
-        hidden = self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        if self.images is not None and any(s.seq.mm is not None for s in batch):
+            positions, embeds = self.images.step_inputs(batch, inputs.input_ids)
+            hidden = self.model.forward(inputs.input_ids, positions, self.kv_caches, inputs.meta,
+                                        embeds=embeds)  # type: ignore[call-arg]
+        else:
+            hidden = self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
         # The LM head only for rows someone reads: it dominates the cost of small models.
         sampled = hidden if inputs.sample_rows is None else hidden[inputs.sample_rows]
         # CPU (transposed head) only; a padded head's extra columns go to a fresh tensor, trimmed by the sampler

@@ -11,6 +11,7 @@ from engine.messages import SamplingParams
 if TYPE_CHECKING:
     import torch
 
+    from engine.multimodal.runner import SeqImages
     from engine.structured.manager import StructuredState
 
 
@@ -41,6 +42,7 @@ class Sequence:
     stop_token_id: int | None = None
     error: str | None = None  # with finish_reason "error": why (a grammar that failed to compile or match)
     structured: StructuredState | None = None  # params.structured_outputs' matcher (engine/structured/)
+    mm: SeqImages | None = None  # images (a vision model's request): M-RoPE positions, encoder outputs
 
     @classmethod
     def new(cls, request_id: str, prompt: list[int], params: SamplingParams,

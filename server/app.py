@@ -17,7 +17,6 @@ from typing import Any
 import anyio
 from starlette.routing import Route, Router
 
-from server.http.access_log import AccessLog
 from server.api.anthropic.messages import CountTokensRoute, MessagesRoute
 from server.api.openai.chat import ChatRoute
 from server.api.openai.completions import CompletionsRoute
@@ -31,7 +30,8 @@ from server.api.vllm.render import ChatRenderRoute, CompletionsRenderRoute
 from server.api.state import AppState
 from server.api.vllm.tokenize import DetokenizeRoute, TokenizeRoute
 from server.pipeline.async_llm import AsyncLLM
-from server.http.auth import APIKeyAuth
+from server.pipeline.engine_pool import open_engines
+from server.deploy import wrap_app
 from server.config import ServerConfig
 from server.http.errors import APIError, describe_exception
 from server.pipeline.input_processor import GenerationSpec, ModelLimits
@@ -44,6 +44,10 @@ RendererFactory = Callable[[ServerConfig], AbstractAsyncContextManager[Any]]
 
 
 def _open_engine(config: ServerConfig) -> AbstractAsyncContextManager[Any]:
+    from server import api_servers
+
+    if api_servers.current is not None:  # one of --api-server-count's processes: its channel to the shared engine
+        return api_servers.open_engine(config)  # type: ignore[no-any-return]
     from engine.client import open_engine
 
     return open_engine(config.engine_config(), ready_timeout=config.engine_ready_timeout,
@@ -77,6 +81,10 @@ def detokenizer_factory(tokenizer: Any) -> Callable[[GenerationSpec], Any]:
 def _admission(config: ServerConfig) -> Any:
     if config.max_num_queued_reqs is None and config.max_num_queued_tokens is None:
         return None
+    from server import api_servers
+
+    if api_servers.current is not None:  # the limits hold for all API processes together (server/shared_state.py)
+        return api_servers.admission(config)
     from server.pipeline.admission import Admission
 
     return Admission(config.max_num_queued_reqs, config.max_num_queued_tokens)
@@ -120,8 +128,8 @@ def _refuse_several_hypercorn_workers() -> None:
         found = frame.f_locals.get("config")
         if isinstance(found, Config) and isinstance(found.workers, int) and found.workers > 1:
             raise SystemExit(f"spindle: Hypercorn runs {found.workers} workers, and each would start its own "
-                             "engine; several API-server processes per engine are not supported yet: run one "
-                             "worker (-w 1), or `python -m server`.")
+                             f"engine; for several API-server processes in front of one engine run "
+                             f"`python -m server --api-server-count {found.workers}` (or one worker, -w 1).")
         frame = frame.f_back
 
 
@@ -137,8 +145,21 @@ def create_app(config: ServerConfig | None = None, *, on_fatal: Callable[[str], 
     if config is None:  # plain `hypercorn 'server.app:create_app()'`: one engine per worker process
         _refuse_several_hypercorn_workers()
         config = ServerConfig.from_env()
+    if config.render_only:  # `spindle render`: no engine, no torch (server/render_app.py)
+        from server.render_app import create_render_app
+
+        return create_render_app(config, on_fatal=on_fatal, renderer_factory=renderer_factory,
+                                 load_in_background=load_in_background)
     state = AppState(config=config, model_name=config.model_name)
     metrics = ServerMetrics(config.model_name)
+    from server import api_servers
+
+    if api_servers.current is not None:  # request counters and histograms summed over the API processes
+        api_servers.share_metrics(metrics)
+    if config.metrics_compat == "vllm":
+        from server.metrics_compat import export_vllm_names
+
+        export_vllm_names(metrics)
     open_engine = engine_factory or _open_engine
     open_renderer = renderer_factory or _open_renderer
     fatal = on_fatal or _default_on_fatal
@@ -151,7 +172,7 @@ def create_app(config: ServerConfig | None = None, *, on_fatal: Callable[[str], 
         state.config = cfg
         async with AsyncExitStack() as stack:
             renderer = await stack.enter_async_context(open_renderer(cfg))
-            client = await stack.enter_async_context(open_engine(cfg))
+            client = await stack.enter_async_context(open_engines(open_engine, cfg, metrics))
             tokenizer = getattr(renderer, "tokenizer", None)
             llm = AsyncLLM(client, detokenizer_factory(tokenizer), admission=_admission(cfg),
                            stream_interval=cfg.stream_interval, on_dead=fatal, metrics=metrics)
@@ -203,8 +224,6 @@ def create_app(config: ServerConfig | None = None, *, on_fatal: Callable[[str], 
         Route("/v1/messages/count_tokens", CountTokensRoute(state), methods=["POST"]),
     ]
     router = Router(routes=routes, lifespan=lifespan, default=_not_found)
-    public = ("/health", "/metrics") if config.metrics_public else ("/health",)
-    app: Any = APIKeyAuth(router, config.api_keys, public_paths=public) if config.api_keys else router
-    app = AccessLog(app, log_requests=config.log_requests)
+    app: Any = wrap_app(router, config)  # access log, CORS, API key, root path (server/deploy.py)
     app.state_holder = state  # for tests and diagnostics
     return app

@@ -1,4 +1,4 @@
-"""`spindle [serve] [flags]` and `spindle make-demo PATH`. Flags use vLLM's names; SPINDLE_* env vars fill the rest."""
+"""`spindle [serve] [flags]`, `spindle render [flags]` and `spindle make-demo PATH`. Flags use vLLM's names; SPINDLE_* env vars fill the rest."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from typing import Any
 
 import anyio
 
-from server.config import JSON_FIELDS, SIZE_FIELDS, ServerConfig, parse_json_object, parse_size
+from server.config import (
+    JSON_FIELDS, JSON_LIST_FIELDS, SIZE_FIELDS, ServerConfig, parse_json_list, parse_json_object, parse_size,
+)
 
 # flag -> (ServerConfig field, type, help). Booleans are switches.
 _FLAGS: list[tuple[str, str, Any, str]] = [
@@ -67,11 +69,30 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--node-rank", "node_rank", int, "this node (0 serves the API; the others run --headless)"),
     ("--master-addr", "master_addr", str, "node 0's address, where the ranks meet"),
     ("--master-port", "master_port", int, "node 0's rendezvous port (0: a free one; one node only)"),
+    ("--api-server-count", "api_server_count", int,
+     "API-server processes accepting on one socket in front of the one engine core (admission and /metrics "
+     "shared)"),
+    ("--data-parallel-size", "data_parallel_size", int,
+     "engine cores, each with its own KV cache and --max-num-seqs; requests go by load and prompt prefix"),
+    ("--data-parallel-policy", "data_parallel_policy", str,
+     "affinity (default: load and prompt prefix) or round_robin, how requests are spread over the engines"),
+    ("--metrics-compat", "metrics_compat", str, "vllm: /metrics also under vLLM's names (vllm:*), for routers"),
+    ("--ssl-keyfile", "ssl_keyfile", str, "TLS private key file (PEM); with --ssl-certfile serves HTTPS and h2"),
+    ("--ssl-certfile", "ssl_certfile", str, "TLS certificate chain file (PEM)"),
+    ("--allowed-origins", "allowed_origins", str, 'CORS: JSON list of browser origins, e.g. \'["https://a.example"]\''),
+    ("--allowed-methods", "allowed_methods", str, 'CORS: JSON list of methods (default ["*"])'),
+    ("--allowed-headers", "allowed_headers", str, 'CORS: JSON list of request headers (default ["*"])'),
+    ("--root-path", "root_path", str, "the path prefix a proxy serves this server under, e.g. /llm"),
+    ("--limit-mm-per-prompt", "limit_mm_per_prompt", str,
+     'most images per request on a vision model, JSON: \'{"image": 4}\' (the default)'),
+    ("--allowed-media-domains", "allowed_media_domains", str,
+     'hosts whose http(s) image URLs are fetched, JSON list (default none: data: URLs only)'),
 ]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spindle", description="OpenAI-compatible LLM server. "
+                                     "`spindle render --model M`: render routes only, no engine. "
                                      "`spindle make-demo PATH` writes the demo checkpoint.")
     for flag, dest, typ, text in _FLAGS:
         parser.add_argument(flag, dest=dest, type=typ, default=None, help=text)
@@ -87,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
                         const=True, default=None, help='allow tool_choice "auto" (needs --tool-call-parser)')
     parser.add_argument("--headless", dest="headless", action="store_const", const=True, default=None,
                         help="a node other than 0: run its tensor-parallel ranks only, no API server")
+    parser.add_argument("--allow-credentials", dest="allow_credentials", action="store_const", const=True,
+                        default=None, help="CORS: allow cookies and Authorization from browsers")
     parser.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_const",
                         const=False, default=None, help="turn the prefix cache off")
     parser.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_const", const=True,
@@ -104,6 +127,9 @@ def config_from_args(argv: Sequence[str]) -> ServerConfig:
     for name in JSON_FIELDS:
         if name in given:
             given[name] = parse_json_object(name, given[name])
+    for name in JSON_LIST_FIELDS:
+        if name in given:
+            given[name] = parse_json_list(name, given[name])
     if "api_keys" in given:
         given["api_keys"] = tuple(given["api_keys"])
     return ServerConfig.from_env(**given)
@@ -124,6 +150,10 @@ def _hypercorn_config(config: ServerConfig) -> Any:
 
     hc = _Config()
     hc.bind = [f"[{config.host}]:{config.port}" if ":" in config.host else f"{config.host}:{config.port}"]
+    from server import api_servers
+
+    if api_servers.current is not None:  # --api-server-count: the launcher's listening socket, shared
+        hc.bind = [f"fd://{api_servers.current.listen_fd}"]
     hc.graceful_timeout = 2.0  # requests were drained (or cut) before Hypercorn is told to stop
     hc.startup_timeout = config.engine_ready_timeout + 120  # model load + demo build happen in the lifespan
     hc.shutdown_timeout = config.shutdown_timeout + 15  # the engine's own stop after requests drained
@@ -131,6 +161,9 @@ def _hypercorn_config(config: ServerConfig) -> Any:
     hc.accesslog = None  # server.http.access_log writes one line per request instead
     hc.errorlog = logging.getLogger("hypercorn.error")  # through the root handler: one line, one format
     hc.loglevel = config.log_level.upper()
+    from server.deploy import configure_hypercorn
+
+    configure_hypercorn(hc, config)  # TLS, ALPN (h2)
     return hc
 
 
@@ -225,22 +258,32 @@ def run_server(config: ServerConfig, engine_factory: Any = None) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "make-demo":
-        if len(argv) != 2:
-            print("usage: spindle make-demo PATH", file=sys.stderr)
+        vision = argv[1:2] == ["--vision"]  # `make-demo --vision PATH`: a random-weight Qwen2-VL checkpoint
+        if len(argv) != 2 + vision:
+            print("usage: spindle make-demo [--vision] PATH", file=sys.stderr)
             return 2
-        from engine.models.random_checkpoint import make_demo
+        from engine.models.random_checkpoint import make_demo, make_vision_demo
 
-        print(make_demo(argv[1]))
+        print((make_vision_demo if vision else make_demo)(argv[-1]))
         return 0
-    if argv and argv[0] == "serve":
+    render_only = bool(argv) and argv[0] == "render"  # server/render_app.py: no engine, no torch
+    if argv and argv[0] in ("serve", "render"):
         argv = argv[1:]
     try:
         config = config_from_args(argv)
+        if render_only:
+            from server.render_app import render_config
+
+            config = render_config(config)
     except ValueError as e:
         print(f"spindle: {e}", file=sys.stderr)
         return 2
     if config.headless:
         return run_headless(config)
+    if config.api_server_count > 1:  # N API processes, one engine core (server/api_servers.py)
+        from server.api_servers import run_api_servers
+
+        return run_api_servers(config)
     return run_server(config)
 
 

@@ -17,6 +17,8 @@ WorkerClass = Literal["trio", "asyncio", "uvloop"]
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 SchedulingPolicy = Literal["fcfs", "priority"]
 Runner = Literal["generate", "pooling"]
+DataParallelPolicy = Literal["affinity", "round_robin"]
+MetricsCompat = Literal["vllm"]
 # --pooler-config keys (vLLM's spelling); the Matryoshka ones declare which `dimensions` /v1/embeddings accepts
 POOLER_KEYS = ("pooling_type", "normalize", "is_matryoshka", "matryoshka_dimensions")
 ENV_PREFIX = "SPINDLE_"
@@ -87,6 +89,25 @@ class ServerConfig:
     master_port: int = 0  # 0: a free port (one node only)
     headless: bool = False  # this node only runs engine ranks, no API server (node_rank > 0)
     distributed_timeout: float = 120.0  # seconds to join the group, and the longest one collective may wait
+    # Data parallel (server/pipeline/engine_pool.py): engine cores, each with its own KV cache and max_num_seqs
+    data_parallel_size: int = 1
+    api_server_count: int = 1  # API processes sharing one listening socket and one engine (server/api_servers.py)
+    data_parallel_policy: DataParallelPolicy = "affinity"  # "round_robin": no load or prefix look (benchmarks)
+    # `spindle render` (server/render_app.py): tokenizer, templates and render routes only; no engine, no torch
+    render_only: bool = False
+    metrics_compat: MetricsCompat | None = None  # "vllm": /metrics also under vLLM's names (server/metrics_compat.py)
+    # Deployment (server/deploy.py): TLS through Hypercorn, CORS (vLLM's flags, JSON lists), a proxy's path prefix
+    ssl_keyfile: str | None = None
+    ssl_certfile: str | None = None
+    allowed_origins: tuple[str, ...] = ()  # empty: no CORS headers (vLLM's default is ["*"])
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+    root_path: str = ""  # the prefix a path-prefix proxy serves this server under, e.g. /llm
+    # images (a Qwen2-VL checkpoint): most per request by modality, vLLM's JSON ('{"image": 4}'); and the hosts
+    # whose http(s) image URLs the server fetches (none by default: data: URLs only)
+    limit_mm_per_prompt: dict[str, Any] = dataclasses.field(default_factory=lambda: {"image": 4})
+    allowed_media_domains: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "log_level", str(self.log_level).lower())  # WARNING and warning alike
@@ -125,11 +146,20 @@ class ServerConfig:
         if self.log_level not in get_args(LogLevel):
             raise ValueError(f"--log-level must be one of {', '.join(get_args(LogLevel))}; got {self.log_level!r}")
         _check_parsers(self)
+        _check_data_parallel(self)
+        if self.api_server_count < 1:
+            raise ValueError(f"--api-server-count must be at least 1, got {self.api_server_count}")
+        if self.api_server_count > 1 and (self.data_parallel_size > 1 or self.render_only or self.headless):
+            raise ValueError("--api-server-count above 1 works with one engine core only (not with "
+                             "--data-parallel-size, spindle render or --headless)")
         if self.headless != (self.node_rank > 0):
             raise ValueError("--headless is for nodes other than 0 (--node-rank 1 and up), and those run only "
                              f"headless; got --node-rank {self.node_rank}{' --headless' if self.headless else ''}")
         if any(not k for k in self.api_keys):
             raise ValueError("--api-key must not be empty")
+        from server.deploy import check_deploy_config
+
+        check_deploy_config(self)
         self._engine_config(self.model or "<demo>")  # the engine's own checks (dtype, sizes) fail here, at startup
 
     @property
@@ -209,7 +239,9 @@ _NOT_CONFIG = frozenset({"api_key", "output_chunk", "cache_dir", "fuzz_examples"
 # Byte sizes: written "2GiB", "512MiB", "1.5G" or plain bytes, as env vars and as flags.
 SIZE_FIELDS = ("kv_cache_memory", "max_request_body", "max_structured_output_size")
 # JSON objects: written as JSON text, as env vars and as flags.
-JSON_FIELDS = ("default_chat_template_kwargs", "pooler_config")
+JSON_FIELDS = ("default_chat_template_kwargs", "pooler_config", "limit_mm_per_prompt")
+# Lists of strings: written as a JSON list ('["https://a.example"]', vLLM's format), as env vars and as flags.
+JSON_LIST_FIELDS = ("allowed_origins", "allowed_methods", "allowed_headers", "allowed_media_domains")
 
 
 def parse_json_object(name: str, text: str | dict[str, Any]) -> dict[str, Any]:
@@ -225,6 +257,22 @@ def parse_json_object(name: str, text: str | dict[str, Any]) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"{_flag(name)}: expected a JSON object, e.g. '{{\"pooling_type\": \"MEAN\"}}'")
     return value
+
+
+def parse_json_list(name: str, text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """A JSON-list-of-strings setting's value (vLLM's format: '["*"]'); the error names the flag."""
+    if isinstance(text, (list, tuple)):
+        value: Any = list(text)
+    else:
+        import json
+
+        try:
+            value = json.loads(text)
+        except ValueError as e:
+            raise ValueError(f"{_flag(name)}: not JSON: {e}; expected a list, e.g. '[\"https://app.example\"]'") from None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{_flag(name)}: expected a JSON list of strings, e.g. '[\"https://app.example\"]'")
+    return tuple(value)
 
 
 def _check_pooler_config(cfg: dict[str, Any], runner: str) -> None:
@@ -245,6 +293,16 @@ def _check_pooler_config(cfg: dict[str, Any], runner: str) -> None:
     if dims is not None and (not isinstance(dims, list) or not dims
                              or not all(type(d) is int and d >= 1 for d in dims)):
         raise ValueError(f"--pooler-config: matryoshka_dimensions must be a list of positive integers, got {dims!r}")
+
+
+def _check_data_parallel(config: ServerConfig) -> None:
+    if config.data_parallel_size < 1:
+        raise ValueError(f"--data-parallel-size must be at least 1, got {config.data_parallel_size}")
+    if config.data_parallel_policy not in get_args(DataParallelPolicy):
+        raise ValueError(f"--data-parallel-policy must be affinity or round_robin; got {config.data_parallel_policy!r}")
+    if config.data_parallel_size > 1 and (config.nnodes > 1 or config.master_port):
+        raise ValueError("--data-parallel-size above 1 runs its engines on this node only, each picking a free "
+                         "rendezvous port: leave --nnodes and --master-port unset")
 
 
 def _check_parsers(config: ServerConfig) -> None:
@@ -282,6 +340,8 @@ def _parse(name: str, hint: Any, raw: str, key: str) -> Any:
             return tuple(k.strip() for k in text.split(",") if k.strip())
         if name in JSON_FIELDS:
             return parse_json_object(name, text)
+        if name in JSON_LIST_FIELDS:
+            return parse_json_list(name, text)
         args = set(get_args(hint))
         optional = type(None) in args
         if optional and text.lower() in ("", "none", "null"):

@@ -62,3 +62,13 @@ def mistral_ckpt(checkpoints_root: Path) -> Path:
 def any_ckpt(request: pytest.FixtureRequest) -> Path:
     """Parametrize with indirect=True over "qwen2" / "llama" / "mistral"."""
     return request.getfixturevalue(f"{request.param}_ckpt")
+
+
+@pytest.fixture(scope="session")
+def qwen2_vl_ckpt(checkpoints_root: Path) -> Path:
+    """Qwen2VLForConditionalGeneration: hidden 64, 2 layers, M-RoPE [4, 6, 6], a 2-block vision tower of width 32;
+    Qwen2.5's tokenizer with Qwen2-VL's chat template; preprocessor_config.json capped at 64 x 28 x 28 pixels."""
+    from engine.models.random_checkpoint import write_random_vl_checkpoint
+
+    return write_random_vl_checkpoint(checkpoints_root / "qwen2_vl", max_position_embeddings=1024, seed=7,
+                                      max_pixels=64 * 28 * 28)

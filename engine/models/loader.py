@@ -16,6 +16,7 @@ from safetensors import safe_open
 
 from engine.models.llama import SUPPORTED_ARCHITECTURES, CausalLM, ConfigError, ModelArgs
 from engine.models.progress import LoadProgress
+from engine.models.qwen2_vl import Qwen2VLCausalLM, is_vl_config, parse_vl_config, vl_weight_getter
 
 if TYPE_CHECKING:
     from engine.distributed.sharding import Shard
@@ -174,8 +175,13 @@ def load_model(path: str | Path, dtype: str, device: torch.device | str,
     """
     folder, device = Path(path), torch.device(device)
     cfg = read_config(folder)
+    vl = None
     try:
-        args = ModelArgs.from_hf_config(cfg)
+        if is_vl_config(cfg):
+            vl = parse_vl_config(cfg)
+            args = vl.text
+        else:
+            args = ModelArgs.from_hf_config(cfg)
     except ConfigError as e:
         raise ModelLoadError(f"{folder / 'config.json'}: {e}") from e
     except (KeyError, TypeError, ValueError) as e:
@@ -184,8 +190,14 @@ def load_model(path: str | Path, dtype: str, device: torch.device | str,
     dtype_name = pick_dtype(dtype, cfg.get("torch_dtype") or cfg.get("dtype"), device)
     positions = max_positions or args.max_position_embeddings
     num_kv_heads = args.num_kv_heads
+    if vl is not None and shard is not None:
+        raise ModelLoadError("Qwen2-VL checkpoints do not run tensor parallel here; pass --tensor-parallel-size 1")
     with torch.inference_mode():
-        if shard is None:
+        if vl is not None:
+            weights = _Weights(folder, _DTYPES[dtype_name], device)
+            model: CausalLM = Qwen2VLCausalLM(vl, vl_weight_getter(weights, weights), "lm_head.weight" in weights,
+                                              positions)
+        elif shard is None:
             weights = _Weights(folder, _DTYPES[dtype_name], device)
             model = CausalLM(args, weights, "lm_head.weight" in weights, positions)
         else:

@@ -125,3 +125,101 @@ def demo_checkpoint_path() -> Path:
         if path.is_dir():  # another process finished it first
             return path
         raise
+
+
+# Qwen2-VL's own chat template: image parts render as <|vision_start|><|image_pad|><|vision_end|>, which the
+# server expands to the image's token count (grid t*h*w / merge^2), as transformers' Qwen2VLProcessor does.
+QWEN2_VL_CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}Picture {{ image_count.value }}: "
+    "{% endif %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+VL_PREPROCESSOR = {"image_processor_type": "Qwen2VLImageProcessor", "do_resize": True, "do_rescale": True,
+                   "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True,
+                   "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
+                   "min_pixels": 56 * 56, "max_pixels": 28 * 28 * 1280, "patch_size": 14, "temporal_patch_size": 2,
+                   "merge_size": 2}
+VL_DEMO = dict(hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=2, head_dim=64, intermediate_size=384,
+               mrope_section=[8, 12, 12], vision_depth=2, vision_embed_dim=64, vision_num_heads=2, seed=0)
+
+
+def _reinit_vl(model: torch.nn.Module, hidden_size: int, seed: int) -> None:
+    """As _reinit, for every tensor shape of Qwen2-VL (Conv3d patch weights, LayerNorms with biases)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "embed_tokens" in name or "lm_head" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * (2.5 / math.sqrt(hidden_size)))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            elif p.dim() == 1:  # RMSNorm / LayerNorm weights
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p[0].numel()))
+
+
+def write_random_vl_checkpoint(path: str | Path, *, hidden_size: int = 64, num_layers: int = 2, num_heads: int = 2,
+                               num_kv_heads: int = 1, head_dim: int = 32, intermediate_size: int = 128,
+                               mrope_section: list[int] | None = None, vision_depth: int = 2,
+                               vision_embed_dim: int = 32, vision_num_heads: int = 2, vocab_size: int = 151_936,
+                               max_position_embeddings: int = 4096, rope_theta: float = 1_000_000.0,
+                               seed: int = 0, max_pixels: int = 28 * 28 * 1280) -> Path:
+    """A random-weight Qwen2VLForConditionalGeneration checkpoint at `path` (must not exist), atomically: config
+    with vision_config, safetensors, Qwen2.5's tokenizer (<|vision_start|> 151652 ... <|image_pad|> 151655) with
+    Qwen2-VL's chat template, and preprocessor_config.json for the Qwen2-VL image processor."""
+    import transformers
+
+    path = Path(path)
+    if path.exists():
+        raise FileExistsError(f"{path} already exists; pick a new folder or delete it first")
+    section = mrope_section or [head_dim // 8, (head_dim // 2 - head_dim // 8) // 2,
+                                head_dim // 2 - head_dim // 8 - (head_dim // 2 - head_dim // 8) // 2]
+    config = transformers.Qwen2VLConfig(
+        text_config=dict(hidden_size=hidden_size, num_hidden_layers=num_layers, num_attention_heads=num_heads,
+                         num_key_value_heads=num_kv_heads, head_dim=head_dim, intermediate_size=intermediate_size,
+                         vocab_size=vocab_size, max_position_embeddings=max_position_embeddings,
+                         rope_parameters={"rope_type": "default", "mrope_section": section, "rope_theta": rope_theta},
+                         tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151645),
+        vision_config=dict(depth=vision_depth, embed_dim=vision_embed_dim, num_heads=vision_num_heads, mlp_ratio=2,
+                           hidden_size=hidden_size, patch_size=14, temporal_patch_size=2, spatial_merge_size=2),
+        image_token_id=151655, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653,
+        tie_word_embeddings=True, architectures=["Qwen2VLForConditionalGeneration"])
+    torch.manual_seed(seed)
+    model = transformers.Qwen2VLForConditionalGeneration(config)
+    _reinit_vl(model, hidden_size, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        model.save_pretrained(tmp)
+        gen = {"bos_token_id": 151643, "eos_token_id": _EOS["qwen2"], "pad_token_id": 151643, "do_sample": True,
+               **_SAMPLING["qwen2"]}
+        (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
+        from engine.models.hf_tokenizer import write_tokenizer
+
+        write_tokenizer("qwen2.5", tmp)
+        tok_cfg = json.loads((tmp / "tokenizer_config.json").read_text())
+        tok_cfg["chat_template"] = QWEN2_VL_CHAT_TEMPLATE
+        (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
+        if (tmp / "chat_template.jinja").exists():
+            (tmp / "chat_template.jinja").write_text(QWEN2_VL_CHAT_TEMPLATE)
+        (tmp / "preprocessor_config.json").write_text(json.dumps({**VL_PREPROCESSOR, "max_pixels": max_pixels},
+                                                                 indent=2))
+        os.rename(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def make_vision_demo(path: str | Path) -> Path:
+    """`spindle make-demo --vision PATH`: a random-weight Qwen2-VL checkpoint (about 85 MB)."""
+    return write_random_vl_checkpoint(path, **VL_DEMO)  # type: ignore[arg-type]

@@ -47,6 +47,28 @@ class AppState:
             raise APIError("The server is shutting down; retry against another instance.", status=503)
         return llm, renderer, limits
 
+    def require_renderer(self) -> tuple[Any, ModelLimits]:
+        """The renderer and limits (503 until they are up); a full server also needs its engine running, as
+        for any request, while a render-only one (server/render_app.py) has no engine."""
+        if not self.config.render_only:
+            _llm, renderer, limits = self.require()
+            return renderer, limits
+        if self.renderer is None or self.limits is None:
+            raise APIError("The server is still starting; retry in a moment.", status=503, retry_after=1)
+        if self.stopping:
+            raise APIError("The server is shutting down; retry against another instance.", status=503)
+        return self.renderer, self.limits
+
+    def decode_for_render(self, decoder: msgspec.json.Decoder[Req], body: bytes) -> tuple[Req, Any, ModelLimits]:
+        """decode_for_model for routes that only render and tokenize (they work on a render-only server)."""
+        try:
+            req = decode_request(decoder, body)
+        except msgspec.DecodeError as e:
+            raise from_decode_error(e) from None
+        renderer, limits = self.require_renderer()
+        self.check_model(req.model)
+        return req, renderer, limits
+
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name and model != self.config.model:
             raise APIError(f"The model `{model}` does not exist; this server serves `{self.model_name}`.",

@@ -20,6 +20,7 @@ from typing import Any
 
 from server.http.asgi import Receive, Scope, Send, send_error, send_json
 from server.http.errors import APIError
+from server.http.root_path import route_path
 from server.protocol.anthropic import error_body
 
 _SCHEME = b"bearer "
@@ -74,7 +75,7 @@ class APIKeyAuth:
         return ok
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] in ("http", "websocket") and scope["path"] not in self._public:
+        if scope["type"] in ("http", "websocket") and route_path(scope) not in self._public:
             x_api_key = _header(scope, b"x-api-key")
             if not self.allowed(_header(scope, b"authorization"), x_api_key):
                 if scope["type"] == "websocket":

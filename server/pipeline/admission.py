@@ -55,19 +55,24 @@ class Admission:
         return self._refusal(num_reqs, min_num_tokens, "at least ")
 
     def _refusal(self, num_reqs: int, num_tokens: int, bound: str) -> str | None:
+        return self._refusal_at(self._reqs, self._tokens, num_reqs, num_tokens, bound)
+
+    def _refusal_at(self, queued_reqs: int, queued_tokens: int, num_reqs: int, num_tokens: int,
+                    bound: str) -> str | None:
+        """Why `num_reqs` / `num_tokens` more do not fit beside `queued_reqs` / `queued_tokens`, else None."""
         if num_reqs < 0 or num_tokens < 0:
             raise ValueError(f"cannot admit {num_reqs} requests with {num_tokens} tokens")
-        if self._max_reqs is not None and self._reqs + num_reqs > self._max_reqs:
+        if self._max_reqs is not None and queued_reqs + num_reqs > self._max_reqs:
             if num_reqs > self._max_reqs:
                 return (f"the request needs {num_reqs} queue slots but --max-num-queued-reqs is {self._max_reqs}; "
                         "send fewer choices (n) per request")
-            return (f"too many queued requests ({self._reqs} queued, limit {self._max_reqs}); retry later")
-        if self._max_tokens is not None and self._tokens + num_tokens > self._max_tokens:
+            return (f"too many queued requests ({queued_reqs} queued, limit {self._max_reqs}); retry later")
+        if self._max_tokens is not None and queued_tokens + num_tokens > self._max_tokens:
             if num_tokens > self._max_tokens:
                 return (f"the request's prompt tokens ({bound}{num_tokens}, all choices) exceed "
                         f"--max-num-queued-tokens {self._max_tokens} on their own; "
                         "send a shorter prompt or fewer choices")
-            return (f"too many queued prompt tokens ({self._tokens} queued + {bound}{num_tokens} requested, "
+            return (f"too many queued prompt tokens ({queued_tokens} queued + {bound}{num_tokens} requested, "
                     f"limit {self._max_tokens}); retry later")
         return None
 

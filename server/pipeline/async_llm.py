@@ -243,7 +243,7 @@ class AsyncLLM:
             for spec in specs:
                 for i, child_id in enumerate(spec.child_ids()):
                     self._send(AddRequest(child_id, spec.prompt_token_ids, spec.child_params(i), spec.arrival_time,
-                                          spec.priority))
+                                          spec.priority, mm_inputs=spec.mm_inputs))
                     sent += 1
             yield RequestStream(collector, states, record)
         finally:

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.messages import SamplingParams, StructuredOutputs
+from engine.messages import ImageInput, SamplingParams, StructuredOutputs
 from server.http.errors import bad_request
 from server.protocol.openai import ChatCompletionRequest, CompletionRequest
 
@@ -69,6 +69,7 @@ class GenerationSpec:
     priority: int = 0
     arrival_time: float = 0.0
     index_offset: int = 0  # choice index of child 0 (completions with several prompts: prompt_no * n)
+    mm_inputs: list[ImageInput] | None = None  # images (a vision model): pixels + placeholder positions
 
     def child_ids(self) -> list[str]:
         return [self.request_id] if self.n == 1 else [f"{self.request_id}-{i}" for i in range(self.n)]

@@ -114,6 +114,7 @@ class ChatCompletionRequest(_GenerationRequest, kw_only=True):
     add_special_tokens: bool = False  # the template already placed bos/eos
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None  # vLLM's: min_pixels / max_pixels for images
     tools: list[dict[str, Any]] | None = None
     # "none" | "auto" | "required" | {"type": "function", "function": {"name": ...}} (server/tools/choice.py)
     tool_choice: str | dict[str, Any] | None = None

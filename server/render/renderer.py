@@ -84,11 +84,16 @@ def load_special_tokens(tokenizer_dir: Path) -> dict[str, str]:
     return found
 
 
-def _text_content(index: int, content: Any) -> str | None:
+def _text_content(index: int, content: Any) -> Any:
     if content is None or isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise RenderError(f"messages[{index}].content must be a string or a list of text parts")
+    if any(isinstance(p, dict) and p.get("type") == "image" and len(p) == 1 for p in content):
+        # a vision model's request (server/multimodal/images.py put the markers): the template renders the parts
+        if all(isinstance(p, dict) and (p == {"type": "image"} or (p.get("type") == "text" and isinstance(
+                p.get("text"), str))) for p in content):
+            return content
     texts = []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None

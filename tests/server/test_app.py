@@ -326,7 +326,7 @@ def test_plain_hypercorn_with_several_workers_is_refused() -> None:
     its Config, loads the app; here this test's frame plays that part."""
     config = Config()
     config.workers = 2
-    with pytest.raises(SystemExit, match="several API-server processes per engine are not supported yet"):
+    with pytest.raises(SystemExit, match="--api-server-count 2"):
         create_app()
     config.workers = 1
     assert create_app().state_holder is not None  # one worker: built (the engine starts in the lifespan)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import time
+from typing import Any
+
+import msgspec
 
 from server.api.openai.logprobs import TokenTexts, chat_logprobs
 from server.api.prompts import (
@@ -10,6 +13,9 @@ from server.api.prompts import (
 )
 from server.api.serving import PostRoute, respond
 from server.http import sse
+from server.multimodal.images import (
+    ProcessedImage, expand, has_images, image_support, no_images_error, process_images, split_images,
+)
 from server.http.asgi import Send
 from server.pipeline.input_processor import build_spec, check_request, external_request_id
 from server.pipeline.output_processor import Output
@@ -78,6 +84,17 @@ class ChatFormatter:
         return _enc(ChatCompletionResponse(self.id, self.created, self.model, choices, usage))
 
 
+async def chat_images(config: Any, req: Any) -> tuple[list[ProcessedImage], Any]:
+    """The request's images, processed, and the request with image parts as the template's markers."""
+    support = image_support(config.model_path)
+    if support is None:
+        raise no_images_error()
+    limit = int(config.limit_mm_per_prompt.get("image", 4))
+    messages, urls = split_images(req.messages, limit)
+    images = await process_images(support, urls, config.allowed_media_domains, req.mm_processor_kwargs)
+    return images, msgspec.structs.replace(req, messages=messages)
+
+
 class ChatRoute(PostRoute):
     runner = "generate"
 
@@ -100,14 +117,21 @@ class ChatRoute(PostRoute):
         external = external_request_id(xid, req.request_id)
         if llm.admission is not None:  # refuse before rendering when the queue surely has no room
             admit_early(llm, req.n, req.n)
-        text = await render_chat(renderer, req)
+        images, render_req = None, req
+        if has_images(req.messages):  # decoded and preprocessed in the image worker process
+            images, render_req = await chat_images(self.state.config, req)
+        text = await render_chat(renderer, render_req)
         if llm.admission is not None:
             lower = await prompts_lower_bound(renderer.tokenizer, [text])
             admit_early(llm, req.n, req.n * lower)
         ids = await text_prompt_ids(renderer, text, req.add_special_tokens, "messages", fit_limits(req, limits))
+        mm_inputs = None
+        if images is not None:  # one <|image_pad|> per image -> the image's tokens, before any length check
+            ids, mm_inputs = expand(ids, images, image_support(self.state.config.model_path).pad_id)  # type: ignore[union-attr]
         if tooling:
             constraint = chat_parsing.request_constraint(plan, constraint, config, text)
         spec = build_spec(req, ids, limits, external_id=external, stream=req.stream, structured_outputs=constraint)
+        spec.mm_inputs = mm_inputs
         texts = self.token_texts(renderer, bool(req.logprobs))
         fmt: ChatFormatter
         if parsed:

@@ -49,7 +49,7 @@ def generate_request(spec: GenerationSpec, model: str,
 class CompletionsRenderRoute(PostRoute):
 
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
-        req, _llm, renderer, limits = self.state.decode_for_model(completion_decoder, body)
+        req, renderer, limits = self.state.decode_for_render(completion_decoder, body)
         check_request(req, limits)
         external = external_request_id(xid, req.request_id)
         out = []
@@ -68,7 +68,7 @@ class CompletionsRenderRoute(PostRoute):
 class ChatRenderRoute(PostRoute):
 
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
-        req, _llm, renderer, limits = self.state.decode_for_model(chat_decoder, body)
+        req, renderer, limits = self.state.decode_for_render(chat_decoder, body)
         require_messages(req)
         check_request(req, limits)
         ids = await chat_prompt_ids(renderer, req, req.add_special_tokens, fit_limits(req, limits))

@@ -47,7 +47,7 @@ _detokenize_decoder = msgspec.json.Decoder(DetokenizeRequest)
 class TokenizeRoute(PostRoute):
 
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
-        req, _llm, renderer, limits = self.state.decode_for_model(_tokenize_decoder, body)
+        req, renderer, limits = self.state.decode_for_render(_tokenize_decoder, body)
         if (req.prompt is None) == (req.messages is None):
             raise bad_request("Send exactly one of prompt (a string) or messages (a chat).", "prompt")
         if req.messages is not None:
@@ -64,7 +64,7 @@ class TokenizeRoute(PostRoute):
 class DetokenizeRoute(PostRoute):
 
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
-        req, _llm, renderer, limits = self.state.decode_for_model(_detokenize_decoder, body)
+        req, renderer, limits = self.state.decode_for_render(_detokenize_decoder, body)
         check_prompt_ids(req.tokens, limits.vocab_size, "tokens")
         with render_errors("tokens"):
             text = await renderer.decode(req.tokens, skip_special_tokens=False)

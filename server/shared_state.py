@@ -1,0 +1,252 @@
+"""What the API-server processes of one server share (`--api-server-count N`): admission counts and metrics.
+
+One shared memory file (a memfd the launcher makes and every API process maps, `SharedRegion`) holds, per
+API process, its own slot: its queued requests and prompt tokens (`SharedAdmission`) and the values of its
+request counters and histograms (`share_metrics`). Each slot has exactly one writer, its process, and is
+read by all: totals are sums over the slots. No locks between processes, so no process ever waits on
+another (a stopped or slow process cannot stall the others' event loops).
+
+Admission is reserve-then-check (Dekker's pattern): a process adds the request to its own slot first, then
+a full memory fence, then sums every slot; over a limit, it takes its reservation back and refuses. Two
+processes admitting at once each see the other's reservation (the fences order each store before the other's
+loads), so together they can never exceed a limit; the price is that both may refuse when only one would
+have fitted (a 503 with Retry-After, never an overrun). Releases only lower the owner's slot. Nothing is
+ever undercounted: an admitted request stays in its process's slot until its first token or its end.
+
+The fence is an uncontended `threading.Lock` acquire and release: in CPython that is an atomic
+read-modify-write (a `lock`-prefixed instruction on x86-64, a full barrier there). Values are aligned
+8-byte words written by single stores, so a reader never sees a torn value.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from server.pipeline.admission import Admission
+
+ADMISSION_SLOT = 64  # bytes per process: two int64 (requests, tokens), a cache line each process owns
+METRICS_SLOT = 64 << 10  # bytes per process: 8192 doubles, far more than the counters and histograms need
+
+
+def region_size(num_processes: int) -> int:
+    return num_processes * (ADMISSION_SLOT + METRICS_SLOT)
+
+
+class SharedRegion:
+    """The mapping of the shared file: `num_processes` slots, `index` being this process's."""
+
+    def __init__(self, fd: int, num_processes: int, index: int) -> None:
+        if not 0 <= index < num_processes:
+            raise ValueError(f"process index {index} outside 0..{num_processes - 1}")
+        self.num_processes = num_processes
+        self.index = index
+        self._map = mmap.mmap(fd, region_size(num_processes))
+        # admission: [reqs, tokens] per process, one cache line apart
+        self.admission = [(ctypes.c_int64 * 2).from_buffer(self._map, i * ADMISSION_SLOT) for i in range(num_processes)]
+        base = num_processes * ADMISSION_SLOT
+        self.metrics = memoryview(self._map)[base:base + num_processes * METRICS_SLOT].cast("d")
+        self.metrics_stride = METRICS_SLOT // 8
+
+    @classmethod
+    def create(cls, num_processes: int) -> tuple[int, SharedRegion]:
+        """A new zeroed shared file (its fd, inheritable by children) and process 0's view of it."""
+        fd = os.memfd_create("spindle-api-servers", 0)
+        os.ftruncate(fd, region_size(num_processes))
+        return fd, cls(fd, num_processes, 0)
+
+
+_fence_lock = threading.Lock()
+
+
+def fence() -> None:
+    """A full memory barrier (see the module docstring)."""
+    _fence_lock.acquire()
+    _fence_lock.release()
+
+
+class SharedAdmission(Admission):
+    """Admission whose limits hold for every API process together (module docstring: reserve, fence, check)."""
+
+    def __init__(self, region: SharedRegion, max_num_queued_reqs: int | None, max_num_queued_tokens: int | None) -> None:
+        super().__init__(max_num_queued_reqs, max_num_queued_tokens)
+        self._slots = region.admission
+        self._own = region.admission[region.index]
+
+    def _totals(self) -> tuple[int, int]:
+        reqs = tokens = 0
+        for slot in self._slots:
+            reqs += slot[0]
+            tokens += slot[1]
+        return reqs, tokens
+
+    @property
+    def queued_reqs(self) -> int:
+        return self._totals()[0]
+
+    @property
+    def queued_tokens(self) -> int:
+        return self._totals()[1]
+
+    @property
+    def own(self) -> tuple[int, int]:
+        """This process's queued requests and tokens."""
+        return self._own[0], self._own[1]
+
+    def try_admit(self, num_reqs: int, num_tokens: int) -> str | None:
+        if num_reqs < 0 or num_tokens < 0:
+            raise ValueError(f"cannot admit {num_reqs} requests with {num_tokens} tokens")
+        own = self._own
+        own[0] += num_reqs  # reserve: visible to the others before we look at them
+        own[1] += num_tokens
+        fence()
+        reqs, tokens = self._totals()
+        reason = self._refusal_at(reqs - num_reqs, tokens - num_tokens, num_reqs, num_tokens, "")
+        if reason is not None:
+            own[0] -= num_reqs
+            own[1] -= num_tokens
+        return reason
+
+    def would_refuse(self, num_reqs: int, min_num_tokens: int) -> str | None:
+        reqs, tokens = self._totals()
+        return self._refusal_at(reqs, tokens, num_reqs, min_num_tokens, "at least ")
+
+    def release(self, num_reqs: int, num_tokens: int) -> None:
+        own = self._own
+        if num_reqs < 0 or num_tokens < 0 or num_reqs > own[0] or num_tokens > own[1]:
+            raise RuntimeError(
+                f"releasing {num_reqs} requests / {num_tokens} tokens but only {own[0]} / {own[1]} "
+                "are queued in this process: a request was released twice or never admitted"
+            )
+        own[0] -= num_reqs
+        own[1] -= num_tokens
+
+
+class _SharedValue:
+    """A prometheus_client value (what `Counter.inc` writes) in this process's metrics slot; `get` sums all."""
+
+    _multiprocess = False
+
+    def __init__(self, region: SharedRegion, offset: int) -> None:
+        self._view = region.metrics
+        self._own = region.index * region.metrics_stride + offset
+        self._all = [p * region.metrics_stride + offset for p in range(region.num_processes)]
+
+    def inc(self, amount: float) -> None:
+        self._view[self._own] += amount
+
+    def set(self, value: float, timestamp: float | None = None) -> None:
+        self._view[self._own] = value
+
+    def get(self) -> float:
+        view = self._view
+        return sum(view[i] for i in self._all)
+
+    def get_own(self) -> float:
+        return self._view[self._own]
+
+    def set_exemplar(self, exemplar: Any) -> None:
+        pass
+
+    def get_exemplar(self) -> None:
+        return None
+
+
+class SharedHistogram:
+    """server.metrics.LoopHistogram with its buckets and sum in the shared slot: `observe` writes this
+    process's, `counts` and `sum` are the totals over every process."""
+
+    __slots__ = ("_view", "_own", "_bases", "_n")
+
+    def __init__(self, region: SharedRegion, offset: int, num_buckets: int) -> None:
+        self._view = region.metrics
+        self._own = region.index * region.metrics_stride + offset
+        self._bases = [p * region.metrics_stride + offset for p in range(region.num_processes)]
+        self._n = num_buckets  # buckets including +Inf; the sum follows them
+
+    def observe(self, value: float) -> None:
+        from bisect import bisect_left
+
+        from server.metrics import LATENCY_BUCKETS
+
+        view, own = self._view, self._own
+        view[own + bisect_left(LATENCY_BUCKETS, value)] += 1
+        view[own + self._n] += value
+
+    @property
+    def counts(self) -> list[int]:
+        view = self._view
+        return [int(sum(view[b + i] for b in self._bases)) for i in range(self._n)]
+
+    @property
+    def sum(self) -> float:
+        view = self._view
+        return float(sum(view[b + self._n] for b in self._bases))
+
+
+def _counter_children(metrics: Any) -> Iterator[Any]:
+    """Every Counter child of the registry, in registration order (the same in every process)."""
+    from prometheus_client import Counter
+
+    for collector in list(metrics.registry._collector_to_names):
+        if isinstance(collector, Counter):
+            if collector._labelnames:
+                yield from list(collector._metrics.values())
+            else:
+                yield collector
+
+
+def share_metrics(metrics: Any, region: SharedRegion) -> None:
+    """Move a fresh ServerMetrics' request counters and histograms into the shared slot, so every process's
+    /metrics shows the sums over all processes. Engine-derived values stay per process: each process gets
+    the same engine stats (gauges as reported, counters from the engine's cumulative totals), so they are
+    reported once, not N times. Call before anything records."""
+    from prometheus_client.metrics_core import CounterMetricFamily
+
+    from server.metrics import LATENCY_BUCKETS, LoopHistogram
+
+    engine_own = {id(metrics.preemptions), id(metrics.cache_queries), id(metrics.cache_hits)}
+    offset = 0
+    for child in _counter_children(metrics):
+        if id(child) in engine_own:
+            continue
+        child._value = _SharedValue(region, offset)
+        offset += 1
+    num_buckets = len(LATENCY_BUCKETS) + 1
+    replaced: dict[int, SharedHistogram] = {}
+    for collector in list(metrics.registry._collector_to_names):
+        items = getattr(collector, "items", None)
+        if not isinstance(items, list):
+            continue
+        for i, (name, doc, hist) in enumerate(items):
+            if isinstance(hist, LoopHistogram):
+                shared = SharedHistogram(region, offset, num_buckets)
+                offset += num_buckets + 1
+                replaced[id(hist)] = shared
+                items[i] = (name, doc, shared)
+    for attr, value in list(vars(metrics).items()):
+        if id(value) in replaced:
+            setattr(metrics, attr, replaced[id(value)])
+    if offset > region.metrics_stride:
+        raise RuntimeError(f"{offset} shared metric values do not fit a {region.metrics_stride}-value slot")
+
+    finished = [child._value for child in metrics.finished.values()]
+    model_name = getattr(next(iter(metrics.finished.values())), "_labelvalues", ("",))[0]
+
+    class _PerProcess:
+        """spindle_api_server_requests{api_server}: finished requests per API process (where requests land)."""
+
+        def collect(self) -> Iterator[CounterMetricFamily]:
+            family = CounterMetricFamily("spindle_api_server_requests", "Finished requests by API server process.",
+                                         labels=["model_name", "api_server"])
+            stride = region.metrics_stride
+            for p in range(region.num_processes):
+                total = sum(region.metrics[p * stride + (v._own - region.index * stride)] for v in finished)
+                family.add_metric([model_name, str(p)], total)
+            yield family
+
+    metrics.registry.register(_PerProcess())

@@ -1,0 +1,127 @@
+"""--api-server-count 2: two API processes on one socket, one engine core (server/api_servers.py)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import start_server
+
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def _tree(pid: int) -> list[int]:
+    found = []
+    for child in _children(pid):
+        found += [child, *_tree(child)]
+    return found
+
+
+def _alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        alive.append(pid)
+    return alive
+
+
+def _complete(url: str, **body: object) -> httpx.Response:
+    return httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 16, "ignore_eos": True, **body},
+                      timeout=60)
+
+
+def test_two_api_servers_share_counters_and_limits_and_drain(qwen2_ckpt: Path, tmp_path: Path) -> None:
+    srv = start_server(qwen2_ckpt, tmp_path, "--api-server-count", "2", "--max-num-queued-reqs", "3",
+                       "--log-level", "info",
+                       env={"SPINDLE_LOG_LEVEL": "INFO", "SPINDLE_ENGINE_HEARTBEAT_TIMEOUT": "60"})
+    try:
+        tree = _tree(srv.proc.pid)
+        assert len(_children(srv.proc.pid)) == 3  # the engine core and two API processes
+        for _ in range(4):
+            assert httpx.get(f"{srv.url}/health", timeout=10).status_code == 200
+
+        # 10 requests x 16 tokens, 3 at a time: they land on both processes; every counter is exact
+        before = srv.metric("spindle_generation_tokens_total")
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(lambda _: _complete(srv.url), range(10)))
+        assert [r.status_code for r in answers] == [200] * 10
+        assert srv.metric("spindle_generation_tokens_total") - before == 160
+        assert srv.metric("spindle_request_success_total", 'finished_reason="length"') == 10
+        per_process = [srv.metric("spindle_api_server_requests_total", f'api_server="{i}"') for i in (0, 1)]
+        assert sum(per_process) == 10 and min(per_process) > 0, per_process
+        assert srv.metric("spindle_num_requests_running") == 0  # an engine gauge: once, not summed
+
+        # --max-num-queued-reqs 3 holds for the server as a whole: with the engine stopped no request gets a
+        # first token, so of 8 sent at once exactly 3 are admitted, whichever process takes each
+        engine = srv.engine_pid()
+        os.kill(engine, signal.SIGSTOP)
+        try:
+            pool = concurrent.futures.ThreadPoolExecutor(8)
+            futures = [pool.submit(_complete, srv.url, max_tokens=2) for _ in range(8)]
+            done, pending = concurrent.futures.wait(futures, timeout=5)
+            time.sleep(0.5)  # nothing else may finish while the engine is stopped
+            done = {f for f in futures if f.done()}
+            assert len(done) == 5 and all(f.result().status_code == 503 for f in done)
+        finally:
+            os.kill(engine, signal.SIGCONT)
+        assert sorted(f.result().status_code for f in futures) == [200] * 3 + [503] * 5
+        pool.shutdown()
+        assert srv.metric("spindle_requests_rejected_total", 'reason="queue_full"') == 5
+
+        # SIGTERM: a stream in flight finishes, every process exits, the server exits 0
+        chunks: list[str] = []
+
+        def stream() -> None:
+            with httpx.stream("POST", f"{srv.url}/v1/completions", timeout=60,
+                              json={"prompt": "hi", "max_tokens": 200, "ignore_eos": True, "stream": True}) as r:
+                chunks.extend(r.iter_lines())
+
+        reader = threading.Thread(target=stream)
+        reader.start()
+        time.sleep(0.3)
+        srv.proc.send_signal(signal.SIGTERM)
+        reader.join(30)
+        assert srv.proc.wait(30) == 0
+        assert chunks and chunks[-2:] == ["", "data: [DONE]"] or "data: [DONE]" in chunks
+        assert not any("error" in c for c in chunks)
+        assert not _alive(tree)
+    finally:
+        srv.stop()
+
+
+def test_engine_death_stops_every_api_server_non_zero(qwen2_ckpt: Path, tmp_path: Path) -> None:
+    srv = start_server(qwen2_ckpt, tmp_path, "--api-server-count", "2")
+    try:
+        tree = _tree(srv.proc.pid)
+        engine = srv.engine_pid()
+        os.kill(engine, signal.SIGKILL)
+        assert srv.proc.wait(30) != 0
+        deadline = time.monotonic() + 10
+        while _alive(tree) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(tree)
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("count", ["0"])
+def test_api_server_count_below_one_is_refused(count: str) -> None:
+    from server.cli import config_from_args
+
+    with pytest.raises(ValueError, match="--api-server-count must be at least 1"):
+        config_from_args(["--api-server-count", count])

@@ -1,0 +1,83 @@
+"""Images end to end: the official openai SDK against the real server on the tiny Qwen2-VL checkpoint."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openai
+import pytest
+from PIL import Image
+
+from engine.multimodal.processing import make_processor, num_image_tokens, process_image, read_preprocessor_config
+from tests.e2e.conftest import Server, start_server
+
+
+def data_url(seed: int, h: int, w: int, fmt: str = "PNG") -> str:
+    rng = np.random.RandomState(seed)
+    buf = io.BytesIO()
+    Image.fromarray(rng.randint(0, 255, (h, w, 3), dtype=np.uint8)).save(buf, format=fmt)
+    return f"data:image/{fmt.lower()};base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def ask(url: str, text: str = "What is in the picture?") -> list[dict[str, Any]]:
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                         {"type": "text", "text": text}]}]
+
+
+@pytest.fixture(scope="module")
+def vl_server(qwen2_vl_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = start_server(qwen2_vl_ckpt, tmp_path_factory.mktemp("vl"), "--limit-mm-per-prompt", '{"image": 2}')
+    yield s
+    s.stop()
+
+
+def test_image_chat_with_the_openai_sdk(vl_server: Server, qwen2_vl_ckpt: Path) -> None:
+    client = openai.OpenAI(base_url=f"{vl_server.url}/v1", api_key="none")
+    url = data_url(1, 60, 90)
+    kw: dict[str, Any] = dict(model="tiny", max_tokens=8, temperature=0)
+    a = client.chat.completions.create(messages=ask(url), **kw)  # type: ignore[arg-type]
+    b = client.chat.completions.create(messages=ask(url), **kw)  # type: ignore[arg-type]
+    assert a.choices[0].message.content == b.choices[0].message.content  # the same image twice
+    text = client.chat.completions.create(messages=[{"role": "user", "content": "What is in the picture?"}], **kw)
+    # prompt tokens count the expanded image tokens exactly as transformers' processor does
+    _, grid = process_image(make_processor(read_preprocessor_config(qwen2_vl_ckpt)),
+                            Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))))
+    assert a.usage is not None and text.usage is not None
+    # the image turn replaces the text turn's "\n" join with the vision tokens: start, pads, end
+    assert a.usage.prompt_tokens - text.usage.prompt_tokens == num_image_tokens(grid) + 2
+    chunks = list(client.chat.completions.create(messages=ask(url), stream=True, **kw))  # type: ignore[arg-type]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == a.choices[0].message.content
+    other = client.chat.completions.create(messages=ask(data_url(5, 60, 90, "JPEG")), **kw)  # type: ignore[arg-type]
+    assert other.usage is not None and other.usage.prompt_tokens == a.usage.prompt_tokens
+    gif = client.chat.completions.create(messages=ask(data_url(2, 40, 40, "GIF")), **kw)  # type: ignore[arg-type]
+    assert gif.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize("url, why", [
+    ("file:///etc/passwd", "scheme"), ("http://example.com/a.png", "allowed-media-domains"),
+    ("data:image/png;base64,!!!", "base64"), ("data:image/png;base64," + base64.b64encode(b"nope").decode(), "decoded"),
+])
+def test_bad_images_are_400(vl_server: Server, url: str, why: str) -> None:
+    client = openai.OpenAI(base_url=f"{vl_server.url}/v1", api_key="none")
+    with pytest.raises(openai.BadRequestError, match=why):
+        client.chat.completions.create(model="tiny", messages=ask(url), max_tokens=2)  # type: ignore[arg-type]
+
+
+def test_limits(vl_server: Server) -> None:
+    client = openai.OpenAI(base_url=f"{vl_server.url}/v1", api_key="none")
+    url = data_url(1, 28, 28)
+    three = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}] * 3}]
+    with pytest.raises(openai.BadRequestError, match="limit-mm-per-prompt"):
+        client.chat.completions.create(model="tiny", messages=three, max_tokens=2)  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError, match="max_pixels"):
+        client.chat.completions.create(model="tiny", messages=ask(url), max_tokens=2,  # type: ignore[arg-type]
+                                       extra_body={"mm_processor_kwargs": {"max_pixels": 10 ** 9}})
+    small = client.chat.completions.create(model="tiny", messages=ask(data_url(1, 200, 200)), max_tokens=2,  # type: ignore[arg-type]
+                                           extra_body={"mm_processor_kwargs": {"max_pixels": 56 * 56}})
+    big = client.chat.completions.create(model="tiny", messages=ask(data_url(1, 200, 200)), max_tokens=2)  # type: ignore[arg-type]
+    assert small.usage is not None and big.usage is not None and small.usage.prompt_tokens < big.usage.prompt_tokens
