@@ -217,3 +217,53 @@ def test_pooling_runner_tp2_equals_tp1(qwen2_ckpt: Path, pooling_type: str) -> N
         a, b = tp2[rid][-1].embedding, tp1[rid][-1].embedding
         assert a is not None and b is not None
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-5, rtol=0)
+
+
+def test_prefix_cache_stop_tokens_aborts_and_grammars_under_tp2(qwen2_ckpt: Path) -> None:
+    """The engine-level features on top of the split model: the same outputs as TP=1 for a shared prefix served
+    from the cache, a stop token, an abort mid-decode and a constrained request; the cache hits under TP too."""
+    from engine.messages import StructuredOutputs
+
+    base = prompts(32_000, seed=5, lengths=[40])[0]
+    greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+    def scenario(tp: int) -> tuple[dict[str, list[int]], int, list[str | None]]:
+        core = make_core(qwen2_ckpt, tp, block_size=8)
+        outs: dict[str, list[RequestOutput]] = {}
+        try:
+            core.add_request(AddRequest("first", base, greedy, arrival_time=0.0))
+            for _ in range(30):
+                for o in core.step():
+                    outs.setdefault(o.request_id, []).append(o)
+                if not core.has_work:
+                    break
+            first = tokens(outs["first"])
+            stop = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, stop_token_ids=[first[2]])
+            choice = SamplingParams(max_tokens=16, temperature=0.0,
+                                    structured_outputs=StructuredOutputs("choice", '["yes", "no"]'))
+            core.add_request(AddRequest("cached", base + [7, 8], greedy, arrival_time=1.0))
+            core.add_request(AddRequest("stop", base, stop, arrival_time=1.0))
+            core.add_request(AddRequest("aborted", base[:20], SamplingParams(max_tokens=50, temperature=0.0,
+                                                                              ignore_eos=True), arrival_time=1.0))
+            core.add_request(AddRequest("choice", base[:9], choice, arrival_time=1.0))
+            for step in range(200):
+                if step == 3:
+                    core.abort(["aborted"])
+                for o in core.step():
+                    outs.setdefault(o.request_id, []).append(o)
+                if not core.has_work:
+                    break
+            hits = core.stats().prefix_cache_hits
+        finally:
+            close = getattr(core.runner, "close", None)
+            if close is not None:
+                close()
+        finishes = [outs[r][-1].finish_reason for r in ("cached", "stop", "aborted", "choice")]
+        return {r: tokens(o) for r, o in outs.items()}, hits, finishes
+
+    tp2, hits2, fin2 = scenario(2)
+    tp1, hits1, fin1 = scenario(1)
+    assert tp2 == tp1 and fin2 == fin1 == ["length", "stop", "abort", "stop"]
+    assert hits2 == hits1 > 0
+    first = tp2["first"]
+    assert tp2["stop"] == first[:first.index(first[2]) + 1] and len(tp2["aborted"]) < 50  # ends at the stop token
