@@ -6,6 +6,10 @@
 TTFT: request start to the first content chunk. TPOT: (E2E - TTFT) / (output tokens - 1).
 ITL: the gaps between successive content chunks. With --server-pid: that process's CPU time
 (user + sys, from /proc) over the run divided by the output tokens.
+
+Against a server whose engine is the fake of bench/fake_engine_process.py (SPINDLE_ENGINE_COMMAND, no model:
+the API alone is measured); `python -m bench.api_scaling` does that for `--api-server-count` 1, 2, 4 with a
+cheaper raw-socket client, and sums the CPU of every API process (--server-pid names only one).
 """
 
 from __future__ import annotations

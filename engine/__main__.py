@@ -43,7 +43,10 @@ def main() -> None:
                         "none: frames on stdin / stdout")
     args = parser.parse_args()
     run_below_server()
-    die_with_parent()  # EOF on stdin ends the step loop; this also covers a step that never returns
+    # EOF on stdin ends the step loop; this also covers a step that never returns. The grace lets an idle
+    # loop end on its own first (tensor parallel: rank 0 tells the other ranks to stop), inside the 0.5 s
+    # the server waits before SIGKILL (engine/client.py).
+    die_with_parent(grace=0.3)
     # Ctrl-C and a process group's SIGTERM (systemd) go to the server, which drains, then closes our stdin
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import selectors
 import socket
 import threading
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine.ipc import FrameBuffer, FrameEncoder
+from engine.loop import close_runner
 from engine.messages import AbortRequests, AddRequest, EngineStats, Heartbeat, RequestOutput, StepOutputs, ToEngine
 
 log = logging.getLogger("engine")
@@ -130,7 +132,11 @@ def serve_channels(config: Any, channels: ChannelSet) -> None:
     channels.send(core.ready_message())
     log.info("engine ready for %d API servers: %d KV blocks of %d tokens", len(channels.channels),
              core.runner.num_blocks, core.runner.block_size)
-    run_channels(core, config.heartbeat_interval, channels)
+    try:
+        run_channels(core, config.heartbeat_interval, channels)
+    finally:
+        close_runner(core)
+    wait_for_lifeline()
 
 
 def run_channels(core: Any, heartbeat_interval: float, channels: ChannelSet) -> None:
@@ -174,6 +180,17 @@ def run_channels(core: Any, heartbeat_interval: float, channels: ChannelSet) -> 
                             ch.send(Heartbeat(now, stats, 0.0))
     finally:
         pulse.stop.set()
+
+
+def wait_for_lifeline(fd: int = 0) -> None:
+    """Every channel has closed: return only at EOF on the launcher's lifeline (it closes it once it has reaped
+    every API process). An engine that exited as soon as its last channel closed could be reaped before that
+    channel's API process, and the launcher counts an engine that goes first as engine death (exit 1)."""
+    try:
+        while os.read(fd, 1 << 16):
+            pass
+    except OSError:
+        pass
 
 
 def _route(outputs: list[RequestOutput], owner: dict[str, Channel]) -> dict[Channel, list[RequestOutput]]:

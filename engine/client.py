@@ -8,6 +8,8 @@ without a thread. Engine death (EOF, exit, silence past the heartbeat timeout) i
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import subprocess
 import sys
 from collections import deque
@@ -177,8 +179,16 @@ class EngineClient:
             await self._process.aclose()
 
 
+ENGINE_COMMAND_ENV = "SPINDLE_ENGINE_COMMAND"
+
+
 def engine_command(config: EngineConfig) -> list[str]:
-    return [sys.executable, "-m", "engine", "--config", json.dumps(config.to_dict())]
+    """The engine core's command line. For benchmarks and tests only, SPINDLE_ENGINE_COMMAND (a shell-quoted
+    command, e.g. `python -m bench.fake_engine_process`) replaces `python -m engine` with another program
+    that speaks the same frames; it gets the same arguments (`--config JSON`, and `--channels` from the
+    `--api-server-count` launcher)."""
+    program = shlex.split(os.environ.get(ENGINE_COMMAND_ENV, "")) or [sys.executable, "-m", "engine"]
+    return [*program, "--config", json.dumps(config.to_dict())]
 
 
 @asynccontextmanager

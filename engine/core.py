@@ -113,7 +113,11 @@ class EngineCore:
             self._pending.append(self._output(seq, [], None))
 
     def stats(self) -> EngineStats:
-        return self.scheduler.stats()
+        stats = self.scheduler.stats()
+        images = getattr(self.runner, "images", None)
+        if images is not None and images.cache_hits:
+            stats = msgspec.structs.replace(stats, image_cache_hits=images.cache_hits)
+        return stats
 
     def step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []

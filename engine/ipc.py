@@ -13,6 +13,7 @@ import os
 import select
 import selectors
 import threading
+import time
 from typing import Any, Generic, TypeVar
 
 import msgspec
@@ -118,8 +119,9 @@ class FrameReader(Generic[T]):
             out.extend(self._frames.feed(chunk))
 
 
-def die_with_parent(fd: int = 0) -> None:
-    """Exit at once when the writers of pipe `fd` (our stdin: only the parent holds its write end) are gone.
+def die_with_parent(fd: int = 0, grace: float = 0.0) -> None:
+    """Exit when the writers of pipe `fd` (our stdin: only the parent holds its write end) are gone, after
+    `grace` seconds in which the main thread may finish on its own (it saw the same EOF).
 
     Covers a SIGKILLed parent even while the main thread is stuck in a step or a render. A hang-up on
     the pipe cannot be missed, unlike a getppid() poll (which never fires if the parent died before we
@@ -133,6 +135,7 @@ def die_with_parent(fd: int = 0) -> None:
         while True:
             for _fd, event in poller.poll():
                 if event & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                    time.sleep(grace)
                     os._exit(0)
 
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()

@@ -14,7 +14,6 @@ import time
 from typing import Protocol
 
 from engine.config import EngineConfig
-from engine.core import EngineCore
 from engine.ipc import FrameReader, FrameWriter
 from engine.messages import AbortRequests, AddRequest, EngineStats, Heartbeat, RequestOutput, StepOutputs, ToEngine
 
@@ -59,12 +58,24 @@ class Core(Protocol):
 
 def serve(config: EngineConfig, reader: FrameReader[ToEngine], writer: FrameWriter) -> None:
     """The subprocess: build the core, say Ready, run the loop."""
+    from engine.core import EngineCore  # torch: `run` alone stays light (bench/fake_engine_process.py)
+
     core = EngineCore(config)
     gc.collect()
     gc.freeze()  # the model and startup objects live for the process: full collections skip them
     writer.send(core.ready_message())
     log.info("engine ready: %d KV blocks of %d tokens", core.runner.num_blocks, core.runner.block_size)
-    run(core, config.heartbeat_interval, reader, writer)
+    try:
+        run(core, config.heartbeat_interval, reader, writer)
+    finally:
+        close_runner(core)
+
+
+def close_runner(core: object) -> None:
+    """Tensor parallel: tell the other ranks to stop now, within the server's grace period, not at exit."""
+    close = getattr(getattr(core, "runner", None), "close", None)
+    if close is not None:
+        close()
 
 
 def run(core: Core, heartbeat_interval: float, reader: FrameReader[ToEngine], writer: FrameWriter) -> None:

@@ -59,6 +59,11 @@ class ImageInput(msgspec.Struct, frozen=True, omit_defaults=True):
     dtype: str = "float32"
 
 
+# The error text (prefix) of a request whose image was sent by hash only and is not in the engine's cache: the
+# API resends the request with the pixels (server/pipeline/async_llm.py).
+IMAGE_CACHE_MISS = "ImageCacheMiss:"
+
+
 class AddRequest(msgspec.Struct, frozen=True, tag="add"):
     request_id: str
     prompt_token_ids: list[int]
@@ -83,6 +88,7 @@ class EngineStats(msgspec.Struct, frozen=True, array_like=True):
     num_preemptions: int  # cumulative
     prefix_cache_queries: int  # cumulative, in tokens
     prefix_cache_hits: int  # cumulative, in tokens
+    image_cache_hits: int = 0  # cumulative: images whose vision-encoder output the engine had cached
 
 
 class TokenLogprobs(msgspec.Struct, frozen=True, array_like=True):

@@ -4,4 +4,5 @@ import sys
 
 from server.cli import main
 
-sys.exit(main(sys.argv[1:] if sys.argv[1:2] == ["render"] else ["serve", *sys.argv[1:]]))
+if __name__ == "__main__":  # a spawned child (multiprocessing, anyio.to_process) re-imports this as __mp_main__
+    sys.exit(main(sys.argv[1:] if sys.argv[1:2] == ["render"] else ["serve", *sys.argv[1:]]))

@@ -54,6 +54,19 @@ def _open_engine(config: ServerConfig) -> AbstractAsyncContextManager[Any]:
                        heartbeat_timeout=config.engine_heartbeat_timeout, step_timeout=config.engine_step_timeout)
 
 
+@asynccontextmanager
+async def open_image_worker_for(config: ServerConfig) -> AsyncIterator[Any]:
+    """A vision checkpoint's image worker process (None for a text-only model)."""
+    from server.multimodal.images import image_support, open_image_worker
+
+    support = image_support(config.model) if config.model is not None else None
+    if support is None:
+        yield None
+        return
+    async with open_image_worker(support, int(config.mm_processor_cache_gb * (1 << 30))) as pool:
+        yield pool
+
+
 def _open_renderer(config: ServerConfig) -> AbstractAsyncContextManager[Any]:
     from server.render.renderer import Renderer
 
@@ -172,10 +185,19 @@ def create_app(config: ServerConfig | None = None, *, on_fatal: Callable[[str], 
         state.config = cfg
         async with AsyncExitStack() as stack:
             renderer = await stack.enter_async_context(open_renderer(cfg))
+            state.mm_pool = await stack.enter_async_context(open_image_worker_for(cfg))
             client = await stack.enter_async_context(open_engines(open_engine, cfg, metrics))
             tokenizer = getattr(renderer, "tokenizer", None)
             llm = AsyncLLM(client, detokenizer_factory(tokenizer), admission=_admission(cfg),
                            stream_interval=cfg.stream_interval, on_dead=fatal, metrics=metrics)
+            if state.mm_pool is not None and cfg.model is not None:
+                from engine.multimodal.processing import ENCODER_CACHE_BYTES
+                from server.multimodal.images import image_support
+                from server.multimodal.mirror import EngineImageMirror
+
+                support = image_support(cfg.model)
+                assert support is not None
+                llm.images = EngineImageMirror(ENCODER_CACHE_BYTES, support.hidden_size, client.ready.model_dtype)
             async with anyio.create_task_group() as tg:
                 await tg.start(llm.run)
                 state.renderer, state.limits, state.llm = renderer, limits_for(cfg, client.ready, tokenizer), llm

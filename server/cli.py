@@ -87,6 +87,8 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
      'most images per request on a vision model, JSON: \'{"image": 4}\' (the default)'),
     ("--allowed-media-domains", "allowed_media_domains", str,
      'hosts whose http(s) image URLs are fetched, JSON list (default none: data: URLs only)'),
+    ("--mm-processor-cache-gb", "mm_processor_cache_gb", float,
+     "GiB of preprocessed images cached by content in the image worker (default 4; 0: off)"),
 ]
 
 

@@ -108,9 +108,13 @@ class ServerConfig:
     # whose http(s) image URLs the server fetches (none by default: data: URLs only)
     limit_mm_per_prompt: dict[str, Any] = dataclasses.field(default_factory=lambda: {"image": 4})
     allowed_media_domains: tuple[str, ...] = ()
+    # GiB of preprocessed images the image worker keeps by content (vLLM's --mm-processor-cache-gb); 0: off
+    mm_processor_cache_gb: float = 4.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "log_level", str(self.log_level).lower())  # WARNING and warning alike
+        if not self.mm_processor_cache_gb >= 0:
+            raise ValueError(f"--mm-processor-cache-gb must be >= 0, got {self.mm_processor_cache_gb}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
         positive = ("max_num_seqs", "max_num_batched_tokens", "stream_interval", "renderer_num_workers",
@@ -235,7 +239,8 @@ class ServerConfig:
 _CAP_FIELDS = ("max_prompts_per_request", "max_choices_per_request", "max_stop_strings", "max_stop_string_length",
                "max_stop_token_ids", "max_logit_bias", "max_allowed_token_ids", "max_structured_output_size")
 # SPINDLE_* variables that other parts of the project read (not ServerConfig fields).
-_NOT_CONFIG = frozenset({"api_key", "output_chunk", "cache_dir", "fuzz_examples", "direct_write"})
+_NOT_CONFIG = frozenset({"api_key", "output_chunk", "cache_dir", "fuzz_examples", "direct_write",
+                         "engine_command"})  # engine_command: engine/client.py, benchmarks and tests only
 # Byte sizes: written "2GiB", "512MiB", "1.5G" or plain bytes, as env vars and as flags.
 SIZE_FIELDS = ("kv_cache_memory", "max_request_body", "max_structured_output_size")
 # JSON objects: written as JSON text, as env vars and as flags.

@@ -90,6 +90,16 @@ class ServerMetrics:
         self.preemptions = counter("spindle_num_preemptions", "Preemptions in the engine.")
         self.cache_queries = counter("spindle_prefix_cache_queries", "Prompt tokens looked up.")
         self.cache_hits = counter("spindle_prefix_cache_hits", "Prompt tokens found cached.")
+        # images (a vision model): the image worker's processor cache, the API's mirror of the engine's encoder
+        # cache (images sent by hash; misses resent with pixels) and the engine's own encoder-cache hits
+        self.mm_processor_cache_hits = counter("spindle_mm_processor_cache_hits",
+                                               "Images whose preprocessing the image worker's cache held.")
+        self.mm_engine_cache_hits = counter("spindle_mm_engine_cache_hits",
+                                            "Images sent to the engine by hash only (the mirror said it held them).")
+        self.mm_engine_cache_misses = counter("spindle_mm_engine_cache_misses",
+                                              "Requests sent by hash the engine no longer held, resent with pixels.")
+        self.mm_encoder_cache_hits = counter("spindle_mm_encoder_cache_hits",
+                                             "Images whose vision-encoder output the engine had cached.")
         rejected = Counter("spindle_requests_rejected", "Requests refused with 503 before reaching the engine.",
                            ["model_name", "reason"], registry=self.registry)
         self._rejected = {r: rejected.labels(model_name, r) for r in REJECT_REASONS}  # exported at 0 from the start
@@ -107,7 +117,8 @@ class ServerMetrics:
         self.kv_usage.set(stats.num_used_blocks / max(stats.num_total_blocks, 1))
         for counter, now, before in ((self.preemptions, stats.num_preemptions, last.num_preemptions),
                                      (self.cache_queries, stats.prefix_cache_queries, last.prefix_cache_queries),
-                                     (self.cache_hits, stats.prefix_cache_hits, last.prefix_cache_hits)):
+                                     (self.cache_hits, stats.prefix_cache_hits, last.prefix_cache_hits),
+                                     (self.mm_encoder_cache_hits, stats.image_cache_hits, last.image_cache_hits)):
             if now > before:
                 counter.inc(now - before)
 

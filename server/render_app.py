@@ -134,7 +134,7 @@ async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:
 def create_render_app(config: ServerConfig, *, on_fatal: Callable[[str], None] | None = None,
                       renderer_factory: Any = None, load_in_background: bool = False) -> Any:
     """The render-only ASGI app (create_app sends a config with render_only here)."""
-    from server.app import _default_on_fatal, _open_renderer
+    from server.app import _default_on_fatal, _open_renderer, open_image_worker_for
 
     state = AppState(config=config, model_name=config.model_name)
     metrics = ServerMetrics(config.model_name)
@@ -146,9 +146,9 @@ def create_render_app(config: ServerConfig, *, on_fatal: Callable[[str], None] |
     fatal = on_fatal or _default_on_fatal
 
     async def run_renderer(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        async with open_renderer(config) as renderer:
+        async with open_renderer(config) as renderer, open_image_worker_for(config) as mm_pool:
             limits = await anyio.to_thread.run_sync(checkpoint_limits, config, getattr(renderer, "tokenizer", None))
-            state.renderer, state.limits = renderer, limits
+            state.renderer, state.limits, state.mm_pool = renderer, limits, mm_pool
             log.info("rendering for %s (max_model_len %d); no engine", state.model_name, limits.max_model_len)
             task_status.started()
             await anyio.sleep_forever()

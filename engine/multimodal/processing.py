@@ -15,6 +15,9 @@ from typing import Any
 import numpy as np
 
 IMAGE_PAD_ID = 151655
+# Vision-encoder outputs the engine keeps by image hash (LRU, bytes); the API's mirror of that cache
+# (server/multimodal/mirror.py) assumes the same budget, so it sends by hash only what the engine likely holds.
+ENCODER_CACHE_BYTES = 256 << 20
 _PROCESSOR_KEYS = ("do_resize", "do_rescale", "rescale_factor", "do_normalize", "image_mean", "image_std",
                    "do_convert_rgb", "min_pixels", "max_pixels", "patch_size", "temporal_patch_size", "merge_size")
 

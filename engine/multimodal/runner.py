@@ -18,18 +18,20 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.messages import ImageInput
+from engine.messages import IMAGE_CACHE_MISS, ImageInput
+from engine.multimodal.processing import ENCODER_CACHE_BYTES
 
 if TYPE_CHECKING:
     from engine.models.qwen2_vl import Qwen2VLCausalLM
     from engine.sequence import ScheduledSeq
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-ENCODER_CACHE_BYTES = 256 << 20  # encoder outputs kept by image hash (LRU)
 
 
 class ImageCacheMiss(ValueError):
-    """An image sent by hash only (its pixels were sent before) is no longer in the engine's cache."""
+    """An image sent by hash only (its pixels were sent before) is no longer in the engine's cache.
+
+    The request's error text starts with "ImageCacheMiss:" (IMAGE_CACHE_MISS): the API resends it with pixels."""
 
 
 @dataclass
@@ -115,6 +117,7 @@ class ImageRunner:
         self.model = model
         self.cache = EncoderCache(cache_bytes)
         self.encoder_runs = 0  # images encoded (tests: once per content)
+        self.cache_hits = 0  # images whose encoder output came from the cache (EngineStats.image_cache_hits)
         vision = model.vl.vision
         self.merge = vision.spatial_merge_size
         self.patch_dim = vision.patch_dim
@@ -141,7 +144,9 @@ class ImageRunner:
             if img.data is None:
                 cached = self.cache.get(img.hash)
                 if cached is None:
-                    raise ImageCacheMiss(f"image {img.hash} was sent by hash but is not in the engine's cache")
+                    raise ImageCacheMiss(f"{IMAGE_CACHE_MISS} image {img.hash} was sent by hash but is not in the "
+                                         "engine's cache")
+                self.cache_hits += 1
                 pixels = None
             else:
                 pixels = decode_pixels(img)
@@ -155,7 +160,11 @@ class ImageRunner:
 
     def encoded(self, img: Image) -> torch.Tensor:
         """The image's encoder output: held by its request, else cached by hash, else computed (and cached)."""
-        out = img.encoded if img.encoded is not None else self.cache.get(img.hash)
+        out = img.encoded
+        if out is None:
+            out = self.cache.get(img.hash)
+            if out is not None:
+                self.cache_hits += 1
         if out is None:
             assert img.pixels is not None, "an image sent by hash holds its encoder output from the start"
             out = self.model.visual.encode(img.pixels, img.grid)

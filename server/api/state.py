@@ -32,6 +32,7 @@ class AppState:
     model_name: str
     llm: AsyncLLM | None = None
     renderer: Any = None  # server.render.renderer.Renderer (or a test stand-in with the same methods)
+    mm_pool: Any = None  # a vision model: the image worker's WorkerPool (server/multimodal/images.py)
     limits: ModelLimits | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     stopping: bool = False

@@ -2,9 +2,10 @@
 
 `data:` URLs (base64 PNG, JPEG, WebP, GIF: first frame) always; `http(s)` URLs only for hosts in
 `--allowed-media-domains` (none by default), with a byte cap, a timeout and no redirect off the list; any other
-scheme is a 400. Decoding (PIL) and preprocessing (transformers' Qwen2-VL image processor) run off the event
-loop, one at a time, not in the render workers, so text requests never queue behind an image there. The chat template sees `{"type": "image"}` parts and renders `<|image_pad|>` once per image;
-`expand` then repeats it grid t*h*w / merge**2 times, as transformers' Qwen2VLProcessor does, so
+scheme is a 400. Decoding (PIL) and preprocessing (transformers' Qwen2-VL image processor) run in the image
+worker process (server/multimodal/worker.py), one image request at a time, not in the render workers, so text
+requests never queue behind an image. The chat template sees `{"type": "image"}` parts and renders `<|image_pad|>`
+once per image; `expand` then repeats it grid t*h*w / merge**2 times, as transformers' Qwen2VLProcessor does, so
 `usage.prompt_tokens`, `max_model_len` and admission all count the image's tokens.
 """
 
@@ -13,18 +14,20 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-import io
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import anyio
-import anyio.to_thread
+import msgspec
 
 from engine.messages import ImageInput
 from server.http.errors import APIError, bad_request
+from server.render.worker_pool import PoolOverloaded, WorkerCrashed, WorkerPool, WorkerTimeout, WorkerUserError
 
 MAX_IMAGE_BYTES = 20 << 20  # one encoded image, from a data: URL or a fetch
 FETCH_TIMEOUT = 10.0  # seconds for one http(s) image
@@ -41,6 +44,7 @@ class ImageSupport:
     merge: int
     min_pixels: int
     max_pixels: int
+    hidden_size: int  # the language model's: one image token's encoder output is this long
 
 
 @functools.cache
@@ -56,8 +60,9 @@ def image_support(model_dir: str) -> ImageSupport | None:
         return None
     pre = read_preprocessor_config(model_dir)
     merge = int(pre.get("merge_size", cfg["vision_config"].get("spatial_merge_size", 2)))
+    hidden = int((cfg.get("text_config") or {}).get("hidden_size", cfg.get("hidden_size", 0)))
     return ImageSupport(pre, int(cfg.get("image_token_id", 151655)), merge, int(pre["min_pixels"]),
-                        int(pre["max_pixels"]))
+                        int(pre["max_pixels"]), hidden)
 
 
 def has_images(messages: list[Any] | None) -> bool:
@@ -168,33 +173,15 @@ async def load_image(url: str, allowed: tuple[str, ...]) -> bytes:
     raise bad_request(f"image URLs with scheme {scheme or '(none)'!r} are refused; send a data: URL", "messages")
 
 
-_processor: Any = None
+MM_TIMEOUT = 60.0  # seconds one request's images may take in the image worker before it is killed
 
 
-def _process(preprocessor: dict[str, Any], blobs: list[bytes], min_pixels: int | None, max_pixels: int | None
-             ) -> list[tuple[bytes, list[int], list[int], str]] | str:
-    """In the image worker process: decode and preprocess; a str is the reason for a 400."""
-    global _processor
-    from PIL import Image, UnidentifiedImageError
-
-    from engine.multimodal.processing import image_hash, make_processor, process_image
-
-    if _processor is None or _processor[0] != preprocessor:
-        _processor = (preprocessor, make_processor(preprocessor))
-    out = []
-    for k, blob in enumerate(blobs):
-        try:
-            with Image.open(io.BytesIO(blob)) as im:
-                im.seek(0)  # an animation's first frame
-                rgb = im.convert("RGB")
-        except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
-            return f"image {k} could not be decoded ({type(e).__name__}); send PNG, JPEG, WebP or GIF"
-        pixels, grid = process_image(_processor[1], rgb, min_pixels, max_pixels)
-        out.append((pixels.tobytes(), list(pixels.shape), grid, image_hash(pixels, grid)))
-    return out
-
-
-_limiter: anyio.CapacityLimiter | None = None
+@asynccontextmanager
+async def open_image_worker(support: ImageSupport, cache_bytes: int) -> AsyncIterator[WorkerPool]:
+    """The image worker (server/multimodal/worker.py): one process, killed and replaced as a render worker is."""
+    config = {"preprocessor": support.preprocessor, "cache_bytes": cache_bytes}
+    async with WorkerPool.open(1, config, max_waiting=64, module="server.multimodal.worker") as pool:
+        yield pool
 
 
 @dataclass
@@ -204,22 +191,60 @@ class ProcessedImage:
     grid: list[int]
     hash: str
     num_tokens: int
+    cached: bool = False  # the image worker's processor cache held it
+
+
+async def call_image_worker(pool: WorkerPool | None, request: list[Any], timeout: float = MM_TIMEOUT) -> Any:
+    """One request to the image worker; its failures as the client's error (400 for a bad image, 500 when the
+    worker hung past `timeout` or died: it is killed and replaced, the next request gets a fresh one)."""
+    if pool is None:
+        raise APIError("The image worker is not running; retry in a moment.", status=503, retry_after=1)
+    try:
+        return await pool.call(request, timeout=timeout)
+    except WorkerUserError as e:
+        raise bad_request(str(e), "messages") from None
+    except WorkerTimeout:
+        raise APIError(f"preprocessing the images took longer than {timeout:g} s; the image worker was restarted",
+                       status=500) from None
+    except WorkerCrashed as e:
+        raise APIError(f"the image worker failed ({e}); it is being restarted, retry the request", status=500,
+                       retry_after=1) from None
+    except PoolOverloaded as e:
+        raise APIError(f"The server is overloaded ({e}); retry after a moment.", status=503, retry_after=1) from None
 
 
 async def process_images(support: ImageSupport, urls: list[str], allowed: tuple[str, ...],
-                         kwargs: dict[str, Any] | None) -> list[ProcessedImage]:
-    global _limiter
+                         kwargs: dict[str, Any] | None, pool: WorkerPool | None,
+                         timeout: float = MM_TIMEOUT) -> list[ProcessedImage]:
+    """Load, decode and preprocess a request's images in the image worker process.
+
+    Not anyio.to_process: its child re-runs the parent's __main__ as __mp_main__ (as multiprocessing's spawn
+    does), and server/__main__.py has no `if __name__ == "__main__"` guard, so under `python -m server` the
+    child started a second server instead of answering: the request hung.
+    """
     lo, hi = pixel_bounds(support, kwargs)
     blobs = [await load_image(u, allowed) for u in urls]
-    if _limiter is None:
-        _limiter = anyio.CapacityLimiter(1)  # one image process: images wait for each other, never for text
-    # TODO(issue 16): a worker process of its own; anyio.to_process hung under `python -m server` (not debugged),
-    # so a single thread for now: PIL and NumPy release the GIL for most of the work
-    result = await anyio.to_thread.run_sync(_process, support.preprocessor, blobs, lo, hi, limiter=_limiter)
-    if isinstance(result, str):
-        raise bad_request(result, "messages")
+    result = await call_image_worker(pool, ["process", blobs, lo, hi], timeout)
     m2 = support.merge ** 2
-    return [ProcessedImage(d, s, g, h, g[0] * g[1] * g[2] // m2) for d, s, g, h in result]
+    return [ProcessedImage(d, s, g, h, g[0] * g[1] * g[2] // m2, bool(c)) for d, s, g, h, c in result]
+
+
+async def prepare_images(state: Any, messages: list[Any], mm_processor_kwargs: dict[str, Any] | None
+                         ) -> tuple[list[ProcessedImage], list[Any]]:
+    """A request's images, processed in the image worker, and its messages with image parts as the template's
+    markers ({"type": "image"}). `state`: the routes' AppState. 400 for a text-only model."""
+    config = state.config
+    support = image_support(config.model_path)
+    if support is None:
+        raise no_images_error()
+    limit = int(config.limit_mm_per_prompt.get("image", 4))
+    messages, urls = split_images(messages, limit)
+    images = await process_images(support, urls, config.allowed_media_domains, mm_processor_kwargs, state.mm_pool)
+    metrics = getattr(state.llm, "metrics", None)
+    hits = sum(im.cached for im in images)
+    if metrics is not None and hits:
+        metrics.mm_processor_cache_hits.inc(hits)
+    return images, messages
 
 
 def expand(ids: list[int], images: list[ProcessedImage], pad_id: int) -> tuple[list[int], list[ImageInput]]:
@@ -232,6 +257,21 @@ def expand(ids: list[int], images: list[ProcessedImage], pad_id: int) -> tuple[l
         raise bad_request(f"{e}; the chat template must render one <|image_pad|> per image", "messages") from None
     return out, [ImageInput(im.hash, off, im.num_tokens, im.grid, im.data, im.shape, "float32")
                  for im, off in zip(images, offsets)]
+
+
+async def chat_ids_with_images(state: Any, renderer: Any, req: Any, add_special_tokens: bool,
+                               limits: Any = None) -> tuple[list[int], list[ImageInput] | None]:
+    """A chat request's prompt ids, each image's placeholder expanded to its tokens, and its images for the
+    engine (None without images): the path /tokenize, the render routes and the Anthropic routes share."""
+    from server.api.prompts import chat_prompt_ids
+
+    if not has_images(req.messages):
+        return await chat_prompt_ids(renderer, req, add_special_tokens, limits), None
+    images, messages = await prepare_images(state, req.messages, getattr(req, "mm_processor_kwargs", None))
+    ids = await chat_prompt_ids(renderer, msgspec.structs.replace(req, messages=messages), add_special_tokens, limits)
+    support = image_support(state.config.model_path)
+    assert support is not None  # prepare_images refused a text-only model
+    return expand(ids, images, support.pad_id)
 
 
 def no_images_error() -> APIError:

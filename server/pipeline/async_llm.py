@@ -13,9 +13,10 @@ from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
 import anyio
+import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from engine.messages import AddRequest, EngineStats, Heartbeat, Ready, StepOutputs
+from engine.messages import IMAGE_CACHE_MISS, AddRequest, EngineStats, Heartbeat, Ready, StepOutputs
 from server.http import access_log
 from server.http.access_log import RequestRecord
 from server.http.direct_body import WriteBatch
@@ -134,6 +135,10 @@ class AsyncLLM:
         self._steps_send: MemoryObjectSendStream[StepOutputs]
         self._steps_recv: MemoryObjectReceiveStream[StepOutputs]
         self._steps_send, self._steps_recv = anyio.create_memory_object_stream[StepOutputs](16)
+        # A vision model: which images the engine holds (server/multimodal/mirror.py), and the full requests of
+        # children sent by hash only, kept until their first output says whether the engine had the images.
+        self.images: Any = None  # server.multimodal.mirror.EngineImageMirror
+        self._resend: dict[str, AddRequest] = {}
 
     @property
     def ready(self) -> Ready:
@@ -171,11 +176,50 @@ class AsyncLLM:
     async def _handle(self) -> None:
         async with self._steps_recv:
             async for step in self._steps_recv:
+                if self._resend:
+                    step = self._resend_misses(step)
                 to_abort = await self.output.process_outputs(step)
                 if to_abort and self.dead is None:
                     self.client.abort(to_abort)  # queued: the handler never waits for the engine
         if self.dead is not None:
             self.output.fail_all(f"{self.dead}; retry once the server is restarted")
+
+    def _resend_misses(self, step: StepOutputs) -> StepOutputs:
+        """A child sent by hash that the engine no longer held: resend it with pixels; the client sees nothing."""
+        keep = []
+        for ro in step.outputs:
+            full = self._resend.pop(ro.request_id, None)  # its first output: the engine took or refused it
+            if (full is not None and ro.finish_reason == "error" and (ro.error or "").startswith(IMAGE_CACHE_MISS)
+                    and self.dead is None):
+                self.images.forget([img.hash for img in full.mm_inputs or ()])
+                if self.metrics is not None:
+                    self.metrics.mm_engine_cache_misses.inc()
+                try:
+                    self._send(full)
+                except APIError as e:  # the engine died meanwhile
+                    keep.append(msgspec.structs.replace(ro, error=e.message))
+                    continue
+                self.images.record(full.mm_inputs or [])
+                continue
+            keep.append(ro)
+        return step if len(keep) == len(step.outputs) else msgspec.structs.replace(step, outputs=keep)
+
+    def _send_images(self, reqs: list[AddRequest]) -> None:
+        """Send one prompt's children (same images): by hash where the mirror says the engine holds them (looked
+        up once, so a child does not count on its sibling's images, not yet encoded); recorded once sent."""
+        mirror = self.images
+        mm = reqs[0].mm_inputs or []
+        short, hits = mirror.strip(mm) if mirror is not None else (mm, 0)
+        for req in reqs:
+            if hits:
+                self._send(msgspec.structs.replace(req, mm_inputs=short))
+                self._resend[req.request_id] = req
+                if self.metrics is not None:
+                    self.metrics.mm_engine_cache_hits.inc(hits)
+            else:
+                self._send(req)
+            if mirror is not None:
+                mirror.record(mm)
 
     def _die(self, why: str) -> None:
         if self.dead is not None:
@@ -241,9 +285,16 @@ class AsyncLLM:
                     queued[child_id] = len(spec.prompt_token_ids)
                     self.output.add(state)  # registered before sent: a fast engine finds it
             for spec in specs:
+                if spec.mm_inputs:
+                    reqs = [AddRequest(child_id, spec.prompt_token_ids, spec.child_params(i), spec.arrival_time,
+                                       spec.priority, mm_inputs=spec.mm_inputs)
+                            for i, child_id in enumerate(spec.child_ids())]
+                    self._send_images(reqs)  # raises only when the engine is dead: nothing to abort then
+                    sent += len(reqs)
+                    continue
                 for i, child_id in enumerate(spec.child_ids()):
                     self._send(AddRequest(child_id, spec.prompt_token_ids, spec.child_params(i), spec.arrival_time,
-                                          spec.priority, mm_inputs=spec.mm_inputs))
+                                          spec.priority))
                     sent += 1
             yield RequestStream(collector, states, record)
         finally:
@@ -256,6 +307,8 @@ class AsyncLLM:
             pending = [s.request_id for s in states[:sent] if not s.finished]
             for state in states:
                 self.output.remove(state.request_id)
+                if self._resend:
+                    self._resend.pop(state.request_id, None)
             if admission is not None:
                 if queued:
                     admission.release(len(queued), sum(queued.values()))

@@ -118,8 +118,11 @@ _BROKEN = (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, a
 class WorkerPool:
     """`size` workers; `call()` waits for a free one (at most `max_waiting` callers wait, more are refused)."""
 
-    def __init__(self, size: int, config: dict[str, Any], max_waiting: int, tg: anyio.abc.TaskGroup) -> None:
+    def __init__(self, size: int, config: dict[str, Any], max_waiting: int, tg: anyio.abc.TaskGroup,
+                 module: str = "server.render.worker") -> None:
         self._config = config
+        self._module = module  # the worker's `python -m` module: same frames, same reply codes
+        self._name = "renderer" if module == "server.render.worker" else module.rsplit(".", 1)[0].rsplit(".", 1)[-1]
         self._max_waiting = max_waiting
         self._waiting = 0
         self._tg = tg
@@ -131,11 +134,12 @@ class WorkerPool:
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, size: int, config: dict[str, Any], *, max_waiting: int = 256) -> AsyncIterator[WorkerPool]:
+    async def open(cls, size: int, config: dict[str, Any], *, max_waiting: int = 256,
+                   module: str = "server.render.worker") -> AsyncIterator[WorkerPool]:
         if size < 1:
             raise ValueError(f"the renderer needs at least 1 worker, got {size}")
         async with anyio.create_task_group() as tg:
-            pool = cls(size, config, max_waiting, tg)
+            pool = cls(size, config, max_waiting, tg, module)
             try:
                 failures: list[BaseException] = []
                 async with anyio.create_task_group() as starting:
@@ -163,7 +167,7 @@ class WorkerPool:
         env.update(MALLOC_ARENA_MAX="2", RAYON_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH")) if p)
         proc = await anyio.open_process(
-            [sys.executable, "-m", "server.render.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [sys.executable, "-m", self._module], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=None, env=env,
         )
         worker = _Worker(proc)
@@ -194,7 +198,7 @@ class WorkerPool:
             try:
                 worker = await self._spawn()
             except Exception as e:  # noqa: BLE001 - keep trying: the slot must come back
-                log.error("renderer worker failed to start (%s); retrying in %.1f s", e, delay)
+                log.error("%s worker failed to start (%s); retrying in %.1f s", self._name, e, delay)
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 10.0)
                 continue
@@ -251,7 +255,7 @@ class WorkerPool:
             if sent:
                 break
             await self._replace(worker)
-            raise WorkerTimeout(f"the renderer worker did not take the request within {_SEND_LIMIT:g} s")
+            raise WorkerTimeout(f"the {self._name} worker did not take the request within {_SEND_LIMIT:g} s")
         deadline = anyio.current_time() + (math.inf if timeout is None else timeout)
         reply: _Reply | None = None
         try:
@@ -259,7 +263,7 @@ class WorkerPool:
                 reply = await worker.receive()
         except _BROKEN as e:
             await self._replace(worker)
-            raise WorkerCrashed(f"renderer worker died: {e!r}") from None
+            raise WorkerCrashed(f"{self._name} worker died: {e!r}") from None
         except anyio.get_cancelled_exc_class():
             self._tg.start_soon(self._drain, worker, deadline)
             raise
@@ -274,12 +278,12 @@ class WorkerPool:
         if code == USER_ERROR:
             raise WorkerUserError(value)
         if code != OK:
-            raise WorkerCrashed(f"renderer worker error: {value}")
+            raise WorkerCrashed(f"{self._name} worker error: {value}")
         return value
 
     async def _acquire(self) -> _Worker:
         if self._waiting >= self._max_waiting:
-            raise PoolOverloaded(f"{self._waiting} requests are already waiting for the renderer")
+            raise PoolOverloaded(f"{self._waiting} requests are already waiting for the {self._name}")
         self._waiting += 1
         try:
             return await self._idle_recv.receive()

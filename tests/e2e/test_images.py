@@ -81,3 +81,32 @@ def test_limits(vl_server: Server) -> None:
                                            extra_body={"mm_processor_kwargs": {"max_pixels": 56 * 56}})
     big = client.chat.completions.create(model="tiny", messages=ask(data_url(1, 200, 200)), max_tokens=2)  # type: ignore[arg-type]
     assert small.usage is not None and big.usage is not None and small.usage.prompt_tokens < big.usage.prompt_tokens
+
+
+def test_same_image_twice_crosses_once_and_every_route_counts_it(vl_server: Server) -> None:
+    import httpx
+
+    url = data_url(9, 56, 84)
+    names = ["spindle_mm_processor_cache_hits_total", "spindle_mm_engine_cache_hits_total",
+             "spindle_mm_encoder_cache_hits_total", "spindle_mm_engine_cache_misses_total"]
+    before = [vl_server.metric(n) for n in names]
+    body = {"model": "tiny", "messages": ask(url), "max_tokens": 2, "temperature": 0}
+    a = httpx.post(f"{vl_server.url}/v1/chat/completions", json=body, timeout=60).json()
+    b = httpx.post(f"{vl_server.url}/v1/chat/completions", json=body, timeout=60).json()
+    assert a["choices"][0]["message"] == b["choices"][0]["message"]
+    grew = [vl_server.metric(n) - x for n, x in zip(names, before)]
+    # the second time: preprocessing from the worker's cache, only the hash crossed the pipe, the engine had
+    # the encoder output; nothing missed
+    assert grew[:2] == [1, 1] and grew[2] >= 1 and grew[3] == 0, grew
+    n = a["usage"]["prompt_tokens"]
+    tok = httpx.post(f"{vl_server.url}/tokenize", json={"model": "tiny", "messages": ask(url)}, timeout=60).json()
+    assert tok["count"] == n
+    render = httpx.post(f"{vl_server.url}/v1/chat/completions/render", json=body, timeout=60).json()
+    assert len(render["token_ids"]) == n
+    blocks = [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": url.split(",", 1)[1]}},
+              {"type": "text", "text": "What is in the picture?"}]
+    msg = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": blocks}]}
+    out = httpx.post(f"{vl_server.url}/v1/messages", json=msg, timeout=60).json()
+    assert out["usage"]["input_tokens"] == n, out
+    count = httpx.post(f"{vl_server.url}/v1/messages/count_tokens", json=msg, timeout=60).json()
+    assert count["input_tokens"] == n

@@ -83,3 +83,30 @@ def test_a_stopped_rank_times_out_the_step_and_is_killed(qwen2_ckpt: Path, tmp_p
         for pid in (engine, *ranks):
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_headless_node_serves_and_exits_0_when_the_server_stops(qwen2_ckpt: Path, tmp_path: Path) -> None:
+    """Two "nodes" on 127.0.0.1: node 1 runs `python -m server --headless`; SIGTERM on node 0 stops node 1 cleanly
+    (rank 0 sends its stop plan before the engine exits), not by a broken group."""
+    import socket
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    node1 = subprocess.Popen([sys.executable, "-m", "server", "--headless", "--tensor-parallel-size", "2",
+                              "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
+                              "--master-port", port], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    srv = start_server(qwen2_ckpt, tmp_path, "--tensor-parallel-size", "2", "--nnodes", "2", "--node-rank", "0",
+                       "--master-addr", "127.0.0.1", "--master-port", port)
+    try:
+        r = httpx.post(f"{srv.url}/v1/completions", timeout=30,
+                       json={"model": "tiny", "prompt": "hello", "max_tokens": 4, "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
+        assert srv.stop() == 0
+        assert node1.wait(20) == 0, (node1.stderr.read() if node1.stderr else b"")[-2000:]
+    finally:
+        srv.stop()
+        if node1.poll() is None:
+            node1.kill()
+            node1.wait()

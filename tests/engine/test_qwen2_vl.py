@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
-from engine.messages import AddRequest, ImageInput, RequestOutput, SamplingParams
+from engine.messages import IMAGE_CACHE_MISS, AddRequest, ImageInput, RequestOutput, SamplingParams
 from engine.multimodal.processing import (
     IMAGE_PAD_ID, expand_placeholders, image_hash, make_processor, num_image_tokens, process_image,
     read_preprocessor_config,
@@ -183,3 +183,10 @@ def test_bad_image_inputs_are_refused(qwen2_vl_ckpt: Path) -> None:
         core.add_request(AddRequest(f"x{i}", p, greedy(2), 0.0, mm_inputs=[m]))
     outs = core.step()
     assert [o.finish_reason for o in outs] == ["error"] * 3
+    assert outs[2].error is not None and outs[2].error.startswith(IMAGE_CACHE_MISS)  # the API resends pixels
+    # once encoded, the same image by hash only: no pixels, the encoder's output from the cache, counted
+    run(core, [AddRequest("full", p, greedy(2), 0.0, mm_inputs=mm)])
+    by_hash = [ImageInput(mm[0].hash, mm[0].offset, mm[0].length, mm[0].grid_thw)]
+    hits = core.stats().image_cache_hits
+    run(core, [AddRequest("hash", p, greedy(2), 0.0, mm_inputs=by_hash)])
+    assert core.stats().image_cache_hits == hits + 1 and core.runner.images.encoder_runs == 1  # type: ignore[union-attr]

@@ -15,6 +15,7 @@ import msgspec
 from server.api.anthropic.formatter import PING, MessagesFormatter, event
 from server.api.anthropic.translate import chat_request, decode_error
 from server.api.openai.chat_parsing import ChoiceParser, plan_request_tools, reasoning_parser, request_constraint
+from server.multimodal.images import chat_ids_with_images, expand, has_images, image_support, prepare_images
 from server.api.prompts import admit_early, prompts_lower_bound, render_chat, text_prompt_ids
 from server.api.serving import PostRoute, StreamFraming, respond
 from server.api.state import AppState
@@ -63,6 +64,10 @@ class _AnthropicRoute(PostRoute):
         await run_until_disconnect(receive, guarded)
 
 
+def _takes_images(config: Any) -> bool:
+    return config.model is not None and image_support(config.model_path) is not None
+
+
 R = TypeVar("R", bound=CountTokensRequest)
 
 
@@ -77,7 +82,7 @@ class MessagesRoute(_AnthropicRoute):
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
         req, llm, renderer, limits = _decode(self.state, messages_decoder, body)
         config = self.state.config
-        chat = chat_request(req, reasoning=config.reasoning_parser is not None)
+        chat = chat_request(req, reasoning=config.reasoning_parser is not None, images=_takes_images(config))
         check_request(chat, limits)
         constraint = await structured_outputs(chat, limits.caps)
         plan = plan_request_tools(chat, config, renderer.tokenizer)
@@ -86,12 +91,21 @@ class MessagesRoute(_AnthropicRoute):
         external = external_request_id(xid, None)
         if llm.admission is not None:  # refuse before rendering when the queue surely has no room
             admit_early(llm, 1, 1)
-        text = await render_chat(renderer, chat)
+        images, render_chat_req = None, chat
+        if has_images(chat.messages):  # image blocks (a vision model): as the OpenAI chat route takes them
+            images, messages = await prepare_images(self.state, chat.messages or [], None)
+            render_chat_req = msgspec.structs.replace(chat, messages=messages)
+        text = await render_chat(renderer, render_chat_req)
         if llm.admission is not None:
             admit_early(llm, 1, await prompts_lower_bound(renderer.tokenizer, [text]))
-        ids = await text_prompt_ids(renderer, text, chat.add_special_tokens, "messages", limits)
+        ids = await text_prompt_ids(renderer, text, chat.add_special_tokens, "messages",
+                                    limits if images is None else None)
+        mm_inputs = None
+        if images is not None:
+            ids, mm_inputs = expand(ids, images, image_support(config.model_path).pad_id)  # type: ignore[union-attr]
         constraint = request_constraint(plan, constraint, config, text)
         spec = build_spec(chat, ids, limits, external_id=external, stream=chat.stream, structured_outputs=constraint)
+        spec.mm_inputs = mm_inputs
         tools = plan.parser() if plan is not None and plan.parser is not None else None
         reasoning = reasoning_parser(config, text)
         parser = ChoiceParser(reasoning, tools) if tools is not None or reasoning is not None else None
@@ -106,7 +120,7 @@ class CountTokensRoute(_AnthropicRoute):
 
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
         req, _, renderer, _ = _decode(self.state, count_tokens_decoder, body)
-        chat = chat_request(req, reasoning=self.state.config.reasoning_parser is not None)
-        text = await render_chat(renderer, chat)
-        ids = await text_prompt_ids(renderer, text, chat.add_special_tokens, "messages")
+        config = self.state.config
+        chat = chat_request(req, reasoning=config.reasoning_parser is not None, images=_takes_images(config))
+        ids, _ = await chat_ids_with_images(self.state, renderer, chat, chat.add_special_tokens)
         await send_json(send, 200, _enc(CountTokensResponse(len(ids))))

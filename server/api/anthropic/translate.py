@@ -54,26 +54,54 @@ def _tool_result(block: ToolResultBlock, names: dict[str, str], param: str) -> d
     return message
 
 
-def _user(i: int, message: InputMessage, names: dict[str, str]) -> list[dict[str, Any]]:
-    """One user turn -> tool messages for its tool_result blocks and user messages for its text, in order."""
+def image_part(block: ImageBlock, param: str) -> dict[str, Any]:
+    """An Anthropic image block -> the OpenAI route's image_url part (base64 -> a data: URL; url as is, where
+    --allowed-media-domains decides)."""
+    source = block.source or {}
+    kind = source.get("type")
+    if kind == "base64":
+        media, data = source.get("media_type"), source.get("data")
+        if not isinstance(media, str) or not media.startswith("image/") or not isinstance(data, str):
+            raise bad_request(f'{param}: a base64 image source needs "media_type": "image/..." and "data"',
+                              f"{param}.source")
+        return {"type": "image_url", "image_url": {"url": f"data:{media};base64,{data}"}}
+    if kind == "url" and isinstance(source.get("url"), str):
+        return {"type": "image_url", "image_url": {"url": source["url"]}}
+    raise bad_request(f'{param}: an image source must be {{"type": "base64", ...}} or {{"type": "url", ...}}',
+                      f"{param}.source")
+
+
+def _user(i: int, message: InputMessage, names: dict[str, str], images: bool) -> list[dict[str, Any]]:
+    """One user turn -> tool messages for its tool_result blocks and user messages for its text (and, on a vision
+    model, image parts), in order."""
     out: list[dict[str, Any]] = []
-    texts: list[str] = []
+    parts: list[dict[str, Any]] = []
+
+    def flush() -> None:
+        texts = [p["text"] for p in parts if p["type"] == "text"]
+        if len(texts) == len(parts):
+            out.append({"role": "user", "content": "\n".join(texts)})
+        else:
+            out.append({"role": "user", "content": list(parts)})
+        parts.clear()
+
     for j, block in enumerate(message.content):
         param = f"messages[{i}].content[{j}]"
         if isinstance(block, TextBlock):
-            texts.append(block.text)
+            parts.append({"type": "text", "text": block.text})
         elif isinstance(block, ToolResultBlock):
-            if texts:
-                out.append({"role": "user", "content": "\n".join(texts)})
-                texts = []
+            if parts:
+                flush()
             out.append(_tool_result(block, names, param))
         elif isinstance(block, ImageBlock):
-            raise bad_request(f"{param}: {NO_IMAGES}.", param)
+            if not images:
+                raise bad_request(f"{param}: {NO_IMAGES}.", param)
+            parts.append(image_part(block, param))
         else:
             kind = "tool_use" if isinstance(block, ToolUseBlock) else "thinking"
             raise bad_request(f"{param}: a {kind} block may only appear in an assistant message.", param)
-    if texts or not out:
-        out.append({"role": "user", "content": "\n".join(texts)})
+    if parts or not out:
+        flush()
     return out
 
 
@@ -105,8 +133,10 @@ def _assistant(i: int, message: InputMessage, names: dict[str, str]) -> dict[str
     return out
 
 
-def chat_messages(req: CountTokensRequest) -> list[dict[str, Any]]:
-    """Anthropic's system + messages -> the chat template's messages (system, user, assistant, tool)."""
+def chat_messages(req: CountTokensRequest, images: bool = False) -> list[dict[str, Any]]:
+    """Anthropic's system + messages -> the chat template's messages (system, user, assistant, tool).
+
+    `images`: the model takes images (user image blocks become image_url parts); else they are a 400."""
     if not req.messages:
         raise bad_request("messages must hold at least one message.", "messages")
     out: list[dict[str, Any]] = []
@@ -118,7 +148,7 @@ def chat_messages(req: CountTokensRequest) -> list[dict[str, Any]]:
         if isinstance(message.content, str):
             out.append({"role": message.role, "content": message.content})
         elif message.role == "user":
-            out.extend(_user(i, message, names))
+            out.extend(_user(i, message, names, images))
         else:
             out.append(_assistant(i, message, names))
     return out
@@ -187,13 +217,13 @@ def chat_tools(req: CountTokensRequest) -> list[dict[str, Any]] | None:
     return [_tool(i, t) for i, t in enumerate(req.tools)] if req.tools else None
 
 
-def chat_request(req: CountTokensRequest, *, reasoning: bool = False) -> ChatCompletionRequest:
+def chat_request(req: CountTokensRequest, *, reasoning: bool = False, images: bool = False) -> ChatCompletionRequest:
     """The chat request the chat path renders, checks and builds the engine request from.
 
     A final assistant message is a prefill: the answer continues it, as Anthropic's API does.
-    `reasoning`: the server has a reasoning parser (thinking can be turned on).
+    `reasoning`: the server has a reasoning parser (thinking can be turned on); `images`: the model takes images.
     """
-    messages = chat_messages(req)
+    messages = chat_messages(req, images)
     prefill = req.messages[-1].role == "assistant"
     tool_choice, parallel = chat_tool_choice(req.tool_choice)
     chat = ChatCompletionRequest(model=req.model, messages=messages, tools=chat_tools(req),

@@ -14,7 +14,7 @@ from server.api.prompts import (
 from server.api.serving import PostRoute, respond
 from server.http import sse
 from server.multimodal.images import (
-    ProcessedImage, expand, has_images, image_support, no_images_error, process_images, split_images,
+    ProcessedImage, expand, has_images, image_support, prepare_images,
 )
 from server.http.asgi import Send
 from server.pipeline.input_processor import build_spec, check_request, external_request_id
@@ -84,14 +84,9 @@ class ChatFormatter:
         return _enc(ChatCompletionResponse(self.id, self.created, self.model, choices, usage))
 
 
-async def chat_images(config: Any, req: Any) -> tuple[list[ProcessedImage], Any]:
+async def chat_images(state: Any, req: Any) -> tuple[list[ProcessedImage], Any]:
     """The request's images, processed, and the request with image parts as the template's markers."""
-    support = image_support(config.model_path)
-    if support is None:
-        raise no_images_error()
-    limit = int(config.limit_mm_per_prompt.get("image", 4))
-    messages, urls = split_images(req.messages, limit)
-    images = await process_images(support, urls, config.allowed_media_domains, req.mm_processor_kwargs)
+    images, messages = await prepare_images(state, req.messages, req.mm_processor_kwargs)
     return images, msgspec.structs.replace(req, messages=messages)
 
 
@@ -119,7 +114,7 @@ class ChatRoute(PostRoute):
             admit_early(llm, req.n, req.n)
         images, render_req = None, req
         if has_images(req.messages):  # decoded and preprocessed in the image worker process
-            images, render_req = await chat_images(self.state.config, req)
+            images, render_req = await chat_images(self.state, req)
         text = await render_chat(renderer, render_req)
         if llm.admission is not None:
             lower = await prompts_lower_bound(renderer.tokenizer, [text])

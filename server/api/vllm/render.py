@@ -20,9 +20,10 @@ from typing import Any
 
 import msgspec
 
-from server.api.prompts import chat_prompt_ids, fit_limits, require_messages, text_prompt_ids
+from server.api.prompts import fit_limits, require_messages, text_prompt_ids
 from server.api.serving import PostRoute
 from server.http.asgi import Send, send_json
+from server.multimodal.images import chat_ids_with_images
 from server.pipeline.input_processor import (
     GenerationSpec, build_spec, check_prompt_ids, check_request, completion_prompts, external_request_id,
 )
@@ -71,6 +72,8 @@ class ChatRenderRoute(PostRoute):
         req, renderer, limits = self.state.decode_for_render(chat_decoder, body)
         require_messages(req)
         check_request(req, limits)
-        ids = await chat_prompt_ids(renderer, req, req.add_special_tokens, fit_limits(req, limits))
+        # image parts (a vision model) count as their expanded image tokens; the images themselves are not part
+        # of the answer (/inference/v1/generate takes token ids only)
+        ids, _ = await chat_ids_with_images(self.state, renderer, req, req.add_special_tokens, fit_limits(req, limits))
         spec = build_spec(req, ids, limits, external_id=external_request_id(xid, req.request_id), stream=req.stream)
         await send_json(send, 200, encoder.encode(generate_request(spec, self.state.model_name, req)))

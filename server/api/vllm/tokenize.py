@@ -2,7 +2,9 @@
 
 /tokenize:   {"prompt": str} or {"messages": [...]} (exactly one), plus add_special_tokens (default true for
              a prompt, false for messages: the template places them), add_generation_prompt,
-             continue_final_message, chat_template, chat_template_kwargs, tools, documents, return_token_strs
+             continue_final_message, chat_template, chat_template_kwargs, tools, documents, return_token_strs,
+             mm_processor_kwargs; on a vision model messages may hold image parts, counted as their expanded
+             image tokens
              -> {"count": int, "max_model_len": int, "tokens": [int]} (+ "token_strs" when asked)
 /detokenize: {"tokens": [int]} -> {"prompt": str}   (special tokens kept, as vLLM does)
 """
@@ -13,10 +15,11 @@ from typing import Any
 
 import msgspec
 
-from server.api.prompts import chat_prompt_ids, render_errors, text_prompt_ids
+from server.api.prompts import render_errors, text_prompt_ids
 from server.api.serving import PostRoute
 from server.http.asgi import Send, send_json
 from server.http.errors import bad_request
+from server.multimodal.images import chat_ids_with_images
 from server.pipeline.input_processor import check_prompt_ids
 from server.protocol.openai import encoder
 
@@ -33,6 +36,7 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
     tools: list[dict[str, Any]] | None = None
     documents: list[dict[str, Any]] | None = None
     return_token_strs: bool = False
+    mm_processor_kwargs: dict[str, Any] | None = None  # images (a vision model): min_pixels / max_pixels
 
 
 class DetokenizeRequest(msgspec.Struct, kw_only=True):
@@ -51,7 +55,7 @@ class TokenizeRoute(PostRoute):
         if (req.prompt is None) == (req.messages is None):
             raise bad_request("Send exactly one of prompt (a string) or messages (a chat).", "prompt")
         if req.messages is not None:
-            ids = await chat_prompt_ids(renderer, req, bool(req.add_special_tokens))
+            ids, _ = await chat_ids_with_images(self.state, renderer, req, bool(req.add_special_tokens))
         else:
             special = True if req.add_special_tokens is None else req.add_special_tokens
             ids = await text_prompt_ids(renderer, req.prompt or "", special)

@@ -201,3 +201,34 @@ async def test_heartbeats_update_stats_and_leave_outputs_alone() -> None:
     assert [t for o in got_outputs[0] for t in o.token_ids] == GEN
     assert [o.finish_reason for o in got_outputs[0]] == [None] * (len(got_outputs[0]) - 1) + ["length"]
     assert fake.aborted == ["g"]
+
+
+async def test_images_cross_the_pipe_once_and_an_engine_miss_is_resent() -> None:
+    from engine.messages import IMAGE_CACHE_MISS, ImageInput
+    from server.multimodal.mirror import EngineImageMirror
+
+    engine_has: set[str] = set()  # what the fake engine's encoder cache holds
+
+    def refuse(req: AddRequest) -> str | None:
+        missing = [i.hash for i in req.mm_inputs or () if i.data is None and i.hash not in engine_has]
+        return f"{IMAGE_CACHE_MISS} image {missing[0]} is not cached" if missing else None
+
+    def with_image(rid: str) -> GenerationSpec:
+        s = spec(rid, max_tokens=3)
+        s.mm_inputs = [ImageInput("h1", 0, 2, [1, 2, 4], b"\0" * 16, [2, 2])]
+        return s
+
+    fake = FakeEngineClient(lambda req: GEN, refuse=refuse)
+    metrics = ServerMetrics("tiny")
+    async with running(fake, metrics=metrics) as llm:
+        llm.images = EngineImageMirror(1 << 20, 64, "float32")
+        await collect(llm, [with_image("a")])
+        engine_has.add("h1")  # the engine encoded it
+        await collect(llm, [with_image("b")])
+        engine_has.clear()  # ...and evicted it: the mirror has drifted
+        got = await collect(llm, [with_image("c")])
+    assert [(r.request_id, r.mm_inputs[0].data is not None) for r in fake.added  # type: ignore[index]
+            ] == [("a", True), ("b", False), ("c", False), ("c", True)]  # pixels crossed once, and on the miss
+    assert got[0][-1].error is None and "".join(o.text for o in got[0]) == TOK.decode(GEN[:3])
+    counts = samples(metrics)
+    assert (counts["spindle_mm_engine_cache_hits_total"], counts["spindle_mm_engine_cache_misses_total"]) == (2, 1)

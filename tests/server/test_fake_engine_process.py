@@ -1,0 +1,41 @@
+"""SPINDLE_ENGINE_COMMAND and bench/fake_engine_process.py: the fake engine core speaks the real protocol, on the
+single server's pipes and on `--api-server-count`'s channels (bench/api_scaling.py relies on both)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import start_server
+
+FAKE = f"{shlex.quote(sys.executable)} -m bench.fake_engine_process"
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_the_fake_engine_streams_a_request(count: int, qwen2_ckpt: Path, tmp_path: Path) -> None:
+    srv = start_server(qwen2_ckpt, tmp_path, "--api-server-count", str(count),
+                       env={"SPINDLE_ENGINE_COMMAND": FAKE})
+    try:
+        fakes = subprocess.run(["pgrep", "-P", str(srv.proc.pid), "-f", "bench.fake_engine_process"],
+                               capture_output=True, text=True).stdout.split()
+        assert len(fakes) == 1  # the fake, not the real engine
+        body = {"model": "tiny", "prompt": "hi", "max_tokens": 8, "stream": True, "ignore_eos": True,
+                "stream_options": {"include_usage": True}}
+        events = []
+        with httpx.stream("POST", f"{srv.url}/v1/completions", json=body, timeout=30) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    events.append(json.loads(line[6:]))
+        choices = [e["choices"][0] for e in events if e.get("choices")]
+        assert "".join(c["text"] for c in choices)
+        assert choices[-1]["finish_reason"] == "length"
+        assert events[-1]["usage"]["completion_tokens"] == 8
+    finally:
+        assert srv.stop() == 0, srv.log.read_text()[-3000:]
