@@ -1,4 +1,4 @@
-"""`--api-server-count N`: N API-server processes accept on one listening socket, in front of one engine core.
+"""`--api-server-count N`: N API-server processes accept on one listening socket, in front of the engine core(s).
 
 The process the user starts becomes the launcher (`run_api_servers`); it serves no HTTP itself. It
 1. binds and listens once, and hands the listening socket to every API process (inherited, `fd://` for
@@ -7,13 +7,16 @@ The process the user starts becomes the launcher (`run_api_servers`); it serves 
    port for all, no other program of the same user can bind into the group, and the address is bound
    exactly once, before any process starts;
 2. makes one shared memory file (`server/shared_state.py`: admission counts and metrics, one slot per process);
-3. makes one Unix socketpair per API process and starts the engine core with every engine end
-   (`python -m engine --channels ...`, `engine/channels.py`); its stdin is only the launcher's lifeline;
+3. makes one Unix socketpair per API process and engine core, and starts each engine core (one, or M with
+   `--data-parallel-size M`) with its engine ends (`python -m engine --channels ...`, `engine/channels.py`);
+   an engine's stdin is only the launcher's lifeline;
 4. starts the N API processes (`python -m server.api_servers`), each with the listening socket, its own
-   channel end and the shared file, in a session of their own (a terminal's Ctrl-C or a group SIGTERM reaches
-   only the launcher, which forwards it once);
+   channel end to every engine and the shared file, in a session of their own (a terminal's Ctrl-C or a
+   group SIGTERM reaches only the launcher, which forwards it once). With M engines each API process puts
+   its M channels in an `EnginePool` (server/pipeline/engine_pool.py) and chooses per request as a single
+   server does (the engines report the same stats to every process);
 5. waits. SIGTERM / SIGINT are forwarded to the API processes (each drains or stops as a single server
-   does); when they have all exited, the engine's lifeline is closed and the engine stops. If the engine
+   does); when they have all exited, the engines' lifelines are closed and the engines stop. If an engine
    dies, every API process sees its channel close, fails its requests at once and exits 1; the launcher
    exits 1. If an API process fails, the others are stopped and the launcher exits 1.
 """
@@ -46,8 +49,8 @@ class WorkerContext:
     index: int
     count: int
     listen_fd: int
-    engine_fd: int
-    engine_pid: int
+    engine_fds: list[int]  # this process's channel to each engine core, in engine order
+    engine_pids: list[int]
     shared_fd: int
 
     def region(self) -> Any:
@@ -80,11 +83,20 @@ def share_metrics(metrics: Any) -> None:
     share(metrics, region())
 
 
-def open_engine(config: ServerConfig) -> Any:
+def engine_routed(num_engines: int) -> Any:
+    """Requests routed to each engine, summed over the API processes (server/shared_state.py)."""
+    from server.shared_state import engine_routed as routed
+
+    return routed(region(), num_engines)
+
+
+def open_engine(config: ServerConfig, index: int = 0) -> Any:
+    """This process's channel to engine core `index`."""
     from engine.channel_client import open_engine_channel
 
     assert current is not None
-    return open_engine_channel(current.engine_fd, current.engine_pid, ready_timeout=config.engine_ready_timeout,
+    return open_engine_channel(current.engine_fds[index], current.engine_pids[index],
+                               ready_timeout=config.engine_ready_timeout,
                                heartbeat_timeout=config.engine_heartbeat_timeout,
                                step_timeout=config.engine_step_timeout)
 
@@ -112,12 +124,9 @@ def run_api_servers(config: ServerConfig) -> int:
     from engine.client import engine_command
     from server.shared_state import SharedRegion
 
-    n = config.api_server_count
+    n, m = config.api_server_count, config.data_parallel_size
     os.environ["SPINDLE_LOG_LEVEL"] = config.log_level
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if getattr(config, "data_parallel_size", 1) > 1:
-        log.error("--api-server-count with --data-parallel-size is not supported yet")
-        return 2
     try:
         cfg = config.resolved()  # builds the demo checkpoint once, here, not in N processes at once
         listener = _listen(cfg)
@@ -125,24 +134,32 @@ def run_api_servers(config: ServerConfig) -> int:
         log.error("server failed: %s", e)
         return 1
     shared_fd, _ = SharedRegion.create(n)
-    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(n)]
-    engine_fds = [a.fileno() for a, _ in pairs]
-    engine = subprocess.Popen([*engine_command(cfg.engine_config()), "--channels", ",".join(map(str, engine_fds))],
-                              stdin=subprocess.PIPE, pass_fds=engine_fds)
-    for a, _ in pairs:
-        a.close()
+    # pairs[e][i]: engine e's channel to API process i (the engine keeps [0], the API process [1])
+    pairs = [[socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(n)] for _ in range(m)]
+    engines: dict[int, subprocess.Popen[bytes]] = {}
+    for channels in pairs:
+        engine_fds = [a.fileno() for a, _ in channels]
+        engine = subprocess.Popen([*engine_command(cfg.engine_config()), "--channels", ",".join(map(str, engine_fds))],
+                                  stdin=subprocess.PIPE, pass_fds=engine_fds)
+        engines[engine.pid] = engine
+        for a, _ in channels:
+            a.close()
     payload = base64.b64encode(pickle.dumps(cfg)).decode()
     apis: dict[int, subprocess.Popen[bytes]] = {}
-    for i, (_, b) in enumerate(pairs):
-        part = {"index": i, "count": n, "listen_fd": listener.fileno(), "engine_fd": b.fileno(),
-                "engine_pid": engine.pid, "shared_fd": shared_fd, "config": payload}
+    for i in range(n):
+        ends = [channels[i][1] for channels in pairs]
+        part = {"index": i, "count": n, "listen_fd": listener.fileno(), "engine_fds": [b.fileno() for b in ends],
+                "engine_pids": list(engines), "shared_fd": shared_fd, "config": payload}
         proc = subprocess.Popen([sys.executable, "-m", "server.api_servers"], env={**os.environ, _ENV: json.dumps(part)},
-                                pass_fds=(listener.fileno(), b.fileno(), shared_fd), start_new_session=True)
+                                pass_fds=(listener.fileno(), shared_fd, *(b.fileno() for b in ends)),
+                                start_new_session=True)
         apis[proc.pid] = proc
-        b.close()
+        for b in ends:
+            b.close()
     listener.close()
     os.close(shared_fd)
-    log.info("%d API servers on %s:%d, one engine core (pid %d)", n, cfg.host, cfg.port, engine.pid)
+    log.info("%d API servers on %s:%d, %d engine core(s) (pid %s)", n, cfg.host, cfg.port, m,
+             ", ".join(map(str, engines)))
 
     def forward(signum: int, _frame: Any) -> None:
         for p in apis.values():
@@ -156,15 +173,15 @@ def run_api_servers(config: ServerConfig) -> int:
     signal.signal(signal.SIGINT, forward)
     code = 0
     running = set(apis)
-    engine_alive = True
     while running:
         pid, status = os.waitpid(-1, 0)
-        if pid == engine.pid:
+        if pid in engines:
+            engine = engines[pid]
             engine.returncode = _exit_code(status)
-            engine_alive = False
-            log.error("engine core died (exit %d): the API servers fail their requests and stop", engine.returncode)
+            log.error("engine core %d died (exit %d): the API servers fail their requests and stop", pid,
+                      engine.returncode)
             code = 1  # the API processes see their channels close and exit 1 on their own
-            _reap_within(apis, running, 10.0)
+            _reap_within(apis, running, 10.0, engines)
             break
         if pid in apis:
             apis[pid].returncode = rc = _exit_code(status)
@@ -173,19 +190,25 @@ def run_api_servers(config: ServerConfig) -> int:
                 log.error("API server process %d exited with %d: stopping the others", pid, rc)
                 code = 1
                 forward(signal.SIGINT, None)
-    if engine_alive:  # every API process is gone: close the lifeline, the engine exits (else SIGKILL)
+    # every API process is gone: close the lifelines, the engines exit (else SIGKILL)
+    for engine in engines.values():
         assert engine.stdin is not None
         engine.stdin.close()
-        try:
-            engine.wait(2.0)
-        except subprocess.TimeoutExpired:
-            engine.kill()
-            engine.wait()
+    deadline = time.monotonic() + 2.0
+    for engine in engines.values():
+        if engine.returncode is None:
+            try:
+                engine.wait(max(deadline - time.monotonic(), 0.01))
+            except subprocess.TimeoutExpired:
+                engine.kill()
+                engine.wait()
     return code
 
 
-def _reap_within(apis: dict[int, subprocess.Popen[bytes]], running: set[int], timeout: float) -> None:
-    """Wait up to `timeout` s for the API processes, then SIGKILL the rest; reaps them all."""
+def _reap_within(apis: dict[int, subprocess.Popen[bytes]], running: set[int], timeout: float,
+                 engines: dict[int, subprocess.Popen[bytes]]) -> None:
+    """Wait up to `timeout` s for the API processes, then SIGKILL the rest; reaps them all (and records
+    any engine that exits meanwhile)."""
     deadline = time.monotonic() + timeout
     while running and time.monotonic() < deadline:
         pid, status = os.waitpid(-1, os.WNOHANG)
@@ -195,6 +218,8 @@ def _reap_within(apis: dict[int, subprocess.Popen[bytes]], running: set[int], ti
         if pid in apis:
             apis[pid].returncode = _exit_code(status)
             running.discard(pid)
+        elif pid in engines:
+            engines[pid].returncode = _exit_code(status)
     for pid in list(running):
         os.kill(pid, signal.SIGKILL)
         apis[pid].returncode = _exit_code(os.waitpid(pid, 0)[1])

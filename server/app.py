@@ -30,7 +30,7 @@ from server.api.vllm.render import ChatRenderRoute, CompletionsRenderRoute
 from server.api.state import AppState
 from server.api.vllm.tokenize import DetokenizeRoute, TokenizeRoute
 from server.pipeline.async_llm import AsyncLLM
-from server.pipeline.engine_pool import open_engines
+from server.pipeline.engine_pool import EnginePool, open_engines
 from server.deploy import wrap_app
 from server.config import ServerConfig
 from server.http.errors import APIError, describe_exception
@@ -186,7 +186,11 @@ def create_app(config: ServerConfig | None = None, *, on_fatal: Callable[[str], 
         async with AsyncExitStack() as stack:
             renderer = await stack.enter_async_context(open_renderer(cfg))
             state.mm_pool = await stack.enter_async_context(open_image_worker_for(cfg))
-            client = await stack.enter_async_context(open_engines(open_engine, cfg, metrics))
+            shared = engine_factory is None and api_servers.current is not None  # channels to the launcher's engines
+            open_nth = (lambda i: api_servers.open_engine(cfg, i)) if shared else None
+            client = await stack.enter_async_context(open_engines(open_engine, cfg, metrics, open_nth=open_nth))
+            if shared and isinstance(client, EnginePool):  # routed counts summed over the API processes
+                client.shared_routed = api_servers.engine_routed(client.num_engines)
             tokenizer = getattr(renderer, "tokenizer", None)
             llm = AsyncLLM(client, detokenizer_factory(tokenizer), admission=_admission(cfg),
                            stream_interval=cfg.stream_interval, on_dead=fatal, metrics=metrics)

@@ -153,9 +153,8 @@ class ServerConfig:
         _check_data_parallel(self)
         if self.api_server_count < 1:
             raise ValueError(f"--api-server-count must be at least 1, got {self.api_server_count}")
-        if self.api_server_count > 1 and (self.data_parallel_size > 1 or self.render_only or self.headless):
-            raise ValueError("--api-server-count above 1 works with one engine core only (not with "
-                             "--data-parallel-size, spindle render or --headless)")
+        if self.api_server_count > 1 and (self.render_only or self.headless):
+            raise ValueError("--api-server-count above 1 needs a full server (not spindle render or --headless)")
         if self.headless != (self.node_rank > 0):
             raise ValueError("--headless is for nodes other than 0 (--node-rank 1 and up), and those run only "
                              f"headless; got --node-rank {self.node_rank}{' --headless' if self.headless else ''}")

@@ -31,6 +31,7 @@ from server.pipeline.admission import Admission
 
 ADMISSION_SLOT = 64  # bytes per process: two int64 (requests, tokens), a cache line each process owns
 METRICS_SLOT = 64 << 10  # bytes per process: 8192 doubles, far more than the counters and histograms need
+ENGINE_VALUES = 256  # the last values of each metrics slot: requests routed per engine (`engine_routed`)
 
 
 def region_size(num_processes: int) -> int:
@@ -156,6 +157,15 @@ class _SharedValue:
         return None
 
 
+def engine_routed(region: SharedRegion, num_engines: int) -> list[_SharedValue]:
+    """Per engine (`--data-parallel-size`), the requests this process sent there, in its slot (`inc`);
+    `get` sums every process, so spindle_engine_requests_routed{engine} counts the whole server."""
+    if num_engines > ENGINE_VALUES:
+        raise ValueError(f"at most {ENGINE_VALUES} engines behind several API processes, got {num_engines}")
+    base = region.metrics_stride - ENGINE_VALUES
+    return [_SharedValue(region, base + i) for i in range(num_engines)]
+
+
 class SharedHistogram:
     """server.metrics.LoopHistogram with its buckets and sum in the shared slot: `observe` writes this
     process's, `counts` and `sum` are the totals over every process."""
@@ -231,7 +241,7 @@ def share_metrics(metrics: Any, region: SharedRegion) -> None:
     for attr, value in list(vars(metrics).items()):
         if id(value) in replaced:
             setattr(metrics, attr, replaced[id(value)])
-    if offset > region.metrics_stride:
+    if offset > region.metrics_stride - ENGINE_VALUES:
         raise RuntimeError(f"{offset} shared metric values do not fit a {region.metrics_stride}-value slot")
 
     finished = [child._value for child in metrics.finished.values()]

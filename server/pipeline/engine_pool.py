@@ -163,6 +163,9 @@ class EnginePool:
         self.engine_stats = [c.stats for c in self.clients]
         self.stats = sum_stats(self.engine_stats)
         self.dead: EngineDeadError | None = None
+        # Requests routed per engine, shared over the API processes (`--api-server-count`): each has a
+        # `.inc(n)` and a `.get()` summing every process (server/shared_state.py); None: the chooser's own.
+        self.shared_routed: Sequence[Any] | None = None
         self._owner: dict[str, int] = {}  # request id -> engine, until it finishes or is aborted
         self._last_prompt: list[int] | None = None  # the previous add's prompt list and its engine:
         self._last_engine = 0  # n > 1 children share the list object and follow the first
@@ -191,6 +194,8 @@ class EnginePool:
             self._last_prompt, self._last_engine = prompt, i
         self.clients[i].add_request(req)  # raises EngineDeadError if that engine is gone
         self._owner[req.request_id] = i
+        if self.shared_routed is not None:
+            self.shared_routed[i].inc(1)
 
     def abort(self, request_ids: list[str]) -> None:
         if not request_ids or self.dead is not None:
@@ -264,6 +269,7 @@ class EnginePool:
         hits = CounterMetricFamily("spindle_engine_prefix_cache_hits", "Prompt tokens found cached.", labels=labels)
         routed = CounterMetricFamily("spindle_engine_requests_routed", "Engine requests sent to this engine.",
                                      labels=labels)
+        shared = self.shared_routed
         for i, s in enumerate(self.engine_stats):
             key = [model_name, str(i)]
             running.add_metric(key, s.num_running)
@@ -271,7 +277,7 @@ class EnginePool:
             kv.add_metric(key, s.num_used_blocks / max(s.num_total_blocks, 1))
             queries.add_metric(key, s.prefix_cache_queries)
             hits.add_metric(key, s.prefix_cache_hits)
-            routed.add_metric(key, self.chooser.routed[i])
+            routed.add_metric(key, self.chooser.routed[i] if shared is None else shared[i].get())
         yield from (running, waiting, kv, queries, hits, routed)
 
     def register_metrics(self, registry: Any, model_name: str) -> None:
@@ -327,16 +333,19 @@ async def open_engine_pool(open_one: Callable[[int], AbstractAsyncContextManager
 
 
 def open_engines(open_one: Callable[[Any], AbstractAsyncContextManager[Any]], config: Any,
-                 metrics: Any = None) -> AbstractAsyncContextManager[Any]:
+                 metrics: Any = None, *, open_nth: Callable[[int], AbstractAsyncContextManager[Any]] | None = None
+                 ) -> AbstractAsyncContextManager[Any]:
     """The app's engine: `open_one(config)` itself with --data-parallel-size 1 (the direct client, no
-    pool in between), else a pool of that many, its per-engine metrics registered on `metrics`."""
+    pool in between), else a pool of that many, its per-engine metrics registered on `metrics`.
+    `open_nth(i)`, if given, opens engine i instead (an API process's channel to an engine it does not own)."""
     size = config.data_parallel_size
+    opener = open_nth or (lambda i: open_one(config))
     if size == 1:
-        return open_one(config)
+        return opener(0) if open_nth is not None else open_one(config)
 
     @asynccontextmanager
     async def pool() -> AsyncIterator[EnginePool]:
-        async with open_engine_pool(lambda i: open_one(config), size, policy=config.data_parallel_policy) as p:
+        async with open_engine_pool(opener, size, policy=config.data_parallel_policy) as p:
             if metrics is not None:
                 p.register_metrics(metrics.registry, config.model_name)
             yield p

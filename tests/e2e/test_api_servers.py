@@ -125,3 +125,87 @@ def test_api_server_count_below_one_is_refused(count: str) -> None:
 
     with pytest.raises(ValueError, match="--api-server-count must be at least 1"):
         config_from_args(["--api-server-count", count])
+
+
+def _engines(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid), "-f", "[-]m engine "], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def _all_healthy(url: str, times: int = 8, timeout: float = 120) -> None:
+    """Every API process serves: `times` health checks in a row answer 200 (each lands on either process)."""
+    deadline, ok = time.monotonic() + timeout, 0
+    while ok < times and time.monotonic() < deadline:
+        ok = ok + 1 if httpx.get(f"{url}/health", timeout=10).status_code == 200 else 0
+        time.sleep(0.05 if ok else 0.3)
+    assert ok >= times
+
+
+def _greedy(url: str, prompt: str) -> str:
+    r = httpx.post(f"{url}/v1/completions", timeout=60,
+                   json={"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    return str(r.json()["choices"][0]["text"])
+
+
+ROUTED = "spindle_engine_requests_routed_total"
+
+
+def test_two_api_servers_over_two_engines(qwen2_ckpt: Path, tmp_path: Path) -> None:
+    """--api-server-count 2 --data-parallel-size 2: each API process pools its channels to both engines."""
+    prompts = [f"Request number {i} asks about topic {i * 7}" for i in range(8)]
+    one = start_server(qwen2_ckpt, tmp_path, "--num-blocks", "256")
+    try:
+        expected = [_greedy(one.url, p) for p in prompts]
+    finally:
+        one.stop()
+    srv = start_server(qwen2_ckpt, tmp_path, "--num-blocks", "256", "--api-server-count", "2",
+                       "--data-parallel-size", "2", env={"SPINDLE_ENGINE_HEARTBEAT_TIMEOUT": "60"})
+    try:
+        tree = _tree(srv.proc.pid)
+        assert len(_engines(srv.proc.pid)) == 2 and len(_children(srv.proc.pid)) == 4  # 2 engines, 2 API processes
+        _all_healthy(srv.url)
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(lambda p: _greedy(srv.url, p), prompts))
+        assert got == expected
+        # routed counts are summed over the API processes: any scrape sees all 8; both engines got work
+        routed = [srv.metric(ROUTED, f'engine="{i}"') for i in (0, 1)]
+        assert sum(routed) == 8 and min(routed) > 0, routed
+        queries = [srv.metric("spindle_engine_prefix_cache_queries_total", f'engine="{i}"') for i in (0, 1)]
+        assert min(queries) > 0, queries
+        assert srv.metric("spindle_num_requests_running") == 0
+        assert srv.metric("spindle_request_success_total") == 8
+
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(30) == 0
+        deadline = time.monotonic() + 10
+        while _alive(tree) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(tree)
+    finally:
+        srv.stop()
+
+
+def test_one_engine_dying_stops_every_api_server_over_two_engines(qwen2_ckpt: Path, tmp_path: Path) -> None:
+    srv = start_server(qwen2_ckpt, tmp_path, "--api-server-count", "2", "--data-parallel-size", "2")
+    try:
+        tree = _tree(srv.proc.pid)
+        engines = _engines(srv.proc.pid)
+        assert len(engines) == 2
+        _all_healthy(srv.url)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a stream in flight (on either engine) fails
+            long = pool.submit(httpx.post, f"{srv.url}/v1/completions", timeout=60,
+                               json={"prompt": "count", "max_tokens": 1000, "ignore_eos": True, "stream": True})
+            deadline = time.monotonic() + 30
+            while srv.metric("spindle_num_requests_running") < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            os.kill(engines[1], signal.SIGKILL)
+            body = long.result().text
+        assert "error" in body and "engine" in body, body[-500:]
+        assert srv.proc.wait(30) == 1
+        deadline = time.monotonic() + 10
+        while _alive(tree) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(tree)  # the other engine and both API processes are gone too
+    finally:
+        srv.stop()

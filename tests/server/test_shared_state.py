@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from server.metrics import ServerMetrics
-from server.shared_state import SharedAdmission, SharedRegion, share_metrics
+from server.shared_state import SharedAdmission, SharedRegion, engine_routed, share_metrics
 
 
 def _views(n: int) -> tuple[int, list[SharedRegion]]:
@@ -103,4 +103,16 @@ def test_metrics_are_summed_over_processes_and_engine_values_reported_once() -> 
         assert 'spindle_prefix_cache_queries_total{model_name="m"} 50.0' in text  # the engine's total, once
         assert 'spindle_api_server_requests_total{api_server="0",model_name="m"} 4.0' in text
         assert 'spindle_api_server_requests_total{api_server="1",model_name="m"} 6.0' in text
+    os.close(fd)
+
+
+def test_routed_counts_per_engine_are_summed_and_clear_of_the_metrics() -> None:
+    fd, (a, b) = _views(2)
+    share_metrics(ServerMetrics("tiny"), a)  # its counters and histograms leave the engine values alone
+    mine, theirs = engine_routed(a, 2), engine_routed(b, 2)
+    mine[0].inc(1)
+    theirs[0].inc(2)
+    theirs[1].inc(1)
+    assert [v.get() for v in mine] == [v.get() for v in theirs] == [3, 1]
+    assert [v.get_own() for v in mine] == [1, 0]
     os.close(fd)

@@ -218,11 +218,47 @@ async def test_size_one_is_the_engine_itself() -> None:
         assert client is engine
 
 
+@pytest.mark.anyio
+async def test_open_nth_opens_each_engine_by_index_and_routed_counts_can_be_shared() -> None:
+    """An API process of several (--api-server-count): engine i is its channel i; routed counts are shared."""
+    engines, open_one = fakes(2)
+    opened: list[int] = []
+
+    def open_nth(i: int) -> Any:
+        opened.append(i)
+        return open_one(i)
+
+    class Cfg:
+        data_parallel_size, data_parallel_policy, model_name = 2, "affinity", "tiny"
+
+    class Shared:
+        def __init__(self) -> None:
+            self.value = 10.0  # what the other processes sent there
+
+        def inc(self, n: float) -> None:
+            self.value += n
+
+        def get(self) -> float:
+            return self.value
+
+    async with open_engines(lambda config: pytest.fail("not opened by config"), Cfg(), open_nth=open_nth) as pool:
+        assert sorted(opened) == [0, 1] and pool.clients == engines
+        pool.shared_routed = [Shared(), Shared()]
+        pool.add_request(add("a", [1, 2, 3]))
+        registry = CollectorRegistry()
+        pool.register_metrics(registry, "tiny")
+        text = generate_latest(registry).decode()
+        assert sum(s.value for s in pool.shared_routed) == 21
+        assert 'spindle_engine_requests_routed_total{engine="0",model_name="tiny"} 11.0' in text
+
+
 def test_config_checks_the_data_parallel_flags() -> None:
     from server.cli import config_from_args
 
     config = config_from_args(["--data-parallel-size", "2", "--data-parallel-policy", "round_robin"])
     assert (config.data_parallel_size, config.data_parallel_policy) == (2, "round_robin")
+    config = config_from_args(["--data-parallel-size", "2", "--api-server-count", "3"])  # N API processes x M engines
+    assert (config.data_parallel_size, config.api_server_count) == (2, 3)
     for argv, words in ((["--data-parallel-size", "0"], "at least 1"),
                         (["--data-parallel-policy", "random"], "affinity or round_robin"),
                         (["--data-parallel-size", "2", "--master-port", "29500"], "this node only")):
