@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from engine.client import EngineClient, _wait_ready
+from engine.client import EngineClient, _wait_ready, running
 from engine.ipc import FrameBuffer
 from engine.messages import FromEngine
 
@@ -58,13 +58,5 @@ async def open_engine_channel(fd: int, engine_pid: int, *, ready_timeout: float 
         with anyio.CancelScope(shield=True):
             await stream.aclose()
         raise
-    client = EngineClient(proc, ready, frames, heartbeat_timeout, step_timeout)
-    try:
-        async with anyio.create_task_group() as tg:
-            await tg.start(client._write_loop)
-            try:
-                yield client
-            finally:
-                tg.cancel_scope.cancel()
-    finally:
-        await client._shutdown(0.0)
+    async with running(EngineClient(proc, ready, frames, heartbeat_timeout, step_timeout), 0.0) as client:
+        yield client

@@ -208,7 +208,14 @@ async def open_engine(config: EngineConfig, *, ready_timeout: float = 600.0,
             await process.wait()
             await process.aclose()
         raise
-    client = EngineClient(process, ready, frames, heartbeat_timeout, step_timeout)
+    async with running(EngineClient(process, ready, frames, heartbeat_timeout, step_timeout),
+                       shutdown_grace) as client:
+        yield client
+
+
+@asynccontextmanager
+async def running(client: EngineClient, shutdown_grace: float) -> AsyncIterator[EngineClient]:
+    """The client with its stdin writer task running inside this context; the engine stopped on exit."""
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(client._write_loop)

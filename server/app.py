@@ -23,6 +23,8 @@ from server.api.openai.completions import CompletionsRoute
 from server.api.openai.embeddings import EmbeddingsRoute
 from server.api.vllm.generate import GenerateRoute
 from server.api.health import HealthRoute, VersionRoute
+from server.api.render_only import GENERATION_ROUTES, NotHereRoute
+from server.api.render_only import not_found as render_not_found
 from server.http.asgi import Receive, Scope, Send, send_error
 from server.api.metrics import MetricsRoute
 from server.api.openai.models import ModelsRoute
@@ -158,11 +160,6 @@ def create_app(config: ServerConfig | None = None, *, on_fatal: Callable[[str], 
     if config is None:  # plain `hypercorn 'server.app:create_app()'`: one engine per worker process
         _refuse_several_hypercorn_workers()
         config = ServerConfig.from_env()
-    if config.render_only:  # `spindle render`: no engine, no torch (server/render_app.py)
-        from server.render_app import create_render_app
-
-        return create_render_app(config, on_fatal=on_fatal, renderer_factory=renderer_factory,
-                                 load_in_background=load_in_background)
     state = AppState(config=config, model_name=config.model_name)
     metrics = ServerMetrics(config.model_name)
     from server import api_servers
@@ -173,6 +170,9 @@ def create_app(config: ServerConfig | None = None, *, on_fatal: Callable[[str], 
         from server.metrics_compat import export_vllm_names
 
         export_vllm_names(metrics)
+    if config.render_only:  # `spindle render`: no engine, no torch (server/render_app.py)
+        return _render_only_app(state, metrics, renderer_factory or _open_renderer, on_fatal or _default_on_fatal,
+                                load_in_background)
     open_engine = engine_factory or _open_engine
     open_renderer = renderer_factory or _open_renderer
     fatal = on_fatal or _default_on_fatal
@@ -213,30 +213,22 @@ def create_app(config: ServerConfig | None = None, *, on_fatal: Callable[[str], 
                 task_status.started()
                 await anyio.sleep_forever()
 
-    async def load_or_die() -> None:
-        try:
-            await run_engine()
-        except Exception as e:  # the model did not load: say why; the CLI exits non-zero
-            log.error("startup failed: %s", describe_exception(e))
-            fatal(f"startup failed: {describe_exception(e)}")
-
-    @asynccontextmanager
-    async def lifespan(app: Any) -> AsyncIterator[None]:
-        async with anyio.create_task_group() as tg:
-            if load_in_background:  # the listener comes up now; /health says 503 until the engine is ready
-                tg.start_soon(load_or_die)
-            else:
-                await tg.start(run_engine)
-            try:
-                yield
-            finally:
-                state.stopping = True
-                tg.cancel_scope.cancel()
-
+    lifespan = _lifespan(state, run_engine, fatal, load_in_background)
     routes = [
         Route("/v1/completions", CompletionsRoute(state), methods=["POST"]),
         Route("/v1/chat/completions", ChatRoute(state), methods=["POST"]),
         Route("/v1/embeddings", EmbeddingsRoute(state), methods=["POST"]),
+        Route("/inference/v1/generate", GenerateRoute(state), methods=["POST"]),
+        Route("/v1/messages", MessagesRoute(state), methods=["POST"]),
+        Route("/v1/messages/count_tokens", CountTokensRoute(state), methods=["POST"]),
+        *_common_routes(state, metrics),
+    ]
+    return _asgi(state, routes, lifespan, _not_found)
+
+
+def _common_routes(state: AppState, metrics: ServerMetrics) -> list[Route]:
+    """What `spindle serve` and `spindle render` both answer."""
+    return [
         Route("/v1/models", ModelsRoute(state), methods=["GET"]),
         Route("/health", HealthRoute(state), methods=["GET"]),
         Route("/version", VersionRoute(), methods=["GET"]),
@@ -245,11 +237,62 @@ def create_app(config: ServerConfig | None = None, *, on_fatal: Callable[[str], 
         Route("/detokenize", DetokenizeRoute(state), methods=["POST"]),
         Route("/v1/completions/render", CompletionsRenderRoute(state), methods=["POST"]),
         Route("/v1/chat/completions/render", ChatRenderRoute(state), methods=["POST"]),
-        Route("/inference/v1/generate", GenerateRoute(state), methods=["POST"]),
-        Route("/v1/messages", MessagesRoute(state), methods=["POST"]),
-        Route("/v1/messages/count_tokens", CountTokensRoute(state), methods=["POST"]),
     ]
-    router = Router(routes=routes, lifespan=lifespan, default=_not_found)
-    app: Any = wrap_app(router, config)  # access log, CORS, API key, root path (server/deploy.py)
+
+
+def _asgi(state: AppState, routes: list[Route], lifespan: Any, not_found: Any) -> Any:
+    router = Router(routes=routes, lifespan=lifespan, default=not_found)
+    app: Any = wrap_app(router, state.config)  # access log, CORS, API key, root path (server/deploy.py)
     app.state_holder = state  # for tests and diagnostics
     return app
+
+
+def _lifespan(state: AppState, run: Callable[..., Any], fatal: Callable[[str], None],
+              load_in_background: bool) -> Callable[[Any], AbstractAsyncContextManager[None]]:
+    """Start `run` (it calls task_status.started() once serving) and cancel it at shutdown.
+
+    load_in_background: the listener comes up at once; /health says 503 until `run` is ready, and a failed
+    load calls `fatal` (the CLI exits non-zero). Otherwise startup waits for it, and a failed load fails it.
+    """
+
+    async def load_or_die() -> None:
+        try:
+            await run()
+        except Exception as e:  # the model did not load: say why; the CLI exits non-zero
+            log.error("startup failed: %s", describe_exception(e))
+            fatal(f"startup failed: {describe_exception(e)}")
+
+    @asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        async with anyio.create_task_group() as tg:
+            if load_in_background:
+                tg.start_soon(load_or_die)
+            else:
+                await tg.start(run)
+            try:
+                yield
+            finally:
+                state.stopping = True
+                tg.cancel_scope.cancel()
+
+    return lifespan
+
+
+def _render_only_app(state: AppState, metrics: ServerMetrics, open_renderer: RendererFactory,
+                     fatal: Callable[[str], None], load_in_background: bool) -> Any:
+    """`spindle render`: the renderer and the routes that need no engine; generation routes are 404s."""
+    from server.render_app import checkpoint_limits
+
+    config = state.config
+
+    async def run_renderer(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        async with open_renderer(config) as renderer, open_image_worker_for(config) as mm_pool:
+            limits = await anyio.to_thread.run_sync(checkpoint_limits, config, getattr(renderer, "tokenizer", None))
+            state.renderer, state.limits, state.mm_pool = renderer, limits, mm_pool
+            log.info("rendering for %s (max_model_len %d); no engine", state.model_name, limits.max_model_len)
+            task_status.started()
+            await anyio.sleep_forever()
+
+    not_here = NotHereRoute()
+    routes = [*_common_routes(state, metrics), *(Route(path, not_here) for path in GENERATION_ROUTES)]
+    return _asgi(state, routes, _lifespan(state, run_renderer, fatal, load_in_background), render_not_found)

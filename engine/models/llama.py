@@ -148,15 +148,20 @@ class CausalLM:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttnMetadata) -> torch.Tensor:
         """input_ids, positions [T] -> hidden states [T, hidden] before the final norm."""
+        return self.run_layers(self.embed_tokens(input_ids), kv_caches, meta,
+                               lambda q, k: self.ops.rope(positions, q, k, self.cos_sin))
+
+    def run_layers(self, x: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttnMetadata,
+                   rope: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """The decoder layers over embeddings x [T, hidden]; `rope(q, k)` rotates [T, heads, head_dim] views
+        (plain positions here, M-RoPE in engine/models/qwen2_vl.py)."""
         a, ops = self.args, self.ops
-        t = input_ids.shape[0]
-        x = self.embed_tokens(input_ids)
+        t = x.shape[0]
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             h = ops.rms_norm(x, layer.ln1, a.rms_norm_eps)
             qkv = F.linear(h, layer.qkv_w, layer.qkv_b)
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-            q, k = ops.rope(positions, q.view(t, a.num_heads, a.head_dim),
-                            k.view(t, a.num_kv_heads, a.head_dim), self.cos_sin)
+            q, k = rope(q.view(t, a.num_heads, a.head_dim), k.view(t, a.num_kv_heads, a.head_dim))
             ops.write_kv(k, v.view(t, a.num_kv_heads, a.head_dim), k_cache, v_cache, meta.slot_mapping)
             attn = ops.attention(q, k_cache, v_cache, meta, self.scale)
             x = x + self.all_reduce(F.linear(attn.reshape(t, self.q_size), layer.o_w, layer.o_b))

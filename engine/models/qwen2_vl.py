@@ -204,30 +204,15 @@ class Qwen2VLCausalLM(CausalLM):
         cols = self._axis_cols[None, None, :].expand(1, rows.shape[1], rows.shape[2])
         return rows.gather(0, cols)[0]
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,  # type: ignore[override]
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttnMetadata,
                 embeds: torch.Tensor | None = None) -> torch.Tensor:
         """positions [T] (text only) or [3, T]; embeds [T, hidden] replaces the token embedding when given."""
-        a, ops = self.args, self.ops
-        t = input_ids.shape[0]
         x = self.embed_tokens(input_ids) if embeds is None else embeds
-        rows = self.mrope_rows(positions) if positions.dim() == 2 else None
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            h = ops.rms_norm(x, layer.ln1, a.rms_norm_eps)
-            qkv = F.linear(h, layer.qkv_w, layer.qkv_b)
-            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-            q, k = q.view(t, a.num_heads, a.head_dim), k.view(t, a.num_kv_heads, a.head_dim)
-            if rows is None:
-                q, k = ops.rope(positions, q, k, self.cos_sin)
-            else:
-                q, k = apply_rope(q, rows), apply_rope(k, rows)
-            ops.write_kv(k, v.view(t, a.num_kv_heads, a.head_dim), k_cache, v_cache, meta.slot_mapping)
-            attn = ops.attention(q, k_cache, v_cache, meta, self.scale)
-            x = x + self.all_reduce(F.linear(attn.reshape(t, self.q_size), layer.o_w, layer.o_b))
-            h = ops.rms_norm(x, layer.ln2, a.rms_norm_eps)
-            gate, up = F.linear(h, layer.gate_up_w, layer.gate_up_b).chunk(2, dim=-1)
-            x = x + self.all_reduce(F.linear(F.silu(gate) * up, layer.down_w, layer.down_b))
-        return x
+        if positions.dim() == 1:
+            return self.run_layers(x, kv_caches, meta, lambda q, k: self.ops.rope(positions, q, k, self.cos_sin))
+        rows = self.mrope_rows(positions)
+        return self.run_layers(x, kv_caches, meta, lambda q, k: (apply_rope(q, rows), apply_rope(k, rows)))
 
 
 def mrope_positions(num_tokens: int, images: list[tuple[int, int, tuple[int, int, int]]],

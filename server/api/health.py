@@ -1,4 +1,5 @@
-"""GET /health (200 while the engine serves, 503 otherwise) and GET /version.
+"""GET /health (200 while the engine serves, or on `spindle render` while the renderer is up; 503 otherwise)
+and GET /version.
 
 "Serves" is the engine's heartbeat, not a live pid: the engine sends a frame at least every
 heartbeat interval, and the reader marks it dead after --engine-heartbeat-timeout of silence.
@@ -27,8 +28,9 @@ class HealthRoute:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            llm, _, _ = self.state.require()
-            if llm.stopping:
+            self.state.require_renderer()  # on a full server this is `require`: the engine must serve too
+            llm = self.state.llm  # None on a render-only server
+            if llm is not None and llm.stopping:
                 raise APIError("The server is shutting down; retry against another instance.", status=503)
         except APIError as e:
             await send_json(send, 503, e.body())

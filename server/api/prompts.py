@@ -8,11 +8,14 @@ from contextlib import contextmanager
 from typing import Any
 
 import anyio
+import msgspec
 
+from engine.messages import ImageInput
 from server.http.errors import APIError, bad_request
 from server.pipeline.admission import min_tokens
 from server.pipeline.async_llm import AsyncLLM
 from server.pipeline.input_processor import ModelLimits, check_fits, max_token_bytes
+from server.multimodal.images import expand, has_images, image_support, prepare_images
 from server.render.renderer import RendererOverloaded, RenderError
 
 
@@ -88,3 +91,16 @@ def admit_early(llm: AsyncLLM, num_reqs: int, min_prompt_tokens: int) -> None:
     reason = admission.would_refuse(num_reqs, min_prompt_tokens) if admission is not None else None
     if reason is not None:
         raise llm.overloaded(reason)
+
+
+async def chat_ids_with_images(state: Any, renderer: Any, req: Any, add_special_tokens: bool,
+                               limits: Any = None) -> tuple[list[int], list[ImageInput] | None]:
+    """A chat request's prompt ids, each image's placeholder expanded to its tokens, and its images for the
+    engine (None without images): the path /tokenize, the render routes and the Anthropic routes share."""
+    if not has_images(req.messages):
+        return await chat_prompt_ids(renderer, req, add_special_tokens, limits), None
+    images, messages = await prepare_images(state, req.messages, getattr(req, "mm_processor_kwargs", None))
+    ids = await chat_prompt_ids(renderer, msgspec.structs.replace(req, messages=messages), add_special_tokens, limits)
+    support = image_support(state.config.model_path)
+    assert support is not None  # prepare_images refused a text-only model
+    return expand(ids, images, support.pad_id)

@@ -259,20 +259,5 @@ def expand(ids: list[int], images: list[ProcessedImage], pad_id: int) -> tuple[l
                  for im, off in zip(images, offsets)]
 
 
-async def chat_ids_with_images(state: Any, renderer: Any, req: Any, add_special_tokens: bool,
-                               limits: Any = None) -> tuple[list[int], list[ImageInput] | None]:
-    """A chat request's prompt ids, each image's placeholder expanded to its tokens, and its images for the
-    engine (None without images): the path /tokenize, the render routes and the Anthropic routes share."""
-    from server.api.prompts import chat_prompt_ids
-
-    if not has_images(req.messages):
-        return await chat_prompt_ids(renderer, req, add_special_tokens, limits), None
-    images, messages = await prepare_images(state, req.messages, getattr(req, "mm_processor_kwargs", None))
-    ids = await chat_prompt_ids(renderer, msgspec.structs.replace(req, messages=messages), add_special_tokens, limits)
-    support = image_support(state.config.model_path)
-    assert support is not None  # prepare_images refused a text-only model
-    return expand(ids, images, support.pad_id)
-
-
 def no_images_error() -> APIError:
     return bad_request("this model takes no images; send text content only", "messages")

@@ -17,16 +17,12 @@ import hashlib
 import io
 import json
 import os
-import signal
 import time
 from collections import OrderedDict
-from collections import deque
 from typing import Any
 
-from engine.ipc import FrameReader, FrameWriter, die_with_parent
+from server.render.child import INTERNAL_ERROR, OK, USER_ERROR, start_child
 
-OK, USER_ERROR, INTERNAL_ERROR = 0, 1, 2
-NICE_BELOW_SERVER = 10  # as the render workers: image work must not take the event loop's core
 
 _Result = list[Any]  # [pixel bytes, shape, grid, hash]
 
@@ -91,24 +87,7 @@ def process(processor: Any, settings: dict[str, Any], cache: ProcessorCache, blo
 
 
 def main() -> None:
-    try:
-        os.nice(NICE_BELOW_SERVER)
-    except OSError:
-        pass
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent shuts us down
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    die_with_parent()
-    out_fd = os.dup(1)
-    os.dup2(2, 1)  # stray prints (transformers' warnings) go to stderr, never into the frame stream
-    reader: FrameReader[Any] = FrameReader(0, Any)
-    writer = FrameWriter(out_fd)
-    pending: deque[Any] = deque()
-
-    def receive() -> Any:
-        while not pending and not reader.eof:
-            pending.extend(reader.poll(None))
-        return pending.popleft() if pending else None
-
+    receive, writer = start_child()
     config = receive()
     if config is None:
         return

@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import os
 import resource
-import signal
-from collections import deque
 from typing import Any
 
 import tokenizers
 
-from engine.ipc import FrameReader, FrameWriter, die_with_parent
 from server.render import template_sandbox
+from server.render.child import INTERNAL_ERROR, OK, USER_ERROR, start_child
 
-OK, USER_ERROR, INTERNAL_ERROR = 0, 1, 2
 
 
 class _MemoryCap:
@@ -88,30 +85,9 @@ def _handle(
     raise ValueError(f"unknown worker op {op!r}")
 
 
-# As engine/__main__.py's NICE_BELOW_SERVER: a long tokenization (a 1M-character prompt takes seconds of a
-# core) must not take the core the server's event loop needs (bench/README.md, "Responsiveness under load").
-NICE_BELOW_SERVER = 10
-
-
 def main() -> None:
-    try:
-        os.nice(NICE_BELOW_SERVER)  # first: Linux nice is per thread, and the watchdog thread inherits it
-    except OSError:  # raising nice needs no privilege; a sandbox that forbids it only costs responsiveness
-        pass
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the parent shuts us down
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # so does a process group's SIGTERM: the server drains first
-    die_with_parent()  # exit with the parent, even mid-render
+    receive, writer = start_child()
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # an abort at the memory cap must not dump a core
-    out_fd = os.dup(1)
-    os.dup2(2, 1)  # stray prints go to stderr, never into the frame stream
-    reader: FrameReader[Any] = FrameReader(0, Any)
-    writer = FrameWriter(out_fd)
-    pending: deque[Any] = deque()
-
-    def receive() -> Any:
-        while not pending and not reader.eof:
-            pending.extend(reader.poll(None))
-        return pending.popleft() if pending else None
 
     def send(obj: Any) -> None:
         try:

@@ -25,10 +25,10 @@ import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from engine.ipc import FrameBuffer, FrameEncoder, FrameError
+from server.render.child import OK, USER_ERROR
 
 log = logging.getLogger(__name__)
 
-OK, USER_ERROR, INTERNAL_ERROR = 0, 1, 2  # reply codes, as in server/render/worker.py
 _MAX_REPLY_BYTES = 512 << 20  # a reply this large means a broken (or subverted) worker
 _STARTUP_TIMEOUT = 120.0  # seconds to import, load the tokenizer and report ready (slow disks, busy CPUs)
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])

@@ -12,7 +12,7 @@ import time
 import httpx
 
 from engine.__main__ import NICE_BELOW_SERVER
-from server.render import worker
+from server.render import child
 from tests.e2e.conftest import Server
 
 SCHED_OTHER = 0
@@ -54,7 +54,7 @@ def _children(pid: int) -> dict[int, bytes]:
 
 
 def test_engine_and_workers_run_nicer_than_the_server(server: Server) -> None:
-    assert worker.NICE_BELOW_SERVER == NICE_BELOW_SERVER
+    assert child.NICE_BELOW_SERVER == NICE_BELOW_SERVER
     # a step (the LM head's helper threads start with the first one) and a worker tokenization (> 512 chars)
     r = httpx.post(f"{server.url}/v1/completions", timeout=60,
                    json={"model": "tiny", "prompt": "hello", "max_tokens": 2, "ignore_eos": True})

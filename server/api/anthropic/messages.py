@@ -15,8 +15,8 @@ import msgspec
 from server.api.anthropic.formatter import PING, MessagesFormatter, event
 from server.api.anthropic.translate import chat_request, decode_error
 from server.api.openai.chat_parsing import ChoiceParser, plan_request_tools, reasoning_parser, request_constraint
-from server.multimodal.images import chat_ids_with_images, expand, has_images, image_support, prepare_images
-from server.api.prompts import admit_early, prompts_lower_bound, render_chat, text_prompt_ids
+from server.multimodal.images import expand, has_images, image_support, prepare_images
+from server.api.prompts import admit_early, chat_ids_with_images, prompts_lower_bound, render_chat, text_prompt_ids
 from server.api.serving import PostRoute, StreamFraming, respond
 from server.api.state import AppState
 from server.http.asgi import ClientGone, Receive, Scope, Send, header, read_json_body, run_until_disconnect, send_json

@@ -20,10 +20,9 @@ from typing import Any
 
 import msgspec
 
-from server.api.prompts import fit_limits, require_messages, text_prompt_ids
+from server.api.prompts import chat_ids_with_images, fit_limits, require_messages, text_prompt_ids
 from server.api.serving import PostRoute
 from server.http.asgi import Send, send_json
-from server.multimodal.images import chat_ids_with_images
 from server.pipeline.input_processor import (
     GenerationSpec, build_spec, check_prompt_ids, check_request, completion_prompts, external_request_id,
 )

@@ -15,11 +15,10 @@ from typing import Any
 
 import msgspec
 
-from server.api.prompts import render_errors, text_prompt_ids
+from server.api.prompts import chat_ids_with_images, render_errors, text_prompt_ids
 from server.api.serving import PostRoute
 from server.http.asgi import Send, send_json
 from server.http.errors import bad_request
-from server.multimodal.images import chat_ids_with_images
 from server.pipeline.input_processor import check_prompt_ids
 from server.protocol.openai import encoder
 
