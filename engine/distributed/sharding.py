@@ -98,18 +98,9 @@ class ShardedWeights(_Weights):
             "down_proj": (1, i0, i1),
         }
 
-    def __call__(self, name: str) -> torch.Tensor:
-        if name not in self.files:
-            raise ModelLoadError(f"weight {name!r} is missing from the checkpoint's safetensors files")
-        f = self.files[name]
-        if f not in self._handles:
-            from safetensors import safe_open
-
-            self._handles[f] = safe_open(f, framework="pt")
-        sl = self._handles[f].get_slice(name)
-        tensor = self._slice(name, sl, list(sl.get_shape()))
-        self.progress.advance()
-        return tensor.to(device=self.device, dtype=self.dtype)
+    def _read(self, handle: Any, name: str) -> torch.Tensor:
+        sl = handle.get_slice(name)
+        return self._slice(name, sl, list(sl.get_shape()))
 
     def _slice(self, name: str, sl: Any, shape: list[int]) -> torch.Tensor:
         def get(index: Any) -> torch.Tensor:

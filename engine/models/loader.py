@@ -135,8 +135,13 @@ class _Weights:
         f = self.files[name]
         if f not in self._handles:
             self._handles[f] = safe_open(f, framework="pt")
-        tensor: torch.Tensor = self._handles[f].get_tensor(name).to(device=self.device, dtype=self.dtype)
+        tensor = self._read(self._handles[f], name).to(device=self.device, dtype=self.dtype)
         self.progress.advance()
+        return tensor
+
+    def _read(self, handle: Any, name: str) -> torch.Tensor:
+        """The tensor as this process needs it (a tensor-parallel rank: its slice only)."""
+        tensor: torch.Tensor = handle.get_tensor(name)
         return tensor
 
 

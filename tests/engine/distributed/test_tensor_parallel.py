@@ -24,6 +24,8 @@ from engine.distributed.sharding import Shard
 from engine.messages import AddRequest, RequestOutput, SamplingParams
 from engine.models.llama import ModelArgs
 from engine.models.loader import ModelLoadError, read_config
+from tests.engine.test_core import run as run_core
+from tests.engine.test_core import tokens
 
 torch.set_num_threads(1)
 TINY_KV1 = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=1, head_dim=16, intermediate_size=128,
@@ -56,28 +58,13 @@ def make_core(ckpt: Path, tp: int, **kw: object) -> EngineCore:
 
 
 def run(core: EngineCore, reqs: list[tuple[str, list[int], SamplingParams, int]]) -> dict[str, list[RequestOutput]]:
-    """Requests join at their step numbers; steps until all finish; then the core's ranks are stopped."""
-    outs: dict[str, list[RequestOutput]] = {rid: [] for rid, *_ in reqs}
-    pending = sorted(reqs, key=lambda r: r[3])
-    step = 0
+    """tests/engine/test_core.py's `run`, then the core's ranks are stopped."""
     try:
-        while pending or core.has_work:
-            while pending and pending[0][3] <= step:
-                rid, prompt, params, _ = pending.pop(0)
-                core.add_request(AddRequest(rid, prompt, params, arrival_time=float(step)))
-            for o in core.step():
-                outs[o.request_id].append(o)
-            step += 1
-            assert step < 2000
+        return run_core(core, reqs)
     finally:
         close = getattr(core.runner, "close", None)
         if close is not None:
             close()
-    return outs
-
-
-def tokens(outs: list[RequestOutput]) -> list[int]:
-    return [t for o in outs for t in o.new_token_ids]
 
 
 def prompts(vocab: int, seed: int, lengths: list[int]) -> list[list[int]]:
