@@ -73,9 +73,10 @@ def test_two_api_servers_share_counters_and_limits_and_drain(qwen2_ckpt: Path, t
         try:
             pool = concurrent.futures.ThreadPoolExecutor(8)
             futures = [pool.submit(_complete, srv.url, max_tokens=2) for _ in range(8)]
-            done, pending = concurrent.futures.wait(futures, timeout=5)
-            time.sleep(0.5)  # nothing else may finish while the engine is stopped
-            done = {f for f in futures if f.done()}
+            deadline = time.monotonic() + 10  # the 5 over the limit are refused at once; the 3 admitted wait
+            while sum(f.done() for f in futures) < 5 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            done = [f for f in futures if f.done()]
             assert len(done) == 5 and all(f.result().status_code == 503 for f in done)
         finally:
             os.kill(engine, signal.SIGCONT)
@@ -85,15 +86,18 @@ def test_two_api_servers_share_counters_and_limits_and_drain(qwen2_ckpt: Path, t
 
         # SIGTERM: a stream in flight finishes, every process exits, the server exits 0
         chunks: list[str] = []
+        streaming = threading.Event()
 
         def stream() -> None:
             with httpx.stream("POST", f"{srv.url}/v1/completions", timeout=60,
                               json={"prompt": "hi", "max_tokens": 200, "ignore_eos": True, "stream": True}) as r:
-                chunks.extend(r.iter_lines())
+                for line in r.iter_lines():
+                    chunks.append(line)
+                    streaming.set()  # the first token is out: the request is in flight
 
         reader = threading.Thread(target=stream)
         reader.start()
-        time.sleep(0.3)
+        assert streaming.wait(30)
         srv.proc.send_signal(signal.SIGTERM)
         reader.join(30)
         assert srv.proc.wait(30) == 0

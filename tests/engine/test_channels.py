@@ -89,8 +89,7 @@ def test_each_channel_gets_one_frame_per_step_with_only_its_own_requests() -> No
     # an API process that goes away has its requests aborted; the others keep being served
     api0.sendall(enc.encode(_add("a3")))
     api1.sendall(enc.encode(AbortRequests(["unknown"])))
-    time.sleep(0.001)
-    api0.close()
+    api0.close()  # a3 may be read before the hang-up or not: either way it ends with its channel
     api1.sendall(enc.encode(_add("b2")))
     assert {o.request_id for s in _read_until_finished(api1, {"b2"}) for o in s.outputs} == {"b2"}
     api1.close()
