@@ -46,7 +46,7 @@ class EngineCore:
                                    max_model_len=self.max_model_len,
                                    block_manager=self.block_manager, policy=config.scheduling_policy)
         self.sampler = Sampler(self.vocab_size, list(self.runner.eos_token_ids), self.runner.device)
-        self.structured = StructuredOutputManager(self._grammar_backend, self.runner.device)
+        self.structured = StructuredOutputManager(self._grammar_backend, self.runner.device, self.eos_token_ids)
         self._pending: list[RequestOutput] = []  # refusals and aborts, reported with the next step
         self._prompt_logprobs: dict[str, list[TokenLogprobs | None]] = {}
 

@@ -38,6 +38,11 @@ class StructuredGrammar(Protocol):
         """Why the matcher failed; "" while it is fine."""
         ...
 
+    def completion(self, limit: int) -> list[int] | None:
+        """Tokens (at most limit) that finish the grammar from here, short rather than shortest; None when
+        none is found. Does not move the matcher (engine/structured/closing.py forces them near max_tokens)."""
+        ...
+
     def copy(self) -> StructuredGrammar:
         """An independent matcher in the same state (the cached compiled grammar -> one per request)."""
         ...

@@ -25,6 +25,13 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     return ((b[:, :, None] >> shifts) & 1).view(bitmask.shape[0], -1)[:, :vocab].bool()
 
 
+def allow_only(bitmask: torch.Tensor, row: int, token: int) -> None:
+    """bitmask[row] allows `token` and nothing else."""
+    bitmask[row] = 0
+    word = 1 << (token & 31)
+    bitmask[row, token >> 5] = word - (1 << 32) if word >= 1 << 31 else word  # bit 31 is the int32 sign
+
+
 def apply_token_bitmask_ref(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
     """In place: logits[rows[i], t] = -inf where bitmask[i] disallows t; columns past the mask too."""
     covered = min(logits.shape[1], bitmask.shape[1] * 32)

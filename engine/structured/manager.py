@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -18,7 +18,8 @@ import torch
 from engine.messages import StructuredOutputs
 from engine.sequence import Sequence
 from engine.structured.backend import StructuredBackend, StructuredGrammar, allocate_bitmask
-from engine.structured.bitmask import apply_token_bitmask
+from engine.structured.bitmask import allow_only, apply_token_bitmask
+from engine.structured.closing import advance, closing_token
 
 CACHE_SIZE = 256  # compiled grammars kept; a request copies its grammar, so eviction frees only the template
 
@@ -31,6 +32,8 @@ class StructuredState:
     grammar: StructuredGrammar | None = None  # None until compiled
     active: bool = True  # False until the output contains spec.reasoning_end
     tail: bytes = b""  # the output's last bytes while inactive: reasoning_end may span tokens
+    closing: list[int] | None = None  # the finish being forced near max_tokens (engine/structured/closing.py)
+    check_at: int = 1 << 30  # look for a finish once the tokens left are at most this
 
 
 @dataclass(slots=True)
@@ -42,9 +45,10 @@ class PendingMasks:
 
 class StructuredOutputManager:
     def __init__(self, make_backend: Callable[[], StructuredBackend], device: torch.device,
-                 max_workers: int = 1) -> None:
+                 eos_token_ids: Collection[int], max_workers: int = 1) -> None:
         self._make_backend = make_backend
         self.device = device
+        self._eos = frozenset(eos_token_ids)
         self._max_workers = max_workers
         self._backend: StructuredBackend | None = None
         self._backend_lock = threading.Lock()
@@ -126,7 +130,8 @@ class StructuredOutputManager:
     def start_masks(self, seqs: list[Sequence]) -> PendingMasks | None:
         """Fill the bitmask rows of seqs' active grammars in a thread, overlapping the forward pass
         (the matchers do not move until the sampled tokens come back); None when none is constrained."""
-        items = [(s.structured.grammar, i) for i, s in enumerate(seqs)
+        items = [(s.structured, i, s.params.max_tokens - s.num_output_tokens, self._banned(s))
+                 for i, s in enumerate(seqs)
                  if s.structured is not None and s.structured.active and s.structured.grammar is not None]
         if not items:
             return None
@@ -134,8 +139,26 @@ class StructuredOutputManager:
         bitmask = self._bitmask_rows(len(items), backend.vocab_size)
         if self._filler is None:
             self._filler = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
-        fut = self._filler.submit(backend.fill_bitmasks, [(g, j) for j, (g, _) in enumerate(items)], bitmask)
-        return PendingMasks(fut, bitmask, [i for _, i in items])
+        fut = self._filler.submit(self._fill, backend, [(st, budget, banned) for st, _, budget, banned in items],
+                                  bitmask)
+        return PendingMasks(fut, bitmask, [i for _, i, _, _ in items])
+
+    def _banned(self, seq: Sequence) -> frozenset[int]:
+        """What the sampler masks at this step whatever the grammar says: eos and stop ids before min_tokens."""
+        p = seq.params
+        return self._eos.union(p.stop_token_ids) if seq.num_output_tokens < p.min_tokens else frozenset()
+
+    @staticmethod
+    def _fill(backend: StructuredBackend, rows: list[tuple[StructuredState, int, frozenset[int]]],
+              bitmask: torch.Tensor) -> None:
+        plain: list[tuple[StructuredGrammar, int]] = []
+        for row, (state, budget, banned) in enumerate(rows):
+            token = closing_token(state, budget, banned)
+            if token is not None:
+                allow_only(bitmask, row, token)
+            elif state.grammar is not None:
+                plain.append((state.grammar, row))
+        backend.fill_bitmasks(plain, bitmask)
 
     @torch.inference_mode()  # the runner's logits are inference tensors: in-place work needs the mode
     def mask_logits(self, logits: torch.Tensor, pending: PendingMasks) -> None:
@@ -162,6 +185,7 @@ class StructuredOutputManager:
             return None
         if not state.grammar.accept_tokens([token]):
             return f"structured output: token {token} was rejected by the grammar: {state.grammar.error() or 'not allowed'}"
+        advance(state, token)
         return "stop" if state.grammar.is_terminated() else None
 
     def close(self) -> None:

@@ -34,7 +34,7 @@ def make_core(ckpt: Path, backend: StructuredBackend | None = None, **kw: object
     kw.setdefault("num_blocks", 256)
     core = EngineCore(EngineConfig(model=str(ckpt), **kw))  # type: ignore[arg-type]
     b = backend if backend is not None else shared_backend(core)
-    core.structured = StructuredOutputManager(lambda: b, core.runner.device)
+    core.structured = StructuredOutputManager(lambda: b, core.runner.device, core.eos_token_ids)
     return core
 
 

@@ -13,8 +13,8 @@ from engine.core import EngineCore
 from engine.messages import SamplingParams, StructuredOutputs
 from tests.engine.structured.conftest import finish, make_core, run, shared_backend, tokens
 
-# A random model never closes a free string (a quote is a few hundred of 150k tokens) and JSON Schema allows
-# extra properties by default: maxLength and additionalProperties false bound the output (see the report).
+# Bounded parts (maxLength, ranges, enums): a random model finishes this by itself; free-form ones are finished
+# near max_tokens by engine/structured/closing.py (tests/engine/structured/test_closing.py).
 SCHEMA = {"type": "object", "additionalProperties": False,
           "required": ["name", "age", "tags", "kind", "ok"],
           "properties": {"name": {"type": "string", "maxLength": 8},
@@ -51,17 +51,6 @@ def check(kind: str, text: str) -> None:
         assert re.fullmatch(r"\([0-9]{1,3}(\+[0-9]{1,3})*\)", text), text
 
 
-def assert_open_string(text: str) -> None:
-    """A valid object prefix cut inside a string: closing the string (as a key or a value) completes it."""
-    for end in ('":0}', '"}'):
-        try:
-            assert isinstance(json.loads(text + end), dict)
-            return
-        except ValueError:
-            continue
-    raise AssertionError(f"not an object cut inside a string: {text!r}")
-
-
 def text_of(core: EngineCore, ids: list[int]) -> str:
     ids = [t for t in ids if t not in core.eos_token_ids]  # a grammar may end on eos
     return shared_backend(core).decode_bytes(ids).decode()
@@ -83,9 +72,6 @@ def test_every_kind_parses_and_stops(core: EngineCore, sampling: str) -> None:
     outs = run(core, reqs)
     for rid, o in outs.items():
         kind, text = rid.rsplit("-", 1)[0], text_of(core, tokens(o))
-        if kind == "json_object" and finish(o) == ("length", None):
-            assert_open_string(text)  # any object: its keys are free strings, nothing bounds them
-            continue
         assert finish(o) == ("stop", None), (rid, text)
         check(kind, text)
     assert core.structured.num_live == 0 and core.structured.num_compiling == 0

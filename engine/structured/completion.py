@@ -1,0 +1,100 @@
+"""A short way to finish a constrained output from where it stands: the tokens that close it.
+
+llguidance tells which tokens may come next but not how far the end is. The search walks forward from a
+copy of the matcher: forced tokens as they come (keys, literals), else the first allowed token of a fixed
+preference list (closers, then digits, punctuation, letters, openers last) that leads somewhere new,
+judged by the next-token mask: a string's `"` changes the mask, its letters do not. Greedy, so short
+rather than shortest; bounded by a token limit and a number of tries, so one search costs a few ms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import llguidance
+
+# closers first (several at once where the tokenizer has them), openers last: the way out of a structure
+PREFERENCE = (['""', '"}]}', '"}}', '"}]', '"]}', '"]', '"}', '"', '}}', ']}', '}]', '}', ']', ')', '>']
+              + list("0123456789") + list(",:;.-_+*/=!?@#$%^&|~`'") + [" ", "\n", "\t"]
+              + list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ") + list("([{<"))
+MAX_TRIES = 1500  # candidate steps per search (~25 µs each)
+
+
+def preferred_tokens(tokenizer: llguidance.LLTokenizer) -> list[int]:
+    """PREFERENCE's strings that are one token each in this vocabulary, in order."""
+    ids: list[int] = []
+    for text in PREFERENCE:
+        toks = tokenizer.tokenize_str(text)
+        if len(toks) == 1 and bytes(tokenizer.decode_bytes(toks)) == text.encode() and toks[0] not in ids:
+            ids.append(toks[0])
+    return ids
+
+
+def _allowed(mask: bytes, token: int) -> bool:
+    return token >> 3 < len(mask) and bool((mask[token >> 3] >> (token & 7)) & 1)
+
+
+def _first_allowed(mask: bytes) -> int | None:
+    for i, byte in enumerate(mask):
+        if byte:
+            return i * 8 + (byte & -byte).bit_length() - 1
+    return None
+
+
+def _done(m: llguidance.LLMatcher) -> bool:
+    return bool(m.is_stopped() or m.is_accepting())
+
+
+def completion(matcher: llguidance.LLMatcher, preferred: Sequence[int], eos: Sequence[int],
+               limit: int) -> list[int] | None:
+    """Tokens that take `matcher`'s state to the grammar's end (an eos last where the grammar needs one),
+    at most `limit` of them; None when none was found within the limit and the tries. matcher is not moved."""
+    m = matcher.deep_copy()
+    path: list[int] = []
+    seen: set[bytes] = set()
+    stuck: set[bytes] = set()  # masks where no option led anywhere new: the first option, untried (a minLength)
+    tries = 0
+    while len(path) <= limit:
+        if m.is_stopped():
+            return path if len(path) <= limit else None
+        if m.is_accepting():  # complete, but it could go on: an eos ends it
+            end = next((t for t in eos if m.validate_tokens([t]) == 1), None)
+            return path + [end] if end is not None and len(path) < limit else None
+        forced = m.compute_ff_tokens()
+        if forced:
+            m.consume_tokens(forced)
+            path += forced
+            continue
+        mask = bytes(m.compute_bitmask())
+        seen.add(mask)
+        options = [t for t in preferred if _allowed(mask, t)]
+        if not options:  # only tokens outside the list (special tokens, other scripts): take the first
+            first = _first_allowed(mask)
+            if first is None:
+                return None
+            options = [first]
+        new_state = other_state = None  # the first option whose mask is unseen / differs from this one
+        for t in options if mask not in stuck else ():
+            tries += 1
+            if tries > MAX_TRIES:
+                return None
+            c = m.deep_copy()
+            c.consume_token(t)
+            if _done(c):
+                new_state = (t, c)
+                break
+            after = bytes(c.compute_bitmask())
+            if after not in seen:
+                new_state = (t, c)
+                break
+            if other_state is None and after != mask:
+                other_state = (t, c)
+        step = new_state or other_state
+        if step is None:
+            stuck.add(mask)
+            c = m.deep_copy()
+            c.consume_token(options[0])
+            step = (options[0], c)
+        path.append(step[0])
+        m = step[1]
+    return None
