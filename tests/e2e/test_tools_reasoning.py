@@ -144,6 +144,29 @@ def test_forced_calls_streamed_equal_non_streamed(client: openai.OpenAI, tool_ch
     assert all(i.startswith("call_") for i, _, _ in streamed)
 
 
+SEARCH: Any = [{"type": "function", "function": {"name": "search", "parameters": {
+    "type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
+    "required": ["query", "limit"]}}}]
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "search"}}])
+def test_free_form_arguments_still_end_as_a_call(client: openai.OpenAI, tool_choice: Any) -> None:
+    """An unbounded string and integer: the random model would never close them; the engine finishes the call
+    inside max_tokens, so it parses, validates and ends with "tool_calls", streamed as not."""
+    import jsonschema
+
+    kwargs: Any = dict(model="tiny", messages=MSGS, tools=SEARCH, tool_choice=tool_choice, max_tokens=80,
+                       temperature=0.0)
+    r = client.chat.completions.create(**kwargs)
+    assert r.choices[0].finish_reason == "tool_calls", r.choices[0]
+    calls = r.choices[0].message.tool_calls or []
+    assert [c.function.name for c in calls] == ["search"]
+    jsonschema.validate(json.loads(calls[0].function.arguments), SEARCH[0]["function"]["parameters"])
+    content, streamed, finish = streamed_calls(client, **kwargs)
+    assert finish == "tool_calls" and not content
+    assert [(name, args) for _, name, args in streamed] == [("search", calls[0].function.arguments)]
+
+
 def test_round_trip(client: openai.OpenAI, tools_srv: Server) -> None:
     first = client.chat.completions.create(model="tiny", messages=MSGS, tools=TOOLS, tool_choice=NAMED,
                                            max_tokens=200, seed=3)
