@@ -43,6 +43,10 @@ class StructuredGrammar(Protocol):
         none is found. Does not move the matcher (engine/structured/closing.py forces them near max_tokens)."""
         ...
 
+    def finishes(self, token_ids: Sequence[int]) -> bool:
+        """These tokens, from here, complete the grammar (a finish found earlier, checked again: cheap)."""
+        ...
+
     def copy(self) -> StructuredGrammar:
         """An independent matcher in the same state (the cached compiled grammar -> one per request)."""
         ...

@@ -13,6 +13,8 @@ import numpy as np
 import torch
 
 _SHIFTS: dict[torch.device, torch.Tensor] = {}
+_LANES = np.arange(32, dtype=np.int64)
+SPARSE_WORDS = 4  # a row with under 1/4 of its words non-zero is applied by keeping its allowed tokens
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -42,12 +44,31 @@ def apply_token_bitmask_ref(logits: torch.Tensor, bitmask: torch.Tensor, rows: t
 
 
 def apply_token_bitmask_cpu(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
-    """apply_token_bitmask_ref for CPU tensors: numpy's unpackbits is ~20x faster than the shifts above."""
+    """apply_token_bitmask_ref for CPU tensors. A row whose mask allows few words (a structural position:
+    `,` or `}` or digits) keeps its allowed logits and fills the rest; the others (inside a string, most
+    tokens allowed) go through numpy's unpackbits, ~20x faster than the shifts above."""
     covered = min(logits.shape[1], bitmask.shape[1] * 32)
-    packed = np.invert(bitmask.contiguous().numpy().view(np.uint8))  # set bits now mark banned tokens
-    banned = torch.from_numpy(np.unpackbits(packed, axis=1, bitorder="little").view(np.bool_))
+    words = bitmask.contiguous().numpy()
+    dense: list[int] = []
     for i, r in enumerate(rows):
-        logits[r, :covered].masked_fill_(banned[i, :covered], -math.inf)
+        nz = np.flatnonzero(words[i])
+        if len(nz) * SPARSE_WORDS > words.shape[1] or logits.dtype != torch.float32:
+            dense.append(i)
+            continue
+        bits = np.unpackbits(words[i, nz].view(np.uint8), bitorder="little").view(np.bool_).reshape(-1, 32)
+        ids = (nz[:, None] * 32 + _LANES)[bits]
+        ids = ids[ids < covered]
+        row = logits[r].numpy()  # shares memory: numpy's indexing costs ~1 µs a call against torch's ~10
+        keep = row[ids]
+        row.fill(-np.inf)
+        row[ids] = keep
+    if not dense:
+        return
+    packed = np.invert(words[dense].view(np.uint8))  # set bits now mark banned tokens
+    banned = torch.from_numpy(np.unpackbits(packed, axis=1, bitorder="little").view(np.bool_))
+    for j, i in enumerate(dense):
+        r = rows[i]
+        logits[r, :covered].masked_fill_(banned[j, :covered], -math.inf)
         logits[r, covered:] = -math.inf
 
 

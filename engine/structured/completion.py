@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import llguidance
+import numpy as np
 
 # closers first (several at once where the tokenizer has them), openers last: the way out of a structure
 PREFERENCE = (['""', '"}]}', '"}}', '"}]', '"]}', '"]', '"}', '"', '}}', ']}', '}]', '}', ']', ')', '>']
@@ -20,18 +21,14 @@ PREFERENCE = (['""', '"}]}', '"}}', '"}]', '"]}', '"]', '"}', '"', '}}', ']}', '
 MAX_TRIES = 1500  # candidate steps per search (~25 µs each)
 
 
-def preferred_tokens(tokenizer: llguidance.LLTokenizer) -> list[int]:
-    """PREFERENCE's strings that are one token each in this vocabulary, in order."""
+def preferred_tokens(tokenizer: llguidance.LLTokenizer) -> np.ndarray:
+    """PREFERENCE's strings that are one token each in this vocabulary, in order (an int64 array)."""
     ids: list[int] = []
     for text in PREFERENCE:
         toks = tokenizer.tokenize_str(text)
         if len(toks) == 1 and bytes(tokenizer.decode_bytes(toks)) == text.encode() and toks[0] not in ids:
             ids.append(toks[0])
-    return ids
-
-
-def _allowed(mask: bytes, token: int) -> bool:
-    return token >> 3 < len(mask) and bool((mask[token >> 3] >> (token & 7)) & 1)
+    return np.array(ids, dtype=np.int64)
 
 
 def _first_allowed(mask: bytes) -> int | None:
@@ -45,7 +42,7 @@ def _done(m: llguidance.LLMatcher) -> bool:
     return bool(m.is_stopped() or m.is_accepting())
 
 
-def completion(matcher: llguidance.LLMatcher, preferred: Sequence[int], eos: Sequence[int],
+def completion(matcher: llguidance.LLMatcher, preferred: np.ndarray, eos: Sequence[int],
                limit: int) -> list[int] | None:
     """Tokens that take `matcher`'s state to the grammar's end (an eos last where the grammar needs one),
     at most `limit` of them; None when none was found within the limit and the tries. matcher is not moved."""
@@ -53,6 +50,7 @@ def completion(matcher: llguidance.LLMatcher, preferred: Sequence[int], eos: Seq
     path: list[int] = []
     seen: set[bytes] = set()
     stuck: set[bytes] = set()  # masks where no option led anywhere new: the first option, untried (a minLength)
+    known: bytes | None = None  # m's mask when the last step computed it (the chosen option's)
     tries = 0
     while len(path) <= limit:
         if m.is_stopped():
@@ -64,16 +62,20 @@ def completion(matcher: llguidance.LLMatcher, preferred: Sequence[int], eos: Seq
         if forced:
             m.consume_tokens(forced)
             path += forced
+            known = None
             continue
-        mask = bytes(m.compute_bitmask())
+        mask = known if known is not None else bytes(m.compute_bitmask())
         seen.add(mask)
-        options = [t for t in preferred if _allowed(mask, t)]
+        bits = np.frombuffer(mask, np.uint8)[preferred >> 3] >> (preferred & 7)
+        options: list[int] = preferred[bits & 1 == 1].tolist()
         if not options:  # only tokens outside the list (special tokens, other scripts): take the first
             first = _first_allowed(mask)
             if first is None:
                 return None
             options = [first]
-        new_state = other_state = None  # the first option whose mask is unseen / differs from this one
+        # the first option that ends the grammar or whose mask is unseen; else the first whose mask differs
+        step: tuple[int, llguidance.LLMatcher, bytes | None] | None = None
+        other: tuple[int, llguidance.LLMatcher, bytes | None] | None = None
         for t in options if mask not in stuck else ():
             tries += 1
             if tries > MAX_TRIES:
@@ -81,20 +83,20 @@ def completion(matcher: llguidance.LLMatcher, preferred: Sequence[int], eos: Seq
             c = m.deep_copy()
             c.consume_token(t)
             if _done(c):
-                new_state = (t, c)
+                step = (t, c, None)
                 break
             after = bytes(c.compute_bitmask())
             if after not in seen:
-                new_state = (t, c)
+                step = (t, c, after)
                 break
-            if other_state is None and after != mask:
-                other_state = (t, c)
-        step = new_state or other_state
+            if other is None and after != mask:
+                other = (t, c, after)
+        step = step or other
         if step is None:
             stuck.add(mask)
             c = m.deep_copy()
             c.consume_token(options[0])
-            step = (options[0], c)
+            step = (options[0], c, None)
         path.append(step[0])
-        m = step[1]
+        m, known = step[1], step[2]
     return None

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import llguidance
 import llguidance.torch as llt
+import numpy as np
 import torch
 
 from engine.messages import StructuredOutputs
@@ -14,6 +15,7 @@ from engine.structured.backend import StructuredGrammar
 from engine.structured.completion import completion, preferred_tokens
 from engine.structured.grammar import GrammarError, to_grammar
 
+INITIAL_MEMO = 64  # max_tokens values whose first finish is kept per compiled grammar
 PAR_MIN_ROWS = 4  # from this many rows the LLExecutor's threads beat filling one row after another
 
 
@@ -35,17 +37,23 @@ def load_tokenizer(folder: str | Path, vocab_size: int, eos_token_ids: Sequence[
 
 
 class LLGuidanceGrammar:
-    def __init__(self, matcher: llguidance.LLMatcher, closers: tuple[list[int], list[int]]) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, closers: tuple[np.ndarray, list[int]],
+                 initial: dict[int, list[int] | None] | None = None) -> None:
         self.matcher = matcher
         self._closers = closers  # (preferred tokens, eos tokens) for completion(), shared by the copies
+        # completion() from the state this matcher was copied in, by limit, shared by the copies while they have
+        # accepted nothing: every request with this constraint asks it at its first step; None once moved
+        self._initial: dict[int, list[int] | None] | None = initial if initial is not None else {}
 
     def accept_tokens(self, token_ids: Sequence[int]) -> bool:
+        self._initial = None
         return bool(self.matcher.consume_tokens(list(token_ids)))
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         llt.fill_next_token_bitmask(self.matcher, bitmask, row)
 
     def rollback(self, num_tokens: int) -> None:
+        self._initial = None
         self.matcher.rollback(num_tokens)
 
     def is_terminated(self) -> bool:
@@ -55,11 +63,23 @@ class LLGuidanceGrammar:
         return str(self.matcher.get_error()) if self.matcher.is_error() else ""
 
     def completion(self, limit: int) -> list[int] | None:
-        return completion(self.matcher, *self._closers, limit=limit)
+        memo = self._initial
+        if memo is None:
+            return completion(self.matcher, *self._closers, limit=limit)
+        if limit not in memo:
+            if len(memo) >= INITIAL_MEMO:
+                memo.clear()
+            memo[limit] = completion(self.matcher, *self._closers, limit=limit)
+        found = memo[limit]
+        return None if found is None else list(found)
+
+    def finishes(self, token_ids: Sequence[int]) -> bool:
+        m = self.matcher.deep_copy()
+        return bool(m.consume_tokens(list(token_ids))) and bool(m.is_stopped())
 
     def copy(self) -> LLGuidanceGrammar:
         # deep_copy: ~1 µs against ~1 ms for a fresh LLMatcher from the grammar text (bench/README.md)
-        return LLGuidanceGrammar(self.matcher.deep_copy(), self._closers)
+        return LLGuidanceGrammar(self.matcher.deep_copy(), self._closers, self._initial)
 
 
 class LLGuidanceBackend:

@@ -33,6 +33,7 @@ class StructuredState:
     active: bool = True  # False until the output contains spec.reasoning_end
     tail: bytes = b""  # the output's last bytes while inactive: reasoning_end may span tokens
     closing: list[int] | None = None  # the finish being forced near max_tokens (engine/structured/closing.py)
+    finish: list[int] | None = None  # the last finish found, from an earlier state (closing.py tries it first)
     check_at: int = 1 << 30  # look for a finish once the tokens left are at most this
 
 
@@ -137,10 +138,10 @@ class StructuredOutputManager:
             return None
         backend = self.backend()
         bitmask = self._bitmask_rows(len(items), backend.vocab_size)
+        rows = [(st, budget, banned) for st, _, budget, banned in items]
         if self._filler is None:
             self._filler = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
-        fut = self._filler.submit(self._fill, backend, [(st, budget, banned) for st, _, budget, banned in items],
-                                  bitmask)
+        fut = self._filler.submit(self._fill, backend, rows, bitmask)
         return PendingMasks(fut, bitmask, [i for _, i, _, _ in items])
 
     def _banned(self, seq: Sequence) -> frozenset[int]:

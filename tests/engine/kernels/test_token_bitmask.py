@@ -57,3 +57,27 @@ def test_empty() -> None:
     logits = torch.randn(2, 100)
     apply_token_bitmask(logits, torch.zeros(0, 4, dtype=torch.int32), torch.zeros(0, dtype=torch.long))
     assert bool(torch.isfinite(logits).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("width", [992, 1040, 980])  # the mask's 992 tokens; a padded head; a head narrower than it
+def test_cpu_path_sparse_rows_match_reference(dtype: torch.dtype, width: int) -> None:
+    """Rows allowing a few words (structural positions: kept tokens, the rest filled) mixed with dense rows."""
+    gen = torch.Generator().manual_seed(width)
+    logits = torch.randn(5, width, generator=gen).to(dtype)
+    bm = random_bitmask(4, 992, gen)
+    bm[0] = 0
+    bm[0, 2] = -2 ** 31  # token 95 only: bit 31, the int32 sign
+    bm[2] = 0
+    bm[2, [0, 30]] = torch.tensor([0b1011, -1], dtype=torch.int32)  # tokens 0, 1, 3 and 960..991 (past 980)
+    bm[3] = 0  # nothing allowed
+    rows = [4, 0, 1, 2]  # bitmask row i masks logits row rows[i]
+    want = logits.clone()
+    apply_token_bitmask_ref(want, bm, torch.tensor(rows))
+    got = logits.clone()
+    apply_token_bitmask_cpu(got, bm, rows)
+    assert torch.equal(got, want)
+    assert torch.isfinite(got[4]).nonzero()[:, 0].tolist() == [95]
+    assert torch.isfinite(got[1]).nonzero()[:, 0].tolist() == [0, 1, 3, *range(960, min(width, 992))]
+    assert not torch.isfinite(got[2]).any()
+    assert torch.equal(got[3], logits[3])  # not listed: untouched

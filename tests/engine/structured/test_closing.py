@@ -140,19 +140,29 @@ def test_a_grammar_with_no_end_is_searched_a_bounded_number_of_times() -> None:
             NoEnd.calls += 1
             return None
 
+        def finishes(self, tokens: list[int]) -> bool:
+            raise AssertionError("nothing was found to replay")
+
     state = StructuredState(StructuredOutputs("json", "{}"), grammar=NoEnd())  # type: ignore[arg-type]
     for budget in range(100_000, 0, -1):
         assert closing_token(state, budget, frozenset()) is None
     assert NoEnd.calls <= 18  # log2(100000) + 1
 
 
-def test_the_finish_is_looked_for_rarely_until_it_is_near() -> None:
+@pytest.mark.parametrize("replays", [True, False])
+def test_the_finish_is_looked_for_rarely_until_it_is_near(replays: bool) -> None:
+    """Searches halve the distance to where the finish must start, then run every step; a finish found earlier
+    that still finishes (replays) is taken instead of a new search."""
+
     class Fixed:
         calls = 0
 
         def completion(self, limit: int) -> list[int] | None:
             Fixed.calls += 1
             return [7] * 10 if limit >= 10 else None
+
+        def finishes(self, tokens: list[int]) -> bool:
+            return replays
 
     state = StructuredState(StructuredOutputs("json", "{}"), grammar=Fixed())  # type: ignore[arg-type]
     forced = []
@@ -162,7 +172,7 @@ def test_the_finish_is_looked_for_rarely_until_it_is_near() -> None:
             forced.append(budget)
         advance(state, 7 if token is not None else 1)
     assert forced == list(range(10 + MARGIN, MARGIN, -1))  # the ten tokens, ending MARGIN before the end
-    assert Fixed.calls <= 14 + EVERY_STEP + 2
+    assert Fixed.calls == 1 if replays else 14 <= Fixed.calls <= 14 + EVERY_STEP + 2
 
 
 def test_sentencepiece_vocabulary_finishes_too(llama_ckpt: Path) -> None:
