@@ -22,7 +22,8 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize="SPINDLE_FUZZ_
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 PARSERS: list[type[JsonCallParser]] = [HermesParser, MistralParser, JsonListParser]
 # Pieces odd outputs are made of: tags (whole and split), JSON punctuation, quotes, escapes, whitespace.
-FRAGMENTS = ["<tool_call>", "</tool_call>", "<tool", "_call>", "</", "[TOOL_CALLS]", "[TOOL", "<think>", "</think>",
+FRAGMENTS = ["<tool_call>", "</tool_call>", "<tool", "_call>", "</", "[TOOL_CALLS]", "[TOOL", "[ARGS]", "[AR",
+             "[CALL_ID]", "<think>", "</think>",
              "<thi", "nk>", "{", "}", "[", "]", '"', "\\", '\\"', ":", ",", " ", "\n", '"name"', '"arguments"',
              '"parameters"', '"f"', "1", "true", "null", "x", "é", "{}", '{"a": "}"}']
 
@@ -107,6 +108,23 @@ def test_well_formed_calls_are_read_back(parser_cls: type[JsonCallParser], calls
         assert all(len(c.id) == 9 and c.id.isalnum() for c in got)
     else:
         assert all(c.id.startswith("call_") for c in got)
+
+
+@FUZZ
+@given(calls_st, prose, st.booleans(), st.data())
+def test_mistral_args_form_calls_are_read_back(calls: list[tuple[str, Any]], before: str, call_ids: bool,
+                                               data: st.DataObject) -> None:
+    """Mistral's newer form: [TOOL_CALLS]name[ARGS]{...} per call (a [CALL_ID]id between them or not)."""
+    if "[TOOL_CALLS]" in before:
+        before = ""
+    text = before + "".join(f"[TOOL_CALLS]{n}" + ("[CALL_ID]a1b2c3d4e" if call_ids else "") + f"[ARGS]{json.dumps(a)}"
+                            for n, a in calls)
+    content, got = stream(MistralParser, cuts(text, data))
+    assert [(c.name, json.loads(c.arguments)) for c in got] == [(n, a) for n, a in calls]
+    whole_content, whole_calls = MistralParser.extract(text)
+    assert strip_ids(got) == strip_ids(whole_calls) and (content or None) == whole_content
+    assert whole_content == (before.rstrip(" \t\n\r") or None)
+    assert all(len(c.id) == 9 and c.id.isalnum() for c in got)
 
 
 @FUZZ

@@ -19,7 +19,8 @@ from typing import Any
 from engine.messages import StructuredOutputs
 
 from server.tools.grammar import call_schema, lark_calls, lark_json, lark_tag
-from server.tools.scan import ObjectScan, json_string, scan_object, skip_ws, value_end
+from server.tools.mistral import ArgsFormRewriter, args_form_constraint
+from server.tools.scan import ObjectScan, held, json_string, scan_object, skip_ws, value_end
 
 _WS = " \t\n\r"
 _ALNUM = string.ascii_letters + string.digits
@@ -70,14 +71,6 @@ def assemble(deltas: Iterable[ToolCallDelta]) -> list[ToolCall]:
             call.name = d.name
         call.arguments += d.arguments
     return [calls[i] for i in sorted(calls)]
-
-
-def _held(text: str, tag: str) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of `tag` (it may become the tag)."""
-    for k in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:k]):
-            return k
-    return 0
 
 
 class ToolParser:
@@ -155,7 +148,7 @@ class JsonCallParser(ToolParser):
                     self._inside = self._seen_region = True
                     self._calls = []
                     continue
-                hold = 0 if final else _held(self._buf, self.start)
+                hold = 0 if final else held(self._buf, self.start)
                 cut = len(self._buf) - hold
                 out.content += self._outside(self._buf[:cut], False, final)
                 self._buf = self._buf[cut:]
@@ -171,7 +164,7 @@ class JsonCallParser(ToolParser):
                     out.extend(self._finish_region(self._buf, "", final))
                     self._buf = ""
                     break
-                self._progress(self._buf[:len(self._buf) - _held(self._buf, self.end)], out)
+                self._progress(self._buf[:len(self._buf) - held(self._buf, self.end)], out)
                 break
             i = skip_ws(self._buf, 0)
             end = value_end(self._buf, i) if i < len(self._buf) and self._buf[i] in "[{" else None
@@ -285,7 +278,8 @@ class HermesParser(JsonCallParser):
 
 
 class MistralParser(JsonCallParser):
-    """Mistral: [TOOL_CALLS] then a JSON list of {"name", "arguments"}; ids are 9 alphanumerics."""
+    """Mistral: [TOOL_CALLS] then a JSON list of {"name", "arguments"}, or (tokenizers v11 and later)
+    [TOOL_CALLS]name[ARGS]{...} per call (server/tools/mistral.py); ids are 9 alphanumerics."""
 
     name = "mistral"
     start = "[TOOL_CALLS]"
@@ -293,9 +287,18 @@ class MistralParser(JsonCallParser):
     skip_special_tokens = False  # [TOOL_CALLS] is a control token in Mistral's tokenizers
     new_id = staticmethod(mistral_call_id)
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._rewriter = ArgsFormRewriter()
+
+    def feed(self, text: str, final: bool = False) -> ParsedDelta:
+        return super().feed(self._rewriter.feed(text, final), final)
+
     @classmethod
     def constraint(cls, functions: dict[str, dict[str, Any]], multiple: bool,
                    token_id: Callable[[str], int | None]) -> StructuredOutputs:
+        if token_id("[ARGS]") is not None:  # a v11+ tokenizer: the model was trained on the newer form
+            return args_form_constraint(functions, multiple, token_id)
         calls = [call_schema(n, p) for n, p in functions.items()]
         items = calls[0] if len(calls) == 1 else {"anyOf": calls}
         schema = {"type": "array", "minItems": 1, "items": items}

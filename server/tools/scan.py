@@ -14,6 +14,14 @@ _WS = " \t\n\r"
 _SCALAR_END = ",}] \t\n\r"
 
 
+def held(text: str, tag: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `tag` (it may become the tag)."""
+    for k in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:k]):
+            return k
+    return 0
+
+
 def skip_ws(s: str, i: int) -> int:
     n = len(s)
     while i < n and s[i] in _WS:
