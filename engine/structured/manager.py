@@ -37,6 +37,17 @@ class StructuredState:
     check_at: int = 1 << 30  # look for a finish once the tokens left are at most this
 
 
+@dataclass(frozen=True, slots=True)
+class SamplerBans:
+    """Tokens the sampler will mask this step: eos and stop ids before min_tokens, all but allowed_token_ids."""
+
+    early_stops: frozenset[int]
+    allowed: frozenset[int] | None
+
+    def __contains__(self, token: object) -> bool:
+        return token in self.early_stops or (self.allowed is not None and token not in self.allowed)
+
+
 @dataclass(slots=True)
 class PendingMasks:
     filled: Future[None]
@@ -144,13 +155,14 @@ class StructuredOutputManager:
         fut = self._filler.submit(self._fill, backend, rows, bitmask)
         return PendingMasks(fut, bitmask, [i for _, i, _, _ in items])
 
-    def _banned(self, seq: Sequence) -> frozenset[int]:
-        """What the sampler masks at this step whatever the grammar says: eos and stop ids before min_tokens."""
+    def _banned(self, seq: Sequence) -> SamplerBans:
+        """What the sampler masks at this step whatever the grammar says."""
         p = seq.params
-        return self._eos.union(p.stop_token_ids) if seq.num_output_tokens < p.min_tokens else frozenset()
+        early = self._eos.union(p.stop_token_ids) if seq.num_output_tokens < p.min_tokens else frozenset()
+        return SamplerBans(early, frozenset(p.allowed_token_ids) if p.allowed_token_ids else None)
 
     @staticmethod
-    def _fill(backend: StructuredBackend, rows: list[tuple[StructuredState, int, frozenset[int]]],
+    def _fill(backend: StructuredBackend, rows: list[tuple[StructuredState, int, SamplerBans]],
               bitmask: torch.Tensor) -> None:
         plain: list[tuple[StructuredGrammar, int]] = []
         for row, (state, budget, banned) in enumerate(rows):

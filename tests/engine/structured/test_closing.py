@@ -187,3 +187,14 @@ def test_sentencepiece_vocabulary_finishes_too(llama_ckpt: Path) -> None:
         key = rid.split("|")[0]
         assert finish(o) == ("stop", None), (rid, text_of(core, tokens(o)))
         check(key, refs[key][1], text_of(core, tokens(o)))
+
+
+def test_a_finish_token_the_sampler_would_ban_is_not_forced(core: EngineCore) -> None:
+    """allowed_token_ids without the finish's tokens: the row is left to the grammar (no empty row, no error)."""
+    so = StructuredOutputs("regex", r"[a-z]+@[a-z]+\.com")
+    letters = [t for t in range(200) if shared_backend(core).decode_bytes([t]).isalpha()]
+    outs = run(core, [("a", PROMPT, SamplingParams(max_tokens=20, temperature=0.0, allowed_token_ids=letters,
+                                                   structured_outputs=so))])["a"]
+    assert finish(outs) == ("length", None)
+    text = text_of(core, tokens(outs))
+    assert re.fullmatch("[a-z]*", text), text  # only letters: "@" was never forced past the ban
