@@ -61,6 +61,8 @@ def serve(config: EngineConfig, reader: FrameReader[ToEngine], writer: FrameWrit
     from engine.core import EngineCore  # torch: `run` alone stays light (bench/fake_engine_process.py)
 
     core = EngineCore(config)
+    if core.pooler is None:
+        core.structured.warm_up()  # the grammar backend, built in its thread while the server starts
     gc.collect()
     gc.freeze()  # the model and startup objects live for the process: full collections skip them
     writer.send(core.ready_message())

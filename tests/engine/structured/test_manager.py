@@ -112,3 +112,24 @@ def test_abort_does_not_leak(gated: tuple[EngineCore, GatedBackend]) -> None:
     outs = [o for _ in range(3) for o in core.step()]
     assert [(o.request_id, o.finish_reason) for o in outs] == [("running", "abort")]
     assert not core.has_work
+
+
+def test_warm_up_builds_the_backend_in_the_compile_thread(qwen2_ckpt: Path) -> None:
+    """The engine process calls warm_up at start: the backend (a GIL-holding build) is not left to the first
+    constrained request's compile, which would stall the step of every running request."""
+    from engine.structured.manager import StructuredOutputManager
+
+    built_in: list[str] = []
+    done = threading.Event()
+
+    def make() -> LLGuidanceBackend:
+        built_in.append(threading.current_thread().name)
+        done.set()
+        return shared_backend(make_core(qwen2_ckpt))
+
+    manager = StructuredOutputManager(make, torch.device("cpu"), [0])
+    manager.warm_up()
+    assert done.wait(30)
+    backend = manager.backend()  # already there: not built again
+    assert built_in == [built_in[0]] and built_in[0].startswith("grammar") and backend.vocab_size > 0
+    manager.close()
