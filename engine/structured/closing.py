@@ -13,11 +13,15 @@ and every step once within EVERY_STEP tokens of it (one token can open a deep st
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Container
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from engine.structured.backend import StructuredGrammar
     from engine.structured.manager import StructuredState
+
+log = logging.getLogger("engine")
 
 MARGIN = 4  # the finish starts this many tokens before it would have to: it ends just inside max_tokens
 EVERY_STEP = 16
@@ -29,21 +33,30 @@ def closing_token(state: StructuredState, budget: int, banned: Container[int]) -
     budget: tokens the request may still generate, this step's included; banned: tokens the sampler will
     mask anyway (eos before min_tokens), which the finish waits for rather than force."""
     if state.closing is None and budget <= state.check_at and state.grammar is not None:
-        # the last finish found often still finishes (the model wrote on inside the same string): replaying it
-        # costs ~1/50 of a search
-        path = state.finish
-        if not (path and len(path) <= budget and state.grammar.finishes(path)):
-            path = state.finish = state.grammar.completion(budget)
-        if path is None:  # no finish fits (or none was found): look again later, the model may close things
-            state.check_at = budget // 2
-        elif budget <= len(path) + MARGIN:
-            state.closing = list(path)
-        else:
-            gap = budget - len(path) - MARGIN
-            state.check_at = budget - 1 if gap <= EVERY_STEP else budget - gap // 2
+        try:
+            _look(state, state.grammar, budget)
+        except Exception:  # the finish is an extra: a failing search must end neither the request nor the engine
+            log.exception("structured output: looking for a finish failed; this request is not finished early")
+            state.check_at = -1
     if not state.closing or state.closing[0] in banned:
         return None
     return state.closing[0]
+
+
+def _look(state: StructuredState, grammar: StructuredGrammar, budget: int) -> None:
+    """Find the finish (or replay the last one); force it now, or say when to look again."""
+    # the last finish found often still finishes (the model wrote on inside the same string): replaying it
+    # costs ~1/50 of a search
+    path = state.finish
+    if not (path and len(path) <= budget and grammar.finishes(path)):
+        path = state.finish = grammar.completion(budget)
+    if path is None:  # no finish fits (or none was found): look again later, the model may close things
+        state.check_at = budget // 2
+    elif budget <= len(path) + MARGIN:
+        state.closing = list(path)
+    else:
+        gap = budget - len(path) - MARGIN
+        state.check_at = budget - 1 if gap <= EVERY_STEP else budget - gap // 2
 
 
 def advance(state: StructuredState, token: int) -> None:

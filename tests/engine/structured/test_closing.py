@@ -198,3 +198,20 @@ def test_a_finish_token_the_sampler_would_ban_is_not_forced(core: EngineCore) ->
     assert finish(outs) == ("length", None)
     text = text_of(core, tokens(outs))
     assert re.fullmatch("[a-z]*", text), text  # only letters: "@" was never forced past the ban
+
+
+def test_a_failing_search_disables_the_finish_for_that_request_only(caplog: pytest.LogCaptureFixture) -> None:
+    class Broken:
+        calls = 0
+
+        def completion(self, limit: int) -> list[int] | None:
+            Broken.calls += 1
+            raise RuntimeError("matcher exploded")
+
+        def finishes(self, tokens: list[int]) -> bool:
+            return False
+
+    state = StructuredState(StructuredOutputs("json", "{}"), grammar=Broken())  # type: ignore[arg-type]
+    for budget in range(50, 0, -1):
+        assert closing_token(state, budget, frozenset()) is None
+    assert Broken.calls == 1 and "looking for a finish failed" in caplog.text
