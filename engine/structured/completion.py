@@ -14,10 +14,14 @@ from collections.abc import Sequence
 import llguidance
 import numpy as np
 
-# closers first (several at once where the tokenizer has them), openers last: the way out of a structure
-PREFERENCE = (['""', '"}]}', '"}}', '"}]', '"]}', '"]', '"}', '"', '}}', ']}', '}]', '}', ']', ')', '>']
-              + list("0123456789") + list(",:;.-_+*/=!?@#$%^&|~`'") + [" ", "\n", "\t"]
-              + list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ") + list("([{<"))
+# closers first, openers last: the way out of a structure.
+# Only 1 and 0 of the digits and `a` before the brackets: string content and numbers come out plain ("a", 1,
+# 1111-11-11T11:11:11Z) rather than as whatever token happens to lead somewhere new ("}}", a 60th second);
+# a grammar that needs another digit gets the lowest allowed token id (digits are in order in the vocabularies).
+PREFERENCE = (['""', '"', "1", "0", "a",
+               '}}', ']}', '}]', '}', ']', ')', '>']
+              + list(",:;.-_+*/=!?@#$%^&|~`'") + [" ", "\n", "\t"]
+              + list("ABCDEFGHIJKLMNOPQRSTUVWXYZbcdefghijklmnopqrstuvwxyz") + list("([{<"))
 MAX_TRIES = 1500  # candidate steps per search (~25 µs each)
 
 
