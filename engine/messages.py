@@ -19,6 +19,8 @@ class StructuredOutputs(msgspec.Struct, frozen=True, omit_defaults=True):
     spec: str = ""  # json: the schema as JSON text; regex: the pattern; choice: a JSON list of strings; grammar: Lark
     # Reasoning models: the constraint starts after the output contains this text (e.g. "</think>").
     reasoning_end: str | None = None
+    # json / json_object: a regex for the whitespace allowed between tokens (None: none at all)
+    whitespace_pattern: str | None = None
 
 
 class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):

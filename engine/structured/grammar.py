@@ -26,6 +26,13 @@ class GrammarError(ValueError):
     """The constraint cannot be compiled or enforced; the message names the problem."""
 
 
+def _json_style(so: StructuredOutputs) -> JsonCompileOptions:
+    """Compact JSON, or the client's whitespace_pattern between tokens (vLLM's option, as its guidance backend)."""
+    if so.whitespace_pattern is None:
+        return _COMPACT
+    return {"whitespace_flexible": False, "whitespace_pattern": so.whitespace_pattern}
+
+
 def to_grammar(so: StructuredOutputs) -> str:
     """The llguidance top-level grammar (JSON text) for one constraint. Raises GrammarError."""
     if so.kind == "json":
@@ -37,9 +44,11 @@ def to_grammar(so: StructuredOutputs) -> str:
             schema = {} if schema else {"not": {}}
         if not isinstance(schema, dict):
             raise GrammarError("the JSON schema must be an object")
-        return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=_COMPACT)
+        return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=_json_style(so))
     if so.kind == "json_object":
-        return llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}', defaults=_COMPACT)
+        return llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}', defaults=_json_style(so))
+    if so.whitespace_pattern is not None:
+        raise GrammarError("whitespace_pattern applies to JSON constraints only")
     if so.kind == "regex":
         return llguidance.grammar_from("regex", so.spec)
     if so.kind == "choice":

@@ -4,7 +4,8 @@ Where a constraint can come from (at most one per request; two are a 400 naming 
   OpenAI: response_format {type: text | json_object | json_schema {name, schema, strict}} (chat and completions)
   vLLM:   structured_outputs {json | regex | choice | grammar | json_object}, and its older guided_json,
           guided_regex, guided_choice, guided_grammar; /inference/v1/generate: sampling_params.structured_outputs
-Options the backend cannot honour are refused, never ignored: whitespace_pattern, structural_tag.
+Options the backend cannot honour are refused, never ignored: structural_tag. whitespace_pattern (and
+guided_whitespace_pattern) is the whitespace a JSON constraint allows between tokens (none without it).
 disable_additional_properties is applied to the schema here; disable_any_whitespace holds already (JSON is
 compiled without free whitespace) and disable_fallback too (there is one backend).
 
@@ -56,6 +57,7 @@ class Requested:
 
     constraint: StructuredOutputs
     param: str  # e.g. "response_format.json_schema.schema", "structured_outputs.regex", "guided_choice"
+    pattern_param: str | None = None  # the field that gave constraint.whitespace_pattern
 
 
 def requested_constraint(req: CompletionRequest | ChatCompletionRequest, *, prefix: str = "") -> Requested | None:
@@ -85,15 +87,18 @@ def requested_constraint(req: CompletionRequest | ChatCompletionRequest, *, pref
                 found.append((f"structured_outputs.{name}", kind, value))
         if so.json_object:
             found.append(("structured_outputs.json_object", "json_object", ""))
-    if req.guided_whitespace_pattern is not None:
-        raise bad_request("guided_whitespace_pattern is not supported: JSON is generated without free "
-                          "whitespace; leave it out.", prefix + "guided_whitespace_pattern")
+    given = (("structured_outputs.whitespace_pattern", so.whitespace_pattern if so is not None else None),
+             ("guided_whitespace_pattern", req.guided_whitespace_pattern))
+    patterns = [(p, v) for p, v in given if v is not None]
     for name, kind in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
                        ("guided_grammar", "grammar")):
         value = getattr(req, name)
         if value is not None:
             found.append((name, kind, value))
     if not found:
+        if patterns:
+            raise bad_request(f"{prefix + patterns[0][0]} needs a JSON constraint (json_schema, json or "
+                              f"json_object) to apply to.", prefix + patterns[0][0])
         return None
     if len(found) > 1:
         names = " and ".join(prefix + f[0] for f in found)
@@ -104,13 +109,19 @@ def requested_constraint(req: CompletionRequest | ChatCompletionRequest, *, pref
     if kind == "choice" and not value:
         raise bad_request(f"{param} must be a non-empty list of strings.", param)
     strip_additional = so is not None and so.disable_additional_properties and kind == "json"
-    return Requested(StructuredOutputs(kind, _spec(kind, value, param, strip_additional)), param)
+    constraint = StructuredOutputs(kind, _spec(kind, value, param, strip_additional))
+    if not patterns:
+        return Requested(constraint, param)
+    pattern_param, pattern = prefix + patterns[0][0], str(patterns[0][1])
+    if len(patterns) > 1 and patterns[1][1] != pattern:
+        raise bad_request(f"{pattern_param} and {prefix + patterns[1][0]} differ; send one of them.", pattern_param)
+    if kind not in ("json", "json_object"):
+        raise bad_request(f"{pattern_param} applies to JSON constraints (json_schema, json, json_object), not to "
+                          f"{param}.", pattern_param)
+    return Requested(msgspec.structs.replace(constraint, whitespace_pattern=pattern), param, pattern_param)
 
 
 def _refuse_options(so: StructuredOutputsParams, prefix: str) -> None:
-    if so.whitespace_pattern is not None:
-        raise bad_request(f"{prefix}whitespace_pattern is not supported: JSON is generated without free "
-                          f"whitespace; leave it out.", prefix + "whitespace_pattern")
     if so.structural_tag is not None:
         raise bad_request(f"{prefix}structural_tag is not supported; use json, regex, choice or grammar.",
                           prefix + "structural_tag")
@@ -153,7 +164,7 @@ def no_additional_properties(schema: Any) -> Any:
 def check_size(so: StructuredOutputs, param: str, caps: RequestCaps) -> None:
     """400 when the spec is over --max-structured-output-size (bytes, UTF-8)."""
     cap = caps.max_structured_output_size
-    size = len(so.spec.encode())
+    size = len(so.spec.encode()) + len((so.whitespace_pattern or "").encode())
     if size > cap:
         raise bad_request(f"{param} is {size} bytes, but this server allows at most {cap} bytes per constraint "
                           f"(--max-structured-output-size).", param)
@@ -180,6 +191,9 @@ async def structured_outputs(req: CompletionRequest | ChatCompletionRequest, cap
     found = requested_constraint(req, prefix=prefix)
     if found is None:
         return None
+    pattern = found.constraint.whitespace_pattern
+    if pattern is not None and found.pattern_param is not None:  # its own 400 first: a bad regex names its field
+        await check_constraint(StructuredOutputs("regex", pattern), found.pattern_param, caps)
     await check_constraint(found.constraint, found.param, caps)
     return found.constraint
 
@@ -188,6 +202,8 @@ def _key(so: StructuredOutputs) -> bytes:
     h = hashlib.blake2b(so.kind.encode(), digest_size=16)
     h.update(b"\0")
     h.update(so.spec.encode())
+    if so.whitespace_pattern is not None:
+        h.update(b"\0" + so.whitespace_pattern.encode())
     return h.digest()
 
 
@@ -196,7 +212,7 @@ async def _validate(so: StructuredOutputs) -> str | None:
     if key in _results:
         _results.move_to_end(key)
         return _results[key]
-    plain = StructuredOutputs(so.kind, so.spec)  # reasoning_end changes nothing the backend checks
+    plain = StructuredOutputs(so.kind, so.spec, whitespace_pattern=so.whitespace_pattern)  # reasoning_end: no matter
     error = await anyio.to_thread.run_sync(_run_backend, plain, limiter=_compile_limiter())
     _results[key] = error
     while len(_results) > CACHE_SIZE:

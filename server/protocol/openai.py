@@ -39,7 +39,8 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True):
 
     `disable_any_whitespace` and `disable_fallback` hold as given (JSON is always compiled without free
     whitespace, and there is one backend); `disable_additional_properties` closes the schema's objects; the
-    options the backend cannot honour (whitespace_pattern, structural_tag) are refused (400).
+    options the backend cannot honour (structural_tag) are refused (400); whitespace_pattern is the whitespace a
+    JSON constraint allows between tokens.
     """
 
     json: str | dict[str, Any] | None = None  # a JSON schema, as an object or as JSON text
@@ -50,7 +51,7 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True):
     disable_fallback: bool = False
     disable_any_whitespace: bool = False
     disable_additional_properties: bool = False  # true: objects without additionalProperties get false
-    whitespace_pattern: str | None = None  # refused when set
+    whitespace_pattern: str | None = None  # json / json_object: the whitespace allowed between tokens
     structural_tag: str | None = None  # refused when set
 
 
@@ -92,7 +93,7 @@ class _GenerationRequest(msgspec.Struct, kw_only=True):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
-    guided_whitespace_pattern: str | None = None  # refused when set
+    guided_whitespace_pattern: str | None = None  # as structured_outputs.whitespace_pattern
     guided_decoding_backend: str | None = None  # accepted, not used: one backend (llguidance)
 
 

@@ -160,6 +160,19 @@ def test_free_form_schema_ends_with_stop_streamed_and_not(client: openai.OpenAI,
         assert c.finish_reason == "stop" and re.fullmatch(r"[a-z]+@[a-z]+\.com", c.text), c.text
 
 
+def test_whitespace_pattern_allows_that_whitespace_and_still_finishes(client: openai.OpenAI) -> None:
+    import jsonschema
+
+    out = client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=80, temperature=1.0, n=2, seed=4,
+                                         extra_body={"structured_outputs": {"json": FREE,
+                                                                            "whitespace_pattern": "[ \n]{0,2}"}})
+    for choice in out.choices:
+        assert choice.finish_reason == "stop"
+        text = choice.message.content or ""
+        jsonschema.validate(json.loads(text), FREE)
+        assert not re.search(r"[ \n]{3}", re.sub(r'"(\\.|[^"\\])*"', '""', text))  # outside strings: <= 2
+
+
 def test_choice(client: openai.OpenAI) -> None:
     out = client.completions.create(model="tiny", prompt="Pick:", max_tokens=10, n=2, seed=1,
                                     extra_body={"structured_outputs": {"choice": CHOICES}})

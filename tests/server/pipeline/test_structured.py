@@ -123,11 +123,23 @@ def test_two_constraints_are_a_400_naming_both(fields: dict[str, Any], first: st
     ({"guided_choice": []}, "guided_choice"),
     ({"structured_outputs": {"regex": "a", "whitespace_pattern": " *"}}, "structured_outputs.whitespace_pattern"),
     ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag"),
-    ({"guided_json": SCHEMA, "guided_whitespace_pattern": " "}, "guided_whitespace_pattern"),
+    ({"guided_regex": "a+", "guided_whitespace_pattern": " "}, "guided_whitespace_pattern"),
+    ({"structured_outputs": {"whitespace_pattern": " "}}, "structured_outputs.whitespace_pattern"),  # nothing to apply to
+    ({"guided_json": SCHEMA, "guided_whitespace_pattern": " ", "structured_outputs": {"whitespace_pattern": "\n"}},
+     "structured_outputs.whitespace_pattern"),  # two that differ
 ])
 def test_missing_or_unsupported_parts_are_a_400(fields: dict[str, Any], param: str) -> None:
     err = refused(requested_constraint, chat(**fields))
     assert err.param == param and param.rsplit(".", 1)[-1] in err.message
+
+
+def test_whitespace_pattern_goes_with_a_json_constraint() -> None:
+    for fields in ({"guided_json": SCHEMA, "guided_whitespace_pattern": "[ ]?"},
+                   {"structured_outputs": {"json_object": True, "whitespace_pattern": "[ ]?"}},
+                   {"response_format": {"type": "json_object"}, "structured_outputs": {"whitespace_pattern": "[ ]?"}}):
+        found = requested_constraint(chat(**fields))
+        assert found is not None and found.constraint.whitespace_pattern == "[ ]?", fields
+        assert found.pattern_param is not None and found.pattern_param.endswith("whitespace_pattern")
 
 
 def test_disable_additional_properties_closes_every_object_schema() -> None:
@@ -167,6 +179,7 @@ def test_generate_prefix_names_the_nested_field() -> None:
     ({"structured_outputs": {"regex": "a(b"}}, "structured_outputs.regex", "unclosed group"),
     ({"structured_outputs": {"grammar": "start: undefined_rule"}}, "structured_outputs.grammar", "undefined_rule"),
     ({"structured_outputs": {"grammar": "root ::= ("}}, "structured_outputs.grammar", "invalid grammar"),
+    ({"guided_json": SCHEMA, "guided_whitespace_pattern": "[ "}, "guided_whitespace_pattern", "unclosed"),
 ])
 async def test_what_the_backend_cannot_enforce_is_a_400(fields: dict[str, Any], param: str | None,
                                                         needle: str | None) -> None:
@@ -237,6 +250,10 @@ async def test_size_counts_utf8_bytes_of_the_spec_the_engine_gets() -> None:
     err = await refused_async(chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}),
                               caps)
     assert f"{len(json.dumps(schema, separators=(',', ':')))} bytes" in err.message
+    # a whitespace_pattern counts with its constraint: "{}" (2 bytes, the schema) + 8 at the cap, + 9 over it
+    assert await structured_outputs(chat(guided_json={}, guided_whitespace_pattern="[ ]{0,3}"), caps) is not None
+    err = await refused_async(chat(guided_json={}, guided_whitespace_pattern="[ ]{0,33}"), caps)
+    assert "11 bytes" in err.message
 
 
 # ----------------------------------------------------------------------------------- off the event loop
