@@ -61,8 +61,8 @@ def serve(config: EngineConfig, reader: FrameReader[ToEngine], writer: FrameWrit
     from engine.core import EngineCore  # torch: `run` alone stays light (bench/fake_engine_process.py)
 
     core = EngineCore(config)
-    if core.pooler is None:
-        core.structured.warm_up()  # the grammar backend, built in its thread while the server starts
+    if core.pooler is None and config.structured_outputs_warmup:
+        core.structured.warm_up()  # before Ready: nothing runs yet and no heartbeat is due
     gc.collect()
     gc.freeze()  # the model and startup objects live for the process: full collections skip them
     writer.send(core.ready_message())

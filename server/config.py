@@ -58,6 +58,7 @@ class ServerConfig:
     device: str = "auto"
     engine_ready_timeout: float = 600.0
     engine_heartbeat_timeout: float = 10.0  # seconds without any frame: the engine is stopped or gone
+    structured_outputs_warmup: bool = True  # the engine builds its grammar backend before it says Ready
     engine_step_timeout: float = 600.0  # seconds one step may run before the engine counts as hung; 0: off
     max_request_body: int = 32 << 20  # bytes
     # Per-connection kernel send buffer (bytes; 0: the OS default, which grows to MBs). Small, so a slow
@@ -196,6 +197,7 @@ class ServerConfig:
             pooling_normalize=bool(self.pooler_config.get("normalize", True)),
             tensor_parallel_size=self.tensor_parallel_size, nnodes=self.nnodes, node_rank=self.node_rank,
             master_addr=self.master_addr, master_port=self.master_port, distributed_timeout=self.distributed_timeout,
+            structured_outputs_warmup=self.structured_outputs_warmup,
         )
 
     def request_caps(self) -> RequestCaps:

@@ -64,7 +64,9 @@ def start_server(model: Path, tmp: Path, *args: str, wait: bool = True, env: dic
     log = tmp / f"server-{port}.log"
     cmd = [sys.executable, "-m", "server", "--model", str(model), "--host", "127.0.0.1",
            "--port", str(port), "--served-model-name", "tiny", *args]
-    full_env = {**os.environ, "SPINDLE_LOG_LEVEL": "WARNING", **(env or {})}
+    # the grammar backend is built at the first constrained request (+1 s of CPU per server start otherwise);
+    # the structured-output modules turn the warm-up back on
+    full_env = {**os.environ, "SPINDLE_LOG_LEVEL": "WARNING", "SPINDLE_STRUCTURED_OUTPUTS_WARMUP": "0", **(env or {})}
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=full_env)
     server = Server(proc, port, log, list(args))
     if wait:

@@ -34,7 +34,8 @@ CHOICES = ["red", "green", "blue"]
 
 @pytest.fixture(scope="module")
 def srv(qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = start_server(qwen2_ckpt, tmp_path_factory.mktemp("structured"), "--max-structured-output-size", str(CAP))
+    s = start_server(qwen2_ckpt, tmp_path_factory.mktemp("structured"), "--max-structured-output-size", str(CAP),
+                     env={"SPINDLE_STRUCTURED_OUTPUTS_WARMUP": "1", "SPINDLE_LOG_LEVEL": "INFO"})
     yield s
     s.stop()
 
@@ -126,6 +127,13 @@ def test_json_object(client: openai.OpenAI) -> None:
             text, finish = out.choices[0].message.content or "", out.choices[0].finish_reason
         assert finish == "stop", text  # any object, finished near max_tokens at the latest
         assert isinstance(json.loads(text), dict)
+
+
+def test_the_grammar_backend_is_built_before_the_engine_is_ready(srv: Server) -> None:
+    """SPINDLE_STRUCTURED_OUTPUTS_WARMUP (on by default): not at the first constrained request."""
+    log = srv.log.read_text()
+    assert "grammar backend ready" in log, log[-2000:]
+    assert log.index("grammar backend ready") < log.index("engine ready")
 
 
 FREE = {"type": "object", "required": ["name", "age", "notes"],

@@ -47,7 +47,7 @@ def qwen25_ckpt(checkpoints_root: Path) -> Path:
 @pytest.fixture(scope="module")
 def tools_srv(qwen25_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     s = start_server(qwen25_ckpt, tmp_path_factory.mktemp("tools"), "--enable-auto-tool-choice",
-                     "--tool-call-parser", "hermes")
+                     "--tool-call-parser", "hermes", env={"SPINDLE_STRUCTURED_OUTPUTS_WARMUP": "1"})
     yield s
     s.stop()
 
