@@ -2,9 +2,9 @@
 
 llguidance tells which tokens may come next but not how far the end is. The search walks forward from a
 copy of the matcher: forced tokens as they come (keys, literals), else the first allowed token of a fixed
-preference list (closers, then digits, punctuation, letters, openers last) that leads somewhere new,
-judged by the next-token mask: a string's `"` changes the mask, its letters do not. Greedy, so short
-rather than shortest; bounded by a token limit and a number of tries, so one search costs a few ms.
+preference list (PREFERENCE) that leads somewhere new, judged by the next-token mask: a string's `"`
+changes the mask, its letters do not. Greedy, so short rather than shortest; bounded by a token limit and
+a number of tries, so one search costs a few ms.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from collections.abc import Sequence
 import llguidance
 import numpy as np
 
-# closers first, openers last: the way out of a structure.
-# Only 1 and 0 of the digits and `a` before the brackets: string content and numbers come out plain ("a", 1,
-# 1111-11-11T11:11:11Z) rather than as whatever token happens to lead somewhere new ("}}", a 60th second);
-# a grammar that needs another digit gets the lowest allowed token id (digits are in order in the vocabularies).
+# Quotes and closing brackets early, openers last: the way out of a structure. Of the digits only 1 and 0, and
+# `a` before the brackets, so string content and numbers come out plain ("a", 1, 1111-11-11T11:11:11Z) rather
+# than as whatever token happens to lead somewhere new ("}}", a 60th second); a grammar that needs another
+# digit gets the lowest allowed token id (digits are in order in the vocabularies).
 PREFERENCE = (['""', '"', "1", "0", "a",
                '}}', ']}', '}]', '}', ']', ')', '>']
               + list(",:;.-_+*/=!?@#$%^&|~`'") + [" ", "\n", "\t"]
