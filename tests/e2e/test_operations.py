@@ -73,7 +73,8 @@ def _launch(model: Path, tmp: Path, *args: str, env: dict[str, str] | None = Non
     log = tmp / f"server-{port}.log"
     cmd = [sys.executable, "-m", "server", "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
            "--served-model-name", "tiny", *args]
-    full_env = {**os.environ, "SPINDLE_LOG_LEVEL": "WARNING", **(env or {})}
+    # six servers start at once on two cores: no grammar backend build (tests/e2e/conftest.py says why)
+    full_env = {**os.environ, "SPINDLE_LOG_LEVEL": "WARNING", "SPINDLE_STRUCTURED_OUTPUTS_WARMUP": "0", **(env or {})}
     pty_fd = None
     if tty:  # output on a terminal: the load progress is a redrawn bar
         pty_fd, slave = pty.openpty()
