@@ -29,6 +29,14 @@ def _tree(pid: int) -> list[int]:
     return found
 
 
+def _wait_gone(tree: list[int], timeout: float = 10) -> None:
+    """Every process of the tree has exited within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while _alive(tree) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(tree)
+
+
 def _alive(pids: list[int]) -> list[int]:
     alive = []
     for pid in pids:
@@ -115,10 +123,7 @@ def test_engine_death_stops_every_api_server_non_zero(qwen2_ckpt: Path, tmp_path
         engine = srv.engine_pid()
         os.kill(engine, signal.SIGKILL)
         assert srv.proc.wait(30) != 0
-        deadline = time.monotonic() + 10
-        while _alive(tree) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _alive(tree)
+        _wait_gone(tree)
     finally:
         srv.stop()
 
@@ -182,10 +187,7 @@ def test_two_api_servers_over_two_engines(qwen2_ckpt: Path, tmp_path: Path) -> N
 
         srv.proc.send_signal(signal.SIGTERM)
         assert srv.proc.wait(30) == 0
-        deadline = time.monotonic() + 10
-        while _alive(tree) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _alive(tree)
+        _wait_gone(tree)
     finally:
         srv.stop()
 
