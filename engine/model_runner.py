@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from engine.attention import AttnMetadata, PrefillChunk, TritonOps
+from engine.attention import AttnMetadata, PrefillChunk
 from engine.config import EngineConfig
-from engine.models.llama import CausalLM
+from engine.models.decoder import CausalLM
 from engine.models.qwen2_vl import Qwen2VLCausalLM
 from engine.multimodal.runner import ImageRunner
 from engine.models.loader import (
@@ -121,7 +121,7 @@ class ModelRunner:
         self._pool = ThreadPoolExecutor(self.head_workers - 1, thread_name_prefix="lm-head") \
             if self.head_workers > 1 else None
         if use_triton:
-            self.model.ops = TritonOps
+            self.model.use_triton()
         # a vision model's image half of each step (engine/multimodal); None for text models
         self.images: ImageRunner | None = None
         if isinstance(self.model, Qwen2VLCausalLM):
@@ -272,5 +272,4 @@ class ModelRunner:
         hidden = self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
         if not all_rows and inputs.sample_rows is not None:
             hidden = hidden[inputs.sample_rows]
-        model = self.model
-        return model.ops.rms_norm(hidden, model.norm, model.args.rms_norm_eps).float()
+        return self.model.final_norm(hidden).float()

@@ -25,8 +25,9 @@ from engine.distributed.launch import LocalRanks, _fatal
 from engine.distributed.plan import GENERATE, POOL, STOP, TICK, StepPlan, batch_of, plan_of
 from engine.distributed.sharding import Shard
 from engine.model_runner import ModelRunner, RunnerOutput, pick_device
-from engine.models.llama import CausalLM, ModelArgs
+from engine.models.decoder import CausalLM
 from engine.models.loader import ModelInfo, load_model, read_config, resolve_model
+from engine.models.registry import parse_config
 from engine.sequence import ScheduledSeq
 
 log = logging.getLogger("engine")
@@ -44,7 +45,7 @@ class TPModelRunner(ModelRunner):
         self.local_ranks: LocalRanks | None = None
         if rank == 0:
             # refuse an unsplittable model here, before any other rank starts
-            self.shard.local_args(ModelArgs.from_hf_config(read_config(resolve_model(config.model))))
+            self.shard.local_args(parse_config(read_config(resolve_model(config.model))))
             store = master_store(config)
             per_node = size // config.nnodes
             self.local_ranks = LocalRanks(range(1, per_node), config.master_addr, store.port,

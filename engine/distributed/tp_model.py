@@ -1,4 +1,4 @@
-"""The decoder of engine/models/llama.py on one tensor-parallel rank: its heads, its MLP columns, its vocabulary rows.
+"""The decoder of engine/models/decoder.py on one tensor-parallel rank: its heads, its MLP columns, its vocabulary rows.
 
 The layers run unchanged on local shapes (`Shard.local_args`); the three places ranks meet are the
 row-parallel projections' all-reduce (`all_reduce`), the vocabulary-parallel embedding (each rank looks up
@@ -13,7 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from engine.distributed.sharding import Shard, ShardedWeights
-from engine.models.llama import CausalLM, ModelArgs
+from engine.models.args import ModelArgs
+from engine.models.decoder import CausalLM
 
 
 class TPCausalLM(CausalLM):

@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors import safe_open
 
-from engine.models.llama import SUPPORTED_ARCHITECTURES, CausalLM, ConfigError, ModelArgs
+from engine.models.args import ConfigError
+from engine.models.decoder import CausalLM
 from engine.models.progress import LoadProgress
-from engine.models.qwen2_vl import Qwen2VLCausalLM, is_vl_config, parse_vl_config, vl_weight_getter
+from engine.models.registry import family_of, parse_config
 
 if TYPE_CHECKING:
     from engine.distributed.sharding import Shard
@@ -180,31 +181,20 @@ def load_model(path: str | Path, dtype: str, device: torch.device | str,
     """
     folder, device = Path(path), torch.device(device)
     cfg = read_config(folder)
-    vl = None
     try:
-        if is_vl_config(cfg):
-            vl = parse_vl_config(cfg)
-            args = vl.text
-        else:
-            args = ModelArgs.from_hf_config(cfg)
+        arch, family = family_of(cfg)
+        args = parse_config(cfg)
     except ConfigError as e:
         raise ModelLoadError(f"{folder / 'config.json'}: {e}") from e
-    except (KeyError, TypeError, ValueError) as e:
-        raise ModelLoadError(f"{folder / 'config.json'} lacks or mangles {e}; "
-                             f"supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}") from e
     dtype_name = pick_dtype(dtype, cfg.get("torch_dtype") or cfg.get("dtype"), device)
     positions = max_positions or args.max_position_embeddings
     num_kv_heads = args.num_kv_heads
-    if vl is not None and shard is not None:
-        raise ModelLoadError("Qwen2-VL checkpoints do not run tensor parallel here; pass --tensor-parallel-size 1")
+    if shard is not None and not family.tensor_parallel:
+        raise ModelLoadError(f"{arch} checkpoints do not run tensor parallel here; pass --tensor-parallel-size 1")
     with torch.inference_mode():
-        if vl is not None:
+        if shard is None:
             weights = _Weights(folder, _DTYPES[dtype_name], device)
-            model: CausalLM = Qwen2VLCausalLM(vl, vl_weight_getter(weights, weights), "lm_head.weight" in weights,
-                                              positions)
-        elif shard is None:
-            weights = _Weights(folder, _DTYPES[dtype_name], device)
-            model = CausalLM(args, weights, "lm_head.weight" in weights, positions)
+            model = family.model.load(cfg, args, weights, "lm_head.weight" in weights, positions)
         else:
             weights = shard.weights(folder, args, _DTYPES[dtype_name], device)
             model = shard.build(args, weights, "lm_head.weight" in weights, positions)

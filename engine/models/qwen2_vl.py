@@ -2,7 +2,7 @@
 merger) and the Qwen2 decoder with M-RoPE (positions 3 x N: temporal, height, width; `mrope_section` says which
 rotary frequencies each axis drives).
 
-The language model is `CausalLM` (engine/models/llama.py) with two changes: `forward` takes positions [3, T]
+The language model is `CausalLM` (engine/models/decoder.py) with two changes: `forward` takes positions [3, T]
 (or [T]: a text-only batch, where the three axes are equal and M-RoPE is plain RoPE) and optional input
 embeddings (the image rows replaced by the tower's output). Weight names of both layouts load: the original
 (`model.layers.*`, `visual.*`) and transformers 5's (`model.language_model.*`, `model.visual.*`).
@@ -10,14 +10,16 @@ embeddings (the image rows replaced by the tower's output). Weight names of both
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from engine.attention import AttnMetadata, apply_rope
-from engine.models.llama import CausalLM, ConfigError, ModelArgs, WeightGetter
+from engine.models import llama
+from engine.models.args import ConfigError, ModelArgs
+from engine.models.decoder import CausalLM, WeightGetter, Weights
 
 ARCHITECTURE = "Qwen2VLForConditionalGeneration"
 IMAGE_TOKEN_ID = 151655  # <|image_pad|>, the default when config.json does not say
@@ -86,7 +88,7 @@ def parse_vl_config(cfg: dict[str, Any]) -> VLConfig:
         raise ConfigError(f"Qwen2-VL rope_type {rope_type!r} is not supported; only default (M-RoPE) is")
     text.update(architectures=["Qwen2ForCausalLM"], rope_parameters={"rope_theta": theta}, rope_scaling=None,
                 rope_theta=theta)
-    args = ModelArgs.from_hf_config(text)
+    args = llama.parse(text, "Qwen2ForCausalLM")
     if args.sliding_window is not None:
         raise ConfigError("Qwen2-VL with a sliding window is not supported")
     section = [int(s) for s in (section or [16, 24, 24])]
@@ -101,6 +103,11 @@ def parse_vl_config(cfg: dict[str, Any]) -> VLConfig:
         raise ConfigError(f"vision_config.hidden_size {merger_out} differs from the text hidden_size "
                           f"{args.hidden_size}")
     return VLConfig(args, vision, section, int(cfg.get("image_token_id", IMAGE_TOKEN_ID)))
+
+
+def parse(cfg: dict[str, Any], arch: str) -> ModelArgs:
+    """The registry's view: the language model's args (the vision tower's are read again at load)."""
+    return replace(parse_vl_config(cfg).text, architecture=arch)
 
 
 def vl_weight_getter(get: WeightGetter, has: Any) -> WeightGetter:
@@ -191,12 +198,19 @@ class Qwen2VLCausalLM(CausalLM):
 
     def __init__(self, vl: VLConfig, get: WeightGetter, has_lm_head: bool, max_positions: int) -> None:
         super().__init__(vl.text, get, has_lm_head, max_positions)
+        self.args = replace(vl.text, architecture=ARCHITECTURE)
         self.vl = vl
         self.visual = VisionTower(vl.vision, get)
         half = vl.text.head_dim // 2
         axis = torch.cat([torch.full((s,), i, dtype=torch.long) for i, s in enumerate(vl.mrope_section)])
         assert axis.numel() == half
         self._axis_cols = torch.cat([axis, axis]).to(self.device)  # table column -> the axis that drives it
+
+    @classmethod
+    def load(cls, cfg: dict[str, Any], args: ModelArgs, weights: Weights, has_lm_head: bool,
+             max_positions: int) -> CausalLM:
+        """Both weight layouts (the original and transformers 5's), the vision tower from vision_config."""
+        return cls(parse_vl_config(cfg), vl_weight_getter(weights, weights), has_lm_head, max_positions)
 
     def mrope_rows(self, positions: torch.Tensor) -> torch.Tensor:
         """positions [3, T] -> the rotary rows [T, head_dim]: each frequency from its section's axis."""
@@ -210,9 +224,9 @@ class Qwen2VLCausalLM(CausalLM):
         """positions [T] (text only) or [3, T]; embeds [T, hidden] replaces the token embedding when given."""
         x = self.embed_tokens(input_ids) if embeds is None else embeds
         if positions.dim() == 1:
-            return self.run_layers(x, kv_caches, meta, lambda q, k: self.ops.rope(positions, q, k, self.cos_sin))
-        rows = self.mrope_rows(positions)
-        return self.run_layers(x, kv_caches, meta, lambda q, k: (apply_rope(q, rows), apply_rope(k, rows)))
+            return self.run_layers(x, kv_caches, meta, lambda q, k, table: self.ops.rope(positions, q, k, table))
+        rows = self.mrope_rows(positions)  # one table: every layer turns by the same M-RoPE rows
+        return self.run_layers(x, kv_caches, meta, lambda q, k, _: (apply_rope(q, rows), apply_rope(k, rows)))
 
 
 def mrope_positions(num_tokens: int, images: list[tuple[int, int, tuple[int, int, int]]],
