@@ -79,7 +79,10 @@ def main() -> None:
     except (BrokenPipeError, KeyboardInterrupt):
         pass
     except Exception as e:  # noqa: BLE001
-        traceback.print_exc()
+        from engine.models.loader import ModelLoadError  # late: torch is loaded by now, this costs nothing
+
+        if not isinstance(e, ModelLoadError):  # a load error's message says it all: no stack trace for it
+            traceback.print_exc()
         try:
             writer.send(LoadFailed(f"{type(e).__name__}: {e}"))
         except OSError:

@@ -26,7 +26,8 @@ from engine.distributed.plan import GENERATE, POOL, STOP, TICK, StepPlan, batch_
 from engine.distributed.sharding import Shard
 from engine.model_runner import ModelRunner, RunnerOutput, pick_device
 from engine.models.decoder import CausalLM
-from engine.models.loader import ModelInfo, load_model, read_config, resolve_model
+from engine.models.args import ConfigError
+from engine.models.loader import ModelInfo, ModelLoadError, load_model, read_config, resolve_model
 from engine.models.registry import parse_config
 from engine.sequence import ScheduledSeq
 
@@ -44,8 +45,12 @@ class TPModelRunner(ModelRunner):
             torch.set_num_threads(1)  # one thread per rank: the ranks are the parallelism
         self.local_ranks: LocalRanks | None = None
         if rank == 0:
-            # refuse an unsplittable model here, before any other rank starts
-            self.shard.local_args(parse_config(read_config(resolve_model(config.model))))
+            # refuse an unsupported or unsplittable model here, before any other rank starts
+            folder = resolve_model(config.model)
+            try:
+                self.shard.local_args(parse_config(read_config(folder)))
+            except ConfigError as e:
+                raise ModelLoadError(f"{folder / 'config.json'}: {e}") from e
             store = master_store(config)
             per_node = size // config.nnodes
             self.local_ranks = LocalRanks(range(1, per_node), config.master_addr, store.port,

@@ -22,7 +22,7 @@ from engine.core import EngineCore
 from engine.distributed.group import JoinError
 from engine.distributed.sharding import Shard
 from engine.messages import AddRequest, RequestOutput, SamplingParams
-from engine.models.llama import ModelArgs
+from engine.models.registry import parse_config
 from engine.models.loader import ModelLoadError, read_config
 from tests.engine.test_core import run as run_core
 from tests.engine.test_core import tokens
@@ -157,7 +157,7 @@ def test_shards_hold_only_their_slices(qwen2_ckpt: Path, llama_kv1_ckpt: Path) -
     from safetensors import safe_open
 
     for ckpt in (qwen2_ckpt, llama_kv1_ckpt):
-        args = ModelArgs.from_hf_config(read_config(ckpt))
+        args = parse_config(read_config(ckpt))
         with safe_open(next(ckpt.glob("*.safetensors")), framework="pt") as f:
             full = {name: f.get_tensor(name) for name in f.keys()}
         for rank in range(2):
@@ -176,7 +176,7 @@ def test_shards_hold_only_their_slices(qwen2_ckpt: Path, llama_kv1_ckpt: Path) -
 
 
 def test_unsplittable_model_is_refused(qwen2_ckpt: Path) -> None:
-    args = ModelArgs.from_hf_config(read_config(qwen2_ckpt))
+    args = parse_config(read_config(qwen2_ckpt))
     with pytest.raises(ModelLoadError, match="must divide the model's attention heads"):
         Shard(0, 3).local_args(args)
     assert Shard(1, 4).kv_heads(args) == (0, 1)  # 2 KV heads over 4 ranks: ranks 0, 1 share head 0
