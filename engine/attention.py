@@ -29,6 +29,10 @@ def apply_rope(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
     """x [T, heads, head_dim], cos_sin [T, head_dim] (rows of engine/models/rope.py's table at the positions)."""
     half = x.shape[-1] // 2
     cos, sin = cos_sin[:, None, :half], cos_sin[:, None, half:]
+    if x.dtype != torch.float32:  # as transformers rounds it: cos / sin in x's dtype, each product rounded
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat([x1 * cos + (-x2) * sin, x2 * cos + x1 * sin], dim=-1)
     x1, x2 = x[..., :half].float(), x[..., half:].float()
     # Non-interleaved halves (rotate_half), the layout HF Llama/Qwen2/Mistral checkpoints use.
     out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)

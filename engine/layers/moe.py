@@ -1,7 +1,7 @@
 """A sparse MoE block: a router picks top-k experts per token, each a gated MLP; outputs are summed by weight.
 
 On CPU the tokens are grouped by expert (one sort, one gather, two matmuls per expert that got tokens, one
-index_add back), never a loop over tokens. On GPU the experts run in engine/kernels/fused_moe.py's Triton
+sum per token back), never a loop over tokens. On GPU the experts run in engine/kernels/fused_moe.py's Triton
 kernels. Under tensor parallelism each rank holds a slice of every expert's intermediate dimension, so
 `moe(x)` returns that rank's partial sum and the caller all-reduces it, as after a dense MLP.
 """
@@ -74,5 +74,9 @@ def grouped_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, 
         gate, up = F.linear(rows[start:start + n], gate_up[e]).chunk(2, dim=-1)
         out[start:start + n] = F.linear(act(gate) * up, down[e])
         start += n
-    scaled = out * weights.flatten().index_select(0, order)[:, None]  # float32 weights widen as transformers does
-    return torch.zeros_like(x).index_add_(0, tokens, scaled.to(x.dtype))
+    # back in (token, slot) order, then each token's k rows summed in one reduction: transformers' grouped
+    # experts round this way (float32 weights widen the product, a half-precision sum rounds once)
+    scaled = out * weights.flatten().index_select(0, order)[:, None]
+    unsorted = torch.empty_like(scaled)
+    unsorted[order] = scaled
+    return unsorted.view(t, k, -1).sum(dim=1).to(x.dtype)

@@ -229,7 +229,12 @@ class CausalLM:
         """
         logits = self._head(self.final_norm(hidden), out, pool, workers)
         cap = self.args.final_softcap
-        return logits if cap is None else logits.div_(cap).tanh_().mul_(cap)
+        if cap is None:
+            return logits
+        if self.dtype == torch.float32:
+            return logits.div_(cap).tanh_().mul_(cap)
+        # in the model's dtype, as transformers caps its logits: the same roundings, so the same ties
+        return logits.copy_(logits.to(self.dtype).div_(cap).tanh_().mul_(cap))
 
     def _head(self, h: torch.Tensor, out: torch.Tensor | None, pool: ThreadPoolExecutor | None,
               workers: int) -> torch.Tensor:

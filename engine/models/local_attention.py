@@ -8,6 +8,7 @@ torch reference: the metadata's causal masks narrowed to the window, scores capp
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from engine.attention import AttnMetadata, TorchOps, TritonOps
 
@@ -48,10 +49,14 @@ def _narrow(allowed: torch.Tensor, q_pos: torch.Tensor, window: int | None) -> t
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float,
             softcap: float | None) -> torch.Tensor:
-    """q [B, Lq, H, D], k / v [B, L, KH, D], allowed [B, Lq, L] -> [B, Lq, H, D], as transformers' eager
-    attention computes it: scores in the model dtype, capped, masked, softmax in float32."""
+    """q [B, Lq, H, D], k / v [B, L, KH, D], allowed [B, Lq, L] -> [B, Lq, H, D], as transformers computes it:
+    SDPA without a cap; with one, its eager path (scores in the model dtype, capped, masked, softmax in float32)."""
     b, lq, h, d = q.shape
     kh = k.shape[2]
+    if softcap is None:
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             attn_mask=allowed[:, None], scale=scale, enable_gqa=kh != h)
+        return out.transpose(1, 2)
     qg = q.view(b, lq, kh, h // kh, d).permute(0, 2, 3, 1, 4)  # [B, KH, G, Lq, D]
     scores = torch.matmul(qg, k.permute(0, 2, 3, 1)[:, :, None]) * scale  # [B, KH, G, Lq, L]
     if softcap is not None:

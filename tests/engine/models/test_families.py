@@ -1,0 +1,118 @@
+"""Every family against transformers on the same random checkpoint: prompt logprobs at 1e-4 in float32
+(whole and in small chunks), and greedy tokens through the engine under mixed lengths, small prefill chunks,
+preemption and prefix-cache hits; in bfloat16, greedy tokens equal to transformers' own bfloat16 run.
+
+Prompts run past every window (8) and past the original rope length (32) of the yarn / longrope checkpoints.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.core import EngineCore
+from engine.messages import SamplingParams
+from engine.model_runner import ModelRunner
+from tests.engine.models.conftest import FAMILIES
+from tests.engine.test_core import run, tokens
+from tests.engine.test_model_runner import Blocks, new_seq, step
+
+ATOL = 1e-4
+BLOCK = 4
+NEW_TOKENS = 10
+_HF: dict[tuple[Path, str], Any] = {}
+_GREEDY: dict[tuple[Path, str, tuple[int, ...]], list[int]] = {}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def hf_model(ckpt: Path, dtype: str = "float32") -> Any:
+    from transformers import AutoModelForCausalLM
+
+    if (ckpt, dtype) not in _HF:
+        _HF[ckpt, dtype] = AutoModelForCausalLM.from_pretrained(ckpt, dtype=getattr(torch, dtype)).eval()
+    return _HF[ckpt, dtype]
+
+
+def hf_greedy(ckpt: Path, prompt: list[int], dtype: str = "float32") -> list[int]:
+    key = (ckpt, dtype, tuple(prompt))
+    if key not in _GREEDY:
+        with torch.no_grad():
+            out = hf_model(ckpt, dtype).generate(
+                torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                repetition_penalty=1.0, top_k=None, top_p=None, temperature=None, eos_token_id=None, pad_token_id=0)
+        _GREEDY[key] = out[0, len(prompt):].tolist()
+    return _GREEDY[key]
+
+
+def prompts(seed: int, tails: list[int], shared: int = 33, vocab: int = 32_000) -> list[list[int]]:
+    rng = random.Random(seed)
+    prefix = [rng.randrange(3, vocab) for _ in range(shared)]
+    return [prefix + [rng.randrange(3, vocab) for _ in range(n)] for n in tails]
+
+
+PROMPTS = prompts(7, [17, 3, 9, 1])  # 50, 36, 42, 34 tokens: past the windows and the original rope length
+FAMILY_NAMES = list(FAMILIES)
+
+
+@pytest.mark.parametrize("family_ckpt", FAMILY_NAMES, indirect=True)
+def test_prompt_logprobs_match_transformers_whole_and_chunked(family_ckpt: Path) -> None:
+    runner = ModelRunner(EngineConfig(model=str(family_ckpt), block_size=BLOCK, num_blocks=64))
+    tokens_ = PROMPTS[0]
+    with torch.no_grad():
+        ref = hf_model(family_ckpt)(torch.tensor([tokens_])).logits[0].float()
+    whole = new_seq("whole", tokens_, prompt_logprobs=1)
+    out = step(runner, Blocks(64), [(whole, len(tokens_))])
+    torch.testing.assert_close(out.prompt_logits[0], ref, atol=ATOL, rtol=0)
+    torch.testing.assert_close(out.logits[0], ref[-1], atol=ATOL, rtol=0)
+    chunked, blocks, done = new_seq("chunked", tokens_, prompt_logprobs=0), Blocks(64, seed=3), 0
+    for n in (5, 1, 7, 3, 25):  # chunks cut through the windows; a one-token chunk takes the decode path
+        out = step(runner, blocks, [(chunked, n)])
+        torch.testing.assert_close(out.prompt_logits[0], ref[done:done + n], atol=ATOL, rtol=0)
+        done += n
+    torch.testing.assert_close(out.logits[0], ref[-1], atol=ATOL, rtol=0)
+
+
+REGIMES: dict[str, dict[str, Any]] = {
+    "mixed_lengths": dict(),
+    "small_chunks": dict(max_num_batched_tokens=8),
+    "preemption": dict(num_blocks=16),
+    "prefix_cache": dict(max_num_batched_tokens=32),
+}
+
+
+@pytest.mark.parametrize("regime", list(REGIMES))
+@pytest.mark.parametrize("family_ckpt", FAMILY_NAMES, indirect=True)
+def test_greedy_matches_transformers(family_ckpt: Path, regime: str) -> None:
+    kw = dict(num_blocks=256, block_size=BLOCK) | REGIMES[regime]
+    core = EngineCore(EngineConfig(model=str(family_ckpt), **kw))  # type: ignore[arg-type]
+    greedy = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    # together, or one after another so later prompts find the shared prefix's blocks cached
+    arrive = (lambda i: 12 * i) if regime in ("small_chunks", "prefix_cache") else (lambda i: 0)
+    outs = run(core, [(f"r{i}", p, greedy, arrive(i)) for i, p in enumerate(PROMPTS)])
+    for i, p in enumerate(PROMPTS):
+        assert tokens(outs[f"r{i}"]) == hf_greedy(family_ckpt, p), (regime, i)
+    stats = core.stats()
+    if regime == "preemption":
+        assert stats.num_preemptions > 0, "the small cache should have forced preemption"
+    if regime == "prefix_cache":
+        assert outs["r3"][0].num_cached_tokens >= 32  # the shared 33-token prefix, in whole blocks
+
+
+@pytest.mark.parametrize("family_ckpt", FAMILY_NAMES, indirect=True)
+def test_bfloat16_greedy_matches_transformers(family_ckpt: Path) -> None:
+    """Half precision rounds as transformers does (rope, MoE sums, soft-caps in the model dtype), so greedy
+    tokens are transformers' own bfloat16 ones, not merely close."""
+    core = EngineCore(EngineConfig(model=str(family_ckpt), dtype="bfloat16", num_blocks=128, block_size=BLOCK))
+    greedy = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    outs = run(core, [(f"r{i}", p, greedy, 0) for i, p in enumerate(PROMPTS[:2])])
+    for i, p in enumerate(PROMPTS[:2]):
+        assert tokens(outs[f"r{i}"]) == hf_greedy(family_ckpt, p, "bfloat16"), i
