@@ -116,3 +116,30 @@ def test_bfloat16_greedy_matches_transformers(family_ckpt: Path) -> None:
     outs = run(core, [(f"r{i}", p, greedy, 0) for i, p in enumerate(PROMPTS[:2])])
     for i, p in enumerate(PROMPTS[:2]):
         assert tokens(outs[f"r{i}"]) == hf_greedy(family_ckpt, p, "bfloat16"), i
+
+
+@pytest.mark.parametrize("family_ckpt", ["qwen3", "qwen3_moe"], indirect=True)
+def test_triton_path_matches_transformers(family_ckpt: Path, tmp_path: Path) -> None:
+    """The GPU path (Triton attention, norms, rope and the fused MoE kernel), run by Triton's interpreter in a
+    fresh process (TRITON_INTERPRET is read when triton is imported), against transformers' logits."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    from tests.engine.test_model_runner import A_FULL, B_FULL
+
+    out = tmp_path / "logits.pt"
+    code = ("from tests.engine.test_model_runner import kernel_path_child; "
+            f"kernel_path_child({str(family_ckpt)!r}, {str(out)!r})")
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
+                          cwd=Path(__file__).parents[3])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = torch.load(out)
+    with torch.no_grad():
+        ref_a, ref_b = (hf_model(family_ckpt)(torch.tensor([p])).logits[0].float() for p in (A_FULL, B_FULL))
+    expected = [ref_a[:7], ref_a[7:17]] + [torch.stack([ref_a[17 + i], ref_b[5 + i]]) for i in range(3)]
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, atol=ATOL, rtol=0)
