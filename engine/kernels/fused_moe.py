@@ -31,7 +31,7 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tens
     return rows, experts
 
 
-@triton.jit
+@triton.jit  # type: ignore[untyped-decorator]
 def _act(g: tl.tensor, ACT: tl.constexpr) -> tl.tensor:
     if ACT == 0:
         return g * tl.sigmoid(g)
@@ -39,18 +39,18 @@ def _act(g: tl.tensor, ACT: tl.constexpr) -> tl.tensor:
     return 0.5 * g * (2.0 * tl.sigmoid(2.0 * inner))
 
 
-@triton.jit
+@triton.jit  # type: ignore[untyped-decorator]
 def _dot(a: tl.tensor, b: tl.tensor, PRECISION: tl.constexpr, UPCAST: tl.constexpr) -> tl.tensor:
     if UPCAST:  # Triton's interpreter multiplies bfloat16 blocks wrongly; the same products in float32 are exact
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     return tl.dot(a, b, input_precision=PRECISION)
 
 
-@triton.jit
-def _gate_up_kernel(x_ptr, w_ptr, out_ptr, rows_ptr, experts_ptr, num_pairs, top_k, hidden, inter,
-                    stride_x, stride_we, stride_wn, stride_out,
-                    ACT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr):
+@triton.jit  # type: ignore[untyped-decorator]
+def _gate_up_kernel(  # type: ignore[no-untyped-def]
+        x_ptr, w_ptr, out_ptr, rows_ptr, experts_ptr, num_pairs, top_k, hidden, inter, stride_x, stride_we, stride_wn,
+        stride_out, ACT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[pair, n] = act(x[token] . W[e, n]) * (x[token] . W[e, inter + n]) for one block of one expert's pairs."""
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     rows = tl.load(rows_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
@@ -71,16 +71,17 @@ def _gate_up_kernel(x_ptr, w_ptr, out_ptr, rows_ptr, experts_ptr, num_pairs, top
         wu = tl.load(w + inter * stride_wn, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
         acc_g += _dot(a, wg, PRECISION, UPCAST)
         acc_u += _dot(a, wu, PRECISION, UPCAST)
-    h = _act(acc_g.to(out_ptr.dtype.element_ty).to(tl.float32), ACT) * acc_u.to(out_ptr.dtype.element_ty).to(tl.float32)
+    dtype = out_ptr.dtype.element_ty  # each product rounded to the model dtype first, as torch's are
+    h = _act(acc_g.to(dtype).to(tl.float32), ACT) * acc_u.to(dtype).to(tl.float32)
     tl.store(out_ptr + rows[:, None] * stride_out + offs_n[None, :], h.to(out_ptr.dtype.element_ty),
              mask=valid[:, None] & n_ok[None, :])
 
 
-@triton.jit
-def _down_kernel(h_ptr, w_ptr, weights_ptr, out_ptr, rows_ptr, experts_ptr, num_pairs, inter, hidden,
-                 stride_h, stride_we, stride_wn, stride_out,
-                 PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
+@triton.jit  # type: ignore[untyped-decorator]
+def _down_kernel(  # type: ignore[no-untyped-def]
+        h_ptr, w_ptr, weights_ptr, out_ptr, rows_ptr, experts_ptr, num_pairs, inter, hidden, stride_h, stride_we,
+        stride_wn, stride_out, PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[pair, n] = (h[pair] . W[e, n]) * routing weight[pair], in float32 (summed over a token's pairs later)."""
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     rows = tl.load(rows_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
@@ -118,12 +119,13 @@ def fused_moe(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weight
     upcast = x.device.type == "cpu"  # the interpreter (tests)
     if blocks:
         bn, bk = 32, 32
+        blocking = dict(PRECISION=precision, UPCAST=upcast, BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk)
         _gate_up_kernel[(blocks, triton.cdiv(inter, bn))](
             x, gate_up, h, rows, experts, t * k, k, hidden, inter, x.stride(0), gate_up.stride(0),
-            gate_up.stride(1), h.stride(0), ACT=ACTIVATIONS[activation], PRECISION=precision, UPCAST=upcast, BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk)
+            gate_up.stride(1), h.stride(0), ACT=ACTIVATIONS[activation], **blocking)
         _down_kernel[(blocks, triton.cdiv(hidden, bn))](
             h, down, weights.flatten().contiguous(), out, rows, experts, t * k, inter, hidden, h.stride(0),
-            down.stride(0), down.stride(1), out.stride(0), PRECISION=precision, UPCAST=upcast, BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk)
+            down.stride(0), down.stride(1), out.stride(0), **blocking)
     # a token's k rows summed in one reduction, then rounded once, as the torch path does
     weighted = out if weights.dtype == torch.float32 else out.to(weights.dtype)
     return weighted.view(t, k, hidden).sum(dim=1).to(x.dtype)

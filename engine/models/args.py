@@ -151,10 +151,10 @@ def layer_windows(cfg: dict[str, Any], default_types: list[str] | None = None) -
     if unknown:
         raise ConfigError(f"layer_types {sorted(unknown)} are not supported; supported: sliding_attention, "
                           "full_attention")
-    window = cfg.get("sliding_window")
+    window = int(cfg.get("sliding_window") or 0)
     if "sliding_attention" in types and not window:
         raise ConfigError("layer_types has sliding_attention layers but sliding_window is not set")
-    return tuple(int(window) if t == "sliding_attention" else None for t in types)
+    return tuple(window if t == "sliding_attention" else None for t in types)
 
 
 def window_fields(windows: tuple[int | None, ...]) -> dict[str, Any]:

@@ -187,7 +187,7 @@ class CausalLM:
                   meta: AttnMetadata, rope: Rope) -> torch.Tensor:
         """One layer's attention sub-block on normed h [T, hidden] -> its output projection (all-reduced)."""
         a, t = self.args, h.shape[0]
-        q, k, v = layer.qkv(h).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = torch.split(layer.qkv(h), [self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = q.view(t, a.num_heads, a.head_dim), k.view(t, a.num_kv_heads, a.head_dim)
         if layer.q_norm is not None and layer.k_norm is not None:
             q, k = self.rms_norm(q, layer.q_norm), self.rms_norm(k, layer.k_norm)

@@ -17,7 +17,8 @@ YARNS = [
     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIG},
     {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": ORIG, "beta_fast": 16, "beta_slow": 2,
      "truncate": False},
-    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIG, "mscale": 0.8, "mscale_all_dim": 0.6},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIG, "mscale": 0.8,
+     "mscale_all_dim": 0.6},
     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIG, "attention_factor": 1.3},
 ]
 
@@ -47,7 +48,8 @@ def test_longrope_picks_short_or_long_factors_by_served_length(served: int) -> N
                "long_factor": [1.0 + 0.5 * i for i in range(12)]}
     cfg = Phi3Config(hidden_size=128, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=1,
                      intermediate_size=64, vocab_size=100, pad_token_id=0, rope_scaling=dict(scaling),
-                     partial_rotary_factor=0.75, max_position_embeddings=4 * ORIG, original_max_position_embeddings=ORIG)
+                     partial_rotary_factor=0.75, max_position_embeddings=4 * ORIG,
+                     original_max_position_embeddings=ORIG)
     seq_len = served + 1 if served > ORIG else None
     ref, ref_factor = ROPE_INIT_FUNCTIONS["longrope"](cfg, "cpu", seq_len=seq_len)
     ours, factor = inv_freq(24, 10_000.0, scaling | {"original_max_position_embeddings": ORIG},
