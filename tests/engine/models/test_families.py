@@ -18,7 +18,7 @@ from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.messages import SamplingParams
 from engine.model_runner import ModelRunner
-from tests.engine.models.conftest import FAMILIES
+from tests.engine.models.families import FAMILIES
 from tests.engine.test_core import run, tokens
 from tests.engine.test_model_runner import Blocks, new_seq, step
 
@@ -38,7 +38,8 @@ def hf_model(ckpt: Path, dtype: str = "float32") -> Any:
     from transformers import AutoModelForCausalLM
 
     if (ckpt, dtype) not in _HF:
-        _HF[ckpt, dtype] = AutoModelForCausalLM.from_pretrained(ckpt, dtype=getattr(torch, dtype)).eval()
+        model: Any = AutoModelForCausalLM.from_pretrained(ckpt, dtype=getattr(torch, dtype))
+        _HF[ckpt, dtype] = model.eval()
     return _HF[ckpt, dtype]
 
 
@@ -92,8 +93,8 @@ REGIMES: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("regime", list(REGIMES))
 @pytest.mark.parametrize("family_ckpt", FAMILY_NAMES, indirect=True)
 def test_greedy_matches_transformers(family_ckpt: Path, regime: str) -> None:
-    kw = dict(num_blocks=256, block_size=BLOCK) | REGIMES[regime]
-    core = EngineCore(EngineConfig(model=str(family_ckpt), **kw))  # type: ignore[arg-type]
+    kw: dict[str, Any] = dict(num_blocks=256, block_size=BLOCK) | REGIMES[regime]
+    core = EngineCore(EngineConfig(model=str(family_ckpt), **kw))
     greedy = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     # together, or one after another so later prompts find the shared prefix's blocks cached
     arrive = (lambda i: 12 * i) if regime in ("small_chunks", "prefix_cache") else (lambda i: 0)

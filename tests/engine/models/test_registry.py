@@ -11,7 +11,7 @@ import pytest
 
 from engine.models.args import ConfigError
 from engine.models.registry import MODELS, parse_config
-from tests.engine.models.conftest import FAMILIES, WINDOW
+from tests.engine.models.families import FAMILIES, WINDOW
 
 
 def config_of(ckpt: Path) -> dict[str, Any]:

@@ -24,8 +24,9 @@ YARNS = [
 
 
 def llama(scaling: dict[str, Any]) -> LlamaConfig:
+    legacy: dict[str, Any] = dict(rope_theta=10_000.0, rope_scaling=scaling)  # old-style keys transformers converts
     return LlamaConfig(hidden_size=256, num_attention_heads=4, head_dim=64, num_hidden_layers=1, intermediate_size=64,
-                       vocab_size=100, rope_theta=10_000.0, rope_scaling=scaling, max_position_embeddings=4 * ORIG)
+                       vocab_size=100, max_position_embeddings=4 * ORIG, **legacy)
 
 
 @pytest.mark.parametrize("scaling", YARNS + [{"rope_type": "linear", "factor": 3.0},
@@ -46,10 +47,10 @@ def test_longrope_picks_short_or_long_factors_by_served_length(served: int) -> N
     sequence that long; short ones otherwise. Partial rotary: 24 of 32 dims, so 12 factors."""
     scaling = {"rope_type": "longrope", "short_factor": [1.0 + 0.05 * i for i in range(12)],
                "long_factor": [1.0 + 0.5 * i for i in range(12)]}
+    legacy: dict[str, Any] = dict(rope_scaling=dict(scaling), partial_rotary_factor=0.75)
     cfg = Phi3Config(hidden_size=128, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=1,
-                     intermediate_size=64, vocab_size=100, pad_token_id=0, rope_scaling=dict(scaling),
-                     partial_rotary_factor=0.75, max_position_embeddings=4 * ORIG,
-                     original_max_position_embeddings=ORIG)
+                     intermediate_size=64, vocab_size=100, pad_token_id=0, max_position_embeddings=4 * ORIG,
+                     original_max_position_embeddings=ORIG, **legacy)
     seq_len = served + 1 if served > ORIG else None
     ref, ref_factor = ROPE_INIT_FUNCTIONS["longrope"](cfg, "cpu", seq_len=seq_len)
     ours, factor = inv_freq(24, 10_000.0, scaling | {"original_max_position_embeddings": ORIG},
