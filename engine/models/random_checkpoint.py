@@ -36,6 +36,31 @@ _SAMPLING = {"qwen2": {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetitio
 DEMO = dict(arch="qwen2", hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=2, head_dim=64,
             intermediate_size=384, vocab_size=151_936, tie_word_embeddings=True, rope_theta=1_000_000.0,
             max_position_embeddings=4096, seed=0, tokenizer_family="qwen2.5")
+_SMALL = dict(hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=2, head_dim=64, intermediate_size=384,
+              rope_theta=1_000_000.0, max_position_embeddings=4096, seed=0)
+_QWEN_VOCAB = dict(vocab_size=151_936, tie_word_embeddings=True, tokenizer_family="qwen2.5")
+_SP_VOCAB = dict(vocab_size=32_000, tie_word_embeddings=False)
+_EXPERTS = dict(num_experts_per_tok=2, norm_topk_prob=True)
+# `spindle make-demo --arch NAME`: each family at the demo's size, with its features switched on (experts, windows
+# on some layers, soft-caps, longrope) and a real tokenizer (Gemma's is not available offline: Qwen2.5's instead).
+FAMILY_DEMOS: dict[str, dict[str, Any]] = {
+    "qwen2": DEMO,
+    "llama": dict(_SMALL, arch="llama", **_SP_VOCAB, rope_theta=500_000.0),
+    "mistral": dict(_SMALL, arch="mistral", **_SP_VOCAB, sliding_window=256),
+    "qwen3": dict(_SMALL, arch="qwen3", **_QWEN_VOCAB),
+    "qwen3_moe": dict(_SMALL, arch="qwen3_moe", **_QWEN_VOCAB,
+                      extra=dict(num_experts=8, moe_intermediate_size=192, **_EXPERTS)),
+    "mixtral": dict(_SMALL, arch="mixtral", **_SP_VOCAB, extra=dict(num_local_experts=8, num_experts_per_tok=2)),
+    "gemma2": dict(_SMALL, arch="gemma2", **_QWEN_VOCAB, rope_theta=10_000.0, sliding_window=256,
+                   extra=dict(attn_logit_softcapping=50.0, final_logit_softcapping=30.0, query_pre_attn_scalar=64)),
+    "gemma3": dict(_SMALL, arch="gemma3", **_QWEN_VOCAB, sliding_window=256,
+                   extra=dict(query_pre_attn_scalar=64, rope_local_base_freq=10_000.0,
+                              layer_types=["sliding_attention", "full_attention"])),
+    "phi3": dict(_SMALL, arch="phi3", **_SP_VOCAB, rope_theta=10_000.0,
+                 rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 32,
+                               "long_factor": [1.0 + i / 8 for i in range(32)]},
+                 extra=dict(original_max_position_embeddings=1024)),
+}
 # Versioned: a demo cached by an older build (Qwen2's 151,646-token tokenizer, ChatML without tools) is rebuilt.
 _DEMO_NAME = "demo-qwen2.5-v2"
 
@@ -114,10 +139,14 @@ def write_random_checkpoint(path: str | Path, arch: Arch, *, hidden_size: int, n
     return path
 
 
-def make_demo(path: str | Path) -> Path:
+def make_demo(path: str | Path, arch: str = "qwen2") -> Path:
     """The demo checkpoint at `path`: random weights, Qwen2.5's real tokenizer (151,665 tokens, the embedding
-    padded to 151,936 as Qwen2.5's is) and its chat template, which renders tools, tool calls and tool results."""
-    return write_random_checkpoint(path, **DEMO)  # type: ignore[arg-type]
+    padded to 151,936 as Qwen2.5's is) and its chat template, which renders tools, tool calls and tool results.
+
+    arch: another family at the same size (FAMILY_DEMOS), e.g. "qwen3_moe", "gemma3"."""
+    if arch not in FAMILY_DEMOS:
+        raise ValueError(f"--arch {arch!r} is not a demo family; choose one of {', '.join(FAMILY_DEMOS)}")
+    return write_random_checkpoint(path, **FAMILY_DEMOS[arch])
 
 
 def cache_root() -> Path:
