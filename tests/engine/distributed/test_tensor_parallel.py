@@ -116,7 +116,10 @@ def test_logprobs_tp2_agree_with_tp1(qwen2_ckpt: Path, dtype: str, tol: float) -
     for a_out, b_out in zip(tp2, tp1):
         assert a_out.logprobs is not None and b_out.logprobs is not None
         a, b = a_out.logprobs[0], b_out.logprobs[0]
-        assert a.top_ids == b.top_ids
+        # the same value at every rank; below the first, the id may differ where candidates tie within rounding
+        # (bfloat16's all-reduce rounds differently from one rank's sum)
+        assert a.top_ids[0] == b.top_ids[0] and a.top_logprobs == pytest.approx(b.top_logprobs, abs=tol)
+        assert a.top_ids == b.top_ids or dtype == "bfloat16"
         assert a.logprob == pytest.approx(b.logprob, abs=tol)
 
 
