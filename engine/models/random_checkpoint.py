@@ -10,6 +10,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Literal
@@ -262,3 +263,21 @@ def write_random_vl_checkpoint(path: str | Path, *, hidden_size: int = 64, num_l
 def make_vision_demo(path: str | Path) -> Path:
     """`spindle make-demo --vision PATH`: a random-weight Qwen2-VL checkpoint (about 85 MB)."""
     return write_random_vl_checkpoint(path, **VL_DEMO)  # type: ignore[arg-type]
+
+
+MAKE_DEMO_USAGE = f"usage: spindle make-demo [--vision | --arch {{{','.join(FAMILY_DEMOS)}}}] PATH"
+
+
+def make_demo_command(args: list[str]) -> int:
+    """`spindle make-demo [--vision | --arch NAME] PATH`: prints the folder written; 2 with the usage on a bad line."""
+    if len(args) == 1 and not args[0].startswith("-"):
+        print(make_demo(args[0]))
+        return 0
+    if len(args) == 2 and args[0] == "--vision":
+        print(make_vision_demo(args[1]))
+        return 0
+    if len(args) == 3 and args[0] == "--arch" and args[1] in FAMILY_DEMOS:
+        print(make_demo(args[2], args[1]))
+        return 0
+    print(MAKE_DEMO_USAGE, file=sys.stderr)
+    return 2
