@@ -144,3 +144,19 @@ def test_triton_path_matches_transformers(family_ckpt: Path, tmp_path: Path) -> 
     assert len(got) == len(expected)
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gemma3"])
+def test_sharded_bfloat16_checkpoint_loads(arch: str, tmp_path: Path) -> None:
+    """Weights stored in bfloat16 across safetensors shards (experts split between files), served in
+    float32: transformers' float32 model of the same files gives the same prompt logprobs."""
+    from tests.engine.models.families import build_family
+
+    ckpt = build_family(tmp_path, arch, dtype="bfloat16", shards=3)
+    assert len(list(ckpt.glob("*.safetensors"))) >= 2
+    runner = ModelRunner(EngineConfig(model=str(ckpt), block_size=BLOCK, num_blocks=64, dtype="float32"))
+    seq = new_seq("a", PROMPTS[1], prompt_logprobs=1)
+    out = step(runner, Blocks(64), [(seq, len(PROMPTS[1]))])
+    with torch.no_grad():
+        ref = hf_model(ckpt)(torch.tensor([PROMPTS[1]])).logits[0].float()
+    torch.testing.assert_close(out.prompt_logits[0], ref, atol=ATOL, rtol=0)

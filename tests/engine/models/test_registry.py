@@ -44,6 +44,15 @@ def test_each_family_parses_to_its_features(family_ckpt: Path) -> None:
         assert args.rope_scaling["original_max_position_embeddings"] == 32
 
 
+@pytest.mark.parametrize("family_ckpt", ["qwen3_moe"], indirect=True)
+def test_qwen3_moe_layer_pattern(family_ckpt: Path) -> None:
+    cfg = config_of(family_ckpt) | {"num_hidden_layers": 4, "mlp_only_layers": [], "decoder_sparse_step": 2}
+    moe = parse_config(cfg).moe
+    assert moe is not None and moe.sparse_layers == (False, True, False, True)  # (i + 1) % step == 0
+    moe = parse_config(cfg | {"mlp_only_layers": [3]}).moe
+    assert moe is not None and moe.sparse_layers == (False, True, False, False)
+
+
 def test_unsupported_architecture_names_it_and_lists_the_supported() -> None:
     with pytest.raises(ConfigError) as e:
         parse_config({"architectures": ["GPT2LMHeadModel"], "hidden_size": 8})
