@@ -13,6 +13,7 @@ import torch
 
 from engine.attention import AttnMetadata, PrefillChunk
 from engine.config import EngineConfig
+from engine.models.args import ConfigError
 from engine.models.decoder import CausalLM
 from engine.models.qwen2_vl import Qwen2VLCausalLM
 from engine.multimodal.runner import ImageRunner
@@ -121,7 +122,10 @@ class ModelRunner:
         self._pool = ThreadPoolExecutor(self.head_workers - 1, thread_name_prefix="lm-head") \
             if self.head_workers > 1 else None
         if use_triton:
-            self.model.use_triton()
+            try:
+                self.model.use_triton()
+            except ConfigError as e:
+                raise ModelLoadError(str(e)) from e
         # a vision model's image half of each step (engine/multimodal); None for text models
         self.images: ImageRunner | None = None
         if isinstance(self.model, Qwen2VLCausalLM):

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from engine.attention import AttnMetadata, TorchOps, TritonOps
 from engine.layers.moe import ACTIVATIONS, Activation, SparseMoE
-from engine.models.args import ModelArgs
+from engine.models.args import ConfigError, ModelArgs
 from engine.models.local_attention import attend
 from engine.models.rope import rope_table
 
@@ -155,7 +155,14 @@ class CausalLM:
         return cls(args, weights, has_lm_head, max_positions)
 
     def use_triton(self) -> None:
-        """The GPU path: Triton attention / norm / rope kernels and the fused MoE kernel."""
+        """The GPU path: Triton attention / norm / rope kernels and the fused MoE kernel.
+
+        ConfigError when a layer needs a window of its own or attention soft-capping, which the Triton
+        attention kernels do not take yet (engine/models/local_attention.py)."""
+        a = self.args
+        if a.attn_softcap is not None or (a.sliding_window is None and any(w is not None for w in self.layer_windows)):
+            raise ConfigError(f"{a.architecture} needs per-layer sliding windows or attention soft-capping, which the "
+                              "GPU (Triton) attention kernels do not take yet; pass --device cpu")
         self.ops = TritonOps
         for layer in self.layers:
             if isinstance(layer.mlp, SparseMoE):

@@ -160,3 +160,11 @@ def test_sharded_bfloat16_checkpoint_loads(arch: str, tmp_path: Path) -> None:
     with torch.no_grad():
         ref = hf_model(ckpt)(torch.tensor([PROMPTS[1]])).logits[0].float()
     torch.testing.assert_close(out.prompt_logits[0], ref, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("family_ckpt", ["gemma2"], indirect=True)
+def test_triton_path_refuses_per_layer_windows_at_load(family_ckpt: Path) -> None:
+    from engine.models.loader import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="Gemma2ForCausalLM needs per-layer sliding windows or attention soft"):
+        ModelRunner(EngineConfig(model=str(family_ckpt), block_size=BLOCK, num_blocks=8), use_triton=True)
