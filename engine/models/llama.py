@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention import AttnMetadata, TorchOps, TritonOps, rope_cos_sin, rope_inv_freq
+from engine.layers.linear import make_linear
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 LOGIT_CHUNK_BYTES = 1 << 19  # one LM head chunk's float32 logits: half of this CPU's per-core L2
@@ -109,14 +110,14 @@ class Layer:
             return torch.cat([get(f"{prefix}.{n}") for n in names], dim=0)
 
         attn = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
-        self.qkv_w = cat(*(f"{n}.weight" for n in attn))
-        self.qkv_b = cat(*(f"{n}.bias" for n in attn)) if args.qkv_bias else None
-        self.o_w = get(f"{prefix}.self_attn.o_proj.weight")
-        self.o_b = get(f"{prefix}.self_attn.o_proj.bias") if args.o_bias else None
-        self.gate_up_w = cat("mlp.gate_proj.weight", "mlp.up_proj.weight")
-        self.gate_up_b = cat("mlp.gate_proj.bias", "mlp.up_proj.bias") if args.mlp_bias else None
-        self.down_w = get(f"{prefix}.mlp.down_proj.weight")
-        self.down_b = get(f"{prefix}.mlp.down_proj.bias") if args.mlp_bias else None
+        self.qkv = make_linear(cat(*(f"{n}.weight" for n in attn)),
+                               cat(*(f"{n}.bias" for n in attn)) if args.qkv_bias else None)
+        self.o = make_linear(get(f"{prefix}.self_attn.o_proj.weight"),
+                             get(f"{prefix}.self_attn.o_proj.bias") if args.o_bias else None)
+        self.gate_up = make_linear(cat("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+                                   cat("mlp.gate_proj.bias", "mlp.up_proj.bias") if args.mlp_bias else None)
+        self.down = make_linear(get(f"{prefix}.mlp.down_proj.weight"),
+                                get(f"{prefix}.mlp.down_proj.bias") if args.mlp_bias else None)
         self.ln1 = get(f"{prefix}.input_layernorm.weight")
         self.ln2 = get(f"{prefix}.post_attention_layernorm.weight")
 
@@ -159,15 +160,15 @@ class CausalLM:
         t = x.shape[0]
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             h = ops.rms_norm(x, layer.ln1, a.rms_norm_eps)
-            qkv = F.linear(h, layer.qkv_w, layer.qkv_b)
-            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            qkv = layer.qkv(h)
+            q, k, v = qkv.split_with_sizes([self.q_size, self.kv_size, self.kv_size], dim=-1)
             q, k = rope(q.view(t, a.num_heads, a.head_dim), k.view(t, a.num_kv_heads, a.head_dim))
             ops.write_kv(k, v.view(t, a.num_kv_heads, a.head_dim), k_cache, v_cache, meta.slot_mapping)
             attn = ops.attention(q, k_cache, v_cache, meta, self.scale)
-            x = x + self.all_reduce(F.linear(attn.reshape(t, self.q_size), layer.o_w, layer.o_b))
+            x = x + self.all_reduce(layer.o(attn.reshape(t, self.q_size)))
             h = ops.rms_norm(x, layer.ln2, a.rms_norm_eps)
-            gate, up = F.linear(h, layer.gate_up_w, layer.gate_up_b).chunk(2, dim=-1)
-            x = x + self.all_reduce(F.linear(F.silu(gate) * up, layer.down_w, layer.down_b))
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            x = x + self.all_reduce(layer.down(F.silu(gate) * up))
         return x
 
     def all_reduce(self, partial: torch.Tensor) -> torch.Tensor:
