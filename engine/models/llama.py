@@ -17,10 +17,9 @@ import torch.nn.functional as F
 
 from engine.attention import AttnMetadata, TorchOps, TritonOps, rope_cos_sin, rope_inv_freq
 from engine.layers.linear import make_linear
+from engine.layers.lm_head import LMHead
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
-LOGIT_CHUNK_BYTES = 1 << 19  # one LM head chunk's float32 logits: half of this CPU's per-core L2
-LOGIT_CHUNK_MIN_ROWS = 16  # fewer rows on one thread: the product is small, one matmul is as fast
 
 
 class ConfigError(ValueError):
@@ -105,19 +104,20 @@ WeightGetter = Callable[[str], torch.Tensor]
 
 
 class Layer:
-    def __init__(self, args: ModelArgs, prefix: str, get: WeightGetter) -> None:
+    def __init__(self, args: ModelArgs, prefix: str, get: WeightGetter, quantization: str | None = None) -> None:
         def cat(*names: str) -> torch.Tensor:
             return torch.cat([get(f"{prefix}.{n}") for n in names], dim=0)
 
         attn = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+        q = quantization
         self.qkv = make_linear(cat(*(f"{n}.weight" for n in attn)),
-                               cat(*(f"{n}.bias" for n in attn)) if args.qkv_bias else None)
+                               cat(*(f"{n}.bias" for n in attn)) if args.qkv_bias else None, q)
         self.o = make_linear(get(f"{prefix}.self_attn.o_proj.weight"),
-                             get(f"{prefix}.self_attn.o_proj.bias") if args.o_bias else None)
+                             get(f"{prefix}.self_attn.o_proj.bias") if args.o_bias else None, q)
         self.gate_up = make_linear(cat("mlp.gate_proj.weight", "mlp.up_proj.weight"),
-                                   cat("mlp.gate_proj.bias", "mlp.up_proj.bias") if args.mlp_bias else None)
+                                   cat("mlp.gate_proj.bias", "mlp.up_proj.bias") if args.mlp_bias else None, q)
         self.down = make_linear(get(f"{prefix}.mlp.down_proj.weight"),
-                                get(f"{prefix}.mlp.down_proj.bias") if args.mlp_bias else None)
+                                get(f"{prefix}.mlp.down_proj.bias") if args.mlp_bias else None, q)
         self.ln1 = get(f"{prefix}.input_layernorm.weight")
         self.ln2 = get(f"{prefix}.post_attention_layernorm.weight")
 
@@ -125,21 +125,20 @@ class Layer:
 class CausalLM:
     """Weights plus forward; holds no per-request state (that is the KV cache the runner owns)."""
 
-    def __init__(self, args: ModelArgs, get: WeightGetter, has_lm_head: bool, max_positions: int) -> None:
+    def __init__(self, args: ModelArgs, get: WeightGetter, has_lm_head: bool, max_positions: int,
+                 quantization: str | None = None) -> None:
+        """quantization: None (weights in the loaded dtype) or "int8" (weight-only, engine/layers/linear.py)."""
         self.args = args
         self.ops: type[TorchOps] | type[TritonOps] = TorchOps  # the runner switches to TritonOps on GPU
         embed = get("model.embed_tokens.weight")
         self.dtype, self.device = embed.dtype, embed.device
-        self.layers = [Layer(args, f"model.layers.{i}", get) for i in range(args.num_layers)]
+        self.layers = [Layer(args, f"model.layers.{i}", get, quantization) for i in range(args.num_layers)]
         self.norm = get("model.norm.weight")
         self.tied = args.tie_word_embeddings if args.tie_word_embeddings is not None else not has_lm_head
-        head = embed if self.tied else get("lm_head.weight")
-        # On CPU, [hidden, vocab] makes the small-batch LM head (small models' biggest matmul) faster.
-        self.head_transposed = self.device.type == "cpu"
-        self.lm_head = head.t().contiguous() if self.head_transposed else head
-        # Tied and transposed: token rows are read from the head's columns, so the table is stored once.
-        self.embed: torch.Tensor | None = None if self.tied and self.head_transposed else embed
-        del embed, head
+        self.head = LMHead(embed if self.tied else get("lm_head.weight"), quantization)
+        # a tied embedding the head stores transposed is read from the head's columns: the table is stored once
+        self.embed: torch.Tensor | None = None if self.tied and self.head.transposed is not None else embed
+        del embed
         inv_freq = rope_inv_freq(args.head_dim, args.rope_theta, args.rope_scaling)
         self.cos_sin = rope_cos_sin(inv_freq, max_positions).to(self.device)
         self.scale = args.head_dim ** -0.5
@@ -178,7 +177,9 @@ class CausalLM:
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.embed is None:
-            return self.lm_head.index_select(1, input_ids).t().contiguous()
+            rows = self.head.embedding_rows(input_ids)
+            assert rows is not None
+            return rows
         return F.embedding(input_ids, self.embed)
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None,
@@ -189,28 +190,4 @@ class CausalLM:
         `pool` with `workers` > 1: that many threads (this one included) share the column chunks.
         """
         h = self.ops.rms_norm(hidden, self.norm, self.args.rms_norm_eps)
-        n, vocab = h.shape[0], self.lm_head.shape[-1]
-        if not self.head_transposed or out is None or (n < LOGIT_CHUNK_MIN_ROWS and pool is None):
-            logits = h @ self.lm_head if self.head_transposed else F.linear(h, self.lm_head)
-            return logits.float()
-        # In cache-sized column chunks: each chunk's product lands in a small scratch that stays in
-        # L2 and is widened into `out` from there; one [N, vocab] product would stream through
-        # memory twice (written, then read back by .float()) and fault in fresh pages every step.
-        # at least two chunks per worker, so a worker that another process holds back can be covered
-        cols = max(min(LOGIT_CHUNK_BYTES // (4 * n), -(-vocab // (2 * max(workers, 1)))), 1024)
-        starts = iter(range(0, vocab, cols))  # shared: each next() is atomic under the GIL
-
-        def work() -> None:
-            # Threads take chunks as they come free: no barrier per op, so a core that another
-            # process holds for a while slows only its own chunk, not every thread's.
-            with torch.inference_mode():
-                scratch = torch.empty(n, min(cols, vocab), dtype=h.dtype, device=h.device)
-                for start in starts:
-                    end = min(start + cols, vocab)
-                    out[:, start:end].copy_(torch.mm(h, self.lm_head[:, start:end], out=scratch[:, :end - start]))
-
-        helpers = [pool.submit(work) for _ in range(workers - 1)] if pool is not None else []
-        work()
-        for f in helpers:
-            f.result()
-        return out
+        return self.head(h, out, pool, workers)

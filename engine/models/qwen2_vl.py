@@ -191,8 +191,9 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 class Qwen2VLCausalLM(CausalLM):
     """The Qwen2 decoder with M-RoPE and image embeddings spliced in; owns the vision tower."""
 
-    def __init__(self, vl: VLConfig, get: WeightGetter, has_lm_head: bool, max_positions: int) -> None:
-        super().__init__(vl.text, get, has_lm_head, max_positions)
+    def __init__(self, vl: VLConfig, get: WeightGetter, has_lm_head: bool, max_positions: int,
+                 quantization: str | None = None) -> None:
+        super().__init__(vl.text, get, has_lm_head, max_positions, quantization)
         self.vl = vl
         self.visual = VisionTower(vl.vision, get)
         half = vl.text.head_dim // 2

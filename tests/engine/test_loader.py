@@ -36,12 +36,13 @@ def broken_copy(src: Path, tmp_path: Path) -> Path:
 
 
 def all_weights(model) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]
-    tensors = [model.embed, model.norm, model.lm_head]
+    assert model.head.transposed is not None  # float32 on CPU: stored [hidden, vocab]
+    tensors = [model.embed, model.norm, model.head.transposed]
     assert model.embed is not None  # untied checkpoints keep their embedding table
     for layer in model.layers:
         tensors += [layer.ln1, layer.ln2]
         for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
-            tensors += [t for t in (lin.weight, lin.bias) if t is not None]
+            tensors += [t for t in (lin.dense_weight(), lin.bias) if t is not None]
     return tensors
 
 
@@ -57,9 +58,9 @@ def test_sharded_equals_single_file(small: Path, tmp_path: Path) -> None:
         assert torch.equal(a, b)
     # And both equal the tensors as stored, so the comparison is not of two empty models.
     stored = load_file(small / "model.safetensors")
-    assert torch.equal(one.lm_head, stored["lm_head.weight"].t())  # stored [hidden, vocab] on CPU
+    assert one.head.transposed is not None and torch.equal(one.head.transposed, stored["lm_head.weight"].t())
     assert one.embed is not None and torch.equal(one.embed, stored["model.embed_tokens.weight"])
-    assert torch.equal(one.layers[1].down.weight, stored["model.layers.1.mlp.down_proj.weight"])
+    assert torch.equal(one.layers[1].down.dense_weight(), stored["model.layers.1.mlp.down_proj.weight"])
 
 
 def test_info_from_generation_config(qwen2_ckpt: Path) -> None:
@@ -79,7 +80,7 @@ def test_eos_falls_back_to_config_json(small: Path, tmp_path: Path) -> None:
 
 def test_explicit_dtype(small: Path) -> None:
     model, info = load_model(small, "bfloat16", "cpu")
-    assert info.dtype == "bfloat16" and model.layers[0].qkv.weight.dtype == torch.bfloat16
+    assert info.dtype == "bfloat16" and model.layers[0].qkv.dense_weight().dtype == torch.bfloat16
 
 
 def test_auto_dtype_is_float32_on_cpu_and_the_checkpoints_on_gpu(tmp_path: Path) -> None:
