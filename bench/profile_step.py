@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from bench.roofline import Rates, load_args, measure, step_cost
+from bench.roofline import Rates, load_args, measure, measure_gpu, step_cost
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.messages import AddRequest, SamplingParams
@@ -99,6 +99,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--repetition-penalty", type=float, default=1.0)
     ap.add_argument("--quantization", default=None, choices=("int8",))
     ap.add_argument("--no-roofline", action="store_true", help="skip measuring the machine")
+    ap.add_argument("--device", default="auto", help="auto (cuda when there is one), cpu or cuda")
     ap.add_argument("--torch-profile", action="store_true")
     return ap.parse_args()
 
@@ -110,8 +111,9 @@ def main() -> None:
         from engine.models.random_checkpoint import demo_checkpoint_path
         args.model = str(demo_checkpoint_path())
     extra = {"quantization": args.quantization} if args.quantization else {}
-    core = EngineCore(EngineConfig(model=args.model, dtype=args.dtype, max_num_seqs=256,
+    core = EngineCore(EngineConfig(model=args.model, dtype=args.dtype, max_num_seqs=256, device=args.device,
                                    max_num_batched_tokens=8192, enable_prefix_caching=False, **extra))
+    gpu = core.runner.device.type == "cuda"
     params = SamplingParams(max_tokens=args.steps * args.repeat + 16, temperature=args.temperature,
                             top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
                             ignore_eos=True)
@@ -121,12 +123,13 @@ def main() -> None:
         core.step()
     print(f"batch {args.batch} dtype {args.dtype} threads {args.threads} temperature {args.temperature} "
           f"top_k {args.top_k} top_p {args.top_p} repetition_penalty {args.repetition_penalty} "
-          f"quantization {args.quantization}")
+          f"quantization {args.quantization} device {core.runner.device}")
     model_dtype = core.runner.model_dtype
     totals: dict[str, float] = defaultdict(float)
     instrument(core, totals)
     for r in range(args.repeat):
-        rates = None if args.no_roofline else best_rates(model_dtype, args.threads)
+        rates = None if args.no_roofline else \
+            measure_gpu(model_dtype, str(core.runner.device)) if gpu else best_rates(model_dtype, args.threads)
         total, ms = timed_steps(core, args.steps, totals)
         for name in (*PHASES, "postprocess"):
             cpu = f"  (cpu {ms[name + '/cpu']:.2f} ms)" if name + "/cpu" in ms else ""
@@ -140,6 +143,8 @@ def main() -> None:
             bound, why = cost.bound_ms(rates)
             print(f"{'bound':>12} {bound:8.2f} ms  ({why}; read {rates.read_gbs:.1f} GB/s, "
                   f"GEMM {rates.peak_gflops:.0f} GFLOP/s)  step/bound {step_ms / bound:.2f}")
+            if gpu:
+                continue
             cpu_bound, why = cost.bound_ms(rates, cpu=True)
             print(f"{'cpu time':>12} {ms['cpu']:8.2f} ms, bound {cpu_bound:.2f} ms of one core ({why}; "
                   f"{rates.read_gbs_cpu:.1f} GB and {rates.peak_gflops_cpu:.0f} GFLOP per CPU s)  "

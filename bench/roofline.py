@@ -1,7 +1,7 @@
 """The roofline bound of one decode step: max(bytes read / read bandwidth, FLOPs / peak GEMM rate).
 
     python -m bench.roofline --model DIR [--dtype bfloat16] [--batch 1 16 64] [--context 160]
-                             [--threads N] [--quantization int8]
+                             [--threads N] [--quantization int8] [--device cpu|cuda]
 
 Measures this machine now (a large tensor reduction for read bandwidth, a large matmul per dtype for the
 GEMM peak, at the given thread count; best of a few tries, so a loaded machine reads low: compare step
@@ -50,14 +50,28 @@ class StepCost:
         return (mem, "memory") if mem >= compute else (compute, "compute")
 
 
-def _best(fn: Callable[[], object], tries: int, clock: Callable[[], float] = time.perf_counter) -> float:
+def _best(fn: Callable[[], object], tries: int, clock: Callable[[], float] = time.perf_counter,
+          sync: Callable[[], None] = lambda: None) -> float:
     fn()
+    sync()
     best = float("inf")
     for _ in range(tries):
         t0 = clock()
         fn()
+        sync()
         best = min(best, clock() - t0)
     return best
+
+
+def measure_gpu(dtype: str, device: str = "cuda", tries: int = 10) -> Rates:
+    """A GPU's read bandwidth (a 2 GiB reduction) and GEMM peak (8192^3); threads reads 0."""
+    sync = torch.cuda.synchronize
+    big = torch.ones(512 << 20, dtype=torch.float32, device=device)
+    read = big.nbytes / _best(big.sum, tries, sync=sync) / 1e9
+    del big
+    n = 8192
+    a = torch.randn(n, n, device=device).to(_DTYPES[dtype])
+    return Rates(0, read, 2 * n ** 3 / _best(lambda: a @ a, tries, sync=sync) / 1e9)
 
 
 def measure(dtype: str, threads: int, *, read_mib: int = 1024, gemm_n: int = 2048, tries: int = 6) -> Rates:
@@ -114,8 +128,9 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=160, help="tokens each sequence attends over")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--quantization", choices=("int8",), default=None)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda: that GPU's bandwidth and GEMM peak")
     a = ap.parse_args()
-    rates = measure(a.dtype, a.threads)
+    rates = measure_gpu(a.dtype, a.device) if a.device.startswith("cuda") else measure(a.dtype, a.threads)
     args = load_args(a.model)
     print(f"machine, {rates.threads} thread(s): read {rates.read_gbs:.1f} GB/s, {a.dtype} GEMM "
           f"{rates.peak_gflops:.0f} GFLOP/s")

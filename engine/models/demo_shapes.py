@@ -153,9 +153,14 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m engine.models.demo_shapes")
     ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    ap.add_argument("--layers", type=int, default=None, help="fewer decoder layers (quick checks)")
+    ap.add_argument("--no-tokenizer", action="store_true", help="weights and config only (token-id benchmarks)")
     ap.add_argument("path")
     args = ap.parse_args(argv)
-    print(write_shaped_checkpoint(args.path, args.shape, dtype=args.dtype))
+    shape = dict(SHAPES[args.shape])
+    if args.layers is not None:
+        shape["num_hidden_layers"] = args.layers
+    print(write_shaped_checkpoint(args.path, shape, dtype=args.dtype, tokenizer=not args.no_tokenizer))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.attention import AttnMetadata, TorchOps, TritonOps, rope_cos_sin, rope_inv_freq
+from engine.attention import AttnMetadata, TorchOps, TritonOps, apply_rope, rope_cos_sin, rope_inv_freq
 from engine.layers.linear import make_linear
 from engine.layers.lm_head import LMHead
 
@@ -148,8 +148,15 @@ class CausalLM:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttnMetadata) -> torch.Tensor:
         """input_ids, positions [T] -> hidden states [T, hidden] before the final norm."""
-        return self.run_layers(self.embed_tokens(input_ids), kv_caches, meta,
-                               lambda q, k: self.ops.rope(positions, q, k, self.cos_sin))
+        return self.run_layers(self.embed_tokens(input_ids), kv_caches, meta, self.rope_for(positions))
+
+    def rope_for(self, positions: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor],
+                                                            tuple[torch.Tensor, torch.Tensor]]:
+        """The step's `rope(q, k)`; the torch path gathers the table's rows once per step, not once per layer."""
+        if self.ops is TorchOps:
+            rows = self.cos_sin[positions]
+            return lambda q, k: (apply_rope(q, rows), apply_rope(k, rows))
+        return lambda q, k: self.ops.rope(positions, q, k, self.cos_sin)
 
     def run_layers(self, x: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttnMetadata,
                    rope: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:

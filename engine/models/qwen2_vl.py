@@ -213,7 +213,7 @@ class Qwen2VLCausalLM(CausalLM):
         """positions [T] (text only) or [3, T]; embeds [T, hidden] replaces the token embedding when given."""
         x = self.embed_tokens(input_ids) if embeds is None else embeds
         if positions.dim() == 1:
-            return self.run_layers(x, kv_caches, meta, lambda q, k: self.ops.rope(positions, q, k, self.cos_sin))
+            return self.run_layers(x, kv_caches, meta, self.rope_for(positions))
         rows = self.mrope_rows(positions)
         return self.run_layers(x, kv_caches, meta, lambda q, k: (apply_rope(q, rows), apply_rope(k, rows)))
 
