@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import torch
 
 from engine.attention import AttnMetadata, PrefillChunk
 from engine.config import EngineConfig
+from engine.layers.parallel import WORKERS
 from engine.models.args import ConfigError
 from engine.models.decoder import CausalLM
 from engine.models.qwen2_vl import Qwen2VLCausalLM
@@ -88,6 +88,12 @@ class ModelRunner:
             raise ModelLoadError(f"--max-model-len {config.max_model_len} exceeds the model's "
                                  f"max_position_embeddings {max_pos}; pass at most {max_pos}")
         self.max_model_len = config.max_model_len or max_pos
+        # The LM head's chunks and the big projections' parts are shared by this many threads (torch's
+        # thread count at startup); the rest of the step runs on one (see one_intra_op_thread). Set before
+        # the load: the projections are cut for this many (engine/layers/linear.py).
+        self.head_workers = torch.get_num_threads() if self.device.type == "cpu" else 1
+        WORKERS.configure(self.head_workers)
+        self._pool = WORKERS.pool
         self.model, info = self._load(path, config)
         self.vocab_size = info.vocab_size
         self.eos_token_ids = info.eos_token_ids
@@ -116,11 +122,6 @@ class ModelRunner:
             use_triton = self.device.type == "cuda" and triton_available()
         self.use_triton = use_triton
         self._logits: torch.Tensor | None = None
-        # The LM head's chunks are shared by this many threads (torch's thread count at startup);
-        # the rest of the step runs on one (see one_intra_op_thread).
-        self.head_workers = torch.get_num_threads() if self.device.type == "cpu" else 1
-        self._pool = ThreadPoolExecutor(self.head_workers - 1, thread_name_prefix="lm-head") \
-            if self.head_workers > 1 else None
         if use_triton:
             try:
                 self.model.use_triton()
@@ -133,7 +134,8 @@ class ModelRunner:
 
     def _load(self, path: Path, config: EngineConfig) -> tuple[CausalLM, ModelInfo]:
         """The whole model (a tensor-parallel runner loads its shard: engine/distributed/runner.py)."""
-        return load_model(path, config.dtype, self.device, max_positions=self.max_model_len)
+        return load_model(path, config.dtype, self.device, max_positions=self.max_model_len,
+                          quantization=config.quantization)
 
     def _key_slots(self, block_table: list[int], ctx_len: int) -> torch.Tensor:
         """Slots of positions 0..ctx_len-1 of one sequence."""
@@ -257,7 +259,7 @@ class ModelRunner:
         # The LM head only for rows someone reads: it dominates the cost of small models.
         sampled = hidden if inputs.sample_rows is None else hidden[inputs.sample_rows]
         # CPU (transposed head) only; a padded head's extra columns go to a fresh tensor, trimmed by the sampler
-        reuse = self.model.head_transposed and self.model.lm_head.shape[1] == self.vocab_size
+        reuse = self.model.head.fills_out and self.model.head.vocab == self.vocab_size
         out = self._logits_buffer(inputs.num_samples) if reuse else None
         if inputs.num_samples:
             logits = self.model.compute_logits(sampled, out=out, pool=self._pool, workers=self.head_workers)

@@ -76,7 +76,8 @@ class TPModelRunner(ModelRunner):
             atexit.register(self.close)
 
     def _load(self, path: Path, config: EngineConfig) -> tuple[CausalLM, ModelInfo]:
-        return load_model(path, config.dtype, self.device, max_positions=self.max_model_len, shard=self.shard)
+        return load_model(path, config.dtype, self.device, max_positions=self.max_model_len, shard=self.shard,
+                          quantization=config.quantization)
 
     def _send(self, plan: StepPlan) -> None:
         self.group.send_plan(plan)

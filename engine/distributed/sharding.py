@@ -79,11 +79,12 @@ class Shard:
     def weights(self, folder: Path, args: ModelArgs, dtype: torch.dtype, device: torch.device) -> ShardedWeights:
         return ShardedWeights(folder, dtype, device, self, args)
 
-    def build(self, args: ModelArgs, weights: ShardedWeights, has_lm_head: bool, max_positions: int) -> TPCausalLM:
+    def build(self, args: ModelArgs, weights: ShardedWeights, has_lm_head: bool, max_positions: int,
+              quantization: str | None = None) -> TPCausalLM:
         from engine.distributed.tp_model import TPCausalLM
 
         assert self.group is not None, "a model shard needs its group for the collectives"
-        return TPCausalLM(args, self, weights, has_lm_head, max_positions)
+        return TPCausalLM(args, self, weights, has_lm_head, max_positions, quantization)
 
 
 class ShardedWeights(_Weights):

@@ -19,13 +19,13 @@ from engine.models.decoder import CausalLM
 
 class TPCausalLM(CausalLM):
     def __init__(self, args: ModelArgs, shard: Shard, weights: ShardedWeights, has_lm_head: bool,
-                 max_positions: int) -> None:
+                 max_positions: int, quantization: str | None = None) -> None:
         assert shard.group is not None
         self.group = shard.group
         self.full_args = args
         self.vocab_start, vocab_end, self.vocab_rows = shard.vocab(args)
         self.vocab_real = vocab_end - self.vocab_start  # rows past it on this rank are padding
-        super().__init__(shard.local_args(args), weights, has_lm_head, max_positions)
+        super().__init__(shard.local_args(args), weights, has_lm_head, max_positions, quantization)
 
     def all_reduce(self, partial: torch.Tensor) -> torch.Tensor:
         return self.group.all_reduce(partial)

@@ -16,17 +16,16 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from engine.attention import AttnMetadata, TorchOps, TritonOps
+from engine.attention import AttnMetadata, TorchOps, TritonOps, apply_rope
+from engine.layers.linear import Linear, make_linear
+from engine.layers.lm_head import LMHead
 from engine.layers.moe import ACTIVATIONS, Activation, SparseMoE
 from engine.models.args import ConfigError, ModelArgs
 from engine.models.local_attention import attend
 from engine.models.rope import rope_table
 
-LOGIT_CHUNK_BYTES = 1 << 19  # one LM head chunk's float32 logits: half of this CPU's per-core L2
-LOGIT_CHUNK_MIN_ROWS = 16  # fewer rows on one thread: the product is small, one matmul is as fast
-
 WeightGetter = Callable[[str], torch.Tensor]
-Rope = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+Rope = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]  # (q, k, table index)
 
 
 class Weights(Protocol):
@@ -37,20 +36,10 @@ class Weights(Protocol):
     def __contains__(self, name: str) -> bool: ...
 
 
-class Proj:
-    """y = x W^T + b. The one place models multiply by a weight (engine/layers/linear.py's Linear replaces it)."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        self.weight, self.bias = weight, bias
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
-
-
 class GatedMLP:
     """down(act(gate(x)) * up(x)), gate and up fused in one projection."""
 
-    def __init__(self, gate_up: Proj, down: Proj, act: Activation) -> None:
+    def __init__(self, gate_up: Linear, down: Linear, act: Activation) -> None:
         self.gate_up, self.down, self.act = gate_up, down, act
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -65,8 +54,9 @@ def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
 
 
 class Layer:
-    def __init__(self, args: ModelArgs, index: int, get: WeightGetter) -> None:
-        p = f"model.layers.{index}"
+    def __init__(self, args: ModelArgs, index: int, get: WeightGetter, quantization: str | None = None) -> None:
+        """quantization: None (weights in the loaded dtype) or "int8" (weight-only, engine/layers/linear.py)."""
+        p, qz = f"model.layers.{index}", quantization
 
         def cat(*names: str) -> torch.Tensor:
             return torch.cat([get(f"{p}.{n}") for n in names], dim=0)
@@ -77,9 +67,9 @@ class Layer:
 
         attn = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
         qkv_w = get(f"{p}.self_attn.qkv_proj.weight") if args.fused_qkv else cat(*(f"{n}.weight" for n in attn))
-        self.qkv = Proj(qkv_w, cat(*(f"{n}.bias" for n in attn)) if args.qkv_bias else None)
-        self.o = Proj(get(f"{p}.self_attn.o_proj.weight"),
-                      get(f"{p}.self_attn.o_proj.bias") if args.o_bias else None)
+        self.qkv = make_linear(qkv_w, cat(*(f"{n}.bias" for n in attn)) if args.qkv_bias else None, qz)
+        self.o = make_linear(get(f"{p}.self_attn.o_proj.weight"),
+                             get(f"{p}.self_attn.o_proj.bias") if args.o_bias else None, qz)
         self.q_norm = norm("self_attn.q_norm") if args.qk_norm else None
         self.k_norm = norm("self_attn.k_norm") if args.qk_norm else None
         self.ln1 = norm("input_layernorm")
@@ -87,17 +77,18 @@ class Layer:
         self.ln2 = norm("pre_feedforward_layernorm" if args.gemma_norms else "post_attention_layernorm")
         self.post_ff_norm = norm("post_feedforward_layernorm") if args.gemma_norms else None
         self.mlp: GatedMLP | SparseMoE = (_moe(args, p, get) if args.moe is not None and args.moe.sparse_layers[index]
-                                          else _dense_mlp(args, p, get))
+                                          else _dense_mlp(args, p, get, qz))
 
 
-def _dense_mlp(args: ModelArgs, p: str, get: WeightGetter) -> GatedMLP:
+def _dense_mlp(args: ModelArgs, p: str, get: WeightGetter, quantization: str | None) -> GatedMLP:
     if args.fused_qkv:  # Phi-3 fuses gate|up in the checkpoint too
-        gate_up = Proj(get(f"{p}.mlp.gate_up_proj.weight"))
+        gate_up = make_linear(get(f"{p}.mlp.gate_up_proj.weight"), None, quantization)
     else:
-        gate_up = Proj(torch.cat([get(f"{p}.mlp.gate_proj.weight"), get(f"{p}.mlp.up_proj.weight")]),
-                       torch.cat([get(f"{p}.mlp.gate_proj.bias"), get(f"{p}.mlp.up_proj.bias")])
-                       if args.mlp_bias else None)
-    down = Proj(get(f"{p}.mlp.down_proj.weight"), get(f"{p}.mlp.down_proj.bias") if args.mlp_bias else None)
+        gate_up = make_linear(torch.cat([get(f"{p}.mlp.gate_proj.weight"), get(f"{p}.mlp.up_proj.weight")]),
+                              torch.cat([get(f"{p}.mlp.gate_proj.bias"), get(f"{p}.mlp.up_proj.bias")])
+                              if args.mlp_bias else None, quantization)
+    down = make_linear(get(f"{p}.mlp.down_proj.weight"), get(f"{p}.mlp.down_proj.bias") if args.mlp_bias else None,
+                       quantization)
     return GatedMLP(gate_up, down, ACTIVATIONS[args.hidden_act])
 
 
@@ -116,22 +107,21 @@ def _moe(args: ModelArgs, p: str, get: WeightGetter) -> SparseMoE:
 class CausalLM:
     """Weights plus forward; holds no per-request state (that is the KV cache the runner owns)."""
 
-    def __init__(self, args: ModelArgs, get: WeightGetter, has_lm_head: bool, max_positions: int) -> None:
+    def __init__(self, args: ModelArgs, get: WeightGetter, has_lm_head: bool, max_positions: int,
+                 quantization: str | None = None) -> None:
+        """quantization: None (weights in the loaded dtype) or "int8" (weight-only, engine/layers/linear.py)."""
         self.args = args
         self.ops: type[TorchOps] | type[TritonOps] = TorchOps  # the runner switches to TritonOps on GPU
         embed = get("model.embed_tokens.weight")
         self.dtype, self.device = embed.dtype, embed.device
-        self.layers = [Layer(args, i, get) for i in range(args.num_layers)]
+        self.layers = [Layer(args, i, get, quantization) for i in range(args.num_layers)]
         final = get("model.norm.weight")
         self.norm = 1.0 + final.float() if args.gemma_norms else final
         self.tied = args.tie_word_embeddings if args.tie_word_embeddings is not None else not has_lm_head
-        head = embed if self.tied else get("lm_head.weight")
-        # On CPU, [hidden, vocab] makes the small-batch LM head (small models' biggest matmul) faster.
-        self.head_transposed = self.device.type == "cpu"
-        self.lm_head = head.t().contiguous() if self.head_transposed else head
-        # Tied and transposed: token rows are read from the head's columns, so the table is stored once.
-        self.embed: torch.Tensor | None = None if self.tied and self.head_transposed else embed
-        del embed, head
+        self.head = LMHead(embed if self.tied else get("lm_head.weight"), quantization)
+        # a tied embedding the head stores transposed is read from the head's columns: the table is stored once
+        self.embed: torch.Tensor | None = None if self.tied and self.head.transposed is not None else embed
+        del embed
         # Gemma scales embeddings by sqrt(hidden) rounded to the model dtype, as transformers does
         self.embed_scale = torch.tensor(math.sqrt(args.hidden_size)).to(self.dtype) if args.embed_scale else None
         self.layer_windows: list[int | None] = list(args.windows)
@@ -141,18 +131,19 @@ class CausalLM:
                 self.device)
 
         self.cos_sin = table(args.rope_theta, args.rope_scaling)
-        # Gemma 3: windowed layers turn with their own (plain) base
-        local = table(args.local_rope_theta, None) if args.local_rope_theta is not None else self.cos_sin
-        self.layer_tables = [local if w is not None else self.cos_sin for w in self.layer_windows]
+        self.rope_tables = [self.cos_sin]
+        if args.local_rope_theta is not None:  # Gemma 3: windowed layers turn with their own (plain) base
+            self.rope_tables.append(table(args.local_rope_theta, None))
+        self.layer_rope = [1 if w is not None and args.local_rope_theta is not None else 0 for w in self.layer_windows]
         self.scale = args.attn_scale if args.attn_scale is not None else args.head_dim ** -0.5
         self.q_size = args.num_heads * args.head_dim
         self.kv_size = args.num_kv_heads * args.head_dim
 
     @classmethod
     def load(cls, cfg: dict[str, Any], args: ModelArgs, weights: Weights, has_lm_head: bool,
-             max_positions: int) -> CausalLM:
+             max_positions: int, quantization: str | None = None) -> CausalLM:
         """The model from its config.json and weights (a family with its own layout overrides this)."""
-        return cls(args, weights, has_lm_head, max_positions)
+        return cls(args, weights, has_lm_head, max_positions, quantization)
 
     def use_triton(self) -> None:
         """The GPU path: Triton attention / norm / rope kernels and the fused MoE kernel.
@@ -171,8 +162,14 @@ class CausalLM:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttnMetadata) -> torch.Tensor:
         """input_ids, positions [T] -> hidden states [T, hidden] before the final norm."""
-        return self.run_layers(self.embed_tokens(input_ids), kv_caches, meta,
-                               lambda q, k, table: self.ops.rope(positions, q, k, table))
+        return self.run_layers(self.embed_tokens(input_ids), kv_caches, meta, self.rope_for(positions))
+
+    def rope_for(self, positions: torch.Tensor) -> Rope:
+        """The step's `rope(q, k, table)`; the torch path gathers each table's rows once per step, not per layer."""
+        if self.ops is TorchOps:
+            rows = [t[positions] for t in self.rope_tables]
+            return lambda q, k, i: (apply_rope(q, rows[i]), apply_rope(k, rows[i]))
+        return lambda q, k, i: self.ops.rope(positions, q, k, self.rope_tables[i])
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self.args.gemma_norms:
@@ -181,8 +178,8 @@ class CausalLM:
 
     def run_layers(self, x: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttnMetadata,
                    rope: Rope) -> torch.Tensor:
-        """The decoder layers over embeddings x [T, hidden]; `rope(q, k, table)` rotates [T, heads, dims] views
-        by a [positions, dims] table (plain positions here, M-RoPE in engine/models/qwen2_vl.py)."""
+        """The decoder layers over embeddings x [T, hidden]; `rope(q, k, i)` rotates [T, heads, dims] views by
+        rope table i (plain positions here, M-RoPE in engine/models/qwen2_vl.py)."""
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             h = self.attention(i, layer, self.rms_norm(x, layer.ln1), k_cache, v_cache, meta, rope)
             x = x + (h if layer.post_attn_norm is None else self.rms_norm(h, layer.post_attn_norm))
@@ -198,7 +195,7 @@ class CausalLM:
         q, k = q.view(t, a.num_heads, a.head_dim), k.view(t, a.num_kv_heads, a.head_dim)
         if layer.q_norm is not None and layer.k_norm is not None:
             q, k = self.rms_norm(q, layer.q_norm), self.rms_norm(k, layer.k_norm)
-        table = self.layer_tables[i]
+        table = self.layer_rope[i]
         if a.rotary_dim == a.head_dim:
             q, k = rope(q, k, table)
         else:  # partial rotary: the rest of each head passes through
@@ -218,7 +215,9 @@ class CausalLM:
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.embed is None:
-            rows = self.lm_head.index_select(1, input_ids).t().contiguous()
+            from_head = self.head.embedding_rows(input_ids)
+            assert from_head is not None
+            rows = from_head
         else:
             rows = F.embedding(input_ids, self.embed)
         return rows if self.embed_scale is None else rows * self.embed_scale
@@ -234,7 +233,7 @@ class CausalLM:
         soft-capped, for Gemma). `pool` with `workers` > 1: that many threads (this one included) share the
         column chunks.
         """
-        logits = self._head(self.final_norm(hidden), out, pool, workers)
+        logits = self.head(self.final_norm(hidden), out, pool, workers)
         cap = self.args.final_softcap
         if cap is None:
             return logits
@@ -242,31 +241,3 @@ class CausalLM:
             return logits.div_(cap).tanh_().mul_(cap)
         # in the model's dtype, as transformers caps its logits: the same roundings, so the same ties
         return logits.copy_(logits.to(self.dtype).div_(cap).tanh_().mul_(cap))
-
-    def _head(self, h: torch.Tensor, out: torch.Tensor | None, pool: ThreadPoolExecutor | None,
-              workers: int) -> torch.Tensor:
-        n, vocab = h.shape[0], self.lm_head.shape[-1]
-        if not self.head_transposed or out is None or (n < LOGIT_CHUNK_MIN_ROWS and pool is None):
-            logits = h @ self.lm_head if self.head_transposed else F.linear(h, self.lm_head)
-            return logits.float()
-        # In cache-sized column chunks: each chunk's product lands in a small scratch that stays in
-        # L2 and is widened into `out` from there; one [N, vocab] product would stream through
-        # memory twice (written, then read back by .float()) and fault in fresh pages every step.
-        # at least two chunks per worker, so a worker that another process holds back can be covered
-        cols = max(min(LOGIT_CHUNK_BYTES // (4 * n), -(-vocab // (2 * max(workers, 1)))), 1024)
-        starts = iter(range(0, vocab, cols))  # shared: each next() is atomic under the GIL
-
-        def work() -> None:
-            # Threads take chunks as they come free: no barrier per op, so a core that another
-            # process holds for a while slows only its own chunk, not every thread's.
-            with torch.inference_mode():
-                scratch = torch.empty(n, min(cols, vocab), dtype=h.dtype, device=h.device)
-                for start in starts:
-                    end = min(start + cols, vocab)
-                    out[:, start:end].copy_(torch.mm(h, self.lm_head[:, start:end], out=scratch[:, :end - start]))
-
-        helpers = [pool.submit(work) for _ in range(workers - 1)] if pool is not None else []
-        work()
-        for f in helpers:
-            f.result()
-        return out

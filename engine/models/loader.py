@@ -173,11 +173,12 @@ def slow_half_precision(dtype: str, device: torch.device) -> str | None:
             f"--dtype {dtype} runs several times slower than float32 here; pass --dtype float32 (or auto)")
 
 
-def load_model(path: str | Path, dtype: str, device: torch.device | str,
-               max_positions: int | None = None, shard: Shard | None = None) -> tuple[CausalLM, ModelInfo]:
+def load_model(path: str | Path, dtype: str, device: torch.device | str, max_positions: int | None = None,
+               shard: Shard | None = None, quantization: str | None = None) -> tuple[CausalLM, ModelInfo]:
     """Build the model from a checkpoint folder. max_positions sizes the rotary table (default: the config's).
 
     shard: this tensor-parallel rank's part only (engine/distributed/sharding.py); info then counts its KV heads.
+    quantization: "int8" packs every projection and the LM head as weight-only int8 (engine/layers/linear.py).
     """
     folder, device = Path(path), torch.device(device)
     cfg = read_config(folder)
@@ -191,13 +192,15 @@ def load_model(path: str | Path, dtype: str, device: torch.device | str,
     num_kv_heads = args.num_kv_heads
     if shard is not None and not family.tensor_parallel:
         raise ModelLoadError(f"{arch} checkpoints do not run tensor parallel here; pass --tensor-parallel-size 1")
+    if quantization is not None and device.type != "cpu":
+        raise ModelLoadError(f"--quantization {quantization} runs on CPU only here; drop it or pass --device cpu")
     with torch.inference_mode():
         if shard is None:
             weights = _Weights(folder, _DTYPES[dtype_name], device)
-            model = family.model.load(cfg, args, weights, "lm_head.weight" in weights, positions)
+            model = family.model.load(cfg, args, weights, "lm_head.weight" in weights, positions, quantization)
         else:
             weights = shard.weights(folder, args, _DTYPES[dtype_name], device)
-            model = shard.build(args, weights, "lm_head.weight" in weights, positions)
+            model = shard.build(args, weights, "lm_head.weight" in weights, positions, quantization)
             num_kv_heads = model.args.num_kv_heads  # this rank's own (maybe replicated) KV heads
     weights.progress.close()
 

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention import AttnMetadata, apply_rope
+from engine.layers.linear import Linear, make_linear
 from engine.models import llama
 from engine.models.args import ConfigError, ModelArgs
 from engine.models.decoder import CausalLM, WeightGetter, Weights
@@ -132,17 +133,20 @@ class VisionTower:
     def __init__(self, args: VisionArgs, get: WeightGetter) -> None:
         self.args = args
         d = args.embed_dim
-        self.patch_w = get("visual.patch_embed.proj.weight").reshape(d, -1)
-        self.dtype, self.device = self.patch_w.dtype, self.patch_w.device
-        self.blocks = []
+        patch_w = get("visual.patch_embed.proj.weight").reshape(d, -1)
+        self.dtype, self.device = patch_w.dtype, patch_w.device
+        self.patch = make_linear(patch_w)
+
+        def lin(prefix: str) -> Linear:
+            return make_linear(get(prefix + ".weight"), get(prefix + ".bias"))
+
+        self.blocks: list[tuple[dict[str, torch.Tensor], dict[str, Linear]]] = []
         for i in range(args.depth):
             p = f"visual.blocks.{i}."
-            self.blocks.append({n: get(p + n) for n in (
-                "norm1.weight", "norm1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight",
-                "attn.proj.bias", "norm2.weight", "norm2.bias", "mlp.fc1.weight", "mlp.fc1.bias",
-                "mlp.fc2.weight", "mlp.fc2.bias")})
-        self.merger = {n: get("visual.merger." + n) for n in (
-            "ln_q.weight", "ln_q.bias", "mlp.0.weight", "mlp.0.bias", "mlp.2.weight", "mlp.2.bias")}
+            norms = {n: get(p + n) for n in ("norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias")}
+            self.blocks.append((norms, {n: lin(p + n) for n in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")}))
+        self.ln_q = (get("visual.merger.ln_q.weight"), get("visual.merger.ln_q.bias"))
+        self.merger = (lin("visual.merger.mlp.0"), lin("visual.merger.mlp.2"))
         self.head_dim = d // args.num_heads
         spatial = self.head_dim // 2
         self.inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, spatial, 2, dtype=torch.float) / spatial))
@@ -166,25 +170,22 @@ class VisionTower:
         if pixels.shape != (n, a.patch_dim):
             raise ValueError(f"pixel_values {tuple(pixels.shape)} do not match grid {grid} "
                              f"(expected ({n}, {a.patch_dim}))")
-        x = F.linear(pixels.to(device=self.device, dtype=self.dtype), self.patch_w)
+        x = self.patch(pixels.to(device=self.device, dtype=self.dtype))
         cos, sin = self._rotary(t, h, w)
         frame = h * w
-        for b in self.blocks:
+        for b, lin in self.blocks:
             y = F.layer_norm(x, (d,), b["norm1.weight"], b["norm1.bias"], 1e-6)
-            q, k, v = F.linear(y, b["attn.qkv.weight"], b["attn.qkv.bias"]).reshape(n, 3, heads, -1).unbind(1)
+            q, k, v = lin["attn.qkv"](y).reshape(n, 3, heads, -1).unbind(1)
             q, k = (_rotate(z, cos, sin) for z in (q, k))
             # attention within each frame (an image is one frame): [frames, heads, frame, head_dim]
             q, k, v = (z.reshape(t, frame, heads, -1).transpose(1, 2) for z in (q, k, v))
             o = F.scaled_dot_product_attention(q, k, v, scale=self.head_dim ** -0.5)
             o = o.transpose(1, 2).reshape(n, d)
-            x = x + F.linear(o, b["attn.proj.weight"], b["attn.proj.bias"])
+            x = x + lin["attn.proj"](o)
             y = F.layer_norm(x, (d,), b["norm2.weight"], b["norm2.bias"], 1e-6)
-            x = x + F.linear(self.act(F.linear(y, b["mlp.fc1.weight"], b["mlp.fc1.bias"])),
-                             b["mlp.fc2.weight"], b["mlp.fc2.bias"])
-        mg = self.merger
-        y = F.layer_norm(x, (d,), mg["ln_q.weight"], mg["ln_q.bias"], 1e-6).reshape(-1, d * a.spatial_merge_size ** 2)
-        y = F.gelu(F.linear(y, mg["mlp.0.weight"], mg["mlp.0.bias"]))
-        return F.linear(y, mg["mlp.2.weight"], mg["mlp.2.bias"])
+            x = x + lin["mlp.fc2"](self.act(lin["mlp.fc1"](y)))
+        y = F.layer_norm(x, (d,), *self.ln_q, 1e-6).reshape(-1, d * a.spatial_merge_size ** 2)
+        return self.merger[1](F.gelu(self.merger[0](y)))
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -197,8 +198,9 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 class Qwen2VLCausalLM(CausalLM):
     """The Qwen2 decoder with M-RoPE and image embeddings spliced in; owns the vision tower."""
 
-    def __init__(self, vl: VLConfig, get: WeightGetter, has_lm_head: bool, max_positions: int) -> None:
-        super().__init__(vl.text, get, has_lm_head, max_positions)
+    def __init__(self, vl: VLConfig, get: WeightGetter, has_lm_head: bool, max_positions: int,
+                 quantization: str | None = None) -> None:
+        super().__init__(vl.text, get, has_lm_head, max_positions, quantization)
         self.args = replace(vl.text, architecture=ARCHITECTURE)
         self.vl = vl
         self.visual = VisionTower(vl.vision, get)
@@ -209,9 +211,10 @@ class Qwen2VLCausalLM(CausalLM):
 
     @classmethod
     def load(cls, cfg: dict[str, Any], args: ModelArgs, weights: Weights, has_lm_head: bool,
-             max_positions: int) -> CausalLM:
+             max_positions: int, quantization: str | None = None) -> CausalLM:
         """Both weight layouts (the original and transformers 5's), the vision tower from vision_config."""
-        return cls(parse_vl_config(cfg), vl_weight_getter(weights, weights), has_lm_head, max_positions)
+        return cls(parse_vl_config(cfg), vl_weight_getter(weights, weights), has_lm_head, max_positions,
+                   quantization)
 
     def mrope_rows(self, positions: torch.Tensor) -> torch.Tensor:
         """positions [3, T] -> the rotary rows [T, head_dim]: each frequency from its section's axis."""
@@ -225,7 +228,7 @@ class Qwen2VLCausalLM(CausalLM):
         """positions [T] (text only) or [3, T]; embeds [T, hidden] replaces the token embedding when given."""
         x = self.embed_tokens(input_ids) if embeds is None else embeds
         if positions.dim() == 1:
-            return self.run_layers(x, kv_caches, meta, lambda q, k, table: self.ops.rope(positions, q, k, table))
+            return self.run_layers(x, kv_caches, meta, self.rope_for(positions))
         rows = self.mrope_rows(positions)  # one table: every layer turns by the same M-RoPE rows
         return self.run_layers(x, kv_caches, meta, lambda q, k, _: (apply_rope(q, rows), apply_rope(k, rows)))
 
