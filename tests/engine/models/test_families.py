@@ -168,3 +168,19 @@ def test_triton_path_refuses_per_layer_windows_at_load(family_ckpt: Path) -> Non
 
     with pytest.raises(ModelLoadError, match="Gemma2ForCausalLM needs per-layer sliding windows or attention soft"):
         ModelRunner(EngineConfig(model=str(family_ckpt), block_size=BLOCK, num_blocks=8), use_triton=True)
+
+
+@pytest.mark.parametrize("family_ckpt", ["phi3"], indirect=True)
+def test_longrope_within_the_original_length_uses_the_short_factors(family_ckpt: Path) -> None:
+    """Served with --max-model-len 32 (the original length), longrope keeps its short factors: transformers'
+    choice for every sequence that stays within it."""
+    from tests.engine.models.families import ORIGINAL_ROPE_LENGTH
+
+    core = EngineCore(EngineConfig(model=str(family_ckpt), max_model_len=ORIGINAL_ROPE_LENGTH, num_blocks=64,
+                                   block_size=BLOCK))
+    prompt = PROMPTS[0][:ORIGINAL_ROPE_LENGTH - NEW_TOKENS]
+    outs = run(core, [("r", prompt, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True), 0)])
+    assert tokens(outs["r"]) == hf_greedy(family_ckpt, prompt)
+    long_core = EngineCore(EngineConfig(model=str(family_ckpt), num_blocks=64, block_size=BLOCK))
+    outs = run(long_core, [("r", prompt, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True), 0)])
+    assert tokens(outs["r"]) != hf_greedy(family_ckpt, prompt)  # long factors: a different model below 32 tokens
