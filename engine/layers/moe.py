@@ -13,6 +13,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from engine.layers.linear import make_linear
+
 Activation = Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -25,11 +27,12 @@ ACTIVATIONS: dict[str, Activation] = {"silu": F.silu, "gelu_pytorch_tanh": gelu_
 
 class SparseMoE:
     """router [E, hidden]; gate_up [E, 2 * I, hidden] (each expert's gate rows, then its up rows);
-    down [E, hidden, I]. Called as `moe(x)` on x [T, hidden]."""
+    down [E, hidden, I]. Called as `moe(x)` on x [T, hidden]. The router is a Linear, never quantized (a
+    rounded router picks other experts); the experts' weights stay stacked for the grouped products."""
 
     def __init__(self, router: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, *, top_k: int,
                  norm_topk_prob: bool, weights_in_model_dtype: bool, activation: str = "silu") -> None:
-        self.router, self.gate_up, self.down = router, gate_up, down
+        self.router, self.gate_up, self.down = make_linear(router), gate_up, down
         self.num_experts, self.top_k = router.shape[0], top_k
         self.norm_topk_prob = norm_topk_prob
         self.weights_in_model_dtype = weights_in_model_dtype
@@ -40,7 +43,7 @@ class SparseMoE:
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, hidden] -> (weights [T, k], expert ids [T, k]), as transformers' top-k routers compute them:
         softmax in float32 over every expert, the top k, renormalised when norm_topk_prob."""
-        probs = torch.softmax(F.linear(x, self.router).float(), dim=-1)
+        probs = torch.softmax(self.router(x).float(), dim=-1)
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
