@@ -13,6 +13,7 @@ import torch
 
 from engine.attention import AttnMetadata, PrefillChunk, TritonOps
 from engine.config import EngineConfig
+from engine.models.checkpoint_meta import max_model_len
 from engine.models.llama import CausalLM
 from engine.models.qwen2_vl import Qwen2VLCausalLM
 from engine.multimodal.runner import ImageRunner
@@ -80,13 +81,7 @@ class ModelRunner:
         self.device = pick_device(config.device)
         path = resolve_model(config.model)
         # Read the limit before loading, so the rotary table is sized for max_model_len only.
-        cfg = read_config(path)  # a vision checkpoint nests the language model's settings in text_config
-        max_pos = int(cfg.get("max_position_embeddings") or (cfg.get("text_config") or {}).get(
-            "max_position_embeddings", 4096))
-        if config.max_model_len is not None and config.max_model_len > max_pos:
-            raise ModelLoadError(f"--max-model-len {config.max_model_len} exceeds the model's "
-                                 f"max_position_embeddings {max_pos}; pass at most {max_pos}")
-        self.max_model_len = config.max_model_len or max_pos
+        self.max_model_len = max_model_len(read_config(path), config.max_model_len)
         self.model, info = self._load(path, config)
         self.vocab_size = info.vocab_size
         self.eos_token_ids = info.eos_token_ids

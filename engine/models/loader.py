@@ -14,6 +14,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors import safe_open
 
+# config.json / generation_config.json reading is torch-free, shared with the render-only server; the error
+# and read_config stay importable from here, as the engine's modules do
+from engine.models.checkpoint_meta import ModelLoadError as ModelLoadError
+from engine.models.checkpoint_meta import eos_token_ids, generation_defaults, read_generation_config
+from engine.models.checkpoint_meta import read_config as read_config
+from engine.models.checkpoint_meta import read_json as _read_json
 from engine.models.llama import SUPPORTED_ARCHITECTURES, CausalLM, ConfigError, ModelArgs
 from engine.models.progress import LoadProgress
 from engine.models.qwen2_vl import Qwen2VLCausalLM, is_vl_config, parse_vl_config, vl_weight_getter
@@ -22,14 +28,7 @@ if TYPE_CHECKING:
     from engine.distributed.sharding import Shard
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# generation_config.json keys that become the server's default sampling parameters.
-_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-                  "presence_penalty", "frequency_penalty", "max_new_tokens")
 _HUB_PATTERNS = ["*.safetensors", "*.json", "tokenizer.model", "*.tiktoken", "*.txt", "*.jinja"]
-
-
-class ModelLoadError(Exception):
-    """The model could not be found or loaded; the message says what is missing and what to do."""
 
 
 @dataclass(frozen=True)
@@ -77,28 +76,6 @@ def tokenizer_token_count(folder: Path) -> int | None:
         return max(top, added) or None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ModelLoadError(f"{path} is not valid JSON: {e}") from e
-    if not isinstance(data, dict):
-        raise ModelLoadError(f"{path} should hold a JSON object")
-    return data
-
-
-def read_config(folder: Path) -> dict[str, Any]:
-    if not (folder / "config.json").exists():
-        raise ModelLoadError(f"{folder} has no config.json; pass a Hugging Face format checkpoint folder")
-    return _read_json(folder / "config.json")
-
-
-def _id_list(value: Any) -> list[int]:
-    if value is None:
-        return []
-    return [int(v) for v in value] if isinstance(value, list) else [int(value)]
 
 
 class _Weights:
@@ -211,9 +188,8 @@ def load_model(path: str | Path, dtype: str, device: torch.device | str,
             num_kv_heads = model.args.num_kv_heads  # this rank's own (maybe replicated) KV heads
     weights.progress.close()
 
-    gen = _read_json(folder / "generation_config.json") if (folder / "generation_config.json").exists() else {}
-    eos = _id_list(gen.get("eos_token_id")) or _id_list(cfg.get("eos_token_id"))
-    defaults = {k: gen[k] for k in _SAMPLING_KEYS if isinstance(gen.get(k), (int, float))}
+    gen = read_generation_config(folder)
+    eos, defaults = eos_token_ids(cfg, gen), generation_defaults(gen)
     tokens = tokenizer_token_count(folder)
     info = ModelInfo(vocab_size=min(args.vocab_size, tokens) if tokens else args.vocab_size, max_position_embeddings=args.max_position_embeddings,
                      eos_token_ids=eos, generation_defaults=defaults, dtype=dtype_name,

@@ -12,7 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.messages import ImageInput, SamplingParams, StructuredOutputs
+from engine.messages import ImageInput, Ready, SamplingParams, StructuredOutputs
+from server.config import RequestCaps, ServerConfig
 from server.http.errors import bad_request
 from server.protocol.openai import ChatCompletionRequest, CompletionRequest
 
@@ -26,21 +27,6 @@ class OutputKind(enum.IntEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class RequestCaps:
-    """Bounds on the work one request may cause (ServerConfig's fields of the same names; each has a flag)."""
-
-    max_prompts_per_request: int = 2048
-    max_choices_per_request: int = 4096  # n x prompts: engine requests
-    max_stop_strings: int = 64
-    max_stop_string_length: int = 1024  # characters
-    max_stop_token_ids: int = 1024
-    max_logit_bias: int = 1024
-    max_allowed_token_ids: int = 262144
-    max_structured_output_size: int = 64 << 10  # bytes of a constraint's spec (server/pipeline/structured.py)
-    priority_scheduling: bool = False  # --scheduling-policy priority: else a non-zero priority is refused
-
-
-@dataclass(frozen=True, slots=True)
 class ModelLimits:
     """What the engine told us at Ready, plus the server's own caps."""
 
@@ -50,6 +36,17 @@ class ModelLimits:
     max_logprobs: int = 20
     generation_defaults: dict[str, Any] = field(default_factory=dict)
     caps: RequestCaps = field(default_factory=RequestCaps)
+
+
+def limits_for(config: ServerConfig, ready: Ready, tokenizer: Any) -> ModelLimits:
+    """The limits a server checks requests against: the engine's Ready (or, render-only, the checkpoint's
+    files read as the engine reads them), the tokenizer's vocabulary and the config's caps."""
+    vocab = ready.vocab_size
+    if tokenizer is not None:  # ids the tokenizer cannot decode are refused even if the embedding is padded
+        vocab = min(vocab, tokenizer.get_vocab_size(with_added_tokens=True))
+    return ModelLimits(max_model_len=ready.max_model_len, vocab_size=vocab,
+                       eos_token_ids=tuple(ready.eos_token_ids), max_logprobs=config.max_logprobs,
+                       generation_defaults=dict(ready.generation_defaults), caps=config.request_caps())
 
 
 @dataclass(slots=True)
