@@ -1,6 +1,6 @@
 """An API server's client for an engine core it shares with other API servers (`--api-server-count N`).
 
-The launcher (`server/api_servers.py`) starts the engine and gives each API process one end of its own
+The launcher (`server/runtime/launcher.py`) starts the engine and gives each API process one end of its own
 socketpair; the engine holds the other ends (`engine/channels.py`). This wraps that socket in the usual
 `EngineClient`: the same single writer task and queue, the same receive, heartbeat and step timeouts, and
 engine death is EOF on the socket. The API process does not own the engine process: leaving only closes

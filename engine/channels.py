@@ -1,7 +1,7 @@
 """The engine's side of several API-server processes (`--api-server-count N`): one socket per API process.
 
 Each API server process has its own channel to this engine core: a Unix socketpair whose other end only that
-process holds (`server/api_servers.py` makes them). The loop reads frames from every channel between steps,
+process holds (`server/runtime/launcher.py` makes them). The loop reads frames from every channel between steps,
 remembers which channel added each request, and after a step sends each channel that has outputs ONE
 `StepOutputs` frame with the outputs of its own requests (never one frame per request). `Ready` and
 `LoadFailed` go to every channel; the heartbeat thread beats on every channel that has been silent for the

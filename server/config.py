@@ -116,7 +116,7 @@ class ServerConfig:
     distributed_timeout: float = 120.0  # seconds to join the group, and the longest one collective may wait
     # Data parallel (server/pipeline/engine_pool.py): engine cores, each with its own KV cache and max_num_seqs
     data_parallel_size: int = 1
-    api_server_count: int = 1  # API processes sharing one listening socket and one engine (server/api_servers.py)
+    api_server_count: int = 1  # API processes sharing one listening socket and one engine (server/runtime/launcher.py)
     data_parallel_policy: DataParallelPolicy = "affinity"  # "round_robin": no load or prefix look (benchmarks)
     # `spindle render` (server/render_app.py): tokenizer, templates and render routes only; no engine, no torch
     render_only: bool = False
