@@ -204,7 +204,7 @@ class _EngineLoad:
 
         @asynccontextmanager
         async def channels() -> AsyncIterator[Any]:
-            async with open_engines(lambda c: worker.open_engine(c), cfg, self.metrics,
+            async with open_engines(worker.open_engine, cfg, self.metrics,
                                     open_nth=lambda i: worker.open_engine(cfg, i)) as client:
                 if isinstance(client, EnginePool):  # routed counts summed over the API processes
                     client.shared_routed = worker.engine_routed(client.num_engines)
