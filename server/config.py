@@ -195,7 +195,6 @@ class ServerConfig:
             return self.model
         from engine.models.random_checkpoint import demo_checkpoint_path  # why here: it imports torch
 
-
         return str(demo_checkpoint_path())
 
     @property
