@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 import anyio.lowlevel
 
@@ -23,6 +23,28 @@ log = logging.getLogger("spindle.server")
 CHUNK = int(os.environ.get("SPINDLE_OUTPUT_CHUNK", "128"))
 _DELTA = OutputKind.DELTA
 _FINAL = OutputKind.FINAL_ONLY
+
+
+class Counter(Protocol):
+    def inc(self, amount: float = 1.0) -> None: ...
+
+
+class Histogram(Protocol):
+    def observe(self, value: float) -> None: ...
+
+
+class OutputMetrics(Protocol):
+    """What the output side records (server.metrics.ServerMetrics)."""
+
+    @property
+    def ttft(self) -> Histogram: ...
+    @property
+    def itl(self) -> Histogram: ...
+    @property
+    def generation_tokens(self) -> Counter: ...
+
+    def record_finished(self, *, reason: str, arrival: float, scheduled: float, first_token: float,
+                        finished: float, num_prompt_tokens: int, num_output_tokens: int) -> None: ...
 
 
 class Output:
@@ -185,9 +207,9 @@ class RequestState:
 
 
 class OutputProcessor:
-    def __init__(self, *, stream_interval: int = 1, chunk_size: int = CHUNK, metrics: Any = None,
+    def __init__(self, *, stream_interval: int = 1, chunk_size: int = CHUNK, metrics: OutputMetrics | None = None,
                  flush: Callable[[], None] | None = None) -> None:
-        self.metrics = metrics  # server.metrics.ServerMetrics or None
+        self.metrics = metrics
         self.states: dict[str, RequestState] = {}
         self.stream_interval = stream_interval
         self.chunk_size = chunk_size
@@ -198,6 +220,22 @@ class OutputProcessor:
 
     def remove(self, request_id: str) -> RequestState | None:
         return self.states.pop(request_id, None)
+
+    def remove_all(self, states: Iterable[RequestState]) -> None:
+        """The requests' consumer left: their outputs, if any still come, are dropped."""
+        for state in states:
+            self.states.pop(state.request_id, None)
+
+    def record_aborted(self, states: Iterable[RequestState], now: float) -> None:
+        """Requests cut short here (their consumer left) finish in the metrics as "abort"."""
+        metrics = self.metrics
+        if metrics is None:
+            return
+        for state in states:
+            metrics.record_finished(reason="abort", arrival=state.arrival_time, scheduled=0.0, first_token=0.0,
+                                    finished=now, num_prompt_tokens=state.num_prompt_tokens,
+                                    num_output_tokens=state.num_output_tokens)
+            metrics.generation_tokens.inc(state.num_output_tokens)
 
     async def process_outputs(self, step: StepOutputs) -> list[str]:
         """Hand every request its news; return the ids a stop string (or bad ids) ended, to abort in the engine."""
