@@ -208,36 +208,13 @@ class ServerMetrics:
         self.model_name = model_name
         self.registry = CollectorRegistry()
         self._slots = MetricSlots.private()  # request counters and histograms: `share` moves them
-        engine_slots = MetricSlots.private()  # counters from the engine's totals: every process has them already
+        self._engine_slots = MetricSlots.private()  # counters from the engine's totals: each process has them
         self._request_values: list[_Placed] = []  # what `share` moves, in the same order in every process
         self._histograms = _Histograms(model_name)
         self.registry.register(self._histograms)
         self._counters = _Counters(time.time())
         self.registry.register(self._counters)
-
-        def hist(name: str, doc: str) -> LoopHistogram:
-            h = LoopHistogram(self._slots)
-            self._histograms.items.append((name, doc, h))
-            self._request_values.append(h)
-            return h
-
-        def family(name: str, doc: str, labels: list[str], values: tuple[str, ...] = ("",),
-                   engine: bool = False) -> list[LoopCounter]:
-            fam = _CounterFamily(name, doc, labels)
-            self._counters.families.append(fam)
-            for v in values:
-                c = LoopCounter(engine_slots if engine else self._slots)
-                fam.children[(model_name, v) if len(labels) > 1 else (model_name,)] = c
-                if not engine:
-                    self._request_values.append(c)
-            return list(fam.children.values())
-
-        def counter(name: str, doc: str, engine: bool = False) -> LoopCounter:
-            return family(name, doc, ["model_name"], engine=engine)[0]
-
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, ["model_name"], registry=self.registry).labels(model_name)
-
+        hist, counter = self._histogram, self._counter
         self.ttft = hist("spindle_time_to_first_token_seconds", "Arrival to first token.")
         self.itl = hist("spindle_inter_token_latency_seconds", "Time between engine steps' tokens.")
         self.tpot = hist("spindle_time_per_output_token_seconds", "Decode time per output token.")
@@ -247,7 +224,7 @@ class ServerMetrics:
         self.decode = hist("spindle_request_decode_time_seconds", "First token to finish.")
         self.prompt_tokens = counter("spindle_prompt_tokens", "Prompt tokens of finished requests.")
         self.generation_tokens = counter("spindle_generation_tokens", "Generated tokens.")
-        self.finished = dict(zip(FINISH_REASONS, family(
+        self.finished = dict(zip(FINISH_REASONS, self._family(
             "spindle_request_success", "Finished requests by finish reason.", ["model_name", "finished_reason"],
             FINISH_REASONS)))
         self.preemptions = counter("spindle_num_preemptions", "Preemptions in the engine.", engine=True)
@@ -263,14 +240,38 @@ class ServerMetrics:
                                               "Requests sent by hash the engine no longer held, resent with pixels.")
         self.mm_encoder_cache_hits = counter("spindle_mm_encoder_cache_hits",
                                              "Images whose vision-encoder output the engine had cached.", engine=True)
-        self._rejected = dict(zip(REJECT_REASONS, family(  # exported at 0 from the start
+        self._rejected = dict(zip(REJECT_REASONS, self._family(  # exported at 0 from the start
             "spindle_requests_rejected", "Requests refused with 503 before reaching the engine.",
             ["model_name", "reason"], REJECT_REASONS)))
-        self.running = gauge("spindle_num_requests_running", "Requests in the engine's running set.")
-        self.waiting = gauge("spindle_num_requests_waiting", "Requests waiting in the engine.")
-        self.kv_usage = gauge("spindle_kv_cache_usage_perc",
-                              "Fraction of KV blocks held by requests (0..1).")
+        self.running = self._gauge("spindle_num_requests_running", "Requests in the engine's running set.")
+        self.waiting = self._gauge("spindle_num_requests_waiting", "Requests waiting in the engine.")
+        self.kv_usage = self._gauge("spindle_kv_cache_usage_perc", "Fraction of KV blocks held by requests (0..1).")
         self._last = EngineStats(0, 0, 0, 1, 0, 0, 0)
+
+    def _histogram(self, name: str, doc: str) -> LoopHistogram:
+        h = LoopHistogram(self._slots)
+        self._histograms.items.append((name, doc, h))
+        self._request_values.append(h)
+        return h
+
+    def _family(self, name: str, doc: str, labels: list[str], values: tuple[str, ...] = ("",),
+                engine: bool = False) -> list[LoopCounter]:
+        """A counter family with one child per value of its second label (or one child); `engine`: counts
+        from the engine's totals, kept in this process."""
+        fam = _CounterFamily(name, doc, labels)
+        self._counters.families.append(fam)
+        for v in values:
+            c = LoopCounter(self._engine_slots if engine else self._slots)
+            fam.children[(self.model_name, v) if len(labels) > 1 else (self.model_name,)] = c
+            if not engine:
+                self._request_values.append(c)
+        return list(fam.children.values())
+
+    def _counter(self, name: str, doc: str, engine: bool = False) -> LoopCounter:
+        return self._family(name, doc, ["model_name"], engine=engine)[0]
+
+    def _gauge(self, name: str, doc: str) -> Gauge:
+        return Gauge(name, doc, ["model_name"], registry=self.registry).labels(self.model_name)
 
     def share(self, slots: MetricSlots) -> None:
         """Move the request counters and histograms into `slots` (rows every API process maps), so /metrics

@@ -94,8 +94,8 @@ def _call_json(d: ToolCallDelta) -> dict[str, Any]:
 
 
 class ParsedChatFormatter(ChatFormatter):
-    """ChatFormatter for answers read by parsers. Stateful per choice, so the route formats each output
-    exactly once (`direct_ok`: no direct write from the output handler, whose declined outputs the route
+    """ChatFormatter for answers read by parsers. Stateful per choice, so each output must be formatted exactly
+    once (`direct_ok` False: no direct write from the output handler, whose declined outputs the SSE responder
     would format again)."""
 
     direct_ok = False
