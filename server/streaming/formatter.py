@@ -9,6 +9,7 @@ from typing import Protocol
 
 from server.http import sse
 from server.http.errors import APIError
+from server.pipeline import unavailable
 from server.pipeline.async_llm import AsyncLLM
 from server.pipeline.input_processor import GenerationSpec
 from server.pipeline.output_processor import Output
@@ -67,5 +68,5 @@ def output_error(llm: AsyncLLM, out: Output) -> APIError:
     if llm.dead is not None:  # the engine died under it: a server fault, as issue 3 specifies
         return APIError(f"{out.error}", status=500)
     if llm.stopping:  # cut by shutdown: the client should retry elsewhere
-        return APIError(f"{out.error}", status=503, retry_after=1)
+        return unavailable.unavailable(f"{out.error}")
     return APIError(out.error or "the request failed", status=400)
