@@ -155,9 +155,9 @@ def main() -> None:
         config = EngineConfig(**json.loads(args.config))
         core = FakeCore(config)
     except Exception as e:  # noqa: BLE001 - reported to the parent as the real engine does
-        links.send(LoadFailed(f"fake engine: {type(e).__name__}: {e}"))
+        links.broadcast(LoadFailed(f"fake engine: {type(e).__name__}: {e}"))
         sys.exit(1)
-    links.send(core.ready)
+    links.broadcast(core.ready)
     try:
         run(core, config.heartbeat_interval, links)
     except (BrokenPipeError, KeyboardInterrupt):

@@ -64,7 +64,7 @@ def main() -> None:
     try:
         config = EngineConfig(**json.loads(args.config))
     except Exception as e:  # noqa: BLE001 - any load failure is reported to the parent, then we exit
-        links.send(LoadFailed(f"{type(e).__name__}: {e}"))
+        links.broadcast(LoadFailed(f"{type(e).__name__}: {e}"))
         sys.exit(1)
     try:
         serve(config, links)
@@ -72,7 +72,7 @@ def main() -> None:
         return
     except Exception as e:  # noqa: BLE001
         traceback.print_exc()
-        links.send(LoadFailed(f"{type(e).__name__}: {e}"))
+        links.broadcast(LoadFailed(f"{type(e).__name__}: {e}"))
         sys.exit(1)
     if args.channels:
         wait_for_lifeline()

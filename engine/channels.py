@@ -88,7 +88,7 @@ class ChannelSet:
     def open(self) -> list[Channel]:
         return [ch for ch in self.channels if not ch.closed]
 
-    def send(self, msg: FromEngine) -> None:
+    def broadcast(self, msg: FromEngine) -> None:
         for ch in self.channels:
             ch.send(msg)
 

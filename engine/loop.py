@@ -15,6 +15,7 @@ import gc
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from typing import Protocol
 
 from engine.config import EngineConfig
@@ -43,11 +44,11 @@ class Links(Protocol):
     """Where the loop's frames come from and go."""
 
     @property
-    def open(self) -> list[Link]:
+    def open(self) -> Sequence[Link]:
         """The readers still there; the loop returns when none is left."""
         ...
 
-    def send(self, msg: FromEngine) -> None:
+    def broadcast(self, msg: FromEngine) -> None:
         """To every reader (Ready, LoadFailed)."""
         ...
 
@@ -74,8 +75,11 @@ class Pipes:
         self.broken = False  # a write failed: the server is gone
 
     @property
-    def open(self) -> list[Link]:
+    def open(self) -> list[Pipes]:
         return [] if self.reader.eof or self.broken else [self]
+
+    def broadcast(self, msg: FromEngine) -> None:
+        self.send(msg)
 
     def send(self, msg: FromEngine) -> bool:
         try:
@@ -142,7 +146,7 @@ def serve(config: EngineConfig, links: Links) -> None:
         core.structured.warm_up()  # before Ready: nothing runs yet and no heartbeat is due
     gc.collect()
     gc.freeze()  # the model and startup objects live for the process: full collections skip them
-    links.send(core.ready_message())
+    links.broadcast(core.ready_message())
     log.info("engine ready for %d API server(s): %d KV blocks of %d tokens", len(links.open),
              core.runner.num_blocks, core.runner.block_size)
     try:
