@@ -57,7 +57,7 @@ def resolve_model(model: str) -> Path:
         raise ModelLoadError(f"--model {model!r} is a file; pass the checkpoint's folder")
     if model.startswith(("/", ".", "~")) or model.count("/") > 1:  # a path, not an "org/name" hub id
         raise ModelLoadError(f"--model {model!r}: no such folder; pass an existing checkpoint folder or a hub id")
-    from huggingface_hub import snapshot_download  # imported late: only hub ids need it
+    from huggingface_hub import snapshot_download  # why late: only hub ids need it
 
     try:
         return Path(snapshot_download(repo_id=model, allow_patterns=_HUB_PATTERNS))
