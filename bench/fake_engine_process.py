@@ -4,14 +4,14 @@
 
 `engine/client.py` `engine_command` starts this instead of `python -m engine` when SPINDLE_ENGINE_COMMAND says
 so, with the same arguments (`--config JSON`, and `--channels fd,...` under `--api-server-count`). It speaks
-the real protocol by running the real loop around a fake core: `engine/loop.py` `run` on stdin / stdout
-(`Pipes`) or on the launcher's socketpairs (`engine/channels.py` `ChannelSet`), so the frames, the one
-`StepOutputs` per step (per channel), the heartbeats and the lifeline are exactly the real engine's. `Ready` comes from the model
-folder's config.json (vocabulary, context length, eos ids). Every step gives each running request one token
-(ids of a real English text, cycled, so the server's detokenizer does real work; never an eos id) and finishes
-it with "length" at max_tokens ("stop" on one of its stop_token_ids); steps follow each other without a pause,
-so the only brake is the pipe: a step's write blocks while the API server has not read the last ones. No
-logprobs, no embeddings, no images, no constraints (they are ignored). It runs at the real engine's nice +10.
+the real protocol by running the real loop around a fake core: `engine/loop.py` `run` on stdin / stdout (`Pipes`)
+or on the launcher's socketpairs (`engine/channels.py` `ChannelSet`), so the frames, the one `StepOutputs` per
+step (per channel), the heartbeats and the lifeline are exactly the real engine's. `Ready` comes from the model
+folder's config.json (vocabulary, context length, eos ids). Every step gives each running request one token (ids
+of a real English text, cycled, so the server's detokenizer does real work; never an eos id) and finishes it with
+"length" at max_tokens ("stop" on one of its stop_token_ids); steps follow each other without a pause, so the only
+brake is the pipe: a step's write blocks while the API server has not read the last ones. No logprobs, no
+embeddings, no images, no constraints (they are ignored). It runs at the real engine's nice +10.
 """
 
 from __future__ import annotations
