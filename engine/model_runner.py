@@ -17,9 +17,9 @@ from engine.models.checkpoint_meta import max_model_len
 from engine.models.llama import CausalLM
 from engine.models.qwen2_vl import Qwen2VLCausalLM
 from engine.multimodal.runner import ImageRunner
-from engine.models.loader import (
-    ModelInfo, ModelLoadError, load_model, read_config, resolve_model, slow_half_precision,
-)
+from engine.kernels import build_paged_batch, triton_available
+from engine.models.loader import ModelInfo, load_model, read_config, resolve_model, slow_half_precision
+from engine.models.weights import ModelLoadError
 from engine.sequence import ScheduledSeq
 
 log = logging.getLogger("engine")
@@ -66,15 +66,6 @@ def pick_device(requested: str) -> torch.device:
     return torch.device(requested)
 
 
-def make_runner(config: EngineConfig) -> ModelRunner:
-    """This process's runner: the whole model, or rank 0 of a tensor-parallel group (which starts the others)."""
-    if config.tensor_parallel_size > 1:
-        from engine.distributed.runner import TPModelRunner
-
-        return TPModelRunner(config)
-    return ModelRunner(config)
-
-
 class ModelRunner:
     def __init__(self, config: EngineConfig, *, use_triton: bool | None = None) -> None:
         """use_triton None: the Triton kernels on CUDA when triton imports, the torch reference elsewhere."""
@@ -105,8 +96,6 @@ class ModelRunner:
         self.sliding_window = self.model.args.sliding_window
         self._offsets = torch.arange(config.block_size, device=self.device)
         if use_triton is None:
-            from engine.kernels import triton_available
-
             use_triton = self.device.type == "cuda" and triton_available()
         self.use_triton = use_triton
         self._logits: torch.Tensor | None = None
@@ -190,8 +179,6 @@ class ModelRunner:
 
     def _paged_metadata(self, batch: list[ScheduledSeq]) -> tuple[list[int], list[int], AttnMetadata]:
         """The Triton path's metadata: block tables and lengths; the kernels do the gathering and masking."""
-        from engine.kernels import build_paged_batch
-
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
