@@ -14,12 +14,13 @@ from engine.attention import AttnMetadata, PrefillChunk
 from engine.config import EngineConfig
 from engine.layers.parallel import WORKERS
 from engine.models.args import ConfigError
+from engine.models.checkpoint_meta import max_model_len
 from engine.models.decoder import CausalLM
 from engine.models.qwen2_vl import Qwen2VLCausalLM
 from engine.multimodal.runner import ImageRunner
-from engine.models.loader import (
-    ModelInfo, ModelLoadError, load_model, read_config, resolve_model, slow_half_precision,
-)
+from engine.kernels import build_paged_batch, triton_available
+from engine.models.loader import ModelInfo, load_model, read_config, resolve_model, slow_half_precision
+from engine.models.weights import ModelLoadError
 from engine.sequence import ScheduledSeq
 
 log = logging.getLogger("engine")
@@ -66,28 +67,13 @@ def pick_device(requested: str) -> torch.device:
     return torch.device(requested)
 
 
-def make_runner(config: EngineConfig) -> ModelRunner:
-    """This process's runner: the whole model, or rank 0 of a tensor-parallel group (which starts the others)."""
-    if config.tensor_parallel_size > 1:
-        from engine.distributed.runner import TPModelRunner
-
-        return TPModelRunner(config)
-    return ModelRunner(config)
-
-
 class ModelRunner:
     def __init__(self, config: EngineConfig, *, use_triton: bool | None = None) -> None:
         """use_triton None: the Triton kernels on CUDA when triton imports, the torch reference elsewhere."""
         self.device = pick_device(config.device)
         path = resolve_model(config.model)
         # Read the limit before loading, so the rotary table is sized for max_model_len only.
-        cfg = read_config(path)  # a vision checkpoint nests the language model's settings in text_config
-        max_pos = int(cfg.get("max_position_embeddings") or (cfg.get("text_config") or {}).get(
-            "max_position_embeddings", 4096))
-        if config.max_model_len is not None and config.max_model_len > max_pos:
-            raise ModelLoadError(f"--max-model-len {config.max_model_len} exceeds the model's "
-                                 f"max_position_embeddings {max_pos}; pass at most {max_pos}")
-        self.max_model_len = config.max_model_len or max_pos
+        self.max_model_len = max_model_len(read_config(path), config.max_model_len)
         # The LM head's chunks and the big projections' parts are shared by this many threads (torch's
         # thread count at startup); the rest of the step runs on one (see one_intra_op_thread). Set before
         # the load: the projections are cut for this many (engine/layers/linear.py).
@@ -117,8 +103,6 @@ class ModelRunner:
         self.sliding_window = self.model.args.sliding_window
         self._offsets = torch.arange(config.block_size, device=self.device)
         if use_triton is None:
-            from engine.kernels import triton_available
-
             use_triton = self.device.type == "cuda" and triton_available()
         self.use_triton = use_triton
         self._logits: torch.Tensor | None = None
@@ -201,8 +185,6 @@ class ModelRunner:
 
     def _paged_metadata(self, batch: list[ScheduledSeq]) -> tuple[list[int], list[int], AttnMetadata]:
         """The Triton path's metadata: block tables and lengths; the kernels do the gathering and masking."""
-        from engine.kernels import build_paged_batch
-
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []

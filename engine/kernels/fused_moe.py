@@ -31,7 +31,7 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tens
     return rows, experts
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+@triton.jit
 def _act(g: tl.tensor, ACT: tl.constexpr) -> tl.tensor:
     if ACT == 0:
         return g * tl.sigmoid(g)
@@ -39,15 +39,15 @@ def _act(g: tl.tensor, ACT: tl.constexpr) -> tl.tensor:
     return 0.5 * g * (2.0 * tl.sigmoid(2.0 * inner))
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+@triton.jit
 def _dot(a: tl.tensor, b: tl.tensor, PRECISION: tl.constexpr, UPCAST: tl.constexpr) -> tl.tensor:
     if UPCAST:  # Triton's interpreter multiplies bfloat16 blocks wrongly; the same products in float32 are exact
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     return tl.dot(a, b, input_precision=PRECISION)
 
 
-@triton.jit  # type: ignore[untyped-decorator]
-def _gate_up_kernel(  # type: ignore[no-untyped-def]
+@triton.jit
+def _gate_up_kernel(
         x_ptr, w_ptr, out_ptr, rows_ptr, experts_ptr, num_pairs, top_k, hidden, inter, stride_x, stride_we, stride_wn,
         stride_out, ACT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -77,8 +77,8 @@ def _gate_up_kernel(  # type: ignore[no-untyped-def]
              mask=valid[:, None] & n_ok[None, :])
 
 
-@triton.jit  # type: ignore[untyped-decorator]
-def _down_kernel(  # type: ignore[no-untyped-def]
+@triton.jit
+def _down_kernel(
         h_ptr, w_ptr, weights_ptr, out_ptr, rows_ptr, experts_ptr, num_pairs, inter, hidden, stride_h, stride_we,
         stride_wn, stride_out, PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):

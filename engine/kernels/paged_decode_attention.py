@@ -120,7 +120,7 @@ def decode_num_warps(block_d: int) -> int:
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int) -> int:
     """Enough splits to give the GPU ~TARGET_PROGRAMS programs, each split at least MIN_SPLIT_LEN keys."""
-    want = triton.cdiv(TARGET_PROGRAMS, max(num_seqs * num_kv_heads, 1))
+    want = -(-TARGET_PROGRAMS // max(num_seqs * num_kv_heads, 1))  # ceil division
     return max(1, min(want, max_seq_len // MIN_SPLIT_LEN, 32))
 
 

@@ -73,10 +73,6 @@ class VLConfig:
     image_token_id: int
 
 
-def is_vl_config(cfg: dict[str, Any]) -> bool:
-    return ARCHITECTURE in (cfg.get("architectures") or []) and "vision_config" in cfg
-
-
 def parse_vl_config(cfg: dict[str, Any]) -> VLConfig:
     """config.json of a Qwen2VLForConditionalGeneration checkpoint: nested text_config (transformers 5) or flat."""
     text = {**{k: v for k, v in cfg.items() if k not in ("text_config", "vision_config")},
