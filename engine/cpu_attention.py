@@ -6,10 +6,12 @@ block_size * D values per head and the products read contiguous keys. Any cache 
 same result (the gather then reads strided rows).
 
 Decode (one query token per sequence) never calls SDPA: on CPU it runs a tiled flash kernel per token
-(bench/README.md, "Decode attention on CPU"). Instead, per tile of blocks, the query heads of each kv head
-(a [group, D] matrix: GQA without repeating K/V) meet the gathered keys in one batched product, and the
-softmax runs in float32, online across tiles. Sequences are sorted by blocks read, longest first, so a
-tile past a sequence's end drops it (a prefix of the rows) instead of padding it to the longest.
+(bench/README.md, "Decode attention on CPU"). Instead the sequences, sorted by blocks read (longest
+first), go in row groups of about TILE_BYTES of keys: per group the query heads of each kv head (a
+[group, D] matrix: GQA without repeating K/V) meet the group's gathered keys in one batched product, with
+the softmax in float32. Short contexts make one group (one gather, a handful of ops per layer); long ones
+are never padded to the batch's longest, and a context longer than a tile is read in column tiles with an
+online softmax.
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-TILE_BYTES = 1 << 20  # one decode tile's gathered K (or V): stays in cache; a fresh big gather page-faults
+TILE_BYTES = 2 << 20  # one decode tile's gathered K (or V): stays in cache; a fresh big gather page-faults
 MASK_ELEMS = 1 << 21  # rows x keys of one prefill sub-chunk: bounds its mask (and softcap's scores per head)
 
-Tile = tuple[int, int, int]  # block columns [j0, j1) of the view's tables, for its first n sequences
+Tile = tuple[int, int, int, int]  # sorted rows [r0, r1), block columns [j0, j1) of a view's tables
 
 
 @dataclass
@@ -41,22 +43,27 @@ class PrefillChunk:
 class DecodeView:
     """The decode sequences as a layer with one window reads them, sorted by blocks read (longest first)."""
 
-    order: torch.Tensor  # long [B]: the DecodeSeqs index of each sorted row
+    order: torch.Tensor | None  # long [B]: the DecodeSeqs index of each sorted row; None: already sorted
     tables: torch.Tensor  # long [B, width]: blocks from the first the window reaches, padded with block 0
     bias: torch.Tensor  # float32 [B, width * block_size]: 0 where a gathered key is visible, -inf elsewhere
     counts: list[int]  # blocks read by each sorted row, descending
-    plans: dict[int, list[Tile]] = field(default_factory=dict)  # bytes of one block (all kv heads) -> tiles
+    plans: dict[int, list[list[Tile]]] = field(default_factory=dict)  # bytes of one block -> groups
 
-    def tiles(self, block_bytes: int) -> list[Tile]:
-        """Tiles of about TILE_BYTES each; a tile takes only the rows that still have blocks there."""
+    def groups(self, block_bytes: int) -> list[list[Tile]]:
+        """Row groups of about TILE_BYTES of keys each (rows padded to the group's first, longest row);
+        a row longer than that alone gets column tiles, which its group's softmax runs across online."""
         plan = self.plans.get(block_bytes)
         if plan is None:
-            plan, j0, neg = [], 0, [-c for c in self.counts]
-            while j0 < self.counts[0]:
-                n = bisect.bisect_left(neg, -j0)  # rows with more than j0 blocks
-                j1 = min(self.counts[0], j0 + max(1, TILE_BYTES // (n * block_bytes)))
-                plan.append((j0, j1, n))
-                j0 = j1
+            plan, r0, counts = [], 0, self.counts
+            while r0 < len(counts):
+                width, r1 = counts[r0], r0 + 1
+                while r1 < len(counts) and (r1 + 1 - r0) * width * block_bytes <= TILE_BYTES:
+                    r1 += 1
+                step = max(1, TILE_BYTES // ((r1 - r0) * block_bytes))
+                # a tile takes only the group's rows that still have blocks there (counts descend)
+                plan.append([(r0, r0 + sum(1 for c in counts[r0:r1] if c > j0), j0, min(width, j0 + step))
+                             for j0 in range(0, width, step)])
+                r0 = r1
             self.plans[block_bytes] = plan
         return plan
 
@@ -95,7 +102,8 @@ class DecodeSeqs:
         visible = (pos < torch.tensor([lens[i] for i in order])[:, None]) & \
                   (pos >= torch.tensor([los[i] for i in order])[:, None])
         bias = torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))
-        return DecodeView(torch.tensor(order), torch.tensor(rows, dtype=torch.long), bias,
+        same = order == sorted(order)  # no reordering: saves a gather of q and a scatter of the output
+        return DecodeView(None if same else torch.tensor(order), torch.tensor(rows, dtype=torch.long), bias,
                           [counts[i] for i in order])
 
 
@@ -104,22 +112,22 @@ def _head_major(cache: torch.Tensor) -> torch.Tensor:
 
 
 def _gather(cache_hm: torch.Tensor, tables: torch.Tensor, tile: Tile) -> torch.Tensor:
-    """[kv_heads, n, (j1 - j0) * block_size, D]: the tile's blocks of its n rows, contiguous per head."""
-    j0, j1, n = tile
+    """[kv_heads, rows, (j1 - j0) * block_size, D]: the tile's blocks of its rows, contiguous per head."""
+    r0, r1, j0, j1 = tile
     kv_heads, _, bs, d = cache_hm.shape
-    return cache_hm.index_select(1, tables[:n, j0:j1].flatten()).view(kv_heads, n, (j1 - j0) * bs, d)
+    return cache_hm.index_select(1, tables[r0:r1, j0:j1].flatten()).view(kv_heads, r1 - r0, (j1 - j0) * bs, d)
 
 
 def _scores(qh: torch.Tensor, k_hm: torch.Tensor, view: DecodeView, tile: Tile, scale: float,
             softcap: float | None) -> torch.Tensor:
-    """float32 [kv_heads, n, group, keys]: scaled (and soft-capped) scores, -inf where not visible."""
-    j0, j1, n = tile
+    """float32 [kv_heads, rows, group, keys]: scaled (and soft-capped) scores, -inf where not visible."""
+    r0, r1, j0, j1 = tile
     bs = k_hm.shape[2]
     k = _gather(k_hm, view.tables, tile)
-    s = torch.matmul(qh[:, :n], k.transpose(2, 3)).float().mul_(scale)
+    s = torch.matmul(qh[:, r0:r1], k.transpose(2, 3)).float().mul_(scale)
     if softcap is not None:
         s = torch.tanh(s.div_(softcap)).mul_(softcap)
-    return s.add_(view.bias[:n, j0 * bs:j1 * bs][None, :, None, :])
+    return s.add_(view.bias[r0:r1, j0 * bs:j1 * bs][None, :, None, :])
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seqs: DecodeSeqs,
@@ -130,27 +138,31 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     kv_heads, _, bs, _ = k_hm.shape
     view = seqs.view(window)
     # [kv_heads, B, group, D]: query head h reads kv head h // group
-    qh = q.index_select(0, view.order).view(b, kv_heads, heads // kv_heads, d).transpose(0, 1)
-    tiles = view.tiles(kv_heads * bs * d * k_cache.element_size())
-    if len(tiles) == 1:  # the whole context in one tile: a plain softmax
-        p = torch.softmax(_scores(qh, k_hm, view, tiles[0], scale, softcap), dim=-1)
-        v = _gather(v_hm, view.tables, tiles[0])
-        out = torch.matmul(p.to(v.dtype), v)
-    else:
-        out = _online_softmax(qh, k_hm, v_hm, view, tiles, scale, softcap)
-    sorted_out = out.transpose(0, 1).reshape(b, heads, d).to(q.dtype)
-    return torch.empty_like(q).index_copy_(0, view.order, sorted_out)
+    q_sorted = q if view.order is None else q.index_select(0, view.order)
+    qh = q_sorted.view(b, kv_heads, heads // kv_heads, d).transpose(0, 1)
+    out = torch.empty(kv_heads, b, heads // kv_heads, d, dtype=q.dtype)
+    for tiles in view.groups(kv_heads * bs * d * k_cache.element_size()):
+        r0, r1 = tiles[0][:2]
+        if len(tiles) == 1:  # the group's whole context in one tile: a plain softmax
+            p = torch.softmax(_scores(qh, k_hm, view, tiles[0], scale, softcap), dim=-1)
+            v = _gather(v_hm, view.tables, tiles[0])
+            out[:, r0:r1] = torch.matmul(p.to(v.dtype), v)
+        else:
+            out[:, r0:r1] = _online_softmax(qh, k_hm, v_hm, view, tiles, scale, softcap)
+    out_sorted = out.transpose(0, 1).reshape(b, heads, d)
+    return out_sorted if view.order is None else torch.empty_like(q).index_copy_(0, view.order, out_sorted)
 
 
 def _online_softmax(qh: torch.Tensor, k_hm: torch.Tensor, v_hm: torch.Tensor, view: DecodeView,
                     tiles: list[Tile], scale: float, softcap: float | None) -> torch.Tensor:
-    """Flash-decoding over the tiles in float32: running max, running sum, rescaled accumulator."""
-    kv_heads, b, group, d = qh.shape
-    m = torch.full((kv_heads, b, group, 1), float("-inf"))
-    total = torch.zeros(kv_heads, b, group, 1)
-    acc = torch.zeros(kv_heads, b, group, d)
+    """Flash-decoding over one group's column tiles in float32: running max, running sum, rescaled sum."""
+    kv_heads, _, group, d = qh.shape
+    r0, rows = tiles[0][0], tiles[0][1] - tiles[0][0]
+    m = torch.full((kv_heads, rows, group, 1), float("-inf"))
+    total = torch.zeros(kv_heads, rows, group, 1)
+    acc = torch.zeros(kv_heads, rows, group, d)
     for tile in tiles:
-        n = tile[2]
+        n = tile[1] - r0
         s = _scores(qh, k_hm, view, tile, scale, softcap)
         # every row of a tile sees at least one key there (its first block of the tile), so m_new is finite
         m_new = torch.maximum(m[:, :n], s.amax(dim=-1, keepdim=True))

@@ -79,12 +79,16 @@ def test_tiles_with_online_softmax_windows_and_softcap(monkeypatch: pytest.Monke
     q = (torch.randn(len(MIXED), 4, 16) * 3).to(dtype)  # large scores, so the softcap bites
     seqs = DecodeSeqs(torch.arange(len(MIXED)), MIXED, cache.tables, BS)
     one_tile = decode_attention(q, cache.k, cache.v, seqs, 0.3, window, softcap)
-    # tiles of 1, 2 and 3 blocks: the online softmax across tiles, rows dropping out as their blocks end
-    for blocks in (1, 2, 3):
-        monkeypatch.setattr(cpu_attention, "TILE_BYTES", blocks * BS * 2 * 16 * q.element_size())
+    # tiles of 1 to 8 blocks: row groups, long rows in column tiles (online softmax), rows ending mid-group
+    block_bytes = BS * 2 * 16 * q.element_size()
+    for blocks in (1, 2, 3, 8):
+        monkeypatch.setattr(cpu_attention, "TILE_BYTES", blocks * block_bytes)
         seqs = DecodeSeqs(torch.arange(len(MIXED)), MIXED, cache.tables, BS)
         tiled = decode_attention(q, cache.k, cache.v, seqs, 0.3, window, softcap)
-        assert len(seqs.view(window).tiles(BS * 2 * 16 * q.element_size())) > 1
+        view = seqs.view(window)
+        groups = view.groups(block_bytes)
+        assert 1 < len(groups) < len(MIXED) or blocks == 1
+        assert any(len(tiles) > 1 for tiles in groups) or view.counts[0] <= blocks
         atol, rtol = TOL[dtype]
         ref = decode_ref(q, cache, MIXED, window, softcap)
         torch.testing.assert_close(tiled.float(), ref, atol=atol, rtol=rtol)

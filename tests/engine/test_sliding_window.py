@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -39,14 +40,15 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def hf(ckpt: Path) -> torch.nn.Module:
+def hf(ckpt: Path) -> Any:
     """transformers' Qwen2 with sliding-window layers where PATTERN has a window: the dense masked reference."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = AutoConfig.from_pretrained(ckpt)
     cfg.use_sliding_window, cfg.sliding_window = True, WINDOW
     cfg.layer_types = ["full_attention" if w is None else "sliding_attention" for w in PATTERN]
-    model = AutoModelForCausalLM.from_pretrained(ckpt, config=cfg, dtype=torch.float32).eval()
+    model: Any = AutoModelForCausalLM.from_pretrained(ckpt, config=cfg, dtype=torch.float32)
+    model.eval()
     model.generation_config.eos_token_id = None
     return model
 
@@ -57,7 +59,7 @@ def windowed_runner(ckpt: Path, **kw: object) -> ModelRunner:
     return runner
 
 
-def test_the_window_matters(ckpt: Path, hf: torch.nn.Module) -> None:
+def test_the_window_matters(ckpt: Path, hf: Any) -> None:
     """Without the windows the logits differ: the tests below could fail."""
     runner = ModelRunner(EngineConfig(model=str(ckpt), block_size=4, num_blocks=64))
     tokens = prompt(21, seed=1, vocab=VOCAB)
@@ -65,7 +67,7 @@ def test_the_window_matters(ckpt: Path, hf: torch.nn.Module) -> None:
     assert not torch.allclose(out.logits[0], hf_logits(hf, tokens)[-1], atol=1e-2)
 
 
-def test_prompt_past_the_window_and_chunks_smaller_than_it(ckpt: Path, hf: torch.nn.Module) -> None:
+def test_prompt_past_the_window_and_chunks_smaller_than_it(ckpt: Path, hf: Any) -> None:
     runner = windowed_runner(ckpt)
     tokens = prompt(23, seed=2, vocab=VOCAB)
     ref = hf_logits(hf, tokens)
@@ -78,7 +80,7 @@ def test_prompt_past_the_window_and_chunks_smaller_than_it(ckpt: Path, hf: torch
         done += n
 
 
-def test_batched_decode_past_the_window_with_a_prefix_hit(ckpt: Path, hf: torch.nn.Module) -> None:
+def test_batched_decode_past_the_window_with_a_prefix_hit(ckpt: Path, hf: Any) -> None:
     """Mixed lengths (1, block_size, block_size + 1, long) decode together; c reuses a's first blocks."""
     runner = windowed_runner(ckpt)
     blocks = Blocks(64, seed=3)
@@ -101,7 +103,7 @@ def test_batched_decode_past_the_window_with_a_prefix_hit(ckpt: Path, hf: torch.
             torch.testing.assert_close(logits[s.request_id], hf_logits(hf, s.token_ids)[-1], atol=ATOL, rtol=0)
 
 
-def test_bfloat16_greedy_close(ckpt: Path, hf: torch.nn.Module) -> None:
+def test_bfloat16_greedy_close(ckpt: Path, hf: Any) -> None:
     runner = windowed_runner(ckpt, dtype="bfloat16")
     tokens = prompt(18, seed=4, vocab=VOCAB)
     seq, blocks = new_seq("a", tokens), Blocks(64, seed=5)
@@ -127,17 +129,18 @@ def greedy_run(core: EngineCore, prompts: list[list[int]], n: int, stagger: int 
     return out
 
 
-def hf_greedy(model: torch.nn.Module, tokens: list[int], n: int) -> list[int]:
+def hf_greedy(model: Any, tokens: list[int], n: int) -> list[int]:
     with torch.no_grad():
         ref = model.generate(torch.tensor([tokens]), do_sample=False, max_new_tokens=n, min_new_tokens=n,
                              temperature=None, top_p=None, top_k=None, repetition_penalty=None, pad_token_id=0)
-    return ref[0, len(tokens):].tolist()  # type: ignore[no-any-return]
+    return list(ref[0, len(tokens):].tolist())
 
 
 @pytest.mark.parametrize("regime", [dict(max_num_batched_tokens=3),  # chunks shorter than the window
                                     dict(num_blocks=9, block_size=4, max_num_batched_tokens=16)])  # preemption
-def test_engine_greedy_with_layer_windows(ckpt: Path, hf: torch.nn.Module, regime: dict[str, int]) -> None:
-    core = EngineCore(EngineConfig(model=str(ckpt), **{"num_blocks": 64, "block_size": 4, **regime}))
+def test_engine_greedy_with_layer_windows(ckpt: Path, hf: Any, regime: dict[str, int]) -> None:
+    kw: dict[str, Any] = {"num_blocks": 64, "block_size": 4, **regime}
+    core = EngineCore(EngineConfig(model=str(ckpt), **kw))
     core.runner.model.layer_windows = list(PATTERN)
     shared = prompt(10, seed=7, vocab=VOCAB)  # a shared prefix: later requests hit the prefix cache
     prompts = [shared + prompt(n, seed=8 + n, vocab=VOCAB) for n in (3, 11, 6)]
@@ -173,7 +176,8 @@ def test_all_layers_windowed_release_passed_blocks(mistral_ckpt: Path) -> None:
     # window 8 + a chunk of 8 over blocks of 4: at most 5 blocks at once (70 tokens would take 18)
     assert most <= core.block_manager.most_blocks_held(70, 8) == 5
     assert core.stats().prefix_cache_hits > 0
-    hf = AutoModelForCausalLM.from_pretrained(mistral_ckpt, dtype=torch.float32).eval()
+    hf: Any = AutoModelForCausalLM.from_pretrained(mistral_ckpt, dtype=torch.float32)
+    hf.eval()
     hf.generation_config.eos_token_id = None
     assert got == hf_greedy(hf, tokens, 40)
 
@@ -192,7 +196,7 @@ def kernel_path_child(ckpt: str, out: str) -> None:
     torch.save(got, out)
 
 
-def test_triton_path_with_layer_windows(ckpt: Path, hf: torch.nn.Module, tmp_path: Path) -> None:
+def test_triton_path_with_layer_windows(ckpt: Path, hf: Any, tmp_path: Path) -> None:
     pytest.importorskip("triton")
     out = tmp_path / "logits.pt"
     code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parents[2])!r}); "
