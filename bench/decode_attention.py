@@ -3,6 +3,7 @@
     python -m bench.decode_attention [--batch 1 16 64] [--ctx 128 512 2048] [--dtype bfloat16 float32]
                                      [--mixed] [--threads 1] [--rounds 3] [--tile-bytes N]
                                      [--heads 14] [--kv-heads 2]
+    python -m bench.decode_attention --model DIR [--batch 16] [--dtype bfloat16] [--steps 8]
 
 Shape: Qwen2.5-0.5B's attention (14 query heads over 2 KV heads, head_dim 64; the tiny demo: --heads 2
 --kv-heads 2), block_size 16, blocks
@@ -15,6 +16,8 @@ one at ctx). Variants, each checked against a float32 reference before it is tim
   engine   engine/cpu_attention.py: head-major cache, tiles of blocks, rows dropping out as they end
 Rounds interleave the variants (this machine is shared); each figure is the best round. The step runs
 on one intra-op thread in the engine (engine/model_runner.py one_intra_op_thread), hence --threads 1.
+With --model: decode steps of that checkpoint through EngineCore (128-token prompts, as bench.profile_step),
+printing ms per step and the ms of it spent in the model's attention calls.
 """
 
 from __future__ import annotations
@@ -146,6 +149,37 @@ def measure(fns: dict[str, Variant], rounds: int, budget_s: float = 0.05) -> dic
     return best
 
 
+def in_steps(model: str, batch: int, dtype: str, steps: int) -> None:
+    """ms per decode step of a real checkpoint, and how much of it is inside ops.attention."""
+    from engine.attention import TorchOps
+    from engine.config import EngineConfig
+    from engine.core import EngineCore
+    from engine.messages import SamplingParams
+
+    from bench.profile_step import add_batch
+
+    core = EngineCore(EngineConfig(model=model, dtype=dtype, max_num_seqs=256, max_num_batched_tokens=8192,
+                                   enable_prefix_caching=False))
+    add_batch(core, batch, 128, SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True))
+    for _ in range(3):  # the prefill, then warm-up decodes
+        core.step()
+    spent = [0.0]
+    attention = TorchOps.attention
+
+    def timed(*args: object, **kwargs: object) -> torch.Tensor:
+        t0 = time.perf_counter()
+        try:
+            return attention(*args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            spent[0] += time.perf_counter() - t0
+    core.runner.model.ops = type("TimedOps", (TorchOps,), {"attention": staticmethod(timed)})
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        core.step()
+    step_ms, attn_ms = (time.perf_counter() - t0) / steps * 1e3, spent[0] / steps * 1e3
+    print(f"batch {batch} {dtype}: step {step_ms:.1f} ms, attention {attn_ms:.1f} ms ({attn_ms / step_ms:.0%})")
+
+
 def main() -> None:
     global HEADS, KV_HEADS  # the variants read the shape from the module
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -158,7 +192,12 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=HEADS)
     ap.add_argument("--kv-heads", type=int, default=KV_HEADS)
     ap.add_argument("--tile-bytes", type=int, default=cpu_attention.TILE_BYTES, help="the engine's decode tile size")
+    ap.add_argument("--model", help="time decode steps of this checkpoint instead (first --batch, first --dtype)")
+    ap.add_argument("--steps", type=int, default=8)
     args = ap.parse_args()
+    if args.model:
+        torch.set_num_threads(2)  # the engine's LM head uses torch's thread count; the step runs on one
+        return in_steps(args.model, args.batch[0], args.dtype[0], args.steps)
     cpu_attention.TILE_BYTES = args.tile_bytes
     HEADS, KV_HEADS = args.heads, args.kv_heads
     torch.set_num_threads(args.threads)
