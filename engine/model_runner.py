@@ -109,20 +109,8 @@ class ModelRunner:
 
             use_triton = self.device.type == "cuda" and triton_available()
         self.use_triton = use_triton
-        # Zeroed, not empty: padded key positions read real blocks with weight 0, and 0 * NaN would poison a row.
-        # Head-major storage for the torch path: a gather of blocks is contiguous per kv head
-        # (engine/cpu_attention.py); the Triton kernels read [block, slot, head] order.
-        dims = (info.num_layers, 2, self.num_blocks, config.block_size, info.num_kv_heads, info.head_dim)
-        if use_triton:
-            self.kv_cache = torch.zeros(dims, dtype=dtype, device=self.device)
-        else:
-            store = torch.zeros(dims[:2] + (dims[4], dims[2], dims[3], dims[5]), dtype=dtype, device=self.device)
-            self.kv_cache = store.permute(0, 1, 3, 4, 2, 5)  # [layers, 2, blocks, block_size, kv_heads, D]
+        self.kv_cache = self._allocate_kv_cache(info, config.block_size)
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(info.num_layers)]
-        # Each layer's sliding window (None: full attention); blocks that every layer's window has passed
-        # are freed when all layers have one (kv_window, read by the block manager).
-        windows = self.model.layer_windows
-        self.kv_window = None if not windows or None in windows else max(w for w in windows if w is not None)
         self._logits: torch.Tensor | None = None
         # The LM head's chunks are shared by this many threads (torch's thread count at startup);
         # the rest of the step runs on one (see one_intra_op_thread).
@@ -135,6 +123,23 @@ class ModelRunner:
         self.images: ImageRunner | None = None
         if isinstance(self.model, Qwen2VLCausalLM):
             self.images = ImageRunner(self.model)
+
+    @property
+    def kv_window(self) -> int | None:
+        """The largest of the layers' sliding windows when every layer has one, else None: the block manager
+        releases the blocks that window has passed (engine/block_manager.py)."""
+        windows = self.model.layer_windows
+        return None if not windows or None in windows else max(w for w in windows if w is not None)
+
+    def _allocate_kv_cache(self, info: ModelInfo, block_size: int) -> torch.Tensor:
+        """[layers, 2 (K, V), num_blocks, block_size, kv_heads, head_dim], zeroed: padded key positions read
+        real blocks with weight 0, and 0 * NaN would poison a row. Head-major storage for the torch path, so a
+        gather of blocks is contiguous per kv head (engine/cpu_attention.py); Triton reads it block-major."""
+        dims = (info.num_layers, 2, self.num_blocks, block_size, info.num_kv_heads, info.head_dim)
+        if self.use_triton:
+            return torch.zeros(dims, dtype=self.dtype, device=self.device)
+        store = torch.zeros(dims[:2] + (dims[4], dims[2], dims[3], dims[5]), dtype=self.dtype, device=self.device)
+        return store.permute(0, 1, 3, 4, 2, 5)
 
     def _load(self, path: Path, config: EngineConfig) -> tuple[CausalLM, ModelInfo]:
         """The whole model (a tensor-parallel runner loads its shard: engine/distributed/runner.py)."""
