@@ -98,13 +98,14 @@ class DecodeSeqs:
         for i in order:
             row = self.tables[i][firsts[i]:firsts[i] + counts[i]]
             rows.append(row + [0] * (width - len(row)))
-        pos = torch.arange(width * bs) + torch.tensor([firsts[i] * bs for i in order])[:, None]
+        pos = torch.arange(width * bs)[None, :] + torch.tensor([firsts[i] * bs for i in order])[:, None]
         visible = (pos < torch.tensor([lens[i] for i in order])[:, None]) & \
                   (pos >= torch.tensor([los[i] for i in order])[:, None])
         bias = torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))
         same = order == sorted(order)  # no reordering: saves a gather of q and a scatter of the output
-        return DecodeView(None if same else torch.tensor(order), torch.tensor(rows, dtype=torch.long), bias,
-                          [counts[i] for i in order])
+        dev = self.rows.device  # built on the host, then one copy each to the cache's device
+        return DecodeView(None if same else torch.tensor(order).to(dev), torch.tensor(rows, dtype=torch.long).to(dev),
+                          bias.to(dev), [counts[i] for i in order])
 
 
 def _head_major(cache: torch.Tensor) -> torch.Tensor:
@@ -140,7 +141,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     # [kv_heads, B, group, D]: query head h reads kv head h // group
     q_sorted = q if view.order is None else q.index_select(0, view.order)
     qh = q_sorted.view(b, kv_heads, heads // kv_heads, d).transpose(0, 1)
-    out = torch.empty(kv_heads, b, heads // kv_heads, d, dtype=q.dtype)
+    out = q.new_empty(kv_heads, b, heads // kv_heads, d)
     for tiles in view.groups(kv_heads * bs * d * k_cache.element_size()):
         r0, r1 = tiles[0][:2]
         if len(tiles) == 1:  # the group's whole context in one tile: a plain softmax
@@ -158,9 +159,9 @@ def _online_softmax(qh: torch.Tensor, k_hm: torch.Tensor, v_hm: torch.Tensor, vi
     """Flash-decoding over one group's column tiles in float32: running max, running sum, rescaled sum."""
     kv_heads, _, group, d = qh.shape
     r0, rows = tiles[0][0], tiles[0][1] - tiles[0][0]
-    m = torch.full((kv_heads, rows, group, 1), float("-inf"))
-    total = torch.zeros(kv_heads, rows, group, 1)
-    acc = torch.zeros(kv_heads, rows, group, d)
+    m = torch.full((kv_heads, rows, group, 1), float("-inf"), device=qh.device)
+    total = torch.zeros(kv_heads, rows, group, 1, device=qh.device)
+    acc = torch.zeros(kv_heads, rows, group, d, device=qh.device)
     for tile in tiles:
         n = tile[1] - r0
         s = _scores(qh, k_hm, view, tile, scale, softcap)
@@ -211,8 +212,8 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lo: int, k_lo: 
     if softcap is None and k_lo == q_lo and (window is None or rows <= window):
         return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=scale,
                                               enable_gqa=gqa)[0]
-    q_pos = torch.arange(q_lo, q_lo + rows)[:, None]
-    k_pos = torch.arange(k_lo, k_lo + keys)[None, :]
+    q_pos = torch.arange(q_lo, q_lo + rows, device=q.device)[:, None]
+    k_pos = torch.arange(k_lo, k_lo + keys, device=q.device)[None, :]
     allowed = k_pos <= q_pos
     if window is not None:
         allowed &= q_pos - k_pos < window
