@@ -16,7 +16,6 @@ online softmax.
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, field
 
 import torch
