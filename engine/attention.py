@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from engine import kernels
 from engine.cpu_attention import DecodeSeqs, PrefillChunk, decode_attention, prefill_attention
-
-if TYPE_CHECKING:
-    from engine.kernels import PagedBatch
+from engine.kernels import PagedBatch
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -130,29 +129,21 @@ class TritonOps:
 
     @staticmethod
     def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        from engine import kernels
-
         return kernels.rms_norm(x, weight, eps)
 
     @staticmethod
     def rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
              cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        from engine import kernels
-
         return kernels.rotary_embedding(positions, q, k, cos_sin)  # in place
 
     @staticmethod
     def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
-        from engine import kernels
-
         kernels.write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
 
     @staticmethod
     def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMetadata,
                   scale: float, *, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
-        from engine import kernels
-
         assert meta.paged is not None, "the runner builds `paged` metadata for the Triton path"
         fn = kernels.decode_attention if meta.paged.max_query_len == 1 else kernels.prefill_attention
         return fn(q, k_cache, v_cache, meta.paged, scale, sliding_window=window, softcap=softcap)

@@ -14,12 +14,13 @@ import torch
 from engine.attention import AttnMetadata, TritonOps
 from engine.cpu_attention import DecodeSeqs, PrefillChunk
 from engine.config import EngineConfig
+from engine.models.checkpoint_meta import max_model_len
 from engine.models.llama import CausalLM
 from engine.models.qwen2_vl import Qwen2VLCausalLM
 from engine.multimodal.runner import ImageRunner
-from engine.models.loader import (
-    ModelInfo, ModelLoadError, load_model, read_config, resolve_model, slow_half_precision,
-)
+from engine.kernels import build_paged_batch, triton_available
+from engine.models.loader import ModelInfo, load_model, read_config, resolve_model, slow_half_precision
+from engine.models.weights import ModelLoadError
 from engine.sequence import ScheduledSeq
 
 log = logging.getLogger("engine")
@@ -66,28 +67,13 @@ def pick_device(requested: str) -> torch.device:
     return torch.device(requested)
 
 
-def make_runner(config: EngineConfig) -> ModelRunner:
-    """This process's runner: the whole model, or rank 0 of a tensor-parallel group (which starts the others)."""
-    if config.tensor_parallel_size > 1:
-        from engine.distributed.runner import TPModelRunner
-
-        return TPModelRunner(config)
-    return ModelRunner(config)
-
-
 class ModelRunner:
     def __init__(self, config: EngineConfig, *, use_triton: bool | None = None) -> None:
         """use_triton None: the Triton kernels on CUDA when triton imports, the torch reference elsewhere."""
         self.device = pick_device(config.device)
         path = resolve_model(config.model)
         # Read the limit before loading, so the rotary table is sized for max_model_len only.
-        cfg = read_config(path)  # a vision checkpoint nests the language model's settings in text_config
-        max_pos = int(cfg.get("max_position_embeddings") or (cfg.get("text_config") or {}).get(
-            "max_position_embeddings", 4096))
-        if config.max_model_len is not None and config.max_model_len > max_pos:
-            raise ModelLoadError(f"--max-model-len {config.max_model_len} exceeds the model's "
-                                 f"max_position_embeddings {max_pos}; pass at most {max_pos}")
-        self.max_model_len = config.max_model_len or max_pos
+        self.max_model_len = max_model_len(read_config(path), config.max_model_len)
         self.model, info = self._load(path, config)
         self.vocab_size = info.vocab_size
         self.eos_token_ids = info.eos_token_ids
@@ -105,8 +91,6 @@ class ModelRunner:
             raise ModelLoadError(f"kv_cache_memory {config.kv_cache_memory} bytes holds no block of "
                                  f"{bytes_per_block} bytes; give the KV cache more memory")
         if use_triton is None:
-            from engine.kernels import triton_available
-
             use_triton = self.device.type == "cuda" and triton_available()
         self.use_triton = use_triton
         self.kv_cache = self._allocate_kv_cache(info, config.block_size)
@@ -177,8 +161,6 @@ class ModelRunner:
 
     def _paged_metadata(self, batch: list[ScheduledSeq]) -> tuple[list[int], list[int], AttnMetadata]:
         """The Triton path's metadata: block tables and lengths; the kernels do the gathering and masking."""
-        from engine.kernels import build_paged_batch
-
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []

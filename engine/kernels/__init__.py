@@ -33,7 +33,7 @@ __all__ = ["PagedBatch", "apply_token_bitmask", "build_paged_batch", "decode_att
 @functools.cache
 def triton_available() -> bool:
     try:
-        import triton  # noqa: F401
+        import triton  # noqa: F401  # why late: the probe for an optional dependency
     except ImportError:
         return False
     return True

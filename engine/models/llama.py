@@ -162,7 +162,7 @@ class CausalLM:
         for layer, window, (k_cache, v_cache) in zip(self.layers, self.layer_windows, kv_caches):
             h = ops.rms_norm(x, layer.ln1, a.rms_norm_eps)
             qkv = F.linear(h, layer.qkv_w, layer.qkv_b)
-            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q, k, v = qkv.split_with_sizes([self.q_size, self.kv_size, self.kv_size], dim=-1)
             q, k = rope(q.view(t, a.num_heads, a.head_dim), k.view(t, a.num_kv_heads, a.head_dim))
             ops.write_kv(k, v.view(t, a.num_kv_heads, a.head_dim), k_cache, v_cache, meta.slot_mapping)
             attn = ops.attention(q, k_cache, v_cache, meta, self.scale, window=window)

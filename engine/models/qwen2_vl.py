@@ -10,6 +10,7 @@ embeddings (the image rows replaced by the tower's output). Weight names of both
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,7 +59,7 @@ def _quick_gelu(x: torch.Tensor) -> torch.Tensor:
     return x * torch.sigmoid(1.702 * x)
 
 
-_ACTS = {"quick_gelu": _quick_gelu, "gelu": F.gelu, "silu": F.silu}
+_ACTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"quick_gelu": _quick_gelu, "gelu": F.gelu, "silu": F.silu}
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""--api-server-count 2: two API processes on one socket, one engine core (server/api_servers.py)."""
+"""--api-server-count 2: two API processes on one socket, one engine core (server/runtime/launcher.py)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.models.random_checkpoint import write_random_checkpoint
-from engine.models.loader import ModelLoadError, load_model, pick_dtype, resolve_model, slow_half_precision
+from engine.models.loader import load_model, pick_dtype, resolve_model, slow_half_precision
+from engine.models.weights import ModelLoadError
 
 SMALL = dict(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64, vocab_size=1000,
              rope_theta=10_000.0, max_position_embeddings=128, seed=7, tokenizer=False)

@@ -12,7 +12,7 @@ import torch
 from engine.config import EngineConfig
 from engine.messages import SamplingParams
 from engine.model_runner import ModelRunner
-from engine.models.loader import ModelLoadError
+from engine.models.weights import ModelLoadError
 from engine.sequence import ScheduledSeq, Sequence
 
 ARCHS = ["qwen2", "llama", "mistral"]

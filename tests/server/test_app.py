@@ -284,7 +284,7 @@ def test_streams_go_direct_with_the_same_text_and_disconnects_still_abort(monkey
         assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == TEXT
         assert chunks[-2]["choices"][0]["finish_reason"] == "length" and chunks[-1]["usage"]["completion_tokens"] == len(GEN)
         assert all(w.startswith(b"data: {") and w.endswith(b"\n\n") for w in writes)
-        # This client keeps up, so every content chunk goes direct (respond's `deliver`) but the last, since a
+        # This client keeps up, so every content chunk goes direct (SseResponder.deliver) but the last, since a
         # finished output always goes through the route with the usage chunk and [DONE], and perhaps the first,
         # when the engine's first token came before the route set its sink (then it waits in the collector).
         content = chunks[:-1]

@@ -23,7 +23,8 @@ from engine.distributed.group import JoinError
 from engine.distributed.sharding import Shard
 from engine.messages import AddRequest, RequestOutput, SamplingParams
 from engine.models.llama import ModelArgs
-from engine.models.loader import ModelLoadError, read_config
+from engine.models.loader import read_config
+from engine.models.weights import ModelLoadError
 from tests.engine.test_core import run as run_core
 from tests.engine.test_core import tokens
 

@@ -15,7 +15,7 @@ import pytest
 from engine.core import EngineCore
 from engine.messages import SamplingParams, StructuredOutputs
 from engine.structured.closing import EVERY_STEP, MARGIN, advance, closing_token
-from engine.structured.manager import StructuredState
+from engine.structured.state import StructuredState
 from tests.engine.structured.conftest import finish, make_core, run, shared_backend, tokens
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
