@@ -30,9 +30,14 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from bench.profile_step import add_batch
 from engine import cpu_attention
+from engine.attention import TorchOps
+from engine.config import EngineConfig
+from engine.core import EngineCore
 from engine.cpu_attention import DecodeSeqs, decode_attention
 from engine.kernels.paged_common import attend_ref
+from engine.messages import SamplingParams
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 14, 2, 64, 16
 SCALE = HEAD_DIM ** -0.5
@@ -151,13 +156,6 @@ def measure(fns: dict[str, Variant], rounds: int, budget_s: float = 0.05) -> dic
 
 def in_steps(model: str, batch: int, dtype: str, steps: int) -> None:
     """ms per decode step of a real checkpoint, and how much of it is inside ops.attention."""
-    from engine.attention import TorchOps
-    from engine.config import EngineConfig
-    from engine.core import EngineCore
-    from engine.messages import SamplingParams
-
-    from bench.profile_step import add_batch
-
     core = EngineCore(EngineConfig(model=model, dtype=dtype, max_num_seqs=256, max_num_batched_tokens=8192,
                                    enable_prefix_caching=False))
     add_batch(core, batch, 128, SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True))
