@@ -20,8 +20,7 @@ from engine.attention import AttnMetadata, TorchOps, TritonOps, apply_rope
 from engine.layers.linear import Linear, make_linear
 from engine.layers.lm_head import LMHead
 from engine.layers.moe import ACTIVATIONS, Activation, SparseMoE
-from engine.models.args import ConfigError, ModelArgs
-from engine.models.local_attention import attend
+from engine.models.args import ModelArgs
 from engine.models.rope import rope_table
 
 WeightGetter = Callable[[str], torch.Tensor]
@@ -146,14 +145,7 @@ class CausalLM:
         return cls(args, weights, has_lm_head, max_positions, quantization)
 
     def use_triton(self) -> None:
-        """The GPU path: Triton attention / norm / rope kernels and the fused MoE kernel.
-
-        ConfigError when a layer needs a window of its own or attention soft-capping, which the Triton
-        attention kernels do not take yet (engine/models/local_attention.py)."""
-        a = self.args
-        if a.attn_softcap is not None or (a.sliding_window is None and any(w is not None for w in self.layer_windows)):
-            raise ConfigError(f"{a.architecture} needs per-layer sliding windows or attention soft-capping, which the "
-                              "GPU (Triton) attention kernels do not take yet; pass --device cpu")
+        """The GPU path: Triton attention / norm / rope kernels and the fused MoE kernel."""
         self.ops = TritonOps
         for layer in self.layers:
             if isinstance(layer.mlp, SparseMoE):
@@ -203,9 +195,8 @@ class CausalLM:
             q_rot, k_rot = rope(q[..., :r], k[..., :r], table)
             q, k = torch.cat([q_rot, q[..., r:]], dim=-1), torch.cat([k_rot, k[..., r:]], dim=-1)
         self.ops.write_kv(k, v.view(t, a.num_kv_heads, a.head_dim), k_cache, v_cache, meta.slot_mapping)
-        # a window every layer shares is in the metadata's masks already
-        window = self.layer_windows[i] if a.sliding_window is None else None
-        out = attend(self.ops, q, k_cache, v_cache, meta, self.scale, window=window, softcap=a.attn_softcap)
+        out = self.ops.attention(q, k_cache, v_cache, meta, self.scale, window=self.layer_windows[i],
+                                 softcap=a.attn_softcap)
         return self.all_reduce(layer.o(out.reshape(t, self.q_size)))
 
     def all_reduce(self, partial: torch.Tensor) -> torch.Tensor:

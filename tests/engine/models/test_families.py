@@ -19,7 +19,7 @@ from engine.core import EngineCore
 from engine.messages import SamplingParams
 from engine.model_runner import ModelRunner
 from tests.engine.models.families import FAMILIES
-from tests.engine.test_core import run, tokens
+from tests.helpers.engine import run, tokens
 from tests.engine.test_model_runner import Blocks, new_seq, step
 
 ATOL = 1e-4
@@ -119,10 +119,11 @@ def test_bfloat16_greedy_matches_transformers(family_ckpt: Path) -> None:
         assert tokens(outs[f"r{i}"]) == hf_greedy(family_ckpt, p, "bfloat16"), i
 
 
-@pytest.mark.parametrize("family_ckpt", ["qwen3", "qwen3_moe"], indirect=True)
+@pytest.mark.parametrize("family_ckpt", ["qwen3", "qwen3_moe", "gemma2", "gemma3"], indirect=True)
 def test_triton_path_matches_transformers(family_ckpt: Path, tmp_path: Path) -> None:
-    """The GPU path (Triton attention, norms, rope and the fused MoE kernel), run by Triton's interpreter in a
-    fresh process (TRITON_INTERPRET is read when triton is imported), against transformers' logits."""
+    """The GPU path (Triton attention with per-layer windows and soft-caps, norms, rope, the fused MoE kernel),
+    run by Triton's interpreter in a fresh process (TRITON_INTERPRET is read when triton is imported), against
+    transformers' logits."""
     import os
     import subprocess
     import sys
@@ -160,14 +161,6 @@ def test_sharded_bfloat16_checkpoint_loads(arch: str, tmp_path: Path) -> None:
     with torch.no_grad():
         ref = hf_model(ckpt)(torch.tensor([PROMPTS[1]])).logits[0].float()
     torch.testing.assert_close(out.prompt_logits[0], ref, atol=ATOL, rtol=0)
-
-
-@pytest.mark.parametrize("family_ckpt", ["gemma2"], indirect=True)
-def test_triton_path_refuses_per_layer_windows_at_load(family_ckpt: Path) -> None:
-    from engine.models.loader import ModelLoadError
-
-    with pytest.raises(ModelLoadError, match="Gemma2ForCausalLM needs per-layer sliding windows or attention soft"):
-        ModelRunner(EngineConfig(model=str(family_ckpt), block_size=BLOCK, num_blocks=8), use_triton=True)
 
 
 @pytest.mark.parametrize("family_ckpt", ["phi3"], indirect=True)

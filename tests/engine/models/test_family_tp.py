@@ -13,9 +13,9 @@ from engine.distributed.sharding import Shard
 from engine.messages import SamplingParams
 from engine.models.loader import read_config
 from engine.models.registry import parse_config
-from tests.engine.distributed.test_tensor_parallel import make_core, run
+from tests.engine.distributed.test_tensor_parallel import run, tp_core
 from tests.engine.models.test_families import PROMPTS, hf_greedy
-from tests.engine.test_core import tokens
+from tests.helpers.engine import tokens
 
 torch.set_num_threads(1)
 
@@ -25,8 +25,8 @@ def test_tp2_equals_tp1(family_ckpt: Path) -> None:
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, prompt_logprobs=1)
     reqs = [(f"r{i}", p, params, i) for i, p in enumerate(PROMPTS[:3])]
     kw = dict(block_size=4, max_num_batched_tokens=16)  # chunks cut through the prompts
-    tp2 = run(make_core(family_ckpt, 2, **kw), reqs)
-    tp1 = run(make_core(family_ckpt, 1, **kw), reqs)
+    tp2 = run(tp_core(family_ckpt, 2, **kw), reqs)
+    tp1 = run(tp_core(family_ckpt, 1, **kw), reqs)
     for rid, p, _, _ in reqs:
         assert tokens(tp2[rid]) == tokens(tp1[rid]), rid
         lp2, lp1 = tp2[rid][0].prompt_logprobs, tp1[rid][0].prompt_logprobs
