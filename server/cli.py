@@ -60,7 +60,7 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--max-logit-bias", "max_logit_bias", int, "most logit_bias entries in one request"),
     ("--max-allowed-token-ids", "max_allowed_token_ids", int, "most allowed_token_ids in one request"),
     ("--max-structured-output-size", "max_structured_output_size", str,
-     "largest structured-output spec (JSON schema, regex, choices, grammar) in one request, e.g. 64KiB"),
+     "largest structured-output spec (JSON schema, regex, choices, grammar) in one request, e.g. 256KiB"),
     ("--tool-call-parser", "tool_call_parser", str,
      "hermes or mistral: read tool calls out of the output (tool_choice required / named use its format)"),
     ("--reasoning-parser", "reasoning_parser", str,

@@ -45,7 +45,7 @@ class RequestCaps:
     max_stop_token_ids: int = 1024
     max_logit_bias: int = 1024
     max_allowed_token_ids: int = 262144
-    max_structured_output_size: int = 64 << 10  # bytes of a constraint's spec (server/pipeline/structured.py)
+    max_structured_output_size: int = 256 << 10  # bytes of a constraint's spec (server/pipeline/structured.py)
     priority_scheduling: bool = False  # --scheduling-policy priority: else a non-zero priority is refused
 
 
@@ -105,7 +105,10 @@ class ServerConfig:
     enable_auto_tool_choice: bool = False  # tool_choice "auto" (needs tool_call_parser)
     tool_call_parser: str | None = None  # "hermes" | "mistral": reads tool calls out of the model's text
     reasoning_parser: str | None = None  # "deepseek_r1" | "qwen3": splits <think>...</think> into `reasoning`
-    max_structured_output_size: int = 64 << 10  # bytes of one constraint's spec (schema, regex, choices, grammar)
+    # bytes of one constraint's spec (schema, regex, choices, grammar): 256 KiB takes the large real-world schemas
+    # (SchemaStore's, Kubernetes objects with their definitions: up to ~200 KB); what a spec costs to compile is
+    # bounded by the grammar backend's own limits (engine/structured/grammar.py LIMITS), not by its bytes
+    max_structured_output_size: int = 256 << 10
     # Tensor parallelism (engine/distributed/): torchrun's names; nodes other than 0 run --headless.
     tensor_parallel_size: int = 1
     nnodes: int = 1

@@ -29,6 +29,13 @@ LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0
 NUM_BUCKETS = len(LATENCY_BUCKETS) + 1  # with +Inf
 FINISH_REASONS = ("stop", "length", "abort", "error")
 REJECT_REASONS = ("queue_full", "shutting_down")  # 503s from admission control and from a draining server
+# Why a best-effort structured answer failed its whole schema (server/streaming/output_check.py): the keyword that
+# failed (the relaxed one it sits under, where there is one); "not_json": not JSON at all; "other": any other keyword.
+STRUCTURED_INVALID_REASONS = (
+    "not_json", "oneOf", "anyOf", "allOf", "not", "if", "uniqueItems", "propertyNames", "dependencies",
+    "dependentRequired", "dependentSchemas", "minProperties", "maxProperties", "contains", "unevaluatedProperties",
+    "unevaluatedItems", "format", "pattern", "patternProperties", "required", "additionalProperties", "type", "enum",
+    "const", "other")
 _PRIVATE_VALUES = 512  # doubles in a process's own row: more than the counters and histograms take
 
 
@@ -243,6 +250,12 @@ class ServerMetrics:
         self._rejected = dict(zip(REJECT_REASONS, self._family(  # exported at 0 from the start
             "spindle_requests_rejected", "Requests refused with 503 before reaching the engine.",
             ["model_name", "reason"], REJECT_REASONS)))
+        self.structured_checked_answers = counter(
+            "spindle_structured_output_checked",
+            "Answers of best-effort (relaxed) structured-output constraints validated against their whole schema.")
+        self._structured_invalid = dict(zip(STRUCTURED_INVALID_REASONS, self._family(
+            "spindle_structured_output_invalid", "Best-effort structured answers that failed their whole schema, "
+            "by the keyword that failed.", ["model_name", "reason"], STRUCTURED_INVALID_REASONS)))
         self.running = self._gauge("spindle_num_requests_running", "Requests in the engine's running set.")
         self.waiting = self._gauge("spindle_num_requests_waiting", "Requests waiting in the engine.")
         self.kv_usage = self._gauge("spindle_kv_cache_usage_perc", "Fraction of KV blocks held by requests (0..1).")
@@ -313,6 +326,12 @@ class ServerMetrics:
 
     def rejected(self, reason: str) -> None:
         self._rejected[reason].inc()
+
+    def structured_checked(self, reason: str | None) -> None:
+        """One relaxed answer validated: None when it satisfied its whole schema, else why not."""
+        self.structured_checked_answers.inc()
+        if reason is not None:
+            self._structured_invalid.get(reason, self._structured_invalid["other"]).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
