@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import urllib.parse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +43,7 @@ ANNOTATIONS = frozenset({"title", "description", "markdownDescription", "default
 
 @dataclass(frozen=True, slots=True)
 class Relaxed:
-    schema: Any  # what to compile: the input itself when nothing was relaxed, else a copy with x-guidance set
+    schema: Any  # what to compile: the input itself when it compiles as it is, else a rewritten copy
     keywords: tuple[str, ...]  # what the grammar does not enforce, sorted ("oneOf", "format:url", "$ref", ...)
 
 
@@ -56,17 +57,19 @@ def relax(schema: dict[str, Any], style: JsonCompileOptions) -> Relaxed:
     """The schema as llguidance can enforce it, and what it leaves out; GrammarError when not even that works."""
     work = with_best_effort(schema)
     repaired: set[str] = set()
+    rewritten = False
     for _ in range(MAX_REPAIRS + 1):
         grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(work), defaults=style)
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, limits=LIMITS)
         if not failed:
             keywords = repaired | {k for m in messages for k in warning_keywords(m)}
-            return Relaxed(work, tuple(sorted(keywords))) if keywords else Relaxed(schema, ())
+            return Relaxed(work if keywords or rewritten else schema, tuple(sorted(keywords)))
         error = messages[0] if messages else "the schema cannot be compiled"
         fixed = _repair(work, error)
         if fixed is None:
             raise GrammarError(error.strip())
         work, keyword = fixed
+        rewritten = True
         if keyword is not None:
             repaired.add(keyword)
     raise GrammarError(error.strip())
@@ -96,6 +99,8 @@ def _repair(schema: dict[str, Any], error: str) -> tuple[dict[str, Any], str | N
     work = copy.deepcopy(schema)
     if "Expected positive integer" in error:  # 1.0 is an integer to JSON Schema, not to llguidance
         return (work, None) if _integral_counts(work) else None
+    if "Invalid URI reference" in error:  # `<`, spaces, ... in a $ref: written as the URI they stand for
+        return (work, None) if _quote_refs(work) else None
     disjoint = _NOT_DISJOINT.search(error)
     if disjoint is not None:
         return (work, "patternProperties") if _drop_overlap(work, disjoint.group(2)) else None
@@ -128,6 +133,17 @@ def _circular(work: dict[str, Any], target: str) -> tuple[dict[str, Any], str | 
                 del node["allOf"]
             dropped = True
     return (work, "allOf") if dropped else None
+
+
+def _quote_refs(schema: Any) -> bool:
+    changed = False
+    for node in _nodes(schema):
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            quoted = urllib.parse.quote(ref, safe="/#:@!$&'()*+,;=?~-._%")
+            changed = changed or quoted != ref
+            node["$ref"] = quoted
+    return changed
 
 
 def _integral_counts(schema: Any) -> bool:

@@ -244,10 +244,11 @@ async def relax_constraint(so: StructuredOutputs, param: str, caps: RequestCaps)
     error, spec, keywords = await _cached(so, b"relax", lambda: _run_relax(so))
     if error is not None:
         raise bad_request(f"Invalid {param}: {error}", param)
+    engine = msgspec.structs.replace(so, spec=spec) if spec != so.spec else so
     if not keywords:
-        return Constraint(so)
+        return Constraint(engine)
     log.debug("structured output: %s relaxed, not enforced: %s", param, ", ".join(keywords))
-    return Constraint(msgspec.structs.replace(so, spec=spec), Relaxation(keywords, json.loads(so.spec)))
+    return Constraint(engine, Relaxation(keywords, json.loads(so.spec)))
 
 
 async def relax_schema(schema: dict[str, Any], param: str, caps: RequestCaps,
@@ -260,7 +261,7 @@ async def relax_schema(schema: dict[str, Any], param: str, caps: RequestCaps,
     error, spec, keywords = await _cached(so, mode, lambda: _run_relax(so, style))
     if error is not None:
         raise bad_request(f"Invalid {param}: {error}", param)
-    return (json.loads(spec) if keywords else schema), keywords
+    return (json.loads(spec) if spec != so.spec else schema), keywords
 
 
 def _run_relax(so: StructuredOutputs, style: Any = None) -> _Result:
@@ -276,7 +277,7 @@ def _run_relax(so: StructuredOutputs, style: Any = None) -> _Result:
         out = backend_relax(schema, style if style is not None else grammar.json_style(so))
     except Exception as e:  # GrammarError, or the backend's own failure: the constraint's problem, never a 500
         return str(e).strip() or type(e).__name__, so.spec, ()
-    return None, (json.dumps(out.schema) if out.keywords else so.spec), out.keywords
+    return None, (so.spec if out.schema is schema else json.dumps(out.schema)), out.keywords
 
 
 def _key(so: StructuredOutputs, mode: bytes = b"") -> bytes:

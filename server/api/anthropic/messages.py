@@ -120,9 +120,9 @@ class MessagesRoute(_AnthropicRoute):
                               ChoiceParsers(plan, config.reasoning_parser, text) if parser is not None else None)
         headers = [(b"x-request-id", ids_header), (b"request-id", ids_header), *relaxed_headers(constraint, relaxed_tools)]
         await respond(llm, [spec], checked(fmt, check), send, stream=chat.stream,
-                      keepalive=self.state.config.sse_keepalive, headers=headers, framing=FRAMING)
-        if check is not None:
-            await check.finish()
+                      keepalive=self.state.config.sse_keepalive, headers=headers, framing=FRAMING,
+                      before_end=check.finish if check is not None else None)
+
 
 
 class CountTokensRoute(_AnthropicRoute):

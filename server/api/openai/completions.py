@@ -133,6 +133,5 @@ class CompletionsRoute(PostRoute):
         await respond(llm, specs, checked(fmt, check), send, stream=req.stream,
                       include_usage=bool(opts and opts.include_usage),
                       continuous_usage=bool(opts and opts.include_usage and opts.continuous_usage_stats),
-                      keepalive=self.state.config.sse_keepalive, headers=headers)
-        if check is not None:
-            await check.finish()
+                      keepalive=self.state.config.sse_keepalive, headers=headers,
+                      before_end=check.finish if check is not None else None)
