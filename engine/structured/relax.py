@@ -38,7 +38,8 @@ _COUNTS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "m
            "maxContains")
 # keywords that only annotate: beside a $ref they change nothing, so dropping them there is exact
 ANNOTATIONS = frozenset({"title", "description", "markdownDescription", "default", "examples", "$comment",
-                         "deprecated", "readOnly", "writeOnly", "deprecationMessage", "errorMessage", "x-intellij-html-description"})
+                         "deprecated", "readOnly", "writeOnly", "deprecationMessage", "errorMessage",
+                         "x-intellij-html-description"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,7 +48,9 @@ from engine.messages import StructuredOutputs
 from engine.structured import grammar, relax
 from server.config import RequestCaps
 from server.http.errors import bad_request
-from server.protocol.openai import ChatCompletionRequest, CompletionRequest, StructuredOutputsParams
+from server.protocol.openai import (
+    ChatCompletionRequest, CompletionRequest, ResponseFormat, StructuredOutputsParams,
+)
 
 MAX_CONCURRENT_COMPILES = 2  # worker threads compiling at once (per event loop); the rest wait their turn
 CACHE_SIZE = 512  # validation results kept (a digest and a short message, or a relaxed spec, each)
@@ -102,19 +104,9 @@ def requested_constraint(req: CompletionRequest | ChatCompletionRequest, *, pref
     400 (param named) for two constraints at once, json_schema without a schema, an empty choice list, and the
     options the backend cannot honour. `prefix` goes in front of every param (/generate: "sampling_params.").
     """
-    found: list[tuple[str, str, Any]] = []  # (param, kind, value)
+    found = _response_format(req.response_format)  # (param, kind, value)
     rf = req.response_format
     strict = rf is not None and rf.json_schema is not None and rf.json_schema.strict is True
-    if rf is not None and rf.type == "json_object":
-        found.append(("response_format", "json_object", ""))
-    elif rf is not None and rf.type == "json_schema":
-        if rf.json_schema is None:
-            raise bad_request("response_format of type json_schema needs a json_schema object: "
-                              '{"name": ..., "schema": {...}}.', "response_format.json_schema")
-        if rf.json_schema.schema is None:
-            raise bad_request("response_format.json_schema needs a schema (a JSON Schema object).",
-                              "response_format.json_schema.schema")
-        found.append(("response_format.json_schema.schema", "json", rf.json_schema.schema))
     so = req.structured_outputs
     if so is not None:
         _refuse_options(so, prefix + "structured_outputs.")
@@ -157,6 +149,20 @@ def requested_constraint(req: CompletionRequest | ChatCompletionRequest, *, pref
         raise bad_request(f"{pattern_param} applies to JSON constraints (json_schema, json, json_object), not to "
                           f"{param}.", pattern_param)
     return Requested(msgspec.structs.replace(constraint, whitespace_pattern=pattern), param, pattern_param, strict)
+
+
+def _response_format(rf: ResponseFormat | None) -> list[tuple[str, str, Any]]:
+    if rf is not None and rf.type == "json_object":
+        return [("response_format", "json_object", "")]
+    if rf is None or rf.type != "json_schema":
+        return []
+    if rf.json_schema is None:
+        raise bad_request("response_format of type json_schema needs a json_schema object: "
+                          '{"name": ..., "schema": {...}}.', "response_format.json_schema")
+    if rf.json_schema.schema is None:
+        raise bad_request("response_format.json_schema needs a schema (a JSON Schema object).",
+                          "response_format.json_schema.schema")
+    return [("response_format.json_schema.schema", "json", rf.json_schema.schema)]
 
 
 def _refuse_options(so: StructuredOutputsParams, prefix: str) -> None:

@@ -118,7 +118,8 @@ class MessagesRoute(_AnthropicRoute):
         ids_header = external.encode()
         check = relaxed_check(llm.metrics, constraint, relaxed_tools,
                               ChoiceParsers(plan, config.reasoning_parser, text) if parser is not None else None)
-        headers = [(b"x-request-id", ids_header), (b"request-id", ids_header), *relaxed_headers(constraint, relaxed_tools)]
+        headers = [(b"x-request-id", ids_header), (b"request-id", ids_header),
+                   *relaxed_headers(constraint, relaxed_tools)]
         await respond(llm, [spec], checked(fmt, check), send, stream=chat.stream,
                       keepalive=self.state.config.sse_keepalive, headers=headers, framing=FRAMING,
                       before_end=check.finish if check is not None else None)
