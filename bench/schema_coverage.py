@@ -4,7 +4,8 @@ response_format json_schema; per source: accepted, valid + stop, relaxed, refuse
     python -m bench.schema_coverage URL [--concurrency 4] [--max-tokens 384] [--strict] [--source NAME]
 
 "valid + stop" is finish_reason "stop" with content that validates against the whole schema (jsonschema, formats
-checked where jsonschema can). "relaxed" counts answers whose X-Structured-Output-Relaxed header names what the
+checked where jsonschema can), as a share of all schemas and of those the judge can read ("unjudged": answers
+jsonschema cannot check, e.g. a $ref to a document outside the schema). "relaxed" counts answers whose X-Structured-Output-Relaxed header names what the
 server could not enforce; "invalid" splits by relaxed or not (a non-relaxed invalid output is a bug). Bounded: one
 request per schema, `--concurrency` at once, `--timeout` seconds each.
 """
@@ -26,7 +27,7 @@ import httpx
 CORPUS = Path(__file__).resolve().parent / "schemas"
 RELAXED_HEADER = "x-structured-output-relaxed"
 COLUMNS = ("schemas", "accepted", "valid+stop", "relaxed", "refused", "invalid(relaxed)", "invalid(strict)",
-           "length", "5xx")
+           "length", "unjudged", "5xx")
 
 
 @dataclass
@@ -102,15 +103,17 @@ def table(results: list[Result]) -> str:
             c["valid+stop"] += res.outcome == "valid"
             c["relaxed"] += bool(res.relaxed) and res.outcome != "refused"
             c["refused"] += res.outcome == "refused"
-            c["invalid(relaxed)"] += res.outcome in ("invalid", "unverifiable") and bool(res.relaxed)
-            c["invalid(strict)"] += res.outcome in ("invalid", "unverifiable") and not res.relaxed
+            c["invalid(relaxed)"] += res.outcome == "invalid" and bool(res.relaxed)
+            c["invalid(strict)"] += res.outcome == "invalid" and not res.relaxed
             c["length"] += res.outcome == "length"
+            c["unjudged"] += res.outcome == "unverifiable"
             c["5xx"] += res.outcome == "5xx"
     lines = ["| source | " + " | ".join(COLUMNS) + " |", "|---|" + "---:|" * len(COLUMNS)]
     for key in sorted(rows, key=lambda k: (k == "total", k)):
         c = rows[key]
         cells = [str(c[col]) for col in COLUMNS]
-        cells[2] += f" ({100 * c['valid+stop'] / max(1, c['schemas']):.1f}%)"
+        judged = c["schemas"] - c["unjudged"]
+        cells[2] += f" ({100 * c['valid+stop'] / max(1, c['schemas']):.1f}%; {100 * c['valid+stop'] / max(1, judged):.1f}%)"
         name = f"**{key}**" if key == "total" else key
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -138,7 +141,20 @@ def main() -> int:
     ap.add_argument("--source", action="append", help="only this source (repeatable)")
     ap.add_argument("--limit", type=int, default=0, help="at most this many schemas (0: all)")
     ap.add_argument("--details", type=Path, help="write one JSON line per schema here")
+    ap.add_argument("--tables-from", type=Path, nargs="+", help="print the tables of earlier --details files "
+                    "(later files replace earlier results of the same schema) instead of running")
     args = ap.parse_args()
+    if args.tables_from:
+        merged = {}
+        for path in args.tables_from:
+            for line in path.read_text().splitlines():
+                res = Result(**json.loads(line))
+                merged[(res.source, res.name)] = res
+        present = {(p.parent.name, p.stem) for p in CORPUS.glob("*/*.json")}
+        results = [r for key, r in sorted(merged.items()) if key in present]
+        print(table(results))
+        print(causes(results))
+        return 0
     url = args.url.rstrip("/")
     items = corpus(CORPUS, args.source)
     if args.limit:
