@@ -120,6 +120,7 @@ class ServerConfig:
     data_parallel_policy: DataParallelPolicy = "affinity"  # "round_robin": no load or prefix look (benchmarks)
     # `spindle render` (server/render_app.py): tokenizer, templates and render routes only; no engine, no torch
     render_only: bool = False
+    disable_ui: bool = False  # no chat page at / and /ui (server/api/ui.py); `spindle render` never has one
     metrics_compat: MetricsCompat | None = None  # "vllm": /metrics also under vLLM's names (server/metrics_compat.py)
     # Deployment (server/deploy.py): TLS through Hypercorn, CORS (vLLM's flags, JSON lists), a proxy's path prefix
     ssl_keyfile: str | None = None
