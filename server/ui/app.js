@@ -169,7 +169,7 @@
     const image = chat.image;
     if ((!text.trim() && !image) || chat.controller) return;
     showError("");
-    const content = image ? [{ type: "text", text }, { type: "image_url", image_url: { url: image } }] : text;
+    const content = image ? [{ type: "image_url", image_url: { url: image } }, { type: "text", text }] : text;
     const user = { role: "user", content };
     const system = el.system.value.trim() ? [{ role: "system", content: el.system.value }] : [];
     addUserMessage(text, image);
