@@ -20,8 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
+from PIL import Image
 
+from server.http import sse
+from server.http.errors import APIError
+from server.pipeline import unavailable
 from tests.e2e.browser import launch
 from tests.e2e.conftest import Server, start_server
 
@@ -36,10 +41,11 @@ ASK = "Tell me about spindles."
 
 @pytest.fixture(scope="module")
 def long_ckpt(checkpoints_root: Path) -> Path:
-    from engine.models.random_checkpoint import write_random_checkpoint
+    from engine.models.random_checkpoint import write_random_checkpoint  # why here: torch, built once per module
     from tests.conftest import TINY
 
-    return write_random_checkpoint(checkpoints_root / "qwen2-4k-ui", "qwen2", **{**TINY, "max_position_embeddings": MAX_LEN},
+    return write_random_checkpoint(checkpoints_root / "qwen2-4k-ui", "qwen2",
+                                   **{**TINY, "max_position_embeddings": MAX_LEN},
                                    vocab_size=151_646, tie_word_embeddings=True, rope_theta=1_000_000.0)
 
 
@@ -205,6 +211,27 @@ def test_server_message_of_a_400_is_shown(tab: Page) -> None:
     assert text.startswith("400") and "maximum context length is 4096 tokens" in text, text
 
 
+def test_503_and_a_mid_stream_error_are_shown(tab: Page) -> None:
+    """The server's words for a 503 and for an error event after streaming began (answered by the test: this server
+    is neither overloaded nor dying), through the page's own fetch and SSE path."""
+    died = sse.error_frame(APIError("engine core died: gone", status=500)).decode()
+    replies = [dict(status=503, headers={"retry-after": "1"}, content_type="application/json",
+                    body=unavailable.overloaded("queue_full").body()),
+               dict(status=200, headers={"content-type": "text/event-stream"},
+                    body=_events(_delta("partial ")).replace("data: [DONE]", died + "data: [DONE]"))]
+    tab.page.route(f"**{ROOT}/v1/chat/completions", lambda route: route.fulfill(**replies.pop(0)))
+    tab.open()
+    tab.wait_model()
+    error = tab.page.get_by_test_id("error")
+    tab.send("first")
+    tab.reply(0, "error")
+    assert error.inner_text().startswith("503") and "The server is overloaded (queue_full)" in error.inner_text()
+    tab.send("second")
+    reply = tab.reply(1, "error")
+    assert reply.get_attribute("data-raw") == "partial "  # what came before the error stays
+    assert "engine core died: gone" in error.inner_text()
+
+
 def test_no_request_leaves_the_origin(tab: Page, ui_server: Server) -> None:
     tab.open()
     tab.wait_model()
@@ -220,11 +247,20 @@ def test_no_request_leaves_the_origin(tab: Page, ui_server: Server) -> None:
     assert outside == []
 
 
-def _sse(*deltas: str) -> str:
-    chunk = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "tiny"}
-    events = [{**chunk, "choices": [{"index": 0, "delta": {"content": d}, "finish_reason": None}]} for d in deltas]
-    events.append({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+CHUNK = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "tiny"}
+
+
+def _delta(text: str, finish: str | None = None) -> dict[str, Any]:
+    return {**CHUNK, "choices": [{"index": 0, "delta": {"content": text} if text else {}, "finish_reason": finish}]}
+
+
+def _events(*events: dict[str, Any]) -> str:
+    """An SSE body as the server frames it: `data: {json}` events, then `data: [DONE]`."""
     return "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+
+
+def _sse(*deltas: str) -> str:
+    return _events(*map(_delta, deltas), _delta("", "stop"))
 
 
 HOSTILE = ("Hi <scr", "ipt>window.__pwned = 1</script> <img src=x onerror=\"window.__pwned = 2\"> ",
@@ -284,9 +320,6 @@ def test_renderer_writes_only_its_own_tags(tab: Page) -> None:
 
 
 def _png(seed: int) -> bytes:
-    import numpy as np
-    from PIL import Image
-
     buf = io.BytesIO()
     Image.fromarray(np.random.RandomState(seed).randint(0, 255, (56, 84, 3), dtype=np.uint8)).save(buf, format="PNG")
     return buf.getvalue()
@@ -312,7 +345,8 @@ def test_image_attached_on_a_vision_model(browser: Any, vl_server: Server, ui_se
         raw = tab.reply(0).get_attribute("data-raw")
         assert tab.page.get_by_test_id("message-user").locator("img").count() == 1
         url = "data:image/png;base64," + base64.b64encode(png).decode()
-        content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What is in the picture?"}]
+        content = [{"type": "image_url", "image_url": {"url": url}},
+                   {"type": "text", "text": "What is in the picture?"}]
         r = httpx.post(f"{vl_server.url}/v1/chat/completions", timeout=120, json={
             "model": "tiny", "messages": [{"role": "user", "content": content}], "temperature": 0, "top_p": 1,
             "max_tokens": 8})
