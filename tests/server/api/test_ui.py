@@ -6,7 +6,9 @@ tests/e2e/test_ui.py."""
 from __future__ import annotations
 
 import re
+import tomllib
 from importlib.resources import files
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -107,3 +109,11 @@ def test_page_references_nothing_outside_the_server() -> None:
 async def test_vision_model_page_offers_images(qwen2_vl_ckpt: Any) -> None:
     r = await get(create_app(ServerConfig(model=str(qwen2_vl_ckpt), served_model_name="vl")), "/")
     assert 'data-vision="1"' in r.text
+
+
+def test_page_files_are_package_data() -> None:
+    """An installed (not editable) server has the page: pyproject ships server/ui/*, and nothing there is missed."""
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[3] / "pyproject.toml").read_text())
+    assert "ui/*" in pyproject["tool"]["setuptools"]["package-data"]["server"]
+    shipped = {p.name for p in files("server").joinpath("ui").iterdir()}
+    assert shipped == {"index.html", "app.js", "markdown.js", "app.css"}
