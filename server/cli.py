@@ -113,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a node other than 0: run its tensor-parallel ranks only, no API server")
     parser.add_argument("--allow-credentials", dest="allow_credentials", action="store_const", const=True,
                         default=None, help="CORS: allow cookies and Authorization from browsers")
+    parser.add_argument("--disable-ui", dest="disable_ui", action="store_const", const=True, default=None,
+                        help="serve no chat page at / and /ui")
     parser.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_const",
                         const=False, default=None, help="turn the prefix cache off")
     parser.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_const", const=True,

@@ -123,6 +123,7 @@ class ServerConfig:
     data_parallel_policy: DataParallelPolicy = "affinity"  # "round_robin": no load or prefix look (benchmarks)
     # `spindle render` (server/render_app.py): tokenizer, templates and render routes only; no engine, no torch
     render_only: bool = False
+    disable_ui: bool = False  # no chat page at / and /ui (server/api/ui.py); `spindle render` never has one
     metrics_compat: MetricsCompat | None = None  # "vllm": /metrics also under vLLM's names (server/metrics_compat.py)
     # Deployment (server/deploy.py): TLS through Hypercorn, CORS (vLLM's flags, JSON lists), a proxy's path prefix
     ssl_keyfile: str | None = None
@@ -265,7 +266,8 @@ _CAP_FIELDS = ("max_prompts_per_request", "max_choices_per_request", "max_stop_s
                "max_stop_token_ids", "max_logit_bias", "max_allowed_token_ids", "max_structured_output_size")
 # SPINDLE_* variables that other parts of the project read (not ServerConfig fields).
 _NOT_CONFIG = frozenset({"api_key", "output_chunk", "cache_dir", "fuzz_examples", "direct_write",
-                         "engine_command"})  # engine_command: engine/client.py, benchmarks and tests only
+                         "engine_command",  # engine_command: engine/client.py, benchmarks and tests only
+                         "chromium", "update_screenshot"})  # tests/e2e/browser.py, tests/e2e/test_ui.py
 # Byte sizes: written "2GiB", "512MiB", "1.5G" or plain bytes, as env vars and as flags.
 SIZE_FIELDS = ("kv_cache_memory", "max_request_body", "max_structured_output_size")
 # JSON objects: written as JSON text, as env vars and as flags.

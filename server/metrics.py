@@ -18,7 +18,7 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from engine.messages import EngineStats
@@ -210,6 +210,20 @@ class _PerProcess(Collector):
         yield family
 
 
+class _HeartbeatAge(Collector):
+    """spindle_engine_heartbeat_age_seconds: how long since the engine was last heard from, at scrape time."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily("spindle_engine_heartbeat_age_seconds",
+                                   "Seconds since the engine's last frame (steps, or a heartbeat every 0.5 s).",
+                                   labels=["model_name"])
+        family.add_metric([self.metrics.model_name], max(time.monotonic() - self.metrics.engine_heard, 0.0))
+        yield family
+
+
 class ServerMetrics:
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
@@ -260,6 +274,7 @@ class ServerMetrics:
         self.waiting = self._gauge("spindle_num_requests_waiting", "Requests waiting in the engine.")
         self.kv_usage = self._gauge("spindle_kv_cache_usage_perc", "Fraction of KV blocks held by requests (0..1).")
         self._last = EngineStats(0, 0, 0, 1, 0, 0, 0)
+        self.engine_heard = time.monotonic()  # when the last engine frame's stats came (record_stats)
 
     def _histogram(self, name: str, doc: str) -> LoopHistogram:
         h = LoopHistogram(self._slots)
@@ -296,8 +311,15 @@ class ServerMetrics:
         self._slots = slots
         self.registry.register(_PerProcess(self.model_name, list(self.finished.values())))
 
+    def watch_engine(self) -> None:
+        """Export the engine's heartbeat age (a full server: `spindle render` has no engine to watch)."""
+        self.engine_heard = time.monotonic()
+        self.registry.register(_HeartbeatAge(self))
+
     def record_stats(self, stats: EngineStats) -> None:
-        """Gauges from the latest engine stats; engine counters are cumulative, so add the delta."""
+        """Gauges from the latest engine stats (every engine frame has them); engine counters are cumulative, so
+        add the delta."""
+        self.engine_heard = time.monotonic()
         last, self._last = self._last, stats
         self.running.set(stats.num_running)
         self.waiting.set(stats.num_waiting)
