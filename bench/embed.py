@@ -31,7 +31,7 @@ def engine_embed(core: EngineCore, batch: int, length: int, rounds: int) -> floa
             core.add_request(AddRequest(f"e{batch}-{r}-{i}", p, SamplingParams(max_tokens=1), 0.0))
         done = 0
         while core.has_work:
-            done += sum(o.embedding is not None for o in core.step())
+            done += sum(o.pooled is not None for o in core.step())
         assert done == batch
         if r:
             times.append(time.perf_counter() - t0)
