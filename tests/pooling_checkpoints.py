@@ -69,15 +69,16 @@ def write_sentence_transformer(src: Path, path: Path, mode: str, normalize: bool
     The tokenizer keeps no chat template: sentence-transformers 6 would otherwise read inputs as chat messages and
     put a prompt in a system message; without one a prompt is text put before the input (as in earlier releases,
     the checkpoints on the hub, and vLLM)."""
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
 
     plain = path.parent / f".{path.name}-src"
     with_config(src, plain)
     drop_chat_template(plain)
-    transformer = models.Transformer(str(plain))
-    stack = [transformer, models.Pooling(transformer.get_word_embedding_dimension(), mode)]
+    transformer = Transformer(str(plain))
+    stack = [transformer, Pooling(transformer.get_embedding_dimension(), mode)]
     if normalize:
-        stack.append(models.Normalize())
+        stack.append(Normalize())
     st = SentenceTransformer(modules=stack, prompts=prompts, default_prompt_name=default_prompt_name)
     st.save(str(path))
     return path
