@@ -73,8 +73,10 @@ def _st_pooling_mode(conf: dict[str, Any]) -> list[str]:
     return [k.removeprefix("pooling_mode_") for k, v in conf.items() if k.startswith("pooling_mode_") and v is True]
 
 
-def sentence_transformers_pooler(folder: Path) -> dict[str, Any]:
-    """pooling_type and normalize from modules.json (+ its Pooling module's config.json); {} without them."""
+def sentence_transformers_pooler(folder: Path, with_mode: bool = True) -> dict[str, Any]:
+    """pooling_type and normalize from modules.json (+ its Pooling module's config.json); {} without them.
+
+    with_mode False (--pooler-config names the pooling type): normalize only; the mode is not read."""
     path = folder / "modules.json"
     if not path.exists():
         return {}
@@ -87,7 +89,7 @@ def sentence_transformers_pooler(folder: Path) -> dict[str, Any]:
     kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in modules if isinstance(m, dict)}
     found: dict[str, Any] = {"normalize": "Normalize" in kinds}
     pooling = kinds.get("Pooling")
-    if pooling is None:
+    if pooling is None or not with_mode:
         return found
     conf_path = folder / str(pooling.get("path", "")) / "config.json"
     conf = read_json(conf_path) if conf_path.exists() else {}
@@ -154,7 +156,7 @@ def pooling_info(folder: Path, cfg: dict[str, Any], convert: str, overrides: dic
     check_pooler_overrides(overrides)
     task = resolve_task(cfg, convert)
     settings: dict[str, Any] = {"pooling_type": "LAST", "normalize": True}
-    settings.update(sentence_transformers_pooler(folder))
+    settings.update(sentence_transformers_pooler(folder, "pooling_type" not in overrides))
     settings.update({k: v for k, v in overrides.items() if k in ("pooling_type", "normalize")})
     prompts, default_prompt = sentence_transformers_prompts(folder)
     dims = overrides.get("matryoshka_dimensions", cfg.get("matryoshka_dimensions"))
