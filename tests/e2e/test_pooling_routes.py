@@ -33,7 +33,7 @@ def cls_server(qwen2_cls_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -
 @pytest.fixture(scope="module")
 def ce_server(qwen2_ce_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     s = start_server(qwen2_ce_ckpt, tmp_path_factory.mktemp("ce"), "--runner", "pooling",
-                     "--max-documents-per-request", "4", "--max-model-len", "128")
+                     "--max-documents-per-request", "4", "--max-model-len", "128", "--max-num-queued-tokens", "200")
     yield s
     s.stop()
 
@@ -216,3 +216,29 @@ def test_a_classifier_with_several_labels_cannot_score(cls_server: Server) -> No
 def test_pooling_routes_refused_on_a_generation_server(server: Server, path: str) -> None:
     r = post(server, path, {"input": "hi", "query": "q", "documents": ["a"], "texts": ["a"]})
     assert r.status_code == 400 and "--runner pooling" in r.json()["error"]["message"], r.text
+
+
+def test_cohere_sdk_rerank_equals_the_cross_encoder(ce_server: Server, qwen2_ce_ckpt: Path) -> None:
+    import cohere
+
+    from sentence_transformers import CrossEncoder
+
+    ranked = CrossEncoder(str(qwen2_ce_ckpt), device="cpu").rank(QUERY, DOCS, top_k=3)
+    res = cohere.ClientV2(api_key="none", base_url=ce_server.url, timeout=60).rerank(
+        model="tiny", query=QUERY, documents=DOCS, top_n=3)
+    assert [r.index for r in res.results] == [r["corpus_id"] for r in ranked]
+    np.testing.assert_allclose([r.relevance_score for r in res.results], [r["score"] for r in ranked], atol=1e-4)
+    assert res.meta is not None and res.meta.api_version is not None and res.meta.api_version.version == "2"
+    with pytest.raises(cohere.BadRequestError, match="--max-documents-per-request"):
+        cohere.ClientV2(api_key="none", base_url=ce_server.url).rerank(model="tiny", query=QUERY, documents=DOCS * 2)
+
+
+def test_admission_and_metrics(ce_server: Server) -> None:
+    """The queued-token limit (200) holds for a rerank's documents together: one batch admitted or refused."""
+    before = ce_server.metric("spindle_request_success_total", 'finished_reason="stop"')
+    long_docs = [" ".join(f"w{i}" for i in range(25)) for _ in range(4)]  # about 4 x 60 tokens in all
+    r = post(ce_server, "/rerank", {"query": QUERY, "documents": long_docs})
+    assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+    ok = post(ce_server, "/rerank", {"query": QUERY, "documents": long_docs[:2]})
+    assert ok.status_code == 200, ok.text
+    assert ce_server.metric("spindle_request_success_total", 'finished_reason="stop"') == before + 2  # per document
