@@ -97,3 +97,11 @@ def st_mean_ckpt(checkpoints_root: Path, qwen2_ckpt: Path) -> Path:
 
     return write_sentence_transformer(qwen2_ckpt, checkpoints_root / "st_mean", "mean", True,
                                       {"query": "query: ", "document": "passage: "})
+
+
+@pytest.fixture(scope="session")
+def llama_cls_ckpt(checkpoints_root: Path) -> Path:
+    """LlamaForSequenceClassification with 2 labels, SentencePiece tokenizer."""
+    from tests.pooling_checkpoints import write_seq_cls
+
+    return write_seq_cls(checkpoints_root / "llama_cls", "llama", 2, seed=5)

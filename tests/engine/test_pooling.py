@@ -102,17 +102,20 @@ def test_every_pooler_matches_transformers(qwen2_ckpt: Path, pooling: str, case:
         assert (core.block_manager.prefix_cache_hits > 0) == (pooling == "LAST")
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
 @pytest.mark.parametrize("case", ["batched", "chunked_prefill"])
-def test_classifier_logits_match_transformers(qwen2_cls_ckpt: Path, case: str) -> None:
+def test_classifier_logits_match_transformers(request: pytest.FixtureRequest, arch: str, case: str) -> None:
+    ckpt: Path = request.getfixturevalue(f"{arch}_cls_ckpt")
     lengths, kw = CASES[case]
-    core = EngineCore(EngineConfig(model=str(qwen2_cls_ckpt), runner="pooling", num_blocks=64, **kw))  # type: ignore[arg-type]
+    core = EngineCore(EngineConfig(model=str(ckpt), runner="pooling", num_blocks=64, **kw))  # type: ignore[arg-type]
     info = core.ready_message().pooling
-    assert info is not None and info.task == "classify" and info.labels == ["label_a", "label_b", "label_c"]
-    assert info.activation == "softmax" and info.pooling_type == "LAST"
-    prompts = make_prompts(151_643, lengths, seed=3)
+    assert info is not None and info.task == "classify" and info.pooling_type == "LAST"
+    assert info.labels == ["label_a", "label_b", "label_c"][:3 if arch == "qwen2" else 2]
+    assert info.activation == "softmax"
+    # no pad id in a prompt (Qwen2 151643, Llama 0): transformers pools at the last token that is not padding
+    prompts = [[t or 1 for t in p] for p in make_prompts(151_643 if arch == "qwen2" else 32_000, lengths, seed=3)]
     for prompt, out in zip(prompts, run(core, prompts)):
-        torch.testing.assert_close(pooled(out), hf_hidden(qwen2_cls_ckpt, prompt, classify=True), atol=1e-4,
-                                   rtol=1e-4)
+        torch.testing.assert_close(pooled(out), hf_hidden(ckpt, prompt, classify=True), atol=1e-4, rtol=1e-4)
 
 
 def test_convert_embed_on_a_classifier_and_classify_refused_without_a_head(qwen2_cls_ckpt: Path,
