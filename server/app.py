@@ -39,6 +39,7 @@ from server.api.pooling.score import ScoreRoute
 from server.api.render_only import GENERATION_ROUTES, NotHereRoute
 from server.api.render_only import not_found as render_not_found
 from server.api.state import AppState
+from server.api.ui import ASSETS, PUBLIC_PATHS, AssetRoute, PageRoute
 from server.api.vllm.generate import GenerateRoute
 from server.api.vllm.render import ChatRenderRoute, CompletionsRenderRoute
 from server.api.vllm.tokenize import DetokenizeRoute, TokenizeRoute
@@ -145,6 +146,7 @@ def create_app(config: ServerConfig | None = None, *, worker: WorkerContext | No
     open_renderer = renderer_factory or _open_renderer
     if config.render_only:  # `spindle render`: no engine, no torch (server/render_app.py)
         return _render_only_app(state, metrics, open_renderer, fatal, load_in_background)
+    metrics.watch_engine()
     load = _EngineLoad(state, metrics, worker, engine_factory, open_renderer, fatal)
     routes = [
         Route("/v1/completions", CompletionsRoute(state), methods=["POST"]),
@@ -155,8 +157,10 @@ def create_app(config: ServerConfig | None = None, *, worker: WorkerContext | No
         Route("/v1/messages", MessagesRoute(state), methods=["POST"]),
         Route("/v1/messages/count_tokens", CountTokensRoute(state), methods=["POST"]),
         *_common_routes(state, metrics),
+        *([] if config.disable_ui else _ui_routes(state)),
     ]
-    return _asgi(state, routes, _lifespan(state, load.run, fatal, load_in_background), _not_found)
+    public = () if config.disable_ui else PUBLIC_PATHS
+    return _asgi(state, routes, _lifespan(state, load.run, fatal, load_in_background), _not_found, public)
 
 
 def _pooling_routes(state: AppState) -> list[Route]:
@@ -270,9 +274,18 @@ def _common_routes(state: AppState, metrics: ServerMetrics) -> list[Route]:
     ]
 
 
-def _asgi(state: AppState, routes: list[Route], lifespan: Any, not_found: Any) -> Any:
+def _ui_routes(state: AppState) -> list[Route]:
+    """The chat page at / and /ui, and its assets (server/api/ui.py); a full server's only."""
+    model = state.config.model
+    page = PageRoute(state, vision=model is not None and image_support(model) is not None)
+    assets = [Route(f"/ui/{name}", AssetRoute(name), methods=["GET"]) for name in ASSETS]
+    return [Route("/", page, methods=["GET"]), Route("/ui", page, methods=["GET"]), *assets]
+
+
+def _asgi(state: AppState, routes: list[Route], lifespan: Any, not_found: Any,
+          public: tuple[str, ...] = ()) -> Any:
     router = Router(routes=routes, lifespan=lifespan, default=not_found)
-    app: Any = wrap_app(router, state.config)  # access log, CORS, API key, root path (server/deploy.py)
+    app: Any = wrap_app(router, state.config, public)  # access log, CORS, API key, root path (server/deploy.py)
     app.state_holder = state  # for tests and diagnostics
     return app
 

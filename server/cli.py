@@ -66,7 +66,7 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--max-logit-bias", "max_logit_bias", int, "most logit_bias entries in one request"),
     ("--max-allowed-token-ids", "max_allowed_token_ids", int, "most allowed_token_ids in one request"),
     ("--max-structured-output-size", "max_structured_output_size", str,
-     "largest structured-output spec (JSON schema, regex, choices, grammar) in one request, e.g. 64KiB"),
+     "largest structured-output spec (JSON schema, regex, choices, grammar) in one request, e.g. 256KiB"),
     ("--tool-call-parser", "tool_call_parser", str,
      "hermes or mistral: read tool calls out of the output (tool_choice required / named use its format)"),
     ("--reasoning-parser", "reasoning_parser", str,
@@ -119,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a node other than 0: run its tensor-parallel ranks only, no API server")
     parser.add_argument("--allow-credentials", dest="allow_credentials", action="store_const", const=True,
                         default=None, help="CORS: allow cookies and Authorization from browsers")
+    parser.add_argument("--disable-ui", dest="disable_ui", action="store_const", const=True, default=None,
+                        help="serve no chat page at / and /ui")
     parser.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_const",
                         const=False, default=None, help="turn the prefix cache off")
     parser.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_const", const=True,

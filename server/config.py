@@ -44,7 +44,7 @@ class RequestCaps:
     max_stop_token_ids: int = 1024
     max_logit_bias: int = 1024
     max_allowed_token_ids: int = 262144
-    max_structured_output_size: int = 64 << 10  # bytes of a constraint's spec (server/pipeline/structured.py)
+    max_structured_output_size: int = 256 << 10  # bytes of a constraint's spec (server/pipeline/structured.py)
     max_documents_per_request: int = 1000  # /score and /rerank documents (one engine batch)
     priority_scheduling: bool = False  # --scheduling-policy priority: else a non-zero priority is refused
 
@@ -107,7 +107,10 @@ class ServerConfig:
     enable_auto_tool_choice: bool = False  # tool_choice "auto" (needs tool_call_parser)
     tool_call_parser: str | None = None  # "hermes" | "mistral": reads tool calls out of the model's text
     reasoning_parser: str | None = None  # "deepseek_r1" | "qwen3": splits <think>...</think> into `reasoning`
-    max_structured_output_size: int = 64 << 10  # bytes of one constraint's spec (schema, regex, choices, grammar)
+    # bytes of one constraint's spec (schema, regex, choices, grammar): 256 KiB takes the large real-world schemas
+    # (SchemaStore's, Kubernetes objects with their definitions: up to ~200 KB); what a spec costs to compile is
+    # bounded by the grammar backend's own limits (engine/structured/grammar.py LIMITS), not by its bytes
+    max_structured_output_size: int = 256 << 10
     # Tensor parallelism (engine/distributed/): torchrun's names; nodes other than 0 run --headless.
     tensor_parallel_size: int = 1
     nnodes: int = 1
@@ -122,6 +125,7 @@ class ServerConfig:
     data_parallel_policy: DataParallelPolicy = "affinity"  # "round_robin": no load or prefix look (benchmarks)
     # `spindle render` (server/render_app.py): tokenizer, templates and render routes only; no engine, no torch
     render_only: bool = False
+    disable_ui: bool = False  # no chat page at / and /ui (server/api/ui.py); `spindle render` never has one
     metrics_compat: MetricsCompat | None = None  # "vllm": /metrics also under vLLM's names (server/metrics_compat.py)
     # Deployment (server/deploy.py): TLS through Hypercorn, CORS (vLLM's flags, JSON lists), a proxy's path prefix
     ssl_keyfile: str | None = None
@@ -264,7 +268,8 @@ _CAP_FIELDS = ("max_prompts_per_request", "max_choices_per_request", "max_stop_s
                "max_documents_per_request")
 # SPINDLE_* variables that other parts of the project read (not ServerConfig fields).
 _NOT_CONFIG = frozenset({"api_key", "output_chunk", "cache_dir", "fuzz_examples", "direct_write",
-                         "engine_command"})  # engine_command: engine/client.py, benchmarks and tests only
+                         "engine_command",  # engine_command: engine/client.py, benchmarks and tests only
+                         "chromium", "update_screenshot"})  # tests/e2e/browser.py, tests/e2e/test_ui.py
 # Byte sizes: written "2GiB", "512MiB", "1.5G" or plain bytes, as env vars and as flags.
 SIZE_FIELDS = ("kv_cache_memory", "max_request_body", "max_structured_output_size")
 # JSON objects: written as JSON text, as env vars and as flags.

@@ -18,11 +18,6 @@ SMALL = dict(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermed
              rope_theta=10_000.0, max_position_embeddings=128, seed=7, tokenizer=False)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> None:
-    torch.set_num_threads(1)
-
-
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_random_checkpoint(tmp_path_factory.mktemp("small") / "ckpt", "llama",

@@ -17,7 +17,6 @@ from engine.messages import AddRequest, PooledData, RequestOutput, SamplingParam
 from engine.models.checkpoint_meta import ModelLoadError
 from engine.pooler import Pooler
 
-torch.set_num_threads(1)
 
 _HF: dict[tuple[Path, str], object] = {}
 

@@ -82,7 +82,7 @@ def test_bad_caps_and_policy_are_refused_naming_the_flag(env: dict[str, str]) ->
 
 
 def test_max_structured_output_size_takes_sizes() -> None:
-    assert ServerConfig().request_caps().max_structured_output_size == 64 * 1024
+    assert ServerConfig().request_caps().max_structured_output_size == 256 * 1024  # the largest real-world schemas (~240 KB) pass
     assert config_from_args(["--max-structured-output-size", "1KiB"]).request_caps().max_structured_output_size == 1024
     assert ServerConfig.from_env({"SPINDLE_MAX_STRUCTURED_OUTPUT_SIZE": "300"}).max_structured_output_size == 300
     with pytest.raises(ValueError, match="--max-structured-output-size"):
