@@ -207,6 +207,18 @@ def test_truncated_pair_keeps_the_query(ce_server: Server, qwen2_ce_ckpt: Path) 
     assert body["data"][0]["score"] == pytest.approx(expected, abs=1e-4)
 
 
+def test_max_tokens_per_doc_cuts_each_document(ce_server: Server, qwen2_ce_ckpt: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(qwen2_ce_ckpt)
+    cut = [tok.decode(tok(d, add_special_tokens=False)["input_ids"][:3]) for d in DOCS]
+    expected = cross_encoder_scores(qwen2_ce_ckpt, [(QUERY, d) for d in cut])
+    body = post(ce_server, "/v2/rerank", {"query": QUERY, "documents": DOCS, "max_tokens_per_doc": 3}).json()
+    by_index = {r["index"]: r["relevance_score"] for r in body["results"]}
+    np.testing.assert_allclose([by_index[i] for i in range(len(DOCS))], expected, atol=1e-4)
+    assert body["usage"]["prompt_tokens"] == sum(len(ids_of(qwen2_ce_ckpt, QUERY + d)) for d in cut)
+
+
 def test_a_classifier_with_several_labels_cannot_score(cls_server: Server) -> None:
     r = post(cls_server, "/rerank", {"query": "q", "documents": ["a"]})
     assert r.status_code == 400 and "3 labels" in r.json()["error"]["message"]
