@@ -25,9 +25,10 @@ from engine.distributed.launch import LocalRanks, _fatal
 from engine.distributed.plan import GENERATE, POOL, STOP, TICK, StepPlan, batch_of, plan_of
 from engine.distributed.sharding import Shard
 from engine.model_runner import ModelRunner, RunnerOutput, pick_device
-from engine.models.decoder import CausalLM
 from engine.models.args import ConfigError
+from engine.models.decoder import CausalLM
 from engine.models.loader import ModelInfo, ModelLoadError, load_model, read_config, resolve_model
+from engine.models.pooling_archs import as_decoder_config
 from engine.models.registry import parse_config
 from engine.sequence import ScheduledSeq
 
@@ -48,7 +49,7 @@ class TPModelRunner(ModelRunner):
             # refuse an unsupported or unsplittable model here, before any other rank starts
             folder = resolve_model(config.model)
             try:
-                self.shard.local_args(parse_config(read_config(folder)))
+                self.shard.local_args(parse_config(as_decoder_config(read_config(folder))))
             except ConfigError as e:
                 raise ModelLoadError(f"{folder / 'config.json'}: {e}") from e
             store = master_store(config)

@@ -27,7 +27,7 @@ WeightGetter = Callable[[str], torch.Tensor]
 Rope = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]  # (q, k, table index)
 
 
-class Weights(Protocol):
+class WeightSource(Protocol):
     """The loader's weights: name -> tensor, and which names the checkpoint has."""
 
     def __call__(self, name: str) -> torch.Tensor: ...
@@ -139,7 +139,7 @@ class CausalLM:
         self.kv_size = args.num_kv_heads * args.head_dim
 
     @classmethod
-    def load(cls, cfg: dict[str, Any], args: ModelArgs, weights: Weights, has_lm_head: bool,
+    def load(cls, cfg: dict[str, Any], args: ModelArgs, weights: WeightSource, has_lm_head: bool,
              max_positions: int, quantization: str | None = None) -> CausalLM:
         """The model from its config.json and weights (a family with its own layout overrides this)."""
         return cls(args, weights, has_lm_head, max_positions, quantization)

@@ -20,6 +20,7 @@ from engine.models.checkpoint_meta import ModelLoadError as ModelLoadError
 from engine.models.checkpoint_meta import eos_token_ids, generation_defaults, read_generation_config
 from engine.models.checkpoint_meta import read_config as read_config
 from engine.models.decoder import CausalLM
+from engine.models.pooling_archs import as_decoder_config, decoder_weights
 from engine.models.registry import family_of, parse_config
 from engine.models.weights import Weights
 
@@ -122,7 +123,7 @@ def load_model(path: str | Path, dtype: str, device: torch.device | str, max_pos
     quantization: "int8" packs every projection and the LM head as weight-only int8 (engine/layers/linear.py).
     """
     folder, device = Path(path), torch.device(device)
-    cfg = read_config(folder)
+    cfg = as_decoder_config(read_config(folder))  # a pooling-only checkpoint: its decoder
     try:
         arch, family = family_of(cfg)
         args = parse_config(cfg)
@@ -138,7 +139,8 @@ def load_model(path: str | Path, dtype: str, device: torch.device | str, max_pos
     with torch.inference_mode():
         if shard is None:
             weights = Weights(folder, _DTYPES[dtype_name], device)
-            model = family.model.load(cfg, args, weights, "lm_head.weight" in weights, positions, quantization)
+            model = family.model.load(cfg, args, decoder_weights(weights), "lm_head.weight" in weights, positions,
+                                      quantization)
         else:
             weights = shard.weights(folder, args, _DTYPES[dtype_name], device)
             model = shard.build(args, weights, "lm_head.weight" in weights, positions, quantization)

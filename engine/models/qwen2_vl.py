@@ -21,7 +21,7 @@ from engine.attention import AttnMetadata, apply_rope
 from engine.layers.linear import Linear, make_linear
 from engine.models import llama
 from engine.models.args import ConfigError, ModelArgs
-from engine.models.decoder import CausalLM, WeightGetter, Weights
+from engine.models.decoder import CausalLM, WeightGetter, WeightSource
 
 ARCHITECTURE = "Qwen2VLForConditionalGeneration"
 IMAGE_TOKEN_ID = 151655  # <|image_pad|>, the default when config.json does not say
@@ -206,7 +206,7 @@ class Qwen2VLCausalLM(CausalLM):
         self._axis_cols = torch.cat([axis, axis]).to(self.device)  # table column -> the axis that drives it
 
     @classmethod
-    def load(cls, cfg: dict[str, Any], args: ModelArgs, weights: Weights, has_lm_head: bool,
+    def load(cls, cfg: dict[str, Any], args: ModelArgs, weights: WeightSource, has_lm_head: bool,
              max_positions: int, quantization: str | None = None) -> CausalLM:
         """Both weight layouts (the original and transformers 5's), the vision tower from vision_config."""
         return cls(parse_vl_config(cfg), vl_weight_getter(weights, weights), has_lm_head, max_positions,
