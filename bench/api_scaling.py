@@ -101,7 +101,7 @@ def measure(n: int, model: str, args: argparse.Namespace) -> Row:
             time.sleep(0.2)
         kids = _children(server.pid)
         engine = [pid for pid, c in kids if "fake_engine_process" in c]
-        apis = [pid for pid, c in kids if "server.api_servers" in c] if n > 1 else [server.pid]
+        apis = [pid for pid, c in kids if "server.runtime.api_process" in c] if n > 1 else [server.pid]
         if len(engine) != 1 or len(apis) != n:
             raise SystemExit(f"N={n}: expected one fake engine and {n} API processes, found {kids}")
         _warm_up(port, n)

@@ -4,14 +4,14 @@
 
 `engine/client.py` `engine_command` starts this instead of `python -m engine` when SPINDLE_ENGINE_COMMAND says
 so, with the same arguments (`--config JSON`, and `--channels fd,...` under `--api-server-count`). It speaks
-the real protocol by running the real loops around a fake core: `engine/loop.py` `run` on stdin / stdout,
-`engine/channels.py` `run_channels` on the launcher's socketpairs, so the frames, the one `StepOutputs` per step
-(per channel), the heartbeats and the lifeline are exactly the real engine's. `Ready` comes from the model
-folder's config.json (vocabulary, context length, eos ids). Every step gives each running request one token
-(ids of a real English text, cycled, so the server's detokenizer does real work; never an eos id) and finishes
-it with "length" at max_tokens ("stop" on one of its stop_token_ids); steps follow each other without a pause,
-so the only brake is the pipe: a step's write blocks while the API server has not read the last ones. No
-logprobs, no embeddings, no images, no constraints (they are ignored). It runs at the real engine's nice +10.
+the real protocol by running the real loop around a fake core: `engine/loop.py` `run` on stdin / stdout (`Pipes`)
+or on the launcher's socketpairs (`engine/channels.py` `ChannelSet`), so the frames, the one `StepOutputs` per
+step (per channel), the heartbeats and the lifeline are exactly the real engine's. `Ready` comes from the model
+folder's config.json (vocabulary, context length, eos ids). Every step gives each running request one token (ids
+of a real English text, cycled, so the server's detokenizer does real work; never an eos id) and finishes it with
+"length" at max_tokens ("stop" on one of its stop_token_ids); steps follow each other without a pause, so the only
+brake is the pipe: a step's write blocks while the API server has not read the last ones. No logprobs, no
+embeddings, no images, no constraints (they are ignored). It runs at the real engine's nice +10.
 """
 
 from __future__ import annotations
@@ -25,8 +25,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine.__main__ import run_below_server
+from engine.channels import ChannelSet, wait_for_lifeline
 from engine.config import EngineConfig
-from engine.messages import AddRequest, EngineStats, Ready, RequestOutput
+from engine.ipc import FrameReader, FrameWriter, die_with_parent
+from engine.loop import Links, Pipes, run
+from engine.messages import AddRequest, EngineStats, LoadFailed, Ready, RequestOutput, ToEngine
 
 _TEXT = (
     "The quick brown fox jumps over the lazy dog, and then, as if nothing had happened, it sits down by the "
@@ -132,10 +136,6 @@ def _ids(value: Any) -> list[int]:
 
 def main() -> None:
     """engine/__main__.py's `main`, with the fake core."""
-    from engine.__main__ import run_below_server
-    from engine.ipc import FrameReader, FrameWriter, die_with_parent
-    from engine.messages import LoadFailed, ToEngine
-
     parser = argparse.ArgumentParser(prog="python -m bench.fake_engine_process")
     parser.add_argument("--config", required=True)
     parser.add_argument("--channels", default="")
@@ -146,31 +146,24 @@ def main() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     out_fd = os.dup(1)
     os.dup2(2, 1)
-    writer: Any = FrameWriter(out_fd)
+    links: Links
     if args.channels:
-        from engine.channels import ChannelSet
-
-        writer = ChannelSet([int(fd) for fd in args.channels.split(",")])
+        links = ChannelSet([int(fd) for fd in args.channels.split(",")])
+    else:
+        links = Pipes(FrameReader(0, ToEngine), FrameWriter(out_fd))
     try:
         config = EngineConfig(**json.loads(args.config))
         core = FakeCore(config)
     except Exception as e:  # noqa: BLE001 - reported to the parent as the real engine does
-        writer.send(LoadFailed(f"fake engine: {type(e).__name__}: {e}"))
+        links.broadcast(LoadFailed(f"fake engine: {type(e).__name__}: {e}"))
         sys.exit(1)
-    writer.send(core.ready)
+    links.broadcast(core.ready)
     try:
-        if args.channels:
-            from engine.channels import run_channels, wait_for_lifeline
-
-            run_channels(core, config.heartbeat_interval, writer)
-            wait_for_lifeline()
-        else:
-            from engine.loop import run
-
-            run(core, config.heartbeat_interval, FrameReader(0, ToEngine), writer)
+        run(core, config.heartbeat_interval, links)
     except (BrokenPipeError, KeyboardInterrupt):
-        pass
-
+        return
+    if args.channels:
+        wait_for_lifeline()
 
 if __name__ == "__main__":
     main()

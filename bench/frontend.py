@@ -3,7 +3,7 @@
     python -m bench.frontend [--worker-class trio|asyncio|uvloop] [--concurrency 64]
         [--num-requests 256] [--output-len 128] [--step-ms 20]
 
-The server is the real one (`server.cli.serve`: Hypercorn, the app, AsyncLLM, output processor,
+The server is the real one (`server.runtime.http_server.serve`: Hypercorn, the app, AsyncLLM, output processor,
 detokenizer with the demo checkpoint's tokenizer, SSE) in a subprocess, but its engine is
 `PacedFakeEngine`, in-process, which gives every running request one token every --step-ms:
 no model, no engine subprocess, so the figure is the frontend alone, on an otherwise quiet CPU.
@@ -76,7 +76,7 @@ def _serve(args: argparse.Namespace) -> int:
     from tokenizers import Tokenizer
 
     from engine.models.random_checkpoint import demo_checkpoint_path
-    from server.cli import run_server
+    from server.runtime.http_server import run_server
     from server.config import ServerConfig
 
     model = str(demo_checkpoint_path())

@@ -133,8 +133,9 @@ def _serve_with_ticker(argv: list[str]) -> int:
     import anyio
 
     import server.cli
+    import server.runtime.http_server
 
-    real_serve = server.cli.serve
+    real_serve = server.runtime.http_server.serve
     path = os.environ["BENCH_RESPONSIVENESS_LAG_FILE"]
 
     async def ticker() -> None:
@@ -149,14 +150,14 @@ def _serve_with_ticker(argv: list[str]) -> int:
                 w1 = int(os.pread(fd, 100, 0).split()[1])
                 out.write(f"{time.monotonic_ns()} {late * 1e6:.0f} {(w1 - w0) / 1e3:.0f}\n")
 
-    async def serve(config: Any, engine_factory: Any = None) -> int:
+    async def serve(config: Any, engine_factory: Any = None, worker: Any = None) -> int:
         async with anyio.create_task_group() as tg:
             tg.start_soon(ticker)
-            code = await real_serve(config, engine_factory)
+            code = await real_serve(config, engine_factory, worker)
             tg.cancel_scope.cancel()
         return code
 
-    server.cli.serve = serve  # run_server looks it up at call time
+    server.runtime.http_server.serve = serve  # run_server looks it up at call time
     return server.cli.main(argv)
 
 

@@ -9,10 +9,11 @@ import os
 import signal
 import sys
 import traceback
-from typing import Any
 
+from engine.channels import ChannelSet, wait_for_lifeline
 from engine.config import EngineConfig
 from engine.ipc import FrameReader, FrameWriter, die_with_parent
+from engine.loop import Links, Pipes, serve
 from engine.messages import LoadFailed, ToEngine
 
 # The engine runs this much nicer than the API server that started it (relative: a server started under
@@ -53,38 +54,28 @@ def main() -> None:
     # frames go to the original stdout; anything a library prints goes to stderr instead
     out_fd = os.dup(1)
     os.dup2(2, 1)
-    writer: Any = FrameWriter(out_fd)
-    reader: FrameReader[ToEngine] | None = None
+    links: Links
     if args.channels:  # several API servers: fd 0 is only the launcher's lifeline (die_with_parent)
-        from engine.channels import ChannelSet
-
-        writer = ChannelSet([int(fd) for fd in args.channels.split(",")])
+        links = ChannelSet([int(fd) for fd in args.channels.split(",")])
     else:
-        reader = FrameReader(0, ToEngine)
+        links = Pipes(FrameReader(0, ToEngine), FrameWriter(out_fd))
     logging.basicConfig(level=os.environ.get("SPINDLE_LOG_LEVEL", "INFO").upper(),
                         format="%(asctime)s engine %(levelname)s %(message)s")
     try:
         config = EngineConfig(**json.loads(args.config))
-        from engine.loop import serve  # heavy imports (torch) after the pipes are set up
     except Exception as e:  # noqa: BLE001 - any load failure is reported to the parent, then we exit
-        writer.send(LoadFailed(f"{type(e).__name__}: {e}"))
+        links.broadcast(LoadFailed(f"{type(e).__name__}: {e}"))
         sys.exit(1)
     try:
-        if reader is None:
-            from engine.channels import serve_channels
-
-            serve_channels(config, writer)
-        else:
-            serve(config, reader, writer)
+        serve(config, links)
     except (BrokenPipeError, KeyboardInterrupt):
-        pass
+        return
     except Exception as e:  # noqa: BLE001
         traceback.print_exc()
-        try:
-            writer.send(LoadFailed(f"{type(e).__name__}: {e}"))
-        except OSError:
-            pass
+        links.broadcast(LoadFailed(f"{type(e).__name__}: {e}"))
         sys.exit(1)
+    if args.channels:
+        wait_for_lifeline()
 
 
 if __name__ == "__main__":

@@ -1,22 +1,23 @@
 """The model's swappable pieces: RMSNorm, rotary embedding, paged KV writes and paged attention.
 
-`TorchOps` bundles the plain torch versions (CPU); `TritonOps` routes the same calls to `engine.kernels`
-(GPU). The model only calls `ops.rms_norm / rope / write_kv / attention`, so the two swap per runner.
-The KV cache of one layer is a pair of tensors [num_blocks, block_size, num_kv_heads, head_dim];
-a token at position p of a sequence lives in slot block_table[p // block_size] * block_size + p % block_size.
+`TorchOps` bundles the plain torch versions (CPU; attention in engine/cpu_attention.py); `TritonOps` routes
+the same calls to `engine.kernels` (GPU). The model only calls `ops.rms_norm / rope / write_kv / attention`,
+so the two swap per runner. The KV cache of one layer is a pair of tensors [num_blocks, block_size,
+num_kv_heads, head_dim] (on CPU a view of head-major storage); a token at position p of a sequence lives in
+slot block_table[p // block_size] * block_size + p % block_size.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-if TYPE_CHECKING:
-    from engine.kernels import PagedBatch
+from engine import kernels
+from engine.cpu_attention import DecodeSeqs, PrefillChunk, decode_attention, prefill_attention
+from engine.kernels import PagedBatch
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -73,70 +74,34 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
 
 
 @dataclass
-class PrefillChunk:
-    """A sequence running several tokens: rows [q_start, q_start + q_len) attend over key_slots."""
-
-    q_start: int
-    q_len: int
-    key_slots: torch.Tensor  # [ctx_len] slots of positions 0..ctx_len-1 (ctx_len = first position + q_len)
-    mask: torch.Tensor  # [q_len, ctx_len] bool, True where attention is allowed
-
-
-@dataclass
 class AttnMetadata:
-    """Everything attention needs for one step, built once by the runner and shared by all layers."""
+    """Everything attention needs for one step, built once by the runner and shared by all layers.
+
+    Windows and soft-capping are arguments of each attention call, not part of the metadata, so layers
+    with different windows (Gemma's local and global layers) share it."""
 
     slot_mapping: torch.Tensor  # [T] where each new token's K/V goes
-    decode_rows: torch.Tensor  # [B] rows of the flat batch that are single-token steps
-    decode_key_slots: torch.Tensor  # [B, max_ctx] slot of each key position (padding points at slot 0)
-    decode_bias: torch.Tensor  # [B, 1, 1, max_ctx] in the model's dtype: 0 where allowed, -inf elsewhere
-    prefills: list[PrefillChunk] = field(default_factory=list)
+    decodes: DecodeSeqs | None = None  # the CPU path's single-token sequences
+    prefills: list[PrefillChunk] = field(default_factory=list)  # the CPU path's multi-token chunks
     paged: PagedBatch | None = None  # the Triton path's block tables and lengths, instead of the above
-    sliding_window: int | None = None  # the Triton path applies it in-kernel; the masks above already do
-
-    @property
-    def num_decodes(self) -> int:
-        return int(self.decode_rows.numel())
 
 
-def _gather(flat: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """flat[slots] for a slot tensor of any shape; index_select copies rows faster than indexing on CPU."""
-    return flat.index_select(0, slots.flatten()).view(*slots.shape, *flat.shape[1:])
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMetadata,
+                    scale: float, *, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+    """q [T, heads, D] for the flat batch -> attention output [T, heads, D] (engine/cpu_attention.py).
 
-
-def _decode_attention(q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor,
-                      meta: AttnMetadata, scale: float) -> torch.Tensor:
-    """q [B, heads, D] -> [B, heads, D]: every decode sequence in one padded batched SDPA call."""
-    k = _gather(k_flat, meta.decode_key_slots).transpose(1, 2)  # [B, kv_heads, L, D]
-    v = _gather(v_flat, meta.decode_key_slots).transpose(1, 2)
-    out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=meta.decode_bias,
-                                         scale=scale, enable_gqa=k.shape[1] != q.shape[1])
-    return out[:, :, 0]
-
-
-def _prefill_attention(q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor,
-                       chunk: PrefillChunk, scale: float) -> torch.Tensor:
-    """q [Lq, heads, D] -> [Lq, heads, D] over the chunk's whole context (cached prefix + itself)."""
-    k = _gather(k_flat, chunk.key_slots).transpose(0, 1).unsqueeze(0)  # [1, kv_heads, L, D]
-    v = _gather(v_flat, chunk.key_slots).transpose(0, 1).unsqueeze(0)
-    out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k, v, attn_mask=chunk.mask,
-                                         scale=scale, enable_gqa=k.shape[1] != q.shape[1])
-    return out[0].transpose(0, 1)
-
-
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttnMetadata, scale: float) -> torch.Tensor:
-    """q [T, heads, D] for the flat batch -> attention output [T, heads, D]."""
-    k_flat = k_cache.view(-1, *k_cache.shape[2:])
-    v_flat = v_cache.view(-1, *v_cache.shape[2:])
-    if not meta.prefills and meta.num_decodes == q.shape[0]:  # a pure decode step: no scatter back
-        return _decode_attention(q, k_flat, v_flat, meta, scale)
+    window: a query at position p sees keys (p - window, p]; softcap: scores become softcap * tanh(s / softcap)."""
+    decodes = meta.decodes
+    if decodes is not None and not meta.prefills and len(decodes) == q.shape[0]:  # pure decode: no scatter
+        return decode_attention(q, k_cache, v_cache, decodes, scale, window, softcap)
     out = torch.empty_like(q)
-    if meta.num_decodes:
-        out[meta.decode_rows] = _decode_attention(q[meta.decode_rows], k_flat, v_flat, meta, scale)
+    if decodes is not None and len(decodes):
+        rows = decodes.rows
+        out.index_copy_(0, rows, decode_attention(q.index_select(0, rows), k_cache, v_cache, decodes, scale,
+                                                  window, softcap))
     for chunk in meta.prefills:
-        rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
-        out[rows] = _prefill_attention(q[rows], k_flat, v_flat, chunk, scale)
+        rows_ = slice(chunk.q_start, chunk.q_start + chunk.q_len)
+        out[rows_] = prefill_attention(q[rows_], k_cache, v_cache, chunk, scale, window, softcap)
     return out
 
 
@@ -164,29 +129,21 @@ class TritonOps:
 
     @staticmethod
     def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        from engine import kernels
-
         return kernels.rms_norm(x, weight, eps)
 
     @staticmethod
     def rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
              cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        from engine import kernels
-
         return kernels.rotary_embedding(positions, q, k, cos_sin)  # in place
 
     @staticmethod
     def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
-        from engine import kernels
-
         kernels.write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
 
     @staticmethod
     def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMetadata,
-                  scale: float) -> torch.Tensor:
-        from engine import kernels
-
+                  scale: float, *, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
         assert meta.paged is not None, "the runner builds `paged` metadata for the Triton path"
         fn = kernels.decode_attention if meta.paged.max_query_len == 1 else kernels.prefill_attention
-        return fn(q, k_cache, v_cache, meta.paged, scale, sliding_window=meta.sliding_window)
+        return fn(q, k_cache, v_cache, meta.paged, scale, sliding_window=window, softcap=softcap)

@@ -6,6 +6,12 @@ prefix cache under the key (parent content id, its token ids): content ids are h
 per registration, so a key names its whole prefix exactly (no hash collision can ever serve
 wrong KV: the dict compares the token tuple itself). Freed registered blocks stay "free but
 cached" and are evicted least-recently-freed first when the pool needs blocks.
+
+With a sliding window on every layer (`window`: the largest), a block whose last position every later
+query's window has passed is released while the sequence runs: its table entry becomes PASSED (the
+entry stays, so position p still maps to entry p // block_size), and the block goes back to the pool,
+still cached if registered. Prefix hits that the first new query's window has passed are not taken at
+all. Attention never reads a PASSED entry: it starts each query's keys at its window.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from engine.sequence import Sequence
 # (parent content id, the block's token ids[, the images in it: (hash, offset in the image) each])
 _CacheKey = tuple[Any, ...]
 _ROOT = -1  # the parent content id of a sequence's first block
+PASSED = -1  # a block-table entry whose block every later query's window has passed (released)
 
 
 def _block_key(seq: Sequence, parent: int, i: int, bs: int) -> _CacheKey:
@@ -29,12 +36,16 @@ def _block_key(seq: Sequence, parent: int, i: int, bs: int) -> _CacheKey:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 window: int | None = None) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be at least 1")
+        if window is not None and window < 1:
+            raise ValueError(f"window must be at least 1, not {window}")
         self.num_total_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.window = window  # every layer's window is at most this; None: some layer reads everything
         self._ref = [0] * num_blocks  # how many sequences hold each block
         self._key: list[_CacheKey | None] = [None] * num_blocks  # registered under this key
         self._cid = [_ROOT] * num_blocks  # content id while registered
@@ -45,6 +56,7 @@ class BlockManager:
         self._free_cached: OrderedDict[int, None] = OrderedDict()
         # per held sequence: [blocks registered (or matched), content id of the last of them]
         self._chain: dict[Sequence, list[int]] = {}
+        self._passed: dict[Sequence, int] = {}  # leading table entries released (PASSED), per sequence
         self.prefix_cache_queries = 0  # cumulative, in tokens
         self.prefix_cache_hits = 0  # cumulative, in tokens
 
@@ -63,6 +75,20 @@ class BlockManager:
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    def most_blocks_held(self, num_tokens: int, chunk: int) -> int:
+        """The most blocks a sequence of num_tokens holds at once, computed chunk tokens at a time at most."""
+        full = self.blocks_needed(num_tokens)
+        if self.window is None:
+            return full
+        # blocks from the one holding computed - window + 1 to the one holding computed + chunk - 1
+        return min(full, self.blocks_needed(self.window - 1 + chunk) + 1)
+
+    def passed_blocks(self, num_computed: int) -> int:
+        """Leading blocks no query at position >= num_computed reads: every layer's window has passed them."""
+        if self.window is None:
+            return 0
+        return max(0, num_computed - self.window + 1) // self.block_size
 
     # ---- prefix lookup + allocation ---------------------------------------------------------
     def lookup(self, seq: Sequence) -> list[int]:
@@ -91,11 +117,13 @@ class BlockManager:
         start after them: the caller sets seq.num_computed_tokens = len(hits) * block_size.
         """
         table = seq.block_table
+        skip = 0
         if hits:
             assert not table, "prefix hits are only taken by a sequence that holds no blocks"
             computed = len(hits) * self.block_size
+            skip = self.passed_blocks(computed)  # hits no new query reads stay in the pool
             # a hit that is free-but-cached leaves the free pool when it is taken
-            reused = sum(1 for b in hits if self._ref[b] == 0)
+            reused = sum(1 for b in hits[skip:] if self._ref[b] == 0)
         else:
             computed, reused = seq.num_computed_tokens, 0
         need = self.blocks_needed(computed + num_new_tokens) - len(table) - (len(hits) if hits else 0)
@@ -105,11 +133,12 @@ class BlockManager:
             self.prefix_cache_queries += seq.num_tokens if self.enable_prefix_caching else 0
             self._chain[seq] = [0, _ROOT]
         if hits:
-            for b in hits:
+            for b in hits[skip:]:
                 if self._ref[b] == 0:
                     del self._free_cached[b]
                 self._ref[b] += 1
-            table.extend(hits)
+            table.extend([PASSED] * skip + hits[skip:])
+            self._passed[seq] = skip
             self._chain[seq] = [len(hits), self._cid[hits[-1]]]
             self.prefix_cache_hits += computed
         for _ in range(need):
@@ -158,14 +187,31 @@ class BlockManager:
                 parent = self._cid[existing]
         chain[0], chain[1] = max(done, full), parent
 
+    def release_passed(self, seq: Sequence) -> None:
+        """Release the blocks every layer's window has passed, after a step computed seq's tokens
+        (call after register_full_blocks: a passed block is full, so it is registered first)."""
+        table = seq.block_table
+        done = self._passed.get(seq, 0)
+        upto = min(self.passed_blocks(seq.num_computed_tokens), len(table))
+        for i in range(done, upto):
+            self._unref(table[i])
+            table[i] = PASSED
+        if upto > done:
+            self._passed[seq] = upto
+
     def free(self, seq: Sequence) -> None:
         """Release seq's blocks; registered ones stay cached, the tail's evicted before the head."""
         self._chain.pop(seq, None)
+        self._passed.pop(seq, None)
         for b in reversed(seq.block_table):
-            self._ref[b] -= 1
-            if self._ref[b] == 0:
-                if self._key[b] is not None:
-                    self._free_cached[b] = None
-                else:
-                    self._free_plain.append(b)
+            if b != PASSED:
+                self._unref(b)
         seq.block_table = []
+
+    def _unref(self, b: int) -> None:
+        self._ref[b] -= 1
+        if self._ref[b] == 0:
+            if self._key[b] is not None:
+                self._free_cached[b] = None
+            else:
+                self._free_plain.append(b)

@@ -1,10 +1,10 @@
 """An API server's client for an engine core it shares with other API servers (`--api-server-count N`).
 
-The launcher (`server/api_servers.py`) starts the engine and gives each API process one end of its own
+The launcher (`server/runtime/launcher.py`) starts the engine and gives each API process one end of its own
 socketpair; the engine holds the other ends (`engine/channels.py`). This wraps that socket in the usual
 `EngineClient`: the same single writer task and queue, the same receive, heartbeat and step timeouts, and
-engine death is EOF on the socket. The API process does not own the engine process: leaving only closes
-its channel (the engine aborts that channel's requests); the launcher stops the engine.
+engine death is EOF on the socket. The API process does not own the engine process (`SharedEngine`): leaving
+only closes its channel (the engine aborts that channel's requests); the launcher stops the engine.
 """
 
 from __future__ import annotations
@@ -12,33 +12,27 @@ from __future__ import annotations
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
-import anyio
 import anyio.abc
 
-from engine.client import EngineClient, _wait_ready, running
-from engine.ipc import FrameBuffer
-from engine.messages import FromEngine
+from engine.client import EngineClient, connect
 
 
-class _ChannelEnd:
-    """What EngineClient needs of a `Process`, for a socket: stdin and stdout are the one stream."""
+class SharedEngine:
+    """The launcher's engine: this API process never waits for it nor kills it."""
 
-    def __init__(self, stream: anyio.abc.SocketStream, engine_pid: int) -> None:
-        self.stdin = stream
-        self.stdout = stream
-        self.pid = engine_pid
-        self.returncode: int | None = 0  # not ours: _shutdown closes the channel and never waits or kills
+    def __init__(self, pid: int) -> None:
+        self._pid = pid
 
-    async def wait(self) -> int:
-        return 0
+    @property
+    def pid(self) -> int:
+        return self._pid
 
-    def kill(self) -> None:
-        pass
+    async def exited(self) -> str:
+        return f"the engine (pid {self._pid}) closed this API server's channel"
 
-    async def aclose(self) -> None:
-        await self.stdin.aclose()
+    async def stop(self, grace: float) -> None:
+        pass  # the launcher stops the engine once every API process is gone
 
 
 @asynccontextmanager
@@ -49,14 +43,7 @@ async def open_engine_channel(fd: int, engine_pid: int, *, ready_timeout: float 
     sock = socket.socket(fileno=fd)
     sock.setblocking(False)
     stream = await anyio.abc.SocketStream.from_socket(sock)
-    end = _ChannelEnd(stream, engine_pid)
-    frames: FrameBuffer[FromEngine] = FrameBuffer(FromEngine)
-    proc: Any = end
-    try:
-        ready = await _wait_ready(proc, frames, ready_timeout)
-    except BaseException:
-        with anyio.CancelScope(shield=True):
-            await stream.aclose()
-        raise
-    async with running(EngineClient(proc, ready, frames, heartbeat_timeout, step_timeout), 0.0) as client:
+    async with connect(stream, SharedEngine(engine_pid), ready_timeout=ready_timeout,
+                       heartbeat_timeout=heartbeat_timeout, step_timeout=step_timeout,
+                       shutdown_grace=0.0) as client:
         yield client

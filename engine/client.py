@@ -1,8 +1,10 @@
 """The API server's side of the engine: start the subprocess, send requests, receive step frames.
 
-Works on any anyio backend (Trio, asyncio, uvloop): the pipes are anyio process streams, read
-without a thread. Engine death (EOF, exit, silence past the heartbeat timeout) is an
-`EngineDeadError` from `receive`, never a hang.
+Works on any anyio backend (Trio, asyncio, uvloop): the client reads and writes one anyio byte stream (the
+subprocess's stdin and stdout stapled together, or one socket of a shared engine: engine/channel_client.py),
+without a thread. Engine death (EOF, exit, silence past the heartbeat timeout) is an `EngineDeadError` from
+`receive`, never a hang. Who owns the engine process, and so what leaving does to it, is an `EngineLifetime`:
+`OwnedEngine` (the subprocess started here: waited for, then killed) or a shared engine's (left running).
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ import sys
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Protocol
 
 import anyio
 import anyio.abc
-from anyio.abc import Process
+from anyio.abc import ByteStream, Process
+from anyio.streams.stapled import StapledByteStream
 
 from engine.config import EngineConfig
 from engine.ipc import FrameBuffer, FrameEncoder, FrameError
@@ -35,19 +39,60 @@ class EngineLoadError(RuntimeError):
     """The engine could not start serving (the model failed to load); the message says why."""
 
 
+class EngineLifetime(Protocol):
+    """Who owns the engine process behind a client's stream: what an early EOF means, what leaving does."""
+
+    @property
+    def pid(self) -> int:
+        """The engine core's process id."""
+        ...
+
+    async def exited(self) -> str:
+        """The stream ended before Ready: what became of the engine (for the error message)."""
+        ...
+
+    async def stop(self, grace: float) -> None:
+        """The client has sent EOF: end the engine if it is ours (after `grace` s at most), else leave it."""
+        ...
+
+
+class OwnedEngine:
+    """The engine subprocess this client started (`open_engine`): it ends with the client."""
+
+    def __init__(self, process: Process) -> None:
+        self.process = process
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    async def exited(self) -> str:
+        return f"the engine exited with code {await self.process.wait()}"
+
+    async def stop(self, grace: float) -> None:
+        """EOF ends the engine's loop: wait up to `grace` s for it to exit, then SIGKILL."""
+        process = self.process
+        if grace > 0 and process.returncode is None:
+            with anyio.move_on_after(grace):
+                await process.wait()
+        if process.returncode is None:
+            process.kill()  # SIGKILL ends even a SIGSTOPped engine
+            await process.wait()
+        await process.aclose()
+
+
 class EngineClient:
-    """The engine's pipes. One task writes stdin (`_write_loop`), one reads stdout (`receive`).
+    """The engine's stream. One task writes (`_write_loop`), one reads (`receive`).
 
     `add_request` and `abort` only queue: they never wait on the pipe, so cancelling a caller can never
     cut a frame, and the output handler (which aborts on stop strings) never waits for the engine.
     """
 
-    def __init__(self, process: Process, ready: Ready, frames: FrameBuffer[FromEngine],
+    def __init__(self, stream: ByteStream, lifetime: EngineLifetime, ready: Ready, frames: FrameBuffer[FromEngine],
                  heartbeat_timeout: float, step_timeout: float = 0.0) -> None:
-        self._process = process
-        assert process.stdin is not None and process.stdout is not None
-        self._stdin = process.stdin
-        self._stdout = process.stdout
+        """stream: frames to and from the engine; frames: what was read past Ready (`wait_ready`)."""
+        self._stream = stream
+        self._lifetime = lifetime
         self._frames = frames
         self._pending: deque[FromEngine] = deque()
         self._encoder = FrameEncoder()
@@ -63,7 +108,7 @@ class EngineClient:
 
     @property
     def pid(self) -> int:
-        return self._process.pid
+        return self._lifetime.pid
 
     @property
     def queued(self) -> int:
@@ -112,7 +157,7 @@ class EngineClient:
         return b"".join(parts)
 
     async def _write_loop(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """The one owner of the engine's stdin. Ends when cancelled or when the engine is gone."""
+        """The one writer of the engine's stream. Ends when cancelled or when the engine is gone."""
         with self._writer_scope:
             task_status.started()
             while self.dead is None:
@@ -124,7 +169,7 @@ class EngineClient:
                 if not data:
                     continue
                 try:
-                    await self._stdin.send(data)
+                    await self._stream.send(data)
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as e:
                     self._die(f"the engine process stopped reading its pipe ({e!r})")
 
@@ -136,7 +181,7 @@ class EngineClient:
             chunk = b""
             with anyio.move_on_after(self._heartbeat_timeout):
                 try:
-                    chunk = await self._stdout.receive()
+                    chunk = await self._stream.receive()
                 except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
                     raise self._die("the engine process closed its pipe (it exited or was killed)") from None
             if not chunk:
@@ -162,21 +207,17 @@ class EngineClient:
         return self.dead
 
     async def _shutdown(self, grace: float) -> None:
-        """Close stdin (EOF ends the engine's loop), wait up to `grace` s, then SIGKILL. Bounded throughout."""
+        """Send EOF (it ends the engine's loop, or its loop's hold on this channel), let the lifetime end the
+        engine if it is ours, close the stream. Bounded throughout."""
         self._writer_scope.cancel()
         with anyio.CancelScope(shield=True), anyio.move_on_after(grace + 2):
             try:
                 with anyio.move_on_after(0.1):  # a writer cut mid-frame leaves nothing worth flushing
-                    await self._stdin.aclose()
+                    await self._stream.send_eof()
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                 pass
-            if self._process.returncode is None:
-                with anyio.move_on_after(grace):
-                    await self._process.wait()
-            if self._process.returncode is None:
-                self._process.kill()  # SIGKILL ends even a SIGSTOPped engine
-                await self._process.wait()
-            await self._process.aclose()
+            await self._lifetime.stop(grace)
+            await self._stream.aclose()
 
 
 ENGINE_COMMAND_ENV = "SPINDLE_ENGINE_COMMAND"
@@ -199,23 +240,35 @@ async def open_engine(config: EngineConfig, *, ready_timeout: float = 600.0,
     context; always stop the process on exit (within `shutdown_grace` + a kill)."""
     process = await anyio.open_process(engine_command(config), stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, stderr=None)
+    assert process.stdin is not None and process.stdout is not None
+    stream = StapledByteStream(process.stdin, process.stdout)
+    async with connect(stream, OwnedEngine(process), ready_timeout=ready_timeout,
+                       heartbeat_timeout=heartbeat_timeout, step_timeout=step_timeout,
+                       shutdown_grace=shutdown_grace) as client:
+        yield client
+
+
+@asynccontextmanager
+async def connect(stream: ByteStream, lifetime: EngineLifetime, *, ready_timeout: float, heartbeat_timeout: float,
+                  step_timeout: float, shutdown_grace: float) -> AsyncIterator[EngineClient]:
+    """Wait for Ready on `stream`, yield a client over it with its writer running; on exit (or a failed start)
+    close the stream and end the engine as `lifetime` says."""
     frames: FrameBuffer[FromEngine] = FrameBuffer(FromEngine)
     try:
-        ready = await _wait_ready(process, frames, ready_timeout)
+        ready = await wait_ready(stream, lifetime, frames, ready_timeout)
     except BaseException:
         with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-            process.kill()
-            await process.wait()
-            await process.aclose()
+            await lifetime.stop(0)  # ours: killed now
+            await stream.aclose()
         raise
-    async with running(EngineClient(process, ready, frames, heartbeat_timeout, step_timeout),
+    async with running(EngineClient(stream, lifetime, ready, frames, heartbeat_timeout, step_timeout),
                        shutdown_grace) as client:
         yield client
 
 
 @asynccontextmanager
 async def running(client: EngineClient, shutdown_grace: float) -> AsyncIterator[EngineClient]:
-    """The client with its stdin writer task running inside this context; the engine stopped on exit."""
+    """The client with its writer task running inside this context; the client shut down on exit."""
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(client._write_loop)
@@ -227,16 +280,16 @@ async def running(client: EngineClient, shutdown_grace: float) -> AsyncIterator[
         await client._shutdown(shutdown_grace)
 
 
-async def _wait_ready(process: Process, frames: FrameBuffer[FromEngine], timeout: float) -> Ready:
-    assert process.stdout is not None
+async def wait_ready(stream: ByteStream, lifetime: EngineLifetime, frames: FrameBuffer[FromEngine],
+                     timeout: float) -> Ready:
+    """Read frames until Ready; EngineLoadError on LoadFailed or an EOF first."""
     with anyio.fail_after(timeout):
         while True:
             try:
-                chunk = await process.stdout.receive()
+                chunk = await stream.receive()
             except anyio.EndOfStream:
-                code = await process.wait()
                 raise EngineLoadError(
-                    f"the engine exited with code {code} before it was ready; its log above says why"
+                    f"{await lifetime.exited()} before it was ready; its log above says why"
                 ) from None
             for msg in frames.feed(chunk):
                 if isinstance(msg, LoadFailed):

@@ -8,25 +8,30 @@ from __future__ import annotations
 import contextlib
 import time
 
-from typing import TYPE_CHECKING
-
 import msgspec
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
+from engine.distributed.runner import TPModelRunner
 from engine.messages import AddRequest, EngineStats, Ready, RequestOutput, TokenLogprobs
-from engine.model_runner import make_runner, one_intra_op_thread
+from engine.model_runner import ModelRunner, one_intra_op_thread
+from engine.models.loader import read_config, resolve_model
 from engine.params import validate_params
 from engine.pooler import Pooler
 from engine.sampler import Sampler
 from engine.scheduler import RequestRefused, Scheduler
 from engine.sequence import ScheduledSeq, Sequence
+from engine.structured.backend import StructuredBackend
 from engine.structured.manager import StructuredOutputManager
 
-if TYPE_CHECKING:
-    from engine.structured.backend import StructuredBackend
-
 COMPILE_WAIT = 0.05  # seconds a step with nothing to run waits for a grammar compile (new frames wait as long)
+
+
+def make_runner(config: EngineConfig) -> ModelRunner:
+    """This process's runner: the whole model, or rank 0 of a tensor-parallel group (which starts the others)."""
+    if config.tensor_parallel_size > 1:
+        return TPModelRunner(config)
+    return ModelRunner(config)
 
 
 class EngineCore:
@@ -40,7 +45,8 @@ class EngineCore:
         self.pooler = Pooler(config.pooling_type, config.pooling_normalize) if config.runner == "pooling" else None
         # MEAN pooling reads every prompt position's hidden state: a prefix-cache hit would skip some
         caching = config.enable_prefix_caching and not (self.pooler is not None and self.pooler.needs_all_rows)
-        self.block_manager = BlockManager(self.runner.num_blocks, self.runner.block_size, caching)
+        self.block_manager = BlockManager(self.runner.num_blocks, self.runner.block_size, caching,
+                                          window=self.runner.kv_window)
         self.scheduler = Scheduler(max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    max_model_len=self.max_model_len,
@@ -52,7 +58,7 @@ class EngineCore:
 
     def _grammar_backend(self) -> StructuredBackend:
         """Built by the first constrained request, in the compile thread (the LLTokenizer takes ~1.5 s)."""
-        from engine.models.loader import resolve_model
+        # why late: llguidance.torch imports torch._dynamo (~3 s), paid only by an engine that compiles a grammar
         from engine.structured.llguidance_backend import LLGuidanceBackend
 
         return LLGuidanceBackend.from_checkpoint(resolve_model(self.config.model), self.vocab_size,
@@ -66,8 +72,6 @@ class EngineCore:
         if self.pooler is None:
             return ready
         # runner "pooling": the embedding length and the checkpoint's Matryoshka declaration (config.json)
-        from engine.models.loader import read_config, resolve_model
-
         cfg = read_config(resolve_model(self.config.model))
         dims = cfg.get("matryoshka_dimensions")
         return msgspec.structs.replace(

@@ -10,15 +10,17 @@ from pathlib import Path
 
 import torch
 
-from engine.attention import AttnMetadata, PrefillChunk, TritonOps
+from engine.attention import AttnMetadata, TritonOps
+from engine.cpu_attention import DecodeSeqs, PrefillChunk
 from engine.config import EngineConfig
 from engine.layers.parallel import WORKERS
+from engine.models.checkpoint_meta import max_model_len
 from engine.models.llama import CausalLM
 from engine.models.qwen2_vl import Qwen2VLCausalLM
 from engine.multimodal.runner import ImageRunner
-from engine.models.loader import (
-    ModelInfo, ModelLoadError, load_model, read_config, resolve_model, slow_half_precision,
-)
+from engine.kernels import build_paged_batch, triton_available
+from engine.models.loader import ModelInfo, load_model, read_config, resolve_model, slow_half_precision
+from engine.models.weights import ModelLoadError
 from engine.sequence import ScheduledSeq
 
 log = logging.getLogger("engine")
@@ -65,28 +67,13 @@ def pick_device(requested: str) -> torch.device:
     return torch.device(requested)
 
 
-def make_runner(config: EngineConfig) -> ModelRunner:
-    """This process's runner: the whole model, or rank 0 of a tensor-parallel group (which starts the others)."""
-    if config.tensor_parallel_size > 1:
-        from engine.distributed.runner import TPModelRunner
-
-        return TPModelRunner(config)
-    return ModelRunner(config)
-
-
 class ModelRunner:
     def __init__(self, config: EngineConfig, *, use_triton: bool | None = None) -> None:
         """use_triton None: the Triton kernels on CUDA when triton imports, the torch reference elsewhere."""
         self.device = pick_device(config.device)
         path = resolve_model(config.model)
         # Read the limit before loading, so the rotary table is sized for max_model_len only.
-        cfg = read_config(path)  # a vision checkpoint nests the language model's settings in text_config
-        max_pos = int(cfg.get("max_position_embeddings") or (cfg.get("text_config") or {}).get(
-            "max_position_embeddings", 4096))
-        if config.max_model_len is not None and config.max_model_len > max_pos:
-            raise ModelLoadError(f"--max-model-len {config.max_model_len} exceeds the model's "
-                                 f"max_position_embeddings {max_pos}; pass at most {max_pos}")
-        self.max_model_len = config.max_model_len or max_pos
+        self.max_model_len = max_model_len(read_config(path), config.max_model_len)
         # The LM head's chunks and the big projections' parts are shared by this many threads (torch's
         # thread count at startup); the rest of the step runs on one (see one_intra_op_thread). Set before
         # the load: the projections are cut for this many (engine/layers/linear.py).
@@ -109,17 +96,11 @@ class ModelRunner:
         if self.num_blocks < 1:
             raise ModelLoadError(f"kv_cache_memory {config.kv_cache_memory} bytes holds no block of "
                                  f"{bytes_per_block} bytes; give the KV cache more memory")
-        # Zeroed, not empty: padded key slots point at real slots and 0 * NaN would poison masked rows.
-        self.kv_cache = torch.zeros(info.num_layers, 2, self.num_blocks, config.block_size,
-                                    info.num_kv_heads, info.head_dim, dtype=dtype, device=self.device)
-        self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(info.num_layers)]
-        self.sliding_window = self.model.args.sliding_window
-        self._offsets = torch.arange(config.block_size, device=self.device)
         if use_triton is None:
-            from engine.kernels import triton_available
-
             use_triton = self.device.type == "cuda" and triton_available()
         self.use_triton = use_triton
+        self.kv_cache = self._allocate_kv_cache(info, config.block_size)
+        self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(info.num_layers)]
         self._logits: torch.Tensor | None = None
         if use_triton:
             self.model.ops = TritonOps
@@ -128,77 +109,60 @@ class ModelRunner:
         if isinstance(self.model, Qwen2VLCausalLM):
             self.images = ImageRunner(self.model)
 
+    @property
+    def kv_window(self) -> int | None:
+        """The largest of the layers' sliding windows when every layer has one, else None: the block manager
+        releases the blocks that window has passed (engine/block_manager.py)."""
+        windows = self.model.layer_windows
+        return None if not windows or None in windows else max(w for w in windows if w is not None)
+
+    def _allocate_kv_cache(self, info: ModelInfo, block_size: int) -> torch.Tensor:
+        """[layers, 2 (K, V), num_blocks, block_size, kv_heads, head_dim], zeroed: padded key positions read
+        real blocks with weight 0, and 0 * NaN would poison a row. Head-major storage for the torch path, so a
+        gather of blocks is contiguous per kv head (engine/cpu_attention.py); Triton reads it block-major."""
+        dims = (info.num_layers, 2, self.num_blocks, block_size, info.num_kv_heads, info.head_dim)
+        if self.use_triton:
+            return torch.zeros(dims, dtype=self.dtype, device=self.device)
+        store = torch.zeros(dims[:2] + (dims[4], dims[2], dims[3], dims[5]), dtype=self.dtype, device=self.device)
+        return store.permute(0, 1, 3, 4, 2, 5)
+
     def _load(self, path: Path, config: EngineConfig) -> tuple[CausalLM, ModelInfo]:
         """The whole model (a tensor-parallel runner loads its shard: engine/distributed/runner.py)."""
         return load_model(path, config.dtype, self.device, max_positions=self.max_model_len,
                           quantization=config.quantization)
 
-    def _key_slots(self, block_table: list[int], ctx_len: int) -> torch.Tensor:
-        """Slots of positions 0..ctx_len-1 of one sequence."""
-        n_blocks = -(-ctx_len // self.block_size)
-        blocks = torch.tensor(block_table[:n_blocks], dtype=torch.long, device=self.device)
-        return (blocks[:, None] * self.block_size + self._offsets).flatten()[:ctx_len]
-
-    def _allowed(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        """Causal (and sliding-window) mask: q_pos [..., 1] against k_pos [L]."""
-        allowed = k_pos <= q_pos
-        if self.sliding_window is not None:
-            allowed &= q_pos - k_pos < self.sliding_window
-        return allowed
-
     def _metadata(self, batch: list[ScheduledSeq]) -> tuple[list[int], list[int], AttnMetadata]:
+        """The CPU path's metadata: single-token steps batched as decodes, longer ones as prefill chunks."""
+        bs, dev = self.block_size, self.device
         input_ids: list[int] = []
         positions: list[int] = []
-        slots: list[tuple[int, torch.Tensor]] = []
+        slots: list[int] = []
         prefills: list[PrefillChunk] = []
         decode_rows: list[int] = []
         decode_tables: list[list[int]] = []
         decode_ctx: list[int] = []
         for s in batch:
-            start, n = s.start, s.num_new_tokens
+            start, n, table = s.start, s.num_new_tokens, s.seq.block_table
             row = len(input_ids)
             input_ids += s.seq.token_ids[start:start + n]
             positions += range(start, start + n)
             if n == 1:  # batched with every other single-token step
                 decode_rows.append(row)
-                decode_tables.append(s.seq.block_table)
+                decode_tables.append(table[:start // bs + 1])
                 decode_ctx.append(start + 1)
-                continue
-            key_slots = self._key_slots(s.seq.block_table, start + n)
-            q_pos = torch.arange(start, start + n, device=self.device)[:, None]
-            mask = self._allowed(q_pos, torch.arange(start + n, device=self.device))
-            prefills.append(PrefillChunk(row, n, key_slots, mask))
-            slots.append((row, key_slots[start:]))
-
-        dev = self.device
+            else:
+                blocks = torch.tensor(table[:-(-(start + n) // bs)], dtype=torch.long, device=dev)
+                prefills.append(PrefillChunk(row, n, start, blocks))
+            slots += [table[p // bs] * bs + p % bs for p in range(start, start + n)]
+        slot_mapping = torch.tensor(slots, dtype=torch.long, device=dev)
+        decodes = None
         if decode_rows:
-            max_ctx = max(decode_ctx)
-            n_blocks = -(-max_ctx // self.block_size)
-            table = torch.tensor([t[:n_blocks] + [0] * (n_blocks - len(t[:n_blocks])) for t in decode_tables],
-                                 dtype=torch.long, device=dev)
-            key_slots = (table[:, :, None] * self.block_size + self._offsets).flatten(1)[:, :max_ctx]
-            ctx = torch.tensor(decode_ctx, dtype=torch.long, device=dev)
-            k_pos = torch.arange(max_ctx, device=dev)
-            allowed = self._allowed((ctx - 1)[:, None], k_pos)
-            bias = torch.zeros(allowed.shape, dtype=self.dtype, device=dev).masked_fill_(~allowed, float("-inf"))
-            decode_slots = key_slots.gather(1, (ctx - 1)[:, None])[:, 0]
-        else:
-            key_slots = torch.zeros(0, 1, dtype=torch.long, device=dev)
-            bias = torch.zeros(0, 1, dtype=self.dtype, device=dev)
-            decode_slots = torch.zeros(0, dtype=torch.long, device=dev)
-
-        slot_mapping = torch.empty(len(input_ids), dtype=torch.long, device=dev)
-        decode_rows_t = torch.tensor(decode_rows, dtype=torch.long, device=dev)
-        slot_mapping[decode_rows_t] = decode_slots
-        for row, chunk_slots in slots:
-            slot_mapping[row:row + chunk_slots.numel()] = chunk_slots
-        meta = AttnMetadata(slot_mapping, decode_rows_t, key_slots, bias[:, None, None, :], prefills)
-        return input_ids, positions, meta
+            decodes = DecodeSeqs(torch.tensor(decode_rows, dtype=torch.long, device=dev), decode_ctx,
+                                 decode_tables, bs)
+        return input_ids, positions, AttnMetadata(slot_mapping, decodes, prefills)
 
     def _paged_metadata(self, batch: list[ScheduledSeq]) -> tuple[list[int], list[int], AttnMetadata]:
         """The Triton path's metadata: block tables and lengths; the kernels do the gathering and masking."""
-        from engine.kernels import build_paged_batch
-
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
@@ -210,10 +174,8 @@ class ModelRunner:
             slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
         paged = build_paged_batch([s.seq.block_table for s in batch], [s.start + s.num_new_tokens for s in batch],
                                   [s.num_new_tokens for s in batch], bs, self.device)
-        empty = torch.zeros(0, dtype=torch.long, device=self.device)
         slot_mapping = torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True)
-        meta = AttnMetadata(slot_mapping, empty, empty, empty, paged=paged, sliding_window=self.sliding_window)
-        return input_ids, positions, meta
+        return input_ids, positions, AttnMetadata(slot_mapping, paged=paged)
 
     def prepare(self, batch: list[ScheduledSeq]) -> StepInputs:
         """Token ids, positions and attention metadata of the flat batch, and which rows reach the LM head."""

@@ -327,7 +327,7 @@ def _chunk_maxima(x: torch.Tensor) -> torch.Tensor:
     """[n, ceil(V / ARGMAX_CHUNK)]: each row's max over consecutive blocks of ARGMAX_CHUNK columns."""
     n, V = x.shape
     full = V // ARGMAX_CHUNK * ARGMAX_CHUNK
-    m = x[:, :full].unflatten(1, (-1, ARGMAX_CHUNK)).amax(-1)
+    m = torch.unflatten(x[:, :full], 1, (-1, ARGMAX_CHUNK)).amax(-1)
     return torch.cat([m, x[:, full:].amax(-1, keepdim=True)], 1) if full < V else m
 
 
@@ -391,7 +391,7 @@ def _block_cdf(e: torch.Tensor) -> torch.Tensor:
     """[n, ceil(V / ARGMAX_CHUNK)] cumulative masses of consecutive column blocks; [:, -1] is the total."""
     V = e.shape[1]
     full = V // ARGMAX_CHUNK * ARGMAX_CHUNK
-    sums = e[:, :full].unflatten(1, (-1, ARGMAX_CHUNK)).sum(-1)
+    sums = torch.unflatten(e[:, :full], 1, (-1, ARGMAX_CHUNK)).sum(-1)
     if full < V:
         sums = torch.cat([sums, e[:, full:].sum(-1, keepdim=True)], 1)
     return sums.cumsum_(-1)

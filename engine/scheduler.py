@@ -57,7 +57,8 @@ class Scheduler:
                 f"asks for {n + max_tokens} ({n} in the prompt, {max_tokens} max_tokens); "
                 "shorten the prompt or lower max_tokens")
         final = n + max_tokens  # the last token's K/V is never computed (pooling, max_tokens 0: all are)
-        blocks = self.bm.blocks_needed(max(final - 1, n))
+        # with a sliding window on every layer, passed blocks are released as the sequence runs
+        blocks = self.bm.most_blocks_held(max(final - 1, n), min(self.max_num_batched_tokens, final))
         if blocks > self.bm.num_total_blocks:
             raise RequestRefused(
                 f"the request needs {blocks} KV cache blocks ({n} prompt tokens + {max_tokens} "
@@ -199,6 +200,7 @@ class Scheduler:
                 continue
             seq.num_computed_tokens += s.num_new_tokens
             self.bm.register_full_blocks(seq)
+            self.bm.release_passed(seq)  # with a window on every layer: blocks no later query reads
 
     # ---- observation ---------------------------------------------------------------------
     @property

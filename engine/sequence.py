@@ -11,8 +11,8 @@ from engine.messages import SamplingParams
 if TYPE_CHECKING:
     import torch
 
-    from engine.multimodal.runner import SeqImages
-    from engine.structured.manager import StructuredState
+    from engine.multimodal.state import SeqImages
+    from engine.structured.state import StructuredState
 
 
 class SeqStatus(enum.Enum):

@@ -1,6 +1,9 @@
 """create_app(config): the raw-ASGI Starlette app; its lifespan runs the renderer, the engine and AsyncLLM.
 
-`hypercorn 'server.app:create_app()' -k trio` works too: with no config, SPINDLE_* env vars are read.
+`hypercorn 'server.app:create_app()' -k trio` works too: with no config, SPINDLE_* env vars are read. The
+process's role comes in as an argument: `worker` is an --api-server-count API process's WorkerContext
+(server/runtime/worker.py), whose engine channels, admission and metrics are shared with the other API
+processes; None (a single server, or plain Hypercorn) opens its own engine.
 """
 
 from __future__ import annotations
@@ -15,29 +18,40 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontext
 from typing import Any
 
 import anyio
+from hypercorn.config import Config as HypercornConfig
 from starlette.routing import Route, Router
 
+from engine.client import open_engine as open_engine_process
+from engine.multimodal.processing import ENCODER_CACHE_BYTES
 from server.api.anthropic.messages import CountTokensRoute, MessagesRoute
+from server.api.health import HealthRoute, VersionRoute
+from server.api.metrics import MetricsRoute
 from server.api.openai.chat import ChatRoute
 from server.api.openai.completions import CompletionsRoute
 from server.api.openai.embeddings import EmbeddingsRoute
-from server.api.vllm.generate import GenerateRoute
-from server.api.health import HealthRoute, VersionRoute
+from server.api.openai.models import ModelsRoute
 from server.api.render_only import GENERATION_ROUTES, NotHereRoute
 from server.api.render_only import not_found as render_not_found
-from server.http.asgi import Receive, Scope, Send, send_error
-from server.api.metrics import MetricsRoute
-from server.api.openai.models import ModelsRoute
-from server.api.vllm.render import ChatRenderRoute, CompletionsRenderRoute
 from server.api.state import AppState
+from server.api.vllm.generate import GenerateRoute
+from server.api.vllm.render import ChatRenderRoute, CompletionsRenderRoute
 from server.api.vllm.tokenize import DetokenizeRoute, TokenizeRoute
-from server.pipeline.async_llm import AsyncLLM
-from server.pipeline.engine_pool import EnginePool, open_engines
-from server.deploy import wrap_app
 from server.config import ServerConfig
+from server.deploy import wrap_app
+from server.http.asgi import Receive, Scope, Send, send_error
 from server.http.errors import APIError, describe_exception
-from server.pipeline.input_processor import GenerationSpec, ModelLimits
 from server.metrics import ServerMetrics
+from server.metrics_compat import export_vllm_names
+from server.multimodal.images import image_support, open_image_worker
+from server.multimodal.mirror import EngineImageMirror
+from server.pipeline.admission import Admission
+from server.pipeline.async_llm import AsyncLLM
+from server.pipeline.detokenizer import IncrementalDetokenizer, prepare
+from server.pipeline.engine_pool import EnginePool, open_engines
+from server.pipeline.input_processor import GenerationSpec, limits_for
+from server.render.renderer import Renderer
+from server.render_app import checkpoint_limits
+from server.runtime.worker import WorkerContext
 
 log = logging.getLogger("spindle.server")
 
@@ -45,22 +59,9 @@ EngineFactory = Callable[[ServerConfig], AbstractAsyncContextManager[Any]]
 RendererFactory = Callable[[ServerConfig], AbstractAsyncContextManager[Any]]
 
 
-def _open_engine(config: ServerConfig) -> AbstractAsyncContextManager[Any]:
-    from server import api_servers
-
-    if api_servers.current is not None:  # one of --api-server-count's processes: its channel to the shared engine
-        return api_servers.open_engine(config)  # type: ignore[no-any-return]
-    from engine.client import open_engine
-
-    return open_engine(config.engine_config(), ready_timeout=config.engine_ready_timeout,
-                       heartbeat_timeout=config.engine_heartbeat_timeout, step_timeout=config.engine_step_timeout)
-
-
 @asynccontextmanager
 async def open_image_worker_for(config: ServerConfig) -> AsyncIterator[Any]:
     """A vision checkpoint's image worker process (None for a text-only model)."""
-    from server.multimodal.images import image_support, open_image_worker
-
     support = image_support(config.model) if config.model is not None else None
     if support is None:
         yield None
@@ -70,8 +71,6 @@ async def open_image_worker_for(config: ServerConfig) -> AsyncIterator[Any]:
 
 
 def _open_renderer(config: ServerConfig) -> AbstractAsyncContextManager[Any]:
-    from server.render.renderer import Renderer
-
     return Renderer.open(config.model_path, tokenizer_dir=config.tokenizer, chat_template=config.chat_template,
                          num_workers=config.renderer_num_workers, render_timeout=config.chat_template_render_timeout,
                          default_chat_template_kwargs=config.default_chat_template_kwargs,
@@ -79,8 +78,6 @@ def _open_renderer(config: ServerConfig) -> AbstractAsyncContextManager[Any]:
 
 
 def detokenizer_factory(tokenizer: Any) -> Callable[[GenerationSpec], Any]:
-    from server.pipeline.detokenizer import IncrementalDetokenizer, prepare
-
     if tokenizer is not None:
         prepare(tokenizer)
 
@@ -93,30 +90,9 @@ def detokenizer_factory(tokenizer: Any) -> Callable[[GenerationSpec], Any]:
     return make
 
 
-def _admission(config: ServerConfig) -> Any:
-    if config.max_num_queued_reqs is None and config.max_num_queued_tokens is None:
-        return None
-    from server import api_servers
-
-    if api_servers.current is not None:  # the limits hold for all API processes together (server/shared_state.py)
-        return api_servers.admission(config)
-    from server.pipeline.admission import Admission
-
-    return Admission(config.max_num_queued_reqs, config.max_num_queued_tokens)
-
-
 def _default_on_fatal(why: str) -> None:
     # Served by an outside Hypercorn: ask it to shut down the way Ctrl-C would.
     os.kill(os.getpid(), signal.SIGTERM)
-
-
-def limits_for(config: ServerConfig, ready: Any, tokenizer: Any) -> ModelLimits:
-    vocab = ready.vocab_size
-    if tokenizer is not None:  # ids the tokenizer cannot decode are refused even if the embedding is padded
-        vocab = min(vocab, tokenizer.get_vocab_size(with_added_tokens=True))
-    return ModelLimits(max_model_len=ready.max_model_len, vocab_size=vocab,
-                       eos_token_ids=tuple(ready.eos_token_ids), max_logprobs=config.max_logprobs,
-                       generation_defaults=dict(ready.generation_defaults), caps=config.request_caps())
 
 
 async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:
@@ -132,88 +108,38 @@ def _refuse_several_hypercorn_workers() -> None:
     Hypercorn runs `load_application` (which calls create_app()) from its worker function, whose
     `config` local is the Hypercorn Config; found on the stack, its `workers` says how many run.
     """
-    try:
-        from hypercorn.config import Config
-    except ImportError:
-        return
     frame: Any = sys._getframe(1)
     for _ in range(32):  # a few frames up: Hypercorn's worker function calls load_application, which calls us
         if frame is None:
             return
         found = frame.f_locals.get("config")
-        if isinstance(found, Config) and isinstance(found.workers, int) and found.workers > 1:
+        if isinstance(found, HypercornConfig) and isinstance(found.workers, int) and found.workers > 1:
             raise SystemExit(f"spindle: Hypercorn runs {found.workers} workers, and each would start its own "
                              f"engine; for several API-server processes in front of one engine run "
                              f"`python -m server --api-server-count {found.workers}` (or one worker, -w 1).")
         frame = frame.f_back
 
 
-def create_app(config: ServerConfig | None = None, *, on_fatal: Callable[[str], None] | None = None,
-               engine_factory: EngineFactory | None = None, renderer_factory: RendererFactory | None = None,
-               load_in_background: bool = False) -> Any:
+def create_app(config: ServerConfig | None = None, *, worker: WorkerContext | None = None,
+               on_fatal: Callable[[str], None] | None = None, engine_factory: EngineFactory | None = None,
+               renderer_factory: RendererFactory | None = None, load_in_background: bool = False) -> Any:
     """The ASGI app. `on_fatal(why)` is called once if the engine dies (the CLI exits non-zero).
 
+    worker: this process's place under the --api-server-count launcher (None: a single server).
     load_in_background: the lifespan returns at once and the model loads behind it (the CLI does this,
     so /health answers 503 while loading); otherwise startup waits for the engine, and a failed load
     fails startup.
     """
     if config is None:  # plain `hypercorn 'server.app:create_app()'`: one engine per worker process
         _refuse_several_hypercorn_workers()
-        config = ServerConfig.from_env()
+        config = ServerConfig.from_env()  # SPINDLE_RENDER_ONLY=1 is checked there as `spindle render` is
     state = AppState(config=config, model_name=config.model_name)
-    metrics = ServerMetrics(config.model_name)
-    from server import api_servers
-
-    if api_servers.current is not None:  # request counters and histograms summed over the API processes
-        api_servers.share_metrics(metrics)
-    if config.metrics_compat == "vllm":
-        from server.metrics_compat import export_vllm_names
-
-        export_vllm_names(metrics)
-    if config.render_only:  # `spindle render`: no engine, no torch (server/render_app.py)
-        return _render_only_app(state, metrics, renderer_factory or _open_renderer, on_fatal or _default_on_fatal,
-                                load_in_background)
-    open_engine = engine_factory or _open_engine
-    open_renderer = renderer_factory or _open_renderer
+    metrics = _server_metrics(config, worker)
     fatal = on_fatal or _default_on_fatal
-
-    async def run_engine(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Load the renderer and the engine, publish them in `state`, then serve until cancelled."""
-        cfg = config
-        if cfg.model is None and engine_factory is None:
-            cfg = await anyio.to_thread.run_sync(cfg.resolved)  # builds the demo checkpoint on first use
-        state.config = cfg
-        async with AsyncExitStack() as stack:
-            renderer = await stack.enter_async_context(open_renderer(cfg))
-            state.mm_pool = await stack.enter_async_context(open_image_worker_for(cfg))
-            shared = engine_factory is None and api_servers.current is not None  # channels to the launcher's engines
-            open_nth = (lambda i: api_servers.open_engine(cfg, i)) if shared else None
-            client = await stack.enter_async_context(open_engines(open_engine, cfg, metrics, open_nth=open_nth))
-            if shared and isinstance(client, EnginePool):  # routed counts summed over the API processes
-                client.shared_routed = api_servers.engine_routed(client.num_engines)
-            tokenizer = getattr(renderer, "tokenizer", None)
-            llm = AsyncLLM(client, detokenizer_factory(tokenizer), admission=_admission(cfg),
-                           stream_interval=cfg.stream_interval, on_dead=fatal, metrics=metrics)
-            if state.mm_pool is not None and cfg.model is not None:
-                from engine.multimodal.processing import ENCODER_CACHE_BYTES
-                from server.multimodal.images import image_support
-                from server.multimodal.mirror import EngineImageMirror
-
-                support = image_support(cfg.model)
-                assert support is not None
-                llm.images = EngineImageMirror(ENCODER_CACHE_BYTES, support.hidden_size, client.ready.model_dtype)
-            async with anyio.create_task_group() as tg:
-                await tg.start(llm.run)
-                state.renderer, state.limits, state.llm = renderer, limits_for(cfg, client.ready, tokenizer), llm
-                log.info("serving %s (max_model_len %d)", state.model_name, state.limits.max_model_len)
-                # What startup built (tokenizer, templates, modules) lives for the process: keep full
-                # collections from walking it again (less API CPU per token: bench/README.md).
-                gc.collect()
-                gc.freeze()
-                task_status.started()
-                await anyio.sleep_forever()
-
-    lifespan = _lifespan(state, run_engine, fatal, load_in_background)
+    open_renderer = renderer_factory or _open_renderer
+    if config.render_only:  # `spindle render`: no engine, no torch (server/render_app.py)
+        return _render_only_app(state, metrics, open_renderer, fatal, load_in_background)
+    load = _EngineLoad(state, metrics, worker, engine_factory, open_renderer, fatal)
     routes = [
         Route("/v1/completions", CompletionsRoute(state), methods=["POST"]),
         Route("/v1/chat/completions", ChatRoute(state), methods=["POST"]),
@@ -223,7 +149,89 @@ def create_app(config: ServerConfig | None = None, *, on_fatal: Callable[[str], 
         Route("/v1/messages/count_tokens", CountTokensRoute(state), methods=["POST"]),
         *_common_routes(state, metrics),
     ]
-    return _asgi(state, routes, lifespan, _not_found)
+    return _asgi(state, routes, _lifespan(state, load.run, fatal, load_in_background), _not_found)
+
+
+def _server_metrics(config: ServerConfig, worker: WorkerContext | None) -> ServerMetrics:
+    metrics = ServerMetrics(config.model_name)
+    if worker is not None:  # request counters and histograms summed over the API processes
+        worker.share_metrics(metrics)
+    if config.metrics_compat == "vllm":
+        export_vllm_names(metrics)
+    return metrics
+
+
+class _EngineLoad:
+    """The full server's lifespan work: load the renderer and the engine(s), publish them in `state`, serve."""
+
+    def __init__(self, state: AppState, metrics: ServerMetrics, worker: WorkerContext | None,
+                 engine_factory: EngineFactory | None, open_renderer: RendererFactory,
+                 fatal: Callable[[str], None]) -> None:
+        self.state, self.metrics, self.worker = state, metrics, worker
+        self.engine_factory, self.open_renderer, self.fatal = engine_factory, open_renderer, fatal
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Load, publish, then serve until cancelled."""
+        cfg = self.state.config
+        if cfg.model is None and self.engine_factory is None:
+            cfg = await anyio.to_thread.run_sync(cfg.resolved)  # builds the demo checkpoint on first use
+        self.state.config = cfg
+        async with AsyncExitStack() as stack:
+            renderer = await stack.enter_async_context(self.open_renderer(cfg))
+            self.state.mm_pool = await stack.enter_async_context(open_image_worker_for(cfg))
+            client = await stack.enter_async_context(self._open_engines(cfg))
+            tokenizer = getattr(renderer, "tokenizer", None)
+            llm = self._make_llm(cfg, client, tokenizer)
+            async with anyio.create_task_group() as tg:
+                await tg.start(llm.run)
+                state = self.state
+                state.renderer, state.limits, state.llm = renderer, limits_for(cfg, client.ready, tokenizer), llm
+                log.info("serving %s (max_model_len %d)", state.model_name, state.limits.max_model_len)
+                # What startup built (tokenizer, templates, modules) lives for the process: keep full
+                # collections from walking it again (less API CPU per token: bench/README.md).
+                gc.collect()
+                gc.freeze()
+                task_status.started()
+                await anyio.sleep_forever()
+
+    def _open_engines(self, cfg: ServerConfig) -> AbstractAsyncContextManager[Any]:
+        """A test's stand-in; an API process's channels to the launcher's engines; or the engine process(es)."""
+        if self.engine_factory is not None:
+            return open_engines(self.engine_factory, cfg, self.metrics)
+        worker = self.worker
+        if worker is None:
+            return open_engines(_open_engine_process, cfg, self.metrics)
+
+        @asynccontextmanager
+        async def channels() -> AsyncIterator[Any]:
+            async with open_engines(worker.open_engine, cfg, self.metrics,
+                                    open_nth=lambda i: worker.open_engine(cfg, i)) as client:
+                if isinstance(client, EnginePool):  # routed counts summed over the API processes
+                    client.shared_routed = worker.engine_routed(client.num_engines)
+                yield client
+
+        return channels()
+
+    def _make_llm(self, cfg: ServerConfig, client: Any, tokenizer: Any) -> AsyncLLM:
+        llm = AsyncLLM(client, detokenizer_factory(tokenizer), admission=self._admission(cfg),
+                       stream_interval=cfg.stream_interval, on_dead=self.fatal, metrics=self.metrics)
+        support = image_support(cfg.model) if self.state.mm_pool is not None and cfg.model is not None else None
+        if support is not None:  # what the engine's encoder cache holds, mirrored to send each image once
+            llm.images = EngineImageMirror(ENCODER_CACHE_BYTES, support.hidden_size, client.ready.model_dtype)
+        return llm
+
+    def _admission(self, cfg: ServerConfig) -> Admission | None:
+        if cfg.max_num_queued_reqs is None and cfg.max_num_queued_tokens is None:
+            return None
+        if self.worker is not None:  # the limits hold for all API processes together (server/shared_state.py)
+            return self.worker.admission(cfg)
+        return Admission(cfg.max_num_queued_reqs, cfg.max_num_queued_tokens)
+
+
+def _open_engine_process(config: ServerConfig) -> AbstractAsyncContextManager[Any]:
+    return open_engine_process(config.engine_config(), ready_timeout=config.engine_ready_timeout,
+                               heartbeat_timeout=config.engine_heartbeat_timeout,
+                               step_timeout=config.engine_step_timeout)
 
 
 def _common_routes(state: AppState, metrics: ServerMetrics) -> list[Route]:
@@ -281,8 +289,6 @@ def _lifespan(state: AppState, run: Callable[..., Any], fatal: Callable[[str], N
 def _render_only_app(state: AppState, metrics: ServerMetrics, open_renderer: RendererFactory,
                      fatal: Callable[[str], None], load_in_background: bool) -> Any:
     """`spindle render`: the renderer and the routes that need no engine; generation routes are 404s."""
-    from server.render_app import checkpoint_limits
-
     config = state.config
 
     async def run_renderer(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:

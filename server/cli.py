@@ -1,20 +1,21 @@
-"""`spindle [serve] [flags]`, `spindle render [flags]` and `spindle make-demo PATH`. Flags use vLLM's names; SPINDLE_* env vars fill the rest."""
+"""`spindle [serve] [flags]`, `spindle render [flags]` and `spindle make-demo PATH`. Flags use vLLM's names; SPINDLE_* env vars fill the rest.
+
+This module only turns argv into a ServerConfig and hands it to the process's start-up (server/runtime/).
+"""
 
 from __future__ import annotations
 
 import argparse
-import logging
-import os
-import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-import anyio
-
 from server.config import (
     JSON_FIELDS, JSON_LIST_FIELDS, SIZE_FIELDS, ServerConfig, parse_json_list, parse_json_object, parse_size,
 )
+from server.runtime.headless import run_headless
+from server.runtime.http_server import run_server
+from server.runtime.launcher import run_api_servers
 
 # flag -> (ServerConfig field, type, help). Booleans are switches.
 _FLAGS: list[tuple[str, str, Any, str]] = [
@@ -119,8 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def config_from_args(argv: Sequence[str]) -> ServerConfig:
-    """Flags over SPINDLE_* env vars over defaults."""
+def config_from_args(argv: Sequence[str], *, render_only: bool = False) -> ServerConfig:
+    """Flags over SPINDLE_* env vars over defaults. render_only: `spindle render` (server/config.py checks it)."""
     args = build_parser().parse_args(list(argv))
     given = {k: v for k, v in vars(args).items() if v is not None}
     for name in SIZE_FIELDS:  # "2GiB", "512MiB", plain bytes: read as the SPINDLE_* variable is
@@ -134,167 +135,42 @@ def config_from_args(argv: Sequence[str]) -> ServerConfig:
             given[name] = parse_json_list(name, given[name])
     if "api_keys" in given:
         given["api_keys"] = tuple(given["api_keys"])
+    if render_only:
+        given["render_only"] = True
     return ServerConfig.from_env(**given)
-
-
-def _hypercorn_config(config: ServerConfig) -> Any:
-    import socket
-
-    from hypercorn.config import Config, Sockets
-
-    class _Config(Config):
-        def create_sockets(self) -> Sockets:
-            sockets = super().create_sockets()
-            if config.socket_send_buffer:  # accepted connections inherit the listener's buffer size
-                for sock in (*sockets.secure_sockets, *sockets.insecure_sockets):
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, config.socket_send_buffer)
-            return sockets
-
-    hc = _Config()
-    hc.bind = [f"[{config.host}]:{config.port}" if ":" in config.host else f"{config.host}:{config.port}"]
-    from server import api_servers
-
-    if api_servers.current is not None:  # --api-server-count: the launcher's listening socket, shared
-        hc.bind = [f"fd://{api_servers.current.listen_fd}"]
-    hc.graceful_timeout = 2.0  # requests were drained (or cut) before Hypercorn is told to stop
-    hc.startup_timeout = config.engine_ready_timeout + 120  # model load + demo build happen in the lifespan
-    hc.shutdown_timeout = config.shutdown_timeout + 15  # the engine's own stop after requests drained
-    hc.keep_alive_timeout = 75
-    hc.accesslog = None  # server.http.access_log writes one line per request instead
-    hc.errorlog = logging.getLogger("hypercorn.error")  # through the root handler: one line, one format
-    hc.loglevel = config.log_level.upper()
-    from server.deploy import configure_hypercorn
-
-    configure_hypercorn(hc, config)  # TLS, ALPN (h2)
-    return hc
-
-
-async def serve(config: ServerConfig, engine_factory: Any = None) -> int:
-    """Serve until a signal (exit 0) or the engine dies (exit 1).
-
-    engine_factory: a stand-in for the engine subprocess (bench.frontend's fake engine); None: the real one.
-
-    SIGTERM drains: new requests get 503, in-flight ones have --shutdown-timeout seconds to finish,
-    the rest end with an error. A second SIGTERM, or a SIGINT, stops at once (requests cut the same way).
-    """
-    from server.app import create_app
-    from server.http.errors import describe_exception
-
-    log = logging.getLogger("spindle.server")
-    stop = anyio.Event()
-    code = 0
-
-    def fatal(why: str) -> None:
-        nonlocal code
-        code = 1
-        stop.set()
-
-    app = create_app(config, on_fatal=fatal, load_in_background=True, engine_factory=engine_factory)
-    state = app.state_holder
-    hc = _hypercorn_config(config)
-    listening = anyio.CancelScope()  # the signal watcher's own scope: cancelling it touches nothing else
-
-    async def drain_then_stop() -> None:
-        llm = state.llm
-        if llm is not None:
-            log.info("SIGTERM: refusing new requests; %d in flight get up to %g s (SIGTERM again: stop now)",
-                     llm.num_active, config.shutdown_timeout)
-            cut = await llm.drain(config.shutdown_timeout)
-            if cut:
-                log.warning("cut %d requests still running after --shutdown-timeout %g s", cut,
-                            config.shutdown_timeout)
-        stop.set()
-
-    def stop_now() -> None:
-        llm = state.llm
-        if llm is not None:
-            llm.cut("The server was stopped before this request finished; retry against another instance.")
-        hc.graceful_timeout = 0.3  # read when Hypercorn stops: cut streams need only their last write
-        stop.set()
-
-    async def signals() -> None:
-        with listening:
-            async with anyio.create_task_group() as tg:
-                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
-                    draining = False
-                    async for signum in received:
-                        if signum == signal.SIGTERM and not draining:
-                            draining = True
-                            tg.start_soon(drain_then_stop)
-                        else:
-                            log.info("stopping now")
-                            stop_now()
-                            return
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(signals)
-        try:
-            from server.http import direct_body
-
-            if config.worker_class == "trio":
-                from hypercorn.trio import serve as hypercorn_serve
-            else:
-                from hypercorn.asyncio import serve as hypercorn_serve  # type: ignore[assignment]
-            direct_body.install(config.worker_class)  # False (logged there): SPINDLE_DIRECT_WRITE=0 or unknown layout
-            await hypercorn_serve(app, hc, shutdown_trigger=stop.wait)
-        except Exception as e:  # the server itself failed (e.g. the port is taken): say why, exit non-zero
-            log.error("server failed: %s", describe_exception(e))
-            code = code or 1
-        finally:
-            listening.cancel()
-    return code
-
-
-def run_server(config: ServerConfig, engine_factory: Any = None) -> int:
-    os.environ["SPINDLE_LOG_LEVEL"] = config.log_level  # the engine subprocess logs at the same level
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # The format shows none of these: skip computing them for every record (an access-log line per request).
-    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
-    logging._srcfile = None  # no caller lookup (the logging HOWTO's "Optimization" section)
-    if config.worker_class == "trio":
-        return anyio.run(serve, config, engine_factory, backend="trio")
-    options = {"use_uvloop": config.worker_class == "uvloop"}
-    return anyio.run(serve, config, engine_factory, backend="asyncio", backend_options=options)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "make-demo":
-        vision = argv[1:2] == ["--vision"]  # `make-demo --vision PATH`: a random-weight Qwen2-VL checkpoint
-        if len(argv) != 2 + vision:
-            print("usage: spindle make-demo [--vision] PATH", file=sys.stderr)
-            return 2
-        from engine.models.random_checkpoint import make_demo, make_vision_demo
-
-        print((make_vision_demo if vision else make_demo)(argv[-1]))
-        return 0
+        return _make_demo(argv[1:])
     render_only = bool(argv) and argv[0] == "render"  # server/render_app.py: no engine, no torch
     if argv and argv[0] in ("serve", "render"):
         argv = argv[1:]
     try:
-        config = config_from_args(argv)
-        if render_only:
-            from server.render_app import render_config
-
-            config = render_config(config)
+        config = config_from_args(argv, render_only=render_only)
     except ValueError as e:
         print(f"spindle: {e}", file=sys.stderr)
         return 2
-    if config.headless:
+    return run(config)
+
+
+def run(config: ServerConfig) -> int:
+    """The process's role, from its config: engine ranks only, the --api-server-count launcher, or one server."""
+    if config.headless:  # a node other than 0 (server/runtime/headless.py)
         return run_headless(config)
-    if config.api_server_count > 1:  # N API processes, one engine core (server/api_servers.py)
-        from server.api_servers import run_api_servers
-
+    if config.api_server_count > 1:  # N API processes, one engine core (server/runtime/launcher.py)
         return run_api_servers(config)
-    return run_server(config)
+    return run_server(config)  # `spindle serve` or `spindle render` (server/runtime/http_server.py)
 
 
-def run_headless(config: ServerConfig) -> int:
-    """A node other than 0: its engine ranks join node 0's group (engine/distributed/worker.py); no API."""
-    import importlib
+def _make_demo(args: list[str]) -> int:
+    """`make-demo [--vision] PATH`: write the demo checkpoint (--vision: a random-weight Qwen2-VL one)."""
+    vision = args[:1] == ["--vision"]
+    if len(args) != 1 + vision:
+        print("usage: spindle make-demo [--vision] PATH", file=sys.stderr)
+        return 2
+    from engine.models.random_checkpoint import make_demo, make_vision_demo  # why here: it imports torch
 
-    # imported by name: the engine (torch) is outside the server's strict typing
-    worker = importlib.import_module("engine.distributed.worker")
-    return int(worker.main(["--nnodes", str(config.nnodes), "--node-rank", str(config.node_rank),
-                        "--master-addr", config.master_addr, "--master-port", str(config.master_port),
-                        "--timeout", str(config.distributed_timeout)]))
+    print((make_vision_demo if vision else make_demo)(args[-1]))
+    return 0

@@ -1,17 +1,21 @@
-"""Server configuration: one frozen dataclass, validated on construction, readable from SPINDLE_* env vars."""
+"""Server configuration: one frozen dataclass, validated on construction, readable from SPINDLE_* env vars.
+
+Every check of a setting lives here, and this module imports nothing else from the server (it is the root the
+rest reads): the names of the tool-call and reasoning parsers are constants it owns, which
+tests/server/test_config.py holds equal to the registries' keys.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, get_args, get_type_hints
+from pathlib import Path
+from typing import Any, Literal, get_args, get_type_hints
 
 from engine.config import EngineConfig, parse_bytes
-
-if TYPE_CHECKING:
-    from server.pipeline.input_processor import RequestCaps
 
 WorkerClass = Literal["trio", "asyncio", "uvloop"]
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
@@ -22,6 +26,27 @@ MetricsCompat = Literal["vllm"]
 # --pooler-config keys (vLLM's spelling); the Matryoshka ones declare which `dimensions` /v1/embeddings accepts
 POOLER_KEYS = ("pooling_type", "normalize", "is_matryoshka", "matryoshka_dimensions")
 ENV_PREFIX = "SPINDLE_"
+# --tool-call-parser and --reasoning-parser names: the keys of server/tools/registry.py TOOL_PARSERS and
+# server/reasoning/parser.py REASONING_PARSERS, in their order
+TOOL_CALL_PARSER_NAMES = ("hermes", "mistral")
+REASONING_PARSER_NAMES = ("deepseek_r1", "qwen3")
+# What `spindle render` (and SPINDLE_RENDER_ONLY=1) says without a model: it never builds the demo (torch)
+RENDER_NEEDS_MODEL = "spindle render needs --model (a local checkpoint folder with the tokenizer)"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestCaps:
+    """Bounds on the work one request may cause (ServerConfig's fields of the same names; each has a flag)."""
+
+    max_prompts_per_request: int = 2048
+    max_choices_per_request: int = 4096  # n x prompts: engine requests
+    max_stop_strings: int = 64
+    max_stop_string_length: int = 1024  # characters
+    max_stop_token_ids: int = 1024
+    max_logit_bias: int = 1024
+    max_allowed_token_ids: int = 262144
+    max_structured_output_size: int = 64 << 10  # bytes of a constraint's spec (server/pipeline/structured.py)
+    priority_scheduling: bool = False  # --scheduling-policy priority: else a non-zero priority is refused
 
 
 @dataclass(frozen=True)
@@ -76,8 +101,7 @@ class ServerConfig:
     max_stop_token_ids: int = 1024
     max_logit_bias: int = 1024
     max_allowed_token_ids: int = 262144  # above any vocabulary: refuses only padded (repeated) lists
-    # Tool calling and reasoning (vLLM's flags): parser names from server/tools/registry.py and
-    # server/reasoning/parser.py.
+    # Tool calling and reasoning (vLLM's flags): TOOL_CALL_PARSER_NAMES and REASONING_PARSER_NAMES.
     enable_auto_tool_choice: bool = False  # tool_choice "auto" (needs tool_call_parser)
     tool_call_parser: str | None = None  # "hermes" | "mistral": reads tool calls out of the model's text
     reasoning_parser: str | None = None  # "deepseek_r1" | "qwen3": splits <think>...</think> into `reasoning`
@@ -92,7 +116,7 @@ class ServerConfig:
     distributed_timeout: float = 120.0  # seconds to join the group, and the longest one collective may wait
     # Data parallel (server/pipeline/engine_pool.py): engine cores, each with its own KV cache and max_num_seqs
     data_parallel_size: int = 1
-    api_server_count: int = 1  # API processes sharing one listening socket and one engine (server/api_servers.py)
+    api_server_count: int = 1  # API processes sharing one listening socket and one engine (server/runtime/launcher.py)
     data_parallel_policy: DataParallelPolicy = "affinity"  # "round_robin": no load or prefix look (benchmarks)
     # `spindle render` (server/render_app.py): tokenizer, templates and render routes only; no engine, no torch
     render_only: bool = False
@@ -161,16 +185,15 @@ class ServerConfig:
                              f"headless; got --node-rank {self.node_rank}{' --headless' if self.headless else ''}")
         if any(not k for k in self.api_keys):
             raise ValueError("--api-key must not be empty")
-        from server.deploy import check_deploy_config
-
-        check_deploy_config(self)
+        _check_deploy(self)
         self._engine_config(self.model or "<demo>")  # the engine's own checks (dtype, sizes) fail here, at startup
+        _check_render_only(self)
 
     @property
     def model_path(self) -> str:
         if self.model is not None:
             return self.model
-        from engine.models.random_checkpoint import demo_checkpoint_path
+        from engine.models.random_checkpoint import demo_checkpoint_path  # why here: it imports torch
 
         return str(demo_checkpoint_path())
 
@@ -202,8 +225,6 @@ class ServerConfig:
 
     def request_caps(self) -> RequestCaps:
         """The per-request bounds check_request enforces (ModelLimits.caps)."""
-        from server.pipeline.input_processor import RequestCaps
-
         return RequestCaps(**{name: getattr(self, name) for name in _CAP_FIELDS},
                            priority_scheduling=self.scheduling_policy == "priority")
 
@@ -254,8 +275,6 @@ def parse_json_object(name: str, text: str | dict[str, Any]) -> dict[str, Any]:
     """A JSON-object setting's value; the error names the flag."""
     if isinstance(text, dict):
         return text
-    import json
-
     try:
         value = json.loads(text)
     except ValueError as e:
@@ -270,8 +289,6 @@ def parse_json_list(name: str, text: str | list[str] | tuple[str, ...]) -> tuple
     if isinstance(text, (list, tuple)):
         value: Any = list(text)
     else:
-        import json
-
         try:
             value = json.loads(text)
         except ValueError as e:
@@ -312,17 +329,39 @@ def _check_data_parallel(config: ServerConfig) -> None:
 
 
 def _check_parsers(config: ServerConfig) -> None:
-    from server.reasoning.parser import REASONING_PARSERS
-    from server.tools.registry import TOOL_PARSERS
-
-    if config.tool_call_parser is not None and config.tool_call_parser not in TOOL_PARSERS:
-        raise ValueError(f"--tool-call-parser must be one of {', '.join(TOOL_PARSERS)}; "
+    if config.tool_call_parser is not None and config.tool_call_parser not in TOOL_CALL_PARSER_NAMES:
+        raise ValueError(f"--tool-call-parser must be one of {', '.join(TOOL_CALL_PARSER_NAMES)}; "
                          f"got {config.tool_call_parser!r}")
     if config.enable_auto_tool_choice and config.tool_call_parser is None:
         raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")
-    if config.reasoning_parser is not None and config.reasoning_parser not in REASONING_PARSERS:
-        raise ValueError(f"--reasoning-parser must be one of {', '.join(REASONING_PARSERS)}; "
+    if config.reasoning_parser is not None and config.reasoning_parser not in REASONING_PARSER_NAMES:
+        raise ValueError(f"--reasoning-parser must be one of {', '.join(REASONING_PARSER_NAMES)}; "
                          f"got {config.reasoning_parser!r}")
+
+
+def _check_deploy(config: ServerConfig) -> None:
+    """TLS files, the root path and --metrics-compat (server/deploy.py applies them)."""
+    if (config.ssl_keyfile is None) != (config.ssl_certfile is None):
+        raise ValueError("--ssl-keyfile and --ssl-certfile go together: give both, or neither")
+    for name in ("ssl_keyfile", "ssl_certfile"):
+        value = getattr(config, name)
+        if value is not None and not Path(value).is_file():
+            raise ValueError(f"--{name.replace('_', '-')} {value!r}: no such file")
+    root = config.root_path
+    if root and (not root.startswith("/") or root.endswith("/")):
+        raise ValueError(f"--root-path must start with / and not end with one (e.g. /llm), got {root!r}")
+    if config.metrics_compat not in (None, "vllm"):
+        raise ValueError(f"--metrics-compat must be vllm, got {config.metrics_compat!r}")
+
+
+def _check_render_only(config: ServerConfig) -> None:
+    """`spindle render` and SPINDLE_RENDER_ONLY=1 alike: a model folder (the demo build needs torch), no ranks."""
+    if not config.render_only:
+        return
+    if config.model is None:
+        raise ValueError(RENDER_NEEDS_MODEL)
+    if config.headless:
+        raise ValueError("spindle render runs no engine ranks: --headless does not apply")
 
 
 def parse_size(name: str, text: str | int) -> int:

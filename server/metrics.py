@@ -2,50 +2,154 @@
 
 The engine core never touches Prometheus: it reports cumulative counters and timestamps in its
 frames, and this module turns them into histograms, counters and gauges labelled by model_name.
+
+Counters and histograms are this module's own (written on the event loop only, so no lock), rendered by
+collectors through prometheus_client's public families: their numbers live in `MetricSlots`, a row of
+doubles that `ServerMetrics.share` can move into memory every API process maps (server/shared_state.py),
+so each process's /metrics shows the sums over all of them. Gauges are prometheus_client's own.
 """
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
 from collections.abc import Iterator
+from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.metrics_core import HistogramMetricFamily
+from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from engine.messages import EngineStats
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                    7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
+NUM_BUCKETS = len(LATENCY_BUCKETS) + 1  # with +Inf
 FINISH_REASONS = ("stop", "length", "abort", "error")
 REJECT_REASONS = ("queue_full", "shutting_down")  # 503s from admission control and from a draining server
+_PRIVATE_VALUES = 512  # doubles in a process's own row: more than the counters and histograms take
 
 
-class LoopHistogram:
+class Row(Protocol):
+    """Doubles by index: a list (one process) or a memoryview of shared memory (several)."""
+
+    def __getitem__(self, i: int, /) -> float: ...
+    def __setitem__(self, i: int, value: float, /) -> None: ...
+
+
+class MetricSlots:
+    """Where counters and histograms keep their numbers: one row of doubles per API process, this process
+    writing row `index` only (one writer per row: no lock); a value's total is the sum over the rows.
+    Values are placed in the same order in every process, so a value has the same offset in every row."""
+
+    def __init__(self, view: Row, num_processes: int, index: int, stride: int, capacity: int) -> None:
+        if capacity > stride:
+            raise ValueError(f"a row of {stride} values cannot hold {capacity}")
+        self.view = view
+        self.num_processes = num_processes
+        self.index = index
+        self.stride = stride  # values from one row to the next
+        self.capacity = capacity  # values of each row that may be taken
+        self._next = 0
+
+    @classmethod
+    def private(cls, capacity: int = _PRIVATE_VALUES) -> MetricSlots:
+        """One process's row, in its own memory (a list: cheaper per write than a memoryview)."""
+        return cls([0.0] * capacity, 1, 0, capacity, capacity)
+
+    def take(self, count: int) -> int:
+        """The offset of `count` more values in every row."""
+        offset, self._next = self._next, self._next + count
+        if self._next > self.capacity:
+            raise RuntimeError(f"{self._next} metric values do not fit a row of {self.capacity}")
+        return offset
+
+    def own(self, offset: int) -> int:
+        return self.index * self.stride + offset
+
+    def rows(self, offset: int) -> list[int]:
+        return [p * self.stride + offset for p in range(self.num_processes)]
+
+
+class _Placed:
+    """`size` values in a MetricSlots row; `move_to` carries this process's values into other slots."""
+
+    __slots__ = ("_view", "_own", "_rows")
+    size = 1
+
+    def __init__(self, slots: MetricSlots, offset: int | None = None) -> None:
+        self._place(slots, slots.take(self.size) if offset is None else offset)
+
+    def _place(self, slots: MetricSlots, offset: int) -> None:
+        self._view = slots.view
+        self._own = slots.own(offset)
+        self._rows = slots.rows(offset)
+
+    def _total(self, i: int) -> float:
+        view = self._view
+        return float(sum(view[r + i] for r in self._rows))
+
+    def move_to(self, slots: MetricSlots) -> None:
+        old, own = self._view, self._own
+        self._place(slots, slots.take(self.size))
+        for i in range(self.size):
+            self._view[self._own + i] = old[own + i]
+
+
+class LoopCounter(_Placed):
+    """A counter written on the event loop only (no lock); `get` sums every process's row."""
+
+    __slots__ = ()
+
+    def inc(self, amount: float = 1.0) -> None:
+        if amount < 0:
+            raise ValueError(f"counters only go up: inc({amount})")
+        self._view[self._own] += amount
+
+    def get(self) -> float:
+        return self._total(0)
+
+    def get_own(self) -> float:
+        return float(self._view[self._own])
+
+    def per_process(self) -> list[float]:
+        view = self._view
+        return [float(view[r]) for r in self._rows]
+
+
+class LoopHistogram(_Placed):
     """A histogram observed and rendered on the event loop only, so it needs no lock: one bisect per
     observation (prometheus_client's Histogram takes a lock for the sum and one for the bucket, which
-    showed up in the API CPU per token for the per-token ITL; bench/README.md)."""
+    showed up in the API CPU per token for the per-token ITL; bench/README.md). Its row holds the buckets
+    (le semantics, the last one +Inf), then the sum."""
 
-    __slots__ = ("counts", "sum")
-
-    def __init__(self) -> None:
-        self.counts = [0] * (len(LATENCY_BUCKETS) + 1)  # the last one is +Inf
-        self.sum = 0.0
+    __slots__ = ()
+    size = NUM_BUCKETS + 1
 
     def observe(self, value: float) -> None:
-        self.counts[bisect_left(LATENCY_BUCKETS, value)] += 1  # le semantics: value <= bound
-        self.sum += value
+        view, own = self._view, self._own
+        view[own + bisect_left(LATENCY_BUCKETS, value)] += 1  # le semantics: value <= bound
+        view[own + NUM_BUCKETS] += value
+
+    @property
+    def counts(self) -> list[int]:
+        return [int(self._total(i)) for i in range(NUM_BUCKETS)]
+
+    @property
+    def sum(self) -> float:
+        return self._total(NUM_BUCKETS)
 
 
-class _Histograms:
-    """The registry's view of the LoopHistograms: standard histogram families labelled by model_name."""
+class _Histograms(Collector):
+    """The registry's view of the histograms: standard histogram families labelled by model_name."""
 
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
         self.items: list[tuple[str, str, LoopHistogram]] = []
 
-    def collect(self) -> Iterator[HistogramMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         bounds = [repr(float(b)) for b in LATENCY_BUCKETS] + ["+Inf"]  # as prometheus_client prints them
         for name, doc, hist in self.items:
             family = HistogramMetricFamily(name, doc, labels=["model_name"])
@@ -57,24 +161,60 @@ class _Histograms:
             yield family
 
 
+class _CounterFamily:
+    """One counter family: its label names and a LoopCounter per label values."""
+
+    def __init__(self, name: str, doc: str, labels: list[str]) -> None:
+        self.name = name
+        self.doc = doc
+        self.labels = labels
+        self.children: dict[tuple[str, ...], LoopCounter] = {}
+
+
+class _Counters(Collector):
+    """The registry's view of the counters, rendered as prometheus_client renders its Counter (`_total`,
+    `_created`)."""
+
+    def __init__(self, created: float) -> None:
+        self.created = created
+        self.families: list[_CounterFamily] = []
+
+    def collect(self) -> Iterator[Metric]:
+        for fam in self.families:
+            family = CounterMetricFamily(fam.name, fam.doc, labels=fam.labels)
+            for values, counter in fam.children.items():
+                family.add_metric(list(values), counter.get(), created=self.created)
+            yield family
+
+
+class _PerProcess(Collector):
+    """spindle_api_server_requests{api_server}: finished requests per API process (where requests land)."""
+
+    def __init__(self, model_name: str, finished: list[LoopCounter]) -> None:
+        self.model_name = model_name
+        self.finished = finished
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily("spindle_api_server_requests", "Finished requests by API server process.",
+                                     labels=["model_name", "api_server"])
+        rows = [c.per_process() for c in self.finished]
+        for p, values in enumerate(zip(*rows)):
+            family.add_metric([self.model_name, str(p)], sum(values))
+        yield family
+
+
 class ServerMetrics:
     def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
         self.registry = CollectorRegistry()
-        label = ["model_name"]
-
-        histograms = _Histograms(model_name)
-        self.registry.register(histograms)
-
-        def hist(name: str, doc: str) -> LoopHistogram:
-            histograms.items.append((name, doc, LoopHistogram()))
-            return histograms.items[-1][2]
-
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, label, registry=self.registry).labels(model_name)
-
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, label, registry=self.registry).labels(model_name)
-
+        self._slots = MetricSlots.private()  # request counters and histograms: `share` moves them
+        self._engine_slots = MetricSlots.private()  # counters from the engine's totals: each process has them
+        self._request_values: list[_Placed] = []  # what `share` moves, in the same order in every process
+        self._histograms = _Histograms(model_name)
+        self.registry.register(self._histograms)
+        self._counters = _Counters(time.time())
+        self.registry.register(self._counters)
+        hist, counter = self._histogram, self._counter
         self.ttft = hist("spindle_time_to_first_token_seconds", "Arrival to first token.")
         self.itl = hist("spindle_inter_token_latency_seconds", "Time between engine steps' tokens.")
         self.tpot = hist("spindle_time_per_output_token_seconds", "Decode time per output token.")
@@ -84,12 +224,12 @@ class ServerMetrics:
         self.decode = hist("spindle_request_decode_time_seconds", "First token to finish.")
         self.prompt_tokens = counter("spindle_prompt_tokens", "Prompt tokens of finished requests.")
         self.generation_tokens = counter("spindle_generation_tokens", "Generated tokens.")
-        success = Counter("spindle_request_success", "Finished requests by finish reason.",
-                          ["model_name", "finished_reason"], registry=self.registry)
-        self.finished = {r: success.labels(model_name, r) for r in FINISH_REASONS}
-        self.preemptions = counter("spindle_num_preemptions", "Preemptions in the engine.")
-        self.cache_queries = counter("spindle_prefix_cache_queries", "Prompt tokens looked up.")
-        self.cache_hits = counter("spindle_prefix_cache_hits", "Prompt tokens found cached.")
+        self.finished = dict(zip(FINISH_REASONS, self._family(
+            "spindle_request_success", "Finished requests by finish reason.", ["model_name", "finished_reason"],
+            FINISH_REASONS)))
+        self.preemptions = counter("spindle_num_preemptions", "Preemptions in the engine.", engine=True)
+        self.cache_queries = counter("spindle_prefix_cache_queries", "Prompt tokens looked up.", engine=True)
+        self.cache_hits = counter("spindle_prefix_cache_hits", "Prompt tokens found cached.", engine=True)
         # images (a vision model): the image worker's processor cache, the API's mirror of the engine's encoder
         # cache (images sent by hash; misses resent with pixels) and the engine's own encoder-cache hits
         self.mm_processor_cache_hits = counter("spindle_mm_processor_cache_hits",
@@ -99,15 +239,49 @@ class ServerMetrics:
         self.mm_engine_cache_misses = counter("spindle_mm_engine_cache_misses",
                                               "Requests sent by hash the engine no longer held, resent with pixels.")
         self.mm_encoder_cache_hits = counter("spindle_mm_encoder_cache_hits",
-                                             "Images whose vision-encoder output the engine had cached.")
-        rejected = Counter("spindle_requests_rejected", "Requests refused with 503 before reaching the engine.",
-                           ["model_name", "reason"], registry=self.registry)
-        self._rejected = {r: rejected.labels(model_name, r) for r in REJECT_REASONS}  # exported at 0 from the start
-        self.running = gauge("spindle_num_requests_running", "Requests in the engine's running set.")
-        self.waiting = gauge("spindle_num_requests_waiting", "Requests waiting in the engine.")
-        self.kv_usage = gauge("spindle_kv_cache_usage_perc",
-                              "Fraction of KV blocks held by requests (0..1).")
+                                             "Images whose vision-encoder output the engine had cached.", engine=True)
+        self._rejected = dict(zip(REJECT_REASONS, self._family(  # exported at 0 from the start
+            "spindle_requests_rejected", "Requests refused with 503 before reaching the engine.",
+            ["model_name", "reason"], REJECT_REASONS)))
+        self.running = self._gauge("spindle_num_requests_running", "Requests in the engine's running set.")
+        self.waiting = self._gauge("spindle_num_requests_waiting", "Requests waiting in the engine.")
+        self.kv_usage = self._gauge("spindle_kv_cache_usage_perc", "Fraction of KV blocks held by requests (0..1).")
         self._last = EngineStats(0, 0, 0, 1, 0, 0, 0)
+
+    def _histogram(self, name: str, doc: str) -> LoopHistogram:
+        h = LoopHistogram(self._slots)
+        self._histograms.items.append((name, doc, h))
+        self._request_values.append(h)
+        return h
+
+    def _family(self, name: str, doc: str, labels: list[str], values: tuple[str, ...] = ("",),
+                engine: bool = False) -> list[LoopCounter]:
+        """A counter family with one child per value of its second label (or one child); `engine`: counts
+        from the engine's totals, kept in this process."""
+        fam = _CounterFamily(name, doc, labels)
+        self._counters.families.append(fam)
+        for v in values:
+            c = LoopCounter(self._engine_slots if engine else self._slots)
+            fam.children[(self.model_name, v) if len(labels) > 1 else (self.model_name,)] = c
+            if not engine:
+                self._request_values.append(c)
+        return list(fam.children.values())
+
+    def _counter(self, name: str, doc: str, engine: bool = False) -> LoopCounter:
+        return self._family(name, doc, ["model_name"], engine=engine)[0]
+
+    def _gauge(self, name: str, doc: str) -> Gauge:
+        return Gauge(name, doc, ["model_name"], registry=self.registry).labels(self.model_name)
+
+    def share(self, slots: MetricSlots) -> None:
+        """Move the request counters and histograms into `slots` (rows every API process maps), so /metrics
+        shows the sums over all processes, and add spindle_api_server_requests. Counters from the engine's
+        stats stay in this process: each process gets the same engine stats (gauges as reported, counters from
+        the engine's cumulative totals), so they are reported once, not N times."""
+        for value in self._request_values:
+            value.move_to(slots)
+        self._slots = slots
+        self.registry.register(_PerProcess(self.model_name, list(self.finished.values())))
 
     def record_stats(self, stats: EngineStats) -> None:
         """Gauges from the latest engine stats; engine counters are cumulative, so add the delta."""

@@ -2,8 +2,8 @@
 
 One shared memory file (a memfd the launcher makes and every API process maps, `SharedRegion`) holds, per
 API process, its own slot: its queued requests and prompt tokens (`SharedAdmission`) and the values of its
-request counters and histograms (`share_metrics`). Each slot has exactly one writer, its process, and is
-read by all: totals are sums over the slots. No locks between processes, so no process ever waits on
+request counters and histograms (`share_metrics`; server/metrics.py `MetricSlots`). Each slot has exactly
+one writer, its process, and is read by all: totals are sums over the slots. No locks between processes, so no process ever waits on
 another (a stopped or slow process cannot stall the others' event loops).
 
 Admission is reserve-then-check (Dekker's pattern): a process adds the request to its own slot first, then
@@ -24,9 +24,7 @@ import ctypes
 import mmap
 import os
 import threading
-from collections.abc import Iterator
-from typing import Any
-
+from server.metrics import LoopCounter, MetricSlots, ServerMetrics
 from server.pipeline.admission import Admission
 
 ADMISSION_SLOT = 64  # bytes per process: two int64 (requests, tokens), a cache line each process owns
@@ -127,136 +125,22 @@ class SharedAdmission(Admission):
         own[1] -= num_tokens
 
 
-class _SharedValue:
-    """A prometheus_client value (what `Counter.inc` writes) in this process's metrics slot; `get` sums all."""
-
-    _multiprocess = False
-
-    def __init__(self, region: SharedRegion, offset: int) -> None:
-        self._view = region.metrics
-        self._own = region.index * region.metrics_stride + offset
-        self._all = [p * region.metrics_stride + offset for p in range(region.num_processes)]
-
-    def inc(self, amount: float) -> None:
-        self._view[self._own] += amount
-
-    def set(self, value: float, timestamp: float | None = None) -> None:
-        self._view[self._own] = value
-
-    def get(self) -> float:
-        view = self._view
-        return sum(view[i] for i in self._all)
-
-    def get_own(self) -> float:
-        return self._view[self._own]
-
-    def set_exemplar(self, exemplar: Any) -> None:
-        pass
-
-    def get_exemplar(self) -> None:
-        return None
+def _slots(region: SharedRegion, capacity: int) -> MetricSlots:
+    return MetricSlots(region.metrics, region.num_processes, region.index, region.metrics_stride, capacity)
 
 
-def engine_routed(region: SharedRegion, num_engines: int) -> list[_SharedValue]:
+def engine_routed(region: SharedRegion, num_engines: int) -> list[LoopCounter]:
     """Per engine (`--data-parallel-size`), the requests this process sent there, in its slot (`inc`);
     `get` sums every process, so spindle_engine_requests_routed{engine} counts the whole server."""
     if num_engines > ENGINE_VALUES:
         raise ValueError(f"at most {ENGINE_VALUES} engines behind several API processes, got {num_engines}")
+    slots = _slots(region, region.metrics_stride)
     base = region.metrics_stride - ENGINE_VALUES
-    return [_SharedValue(region, base + i) for i in range(num_engines)]
+    return [LoopCounter(slots, base + i) for i in range(num_engines)]
 
 
-class SharedHistogram:
-    """server.metrics.LoopHistogram with its buckets and sum in the shared slot: `observe` writes this
-    process's, `counts` and `sum` are the totals over every process."""
-
-    __slots__ = ("_view", "_own", "_bases", "_n")
-
-    def __init__(self, region: SharedRegion, offset: int, num_buckets: int) -> None:
-        self._view = region.metrics
-        self._own = region.index * region.metrics_stride + offset
-        self._bases = [p * region.metrics_stride + offset for p in range(region.num_processes)]
-        self._n = num_buckets  # buckets including +Inf; the sum follows them
-
-    def observe(self, value: float) -> None:
-        from bisect import bisect_left
-
-        from server.metrics import LATENCY_BUCKETS
-
-        view, own = self._view, self._own
-        view[own + bisect_left(LATENCY_BUCKETS, value)] += 1
-        view[own + self._n] += value
-
-    @property
-    def counts(self) -> list[int]:
-        view = self._view
-        return [int(sum(view[b + i] for b in self._bases)) for i in range(self._n)]
-
-    @property
-    def sum(self) -> float:
-        view = self._view
-        return float(sum(view[b + self._n] for b in self._bases))
-
-
-def _counter_children(metrics: Any) -> Iterator[Any]:
-    """Every Counter child of the registry, in registration order (the same in every process)."""
-    from prometheus_client import Counter
-
-    for collector in list(metrics.registry._collector_to_names):
-        if isinstance(collector, Counter):
-            if collector._labelnames:
-                yield from list(collector._metrics.values())
-            else:
-                yield collector
-
-
-def share_metrics(metrics: Any, region: SharedRegion) -> None:
-    """Move a fresh ServerMetrics' request counters and histograms into the shared slot, so every process's
-    /metrics shows the sums over all processes. Engine-derived values stay per process: each process gets
-    the same engine stats (gauges as reported, counters from the engine's cumulative totals), so they are
-    reported once, not N times. Call before anything records."""
-    from prometheus_client.metrics_core import CounterMetricFamily
-
-    from server.metrics import LATENCY_BUCKETS, LoopHistogram
-
-    engine_own = {id(metrics.preemptions), id(metrics.cache_queries), id(metrics.cache_hits)}
-    offset = 0
-    for child in _counter_children(metrics):
-        if id(child) in engine_own:
-            continue
-        child._value = _SharedValue(region, offset)
-        offset += 1
-    num_buckets = len(LATENCY_BUCKETS) + 1
-    replaced: dict[int, SharedHistogram] = {}
-    for collector in list(metrics.registry._collector_to_names):
-        items = getattr(collector, "items", None)
-        if not isinstance(items, list):
-            continue
-        for i, (name, doc, hist) in enumerate(items):
-            if isinstance(hist, LoopHistogram):
-                shared = SharedHistogram(region, offset, num_buckets)
-                offset += num_buckets + 1
-                replaced[id(hist)] = shared
-                items[i] = (name, doc, shared)
-    for attr, value in list(vars(metrics).items()):
-        if id(value) in replaced:
-            setattr(metrics, attr, replaced[id(value)])
-    if offset > region.metrics_stride - ENGINE_VALUES:
-        raise RuntimeError(f"{offset} shared metric values do not fit a {region.metrics_stride}-value slot")
-
-    finished = [child._value for child in metrics.finished.values()]
-    model_name = getattr(next(iter(metrics.finished.values())), "_labelvalues", ("",))[0]
-
-    class _PerProcess:
-        """spindle_api_server_requests{api_server}: finished requests per API process (where requests land)."""
-
-        def collect(self) -> Iterator[CounterMetricFamily]:
-            family = CounterMetricFamily("spindle_api_server_requests", "Finished requests by API server process.",
-                                         labels=["model_name", "api_server"])
-            stride = region.metrics_stride
-            for p in range(region.num_processes):
-                total = sum(region.metrics[p * stride + (v._own - region.index * stride)] for v in finished)
-                family.add_metric([model_name, str(p)], total)
-            yield family
-
-    metrics.registry.register(_PerProcess())
+def share_metrics(metrics: ServerMetrics, region: SharedRegion) -> None:
+    """Move a fresh ServerMetrics' request counters and histograms into this process's metrics slot, so every
+    process's /metrics shows the sums over all processes (ServerMetrics.share). Call before anything records:
+    the others would not see it."""
+    metrics.share(_slots(region, region.metrics_stride - ENGINE_VALUES))

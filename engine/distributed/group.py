@@ -83,6 +83,7 @@ class TPGroup:
         try:
             self.cpu: Any = ProcessGroupGloo(PrefixStore("spindle/gloo", store), rank, self.size, opts)
             if device.type == "cuda":
+                # why late: CPU-only torch builds have no ProcessGroupNCCL
                 from torch._C._distributed_c10d import ProcessGroupNCCL
 
                 nccl_opts = ProcessGroupNCCL.Options()

@@ -12,16 +12,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from engine.models.loader import ModelLoadError, _Weights
+from engine.distributed.group import TPGroup
+from engine.distributed.tp_model import TPCausalLM
 from engine.models.llama import ModelArgs
-
-if TYPE_CHECKING:
-    from engine.distributed.group import TPGroup
-    from engine.distributed.tp_model import TPCausalLM
+from engine.models.weights import ModelLoadError, Weights
 
 _LAYER = re.compile(r"model\.layers\.\d+\.(self_attn|mlp)\.(\w+)\.(weight|bias)")
 
@@ -73,15 +71,15 @@ class Shard:
     def weights(self, folder: Path, args: ModelArgs, dtype: torch.dtype, device: torch.device) -> ShardedWeights:
         return ShardedWeights(folder, dtype, device, self, args)
 
-    def build(self, args: ModelArgs, weights: ShardedWeights, has_lm_head: bool, max_positions: int,
+    def build(self, args: ModelArgs, weights: Weights, has_lm_head: bool, max_positions: int,
               quantization: str | None = None) -> TPCausalLM:
-        from engine.distributed.tp_model import TPCausalLM
-
+        """The decoder on this rank's slices (`weights`), with `group` for its collectives."""
         assert self.group is not None, "a model shard needs its group for the collectives"
-        return TPCausalLM(args, self, weights, has_lm_head, max_positions, quantization)
+        return TPCausalLM(self.local_args(args), args.vocab_size, self.vocab(args), self.group, weights,
+                          has_lm_head, max_positions, quantization)
 
 
-class ShardedWeights(_Weights):
+class ShardedWeights(Weights):
     """Name -> this rank's slice of the tensor (the loader's getter, sliced)."""
 
     def __init__(self, folder: Path, dtype: torch.dtype, device: torch.device, shard: Shard,

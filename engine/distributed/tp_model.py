@@ -1,6 +1,6 @@
 """The decoder of engine/models/llama.py on one tensor-parallel rank: its heads, its MLP columns, its vocabulary rows.
 
-The layers run unchanged on local shapes (`Shard.local_args`); the three places ranks meet are the
+The layers run unchanged on local shapes (engine/distributed/sharding.py `Shard.local_args`); the three places ranks meet are the
 row-parallel projections' all-reduce (`all_reduce`), the vocabulary-parallel embedding (each rank looks up
 the ids it holds, zeros elsewhere, then an all-reduce) and the LM head (each rank's columns of the
 logits, gathered to rank 0, the only one that samples).
@@ -12,19 +12,20 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from engine.distributed.sharding import Shard, ShardedWeights
-from engine.models.llama import CausalLM, ModelArgs
+from engine.distributed.group import TPGroup
+from engine.models.llama import CausalLM, ModelArgs, WeightGetter
 
 
 class TPCausalLM(CausalLM):
-    def __init__(self, args: ModelArgs, shard: Shard, weights: ShardedWeights, has_lm_head: bool,
-                 max_positions: int, quantization: str | None = None) -> None:
-        assert shard.group is not None
-        self.group = shard.group
-        self.full_args = args
-        self.vocab_start, vocab_end, self.vocab_rows = shard.vocab(args)
+    def __init__(self, local_args: ModelArgs, vocab_size: int, vocab: tuple[int, int, int], group: TPGroup,
+                 weights: WeightGetter, has_lm_head: bool, max_positions: int,
+                 quantization: str | None = None) -> None:
+        """local_args: this rank's shapes (`Shard.local_args`); vocab: its rows (`Shard.vocab`) of vocab_size."""
+        self.group = group
+        self.full_vocab_size = vocab_size
+        self.vocab_start, vocab_end, self.vocab_rows = vocab
         self.vocab_real = vocab_end - self.vocab_start  # rows past it on this rank are padding
-        super().__init__(shard.local_args(args), weights, has_lm_head, max_positions, quantization)
+        super().__init__(local_args, weights, has_lm_head, max_positions, quantization)
 
     def all_reduce(self, partial: torch.Tensor) -> torch.Tensor:
         return self.group.all_reduce(partial)
@@ -42,4 +43,4 @@ class TPCausalLM(CausalLM):
         full = self.group.gather_columns(local)
         if full is None:
             return local
-        return full[:, :self.full_args.vocab_size]  # the last rank's padding columns must never be sampled
+        return full[:, :self.full_vocab_size]  # the last rank's padding columns must never be sampled

@@ -48,9 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     name = f"rank{args.rank}" if started else f"node{args.node_rank}"
     logging.basicConfig(level=os.environ.get("SPINDLE_LOG_LEVEL", "INFO").upper(),
                         format=f"%(asctime)s engine {name} %(levelname)s %(message)s")
+    # why late (torch): the lifeline watch and signal handling are set up before a seconds-long import
     from engine.distributed.group import JoinError, join_store
-    from engine.distributed.launch import LocalRanks
-    from engine.distributed.runner import TPModelRunner
+    from engine.distributed.launch import LocalRanks  # why late: as above
+    from engine.distributed.runner import TPModelRunner  # why late: as above
 
     local: LocalRanks | None = None
     try:

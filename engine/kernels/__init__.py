@@ -33,7 +33,7 @@ __all__ = ["PagedBatch", "apply_token_bitmask", "build_paged_batch", "decode_att
 @functools.cache
 def triton_available() -> bool:
     try:
-        import triton  # noqa: F401
+        import triton  # noqa: F401  # why late: the probe for an optional dependency
     except ImportError:
         return False
     return True
@@ -78,25 +78,27 @@ def write_kv_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_ca
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
-                           scale: float, *, sliding_window: int | None = None) -> torch.Tensor:
-    """q [B, heads, D], one token per sequence of batch -> [B, heads, D]."""
+                     scale: float, *, sliding_window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+    """q [B, heads, D], one token per sequence of batch -> [B, heads, D]; softcap: scores -> c * tanh(s / c)."""
     mod = _module("paged_decode_attention")
     args = (q, k_cache, v_cache, batch.block_tables, batch.seq_lens, scale)
     if use_triton(q.device):
         return mod.paged_decode_attention(*args, sliding_window=sliding_window,  # type: ignore[no-any-return]
-                                          max_seq_len=batch.max_seq_len)
-    return mod.paged_decode_attention_ref(*args, sliding_window=sliding_window)  # type: ignore[no-any-return]
+                                          softcap=softcap, max_seq_len=batch.max_seq_len)
+    return mod.paged_decode_attention_ref(*args, sliding_window=sliding_window,  # type: ignore[no-any-return]
+                                          softcap=softcap)
 
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
-                            scale: float, *, sliding_window: int | None = None) -> torch.Tensor:
+                      scale: float, *, sliding_window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """q [T, heads, D], the batch's query chunks back to back (any lengths, 1 included) -> [T, heads, D]."""
     mod = _module("paged_prefill_attention")
     args = (q, k_cache, v_cache, batch.block_tables, batch.cu_seqlens_q, batch.seq_lens, scale)
     if use_triton(q.device):
         return mod.paged_prefill_attention(*args, sliding_window=sliding_window,  # type: ignore[no-any-return]
-                                           max_query_len=batch.max_query_len)
-    return mod.paged_prefill_attention_ref(*args, sliding_window=sliding_window)  # type: ignore[no-any-return]
+                                           softcap=softcap, max_query_len=batch.max_query_len)
+    return mod.paged_prefill_attention_ref(*args, sliding_window=sliding_window,  # type: ignore[no-any-return]
+                                           softcap=softcap)
 
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:

@@ -9,6 +9,7 @@ Prints each variant's registers and spill stack as ptxas allotted them (cuobjdum
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import re
 import subprocess
@@ -32,8 +33,8 @@ class Variant:
 
 def variants(quick: bool = False) -> list[Variant]:
     """Every kernel in each dtype at head_dim 64 and 128; quick: bfloat16 at head_dim 128 only."""
-    from engine.kernels.paged_decode_attention import decode_num_warps
-    from engine.kernels.paged_prefill_attention import prefill_num_warps
+    from engine.kernels.paged_decode_attention import decode_num_warps  # why late: @triton.jit reads main's env
+    from engine.kernels.paged_prefill_attention import prefill_num_warps  # why late: as above
 
     out: list[Variant] = []
     for dt in (["bf16"] if quick else DTYPES.values()):
@@ -70,11 +71,9 @@ def variants(quick: bool = False) -> list[Variant]:
 
 
 def compile_variant(v: Variant, arch: int) -> dict[str, Any]:
-    import importlib
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    import triton  # why late: triton reads main's environment (TRITON_INTERPRET, fp fusion) at import
+    from triton.backends.compiler import GPUTarget  # why late: as above
+    from triton.compiler import ASTSource  # why late: as above
 
     fn = getattr(importlib.import_module(f"engine.kernels.{v.module}"), v.kernel)
     sig: dict[str, str] = {}

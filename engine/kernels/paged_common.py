@@ -19,20 +19,30 @@ def flat_cache(cache: torch.Tensor, block_size: int | None) -> tuple[torch.Tenso
     return cache, block_size
 
 
-def context_slots(block_table: torch.Tensor, seq_len: int, block_size: int) -> torch.Tensor:
-    """Slots of positions 0..seq_len-1 of one sequence (int64)."""
-    pos = torch.arange(seq_len, device=block_table.device)
+def context_slots(block_table: torch.Tensor, seq_len: int, block_size: int, first: int = 0) -> torch.Tensor:
+    """Slots of positions first..seq_len-1 of one sequence (int64); blocks before `first`'s are never read
+    (a sliding window's block manager may have freed them)."""
+    pos = torch.arange(first, seq_len, device=block_table.device)
     return block_table.long()[pos // block_size] * block_size + pos % block_size
 
 
+def first_visible(q_first: int, sliding_window: int | None) -> int:
+    """The first key position a query at q_first (the earliest of its chunk) can see."""
+    return 0 if sliding_window is None else max(0, q_first - sliding_window + 1)
+
+
+def soft_cap(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    return scores if softcap is None else softcap * torch.tanh(scores / softcap)
+
+
 def attend_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, scale: float,
-               sliding_window: int | None) -> torch.Tensor:
-    """q [Lq, H, D] at positions q_pos [Lq] over k, v [L, kv_heads, D] at positions 0..L-1, in float32."""
+               sliding_window: int | None, softcap: float | None = None, k_first: int = 0) -> torch.Tensor:
+    """q [Lq, H, D] at positions q_pos [Lq] over k, v [L, kv_heads, D] at positions k_first.., in float32."""
     group = q.shape[1] // k.shape[1]
     kf = k.float().repeat_interleave(group, dim=1)  # query head h reads kv head h // group
     vf = v.float().repeat_interleave(group, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q.float(), kf) * scale
-    k_pos = torch.arange(k.shape[0], device=q.device)
+    scores = soft_cap(torch.einsum("qhd,khd->hqk", q.float(), kf) * scale, softcap)
+    k_pos = torch.arange(k_first, k_first + k.shape[0], device=q.device)
     allowed = k_pos[None, :] <= q_pos[:, None]
     if sliding_window is not None:
         allowed &= q_pos[:, None] - k_pos[None, :] < sliding_window
@@ -46,3 +56,10 @@ def interpreter_dot_upcast(dtype: torch.dtype) -> bool:
     Compiled kernels (CUDA) never take this branch: it is a constexpr that is False outside the interpreter.
     """
     return dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def softcap_arg(softcap: float | None) -> float:
+    """The kernels' runtime softcap argument: 0.0 means none (their SOFTCAP constexpr is then False)."""
+    if softcap is not None and softcap <= 0:
+        raise ValueError(f"softcap must be positive, not {softcap}")
+    return softcap or 0.0

@@ -11,7 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.paged_common import attend_ref, context_slots, flat_cache, interpreter_dot_upcast
+from engine.kernels.paged_common import (attend_ref, context_slots, first_visible, flat_cache,
+                                         interpreter_dot_upcast, softcap_arg)
 
 TARGET_PROGRAMS = 264  # about two waves on a 132-SM H100/H200
 MIN_SPLIT_LEN = 256  # below this many keys per split the merge costs more than it saves
@@ -19,25 +20,37 @@ MIN_SPLIT_LEN = 256  # below this many keys per split the merge costs more than 
 
 def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, *,
-                               block_size: int | None = None, sliding_window: int | None = None) -> torch.Tensor:
-    """q [B, heads, D]: sequence b's token at position seq_lens[b] - 1 attends to its whole context."""
+                               block_size: int | None = None, sliding_window: int | None = None,
+                               softcap: float | None = None) -> torch.Tensor:
+    """q [B, heads, D]: sequence b's token at position seq_lens[b] - 1 attends to its context (or window)."""
     kf, bs = flat_cache(k_cache, block_size)
     vf, _ = flat_cache(v_cache, block_size)
     out = torch.empty_like(q)
     for b in range(q.shape[0]):
         n = int(seq_lens[b])
-        slots = context_slots(block_tables[b], n, bs)
+        first = first_visible(n - 1, sliding_window)
+        slots = context_slots(block_tables[b], n, bs, first)
         q_pos = torch.tensor([n - 1], device=q.device)
-        out[b] = attend_ref(q[b:b + 1], kf[slots], vf[slots], q_pos, scale, sliding_window)[0].to(q.dtype)
+        out[b] = attend_ref(q[b:b + 1], kf[slots], vf[slots], q_pos, scale, sliding_window, softcap,
+                            first)[0].to(q.dtype)
     return out
+
+
+@triton.jit
+def tanh(x):
+    """tanh from exp, so one formula serves CUDA and the interpreter; e^(-2|x|) <= 1 never overflows."""
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x >= 0, t, -t)
 
 
 @triton.jit
 def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_lens_ptr, out_ptr, part_ptr, lse_ptr,
                    q_stride_b, q_stride_h, c_stride_s, c_stride_h, bt_stride, o_stride_b, o_stride_h,
-                   scale, block_size, window, group,
+                   scale, block_size, window, group, softcap,
                    NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+                   SOFTCAP: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -69,6 +82,8 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_lens_ptr, out_ptr, part_pt
         if UPCAST:
             k = k.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
+        if SOFTCAP:
+            s = softcap * tanh(s / softcap)
         s = tl.where(p_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.exp(s - m_new[:, None])
@@ -120,14 +135,14 @@ def decode_num_warps(block_d: int) -> int:
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int) -> int:
     """Enough splits to give the GPU ~TARGET_PROGRAMS programs, each split at least MIN_SPLIT_LEN keys."""
-    want = triton.cdiv(TARGET_PROGRAMS, max(num_seqs * num_kv_heads, 1))
+    want = -(-TARGET_PROGRAMS // max(num_seqs * num_kv_heads, 1))  # ceil division
     return max(1, min(want, max_seq_len // MIN_SPLIT_LEN, 32))
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, *,
                            block_size: int | None = None, sliding_window: int | None = None,
-                           num_splits: int | None = None, max_seq_len: int | None = None,
+                           softcap: float | None = None, num_splits: int | None = None, max_seq_len: int | None = None,
                            out: torch.Tensor | None = None, block_n: int = 32) -> torch.Tensor:
     """Triton version of paged_decode_attention_ref. block_tables int32 [B, max_blocks], seq_lens int32 [B]
     (context length including the query token; 0 marks a padding row, whose output is 0).
@@ -154,10 +169,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     _decode_kernel[(n_seqs, n_kv, num_splits)](
         q, kf, vf, block_tables, seq_lens, out, part, lse,
         q.stride(0), q.stride(1), kf.stride(0), kf.stride(1), block_tables.stride(0), out.stride(0), out.stride(1),
-        scale, bs, sliding_window or 0, group,
+        scale, bs, sliding_window or 0, group, softcap_arg(softcap),
         NUM_SPLITS=num_splits, HEAD_DIM=d, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         BLOCK_D=block_d, DOT_PRECISION=precision, UPCAST=interpreter_dot_upcast(q.dtype),
-        num_warps=decode_num_warps(block_d))
+        SOFTCAP=softcap is not None, num_warps=decode_num_warps(block_d))
     if num_splits > 1:
         _merge_kernel[(n_seqs, n_heads)](part, lse, out, n_heads, out.stride(0), out.stride(1),
                                          NUM_SPLITS=num_splits, HEAD_DIM=d,

@@ -12,31 +12,35 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.paged_common import attend_ref, context_slots, flat_cache, interpreter_dot_upcast
+from engine.kernels.paged_common import (attend_ref, context_slots, first_visible, flat_cache,
+                                         interpreter_dot_upcast, softcap_arg)
+from engine.kernels.paged_decode_attention import tanh
 
 
 def paged_prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                 block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
                                 scale: float, *, block_size: int | None = None,
-                                sliding_window: int | None = None) -> torch.Tensor:
+                                sliding_window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """q [T, heads, D] -> [T, heads, D]; cu_seqlens_q int32 [B + 1], seq_lens int32 [B]."""
     kf, bs = flat_cache(k_cache, block_size)
     vf, _ = flat_cache(v_cache, block_size)
     out = torch.empty_like(q)
     for b in range(seq_lens.shape[0]):
         q0, q1, n = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1]), int(seq_lens[b])
-        slots = context_slots(block_tables[b], n, bs)
+        first = first_visible(n - (q1 - q0), sliding_window)
+        slots = context_slots(block_tables[b], n, bs, first)
         q_pos = torch.arange(n - (q1 - q0), n, device=q.device)
-        out[q0:q1] = attend_ref(q[q0:q1], kf[slots], vf[slots], q_pos, scale, sliding_window).to(q.dtype)
+        out[q0:q1] = attend_ref(q[q0:q1], kf[slots], vf[slots], q_pos, scale, sliding_window, softcap,
+                                first).to(q.dtype)
     return out
 
 
 @triton.jit
 def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_q_ptr, seq_lens_ptr, out_ptr,
                     q_stride_t, q_stride_h, c_stride_s, c_stride_h, bt_stride, o_stride_t, o_stride_h,
-                    scale, block_size, window, group,
+                    scale, block_size, window, group, softcap,
                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                    BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, SOFTCAP: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     m0 = tl.program_id(2) * BLOCK_M
@@ -72,6 +76,8 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_q_ptr, seq_lens_ptr, out_p
             if UPCAST:
                 k = k.to(tl.float32)
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
+            if SOFTCAP:
+                s = softcap * tanh(s / softcap)
             allowed = p_mask[None, :] & (pos[None, :] <= q_pos[:, None])
             allowed = allowed & ((window <= 0) | (q_pos[:, None] - pos[None, :] < window))
             s = tl.where(allowed, s, float("-inf"))
@@ -99,7 +105,8 @@ def prefill_num_warps(block_m: int, block_d: int, elem_bytes: int) -> int:
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
                             scale: float, *, max_query_len: int, block_size: int | None = None,
-                            sliding_window: int | None = None, out: torch.Tensor | None = None,
+                            sliding_window: int | None = None, softcap: float | None = None,
+                            out: torch.Tensor | None = None,
                             block_m: int = 64, block_n: int = 32) -> torch.Tensor:
     """Triton version of paged_prefill_attention_ref. max_query_len (a host int the scheduler knows)
     sizes the grid, so the launch needs no device sync."""
@@ -121,8 +128,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     _prefill_kernel[grid](
         q, kf, vf, block_tables, cu_seqlens_q, seq_lens, out,
         q.stride(0), q.stride(1), kf.stride(0), kf.stride(1), block_tables.stride(0), out.stride(0), out.stride(1),
-        scale, bs, sliding_window or 0, n_heads // n_kv,
+        scale, bs, sliding_window or 0, n_heads // n_kv, softcap_arg(softcap),
         HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        UPCAST=interpreter_dot_upcast(q.dtype), num_warps=prefill_num_warps(block_m, block_d, q.element_size()))
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", UPCAST=interpreter_dot_upcast(q.dtype),
+        SOFTCAP=softcap is not None, num_warps=prefill_num_warps(block_m, block_d, q.element_size()))
     return out

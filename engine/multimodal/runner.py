@@ -2,8 +2,8 @@
 
 A request's images arrive as `ImageInput`s (engine/messages.py): pixel values (bytes + shape + dtype, as the
 API's Qwen2-VL image processor made them), the grid (t, h, w) in patches, the content hash, and where the
-image's placeholder tokens sit in the prompt. `SeqImages` (on `Sequence.mm`) holds them with the prompt's
-M-RoPE positions and the position delta later tokens use. `ImageRunner` (one per ModelRunner of a vision
+image's placeholder tokens sit in the prompt. `SeqImages` (on `Sequence.mm`; engine/multimodal/state.py) holds
+them with the prompt's M-RoPE positions and the position delta later tokens use. `ImageRunner` (one per ModelRunner of a vision
 model) splices the encoder's output over the placeholder rows of each step; the encoder runs once per image
 content (`EncoderCache`, by hash), so chunked prefill cutting through an image, preemption and a second request
 with the same image reuse it. Prefix-cache keys of blocks holding image tokens carry the image hash and
@@ -13,17 +13,14 @@ offset (`SeqImages.block_extra`), so different images behind the same text never
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from engine.messages import IMAGE_CACHE_MISS, ImageInput
+from engine.models.qwen2_vl import Qwen2VLCausalLM, mrope_positions
 from engine.multimodal.processing import ENCODER_CACHE_BYTES
-
-if TYPE_CHECKING:
-    from engine.models.qwen2_vl import Qwen2VLCausalLM
-    from engine.sequence import ScheduledSeq
+from engine.multimodal.state import Image, SeqImages
+from engine.sequence import ScheduledSeq
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -32,42 +29,6 @@ class ImageCacheMiss(ValueError):
     """An image sent by hash only (its pixels were sent before) is no longer in the engine's cache.
 
     The request's error text starts with "ImageCacheMiss:" (IMAGE_CACHE_MISS): the API resends it with pixels."""
-
-
-@dataclass
-class Image:
-    hash: str
-    offset: int
-    length: int
-    grid: tuple[int, int, int]
-    pixels: torch.Tensor | None  # None: sent by hash only (the encoder cache held its output)
-    encoded: torch.Tensor | None = None  # the encoder's output, held while the request lives
-
-
-class SeqImages:
-    """One request's images, its prompt's M-RoPE positions and the delta of every later position."""
-
-    def __init__(self, images: list[Image], num_prompt_tokens: int, merge: int) -> None:
-        from engine.models.qwen2_vl import mrope_positions
-
-        self.images = images
-        axes, self.delta = mrope_positions(num_prompt_tokens, [(i.offset, i.length, i.grid) for i in images], merge)
-        self.prompt_positions = torch.tensor(axes, dtype=torch.long)  # [3, num_prompt_tokens]
-        self.num_prompt_tokens = num_prompt_tokens
-
-    def positions(self, start: int, n: int) -> torch.Tensor:
-        """[3, n] positions of tokens start .. start + n - 1 (outputs after the prompt: index + delta)."""
-        p = self.num_prompt_tokens
-        head = self.prompt_positions[:, start:min(start + n, p)]
-        if start + n <= p:
-            return head
-        tail = torch.arange(max(start, p), start + n, dtype=torch.long) + self.delta
-        return torch.cat([head, tail.expand(3, -1)], dim=1)
-
-    def block_extra(self, lo: int, hi: int) -> tuple[tuple[str, int], ...]:
-        """What besides token ids names the KV of tokens [lo, hi): (hash, first offset in the image) per image."""
-        return tuple((i.hash, max(lo, i.offset) - i.offset) for i in self.images
-                     if i.offset < hi and lo < i.offset + i.length)
 
 
 def decode_pixels(img: ImageInput) -> torch.Tensor:
@@ -156,7 +117,8 @@ class ImageRunner:
             images.append(Image(img.hash, img.offset, length, (t, h, w), pixels,
                                 None if img.data is not None else cached))
             end = img.offset + length
-        return SeqImages(images, len(prompt), self.merge)
+        axes, delta = mrope_positions(len(prompt), [(i.offset, i.length, i.grid) for i in images], self.merge)
+        return SeqImages(images, torch.tensor(axes, dtype=torch.long), delta)
 
     def encoded(self, img: Image) -> torch.Tensor:
         """The image's encoder output: held by its request, else cached by hash, else computed (and cached)."""

@@ -12,6 +12,8 @@ import math
 import numpy as np
 import torch
 
+from engine import kernels
+
 _SHIFTS: dict[torch.device, torch.Tensor] = {}
 _LANES = np.arange(32, dtype=np.int64)
 SPARSE_WORDS = 4  # a row with under 1/4 of its words non-zero is applied by keeping its allowed tokens
@@ -79,7 +81,5 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[
     if logits.device.type == "cpu":
         apply_token_bitmask_cpu(logits, bitmask, rows)
         return
-    from engine.kernels import apply_token_bitmask as kernel
-
     dev = logits.device
-    kernel(logits, bitmask.to(dev, non_blocking=True), torch.tensor(rows, dtype=torch.long).to(dev, non_blocking=True))
+    kernels.apply_token_bitmask(logits, bitmask.to(dev, non_blocking=True), torch.tensor(rows, dtype=torch.long).to(dev, non_blocking=True))

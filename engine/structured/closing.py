@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Container
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from engine.structured.backend import StructuredGrammar
-    from engine.structured.manager import StructuredState
+from engine.structured.backend import StructuredGrammar
+from engine.structured.state import StructuredState
 
 log = logging.getLogger("engine")
 

@@ -29,8 +29,8 @@ def load_tokenizer(folder: str | Path, vocab_size: int, eos_token_ids: Sequence[
     file = folder / "tokenizer.json"
     if file.is_file():  # tokenizer.json as is: a second faster than loading transformers' tokenizer first
         return llguidance.LLTokenizer(file.read_text(encoding="utf-8"), n_vocab=vocab_size, eos_token=eos)
-    from llguidance.hf import from_tokenizer
-    from transformers import AutoTokenizer
+    from llguidance.hf import from_tokenizer  # why late: it imports transformers, heavy and rarely needed
+    from transformers import AutoTokenizer  # why late: only a folder without tokenizer.json needs it
 
     hf = AutoTokenizer.from_pretrained(folder)  # a slow-only tokenizer folder (tokenizer.model): converted
     return from_tokenizer(hf, n_vocab=vocab_size, eos_token=eos)  # type: ignore[arg-type]

@@ -22,22 +22,10 @@ from engine.sequence import Sequence
 from engine.structured.backend import StructuredBackend, StructuredGrammar, allocate_bitmask
 from engine.structured.bitmask import allow_only, apply_token_bitmask
 from engine.structured.closing import advance, closing_token
+from engine.structured.state import StructuredState
 
 log = logging.getLogger("engine")
 CACHE_SIZE = 256  # compiled grammars kept; a request copies its grammar, so eviction frees only the template
-
-
-@dataclass(slots=True)
-class StructuredState:
-    """A sequence's constraint: its own matcher, and whether the constraint applies yet (reasoning_end)."""
-
-    spec: StructuredOutputs
-    grammar: StructuredGrammar | None = None  # None until compiled
-    active: bool = True  # False until the output contains spec.reasoning_end
-    tail: bytes = b""  # the output's last bytes while inactive: reasoning_end may span tokens
-    closing: list[int] | None = None  # the finish being forced near max_tokens (engine/structured/closing.py)
-    finish: list[int] | None = None  # the last finish found, from an earlier state (closing.py tries it first)
-    check_at: int = 1 << 30  # look for a finish once the tokens left are at most this
 
 
 @dataclass(frozen=True, slots=True)

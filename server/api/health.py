@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from server.http.asgi import Receive, Scope, Send, send_json
 from server.api.state import AppState
+from server.http.asgi import Receive, Scope, Send, send_error, send_json
 from server.http.errors import APIError
+from server.pipeline import unavailable
 
 
 def _version() -> str:
@@ -31,9 +32,9 @@ class HealthRoute:
             self.state.require_renderer()  # on a full server this is `require`: the engine must serve too
             llm = self.state.llm  # None on a render-only server
             if llm is not None and llm.stopping:
-                raise APIError("The server is shutting down; retry against another instance.", status=503)
-        except APIError as e:
-            await send_json(send, 503, e.body())
+                raise unavailable.shutting_down()
+        except APIError as e:  # every refusal here is a 503 (server/pipeline/unavailable.py)
+            await send_error(send, e)
             return
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
         await send({"type": "http.response.body", "body": b""})

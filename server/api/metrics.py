@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from server.http.asgi import Receive, Scope, Send
+from server.metrics import CONTENT_TYPE, ServerMetrics
 
 
 class MetricsRoute:
-    def __init__(self, metrics: Any) -> None:
-        self.metrics = metrics  # server.metrics.ServerMetrics
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        from server.metrics import CONTENT_TYPE
-
         body = self.metrics.render()
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", CONTENT_TYPE.encode()), (b"content-length", str(len(body)).encode())]})

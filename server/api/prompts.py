@@ -10,12 +10,16 @@ from typing import Any
 import anyio
 import msgspec
 
+import tokenizers
+
 from engine.messages import ImageInput
-from server.http.errors import APIError, bad_request
+from server.api.state import AppState, Renderer
+from server.http.errors import bad_request
+from server.multimodal.images import expand_for_model, has_images, prepare_images
+from server.pipeline import unavailable
 from server.pipeline.admission import min_tokens
 from server.pipeline.async_llm import AsyncLLM
 from server.pipeline.input_processor import ModelLimits, check_fits, max_token_bytes
-from server.multimodal.images import expand, has_images, image_support, prepare_images
 from server.render.renderer import RendererOverloaded, RenderError
 
 
@@ -27,7 +31,7 @@ def render_errors(param: str) -> Iterator[None]:
     except RenderError as e:
         raise bad_request(str(e), param) from None
     except RendererOverloaded as e:
-        raise APIError(str(e), status=503, retry_after=1) from None
+        raise unavailable.unavailable(str(e)) from None
 
 
 def require_messages(req: Any) -> None:
@@ -35,7 +39,7 @@ def require_messages(req: Any) -> None:
         raise bad_request("messages is required: a list of {role, content} objects.", "messages")
 
 
-async def render_chat(renderer: Any, req: Any) -> str:
+async def render_chat(renderer: Renderer, req: Any) -> str:
     """`req.messages` through the chat template, with the request's template options."""
     with render_errors("messages"):
         text: str = await renderer.render_chat(
@@ -45,7 +49,7 @@ async def render_chat(renderer: Any, req: Any) -> str:
     return text
 
 
-async def text_prompt_ids(renderer: Any, text: str, add_special_tokens: bool, param: str = "prompt",
+async def text_prompt_ids(renderer: Renderer, text: str, add_special_tokens: bool, param: str = "prompt",
                           limits: ModelLimits | None = None) -> list[int]:
     """Token ids of `text`; with `limits`, a text that surely cannot fit max_model_len is refused (400) first.
 
@@ -58,7 +62,7 @@ async def text_prompt_ids(renderer: Any, text: str, add_special_tokens: bool, pa
     return ids
 
 
-async def chat_prompt_ids(renderer: Any, req: Any, add_special_tokens: bool,
+async def chat_prompt_ids(renderer: Renderer, req: Any, add_special_tokens: bool,
                           limits: ModelLimits | None = None) -> list[int]:
     text = await render_chat(renderer, req)
     return await text_prompt_ids(renderer, text, add_special_tokens, "messages", limits)
@@ -72,7 +76,7 @@ def fit_limits(req: Any, limits: ModelLimits) -> ModelLimits | None:
 _token_bytes: dict[int, int] = {}  # id(tokenizer) -> max_token_bytes, read without a thread hop
 
 
-async def prompts_lower_bound(tokenizer: Any, prompts: list[str | list[int]]) -> int:
+async def prompts_lower_bound(tokenizer: tokenizers.Tokenizer, prompts: list[str | list[int]]) -> int:
     """A lower bound on the tokens of `prompts` without tokenizing them (at least 1 each: empty is refused)."""
     per = 1
     if any(isinstance(p, str) for p in prompts):
@@ -93,14 +97,12 @@ def admit_early(llm: AsyncLLM, num_reqs: int, min_prompt_tokens: int) -> None:
         raise llm.overloaded(reason)
 
 
-async def chat_ids_with_images(state: Any, renderer: Any, req: Any, add_special_tokens: bool,
-                               limits: Any = None) -> tuple[list[int], list[ImageInput] | None]:
+async def chat_ids_with_images(state: AppState, renderer: Renderer, req: Any, add_special_tokens: bool,
+                               limits: ModelLimits | None = None) -> tuple[list[int], list[ImageInput] | None]:
     """A chat request's prompt ids, each image's placeholder expanded to its tokens, and its images for the
     engine (None without images): the path /tokenize, the render routes and the Anthropic routes share."""
     if not has_images(req.messages):
         return await chat_prompt_ids(renderer, req, add_special_tokens, limits), None
     images, messages = await prepare_images(state, req.messages, getattr(req, "mm_processor_kwargs", None))
     ids = await chat_prompt_ids(renderer, msgspec.structs.replace(req, messages=messages), add_special_tokens, limits)
-    support = image_support(state.config.model_path)
-    assert support is not None  # prepare_images refused a text-only model
-    return expand(ids, images, support.pad_id)
+    return expand_for_model(ids, images, state.config.model_path)

@@ -5,17 +5,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgspec
+import tokenizers
 
 from server.config import ServerConfig
 from server.http.errors import APIError, from_decode_error
+from server.multimodal.images import ImagePool
+from server.pipeline import unavailable
+from server.pipeline.async_llm import AsyncLLM
 from server.pipeline.input_processor import ModelLimits
 from server.protocol.openai import decode_request
-
-if TYPE_CHECKING:
-    from server.pipeline.async_llm import AsyncLLM
 
 
 class _NamesModel(Protocol):
@@ -26,41 +27,55 @@ class _NamesModel(Protocol):
 Req = TypeVar("Req", bound=_NamesModel)
 
 
+class Renderer(Protocol):
+    """What the routes use of server.render.renderer.Renderer (tests may stand in with the same methods)."""
+
+    @property
+    def tokenizer(self) -> tokenizers.Tokenizer: ...
+
+    async def render_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
+                          continue_final_message: bool = False, chat_template: str | None = None,
+                          chat_template_kwargs: dict[str, Any] | None = None, tools: list[Any] | None = None,
+                          documents: list[Any] | None = None) -> str: ...
+    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+    async def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
+
+
 @dataclass
 class AppState:
     config: ServerConfig
     model_name: str
     llm: AsyncLLM | None = None
-    renderer: Any = None  # server.render.renderer.Renderer (or a test stand-in with the same methods)
-    mm_pool: Any = None  # a vision model: the image worker's WorkerPool (server/multimodal/images.py)
+    renderer: Renderer | None = None
+    mm_pool: ImagePool | None = None  # a vision model: the image worker (server/multimodal/images.py)
     limits: ModelLimits | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     stopping: bool = False
 
-    def require(self) -> tuple[AsyncLLM, Any, ModelLimits]:
+    def require(self) -> tuple[AsyncLLM, Renderer, ModelLimits]:
         """The running parts, or a 503 saying why requests cannot be served now."""
         llm, renderer, limits = self.llm, self.renderer, self.limits
         if llm is None or renderer is None or limits is None:
-            raise APIError("The server is still starting; retry in a moment.", status=503, retry_after=1)
+            raise unavailable.starting()
         if llm.dead is not None:
-            raise APIError(f"The engine is not running ({llm.dead}); retry against a restarted server.", status=503)
+            raise unavailable.engine_dead(llm.dead)
         if self.stopping:
-            raise APIError("The server is shutting down; retry against another instance.", status=503)
+            raise unavailable.shutting_down()
         return llm, renderer, limits
 
-    def require_renderer(self) -> tuple[Any, ModelLimits]:
+    def require_renderer(self) -> tuple[Renderer, ModelLimits]:
         """The renderer and limits (503 until they are up); a full server also needs its engine running, as
         for any request, while a render-only one (server/render_app.py) has no engine."""
         if not self.config.render_only:
             _llm, renderer, limits = self.require()
             return renderer, limits
         if self.renderer is None or self.limits is None:
-            raise APIError("The server is still starting; retry in a moment.", status=503, retry_after=1)
+            raise unavailable.starting()
         if self.stopping:
-            raise APIError("The server is shutting down; retry against another instance.", status=503)
+            raise unavailable.shutting_down()
         return self.renderer, self.limits
 
-    def decode_for_render(self, decoder: msgspec.json.Decoder[Req], body: bytes) -> tuple[Req, Any, ModelLimits]:
+    def decode_for_render(self, decoder: msgspec.json.Decoder[Req], body: bytes) -> tuple[Req, Renderer, ModelLimits]:
         """decode_for_model for routes that only render and tokenize (they work on a render-only server)."""
         try:
             req = decode_request(decoder, body)
@@ -77,7 +92,7 @@ class AppState:
 
     def decode_for_model(self, decoder: msgspec.json.Decoder[Req], body: bytes,
                          on_decode_error: Callable[[msgspec.DecodeError], APIError] = from_decode_error,
-                         ) -> tuple[Req, AsyncLLM, Any, ModelLimits]:
+                         ) -> tuple[Req, AsyncLLM, Renderer, ModelLimits]:
         """Every route's preamble: the body decoded (400, worded by `on_decode_error`), the running parts
         (503), the model named (404)."""
         try:

@@ -25,8 +25,9 @@ everything goes through ASGI.
 
 Fail-safe: the private Hypercorn and h11 names are looked up in `install()` only, which declines
 (changes nothing) if one is missing or differently shaped, or with `SPINDLE_DIRECT_WRITE=0`. An
-exception while using the fast path at request time turns it off for the process (one warning); the
-output that met it, and every later one, goes through ASGI.
+exception while using the fast path at request time turns it off for the process (one warning; the switch,
+shared with the Trio send path, is server/http/direct_switch.py); the output that met it, and every later
+one, goes through ASGI.
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ import contextvars
 import logging
 import os
 from typing import Any
+
+import h11
+import trio
+
+from server.http.direct_switch import decline, is_active
 
 log = logging.getLogger("spindle.server")
 
@@ -59,20 +65,6 @@ class _Layout:
 
 _layout: _Layout | None = None  # set by a successful install()
 _servers: dict[str, type] = {}  # worker class -> our TCPServer subclass, made once (install() is idempotent)
-_active = True  # False once the fast path failed at request time: ASGI only for the rest of the process
-
-
-def is_active() -> bool:
-    return _active
-
-
-def decline(error: BaseException) -> None:
-    """The fast path met something it was not written for: turn it off for the process, warn once."""
-    global _active
-    if _active:
-        _active = False
-        log.warning("direct body writes turned off after %s: %s; streaming through ASGI from now on",
-                    type(error).__name__, error)
 
 
 def _frame(data: bytes) -> bytes:
@@ -117,7 +109,7 @@ class DirectBody:
     def send(self, data: bytes) -> bool:
         """Take `data` as one HTTP/1.1 chunk, written at the batch's flush, if that cannot reorder or
         block; False: it was not taken, send it through ASGI."""
-        if not _active:
+        if not is_active():
             return False
         try:
             if self.pending or self._lock.locked() or not self._transport_idle():
@@ -194,7 +186,7 @@ def for_current_request(batch: WriteBatch) -> DirectBody | None:
     """A direct writer for the response of the request this task serves, if `install()` ran and the
     fast path is on; its writes go out at `batch.flush()`."""
     found = _connection.get()
-    if found is None or not _active:
+    if found is None or not is_active():
         return None
     try:
         body: DirectBody = found[0](found[1], batch)
@@ -207,7 +199,7 @@ def for_current_request(batch: WriteBatch) -> DirectBody | None:
 def _find_layout(worker_class: str) -> tuple[Any, type, type, _Layout]:
     """(Hypercorn's run module, its TCPServer class, our subclass of it, the layout); raises if the
     installed Hypercorn or h11 is not shaped as this module expects."""
-    import h11
+    # Private modules, imported here so that a Hypercorn or h11 without them makes install() decline.
     from h11._writers import ChunkedWriter  # h11's writer class for a chunked body: the one framing copied here
     from hypercorn.events import RawData
     from hypercorn.protocol.h11 import H11Protocol
@@ -218,47 +210,48 @@ def _find_layout(worker_class: str) -> tuple[Any, type, type, _Layout]:
         raise TypeError("h11's chunk framing differs from ours")
     if not hasattr(h11.Connection(h11.SERVER), "_writer"):
         raise AttributeError("h11.Connection has no _writer")
+    module: Any  # Hypercorn's run module of the worker class, whose TCPServer name install() replaces
+    base: type  # its TCPServer
+    ours_base: type  # what our connection-recording class subclasses
+    body: type[DirectBody]
     socket_stream: type | None = None
     if worker_class == "trio":
-        import trio
-        from hypercorn.trio import run as module
-        from hypercorn.trio.tcp_server import TCPServer as base
+        # Private too (and trio_send subclasses Hypercorn's TCPServer when imported): loaded on install only.
+        from hypercorn.trio import run as trio_run
+        from hypercorn.trio.tcp_server import TCPServer as TrioTCPServer
 
         from server.http.trio_send import FastSendTCPServer
 
+        module, base, ours_base, body = trio_run, TrioTCPServer, FastSendTCPServer, _TrioBody
         socket_stream = trio.SocketStream
         if not issubclass(FastSendTCPServer, base):
             raise TypeError("server.http.trio_send was built on another TCPServer")
     else:
-        from hypercorn.asyncio import run as module  # type: ignore[no-redef]
-        from hypercorn.asyncio.tcp_server import TCPServer as base  # type: ignore[assignment]
+        # Private, loaded on install only (as above).
+        from hypercorn.asyncio import run as asyncio_run
+        from hypercorn.asyncio.tcp_server import TCPServer as AsyncioTCPServer
+
+        module, base, ours_base, body = asyncio_run, AsyncioTCPServer, AsyncioTCPServer, _AsyncioBody
     for name in ("run", "protocol_send"):
         if not callable(getattr(base, name, None)):
             raise AttributeError(f"Hypercorn's {worker_class} TCPServer has no {name}()")
     ours = _servers.get(worker_class)
     if ours is None:
-        ours = _servers[worker_class] = _server_class(worker_class, base)
+        ours = _servers[worker_class] = _server_class(ours_base, body)
     layout = _Layout(H11Protocol, h11.Connection, h11.SEND_BODY, ChunkedWriter, RawData, socket_stream)
     return module, base, ours, layout
 
 
-def _server_class(worker_class: str, base: type) -> type:
-    if worker_class == "trio":
-        from server.http.trio_send import FastSendTCPServer
+def _server_class(base: type, body: type[DirectBody]) -> type:
+    """`base` (Trio: our FastSendTCPServer; asyncio: Hypercorn's TCPServer) recording each connection with
+    the direct writer class for it."""
 
-        class _TrioServer(FastSendTCPServer):
-            async def run(self) -> None:
-                _connection.set((_TrioBody, self))
-                await super().run()
-
-        return _TrioServer
-
-    class _AsyncioServer(base):  # type: ignore[misc]
+    class _Server(base):  # type: ignore[misc]  # a class found at run time
         async def run(self) -> None:
-            _connection.set((_AsyncioBody, self))
+            _connection.set((body, self))
             await super().run()
 
-    return _AsyncioServer
+    return _Server
 
 
 def install(worker_class: str) -> bool:

@@ -9,7 +9,7 @@ needed; otherwise Hypercorn's own path sends the rest (and handles a broken conn
 `server.http.direct_body.install("trio")` installs it (with connection tracking) for `spindle serve`;
 asyncio's writer already writes without yielding. This module is imported by `install()` only (it
 subclasses a Hypercorn internal); an unexpected error in the fast path turns it off for the process
-(`direct_body.decline`) and the send goes Hypercorn's way.
+(`direct_switch.decline`) and the send goes Hypercorn's way.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import trio
 from hypercorn.events import Event, RawData
 from hypercorn.trio.tcp_server import TCPServer
 
-from server.http import direct_body
+from server.http import direct_switch
 
 
 class FastSendTCPServer(TCPServer):
@@ -35,13 +35,13 @@ class FastSendTCPServer(TCPServer):
 
     async def protocol_send(self, event: Event) -> None:
         stream: Any = self.stream  # Hypercorn annotates it as an SSLStream; plain TCP gives a SocketStream
-        if (type(event) is RawData and direct_body.is_active() and not self.send_lock.locked()
+        if (type(event) is RawData and direct_switch.is_active() and not self.send_lock.locked()
                 and type(stream) is trio.SocketStream):
             data = event.data
             try:
                 sent = self.write_now(data)
             except Exception as e:  # not OSError (write_now takes those): an unknown layout, nothing was written
-                direct_body.decline(e)
+                direct_switch.decline(e)
                 sent = 0
             if sent == len(data):
                 return

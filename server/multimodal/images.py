@@ -19,20 +19,40 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urljoin, urlsplit
 
 import anyio
-import msgspec
 
 from engine.messages import ImageInput
+from engine.multimodal.processing import expand_placeholders, read_preprocessor_config
+from server.config import ServerConfig
 from server.http.errors import APIError, bad_request
+from server.pipeline import unavailable
+from server.pipeline.async_llm import AsyncLLM
 from server.render.worker_pool import PoolOverloaded, WorkerCrashed, WorkerPool, WorkerTimeout, WorkerUserError
 
 MAX_IMAGE_BYTES = 20 << 20  # one encoded image, from a data: URL or a fetch
 FETCH_TIMEOUT = 10.0  # seconds for one http(s) image
 MAX_REDIRECTS = 3
 _ARCHITECTURE = "Qwen2VLForConditionalGeneration"
+
+
+class ImagePool(Protocol):
+    """The image worker (a WorkerPool of one running server/multimodal/worker.py)."""
+
+    async def call(self, request: list[Any], timeout: float | None = None) -> Any: ...
+
+
+class ImageContext(Protocol):
+    """What `prepare_images` needs of the routes' AppState."""
+
+    @property
+    def config(self) -> ServerConfig: ...
+    @property
+    def mm_pool(self) -> ImagePool | None: ...
+    @property
+    def llm(self) -> AsyncLLM | None: ...
 
 
 @dataclass(frozen=True)
@@ -50,8 +70,6 @@ class ImageSupport:
 @functools.cache
 def image_support(model_dir: str) -> ImageSupport | None:
     """The checkpoint's image settings, or None for a text-only model."""
-    from engine.multimodal.processing import read_preprocessor_config
-
     try:
         cfg = json.loads((Path(model_dir) / "config.json").read_text())
     except (OSError, ValueError):
@@ -135,7 +153,7 @@ def decode_data_url(url: str) -> bytes:
 
 async def fetch_image(url: str, allowed: tuple[str, ...]) -> bytes:
     """GET an http(s) image from an allowed host: capped bytes, a timeout, redirects only to allowed hosts."""
-    import httpx
+    import httpx  # only a server that fetches images (--allowed-media-domains) pays its ~0.3 s import
 
     async with httpx.AsyncClient(follow_redirects=False, timeout=FETCH_TIMEOUT) as client:
         for _ in range(MAX_REDIRECTS + 1):
@@ -194,11 +212,11 @@ class ProcessedImage:
     cached: bool = False  # the image worker's processor cache held it
 
 
-async def call_image_worker(pool: WorkerPool | None, request: list[Any], timeout: float = MM_TIMEOUT) -> Any:
+async def call_image_worker(pool: ImagePool | None, request: list[Any], timeout: float = MM_TIMEOUT) -> Any:
     """One request to the image worker; its failures as the client's error (400 for a bad image, 500 when the
     worker hung past `timeout` or died: it is killed and replaced, the next request gets a fresh one)."""
     if pool is None:
-        raise APIError("The image worker is not running; retry in a moment.", status=503, retry_after=1)
+        raise unavailable.unavailable("The image worker is not running; retry in a moment.")
     try:
         return await pool.call(request, timeout=timeout)
     except WorkerUserError as e:
@@ -210,11 +228,11 @@ async def call_image_worker(pool: WorkerPool | None, request: list[Any], timeout
         raise APIError(f"the image worker failed ({e}); it is being restarted, retry the request", status=500,
                        retry_after=1) from None
     except PoolOverloaded as e:
-        raise APIError(f"The server is overloaded ({e}); retry after a moment.", status=503, retry_after=1) from None
+        raise unavailable.overloaded(str(e)) from None
 
 
 async def process_images(support: ImageSupport, urls: list[str], allowed: tuple[str, ...],
-                         kwargs: dict[str, Any] | None, pool: WorkerPool | None,
+                         kwargs: dict[str, Any] | None, pool: ImagePool | None,
                          timeout: float = MM_TIMEOUT) -> list[ProcessedImage]:
     """Load, decode and preprocess a request's images in the image worker process.
 
@@ -229,7 +247,7 @@ async def process_images(support: ImageSupport, urls: list[str], allowed: tuple[
     return [ProcessedImage(d, s, g, h, g[0] * g[1] * g[2] // m2, bool(c)) for d, s, g, h, c in result]
 
 
-async def prepare_images(state: Any, messages: list[Any], mm_processor_kwargs: dict[str, Any] | None
+async def prepare_images(state: ImageContext, messages: list[Any], mm_processor_kwargs: dict[str, Any] | None
                          ) -> tuple[list[ProcessedImage], list[Any]]:
     """A request's images, processed in the image worker, and its messages with image parts as the template's
     markers ({"type": "image"}). `state`: the routes' AppState. 400 for a text-only model."""
@@ -240,7 +258,7 @@ async def prepare_images(state: Any, messages: list[Any], mm_processor_kwargs: d
     limit = int(config.limit_mm_per_prompt.get("image", 4))
     messages, urls = split_images(messages, limit)
     images = await process_images(support, urls, config.allowed_media_domains, mm_processor_kwargs, state.mm_pool)
-    metrics = getattr(state.llm, "metrics", None)
+    metrics = state.llm.metrics if state.llm is not None else None
     hits = sum(im.cached for im in images)
     if metrics is not None and hits:
         metrics.mm_processor_cache_hits.inc(hits)
@@ -249,14 +267,21 @@ async def prepare_images(state: Any, messages: list[Any], mm_processor_kwargs: d
 
 def expand(ids: list[int], images: list[ProcessedImage], pad_id: int) -> tuple[list[int], list[ImageInput]]:
     """The rendered prompt's one pad token per image -> the image's token count; the engine's image inputs."""
-    from engine.multimodal.processing import expand_placeholders
-
     try:
         out, offsets = expand_placeholders(ids, [im.num_tokens for im in images], pad_id)
     except ValueError as e:
         raise bad_request(f"{e}; the chat template must render one <|image_pad|> per image", "messages") from None
     return out, [ImageInput(im.hash, off, im.num_tokens, im.grid, im.data, im.shape, "float32")
                  for im, off in zip(images, offsets)]
+
+
+def expand_for_model(ids: list[int], images: list[ProcessedImage], model_dir: str
+                     ) -> tuple[list[int], list[ImageInput]]:
+    """`expand` with the model's image pad token (a text-only model: the 400 `prepare_images` gives)."""
+    support = image_support(model_dir)
+    if support is None:
+        raise no_images_error()
+    return expand(ids, images, support.pad_id)
 
 
 def no_images_error() -> APIError:

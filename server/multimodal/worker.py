@@ -62,6 +62,7 @@ def _input_key(rgb: Any, settings: list[Any]) -> str:
 def process(processor: Any, settings: dict[str, Any], cache: ProcessorCache, blobs: list[bytes],
             min_pixels: int | None, max_pixels: int | None) -> list[list[Any]] | str:
     """Decode and preprocess; a str is the reason for a 400."""
+    # numpy and PIL load after start_child's nice +10, so the threads they start (BLAS) inherit it
     from PIL import Image, UnidentifiedImageError
 
     from engine.multimodal.processing import image_hash, process_image
@@ -91,7 +92,7 @@ def main() -> None:
     config = receive()
     if config is None:
         return
-    from engine.multimodal.processing import make_processor
+    from engine.multimodal.processing import make_processor  # after the nice +10: see `process`
 
     settings = config["preprocessor"]
     processor = make_processor(settings)

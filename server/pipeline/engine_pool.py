@@ -33,8 +33,12 @@ import anyio
 import anyio.abc
 import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
 
+from engine.client import EngineDeadError
 from engine.messages import AddRequest, EngineStats, Heartbeat, Ready, StepOutputs
+from server.metrics import LoopCounter
 
 Policy = Literal["affinity", "round_robin"]
 POLICIES: tuple[Policy, ...] = ("affinity", "round_robin")
@@ -154,8 +158,6 @@ class EnginePool:
     """N engine clients as one (AsyncLLM's EngineClientLike). Built by `open_engine_pool`."""
 
     def __init__(self, clients: Sequence[_Client], *, policy: Policy = "affinity") -> None:
-        from engine.client import EngineDeadError
-
         self.clients = list(clients)
         first = self.clients[0].ready
         self.ready = msgspec.structs.replace(first, num_blocks=sum(c.ready.num_blocks for c in self.clients))
@@ -165,7 +167,7 @@ class EnginePool:
         self.dead: EngineDeadError | None = None
         # Requests routed per engine, shared over the API processes (`--api-server-count`): each has a
         # `.inc(n)` and a `.get()` summing every process (server/shared_state.py); None: the chooser's own.
-        self.shared_routed: Sequence[Any] | None = None
+        self.shared_routed: Sequence[LoopCounter] | None = None
         self._owner: dict[str, int] = {}  # request id -> engine, until it finishes or is aborted
         self._last_prompt: list[int] | None = None  # the previous add's prompt list and its engine:
         self._last_engine = 0  # n > 1 children share the list object and follow the first
@@ -232,17 +234,13 @@ class EnginePool:
             return StepOutputs(frame.outputs, frame.timestamp, total)
         return Heartbeat(frame.timestamp, total)
 
-    def _die(self, why: str) -> Any:
-        from engine.client import EngineDeadError
-
+    def _die(self, why: str) -> EngineDeadError:
         if self.dead is None:
             self.dead = EngineDeadError(why)
         return self.dead
 
     async def _read(self, i: int) -> None:
         """Engine i's frames into the pool's stream; its death (or an unusable frame) as an exception."""
-        from engine.client import EngineDeadError
-
         client, send = self.clients[i], self._send.clone()
         with send:
             try:
@@ -253,10 +251,8 @@ class EnginePool:
             except Exception as e:
                 await send.send(EngineDeadError(f"engine {i} of {self.num_engines} unusable: {e!r}"))
 
-    def collect_metrics(self, model_name: str) -> Iterator[Any]:
+    def collect_metrics(self, model_name: str) -> Iterator[Metric]:
         """Per-engine gauges and counters, labelled engine="i" (registered by `register_metrics`)."""
-        from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
-
         labels = ["model_name", "engine"]
         running = GaugeMetricFamily("spindle_engine_num_requests_running", "Requests in this engine's running set.",
                                     labels=labels)
@@ -280,14 +276,17 @@ class EnginePool:
             routed.add_metric(key, self.chooser.routed[i] if shared is None else shared[i].get())
         yield from (running, waiting, kv, queries, hits, routed)
 
-    def register_metrics(self, registry: Any, model_name: str) -> None:
-        pool = self
+    def register_metrics(self, registry: CollectorRegistry, model_name: str) -> None:
+        registry.register(_PoolMetrics(self, model_name))
 
-        class _Collector:
-            def collect(self) -> Iterator[Any]:
-                return pool.collect_metrics(model_name)
 
-        registry.register(_Collector())
+class _PoolMetrics(Collector):
+    def __init__(self, pool: EnginePool, model_name: str) -> None:
+        self.pool = pool
+        self.model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        return self.pool.collect_metrics(self.model_name)
 
 
 @asynccontextmanager

@@ -12,7 +12,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.messages import ImageInput, SamplingParams, StructuredOutputs
+import msgspec
+
+from engine.messages import ImageInput, Ready, SamplingParams, StructuredOutputs
+from server.config import RequestCaps, ServerConfig
 from server.http.errors import bad_request
 from server.protocol.openai import ChatCompletionRequest, CompletionRequest
 
@@ -26,21 +29,6 @@ class OutputKind(enum.IntEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class RequestCaps:
-    """Bounds on the work one request may cause (ServerConfig's fields of the same names; each has a flag)."""
-
-    max_prompts_per_request: int = 2048
-    max_choices_per_request: int = 4096  # n x prompts: engine requests
-    max_stop_strings: int = 64
-    max_stop_string_length: int = 1024  # characters
-    max_stop_token_ids: int = 1024
-    max_logit_bias: int = 1024
-    max_allowed_token_ids: int = 262144
-    max_structured_output_size: int = 64 << 10  # bytes of a constraint's spec (server/pipeline/structured.py)
-    priority_scheduling: bool = False  # --scheduling-policy priority: else a non-zero priority is refused
-
-
-@dataclass(frozen=True, slots=True)
 class ModelLimits:
     """What the engine told us at Ready, plus the server's own caps."""
 
@@ -50,6 +38,17 @@ class ModelLimits:
     max_logprobs: int = 20
     generation_defaults: dict[str, Any] = field(default_factory=dict)
     caps: RequestCaps = field(default_factory=RequestCaps)
+
+
+def limits_for(config: ServerConfig, ready: Ready, tokenizer: Any) -> ModelLimits:
+    """The limits a server checks requests against: the engine's Ready (or, render-only, the checkpoint's
+    files read as the engine reads them), the tokenizer's vocabulary and the config's caps."""
+    vocab = ready.vocab_size
+    if tokenizer is not None:  # ids the tokenizer cannot decode are refused even if the embedding is padded
+        vocab = min(vocab, tokenizer.get_vocab_size(with_added_tokens=True))
+    return ModelLimits(max_model_len=ready.max_model_len, vocab_size=vocab,
+                       eos_token_ids=tuple(ready.eos_token_ids), max_logprobs=config.max_logprobs,
+                       generation_defaults=dict(ready.generation_defaults), caps=config.request_caps())
 
 
 @dataclass(slots=True)
@@ -78,8 +77,6 @@ class GenerationSpec:
         """n > 1: each child gets its own seed (seed + i) so seeded choices differ but stay reproducible."""
         if self.n == 1 or self.params.seed is None:
             return self.params
-        import msgspec
-
         return msgspec.structs.replace(self.params, seed=(self.params.seed + i) % _INT64)
 
 
@@ -119,7 +116,19 @@ def num_prompts(prompt: str | list[Any] | None) -> int:
 
 def check_request(req: CompletionRequest | ChatCompletionRequest, limits: ModelLimits) -> None:
     """Checks that need no tokens: run before rendering/tokenizing, so a bad request costs nothing."""
-    caps = limits.caps
+    _check_work(req, limits.caps)
+    _check_sampling(req)
+    _check_stops(req, limits.caps)
+    _check_token_lists(req, limits)
+    _logit_bias(req.logit_bias, limits.vocab_size)
+    _num_logprobs(req, limits.max_logprobs)
+    if req.truncate_prompt_tokens is not None and req.truncate_prompt_tokens < 1 and req.truncate_prompt_tokens != -1:
+        raise bad_request(f"truncate_prompt_tokens must be -1 (max_model_len) or at least 1, got "
+                          f"{req.truncate_prompt_tokens}.", "truncate_prompt_tokens")
+
+
+def _check_work(req: CompletionRequest | ChatCompletionRequest, caps: RequestCaps) -> None:
+    """n, prompts and priority against the server's caps."""
     if not 1 <= req.n <= MAX_N:
         raise bad_request(f"n must be between 1 and {MAX_N}, got {req.n}.", "n")
     if req.priority != 0 and not caps.priority_scheduling:  # vLLM's refusal, with the flag that enables it
@@ -131,6 +140,10 @@ def check_request(req: CompletionRequest | ChatCompletionRequest, limits: ModelL
         raise bad_request(f"n ({req.n}) times the number of prompts ({prompts}) is {req.n * prompts} choices, but "
                           f"this server allows at most {caps.max_choices_per_request} per request "
                           f"(--max-choices-per-request).", "n")
+
+
+def _check_sampling(req: CompletionRequest | ChatCompletionRequest) -> None:
+    """Sampling ranges, token counts, the seed and stream_options."""
     _in_range(req.temperature, "temperature", 0.0, 2.0)
     _in_range(req.top_p, "top_p", 0.0, 1.0, low_open=True)
     _in_range(req.min_p, "min_p", 0.0, 1.0)
@@ -152,6 +165,9 @@ def check_request(req: CompletionRequest | ChatCompletionRequest, limits: ModelL
         raise bad_request(f"seed must fit in 64 bits, got {req.seed}.", "seed")
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed when stream is true.", "stream_options")
+
+
+def _check_stops(req: CompletionRequest | ChatCompletionRequest, caps: RequestCaps) -> None:
     stops = _stops(req)
     _too_many("Number of stop strings", len(stops), caps.max_stop_strings, "--max-stop-strings", "stop")
     if any(s == "" for s in stops):
@@ -160,7 +176,12 @@ def check_request(req: CompletionRequest | ChatCompletionRequest, limits: ModelL
     if longest > caps.max_stop_string_length:
         raise bad_request(f"stop strings may be at most {caps.max_stop_string_length} characters long "
                           f"(--max-stop-string-length), got one of {longest}.", "stop")
-    # counts before the per-id loops below, so an oversized list is refused without walking it
+
+
+def _check_token_lists(req: CompletionRequest | ChatCompletionRequest, limits: ModelLimits) -> None:
+    """stop_token_ids, allowed_token_ids and logit_bias: counts first, so an oversized list is refused without
+    walking it, then each id against the vocabulary."""
+    caps = limits.caps
     _too_many("Number of stop_token_ids", len(req.stop_token_ids or ()), caps.max_stop_token_ids,
               "--max-stop-token-ids", "stop_token_ids")
     _too_many("Number of allowed_token_ids", len(req.allowed_token_ids or ()), caps.max_allowed_token_ids,
@@ -173,11 +194,6 @@ def check_request(req: CompletionRequest | ChatCompletionRequest, limits: ModelL
                 raise bad_request(f"{name} contains {tid}, outside the vocabulary [0, {limits.vocab_size}).", name)
     if req.allowed_token_ids is not None and not req.allowed_token_ids:
         raise bad_request("allowed_token_ids must not be empty; leave it out to allow every token.", "allowed_token_ids")
-    _logit_bias(req.logit_bias, limits.vocab_size)
-    _num_logprobs(req, limits.max_logprobs)
-    if req.truncate_prompt_tokens is not None and req.truncate_prompt_tokens < 1 and req.truncate_prompt_tokens != -1:
-        raise bad_request(f"truncate_prompt_tokens must be -1 (max_model_len) or at least 1, got "
-                          f"{req.truncate_prompt_tokens}.", "truncate_prompt_tokens")
 
 
 def _requested_max_tokens(req: CompletionRequest | ChatCompletionRequest) -> int | None:
@@ -237,6 +253,27 @@ def build_spec(req: CompletionRequest | ChatCompletionRequest, prompt_ids: list[
                structured_outputs: StructuredOutputs | None = None) -> GenerationSpec:
     """Lengths, then sampling parameters. `check_request` must have passed; `structured_outputs` comes from
     server/pipeline/structured.py `structured_outputs` (already validated)."""
+    prompt_ids, max_tokens = _lengths(req, prompt_ids, limits)
+    return GenerationSpec(
+        external_id=external_id,
+        request_id=f"{unique_prefix()}-{external_id}",
+        prompt_token_ids=prompt_ids,
+        params=_sampling_params(req, limits, max_tokens, structured_outputs),
+        n=req.n,
+        stop=_stops(req),
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        skip_special_tokens=req.skip_special_tokens,
+        spaces_between_special_tokens=req.spaces_between_special_tokens,
+        output_kind=OutputKind.DELTA if stream else OutputKind.FINAL_ONLY,
+        priority=req.priority,
+        arrival_time=time.time(),
+        index_offset=index_offset,
+    )
+
+
+def _lengths(req: CompletionRequest | ChatCompletionRequest, prompt_ids: list[int],
+             limits: ModelLimits) -> tuple[list[int], int]:
+    """The prompt (truncated as asked) and max_tokens, both within max_model_len (else a 400)."""
     if req.truncate_prompt_tokens is not None:
         keep = limits.max_model_len if req.truncate_prompt_tokens == -1 else req.truncate_prompt_tokens
         prompt_ids = prompt_ids[-keep:]
@@ -250,13 +287,18 @@ def build_spec(req: CompletionRequest | ChatCompletionRequest, prompt_ids: list[
                           f"of the input.", "messages" if isinstance(req, ChatCompletionRequest) else "prompt")
     max_tokens = _requested_max_tokens(req)
     if max_tokens is None:
-        max_tokens = max_len - num_prompt
-    elif num_prompt + max_tokens > max_len:
+        return prompt_ids, max_len - num_prompt
+    if num_prompt + max_tokens > max_len:
         raise bad_request(f"This model's maximum context length is {max_len} tokens. However, you requested "
                           f"{num_prompt + max_tokens} tokens ({num_prompt} in the input, {max_tokens} in the "
                           f"completion). Please reduce the length of the input or of the completion "
                           f"(at most {max_len - num_prompt} here).", "max_tokens")
-    min_tokens = min(req.min_tokens, max_tokens)
+    return prompt_ids, max_tokens
+
+
+def _sampling_params(req: CompletionRequest | ChatCompletionRequest, limits: ModelLimits, max_tokens: int,
+                     structured_outputs: StructuredOutputs | None) -> SamplingParams:
+    """The engine's parameters: the request's, else the checkpoint's generation_config defaults."""
     num_logprobs = _num_logprobs(req, limits.max_logprobs)
     echo = isinstance(req, CompletionRequest) and req.echo
     defaults = limits.generation_defaults
@@ -264,7 +306,7 @@ def build_spec(req: CompletionRequest | ChatCompletionRequest, prompt_ids: list[
     def pick(value: float | int | None, name: str, fallback: float | int) -> Any:
         return value if value is not None else defaults.get(name, fallback)
 
-    params = SamplingParams(
+    return SamplingParams(
         max_tokens=max_tokens,
         temperature=float(pick(req.temperature, "temperature", 1.0)),
         top_p=float(pick(req.top_p, "top_p", 1.0)),
@@ -276,27 +318,12 @@ def build_spec(req: CompletionRequest | ChatCompletionRequest, prompt_ids: list[
         logit_bias=_logit_bias(req.logit_bias, limits.vocab_size),
         allowed_token_ids=req.allowed_token_ids,
         seed=req.seed,
-        min_tokens=min_tokens,
+        min_tokens=min(req.min_tokens, max_tokens),
         stop_token_ids=list(req.stop_token_ids or ()),
         ignore_eos=req.ignore_eos,
         logprobs=num_logprobs,
         prompt_logprobs=num_logprobs if echo and num_logprobs is not None else None,
         structured_outputs=structured_outputs,
-    )
-    return GenerationSpec(
-        external_id=external_id,
-        request_id=f"{unique_prefix()}-{external_id}",
-        prompt_token_ids=prompt_ids,
-        params=params,
-        n=req.n,
-        stop=_stops(req),
-        include_stop_str_in_output=req.include_stop_str_in_output,
-        skip_special_tokens=req.skip_special_tokens,
-        spaces_between_special_tokens=req.spaces_between_special_tokens,
-        output_kind=OutputKind.DELTA if stream else OutputKind.FINAL_ONLY,
-        priority=req.priority,
-        arrival_time=time.time(),
-        index_offset=index_offset,
     )
 
 

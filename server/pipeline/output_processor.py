@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 import anyio.lowlevel
 
@@ -23,6 +23,28 @@ log = logging.getLogger("spindle.server")
 CHUNK = int(os.environ.get("SPINDLE_OUTPUT_CHUNK", "128"))
 _DELTA = OutputKind.DELTA
 _FINAL = OutputKind.FINAL_ONLY
+
+
+class Counter(Protocol):
+    def inc(self, amount: float = 1.0) -> None: ...
+
+
+class Histogram(Protocol):
+    def observe(self, value: float) -> None: ...
+
+
+class OutputMetrics(Protocol):
+    """What the output side records (server.metrics.ServerMetrics)."""
+
+    @property
+    def ttft(self) -> Histogram: ...
+    @property
+    def itl(self) -> Histogram: ...
+    @property
+    def generation_tokens(self) -> Counter: ...
+
+    def record_finished(self, *, reason: str, arrival: float, scheduled: float, first_token: float,
+                        finished: float, num_prompt_tokens: int, num_output_tokens: int) -> None: ...
 
 
 class Output:
@@ -185,9 +207,9 @@ class RequestState:
 
 
 class OutputProcessor:
-    def __init__(self, *, stream_interval: int = 1, chunk_size: int = CHUNK, metrics: Any = None,
+    def __init__(self, *, stream_interval: int = 1, chunk_size: int = CHUNK, metrics: OutputMetrics | None = None,
                  flush: Callable[[], None] | None = None) -> None:
-        self.metrics = metrics  # server.metrics.ServerMetrics or None
+        self.metrics = metrics
         self.states: dict[str, RequestState] = {}
         self.stream_interval = stream_interval
         self.chunk_size = chunk_size
@@ -198,6 +220,22 @@ class OutputProcessor:
 
     def remove(self, request_id: str) -> RequestState | None:
         return self.states.pop(request_id, None)
+
+    def remove_all(self, states: Iterable[RequestState]) -> None:
+        """The requests' consumer left: their outputs, if any still come, are dropped."""
+        for state in states:
+            self.states.pop(state.request_id, None)
+
+    def record_aborted(self, states: Iterable[RequestState], now: float) -> None:
+        """Requests cut short here (their consumer left) finish in the metrics as "abort"."""
+        metrics = self.metrics
+        if metrics is None:
+            return
+        for state in states:
+            metrics.record_finished(reason="abort", arrival=state.arrival_time, scheduled=0.0, first_token=0.0,
+                                    finished=now, num_prompt_tokens=state.num_prompt_tokens,
+                                    num_output_tokens=state.num_output_tokens)
+            metrics.generation_tokens.inc(state.num_output_tokens)
 
     async def process_outputs(self, step: StepOutputs) -> list[str]:
         """Hand every request its news; return the ids a stop string (or bad ids) ended, to abort in the engine."""
@@ -229,30 +267,9 @@ class OutputProcessor:
 
     def _process_one(self, state: RequestState, ro: RequestOutput, now: float) -> bool:
         """Returns True when the request must be aborted in the engine (it ended here, not there)."""
-        ids = ro.new_token_ids
+        if ro.new_token_ids:
+            self._take_ids(state, ro, now)
         finish = ro.finish_reason
-        if ids:
-            metrics = self.metrics
-            if state.num_output_tokens == 0:
-                state.num_cached_tokens = ro.num_cached_tokens
-                state.prompt_logprobs = ro.prompt_logprobs
-                if state.on_first_token is not None:
-                    state.on_first_token(state)
-                if metrics is not None and state.arrival_time:
-                    metrics.ttft.observe(max(now - state.arrival_time, 0.0))
-            elif metrics is not None:
-                metrics.itl.observe(max(now - state.last_time, 0.0))
-            state.last_time = now
-            state.num_output_tokens += len(ids)
-            if state.unsent:
-                state.unsent.extend(ids)
-            else:
-                state.unsent = list(ids)
-            if ro.logprobs:
-                if state.logprobs is None:
-                    state.logprobs = ro.logprobs  # the decoded frame's own list: ours to extend
-                else:
-                    state.logprobs.extend(ro.logprobs)
         if finish == "error":
             self._fail(state, ro.error or "the engine refused the request")
             return False
@@ -264,30 +281,7 @@ class OutputProcessor:
                 if matched is not None:
                     finish, stop_reason, abort = "stop", matched, finish is None
             if finish is None:
-                kind = state.kind
-                if kind == _FINAL:
-                    return False
-                if state.emitted and state.num_output_tokens - state.last_emit < self.stream_interval:
-                    return False
-                if state.has_stops:  # fed above
-                    text = state.detok.take_delta()
-                else:
-                    new = state.unsent[state.detok_done:] if state.detok_done else state.unsent
-                    state.detok_done = len(state.unsent)
-                    text = state.detok.next_delta(new)
-                if not text and not state.logprobs:
-                    return False  # nothing visible yet (held back); the ids go with the next output
-                out = Output(state.index, text, state.unsent, state.num_output_tokens,
-                             logprobs=state.logprobs, first=not state.emitted)
-                state.unsent = []
-                state.detok_done = 0
-                state.logprobs = None
-                out.num_cached_tokens = state.num_cached_tokens
-                if not state.emitted:
-                    out.prompt_logprobs = state.prompt_logprobs
-                state.emitted = True
-                state.last_emit = state.num_output_tokens
-                state.collector.put(out)
+                self._maybe_emit(state)
                 return False
             if not state.has_stops:
                 self._feed(state, True)
@@ -296,6 +290,58 @@ class OutputProcessor:
             return True
         self._finish(state, finish, stop_reason, ro, now)
         return abort
+
+    def _take_ids(self, state: RequestState, ro: RequestOutput, now: float) -> None:
+        """A step's new ids (and logprobs) onto the request; the first token's bookkeeping; TTFT / ITL."""
+        ids = ro.new_token_ids
+        metrics = self.metrics
+        if state.num_output_tokens == 0:
+            state.num_cached_tokens = ro.num_cached_tokens
+            state.prompt_logprobs = ro.prompt_logprobs
+            if state.on_first_token is not None:
+                state.on_first_token(state)
+            if metrics is not None and state.arrival_time:
+                metrics.ttft.observe(max(now - state.arrival_time, 0.0))
+        elif metrics is not None:
+            metrics.itl.observe(max(now - state.last_time, 0.0))
+        state.last_time = now
+        state.num_output_tokens += len(ids)
+        if state.unsent:
+            state.unsent.extend(ids)
+        else:
+            state.unsent = list(ids)
+        if ro.logprobs:
+            if state.logprobs is None:
+                state.logprobs = ro.logprobs  # the decoded frame's own list: ours to extend
+            else:
+                state.logprobs.extend(ro.logprobs)
+
+    def _maybe_emit(self, state: RequestState) -> None:
+        """An unfinished request's news to its collector, unless FINAL_ONLY, paced by --stream-interval, or
+        nothing visible yet (held back: the ids go with the next output). Raises DetokenizeError (ValueError)."""
+        if state.kind == _FINAL:
+            return
+        if state.emitted and state.num_output_tokens - state.last_emit < self.stream_interval:
+            return
+        if state.has_stops:  # fed by _process_one
+            text = state.detok.take_delta()
+        else:
+            new = state.unsent[state.detok_done:] if state.detok_done else state.unsent
+            state.detok_done = len(state.unsent)
+            text = state.detok.next_delta(new)
+        if not text and not state.logprobs:
+            return
+        out = Output(state.index, text, state.unsent, state.num_output_tokens,
+                     logprobs=state.logprobs, first=not state.emitted)
+        state.unsent = []
+        state.detok_done = 0
+        state.logprobs = None
+        out.num_cached_tokens = state.num_cached_tokens
+        if not state.emitted:
+            out.prompt_logprobs = state.prompt_logprobs
+        state.emitted = True
+        state.last_emit = state.num_output_tokens
+        state.collector.put(out)
 
     def _feed(self, state: RequestState, finished: bool) -> str | None:
         """Give the detokenizer the ids it has not seen; returns a matched stop string."""

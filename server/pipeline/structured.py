@@ -36,8 +36,8 @@ from anyio.lowlevel import RunVar
 
 from engine.messages import StructuredOutputs
 from engine.structured import grammar
+from server.config import RequestCaps
 from server.http.errors import bad_request
-from server.pipeline.input_processor import RequestCaps
 from server.protocol.openai import ChatCompletionRequest, CompletionRequest, StructuredOutputsParams
 
 MAX_CONCURRENT_COMPILES = 2  # worker threads compiling at once (per event loop); the rest wait their turn

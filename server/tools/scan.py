@@ -8,6 +8,7 @@ It never raises: odd content is an error position or an unfinished value.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 _WS = " \t\n\r"
@@ -131,8 +132,6 @@ def scan_object(s: str, i: int) -> ObjectScan:
 
 def json_string(raw: str) -> str | None:
     """The value of a complete JSON string literal, or None."""
-    import json
-
     try:
         value = json.loads(raw)
     except ValueError:

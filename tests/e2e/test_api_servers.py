@@ -1,51 +1,22 @@
-"""--api-server-count 2: two API processes on one socket, one engine core (server/api_servers.py)."""
+"""--api-server-count 2: two API processes on one socket, one engine core (server/runtime/launcher.py)."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import signal
-import subprocess
+import socket
 import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.e2e.conftest import start_server
+from tests.e2e.conftest import Server, start_server
+from tests.helpers.processes import alive, children, connection_owner, process_tree, wait_gone, wait_until
 
-
-
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split()]
-
-
-def _tree(pid: int) -> list[int]:
-    found = []
-    for child in _children(pid):
-        found += [child, *_tree(child)]
-    return found
-
-
-def _wait_gone(tree: list[int], timeout: float = 10) -> None:
-    """Every process of the tree has exited within `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while _alive(tree) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(tree)
-
-
-def _alive(pids: list[int]) -> list[int]:
-    alive = []
-    for pid in pids:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            continue
-        alive.append(pid)
-    return alive
+ENGINE, API_PROCESS = "[-]m engine ", "[-]m server.api_servers"  # the children's command lines (pgrep -f)
 
 
 def _complete(url: str, **body: object) -> httpx.Response:
@@ -53,15 +24,39 @@ def _complete(url: str, **body: object) -> httpx.Response:
                       timeout=60)
 
 
+def _all_healthy(srv: Server, timeout: float = 120) -> None:
+    """Every API process has answered /health with 200 (which one accepted each connection is read from /proc:
+    the kernel hands a new connection to whichever process accepts first)."""
+    apis = children(srv.proc.pid, API_PROCESS)
+    assert len(apis) == 2, apis
+    served: set[int] = set()
+
+    def one_more() -> bool:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as conn:
+            conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = conn.recv(4096)
+                assert chunk, f"the connection closed after {head!r}"
+                head += chunk
+            status = head.split(b" ", 2)[1]
+            owner = connection_owner(srv.port, conn.getsockname()[1], apis)  # the connection is kept alive
+        assert owner is not None, "no API process holds the connection"
+        if status == b"200":
+            served.add(owner)
+        return served == set(apis)
+
+    wait_until(one_more, timeout, lambda: f"API processes {sorted(set(apis) - served)} answered /health 200")
+
+
 def test_two_api_servers_share_counters_and_limits_and_drain(qwen2_ckpt: Path, tmp_path: Path) -> None:
     srv = start_server(qwen2_ckpt, tmp_path, "--api-server-count", "2", "--max-num-queued-reqs", "3",
                        "--log-level", "info",
                        env={"SPINDLE_LOG_LEVEL": "INFO", "SPINDLE_ENGINE_HEARTBEAT_TIMEOUT": "60"})
     try:
-        tree = _tree(srv.proc.pid)
-        assert len(_children(srv.proc.pid)) == 3  # the engine core and two API processes
-        for _ in range(4):
-            assert httpx.get(f"{srv.url}/health", timeout=10).status_code == 200
+        tree = process_tree(srv.proc.pid)
+        assert len(children(srv.proc.pid)) == 3  # the engine core and two API processes
+        _all_healthy(srv)
 
         # 10 requests x 16 tokens, 3 at a time: they land on both processes; every counter is exact
         before = srv.metric("spindle_generation_tokens_total")
@@ -81,9 +76,8 @@ def test_two_api_servers_share_counters_and_limits_and_drain(qwen2_ckpt: Path, t
         try:
             pool = concurrent.futures.ThreadPoolExecutor(8)
             futures = [pool.submit(_complete, srv.url, max_tokens=2) for _ in range(8)]
-            deadline = time.monotonic() + 10  # the 5 over the limit are refused at once; the 3 admitted wait
-            while sum(f.done() for f in futures) < 5 and time.monotonic() < deadline:
-                time.sleep(0.02)
+            # the 5 over the limit are refused at once; the 3 admitted wait
+            wait_until(lambda: sum(f.done() for f in futures) >= 5, 10, "5 of 8 requests answered")
             done = [f for f in futures if f.done()]
             assert len(done) == 5 and all(f.result().status_code == 503 for f in done)
         finally:
@@ -109,9 +103,13 @@ def test_two_api_servers_share_counters_and_limits_and_drain(qwen2_ckpt: Path, t
         srv.proc.send_signal(signal.SIGTERM)
         reader.join(30)
         assert srv.proc.wait(30) == 0
-        assert chunks and chunks[-2:] == ["", "data: [DONE]"] or "data: [DONE]" in chunks
+        assert not reader.is_alive()
+        events = [c[6:] for c in chunks if c.startswith("data: ")]
+        assert events[-1] == "[DONE]", chunks[-5:]  # the stream ended as streams end, not cut
         assert not any("error" in c for c in chunks)
-        assert not _alive(tree)
+        texts = [choice for e in events[:-1] for choice in json.loads(e)["choices"]]
+        assert [c["finish_reason"] for c in texts if c["finish_reason"]] == ["length"]  # all 200 tokens
+        assert not [p for p in tree if alive(p)]
     finally:
         srv.stop()
 
@@ -119,11 +117,11 @@ def test_two_api_servers_share_counters_and_limits_and_drain(qwen2_ckpt: Path, t
 def test_engine_death_stops_every_api_server_non_zero(qwen2_ckpt: Path, tmp_path: Path) -> None:
     srv = start_server(qwen2_ckpt, tmp_path, "--api-server-count", "2")
     try:
-        tree = _tree(srv.proc.pid)
+        tree = process_tree(srv.proc.pid)
         engine = srv.engine_pid()
         os.kill(engine, signal.SIGKILL)
         assert srv.proc.wait(30) != 0
-        _wait_gone(tree)
+        wait_gone(tree, 10)
     finally:
         srv.stop()
 
@@ -134,20 +132,6 @@ def test_api_server_count_below_one_is_refused(count: str) -> None:
 
     with pytest.raises(ValueError, match="--api-server-count must be at least 1"):
         config_from_args(["--api-server-count", count])
-
-
-def _engines(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid), "-f", "[-]m engine "], capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split()]
-
-
-def _all_healthy(url: str, times: int = 8, timeout: float = 120) -> None:
-    """Every API process serves: `times` health checks in a row answer 200 (each lands on either process)."""
-    deadline, ok = time.monotonic() + timeout, 0
-    while ok < times and time.monotonic() < deadline:
-        ok = ok + 1 if httpx.get(f"{url}/health", timeout=10).status_code == 200 else 0
-        time.sleep(0.05 if ok else 0.3)
-    assert ok >= times
 
 
 def _greedy(url: str, prompt: str) -> str:
@@ -171,9 +155,9 @@ def test_two_api_servers_over_two_engines(qwen2_ckpt: Path, tmp_path: Path) -> N
     srv = start_server(qwen2_ckpt, tmp_path, "--num-blocks", "256", "--api-server-count", "2",
                        "--data-parallel-size", "2", env={"SPINDLE_ENGINE_HEARTBEAT_TIMEOUT": "60"})
     try:
-        tree = _tree(srv.proc.pid)
-        assert len(_engines(srv.proc.pid)) == 2 and len(_children(srv.proc.pid)) == 4  # 2 engines, 2 API processes
-        _all_healthy(srv.url)
+        tree = process_tree(srv.proc.pid)
+        assert len(children(srv.proc.pid, ENGINE)) == 2 and len(children(srv.proc.pid)) == 4  # and 2 API processes
+        _all_healthy(srv)
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             got = list(pool.map(lambda p: _greedy(srv.url, p), prompts))
         assert got == expected
@@ -187,7 +171,7 @@ def test_two_api_servers_over_two_engines(qwen2_ckpt: Path, tmp_path: Path) -> N
 
         srv.proc.send_signal(signal.SIGTERM)
         assert srv.proc.wait(30) == 0
-        _wait_gone(tree)
+        wait_gone(tree, 10)
     finally:
         srv.stop()
 
@@ -195,23 +179,18 @@ def test_two_api_servers_over_two_engines(qwen2_ckpt: Path, tmp_path: Path) -> N
 def test_one_engine_dying_stops_every_api_server_over_two_engines(qwen2_ckpt: Path, tmp_path: Path) -> None:
     srv = start_server(qwen2_ckpt, tmp_path, "--api-server-count", "2", "--data-parallel-size", "2")
     try:
-        tree = _tree(srv.proc.pid)
-        engines = _engines(srv.proc.pid)
+        tree = process_tree(srv.proc.pid)
+        engines = children(srv.proc.pid, ENGINE)
         assert len(engines) == 2
-        _all_healthy(srv.url)
+        _all_healthy(srv)
         with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a stream in flight (on either engine) fails
             long = pool.submit(httpx.post, f"{srv.url}/v1/completions", timeout=60,
                                json={"prompt": "count", "max_tokens": 1000, "ignore_eos": True, "stream": True})
-            deadline = time.monotonic() + 30
-            while srv.metric("spindle_num_requests_running") < 1 and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_until(lambda: srv.metric("spindle_num_requests_running") >= 1, 30, "the stream is running")
             os.kill(engines[1], signal.SIGKILL)
             body = long.result().text
         assert "error" in body and "engine" in body, body[-500:]
         assert srv.proc.wait(30) == 1
-        deadline = time.monotonic() + 10
-        while _alive(tree) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _alive(tree)  # the other engine and both API processes are gone too
+        wait_gone(tree, 10)  # the other engine and both API processes are gone too
     finally:
         srv.stop()

@@ -25,6 +25,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import Server, start_server
+from tests.helpers.processes import wait_gone
 
 pytestmark = pytest.mark.anyio
 MAX_LEN = 4096
@@ -65,18 +66,20 @@ def _reset(sock: socket.socket) -> None:
     sock.close()
 
 
-async def vanish(port: int, body: bytes, rng: random.Random, stopping: bool = False) -> None:
+async def vanish(port: int, body: bytes, rng: random.Random, stopping: anyio.Event | None = None) -> None:
+    """Send a request and reset the connection 0-60 ms later. Until `stopping` is set, the server must accept the
+    connection and take the whole body."""
     try:
         sock = await anyio.connect_tcp("127.0.0.1", port)
     except OSError:
-        if stopping:  # the server stopped listening: what the SIGTERM test expects
+        if stopping is not None and stopping.is_set():  # the server stopped listening: the SIGTERM test's point
             return
         raise
     try:
         await sock.send(body)
         await anyio.sleep(rng.uniform(0, 0.06))
     except (anyio.BrokenResourceError, OSError):
-        if not stopping:  # a server that is not stopping must take the whole body
+        if stopping is None or not stopping.is_set():
             raise
     finally:
         _reset(sock.extra(anyio.abc.SocketAttribute.raw_socket))
@@ -114,7 +117,7 @@ async def idle(srv: Server, timeout: float = 60) -> None:
             await anyio.sleep(0.1)  # the engine reports with its next heartbeat
 
 
-async def storm(srv: Server, rng: random.Random, clients: int = 24, stopping: bool = False) -> None:
+async def storm(srv: Server, rng: random.Random, clients: int = 24, stopping: anyio.Event | None = None) -> None:
     body = _post_bytes("/v1/completions", {"model": "tiny", "prompt": [rng.randrange(100, 150_000) for _ in range(BIG)],
                                            "max_tokens": 16})
     async with anyio.create_task_group() as tg:
@@ -297,22 +300,30 @@ async def test_a_client_that_stops_reading_costs_no_memory_and_no_latency(chaos:
 
 async def test_sigterm_during_the_storm_exits_0(long_ckpt: Path, tmp_path: Path) -> None:
     srv = start_server(long_ckpt, tmp_path, "--max-model-len", str(MAX_LEN), "--shutdown-timeout", "3")
+    aborted = 'finished_reason="abort"'
     try:
         engine = srv.engine_pid()
+        before = srv.metric("spindle_request_success_total", aborted)
         rng = random.Random(15)
-        async with anyio.create_task_group() as tg:
-            async def storms() -> None:
-                for _ in range(10):
-                    await storm(srv, rng, stopping=True)
+        stopping = anyio.Event()  # set just before the SIGTERM: from then on the server may refuse connections
+        after = 0  # storms begun once stopping was set
 
+        async def storms() -> None:
+            nonlocal after
+            while after < 3:  # storming before, during and after the SIGTERM
+                after += stopping.is_set()
+                await storm(srv, rng, stopping=stopping)
+
+        async with anyio.create_task_group() as tg:
             tg.start_soon(storms)
-            await anyio.sleep(0.5)  # SIGTERM lands mid-storm
+            with anyio.fail_after(60):  # the storm's requests reached the engine (and were aborted there)
+                while await anyio.to_thread.run_sync(srv.metric, "spindle_request_success_total", aborted) <= before:
+                    await anyio.sleep(0.05)
+            stopping.set()
             srv.proc.send_signal(signal.SIGTERM)
             code = await anyio.to_thread.run_sync(srv.proc.wait, 30)
         assert code == 0
-        with anyio.fail_after(5):
-            while os.path.exists(f"/proc/{engine}") and "Z" not in open(f"/proc/{engine}/stat").read().split()[2]:
-                await anyio.sleep(0.05)
+        await anyio.to_thread.run_sync(wait_gone, engine, 5)
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()

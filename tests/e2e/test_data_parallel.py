@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,6 +13,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import Server, start_server
+from tests.helpers.processes import children, wait_gone, wait_until
 
 ROUTED = "spindle_engine_requests_routed_total"
 HITS = "spindle_engine_prefix_cache_hits_total"
@@ -76,34 +75,21 @@ def test_n_children_stay_on_one_engine(servers: tuple[Server, Server]) -> None:
     assert texts == complete(one, "Tell me a story about a lighthouse") * 3
 
 
-def engine_pids(server: Server) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(server.proc.pid), "-f", "[-]m engine "], capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split()]
-
-
-def test_killing_one_engine_fails_requests_and_exits_non_zero(servers: tuple[Server, Server]) -> None:
-    """The rule: a dead engine is a dead server; with several, any one of them. (Runs last: it ends the server.)"""
-    _, two = servers
-    pids = engine_pids(two)
-    assert len(pids) == 2, pids
-    with ThreadPoolExecutor(1) as pool:
-        long = pool.submit(httpx.post, f"{two.url}/v1/completions", timeout=60,
-                           json={"model": "tiny", "prompt": "count", "max_tokens": 1000, "ignore_eos": True,
-                                 "stream": True})
-        deadline = time.monotonic() + 30
-        while two.metric("spindle_num_requests_running") < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        os.kill(pids[1], signal.SIGKILL)
-        body = long.result().text
-    assert "error" in body and "engine" in body, body[-500:]
-    assert two.proc.wait(30) == 1
-    survivor = pids[0]
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:  # the other engine is stopped with the server
-        try:
-            os.kill(survivor, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("the surviving engine outlived its server")
+def test_killing_one_engine_fails_requests_and_exits_non_zero(qwen2_ckpt: Path, tmp_path: Path) -> None:
+    """The rule: a dead engine is a dead server; with several, any one of them. (Its own server: it ends it.)"""
+    two = start_server(qwen2_ckpt, tmp_path, "--num-blocks", "256", "--data-parallel-size", "2")
+    try:
+        pids = children(two.proc.pid, "[-]m engine ")
+        assert len(pids) == 2, pids
+        with ThreadPoolExecutor(1) as pool:
+            long = pool.submit(httpx.post, f"{two.url}/v1/completions", timeout=60,
+                               json={"model": "tiny", "prompt": "count", "max_tokens": 1000, "ignore_eos": True,
+                                     "stream": True})
+            wait_until(lambda: two.metric("spindle_num_requests_running") >= 1, 30, "the stream is running")
+            os.kill(pids[1], signal.SIGKILL)
+            body = long.result().text
+        assert "error" in body and "engine" in body, body[-500:]
+        assert two.proc.wait(30) == 1
+        wait_gone(pids[0], 10)  # the other engine is stopped with the server
+    finally:
+        two.stop()

@@ -25,6 +25,7 @@ import pytest
 import tokenizers
 
 from tests.e2e.conftest import Server, start_server
+from tests.helpers.responses import assert_error
 
 pytestmark = pytest.mark.anyio
 KEYS = ("k1", "k2")
@@ -65,15 +66,6 @@ def guarded(qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 def post(server: Server, path: str, body: Any, headers: dict[str, str] | None = None) -> httpx.Response:
     return httpx.post(server.url + path, json=body, headers=AUTH if headers is None else headers, timeout=60)
-
-
-def assert_error(r: httpx.Response, status: int, *needles: str) -> dict[str, Any]:
-    assert r.status_code == status, r.text
-    err = r.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"} and err["code"] == status
-    for needle in needles:
-        assert needle in err["message"], err["message"]
-    return dict(err)
 
 
 ROUTES = [("GET", "/v1/models"), ("GET", "/version"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),

@@ -19,6 +19,7 @@ import tokenizers
 
 from tests.e2e.conftest import Server
 from tests.e2e.sse import events
+from tests.helpers.responses import assert_error
 
 pytestmark = pytest.mark.anyio
 CHAT = [{"role": "user", "content": "Say something."}]
@@ -52,15 +53,6 @@ def words(n: int, seed: int) -> str:
     rng = random.Random(seed)
     vocab = ["hello", "world", "the", "quick", "brown", "fox", "über", "数据", "lazy", "dog", "1234", "\n"]
     return " ".join(rng.choice(vocab) for _ in range(n))
-
-
-def assert_error(r: httpx.Response, status: int, *needles: str) -> dict[str, Any]:
-    assert r.status_code == status, r.text
-    err = r.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"} and err["code"] == status
-    for needle in needles:
-        assert needle in err["message"], err["message"]
-    return dict(err)
 
 
 # ------------------------------------------------------------------------------ lengths and validation

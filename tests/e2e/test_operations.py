@@ -25,6 +25,7 @@ import pytest
 
 from tests.e2e.conftest import Server, free_port, start_server, wait_healthy
 from tests.e2e.test_abort_paths import HeldRequest
+from tests.helpers.processes import alive, wait_gone, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -109,22 +110,6 @@ def fleet(qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         for launched in servers.values():
             launched.server.proc.kill()
             launched.server.proc.wait()
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    out = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout
-    return not out.strip().startswith("Z")  # a zombie is dead, only not yet reaped
-
-
-def wait_gone(pid: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while pid_alive(pid):
-        assert time.monotonic() < deadline, f"process {pid} still alive after {timeout} s"
-        time.sleep(0.05)
 
 
 def events_of(text: str) -> list[str]:
@@ -213,7 +198,7 @@ def test_engine_hang_turns_health_503_and_exits_nonzero(fleet: dict[str, Launche
         assert srv.proc.wait(30) != 0  # a supervisor restarts it
         wait_gone(engine, 5)
     finally:
-        if pid_alive(engine):
+        if alive(engine):
             os.kill(engine, signal.SIGKILL)
 
 
@@ -338,7 +323,7 @@ async def _stop_with_engine_stopped(srv: Server, name: str) -> None:
         assert code == 0
         wait_gone(engine, 1)
     finally:
-        if pid_alive(engine):  # a stopped orphan would never exit on its own
+        if alive(engine):  # a stopped orphan would never exit on its own
             os.kill(engine, signal.SIGKILL)
 
 
@@ -413,13 +398,19 @@ def test_access_log_one_line_per_request_without_text(fleet: dict[str, Launched]
 
 
 def test_progress_bar_on_a_terminal(fleet: dict[str, Launched]) -> None:
-    text = bytes(fleet["sigint"].pty_out).decode(errors="replace")
-    assert re.search(r"\rloading weights \[#{30}\] (\d+)/\1 ", text), text[-500:]
+    launched = fleet["sigint"]
+    bar = re.compile(r"\rloading weights \[#{30}\] (\d+)/\1 ")  # written before /health turned 200
+    wait_until(lambda: bar.search(bytes(launched.pty_out).decode(errors="replace")) is not None, 10,
+               lambda: f"the full bar on the terminal: {bytes(launched.pty_out)[-500:]!r}")
 
 
-def test_sigkill_of_the_server_leaves_no_engine(fleet: dict[str, Launched]) -> None:
-    srv = fleet["quiet"].server
+def test_sigkill_of_the_server_leaves_no_engine(qwen2_ckpt: Path, tmp_path: Path) -> None:
+    srv = start_server(qwen2_ckpt, tmp_path)  # its own: the fleet's servers serve other tests
     engine = srv.engine_pid()
-    srv.proc.kill()
-    srv.proc.wait()
-    wait_gone(engine, 5)
+    try:
+        srv.proc.kill()
+        srv.proc.wait()
+        wait_gone(engine, 5)
+    finally:
+        if alive(engine):
+            os.kill(engine, signal.SIGKILL)

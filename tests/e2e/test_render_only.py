@@ -102,3 +102,39 @@ def test_render_matches_the_full_server(render: Server, qwen2_ckpt: Path, tmp_pa
 def test_render_needs_a_model() -> None:
     out = subprocess.run([sys.executable, "-m", "server", "render"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--model" in out.stderr
+
+
+def _plain_hypercorn(port: int, log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """`hypercorn 'server.app:create_app()'`, configured by SPINDLE_* variables only."""
+    return subprocess.Popen([sys.executable, "-m", "hypercorn", "server.app:create_app()", "-k", "trio",
+                             "--bind", f"127.0.0.1:{port}"], stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
+
+
+def test_render_only_under_plain_hypercorn_serves_without_torch(qwen2_ckpt: Path, tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "hypercorn.log"
+    env = {**os.environ, "SPINDLE_RENDER_ONLY": "1", "SPINDLE_MODEL": str(qwen2_ckpt),
+           "SPINDLE_SERVED_MODEL_NAME": "tiny", "SPINDLE_LOG_LEVEL": "WARNING"}
+    server = Server(_plain_hypercorn(port, log, env), port, log)
+    wait_healthy(server)
+    try:
+        tok = httpx.post(f"{server.url}/tokenize", json={"model": "tiny", "prompt": "Hello there"}, timeout=30)
+        assert tok.status_code == 200 and tok.json()["count"] > 0, tok.text
+        gen = httpx.post(f"{server.url}/v1/completions", json={"model": "tiny", "prompt": "Hi"}, timeout=10)
+        assert gen.status_code == 404 and "spindle serve" in gen.json()["error"]["message"]
+        for pid in process_tree(server.proc.pid):
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            assert b"engine" not in cmdline, cmdline
+            maps = Path(f"/proc/{pid}/maps").read_text()
+            assert "libtorch" not in maps and "/torch/" not in maps, f"torch loaded in {cmdline!r}"
+    finally:
+        server.stop()
+
+
+def test_render_only_under_plain_hypercorn_needs_a_model(tmp_path: Path) -> None:
+    """The same refusal as `spindle render` without --model (test_render_needs_a_model), not a demo build."""
+    log = tmp_path / "hypercorn.log"
+    env = {k: v for k, v in os.environ.items() if k != "SPINDLE_MODEL"}
+    proc = _plain_hypercorn(free_port(), log, {**env, "SPINDLE_RENDER_ONLY": "1"})
+    proc.wait(60)  # Hypercorn gives up on an app that does not load
+    assert "spindle render needs --model" in log.read_text()

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import Server, start_server
+from tests.helpers.responses import assert_error
 
 INT64_MAX, INT64_MIN = (1 << 63) - 1, -(1 << 63)
 BEYOND_INT64 = (1 << 63, 1 << 64, INT64_MIN - 1)
@@ -36,17 +37,6 @@ def limited(qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 def post(server: Server, path: str, body: Any) -> httpx.Response:
     return httpx.post(server.url + path, json=body, timeout=60)
-
-
-def assert_error(r: httpx.Response, *needles: str, param: str | None = None) -> dict[str, Any]:
-    assert r.status_code == 400, r.text
-    err = r.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"} and err["code"] == 400
-    for needle in needles:
-        assert needle in err["message"], err["message"]
-    if param is not None:
-        assert err["param"] == param, err
-    return dict(err)
 
 
 def body_for(route: str, **fields: Any) -> dict[str, Any]:
@@ -77,7 +67,7 @@ def test_caps_at_under_and_over(limited: Server, route: str, field: str, at: Any
     for ok in (at, under):
         r = post(limited, route, body_for(route, **{field: ok}))
         assert r.status_code == 200, r.text
-    assert_error(post(limited, route, body_for(route, **{field: over})), flag, param=field)
+    assert_error(post(limited, route, body_for(route, **{field: over})), 400, flag, param=field)
 
 
 @pytest.mark.parametrize("shape", ["text", "ids"])
@@ -88,11 +78,11 @@ def test_prompts_and_choices_per_completions_request(limited: Server, shape: str
     for k in (2, 3):  # under, at
         r = post(limited, COMPLETIONS, {"prompt": prompts(k), "max_tokens": 1})
         assert r.status_code == 200 and len(r.json()["choices"]) == k, r.text
-    assert_error(post(limited, COMPLETIONS, {"prompt": prompts(4), "max_tokens": 1}), "--max-prompts-per-request",
+    assert_error(post(limited, COMPLETIONS, {"prompt": prompts(4), "max_tokens": 1}), 400, "--max-prompts-per-request",
                  "4", param="prompt")
     r = post(limited, COMPLETIONS, {"prompt": prompts(2), "n": 2, "max_tokens": 1})  # 4 choices: at the cap
     assert r.status_code == 200 and len(r.json()["choices"]) == 4, r.text
-    assert_error(post(limited, COMPLETIONS, {"prompt": prompts(3), "n": 2, "max_tokens": 1}),
+    assert_error(post(limited, COMPLETIONS, {"prompt": prompts(3), "n": 2, "max_tokens": 1}), 400,
                  "--max-choices-per-request", "6 choices", param="n")
     r = post(limited, COMPLETIONS, {"prompt": list(range(1000, 1050)), "max_tokens": 1})  # one token-id prompt
     assert r.status_code == 200 and len(r.json()["choices"]) == 1, r.text
@@ -109,6 +99,12 @@ INT_FIELDS = {  # route -> its integer fields (LISTS: lists of ints)
                "priority", "logprobs", "token_ids"],
 }
 LISTS = {"stop_token_ids", "allowed_token_ids", "token_ids"}
+# At INT64_MAX / INT64_MIN a field decodes, then its meaning decides: 200 where the value means something
+# (any seed or priority; top_k past the vocabulary keeps every token; truncating to more tokens than the prompt
+# has keeps it whole); every other field refuses both (past the context, n or logprobs caps, outside the
+# vocabulary, below its minimum).
+ACCEPTED_AT_INT64_MAX = {"seed", "priority", "top_k", "truncate_prompt_tokens"}
+ACCEPTED_AT_INT64_MIN = {"seed", "priority"}
 
 
 @pytest.mark.parametrize("route", [COMPLETIONS, CHAT_ROUTE, GENERATE])
@@ -118,22 +114,25 @@ def test_int_fields_beyond_int64_are_a_400_naming_the_field(limited: Server, rou
         nested = route == GENERATE and field not in ("priority", "token_ids")
         for value in BEYOND_INT64:
             sent = [1, value] if field in LISTS else value
-            err = assert_error(post(limited, route, body_for(route, **extra, **{field: sent})), field)
+            err = assert_error(post(limited, route, body_for(route, **extra, **{field: sent})), 400, field)
             param = f"{field}[1]" if field in LISTS else field
             assert err["param"] == (f"sampling_params.{param}" if nested else param), err
-        for value in (INT64_MAX, INT64_MIN):  # at the bounds: decoded, then accepted or refused by meaning
+        for value, accepted in ((INT64_MAX, ACCEPTED_AT_INT64_MAX), (INT64_MIN, ACCEPTED_AT_INT64_MIN)):
             sent = [value] if field in LISTS else value
             r = post(limited, route, body_for(route, **extra, **{field: sent}))
-            assert r.status_code in (200, 400), (field, value, r.text)
+            if field in accepted:
+                assert r.status_code == 200 and len(r.json()["choices"]) == 1, (field, value, r.text)
+            else:
+                assert_error(r, 400)
     assert httpx.get(limited.url + "/health", timeout=10).status_code == 200
 
 
 @pytest.mark.parametrize("value", BEYOND_INT64)
 def test_ints_inside_prompts_and_logit_bias_keys(limited: Server, value: int) -> None:
-    assert_error(post(limited, COMPLETIONS, {"prompt": [1000, value], "max_tokens": 1}), param="prompt")
-    assert_error(post(limited, COMPLETIONS, {"prompt": [[1000], [value]], "max_tokens": 1}), param="prompt")
-    assert_error(post(limited, COMPLETIONS, body_for(COMPLETIONS, logit_bias={str(value): 1})), param="logit_bias")
-    assert_error(post(limited, CHAT_ROUTE, body_for(CHAT_ROUTE, logit_bias={str(value): 1})), param="logit_bias")
+    assert_error(post(limited, COMPLETIONS, {"prompt": [1000, value], "max_tokens": 1}), 400, param="prompt")
+    assert_error(post(limited, COMPLETIONS, {"prompt": [[1000], [value]], "max_tokens": 1}), 400, param="prompt")
+    assert_error(post(limited, COMPLETIONS, body_for(COMPLETIONS, logit_bias={str(value): 1})), 400, param="logit_bias")
+    assert_error(post(limited, CHAT_ROUTE, body_for(CHAT_ROUTE, logit_bias={str(value): 1})), 400, param="logit_bias")
 
 
 # ---- priority: honoured under --scheduling-policy priority, refused under fcfs (the default) ----------------
@@ -146,5 +145,5 @@ def test_priority_under_both_policies(limited: Server, server: Server, route: st
     r = post(server, route, body_for(route, priority=0))
     assert r.status_code == 200, r.text
     for value in (1, -1, INT64_MAX):
-        assert_error(post(server, route, body_for(route, priority=value)), "priority scheduling is not enabled",
+        assert_error(post(server, route, body_for(route, priority=value)), 400, "priority scheduling is not enabled",
                      "--scheduling-policy priority", param="priority")

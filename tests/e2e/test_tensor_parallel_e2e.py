@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 
 from tests.e2e.conftest import start_server
-from tests.e2e.test_operations import pid_alive, wait_gone
+from tests.helpers.processes import alive, wait_gone
 
 
 def children(pid: int) -> list[int]:
@@ -57,7 +57,7 @@ def test_killed_rank_fails_requests_and_stops_the_server(qwen2_ckpt: Path, tmp_p
     finally:
         srv.stop()
         for pid in (engine, *ranks):
-            if pid_alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
@@ -81,7 +81,7 @@ def test_a_stopped_rank_times_out_the_step_and_is_killed(qwen2_ckpt: Path, tmp_p
     finally:
         srv.stop()
         for pid in (engine, *ranks):
-            if pid_alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 

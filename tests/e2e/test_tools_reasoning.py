@@ -99,8 +99,10 @@ def test_400s(client: openai.OpenAI, kwargs: dict[str, Any], needle: str) -> Non
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=5, **kwargs)
     assert needle in str(e.value)
-    body: Any = e.value.body
-    assert body["param"] == "tool_choice" or body.get("error", {}).get("param") == "tool_choice"
+    err = e.value.response.json()["error"]  # OpenAI's envelope on the wire; the SDK's `body` is what it holds
+    assert set(err) == {"message", "type", "param", "code"} and err["code"] == 400, err
+    assert err["param"] == "tool_choice" and needle in err["message"], err
+    assert e.value.body == err
 
 
 def test_auto_without_the_flag_is_a_400_as_in_vllm(reasoning_srv: Server) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from engine.block_manager import _ROOT, BlockManager
+from engine.block_manager import _ROOT, PASSED, BlockManager
 from engine.messages import SamplingParams
 from engine.sequence import Sequence
 
@@ -183,3 +183,68 @@ def test_reset_prefix_cache_forgets_free_blocks() -> None:
     reset_prefix_cache(bm)
     assert bm.num_cached_blocks == 0 and bm.num_free_blocks == 10
     assert prefill(bm, new_seq(list(range(9)), "b")) == 0
+
+
+def windowed_step(bm: BlockManager, seq: Sequence, n: int, token: int | None = None) -> None:
+    """What the scheduler does with a window: allocate, compute n tokens, register, release passed blocks."""
+    assert bm.allocate(seq, n)
+    seq.num_computed_tokens += n
+    if token is not None:
+        seq.token_ids.append(token)
+    bm.register_full_blocks(seq)
+    bm.release_passed(seq)
+
+
+def test_window_releases_passed_blocks_and_keeps_them_cached() -> None:
+    bm = BlockManager(num_blocks=20, block_size=4, window=6)
+    a = new_seq(list(range(30)), "a")
+    windowed_step(bm, a, 9)  # computed 9: the next query (position 9) sees 4..9, block 0 is passed
+    assert a.block_table[0] == PASSED and PASSED not in a.block_table[1:]
+    windowed_step(bm, a, 21, token=99)  # computed 30: position 30 sees 25..30, blocks 0..5 passed
+    assert a.block_table[:6] == [PASSED] * 6 and len(a.block_table) == 8
+    assert bm.num_used_blocks == 2
+    for t in range(40):  # a long generation holds a window's worth of blocks
+        windowed_step(bm, a, 1, token=t)
+        assert bm.num_used_blocks <= bm.most_blocks_held(a.num_tokens, 1) == 3
+    # released blocks stay in the prefix cache: the same prompt hits all 7 full blocks of it
+    assert cached_tokens(bm, list(range(30))) == 28
+    bm.free(a)  # PASSED entries are skipped, nothing is released twice
+    assert bm.num_used_blocks == 0 and bm.num_free_blocks == 20
+
+
+def test_window_takes_only_the_hits_its_queries_read() -> None:
+    bm = BlockManager(num_blocks=12, block_size=4, window=5)
+    a = new_seq(list(range(33)), "a")
+    windowed_step(bm, a, 33)
+    bm.free(a)
+    b = new_seq(list(range(33)) + [7], "b")
+    hits = bm.lookup(b)
+    assert len(hits) == 8  # 32 cached tokens; b computes from position 32, which sees 28..32
+    free_before = bm.num_free_blocks
+    assert bm.allocate(b, 2, hits)
+    assert b.block_table[:7] == [PASSED] * 7 and b.block_table[7] == hits[7]
+    assert bm.num_free_blocks == free_before - 2  # one hit taken out of the pool, one new block
+    b.num_computed_tokens = 34
+    bm.register_full_blocks(b)
+    bm.release_passed(b)
+    bm.free(b)
+    assert bm.num_used_blocks == 0 and cached_tokens(bm, list(range(33))) == 32
+
+
+def test_window_bounds_the_blocks_a_request_needs() -> None:
+    assert BlockManager(8, 4).most_blocks_held(100, 16) == 25
+    bm = BlockManager(8, 4, window=8)
+    assert bm.most_blocks_held(100, 16) == 7  # (8 - 1 + 16) / 4 rounded up, plus a block straddling the start
+    assert bm.most_blocks_held(10, 16) == 3  # short: all of it
+    rng = random.Random(5)
+    for _ in range(200):  # the bound holds at every step of random chunkings
+        window, bs, chunk = rng.randint(1, 12), rng.randint(1, 6), rng.randint(1, 10)
+        bm = BlockManager(200, bs, window=window)
+        seq = new_seq(list(range(60)), "s")
+        while seq.num_computed_tokens < 60:
+            n = min(rng.randint(1, chunk), 60 - seq.num_computed_tokens)
+            assert bm.allocate(seq, n)
+            assert bm.num_used_blocks <= bm.most_blocks_held(60, chunk)
+            seq.num_computed_tokens += n
+            bm.register_full_blocks(seq)
+            bm.release_passed(seq)

@@ -6,8 +6,9 @@ import socket
 import threading
 import time
 
-from engine.channels import ChannelSet, run_channels
+from engine.channels import ChannelSet
 from engine.ipc import FrameBuffer, FrameEncoder
+from engine.loop import run
 from engine.messages import (
     AbortRequests, AddRequest, EngineStats, FromEngine, Heartbeat, RequestOutput, SamplingParams, StepOutputs,
 )
@@ -72,7 +73,7 @@ def test_each_channel_gets_one_frame_per_step_with_only_its_own_requests() -> No
     pairs = [socket.socketpair() for _ in range(2)]
     channels = ChannelSet([a.detach() for a, _ in pairs])
     core = CountingCore(length=3)
-    loop = threading.Thread(target=run_channels, args=(core, 0.05, channels))
+    loop = threading.Thread(target=run, args=(core, 0.05, channels))
     loop.start()
     enc = FrameEncoder()
     (_, api0), (_, api1) = pairs

@@ -16,6 +16,7 @@ import pytest
 from engine.client import EngineDeadError, EngineLoadError, open_engine
 from engine.config import EngineConfig
 from engine.messages import AddRequest, Heartbeat, SamplingParams, StepOutputs
+from tests.helpers.processes import alive, wait_gone
 
 pytestmark = pytest.mark.anyio
 
@@ -88,21 +89,8 @@ def test_engine_dies_with_its_parent(qwen2_ckpt: Path, tmp_path: Path) -> None:
     engine_pid = int(parent.stdout.readline())
     os.kill(parent.pid, signal.SIGKILL)
     parent.wait()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            os.kill(engine_pid, 0)
-        except ProcessLookupError:
-            return
-        if _is_zombie(engine_pid):
-            return
-        time.sleep(0.05)
-    os.kill(engine_pid, signal.SIGKILL)
-    pytest.fail("the engine outlived its parent")
-
-
-def _is_zombie(pid: int) -> bool:
     try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
-    except OSError:
-        return True
+        wait_gone(engine_pid, 5)
+    finally:
+        if alive(engine_pid):
+            os.kill(engine_pid, signal.SIGKILL)

@@ -15,8 +15,9 @@ from typing import Any
 
 import anyio
 import pytest
+from anyio.streams.stapled import StapledByteStream
 
-from engine.client import EngineClient
+from engine.client import EngineClient, OwnedEngine
 from engine.ipc import FrameBuffer, FrameEncoder
 from engine.messages import (
     AbortRequests, AddRequest, EngineStats, FromEngine, Heartbeat, Ready, RequestOutput, SamplingParams,
@@ -69,7 +70,7 @@ class _Stdout:
     def __init__(self) -> None:
         self.send, self.recv = anyio.create_memory_object_stream[bytes](0)
 
-    async def receive(self) -> bytes:
+    async def receive(self, max_bytes: int = 65536) -> bytes:
         return await self.recv.receive()
 
 
@@ -94,7 +95,8 @@ class FakeProcess:
 @asynccontextmanager
 async def client(capacity: int = 1 << 20, heartbeat_timeout: float = 30.0) -> AsyncIterator[tuple[EngineClient, FakeProcess]]:
     proc = FakeProcess(capacity)
-    c = EngineClient(proc, READY, FrameBuffer(FromEngine), heartbeat_timeout)  # type: ignore[arg-type]
+    c = EngineClient(StapledByteStream(proc.stdin, proc.stdout), OwnedEngine(proc),  # type: ignore[arg-type]
+                     READY, FrameBuffer(FromEngine), heartbeat_timeout)
     async with anyio.create_task_group() as tg:
         await tg.start(c._write_loop)
         yield c, proc
@@ -189,8 +191,8 @@ async def test_long_step_with_heartbeats_is_alive_and_a_hung_step_is_not() -> No
     from engine.client import EngineDeadError
 
     proc = FakeProcess(1 << 20)
-    c = EngineClient(proc, READY, FrameBuffer(FromEngine), heartbeat_timeout=5.0,  # type: ignore[arg-type]
-                     step_timeout=60.0)
+    c = EngineClient(StapledByteStream(proc.stdin, proc.stdout), OwnedEngine(proc),  # type: ignore[arg-type]
+                     READY, FrameBuffer(FromEngine), heartbeat_timeout=5.0, step_timeout=60.0)
     enc = FrameEncoder()
     now = time.time()
     async with anyio.create_task_group() as tg:

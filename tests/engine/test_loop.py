@@ -7,7 +7,7 @@ import threading
 import time
 
 from engine.ipc import FrameBuffer, FrameEncoder, FrameReader, FrameWriter
-from engine.loop import run
+from engine.loop import Pipes, run
 from engine.messages import (
     AddRequest, EngineStats, FromEngine, Heartbeat, RequestOutput, SamplingParams, StepOutputs, ToEngine,
 )
@@ -61,8 +61,8 @@ def test_heartbeats_flow_during_a_step_longer_than_several_intervals() -> None:
     to_engine_r, to_engine_w = os.pipe()
     from_engine_r, from_engine_w = os.pipe()
     core = SlowCore()
-    loop = threading.Thread(target=run, args=(core, 0.05, FrameReader[ToEngine](to_engine_r, ToEngine),
-                                              FrameWriter(from_engine_w)), daemon=True)
+    pipes = Pipes(FrameReader[ToEngine](to_engine_r, ToEngine), FrameWriter(from_engine_w))
+    loop = threading.Thread(target=run, args=(core, 0.05, pipes), daemon=True)
     loop.start()
     os.write(to_engine_w, FrameEncoder().encode(AddRequest("r", [1, 2], SamplingParams(max_tokens=1), 0.0)))
     assert core.started.wait(10)

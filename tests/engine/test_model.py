@@ -20,11 +20,6 @@ LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_fr
           "original_max_position_embeddings": 64}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> None:
-    torch.set_num_threads(1)
-
-
 def llama_config(**kw: Any) -> LlamaConfig:
     return LlamaConfig(hidden_size=256, num_attention_heads=4, head_dim=64, num_hidden_layers=1,
                        intermediate_size=64, vocab_size=100, **kw)

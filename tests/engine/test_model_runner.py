@@ -5,43 +5,29 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from engine.config import EngineConfig
+from engine.layers.linear import Int8Linear
 from engine.messages import SamplingParams
 from engine.model_runner import ModelRunner
-from engine.models.loader import ModelLoadError
+from engine.models.weights import ModelLoadError
 from engine.sequence import ScheduledSeq, Sequence
+from tests.helpers.engine import hf_greedy, hf_model
 
 ARCHS = ["qwen2", "llama", "mistral"]
 BLOCK = 4
 ATOL = 1e-4
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> None:
-    torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def hf_models() -> dict[Path, torch.nn.Module]:
-    return {}
-
-
-def hf_model(cache: dict[Path, torch.nn.Module], path: Path) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
-
-    if path not in cache:
-        cache[path] = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return cache[path]
-
-
 def hf_logits(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
     """[len(tokens), vocab]: transformers' logits at every position, no cache."""
     with torch.no_grad():
-        return model(torch.tensor([tokens])).logits[0].float()
+        logits: torch.Tensor = model(torch.tensor([tokens])).logits[0].float()
+    return logits
 
 
 class Blocks:
@@ -72,9 +58,8 @@ def step(runner: ModelRunner, blocks: Blocks, work: list[tuple[Sequence, int]]):
     return out
 
 
-def make_runner(path: Path, **kw: object) -> ModelRunner:
-    return ModelRunner(EngineConfig(model=str(path), block_size=BLOCK, num_blocks=kw.pop("num_blocks", 64),
-                                    **kw))  # type: ignore[arg-type]
+def make_runner(path: Path, **kw: Any) -> ModelRunner:
+    return ModelRunner(EngineConfig(model=str(path), block_size=BLOCK, num_blocks=kw.pop("num_blocks", 64), **kw))
 
 
 def prompt(n: int, seed: int, vocab: int = 32_000) -> list[int]:
@@ -83,9 +68,9 @@ def prompt(n: int, seed: int, vocab: int = 32_000) -> list[int]:
 
 
 @pytest.mark.parametrize("any_ckpt", ARCHS, indirect=True)
-def test_prefill_matches_transformers(any_ckpt: Path, hf_models: dict) -> None:
+def test_prefill_matches_transformers(any_ckpt: Path) -> None:
     runner = make_runner(any_ckpt)
-    hf = hf_model(hf_models, any_ckpt)
+    hf = hf_model(any_ckpt)
     tokens = prompt(21, seed=1)
     seq = new_seq("a", tokens, prompt_logprobs=1)
     out = step(runner, Blocks(64), [(seq, len(tokens))])
@@ -96,9 +81,9 @@ def test_prefill_matches_transformers(any_ckpt: Path, hf_models: dict) -> None:
 
 
 @pytest.mark.parametrize("any_ckpt", ARCHS, indirect=True)
-def test_chunked_prefill_matches_transformers(any_ckpt: Path, hf_models: dict) -> None:
+def test_chunked_prefill_matches_transformers(any_ckpt: Path) -> None:
     runner = make_runner(any_ckpt)
-    hf = hf_model(hf_models, any_ckpt)
+    hf = hf_model(any_ckpt)
     tokens = prompt(23, seed=2)
     ref = hf_logits(hf, tokens)
     seq, blocks, done = new_seq("a", tokens, prompt_logprobs=0), Blocks(64, seed=3), 0
@@ -111,10 +96,10 @@ def test_chunked_prefill_matches_transformers(any_ckpt: Path, hf_models: dict) -
 
 
 @pytest.mark.parametrize("any_ckpt", ARCHS, indirect=True)
-def test_batched_decode_with_shared_prefix(any_ckpt: Path, hf_models: dict) -> None:
+def test_batched_decode_with_shared_prefix(any_ckpt: Path) -> None:
     """Sequences of different lengths decode in one batch; B reuses A's first two blocks as its prefix."""
     runner = make_runner(any_ckpt)
-    hf = hf_model(hf_models, any_ckpt)
+    hf = hf_model(any_ckpt)
     blocks = Blocks(64, seed=4)
     a = new_seq("a", prompt(13, seed=5))
     c = new_seq("c", prompt(5, seed=6))
@@ -139,19 +124,15 @@ def test_batched_decode_with_shared_prefix(any_ckpt: Path, hf_models: dict) -> N
 
 
 @pytest.mark.parametrize("any_ckpt", ARCHS, indirect=True)
-def test_greedy_loop_matches_generate(any_ckpt: Path, hf_models: dict) -> None:
+def test_greedy_loop_matches_generate(any_ckpt: Path) -> None:
     runner = make_runner(any_ckpt)
-    hf = hf_model(hf_models, any_ckpt)
     tokens = prompt(9, seed=8)
     seq, blocks = new_seq("a", tokens), Blocks(64, seed=9)
     out = step(runner, blocks, [(seq, len(tokens))])
     for _ in range(16):
         seq.token_ids.append(int(out.logits[0].argmax()))
         out = step(runner, blocks, [(seq, 1)])
-    with torch.no_grad():
-        ref = hf.generate(torch.tensor([tokens]), do_sample=False, max_new_tokens=16, min_new_tokens=16,
-                          temperature=None, top_p=None, top_k=None, repetition_penalty=None)
-    assert seq.output_token_ids == ref[0, len(tokens):].tolist()
+    assert seq.output_token_ids == hf_greedy(any_ckpt, tokens, 16)
 
 
 def test_kv_cache_sized_from_memory(qwen2_ckpt: Path) -> None:
@@ -171,10 +152,10 @@ def test_max_model_len_over_the_model_limit_is_refused(qwen2_ckpt: Path) -> None
     assert ModelRunner(EngineConfig(model=str(qwen2_ckpt), max_model_len=100, num_blocks=8)).max_model_len == 100
 
 
-def test_bfloat16_runs_close_to_transformers(llama_ckpt: Path, hf_models: dict) -> None:
+def test_bfloat16_runs_close_to_transformers(llama_ckpt: Path) -> None:
     runner = make_runner(llama_ckpt, dtype="bfloat16")
     assert runner.model_dtype == "bfloat16" and runner.kv_cache.dtype == torch.bfloat16
-    hf = hf_model(hf_models, llama_ckpt)
+    hf = hf_model(llama_ckpt)
     tokens = prompt(12, seed=10)
     seq, blocks = new_seq("a", tokens), Blocks(64, seed=11)
     step(runner, blocks, [(seq, 11)])
@@ -186,8 +167,26 @@ def test_bfloat16_runs_close_to_transformers(llama_ckpt: Path, hf_models: dict) 
     assert int(out.logits[0].argmax()) == int(ref.argmax())
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_int8_weights_run_close_to_transformers(llama_ckpt: Path, dtype: str) -> None:
+    """--quantization int8: prefill and decode logits within the int8 grid's error of the float32 model."""
+    runner = make_runner(llama_ckpt, dtype=dtype, quantization="int8")
+    assert all(isinstance(lin, Int8Linear) for layer in runner.model.layers
+               for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
+    hf = hf_model(llama_ckpt)
+    tokens = prompt(12, seed=13)
+    seq, blocks = new_seq("a", tokens, prompt_logprobs=0), Blocks(64, seed=14)
+    prefill = step(runner, blocks, [(seq, 11)]).prompt_logits[0]
+    out = step(runner, blocks, [(seq, 1)])
+    ref = hf_logits(hf, tokens)
+    for got, want in ((prefill, ref[:11]), (out.logits[0], ref[-1])):
+        err = float((got - want).abs().max())
+        assert 1e-4 < err < 0.05 * float(want.abs().max()), err  # quantized, but close
+    assert int(out.logits[0].argmax()) == int(ref[-1].argmax())
+
+
 @pytest.mark.parametrize("dtype, threads", [("float32", 1), ("bfloat16", 1), ("float32", 2)])
-def test_wide_decode_batch_matches_transformers(qwen2_ckpt: Path, hf_models: dict, dtype: str,
+def test_wide_decode_batch_matches_transformers(qwen2_ckpt: Path, dtype: str,
                                                 threads: int) -> None:
     """17 sequences decode in one step: the LM head's chunked path (>= 16 rows, several column chunks of
     a 151k vocabulary; with 2 threads, shared by a helper thread), against transformers in float32."""
@@ -195,7 +194,7 @@ def test_wide_decode_batch_matches_transformers(qwen2_ckpt: Path, hf_models: dic
     runner = make_runner(qwen2_ckpt, dtype=dtype, num_blocks=128)
     torch.set_num_threads(1)
     assert runner.head_workers == threads
-    hf = hf_model(hf_models, qwen2_ckpt)
+    hf = hf_model(qwen2_ckpt)
     blocks = Blocks(128, seed=20)
     seqs = [new_seq(f"s{i}", prompt(3 + i % 6, seed=30 + i, vocab=151_646)) for i in range(17)]
     step(runner, blocks, [(s, s.num_tokens) for s in seqs])
@@ -244,7 +243,7 @@ def kernel_path_child(ckpt: str, out: str) -> None:
 
 
 @pytest.mark.parametrize("any_ckpt", ["mistral"], indirect=True)  # its sliding window runs in-kernel
-def test_triton_kernel_path_matches_transformers(any_ckpt: Path, hf_models: dict, tmp_path: Path) -> None:
+def test_triton_kernel_path_matches_transformers(any_ckpt: Path, tmp_path: Path) -> None:
     """The GPU path (engine.kernels through TritonOps), run on CPU by Triton's interpreter in a fresh process
     (TRITON_INTERPRET is read when triton is imported, which this process has done long ago)."""
     import os
@@ -260,7 +259,7 @@ def test_triton_kernel_path_matches_transformers(any_ckpt: Path, hf_models: dict
                           cwd=Path(__file__).parents[2])
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = torch.load(out)
-    hf = hf_model(hf_models, any_ckpt)
+    hf = hf_model(any_ckpt)
     ref_a, ref_b = hf_logits(hf, A_FULL), hf_logits(hf, B_FULL)
     expected = [ref_a[:7], ref_a[7:17]] + [torch.stack([ref_a[17 + i], ref_b[5 + i]]) for i in range(3)]
     assert len(got) == len(expected)

@@ -15,7 +15,6 @@ from engine.core import EngineCore
 from engine.messages import AddRequest, RequestOutput, SamplingParams
 from engine.pooler import Pooler
 
-torch.set_num_threads(1)
 
 _HF: dict[Path, object] = {}
 

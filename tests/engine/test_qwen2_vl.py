@@ -15,15 +15,15 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
-from engine.config import EngineConfig
 from engine.core import EngineCore
-from engine.messages import IMAGE_CACHE_MISS, AddRequest, ImageInput, RequestOutput, SamplingParams
+from engine.messages import IMAGE_CACHE_MISS, AddRequest, ImageInput, RequestOutput
 from engine.multimodal.processing import (
     IMAGE_PAD_ID, expand_placeholders, image_hash, make_processor, num_image_tokens, process_image,
     read_preprocessor_config,
 )
+from tests.helpers import engine as helpers
+from tests.helpers.engine import greedy, make_core
 
-torch.set_num_threads(1)
 
 VISION_START, VISION_END = 151652, 151653
 
@@ -51,32 +51,11 @@ def build(ckpt: Path, text_before: list[int], images: list[Image.Image], text_af
     return expanded, mm, hf
 
 
-_HF: dict[Path, Any] = {}
-
-
-def hf_model(ckpt: Path) -> Any:
-    from transformers import Qwen2VLForConditionalGeneration
-
-    if ckpt not in _HF:
-        m = Qwen2VLForConditionalGeneration.from_pretrained(ckpt, dtype=torch.float32)
-        m.generation_config.eos_token_id = None
-        _HF[ckpt] = m.eval()
-    return _HF[ckpt]
-
-
 def hf_greedy(ckpt: Path, prompt: list[int], hf: dict[str, Any] | None, n: int) -> list[int]:
     ids = torch.tensor([prompt])
-    extra: dict[str, Any] = {}
-    if hf:
-        extra = dict(hf, mm_token_type_ids=(ids == IMAGE_PAD_ID).int())
-    out = hf_model(ckpt).generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
-                                  repetition_penalty=1.0, top_k=None, top_p=None, temperature=None,
-                                  eos_token_id=None, pad_token_id=0, min_new_tokens=n, **extra)
-    return out[0, len(prompt):].tolist()
-
-
-def greedy(n: int) -> SamplingParams:
-    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+    extra: dict[str, Any] = dict(hf, mm_token_type_ids=(ids == IMAGE_PAD_ID).int()) if hf else {}
+    return helpers.hf_greedy(ckpt, prompt, n, "Qwen2VLForConditionalGeneration", attention_mask=torch.ones_like(ids),
+                             **extra)
 
 
 def run(core: EngineCore, reqs: list[AddRequest]) -> dict[str, list[int]]:
@@ -91,11 +70,6 @@ def run(core: EngineCore, reqs: list[AddRequest]) -> dict[str, list[int]]:
         steps += 1
         assert steps < 5000
     return {k: [t for o in v for t in o.new_token_ids] for k, v in outs.items()}
-
-
-def core_for(ckpt: Path, **kw: Any) -> EngineCore:
-    kw.setdefault("num_blocks", 256)
-    return EngineCore(EngineConfig(model=str(ckpt), **kw))
 
 
 TEXT = [9707, 11, 1246, 525, 498, 30, 220, 16, 17, 18]  # "Hello, how are you? 123"
@@ -113,7 +87,7 @@ def test_text_only_prompt_is_plain_qwen2(qwen2_vl_ckpt: Path, tmp_path: Path) ->
     weights = load_file(qwen2 / "model.safetensors")
     save_file({k: v for k, v in weights.items() if not k.startswith("visual.")}, qwen2 / "model.safetensors")
     prompt = TEXT * 3
-    vl, plain = core_for(qwen2_vl_ckpt), core_for(qwen2)
+    vl, plain = make_core(qwen2_vl_ckpt), make_core(qwen2)
     from engine.sequence import ScheduledSeq, Sequence
     logits = []
     for core in (vl, plain):
@@ -130,7 +104,7 @@ REGIMES = {"together": {}, "chunked": {"max_num_batched_tokens": 7}, "preemption
 
 @pytest.mark.parametrize("regime", list(REGIMES))
 def test_images_match_transformers(qwen2_vl_ckpt: Path, regime: str) -> None:
-    core = core_for(qwen2_vl_ckpt, **REGIMES[regime])
+    core = make_core(qwen2_vl_ckpt, **REGIMES[regime])
     cases = {
         "one": build(qwen2_vl_ckpt, TEXT[:4], [picture(1, 60, 90)], TEXT),
         "two": build(qwen2_vl_ckpt, TEXT[:2], [picture(2, 56, 56), picture(3, 112, 84)], TEXT[:5]),
@@ -147,7 +121,7 @@ def test_images_match_transformers(qwen2_vl_ckpt: Path, regime: str) -> None:
 
 
 def test_output_depends_on_the_image(qwen2_vl_ckpt: Path) -> None:
-    core = core_for(qwen2_vl_ckpt)
+    core = make_core(qwen2_vl_ckpt)
     a = build(qwen2_vl_ckpt, TEXT[:4], [picture(1, 60, 90)], TEXT)
     b = build(qwen2_vl_ckpt, TEXT[:4], [picture(5, 60, 90)], TEXT)
     got = run(core, [AddRequest("a", a[0], greedy(8), 0.0, mm_inputs=a[1]),
@@ -157,7 +131,7 @@ def test_output_depends_on_the_image(qwen2_vl_ckpt: Path) -> None:
 
 def test_prefix_cache_never_shares_blocks_across_images(qwen2_vl_ckpt: Path) -> None:
     """A, B, A with the same text: each answer is transformers' for its own image; the second A hits the cache."""
-    core = core_for(qwen2_vl_ckpt, block_size=4)
+    core = make_core(qwen2_vl_ckpt, block_size=4)
     a = build(qwen2_vl_ckpt, TEXT, [picture(11, 84, 84)], TEXT)
     b = build(qwen2_vl_ckpt, TEXT, [picture(12, 84, 84)], TEXT)
     assert a[0] == b[0]
@@ -174,7 +148,7 @@ def test_prefix_cache_never_shares_blocks_across_images(qwen2_vl_ckpt: Path) -> 
 
 
 def test_bad_image_inputs_are_refused(qwen2_vl_ckpt: Path) -> None:
-    core = core_for(qwen2_vl_ckpt)
+    core = make_core(qwen2_vl_ckpt)
     p, mm, _ = build(qwen2_vl_ckpt, TEXT[:4], [picture(1, 60, 90)], TEXT)
     bad = [ImageInput(mm[0].hash, mm[0].offset + 1, mm[0].length, mm[0].grid_thw, mm[0].data, mm[0].shape),
            ImageInput(mm[0].hash, mm[0].offset, mm[0].length, mm[0].grid_thw, mm[0].data[:-4], mm[0].shape),

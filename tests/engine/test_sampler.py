@@ -14,7 +14,6 @@ from engine.messages import SamplingParams
 from engine.sampler import Sampler
 from engine.sequence import Sequence
 
-torch.set_num_threads(1)
 EOS = 3
 
 

@@ -21,8 +21,8 @@ from engine.sequence import ScheduledSeq, Sequence, SeqStatus
 class FakeEngine:
     def __init__(self, *, num_blocks: int, block_size: int = 4, max_num_seqs: int = 8,
                  max_num_batched_tokens: int = 32, max_model_len: int = 1024,
-                 prefix_caching: bool = True, policy: str = "fcfs") -> None:
-        self.bm = BlockManager(num_blocks, block_size, prefix_caching)
+                 prefix_caching: bool = True, policy: str = "fcfs", window: int | None = None) -> None:
+        self.bm = BlockManager(num_blocks, block_size, prefix_caching, window=window)
         self.sched = Scheduler(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                max_model_len=max_model_len, block_manager=self.bm, policy=policy)
         self.kv: dict[tuple[int, int], int] = {}  # (block, slot) -> token whose K/V is there
@@ -51,9 +51,10 @@ class FakeEngine:
                 assert writers.setdefault(block, seq.request_id) == seq.request_id, "shared write"
                 self.kv[(block, pos % bs)] = seq.token_ids[pos]
         sampling = [s.seq for s in batch if s.samples]
-        for s in batch:  # attention reads: every position up to the last one computed
+        window = self.bm.window
+        for s in batch:  # attention reads: every position up to the last one computed (within the window)
             seq = s.seq
-            for pos in range(s.start + s.num_new_tokens):
+            for pos in range(0 if window is None else max(0, s.start - window + 1), s.start + s.num_new_tokens):
                 assert self.kv.get((seq.block_table[pos // bs], pos % bs)) == seq.token_ids[pos]
         done = []
         for seq in sampling:
@@ -272,3 +273,26 @@ def test_aborting_most_of_a_long_queue_keeps_order_and_memory() -> None:
         order += [s.seq.request_id for s in eng.step() if s.seq.request_id not in order]
     assert order == [str(i) for i in range(0, 300, 10)]
     assert all(s.num_output_tokens == 2 for s in seqs[::10])
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_window_releases_blocks_under_preemption_and_prefix_hits(prefix_caching: bool) -> None:
+    """A window on every layer: passed blocks go back to the pool while every read still finds its token."""
+    rng = random.Random(9)
+    shared = prompt(rng, 14)
+    eng = FakeEngine(num_blocks=7, block_size=4, max_num_batched_tokens=6, prefix_caching=prefix_caching, window=5)
+    for i in range(8):  # 40+ tokens each: without releases, one request alone would need 11+ blocks
+        eng.add(str(i), shared + prompt(rng, rng.randrange(1, 20)), rng.randrange(25, 40), arrival=float(i))
+    eng.run()
+    assert len(eng.finished) == 8 and eng.bm.num_used_blocks == 0
+    assert eng.sched.num_preemptions > 0
+    assert (eng.bm.prefix_cache_hits > 0) == prefix_caching
+
+
+def test_window_accepts_requests_longer_than_the_cache() -> None:
+    eng = FakeEngine(num_blocks=4, block_size=4, max_num_batched_tokens=4, window=6)
+    eng.add("long", list(range(30)), 40)  # 70 tokens, 18 blocks; the window holds at most 4
+    with pytest.raises(RequestRefused, match="KV cache blocks"):
+        FakeEngine(num_blocks=4, block_size=4, max_num_batched_tokens=4).add("long", list(range(30)), 40)
+    eng.run()
+    assert eng.finished[0].num_output_tokens == 40

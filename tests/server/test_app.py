@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 import json
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ from engine.models.hf_tokenizer import load_tokenizer, tokenizer_dir
 from server.http import direct_body
 from server.app import create_app
 from server.config import ServerConfig
+from tests.helpers.processes import wait_until
 
 TOK = load_tokenizer("qwen2")
 TEXT = "Hello there, how are you doing today? I am fine, thanks. 🦊"
@@ -186,21 +186,36 @@ def test_models_and_health(srv: Running) -> None:
     assert "version" in httpx.get(srv.url + "/version").json()
 
 
-def leave_mid_stream(running: Running) -> list[str]:
-    """Read one event of a long stream, hang up; the engine requests aborted for it (waits up to 10 s)."""
+def leave_mid_stream(running: Running) -> None:
+    """Read one event of a long stream, hang up; return once the engine request is aborted (within 10 s)."""
     body = {"prompt": "Hi", "stream": True, "ignore_eos": True, "max_tokens": 400}
     with httpx.stream("POST", running.url + "/v1/completions", json=body, headers={"X-Request-Id": "gone"}) as r:
         for line in r.iter_lines():
             if line.startswith("data: "):
                 break  # leave after the first event
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not any(a.endswith("-gone") for a in running.fake.aborted):
-        time.sleep(0.02)
-    return [a for a in running.fake.aborted if a.endswith("-gone")]
+    wait_until(lambda: any(a.endswith("-gone") for a in running.fake.aborted), 10, "the request was aborted")
 
 
-def test_disconnect_mid_stream_aborts(srv: Running) -> None:
-    assert len(leave_mid_stream(srv)) == 1  # aborted, exactly once
+def aborts_once_stopped(gen: Iterator[Running], running: Running, ungate: bool = False) -> list[str]:
+    """Every abort the server sent, counted once none can follow: a fresh request's answer needs a later engine
+    step (steps are handled in order, each one's aborts sent before the next), then the server stops, which ends
+    every request's task. ungate: let a gated engine step."""
+    if ungate:
+        running.portal.call(running.fake.allow_step, 100)
+    r = httpx.post(running.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=30)
+    assert r.status_code == 200, r.text
+    gen.close()
+    return [a.split("-", 1)[1] for a in running.fake.aborted]
+
+
+def test_disconnect_mid_stream_aborts() -> None:
+    gen = serve_in_thread()
+    running = next(gen)
+    try:
+        leave_mid_stream(running)
+        assert aborts_once_stopped(gen, running) == ["gone"]  # aborted, exactly once
+    finally:
+        gen.close()
 
 
 @pytest.mark.parametrize("direct", [False, True])
@@ -218,10 +233,7 @@ def test_engine_death_then_503(direct: bool) -> None:
             rest = [line[6:] for line in lines if line.startswith("data: ")]
         assert rest[-1] == "[DONE]"  # the stream ends with an error event, then [DONE]: no hang
         assert "pipe closed" in json.loads(rest[-2])["error"]["message"]
-        deadline = time.monotonic() + 5
-        while not running.deaths and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert running.deaths
+        wait_until(lambda: bool(running.deaths), 5, "the app heard of the engine's death")
         assert httpx.get(running.url + "/health").status_code == 503
         r = httpx.post(running.url + "/v1/completions", json={"prompt": "Hi"})
         assert r.status_code == 503 and "pipe closed" in r.json()["error"]["message"]
@@ -236,10 +248,8 @@ def test_nonstream_disconnect_aborts() -> None:
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(running.url + "/v1/chat/completions", timeout=0.5, headers={"X-Request-Id": "impatient"},
                        json={"messages": [{"role": "user", "content": "Hi"}]})
-        deadline = time.monotonic() + 5
-        while not running.fake.aborted and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert [a.split("-", 1)[1] for a in running.fake.aborted] == ["impatient"]
+        wait_until(lambda: bool(running.fake.aborted), 5, "the request was aborted")
+        assert aborts_once_stopped(gen, running, ungate=True) == ["impatient"]  # aborted, exactly once
     finally:
         gen.close()
 
@@ -284,7 +294,7 @@ def test_streams_go_direct_with_the_same_text_and_disconnects_still_abort(monkey
         assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == TEXT
         assert chunks[-2]["choices"][0]["finish_reason"] == "length" and chunks[-1]["usage"]["completion_tokens"] == len(GEN)
         assert all(w.startswith(b"data: {") and w.endswith(b"\n\n") for w in writes)
-        # This client keeps up, so every content chunk goes direct (respond's `deliver`) but the last, since a
+        # This client keeps up, so every content chunk goes direct (SseResponder.deliver) but the last, since a
         # finished output always goes through the route with the usage chunk and [DONE], and perhaps the first,
         # when the engine's first token came before the route set its sink (then it waits in the collector).
         content = chunks[:-1]
@@ -298,7 +308,8 @@ def test_streams_go_direct_with_the_same_text_and_disconnects_still_abort(monkey
         direct = [json.loads(w[6:]) for w in writes]  # the role chunk (stream_start) goes through ASGI
         assert len(chat) > 10 and len(direct) >= len(chat[1:]) - 2, f"{len(direct)} of {len(chat[1:])} went direct"
         assert is_subsequence(direct, chat[1:])
-        assert len(leave_mid_stream(running)) == 1
+        leave_mid_stream(running)
+        assert aborts_once_stopped(gen, running) == ["gone"]
     finally:
         gen.close()
 

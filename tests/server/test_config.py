@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 
+import server.config
 from server.cli import config_from_args
-from server.config import ServerConfig
+from server.config import REASONING_PARSER_NAMES, TOOL_CALL_PARSER_NAMES, ServerConfig
+from server.reasoning.parser import REASONING_PARSERS
+from server.tools.registry import TOOL_PARSERS
 
 
 def test_env_vars_are_typed() -> None:
@@ -81,3 +87,25 @@ def test_max_structured_output_size_takes_sizes() -> None:
     assert ServerConfig.from_env({"SPINDLE_MAX_STRUCTURED_OUTPUT_SIZE": "300"}).max_structured_output_size == 300
     with pytest.raises(ValueError, match="--max-structured-output-size"):
         ServerConfig.from_env({"SPINDLE_MAX_STRUCTURED_OUTPUT_SIZE": "0"})
+
+
+def test_the_parser_names_config_checks_are_the_registries_keys() -> None:
+    """config.py owns the names (it imports nothing else from the server): they must not drift from the parsers."""
+    assert TOOL_CALL_PARSER_NAMES == tuple(TOOL_PARSERS)
+    assert REASONING_PARSER_NAMES == tuple(REASONING_PARSERS)
+    for name in TOOL_CALL_PARSER_NAMES:
+        assert ServerConfig(tool_call_parser=name).tool_call_parser == name
+    for name in REASONING_PARSER_NAMES:
+        assert ServerConfig(reasoning_parser=name).reasoning_parser == name
+    with pytest.raises(ValueError, match="--tool-call-parser must be one of hermes, mistral; got 'x'"):
+        ServerConfig(tool_call_parser="x")
+    with pytest.raises(ValueError, match="--reasoning-parser must be one of deepseek_r1, qwen3; got 'x'"):
+        ServerConfig(reasoning_parser="x")
+
+
+def test_config_imports_nothing_else_from_the_server() -> None:
+    """Every module may read the config; it reads none of them (no import cycle through it, at any depth)."""
+    tree = ast.parse(Path(server.config.__file__).read_text())
+    imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    imported += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert not [m for m in imported if m == "server" or m.startswith("server.")]

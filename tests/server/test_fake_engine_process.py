@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import start_server
+from tests.helpers.processes import children, wait_until
 
 FAKE = f"{shlex.quote(sys.executable)} -m bench.fake_engine_process"
 
@@ -39,3 +41,19 @@ def test_the_fake_engine_streams_a_request(count: int, qwen2_ckpt: Path, tmp_pat
         assert events[-1]["usage"]["completion_tokens"] == 8
     finally:
         assert srv.stop() == 0, srv.log.read_text()[-3000:]
+
+
+def test_a_stop_while_the_api_processes_start_is_a_clean_stop(qwen2_ckpt: Path, tmp_path: Path) -> None:
+    """SIGINT to the launcher while its API processes still import (long before the first /health 200): each
+    stops once it can, and the launcher exits 0, as it does for a stop once they serve. (A process killed by
+    the signal during its start-up made the launcher exit 1: test_the_fake_engine_streams_a_request[2]'s race,
+    where /health answered 200 from one process while the other still started.)"""
+    srv = start_server(qwen2_ckpt, tmp_path, "--api-server-count", "2", wait=False,
+                       env={"SPINDLE_ENGINE_COMMAND": FAKE})
+    try:
+        wait_until(lambda: len(children(srv.proc.pid, "[-]m server.api_servers")) == 2, 60,
+                   "the launcher started its 2 API processes")
+        srv.proc.send_signal(signal.SIGINT)  # within milliseconds of their exec: Python has barely started
+        assert srv.proc.wait(60) == 0, srv.log.read_text()[-3000:]
+    finally:
+        srv.stop()

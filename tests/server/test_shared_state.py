@@ -88,7 +88,7 @@ def test_metrics_are_summed_over_processes_and_engine_values_reported_once() -> 
             m.record_finished(reason="length", arrival=1.0, scheduled=1.5, first_token=2.0, finished=3.0,
                               num_prompt_tokens=4, num_output_tokens=16)
         m.ttft.observe(0.05)
-        m.record_stats(EngineStats(3, 2, 10, 100, 1, 50, 20))  # the same engine, seen by both processes
+        m.record_stats(EngineStats(3, 2, 10, 100, 1, 50, 20, 7))  # the same engine, seen by both processes
     m.rejected("queue_full")
     for m in metrics:  # every process shows the same totals
         text = m.render().decode()
@@ -101,6 +101,7 @@ def test_metrics_are_summed_over_processes_and_engine_values_reported_once() -> 
         assert 'spindle_e2e_request_latency_seconds_sum{model_name="m"} 20.0' in text
         assert 'spindle_num_requests_running{model_name="m"} 3.0' in text  # gauges: the engine's, once
         assert 'spindle_prefix_cache_queries_total{model_name="m"} 50.0' in text  # the engine's total, once
+        assert 'spindle_mm_encoder_cache_hits_total{model_name="m"} 7.0' in text  # an engine total too: once
         assert 'spindle_api_server_requests_total{api_server="0",model_name="m"} 4.0' in text
         assert 'spindle_api_server_requests_total{api_server="1",model_name="m"} 6.0' in text
     os.close(fd)
@@ -115,4 +116,20 @@ def test_routed_counts_per_engine_are_summed_and_clear_of_the_metrics() -> None:
     theirs[1].inc(1)
     assert [v.get() for v in mine] == [v.get() for v in theirs] == [3, 1]
     assert [v.get_own() for v in mine] == [1, 0]
+    os.close(fd)
+
+
+def test_sharing_keeps_what_was_counted_before() -> None:
+    fd, (a, b) = _views(2)
+    first, second = ServerMetrics("m"), ServerMetrics("m")
+    first.generation_tokens.inc(5)
+    first.itl.observe(0.03)
+    share_metrics(first, a)
+    share_metrics(second, b)
+    second.generation_tokens.inc(2)
+    second.itl.observe(0.03)
+    text = second.render().decode()
+    assert 'spindle_generation_tokens_total{model_name="m"} 7.0' in text
+    assert 'spindle_inter_token_latency_seconds_bucket{le="0.04",model_name="m"} 2.0' in text
+    assert first.generation_tokens.get_own() == 5 and second.generation_tokens.get_own() == 2
     os.close(fd)

@@ -1,6 +1,6 @@
 """Anthropic's answer shapes: the message (content blocks) and the event stream.
 
-The answer's text goes through the same parsers as the chat route's (server/api/openai/chat_parsing.py):
+The answer's text goes through the same parsers as the chat route's (server/pipeline/parsing.py):
 reasoning becomes a `thinking` block, tool calls become `tool_use` blocks with an `input` object, the rest
 `text`. Streamed, each block is content_block_start, its deltas (thinking_delta, text_delta,
 input_json_delta), content_block_stop, in the order the text produced them; then message_delta (stop
@@ -16,8 +16,8 @@ import string
 from typing import Any
 
 from server.api.anthropic.translate import stop_reason
-from server.api.openai.chat_parsing import ChoiceParser
 from server.pipeline.output_processor import Output
+from server.pipeline.parsing import ChoiceParser
 from server.protocol.anthropic import (
     MessageResponse, MessageUsage, TextContent, ThinkingContent, ToolUseContent, encoder,
 )

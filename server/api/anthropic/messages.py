@@ -14,19 +14,22 @@ import msgspec
 
 from server.api.anthropic.formatter import PING, MessagesFormatter, event
 from server.api.anthropic.translate import chat_request, decode_error
-from server.api.openai.chat_parsing import ChoiceParser, plan_request_tools, reasoning_parser, request_constraint
-from server.multimodal.images import expand, has_images, image_support, prepare_images
 from server.api.prompts import admit_early, chat_ids_with_images, prompts_lower_bound, render_chat, text_prompt_ids
-from server.api.serving import PostRoute, StreamFraming, respond
-from server.api.state import AppState
+from server.api.serving import PostRoute
+from server.api.state import AppState, Renderer
+from server.config import ServerConfig
+from server.multimodal.images import expand_for_model, has_images, image_support, prepare_images
 from server.http.asgi import ClientGone, Receive, Scope, Send, header, read_json_body, run_until_disconnect, send_json
 from server.http.errors import APIError
 from server.pipeline.async_llm import AsyncLLM
 from server.pipeline.input_processor import ModelLimits, build_spec, check_request, external_request_id
+from server.pipeline.parsing import ChoiceParser, plan_request_tools, reasoning_parser, request_constraint
 from server.pipeline.structured import check_constraint, structured_outputs
 from server.protocol.anthropic import (
     CountTokensRequest, CountTokensResponse, count_tokens_decoder, encoder, error_body, messages_decoder,
 )
+from server.streaming.formatter import StreamFraming
+from server.streaming.respond import respond
 
 _enc = encoder.encode
 FRAMING = StreamFraming(done=b"", keepalive=PING,  # no [DONE]: message_stop ends an Anthropic stream
@@ -64,14 +67,15 @@ class _AnthropicRoute(PostRoute):
         await run_until_disconnect(receive, guarded)
 
 
-def _takes_images(config: Any) -> bool:
+def _takes_images(config: ServerConfig) -> bool:
     return config.model is not None and image_support(config.model_path) is not None
 
 
 R = TypeVar("R", bound=CountTokensRequest)
 
 
-def _decode(state: AppState, decoder: msgspec.json.Decoder[R], body: bytes) -> tuple[R, AsyncLLM, Any, ModelLimits]:
+def _decode(state: AppState, decoder: msgspec.json.Decoder[R], body: bytes) -> tuple[R, AsyncLLM, Renderer,
+                                                                                    ModelLimits]:
     """AppState.decode_for_model with the decode error pointing at Anthropic's reference."""
     return state.decode_for_model(decoder, body, decode_error)
 
@@ -102,7 +106,7 @@ class MessagesRoute(_AnthropicRoute):
                                     limits if images is None else None)
         mm_inputs = None
         if images is not None:
-            ids, mm_inputs = expand(ids, images, image_support(config.model_path).pad_id)  # type: ignore[union-attr]
+            ids, mm_inputs = expand_for_model(ids, images, config.model_path)
         constraint = request_constraint(plan, constraint, config, text)
         spec = build_spec(chat, ids, limits, external_id=external, stream=chat.stream, structured_outputs=constraint)
         spec.mm_inputs = mm_inputs

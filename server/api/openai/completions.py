@@ -6,7 +6,8 @@ import time
 
 from server.api.openai.logprobs import TokenTexts, completion_logprobs
 from server.api.prompts import admit_early, fit_limits, prompts_lower_bound, render_errors, text_prompt_ids
-from server.api.serving import PostRoute, respond
+from server.api.serving import PostRoute
+from server.streaming.respond import respond
 from server.http import sse
 from server.http.asgi import Send
 from server.http.errors import bad_request
@@ -24,6 +25,8 @@ _enc = encoder.encode
 
 
 class CompletionFormatter:
+    direct_ok = True  # stateless per output: the output handler may write chunks itself
+
     def __init__(self, request_id: str, created: int, model: str, *, echo: dict[int, str],
                  texts: TokenTexts | None, first_prompt_ids: dict[int, int] | None = None,
                  prompt_ids: dict[int, list[int]] | None = None) -> None:

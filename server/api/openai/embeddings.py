@@ -15,7 +15,8 @@ import numpy as np
 
 from engine.messages import Ready, SamplingParams
 from server.api.prompts import admit_early, prompts_lower_bound, render_errors, text_prompt_ids
-from server.api.serving import PostRoute, respond
+from server.api.serving import PostRoute
+from server.streaming.respond import respond
 from server.http.asgi import Send
 from server.http.errors import APIError, bad_request
 from server.pipeline.input_processor import (
@@ -72,6 +73,8 @@ def _check_length(n: int, k: int, limits: ModelLimits) -> None:
 
 class EmbeddingFormatter:
     """`respond`'s formatter for the one JSON body (embeddings never stream)."""
+
+    direct_ok = True  # never streamed: nothing to write directly
 
     def __init__(self, model: str, dimensions: int | None, normalize: bool, b64: bool) -> None:
         self.model = model

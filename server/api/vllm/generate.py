@@ -21,7 +21,8 @@ from typing import Any
 import msgspec
 
 from server.api.openai.logprobs import TokenTexts, chat_logprobs
-from server.api.serving import PostRoute, respond
+from server.api.serving import PostRoute
+from server.streaming.respond import respond
 from server.http import sse
 from server.http.asgi import Send
 from server.pipeline.input_processor import build_spec, check_prompt_ids, check_request, external_request_id
@@ -92,6 +93,8 @@ def as_completion_request(req: GenerateRequest) -> CompletionRequest:
 
 
 class GenerateFormatter:
+    direct_ok = True  # stateless per output: the output handler may write chunks itself
+
     def __init__(self, request_id: str, texts: TokenTexts | None) -> None:
         self.id = request_id
         self.texts = texts

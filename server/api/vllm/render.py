@@ -34,8 +34,9 @@ def generate_request(spec: GenerationSpec, model: str,
     """The /inference/v1/generate body that reproduces `spec`."""
     params = msgspec.to_builtins(spec.params)  # omit_defaults: only what differs from the engine's defaults
     params.pop("prompt_logprobs", None)
-    if params.get("logit_bias"):
-        params["logit_bias"] = {str(k): v for k, v in spec.params.logit_bias.items()}  # type: ignore[union-attr]
+    bias = spec.params.logit_bias
+    if bias:
+        params["logit_bias"] = {str(k): v for k, v in bias.items()}
     params.update(n=spec.n, stop=list(spec.stop), include_stop_str_in_output=spec.include_stop_str_in_output,
                   skip_special_tokens=spec.skip_special_tokens,
                   spaces_between_special_tokens=spec.spaces_between_special_tokens,

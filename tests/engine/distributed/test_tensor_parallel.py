@@ -24,10 +24,9 @@ from engine.distributed.sharding import Shard
 from engine.messages import AddRequest, RequestOutput, SamplingParams
 from engine.models.llama import ModelArgs
 from engine.models.loader import ModelLoadError, read_config
-from tests.engine.test_core import run as run_core
-from tests.engine.test_core import tokens
+from tests.helpers.engine import hf_greedy, make_core, tokens
+from tests.helpers.engine import run as run_core
 
-torch.set_num_threads(1)
 TINY_KV1 = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=1, head_dim=16, intermediate_size=128,
                 max_position_embeddings=1024, seed=4321)
 REGIMES = {
@@ -51,10 +50,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def make_core(ckpt: Path, tp: int, **kw: object) -> EngineCore:
-    kw.setdefault("num_blocks", 256)
-    return EngineCore(EngineConfig(model=str(ckpt), tensor_parallel_size=tp, distributed_timeout=30,
-                                   **kw))  # type: ignore[arg-type]
+def tp_core(ckpt: Path, tp: int, **kw: object) -> EngineCore:
+    return make_core(ckpt, tensor_parallel_size=tp, distributed_timeout=30, **kw)
 
 
 def run(core: EngineCore, reqs: list[tuple[str, list[int], SamplingParams, int]]) -> dict[str, list[RequestOutput]]:
@@ -72,16 +69,6 @@ def prompts(vocab: int, seed: int, lengths: list[int]) -> list[list[int]]:
     return [[rng.randrange(vocab) for _ in range(n)] for n in lengths]
 
 
-def hf_greedy(ckpt: Path, prompt: list[int], n: int) -> list[int]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                         repetition_penalty=1.0, top_k=None, top_p=None, temperature=None,
-                         eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
-
-
 @pytest.mark.parametrize("arch", ["qwen2", "llama_kv1"])
 @pytest.mark.parametrize("regime", list(REGIMES))
 def test_greedy_tp2_equals_tp1_and_transformers(request: pytest.FixtureRequest, arch: str, regime: str) -> None:
@@ -90,11 +77,11 @@ def test_greedy_tp2_equals_tp1_and_transformers(request: pytest.FixtureRequest, 
     n = 10
     reqs = [(f"r{i}", p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True),
              2 * i if regime == "chunked_prefill" else 0) for i, p in enumerate(ps)]
-    core = make_core(ckpt, 2, **REGIMES[regime])
+    core = tp_core(ckpt, 2, **REGIMES[regime])
     tp2 = run(core, reqs)
     if regime == "preemption":
         assert core.stats().num_preemptions > 0, "the tiny cache should have forced preemption"
-    tp1 = run(make_core(ckpt, 1, **REGIMES[regime]), reqs)
+    tp1 = run(tp_core(ckpt, 1, **REGIMES[regime]), reqs)
     for rid, p, _, _ in reqs:
         assert tokens(tp2[rid]) == tokens(tp1[rid]), (rid, regime)
     assert tokens(tp2["r1"]) == hf_greedy(ckpt, ps[1], n)  # the chunked / preempted long prompt
@@ -105,8 +92,8 @@ def test_logprobs_tp2_agree_with_tp1(qwen2_ckpt: Path, dtype: str, tol: float) -
     p = prompts(32_000, seed=11, lengths=[24])[0]
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=2, prompt_logprobs=2)
     reqs = [("lp", p, params, 0)]
-    tp2 = run(make_core(qwen2_ckpt, 2, dtype=dtype, max_num_batched_tokens=16), reqs)["lp"]
-    tp1 = run(make_core(qwen2_ckpt, 1, dtype=dtype, max_num_batched_tokens=16), reqs)["lp"]
+    tp2 = run(tp_core(qwen2_ckpt, 2, dtype=dtype, max_num_batched_tokens=16), reqs)["lp"]
+    tp1 = run(tp_core(qwen2_ckpt, 1, dtype=dtype, max_num_batched_tokens=16), reqs)["lp"]
     assert tokens(tp2) == tokens(tp1)  # greedy equality: short output, in bfloat16 too
     plp2, plp1 = tp2[0].prompt_logprobs, tp1[0].prompt_logprobs
     assert plp2 is not None and plp1 is not None and len(plp2) == len(plp1) == len(p)
@@ -127,9 +114,9 @@ def test_two_nodes_on_one_machine(qwen2_ckpt: Path) -> None:
                               "--master-addr", "127.0.0.1", "--master-port", str(port), "--timeout", "60"])
     try:
         reqs = [("a", prompts(32_000, 3, [12])[0], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True), 0)]
-        two_nodes = run(make_core(qwen2_ckpt, 2, nnodes=2, master_port=port), reqs)
+        two_nodes = run(tp_core(qwen2_ckpt, 2, nnodes=2, master_port=port), reqs)
         assert node1.wait(20) == 0  # told to stop by rank 0
-        assert tokens(two_nodes["a"]) == tokens(run(make_core(qwen2_ckpt, 1), reqs)["a"])
+        assert tokens(two_nodes["a"]) == tokens(run(tp_core(qwen2_ckpt, 1), reqs)["a"])
     finally:
         node1.kill()
         node1.wait()
@@ -198,8 +185,8 @@ def test_pooling_runner_tp2_equals_tp1(qwen2_ckpt: Path, pooling_type: str) -> N
     ps = prompts(32_000, seed=5, lengths=[7, 30])
     reqs = [(f"e{i}", p, SamplingParams(max_tokens=1), 0) for i, p in enumerate(ps)]
     kw = dict(runner="pooling", pooling_type=pooling_type, max_num_batched_tokens=16)
-    tp2 = run(make_core(qwen2_ckpt, 2, **kw), reqs)
-    tp1 = run(make_core(qwen2_ckpt, 1, **kw), reqs)
+    tp2 = run(tp_core(qwen2_ckpt, 2, **kw), reqs)
+    tp1 = run(tp_core(qwen2_ckpt, 1, **kw), reqs)
     for rid, *_ in reqs:
         a, b = tp2[rid][-1].embedding, tp1[rid][-1].embedding
         assert a is not None and b is not None
@@ -215,7 +202,7 @@ def test_prefix_cache_stop_tokens_aborts_and_grammars_under_tp2(qwen2_ckpt: Path
     greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
     def scenario(tp: int) -> tuple[dict[str, list[int]], int, list[str | None]]:
-        core = make_core(qwen2_ckpt, tp, block_size=8)
+        core = tp_core(qwen2_ckpt, tp, block_size=8)
         outs: dict[str, list[RequestOutput]] = {}
         try:
             core.add_request(AddRequest("first", base, greedy, arrival_time=0.0))

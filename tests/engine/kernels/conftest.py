@@ -31,6 +31,5 @@ def tol() -> dict[torch.dtype, tuple[float, float]]:
 
 
 @pytest.fixture(autouse=True)
-def _one_thread() -> None:
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
+def _seeded() -> None:
+    torch.manual_seed(0)  # one thread: tests/engine/conftest.py

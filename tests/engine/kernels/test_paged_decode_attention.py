@@ -74,3 +74,32 @@ def test_split_heuristic() -> None:
     assert choose_num_splits(64, 8, 1024) == 1  # 512 programs already fill the GPU
     assert choose_num_splits(1, 8, 4096) == 16  # a lone long sequence is split up
     assert choose_num_splits(1, 8, 100) == 1  # too short to be worth a merge
+
+
+@pytest.mark.parametrize(("window", "softcap"), [(None, 2.0), (7, 2.0), (7, None)])
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_softcap_and_window(window: int | None, softcap: float | None, num_splits: int, dtype: torch.dtype,
+                            tol: dict[torch.dtype, tuple[float, float]]) -> None:
+    case = make_case(EDGE_LENS, kv_heads=2, head_dim=32, dtype=dtype, block_size=BS)
+    q = (torch.randn(len(EDGE_LENS), 6, 32) * 3).to(dtype)  # large scores, so the cap bites
+    # blocks before every window are released by the block manager: poison them, they must not be read
+    for b, n in enumerate(EDGE_LENS):
+        for i in range(max(0, n - (window or n)) // BS):
+            case.block_tables[b, i] = -1
+    args = (q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, 0.2)
+    out = paged_decode_attention(*args, sliding_window=window, softcap=softcap, num_splits=num_splits)
+    ref = paged_decode_attention_ref(*args, sliding_window=window, softcap=softcap)
+    atol, rtol = tol[dtype]
+    torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
+    plain = paged_decode_attention_ref(*args, sliding_window=window)
+    assert softcap is None or not torch.allclose(plain, ref, atol=1e-2)  # the cap changed something
+
+
+def test_softcap_tanh_saturates_without_nan() -> None:
+    case = make_case([40], kv_heads=1, head_dim=16, dtype=torch.float32)
+    q = torch.randn(1, 2, 16) * 1e4  # scores far past exp's range: tanh must saturate to +-1
+    args = (q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, 1.0)
+    out = paged_decode_attention(*args, softcap=5.0)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, paged_decode_attention_ref(*args, softcap=5.0), atol=2e-5, rtol=2e-5)

@@ -65,3 +65,24 @@ def test_one_token_chunks_agree_with_decode_kernel() -> None:
                                       case.seq_lens, 0.125, max_query_len=1)
     decode = paged_decode_attention(q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, 0.125)
     torch.testing.assert_close(prefill, decode, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize(("window", "softcap"), [(None, 1.5), (6, 1.5)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_softcap_and_window(window: int | None, softcap: float, dtype: torch.dtype,
+                            tol: dict[torch.dtype, tuple[float, float]]) -> None:
+    chunks = [(0, 24), (10, 7), (30, 1), (5, 3)]  # chunks shorter than the window cut through it
+    q_lens = [n for _, n in chunks]
+    case = make_case([p + n for p, n in chunks], kv_heads=1, head_dim=32, dtype=dtype, block_size=8)
+    for b, (p, _) in enumerate(chunks):  # blocks every query's window has passed: released, never read
+        for i in range(max(0, p - (window or p) + 1) // 8):
+            case.block_tables[b, i] = -1
+    q = (torch.randn(sum(q_lens), 2, 32) * 3).to(dtype)
+    args = (q, case.k_cache, case.v_cache, case.block_tables, _cu(q_lens), case.seq_lens, 0.2)
+    out = paged_prefill_attention(*args, max_query_len=24, sliding_window=window, softcap=softcap, block_m=16,
+                                  block_n=16)
+    ref = paged_prefill_attention_ref(*args, sliding_window=window, softcap=softcap)
+    atol, rtol = tol[dtype]
+    torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
+    assert not torch.allclose(ref.float(), paged_prefill_attention_ref(*args, sliding_window=window).float(),
+                              atol=1e-2)

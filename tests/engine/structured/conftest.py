@@ -4,22 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-import torch
-
-from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.messages import AddRequest, RequestOutput, SamplingParams
 from engine.structured.backend import StructuredBackend
 from engine.structured.llguidance_backend import LLGuidanceBackend
 from engine.structured.manager import StructuredOutputManager
+from tests.helpers.engine import make_core as plain_core
 
 _BACKENDS: dict[tuple[Path, int], LLGuidanceBackend] = {}
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> None:
-    torch.set_num_threads(1)
 
 
 def shared_backend(core: EngineCore) -> LLGuidanceBackend:
@@ -31,8 +23,7 @@ def shared_backend(core: EngineCore) -> LLGuidanceBackend:
 
 def make_core(ckpt: Path, backend: StructuredBackend | None = None, **kw: object) -> EngineCore:
     """An EngineCore whose grammar backend is shared across the session (or the given stand-in)."""
-    kw.setdefault("num_blocks", 256)
-    core = EngineCore(EngineConfig(model=str(ckpt), **kw))  # type: ignore[arg-type]
+    core = plain_core(ckpt, **kw)
     b = backend if backend is not None else shared_backend(core)
     core.structured = StructuredOutputManager(lambda: b, core.runner.device, core.eos_token_ids)
     return core
@@ -50,10 +41,6 @@ def run(core: EngineCore, reqs: list[tuple[str, list[int], SamplingParams]],
         steps += 1
         assert steps < max_steps, "engine did not finish"
     return outs
-
-
-def tokens(outs: list[RequestOutput]) -> list[int]:
-    return [t for o in outs for t in o.new_token_ids]
 
 
 def finish(outs: list[RequestOutput]) -> tuple[str | None, str | None]:

@@ -15,8 +15,9 @@ import pytest
 from engine.core import EngineCore
 from engine.messages import SamplingParams, StructuredOutputs
 from engine.structured.closing import EVERY_STEP, MARGIN, advance, closing_token
-from engine.structured.manager import StructuredState
-from tests.engine.structured.conftest import finish, make_core, run, shared_backend, tokens
+from engine.structured.state import StructuredState
+from tests.engine.structured.conftest import finish, make_core, run, shared_backend
+from tests.helpers.engine import tokens
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                                            "tags": {"type": "array", "items": {"type": "string"}}},

@@ -11,7 +11,8 @@ import pytest
 
 from engine.core import EngineCore
 from engine.messages import SamplingParams, StructuredOutputs
-from tests.engine.structured.conftest import finish, make_core, run, shared_backend, tokens
+from tests.engine.structured.conftest import finish, make_core, run, shared_backend
+from tests.helpers.engine import tokens
 
 # Bounded parts (maxLength, ranges, enums): a random model finishes this by itself; free-form ones are finished
 # near max_tokens by engine/structured/closing.py (tests/engine/structured/test_closing.py).

@@ -14,7 +14,8 @@ from engine.structured.bitmask import unpack_bitmask
 from engine.structured.grammar import GrammarError
 from engine.structured.llguidance_backend import LLGuidanceBackend
 from tests.conftest import TINY
-from tests.engine.structured.conftest import make_core, run, tokens
+from tests.engine.structured.conftest import make_core, run
+from tests.helpers.engine import tokens
 
 PADDED_VOCAB = 32_070  # a Llama tokenizer's 32,000 tokens in a padded head; not a multiple of 32
 

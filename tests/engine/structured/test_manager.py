@@ -14,7 +14,8 @@ from engine.messages import AddRequest, SamplingParams, StructuredOutputs
 from engine.structured.backend import StructuredGrammar
 from engine.structured.grammar import GrammarError
 from engine.structured.llguidance_backend import LLGuidanceBackend
-from tests.engine.structured.conftest import make_core, run, shared_backend, tokens
+from tests.engine.structured.conftest import make_core, run, shared_backend
+from tests.helpers.engine import tokens
 
 CHOICE = StructuredOutputs("choice", '["alpha", "beta"]')
 

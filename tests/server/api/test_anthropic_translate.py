@@ -10,7 +10,7 @@ import pytest
 
 from server.api.anthropic.formatter import MessagesFormatter
 from server.api.anthropic.messages import FRAMING
-from server.api.openai.chat_parsing import ChoiceParser
+from server.pipeline.parsing import ChoiceParser
 from server.api.anthropic.translate import chat_request, decode_error, stop_reason
 from server.http.errors import APIError
 from server.pipeline.output_processor import Output

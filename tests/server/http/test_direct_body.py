@@ -15,7 +15,7 @@ from hypercorn.asyncio import run as hypercorn_asyncio_run
 from hypercorn.config import Config
 from hypercorn.trio import run as hypercorn_trio_run
 
-from server.http import direct_body
+from server.http import direct_body, direct_switch
 
 pytestmark = pytest.mark.anyio
 
@@ -192,7 +192,7 @@ def test_write_batch_writes_nothing_until_flush_then_all_in_order() -> None:
 @pytest.fixture
 def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
     """The fast path on, as at process start (a test that declines it turns it back on after)."""
-    monkeypatch.setattr(direct_body, "_active", True)
+    monkeypatch.setattr(direct_switch, "_active", True)
 
 
 class _Lock:
@@ -228,7 +228,7 @@ def test_a_server_without_an_expected_attribute_declines_and_warns_once(
             direct_body._connection.reset(token)
     warnings = [r for r in caplog.records if "turned off" in r.getMessage()]
     assert len(warnings) == 1 and "AttributeError" in warnings[0].getMessage()
-    assert not direct_body.is_active()
+    assert not direct_switch.is_active()
     batch.flush()  # nothing was taken
 
 
@@ -255,7 +255,7 @@ def test_a_failed_write_keeps_the_frame_for_hypercorns_path(fresh: None) -> None
     batch.add(body, b"1\r\nd\r\n")
     batch.flush()  # runs in the output handler: must not raise
     assert body.pending == b"3\r\nabc\r\n1\r\nd\r\n"  # in order, for the route's flush through Hypercorn
-    assert not direct_body.is_active()
+    assert not direct_switch.is_active()
 
 
 def test_spindle_direct_write_0_installs_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

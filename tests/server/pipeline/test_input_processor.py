@@ -8,10 +8,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from server.config import ServerConfig
+from server.config import RequestCaps, ServerConfig
 from server.http.errors import APIError, from_decode_error
 from server.pipeline.input_processor import (
-    ModelLimits, RequestCaps, build_spec, check_prompt_ids, check_request, completion_prompts, external_request_id,
+    ModelLimits, build_spec, check_prompt_ids, check_request, completion_prompts, external_request_id,
     num_prompts,
 )
 from server.protocol.openai import ChatCompletionRequest, CompletionRequest

@@ -15,9 +15,10 @@ import pytest
 
 from engine.messages import StructuredOutputs
 from engine.structured import grammar
+from server.config import RequestCaps
 from server.http.errors import APIError
 from server.pipeline import structured
-from server.pipeline.input_processor import ModelLimits, RequestCaps, build_spec
+from server.pipeline.input_processor import ModelLimits, build_spec
 from server.pipeline.structured import check_constraint, requested_constraint, structured_outputs
 from server.protocol.openai import ChatCompletionRequest, CompletionRequest
 

@@ -6,7 +6,7 @@ import msgspec
 import pytest
 
 from engine.messages import StructuredOutputs
-from server.api.openai.chat_parsing import request_constraint
+from server.pipeline.parsing import request_constraint
 from server.config import ServerConfig
 from server.reasoning.parser import DeepSeekR1Parser, Qwen3Parser, prompt_in_reasoning
 

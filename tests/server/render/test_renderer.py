@@ -18,6 +18,7 @@ import tokenizers
 
 from engine.models.hf_tokenizer import MISTRAL_CHAT_TEMPLATE, tokenizer_dir
 from server.render.renderer import Renderer, RenderError, load_chat_template
+from tests.helpers.processes import alive, wait_gone
 
 pytestmark = pytest.mark.anyio
 TIMEOUT = 2.0  # render_timeout of the shared renderers: far above a normal render, short enough for tests
@@ -254,7 +255,7 @@ async def test_cancelled_requests_leave_workers_in_sync(qwen: Renderer) -> None:
     assert scope.cancelled_caught
     # The caller left but the render runs on: its worker is killed at the render's deadline, not reused.
     with anyio.fail_after(TIMEOUT + 10):
-        while all(_alive(p) for p in pids):
+        while all(alive(p) for p in pids):
             await anyio.sleep(0.02)  # observing other processes: no event to wait on
     assert await qwen.decode([14990, 1879] * 300) == "hello world" * 300
     await _all_workers_up(qwen, 2)
@@ -296,13 +297,6 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 async def test_waiting_queue_is_bounded(tmp_path: Path, anyio_backend: str) -> None:
     from server.render.renderer import RendererOverloaded
 
@@ -329,9 +323,7 @@ async def test_waiting_queue_is_bounded(tmp_path: Path, anyio_backend: str) -> N
         # A worker that dies while idle is replaced without failing the next request.
         (pid,) = r.worker_pids
         os.kill(pid, signal.SIGKILL)
-        with anyio.fail_after(10):  # dead: gone, or a zombie until the pool reaps it
-            while _alive(pid):
-                await anyio.sleep(0.01)
+        await anyio.to_thread.run_sync(wait_gone, pid, 10)  # dead: gone, or a zombie until the pool reaps it
         assert await r.render_chat([{"role": "user", "content": "hello world"}]) == "hello world"
         assert r.worker_pids != [pid]
         with pytest.raises(RenderError, match="cannot take"):  # a lone surrogate cannot cross the pipe
@@ -364,7 +356,7 @@ def test_workers_exit_when_the_server_is_killed(tmp_path: Path, anyio_backend: s
     try:
         assert proc.stdout is not None
         pids = [int(p) for p in proc.stdout.readline().split()]
-        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        assert len(pids) == 2 and all(alive(p) for p in pids)
         # Ready workers sit idle; one is deep in the runaway render once it has burnt CPU since (observed in
         # /proc, the other processes' state: no event reaches this one).
         idle = {p: _cpu_seconds(p) for p in pids}
@@ -375,10 +367,7 @@ def test_workers_exit_when_the_server_is_killed(tmp_path: Path, anyio_backend: s
     finally:
         proc.kill()  # no cleanup runs: the workers must notice on their own
         proc.wait()
-    deadline = time.monotonic() + 10
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not any(_alive(p) for p in pids)
+    wait_gone(pids, 10)
 
 
 class _Chunks:

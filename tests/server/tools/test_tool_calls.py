@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from engine.structured.grammar import validate
-from server.api.openai.chat_parsing import ParsedChatFormatter, added_token_ids
+from server.api.openai.chat_format import ParsedChatFormatter
+from server.pipeline.parsing import added_token_ids
 from server.http.errors import APIError
 from server.pipeline.detokenizer import IncrementalDetokenizer
 from server.pipeline.output_processor import Output

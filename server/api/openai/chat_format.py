@@ -1,0 +1,152 @@
+"""/v1/chat/completions' answers: ChatFormatter (the plain chat answer, streamed chunks or one body) and
+ParsedChatFormatter (answers read by a tool-call and/or reasoning parser: `message.tool_calls`,
+`message.reasoning` and the streamed deltas; the parsers are server/pipeline/parsing.py's).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from server.api.openai.logprobs import TokenTexts, chat_logprobs
+from server.http import sse
+from server.pipeline.output_processor import Output
+from server.pipeline.parsing import ChoiceParser, ChoiceParsers
+from server.protocol.openai import (
+    ChatChoice, ChatChoiceIds, ChatCompletionResponse, ChatCompletionStreamResponse, ChatMessage,
+    ChatMessageReasoning, ChatStreamChoice, ChatStreamChoiceIds, DeltaMessage, Usage, encoder,
+)
+from server.tools.choice import ToolPlan
+from server.tools.parser import ToolCallDelta, assemble
+
+_enc = encoder.encode
+
+
+class ChatFormatter:
+    """The plain chat answer. Stateless per output, so the output handler may format and write a stream's
+    chunks itself (`direct_ok`)."""
+
+    direct_ok = True
+
+    def __init__(self, request_id: str, created: int, model: str, n: int, texts: TokenTexts | None,
+                 token_ids: bool = False) -> None:
+        self.id = request_id
+        self.created = created
+        self.model = model
+        self.n = n
+        self.texts = texts  # set when logprobs were asked for
+        self.token_ids = token_ids  # return_token_ids
+        self._plain = texts is None and not token_ids
+        head = _enc({"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model})
+        self._prefix = b"data: " + head[:-1] + b',"choices":['
+
+    def stream_start(self) -> bytes:
+        """The first chunk of every choice carries the role, as OpenAI sends it."""
+        choices = b",".join(b'{"index":%d,"delta":{"role":"assistant","content":""},"logprobs":null,'
+                            b'"finish_reason":null}' % i for i in range(self.n))
+        return self._prefix + choices + b"]}\n\n"
+
+    def stream_chunk(self, batch: list[Output], usage: Usage | None) -> bytes | None:
+        if usage is None and len(batch) == 1 and self._plain and batch[0].finish_reason is None:
+            return b"%s%s]}\n\n" % (self._prefix, self._plain_choice(batch[0]))  # the per-token case
+        parts = []
+        for out in batch:
+            if out.finish_reason is None and self._plain:
+                parts.append(self._plain_choice(out))
+            else:
+                lp = chat_logprobs(out.logprobs or [], self.texts) if self.texts is not None else None
+                if self.token_ids:
+                    parts.append(_enc(ChatStreamChoiceIds(out.index, DeltaMessage(content=out.text), lp,
+                                                          out.finish_reason, out.stop_reason, out.token_ids)))
+                else:
+                    parts.append(_enc(ChatStreamChoice(out.index, DeltaMessage(content=out.text), lp,
+                                                       out.finish_reason, out.stop_reason)))
+        tail = b"]}\n\n" if usage is None else b'],"usage":' + _enc(usage) + b"}\n\n"
+        return self._prefix + b",".join(parts) + tail
+
+    def _plain_choice(self, out: Output) -> bytes:  # the hot path: no objects, one encode
+        return b'{"index":%d,"delta":{"content":%s},"logprobs":null,"finish_reason":null}' % (out.index, _enc(out.text))
+
+    def usage_chunk(self, usage: Usage) -> bytes:
+        return sse.frame(_enc(ChatCompletionStreamResponse(self.id, self.created, self.model, [], usage=usage)))
+
+    def final(self, outputs: list[Output], usage: Usage) -> bytes:
+        choices: list[ChatChoice] = []
+        for o in outputs:
+            lp = chat_logprobs(o.logprobs or [], self.texts) if self.texts is not None else None
+            message = ChatMessage("assistant", o.text)
+            if self.token_ids:
+                choices.append(ChatChoiceIds(o.index, message, lp, o.finish_reason, o.stop_reason, o.token_ids))
+            else:
+                choices.append(ChatChoice(o.index, message, lp, o.finish_reason, o.stop_reason))
+        return _enc(ChatCompletionResponse(self.id, self.created, self.model, choices, usage))
+
+
+def _call_json(d: ToolCallDelta) -> dict[str, Any]:
+    function: dict[str, Any] = {"arguments": d.arguments}
+    if d.name is not None:
+        function["name"] = d.name
+    out: dict[str, Any] = {"index": d.index}
+    if d.id is not None:
+        out["id"] = d.id
+        out["type"] = "function"
+    out["function"] = function
+    return out
+
+
+class ParsedChatFormatter(ChatFormatter):
+    """ChatFormatter for answers read by parsers. Stateful per choice, so each output must be formatted exactly
+    once (`direct_ok` False: no direct write from the output handler, whose declined outputs the SSE responder
+    would format again)."""
+
+    direct_ok = False
+
+    def __init__(self, request_id: str, created: int, model: str, n: int, texts: TokenTexts | None,
+                 token_ids: bool, *, tools: ToolPlan | None, reasoning: str | None, prompt: str) -> None:
+        super().__init__(request_id, created, model, n, texts, token_ids)
+        self._plain = False
+        self._parsers = ChoiceParsers(tools, reasoning, prompt)
+        self._choices: dict[int, ChoiceParser] = {}
+
+    def stream_chunk(self, batch: list[Output], usage: Usage | None) -> bytes | None:
+        parts = []
+        for out in batch:
+            parser = self._choices.get(out.index)
+            if parser is None:
+                parser = self._choices[out.index] = self._parsers.new()
+            d = parser.feed(out.text, out.finish_reason is not None)
+            finish = parser.finish_reason(out.finish_reason)
+            if not (d.reasoning or d.content or d.calls or finish or out.logprobs or self.token_ids):
+                continue  # held back (a tag may be starting): nothing to say yet
+            delta = DeltaMessage(content=d.content or None, reasoning=d.reasoning or None,
+                                 reasoning_content=d.reasoning or None,
+                                 tool_calls=[_call_json(c) for c in d.calls] or None)
+            lp = chat_logprobs(out.logprobs or [], self.texts) if self.texts is not None else None
+            if self.token_ids:
+                parts.append(_enc(ChatStreamChoiceIds(out.index, delta, lp, finish, out.stop_reason, out.token_ids)))
+            else:
+                parts.append(_enc(ChatStreamChoice(out.index, delta, lp, finish, out.stop_reason)))
+        if not parts and usage is None:
+            return None
+        tail = b"]}\n\n" if usage is None else b'],"usage":' + _enc(usage) + b"}\n\n"
+        return self._prefix + b",".join(parts) + tail
+
+    def final(self, outputs: list[Output], usage: Usage) -> bytes:
+        choices: list[ChatChoice] = []
+        for o in outputs:
+            parser = self._parsers.new()
+            d = parser.feed(o.text, True)
+            calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                     for c in assemble(d.calls)]
+            message: ChatMessage
+            if self._parsers.reasoning_cls is not None:
+                message = ChatMessageReasoning("assistant", d.content or None, calls, reasoning=d.reasoning or None,
+                                               reasoning_content=d.reasoning or None)
+            else:
+                message = ChatMessage("assistant", d.content or (None if calls else ""), calls)
+            lp = chat_logprobs(o.logprobs or [], self.texts) if self.texts is not None else None
+            finish = parser.finish_reason(o.finish_reason)
+            if self.token_ids:
+                choices.append(ChatChoiceIds(o.index, message, lp, finish, o.stop_reason, o.token_ids))
+            else:
+                choices.append(ChatChoice(o.index, message, lp, finish, o.stop_reason))
+        return _enc(ChatCompletionResponse(self.id, self.created, self.model, choices, usage))

@@ -1,0 +1,27 @@
+"""`python -m server.runtime.api_process`: one API process of --api-server-count, started by the launcher.
+
+It reads its WorkerContext and the launcher's config from its environment (server/runtime/worker.py) and
+runs a single server's `run_server` with that context: on the shared socket, over its channels to the
+launcher's engines, with the admission counts and metrics shared with the other API processes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+
+from server.pipeline import input_processor
+from server.runtime.http_server import run_server
+from server.runtime.worker import from_environment
+
+
+def main() -> int:
+    worker, config = from_environment()
+    # Engine request ids start with a per-process counter (input_processor.unique_prefix): interleave them
+    # so that two processes never make the same id for one engine.
+    input_processor._request_numbers = itertools.count(worker.index, worker.count)
+    return run_server(config, worker=worker)  # every log line says which API process wrote it
+
+
+if __name__ == "__main__":  # a spawned child (multiprocessing) re-imports this as __mp_main__: no second server
+    sys.exit(main())

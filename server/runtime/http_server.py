@@ -1,0 +1,122 @@
+"""One serving process: Hypercorn serving create_app's app until a signal (exit 0) or the engine dies (exit 1).
+
+`spindle serve` runs it in the process the user started; each API process of --api-server-count runs it
+with its WorkerContext (server/runtime/api_process.py). SIGTERM drains: new requests get 503, in-flight ones
+have --shutdown-timeout seconds to finish, the rest end with an error. A second SIGTERM, or a SIGINT, stops
+at once (requests cut the same way).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+from hypercorn.asyncio import serve as hypercorn_asyncio_serve
+from hypercorn.config import Config
+from hypercorn.trio import serve as hypercorn_trio_serve
+
+from server.api.state import AppState
+from server.app import EngineFactory, create_app
+from server.config import ServerConfig
+from server.http import direct_body
+from server.http.errors import describe_exception
+from server.runtime.hypercorn_config import hypercorn_config
+from server.runtime.logs import setup_logging
+from server.runtime.worker import WorkerContext
+
+log = logging.getLogger("spindle.server")
+
+
+class _Shutdown:
+    """How the process stops: SIGTERM drains, then stops; a second SIGTERM or a SIGINT cuts; a death exits 1."""
+
+    def __init__(self, config: ServerConfig, hc: Config) -> None:
+        self.config, self.hc = config, hc
+        self.stop = anyio.Event()  # Hypercorn's shutdown trigger
+        self.code = 0
+        self.state: AppState | None = None  # the app's, once built
+        self.listening = anyio.CancelScope()  # the signal watcher's own scope: cancelling it touches nothing else
+
+    def fatal(self, why: str) -> None:
+        """The app's on_fatal: the engine died (or the model did not load)."""
+        self.code = 1
+        self.stop.set()
+
+    async def drain_then_stop(self) -> None:
+        llm = self.state.llm if self.state is not None else None
+        timeout = self.config.shutdown_timeout
+        if llm is not None:
+            log.info("SIGTERM: refusing new requests; %d in flight get up to %g s (SIGTERM again: stop now)",
+                     llm.num_active, timeout)
+            cut = await llm.drain(timeout)
+            if cut:
+                log.warning("cut %d requests still running after --shutdown-timeout %g s", cut, timeout)
+        self.stop.set()
+
+    def stop_now(self) -> None:
+        llm = self.state.llm if self.state is not None else None
+        if llm is not None:
+            llm.cut("The server was stopped before this request finished; retry against another instance.")
+        self.hc.graceful_timeout = 0.3  # read when Hypercorn stops: cut streams need only their last write
+        self.stop.set()
+
+    async def watch_signals(self) -> None:
+        with self.listening:
+            async with anyio.create_task_group() as tg:
+                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
+                    draining = False
+                    async for signum in received:
+                        if signum == signal.SIGTERM and not draining:
+                            draining = True
+                            tg.start_soon(self.drain_then_stop)
+                        else:
+                            log.info("stopping now")
+                            self.stop_now()
+                            return
+
+
+async def _hypercorn_serve(app: Any, hc: Config, worker_class: str, shutdown_trigger: Callable[[], Awaitable[Any]]
+                           ) -> None:
+    """Hypercorn's serve for the worker class, with the direct write path installed when it can be."""
+    direct_body.install(worker_class)  # False (logged there): SPINDLE_DIRECT_WRITE=0 or an unknown layout
+    if worker_class == "trio":
+        await hypercorn_trio_serve(app, hc, shutdown_trigger=shutdown_trigger)
+    else:
+        await hypercorn_asyncio_serve(app, hc, shutdown_trigger=shutdown_trigger)
+
+
+async def serve(config: ServerConfig, engine_factory: EngineFactory | None = None,
+                worker: WorkerContext | None = None) -> int:
+    """Serve until a signal (exit 0) or the engine dies (exit 1).
+
+    engine_factory: a stand-in for the engine subprocess (bench.frontend's fake engine); None: the real one.
+    worker: this process's place under the --api-server-count launcher; None: a single server.
+    """
+    hc = hypercorn_config(config, worker)
+    shutdown = _Shutdown(config, hc)
+    app = create_app(config, worker=worker, on_fatal=shutdown.fatal, load_in_background=True,
+                     engine_factory=engine_factory)
+    shutdown.state = app.state_holder
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(shutdown.watch_signals)
+        try:
+            await _hypercorn_serve(app, hc, config.worker_class, shutdown.stop.wait)
+        except Exception as e:  # the server itself failed (e.g. the port is taken): say why, exit non-zero
+            log.error("server failed: %s", describe_exception(e))
+            shutdown.code = shutdown.code or 1
+        finally:
+            shutdown.listening.cancel()
+    return shutdown.code
+
+
+def run_server(config: ServerConfig, engine_factory: EngineFactory | None = None,
+               worker: WorkerContext | None = None) -> int:
+    """`serve` on the worker class's event loop, with this process's logging set up; the exit code."""
+    setup_logging(config.log_level, tag=f"api-server {worker.index}" if worker is not None else "")
+    if config.worker_class == "trio":
+        return anyio.run(serve, config, engine_factory, worker, backend="trio")
+    options = {"use_uvloop": config.worker_class == "uvloop"}
+    return anyio.run(serve, config, engine_factory, worker, backend="asyncio", backend_options=options)

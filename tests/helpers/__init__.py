@@ -1,0 +1,1 @@
+"""Helpers more than one test module needs, written once: processes, engine cores, API error bodies."""
