@@ -34,6 +34,7 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--renderer-num-workers", "renderer_num_workers", int, "template/tokenizer worker processes"),
     ("--seed", "seed", int, "engine seed"),
     ("--dtype", "dtype", str, "auto, float32, bfloat16 or float16"),
+    ("--quantization", "quantization", str, "int8: weight-only int8 weights, per output channel (CPU; off by default)"),
     ("--shutdown-timeout", "shutdown_timeout", float, "seconds to finish in-flight requests on shutdown"),
     ("--worker-class", "worker_class", str, "trio (default), asyncio or uvloop"),
     ("--block-size", "block_size", int, "KV-cache block size in tokens"),
@@ -96,7 +97,7 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spindle", description="OpenAI-compatible LLM server. "
                                      "`spindle render --model M`: render routes only, no engine. "
-                                     "`spindle make-demo PATH` writes the demo checkpoint.")
+                                     "`spindle make-demo [--vision | --shape NAME] PATH` writes a demo checkpoint.")
     for flag, dest, typ, text in _FLAGS:
         parser.add_argument(flag, dest=dest, type=typ, default=None, help=text)
     parser.add_argument("--api-key", dest="api_keys", action="append", default=None,
@@ -165,11 +166,17 @@ def run(config: ServerConfig) -> int:
 
 
 def _make_demo(args: list[str]) -> int:
-    """`make-demo [--vision] PATH`: write the demo checkpoint (--vision: a random-weight Qwen2-VL one)."""
-    vision = args[:1] == ["--vision"]
-    if len(args) != 1 + vision:
-        print("usage: spindle make-demo [--vision] PATH", file=sys.stderr)
+    """`make-demo [--vision | --shape NAME] PATH`: write the demo checkpoint (--vision: a random-weight Qwen2-VL
+    one; --shape qwen2.5-0.5b / llama-3.2-1b: random weights of that real model's shape, bf16, for benchmarks)."""
+    shape, vision = args[:1] == ["--shape"], args[:1] == ["--vision"]
+    if len(args) != 1 + vision + 2 * shape or args[-1].startswith("-"):
+        print("usage: spindle make-demo [--vision | --shape qwen2.5-0.5b | --shape llama-3.2-1b] PATH", file=sys.stderr)
         return 2
+    if shape:
+        from engine.models.demo_shapes import main as shaped  # why here: it imports torch
+
+        shaped(args)
+        return 0
     from engine.models.random_checkpoint import make_demo, make_vision_demo  # why here: it imports torch
 
     print((make_vision_demo if vision else make_demo)(args[-1]))
