@@ -110,6 +110,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--repetition-penalty", type=float, default=1.0)
     ap.add_argument("--quantization", default=None, choices=("int8",))
     ap.add_argument("--no-roofline", action="store_true", help="skip measuring the machine")
+    ap.add_argument("--split-projections", action="store_true", help="cut big projections over the threads")
     ap.add_argument("--device", default="auto", help="auto (cuda when there is one), cpu or cuda")
     ap.add_argument("--split-forward", action="store_true", help="also time projections and attention in forward")
     ap.add_argument("--torch-profile", action="store_true")
@@ -122,7 +123,9 @@ def main() -> None:
     if args.model is None:
         from engine.models.random_checkpoint import demo_checkpoint_path
         args.model = str(demo_checkpoint_path())
-    extra = {"quantization": args.quantization} if args.quantization else {}
+    extra: dict[str, Any] = {"quantization": args.quantization} if args.quantization else {}
+    if args.split_projections:
+        extra["split_projections"] = True
     core = EngineCore(EngineConfig(model=args.model, dtype=args.dtype, max_num_seqs=256, device=args.device,
                                    max_num_batched_tokens=8192, enable_prefix_caching=False, **extra))
     gpu = core.runner.device.type == "cuda"

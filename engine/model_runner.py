@@ -74,11 +74,11 @@ class ModelRunner:
         path = resolve_model(config.model)
         # Read the limit before loading, so the rotary table is sized for max_model_len only.
         self.max_model_len = max_model_len(read_config(path), config.max_model_len)
-        # The LM head's chunks and the big projections' parts are shared by this many threads (torch's
-        # thread count at startup); the rest of the step runs on one (see one_intra_op_thread). Set before
-        # the load: the projections are cut for this many (engine/layers/linear.py).
+        # The LM head's chunks (and with split_projections the big projections' parts) are shared by this many
+        # threads (torch's thread count at startup); the rest of the step runs on one (see one_intra_op_thread).
+        # Set before the load: the projections are cut for this many (engine/layers/linear.py).
         self.head_workers = torch.get_num_threads() if self.device.type == "cpu" else 1
-        WORKERS.configure(self.head_workers)
+        WORKERS.configure(self.head_workers, config.split_projections)
         self.model, info = self._load(path, config)
         self.vocab_size = info.vocab_size
         self.eos_token_ids = info.eos_token_ids

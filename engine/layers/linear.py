@@ -123,7 +123,8 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, quantiza
         make = Int8Linear
     elif weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and cpu_packs_bf16():
         make = PackedLinear
-    if make is not Linear and WORKERS.n > 1 and weight.numel() * weight.element_size() >= 2 * SPLIT_CHUNK_BYTES:
+    big = weight.numel() * weight.element_size() >= 2 * SPLIT_CHUNK_BYTES
+    if make is not Linear and WORKERS.n > 1 and WORKERS.split_projections and big:
         parts = max(2 * WORKERS.n, weight.numel() * weight.element_size() // SPLIT_CHUNK_BYTES)
         return SplitLinear(weight, bias, make, parts)
     return make(weight, bias)
