@@ -24,15 +24,22 @@ from starlette.routing import Route, Router
 from engine.client import open_engine as open_engine_process
 from engine.multimodal.processing import ENCODER_CACHE_BYTES
 from server.api.anthropic.messages import CountTokensRoute, MessagesRoute
+from server.api.cohere.embed import CohereEmbedRoute
+from server.api.cohere.rerank import CohereRerankRoute
 from server.api.health import HealthRoute, VersionRoute
 from server.api.metrics import MetricsRoute
 from server.api.openai.chat import ChatRoute
 from server.api.openai.completions import CompletionsRoute
 from server.api.openai.embeddings import EmbeddingsRoute
 from server.api.openai.models import ModelsRoute
+from server.api.pooling.classify import ClassifyRoute
+from server.api.pooling.pool import PoolingRoute
+from server.api.pooling.rerank import RerankRoute
+from server.api.pooling.score import ScoreRoute
 from server.api.render_only import GENERATION_ROUTES, NotHereRoute
 from server.api.render_only import not_found as render_not_found
 from server.api.state import AppState
+from server.api.ui import ASSETS, PUBLIC_PATHS, AssetRoute, PageRoute
 from server.api.vllm.generate import GenerateRoute
 from server.api.vllm.render import ChatRenderRoute, CompletionsRenderRoute
 from server.api.vllm.tokenize import DetokenizeRoute, TokenizeRoute
@@ -139,17 +146,36 @@ def create_app(config: ServerConfig | None = None, *, worker: WorkerContext | No
     open_renderer = renderer_factory or _open_renderer
     if config.render_only:  # `spindle render`: no engine, no torch (server/render_app.py)
         return _render_only_app(state, metrics, open_renderer, fatal, load_in_background)
+    metrics.watch_engine()
     load = _EngineLoad(state, metrics, worker, engine_factory, open_renderer, fatal)
     routes = [
         Route("/v1/completions", CompletionsRoute(state), methods=["POST"]),
         Route("/v1/chat/completions", ChatRoute(state), methods=["POST"]),
         Route("/v1/embeddings", EmbeddingsRoute(state), methods=["POST"]),
+        *_pooling_routes(state),
         Route("/inference/v1/generate", GenerateRoute(state), methods=["POST"]),
         Route("/v1/messages", MessagesRoute(state), methods=["POST"]),
         Route("/v1/messages/count_tokens", CountTokensRoute(state), methods=["POST"]),
         *_common_routes(state, metrics),
+        *([] if config.disable_ui else _ui_routes(state)),
     ]
-    return _asgi(state, routes, _lifespan(state, load.run, fatal, load_in_background), _not_found)
+    public = () if config.disable_ui else PUBLIC_PATHS
+    return _asgi(state, routes, _lifespan(state, load.run, fatal, load_in_background), _not_found, public)
+
+
+def _pooling_routes(state: AppState) -> list[Route]:
+    """vLLM's pooling family and Cohere's v2 (a --runner pooling server; elsewhere a 400 naming the flag)."""
+    score, rerank = ScoreRoute(state), RerankRoute(state)
+    return [
+        Route("/classify", ClassifyRoute(state), methods=["POST"]),
+        Route("/score", score, methods=["POST"]),
+        Route("/v1/score", score, methods=["POST"]),
+        Route("/rerank", rerank, methods=["POST"]),
+        Route("/v1/rerank", rerank, methods=["POST"]),
+        Route("/v2/rerank", CohereRerankRoute(state), methods=["POST"]),
+        Route("/pooling", PoolingRoute(state), methods=["POST"]),
+        Route("/v2/embed", CohereEmbedRoute(state), methods=["POST"]),
+    ]
 
 
 def _server_metrics(config: ServerConfig, worker: WorkerContext | None) -> ServerMetrics:
@@ -248,9 +274,18 @@ def _common_routes(state: AppState, metrics: ServerMetrics) -> list[Route]:
     ]
 
 
-def _asgi(state: AppState, routes: list[Route], lifespan: Any, not_found: Any) -> Any:
+def _ui_routes(state: AppState) -> list[Route]:
+    """The chat page at / and /ui, and its assets (server/api/ui.py); a full server's only."""
+    model = state.config.model
+    page = PageRoute(state, vision=model is not None and image_support(model) is not None)
+    assets = [Route(f"/ui/{name}", AssetRoute(name), methods=["GET"]) for name in ASSETS]
+    return [Route("/", page, methods=["GET"]), Route("/ui", page, methods=["GET"]), *assets]
+
+
+def _asgi(state: AppState, routes: list[Route], lifespan: Any, not_found: Any,
+          public: tuple[str, ...] = ()) -> Any:
     router = Router(routes=routes, lifespan=lifespan, default=not_found)
-    app: Any = wrap_app(router, state.config)  # access log, CORS, API key, root path (server/deploy.py)
+    app: Any = wrap_app(router, state.config, public)  # access log, CORS, API key, root path (server/deploy.py)
     app.state_holder = state  # for tests and diagnostics
     return app
 

@@ -49,11 +49,17 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--max-request-body", "max_request_body", str, "largest request body, e.g. 32MiB; bigger ones get 413"),
     ("--scheduling-policy", "scheduling_policy", str,
      "fcfs (default: a request's non-zero priority gets 400) or priority (lower runs first)"),
-    ("--runner", "runner", str, "generate (default) or pooling: an embedding model served on /v1/embeddings"),
+    ("--runner", "runner", str, "generate (default) or pooling: embeddings, classify, score, rerank, /pooling, "
+     "Cohere's /v2/embed and /v2/rerank"),
+    ("--convert", "convert", str, "with --runner pooling: embed, classify or auto (default: classify for a "
+     "*ForSequenceClassification checkpoint, embed otherwise)"),
     ("--pooler-config", "pooler_config", str,
-     'with --runner pooling, JSON: {"pooling_type": "LAST" | "MEAN", "normalize": true, "is_matryoshka": false, '
-     '"matryoshka_dimensions": [...]}'),
+     'with --runner pooling, JSON over the checkpoint\'s own (sentence-transformers files): {"pooling_type": "LAST" | '
+     '"CLS" | "MEAN" | "ALL" | "STEP", "normalize": true, "use_activation": true, "step_tag_id": id, '
+     '"returned_token_ids": [...], "is_matryoshka": false, "matryoshka_dimensions": [...]}'),
     ("--max-prompts-per-request", "max_prompts_per_request", int, "most prompts in one /v1/completions request"),
+    ("--max-documents-per-request", "max_documents_per_request", int,
+     "most documents in one /score or /rerank request (one engine batch; default 1000)"),
     ("--max-choices-per-request", "max_choices_per_request", int, "most choices (n x prompts) in one request"),
     ("--max-stop-strings", "max_stop_strings", int, "most stop strings in one request"),
     ("--max-stop-string-length", "max_stop_string_length", int, "longest stop string, in characters"),
@@ -61,7 +67,7 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--max-logit-bias", "max_logit_bias", int, "most logit_bias entries in one request"),
     ("--max-allowed-token-ids", "max_allowed_token_ids", int, "most allowed_token_ids in one request"),
     ("--max-structured-output-size", "max_structured_output_size", str,
-     "largest structured-output spec (JSON schema, regex, choices, grammar) in one request, e.g. 64KiB"),
+     "largest structured-output spec (JSON schema, regex, choices, grammar) in one request, e.g. 256KiB"),
     ("--tool-call-parser", "tool_call_parser", str,
      "hermes or mistral: read tool calls out of the output (tool_choice required / named use its format)"),
     ("--reasoning-parser", "reasoning_parser", str,
@@ -114,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a node other than 0: run its tensor-parallel ranks only, no API server")
     parser.add_argument("--allow-credentials", dest="allow_credentials", action="store_const", const=True,
                         default=None, help="CORS: allow cookies and Authorization from browsers")
+    parser.add_argument("--disable-ui", dest="disable_ui", action="store_const", const=True, default=None,
+                        help="serve no chat page at / and /ui")
     parser.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_const",
                         const=False, default=None, help="turn the prefix cache off")
     parser.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_const", const=True,

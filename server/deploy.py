@@ -25,11 +25,12 @@ from server.http.auth import APIKeyAuth
 from server.http.root_path import RootPath
 
 
-def wrap_app(router: Any, config: ServerConfig) -> Any:
-    """The middleware around the router: [root path ->] access log -> [CORS ->] [API key ->] router."""
+def wrap_app(router: Any, config: ServerConfig, public: tuple[str, ...] = ()) -> Any:
+    """The middleware around the router: [root path ->] access log -> [CORS ->] [API key ->] router.
+    `public`: more paths open without an API key (the chat page and its assets, which ask for the key)."""
     app: Any = router
     if config.api_keys:
-        public = ("/health", "/metrics") if config.metrics_public else ("/health",)
+        public = ("/health", "/metrics", *public) if config.metrics_public else ("/health", *public)
         app = APIKeyAuth(app, config.api_keys, public_paths=public)
     if config.allowed_origins:
         app = CORSMiddleware(app, allow_origins=list(config.allowed_origins),

@@ -18,7 +18,7 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from engine.messages import EngineStats
@@ -29,6 +29,13 @@ LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0
 NUM_BUCKETS = len(LATENCY_BUCKETS) + 1  # with +Inf
 FINISH_REASONS = ("stop", "length", "abort", "error")
 REJECT_REASONS = ("queue_full", "shutting_down")  # 503s from admission control and from a draining server
+# Why a best-effort structured answer failed its whole schema (server/streaming/output_check.py): the keyword that
+# failed (the relaxed one it sits under, where there is one); "not_json": not JSON at all; "other": any other keyword.
+STRUCTURED_INVALID_REASONS = (
+    "not_json", "oneOf", "anyOf", "allOf", "not", "if", "uniqueItems", "propertyNames", "dependencies",
+    "dependentRequired", "dependentSchemas", "minProperties", "maxProperties", "contains", "unevaluatedProperties",
+    "unevaluatedItems", "format", "pattern", "patternProperties", "required", "additionalProperties", "type", "enum",
+    "const", "other")
 _PRIVATE_VALUES = 512  # doubles in a process's own row: more than the counters and histograms take
 
 
@@ -203,6 +210,20 @@ class _PerProcess(Collector):
         yield family
 
 
+class _HeartbeatAge(Collector):
+    """spindle_engine_heartbeat_age_seconds: how long since the engine was last heard from, at scrape time."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily("spindle_engine_heartbeat_age_seconds",
+                                   "Seconds since the engine's last frame (steps, or a heartbeat every 0.5 s).",
+                                   labels=["model_name"])
+        family.add_metric([self.metrics.model_name], max(time.monotonic() - self.metrics.engine_heard, 0.0))
+        yield family
+
+
 class ServerMetrics:
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
@@ -243,10 +264,17 @@ class ServerMetrics:
         self._rejected = dict(zip(REJECT_REASONS, self._family(  # exported at 0 from the start
             "spindle_requests_rejected", "Requests refused with 503 before reaching the engine.",
             ["model_name", "reason"], REJECT_REASONS)))
+        self.structured_checked_answers = counter(
+            "spindle_structured_output_checked",
+            "Answers of best-effort (relaxed) structured-output constraints validated against their whole schema.")
+        self._structured_invalid = dict(zip(STRUCTURED_INVALID_REASONS, self._family(
+            "spindle_structured_output_invalid", "Best-effort structured answers that failed their whole schema, "
+            "by the keyword that failed.", ["model_name", "reason"], STRUCTURED_INVALID_REASONS)))
         self.running = self._gauge("spindle_num_requests_running", "Requests in the engine's running set.")
         self.waiting = self._gauge("spindle_num_requests_waiting", "Requests waiting in the engine.")
         self.kv_usage = self._gauge("spindle_kv_cache_usage_perc", "Fraction of KV blocks held by requests (0..1).")
         self._last = EngineStats(0, 0, 0, 1, 0, 0, 0)
+        self.engine_heard = time.monotonic()  # when the last engine frame's stats came (record_stats)
 
     def _histogram(self, name: str, doc: str) -> LoopHistogram:
         h = LoopHistogram(self._slots)
@@ -283,8 +311,15 @@ class ServerMetrics:
         self._slots = slots
         self.registry.register(_PerProcess(self.model_name, list(self.finished.values())))
 
+    def watch_engine(self) -> None:
+        """Export the engine's heartbeat age (a full server: `spindle render` has no engine to watch)."""
+        self.engine_heard = time.monotonic()
+        self.registry.register(_HeartbeatAge(self))
+
     def record_stats(self, stats: EngineStats) -> None:
-        """Gauges from the latest engine stats; engine counters are cumulative, so add the delta."""
+        """Gauges from the latest engine stats (every engine frame has them); engine counters are cumulative, so
+        add the delta."""
+        self.engine_heard = time.monotonic()
         last, self._last = self._last, stats
         self.running.set(stats.num_running)
         self.waiting.set(stats.num_waiting)
@@ -313,6 +348,12 @@ class ServerMetrics:
 
     def rejected(self, reason: str) -> None:
         self._rejected[reason].inc()
+
+    def structured_checked(self, reason: str | None) -> None:
+        """One relaxed answer validated: None when it satisfied its whole schema, else why not."""
+        self.structured_checked_answers.inc()
+        if reason is not None:
+            self._structured_invalid.get(reason, self._structured_invalid["other"]).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -21,12 +21,25 @@ if TYPE_CHECKING:
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
 _COMPACT: JsonCompileOptions = {"whitespace_flexible": False}
 
+# llguidance's limits, set here rather than left to its defaults, so that a hostile constraint is refused in bounded
+# time and memory wherever it is compiled (the server's check, the engine's compile, each mask step). What fits:
+# every schema of bench/schemas/ (the largest, 240 KB, reaches ~40k grammar symbols and ~3k lexer states).
+LIMITS = llguidance.LLParserLimits(
+    max_grammar_size=500_000,  # symbols in the grammar's productions: the compile's size (and time) bound
+    max_items_in_row=2_000,  # Earley items per row: ambiguity blow-up
+    initial_lexer_fuel=1_000_000,  # building the lexer's regexes (~50k/ms: ~20 ms)
+    step_lexer_fuel=200_000,  # one mask computation's lexer work (~14k/ms: ~15 ms per step)
+    step_max_items=50_000,  # Earley items per mask step (~20k/ms)
+    max_lexer_states=50_000,  # lexer DFA states, 1-2 kB each: <= ~100 MB per grammar
+    verbose_errors=False,  # errors name the problem, not the parser's state (they go back to the client)
+)
+
 
 class GrammarError(ValueError):
     """The constraint cannot be compiled or enforced; the message names the problem."""
 
 
-def _json_style(so: StructuredOutputs) -> JsonCompileOptions:
+def json_style(so: StructuredOutputs) -> JsonCompileOptions:
     """Compact JSON, or the client's whitespace_pattern between tokens (vLLM's option, as its guidance backend)."""
     if so.whitespace_pattern is None:
         return _COMPACT
@@ -44,9 +57,9 @@ def to_grammar(so: StructuredOutputs) -> str:
             schema = {} if schema else {"not": {}}
         if not isinstance(schema, dict):
             raise GrammarError("the JSON schema must be an object")
-        return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=_json_style(so))
+        return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=json_style(so))
     if so.kind == "json_object":
-        return llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}', defaults=_json_style(so))
+        return llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}', defaults=json_style(so))
     if so.whitespace_pattern is not None:
         raise GrammarError("whitespace_pattern applies to JSON constraints only")
     if so.kind == "regex":
@@ -77,5 +90,5 @@ def validate(so: StructuredOutputs) -> str | None:
         return str(e)
     except Exception as e:  # llguidance's own parse errors (regex syntax and such)
         return str(e).strip() or type(e).__name__
-    error = llguidance.LLMatcher.validate_grammar(grammar)
+    error = llguidance.LLMatcher.validate_grammar(grammar, limits=LIMITS)
     return error.strip() or None

@@ -13,7 +13,7 @@ import torch
 from engine.messages import StructuredOutputs
 from engine.structured.backend import StructuredGrammar
 from engine.structured.completion import completion, preferred_tokens
-from engine.structured.grammar import GrammarError, to_grammar
+from engine.structured.grammar import LIMITS, GrammarError, to_grammar
 
 INITIAL_MEMO = 64  # max_tokens values whose first finish is kept per compiled grammar
 PAR_MIN_ROWS = 4  # from this many rows the LLExecutor's threads beat filling one row after another
@@ -96,7 +96,7 @@ class LLGuidanceBackend:
 
     def compile(self, so: StructuredOutputs) -> LLGuidanceGrammar:
         grammar = to_grammar(so)
-        matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)  # never raises: check is_error
+        matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=LIMITS)  # never raises: check is_error
         if matcher.is_error():
             raise GrammarError(matcher.get_error().strip() or "the grammar cannot be compiled")
         return LLGuidanceGrammar(matcher, self._closers)

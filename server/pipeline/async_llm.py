@@ -56,6 +56,7 @@ class LLMMetrics(OutputMetrics, ImageMetrics, Protocol):
 
     def record_stats(self, stats: EngineStats) -> None: ...
     def rejected(self, reason: str) -> None: ...
+    def structured_checked(self, reason: str | None) -> None: ...  # server/streaming/output_check.py
 
 
 DetokenizerFactory = Callable[[GenerationSpec], Any]  # spec -> a fresh IncrementalDetokenizer

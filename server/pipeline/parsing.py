@@ -13,8 +13,10 @@ from typing import Any
 import msgspec
 
 from engine.messages import StructuredOutputs
-from server.config import ServerConfig
+from server.config import RequestCaps, ServerConfig
 from server.http.errors import APIError
+from server.pipeline.structured import Relaxation, check_constraint
+from server.pipeline.tool_schemas import relax_tools
 from server.protocol.openai import ChatCompletionRequest
 from server.reasoning.parser import ReasoningParser, get_reasoning_parser, prompt_in_reasoning
 from server.tools.choice import ToolPlan, plan_tools
@@ -40,6 +42,22 @@ def plan_request_tools(req: ChatCompletionRequest, config: ServerConfig, tokeniz
     if plan is not None and not plan.skip_special_tokens:
         req.skip_special_tokens = False
     return plan
+
+
+async def plan_constrained_tools(req: ChatCompletionRequest, config: ServerConfig, tokenizer: Any, caps: RequestCaps,
+                                 param: str) -> tuple[ToolPlan | None, dict[str, Relaxation]]:
+    """The tool plan with its constraint validated (a 400 naming `param`); when the tool choice constrains the
+    output, non-strict functions' parameters are relaxed first (server/pipeline/tool_schemas.py) and what each
+    left out is returned by function name."""
+    plan = plan_request_tools(req, config, tokenizer)
+    if plan is None or plan.constraint is None or not req.tools:
+        return plan, {}
+    tools, relaxed = await relax_tools(req.tools, caps)
+    if relaxed:  # rendered with the tools as given; constrained by their relaxed parameters
+        plan = plan_request_tools(msgspec.structs.replace(req, tools=tools), config, tokenizer)
+    assert plan is not None and plan.constraint is not None
+    await check_constraint(plan.constraint, param, caps)
+    return plan, relaxed
 
 
 def request_constraint(plan: ToolPlan | None, constraint: StructuredOutputs | None, config: ServerConfig,

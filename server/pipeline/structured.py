@@ -14,16 +14,26 @@ worker thread, a few at a time (a CapacityLimiter), so a slow schema never stall
 kept in a small LRU keyed by a digest of (kind, spec), and a hit needs no thread. Each spec is capped at
 --max-structured-output-size bytes (RequestCaps.max_structured_output_size) before anything compiles it.
 
+Strict or best effort, as OpenAI defines it: a JSON schema with `json_schema.strict: true` is enforced whole or
+refused (a 400 naming what the backend cannot enforce). Without it (OpenAI's default; vLLM's structured_outputs.json
+and guided_json; tool parameters, server/pipeline/tool_schemas.py) the schema goes through
+engine/structured/relax.py: what the grammar can enforce is enforced, the rest (oneOf as anyOf, unknown formats,
+uniqueItems, not, if/then/else, ...) is relaxed; the Constraint names it (the route's response header, a debug
+log line) and keeps the full schema, so the output is validated against it afterwards
+(server/streaming/output_check.py).
+
 Entry points:
-  `structured_outputs(req, caps)` the whole check for a route: constraint or None, every problem a 400.
+  `structured_outputs(req, caps)` the whole check for a route: Constraint or None, every problem a 400.
   `requested_constraint(req)`     sync, no compiling: what the request asks for and the field that asked.
   `check_constraint(so, param, caps)` size + compile check of a constraint built elsewhere (tool calling).
+  `relax_schema(schema, param, caps)` best effort for one schema built into another constraint (tool parameters).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,19 +45,46 @@ import msgspec
 from anyio.lowlevel import RunVar
 
 from engine.messages import StructuredOutputs
-from engine.structured import grammar
+from engine.structured import grammar, relax
 from server.config import RequestCaps
 from server.http.errors import bad_request
-from server.protocol.openai import ChatCompletionRequest, CompletionRequest, StructuredOutputsParams
+from server.protocol.openai import (
+    ChatCompletionRequest, CompletionRequest, ResponseFormat, StructuredOutputsParams,
+)
 
 MAX_CONCURRENT_COMPILES = 2  # worker threads compiling at once (per event loop); the rest wait their turn
-CACHE_SIZE = 512  # validation results kept (a digest and a short message each)
+CACHE_SIZE = 512  # validation results kept (a digest and a short message, or a relaxed spec, each)
+RELAXED_HEADER = b"x-structured-output-relaxed"  # what a best-effort constraint did not enforce, comma-separated
+log = logging.getLogger("spindle.server")
 
-# The backend's check: None when it can enforce the constraint, else why not. A module attribute, so tests
-# can put a stand-in here.
+# The backend's checks, module attributes so tests can put stand-ins here. `backend_validate`: None when it can
+# enforce the constraint, else why not. `backend_relax`: a JSON schema as the backend can enforce it, and what
+# that leaves out (raises GrammarError when not even that works).
 backend_validate: Callable[[StructuredOutputs], str | None] = grammar.validate
+backend_relax: Callable[[dict[str, Any], Any], relax.Relaxed] = relax.relax
 
-_results: OrderedDict[bytes, str | None] = OrderedDict()
+
+@dataclass(frozen=True, slots=True)
+class Relaxation:
+    """What a best-effort constraint left out, and the whole schema its output is validated against."""
+
+    keywords: tuple[str, ...]
+    schema: Any
+
+    def header(self) -> tuple[bytes, bytes]:
+        return RELAXED_HEADER, ", ".join(self.keywords).encode("ascii", "replace")
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """A request's validated constraint: `so` goes to the engine; `relaxed` is set when it enforces less than asked."""
+
+    so: StructuredOutputs
+    relaxed: Relaxation | None = None
+
+
+_Result = tuple[str | None, str, tuple[str, ...]]  # (error, spec the engine gets, relaxed keywords)
+_results: OrderedDict[bytes, _Result] = OrderedDict()
 _limiter: RunVar[anyio.CapacityLimiter] = RunVar("spindle_structured_limiter")
 
 
@@ -58,6 +95,7 @@ class Requested:
     constraint: StructuredOutputs
     param: str  # e.g. "response_format.json_schema.schema", "structured_outputs.regex", "guided_choice"
     pattern_param: str | None = None  # the field that gave constraint.whitespace_pattern
+    strict: bool = True  # False: a JSON schema enforced as far as the backend can (best effort)
 
 
 def requested_constraint(req: CompletionRequest | ChatCompletionRequest, *, prefix: str = "") -> Requested | None:
@@ -66,18 +104,9 @@ def requested_constraint(req: CompletionRequest | ChatCompletionRequest, *, pref
     400 (param named) for two constraints at once, json_schema without a schema, an empty choice list, and the
     options the backend cannot honour. `prefix` goes in front of every param (/generate: "sampling_params.").
     """
-    found: list[tuple[str, str, Any]] = []  # (param, kind, value)
+    found = _response_format(req.response_format)  # (param, kind, value)
     rf = req.response_format
-    if rf is not None and rf.type == "json_object":
-        found.append(("response_format", "json_object", ""))
-    elif rf is not None and rf.type == "json_schema":
-        if rf.json_schema is None:
-            raise bad_request("response_format of type json_schema needs a json_schema object: "
-                              '{"name": ..., "schema": {...}}.', "response_format.json_schema")
-        if rf.json_schema.schema is None:
-            raise bad_request("response_format.json_schema needs a schema (a JSON Schema object).",
-                              "response_format.json_schema.schema")
-        found.append(("response_format.json_schema.schema", "json", rf.json_schema.schema))
+    strict = rf is not None and rf.json_schema is not None and rf.json_schema.strict is True
     so = req.structured_outputs
     if so is not None:
         _refuse_options(so, prefix + "structured_outputs.")
@@ -110,15 +139,30 @@ def requested_constraint(req: CompletionRequest | ChatCompletionRequest, *, pref
         raise bad_request(f"{param} must be a non-empty list of strings.", param)
     strip_additional = so is not None and so.disable_additional_properties and kind == "json"
     constraint = StructuredOutputs(kind, _spec(kind, value, param, strip_additional))
+    strict = strict or kind != "json"
     if not patterns:
-        return Requested(constraint, param)
+        return Requested(constraint, param, strict=strict)
     pattern_param, pattern = prefix + patterns[0][0], str(patterns[0][1])
     if len(patterns) > 1 and patterns[1][1] != pattern:
         raise bad_request(f"{pattern_param} and {prefix + patterns[1][0]} differ; send one of them.", pattern_param)
     if kind not in ("json", "json_object"):
         raise bad_request(f"{pattern_param} applies to JSON constraints (json_schema, json, json_object), not to "
                           f"{param}.", pattern_param)
-    return Requested(msgspec.structs.replace(constraint, whitespace_pattern=pattern), param, pattern_param)
+    return Requested(msgspec.structs.replace(constraint, whitespace_pattern=pattern), param, pattern_param, strict)
+
+
+def _response_format(rf: ResponseFormat | None) -> list[tuple[str, str, Any]]:
+    if rf is not None and rf.type == "json_object":
+        return [("response_format", "json_object", "")]
+    if rf is None or rf.type != "json_schema":
+        return []
+    if rf.json_schema is None:
+        raise bad_request("response_format of type json_schema needs a json_schema object: "
+                          '{"name": ..., "schema": {...}}.', "response_format.json_schema")
+    if rf.json_schema.schema is None:
+        raise bad_request("response_format.json_schema needs a schema (a JSON Schema object).",
+                          "response_format.json_schema.schema")
+    return [("response_format.json_schema.schema", "json", rf.json_schema.schema)]
 
 
 def _refuse_options(so: StructuredOutputsParams, prefix: str) -> None:
@@ -183,7 +227,7 @@ async def check_constraint(so: StructuredOutputs, param: str, caps: RequestCaps)
 
 
 async def structured_outputs(req: CompletionRequest | ChatCompletionRequest, caps: RequestCaps, *,
-                             prefix: str = "") -> StructuredOutputs | None:
+                             prefix: str = "") -> Constraint | None:
     """The request's validated constraint for SamplingParams.structured_outputs, or None; every problem a 400.
 
     `reasoning_end` is left None (the reasoning parser sets it). Call after check_request, before rendering.
@@ -194,12 +238,56 @@ async def structured_outputs(req: CompletionRequest | ChatCompletionRequest, cap
     pattern = found.constraint.whitespace_pattern
     if pattern is not None and found.pattern_param is not None:  # its own 400 first: a bad regex names its field
         await check_constraint(StructuredOutputs("regex", pattern), found.pattern_param, caps)
-    await check_constraint(found.constraint, found.param, caps)
-    return found.constraint
+    if found.strict:
+        await check_constraint(found.constraint, found.param, caps)
+        return Constraint(found.constraint)
+    return await relax_constraint(found.constraint, found.param, caps)
 
 
-def _key(so: StructuredOutputs) -> bytes:
-    h = hashlib.blake2b(so.kind.encode(), digest_size=16)
+async def relax_constraint(so: StructuredOutputs, param: str, caps: RequestCaps) -> Constraint:
+    """Best effort for a JSON-schema constraint: what the backend can enforce of it, and what it leaves out."""
+    check_size(so, param, caps)
+    error, spec, keywords = await _cached(so, b"relax", lambda: _run_relax(so))
+    if error is not None:
+        raise bad_request(f"Invalid {param}: {error}", param)
+    engine = msgspec.structs.replace(so, spec=spec) if spec != so.spec else so
+    if not keywords:
+        return Constraint(engine)
+    log.debug("structured output: %s relaxed, not enforced: %s", param, ", ".join(keywords))
+    return Constraint(engine, Relaxation(keywords, json.loads(so.spec)))
+
+
+async def relax_schema(schema: dict[str, Any], param: str, caps: RequestCaps,
+                       style: Any = None) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Best effort for a schema another constraint embeds (a tool's parameters): the schema to embed (x-guidance
+    asks for llguidance's lenient mode when something was relaxed) and what was relaxed; a 400 naming `param`."""
+    so = StructuredOutputs("json", json.dumps(schema))
+    check_size(so, param, caps)
+    mode = b"embed" + json.dumps(style, sort_keys=True).encode()
+    error, spec, keywords = await _cached(so, mode, lambda: _run_relax(so, style))
+    if error is not None:
+        raise bad_request(f"Invalid {param}: {error}", param)
+    return (json.loads(spec) if spec != so.spec else schema), keywords
+
+
+def _run_relax(so: StructuredOutputs, style: Any = None) -> _Result:
+    try:
+        schema = json.loads(so.spec)
+    except ValueError as e:
+        return f"the JSON schema is not valid JSON: {e}", so.spec, ()
+    if isinstance(schema, bool):
+        return (None, so.spec, ()) if schema else ("the schema false allows nothing", so.spec, ())
+    if not isinstance(schema, dict):
+        return "the JSON schema must be an object", so.spec, ()
+    try:
+        out = backend_relax(schema, style if style is not None else grammar.json_style(so))
+    except Exception as e:  # GrammarError, or the backend's own failure: the constraint's problem, never a 500
+        return str(e).strip() or type(e).__name__, so.spec, ()
+    return None, (so.spec if out.schema is schema else json.dumps(out.schema)), out.keywords
+
+
+def _key(so: StructuredOutputs, mode: bytes = b"") -> bytes:
+    h = hashlib.blake2b(so.kind.encode() + mode, digest_size=16)
     h.update(b"\0")
     h.update(so.spec.encode())
     if so.whitespace_pattern is not None:
@@ -208,16 +296,22 @@ def _key(so: StructuredOutputs) -> bytes:
 
 
 async def _validate(so: StructuredOutputs) -> str | None:
-    key = _key(so)
+    plain = StructuredOutputs(so.kind, so.spec, whitespace_pattern=so.whitespace_pattern)  # reasoning_end: no matter
+    error, _, _ = await _cached(plain, b"", lambda: (_run_backend(plain), plain.spec, ()))
+    return error
+
+
+async def _cached(so: StructuredOutputs, mode: bytes, run: Callable[[], _Result]) -> _Result:
+    """`run`'s result for this constraint and mode: from the LRU, or from a worker thread (a few at a time)."""
+    key = _key(so, mode)
     if key in _results:
         _results.move_to_end(key)
         return _results[key]
-    plain = StructuredOutputs(so.kind, so.spec, whitespace_pattern=so.whitespace_pattern)  # reasoning_end: no matter
-    error = await anyio.to_thread.run_sync(_run_backend, plain, limiter=_compile_limiter())
-    _results[key] = error
+    result = await anyio.to_thread.run_sync(run, limiter=_compile_limiter())
+    _results[key] = result
     while len(_results) > CACHE_SIZE:
         _results.popitem(last=False)
-    return error
+    return result
 
 
 def _run_backend(so: StructuredOutputs) -> str | None:

@@ -53,6 +53,7 @@ class Tool(msgspec.Struct, kw_only=True):
     description: str | None = None
     input_schema: dict[str, Any] | None = None  # required for custom tools; server tools (a `type`) have none
     type: str | None = None
+    strict: bool | None = None  # true: input_schema enforced whole or refused; else best effort
 
 
 class ToolChoice(msgspec.Struct, kw_only=True):

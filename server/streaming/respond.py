@@ -3,7 +3,7 @@ server-sent events (`SseResponder`). Raises APIError only before the response st
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from server.http import direct_body
@@ -17,24 +17,27 @@ from server.protocol.openai import Usage
 from server.streaming.formatter import OPENAI_FRAMING, Formatter, StreamFraming, UsageCounter, output_error
 
 Headers = list[tuple[bytes, bytes]]
+BeforeEnd = Callable[[], Awaitable[None]] | None  # runs after the last output, before the response's last bytes
 
 
 async def respond(llm: AsyncLLM, specs: Sequence[GenerationSpec], fmt: Formatter, send: Send, *, stream: bool,
                   include_usage: bool = False, continuous_usage: bool = False, keepalive: float = 0.0,
-                  headers: Headers | None = None, framing: StreamFraming = OPENAI_FRAMING) -> None:
-    """Run `specs` and answer: one JSON body, or (`stream`) server-sent events."""
+                  headers: Headers | None = None, framing: StreamFraming = OPENAI_FRAMING,
+                  before_end: BeforeEnd = None) -> None:
+    """Run `specs` and answer: one JSON body, or (`stream`) server-sent events. `before_end` (the check of
+    relaxed structured answers) is awaited once every output is in, so it is done when the client sees the end."""
     counter = UsageCounter(specs)
     async with llm.generate(specs) as outputs:
         if not stream:
-            await send_body(llm, outputs, fmt, send, counter, headers)
+            await send_body(llm, outputs, fmt, send, counter, headers, before_end)
             return
         sse = SseResponder(llm, outputs, fmt, send, counter, continuous_usage=continuous_usage,
                            keepalive=keepalive, framing=framing)
-        await sse.run(include_usage, headers)
+        await sse.run(include_usage, headers, before_end)
 
 
 async def send_body(llm: AsyncLLM, outputs: RequestStream, fmt: Formatter, send: Send, counter: UsageCounter,
-                    headers: Headers | None) -> None:
+                    headers: Headers | None, before_end: BeforeEnd = None) -> None:
     """The JSON responder: every choice's final output, then one body (an error output: its status instead)."""
     finals: dict[int, Output] = {}
     async for batch in outputs:
@@ -44,7 +47,10 @@ async def send_body(llm: AsyncLLM, outputs: RequestStream, fmt: Formatter, send:
                 raise output_error(llm, out)
             if out.finish_reason is not None:
                 finals[out.index] = out
-    await send_json(send, 200, fmt.final([finals[i] for i in sorted(finals)], counter.usage()), headers)
+    body = fmt.final([finals[i] for i in sorted(finals)], counter.usage())
+    if before_end is not None:
+        await before_end()
+    await send_json(send, 200, body, headers)
 
 
 @dataclass
@@ -74,7 +80,7 @@ class SseResponder:
         direct_ok = len(outputs.states) == 1 and fmt.direct_ok
         self.direct: DirectBody | None = direct_body.for_current_request(llm.writes) if direct_ok else None
 
-    async def run(self, include_usage: bool, headers: Headers | None) -> None:
+    async def run(self, include_usage: bool, headers: Headers | None, before_end: BeforeEnd = None) -> None:
         await self.send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + (headers or [])})
         start = self.fmt.stream_start()
         if start is not None:
@@ -95,6 +101,8 @@ class SseResponder:
                 data = None
         finally:
             outputs.deliver_directly(None)
+        if before_end is not None:
+            await before_end()
         await self._body((data or b"") + self._tail(include_usage), False)
 
     def deliver(self, out: Output) -> bool:

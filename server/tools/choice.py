@@ -18,7 +18,7 @@ from typing import Any
 
 from engine.messages import StructuredOutputs
 from server.http.errors import APIError
-from server.tools.grammar import call_schema
+from server.tools.grammar import call_schema, with_style
 from server.tools.parser import JsonListParser, NamedArgsParser, ToolParser
 from server.tools.registry import get_tool_parser
 
@@ -115,4 +115,7 @@ def _list_schema(functions: dict[str, dict[str, Any]], parallel: bool) -> dict[s
                               "items": {"anyOf": [call_schema(n, p, "parameters") for n, p in functions.items()]}}
     if not parallel:
         schema["maxItems"] = 1
+    lenient = [p["x-guidance"] for p in functions.values() if isinstance(p.get("x-guidance"), dict)]
+    if lenient:  # llguidance reads x-guidance at the root only: a best-effort function's options go up there
+        schema = with_style(schema, {k: v for options in lenient for k, v in options.items()})
     return schema

@@ -17,8 +17,14 @@ def call_schema(name: str, params: dict[str, Any], args_key: str = "arguments") 
             "required": ["name", args_key], "additionalProperties": False}
 
 
+def with_style(schema: dict[str, Any], style: dict[str, Any]) -> dict[str, Any]:
+    """The schema with `style` in its x-guidance, over the options it carries (a best-effort schema's lenient)."""
+    options = schema.get("x-guidance")
+    return {**schema, "x-guidance": {**(options if isinstance(options, dict) else {}), **style}}
+
+
 def lark_json(schema: dict[str, Any]) -> str:
-    return "%json " + json.dumps({**schema, "x-guidance": JSON_STYLE})
+    return "%json " + json.dumps(with_style(schema, JSON_STYLE))
 
 
 def lark_tag(text: str, token_id: Callable[[str], int | None]) -> str:

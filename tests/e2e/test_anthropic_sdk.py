@@ -118,6 +118,21 @@ def test_tool_use_and_tool_result_round_trip(server: Server) -> None:
                           messages=MSGS)
 
 
+def test_unpaired_tool_use_and_tool_result_are_400s_as_anthropic_answers(server: Server) -> None:
+    c = client(server)
+    orphan: Any = [TOOL_TURNS[0], {"role": "assistant", "content": "No tool."}, TOOL_TURNS[2]]
+    unanswered: Any = [*TOOL_TURNS[:2], {"role": "user", "content": "Never mind."}]
+    for messages, words in ((orphan, "unexpected `tool_use_id` found in `tool_result` blocks: toolu_01"),
+                            (unanswered, "`tool_use` ids were found without `tool_result` blocks immediately after")):
+        with pytest.raises(anthropic.BadRequestError) as bad:
+            c.messages.create(model="tiny", max_tokens=4, tools=[WEATHER], messages=messages)
+        assert isinstance(bad.value.body, dict) and bad.value.body["error"]["type"] == "invalid_request_error"
+        assert words in bad.value.body["error"]["message"]
+        with pytest.raises(anthropic.BadRequestError, match=words.split(":")[0][:40]):
+            c.messages.count_tokens(model="tiny", tools=[WEATHER], messages=messages)
+    assert c.messages.count_tokens(model="tiny", tools=[WEATHER], messages=TOOL_TURNS).input_tokens > 0
+
+
 def test_error_shapes(server: Server) -> None:
     c = client(server)
     with pytest.raises(anthropic.BadRequestError) as bad:

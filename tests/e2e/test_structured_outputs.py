@@ -205,9 +205,9 @@ def test_regex(client: openai.OpenAI) -> None:
 @pytest.mark.parametrize(("kwargs", "param", "needle"), [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}},
      "response_format.json_schema.schema", "strin"),
-    ({"response_format": {"type": "json_schema",
-                          "json_schema": {"name": "x", "schema": {"type": "string", "format": "bogus"}}}},
-     "response_format.json_schema.schema", "format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": True,
+                                                                 "schema": {"type": "string", "format": "bogus"}}}},
+     "response_format.json_schema.schema", "format"),  # strict: refused (without it: relaxed, an annotation)
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
      "response_format.json_schema.schema", "schema"),
     ({"extra_body": {"structured_outputs": {"json": "{not json"}}}, "structured_outputs.json", "not valid JSON"),

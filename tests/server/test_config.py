@@ -82,7 +82,7 @@ def test_bad_caps_and_policy_are_refused_naming_the_flag(env: dict[str, str]) ->
 
 
 def test_max_structured_output_size_takes_sizes() -> None:
-    assert ServerConfig().request_caps().max_structured_output_size == 64 * 1024
+    assert ServerConfig().request_caps().max_structured_output_size == 256 * 1024  # the largest real-world schemas (~240 KB) pass
     assert config_from_args(["--max-structured-output-size", "1KiB"]).request_caps().max_structured_output_size == 1024
     assert ServerConfig.from_env({"SPINDLE_MAX_STRUCTURED_OUTPUT_SIZE": "300"}).max_structured_output_size == 300
     with pytest.raises(ValueError, match="--max-structured-output-size"):
@@ -129,3 +129,18 @@ def test_make_demo_shape_writes_that_shape(monkeypatch: pytest.MonkeyPatch, tmp_
     assert main(["make-demo", "--shape", "llama-3.2-1b", str(tmp_path / "l")]) == 0
     assert calls == [(str(tmp_path / "l"), demo_shapes.SHAPES["llama-3.2-1b"])]
     assert main(["make-demo", "--shape"]) == 2  # no path: the usage line
+
+
+def test_pooling_flags() -> None:
+    cfg = config_from_args(["--runner", "pooling", "--convert", "classify", "--pooler-config",
+                            '{"pooling_type": "cls", "use_activation": false}', "--max-documents-per-request", "8"])
+    engine = cfg.engine_config()
+    assert (engine.convert, engine.pooler_config) == ("classify", {"pooling_type": "CLS", "use_activation": False})
+    assert cfg.request_caps().max_documents_per_request == 8
+    for argv, why in ((["--convert", "embed"], "--runner pooling only"),
+                      (["--pooler-config", '{"normalize": true}'], "--runner pooling only"),
+                      (["--runner", "pooling", "--convert", "rerank"], "--convert must be one of"),
+                      (["--runner", "pooling", "--pooler-config", '{"pooling_type": "MAX"}'], "pooling_type"),
+                      (["--runner", "pooling", "--max-documents-per-request", "0"], "at least 1")):
+        with pytest.raises(ValueError, match=why):
+            config_from_args(argv)

@@ -3,6 +3,8 @@ SamplingParams on chat, completions and /inference/v1/generate; a bad one is a 4
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Iterator
 
 import httpx
@@ -46,10 +48,22 @@ def test_each_route_sends_the_constraint(srv: Running) -> None:
     assert sent(srv, "so-text") == [None]
 
 
+def test_a_relaxed_schema_reaches_the_engine_lenient_and_the_response_says_what(srv: Running) -> None:
+    """Without strict: the engine gets the schema with llguidance's lenient options; the answer carries the header."""
+    schema = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
+    r = httpx.post(srv.url + "/v1/chat/completions", headers={"X-Request-Id": "so-relaxed"}, json={
+        "model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-structured-output-relaxed"] == "uniqueItems"
+    [so] = sent(srv, "so-relaxed")
+    assert so is not None and json.loads(so.spec) == {**schema, "x-guidance": {"lenient": True, "coerce_one_of": True}}
+
+
 @pytest.mark.parametrize(("path", "body", "param"), [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                               "response_format": {"type": "json_schema", "json_schema": {
-                                  "name": "r", "schema": {"type": "string", "format": "bogus"}}}},
+                                  "name": "r", "strict": True, "schema": {"type": "string", "format": "bogus"}}}},
      "response_format.json_schema.schema"),
     ("/v1/completions", {"prompt": "x", "structured_outputs": {"regex": "a("}}, "structured_outputs.regex"),
     ("/v1/completions", {"prompt": "x", "guided_regex": "a" * 1025}, "guided_regex"),

@@ -23,12 +23,15 @@ from server.http.asgi import ClientGone, Receive, Scope, Send, header, read_json
 from server.http.errors import APIError
 from server.pipeline.async_llm import AsyncLLM
 from server.pipeline.input_processor import ModelLimits, build_spec, check_request, external_request_id
-from server.pipeline.parsing import ChoiceParser, plan_request_tools, reasoning_parser, request_constraint
-from server.pipeline.structured import check_constraint, structured_outputs
+from server.pipeline.parsing import (
+    ChoiceParser, ChoiceParsers, plan_constrained_tools, reasoning_parser, request_constraint,
+)
+from server.pipeline.structured import structured_outputs
 from server.protocol.anthropic import (
     CountTokensRequest, CountTokensResponse, count_tokens_decoder, encoder, error_body, messages_decoder,
 )
 from server.streaming.formatter import StreamFraming
+from server.streaming.output_check import checked, relaxed_check, relaxed_headers
 from server.streaming.respond import respond
 
 _enc = encoder.encode
@@ -59,7 +62,7 @@ class _AnthropicRoute(PostRoute):
 
         async def guarded() -> None:
             try:
-                self.check_runner()
+                self.check_runner(str(scope.get("path", "")))
                 await self._work(body, xid, send)
             except APIError as e:
                 await send_anthropic_error(send, e, headers)
@@ -89,9 +92,7 @@ class MessagesRoute(_AnthropicRoute):
         chat = chat_request(req, reasoning=config.reasoning_parser is not None, images=_takes_images(config))
         check_request(chat, limits)
         constraint = await structured_outputs(chat, limits.caps)
-        plan = plan_request_tools(chat, config, renderer.tokenizer)
-        if plan is not None and plan.constraint is not None:
-            await check_constraint(plan.constraint, "tool_choice", limits.caps)
+        plan, relaxed_tools = await plan_constrained_tools(chat, config, renderer.tokenizer, limits.caps, "tool_choice")
         external = external_request_id(xid, None)
         if llm.admission is not None:  # refuse before rendering when the queue surely has no room
             admit_early(llm, 1, 1)
@@ -107,16 +108,22 @@ class MessagesRoute(_AnthropicRoute):
         mm_inputs = None
         if images is not None:
             ids, mm_inputs = expand_for_model(ids, images, config.model_path)
-        constraint = request_constraint(plan, constraint, config, text)
-        spec = build_spec(chat, ids, limits, external_id=external, stream=chat.stream, structured_outputs=constraint)
+        so = request_constraint(plan, constraint.so if constraint is not None else None, config, text)
+        spec = build_spec(chat, ids, limits, external_id=external, stream=chat.stream, structured_outputs=so)
         spec.mm_inputs = mm_inputs
         tools = plan.parser() if plan is not None and plan.parser is not None else None
         reasoning = reasoning_parser(config, text)
         parser = ChoiceParser(reasoning, tools) if tools is not None or reasoning is not None else None
         fmt = MessagesFormatter(f"msg_{external}", self.state.model_name, len(spec.prompt_token_ids), parser)
         ids_header = external.encode()
-        await respond(llm, [spec], fmt, send, stream=chat.stream, keepalive=self.state.config.sse_keepalive,
-                      headers=[(b"x-request-id", ids_header), (b"request-id", ids_header)], framing=FRAMING)
+        check = relaxed_check(llm.metrics, constraint, relaxed_tools,
+                              ChoiceParsers(plan, config.reasoning_parser, text) if parser is not None else None)
+        headers = [(b"x-request-id", ids_header), (b"request-id", ids_header),
+                   *relaxed_headers(constraint, relaxed_tools)]
+        await respond(llm, [spec], checked(fmt, check), send, stream=chat.stream,
+                      keepalive=self.state.config.sse_keepalive, headers=headers, framing=FRAMING,
+                      before_end=check.finish if check is not None else None)
+
 
 
 class CountTokensRoute(_AnthropicRoute):

@@ -151,7 +151,38 @@ def chat_messages(req: CountTokensRequest, images: bool = False) -> list[dict[st
             out.extend(_user(i, message, names, images))
         else:
             out.append(_assistant(i, message, names))
+    check_tool_pairing(req.messages)  # after each block's own checks
     return out
+
+
+def _ids(message: InputMessage, kind: type[ToolUseBlock] | type[ToolResultBlock]) -> list[str]:
+    if isinstance(message.content, str):
+        return []
+    return [b.id if isinstance(b, ToolUseBlock) else b.tool_use_id for b in message.content if isinstance(b, kind)]
+
+
+def check_tool_pairing(messages: list[InputMessage]) -> None:
+    """Anthropic's rule: every tool_use in an assistant turn is answered by a tool_result in the next (user) turn,
+    and a tool_result answers a tool_use of the turn just before it; else a 400 with Anthropic's wording. A
+    final assistant turn (a prefill) has no next turn to answer it yet."""
+    for i, message in enumerate(messages):
+        if message.role == "user":
+            before = set(_ids(messages[i - 1], ToolUseBlock)) if i > 0 and messages[i - 1].role == "assistant" \
+                else set()
+            for j, block in enumerate(message.content if not isinstance(message.content, str) else []):
+                if isinstance(block, ToolResultBlock) and block.tool_use_id not in before:
+                    raise bad_request(f"messages.{i}.content.{j}: unexpected `tool_use_id` found in `tool_result` "
+                                      f"blocks: {block.tool_use_id}. Each `tool_result` block must have a "
+                                      "corresponding `tool_use` block in the previous message.",
+                                      f"messages[{i}].content[{j}]")
+        uses = _ids(message, ToolUseBlock) if message.role == "assistant" else []
+        if uses and i + 1 < len(messages):
+            answered = set(_ids(messages[i + 1], ToolResultBlock)) if messages[i + 1].role == "user" else set()
+            missing = [u for u in uses if u not in answered]
+            if missing:
+                raise bad_request(f"messages.{i}: `tool_use` ids were found without `tool_result` blocks "
+                                  f"immediately after: {', '.join(missing)}. Each `tool_use` block must have a "
+                                  "corresponding `tool_result` block in the next message.", f"messages[{i}]")
 
 
 def _tool(i: int, tool: Tool) -> dict[str, Any]:
@@ -163,6 +194,8 @@ def _tool(i: int, tool: Tool) -> dict[str, Any]:
     function: dict[str, Any] = {"name": tool.name, "parameters": tool.input_schema}
     if tool.description is not None:
         function["description"] = tool.description
+    if tool.strict:
+        function["strict"] = True
     return {"type": "function", "function": function}
 
 
@@ -209,7 +242,9 @@ def response_format(req: CountTokensRequest) -> ResponseFormat | None:
     if fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
         raise bad_request('output_config.format must be {"type": "json_schema", "schema": {...}}.',
                           "output_config.format")
-    return ResponseFormat(type="json_schema", json_schema=JSONSchemaFormat(name="output", schema=fmt["schema"]))
+    # strict: Anthropic's structured outputs always conform to the schema, and refuse what they cannot enforce
+    return ResponseFormat(type="json_schema",
+                          json_schema=JSONSchemaFormat(name="output", schema=fmt["schema"], strict=True))
 
 
 def chat_tools(req: CountTokensRequest) -> list[dict[str, Any]] | None:

@@ -16,9 +16,10 @@ from server.api.state import AppState
 from server.http.asgi import Send
 from server.multimodal.images import ProcessedImage, expand_for_model, has_images, prepare_images
 from server.pipeline.input_processor import build_spec, check_request, external_request_id
-from server.pipeline.parsing import plan_request_tools, request_constraint
-from server.pipeline.structured import check_constraint, structured_outputs
+from server.pipeline.parsing import ChoiceParsers, plan_constrained_tools, request_constraint
+from server.pipeline.structured import Relaxation, structured_outputs
 from server.protocol.openai import ChatCompletionRequest, chat_decoder
+from server.streaming.output_check import checked, relaxed_check, relaxed_headers
 from server.streaming.respond import respond
 
 
@@ -39,11 +40,9 @@ class ChatRoute(PostRoute):
         constraint = await structured_outputs(req, limits.caps)
         config = self.state.config
         tooling = req.tools is not None or req.tool_choice is not None or config.reasoning_parser is not None
-        plan, parsed = None, False
+        plan, parsed, relaxed_tools = None, False, dict[str, Relaxation]()
         if tooling:
-            plan = plan_request_tools(req, config, renderer.tokenizer)
-            if plan is not None and plan.constraint is not None:
-                await check_constraint(plan.constraint, "tools", limits.caps)
+            plan, relaxed_tools = await plan_constrained_tools(req, config, renderer.tokenizer, limits.caps, "tools")
             parsed = (plan is not None and plan.parser is not None) or config.reasoning_parser is not None
         external = external_request_id(xid, req.request_id)
         if llm.admission is not None:  # refuse before rendering when the queue surely has no room
@@ -59,9 +58,10 @@ class ChatRoute(PostRoute):
         mm_inputs = None
         if images is not None:  # one <|image_pad|> per image -> the image's tokens, before any length check
             ids, mm_inputs = expand_for_model(ids, images, config.model_path)
+        so = constraint.so if constraint is not None else None
         if tooling:
-            constraint = request_constraint(plan, constraint, config, text)
-        spec = build_spec(req, ids, limits, external_id=external, stream=req.stream, structured_outputs=constraint)
+            so = request_constraint(plan, so, config, text)
+        spec = build_spec(req, ids, limits, external_id=external, stream=req.stream, structured_outputs=so)
         spec.mm_inputs = mm_inputs
         texts = self.token_texts(renderer, bool(req.logprobs))
         fmt: ChatFormatter
@@ -72,8 +72,12 @@ class ChatRoute(PostRoute):
         else:
             fmt = ChatFormatter(f"chatcmpl-{external}", int(time.time()), self.state.model_name, req.n, texts,
                                 req.return_token_ids)
+        check = relaxed_check(llm.metrics, constraint, relaxed_tools,
+                              ChoiceParsers(plan, config.reasoning_parser, text) if parsed else None)
         opts = req.stream_options
-        await respond(llm, [spec], fmt, send, stream=req.stream,
+        headers = [(b"x-request-id", external.encode()), *relaxed_headers(constraint, relaxed_tools)]
+        await respond(llm, [spec], checked(fmt, check), send, stream=req.stream,
                       include_usage=bool(opts and opts.include_usage),
                       continuous_usage=bool(opts and opts.include_usage and opts.continuous_usage_stats),
-                      keepalive=self.state.config.sse_keepalive, headers=[(b"x-request-id", external.encode())])
+                      keepalive=self.state.config.sse_keepalive, headers=headers,
+                      before_end=check.finish if check is not None else None)

@@ -16,6 +16,7 @@ from server.pipeline.input_processor import (
 )
 from server.pipeline.output_processor import Output
 from server.pipeline.structured import structured_outputs
+from server.streaming.output_check import checked, relaxed_check, relaxed_headers
 from server.protocol.openai import (
     CompletionChoice, CompletionChoiceIds, CompletionLogprobs, CompletionResponse, CompletionStreamResponse, Usage,
     completion_decoder, encoder,
@@ -114,7 +115,7 @@ class CompletionsRoute(PostRoute):
                     check_prompt_ids(prompt, limits.vocab_size)
                     ids = prompt
                 spec = build_spec(req, ids, limits, external_id=external, stream=req.stream, index_offset=k * req.n,
-                                  structured_outputs=constraint)
+                                  structured_outputs=constraint.so if constraint is not None else None)
                 specs.append(spec)
                 if req.echo:
                     text = prompt if isinstance(prompt, str) else await renderer.decode(ids, req.skip_special_tokens)
@@ -127,8 +128,10 @@ class CompletionsRoute(PostRoute):
                                   texts=texts, first_prompt_ids=first_ids,
                                   prompt_ids=prompt_ids if req.return_token_ids else None)
         opts = req.stream_options
-        headers = [(b"x-request-id", external.encode())]
-        await respond(llm, specs, fmt, send, stream=req.stream,
+        headers = [(b"x-request-id", external.encode()), *relaxed_headers(constraint, {})]
+        check = relaxed_check(llm.metrics, constraint, {})
+        await respond(llm, specs, checked(fmt, check), send, stream=req.stream,
                       include_usage=bool(opts and opts.include_usage),
                       continuous_usage=bool(opts and opts.include_usage and opts.continuous_usage_stats),
-                      keepalive=self.state.config.sse_keepalive, headers=headers)
+                      keepalive=self.state.config.sse_keepalive, headers=headers,
+                      before_end=check.finish if check is not None else None)

@@ -28,6 +28,7 @@ from server.http.asgi import Send
 from server.pipeline.input_processor import build_spec, check_prompt_ids, check_request, external_request_id
 from server.pipeline.output_processor import Output
 from server.pipeline.structured import structured_outputs
+from server.streaming.output_check import relaxed_headers
 from server.protocol.openai import CompletionRequest, Int64, StreamOptions, StructuredOutputsParams, Usage, encoder
 
 _enc = encoder.encode
@@ -128,9 +129,10 @@ class GenerateRoute(PostRoute):
         constraint = await structured_outputs(req, limits.caps, prefix="sampling_params.")
         external = external_request_id(xid, raw.request_id)
         spec = build_spec(req, list(raw.token_ids), limits, external_id=external, stream=raw.stream,
-                          structured_outputs=constraint)
+                          structured_outputs=constraint.so if constraint is not None else None)
         texts = self.token_texts(renderer, req.logprobs is not None)
         opts = raw.stream_options
         await respond(llm, [spec], GenerateFormatter(external, texts), send, stream=raw.stream,
                       include_usage=bool(opts and opts.include_usage),
-                      keepalive=self.state.config.sse_keepalive, headers=[(b"x-request-id", external.encode())])
+                      keepalive=self.state.config.sse_keepalive,
+                      headers=[(b"x-request-id", external.encode()), *relaxed_headers(constraint, {})])

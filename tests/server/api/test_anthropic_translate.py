@@ -61,7 +61,8 @@ def test_tool_use_and_tool_result_become_tool_calls_and_tool_messages() -> None:
         {"role": "assistant", "content": [
             {"type": "thinking", "thinking": "use the tool", "signature": "sig"},
             {"type": "text", "text": "Checking."},
-            {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
+            {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {"city": "Lyon"}}]},
         {"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": "toolu_1", "content": "22C"},
             {"type": "tool_result", "tool_use_id": "toolu_2", "is_error": True,
@@ -71,9 +72,11 @@ def test_tool_use_and_tool_result_become_tool_calls_and_tool_messages() -> None:
         {"role": "user", "content": "Weather in Paris?"},
         {"role": "assistant", "content": "Checking.", "reasoning_content": "use the tool",
          "tool_calls": [{"id": "toolu_1", "type": "function",
-                         "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+                         "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+                        {"id": "toolu_2", "type": "function",
+                         "function": {"name": "get_weather", "arguments": {"city": "Lyon"}}}]},
         {"role": "tool", "tool_call_id": "toolu_1", "name": "get_weather", "content": "22C"},
-        {"role": "tool", "tool_call_id": "toolu_2", "content": "Error: timeout"},  # is_error: visible to the model
+        {"role": "tool", "tool_call_id": "toolu_2", "name": "get_weather", "content": "Error: timeout"},  # is_error
         {"role": "user", "content": "Thanks"}]
     assert chat.tools == [{"type": "function", "function": {
         "name": "get_weather", "parameters": WEATHER["input_schema"], "description": "Weather for a city"}}]
@@ -301,3 +304,36 @@ def test_a_call_whose_arguments_are_not_an_object_stays_text() -> None:
     body = json.loads(parsed().final([Output(0, '<tool_call>\n{"name": "f", "arguments": [1]}\n</tool_call>', [1],
                                              3, "stop")], Usage(7, 3, 10)))
     assert all(b["type"] == "text" for b in body["content"])
+
+
+# ------------------------------------------------------- tool_use / tool_result pairing (Anthropic's 400s)
+
+USE = {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_a", "name": "get_weather",
+                                         "input": {"city": "Paris"}}]}
+
+
+def _result(use_id: str) -> dict[str, Any]:
+    return {"type": "tool_result", "tool_use_id": use_id, "content": "22C"}
+
+
+@pytest.mark.parametrize("messages, words, param", [
+    ([{"role": "user", "content": [_result("toolu_x")]}], "unexpected `tool_use_id` found in `tool_result` blocks: "
+     "toolu_x", "messages[0].content[0]"),  # no assistant turn before it at all
+    ([*USER, USE, {"role": "user", "content": [_result("toolu_a"), _result("toolu_b")]}],
+     "unexpected `tool_use_id` found in `tool_result` blocks: toolu_b", "messages[2].content[1]"),
+    ([*USER, USE, {"role": "user", "content": "what now?"}],
+     "`tool_use` ids were found without `tool_result` blocks immediately after: toolu_a", "messages[1]"),
+    ([*USER, USE, {"role": "user", "content": [{"type": "text", "text": "what now?"}]}],
+     "without `tool_result` blocks immediately after: toolu_a", "messages[1]"),
+    ([*USER, USE, {"role": "user", "content": [_result("toolu_a")]}, {"role": "assistant", "content": "ok"},
+      {"role": "user", "content": [_result("toolu_a")]}],  # answered once; the second answers no tool_use before it
+     "unexpected `tool_use_id` found in `tool_result` blocks: toolu_a", "messages[4].content[0]"),
+])
+def test_tool_results_must_answer_the_previous_turns_tool_uses(messages: list[Any], words: str, param: str) -> None:
+    e = refused(tools=[WEATHER], messages=messages)
+    assert words in e.message and e.param == param and e.status == 400
+
+
+def test_paired_tool_results_and_a_final_tool_use_prefill_pass() -> None:
+    chat_request(decode(tools=[WEATHER], messages=[*USER, USE, {"role": "user", "content": [_result("toolu_a")]}]))
+    chat_request(decode(tools=[WEATHER], messages=[*USER, USE]))  # a prefill: nothing after it to answer it yet

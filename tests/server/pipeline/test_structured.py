@@ -173,10 +173,13 @@ def test_generate_prefix_names_the_nested_field() -> None:
     ({"structured_outputs": {"json": [1, 2]}}, None, None),  # wrong type: msgspec's 400 (see the protocol tests)
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}},
      "response_format.json_schema.schema", "strin"),
-    ({"response_format": {"type": "json_schema",
-                          "json_schema": {"name": "x", "schema": {"type": "string", "format": "bogus"}}}},
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": True,
+                                                                 "schema": {"type": "string", "format": "bogus"}}}},
      "response_format.json_schema.schema", "Unknown format: bogus"),
-    ({"guided_json": {"$ref": "#/definitions/missing"}}, "guided_json", "missing"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": True,
+                                                                 "schema": {"$ref": "#/definitions/missing"}}}},
+     "response_format.json_schema.schema", "missing"),
+    ({"guided_json": {"type": "integer", "minimum": 5, "maximum": 1}}, "guided_json", "minimum"),
     ({"structured_outputs": {"regex": "a(b"}}, "structured_outputs.regex", "unclosed group"),
     ({"structured_outputs": {"grammar": "start: undefined_rule"}}, "structured_outputs.grammar", "undefined_rule"),
     ({"structured_outputs": {"grammar": "root ::= ("}}, "structured_outputs.grammar", "invalid grammar"),
@@ -203,8 +206,8 @@ async def test_what_the_backend_cannot_enforce_is_a_400(fields: dict[str, Any], 
     {"structured_outputs": {"grammar": 'root ::= "yes" | "no"'}},  # GBNF
 ])
 async def test_valid_constraints_pass_the_real_backend(fields: dict[str, Any]) -> None:
-    so = await structured_outputs(chat(**fields), CAPS)
-    assert so is not None and grammar.validate(so) is None
+    found = await structured_outputs(chat(**fields), CAPS)
+    assert found is not None and found.relaxed is None and grammar.validate(found.so) is None
 
 
 @pytest.mark.anyio
@@ -230,7 +233,7 @@ async def test_spec_size_at_just_under_and_just_over_the_default_cap(over: int,
         return None
     monkeypatch.setattr(structured, "backend_validate", stand_in)
     cap = CAPS.max_structured_output_size
-    assert cap == 64 * 1024
+    assert cap == 256 * 1024
     req = chat(structured_outputs={"regex": "a" * (cap + over)})
     if over <= 0:
         assert await structured_outputs(req, CAPS) is not None and seen == [cap + over]
@@ -280,7 +283,7 @@ async def test_a_blocked_compile_does_not_stall_another_request(monkeypatch: pyt
         tg.start_soon(slow)
         await anyio.to_thread.run_sync(entered.wait)  # the slow compile is running in its thread
         fast = await structured_outputs(chat(guided_regex="fast"), CAPS)  # a second request validates meanwhile
-        assert fast == StructuredOutputs("regex", "fast") and not slow_done.is_set()
+        assert fast is not None and fast.so == StructuredOutputs("regex", "fast") and not slow_done.is_set()
         release.set()
     assert slow_done.is_set()
 
@@ -343,7 +346,8 @@ async def test_check_constraint_for_constraints_built_elsewhere() -> None:
 async def test_the_constraint_reaches_sampling_params_of_every_choice() -> None:
     limits = ModelLimits(max_model_len=100, vocab_size=1000)
     req = completion(n=2, seed=5, structured_outputs={"choice": ["a", "b"]})
-    so = await structured_outputs(req, limits.caps)
+    found = await structured_outputs(req, limits.caps)
+    so = found.so if found is not None else None
     spec = build_spec(req, [1, 2, 3], limits, external_id="x", stream=False, structured_outputs=so)
     assert spec.params.structured_outputs == StructuredOutputs("choice", '["a","b"]')
     assert [spec.child_params(i).structured_outputs for i in range(2)] == [so, so]
