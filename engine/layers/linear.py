@@ -3,8 +3,8 @@
 Models call these instead of `F.linear` on raw weights, so each weight is held in the form fastest on its
 device, chosen once at load, with no re-layout or dtype conversion per step:
 - bfloat16 on a CPU with native bf16 (AVX512-BF16 / AMX): oneDNN with the weight pre-packed into its
-  blocked layout (`PackedLinear`). Plain `F.linear` re-lays the weight out on every call, which roughly
-  doubles the bytes a decode step streams (bench/README.md has the figures); the result is bitwise the same.
+  blocked layout (`PackedLinear`). Plain `F.linear` re-lays the weight out on every call, and a decode step's
+  projections took about twice the CPU time that way (bench/README.md); the result is bitwise the same.
 - quantization "int8": weight-only int8, one symmetric scale per output channel, activations stay in the
   model's dtype (`Int8Linear`, through ATen's `_weight_int8pack_mm`).
 - anything else (GPU, float32): `F.linear` on the weight as loaded.
