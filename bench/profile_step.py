@@ -56,6 +56,17 @@ def instrument(core: EngineCore, totals: dict[str, float]) -> None:
     core.sampler.sample = _timed(totals, "sample", core.sampler.sample)  # type: ignore[method-assign]
 
 
+def instrument_forward(core: EngineCore, totals: dict[str, float]) -> None:
+    """Inside forward: the projections ("linear") and attention ("attention"), wrapped per layer object."""
+    model = core.runner.model
+    for layer in getattr(model, "layers", []):
+        for name in ("qkv", "o", "gate_up", "down"):
+            if hasattr(layer, name):
+                setattr(layer, name, _timed(totals, "linear", getattr(layer, name)))
+    ops = model.ops
+    model.ops = type("TimedOps", (ops,), {"attention": staticmethod(_timed(totals, "attention", ops.attention))})
+
+
 def add_batch(core: EngineCore, batch: int, prompt_len: int, params: SamplingParams) -> None:
     rng = random.Random(batch)
     for i in range(batch):
@@ -99,7 +110,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--repetition-penalty", type=float, default=1.0)
     ap.add_argument("--quantization", default=None, choices=("int8",))
     ap.add_argument("--no-roofline", action="store_true", help="skip measuring the machine")
+    ap.add_argument("--split-projections", action="store_true", help="cut big projections over the threads")
     ap.add_argument("--device", default="auto", help="auto (cuda when there is one), cpu or cuda")
+    ap.add_argument("--split-forward", action="store_true", help="also time projections and attention in forward")
     ap.add_argument("--torch-profile", action="store_true")
     return ap.parse_args()
 
@@ -110,7 +123,9 @@ def main() -> None:
     if args.model is None:
         from engine.models.random_checkpoint import demo_checkpoint_path
         args.model = str(demo_checkpoint_path())
-    extra = {"quantization": args.quantization} if args.quantization else {}
+    extra: dict[str, Any] = {"quantization": args.quantization} if args.quantization else {}
+    if args.split_projections:
+        extra["split_projections"] = True
     core = EngineCore(EngineConfig(model=args.model, dtype=args.dtype, max_num_seqs=256, device=args.device,
                                    max_num_batched_tokens=8192, enable_prefix_caching=False, **extra))
     gpu = core.runner.device.type == "cuda"
@@ -127,6 +142,8 @@ def main() -> None:
     model_dtype = core.runner.model_dtype
     totals: dict[str, float] = defaultdict(float)
     instrument(core, totals)
+    if args.split_forward:
+        instrument_forward(core, totals)
     for r in range(args.repeat):
         rates = None if args.no_roofline else \
             measure_gpu(model_dtype, str(core.runner.device)) if gpu else best_rates(model_dtype, args.threads)
@@ -134,6 +151,9 @@ def main() -> None:
         for name in (*PHASES, "postprocess"):
             cpu = f"  (cpu {ms[name + '/cpu']:.2f} ms)" if name + "/cpu" in ms else ""
             print(f"{name:>12} {ms.get(name, 0.0):8.2f} ms{cpu}")
+            if name == "forward" and "linear" in ms:
+                for part in ("linear", "attention"):
+                    print(f"{'. ' + part:>12} {ms[part]:8.2f} ms  (cpu {ms[part + '/cpu']:.2f} ms)")
         print(f"{'(update)':>12} {ms.get('update', 0.0):8.2f} ms  (inside postprocess)")
         step_ms = total / args.steps * 1e3
         print(f"{'step':>12} {step_ms:8.2f} ms  -> {args.batch * args.steps / total:.0f} tok/s")

@@ -32,6 +32,9 @@ class EngineConfig:
     # "int8": weight-only int8 projections and LM head (per-output-channel symmetric scales), activations in
     # --dtype; CPU only, off by default (bench/README.md has its speed and its agreement with bfloat16)
     quantization: str | None = None
+    # CPU: cut big projections into parts the step's threads share (engine/layers/parallel.py); off by default:
+    # on the busy 2-core box it cost ~20% more CPU for no wall time (bench/README.md, "Speed on a real model")
+    split_projections: bool = False
     max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048

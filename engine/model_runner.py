@@ -74,12 +74,11 @@ class ModelRunner:
         path = resolve_model(config.model)
         # Read the limit before loading, so the rotary table is sized for max_model_len only.
         self.max_model_len = max_model_len(read_config(path), config.max_model_len)
-        # The LM head's chunks and the big projections' parts are shared by this many threads (torch's
-        # thread count at startup); the rest of the step runs on one (see one_intra_op_thread). Set before
-        # the load: the projections are cut for this many (engine/layers/linear.py).
+        # The LM head's chunks (and with split_projections the big projections' parts) are shared by this many
+        # threads (torch's thread count at startup); the rest of the step runs on one (see one_intra_op_thread).
+        # Set before the load: the projections are cut for this many (engine/layers/linear.py).
         self.head_workers = torch.get_num_threads() if self.device.type == "cpu" else 1
-        WORKERS.configure(self.head_workers)
-        self._pool = WORKERS.pool
+        WORKERS.configure(self.head_workers, config.split_projections)
         self.model, info = self._load(path, config)
         self.vocab_size = info.vocab_size
         self.eos_token_ids = info.eos_token_ids
@@ -223,7 +222,8 @@ class ModelRunner:
         reuse = self.model.head.fills_out and self.model.head.vocab == self.vocab_size
         out = self._logits_buffer(inputs.num_samples) if reuse else None
         if inputs.num_samples:
-            logits = self.model.compute_logits(sampled, out=out, pool=self._pool, workers=self.head_workers)
+            # the process's threads as they are now (another runner in this process may have remade the pool)
+            logits = self.model.compute_logits(sampled, out=out, pool=WORKERS.pool, workers=WORKERS.n)
         else:  # only prompt chunks that end mid-prompt: no row samples, no LM head
             logits = hidden.new_empty((0, self.vocab_size), dtype=torch.float32)
         prompt_logits = {i: self.model.compute_logits(hidden[r:r + n]) for i, (r, n) in inputs.prompt_rows.items()}

@@ -35,6 +35,7 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--renderer-num-workers", "renderer_num_workers", int, "template/tokenizer worker processes"),
     ("--seed", "seed", int, "engine seed"),
     ("--dtype", "dtype", str, "auto, float32, bfloat16 or float16"),
+    ("--quantization", "quantization", str, "int8: weight-only int8 weights, per output channel (CPU; off by default)"),
     ("--shutdown-timeout", "shutdown_timeout", float, "seconds to finish in-flight requests on shutdown"),
     ("--worker-class", "worker_class", str, "trio (default), asyncio or uvloop"),
     ("--block-size", "block_size", int, "KV-cache block size in tokens"),
@@ -103,7 +104,7 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spindle", description="OpenAI-compatible LLM server. "
                                      "`spindle render --model M`: render routes only, no engine. "
-                                     "`spindle make-demo [--arch NAME] PATH` writes the demo checkpoint.")
+                                     "`spindle make-demo [--vision | --arch NAME | --shape NAME] PATH` writes a demo checkpoint.")
     for flag, dest, typ, text in _FLAGS:
         parser.add_argument(flag, dest=dest, type=typ, default=None, help=text)
     parser.add_argument("--api-key", dest="api_keys", action="append", default=None,
@@ -174,8 +175,9 @@ def run(config: ServerConfig) -> int:
 
 
 def _make_demo(args: list[str]) -> int:
-    """`make-demo [--vision | --arch NAME] PATH`: write the demo checkpoint (--vision: a random-weight Qwen2-VL
-    one; --arch: another family at the demo's size, engine/models/random_checkpoint.py FAMILY_DEMOS)."""
+    """`make-demo [--vision | --arch NAME | --shape NAME] PATH`: write the demo checkpoint (--vision: a random-weight
+    Qwen2-VL one; --arch: another family at the demo's size; --shape: a real model's shape in bf16; see
+    engine/models/random_checkpoint.py)."""
     from engine.models.random_checkpoint import make_demo_command  # why here: it imports torch
 
     return make_demo_command(args)

@@ -69,6 +69,7 @@ class ServerConfig:
     renderer_num_workers: int = 1
     seed: int = 0
     dtype: str = "auto"
+    quantization: str | None = None  # "int8": weight-only int8 on CPU (engine/layers/linear.py); off by default
     shutdown_timeout: float = 10.0  # seconds for in-flight requests and the engine to stop
     worker_class: WorkerClass = "trio"
     kv_cache_memory: int = 1 << 30
@@ -217,7 +218,8 @@ class ServerConfig:
 
     def _engine_config(self, model: str) -> EngineConfig:
         return EngineConfig(
-            model=model, dtype=self.dtype, max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
+            model=model, dtype=self.dtype, quantization=self.quantization, max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens, block_size=self.block_size,
             kv_cache_memory=self.kv_cache_memory, num_blocks=self.num_blocks,
             enable_prefix_caching=self.enable_prefix_caching, seed=self.seed, device=self.device,

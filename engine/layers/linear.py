@@ -3,8 +3,8 @@
 Models call these instead of `F.linear` on raw weights, so each weight is held in the form fastest on its
 device, chosen once at load, with no re-layout or dtype conversion per step:
 - bfloat16 on a CPU with native bf16 (AVX512-BF16 / AMX): oneDNN with the weight pre-packed into its
-  blocked layout (`PackedLinear`). Plain `F.linear` re-lays the weight out on every call, which roughly
-  doubles the bytes a decode step streams (bench/README.md has the figures); the result is bitwise the same.
+  blocked layout (`PackedLinear`). Plain `F.linear` re-lays the weight out on every call, and a decode step's
+  projections took about twice the CPU time that way (bench/README.md); the result is bitwise the same.
 - quantization "int8": weight-only int8, one symmetric scale per output channel, activations stay in the
   model's dtype (`Int8Linear`, through ATen's `_weight_int8pack_mm`).
 - anything else (GPU, float32): `F.linear` on the weight as loaded.
@@ -123,7 +123,8 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, quantiza
         make = Int8Linear
     elif weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and cpu_packs_bf16():
         make = PackedLinear
-    if make is not Linear and WORKERS.n > 1 and weight.numel() * weight.element_size() >= 2 * SPLIT_CHUNK_BYTES:
+    big = weight.numel() * weight.element_size() >= 2 * SPLIT_CHUNK_BYTES
+    if make is not Linear and WORKERS.n > 1 and WORKERS.split_projections and big:
         parts = max(2 * WORKERS.n, weight.numel() * weight.element_size() // SPLIT_CHUNK_BYTES)
         return SplitLinear(weight, bias, make, parts)
     return make(weight, bias)

@@ -22,9 +22,11 @@ class Workers:
     def __init__(self) -> None:
         self.n = 1
         self.pool: ThreadPoolExecutor | None = None
+        self.split_projections = False  # engine/layers/linear.py cuts big projections only when set
 
-    def configure(self, n: int) -> None:
+    def configure(self, n: int, split_projections: bool = False) -> None:
         """Use n threads (this one included) from now on; the pool is remade only when n changes."""
+        self.split_projections = split_projections
         n = max(1, n)
         if n == self.n:
             return

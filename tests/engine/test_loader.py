@@ -11,6 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from engine.config import EngineConfig
+from engine.layers.linear import Int8Linear
 from engine.models.random_checkpoint import write_random_checkpoint
 from engine.models.loader import load_model, pick_dtype, resolve_model, slow_half_precision
 from engine.models.weights import ModelLoadError
@@ -77,6 +79,16 @@ def test_eos_falls_back_to_config_json(small: Path, tmp_path: Path) -> None:
 def test_explicit_dtype(small: Path) -> None:
     model, info = load_model(small, "bfloat16", "cpu")
     assert info.dtype == "bfloat16" and model.layers[0].qkv.dense_weight().dtype == torch.bfloat16
+
+
+def test_int8_quantization_is_cpu_only_and_validated(small: Path) -> None:
+    model, _ = load_model(small, "bfloat16", "cpu", quantization="int8")
+    assert model.layers[0].down.dense_weight().dtype == torch.bfloat16
+    assert all(isinstance(lin, Int8Linear) for _, _, lin in model.head.chunks)  # the LM head too
+    with pytest.raises(ModelLoadError, match="CPU only"):
+        load_model(small, "bfloat16", "cuda", quantization="int8")  # refused before any weight is read
+    with pytest.raises(ValueError, match="int8"):
+        EngineConfig(model=str(small), quantization="int4")
 
 
 def test_auto_dtype_is_float32_on_cpu_and_the_checkpoints_on_gpu(tmp_path: Path) -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from engine.config import EngineConfig
+from engine.layers.linear import Int8Linear
 from engine.messages import SamplingParams
 from engine.model_runner import ModelRunner
 from engine.models.weights import ModelLoadError
@@ -24,7 +26,8 @@ ATOL = 1e-4
 def hf_logits(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
     """[len(tokens), vocab]: transformers' logits at every position, no cache."""
     with torch.no_grad():
-        return model(torch.tensor([tokens])).logits[0].float()
+        logits: torch.Tensor = model(torch.tensor([tokens])).logits[0].float()
+    return logits
 
 
 class Blocks:
@@ -55,9 +58,8 @@ def step(runner: ModelRunner, blocks: Blocks, work: list[tuple[Sequence, int]]):
     return out
 
 
-def make_runner(path: Path, **kw: object) -> ModelRunner:
-    return ModelRunner(EngineConfig(model=str(path), block_size=BLOCK, num_blocks=kw.pop("num_blocks", 64),
-                                    **kw))  # type: ignore[arg-type]
+def make_runner(path: Path, **kw: Any) -> ModelRunner:
+    return ModelRunner(EngineConfig(model=str(path), block_size=BLOCK, num_blocks=kw.pop("num_blocks", 64), **kw))
 
 
 def prompt(n: int, seed: int, vocab: int = 32_000) -> list[int]:
@@ -163,6 +165,24 @@ def test_bfloat16_runs_close_to_transformers(llama_ckpt: Path) -> None:
     # bfloat16 keeps ~3 significant digits: close to the float32 reference, and the same top token.
     torch.testing.assert_close(out.logits[0], ref, atol=0.25, rtol=0.05)
     assert int(out.logits[0].argmax()) == int(ref.argmax())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_int8_weights_run_close_to_transformers(llama_ckpt: Path, dtype: str) -> None:
+    """--quantization int8: prefill and decode logits within the int8 grid's error of the float32 model."""
+    runner = make_runner(llama_ckpt, dtype=dtype, quantization="int8")
+    assert all(isinstance(lin, Int8Linear) for layer in runner.model.layers
+               for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
+    hf = hf_model(llama_ckpt)
+    tokens = prompt(12, seed=13)
+    seq, blocks = new_seq("a", tokens, prompt_logprobs=0), Blocks(64, seed=14)
+    prefill = step(runner, blocks, [(seq, 11)]).prompt_logits[0]
+    out = step(runner, blocks, [(seq, 1)])
+    ref = hf_logits(hf, tokens)
+    for got, want in ((prefill, ref[:11]), (out.logits[0], ref[-1])):
+        err = float((got - want).abs().max())
+        assert 1e-4 < err < 0.05 * float(want.abs().max()), err  # quantized, but close
+    assert int(out.logits[0].argmax()) == int(ref[-1].argmax())
 
 
 @pytest.mark.parametrize("dtype, threads", [("float32", 1), ("bfloat16", 1), ("float32", 2)])

@@ -111,6 +111,26 @@ def test_config_imports_nothing_else_from_the_server() -> None:
     assert not [m for m in imported if m == "server" or m.startswith("server.")]
 
 
+def test_quantization_flag_reaches_the_engine_and_is_checked_at_startup() -> None:
+    assert config_from_args([]).engine_config().quantization is None  # off by default
+    assert config_from_args(["--quantization", "int8"]).engine_config().quantization == "int8"
+    assert ServerConfig.from_env({"SPINDLE_QUANTIZATION": "int8"}).quantization == "int8"
+    with pytest.raises(ValueError, match="--quantization must be one of int8"):
+        config_from_args(["--quantization", "int4"])
+
+
+def test_make_demo_shape_writes_that_shape(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import engine.models.demo_shapes as demo_shapes
+    from server.cli import main
+
+    calls: list[tuple[str, object]] = []
+    monkeypatch.setattr(demo_shapes, "write_shaped_checkpoint",
+                        lambda path, shape, **kw: calls.append((str(path), shape)))
+    assert main(["make-demo", "--shape", "llama-3.2-1b", str(tmp_path / "l")]) == 0
+    assert calls == [(str(tmp_path / "l"), demo_shapes.SHAPES["llama-3.2-1b"])]
+    assert main(["make-demo", "--shape"]) == 2  # no path: the usage line
+
+
 def test_pooling_flags() -> None:
     cfg = config_from_args(["--runner", "pooling", "--convert", "classify", "--pooler-config",
                             '{"pooling_type": "cls", "use_activation": false}', "--max-documents-per-request", "8"])

@@ -59,7 +59,9 @@ def test_split_parts_equal_the_uncut_projection(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(linear, "SPLIT_CHUNK_BYTES", 8 << 10)
     w, b = weights(1000, 64, torch.bfloat16, seed=3)  # 125 KiB: 15 parts of 64-row multiples
     whole = (Int8Linear if quantization else PackedLinear)(w, b)
-    WORKERS.configure(2)
+    WORKERS.configure(2)  # not asked to split: the threads only share the LM head
+    assert not isinstance(make_linear(w, b, quantization), SplitLinear)
+    WORKERS.configure(2, split_projections=True)
     lin = make_linear(w, b, quantization)
     assert isinstance(lin, SplitLinear) and len(lin.parts) > 4
     assert all((end - start) % 64 == 0 for start, end, _ in lin.parts[:-1])
@@ -68,7 +70,7 @@ def test_split_parts_equal_the_uncut_projection(monkeypatch: pytest.MonkeyPatch,
         x = torch.randn(rows, 64).to(torch.bfloat16)
         assert torch.equal(lin(x), whole(x))
     assert torch.equal(lin.dense_weight(), whole.dense_weight())
-    WORKERS.configure(1)  # one worker: nothing is cut
+    WORKERS.configure(1, split_projections=True)  # one worker: nothing is cut
     assert not isinstance(make_linear(w, b, quantization), SplitLinear)
 
 
