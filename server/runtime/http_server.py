@@ -67,6 +67,8 @@ class _Shutdown:
         with self.listening:
             async with anyio.create_task_group() as tg:
                 with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
+                    # blocked in an API process the launcher started (runtime/launcher.py): held ones arrive now
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
                     draining = False
                     async for signum in received:
                         if signum == signal.SIGTERM and not draining:

@@ -56,8 +56,6 @@ def run_api_servers(config: ServerConfig) -> int:
     fleet = _start(cfg, listener)
     log.info("%d API servers on %s:%d, %d engine core(s) (pid %s)", cfg.api_server_count, cfg.host, cfg.port,
              cfg.data_parallel_size, ", ".join(map(str, fleet.engines)))
-    signal.signal(signal.SIGTERM, fleet.forward)
-    signal.signal(signal.SIGINT, fleet.forward)
     code = fleet.wait()
     fleet.stop_engines()
     return code
@@ -70,18 +68,28 @@ def _start(cfg: ServerConfig, listener: socket.socket) -> _Fleet:
     # pairs[e][i]: engine e's channel to API process i (the engine keeps [0], the API process [1])
     pairs = [[socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(n)] for _ in range(m)]
     engines = {engine.pid: engine for engine in (_start_engine(cfg, [a for a, _ in channels]) for channels in pairs)}
-    apis: dict[int, subprocess.Popen[bytes]] = {}
-    for i in range(n):
-        ends = [channels[i][1] for channels in pairs]
-        context = WorkerContext(index=i, count=n, listen_fd=listener.fileno(), engine_fds=[b.fileno() for b in ends],
-                                engine_pids=list(engines), shared_fd=shared_fd)
-        proc = _start_api_process(cfg, context)
-        apis[proc.pid] = proc
-        for b in ends:
-            b.close()
+    fleet = _Fleet(engines, {})
+    # The API processes start with SIGINT / SIGTERM blocked (the mask survives exec) and unblock them once they
+    # handle them (http_server.py watch_signals): a stop during their start-up waits for them instead of killing
+    # one mid-import (which made the launcher exit 1). The launcher holds its own until it forwards them.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        for i in range(n):
+            ends = [channels[i][1] for channels in pairs]
+            context = WorkerContext(index=i, count=n, listen_fd=listener.fileno(),
+                                    engine_fds=[b.fileno() for b in ends], engine_pids=list(engines),
+                                    shared_fd=shared_fd)
+            proc = _start_api_process(cfg, context)
+            fleet.add_api(proc)
+            for b in ends:
+                b.close()
+        signal.signal(signal.SIGTERM, fleet.forward)
+        signal.signal(signal.SIGINT, fleet.forward)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
     listener.close()
     os.close(shared_fd)
-    return _Fleet(engines, apis)
+    return fleet
 
 
 def _start_engine(cfg: ServerConfig, ends: list[socket.socket]) -> subprocess.Popen[bytes]:
@@ -107,6 +115,10 @@ class _Fleet:
     def __init__(self, engines: dict[int, subprocess.Popen[bytes]], apis: dict[int, subprocess.Popen[bytes]]) -> None:
         self.engines, self.apis = engines, apis
         self.running = set(apis)  # API processes not reaped yet
+
+    def add_api(self, proc: subprocess.Popen[bytes]) -> None:
+        self.apis[proc.pid] = proc
+        self.running.add(proc.pid)
 
     def forward(self, signum: int, _frame: FrameType | None = None) -> None:
         for p in self.apis.values():

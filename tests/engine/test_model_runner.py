@@ -172,7 +172,7 @@ def test_int8_weights_run_close_to_transformers(llama_ckpt: Path, dtype: str) ->
     """--quantization int8: prefill and decode logits within the int8 grid's error of the float32 model."""
     runner = make_runner(llama_ckpt, dtype=dtype, quantization="int8")
     assert all(isinstance(lin, Int8Linear) for layer in runner.model.layers
-               for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
+               for lin in (layer.qkv, layer.o, layer.mlp.gate_up, layer.mlp.down))
     hf = hf_model(llama_ckpt)
     tokens = prompt(12, seed=13)
     seq, blocks = new_seq("a", tokens, prompt_logprobs=0), Blocks(64, seed=14)

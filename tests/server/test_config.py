@@ -121,10 +121,11 @@ def test_quantization_flag_reaches_the_engine_and_is_checked_at_startup() -> Non
 
 def test_make_demo_shape_writes_that_shape(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import engine.models.demo_shapes as demo_shapes
+    import engine.models.random_checkpoint as random_checkpoint
     from server.cli import main
 
     calls: list[tuple[str, object]] = []
-    monkeypatch.setattr(demo_shapes, "write_shaped_checkpoint",
+    monkeypatch.setattr(random_checkpoint, "write_shaped_checkpoint",
                         lambda path, shape, **kw: calls.append((str(path), shape)))
     assert main(["make-demo", "--shape", "llama-3.2-1b", str(tmp_path / "l")]) == 0
     assert calls == [(str(tmp_path / "l"), demo_shapes.SHAPES["llama-3.2-1b"])]

@@ -51,7 +51,7 @@ def test_a_stop_while_the_api_processes_start_is_a_clean_stop(qwen2_ckpt: Path, 
     srv = start_server(qwen2_ckpt, tmp_path, "--api-server-count", "2", wait=False,
                        env={"SPINDLE_ENGINE_COMMAND": FAKE})
     try:
-        wait_until(lambda: len(children(srv.proc.pid, "[-]m server.api_servers")) == 2, 60,
+        wait_until(lambda: len(children(srv.proc.pid, "[-]m server.runtime.api_process")) == 2, 60,
                    "the launcher started its 2 API processes")
         srv.proc.send_signal(signal.SIGINT)  # within milliseconds of their exec: Python has barely started
         assert srv.proc.wait(60) == 0, srv.log.read_text()[-3000:]
