@@ -30,6 +30,8 @@ from server.api.openai.chat import ChatRoute
 from server.api.openai.completions import CompletionsRoute
 from server.api.openai.embeddings import EmbeddingsRoute
 from server.api.openai.models import ModelsRoute
+from server.api.openai.responses import ResponsesRoute, StoredResponseRoute
+from server.api.openai.responses_store import ResponseStore
 from server.api.render_only import GENERATION_ROUTES, NotHereRoute
 from server.api.render_only import not_found as render_not_found
 from server.api.state import AppState
@@ -149,11 +151,19 @@ def create_app(config: ServerConfig | None = None, *, worker: WorkerContext | No
         Route("/inference/v1/generate", GenerateRoute(state), methods=["POST"]),
         Route("/v1/messages", MessagesRoute(state), methods=["POST"]),
         Route("/v1/messages/count_tokens", CountTokensRoute(state), methods=["POST"]),
+        *_responses_routes(state),
         *_common_routes(state, metrics),
         *([] if config.disable_ui else _ui_routes(state)),
     ]
     public = () if config.disable_ui else PUBLIC_PATHS
     return _asgi(state, routes, _lifespan(state, load.run, fatal, load_in_background), _not_found, public)
+
+
+def _responses_routes(state: AppState) -> list[Route]:
+    store = ResponseStore(state.config.responses_store_size)
+    return [Route("/v1/responses", ResponsesRoute(state, store), methods=["POST"]),
+            Route("/v1/responses/{response_id}", StoredResponseRoute(store), methods=["GET", "DELETE"]),
+            Route("/v1/responses/{response_id}/cancel", StoredResponseRoute(store, cancel=True), methods=["POST"])]
 
 
 def _server_metrics(config: ServerConfig, worker: WorkerContext | None) -> ServerMetrics:
