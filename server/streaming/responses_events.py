@@ -70,7 +70,7 @@ class ResponseBuilder:
         self._close()
         self.output.append(item)
         self._open = item
-        self._emit("response.output_item.added", output_index=len(self.output) - 1, item=dict(item))
+        self._emit("response.output_item.added", output_index=len(self.output) - 1, item=_copy(item))
         return len(self.output) - 1
 
     def _close(self) -> None:
