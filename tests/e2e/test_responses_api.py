@@ -15,23 +15,11 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import TINY
 from tests.e2e.conftest import Server, start_server
 
 WEATHER: Any = {"type": "function", "name": "get_weather", "description": "Weather in a city", "strict": True,
                 "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},
                                "required": ["city"], "additionalProperties": False}}
-
-
-@pytest.fixture(scope="module")
-def qwen25_ckpt(checkpoints_root: Path) -> Path:
-    from engine.models.random_checkpoint import write_random_checkpoint
-
-    path = checkpoints_root / "qwen25"
-    if path.exists():
-        return path
-    return write_random_checkpoint(path, "qwen2", **TINY, vocab_size=151_936, tie_word_embeddings=True,
-                                   rope_theta=1_000_000.0, tokenizer_family="qwen2.5")
 
 
 @pytest.fixture(scope="module")

@@ -84,6 +84,8 @@ class ResponsesRoute(PostRoute):
         check_request(chat, limits)
         constraint = await structured_outputs(chat, limits.caps)
         plan, relaxed_tools = await plan_constrained_tools(chat, config, renderer.tokenizer, limits.caps, "tool_choice")
+        if plan is not None and plan.constraint is not None:  # a forced call writes no text: text.format is moot
+            constraint = None
         external = external_request_id(xid, None)
         if llm.admission is not None:  # refuse before rendering when the queue surely has no room
             admit_early(llm, 1, 1)
