@@ -17,6 +17,7 @@ from server.protocol.responses import ResponsesRequest
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 INCLUDE_OK = ("reasoning.encrypted_content",)  # nothing to add: accepted as a no-op
+LOGPROBS = "message.output_text.logprobs"
 
 
 def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
@@ -196,7 +197,7 @@ def response_format(req: ResponsesRequest) -> ResponseFormat | None:
 def check_unsupported(req: ResponsesRequest) -> None:
     """400s for what this server does not do yet, rather than silently doing something else."""
     for inc in req.include or []:
-        if inc not in INCLUDE_OK:
+        if inc not in INCLUDE_OK and inc != LOGPROBS:
             raise bad_request(f"include {inc!r} is not supported.", "include")
     if req.truncation not in (None, "disabled"):
         raise bad_request('truncation "auto" is not supported: only "disabled".', "truncation")
@@ -213,7 +214,8 @@ def chat_request(req: ResponsesRequest, history: list[Any], *, images: bool = Fa
         model=req.model, messages=chat_messages(req.instructions, items, images), tools=chat_tools(req.tools),
         tool_choice=chat_tool_choice(req.tool_choice), parallel_tool_calls=req.parallel_tool_calls,
         response_format=response_format(req), max_tokens=req.max_output_tokens, temperature=req.temperature,
-        top_p=req.top_p, top_k=req.top_k, seed=req.seed, stop=req.stop, stream=req.stream, user=req.user)
+        top_p=req.top_p, top_k=req.top_k, seed=req.seed, stop=req.stop, stream=req.stream, user=req.user,
+        logprobs=LOGPROBS in (req.include or []), top_logprobs=req.top_logprobs)
     return chat
 
 

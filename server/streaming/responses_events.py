@@ -46,6 +46,7 @@ class ResponseBuilder:
         self._open: dict[str, Any] | None = None  # the item being written
         self._calls: dict[int, dict[str, Any]] = {}  # the parser's call index -> its function_call item
         self.called = False
+        self._logprobs: list[dict[str, Any]] = []  # tokens not yet given to a text delta
 
     def _emit(self, kind: str, **fields: Any) -> None:
         self.events.append({"type": kind, "sequence_number": self.seq, **fields})
@@ -81,7 +82,7 @@ class ResponseBuilder:
         if item["type"] == "message":
             part = item["content"][0]
             self._emit("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
-                       text=part["text"], logprobs=[])
+                       text=part["text"], logprobs=list(part["logprobs"]))
             self._emit("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
                        part=dict(part))
         elif item["type"] == "reasoning":
@@ -102,10 +103,12 @@ class ResponseBuilder:
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
             item["content"].append(part)
             self._emit("response.content_part.added", item_id=item["id"], output_index=index, content_index=0,
-                       part=dict(part))
+                       part=dict(part, logprobs=[]))
+        logprobs, self._logprobs = self._logprobs, []
         item["content"][0]["text"] += text
+        item["content"][0]["logprobs"] = item["content"][0]["logprobs"] + logprobs
         self._emit("response.output_text.delta", item_id=item["id"], output_index=len(self.output) - 1,
-                   content_index=0, delta=text, logprobs=[])
+                   content_index=0, delta=text, logprobs=logprobs)
 
     def _reasoning(self, text: str) -> None:
         item = self._open
@@ -131,7 +134,9 @@ class ResponseBuilder:
 
     # --------------------------------------------------------------------------------- feeding
 
-    def feed(self, text: str, final: bool) -> None:
+    def feed(self, text: str, final: bool, logprobs: list[dict[str, Any]] | None = None) -> None:
+        """The answer's next text; `logprobs`: its tokens' (include message.output_text.logprobs, no parser)."""
+        self._logprobs += logprobs or []
         if self.parser is None:
             if text:
                 self._text(text)
@@ -146,6 +151,8 @@ class ResponseBuilder:
 
     def finish(self, finish_reason: str | None, usage: dict[str, Any]) -> dict[str, Any]:
         """Close the last item and end: response.completed, or response.incomplete (the output token limit)."""
+        if self._logprobs and self._open is not None and self._open["type"] == "message":
+            self._text("")  # the last tokens' logprobs (an end token writes no text), whichever way the text came
         self._close()
         if finish_reason == "length":
             done = self.response("incomplete", usage, "max_output_tokens")
@@ -160,7 +167,8 @@ def _copy(item: dict[str, Any]) -> dict[str, Any]:
     """An item as it stands now (its content parts too: they change while it streams)."""
     out = dict(item)
     if "content" in out:
-        out["content"] = [dict(p) for p in out["content"]]
+        out["content"] = [dict(p, logprobs=list(p["logprobs"])) if "logprobs" in p else dict(p)
+                          for p in out["content"]]
     return out
 
 

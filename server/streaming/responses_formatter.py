@@ -19,9 +19,10 @@ _enc = encoder.encode
 class ResponsesFormatter:
     """One request's answer (the Responses API has no n). `new_parser`: a fresh parser, None: nothing parsed."""
 
-    def __init__(self, base: dict[str, Any], input_tokens: int,
-                 new_parser: Callable[[], ChoiceParser | None]) -> None:
+    def __init__(self, base: dict[str, Any], input_tokens: int, new_parser: Callable[[], ChoiceParser | None],
+                 logprobs: Callable[[Output], list[dict[str, Any]]] | None = None) -> None:
         self.base = base
+        self.logprobs = logprobs  # an output's token logprobs in the Responses shape (None: not asked for)
         self.input_tokens = input_tokens
         self.new_parser = new_parser
         self.builder = ResponseBuilder(base, new_parser())
@@ -38,7 +39,7 @@ class ResponsesFormatter:
     def stream_chunk(self, batch: list[Output], usage: Usage | None) -> bytes | None:
         out = batch[-1]  # one choice: a batch holds its one (merged) output
         final = out.finish_reason is not None
-        self.builder.feed(out.text, final)
+        self.builder.feed(out.text, final, self.logprobs(out) if self.logprobs is not None else None)
         if final:
             self.done = self.builder.finish(
                 out.finish_reason, usage_object(self.input_tokens, out.num_output_tokens, out.num_cached_tokens))
@@ -50,7 +51,7 @@ class ResponsesFormatter:
     def final(self, outputs: list[Output], usage: Usage) -> bytes:
         out = outputs[0]
         builder = ResponseBuilder(self.base, self.new_parser())
-        builder.feed(out.text, True)
+        builder.feed(out.text, True, self.logprobs(out) if self.logprobs is not None else None)
         cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else 0
         self.done = builder.finish(out.finish_reason, usage_object(usage.prompt_tokens, usage.completion_tokens,
                                                                    cached))

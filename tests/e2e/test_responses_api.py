@@ -112,6 +112,23 @@ def test_sdk_stream_helper_and_json_schema(client: openai.OpenAI) -> None:
     assert obj.status == "incomplete" or isinstance(json.loads(obj.output_text), dict)
 
 
+def test_logprobs_include(client: openai.OpenAI) -> None:
+    kw: Any = dict(model="tiny", input="Say hi", max_output_tokens=5, temperature=0, top_logprobs=2,
+                   include=["message.output_text.logprobs"])
+    r = client.responses.create(**kw)
+    part = r.output[0].content[0]  # type: ignore[union-attr]
+    assert part.type == "output_text" and part.logprobs is not None and len(part.logprobs) == 5
+    assert "".join(lp.token for lp in part.logprobs) == part.text
+    assert all(len(lp.top_logprobs) == 2 and lp.logprob <= 0 for lp in part.logprobs)
+    streamed = [lp for e in client.responses.create(stream=True, **kw) if e.type == "response.output_text.delta"
+                for lp in e.logprobs]
+    assert [(lp.token, round(lp.logprob, 4)) for lp in streamed] == [(lp.token, round(lp.logprob, 4))
+                                                                     for lp in part.logprobs]
+    with pytest.raises(openai.BadRequestError) as e:  # a parser at work: not yet
+        client.responses.create(tools=[WEATHER], **kw)
+    assert isinstance(e.value.body, dict) and e.value.body["param"] == "include"
+
+
 def test_function_call_round_trip_and_state(client: openai.OpenAI, srv: Server) -> None:
     kw: Any = dict(model="tiny", tools=[WEATHER], max_output_tokens=60, temperature=0)
     r = client.responses.create(input="Weather in Paris?", tool_choice="required", **kw)
@@ -165,6 +182,8 @@ def test_store_is_a_bounded_lru(client: openai.OpenAI) -> None:
     ({"input": "hi", "tool_choice": {"type": "file_search"}}, "tool_choice"),
     ({"input": "hi", "text": {"format": {"type": "json_schema"}}}, "text.format"),
     ({"input": "hi", "background": True}, "background"),
+    ({"input": "hi", "include": ["file_search_call.results"]}, "include"),
+    ({"input": "hi", "top_logprobs": 2}, "top_logprobs"),
     ({}, "input"),
     ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
 ])

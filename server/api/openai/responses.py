@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from server.api.openai.logprobs import chat_logprobs
 from server.api.openai.responses_store import ResponseStore, StoredResponse
 from server.api.prompts import admit_early, prompts_lower_bound, render_chat, text_prompt_ids
 from server.api.serving import PostRoute
@@ -22,11 +23,12 @@ from server.http.asgi import Receive, Scope, Send, send_error, send_json
 from server.http.errors import APIError
 from server.multimodal.images import expand_for_model, has_images, image_support, prepare_images
 from server.pipeline.async_llm import AsyncLLM
+from server.pipeline.output_processor import Output
 from server.pipeline.input_processor import ModelLimits, build_spec, check_request, external_request_id
 from server.pipeline.parsing import (
     ChoiceParser, ChoiceParsers, plan_constrained_tools, reasoning_parser, request_constraint,
 )
-from server.pipeline.responses_items import chat_request, input_items, responses_error
+from server.pipeline.responses_items import LOGPROBS, chat_request, input_items, responses_error
 from server.pipeline.structured import structured_outputs
 from server.protocol.openai import ChatCompletionRequest
 from server.protocol.responses import ResponsesRequest, encoder, responses_decoder
@@ -99,8 +101,17 @@ class ResponsesRoute(PostRoute):
             tools = plan.parser() if plan is not None and plan.parser is not None else None
             return ChoiceParser(reasoning_parser(config, text), tools) if parsed else None
 
+        if chat.logprobs and parsed:
+            raise APIError(f"include {LOGPROBS!r} is not supported yet with a tool call or reasoning parser at "
+                           "work (tools or --reasoning-parser).", status=400, param="include")
+        texts = self.token_texts(renderer, chat.logprobs)
+
+        def logprobs(out: Output) -> list[dict[str, Any]]:
+            assert texts is not None
+            return [msgspec.to_builtins(lp) for lp in chat_logprobs(out.logprobs or [], texts).content or []]
+
         fmt = ResponsesFormatter(response_base(req, new_id("resp"), self.state.model_name),
-                                 len(spec.prompt_token_ids), new_parser)
+                                 len(spec.prompt_token_ids), new_parser, logprobs if texts is not None else None)
         check = relaxed_check(llm.metrics, constraint, relaxed_tools,
                               ChoiceParsers(plan, config.reasoning_parser, text) if parsed else None)
         headers = [(b"x-request-id", external.encode()), *relaxed_headers(constraint, relaxed_tools)]

@@ -70,6 +70,7 @@ def assemble(evs: list[dict[str, Any]]) -> dict[str, Any]:
             item["content"].append(dict(e["part"]))
         elif kind == "response.output_text.delta":
             item["content"][e["content_index"]]["text"] += e["delta"]
+            item["content"][e["content_index"]]["logprobs"] += e["logprobs"]
         elif kind == "response.reasoning_text.delta":
             item["content"][e["content_index"]]["text"] += e["delta"]
         elif kind == "response.function_call_arguments.delta":
@@ -148,3 +149,22 @@ def test_an_empty_answer_has_no_items() -> None:
     assert [e["type"] for e in evs] == ["response.created", "response.in_progress", "response.completed"]
     assert evs[-1]["response"]["output"] == [] and evs[-1]["response"]["output_text"] == ""
     assert evs[-1]["response"]["usage"]["output_tokens"] == 1
+
+
+def test_logprobs_follow_the_text_whichever_way_it_came() -> None:
+    tokens = ["Hel", "lo", " 你", "好", ""]  # the last: an end token, which writes no text
+    lp = [{"token": t, "logprob": -float(i), "bytes": list(t.encode()), "top_logprobs": []}
+          for i, t in enumerate(tokens)]
+
+    def make() -> ResponsesFormatter:
+        return ResponsesFormatter(dict(BASE), 7, lambda: None, lambda out: lp[int(out.token_ids[0]):
+                                                                                   int(out.token_ids[-1]) + 1])
+    body = json.loads(make().final([Output(0, "".join(tokens), [0, 4], 5, "stop")], Usage(7, 5, 12)))
+    assert body["output"][0]["content"][0]["logprobs"] == lp
+    fmt = make()
+    data = fmt.stream_start()
+    for i, t in enumerate(tokens):
+        data += fmt.stream_chunk([Output(0, t, [i], i + 1, "stop" if i == len(tokens) - 1 else None)], None) or b""
+    evs = events(data)
+    assert without_ids(assemble(evs)) == without_ids(body)
+    assert [x for e in evs if e["type"] == "response.output_text.delta" for x in e["logprobs"]] == lp
