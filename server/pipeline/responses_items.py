@@ -203,6 +203,12 @@ def check_unsupported(req: ResponsesRequest) -> None:
         raise bad_request('truncation "auto" is not supported: only "disabled".', "truncation")
     if req.background:
         raise bad_request("background responses are not supported yet.", "background")
+    if req.conversation is not None:
+        raise bad_request("conversation is not supported: continue a conversation with previous_response_id.",
+                          "conversation")
+    if req.prompt is not None:
+        raise bad_request("prompt (a stored prompt template) is not supported: send instructions and input.",
+                          "prompt")
 
 
 def chat_request(req: ResponsesRequest, history: list[Any], *, images: bool = False) -> ChatCompletionRequest:

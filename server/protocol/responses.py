@@ -44,6 +44,8 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     user: str | None = None
     store: bool = True  # OpenAI's default
     previous_response_id: str | None = None
+    conversation: Any = None  # refused when set (server/pipeline/responses_items.py): no conversations API here
+    prompt: Any = None  # refused when set: no stored prompt templates here
     stream: bool = False
     background: bool = False
 

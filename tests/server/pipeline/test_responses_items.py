@@ -102,6 +102,8 @@ def test_tools_tool_choice_and_text_format() -> None:
     ({"input": "hi", "include": ["file_search_call.results"]}, "include"),
     ({"input": "hi", "truncation": "auto"}, "truncation"),
     ({"input": "hi", "background": True}, "background"),
+    ({"input": "hi", "conversation": "conv_1", "previous_response_id": "resp_1"}, "conversation"),
+    ({"input": "hi", "prompt": {"id": "pmpt_1"}}, "prompt"),
 ])
 def test_400s_name_the_field(kw: dict[str, Any], param: str) -> None:
     with pytest.raises(APIError) as e:
