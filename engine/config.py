@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from engine.pooling_config import CONVERTS, check_pooler_overrides
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 RUNNERS = ("generate", "pooling")
-POOLING_TYPES = ("LAST", "MEAN")
 
 
 def parse_bytes(text: str | int) -> int:
@@ -42,9 +43,9 @@ class EngineConfig:
     structured_outputs_warmup: bool = False
     device: str = "auto"  # auto: cuda when available, else cpu
     scheduling_policy: str = "fcfs"  # "priority": waiting requests by (priority, arrival); fcfs: by arrival
-    runner: str = "generate"  # "pooling": prefill only, one embedding per request (engine/pooler.py)
-    pooling_type: str = "LAST"  # with runner "pooling": LAST (the last token's hidden state) or MEAN
-    pooling_normalize: bool = True  # with runner "pooling": L2-normalize each embedding
+    runner: str = "generate"  # "pooling": prefill only, one pooled output per request (engine/pooler.py)
+    convert: str = "auto"  # runner "pooling": embed | classify | auto (the architecture's; engine/pooling_config.py)
+    pooler_config: dict[str, Any] = field(default_factory=dict)  # runner "pooling": --pooler-config's overrides
     # Tensor parallelism (engine/distributed/): ranks over nodes, torchrun's names for the rendezvous.
     tensor_parallel_size: int = 1
     nnodes: int = 1
@@ -67,8 +68,9 @@ class EngineConfig:
             raise ValueError(f"--scheduling-policy must be fcfs or priority, not {self.scheduling_policy!r}")
         if self.runner not in RUNNERS:
             raise ValueError(f"--runner must be generate or pooling, not {self.runner!r}")
-        if self.pooling_type not in POOLING_TYPES:
-            raise ValueError(f"pooling_type must be one of {', '.join(POOLING_TYPES)}, not {self.pooling_type!r}")
+        if self.convert not in CONVERTS:
+            raise ValueError(f"--convert must be one of {', '.join(CONVERTS)}, not {self.convert!r}")
+        check_pooler_overrides(self.pooler_config)
         if self.heartbeat_interval <= 0:
             raise ValueError("heartbeat_interval must be positive")
         self._check_parallel()

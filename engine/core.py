@@ -13,11 +13,13 @@ import msgspec
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.distributed.runner import TPModelRunner
-from engine.messages import AddRequest, EngineStats, Ready, RequestOutput, TokenLogprobs
+from engine.messages import AddRequest, EngineStats, PoolingInfo, Ready, RequestOutput, TokenLogprobs
 from engine.model_runner import ModelRunner, one_intra_op_thread
-from engine.models.loader import read_config, resolve_model
+from engine.models.loader import ModelLoadError, read_config, resolve_model
+from engine.models.pooling_archs import check_runner, load_score_head
 from engine.params import validate_params
 from engine.pooler import Pooler
+from engine.pooling_config import pooling_info
 from engine.sampler import Sampler
 from engine.scheduler import RequestRefused, Scheduler
 from engine.sequence import ScheduledSeq, Sequence
@@ -37,12 +39,14 @@ def make_runner(config: EngineConfig) -> ModelRunner:
 class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        check_runner(read_config(resolve_model(config.model)), config.runner)  # no LM head: pooling only
         self.runner = make_runner(config)  # tensor parallel: rank 0, which starts the other ranks
         self.max_model_len = self.runner.max_model_len
         self.vocab_size = self.runner.vocab_size
         self.eos_token_ids = frozenset(self.runner.eos_token_ids)
-        # runner "pooling": one embedding per request, no tokens sampled (engine/pooler.py)
-        self.pooler = Pooler(config.pooling_type, config.pooling_normalize) if config.runner == "pooling" else None
+        # runner "pooling": one pooled output per request, no tokens sampled (engine/pooler.py)
+        self.pooling: PoolingInfo | None = None
+        self.pooler = self._make_pooler() if config.runner == "pooling" else None
         # MEAN pooling reads every prompt position's hidden state: a prefix-cache hit would skip some
         caching = config.enable_prefix_caching and not (self.pooler is not None and self.pooler.needs_all_rows)
         self.block_manager = BlockManager(self.runner.num_blocks, self.runner.block_size, caching,
@@ -64,19 +68,26 @@ class EngineCore:
         return LLGuidanceBackend.from_checkpoint(resolve_model(self.config.model), self.vocab_size,
                                                  sorted(self.eos_token_ids))
 
+    def _make_pooler(self) -> Pooler:
+        """The task and pooler (engine/pooling_config.py) and, for a classifier, its score head."""
+        folder = resolve_model(self.config.model)
+        overrides = self.config.pooler_config
+        info = self.pooling = pooling_info(folder, read_config(folder), self.config.convert, overrides,
+                                           self.runner.model.args.hidden_size)
+        model = self.runner.model
+        head = load_score_head(folder, model.dtype, model.device) if info.task == "classify" else None
+        returned = overrides.get("returned_token_ids")
+        width = head.shape[0] if head is not None else info.hidden_size
+        if returned is not None and max(returned) >= width:
+            raise ModelLoadError(f"--pooler-config: returned_token_ids must be below the output width {width}, got "
+                                 f"{max(returned)}")
+        return Pooler(info.pooling_type, head, overrides.get("step_tag_id"), returned)
+
     def ready_message(self) -> Ready:
-        ready = Ready(max_model_len=self.max_model_len, vocab_size=self.vocab_size,
-                      eos_token_ids=sorted(self.eos_token_ids), num_blocks=self.runner.num_blocks,
-                      block_size=self.runner.block_size, model_dtype=self.runner.model_dtype,
-                      generation_defaults=dict(self.runner.generation_defaults))
-        if self.pooler is None:
-            return ready
-        # runner "pooling": the embedding length and the checkpoint's Matryoshka declaration (config.json)
-        cfg = read_config(resolve_model(self.config.model))
-        dims = cfg.get("matryoshka_dimensions")
-        return msgspec.structs.replace(
-            ready, hidden_size=self.runner.model.args.hidden_size, is_matryoshka=bool(cfg.get("is_matryoshka")),
-            matryoshka_dimensions=[int(d) for d in dims] if isinstance(dims, list) else None)
+        return Ready(max_model_len=self.max_model_len, vocab_size=self.vocab_size,
+                     eos_token_ids=sorted(self.eos_token_ids), num_blocks=self.runner.num_blocks,
+                     block_size=self.runner.block_size, model_dtype=self.runner.model_dtype,
+                     generation_defaults=dict(self.runner.generation_defaults), pooling=self.pooling)
 
     @property
     def has_work(self) -> bool:
@@ -94,7 +105,7 @@ class EngineCore:
                 params = msgspec.structs.replace(params, max_tokens=0, prompt_logprobs=None)
             seq = Sequence.new(req.request_id, req.prompt_token_ids, params, req.arrival_time, req.priority)
             if req.mm_inputs:
-                if self.runner.images is None or self.pooler is not None:
+                if self.runner.images is None:
                     raise RequestRefused("this model takes no images here; send text only")
                 seq.mm = self.runner.images.seq_images(req.mm_inputs, req.prompt_token_ids)
             constrained = params.structured_outputs is not None and self.pooler is None
@@ -190,17 +201,17 @@ class EngineCore:
         return outputs
 
     def _pool_step(self, batch: list[ScheduledSeq], pooler: Pooler) -> list[RequestOutput]:
-        """Runner "pooling": prefill; a request whose prompt is done gets its embedding and frees its blocks."""
+        """Runner "pooling": prefill; a request whose prompt is done gets its output and frees its blocks."""
         with one_intra_op_thread() if self.runner.device.type == "cpu" else contextlib.nullcontext():
             hidden = self.runner.execute_pooling(batch, pooler.needs_all_rows)
             done = pooler.pool(batch, hidden)
         now = time.time()
         self.scheduler.update(batch)
         outputs = []
-        for seq, embedding in done:
+        for seq, pooled in done:
             seq.first_token_time = now
             self.scheduler.finish(seq, "stop")  # no KV kept: the blocks go back now
-            outputs.append(msgspec.structs.replace(self._output(seq, [], None), embedding=embedding))
+            outputs.append(msgspec.structs.replace(self._output(seq, [], None), pooled=pooled))
         return outputs
 
     def _check_stop(self, seq: Sequence, token: int) -> str | None:

@@ -103,6 +103,15 @@ class TokenLogprobs(msgspec.Struct, frozen=True, array_like=True):
     top_logprobs: list[float]
 
 
+class PooledData(msgspec.Struct, frozen=True, array_like=True):
+    """A pooling request's raw output (engine/pooler.py): float32, little-endian, C order, of `shape`:
+    [D] for LAST / CLS / MEAN, [tokens, D] for ALL / STEP; D is the hidden size (embed) or the labels (classify).
+    Raw: the server normalizes and applies activations per request (server/pipeline/pooling/)."""
+
+    data: bytes
+    shape: list[int]
+
+
 class RequestOutput(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
     """One request's news from one engine step."""
 
@@ -119,7 +128,26 @@ class RequestOutput(msgspec.Struct, frozen=True, array_like=True, omit_defaults=
     scheduled_time: float = 0.0  # first time the request was scheduled
     first_token_time: float = 0.0
     num_preemptions: int = 0
-    embedding: list[float] | None = None  # runner "pooling": once, with finish_reason "stop"
+    pooled: PooledData | None = None  # runner "pooling": once, with finish_reason "stop"
+
+
+class PoolingInfo(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A pooling engine's task and pooler as resolved at load: the checkpoint (architecture, sentence-transformers
+    files, config.json) under --convert and --pooler-config (engine/pooling_config.py)."""
+
+    task: str  # "embed" | "classify" (a *ForSequenceClassification score head)
+    pooling_type: str  # LAST | CLS | MEAN | ALL | STEP
+    hidden_size: int  # an embedding's length
+    normalize: bool = True  # embed: L2-normalize by default
+    use_activation: bool = True  # classify: apply `activation` by default
+    activation: str = "softmax"  # classify: softmax | sigmoid | identity (config.json's problem_type, labels)
+    score_activation: str = "sigmoid"  # a cross-encoder's score: sigmoid | identity | tanh (sentence-transformers)
+    labels: list[str] = []  # classify: id2label in label order
+    prompts: dict[str, str] = {}  # config_sentence_transformers.json: prompt name -> text put before the input
+    default_prompt_name: str | None = None
+    # Matryoshka (config.json or --pooler-config): embeddings may be cut to any length or to these lengths
+    is_matryoshka: bool = False
+    matryoshka_dimensions: list[int] | None = None
 
 
 class Ready(msgspec.Struct, frozen=True, tag="ready"):
@@ -130,10 +158,7 @@ class Ready(msgspec.Struct, frozen=True, tag="ready"):
     block_size: int
     model_dtype: str
     generation_defaults: dict[str, float | int] = {}  # from generation_config.json
-    hidden_size: int = 0  # an embedding's length (runner "pooling")
-    # Matryoshka (config.json): embeddings may be truncated to any length (is_matryoshka) or to these lengths
-    is_matryoshka: bool = False
-    matryoshka_dimensions: list[int] | None = None
+    pooling: PoolingInfo | None = None  # runner "pooling": what the engine computes (engine/pooling_config.py)
 
 
 class LoadFailed(msgspec.Struct, frozen=True, tag="load_failed"):

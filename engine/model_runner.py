@@ -202,16 +202,19 @@ class ModelRunner:
             buf = self._logits = torch.empty(max(n, 8), self.vocab_size, dtype=torch.float32, device=self.device)
         return buf[:n]
 
+    def _forward(self, batch: list[ScheduledSeq], inputs: StepInputs) -> torch.Tensor:
+        """The decoder over the flat batch (a vision model's image rows spliced in): hidden states before the norm."""
+        if self.images is not None and any(s.seq.mm is not None for s in batch):
+            positions, embeds = self.images.step_inputs(batch, inputs.input_ids)
+            return self.model.forward(inputs.input_ids, positions, self.kv_caches, inputs.meta,
+                                      embeds=embeds)  # type: ignore[call-arg]
+        return self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> RunnerOutput:
         """Run the step; the returned logits live in a buffer that the next execute overwrites."""
         inputs = self.prepare(batch)
-        if self.images is not None and any(s.seq.mm is not None for s in batch):
-            positions, embeds = self.images.step_inputs(batch, inputs.input_ids)
-            hidden = self.model.forward(inputs.input_ids, positions, self.kv_caches, inputs.meta,
-                                        embeds=embeds)  # type: ignore[call-arg]
-        else:
-            hidden = self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        hidden = self._forward(batch, inputs)
         # The LM head only for rows someone reads: it dominates the cost of small models.
         sampled = hidden if inputs.sample_rows is None else hidden[inputs.sample_rows]
         # CPU (transposed head) only; a padded head's extra columns go to a fresh tensor, trimmed by the sampler
@@ -228,10 +231,10 @@ class ModelRunner:
     def execute_pooling(self, batch: list[ScheduledSeq], all_rows: bool) -> torch.Tensor:
         """Runner "pooling": the final norm's output (before the LM head) as float32, no logits.
 
-        all_rows: every row of the flat batch (MEAN pooling); else the rows that end a prompt, in batch order.
+        all_rows: every row of the flat batch (CLS, MEAN, ALL, STEP); else the rows that end a prompt, in batch order.
         """
         inputs = self.prepare(batch)
-        hidden = self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        hidden = self._forward(batch, inputs)
         if not all_rows and inputs.sample_rows is not None:
             hidden = hidden[inputs.sample_rows]
         model = self.model

@@ -1,68 +1,114 @@
-"""Pooling for `--runner pooling`: one embedding per request from the final norm's output (before the LM head).
+"""Pooling for `--runner pooling`: one output per request from the final norm's output (before the LM head).
 
-LAST takes the prompt's last token; MEAN averages every prompt position, summed chunk by chunk, since with
-chunked prefill a long prompt spans several steps. The runner hands over the final-norm hidden states of the
-rows `needs_all_rows` asks for (all rows for MEAN, the rows that finish a prompt for LAST), in batch order.
+LAST takes the prompt's last position, CLS its first, MEAN averages every position, ALL keeps one row per
+position, STEP keeps the rows at `step_tag_id` tokens (every row without one) and, with `returned_token_ids`,
+those columns only. A classifier's `score` head (engine/models/pooling_archs.py) then maps the pooled state to one
+logit per label. With chunked prefill a prompt spans several steps: what CLS / MEAN / ALL / STEP need is kept per
+request from chunk to chunk (positions a recompute after preemption repeats are skipped). The output is raw:
+normalization and activations are the server's, per request.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from engine.messages import PooledData
+from engine.pooling_config import POOLING_TYPES
 from engine.sequence import ScheduledSeq, Sequence
 
 
+@dataclass
+class _Partial:
+    """A request's pooling so far: positions 0..count-1 seen."""
+
+    count: int = 0
+    total: torch.Tensor | None = None  # MEAN: the sum; CLS: position 0's row
+    rows: list[torch.Tensor] = field(default_factory=list)  # ALL / STEP: the rows, chunk by chunk
+
+
 class Pooler:
-    def __init__(self, pooling_type: str = "LAST", normalize: bool = True) -> None:
-        if pooling_type not in ("LAST", "MEAN"):
-            raise ValueError(f"pooling_type must be LAST or MEAN, not {pooling_type!r}")
+    def __init__(self, pooling_type: str = "LAST", head: torch.Tensor | None = None, step_tag_id: int | None = None,
+                 returned_token_ids: list[int] | None = None) -> None:
+        """head: a classifier's score weight [labels, hidden] (None: the pooled state is the output)."""
+        if pooling_type not in POOLING_TYPES:
+            raise ValueError(f"pooling_type must be one of {', '.join(POOLING_TYPES)}, not {pooling_type!r}")
         self.pooling_type = pooling_type
-        self.normalize = normalize
-        # MEAN: request id -> (sum of the positions seen so far, how many: positions 0..count-1)
-        self._sums: dict[str, tuple[torch.Tensor, int]] = {}
+        self.head = head.float() if head is not None else None
+        self.step_tag_id = step_tag_id
+        self.returned_token_ids = returned_token_ids
+        self._parts: dict[str, _Partial] = {}
 
     @property
     def needs_all_rows(self) -> bool:
-        """MEAN reads every row of the step; LAST only each finishing sequence's last row."""
-        return self.pooling_type == "MEAN"
+        """LAST reads each finishing sequence's last row only; the others read every row of the step."""
+        return self.pooling_type != "LAST"
 
-    def pool(self, batch: list[ScheduledSeq], hidden: torch.Tensor) -> list[tuple[Sequence, list[float]]]:
-        """hidden: float32 final-norm states, [total rows, H] (MEAN) or [finishing seqs, H] (LAST).
+    def pool(self, batch: list[ScheduledSeq], hidden: torch.Tensor) -> list[tuple[Sequence, PooledData]]:
+        """hidden: float32 final-norm states, [total rows, H] (needs_all_rows) or [finishing seqs, H] (LAST).
 
-        Returns the sequences whose prompt this step finished, each with its embedding.
+        Returns the sequences whose prompt this step finished, each with its output.
         """
         if self.pooling_type == "LAST":
             done = [s.seq for s in batch if s.samples]
-            return list(zip(done, self._finish(hidden[:len(done)])))
-        done, vectors = [], []
+            return [(seq, self._finish(hidden[i])) for i, seq in enumerate(done)]
+        out = []
         row = 0
         for s in batch:
-            seq, start, n = s.seq, s.start, s.num_new_tokens
-            total, count = self._sums.get(seq.request_id, (None, 0))
-            # a recompute after preemption repeats positions already summed: skip those
-            skip = max(count - start, 0)
-            if skip < n:
-                part = hidden[row + skip:row + n].sum(dim=0)
-                total = part if total is None else total + part
-                count = start + n
+            n = s.num_new_tokens
+            self._take(s.seq.request_id, s.start, hidden[row:row + n])
             row += n
             if s.samples:
-                self._sums.pop(seq.request_id, None)
-                assert total is not None and count == seq.num_prompt_tokens, "MEAN pooling missed positions"
-                done.append(seq)
-                vectors.append(total / count)
-            else:
-                assert total is not None
-                self._sums[seq.request_id] = (total, count)
-        return list(zip(done, self._finish(torch.stack(vectors)))) if done else []
+                part = self._parts.pop(s.seq.request_id)
+                assert part.count == s.seq.num_prompt_tokens, "pooling missed positions"
+                out.append((s.seq, self._finish(self._reduce(part, s.seq))))
+        return out
 
     def forget(self, request_id: str) -> None:
-        """An aborted request's partial sum."""
-        self._sums.pop(request_id, None)
+        """An aborted request's partial pooling."""
+        self._parts.pop(request_id, None)
 
-    def _finish(self, vectors: torch.Tensor) -> list[list[float]]:
-        if self.normalize:
-            vectors = F.normalize(vectors, p=2.0, dim=-1)
-        out: list[list[float]] = vectors.tolist()
-        return out
+    @property
+    def num_partial(self) -> int:
+        return len(self._parts)
+
+    def _take(self, request_id: str, start: int, rows: torch.Tensor) -> None:
+        part = self._parts.setdefault(request_id, _Partial())
+        skip = max(part.count - start, 0)  # a recompute after preemption repeats positions already taken
+        if skip >= rows.shape[0]:
+            return
+        new = rows[skip:]
+        kind = self.pooling_type
+        if kind == "MEAN":
+            s = new.sum(dim=0)
+            part.total = s if part.total is None else part.total + s
+        elif kind == "CLS":
+            if part.count == 0:
+                part.total = new[0].clone()
+        else:
+            part.rows.append(new.clone())  # a view would keep the whole step's states alive
+        part.count = start + rows.shape[0]
+
+    def _reduce(self, part: _Partial, seq: Sequence) -> torch.Tensor:
+        if self.pooling_type == "MEAN":
+            assert part.total is not None
+            return part.total / part.count
+        if self.pooling_type == "CLS":
+            assert part.total is not None
+            return part.total
+        rows = torch.cat(part.rows)
+        if self.pooling_type == "STEP" and self.step_tag_id is not None:
+            tags = torch.tensor(seq.token_ids[:seq.num_prompt_tokens], device=rows.device) == self.step_tag_id
+            rows = rows[tags]
+        return rows
+
+    def _finish(self, pooled: torch.Tensor) -> PooledData:
+        if self.head is not None:
+            pooled = F.linear(pooled, self.head)
+        if self.pooling_type == "STEP" and self.returned_token_ids is not None:
+            pooled = pooled[..., self.returned_token_ids]
+        arr = np.ascontiguousarray(pooled.detach().cpu().numpy(), dtype="<f4")
+        return PooledData(arr.tobytes(), list(arr.shape))

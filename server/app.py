@@ -24,6 +24,8 @@ from starlette.routing import Route, Router
 from engine.client import open_engine as open_engine_process
 from engine.multimodal.processing import ENCODER_CACHE_BYTES
 from server.api.anthropic.messages import CountTokensRoute, MessagesRoute
+from server.api.cohere.embed import CohereEmbedRoute
+from server.api.cohere.rerank import CohereRerankRoute
 from server.api.health import HealthRoute, VersionRoute
 from server.api.metrics import MetricsRoute
 from server.api.openai.chat import ChatRoute
@@ -32,6 +34,10 @@ from server.api.openai.embeddings import EmbeddingsRoute
 from server.api.openai.models import ModelsRoute
 from server.api.openai.responses import ResponsesRoute, StoredResponseRoute
 from server.api.openai.responses_store import ResponseStore
+from server.api.pooling.classify import ClassifyRoute
+from server.api.pooling.pool import PoolingRoute
+from server.api.pooling.rerank import RerankRoute
+from server.api.pooling.score import ScoreRoute
 from server.api.render_only import GENERATION_ROUTES, NotHereRoute
 from server.api.render_only import not_found as render_not_found
 from server.api.state import AppState
@@ -148,6 +154,7 @@ def create_app(config: ServerConfig | None = None, *, worker: WorkerContext | No
         Route("/v1/completions", CompletionsRoute(state), methods=["POST"]),
         Route("/v1/chat/completions", ChatRoute(state), methods=["POST"]),
         Route("/v1/embeddings", EmbeddingsRoute(state), methods=["POST"]),
+        *_pooling_routes(state),
         Route("/inference/v1/generate", GenerateRoute(state), methods=["POST"]),
         Route("/v1/messages", MessagesRoute(state), methods=["POST"]),
         Route("/v1/messages/count_tokens", CountTokensRoute(state), methods=["POST"]),
@@ -164,6 +171,21 @@ def _responses_routes(state: AppState) -> list[Route]:
     return [Route("/v1/responses", ResponsesRoute(state, store), methods=["POST"]),
             Route("/v1/responses/{response_id}", StoredResponseRoute(store), methods=["GET", "DELETE"]),
             Route("/v1/responses/{response_id}/cancel", StoredResponseRoute(store, cancel=True), methods=["POST"])]
+
+
+def _pooling_routes(state: AppState) -> list[Route]:
+    """vLLM's pooling family and Cohere's v2 (a --runner pooling server; elsewhere a 400 naming the flag)."""
+    score, rerank = ScoreRoute(state), RerankRoute(state)
+    return [
+        Route("/classify", ClassifyRoute(state), methods=["POST"]),
+        Route("/score", score, methods=["POST"]),
+        Route("/v1/score", score, methods=["POST"]),
+        Route("/rerank", rerank, methods=["POST"]),
+        Route("/v1/rerank", rerank, methods=["POST"]),
+        Route("/v2/rerank", CohereRerankRoute(state), methods=["POST"]),
+        Route("/pooling", PoolingRoute(state), methods=["POST"]),
+        Route("/v2/embed", CohereEmbedRoute(state), methods=["POST"]),
+    ]
 
 
 def _server_metrics(config: ServerConfig, worker: WorkerContext | None) -> ServerMetrics:

@@ -49,11 +49,17 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--max-request-body", "max_request_body", str, "largest request body, e.g. 32MiB; bigger ones get 413"),
     ("--scheduling-policy", "scheduling_policy", str,
      "fcfs (default: a request's non-zero priority gets 400) or priority (lower runs first)"),
-    ("--runner", "runner", str, "generate (default) or pooling: an embedding model served on /v1/embeddings"),
+    ("--runner", "runner", str, "generate (default) or pooling: embeddings, classify, score, rerank, /pooling, "
+     "Cohere's /v2/embed and /v2/rerank"),
+    ("--convert", "convert", str, "with --runner pooling: embed, classify or auto (default: classify for a "
+     "*ForSequenceClassification checkpoint, embed otherwise)"),
     ("--pooler-config", "pooler_config", str,
-     'with --runner pooling, JSON: {"pooling_type": "LAST" | "MEAN", "normalize": true, "is_matryoshka": false, '
-     '"matryoshka_dimensions": [...]}'),
+     'with --runner pooling, JSON over the checkpoint\'s own (sentence-transformers files): {"pooling_type": "LAST" | '
+     '"CLS" | "MEAN" | "ALL" | "STEP", "normalize": true, "use_activation": true, "step_tag_id": id, '
+     '"returned_token_ids": [...], "is_matryoshka": false, "matryoshka_dimensions": [...]}'),
     ("--max-prompts-per-request", "max_prompts_per_request", int, "most prompts in one /v1/completions request"),
+    ("--max-documents-per-request", "max_documents_per_request", int,
+     "most documents in one /score or /rerank request (one engine batch; default 1000)"),
     ("--max-choices-per-request", "max_choices_per_request", int, "most choices (n x prompts) in one request"),
     ("--max-stop-strings", "max_stop_strings", int, "most stop strings in one request"),
     ("--max-stop-string-length", "max_stop_string_length", int, "longest stop string, in characters"),

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_type_hints
 
 from engine.config import EngineConfig, parse_bytes
+from engine.pooling_config import CONVERTS, check_pooler_overrides
 
 WorkerClass = Literal["trio", "asyncio", "uvloop"]
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
@@ -23,8 +24,6 @@ SchedulingPolicy = Literal["fcfs", "priority"]
 Runner = Literal["generate", "pooling"]
 DataParallelPolicy = Literal["affinity", "round_robin"]
 MetricsCompat = Literal["vllm"]
-# --pooler-config keys (vLLM's spelling); the Matryoshka ones declare which `dimensions` /v1/embeddings accepts
-POOLER_KEYS = ("pooling_type", "normalize", "is_matryoshka", "matryoshka_dimensions")
 ENV_PREFIX = "SPINDLE_"
 # --tool-call-parser and --reasoning-parser names: the keys of server/tools/registry.py TOOL_PARSERS and
 # server/reasoning/parser.py REASONING_PARSERS, in their order
@@ -46,6 +45,7 @@ class RequestCaps:
     max_logit_bias: int = 1024
     max_allowed_token_ids: int = 262144
     max_structured_output_size: int = 256 << 10  # bytes of a constraint's spec (server/pipeline/structured.py)
+    max_documents_per_request: int = 1000  # /score and /rerank documents (one engine batch)
     priority_scheduling: bool = False  # --scheduling-policy priority: else a non-zero priority is refused
 
 
@@ -91,11 +91,13 @@ class ServerConfig:
     # SSE reader makes sends block within ~100 events and its outputs merge instead of piling up in buffers.
     socket_send_buffer: int = 16 << 10
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    runner: Runner = "generate"  # "pooling": an embedding model (/v1/embeddings; generation routes 400)
-    pooler_config: dict[str, Any] = field(default_factory=dict)  # JSON: POOLER_KEYS (runner "pooling" only)
+    runner: Runner = "generate"  # "pooling": embeddings, classify, score, rerank, /pooling (generation routes 400)
+    convert: str = "auto"  # runner "pooling": embed | classify | auto (engine/pooling_config.py CONVERTS)
+    pooler_config: dict[str, Any] = field(default_factory=dict)  # JSON: engine/pooling_config.py POOLER_KEYS
     scheduling_policy: SchedulingPolicy = "fcfs"  # as vLLM: "priority" honours requests' priority, else it is refused
     # Bounds on the work one request may cause (a 400 naming the flag); far above what normal clients send.
-    max_prompts_per_request: int = 2048  # /v1/completions prompt lists
+    max_prompts_per_request: int = 2048  # /v1/completions prompt lists; embeddings, classify and /pooling inputs
+    max_documents_per_request: int = 1000  # /score and /rerank documents (Cohere's recommended most)
     max_choices_per_request: int = 4096  # n x prompts
     max_stop_strings: int = 64
     max_stop_string_length: int = 1024  # characters
@@ -179,7 +181,7 @@ class ServerConfig:
             raise ValueError(f"--scheduling-policy must be fcfs or priority; got {self.scheduling_policy!r}")
         if self.runner not in get_args(Runner):
             raise ValueError(f"--runner must be generate or pooling; got {self.runner!r}")
-        _check_pooler_config(self.pooler_config, self.runner)
+        _check_pooler_config(self.pooler_config, self.convert, self.runner)
         if self.log_level not in get_args(LogLevel):
             raise ValueError(f"--log-level must be one of {', '.join(get_args(LogLevel))}; got {self.log_level!r}")
         _check_parsers(self)
@@ -223,9 +225,8 @@ class ServerConfig:
             max_num_batched_tokens=self.max_num_batched_tokens, block_size=self.block_size,
             kv_cache_memory=self.kv_cache_memory, num_blocks=self.num_blocks,
             enable_prefix_caching=self.enable_prefix_caching, seed=self.seed, device=self.device,
-            scheduling_policy=self.scheduling_policy, runner=self.runner,
-            pooling_type=str(self.pooler_config.get("pooling_type", "LAST")).upper(),
-            pooling_normalize=bool(self.pooler_config.get("normalize", True)),
+            scheduling_policy=self.scheduling_policy, runner=self.runner, convert=self.convert,
+            pooler_config={k: str(v).upper() if k == "pooling_type" else v for k, v in self.pooler_config.items()},
             tensor_parallel_size=self.tensor_parallel_size, nnodes=self.nnodes, node_rank=self.node_rank,
             master_addr=self.master_addr, master_port=self.master_port, distributed_timeout=self.distributed_timeout,
             structured_outputs_warmup=self.structured_outputs_warmup,
@@ -267,7 +268,8 @@ class ServerConfig:
 
 # The fields that become RequestCaps: each at least 1.
 _CAP_FIELDS = ("max_prompts_per_request", "max_choices_per_request", "max_stop_strings", "max_stop_string_length",
-               "max_stop_token_ids", "max_logit_bias", "max_allowed_token_ids", "max_structured_output_size")
+               "max_stop_token_ids", "max_logit_bias", "max_allowed_token_ids", "max_structured_output_size",
+               "max_documents_per_request")
 # SPINDLE_* variables that other parts of the project read (not ServerConfig fields).
 _NOT_CONFIG = frozenset({"api_key", "output_chunk", "cache_dir", "fuzz_examples", "direct_write",
                          "engine_command",  # engine_command: engine/client.py, benchmarks and tests only
@@ -307,24 +309,12 @@ def parse_json_list(name: str, text: str | list[str] | tuple[str, ...]) -> tuple
     return tuple(value)
 
 
-def _check_pooler_config(cfg: dict[str, Any], runner: str) -> None:
-    if not cfg:
-        return
-    if runner != "pooling":
-        raise ValueError("--pooler-config applies to --runner pooling only")
-    unknown = sorted(set(cfg) - set(POOLER_KEYS))
-    if unknown:
-        raise ValueError(f"--pooler-config: unknown keys {unknown}; known: {', '.join(POOLER_KEYS)}")
-    kind = cfg.get("pooling_type", "LAST")
-    if not isinstance(kind, str) or kind.upper() not in ("LAST", "MEAN"):
-        raise ValueError(f"--pooler-config: pooling_type must be LAST or MEAN, got {kind!r}")
-    for key in ("normalize", "is_matryoshka"):
-        if key in cfg and not isinstance(cfg[key], bool):
-            raise ValueError(f"--pooler-config: {key} must be true or false, got {cfg[key]!r}")
-    dims = cfg.get("matryoshka_dimensions")
-    if dims is not None and (not isinstance(dims, list) or not dims
-                             or not all(type(d) is int and d >= 1 for d in dims)):
-        raise ValueError(f"--pooler-config: matryoshka_dimensions must be a list of positive integers, got {dims!r}")
+def _check_pooler_config(cfg: dict[str, Any], convert: str, runner: str) -> None:
+    if convert not in CONVERTS:
+        raise ValueError(f"--convert must be one of {', '.join(CONVERTS)}; got {convert!r}")
+    if runner != "pooling" and (cfg or convert != "auto"):
+        raise ValueError(f"--{'pooler-config' if cfg else 'convert'} applies to --runner pooling only")
+    check_pooler_overrides(cfg)
 
 
 def _check_data_parallel(config: ServerConfig) -> None:

@@ -72,3 +72,36 @@ def qwen2_vl_ckpt(checkpoints_root: Path) -> Path:
 
     return write_random_vl_checkpoint(checkpoints_root / "qwen2_vl", max_position_embeddings=1024, seed=7,
                                       max_pixels=64 * 28 * 28)
+
+
+@pytest.fixture(scope="session")
+def qwen2_cls_ckpt(checkpoints_root: Path) -> Path:
+    """Qwen2ForSequenceClassification with 3 labels (label_a, label_b, label_c), random weights."""
+    from tests.pooling_checkpoints import write_seq_cls
+
+    return write_seq_cls(checkpoints_root / "qwen2_cls", "qwen2", 3)
+
+
+@pytest.fixture(scope="session")
+def qwen2_ce_ckpt(checkpoints_root: Path) -> Path:
+    """Qwen2ForSequenceClassification with one label: a cross-encoder (sigmoid score)."""
+    from tests.pooling_checkpoints import write_seq_cls
+
+    return write_seq_cls(checkpoints_root / "qwen2_ce", "qwen2", 1, seed=11, chat_template=False)
+
+
+@pytest.fixture(scope="session")
+def st_mean_ckpt(checkpoints_root: Path, qwen2_ckpt: Path) -> Path:
+    """sentence-transformers' layout over the Qwen2 checkpoint: MEAN pooling, Normalize, query/document prompts."""
+    from tests.pooling_checkpoints import write_sentence_transformer
+
+    return write_sentence_transformer(qwen2_ckpt, checkpoints_root / "st_mean", "mean", True,
+                                      {"query": "query: ", "document": "passage: "})
+
+
+@pytest.fixture(scope="session")
+def llama_cls_ckpt(checkpoints_root: Path) -> Path:
+    """LlamaForSequenceClassification with 2 labels, SentencePiece tokenizer."""
+    from tests.pooling_checkpoints import write_seq_cls
+
+    return write_seq_cls(checkpoints_root / "llama_cls", "llama", 2, seed=5)

@@ -27,6 +27,7 @@ from engine.distributed.sharding import Shard
 from engine.model_runner import ModelRunner, RunnerOutput, pick_device
 from engine.models.llama import CausalLM, ModelArgs
 from engine.models.loader import ModelInfo, load_model, read_config, resolve_model
+from engine.models.pooling_archs import as_decoder_config
 from engine.sequence import ScheduledSeq
 
 log = logging.getLogger("engine")
@@ -44,7 +45,7 @@ class TPModelRunner(ModelRunner):
         self.local_ranks: LocalRanks | None = None
         if rank == 0:
             # refuse an unsplittable model here, before any other rank starts
-            self.shard.local_args(ModelArgs.from_hf_config(read_config(resolve_model(config.model))))
+            self.shard.local_args(ModelArgs.from_hf_config(as_decoder_config(read_config(resolve_model(config.model)))))
             store = master_store(config)
             per_node = size // config.nnodes
             self.local_ranks = LocalRanks(range(1, per_node), config.master_addr, store.port,

@@ -20,6 +20,7 @@ from engine.models.qwen2_vl import Qwen2VLCausalLM, is_vl_config, parse_vl_confi
 from engine.models.checkpoint_meta import ModelLoadError as ModelLoadError
 from engine.models.checkpoint_meta import eos_token_ids, generation_defaults, read_generation_config
 from engine.models.checkpoint_meta import read_config as read_config
+from engine.models.pooling_archs import as_decoder_config, decoder_weights
 from engine.models.weights import Weights
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -119,7 +120,7 @@ def load_model(path: str | Path, dtype: str, device: torch.device | str,
     shard: this tensor-parallel rank's part only (engine/distributed/sharding.py); info then counts its KV heads.
     """
     folder, device = Path(path), torch.device(device)
-    cfg = read_config(folder)
+    cfg = as_decoder_config(read_config(folder))  # a pooling-only checkpoint: its decoder
     vl = None
     try:
         if is_vl_config(cfg):
@@ -144,7 +145,7 @@ def load_model(path: str | Path, dtype: str, device: torch.device | str,
                                               positions)
         elif shard is None:
             weights = Weights(folder, _DTYPES[dtype_name], device)
-            model = CausalLM(args, weights, "lm_head.weight" in weights, positions)
+            model = CausalLM(args, decoder_weights(weights), "lm_head.weight" in weights, positions)
         else:
             weights = shard.weights(folder, args, _DTYPES[dtype_name], device)
             model = shard.build(args, weights, "lm_head.weight" in weights, positions)

@@ -21,23 +21,25 @@ class PostRoute:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         xid = header(scope, b"x-request-id")
         headers = [(b"x-request-id", xid.encode())] if xid else []
+        path = str(scope.get("path", ""))
         await serve_json_post(scope, receive, send, self.state.config.max_request_body,
-                              lambda body: self._checked_work(body, xid, send), headers)
+                              lambda body: self._checked_work(body, xid, send, path), headers)
 
-    async def _checked_work(self, body: bytes, xid: str | None, send: Send) -> None:
-        self.check_runner()
+    async def _checked_work(self, body: bytes, xid: str | None, send: Send, path: str) -> None:
+        self.check_runner(path)
         await self._work(body, xid, send)
 
-    def check_runner(self) -> None:
-        """400 for a generation route on an embedding server (--runner pooling), and the other way round."""
+    def check_runner(self, path: str) -> None:
+        """400 for a generation route on a pooling server (--runner pooling), and the other way round."""
         have = self.state.config.runner
         if self.runner is None or self.runner == have:
             return
         if have == "pooling":
-            raise APIError("This server runs an embedding model (--runner pooling): it serves /v1/embeddings, not "
-                           "generation; start a server with --runner generate for this route.", status=400)
-        raise APIError("This server runs a generation model (--runner generate); /v1/embeddings needs a server "
-                       "started with --runner pooling.", status=400)
+            raise APIError("This server runs a pooling model (--runner pooling): it serves /v1/embeddings, "
+                           "/classify, /score, /rerank, /pooling and /v2/embed, not generation; start a server "
+                           f"with --runner generate for {path}.", status=400)
+        raise APIError(f"This server runs a generation model (--runner generate); {path} needs a server started "
+                       "with --runner pooling.", status=400)
 
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
         raise NotImplementedError

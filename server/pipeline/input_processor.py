@@ -102,7 +102,7 @@ def _in_range(value: float | None, name: str, low: float, high: float, *, low_op
         raise bad_request(f"{name} must be in {left}{low}, {high}], got {value}.", name)
 
 
-def _too_many(what: str, count: int, cap: int, flag: str, param: str) -> None:
+def too_many(what: str, count: int, cap: int, flag: str, param: str) -> None:
     if count > cap:
         raise bad_request(f"{what}: {count}, but this server allows at most {cap} per request ({flag}).", param)
 
@@ -127,15 +127,19 @@ def check_request(req: CompletionRequest | ChatCompletionRequest, limits: ModelL
                           f"{req.truncate_prompt_tokens}.", "truncate_prompt_tokens")
 
 
+def check_priority(priority: int, caps: RequestCaps) -> None:
+    if priority != 0 and not caps.priority_scheduling:  # vLLM's refusal, with the flag that enables it
+        raise bad_request(f"Got priority {priority} but priority scheduling is not enabled; start the server "
+                          f"with --scheduling-policy priority, or leave priority out.", "priority")
+
+
 def _check_work(req: CompletionRequest | ChatCompletionRequest, caps: RequestCaps) -> None:
     """n, prompts and priority against the server's caps."""
     if not 1 <= req.n <= MAX_N:
         raise bad_request(f"n must be between 1 and {MAX_N}, got {req.n}.", "n")
-    if req.priority != 0 and not caps.priority_scheduling:  # vLLM's refusal, with the flag that enables it
-        raise bad_request(f"Got priority {req.priority} but priority scheduling is not enabled; start the server "
-                          f"with --scheduling-policy priority, or leave priority out.", "priority")
+    check_priority(req.priority, caps)
     prompts = num_prompts(req.prompt) if isinstance(req, CompletionRequest) else 1
-    _too_many("Number of prompts", prompts, caps.max_prompts_per_request, "--max-prompts-per-request", "prompt")
+    too_many("Number of prompts", prompts, caps.max_prompts_per_request, "--max-prompts-per-request", "prompt")
     if req.n * prompts > caps.max_choices_per_request:
         raise bad_request(f"n ({req.n}) times the number of prompts ({prompts}) is {req.n * prompts} choices, but "
                           f"this server allows at most {caps.max_choices_per_request} per request "
@@ -169,7 +173,7 @@ def _check_sampling(req: CompletionRequest | ChatCompletionRequest) -> None:
 
 def _check_stops(req: CompletionRequest | ChatCompletionRequest, caps: RequestCaps) -> None:
     stops = _stops(req)
-    _too_many("Number of stop strings", len(stops), caps.max_stop_strings, "--max-stop-strings", "stop")
+    too_many("Number of stop strings", len(stops), caps.max_stop_strings, "--max-stop-strings", "stop")
     if any(s == "" for s in stops):
         raise bad_request("stop strings must not be empty.", "stop")
     longest = max(map(len, stops), default=0)
@@ -182,11 +186,11 @@ def _check_token_lists(req: CompletionRequest | ChatCompletionRequest, limits: M
     """stop_token_ids, allowed_token_ids and logit_bias: counts first, so an oversized list is refused without
     walking it, then each id against the vocabulary."""
     caps = limits.caps
-    _too_many("Number of stop_token_ids", len(req.stop_token_ids or ()), caps.max_stop_token_ids,
+    too_many("Number of stop_token_ids", len(req.stop_token_ids or ()), caps.max_stop_token_ids,
               "--max-stop-token-ids", "stop_token_ids")
-    _too_many("Number of allowed_token_ids", len(req.allowed_token_ids or ()), caps.max_allowed_token_ids,
+    too_many("Number of allowed_token_ids", len(req.allowed_token_ids or ()), caps.max_allowed_token_ids,
               "--max-allowed-token-ids", "allowed_token_ids")
-    _too_many("Number of logit_bias entries", len(req.logit_bias or ()), caps.max_logit_bias, "--max-logit-bias",
+    too_many("Number of logit_bias entries", len(req.logit_bias or ()), caps.max_logit_bias, "--max-logit-bias",
               "logit_bias")
     for name, ids in (("stop_token_ids", req.stop_token_ids), ("allowed_token_ids", req.allowed_token_ids)):
         for tid in ids or ():

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import anyio.lowlevel
 
-from engine.messages import RequestOutput, StepOutputs, TokenLogprobs
+from engine.messages import PooledData, RequestOutput, StepOutputs, TokenLogprobs
 from server.pipeline.input_processor import OutputKind
 from server.http.wakeup import Waiter, waiter_class
 
@@ -51,7 +51,7 @@ class Output:
     """One choice's news since the last hand-over (DELTA) or its whole state (FINAL_ONLY)."""
 
     __slots__ = ("index", "text", "token_ids", "finish_reason", "stop_reason", "logprobs", "prompt_logprobs",
-                 "num_output_tokens", "num_cached_tokens", "error", "first", "embedding", "_parts")
+                 "num_output_tokens", "num_cached_tokens", "error", "first", "pooled", "_parts")
 
     def __init__(self, index: int, text: str, token_ids: list[int], num_output_tokens: int,
                  finish_reason: str | None = None, stop_reason: int | str | None = None,
@@ -67,7 +67,7 @@ class Output:
         self.num_cached_tokens = 0
         self.error: str | None = None
         self.first = first  # the choice's first output (chat sends delta.role with it)
-        self.embedding: list[float] | None = None  # runner "pooling": the request's embedding, on its final output
+        self.pooled: PooledData | None = None  # runner "pooling": the request's raw output, on its final output
         self._parts: list[str] | None = None  # merged texts, joined once when the consumer takes the output
 
     def merge(self, newer: Output, kind: OutputKind) -> None:
@@ -95,8 +95,8 @@ class Output:
         self.error = newer.error
         if newer.prompt_logprobs is not None:
             self.prompt_logprobs = newer.prompt_logprobs
-        if newer.embedding is not None:
-            self.embedding = newer.embedding
+        if newer.pooled is not None:
+            self.pooled = newer.pooled
         self.num_cached_tokens = max(self.num_cached_tokens, newer.num_cached_tokens)
 
     def settle(self) -> None:
@@ -358,7 +358,7 @@ class OutputProcessor:
         out = Output(state.index, text, state.unsent, state.num_output_tokens, finish, stop_reason, state.logprobs,
                      first=not state.emitted)
         out.num_cached_tokens = state.num_cached_tokens
-        out.embedding = ro.embedding
+        out.pooled = ro.pooled
         if not state.emitted:
             out.prompt_logprobs = state.prompt_logprobs
         if self.metrics is not None:

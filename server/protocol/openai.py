@@ -132,6 +132,8 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
     dimensions: Int64 | None = None  # Matryoshka truncation, where the model declares it
     user: str | None = None
     add_special_tokens: bool = True  # vLLM's extra
+    truncate_prompt_tokens: Int64 | None = None  # vLLM's: keep the last k tokens; -1: max_model_len
+    normalize: bool | None = None  # vLLM's: L2-normalize (None: the model's default)
 
 
 # ---------------------------------------------------------------------------------------- responses

@@ -266,6 +266,20 @@ class Renderer:
         ids: list[int] = await self._tokenize(["encode", text, add_special_tokens], "tokenizing the text")
         return ids
 
+    async def encode_pair(self, text: str, pair: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of a text pair as the tokenizer joins them (a cross-encoder's query and document: its pair
+        template, e.g. [CLS] a [SEP] b [SEP]; or the two texts one after the other). An empty `pair` is no pair,
+        as transformers' tokenizer(text, "") has it."""
+        if not pair:
+            return await self.encode(text, add_special_tokens)
+        if len(text) + len(pair) <= self._inline_max:
+            try:
+                return list(self.tokenizer.encode(text, pair, add_special_tokens=add_special_tokens).ids)
+            except (TypeError, ValueError) as e:
+                raise RenderError(f"cannot encode: {e}") from None
+        ids: list[int] = await self._tokenize(["encode_pair", text, pair, add_special_tokens], "tokenizing the texts")
+        return ids
+
     async def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         """Text of `ids`: short lists here, others in a worker process."""
         if len(ids) <= self._inline_max:

@@ -3,7 +3,8 @@
 Frames on stdin/stdout, as engine/ipc.py defines them (4-byte big-endian length + msgpack). The first frame in
 is the config; the worker answers [0, pid] once its tokenizer is loaded and its memory cap set. Then one request
 at a time:
-["render", {...}] | ["encode", text, add_special_tokens] | ["decode", ids, skip_special_tokens]
+["render", {...}] | ["encode", text, add_special_tokens] | ["encode_pair", text, pair, add_special_tokens]
+| ["decode", ids, skip_special_tokens]
 -> [0, result] | [1, message the client may see] | [2, internal error].
 It runs untrusted templates, so it holds nothing worth stealing (the pool starts it with a scrubbed environment),
 exits with its parent, caps its memory while rendering or (de)tokenizing, and the parent kills it (SIGKILL)
@@ -61,6 +62,9 @@ def _handle(
         if op == "encode":
             with cap:
                 return tok.encode(request[1], add_special_tokens=request[2]).ids
+        if op == "encode_pair":
+            with cap:
+                return tok.encode(request[1], request[2], add_special_tokens=request[3]).ids
         if op == "decode":
             with cap:
                 return tok.decode(request[1], skip_special_tokens=request[2])

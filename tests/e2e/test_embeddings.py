@@ -155,3 +155,43 @@ def test_embeddings_refused_on_a_generation_server(qwen2_ckpt: Path, tmp_path: P
         assert r.status_code == 400 and "--runner pooling" in r.json()["error"]["message"]
     finally:
         s.stop()
+
+
+def hf_raw(ckpt: Path, ids: list[int]) -> np.ndarray:
+    from transformers import AutoModel
+
+    if ckpt not in _HF:
+        _HF[ckpt] = AutoModel.from_pretrained(ckpt, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out: np.ndarray = _HF[ckpt](torch.tensor([ids])).last_hidden_state[0, -1].numpy()  # type: ignore[operator]
+    return out
+
+
+def test_normalize_and_truncate_prompt_tokens(pooling_server: Server, qwen2_ckpt: Path) -> None:
+    """vLLM's extras: `normalize` false gives the raw vector; truncate_prompt_tokens keeps the last k tokens."""
+    ids = [(11 * i) % 2000 + 5 for i in range(150)]  # longer than the context (128)
+    url = f"{pooling_server.url}/v1/embeddings"
+    raw = httpx.post(url, json={"input": ids[:20], "normalize": False}, timeout=60).json()["data"][0]["embedding"]
+    np.testing.assert_allclose(raw, hf_raw(qwen2_ckpt, ids[:20]), atol=1e-4)
+    for k, kept in ((-1, ids[-128:]), (128, ids[-128:]), (127, ids[-127:]), (7, ids[-7:])):
+        r = httpx.post(url, json={"input": ids, "truncate_prompt_tokens": k}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == len(kept)
+        np.testing.assert_allclose(r.json()["data"][0]["embedding"], hf_embedding(qwen2_ckpt, kept), atol=1e-4)
+    for k in (129, 0, -2):
+        r = httpx.post(url, json={"input": ids, "truncate_prompt_tokens": k}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens", r.text
+    text = " ".join(["long"] * 200)  # a text too long for the context is cut, not refused
+    r = httpx.post(url, json={"input": text, "truncate_prompt_tokens": 16}, timeout=60)
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 16
+
+
+def test_embeddings_refused_on_a_classifier(qwen2_cls_ckpt: Path, tmp_path: Path) -> None:
+    s = start_server(qwen2_cls_ckpt, tmp_path, "--runner", "pooling")
+    try:
+        r = httpx.post(f"{s.url}/v1/embeddings", json={"input": "hi"}, timeout=30)
+        assert r.status_code == 400 and "embedding model" in r.json()["error"]["message"]
+        ok = httpx.post(f"{s.url}/classify", json={"input": "hi"}, timeout=30)  # unaffected
+        assert ok.status_code == 200 and len(ok.json()["data"][0]["probs"]) == 3
+    finally:
+        s.stop()

@@ -109,3 +109,18 @@ def test_config_imports_nothing_else_from_the_server() -> None:
     imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     imported += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     assert not [m for m in imported if m == "server" or m.startswith("server.")]
+
+
+def test_pooling_flags() -> None:
+    cfg = config_from_args(["--runner", "pooling", "--convert", "classify", "--pooler-config",
+                            '{"pooling_type": "cls", "use_activation": false}', "--max-documents-per-request", "8"])
+    engine = cfg.engine_config()
+    assert (engine.convert, engine.pooler_config) == ("classify", {"pooling_type": "CLS", "use_activation": False})
+    assert cfg.request_caps().max_documents_per_request == 8
+    for argv, why in ((["--convert", "embed"], "--runner pooling only"),
+                      (["--pooler-config", '{"normalize": true}'], "--runner pooling only"),
+                      (["--runner", "pooling", "--convert", "rerank"], "--convert must be one of"),
+                      (["--runner", "pooling", "--pooler-config", '{"pooling_type": "MAX"}'], "pooling_type"),
+                      (["--runner", "pooling", "--max-documents-per-request", "0"], "at least 1")):
+        with pytest.raises(ValueError, match=why):
+            config_from_args(argv)

@@ -62,7 +62,7 @@ class _AnthropicRoute(PostRoute):
 
         async def guarded() -> None:
             try:
-                self.check_runner()
+                self.check_runner(str(scope.get("path", "")))
                 await self._work(body, xid, send)
             except APIError as e:
                 await send_anthropic_error(send, e, headers)

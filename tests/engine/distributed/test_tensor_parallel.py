@@ -184,13 +184,14 @@ def test_config_is_validated(bad: dict[str, int], why: str) -> None:
 def test_pooling_runner_tp2_equals_tp1(qwen2_ckpt: Path, pooling_type: str) -> None:
     ps = prompts(32_000, seed=5, lengths=[7, 30])
     reqs = [(f"e{i}", p, SamplingParams(max_tokens=1), 0) for i, p in enumerate(ps)]
-    kw = dict(runner="pooling", pooling_type=pooling_type, max_num_batched_tokens=16)
+    kw = dict(runner="pooling", pooler_config={"pooling_type": pooling_type}, max_num_batched_tokens=16)
     tp2 = run(tp_core(qwen2_ckpt, 2, **kw), reqs)
     tp1 = run(tp_core(qwen2_ckpt, 1, **kw), reqs)
     for rid, *_ in reqs:
-        a, b = tp2[rid][-1].embedding, tp1[rid][-1].embedding
-        assert a is not None and b is not None
-        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-5, rtol=0)
+        a, b = tp2[rid][-1].pooled, tp1[rid][-1].pooled
+        assert a is not None and b is not None and a.shape == b.shape
+        torch.testing.assert_close(torch.frombuffer(bytearray(a.data), dtype=torch.float32),
+                                   torch.frombuffer(bytearray(b.data), dtype=torch.float32), atol=1e-5, rtol=0)
 
 
 def test_prefix_cache_stop_tokens_aborts_and_grammars_under_tp2(qwen2_ckpt: Path) -> None:

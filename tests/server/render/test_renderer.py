@@ -281,6 +281,17 @@ async def test_encode_decode_match_tokenizer(family: str, qwen: Renderer, llama:
             await renderer.decode(bad)
 
 
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+async def test_encode_pair_matches_transformers(family: str, qwen: Renderer, llama: Renderer) -> None:
+    """A cross-encoder's (query, document) as transformers' tokenizer(text, text_pair) joins it; on the event loop
+    and, past 512 characters, in a worker."""
+    renderer = qwen if family == "qwen2" else llama
+    for query, doc in (("what is a cat", "a cat is an animal"), ("q", "long " * 300), ("数据", "")):
+        for special in (True, False):
+            expected = hf(family)(query, doc, add_special_tokens=special)["input_ids"]
+            assert await renderer.encode_pair(query, doc, special) == expected
+
+
 def _tiny_tokenizer_dir(path: Path) -> Path:
     """A word-level tokenizer folder without a chat template: loads in milliseconds."""
     vocab = {"[UNK]": 0, "hello": 1, "world": 2}
