@@ -33,6 +33,7 @@ from server.api.openai.completions import CompletionsRoute
 from server.api.openai.embeddings import EmbeddingsRoute
 from server.api.openai.models import ModelsRoute
 from server.api.openai.responses import ResponsesRoute, StoredResponseRoute
+from server.api.openai.responses_background import BackgroundResponses
 from server.api.openai.responses_store import ResponseStore
 from server.api.pooling.classify import ClassifyRoute
 from server.api.pooling.pool import PoolingRoute
@@ -168,9 +169,10 @@ def create_app(config: ServerConfig | None = None, *, worker: WorkerContext | No
 
 def _responses_routes(state: AppState) -> list[Route]:
     store = ResponseStore(state.config.responses_store_size)
-    return [Route("/v1/responses", ResponsesRoute(state, store), methods=["POST"]),
+    background = BackgroundResponses(state, store)
+    return [Route("/v1/responses", ResponsesRoute(state, store, background), methods=["POST"]),
             Route("/v1/responses/{response_id}", StoredResponseRoute(store), methods=["GET", "DELETE"]),
-            Route("/v1/responses/{response_id}/cancel", StoredResponseRoute(store, cancel=True), methods=["POST"])]
+            Route("/v1/responses/{response_id}/cancel", StoredResponseRoute(store, background), methods=["POST"])]
 
 
 def _pooling_routes(state: AppState) -> list[Route]:
@@ -222,6 +224,7 @@ class _EngineLoad:
                 await tg.start(llm.run)
                 state = self.state
                 state.renderer, state.limits, state.llm = renderer, limits_for(cfg, client.ready, tokenizer), llm
+                state.tasks = tg
                 log.info("serving %s (max_model_len %d)", state.model_name, state.limits.max_model_len)
                 # What startup built (tokenizer, templates, modules) lives for the process: keep full
                 # collections from walking it again (less API CPU per token: bench/README.md).

@@ -201,8 +201,10 @@ def check_unsupported(req: ResponsesRequest) -> None:
             raise bad_request(f"include {inc!r} is not supported.", "include")
     if req.truncation not in (None, "disabled"):
         raise bad_request('truncation "auto" is not supported: only "disabled".', "truncation")
-    if req.background:
-        raise bad_request("background responses are not supported yet.", "background")
+    if req.background and not req.store:
+        raise bad_request("background responses need store: true (they are read back with GET).", "background")
+    if req.background and req.stream:
+        raise bad_request("a streamed background response is not supported yet: poll it with GET.", "stream")
     if req.conversation is not None:
         raise bad_request("conversation is not supported: continue a conversation with previous_response_id.",
                           "conversation")

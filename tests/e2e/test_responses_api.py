@@ -7,6 +7,7 @@ writes random text, so function calls come from `required` / named tool choices,
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -173,6 +174,27 @@ def test_store_is_a_bounded_lru(client: openai.OpenAI) -> None:
         client.responses.retrieve(nostore.id)
 
 
+def test_background_and_cancel(client: openai.OpenAI, srv: Server) -> None:
+    queued = client.responses.create(model="tiny", input="hi", max_output_tokens=4, temperature=0, background=True)
+    assert queued.status == "queued" and queued.background is True and queued.output == []
+    deadline = time.monotonic() + 60
+    got = client.responses.retrieve(queued.id)
+    while got.status == "queued" and time.monotonic() < deadline:  # waits for the state, bounded
+        time.sleep(0.05)
+        got = client.responses.retrieve(queued.id)
+    want = client.responses.create(model="tiny", input="hi", max_output_tokens=4, temperature=0, store=False)
+    assert got.status == "incomplete" and got.output_text == want.output_text and got.background is True
+    foreground = client.responses.create(model="tiny", input="hi", max_output_tokens=1)
+    with pytest.raises(openai.BadRequestError):  # not a background response
+        client.responses.cancel(foreground.id)
+    long = client.responses.create(model="tiny", input="hi", max_output_tokens=900, background=True)
+    cancelled = client.responses.cancel(long.id)
+    assert cancelled.status == "cancelled" and client.responses.retrieve(long.id).status == "cancelled"
+    assert httpx.get(f"{srv.url}/metrics", timeout=10).status_code == 200
+    with pytest.raises(openai.NotFoundError):
+        client.responses.cancel("resp_nope")
+
+
 @pytest.mark.parametrize("body, param", [
     ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
     ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role"),
@@ -181,7 +203,7 @@ def test_store_is_a_bounded_lru(client: openai.OpenAI) -> None:
     ({"input": "hi", "tools": [{"type": "web_search_preview"}]}, "tools[0].type"),
     ({"input": "hi", "tool_choice": {"type": "file_search"}}, "tool_choice"),
     ({"input": "hi", "text": {"format": {"type": "json_schema"}}}, "text.format"),
-    ({"input": "hi", "background": True}, "background"),
+    ({"input": "hi", "background": True, "store": False}, "background"),
     ({"input": "hi", "include": ["file_search_call.results"]}, "include"),
     ({"input": "hi", "top_logprobs": 2}, "top_logprobs"),
     ({}, "input"),

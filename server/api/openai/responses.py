@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from server.api.openai.logprobs import chat_logprobs
+from server.api.openai.responses_background import BackgroundResponses
 from server.api.openai.responses_store import ResponseStore, StoredResponse
 from server.api.prompts import admit_early, prompts_lower_bound, render_chat, text_prompt_ids
 from server.api.serving import PostRoute
@@ -59,16 +60,17 @@ def response_base(req: ResponsesRequest, response_id: str, model: str) -> dict[s
             "previous_response_id": req.previous_response_id, "temperature": req.temperature,
             "top_p": req.top_p, "tools": req.tools or [], "tool_choice": req.tool_choice or "auto",
             "text": {"format": fmt}, "truncation": "disabled", "store": req.store, "user": req.user,
-            "background": False, "reasoning": {"effort": req.reasoning.effort if req.reasoning else None,
+            "background": req.background, "reasoning": {"effort": req.reasoning.effort if req.reasoning else None,
                                                "summary": None}}
 
 
 class ResponsesRoute(PostRoute):
     runner = "generate"
 
-    def __init__(self, state: AppState, store: ResponseStore) -> None:
+    def __init__(self, state: AppState, store: ResponseStore, background: BackgroundResponses) -> None:
         super().__init__(state)
         self.store = store
+        self.background = background
 
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
         try:
@@ -122,8 +124,11 @@ class ResponsesRoute(PostRoute):
             if req.store and fmt.done is not None:
                 self.store.put(StoredResponse(fmt.done, [*history, *input_items(req), *fmt.done["output"]]))
 
-        await respond(llm, [spec], checked(fmt, check), send, stream=chat.stream,
-                      keepalive=config.sse_keepalive, headers=headers, framing=FRAMING, before_end=before_end)
+        async def run(to: Send) -> None:
+            await respond(llm, [spec], checked(fmt, check), to, stream=chat.stream,
+                          keepalive=config.sse_keepalive, headers=headers, framing=FRAMING, before_end=before_end)
+
+        await (self.background.start(fmt.base, run, send) if req.background else run(send))
 
     async def _prompt(self, llm: AsyncLLM, renderer: Renderer, chat: ChatCompletionRequest,
                       limits: ModelLimits) -> tuple[str, list[int], Any]:
@@ -146,16 +151,17 @@ class ResponsesRoute(PostRoute):
 class StoredResponseRoute:
     """GET (the stored response) and DELETE /v1/responses/{response_id}; POST .../cancel (`cancel`)."""
 
-    def __init__(self, store: ResponseStore, cancel: bool = False) -> None:
+    def __init__(self, store: ResponseStore, background: BackgroundResponses | None = None) -> None:
         self.store = store
-        self.cancel = cancel
+        self.background = background  # set: this is POST .../cancel
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         response_id = scope["path_params"]["response_id"]
         try:
+            if self.background is not None:
+                await send_json(send, 200, _enc(self.background.cancel(response_id)))
+                return
             entry = self.store.get(response_id)
-            if self.cancel:  # only a background response can be cancelled, and this server runs none
-                raise APIError("Only responses created with background=true can be cancelled.", status=400)
             if scope["method"] == "DELETE":
                 self.store.delete(response_id)
                 await send_json(send, 200, _enc({"id": response_id, "object": "response.deleted",
