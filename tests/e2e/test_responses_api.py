@@ -190,6 +190,9 @@ def test_background_and_cancel(client: openai.OpenAI, srv: Server) -> None:
     long = client.responses.create(model="tiny", input="hi", max_output_tokens=900, background=True)
     cancelled = client.responses.cancel(long.id)
     assert cancelled.status == "cancelled" and client.responses.retrieve(long.id).status == "cancelled"
+    with pytest.raises(openai.BadRequestError) as e:  # nothing to continue
+        client.responses.create(model="tiny", input="hi", previous_response_id=long.id)
+    assert isinstance(e.value.body, dict) and e.value.body["param"] == "previous_response_id"
     assert httpx.get(f"{srv.url}/metrics", timeout=10).status_code == 200
     with pytest.raises(openai.NotFoundError):
         client.responses.cancel("resp_nope")

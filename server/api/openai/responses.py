@@ -81,8 +81,7 @@ class ResponsesRoute(PostRoute):
     async def _respond(self, body: bytes, xid: str | None, send: Send) -> None:
         req, llm, renderer, limits = self.state.decode_for_model(responses_decoder, body)
         config = self.state.config
-        history = [] if req.previous_response_id is None else \
-            self.store.get(req.previous_response_id, "previous_response_id").items
+        history = [] if req.previous_response_id is None else self.store.history(req.previous_response_id)
         images = config.model is not None and image_support(config.model_path) is not None
         chat = chat_request(req, history, images=images)
         check_request(chat, limits)

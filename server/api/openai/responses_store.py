@@ -48,6 +48,15 @@ class ResponseStore:
         self._entries.move_to_end(response_id)
         return entry
 
+    def history(self, response_id: str) -> list[Any]:
+        """The conversation `previous_response_id` continues: a 404 unknown, a 400 not finished."""
+        entry = self.get(response_id, "previous_response_id")
+        status = entry.response["status"]
+        if status not in ("completed", "incomplete"):
+            raise APIError(f"Response '{response_id}' is {status}: only a completed or incomplete response can be "
+                           "continued.", status=400, param="previous_response_id")
+        return entry.items
+
     def delete(self, response_id: str) -> None:
         if self._entries.pop(response_id, None) is None:
             raise not_found(response_id)
