@@ -217,3 +217,23 @@ def test_400s_name_the_field(srv: Server, body: dict[str, Any], param: str) -> N
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.text
     assert httpx.get(f"{srv.url}/health", timeout=10).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def reasoning_client(qwen25_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
+    s = start_server(qwen25_ckpt, tmp_path_factory.mktemp("responses-reasoning"), "--reasoning-parser",
+                     "deepseek_r1")
+    yield openai.OpenAI(base_url=f"{s.url}/v1", api_key="none", max_retries=0, timeout=120)
+    s.stop()
+
+
+def test_reasoning_items_streamed_and_not(reasoning_client: openai.OpenAI) -> None:
+    kw: Any = dict(model="tiny", input="Think first", max_output_tokens=8, temperature=0,
+                   reasoning={"effort": "low"})
+    want = reasoning_client.responses.create(**kw)
+    assert want.output[0].type == "reasoning" and want.output[0].content  # R1: the answer opens in reasoning
+    events = list(reasoning_client.responses.create(stream=True, **kw))
+    deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert deltas == "".join(c.text for c in want.output[0].content)
+    last = events[-1]
+    assert last.type == "response.incomplete" and plain(last.response) == plain(want)
