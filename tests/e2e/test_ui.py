@@ -69,7 +69,7 @@ class Page:
     def __init__(self, browser: Any, server: Server) -> None:
         self.server = server
         # without the page's Content-Security-Policy: the page must be safe and stay on its origin by itself (CSP
-        # is a second line, checked in tests/server/api/test_ui.py), and Playwright's waits evaluate strings
+        # is a second line, checked in tests/server/api/test_ui_route.py), and Playwright's waits evaluate strings
         self.context = browser.new_context(viewport={"width": 960, "height": 600}, bypass_csp=True)
         self.page = self.context.new_page()
         self.requested: list[str] = []
