@@ -42,13 +42,13 @@ from server.streaming.responses_formatter import ResponsesFormatter
 _enc = encoder.encode
 
 
-def _error_event(e: APIError) -> bytes:
-    body = _enc({"type": "error", "code": str(e.status), "message": e.message, "param": e.param,
-                 "sequence_number": 0})
-    return b"event: error\ndata: " + body + b"\n\n"
-
-
-FRAMING = StreamFraming(done=b"", error=_error_event)  # no [DONE]: response.completed ends the stream
+def framing(fmt: ResponsesFormatter) -> StreamFraming:
+    """No [DONE] (response.completed ends the stream); an error event numbered after the events before it."""
+    def error(e: APIError) -> bytes:
+        body = _enc({"type": "error", "code": str(e.status), "message": e.message, "param": e.param,
+                     "sequence_number": fmt.builder.seq})
+        return b"event: error\ndata: " + body + b"\n\n"
+    return StreamFraming(done=b"", error=error)
 
 
 def response_base(req: ResponsesRequest, response_id: str, model: str) -> dict[str, Any]:
@@ -125,7 +125,7 @@ class ResponsesRoute(PostRoute):
 
         async def run(to: Send) -> None:
             await respond(llm, [spec], checked(fmt, check), to, stream=chat.stream,
-                          keepalive=config.sse_keepalive, headers=headers, framing=FRAMING, before_end=before_end)
+                          keepalive=config.sse_keepalive, headers=headers, framing=framing(fmt), before_end=before_end)
 
         await (self.background.start(fmt.base, run, send) if req.background else run(send))
 

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from server.api.openai.responses import framing
+from server.http.errors import APIError
 from server.pipeline.output_processor import Output
 from server.pipeline.parsing import ChoiceParser
 from server.protocol.openai import PromptTokensDetails, Usage
@@ -168,3 +170,11 @@ def test_logprobs_follow_the_text_whichever_way_it_came() -> None:
     evs = events(data)
     assert without_ids(assemble(evs)) == without_ids(body)
     assert [x for e in evs if e["type"] == "response.output_text.delta" for x in e["logprobs"]] == lp
+
+
+def test_an_error_mid_stream_is_the_next_event() -> None:
+    fmt = formatter(False, False)
+    before = events(fmt.stream_start() + (fmt.stream_chunk([Output(0, "Hi", [1], 1)], None) or b""))
+    error = events(framing(fmt).error(APIError("engine died", status=500)))
+    assert error == [{"type": "error", "code": "500", "message": "engine died", "param": None,
+                      "sequence_number": len(before)}]
