@@ -74,7 +74,7 @@ class ResponseBuilder:
         self._emit("response.output_item.added", output_index=len(self.output) - 1, item=_copy(item))
         return len(self.output) - 1
 
-    def _close(self) -> None:
+    def _close(self, status: str = "completed") -> None:
         item, self._open = self._open, None
         if item is None:
             return
@@ -91,7 +91,7 @@ class ResponseBuilder:
         else:
             self._emit("response.function_call_arguments.done", item_id=item["id"], output_index=index,
                        name=item["name"], arguments=item["arguments"])
-        item["status"] = "completed"
+        item["status"] = status
         self._emit("response.output_item.done", output_index=index, item=_copy(item))
 
     def _text(self, text: str) -> None:
@@ -153,7 +153,7 @@ class ResponseBuilder:
         """Close the last item and end: response.completed, or response.incomplete (the output token limit)."""
         if self._logprobs and self._open is not None and self._open["type"] == "message":
             self._text("")  # the last tokens' logprobs (an end token writes no text), whichever way the text came
-        self._close()
+        self._close("incomplete" if finish_reason == "length" else "completed")  # cut by the limit: as OpenAI
         if finish_reason == "length":
             done = self.response("incomplete", usage, "max_output_tokens")
             self._emit("response.incomplete", response=done)

@@ -59,6 +59,7 @@ def assemble(evs: list[dict[str, Any]]) -> dict[str, Any]:
     assert [e["type"] for e in evs[:2]] == ["response.created", "response.in_progress"]
     output: list[dict[str, Any]] = []
     open_index = None
+    dones = [e for e in evs if e["type"] == "response.output_item.done"]
     for e in evs[2:-1]:
         kind = e["type"]
         if kind == "response.output_item.added":
@@ -82,7 +83,9 @@ def assemble(evs: list[dict[str, Any]]) -> dict[str, Any]:
         elif kind == "response.output_text.done" or kind == "response.reasoning_text.done":
             assert e["text"] == item["content"][e["content_index"]]["text"]
         elif kind == "response.output_item.done":
-            assert e["item"] == {**item, "status": "completed"}
+            cut = evs[-1]["type"] == "response.incomplete" and e is dones[-1]
+            status = "incomplete" if cut else "completed"  # the item the limit cut is incomplete, as OpenAI marks it
+            assert e["item"] == {**item, "status": status}
             output[e["output_index"]], open_index = e["item"], None
         else:
             assert kind == "response.content_part.done", kind
@@ -140,6 +143,7 @@ def test_plain_text_and_the_length_limit(tools: bool, reasoning: bool) -> None:
     text = "Hello 你好 there"
     want = final(formatter(tools, reasoning), text, "length")
     assert want["status"] == "incomplete" and want["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert want["output"][-1]["status"] == "incomplete"
     assert want["output_text"] == text if not reasoning else want["output"][0]["type"] == "reasoning"
     for cut in range(1, len(text)):
         got = assemble(stream(formatter(tools, reasoning), [text[:cut], text[cut:]], "length"))
