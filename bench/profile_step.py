@@ -1,11 +1,14 @@
 """Where a decode step's time goes, through EngineCore.step: schedule / prepare inputs / forward /
 LM head / sample / postprocess (RequestOutputs, scheduler.update, stop checks), in ms per step.
 
-    python -m bench.profile_step [--batch 64] [--dtype float32] [--threads 2] [--steps 30]
+    python -m bench.profile_step [--model DIR] [--batch 64] [--dtype float32] [--threads 2] [--steps 30]
                                  [--temperature 0] [--top-k -1] [--repetition-penalty 1] [--torch-profile]
+                                 [--quantization int8] [--repeat 1]
 
 Phases are timed by wrapping the methods EngineCore.step calls (no change to the engine);
 postprocess is the step's remainder. --torch-profile also prints torch.profiler's top ops.
+Each step's time is also given as a ratio to the roofline bound (bench/roofline.py), with the machine's
+rates measured in the same run, right before the steps (best over 1..--threads threads).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 
 import torch
 
+from bench.roofline import Rates, load_args, measure, measure_gpu, step_cost
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.messages import AddRequest, SamplingParams
@@ -30,11 +34,12 @@ PHASES = ("schedule", "prepare", "forward", "lm_head", "sample")
 def _timed(totals: dict[str, float], name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         try:
             return fn(*args, **kwargs)
         finally:
             totals[name] += time.perf_counter() - t0
+            totals[name + "/cpu"] += time.process_time() - c0
     return wrapper
 
 
@@ -58,45 +63,92 @@ def add_batch(core: EngineCore, batch: int, prompt_len: int, params: SamplingPar
         core.add_request(AddRequest(f"prof-{i}", prompt, params, 0.0))
 
 
-def main() -> None:
+def best_rates(dtype: str, threads: int) -> Rates:
+    """The machine's best read bandwidth and GEMM rate over 1..threads threads, measured now."""
+    runs = [measure(dtype, n, read_mib=512, tries=4) for n in range(1, threads + 1)]
+    return Rates(threads, max(r.read_gbs for r in runs), max(r.peak_gflops for r in runs),
+                 runs[0].read_gbs_cpu, runs[0].peak_gflops_cpu)
+
+
+def timed_steps(core: EngineCore, steps: int, totals: dict[str, float]) -> tuple[float, dict[str, float]]:
+    """(seconds for `steps` steps, ms per step of each phase, "cpu": the process's CPU ms per step);
+    `totals` is what instrument() fills."""
+    totals.clear()
+    t0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(steps):
+        core.step()
+    total = time.perf_counter() - t0
+    ms = {k: v / steps * 1e3 for k, v in totals.items()}
+    ms["cpu"] = (time.process_time() - c0) / steps * 1e3
+    ms["postprocess"] = total / steps * 1e3 - sum(ms[p] for p in (*PHASES, "update") if p in ms) \
+        + ms.get("update", 0.0)
+    return total, ms
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None, help="checkpoint folder (default: the demo checkpoint)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--repeat", type=int, default=1, help="rounds of (measure the machine, run --steps steps)")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--top-k", type=int, default=-1)
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--repetition-penalty", type=float, default=1.0)
+    ap.add_argument("--quantization", default=None, choices=("int8",))
+    ap.add_argument("--no-roofline", action="store_true", help="skip measuring the machine")
+    ap.add_argument("--device", default="auto", help="auto (cuda when there is one), cpu or cuda")
     ap.add_argument("--torch-profile", action="store_true")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(args.threads)
     if args.model is None:
         from engine.models.random_checkpoint import demo_checkpoint_path
         args.model = str(demo_checkpoint_path())
-    core = EngineCore(EngineConfig(model=args.model, dtype=args.dtype, max_num_seqs=256,
-                                   max_num_batched_tokens=8192, enable_prefix_caching=False))
-    params = SamplingParams(max_tokens=args.steps + 8, temperature=args.temperature, top_k=args.top_k,
-                            top_p=args.top_p, repetition_penalty=args.repetition_penalty, ignore_eos=True)
-    add_batch(core, args.batch, 128, params)
+    extra = {"quantization": args.quantization} if args.quantization else {}
+    core = EngineCore(EngineConfig(model=args.model, dtype=args.dtype, max_num_seqs=256, device=args.device,
+                                   max_num_batched_tokens=8192, enable_prefix_caching=False, **extra))
+    gpu = core.runner.device.type == "cuda"
+    params = SamplingParams(max_tokens=args.steps * args.repeat + 16, temperature=args.temperature,
+                            top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
+                            ignore_eos=True)
+    prompt_len = 128
+    add_batch(core, args.batch, prompt_len, params)
     for _ in range(4):  # the prefill, then warm-up decodes
         core.step()
+    print(f"batch {args.batch} dtype {args.dtype} threads {args.threads} temperature {args.temperature} "
+          f"top_k {args.top_k} top_p {args.top_p} repetition_penalty {args.repetition_penalty} "
+          f"quantization {args.quantization} device {core.runner.device}")
+    model_dtype = core.runner.model_dtype
     totals: dict[str, float] = defaultdict(float)
     instrument(core, totals)
-    t0 = time.perf_counter()
-    for _ in range(args.steps):
-        core.step()
-    total = time.perf_counter() - t0
-    ms = {k: v / args.steps * 1e3 for k, v in totals.items()}
-    ms["postprocess"] = total / args.steps * 1e3 - sum(ms[p] for p in (*PHASES, "update") if p in ms) \
-        + ms.get("update", 0.0)
-    print(f"batch {args.batch} dtype {args.dtype} threads {args.threads} temperature {args.temperature} "
-          f"top_k {args.top_k} top_p {args.top_p} repetition_penalty {args.repetition_penalty}")
-    for name in (*PHASES, "postprocess"):
-        print(f"{name:>12} {ms.get(name, 0.0):8.2f} ms")
-    print(f"{'(update)':>12} {ms.get('update', 0.0):8.2f} ms  (inside postprocess)")
-    print(f"{'step':>12} {total / args.steps * 1e3:8.2f} ms  -> {args.batch * args.steps / total:.0f} tok/s")
+    for r in range(args.repeat):
+        rates = None if args.no_roofline else \
+            measure_gpu(model_dtype, str(core.runner.device)) if gpu else best_rates(model_dtype, args.threads)
+        total, ms = timed_steps(core, args.steps, totals)
+        for name in (*PHASES, "postprocess"):
+            cpu = f"  (cpu {ms[name + '/cpu']:.2f} ms)" if name + "/cpu" in ms else ""
+            print(f"{name:>12} {ms.get(name, 0.0):8.2f} ms{cpu}")
+        print(f"{'(update)':>12} {ms.get('update', 0.0):8.2f} ms  (inside postprocess)")
+        step_ms = total / args.steps * 1e3
+        print(f"{'step':>12} {step_ms:8.2f} ms  -> {args.batch * args.steps / total:.0f} tok/s")
+        if rates is not None:
+            context = prompt_len + 4 + r * args.steps + args.steps // 2  # the mean over these steps
+            cost = step_cost(load_args(args.model), model_dtype, args.batch, context, args.quantization)
+            bound, why = cost.bound_ms(rates)
+            print(f"{'bound':>12} {bound:8.2f} ms  ({why}; read {rates.read_gbs:.1f} GB/s, "
+                  f"GEMM {rates.peak_gflops:.0f} GFLOP/s)  step/bound {step_ms / bound:.2f}")
+            if gpu:
+                continue
+            cpu_bound, why = cost.bound_ms(rates, cpu=True)
+            print(f"{'cpu time':>12} {ms['cpu']:8.2f} ms, bound {cpu_bound:.2f} ms of one core ({why}; "
+                  f"{rates.read_gbs_cpu:.1f} GB and {rates.peak_gflops_cpu:.0f} GFLOP per CPU s)  "
+                  f"cpu/bound {ms['cpu'] / cpu_bound:.2f}")
     if args.torch_profile:
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CPU]) as prof:

@@ -71,7 +71,10 @@ def main() -> None:
     except (BrokenPipeError, KeyboardInterrupt):
         return
     except Exception as e:  # noqa: BLE001
-        traceback.print_exc()
+        from engine.models.loader import ModelLoadError  # late: torch is loaded by now, this costs nothing
+
+        if not isinstance(e, ModelLoadError):  # a load error's message says it all: no stack trace for it
+            traceback.print_exc()
         links.broadcast(LoadFailed(f"{type(e).__name__}: {e}"))
         sys.exit(1)
     if args.channels:

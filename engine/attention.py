@@ -9,9 +9,7 @@ slot block_table[p // block_size] * block_size + p % block_size.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -27,39 +25,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
-    """Inverse frequencies [head_dim // 2], with llama3 / linear scaling applied."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
-    if rope_type == "default":
-        return inv_freq
-    assert scaling is not None
-    if rope_type == "linear":
-        return inv_freq / float(scaling["factor"])
-    if rope_type == "llama3":
-        factor = float(scaling["factor"])
-        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
-        old_len = float(scaling["original_max_position_embeddings"])
-        low_wavelen, high_wavelen = old_len / low, old_len / high
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
-        smooth = (old_len / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
-        return torch.where(is_medium, smoothed, scaled)
-    raise ValueError(f"rope_type {rope_type!r} is not supported; supported: default, linear, llama3")
-
-
-def rope_cos_sin(inv_freq: torch.Tensor, max_positions: int) -> torch.Tensor:
-    """[max_positions, head_dim] float32: cos in the first half, sin in the second."""
-    freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-    return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
-
-
 def apply_rope(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, head_dim], cos_sin [T, head_dim] (rows of rope_cos_sin at the tokens' positions)."""
+    """x [T, heads, head_dim], cos_sin [T, head_dim] (rows of engine/models/rope.py's table at the positions)."""
     half = x.shape[-1] // 2
     cos, sin = cos_sin[:, None, :half], cos_sin[:, None, half:]
+    if x.dtype != torch.float32:  # as transformers rounds it: cos / sin in x's dtype, each product rounded
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat([x1 * cos + (-x2) * sin, x2 * cos + x1 * sin], dim=-1)
     x1, x2 = x[..., :half].float(), x[..., half:].float()
     # Non-interleaved halves (rotate_half), the layout HF Llama/Qwen2/Mistral checkpoints use.
     out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)

@@ -11,6 +11,7 @@ from engine.pooling_config import CONVERTS, check_pooler_overrides
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 RUNNERS = ("generate", "pooling")
+QUANTIZATIONS = ("int8",)  # engine/layers/linear.py
 
 
 def parse_bytes(text: str | int) -> int:
@@ -28,6 +29,9 @@ def parse_bytes(text: str | int) -> int:
 class EngineConfig:
     model: str  # a local HF-format folder (hub ids are resolved to a folder before this)
     dtype: str = "auto"
+    # "int8": weight-only int8 projections and LM head (per-output-channel symmetric scales), activations in
+    # --dtype; CPU only, off by default (bench/README.md has its speed and its agreement with bfloat16)
+    quantization: str | None = None
     max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
@@ -57,6 +61,9 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"--quantization must be one of {', '.join(QUANTIZATIONS)} (or unset), "
+                             f"not {self.quantization!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_memory"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")

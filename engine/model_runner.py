@@ -5,17 +5,17 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from engine.attention import AttnMetadata, TritonOps
+from engine.attention import AttnMetadata
 from engine.cpu_attention import DecodeSeqs, PrefillChunk
 from engine.config import EngineConfig
+from engine.layers.parallel import WORKERS
 from engine.models.checkpoint_meta import max_model_len
-from engine.models.llama import CausalLM
+from engine.models.decoder import CausalLM
 from engine.models.qwen2_vl import Qwen2VLCausalLM
 from engine.multimodal.runner import ImageRunner
 from engine.kernels import build_paged_batch, triton_available
@@ -74,6 +74,12 @@ class ModelRunner:
         path = resolve_model(config.model)
         # Read the limit before loading, so the rotary table is sized for max_model_len only.
         self.max_model_len = max_model_len(read_config(path), config.max_model_len)
+        # The LM head's chunks and the big projections' parts are shared by this many threads (torch's
+        # thread count at startup); the rest of the step runs on one (see one_intra_op_thread). Set before
+        # the load: the projections are cut for this many (engine/layers/linear.py).
+        self.head_workers = torch.get_num_threads() if self.device.type == "cpu" else 1
+        WORKERS.configure(self.head_workers)
+        self._pool = WORKERS.pool
         self.model, info = self._load(path, config)
         self.vocab_size = info.vocab_size
         self.eos_token_ids = info.eos_token_ids
@@ -96,13 +102,8 @@ class ModelRunner:
         self.kv_cache = self._allocate_kv_cache(info, config.block_size)
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(info.num_layers)]
         self._logits: torch.Tensor | None = None
-        # The LM head's chunks are shared by this many threads (torch's thread count at startup);
-        # the rest of the step runs on one (see one_intra_op_thread).
-        self.head_workers = torch.get_num_threads() if self.device.type == "cpu" else 1
-        self._pool = ThreadPoolExecutor(self.head_workers - 1, thread_name_prefix="lm-head") \
-            if self.head_workers > 1 else None
         if use_triton:
-            self.model.ops = TritonOps
+            self.model.use_triton()
         # a vision model's image half of each step (engine/multimodal); None for text models
         self.images: ImageRunner | None = None
         if isinstance(self.model, Qwen2VLCausalLM):
@@ -127,7 +128,8 @@ class ModelRunner:
 
     def _load(self, path: Path, config: EngineConfig) -> tuple[CausalLM, ModelInfo]:
         """The whole model (a tensor-parallel runner loads its shard: engine/distributed/runner.py)."""
-        return load_model(path, config.dtype, self.device, max_positions=self.max_model_len)
+        return load_model(path, config.dtype, self.device, max_positions=self.max_model_len,
+                          quantization=config.quantization)
 
     def _metadata(self, batch: list[ScheduledSeq]) -> tuple[list[int], list[int], AttnMetadata]:
         """The CPU path's metadata: single-token steps batched as decodes, longer ones as prefill chunks."""
@@ -218,7 +220,7 @@ class ModelRunner:
         # The LM head only for rows someone reads: it dominates the cost of small models.
         sampled = hidden if inputs.sample_rows is None else hidden[inputs.sample_rows]
         # CPU (transposed head) only; a padded head's extra columns go to a fresh tensor, trimmed by the sampler
-        reuse = self.model.head_transposed and self.model.lm_head.shape[1] == self.vocab_size
+        reuse = self.model.head.fills_out and self.model.head.vocab == self.vocab_size
         out = self._logits_buffer(inputs.num_samples) if reuse else None
         if inputs.num_samples:
             logits = self.model.compute_logits(sampled, out=out, pool=self._pool, workers=self.head_workers)
@@ -237,5 +239,4 @@ class ModelRunner:
         hidden = self._forward(batch, inputs)
         if not all_rows and inputs.sample_rows is not None:
             hidden = hidden[inputs.sample_rows]
-        model = self.model
-        return model.ops.rms_norm(hidden, model.norm, model.args.rms_norm_eps).float()
+        return self.model.final_norm(hidden).float()

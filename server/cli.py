@@ -1,4 +1,5 @@
-"""`spindle [serve] [flags]`, `spindle render [flags]` and `spindle make-demo PATH`. Flags use vLLM's names; SPINDLE_* env vars fill the rest.
+"""`spindle [serve] [flags]`, `spindle render [flags]` and `spindle make-demo [--arch NAME] PATH`. Flags use
+vLLM's names; SPINDLE_* env vars fill the rest.
 
 This module only turns argv into a ServerConfig and hands it to the process's start-up (server/runtime/).
 """
@@ -103,7 +104,7 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spindle", description="OpenAI-compatible LLM server. "
                                      "`spindle render --model M`: render routes only, no engine. "
-                                     "`spindle make-demo PATH` writes the demo checkpoint.")
+                                     "`spindle make-demo [--arch NAME] PATH` writes the demo checkpoint.")
     for flag, dest, typ, text in _FLAGS:
         parser.add_argument(flag, dest=dest, type=typ, default=None, help=text)
     parser.add_argument("--api-key", dest="api_keys", action="append", default=None,
@@ -174,12 +175,8 @@ def run(config: ServerConfig) -> int:
 
 
 def _make_demo(args: list[str]) -> int:
-    """`make-demo [--vision] PATH`: write the demo checkpoint (--vision: a random-weight Qwen2-VL one)."""
-    vision = args[:1] == ["--vision"]
-    if len(args) != 1 + vision:
-        print("usage: spindle make-demo [--vision] PATH", file=sys.stderr)
-        return 2
-    from engine.models.random_checkpoint import make_demo, make_vision_demo  # why here: it imports torch
+    """`make-demo [--vision | --arch NAME] PATH`: write the demo checkpoint (--vision: a random-weight Qwen2-VL
+    one; --arch: another family at the demo's size, engine/models/random_checkpoint.py FAMILY_DEMOS)."""
+    from engine.models.random_checkpoint import make_demo_command  # why here: it imports torch
 
-    print((make_vision_demo if vision else make_demo)(args[-1]))
-    return 0
+    return make_demo_command(args)

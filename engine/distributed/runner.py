@@ -25,9 +25,11 @@ from engine.distributed.launch import LocalRanks, _fatal
 from engine.distributed.plan import GENERATE, POOL, STOP, TICK, StepPlan, batch_of, plan_of
 from engine.distributed.sharding import Shard
 from engine.model_runner import ModelRunner, RunnerOutput, pick_device
-from engine.models.llama import CausalLM, ModelArgs
-from engine.models.loader import ModelInfo, load_model, read_config, resolve_model
+from engine.models.args import ConfigError
+from engine.models.decoder import CausalLM
+from engine.models.loader import ModelInfo, ModelLoadError, load_model, read_config, resolve_model
 from engine.models.pooling_archs import as_decoder_config
+from engine.models.registry import parse_config
 from engine.sequence import ScheduledSeq
 
 log = logging.getLogger("engine")
@@ -44,8 +46,12 @@ class TPModelRunner(ModelRunner):
             torch.set_num_threads(1)  # one thread per rank: the ranks are the parallelism
         self.local_ranks: LocalRanks | None = None
         if rank == 0:
-            # refuse an unsplittable model here, before any other rank starts
-            self.shard.local_args(ModelArgs.from_hf_config(as_decoder_config(read_config(resolve_model(config.model)))))
+            # refuse an unsupported or unsplittable model here, before any other rank starts
+            folder = resolve_model(config.model)
+            try:
+                self.shard.local_args(parse_config(as_decoder_config(read_config(folder))))
+            except ConfigError as e:
+                raise ModelLoadError(f"{folder / 'config.json'}: {e}") from e
             store = master_store(config)
             per_node = size // config.nnodes
             self.local_ranks = LocalRanks(range(1, per_node), config.master_addr, store.port,
@@ -71,7 +77,8 @@ class TPModelRunner(ModelRunner):
             atexit.register(self.close)
 
     def _load(self, path: Path, config: EngineConfig) -> tuple[CausalLM, ModelInfo]:
-        return load_model(path, config.dtype, self.device, max_positions=self.max_model_len, shard=self.shard)
+        return load_model(path, config.dtype, self.device, max_positions=self.max_model_len, shard=self.shard,
+                          quantization=config.quantization)
 
     def _send(self, plan: StepPlan) -> None:
         self.group.send_plan(plan)

@@ -2,7 +2,8 @@
 
 Megatron's split: q/k/v and gate/up by output rows (columns of the activation), o and down by input
 columns (their partial sums are all-reduced), embedding and LM head by vocabulary rows (padded so every
-rank holds as many). With fewer KV heads than ranks each KV head is replicated on size / num_kv_heads
+rank holds as many). Each MoE expert splits its intermediate dimension the same way (the router is whole);
+fused q|k|v and gate|up tensors (Phi-3) are read as the concatenation of each part's slice. With fewer KV heads than ranks each KV head is replicated on size / num_kv_heads
 ranks: rank r's query heads all belong to KV head r * num_kv_heads // size, so it keeps only that one.
 A rank reads its slices with `get_slice`, so no rank ever holds the whole model.
 """
@@ -18,10 +19,10 @@ import torch
 
 from engine.distributed.group import TPGroup
 from engine.distributed.tp_model import TPCausalLM
-from engine.models.llama import ModelArgs
+from engine.models.args import ModelArgs
 from engine.models.weights import ModelLoadError, Weights
 
-_LAYER = re.compile(r"model\.layers\.\d+\.(self_attn|mlp)\.(\w+)\.(weight|bias)")
+_LAYER = re.compile(r"model\.layers\.\d+\.(self_attn|mlp|block_sparse_moe)\.(experts\.\d+\.)?(\w+)\.(weight|bias)")
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,9 @@ class Shard:
     def intermediate(self, args: ModelArgs) -> tuple[int, int]:
         return self._split(args.intermediate_size, "intermediate size")
 
+    def expert_intermediate(self, args: ModelArgs) -> tuple[int, int]:
+        return self._split(args.moe.intermediate_size, "expert intermediate size") if args.moe else (0, 0)
+
     def vocab(self, args: ModelArgs) -> tuple[int, int, int]:
         """(first row, end of real rows, rows per rank): the last rank's tail is zero padding."""
         per = -(-args.vocab_size // self.size)
@@ -65,17 +69,20 @@ class Shard:
         h0, h1 = self.heads(args)
         k0, k1 = self.kv_heads(args)
         self.intermediate(args)  # refuse an unsplittable MLP before reading anything
+        e0, e1 = self.expert_intermediate(args)
+        moe = replace(args.moe, intermediate_size=e1 - e0) if args.moe else None
         return replace(args, num_heads=h1 - h0, num_kv_heads=k1 - k0,
-                       intermediate_size=args.intermediate_size // self.size)
+                       intermediate_size=args.intermediate_size // self.size, moe=moe)
 
     def weights(self, folder: Path, args: ModelArgs, dtype: torch.dtype, device: torch.device) -> ShardedWeights:
         return ShardedWeights(folder, dtype, device, self, args)
 
-    def build(self, args: ModelArgs, weights: Weights, has_lm_head: bool, max_positions: int) -> TPCausalLM:
+    def build(self, args: ModelArgs, weights: Weights, has_lm_head: bool, max_positions: int,
+              quantization: str | None = None) -> TPCausalLM:
         """The decoder on this rank's slices (`weights`), with `group` for its collectives."""
         assert self.group is not None, "a model shard needs its group for the collectives"
         return TPCausalLM(self.local_args(args), args.vocab_size, self.vocab(args), self.group, weights,
-                          has_lm_head, max_positions)
+                          has_lm_head, max_positions, quantization)
 
 
 class ShardedWeights(Weights):
@@ -89,12 +96,19 @@ class ShardedWeights(Weights):
         h0, h1 = shard.heads(args)
         k0, k1 = shard.kv_heads(args)
         i0, i1 = shard.intermediate(args)
+        e0, e1 = shard.expert_intermediate(args)
         # projection name -> (dim, start, stop) of its slice: dim 0 column-parallel, dim 1 row-parallel
         self._rules: dict[str, tuple[int, int, int]] = {
             "q_proj": (0, h0 * d, h1 * d), "k_proj": (0, k0 * d, k1 * d), "v_proj": (0, k0 * d, k1 * d),
             "o_proj": (1, h0 * d, h1 * d), "gate_proj": (0, i0, i1), "up_proj": (0, i0, i1),
             "down_proj": (1, i0, i1),
         }
+        self._expert_rules = {"gate_proj": (0, e0, e1), "up_proj": (0, e0, e1), "down_proj": (1, e0, e1),
+                              "w1": (0, e0, e1), "w3": (0, e0, e1), "w2": (1, e0, e1)}
+        q, kv, inter = args.num_heads * d, args.num_kv_heads * d, args.intermediate_size
+        # fused tensors: the row ranges of each part this rank holds, concatenated
+        self._fused = {"qkv_proj": [(h0 * d, h1 * d), (q + k0 * d, q + k1 * d), (q + kv + k0 * d, q + kv + k1 * d)],
+                       "gate_up_proj": [(i0, i1), (inter + i0, inter + i1)]}
 
     def _read(self, handle: Any, name: str) -> torch.Tensor:
         sl = handle.get_slice(name)
@@ -112,9 +126,13 @@ class ShardedWeights(Weights):
                 rows = torch.cat([rows, rows.new_zeros(per - (end - start), *shape[1:])])
             return rows
         m = _LAYER.fullmatch(name)
-        if m is None or m.group(2) not in self._rules:
-            return get(slice(None))  # norms: every rank holds them whole
-        dim, start, stop = self._rules[m.group(2)]
-        if dim == 1 and m.group(3) == "bias":  # added once: by rank 0, before the all-reduce sums the ranks
+        proj = m.group(3) if m else ""
+        if proj in self._fused:
+            return torch.cat([get(slice(a, b)) for a, b in self._fused[proj]])
+        rules = self._expert_rules if m and m.group(2) else self._rules
+        if proj not in rules:
+            return get(slice(None))  # norms, routers: every rank holds them whole
+        dim, start, stop = rules[proj]
+        if dim == 1 and m and m.group(4) == "bias":  # added once: by rank 0, before the all-reduce sums the ranks
             return get(slice(None)) if self.shard.rank == 0 else torch.zeros(shape)
         return get(slice(start, stop)) if dim == 0 else get((slice(None), slice(start, stop)))

@@ -1,4 +1,4 @@
-"""The decoder of engine/models/llama.py on one tensor-parallel rank: its heads, its MLP columns, its vocabulary rows.
+"""The decoder of engine/models/decoder.py on one tensor-parallel rank: its heads, its MLP columns, its vocabulary rows.
 
 The layers run unchanged on local shapes (engine/distributed/sharding.py `Shard.local_args`); the three places ranks meet are the
 row-parallel projections' all-reduce (`all_reduce`), the vocabulary-parallel embedding (each rank looks up
@@ -13,18 +13,20 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from engine.distributed.group import TPGroup
-from engine.models.llama import CausalLM, ModelArgs, WeightGetter
+from engine.models.args import ModelArgs
+from engine.models.decoder import CausalLM, WeightGetter
 
 
 class TPCausalLM(CausalLM):
     def __init__(self, local_args: ModelArgs, vocab_size: int, vocab: tuple[int, int, int], group: TPGroup,
-                 weights: WeightGetter, has_lm_head: bool, max_positions: int) -> None:
+                 weights: WeightGetter, has_lm_head: bool, max_positions: int,
+                 quantization: str | None = None) -> None:
         """local_args: this rank's shapes (`Shard.local_args`); vocab: its rows (`Shard.vocab`) of vocab_size."""
         self.group = group
         self.full_vocab_size = vocab_size
         self.vocab_start, vocab_end, self.vocab_rows = vocab
         self.vocab_real = vocab_end - self.vocab_start  # rows past it on this rank are padding
-        super().__init__(local_args, weights, has_lm_head, max_positions)
+        super().__init__(local_args, weights, has_lm_head, max_positions, quantization)
 
     def all_reduce(self, partial: torch.Tensor) -> torch.Tensor:
         return self.group.all_reduce(partial)

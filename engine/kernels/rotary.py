@@ -1,7 +1,7 @@
 """Rotary position embedding, neox style (rotate_half, as HF Llama/Qwen2/Mistral), in place on q and k.
 
 cos_sin_cache is [max_pos, rotary_dim] float32: cos in the first rotary_dim // 2 columns, sin in the rest
-(the table engine/attention.py's rope_cos_sin builds). Dims past rotary_dim are left as they are.
+(the table engine/models/rope.py's rope_table builds). Dims past rotary_dim are left as they are.
 """
 
 from __future__ import annotations

@@ -13,14 +13,15 @@ from typing import Any, Protocol
 
 import torch
 
-from engine.models.llama import SUPPORTED_ARCHITECTURES, CausalLM, ConfigError, ModelArgs
-from engine.models.qwen2_vl import Qwen2VLCausalLM, is_vl_config, parse_vl_config, vl_weight_getter
+from engine.models.args import ConfigError, ModelArgs
 # config.json / generation_config.json reading is torch-free, shared with the render-only server; the error
 # and read_config stay importable from here, as the engine's modules do
 from engine.models.checkpoint_meta import ModelLoadError as ModelLoadError
 from engine.models.checkpoint_meta import eos_token_ids, generation_defaults, read_generation_config
 from engine.models.checkpoint_meta import read_config as read_config
+from engine.models.decoder import CausalLM
 from engine.models.pooling_archs import as_decoder_config, decoder_weights
+from engine.models.registry import family_of, parse_config
 from engine.models.weights import Weights
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -34,7 +35,8 @@ class ModelShard(Protocol):
         """This rank's slices of the checkpoint's tensors."""
         ...
 
-    def build(self, args: ModelArgs, weights: Weights, has_lm_head: bool, max_positions: int) -> CausalLM:
+    def build(self, args: ModelArgs, weights: Weights, has_lm_head: bool, max_positions: int,
+              quantization: str | None = None) -> CausalLM:
         """The decoder on those slices."""
         ...
 
@@ -113,42 +115,35 @@ def slow_half_precision(dtype: str, device: torch.device) -> str | None:
             f"--dtype {dtype} runs several times slower than float32 here; pass --dtype float32 (or auto)")
 
 
-def load_model(path: str | Path, dtype: str, device: torch.device | str,
-               max_positions: int | None = None, shard: ModelShard | None = None) -> tuple[CausalLM, ModelInfo]:
+def load_model(path: str | Path, dtype: str, device: torch.device | str, max_positions: int | None = None,
+               shard: ModelShard | None = None, quantization: str | None = None) -> tuple[CausalLM, ModelInfo]:
     """Build the model from a checkpoint folder. max_positions sizes the rotary table (default: the config's).
 
     shard: this tensor-parallel rank's part only (engine/distributed/sharding.py); info then counts its KV heads.
+    quantization: "int8" packs every projection and the LM head as weight-only int8 (engine/layers/linear.py).
     """
     folder, device = Path(path), torch.device(device)
     cfg = as_decoder_config(read_config(folder))  # a pooling-only checkpoint: its decoder
-    vl = None
     try:
-        if is_vl_config(cfg):
-            vl = parse_vl_config(cfg)
-            args = vl.text
-        else:
-            args = ModelArgs.from_hf_config(cfg)
+        arch, family = family_of(cfg)
+        args = parse_config(cfg)
     except ConfigError as e:
         raise ModelLoadError(f"{folder / 'config.json'}: {e}") from e
-    except (KeyError, TypeError, ValueError) as e:
-        raise ModelLoadError(f"{folder / 'config.json'} lacks or mangles {e}; "
-                             f"supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}") from e
     dtype_name = pick_dtype(dtype, cfg.get("torch_dtype") or cfg.get("dtype"), device)
     positions = max_positions or args.max_position_embeddings
     num_kv_heads = args.num_kv_heads
-    if vl is not None and shard is not None:
-        raise ModelLoadError("Qwen2-VL checkpoints do not run tensor parallel here; pass --tensor-parallel-size 1")
+    if shard is not None and not family.tensor_parallel:
+        raise ModelLoadError(f"{arch} checkpoints do not run tensor parallel here; pass --tensor-parallel-size 1")
+    if quantization is not None and device.type != "cpu":
+        raise ModelLoadError(f"--quantization {quantization} runs on CPU only here; drop it or pass --device cpu")
     with torch.inference_mode():
-        if vl is not None:
+        if shard is None:
             weights = Weights(folder, _DTYPES[dtype_name], device)
-            model: CausalLM = Qwen2VLCausalLM(vl, vl_weight_getter(weights, weights), "lm_head.weight" in weights,
-                                              positions)
-        elif shard is None:
-            weights = Weights(folder, _DTYPES[dtype_name], device)
-            model = CausalLM(args, decoder_weights(weights), "lm_head.weight" in weights, positions)
+            model = family.model.load(cfg, args, decoder_weights(weights), "lm_head.weight" in weights, positions,
+                                      quantization)
         else:
             weights = shard.weights(folder, args, _DTYPES[dtype_name], device)
-            model = shard.build(args, weights, "lm_head.weight" in weights, positions)
+            model = shard.build(args, weights, "lm_head.weight" in weights, positions, quantization)
             num_kv_heads = model.args.num_kv_heads  # this rank's own (maybe replicated) KV heads
     weights.progress.close()
 

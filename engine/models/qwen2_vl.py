@@ -2,7 +2,7 @@
 merger) and the Qwen2 decoder with M-RoPE (positions 3 x N: temporal, height, width; `mrope_section` says which
 rotary frequencies each axis drives).
 
-The language model is `CausalLM` (engine/models/llama.py) with two changes: `forward` takes positions [3, T]
+The language model is `CausalLM` (engine/models/decoder.py) with two changes: `forward` takes positions [3, T]
 (or [T]: a text-only batch, where the three axes are equal and M-RoPE is plain RoPE) and optional input
 embeddings (the image rows replaced by the tower's output). Weight names of both layouts load: the original
 (`model.layers.*`, `visual.*`) and transformers 5's (`model.language_model.*`, `model.visual.*`).
@@ -11,14 +11,17 @@ embeddings (the image rows replaced by the tower's output). Weight names of both
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from engine.attention import AttnMetadata, apply_rope
-from engine.models.llama import CausalLM, ConfigError, ModelArgs, WeightGetter
+from engine.layers.linear import Linear, make_linear
+from engine.models import llama
+from engine.models.args import ConfigError, ModelArgs
+from engine.models.decoder import CausalLM, WeightGetter, WeightSource
 
 ARCHITECTURE = "Qwen2VLForConditionalGeneration"
 IMAGE_TOKEN_ID = 151655  # <|image_pad|>, the default when config.json does not say
@@ -70,10 +73,6 @@ class VLConfig:
     image_token_id: int
 
 
-def is_vl_config(cfg: dict[str, Any]) -> bool:
-    return ARCHITECTURE in (cfg.get("architectures") or []) and "vision_config" in cfg
-
-
 def parse_vl_config(cfg: dict[str, Any]) -> VLConfig:
     """config.json of a Qwen2VLForConditionalGeneration checkpoint: nested text_config (transformers 5) or flat."""
     text = {**{k: v for k, v in cfg.items() if k not in ("text_config", "vision_config")},
@@ -87,7 +86,7 @@ def parse_vl_config(cfg: dict[str, Any]) -> VLConfig:
         raise ConfigError(f"Qwen2-VL rope_type {rope_type!r} is not supported; only default (M-RoPE) is")
     text.update(architectures=["Qwen2ForCausalLM"], rope_parameters={"rope_theta": theta}, rope_scaling=None,
                 rope_theta=theta)
-    args = ModelArgs.from_hf_config(text)
+    args = llama.parse(text, "Qwen2ForCausalLM")
     if args.sliding_window is not None:
         raise ConfigError("Qwen2-VL with a sliding window is not supported")
     section = [int(s) for s in (section or [16, 24, 24])]
@@ -102,6 +101,11 @@ def parse_vl_config(cfg: dict[str, Any]) -> VLConfig:
         raise ConfigError(f"vision_config.hidden_size {merger_out} differs from the text hidden_size "
                           f"{args.hidden_size}")
     return VLConfig(args, vision, section, int(cfg.get("image_token_id", IMAGE_TOKEN_ID)))
+
+
+def parse(cfg: dict[str, Any], arch: str) -> ModelArgs:
+    """The registry's view: the language model's args (the vision tower's are read again at load)."""
+    return replace(parse_vl_config(cfg).text, architecture=arch)
 
 
 def vl_weight_getter(get: WeightGetter, has: Any) -> WeightGetter:
@@ -125,17 +129,20 @@ class VisionTower:
     def __init__(self, args: VisionArgs, get: WeightGetter) -> None:
         self.args = args
         d = args.embed_dim
-        self.patch_w = get("visual.patch_embed.proj.weight").reshape(d, -1)
-        self.dtype, self.device = self.patch_w.dtype, self.patch_w.device
-        self.blocks = []
+        patch_w = get("visual.patch_embed.proj.weight").reshape(d, -1)
+        self.dtype, self.device = patch_w.dtype, patch_w.device
+        self.patch = make_linear(patch_w)
+
+        def lin(prefix: str) -> Linear:
+            return make_linear(get(prefix + ".weight"), get(prefix + ".bias"))
+
+        self.blocks: list[tuple[dict[str, torch.Tensor], dict[str, Linear]]] = []
         for i in range(args.depth):
             p = f"visual.blocks.{i}."
-            self.blocks.append({n: get(p + n) for n in (
-                "norm1.weight", "norm1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight",
-                "attn.proj.bias", "norm2.weight", "norm2.bias", "mlp.fc1.weight", "mlp.fc1.bias",
-                "mlp.fc2.weight", "mlp.fc2.bias")})
-        self.merger = {n: get("visual.merger." + n) for n in (
-            "ln_q.weight", "ln_q.bias", "mlp.0.weight", "mlp.0.bias", "mlp.2.weight", "mlp.2.bias")}
+            norms = {n: get(p + n) for n in ("norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias")}
+            self.blocks.append((norms, {n: lin(p + n) for n in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")}))
+        self.ln_q = (get("visual.merger.ln_q.weight"), get("visual.merger.ln_q.bias"))
+        self.merger = (lin("visual.merger.mlp.0"), lin("visual.merger.mlp.2"))
         self.head_dim = d // args.num_heads
         spatial = self.head_dim // 2
         self.inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, spatial, 2, dtype=torch.float) / spatial))
@@ -159,25 +166,22 @@ class VisionTower:
         if pixels.shape != (n, a.patch_dim):
             raise ValueError(f"pixel_values {tuple(pixels.shape)} do not match grid {grid} "
                              f"(expected ({n}, {a.patch_dim}))")
-        x = F.linear(pixels.to(device=self.device, dtype=self.dtype), self.patch_w)
+        x = self.patch(pixels.to(device=self.device, dtype=self.dtype))
         cos, sin = self._rotary(t, h, w)
         frame = h * w
-        for b in self.blocks:
+        for b, lin in self.blocks:
             y = F.layer_norm(x, (d,), b["norm1.weight"], b["norm1.bias"], 1e-6)
-            q, k, v = F.linear(y, b["attn.qkv.weight"], b["attn.qkv.bias"]).reshape(n, 3, heads, -1).unbind(1)
+            q, k, v = lin["attn.qkv"](y).reshape(n, 3, heads, -1).unbind(1)
             q, k = (_rotate(z, cos, sin) for z in (q, k))
             # attention within each frame (an image is one frame): [frames, heads, frame, head_dim]
             q, k, v = (z.reshape(t, frame, heads, -1).transpose(1, 2) for z in (q, k, v))
             o = F.scaled_dot_product_attention(q, k, v, scale=self.head_dim ** -0.5)
             o = o.transpose(1, 2).reshape(n, d)
-            x = x + F.linear(o, b["attn.proj.weight"], b["attn.proj.bias"])
+            x = x + lin["attn.proj"](o)
             y = F.layer_norm(x, (d,), b["norm2.weight"], b["norm2.bias"], 1e-6)
-            x = x + F.linear(self.act(F.linear(y, b["mlp.fc1.weight"], b["mlp.fc1.bias"])),
-                             b["mlp.fc2.weight"], b["mlp.fc2.bias"])
-        mg = self.merger
-        y = F.layer_norm(x, (d,), mg["ln_q.weight"], mg["ln_q.bias"], 1e-6).reshape(-1, d * a.spatial_merge_size ** 2)
-        y = F.gelu(F.linear(y, mg["mlp.0.weight"], mg["mlp.0.bias"]))
-        return F.linear(y, mg["mlp.2.weight"], mg["mlp.2.bias"])
+            x = x + lin["mlp.fc2"](self.act(lin["mlp.fc1"](y)))
+        y = F.layer_norm(x, (d,), *self.ln_q, 1e-6).reshape(-1, d * a.spatial_merge_size ** 2)
+        return self.merger[1](F.gelu(self.merger[0](y)))
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -190,14 +194,23 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 class Qwen2VLCausalLM(CausalLM):
     """The Qwen2 decoder with M-RoPE and image embeddings spliced in; owns the vision tower."""
 
-    def __init__(self, vl: VLConfig, get: WeightGetter, has_lm_head: bool, max_positions: int) -> None:
-        super().__init__(vl.text, get, has_lm_head, max_positions)
+    def __init__(self, vl: VLConfig, get: WeightGetter, has_lm_head: bool, max_positions: int,
+                 quantization: str | None = None) -> None:
+        super().__init__(vl.text, get, has_lm_head, max_positions, quantization)
+        self.args = replace(vl.text, architecture=ARCHITECTURE)
         self.vl = vl
         self.visual = VisionTower(vl.vision, get)
         half = vl.text.head_dim // 2
         axis = torch.cat([torch.full((s,), i, dtype=torch.long) for i, s in enumerate(vl.mrope_section)])
         assert axis.numel() == half
         self._axis_cols = torch.cat([axis, axis]).to(self.device)  # table column -> the axis that drives it
+
+    @classmethod
+    def load(cls, cfg: dict[str, Any], args: ModelArgs, weights: WeightSource, has_lm_head: bool,
+             max_positions: int, quantization: str | None = None) -> CausalLM:
+        """Both weight layouts (the original and transformers 5's), the vision tower from vision_config."""
+        return cls(parse_vl_config(cfg), vl_weight_getter(weights, weights), has_lm_head, max_positions,
+                   quantization)
 
     def mrope_rows(self, positions: torch.Tensor) -> torch.Tensor:
         """positions [3, T] -> the rotary rows [T, head_dim]: each frequency from its section's axis."""
@@ -211,9 +224,9 @@ class Qwen2VLCausalLM(CausalLM):
         """positions [T] (text only) or [3, T]; embeds [T, hidden] replaces the token embedding when given."""
         x = self.embed_tokens(input_ids) if embeds is None else embeds
         if positions.dim() == 1:
-            return self.run_layers(x, kv_caches, meta, lambda q, k: self.ops.rope(positions, q, k, self.cos_sin))
-        rows = self.mrope_rows(positions)
-        return self.run_layers(x, kv_caches, meta, lambda q, k: (apply_rope(q, rows), apply_rope(k, rows)))
+            return self.run_layers(x, kv_caches, meta, self.rope_for(positions))
+        rows = self.mrope_rows(positions)  # one table: every layer turns by the same M-RoPE rows
+        return self.run_layers(x, kv_caches, meta, lambda q, k, _: (apply_rope(q, rows), apply_rope(k, rows)))
 
 
 def mrope_positions(num_tokens: int, images: list[tuple[int, int, tuple[int, int, int]]],

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Literal
@@ -18,19 +19,51 @@ import torch
 
 from engine.models.hf_tokenizer import write_tokenizer
 
-Arch = Literal["qwen2", "llama", "mistral"]
+Arch = Literal["qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "gemma2", "gemma3", "phi3", "mixtral"]
 
 _CLASSES = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
-            "mistral": ("MistralConfig", "MistralForCausalLM")}
-_BOS = {"qwen2": 151643, "llama": 1, "mistral": 1}
-_EOS = {"qwen2": [151645, 151643], "llama": [2], "mistral": [2]}
+            "mistral": ("MistralConfig", "MistralForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+            "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"), "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+            "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"), "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+            "mixtral": ("MixtralConfig", "MixtralForCausalLM")}
+# The tokenizer each family's checkpoint gets. Gemma's own (SentencePiece, 256k) is not available offline:
+# Gemma checkpoints get Qwen2.5's; Phi-3 gets the Llama/Mistral SentencePiece one (32,000 ids, as Phi-3's).
+TOKENIZERS = {"qwen2": "qwen2", "llama": "llama", "mistral": "mistral", "qwen3": "qwen2.5", "qwen3_moe": "qwen2.5",
+              "gemma2": "qwen2.5", "gemma3": "qwen2.5", "phi3": "llama", "mixtral": "mistral"}
+_QWEN_TOKENS = ("qwen2", "qwen2.5")
 # Sampling defaults in the style of each family's instruct generation_config.json.
 _SAMPLING = {"qwen2": {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05},
-             "llama": {"temperature": 0.6, "top_p": 0.9}, "mistral": {}}
+             "llama": {"temperature": 0.6, "top_p": 0.9}, "mistral": {}, "qwen3": {"temperature": 0.6, "top_p": 0.95,
+                                                                                  "top_k": 20}}
 
 DEMO = dict(arch="qwen2", hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=2, head_dim=64,
             intermediate_size=384, vocab_size=151_936, tie_word_embeddings=True, rope_theta=1_000_000.0,
             max_position_embeddings=4096, seed=0, tokenizer_family="qwen2.5")
+_SMALL = dict(hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=2, head_dim=64, intermediate_size=384,
+              rope_theta=1_000_000.0, max_position_embeddings=4096, seed=0)
+_QWEN_VOCAB = dict(vocab_size=151_936, tie_word_embeddings=True, tokenizer_family="qwen2.5")
+_SP_VOCAB = dict(vocab_size=32_000, tie_word_embeddings=False)
+_EXPERTS = dict(num_experts_per_tok=2, norm_topk_prob=True)
+# `spindle make-demo --arch NAME`: each family at the demo's size, with its features switched on (experts, windows
+# on some layers, soft-caps, longrope) and a real tokenizer (Gemma's is not available offline: Qwen2.5's instead).
+FAMILY_DEMOS: dict[str, dict[str, Any]] = {
+    "qwen2": DEMO,
+    "llama": dict(_SMALL, arch="llama", **_SP_VOCAB, rope_theta=500_000.0),
+    "mistral": dict(_SMALL, arch="mistral", **_SP_VOCAB, sliding_window=256),
+    "qwen3": dict(_SMALL, arch="qwen3", **_QWEN_VOCAB),
+    "qwen3_moe": dict(_SMALL, arch="qwen3_moe", **_QWEN_VOCAB,
+                      extra=dict(num_experts=8, moe_intermediate_size=192, **_EXPERTS)),
+    "mixtral": dict(_SMALL, arch="mixtral", **_SP_VOCAB, extra=dict(num_local_experts=8, num_experts_per_tok=2)),
+    "gemma2": dict(_SMALL, arch="gemma2", **_QWEN_VOCAB, rope_theta=10_000.0, sliding_window=256,
+                   extra=dict(attn_logit_softcapping=50.0, final_logit_softcapping=30.0, query_pre_attn_scalar=64)),
+    "gemma3": dict(_SMALL, arch="gemma3", **_QWEN_VOCAB, sliding_window=256,
+                   extra=dict(query_pre_attn_scalar=64, rope_local_base_freq=10_000.0,
+                              layer_types=["sliding_attention", "full_attention"])),
+    "phi3": dict(_SMALL, arch="phi3", **_SP_VOCAB, rope_theta=10_000.0,
+                 rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 32,
+                               "long_factor": [1.0 + i / 8 for i in range(32)]},
+                 extra=dict(original_max_position_embeddings=1024)),
+}
 # Versioned: a demo cached by an older build (Qwen2's 151,646-token tokenizer, ChatML without tools) is rebuilt.
 _DEMO_NAME = "demo-qwen2.5-v2"
 
@@ -47,8 +80,8 @@ def _reinit(model: torch.nn.Module, hidden_size: int, seed: int) -> None:
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
             elif name.endswith("bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
+            else:  # fan-in is the last dim, also of transformers 5's stacked experts [E, out, in]
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
 
 
 def write_random_checkpoint(path: str | Path, arch: Arch, *, hidden_size: int, num_layers: int, num_heads: int,
@@ -56,30 +89,33 @@ def write_random_checkpoint(path: str | Path, arch: Arch, *, hidden_size: int, n
                             tie_word_embeddings: bool, rope_theta: float, max_position_embeddings: int,
                             seed: int, head_dim: int | None = None, rope_scaling: dict[str, Any] | None = None,
                             sliding_window: int | None = None, dtype: str = "float32", shards: int = 1,
-                            tokenizer: bool = True, tokenizer_family: str | None = None) -> Path:
+                            tokenizer: bool = True, tokenizer_family: str | None = None,
+                            extra: dict[str, Any] | None = None) -> Path:
     """Write a checkpoint folder at `path` (which must not exist yet) atomically; returns it.
 
-    tokenizer_family: the tokenizer written (default: the arch's; "qwen2.5" for Qwen2.5's added tokens and
-    tool-calling template)."""
+    tokenizer_family: the tokenizer written (default: the arch's, TOKENIZERS; "qwen2.5" for Qwen2.5's added
+    tokens and tool-calling template). extra: more config fields (experts, layer_types, soft-caps ...)."""
     import transformers  # why late: the engine imports this module, only builders need transformers
 
     path = Path(path)
     if path.exists():
         raise FileExistsError(f"{path} already exists; pick a new folder or delete it first")
     config_cls, model_cls = (getattr(transformers, n) for n in _CLASSES[arch])
+    tok = tokenizer_family or TOKENIZERS[arch]
+    bos, eos = (151643, [151645, 151643]) if tok in _QWEN_TOKENS else (1, [2])
     kwargs: dict[str, Any] = dict(
         hidden_size=hidden_size, num_hidden_layers=num_layers, num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads, head_dim=head_dim or hidden_size // num_heads,
         intermediate_size=intermediate_size, vocab_size=vocab_size, tie_word_embeddings=tie_word_embeddings,
         rope_theta=rope_theta, max_position_embeddings=max_position_embeddings,
-        bos_token_id=_BOS[arch], eos_token_id=_EOS[arch][0], architectures=[model_cls.__name__])
+        bos_token_id=bos, eos_token_id=eos[0], architectures=[model_cls.__name__])
+    if arch in ("gemma2", "gemma3", "phi3"):  # their default pad id may lie outside a small vocabulary
+        kwargs["pad_token_id"] = 0
     if rope_scaling is not None:
         kwargs["rope_scaling"] = rope_scaling
-    if arch == "mistral":
+    if sliding_window is not None or arch in ("mistral", "gemma2", "gemma3"):
         kwargs["sliding_window"] = sliding_window
-    elif sliding_window is not None:
-        raise ValueError("sliding_window is only written for mistral checkpoints")
-    config = config_cls(**kwargs)
+    config = config_cls(**kwargs, **(extra or {}))
     torch.manual_seed(seed)
     model = model_cls(config)
     _reinit(model, hidden_size, seed)
@@ -91,12 +127,12 @@ def write_random_checkpoint(path: str | Path, arch: Arch, *, hidden_size: int, n
         total = sum(p.numel() * p.element_size() for p in model.parameters())
         shard_size = max(1, math.ceil(total / shards) + 1) if shards > 1 else "50GB"
         model.save_pretrained(tmp, max_shard_size=shard_size)
-        gen = {"bos_token_id": _BOS[arch], "eos_token_id": _EOS[arch], "do_sample": True, **_SAMPLING[arch]}
-        if arch == "qwen2":
+        gen = {"bos_token_id": bos, "eos_token_id": eos, "do_sample": True, **_SAMPLING.get(arch, {})}
+        if tok in _QWEN_TOKENS:
             gen["pad_token_id"] = 151643
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
         if tokenizer:
-            write_tokenizer(tokenizer_family or arch, tmp)  # type: ignore[arg-type]
+            write_tokenizer(tok, tmp)  # type: ignore[arg-type]
         os.rename(tmp, path)  # atomic: readers see no folder or a whole checkpoint
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -104,10 +140,14 @@ def write_random_checkpoint(path: str | Path, arch: Arch, *, hidden_size: int, n
     return path
 
 
-def make_demo(path: str | Path) -> Path:
+def make_demo(path: str | Path, arch: str = "qwen2") -> Path:
     """The demo checkpoint at `path`: random weights, Qwen2.5's real tokenizer (151,665 tokens, the embedding
-    padded to 151,936 as Qwen2.5's is) and its chat template, which renders tools, tool calls and tool results."""
-    return write_random_checkpoint(path, **DEMO)  # type: ignore[arg-type]
+    padded to 151,936 as Qwen2.5's is) and its chat template, which renders tools, tool calls and tool results.
+
+    arch: another family at the same size (FAMILY_DEMOS), e.g. "qwen3_moe", "gemma3"."""
+    if arch not in FAMILY_DEMOS:
+        raise ValueError(f"--arch {arch!r} is not a demo family; choose one of {', '.join(FAMILY_DEMOS)}")
+    return write_random_checkpoint(path, **FAMILY_DEMOS[arch])
 
 
 def cache_root() -> Path:
@@ -200,7 +240,7 @@ def write_random_vl_checkpoint(path: str | Path, *, hidden_size: int = 64, num_l
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         model.save_pretrained(tmp)
-        gen = {"bos_token_id": 151643, "eos_token_id": _EOS["qwen2"], "pad_token_id": 151643, "do_sample": True,
+        gen = {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643, "do_sample": True,
                **_SAMPLING["qwen2"]}
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
         write_tokenizer("qwen2.5", tmp)
@@ -221,3 +261,21 @@ def write_random_vl_checkpoint(path: str | Path, *, hidden_size: int = 64, num_l
 def make_vision_demo(path: str | Path) -> Path:
     """`spindle make-demo --vision PATH`: a random-weight Qwen2-VL checkpoint (about 85 MB)."""
     return write_random_vl_checkpoint(path, **VL_DEMO)  # type: ignore[arg-type]
+
+
+MAKE_DEMO_USAGE = f"usage: spindle make-demo [--vision | --arch {{{','.join(FAMILY_DEMOS)}}}] PATH"
+
+
+def make_demo_command(args: list[str]) -> int:
+    """`spindle make-demo [--vision | --arch NAME] PATH`: prints the folder written; 2 with the usage on a bad line."""
+    if len(args) == 1 and not args[0].startswith("-"):
+        print(make_demo(args[0]))
+        return 0
+    if len(args) == 2 and args[0] == "--vision":
+        print(make_vision_demo(args[1]))
+        return 0
+    if len(args) == 3 and args[0] == "--arch" and args[1] in FAMILY_DEMOS:
+        print(make_demo(args[2], args[1]))
+        return 0
+    print(MAKE_DEMO_USAGE, file=sys.stderr)
+    return 2

@@ -13,8 +13,10 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
-from engine.attention import apply_rope, rms_norm, rope_cos_sin, rope_inv_freq
-from engine.models.llama import ConfigError, ModelArgs
+from engine.attention import apply_rope, rms_norm
+from engine.models.args import ConfigError
+from engine.models.registry import parse_config
+from engine.models.rope import inv_freq, rope_table
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 64}
@@ -29,9 +31,10 @@ def llama_config(**kw: Any) -> LlamaConfig:
 def test_scaled_inv_freq_matches_transformers(scaling: dict[str, Any]) -> None:
     cfg = llama_config(rope_theta=500_000.0, rope_scaling=scaling)
     ref, _ = ROPE_INIT_FUNCTIONS[scaling["rope_type"]](cfg, "cpu")
-    ours = rope_inv_freq(64, 500_000.0, scaling)
+    ours, _ = inv_freq(64, 500_000.0, scaling, max_positions=4096, max_position_embeddings=4096)
     torch.testing.assert_close(ours, ref, atol=0, rtol=1e-6)
-    assert not torch.allclose(ours, rope_inv_freq(64, 500_000.0, None))  # the scaling did something
+    plain, _ = inv_freq(64, 500_000.0, None, max_positions=4096, max_position_embeddings=4096)
+    assert not torch.allclose(ours, plain)  # the scaling did something
 
 
 def test_apply_rope_matches_transformers() -> None:
@@ -41,7 +44,7 @@ def test_apply_rope_matches_transformers() -> None:
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(5, 4, 64, generator=g), torch.randn(5, 2, 64, generator=g)
     ref_q, ref_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
-    table = rope_cos_sin(rope_inv_freq(64, 10_000.0, None), 512)[positions]
+    table = rope_table(64, 10_000.0, None, 512, 4096)[positions]
     torch.testing.assert_close(apply_rope(q, table), ref_q[0].transpose(0, 1), atol=1e-5, rtol=0)
     torch.testing.assert_close(apply_rope(k, table), ref_k[0].transpose(0, 1), atol=1e-5, rtol=0)
 
@@ -66,7 +69,7 @@ def test_rope_settings_old_and_new_config_styles_agree() -> None:
     new = hf_dict(rope_theta=500_000.0, rope_scaling=LLAMA3)
     assert "rope_parameters" in new  # transformers 5 writes them nested
     old = {k: v for k, v in new.items() if k != "rope_parameters"} | {"rope_theta": 500_000.0, "rope_scaling": LLAMA3}
-    a, b = ModelArgs.from_hf_config(new), ModelArgs.from_hf_config(old)
+    a, b = parse_config(new), parse_config(old)
     assert a == b and a.rope_theta == 500_000.0 and a.rope_scaling is not None
     assert a.rope_scaling["factor"] == 8.0
 
@@ -74,27 +77,30 @@ def test_rope_settings_old_and_new_config_styles_agree() -> None:
 def test_default_rope_and_head_dim_fallback() -> None:
     cfg = hf_dict(rope_theta=10_000.0)
     del cfg["head_dim"]
-    args = ModelArgs.from_hf_config(cfg)
+    args = parse_config(cfg)
     assert args.rope_scaling is None and args.head_dim == 256 // 4 and not args.qkv_bias
 
 
 def test_architecture_flags(qwen2_ckpt: Path, mistral_ckpt: Path) -> None:
-    qwen = ModelArgs.from_hf_config(json.loads((qwen2_ckpt / "config.json").read_text()))
-    mistral = ModelArgs.from_hf_config(json.loads((mistral_ckpt / "config.json").read_text()))
+    qwen = parse_config(json.loads((qwen2_ckpt / "config.json").read_text()))
+    mistral = parse_config(json.loads((mistral_ckpt / "config.json").read_text()))
     assert qwen.qkv_bias and not qwen.o_bias and qwen.tie_word_embeddings and qwen.sliding_window is None
     assert not mistral.qkv_bias and mistral.sliding_window == 8
 
 
 def test_unsupported_config_is_refused() -> None:
     with pytest.raises(ConfigError, match="GPT2LMHeadModel"):
-        ModelArgs.from_hf_config(hf_dict() | {"architectures": ["GPT2LMHeadModel"]})
+        parse_config(hf_dict() | {"architectures": ["GPT2LMHeadModel"]})
     with pytest.raises(ConfigError, match="gelu"):
-        ModelArgs.from_hf_config(hf_dict() | {"hidden_act": "gelu"})
-    qwen_mixed = hf_dict() | {"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True,
-                              "sliding_window": 16, "layer_types": ["full_attention", "sliding_attention"]}
-    with pytest.raises(ConfigError, match="sliding window"):
-        ModelArgs.from_hf_config(qwen_mixed)
-    with pytest.raises(ConfigError, match="yarn"):
-        ModelArgs.from_hf_config(hf_dict() | {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
-    with pytest.raises(ValueError, match="yarn"):
-        rope_inv_freq(64, 10_000.0, {"rope_type": "yarn", "factor": 4.0})
+        parse_config(hf_dict() | {"hidden_act": "gelu"})
+    with pytest.raises(ConfigError, match="rope_scaling.rope_type 'dynamic'"):
+        parse_config(hf_dict() | {"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}})
+    with pytest.raises(ValueError, match="dynamic"):
+        inv_freq(64, 10_000.0, {"rope_type": "dynamic", "factor": 4.0}, max_positions=8, max_position_embeddings=8)
+
+
+def test_qwen2_windows_on_some_layers() -> None:
+    mixed = hf_dict() | {"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True, "num_hidden_layers": 2,
+                         "sliding_window": 16, "layer_types": ["full_attention", "sliding_attention"]}
+    args = parse_config(mixed)
+    assert args.sliding_window is None and args.windows == (None, 16)

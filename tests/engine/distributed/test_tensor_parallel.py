@@ -22,8 +22,9 @@ from engine.core import EngineCore
 from engine.distributed.group import JoinError
 from engine.distributed.sharding import Shard
 from engine.messages import AddRequest, RequestOutput, SamplingParams
-from engine.models.llama import ModelArgs
-from engine.models.loader import ModelLoadError, read_config
+from engine.models.loader import read_config
+from engine.models.registry import parse_config
+from engine.models.weights import ModelLoadError
 from tests.helpers.engine import hf_greedy, make_core, tokens
 from tests.helpers.engine import run as run_core
 
@@ -103,7 +104,10 @@ def test_logprobs_tp2_agree_with_tp1(qwen2_ckpt: Path, dtype: str, tol: float) -
     for a_out, b_out in zip(tp2, tp1):
         assert a_out.logprobs is not None and b_out.logprobs is not None
         a, b = a_out.logprobs[0], b_out.logprobs[0]
-        assert a.top_ids == b.top_ids
+        # the same value at every rank; below the first, the id may differ where candidates tie within rounding
+        # (bfloat16's all-reduce rounds differently from one rank's sum)
+        assert a.top_ids[0] == b.top_ids[0] and a.top_logprobs == pytest.approx(b.top_logprobs, abs=tol)
+        assert a.top_ids == b.top_ids or dtype == "bfloat16"
         assert a.logprob == pytest.approx(b.logprob, abs=tol)
 
 
@@ -144,7 +148,7 @@ def test_shards_hold_only_their_slices(qwen2_ckpt: Path, llama_kv1_ckpt: Path) -
     from safetensors import safe_open
 
     for ckpt in (qwen2_ckpt, llama_kv1_ckpt):
-        args = ModelArgs.from_hf_config(read_config(ckpt))
+        args = parse_config(read_config(ckpt))
         with safe_open(next(ckpt.glob("*.safetensors")), framework="pt") as f:
             full = {name: f.get_tensor(name) for name in f.keys()}
         for rank in range(2):
@@ -163,7 +167,7 @@ def test_shards_hold_only_their_slices(qwen2_ckpt: Path, llama_kv1_ckpt: Path) -
 
 
 def test_unsplittable_model_is_refused(qwen2_ckpt: Path) -> None:
-    args = ModelArgs.from_hf_config(read_config(qwen2_ckpt))
+    args = parse_config(read_config(qwen2_ckpt))
     with pytest.raises(ModelLoadError, match="must divide the model's attention heads"):
         Shard(0, 3).local_args(args)
     assert Shard(1, 4).kv_heads(args) == (0, 1)  # 2 KV heads over 4 ranks: ranks 0, 1 share head 0

@@ -1,0 +1,1 @@
+"""Layer objects the models are built from: built once at load, called per step (linear, MoE)."""

@@ -1,0 +1,129 @@
+"""Linear projections as objects built once at load: `lin = make_linear(w, b, quantization); y = lin(x)`.
+
+Models call these instead of `F.linear` on raw weights, so each weight is held in the form fastest on its
+device, chosen once at load, with no re-layout or dtype conversion per step:
+- bfloat16 on a CPU with native bf16 (AVX512-BF16 / AMX): oneDNN with the weight pre-packed into its
+  blocked layout (`PackedLinear`). Plain `F.linear` re-lays the weight out on every call, which roughly
+  doubles the bytes a decode step streams (bench/README.md has the figures); the result is bitwise the same.
+- quantization "int8": weight-only int8, one symmetric scale per output channel, activations stay in the
+  model's dtype (`Int8Linear`, through ATen's `_weight_int8pack_mm`).
+- anything else (GPU, float32): `F.linear` on the weight as loaded.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from engine.layers.parallel import WORKERS
+
+QUANTIZATIONS = ("int8",)
+SPLIT_CHUNK_BYTES = 4 << 20  # CPU: weights of at least twice this are cut into chunks of about this size
+
+
+class Linear:
+    """y = x @ weight.T + bias, weight [out, in] in the model's dtype."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.weight = weight
+        self.bias = bias
+        self.out_features, self.in_features = int(weight.shape[0]), int(weight.shape[1])
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def dense_weight(self) -> torch.Tensor:
+        """The weight as [out, in] in the model's dtype (for tests and tools; may allocate)."""
+        return self.weight
+
+
+class PackedLinear(Linear):
+    """bfloat16 on CPU through oneDNN, the weight reordered once into oneDNN's blocked layout."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__(weight, bias)
+        # no batch size given: one layout serves every row count (a per-size layout measured no faster)
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return y
+
+    def dense_weight(self) -> torch.Tensor:
+        return self.weight.to_dense()
+
+
+class Int8Linear(Linear):
+    """Weight-only int8: w ~ q * scale, q int8 [out, in], scale [out] (symmetric, per output channel)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        dtype = weight.dtype
+        super().__init__(weight, bias)
+        w = weight.float()
+        scale = (w.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
+        self.weight = (w / scale[:, None]).round_().clamp_(-127, 127).to(torch.int8).contiguous()
+        self.scale = scale.to(dtype)  # the kernel takes scales in the activations' dtype
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y: torch.Tensor = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, shape[-1]), self.weight, self.scale)
+        if self.bias is not None:
+            y += self.bias
+        return y.view(*shape[:-1], self.out_features)
+
+    def dense_weight(self) -> torch.Tensor:
+        return (self.weight.float() * self.scale.float()[:, None]).to(self.scale.dtype)
+
+
+class SplitLinear(Linear):
+    """A CPU weight cut by output rows into parts (each packed or quantized on its own), which the
+    threads of engine/layers/parallel.py take as they come free. Each output column is computed exactly as
+    the uncut Linear computes it."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, make: type[Linear], parts: int) -> None:
+        super().__init__(weight, bias)
+        rows = (-(-self.out_features // parts) + 63) // 64 * 64  # oneDNN blocks output rows by up to 64
+        self.parts = [(s, min(s + rows, self.out_features),
+                       make(weight[s:s + rows], None if bias is None else bias[s:s + rows]))
+                      for s in range(0, self.out_features, rows)]
+        self.dtype = weight.dtype
+        del self.weight  # the parts hold it
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features)
+        out = torch.empty(x2.shape[0], self.out_features, dtype=self.dtype, device=x.device)
+        parts = iter(self.parts)
+
+        def work() -> None:
+            for start, end, lin in parts:
+                out[:, start:end].copy_(lin(x2))
+        WORKERS.run(work)
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def dense_weight(self) -> torch.Tensor:
+        return torch.cat([lin.dense_weight() for _, _, lin in self.parts])
+
+
+@functools.cache
+def cpu_packs_bf16() -> bool:
+    """Whether oneDNN runs bfloat16 natively on this CPU (otherwise it emulates, and packing buys nothing)."""
+    return bool(torch._C._has_mkldnn and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, quantization: str | None = None) -> Linear:
+    """The fastest Linear for this weight [out, in] on its device; quantization None keeps the weight's dtype."""
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization {quantization!r} is not supported; supported: {', '.join(QUANTIZATIONS)}")
+    if quantization is not None and weight.device.type != "cpu":
+        raise ValueError(f"--quantization {quantization} runs on CPU only")  # ATen's int8 kernel is CPU-only here
+    make: type[Linear] = Linear
+    if quantization == "int8":
+        make = Int8Linear
+    elif weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and cpu_packs_bf16():
+        make = PackedLinear
+    if make is not Linear and WORKERS.n > 1 and weight.numel() * weight.element_size() >= 2 * SPLIT_CHUNK_BYTES:
+        parts = max(2 * WORKERS.n, weight.numel() * weight.element_size() // SPLIT_CHUNK_BYTES)
+        return SplitLinear(weight, bias, make, parts)
+    return make(weight, bias)

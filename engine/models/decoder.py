@@ -1,0 +1,234 @@
+"""One decoder for every text family (engine/models/registry.py), driven by `ModelArgs` over a paged KV cache.
+
+Per layer: norm, fused q|k|v projection, optional per-head q/k norms, rope (per-layer table, maybe on part of
+the head), the paged cache write and attention (per-layer window and soft-cap), the output projection, then a
+gated MLP or a sparse MoE block; Gemma closes each sub-block with one more norm. Weights are fused at load
+(q|k|v, gate|up) so a dense layer runs four matmuls.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention import AttnMetadata, TorchOps, TritonOps, apply_rope
+from engine.layers.linear import Linear, make_linear
+from engine.layers.lm_head import LMHead
+from engine.layers.moe import ACTIVATIONS, Activation, SparseMoE
+from engine.models.args import ModelArgs
+from engine.models.rope import rope_table
+
+WeightGetter = Callable[[str], torch.Tensor]
+Rope = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]  # (q, k, table index)
+
+
+class WeightSource(Protocol):
+    """The loader's weights: name -> tensor, and which names the checkpoint has."""
+
+    def __call__(self, name: str) -> torch.Tensor: ...
+
+    def __contains__(self, name: str) -> bool: ...
+
+
+class GatedMLP:
+    """down(act(gate(x)) * up(x)), gate and up fused in one projection."""
+
+    def __init__(self, gate_up: Linear, down: Linear, act: Activation) -> None:
+        self.gate_up, self.down, self.act = gate_up, down, act
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(self.act(gate) * up)
+
+
+def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma's RMSNorm: weight holds (1 + w) in float32; the product is rounded once, as transformers does."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight).to(x.dtype)
+
+
+class Layer:
+    def __init__(self, args: ModelArgs, index: int, get: WeightGetter, quantization: str | None = None) -> None:
+        """quantization: None (weights in the loaded dtype) or "int8" (weight-only, engine/layers/linear.py)."""
+        p, qz = f"model.layers.{index}", quantization
+
+        def cat(*names: str) -> torch.Tensor:
+            return torch.cat([get(f"{p}.{n}") for n in names], dim=0)
+
+        def norm(name: str) -> torch.Tensor:
+            w = get(f"{p}.{name}.weight")
+            return 1.0 + w.float() if args.gemma_norms else w
+
+        attn = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+        qkv_w = get(f"{p}.self_attn.qkv_proj.weight") if args.fused_qkv else cat(*(f"{n}.weight" for n in attn))
+        self.qkv = make_linear(qkv_w, cat(*(f"{n}.bias" for n in attn)) if args.qkv_bias else None, qz)
+        self.o = make_linear(get(f"{p}.self_attn.o_proj.weight"),
+                             get(f"{p}.self_attn.o_proj.bias") if args.o_bias else None, qz)
+        self.q_norm = norm("self_attn.q_norm") if args.qk_norm else None
+        self.k_norm = norm("self_attn.k_norm") if args.qk_norm else None
+        self.ln1 = norm("input_layernorm")
+        self.post_attn_norm = norm("post_attention_layernorm") if args.gemma_norms else None
+        self.ln2 = norm("pre_feedforward_layernorm" if args.gemma_norms else "post_attention_layernorm")
+        self.post_ff_norm = norm("post_feedforward_layernorm") if args.gemma_norms else None
+        self.mlp: GatedMLP | SparseMoE = (_moe(args, p, get) if args.moe is not None and args.moe.sparse_layers[index]
+                                          else _dense_mlp(args, p, get, qz))
+
+
+def _dense_mlp(args: ModelArgs, p: str, get: WeightGetter, quantization: str | None) -> GatedMLP:
+    if args.fused_qkv:  # Phi-3 fuses gate|up in the checkpoint too
+        gate_up = make_linear(get(f"{p}.mlp.gate_up_proj.weight"), None, quantization)
+    else:
+        gate_up = make_linear(torch.cat([get(f"{p}.mlp.gate_proj.weight"), get(f"{p}.mlp.up_proj.weight")]),
+                              torch.cat([get(f"{p}.mlp.gate_proj.bias"), get(f"{p}.mlp.up_proj.bias")])
+                              if args.mlp_bias else None, quantization)
+    down = make_linear(get(f"{p}.mlp.down_proj.weight"), get(f"{p}.mlp.down_proj.bias") if args.mlp_bias else None,
+                       quantization)
+    return GatedMLP(gate_up, down, ACTIVATIONS[args.hidden_act])
+
+
+def _moe(args: ModelArgs, p: str, get: WeightGetter) -> SparseMoE:
+    moe = args.moe
+    assert moe is not None
+    b = f"{p}.{moe.block}"
+    g, u, d = moe.expert_names
+    gate_up = torch.stack([torch.cat([get(f"{b}.experts.{e}.{g}.weight"), get(f"{b}.experts.{e}.{u}.weight")])
+                           for e in range(moe.num_experts)])
+    down = torch.stack([get(f"{b}.experts.{e}.{d}.weight") for e in range(moe.num_experts)])
+    return SparseMoE(get(f"{b}.gate.weight"), gate_up, down, top_k=moe.top_k, norm_topk_prob=moe.norm_topk_prob,
+                     weights_in_model_dtype=moe.router_weights_in_model_dtype, activation=args.hidden_act)
+
+
+class CausalLM:
+    """Weights plus forward; holds no per-request state (that is the KV cache the runner owns)."""
+
+    def __init__(self, args: ModelArgs, get: WeightGetter, has_lm_head: bool, max_positions: int,
+                 quantization: str | None = None) -> None:
+        """quantization: None (weights in the loaded dtype) or "int8" (weight-only, engine/layers/linear.py)."""
+        self.args = args
+        self.ops: type[TorchOps] | type[TritonOps] = TorchOps  # the runner switches to TritonOps on GPU
+        embed = get("model.embed_tokens.weight")
+        self.dtype, self.device = embed.dtype, embed.device
+        self.layers = [Layer(args, i, get, quantization) for i in range(args.num_layers)]
+        final = get("model.norm.weight")
+        self.norm = 1.0 + final.float() if args.gemma_norms else final
+        self.tied = args.tie_word_embeddings if args.tie_word_embeddings is not None else not has_lm_head
+        self.head = LMHead(embed if self.tied else get("lm_head.weight"), quantization)
+        # a tied embedding the head stores transposed is read from the head's columns: the table is stored once
+        self.embed: torch.Tensor | None = None if self.tied and self.head.transposed is not None else embed
+        del embed
+        # Gemma scales embeddings by sqrt(hidden) rounded to the model dtype, as transformers does
+        self.embed_scale = torch.tensor(math.sqrt(args.hidden_size)).to(self.dtype) if args.embed_scale else None
+        self.layer_windows: list[int | None] = list(args.windows)
+
+        def table(theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
+            return rope_table(args.rotary_dim, theta, scaling, max_positions, args.max_position_embeddings).to(
+                self.device)
+
+        self.cos_sin = table(args.rope_theta, args.rope_scaling)
+        self.rope_tables = [self.cos_sin]
+        if args.local_rope_theta is not None:  # Gemma 3: windowed layers turn with their own (plain) base
+            self.rope_tables.append(table(args.local_rope_theta, None))
+        self.layer_rope = [1 if w is not None and args.local_rope_theta is not None else 0 for w in self.layer_windows]
+        self.scale = args.attn_scale if args.attn_scale is not None else args.head_dim ** -0.5
+        self.q_size = args.num_heads * args.head_dim
+        self.kv_size = args.num_kv_heads * args.head_dim
+
+    @classmethod
+    def load(cls, cfg: dict[str, Any], args: ModelArgs, weights: WeightSource, has_lm_head: bool,
+             max_positions: int, quantization: str | None = None) -> CausalLM:
+        """The model from its config.json and weights (a family with its own layout overrides this)."""
+        return cls(args, weights, has_lm_head, max_positions, quantization)
+
+    def use_triton(self) -> None:
+        """The GPU path: Triton attention / norm / rope kernels and the fused MoE kernel."""
+        self.ops = TritonOps
+        for layer in self.layers:
+            if isinstance(layer.mlp, SparseMoE):
+                layer.mlp.use_triton = True
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttnMetadata) -> torch.Tensor:
+        """input_ids, positions [T] -> hidden states [T, hidden] before the final norm."""
+        return self.run_layers(self.embed_tokens(input_ids), kv_caches, meta, self.rope_for(positions))
+
+    def rope_for(self, positions: torch.Tensor) -> Rope:
+        """The step's `rope(q, k, table)`; the torch path gathers each table's rows once per step, not per layer."""
+        if self.ops is TorchOps:
+            rows = [t[positions] for t in self.rope_tables]
+            return lambda q, k, i: (apply_rope(q, rows[i]), apply_rope(k, rows[i]))
+        return lambda q, k, i: self.ops.rope(positions, q, k, self.rope_tables[i])
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self.args.gemma_norms:
+            return gemma_rms_norm(x, weight, self.args.rms_norm_eps)
+        return self.ops.rms_norm(x, weight, self.args.rms_norm_eps)
+
+    def run_layers(self, x: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttnMetadata,
+                   rope: Rope) -> torch.Tensor:
+        """The decoder layers over embeddings x [T, hidden]; `rope(q, k, i)` rotates [T, heads, dims] views by
+        rope table i (plain positions here, M-RoPE in engine/models/qwen2_vl.py)."""
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
+            h = self.attention(i, layer, self.rms_norm(x, layer.ln1), k_cache, v_cache, meta, rope)
+            x = x + (h if layer.post_attn_norm is None else self.rms_norm(h, layer.post_attn_norm))
+            h = self.all_reduce(layer.mlp(self.rms_norm(x, layer.ln2)))
+            x = x + (h if layer.post_ff_norm is None else self.rms_norm(h, layer.post_ff_norm))
+        return x
+
+    def attention(self, i: int, layer: Layer, h: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  meta: AttnMetadata, rope: Rope) -> torch.Tensor:
+        """One layer's attention sub-block on normed h [T, hidden] -> its output projection (all-reduced)."""
+        a, t = self.args, h.shape[0]
+        q, k, v = torch.split(layer.qkv(h), [self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = q.view(t, a.num_heads, a.head_dim), k.view(t, a.num_kv_heads, a.head_dim)
+        if layer.q_norm is not None and layer.k_norm is not None:
+            q, k = self.rms_norm(q, layer.q_norm), self.rms_norm(k, layer.k_norm)
+        table = self.layer_rope[i]
+        if a.rotary_dim == a.head_dim:
+            q, k = rope(q, k, table)
+        else:  # partial rotary: the rest of each head passes through
+            r = a.rotary_dim
+            q_rot, k_rot = rope(q[..., :r], k[..., :r], table)
+            q, k = torch.cat([q_rot, q[..., r:]], dim=-1), torch.cat([k_rot, k[..., r:]], dim=-1)
+        self.ops.write_kv(k, v.view(t, a.num_kv_heads, a.head_dim), k_cache, v_cache, meta.slot_mapping)
+        out = self.ops.attention(q, k_cache, v_cache, meta, self.scale, window=self.layer_windows[i],
+                                 softcap=a.attn_softcap)
+        return self.all_reduce(layer.o(out.reshape(t, self.q_size)))
+
+    def all_reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        """A row-parallel projection's partial sum -> the full one: the identity on one rank (tensor parallel:
+        engine/distributed/tp_model.py sums over the ranks)."""
+        return partial
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.embed is None:
+            from_head = self.head.embedding_rows(input_ids)
+            assert from_head is not None
+            rows = from_head
+        else:
+            rows = F.embedding(input_ids, self.embed)
+        return rows if self.embed_scale is None else rows * self.embed_scale
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.rms_norm(hidden, self.norm)
+
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None,
+                       pool: ThreadPoolExecutor | None = None, workers: int = 1) -> torch.Tensor:
+        """hidden [N, hidden] (rows from forward) -> float32 logits [N, vocab], maybe in `out` [N, vocab].
+
+        Rounds exactly as `(h @ head).float()`: the product is in the model's dtype, then widened (and
+        soft-capped, for Gemma). `pool` with `workers` > 1: that many threads (this one included) share the
+        column chunks.
+        """
+        logits = self.head(self.final_norm(hidden), out, pool, workers)
+        cap = self.args.final_softcap
+        if cap is None:
+            return logits
+        if self.dtype == torch.float32:
+            return logits.div_(cap).tanh_().mul_(cap)
+        # in the model's dtype, as transformers caps its logits: the same roundings, so the same ties
+        return logits.copy_(logits.to(self.dtype).div_(cap).tanh_().mul_(cap))

@@ -1,0 +1,61 @@
+"""Gemma 2 and Gemma 3 (text) on the plain decoder.
+
+Both: embeddings times sqrt(hidden) in the model dtype, RMSNorm scaling by (1 + w), a norm closing each
+sub-block (post-attention, pre- and post-feed-forward), gelu_pytorch_tanh, softmax scale
+query_pre_attn_scalar ** -0.5, final logit soft-capping, sliding windows on some layers (layer_types).
+Gemma 2 soft-caps attention logits and alternates windowed and full layers; Gemma 3 normalises each head
+of q and k, windows five layers in six, and turns its windowed layers with their own rope base
+(rope_local_base_freq). transformers' Gemma 3 never soft-caps attention, whatever the config says, so
+neither does this.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.models.args import (
+    ConfigError, ModelArgs, arch_of, common_fields, layer_windows, refuse, rope_settings, window_fields,
+)
+
+
+def _gemma_fields(cfg: dict[str, Any], default_types: list[str]) -> dict[str, Any]:
+    refuse(cfg, use_bidirectional_attention=False)
+    fields = common_fields(cfg)
+    fields["hidden_act"] = str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh")
+    biased = bool(cfg.get("attention_bias"))
+    scalar = float(cfg.get("query_pre_attn_scalar") or fields["head_dim"])
+    final_cap = cfg.get("final_logit_softcapping")
+    return dict(fields, qkv_bias=biased, o_bias=biased, mlp_bias=False, gemma_norms=True, embed_scale=True,
+                attn_scale=scalar ** -0.5, final_softcap=float(final_cap) if final_cap else None,
+                **window_fields(layer_windows(cfg, default_types)))
+
+
+def parse_gemma2(cfg: dict[str, Any], arch: str) -> ModelArgs:
+    n = int(cfg["num_hidden_layers"])
+    theta, scaling = rope_settings(cfg, ())
+    attn_cap = cfg.get("attn_logit_softcapping")
+    return ModelArgs(architecture=arch, rope_theta=theta, rope_scaling=scaling,
+                     attn_softcap=float(attn_cap) if attn_cap else None,
+                     **_gemma_fields(cfg, ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]))
+
+
+def parse_gemma3(cfg: dict[str, Any], arch: str) -> ModelArgs:
+    n = int(cfg["num_hidden_layers"])
+    pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
+    nested = cfg.get("rope_parameters") or {}
+    if "full_attention" in nested or "sliding_attention" in nested:  # transformers 5: one dict per layer type
+        full = dict(nested.get("full_attention") or {})
+        local = dict(nested.get("sliding_attention") or {})
+    else:
+        full = dict(cfg.get("rope_scaling") or {}, rope_theta=cfg.get("rope_theta") or 1_000_000.0)
+        local = {"rope_theta": cfg.get("rope_local_base_freq") or 10_000.0}
+    if local.get("rope_type", "default") != "default":
+        raise ConfigError(f"{arch_of(cfg)} with rope_parameters.sliding_attention.rope_type "
+                          f"{local['rope_type']!r} is not supported; only default")
+    theta, scaling = rope_settings({"rope_parameters": full, "architectures": [arch],
+                                    "max_position_embeddings": cfg.get("max_position_embeddings")},
+                                   ("linear", "yarn"))
+    return ModelArgs(architecture=arch, rope_theta=float(full.get("rope_theta") or theta), rope_scaling=scaling,
+                     qk_norm=True, local_rope_theta=float(local.get("rope_theta") or 10_000.0),
+                     **_gemma_fields(cfg, ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                                           for i in range(n)]))

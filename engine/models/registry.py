@@ -1,0 +1,62 @@
+"""Which model class runs which checkpoint: config.json's `architectures` -> a family (its parser and class).
+
+Adding a family: a module that turns its config.json into `ModelArgs` (engine/models/args.py), and a row here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from engine.models import gemma, llama, moe_families, phi3, qwen2_vl
+from engine.models.args import ConfigError, ModelArgs
+from engine.models.decoder import CausalLM
+
+
+@dataclass(frozen=True)
+class Family:
+    parse: Callable[[dict[str, Any], str], ModelArgs]  # (config.json, architecture name) -> ModelArgs
+    model: type[CausalLM] = CausalLM
+    tensor_parallel: bool = True
+
+
+MODELS: dict[str, Family] = {
+    "LlamaForCausalLM": Family(llama.parse),
+    "MistralForCausalLM": Family(llama.parse),
+    "Qwen2ForCausalLM": Family(llama.parse),
+    "Qwen3ForCausalLM": Family(llama.parse),
+    "Qwen3MoeForCausalLM": Family(moe_families.parse_qwen3_moe),
+    "MixtralForCausalLM": Family(moe_families.parse_mixtral),
+    "Gemma2ForCausalLM": Family(gemma.parse_gemma2),
+    "Gemma3ForCausalLM": Family(gemma.parse_gemma3),
+    "Phi3ForCausalLM": Family(phi3.parse),
+    qwen2_vl.ARCHITECTURE: Family(qwen2_vl.parse, qwen2_vl.Qwen2VLCausalLM, tensor_parallel=False),
+}
+
+
+def supported() -> str:
+    return ", ".join(MODELS)
+
+
+def family_of(cfg: dict[str, Any]) -> tuple[str, Family]:
+    """The first of config.json's architectures that has a family here; ConfigError naming them otherwise."""
+    archs = [str(a) for a in cfg.get("architectures") or []]
+    for arch in archs:
+        if arch in MODELS:
+            return arch, MODELS[arch]
+    named = ", ".join(archs) if archs else "missing (config.json has no architectures)"
+    raise ConfigError(f"architecture {named} is not supported; supported: {supported()}")
+
+
+def parse_config(cfg: dict[str, Any]) -> ModelArgs:
+    """config.json -> ModelArgs; ConfigError naming the unsupported architecture, field or value."""
+    arch, family = family_of(cfg)
+    try:
+        return family.parse(cfg, arch)
+    except KeyError as e:
+        raise ConfigError(f"{arch} config.json lacks {e}") from e
+    except (TypeError, ValueError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"{arch} config.json has a malformed value: {e}") from e

@@ -1,0 +1,87 @@
+"""The registry: every listed architecture parses to its family's settings; an unsupported architecture or an
+unimplemented config feature is refused in one line that names it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.models.args import ConfigError
+from engine.models.registry import MODELS, parse_config
+from tests.engine.models.families import FAMILIES, WINDOW
+
+
+def config_of(ckpt: Path) -> dict[str, Any]:
+    return dict(json.loads((ckpt / "config.json").read_text()))
+
+
+@pytest.mark.parametrize("family_ckpt", list(FAMILIES), indirect=True)
+def test_each_family_parses_to_its_features(family_ckpt: Path) -> None:
+    args = parse_config(config_of(family_ckpt))
+    assert args.architecture in MODELS
+    name = family_ckpt.name
+    assert args.qk_norm == (name in ("qwen3", "qwen3_moe", "gemma3"))
+    assert args.gemma_norms == args.embed_scale == name.startswith("gemma")
+    assert (args.moe is not None) == (name in ("qwen3_moe", "mixtral"))
+    if name == "qwen3":
+        assert args.head_dim == 32 != args.hidden_size // args.num_heads and args.rope_scaling is not None
+    if name == "qwen3_moe":
+        assert args.moe is not None and args.moe.sparse_layers == (True, False) and args.moe.num_experts == 8
+    if name == "mixtral":
+        assert args.moe is not None and args.moe.expert_names == ("w1", "w3", "w2") and args.moe.top_k == 2
+    if name == "gemma2":
+        assert args.windows == (WINDOW, None) and args.attn_softcap == 3.0 and args.final_softcap == 5.0
+        assert args.attn_scale == pytest.approx(24 ** -0.5)
+    if name == "gemma3":
+        assert args.windows == (WINDOW, None) and args.local_rope_theta == 100.0 and args.attn_softcap is None
+        assert args.rope_scaling is not None and args.rope_scaling["rope_type"] == "linear"
+    if name == "phi3":
+        assert args.fused_qkv and args.rotary_dim == 8 and args.rope_scaling is not None
+        assert args.rope_scaling["rope_type"] == "longrope"
+        assert args.rope_scaling["original_max_position_embeddings"] == 32
+
+
+@pytest.mark.parametrize("family_ckpt", ["qwen3_moe"], indirect=True)
+def test_qwen3_moe_layer_pattern(family_ckpt: Path) -> None:
+    cfg = config_of(family_ckpt) | {"num_hidden_layers": 4, "mlp_only_layers": [], "decoder_sparse_step": 2}
+    moe = parse_config(cfg).moe
+    assert moe is not None and moe.sparse_layers == (False, True, False, True)  # (i + 1) % step == 0
+    moe = parse_config(cfg | {"mlp_only_layers": [3]}).moe
+    assert moe is not None and moe.sparse_layers == (False, True, False, False)
+
+
+def test_unsupported_architecture_names_it_and_lists_the_supported() -> None:
+    with pytest.raises(ConfigError) as e:
+        parse_config({"architectures": ["GPT2LMHeadModel"], "hidden_size": 8})
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("architecture GPT2LMHeadModel is not supported; supported: ")
+    assert all(arch in msg for arch in MODELS)
+
+
+@pytest.mark.parametrize("family_ckpt,change,field", [
+    ("gemma2", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+    ("gemma3", {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                    "sliding_attention": {"rope_type": "linear", "factor": 2.0}}},
+     "rope_parameters.sliding_attention.rope_type"),
+    ("qwen3", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e6}},
+     "rope_scaling.rope_type 'dynamic'"),
+    ("phi3", {"attention_bias": True}, "attention_bias"),
+    ("gemma2", {"layer_types": ["chunked_attention", "full_attention"]}, "layer_types"),
+    ("mixtral", {"hidden_act": "relu"}, "hidden_act 'relu'"),
+    ("qwen3_moe", {"num_experts_per_tok": 9}, "num_experts_per_tok 9"),
+    ("qwen3_moe", {"num_local_experts": None}, "num_experts"),
+    ("qwen3", {"num_attention_heads": 3}, "num_attention_heads 3"),
+], indirect=["family_ckpt"])
+def test_unimplemented_feature_names_its_field(family_ckpt: Path, change: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        parse_config(config_of(family_ckpt) | change)
+
+
+def test_missing_field_is_named(qwen2_ckpt: Path) -> None:
+    cfg = config_of(qwen2_ckpt)
+    del cfg["hidden_size"]
+    with pytest.raises(ConfigError, match="Qwen2ForCausalLM config.json lacks 'hidden_size'"):
+        parse_config(cfg)
