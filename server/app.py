@@ -32,6 +32,9 @@ from server.api.openai.chat import ChatRoute
 from server.api.openai.completions import CompletionsRoute
 from server.api.openai.embeddings import EmbeddingsRoute
 from server.api.openai.models import ModelsRoute
+from server.api.openai.responses import ResponsesRoute, StoredResponseRoute
+from server.api.openai.responses_background import BackgroundResponses
+from server.api.openai.responses_store import ResponseStore
 from server.api.pooling.classify import ClassifyRoute
 from server.api.pooling.pool import PoolingRoute
 from server.api.pooling.rerank import RerankRoute
@@ -156,11 +159,20 @@ def create_app(config: ServerConfig | None = None, *, worker: WorkerContext | No
         Route("/inference/v1/generate", GenerateRoute(state), methods=["POST"]),
         Route("/v1/messages", MessagesRoute(state), methods=["POST"]),
         Route("/v1/messages/count_tokens", CountTokensRoute(state), methods=["POST"]),
+        *_responses_routes(state),
         *_common_routes(state, metrics),
         *([] if config.disable_ui else _ui_routes(state)),
     ]
     public = () if config.disable_ui else PUBLIC_PATHS
     return _asgi(state, routes, _lifespan(state, load.run, fatal, load_in_background), _not_found, public)
+
+
+def _responses_routes(state: AppState) -> list[Route]:
+    store = ResponseStore(state.config.responses_store_size)
+    background = BackgroundResponses(state, store)
+    return [Route("/v1/responses", ResponsesRoute(state, store, background), methods=["POST"]),
+            Route("/v1/responses/{response_id}", StoredResponseRoute(store), methods=["GET", "DELETE"]),
+            Route("/v1/responses/{response_id}/cancel", StoredResponseRoute(store, background), methods=["POST"])]
 
 
 def _pooling_routes(state: AppState) -> list[Route]:
@@ -212,6 +224,7 @@ class _EngineLoad:
                 await tg.start(llm.run)
                 state = self.state
                 state.renderer, state.limits, state.llm = renderer, limits_for(cfg, client.ready, tokenizer), llm
+                state.tasks = tg
                 log.info("serving %s (max_model_len %d)", state.model_name, state.limits.max_model_len)
                 # What startup built (tokenizer, templates, modules) lives for the process: keep full
                 # collections from walking it again (less API CPU per token: bench/README.md).

@@ -79,6 +79,7 @@ class ServerConfig:
     max_logprobs: int = 20
     chat_template_render_timeout: float = 5.0
     sse_keepalive: float = 15.0  # seconds of silence before an SSE comment line; 0: off
+    responses_store_size: int = 4096  # stored /v1/responses per API process (LRU); 0: store none
     log_level: LogLevel = "info"
     log_requests: bool = False  # prompt and output text in the access log (off: token counts only)
     device: str = "auto"
@@ -172,6 +173,9 @@ class ServerConfig:
             raise ValueError(f"SPINDLE_ENGINE_STEP_TIMEOUT must be 0 (off) or positive, got {self.engine_step_timeout}")
         if self.sse_keepalive < 0:
             raise ValueError(f"--sse-keepalive must be 0 (off) or positive, got {self.sse_keepalive}")
+        if self.responses_store_size < 0:
+            raise ValueError(f"--responses-store-size must be 0 (store none) or positive, "
+                             f"got {self.responses_store_size}")
         if self.worker_class not in get_args(WorkerClass):
             raise ValueError(f"--worker-class must be one of trio, asyncio, uvloop; got {self.worker_class!r}")
         if self.scheduling_policy not in get_args(SchedulingPolicy):

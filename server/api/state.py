@@ -52,6 +52,7 @@ class AppState:
     limits: ModelLimits | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     stopping: bool = False
+    tasks: Any = None  # an anyio TaskGroup for work that outlives its request (background responses)
 
     def require(self) -> tuple[AsyncLLM, Renderer, ModelLimits]:
         """The running parts, or a 503 saying why requests cannot be served now."""

@@ -15,6 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.conftest import TINY
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -87,6 +89,18 @@ def wait_healthy(server: Server, timeout: float = 120) -> None:
         time.sleep(0.1)
     server.stop()
     raise RuntimeError(f"server not healthy in {timeout}s:\n{server.log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="session")
+def qwen25_ckpt(checkpoints_root: Path) -> Path:
+    """A Qwen2.5-tokenized tiny checkpoint: its <tool_call> tokens and tool-calling template."""
+    from engine.models.random_checkpoint import write_random_checkpoint  # torch: only for tests that use it
+
+    path = checkpoints_root / "qwen25"
+    if path.exists():
+        return path
+    return write_random_checkpoint(path, "qwen2", **TINY, vocab_size=151_936, tie_word_embeddings=True,
+                                   rope_theta=1_000_000.0, tokenizer_family="qwen2.5")
 
 
 @pytest.fixture(scope="session", params=["trio", "asyncio"])

@@ -1,0 +1,171 @@
+"""POST /v1/responses, GET / DELETE /v1/responses/{response_id}, POST /v1/responses/{response_id}/cancel:
+OpenAI's Responses API over the chat path.
+
+The request is translated into a chat request (server/pipeline/responses_items.py) and then takes the chat
+route's path: the same checks, renderer, admission, tool plan and constraint, engine request and output
+processor. Only the wire format differs (server/streaming/responses_formatter.py); with `store` the finished
+response is kept (responses_store.py) for previous_response_id and GET.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+
+from server.api.openai.logprobs import chat_logprobs
+from server.api.openai.responses_background import BackgroundResponses
+from server.api.openai.responses_store import ResponseStore, StoredResponse
+from server.api.prompts import admit_early, prompts_lower_bound, render_chat, text_prompt_ids
+from server.api.serving import PostRoute
+from server.api.state import AppState, Renderer
+from server.http.asgi import Receive, Scope, Send, send_error, send_json
+from server.http.errors import APIError
+from server.multimodal.images import expand_for_model, has_images, image_support, prepare_images
+from server.pipeline.async_llm import AsyncLLM
+from server.pipeline.output_processor import Output
+from server.pipeline.input_processor import ModelLimits, build_spec, check_request, external_request_id
+from server.pipeline.parsing import (
+    ChoiceParser, ChoiceParsers, plan_constrained_tools, reasoning_parser, request_constraint,
+)
+from server.pipeline.responses_items import LOGPROBS, chat_request, input_items, responses_error
+from server.pipeline.structured import structured_outputs
+from server.protocol.openai import ChatCompletionRequest
+from server.protocol.responses import ResponsesRequest, encoder, responses_decoder
+from server.streaming.formatter import StreamFraming
+from server.streaming.output_check import checked, relaxed_check, relaxed_headers
+from server.streaming.respond import respond
+from server.streaming.responses_events import new_id
+from server.streaming.responses_formatter import ResponsesFormatter
+
+_enc = encoder.encode
+
+
+def framing(fmt: ResponsesFormatter) -> StreamFraming:
+    """No [DONE] (response.completed ends the stream); an error event numbered after the events before it."""
+    def error(e: APIError) -> bytes:
+        body = _enc({"type": "error", "code": str(e.status), "message": e.message, "param": e.param,
+                     "sequence_number": fmt.builder.seq})
+        return b"event: error\ndata: " + body + b"\n\n"
+    return StreamFraming(done=b"", error=error)
+
+
+def response_base(req: ResponsesRequest, response_id: str, model: str) -> dict[str, Any]:
+    """The response object's fields that echo the request."""
+    fmt = req.text.format if req.text is not None and req.text.format is not None else {"type": "text"}
+    return {"id": response_id, "object": "response", "created_at": int(time.time()), "model": model,
+            "error": None, "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+            "metadata": req.metadata or {}, "parallel_tool_calls": req.parallel_tool_calls is not False,
+            "previous_response_id": req.previous_response_id, "temperature": req.temperature,
+            "top_p": req.top_p, "tools": req.tools or [], "tool_choice": req.tool_choice or "auto",
+            "text": {"format": fmt}, "truncation": "disabled", "store": req.store, "user": req.user,
+            "background": req.background, "reasoning": {"effort": req.reasoning.effort if req.reasoning else None,
+                                               "summary": None}}
+
+
+class ResponsesRoute(PostRoute):
+    runner = "generate"
+
+    def __init__(self, state: AppState, store: ResponseStore, background: BackgroundResponses) -> None:
+        super().__init__(state)
+        self.store = store
+        self.background = background
+
+    async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
+        try:
+            await self._respond(body, xid, send)
+        except APIError as e:
+            raise responses_error(e) from None
+
+    async def _respond(self, body: bytes, xid: str | None, send: Send) -> None:
+        req, llm, renderer, limits = self.state.decode_for_model(responses_decoder, body)
+        config = self.state.config
+        history = [] if req.previous_response_id is None else self.store.history(req.previous_response_id)
+        images = config.model is not None and image_support(config.model_path) is not None
+        chat = chat_request(req, history, images=images)
+        check_request(chat, limits)
+        constraint = await structured_outputs(chat, limits.caps)
+        plan, relaxed_tools = await plan_constrained_tools(chat, config, renderer.tokenizer, limits.caps, "tool_choice")
+        if plan is not None and plan.constraint is not None:  # a forced call writes no text: text.format is moot
+            constraint = None
+        external = external_request_id(xid, None)
+        if llm.admission is not None:  # refuse before rendering when the queue surely has no room
+            admit_early(llm, 1, 1)
+        text, ids, mm_inputs = await self._prompt(llm, renderer, chat, limits)
+        so = request_constraint(plan, constraint.so if constraint is not None else None, config, text)
+        spec = build_spec(chat, ids, limits, external_id=external, stream=chat.stream, structured_outputs=so)
+        spec.mm_inputs = mm_inputs
+        parsed = (plan is not None and plan.parser is not None) or config.reasoning_parser is not None
+
+        def new_parser() -> ChoiceParser | None:
+            tools = plan.parser() if plan is not None and plan.parser is not None else None
+            return ChoiceParser(reasoning_parser(config, text), tools) if parsed else None
+
+        if chat.logprobs and parsed:
+            raise APIError(f"include {LOGPROBS!r} is not supported yet with a tool call or reasoning parser at "
+                           "work (tools or --reasoning-parser).", status=400, param="include")
+        texts = self.token_texts(renderer, chat.logprobs)
+
+        def logprobs(out: Output) -> list[dict[str, Any]]:
+            assert texts is not None
+            return [msgspec.to_builtins(lp) for lp in chat_logprobs(out.logprobs or [], texts).content or []]
+
+        fmt = ResponsesFormatter(response_base(req, new_id("resp"), self.state.model_name),
+                                 len(spec.prompt_token_ids), new_parser, logprobs if texts is not None else None)
+        check = relaxed_check(llm.metrics, constraint, relaxed_tools,
+                              ChoiceParsers(plan, config.reasoning_parser, text) if parsed else None)
+        headers = [(b"x-request-id", external.encode()), *relaxed_headers(constraint, relaxed_tools)]
+
+        async def before_end() -> None:  # stored before the client sees the end: its next request may use it
+            if check is not None:
+                await check.finish()
+            if req.store and fmt.done is not None:
+                self.store.put(StoredResponse(fmt.done, [*history, *input_items(req), *fmt.done["output"]]))
+
+        async def run(to: Send) -> None:
+            await respond(llm, [spec], checked(fmt, check), to, stream=chat.stream,
+                          keepalive=config.sse_keepalive, headers=headers, framing=framing(fmt), before_end=before_end)
+
+        await (self.background.start(fmt.base, run, send) if req.background else run(send))
+
+    async def _prompt(self, llm: AsyncLLM, renderer: Renderer, chat: ChatCompletionRequest,
+                      limits: ModelLimits) -> tuple[str, list[int], Any]:
+        """The rendered prompt, its token ids and its images' engine inputs (None: no images)."""
+        images, render_req = None, chat
+        if has_images(chat.messages):  # input_image parts on a vision model: as the chat route takes them
+            images, messages = await prepare_images(self.state, chat.messages or [], None)
+            render_req = msgspec.structs.replace(chat, messages=messages)
+        text = await render_chat(renderer, render_req)
+        if llm.admission is not None:
+            admit_early(llm, 1, await prompts_lower_bound(renderer.tokenizer, [text]))
+        ids = await text_prompt_ids(renderer, text, chat.add_special_tokens, "input",
+                                    limits if images is None else None)
+        mm_inputs = None
+        if images is not None:
+            ids, mm_inputs = expand_for_model(ids, images, self.state.config.model_path)
+        return text, ids, mm_inputs
+
+
+class StoredResponseRoute:
+    """GET (the stored response) and DELETE /v1/responses/{response_id}; POST .../cancel (`cancel`)."""
+
+    def __init__(self, store: ResponseStore, background: BackgroundResponses | None = None) -> None:
+        self.store = store
+        self.background = background  # set: this is POST .../cancel
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response_id = scope["path_params"]["response_id"]
+        try:
+            if self.background is not None:
+                await send_json(send, 200, _enc(self.background.cancel(response_id)))
+                return
+            entry = self.store.get(response_id)
+            if scope["method"] == "DELETE":
+                self.store.delete(response_id)
+                await send_json(send, 200, _enc({"id": response_id, "object": "response.deleted",
+                                                 "deleted": True}))
+                return
+            await send_json(send, 200, _enc(entry.response))
+        except APIError as e:
+            await send_error(send, e)
