@@ -16,7 +16,7 @@ import pytest
 from tests.e2e.conftest import Server, start_server
 from tests.helpers.processes import alive, children, connection_owner, process_tree, wait_gone, wait_until
 
-ENGINE, API_PROCESS = "[-]m engine ", "[-]m server.api_servers"  # the children's command lines (pgrep -f)
+ENGINE, API_PROCESS = "[-]m engine ", "[-]m server.runtime.api_process"  # the children's command lines (pgrep -f)
 
 
 def _complete(url: str, **body: object) -> httpx.Response:
