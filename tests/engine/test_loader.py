@@ -83,7 +83,7 @@ def test_explicit_dtype(small: Path) -> None:
 
 def test_int8_quantization_is_cpu_only_and_validated(small: Path) -> None:
     model, _ = load_model(small, "bfloat16", "cpu", quantization="int8")
-    assert model.layers[0].down.dense_weight().dtype == torch.bfloat16
+    assert model.layers[0].mlp.down.dense_weight().dtype == torch.bfloat16
     assert all(isinstance(lin, Int8Linear) for _, _, lin in model.head.chunks)  # the LM head too
     with pytest.raises(ModelLoadError, match="CPU only"):
         load_model(small, "bfloat16", "cuda", quantization="int8")  # refused before any weight is read
