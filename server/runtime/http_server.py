@@ -11,23 +11,30 @@ from __future__ import annotations
 import logging
 import signal
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 from hypercorn.asyncio import serve as hypercorn_asyncio_serve
 from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_trio_serve
 
-from server.api.state import AppState
 from server.app import EngineFactory, create_app
 from server.config import ServerConfig
 from server.http import direct_body
 from server.http.errors import describe_exception
+from server.pipeline.async_llm import AsyncLLM
 from server.runtime.hypercorn_config import hypercorn_config
 from server.runtime.logs import setup_logging
 from server.runtime.worker import WorkerContext
 
 log = logging.getLogger("spindle.server")
+
+
+class _Serving(Protocol):
+    """What the shutdown needs of the app's state: its AsyncLLM, once loaded (the routes stay out of runtime/)."""
+
+    @property
+    def llm(self) -> AsyncLLM | None: ...
 
 
 class _Shutdown:
@@ -37,7 +44,7 @@ class _Shutdown:
         self.config, self.hc = config, hc
         self.stop = anyio.Event()  # Hypercorn's shutdown trigger
         self.code = 0
-        self.state: AppState | None = None  # the app's, once built
+        self.state: _Serving | None = None  # the app's state (server/api/state.py AppState), once built
         self.listening = anyio.CancelScope()  # the signal watcher's own scope: cancelling it touches nothing else
 
     def fatal(self, why: str) -> None:
