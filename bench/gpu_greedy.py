@@ -12,22 +12,15 @@ import argparse
 import random
 import sys
 
+from bench.quant_agreement import greedy as run_greedy
 from engine.config import EngineConfig
 from engine.core import EngineCore
-from engine.messages import AddRequest, SamplingParams
 
 
 def greedy(model: str, device: str, dtype: str, prompts: list[list[int]], tokens: int) -> list[list[int]]:
     core = EngineCore(EngineConfig(model=model, dtype=dtype, device=device, max_num_seqs=len(prompts),
                                    enable_prefix_caching=False))
-    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
-    for i, p in enumerate(prompts):
-        core.add_request(AddRequest(str(i), p, params, 0.0))
-    out: list[list[int]] = [[] for _ in prompts]
-    while core.has_work:
-        for o in core.step():
-            out[int(o.request_id)] += o.new_token_ids
-    return out
+    return run_greedy(core, prompts, tokens)
 
 
 def main() -> None:
