@@ -28,8 +28,10 @@ PASSED = -1  # a block-table entry whose block every later query's window has pa
 
 
 def _block_key(seq: Sequence, parent: int, i: int, bs: int) -> _CacheKey:
-    """Block i's cache key: image placeholder tokens are all alike, so blocks holding images add their hashes."""
-    key = (parent, tuple(seq.token_ids[i * bs:(i + 1) * bs]))
+    """Block i's cache key: image placeholder tokens are all alike, so blocks holding images add their hashes. A
+    request's adapter roots its chain in the adapter's content digest: no KV is shared across adapters."""
+    root: int | str = seq.lora.digest if i == 0 and seq.lora is not None else parent  # a str: never a content id
+    key = (root, tuple(seq.token_ids[i * bs:(i + 1) * bs]))
     if seq.mm is not None and (extra := seq.mm.block_extra(i * bs, (i + 1) * bs)):
         return key + (extra,)
     return key

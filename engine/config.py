@@ -6,6 +6,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from engine.lora.config import check_lora_settings
 from engine.pooling_config import CONVERTS, check_pooler_overrides
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -60,6 +61,13 @@ class EngineConfig:
     master_addr: str = "127.0.0.1"  # node 0's address: its rank 0 holds the rendezvous store
     master_port: int = 0  # 0: a free port (one node only)
     distributed_timeout: float = 120.0  # seconds to join the group, and the longest one collective may wait
+    # LoRA adapters per request (engine/lora/), vLLM's flags: slots in one step, the largest rank, adapters kept
+    # loaded on CPU (None: max_loras), their dtype (auto: the model's)
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
+    lora_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -84,6 +92,9 @@ class EngineConfig:
         if self.heartbeat_interval <= 0:
             raise ValueError("heartbeat_interval must be positive")
         self._check_parallel()
+        check_lora_settings(self.max_loras, self.max_lora_rank, self.max_cpu_loras, self.lora_dtype)
+        if self.enable_lora and self.tensor_parallel_size > 1:
+            raise ValueError("--enable-lora runs on one rank here; drop --tensor-parallel-size")
 
     def _check_parallel(self) -> None:
         tp, nodes = self.tensor_parallel_size, self.nnodes

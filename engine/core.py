@@ -54,7 +54,10 @@ class EngineCore:
         self.scheduler = Scheduler(max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    max_model_len=self.max_model_len,
-                                   block_manager=self.block_manager, policy=config.scheduling_policy)
+                                   block_manager=self.block_manager, policy=config.scheduling_policy,
+                                   max_loras=config.max_loras if config.enable_lora else None)
+        if self.runner.lora is not None:  # live requests' adapters stay loaded on CPU (engine/lora/manager.py)
+            self.runner.lora.live_digests = self._live_adapters
         self.sampler = Sampler(self.vocab_size, list(self.runner.eos_token_ids), self.runner.device)
         self.structured = StructuredOutputManager(self._grammar_backend, self.runner.device, self.eos_token_ids)
         self._pending: list[RequestOutput] = []  # refusals and aborts, reported with the next step
@@ -104,6 +107,11 @@ class EngineCore:
             if self.pooler is not None:  # prefill only: no output token needs room in the context
                 params = msgspec.structs.replace(params, max_tokens=0, prompt_logprobs=None)
             seq = Sequence.new(req.request_id, req.prompt_token_ids, params, req.arrival_time, req.priority)
+            if req.lora is not None:
+                if self.runner.lora is None:
+                    raise RequestRefused("this server runs no LoRA adapters; start it with --enable-lora")
+                self.runner.lora.register(req.lora)  # AdapterError (a ValueError): refused, naming why
+                seq.lora = req.lora
             if req.mm_inputs:
                 if self.runner.images is None:
                     raise RequestRefused("this model takes no images here; send text only")
@@ -118,6 +126,9 @@ class EngineCore:
             return
         if req.params.prompt_logprobs is not None:
             self._prompt_logprobs[req.request_id] = [None]
+
+    def _live_adapters(self) -> set[str]:
+        return {s.lora.digest for s in self.scheduler.live() if s.lora is not None}
 
     def abort(self, request_ids: list[str]) -> None:
         for seq in self.scheduler.abort(request_ids):

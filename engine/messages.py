@@ -66,6 +66,16 @@ class ImageInput(msgspec.Struct, frozen=True, omit_defaults=True):
 IMAGE_CACHE_MISS = "ImageCacheMiss:"
 
 
+class LoRARequest(msgspec.Struct, frozen=True, array_like=True):
+    """The adapter a request runs under: its name (for logs and metrics), folder, and content digest (sha256 of
+    its files, engine/lora/peft_files.py): the engine loads by path, keys its caches on the digest, and refuses
+    the request if the files no longer match it."""
+
+    name: str
+    path: str
+    digest: str
+
+
 class AddRequest(msgspec.Struct, frozen=True, tag="add"):
     request_id: str
     prompt_token_ids: list[int]
@@ -73,6 +83,7 @@ class AddRequest(msgspec.Struct, frozen=True, tag="add"):
     arrival_time: float
     priority: int = 0  # lower runs first, as in vLLM
     mm_inputs: list[ImageInput] | None = None  # images, in prompt order
+    lora: LoRARequest | None = None  # None: the base model
 
 
 class AbortRequests(msgspec.Struct, frozen=True, tag="abort"):

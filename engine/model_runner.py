@@ -19,6 +19,7 @@ from engine.models.decoder import CausalLM
 from engine.models.qwen2_vl import Qwen2VLCausalLM
 from engine.multimodal.runner import ImageRunner
 from engine.kernels import build_paged_batch, triton_available
+from engine.lora.manager import LoRAManager
 from engine.models.loader import ModelInfo, load_model, read_config, resolve_model, slow_half_precision
 from engine.models.weights import ModelLoadError
 from engine.sequence import ScheduledSeq
@@ -107,6 +108,12 @@ class ModelRunner:
         self.images: ImageRunner | None = None
         if isinstance(self.model, Qwen2VLCausalLM):
             self.images = ImageRunner(self.model)
+        self.lora: LoRAManager | None = None  # --enable-lora: adapters per request (engine/lora/)
+        if config.enable_lora:
+            lora_dtype = self.dtype if config.lora_dtype == "auto" else getattr(torch, config.lora_dtype)
+            self.lora = LoRAManager(self.model, config.max_loras, config.max_lora_rank, config.max_cpu_loras,
+                                    lora_dtype)
+            self.lora.ctx.use_triton = use_triton
 
     @property
     def kv_window(self) -> int | None:
@@ -205,6 +212,19 @@ class ModelRunner:
 
     def _forward(self, batch: list[ScheduledSeq], inputs: StepInputs) -> torch.Tensor:
         """The decoder over the flat batch (a vision model's image rows spliced in): hidden states before the norm."""
+        if self.lora is None:
+            return self._run_model(batch, inputs)
+        seqs, row = [], 0
+        for s in batch:
+            seqs.append((row, s.num_new_tokens, s.seq.lora))
+            row += s.num_new_tokens
+        self.lora.ctx.mapping = self.lora.prepare(seqs, self.device)
+        try:
+            return self._run_model(batch, inputs)
+        finally:
+            self.lora.ctx.mapping = None
+
+    def _run_model(self, batch: list[ScheduledSeq], inputs: StepInputs) -> torch.Tensor:
         if self.images is not None and any(s.seq.mm is not None for s in batch):
             positions, embeds = self.images.step_inputs(batch, inputs.input_ids)
             return self.model.forward(inputs.input_ids, positions, self.kv_caches, inputs.meta,

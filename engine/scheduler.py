@@ -26,7 +26,9 @@ class RequestRefused(ValueError):
 class Scheduler:
     def __init__(self, *, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
                  block_manager: BlockManager, clock: Callable[[], float] = time.time,
-                 policy: str = "fcfs") -> None:
+                 policy: str = "fcfs", max_loras: int | None = None) -> None:
+        """max_loras: the most distinct LoRA adapters running at once (--max-loras); a request whose adapter
+        would exceed it waits, and requests behind it may go first (vLLM does the same)."""
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be at least 1")
         if policy not in ("fcfs", "priority"):
@@ -44,6 +46,7 @@ class Scheduler:
         self._by_id: dict[str, Sequence] = {}
         self._counter = 0
         self.num_preemptions = 0
+        self.max_loras = max_loras
 
     # ---- admission + removal ----------------------------------------------------------------
     def add(self, seq: Sequence, *, hold: bool = False) -> None:
@@ -145,10 +148,16 @@ class Scheduler:
         heap, bm = self._waiting, self.bm
         # never more running than tokens per step: each must get at least one token every step
         cap = min(self.max_num_seqs, self.max_num_batched_tokens)
+        adapters = self.running_adapters()
+        skipped = []  # waiting for an adapter slot: back in the heap after this step's admissions
         while heap and budget > 0 and len(self.running) < cap:
             seq = heap[0][3]
             if seq.status is not SeqStatus.WAITING or heap[0][2] != self._order.get(seq):
                 heapq.heappop(heap)  # aborted while waiting
+                continue
+            lora = seq.lora.digest if seq.lora is not None else None
+            if lora is not None and lora not in adapters and len(adapters) >= (self.max_loras or 0):
+                skipped.append(heapq.heappop(heap))
                 continue
             # prompt logprobs need every prompt position's logits: no cache hits for those
             hits = bm.lookup(seq) if seq.params.prompt_logprobs is None else []
@@ -168,7 +177,15 @@ class Scheduler:
             chosen[seq] = n
             budget -= n
             bm.register_full_blocks(seq, upto=computed + n)  # siblings admitted next can share them
+            if lora is not None:
+                adapters.add(lora)
+        for entry in skipped:
+            heapq.heappush(heap, entry)
         return budget
+
+    def running_adapters(self) -> set[str]:
+        """The digests of the adapters of the running sequences."""
+        return {s.lora.digest for s in self.running if s.lora is not None and s.status is SeqStatus.RUNNING}
 
     def _pick_victim(self) -> Sequence:
         """The running sequence that matters least: the last in waiting-queue order."""
@@ -210,6 +227,10 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         return self._num_waiting
+
+    def live(self) -> list[Sequence]:
+        """Every sequence not finished (waiting, held or running)."""
+        return list(self._by_id.values())
 
     @property
     def has_unfinished(self) -> bool:

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.messages import SamplingParams
+from engine.messages import LoRARequest, SamplingParams
 
 if TYPE_CHECKING:
     import torch
@@ -43,6 +43,7 @@ class Sequence:
     error: str | None = None  # with finish_reason "error": why (a grammar that failed to compile or match)
     structured: StructuredState | None = None  # params.structured_outputs' matcher (engine/structured/)
     mm: SeqImages | None = None  # images (a vision model's request): M-RoPE positions, encoder outputs
+    lora: LoRARequest | None = None  # its adapter (engine/lora/); None: the base model
 
     @classmethod
     def new(cls, request_id: str, prompt: list[int], params: SamplingParams,

@@ -25,7 +25,8 @@ import torch
 
 from engine.kernels.metadata import PagedBatch, build_paged_batch
 
-__all__ = ["PagedBatch", "apply_token_bitmask", "build_paged_batch", "decode_attention", "fused_add_rms_norm", "prefill_attention",
+__all__ = ["PagedBatch", "apply_token_bitmask", "build_paged_batch", "decode_attention", "fused_add_rms_norm", "lora_expand",
+           "lora_shrink", "prefill_attention",
            "rms_norm", "rotary_embedding", "triton_available", "use_triton", "write_kv_cache"]
 # No function here may share a kernel module's name: importing engine.kernels.X rebinds engine.kernels.X.
 
@@ -104,3 +105,14 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
     """In place: logits[rows[i], t] = -inf where bit t of bitmask[i] is 0 (bitmask [M, ceil(V / 32)] int32)."""
     _pick("token_bitmask", "apply_token_bitmask", logits.device)(logits, bitmask, rows)
+
+
+def lora_shrink(x: torch.Tensor, a: torch.Tensor, rows: torch.Tensor, tiles: torch.Tensor, rank: int) -> torch.Tensor:
+    """h [N, rank] float32 = x[rows] @ A[slot].T per tile of engine/lora/mapping.py (engine/kernels/lora.py)."""
+    return _pick("lora", "lora_shrink", x.device)(x, a, rows, tiles, rank)  # type: ignore[no-any-return]
+
+
+def lora_expand(h: torch.Tensor, b: torch.Tensor, scaling: torch.Tensor, y: torch.Tensor, rows: torch.Tensor,
+                tiles: torch.Tensor) -> None:
+    """In place: y[rows] += (h @ B[slot].T) * scaling[slot] per tile (engine/kernels/lora.py)."""
+    _pick("lora", "lora_expand", h.device)(h, b, scaling, y, rows, tiles)

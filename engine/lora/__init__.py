@@ -1,0 +1,1 @@
+"""LoRA adapters served per request over one base model (engine/lora/manager.py is the entry)."""

@@ -1,0 +1,83 @@
+"""LoRALinear: a base projection (engine/layers/linear.py, untouched) plus per-slot adapter weights.
+
+Installed on the model's fused projections by engine/lora/manager.py. A fused projection holds several
+members (q|k|v, gate|up), each an output column range with its own A and B per slot (PEFT adapts q_proj and
+v_proj separately). Per step: y = base(x); then, for the rows of each adapter (engine/lora/mapping.py),
+y[rows, member columns] += (x[rows] @ A.T) @ B.T * scaling, PEFT's order of operations. With no adapter in
+the step the base runs alone.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.layers.linear import Linear
+from engine.lora.adapter import ModuleWeights
+from engine.lora.mapping import LoRAContext, LoRAMapping
+
+
+class LoRALinear(Linear):
+    def __init__(self, base: Linear, members: list[tuple[str, int, int]], max_loras: int, max_rank: int,
+                 dtype: torch.dtype, device: torch.device, ctx: LoRAContext) -> None:
+        """members: (name, first column, end column) of the base's output, e.g. q_proj, k_proj, v_proj."""
+        # no Linear.__init__: the base keeps the weight in whatever form it chose
+        self.base, self.ctx, self.dtype = base, ctx, dtype
+        self.out_features, self.in_features = base.out_features, base.in_features
+        self.bias = None
+        self.members = members
+        self.a = [torch.zeros(max_loras, max_rank, self.in_features, dtype=dtype, device=device) for _ in members]
+        self.b = [torch.zeros(max_loras, c1 - c0, max_rank, dtype=dtype, device=device) for _, c0, c1 in members]
+        self.scaling = torch.zeros(len(members), max_loras, dtype=torch.float32, device=device)
+        self._scale = [[0.0] * max_loras for _ in members]  # the same, as Python floats for the torch path
+        self.has = [[False] * max_loras for _ in members]  # member j is adapted by the slot's adapter
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
+        mapping = self.ctx.mapping
+        if mapping is None:
+            return y
+        x2, y2 = x.reshape(-1, self.in_features), y.view(-1, self.out_features)
+        if self.ctx.use_triton:
+            self._apply_triton(x2, y2, mapping)
+        else:
+            self._apply_torch(x2, y2, mapping)
+        return y
+
+    def dense_weight(self) -> torch.Tensor:
+        return self.base.dense_weight()
+
+    def load(self, slot: int, weights: dict[str, ModuleWeights] | None) -> None:
+        """Put one adapter's weights for this projection in `slot` (None: it adapts nothing here)."""
+        for j, (name, _c0, _c1) in enumerate(self.members):
+            self.a[j][slot].zero_()
+            self.b[j][slot].zero_()
+            w = weights.get(name) if weights is not None else None
+            self.has[j][slot] = w is not None
+            self._scale[j][slot] = w.scaling if w is not None else 0.0
+            self.scaling[j, slot] = self._scale[j][slot]
+            if w is not None:
+                r = w.a.shape[0]
+                self.a[j][slot, :r].copy_(w.a)
+                self.b[j][slot, :, :r].copy_(w.b)
+
+    def _apply_torch(self, x2: torch.Tensor, y2: torch.Tensor, mapping: LoRAMapping) -> None:
+        """Punica's SGMV as batched torch ops: per adapter segment one gather, a shrink and an expand per member."""
+        for seg in mapping.segments:
+            xs = x2.index_select(0, seg.rows).to(self.dtype)
+            r = seg.rank
+            for j, (_name, c0, c1) in enumerate(self.members):
+                if not self.has[j][seg.slot]:
+                    continue
+                h = xs @ self.a[j][seg.slot, :r].T
+                delta = (h @ self.b[j][seg.slot, :, :r].T) * self._scale[j][seg.slot]
+                y2[:, c0:c1].index_add_(0, seg.rows, delta.to(y2.dtype))
+
+    def _apply_triton(self, x2: torch.Tensor, y2: torch.Tensor, mapping: LoRAMapping) -> None:
+        """The same through engine/kernels/lora.py: one shrink and one expand launch per adapted member."""
+        from engine.kernels import lora_expand, lora_shrink  # why late: kernel modules read TRITON_INTERPRET
+
+        for j, (_name, c0, c1) in enumerate(self.members):
+            if not any(self.has[j][seg.slot] for seg in mapping.segments):
+                continue
+            h = lora_shrink(x2, self.a[j], mapping.rows, mapping.tiles, mapping.max_rank)
+            lora_expand(h, self.b[j], self.scaling[j], y2[:, c0:c1], mapping.rows, mapping.tiles)
