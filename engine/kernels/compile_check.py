@@ -67,6 +67,16 @@ def variants(quick: bool = False) -> list[Variant]:
     for dt in (["fp32"] if quick else ["fp32", "bf16"]):  # the sampler's logits are float32; bf16 for a caller's
         out.append(Variant("token_bitmask", "_bitmask_kernel",
                            {"logits_ptr": dt, "bitmask_ptr": "i32", "rows_ptr": "i64"}, {"BLOCK": 1024}))
+    for dt in (["bf16"] if quick else DTYPES.values()):  # LoRA shrink / expand at rank 16 and 64
+        precision = "ieee" if dt == "fp32" else "tf32"
+        for r in (16, 64):
+            out.append(Variant("lora", "_shrink_kernel", {"x_ptr": dt, "a_ptr": dt, "rows_ptr": "i64",
+                                                          "tiles_ptr": "i32", "h_ptr": "fp32"},
+                               {"BLOCK_R": r, "BLOCK_K": 128, "BLOCK": 16, "DOT_PRECISION": precision,
+                                "UPCAST": False}))
+            out.append(Variant("lora", "_expand_kernel", {"h_ptr": "fp32", "b_ptr": dt, "scale_ptr": "fp32",
+                                                          "y_ptr": dt, "rows_ptr": "i64", "tiles_ptr": "i32"},
+                               {"BLOCK_R": r, "BLOCK_N": 128, "BLOCK": 16, "DOT_PRECISION": precision}))
     return out
 
 

@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels.paged_common import interpreter_dot_upcast
+
 BLOCK_M = 16  # engine/lora/mapping.py TILE
 
 
@@ -37,7 +39,7 @@ def lora_expand_ref(h: torch.Tensor, b: torch.Tensor, scaling: torch.Tensor, y: 
 @triton.jit
 def _shrink_kernel(x_ptr, a_ptr, rows_ptr, tiles_ptr, h_ptr, K, rank, x_stride, a_slot_stride, a_row_stride,
                    h_stride, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr):
+                   DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     tile = tl.program_id(0)
     slot = tl.load(tiles_ptr + tile * 3).to(tl.int64)
     start = tl.load(tiles_ptr + tile * 3 + 1)
@@ -54,7 +56,10 @@ def _shrink_kernel(x_ptr, a_ptr, rows_ptr, tiles_ptr, h_ptr, K, rank, x_stride, 
         xt = tl.load(x_ptr + row[:, None] * x_stride + k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         at = tl.load(a_ptr + slot * a_slot_stride + r[None, :] * a_row_stride + k[:, None],
                      mask=r_mask[None, :] & k_mask[:, None], other=0.0)
-        acc += tl.dot(xt.to(at.dtype), at, input_precision=DOT_PRECISION)
+        xt = xt.to(at.dtype)
+        if UPCAST:
+            xt, at = xt.to(tl.float32), at.to(tl.float32)
+        acc += tl.dot(xt, at, input_precision=DOT_PRECISION)
     out = h_ptr + (start + m)[:, None] * h_stride + r[None, :]
     tl.store(out, acc, mask=m_mask[:, None] & r_mask[None, :])
 
@@ -102,7 +107,7 @@ def lora_shrink(x: torch.Tensor, a: torch.Tensor, rows: torch.Tensor, tiles: tor
         _shrink_kernel[(tiles.shape[0],)](
             x, a, rows, tiles, h, k, rank, x.stride(0), a.stride(0), a.stride(1), h.stride(0),
             BLOCK_R=_block_r(rank), BLOCK_K=min(128, max(16, triton.next_power_of_2(k))), BLOCK=BLOCK_M,
-            DOT_PRECISION=_precision(a.dtype))
+            DOT_PRECISION=_precision(a.dtype), UPCAST=interpreter_dot_upcast(a.dtype))
     return h
 
 

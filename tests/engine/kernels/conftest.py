@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 _early = [m for m in ("rmsnorm", "rotary", "kv_cache_write", "paged_decode_attention", "paged_prefill_attention",
-                        "token_bitmask", "fused_moe")
+                        "token_bitmask", "fused_moe", "lora")
           if f"engine.kernels.{m}" in sys.modules]
 if _early:
     raise RuntimeError(f"engine.kernels modules {_early} were imported before TRITON_INTERPRET=1 was set; "
