@@ -8,6 +8,7 @@ processes; None (a single server, or plain Hypercorn) opens its own engine.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import os
@@ -44,6 +45,7 @@ from server.api.render_only import not_found as render_not_found
 from server.api.state import AppState
 from server.api.ui import ASSETS, PUBLIC_PATHS, AssetRoute, PageRoute
 from server.api.vllm.generate import GenerateRoute
+from server.api.vllm.lora import LoadLoRARoute, UnloadLoRARoute
 from server.api.vllm.render import ChatRenderRoute, CompletionsRenderRoute
 from server.api.vllm.tokenize import DetokenizeRoute, TokenizeRoute
 from server.config import ServerConfig
@@ -58,6 +60,7 @@ from server.pipeline.admission import Admission
 from server.pipeline.async_llm import AsyncLLM
 from server.pipeline.detokenizer import IncrementalDetokenizer, prepare
 from server.pipeline.engine_pool import EnginePool, open_engines
+from server.lora.registry import LoRARegistry
 from server.pipeline.input_processor import GenerationSpec, limits_for
 from server.render.renderer import Renderer
 from server.render_app import checkpoint_limits
@@ -160,6 +163,7 @@ def create_app(config: ServerConfig | None = None, *, worker: WorkerContext | No
         Route("/v1/messages", MessagesRoute(state), methods=["POST"]),
         Route("/v1/messages/count_tokens", CountTokensRoute(state), methods=["POST"]),
         *_responses_routes(state),
+        *(_lora_routes(state) if config.allow_runtime_lora_updating else []),
         *_common_routes(state, metrics),
         *([] if config.disable_ui else _ui_routes(state)),
     ]
@@ -173,6 +177,14 @@ def _responses_routes(state: AppState) -> list[Route]:
     return [Route("/v1/responses", ResponsesRoute(state, store, background), methods=["POST"]),
             Route("/v1/responses/{response_id}", StoredResponseRoute(store), methods=["GET", "DELETE"]),
             Route("/v1/responses/{response_id}/cancel", StoredResponseRoute(store, background), methods=["POST"])]
+
+
+def _lora_routes(state: AppState) -> list[Route]:
+    """vLLM's runtime adapter routes (SPINDLE_ALLOW_RUNTIME_LORA_UPDATING=1 only, as vLLM)."""
+    log.warning("runtime LoRA updating is on (SPINDLE_ALLOW_RUNTIME_LORA_UPDATING=1): any client may load adapters "
+                "from this machine's files with /v1/load_lora_adapter")
+    return [Route("/v1/load_lora_adapter", LoadLoRARoute(state), methods=["POST"]),
+            Route("/v1/unload_lora_adapter", UnloadLoRARoute(state), methods=["POST"])]
 
 
 def _pooling_routes(state: AppState) -> list[Route]:
@@ -217,13 +229,18 @@ class _EngineLoad:
         async with AsyncExitStack() as stack:
             renderer = await stack.enter_async_context(self.open_renderer(cfg))
             self.state.mm_pool = await stack.enter_async_context(open_image_worker_for(cfg))
+            loras = None
+            if cfg.enable_lora:  # the static adapters, checked before the engine loads: a bad one stops start-up
+                loras = await anyio.to_thread.run_sync(LoRARegistry.from_files, cfg.model_path, cfg.max_lora_rank,
+                                                       cfg.model_name, cfg.lora_modules)
             client = await stack.enter_async_context(self._open_engines(cfg))
             tokenizer = getattr(renderer, "tokenizer", None)
             llm = self._make_llm(cfg, client, tokenizer)
             async with anyio.create_task_group() as tg:
                 await tg.start(llm.run)
                 state = self.state
-                state.renderer, state.limits, state.llm = renderer, limits_for(cfg, client.ready, tokenizer), llm
+                limits = dataclasses.replace(limits_for(cfg, client.ready, tokenizer), loras=loras)
+                state.renderer, state.limits, state.llm = renderer, limits, llm
                 state.tasks = tg
                 log.info("serving %s (max_model_len %d)", state.model_name, state.limits.max_model_len)
                 # What startup built (tokenizer, templates, modules) lives for the process: keep full

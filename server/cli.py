@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from engine.lora.config import parse_lora_modules
 from server.config import (
     JSON_FIELDS, JSON_LIST_FIELDS, SIZE_FIELDS, ServerConfig, parse_json_list, parse_json_object, parse_size,
 )
@@ -99,6 +100,10 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
      'hosts whose http(s) image URLs are fetched, JSON list (default none: data: URLs only)'),
     ("--mm-processor-cache-gb", "mm_processor_cache_gb", float,
      "GiB of preprocessed images cached by content in the image worker (default 4; 0: off)"),
+    ("--max-loras", "max_loras", int, "with --enable-lora: distinct adapters in one batch (default 1)"),
+    ("--max-lora-rank", "max_lora_rank", int, "with --enable-lora: the largest adapter rank (default 16)"),
+    ("--max-cpu-loras", "max_cpu_loras", int, "with --enable-lora: adapters kept loaded (default --max-loras)"),
+    ("--lora-dtype", "lora_dtype", str, "with --enable-lora: auto (the model's), float32, bfloat16 or float16"),
 ]
 
 
@@ -124,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
                         default=None, help="CORS: allow cookies and Authorization from browsers")
     parser.add_argument("--disable-ui", dest="disable_ui", action="store_const", const=True, default=None,
                         help="serve no chat page at / and /ui")
+    parser.add_argument("--enable-lora", dest="enable_lora", action="store_const", const=True, default=None,
+                        help="serve LoRA adapters: a request's model names one (--lora-modules, /v1/load_lora_adapter)")
+    parser.add_argument("--lora-modules", dest="lora_modules", nargs="+", default=None,
+                        help='adapters to serve: name=path items, or JSON {"name", "path", "base_model_name"}')
     parser.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_const",
                         const=False, default=None, help="turn the prefix cache off")
     parser.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_const", const=True,
@@ -144,6 +153,8 @@ def config_from_args(argv: Sequence[str], *, render_only: bool = False) -> Serve
     for name in JSON_LIST_FIELDS:
         if name in given:
             given[name] = parse_json_list(name, given[name])
+    if "lora_modules" in given:
+        given["lora_modules"] = parse_lora_modules(given["lora_modules"])
     if "api_keys" in given:
         given["api_keys"] = tuple(given["api_keys"])
     if render_only:

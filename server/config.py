@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_type_hints
 
 from engine.config import EngineConfig, parse_bytes
+from engine.lora.config import LoRAModule, check_lora_serving, parse_lora_modules
 from engine.pooling_config import CONVERTS, check_pooler_overrides
 
 WorkerClass = Literal["trio", "asyncio", "uvloop"]
@@ -143,6 +144,15 @@ class ServerConfig:
     allowed_media_domains: tuple[str, ...] = ()
     # GiB of preprocessed images the image worker keeps by content (vLLM's --mm-processor-cache-gb); 0: off
     mm_processor_cache_gb: float = 4.0
+    # LoRA adapters per request (vLLM's flags; engine/lora/): --lora-modules load at start-up; more at run time
+    # only with SPINDLE_ALLOW_RUNTIME_LORA_UPDATING=1 (/v1/load_lora_adapter, /v1/unload_lora_adapter)
+    enable_lora: bool = False
+    lora_modules: tuple[LoRAModule, ...] = ()
+    max_loras: int = 1  # distinct adapters in one engine step
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None  # adapters kept loaded in the engine (None: max_loras)
+    lora_dtype: str = "auto"  # auto: the model's dtype
+    allow_runtime_lora_updating: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "log_level", str(self.log_level).lower())  # WARNING and warning alike
@@ -197,6 +207,8 @@ class ServerConfig:
         if any(not k for k in self.api_keys):
             raise ValueError("--api-key must not be empty")
         _check_deploy(self)
+        check_lora_serving(self.enable_lora, self.lora_modules, self.model_name, self.allow_runtime_lora_updating,
+                           self.api_server_count)
         self._engine_config(self.model or "<demo>")  # the engine's own checks (dtype, sizes) fail here, at startup
         _check_render_only(self)
 
@@ -231,7 +243,9 @@ class ServerConfig:
             pooler_config={k: str(v).upper() if k == "pooling_type" else v for k, v in self.pooler_config.items()},
             tensor_parallel_size=self.tensor_parallel_size, nnodes=self.nnodes, node_rank=self.node_rank,
             master_addr=self.master_addr, master_port=self.master_port, distributed_timeout=self.distributed_timeout,
-            structured_outputs_warmup=self.structured_outputs_warmup,
+            structured_outputs_warmup=self.structured_outputs_warmup, enable_lora=self.enable_lora,
+            max_loras=self.max_loras, max_lora_rank=self.max_lora_rank, max_cpu_loras=self.max_cpu_loras,
+            lora_dtype=self.lora_dtype,
         )
 
     def request_caps(self) -> RequestCaps:
@@ -388,6 +402,8 @@ def _parse(name: str, hint: Any, raw: str, key: str) -> Any:
             return parse_json_object(name, text)
         if name in JSON_LIST_FIELDS:
             return parse_json_list(name, text)
+        if name == "lora_modules":
+            return parse_lora_modules(text)
         args = set(get_args(hint))
         optional = type(None) in args
         if optional and text.lower() in ("", "none", "null"):

@@ -92,7 +92,7 @@ def _expand_kernel(h_ptr, b_ptr, scale_ptr, y_ptr, rows_ptr, tiles_ptr, OUT, ran
 
 
 def _block_r(rank: int) -> int:
-    return max(16, triton.next_power_of_2(rank))
+    return max(16, int(triton.next_power_of_2(rank)))
 
 
 def _precision(dtype: torch.dtype) -> str:

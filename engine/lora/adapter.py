@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import safe_open
+from safetensors import safe_open
 
 from engine.lora.peft_files import TARGETS, WEIGHTS_FILE, AdapterError, AdapterSpec, BaseDims, read_adapter
 

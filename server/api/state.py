@@ -87,7 +87,16 @@ class AppState:
         self.check_model(req.model)
         return req, renderer, limits
 
+    def shown_model(self, model: str | None) -> str:
+        """The `model` a response shows: the adapter the request named, else the served model's name."""
+        loras = self.limits.loras if self.limits is not None else None
+        return model if model is not None and loras is not None and loras.get(model) is not None else self.model_name
+
     def check_model(self, model: str | None) -> None:
+        """404 unless `model` names the base or (--enable-lora) a served adapter."""
+        loras = self.limits.loras if self.limits is not None else None
+        if loras is not None and loras.get(model) is not None:
+            return
         if model is not None and model != self.model_name and model != self.config.model:
             raise APIError(f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
                            status=404, param="model")

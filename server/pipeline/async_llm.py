@@ -264,14 +264,14 @@ class AsyncLLM:
         for spec in specs:
             if spec.mm_inputs:
                 reqs = [AddRequest(child_id, spec.prompt_token_ids, spec.child_params(i), spec.arrival_time,
-                                   spec.priority, mm_inputs=spec.mm_inputs)
+                                   spec.priority, mm_inputs=spec.mm_inputs, lora=spec.lora)
                         for i, child_id in enumerate(spec.child_ids())]
                 self._images.send(reqs)  # raises only when the engine is dead: nothing to abort then
                 engine.sent += len(reqs)
                 continue
             for i, child_id in enumerate(spec.child_ids()):
                 self._send(AddRequest(child_id, spec.prompt_token_ids, spec.child_params(i), spec.arrival_time,
-                                      spec.priority))
+                                      spec.priority, lora=spec.lora))
                 engine.sent += 1
 
     def _abort_unfinished(self, engine: EngineRequests) -> None:

@@ -14,9 +14,10 @@ from typing import Any
 
 import msgspec
 
-from engine.messages import ImageInput, Ready, SamplingParams, StructuredOutputs
+from engine.messages import ImageInput, LoRARequest, Ready, SamplingParams, StructuredOutputs
 from server.config import RequestCaps, ServerConfig
-from server.http.errors import bad_request
+from server.http.errors import APIError, bad_request
+from server.lora.registry import LoRARegistry
 from server.protocol.openai import ChatCompletionRequest, CompletionRequest
 
 MAX_N = 128
@@ -38,6 +39,18 @@ class ModelLimits:
     max_logprobs: int = 20
     generation_defaults: dict[str, Any] = field(default_factory=dict)
     caps: RequestCaps = field(default_factory=RequestCaps)
+    loras: LoRARegistry | None = None  # --enable-lora: the adapters a request's `model` may name
+
+
+def lora_for(limits: ModelLimits, model: str | None) -> LoRARequest | None:
+    """The adapter a request's `model` names (None: the base); 404 for a name unloaded since check_model."""
+    registry = limits.loras
+    if registry is None or model is None or model in registry.base_names:
+        return None
+    adapter = registry.get(model)
+    if adapter is None:
+        raise APIError(f"The model `{model}` does not exist.", status=404, param="model")
+    return adapter.request
 
 
 def limits_for(config: ServerConfig, ready: Ready, tokenizer: Any) -> ModelLimits:
@@ -69,6 +82,7 @@ class GenerationSpec:
     arrival_time: float = 0.0
     index_offset: int = 0  # choice index of child 0 (completions with several prompts: prompt_no * n)
     mm_inputs: list[ImageInput] | None = None  # images (a vision model): pixels + placeholder positions
+    lora: LoRARequest | None = None  # the adapter (n > 1: every child's); None: the base model
 
     def child_ids(self) -> list[str]:
         return [self.request_id] if self.n == 1 else [f"{self.request_id}-{i}" for i in range(self.n)]
@@ -272,6 +286,7 @@ def build_spec(req: CompletionRequest | ChatCompletionRequest, prompt_ids: list[
         priority=req.priority,
         arrival_time=time.time(),
         index_offset=index_offset,
+        lora=lora_for(limits, req.model),
     )
 
 

@@ -114,7 +114,8 @@ class MessagesRoute(_AnthropicRoute):
         tools = plan.parser() if plan is not None and plan.parser is not None else None
         reasoning = reasoning_parser(config, text)
         parser = ChoiceParser(reasoning, tools) if tools is not None or reasoning is not None else None
-        fmt = MessagesFormatter(f"msg_{external}", self.state.model_name, len(spec.prompt_token_ids), parser)
+        fmt = MessagesFormatter(f"msg_{external}", self.state.shown_model(req.model), len(spec.prompt_token_ids),
+                                parser)
         ids_header = external.encode()
         check = relaxed_check(llm.metrics, constraint, relaxed_tools,
                               ChoiceParsers(plan, config.reasoning_parser, text) if parser is not None else None)

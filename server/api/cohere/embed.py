@@ -103,7 +103,7 @@ class CohereEmbedRoute(PostRoute):
         dims = check_dimensions(req.output_dimension, info, "output_dimension")
         prompt = prompt_for(req.input_type, info)
         cut = truncation(req, limits, name)
-        job = PoolingJob.start(llm, renderer, limits, xid, None, req.priority)
+        job = PoolingJob.start(llm, renderer, limits, xid, None, req.priority, model=req.model)
         job.check_count(len(items), name)
         images = await self._add_all(job, info, name, items, prompt, cut)
         texts = list(items) if name == "texts" else None

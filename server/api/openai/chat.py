@@ -65,12 +65,13 @@ class ChatRoute(PostRoute):
         spec.mm_inputs = mm_inputs
         texts = self.token_texts(renderer, bool(req.logprobs))
         fmt: ChatFormatter
+        shown = self.state.shown_model(req.model)
         if parsed:
             fmt = ParsedChatFormatter(
-                f"chatcmpl-{external}", int(time.time()), self.state.model_name, req.n, texts, req.return_token_ids,
+                f"chatcmpl-{external}", int(time.time()), shown, req.n, texts, req.return_token_ids,
                 tools=plan, reasoning=config.reasoning_parser, prompt=text)
         else:
-            fmt = ChatFormatter(f"chatcmpl-{external}", int(time.time()), self.state.model_name, req.n, texts,
+            fmt = ChatFormatter(f"chatcmpl-{external}", int(time.time()), shown, req.n, texts,
                                 req.return_token_ids)
         check = relaxed_check(llm.metrics, constraint, relaxed_tools,
                               ChoiceParsers(plan, config.reasoning_parser, text) if parsed else None)

@@ -124,7 +124,7 @@ class CompletionsRoute(PostRoute):
                 if req.return_token_ids:
                     prompt_ids.update({spec.index_offset + i: spec.prompt_token_ids for i in range(req.n)})
         texts = self.token_texts(renderer, req.logprobs is not None)
-        fmt = CompletionFormatter(f"cmpl-{external}", int(time.time()), self.state.model_name, echo=echo,
+        fmt = CompletionFormatter(f"cmpl-{external}", int(time.time()), self.state.shown_model(req.model), echo=echo,
                                   texts=texts, first_prompt_ids=first_ids,
                                   prompt_ids=prompt_ids if req.return_token_ids else None)
         opts = req.stream_options

@@ -16,4 +16,9 @@ class ModelsRoute:
         max_len = limits.max_model_len if limits is not None else (self.state.config.max_model_len or 0)
         card = ModelCard(id=self.state.model_name, created=self.state.created, owned_by="spindle",
                          root=self.state.config.model or self.state.model_name, max_model_len=max_len)
-        await send_json(send, 200, encoder.encode(ModelList([card])))
+        cards = [card]
+        loras = limits.loras if limits is not None else None
+        if loras is not None:  # vLLM's shape: root is the adapter's folder, parent the base model
+            cards += [ModelCard(id=a.name, created=a.created, owned_by="spindle", root=a.path, parent=a.parent,
+                                max_model_len=max_len) for a in loras.adapters.values()]
+        await send_json(send, 200, encoder.encode(ModelList(cards)))

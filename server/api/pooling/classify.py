@@ -40,7 +40,8 @@ class ClassifyRoute(PostRoute):
         req, llm, renderer, limits = self.state.decode_for_model(classify_decoder, body)
         info = require_task(llm, "/classify", ("classify",))
         items = input_items(req.input)
-        job = PoolingJob.start(llm, renderer, limits, xid, req.request_id, req.priority, req.add_special_tokens)
+        job = PoolingJob.start(llm, renderer, limits, xid, req.request_id, req.priority, req.add_special_tokens,
+                               model=req.model)
         job.check_count(len(items), "input")
         cut = prompt_truncation(req.truncate_prompt_tokens, limits)
         await job.admit(items)

@@ -12,15 +12,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.messages import ImageInput, PoolingInfo, SamplingParams
+from engine.messages import ImageInput, LoRARequest, PoolingInfo, SamplingParams
 from server.api.prompts import admit_early, prompts_lower_bound, render_errors
 from server.api.state import Renderer
 from server.http.asgi import Send
 from server.http.errors import bad_request
 from server.pipeline.async_llm import AsyncLLM
 from server.pipeline.input_processor import (
-    GenerationSpec, ModelLimits, OutputKind, check_priority, check_prompt_ids, external_request_id, too_many,
-    unique_prefix,
+    GenerationSpec, ModelLimits, OutputKind, check_priority, check_prompt_ids, external_request_id, lora_for,
+    too_many, unique_prefix,
 )
 from server.pipeline.output_processor import Output
 from server.protocol.openai import Usage
@@ -111,12 +111,14 @@ class PoolingJob:
     priority: int = 0
     add_special_tokens: bool = True
     specs: list[GenerationSpec] = field(default_factory=list)
+    lora: LoRARequest | None = None  # the adapter the request's `model` names
 
     @classmethod
     def start(cls, llm: AsyncLLM, renderer: Renderer, limits: ModelLimits, xid: str | None, body_id: str | None,
-              priority: int = 0, add_special_tokens: bool = True) -> PoolingJob:
+              priority: int = 0, add_special_tokens: bool = True, *, model: str | None = None) -> PoolingJob:
         check_priority(priority, limits.caps)
-        return cls(llm, renderer, limits, external_request_id(xid, body_id), priority, add_special_tokens)
+        return cls(llm, renderer, limits, external_request_id(xid, body_id), priority, add_special_tokens,
+                   lora=lora_for(limits, model))
 
     def check_count(self, count: int, param: str, documents: bool = False) -> None:
         """Inputs per request: --max-prompts-per-request, or --max-documents-per-request for /score and /rerank."""
@@ -161,7 +163,7 @@ class PoolingJob:
         self.specs.append(GenerationSpec(
             external_id=self.external, request_id=f"{unique_prefix()}-{self.external}", prompt_token_ids=ids,
             params=_ONE, output_kind=OutputKind.FINAL_ONLY, priority=self.priority, arrival_time=time.time(),
-            index_offset=index, mm_inputs=mm_inputs))
+            index_offset=index, mm_inputs=mm_inputs, lora=self.lora))
         return index
 
     async def respond(self, fmt: JSONBody, send: Send) -> None:

@@ -58,7 +58,8 @@ class RerankRoute(PostRoute):
         info = require_task(llm, self.path, ("embed", "classify"))
         check_scorer(info, self.path)
         query, documents = rerank_inputs(req)
-        job = PoolingJob.start(llm, renderer, limits, xid, req.request_id, req.priority, req.add_special_tokens)
+        job = PoolingJob.start(llm, renderer, limits, xid, req.request_id, req.priority, req.add_special_tokens,
+                               model=req.model)
         job.check_count(len(documents), "documents", documents=True)
         cut: Truncation = prompt_truncation(req.truncate_prompt_tokens, limits, "documents")
         await job.admit([query + d for d in documents])
