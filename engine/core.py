@@ -22,7 +22,7 @@ from engine.pooler import Pooler
 from engine.pooling_config import pooling_info
 from engine.sampler import Sampler
 from engine.scheduler import RequestRefused, Scheduler
-from engine.sequence import ScheduledSeq, Sequence
+from engine.sequence import ScheduledSeq, Sequence, SeqStatus
 from engine.structured.backend import StructuredBackend
 from engine.structured.manager import StructuredOutputManager
 
@@ -143,6 +143,11 @@ class EngineCore:
         images = getattr(self.runner, "images", None)
         if images is not None and images.cache_hits:
             stats = msgspec.structs.replace(stats, image_cache_hits=images.cache_hits)
+        if self.runner.lora is not None:
+            live = [s for s in self.scheduler.live() if s.lora is not None]
+            running = sorted({s.lora.name for s in live if s.status is SeqStatus.RUNNING and s.lora is not None})
+            waiting = sorted({s.lora.name for s in live if s.status is not SeqStatus.RUNNING and s.lora is not None})
+            stats = msgspec.structs.replace(stats, lora_running=running, lora_waiting=waiting)
         return stats
 
     def step(self) -> list[RequestOutput]:

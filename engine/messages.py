@@ -102,6 +102,8 @@ class EngineStats(msgspec.Struct, frozen=True, array_like=True):
     prefix_cache_queries: int  # cumulative, in tokens
     prefix_cache_hits: int  # cumulative, in tokens
     image_cache_hits: int = 0  # cumulative: images whose vision-encoder output the engine had cached
+    lora_running: list[str] = []  # --enable-lora: the names of the running requests' adapters
+    lora_waiting: list[str] = []  # ... and of the waiting requests' adapters
 
 
 class TokenLogprobs(msgspec.Struct, frozen=True, array_like=True):

@@ -206,6 +206,8 @@ def _server_metrics(config: ServerConfig, worker: WorkerContext | None) -> Serve
     metrics = ServerMetrics(config.model_name)
     if worker is not None:  # request counters and histograms summed over the API processes
         worker.share_metrics(metrics)
+    if config.enable_lora:
+        metrics.enable_lora(config.max_loras)
     if config.metrics_compat == "vllm":
         export_vllm_names(metrics)
     return metrics

@@ -22,6 +22,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from engine.messages import EngineStats
+from server.lora.metrics import LoRAMetrics
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -275,6 +276,15 @@ class ServerMetrics:
         self.kv_usage = self._gauge("spindle_kv_cache_usage_perc", "Fraction of KV blocks held by requests (0..1).")
         self._last = EngineStats(0, 0, 0, 1, 0, 0, 0)
         self.engine_heard = time.monotonic()  # when the last engine frame's stats came (record_stats)
+        self.lora: LoRAMetrics | None = None  # --enable-lora (enable_lora)
+
+    def enable_lora(self, max_loras: int) -> None:
+        self.lora = LoRAMetrics(self.model_name, max_loras)
+        self.registry.register(self.lora)
+
+    def lora_request(self, name: str, n: int) -> None:
+        if self.lora is not None:
+            self.lora.record_request(name, n)
 
     def _histogram(self, name: str, doc: str) -> LoopHistogram:
         h = LoopHistogram(self._slots)
@@ -324,6 +334,8 @@ class ServerMetrics:
         self.running.set(stats.num_running)
         self.waiting.set(stats.num_waiting)
         self.kv_usage.set(stats.num_used_blocks / max(stats.num_total_blocks, 1))
+        if self.lora is not None:
+            self.lora.record_stats(stats)
         for counter, now, before in ((self.preemptions, stats.num_preemptions, last.num_preemptions),
                                      (self.cache_queries, stats.prefix_cache_queries, last.prefix_cache_queries),
                                      (self.cache_hits, stats.prefix_cache_hits, last.prefix_cache_hits),

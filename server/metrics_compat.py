@@ -22,7 +22,7 @@ VLLM_NAMES = (
     "prompt_tokens", "generation_tokens", "request_success",  # counters (request_success: finished_reason)
     "time_to_first_token_seconds", "inter_token_latency_seconds", "time_per_output_token_seconds",  # histograms
     "e2e_request_latency_seconds", "request_queue_time_seconds", "request_prefill_time_seconds",
-    "request_decode_time_seconds",
+    "request_decode_time_seconds", "lora_requests_info",
 )
 _RENAMED = {f"spindle_{n}": f"vllm:{n}" for n in VLLM_NAMES}
 

@@ -57,6 +57,7 @@ class LLMMetrics(OutputMetrics, ImageMetrics, Protocol):
     def record_stats(self, stats: EngineStats) -> None: ...
     def rejected(self, reason: str) -> None: ...
     def structured_checked(self, reason: str | None) -> None: ...  # server/streaming/output_check.py
+    def lora_request(self, name: str, n: int) -> None: ...  # n engine requests under an adapter
 
 
 DetokenizerFactory = Callable[[GenerationSpec], Any]  # spec -> a fresh IncrementalDetokenizer
@@ -262,6 +263,8 @@ class AsyncLLM:
     def _send_all(self, specs: Sequence[GenerationSpec], engine: EngineRequests) -> None:
         """One AddRequest per child (n > 1: child ids `<id>-<i>`, seeds `seed + i`), in `engine.states` order."""
         for spec in specs:
+            if spec.lora is not None and self.metrics is not None:
+                self.metrics.lora_request(spec.lora.name, spec.n)
             if spec.mm_inputs:
                 reqs = [AddRequest(child_id, spec.prompt_token_ids, spec.child_params(i), spec.arrival_time,
                                    spec.priority, mm_inputs=spec.mm_inputs, lora=spec.lora)

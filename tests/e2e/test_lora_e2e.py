@@ -34,6 +34,7 @@ def adapters(qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
 @pytest.fixture(scope="module")
 def srv(qwen2_ckpt: Path, adapters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     s = start_server(qwen2_ckpt, tmp_path_factory.mktemp("lora-srv"), "--enable-lora", "--max-loras", "2",
+                     "--metrics-compat", "vllm",
                      "--lora-modules", f"a1={adapters['a1']}", f'{{"name": "a2", "path": "{adapters["a2"]}"}}',
                      env={"SPINDLE_ALLOW_RUNTIME_LORA_UPDATING": "1"})
     yield s
@@ -67,6 +68,9 @@ def test_mixed_batch_each_request_equals_peft(srv: Server, qwen2_ckpt: Path, ada
     assert len(set(map(tuple, want.values()))) == 3
     for (model, n), got in zip(jobs, results):
         assert got == [want[model]] * n, model  # n > 1 children share the adapter
+    assert srv.metric("spindle_lora_requests_total", 'lora_name="a2"') >= 3
+    assert srv.metric("spindle_lora_requests_info", 'max_lora="2"') > 0
+    assert srv.metric("vllm:lora_requests_info", 'running_lora_adapters=""') > 0  # idle now
 
 
 def test_every_route_resolves_the_adapter(srv: Server, qwen2_ckpt: Path, adapters: dict[str, Path]) -> None:
