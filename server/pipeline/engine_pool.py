@@ -150,8 +150,10 @@ class EngineChooser:
 
 def sum_stats(stats: Sequence[EngineStats]) -> EngineStats:
     """The engines' stats as one engine's: counts and cumulative counters summed (KV usage is then
-    used / total over all engines, the mean weighted by size)."""
-    return EngineStats(*(sum(col) for col in zip(*(msgspec.structs.astuple(s) for s in stats))))
+    used / total over all engines, the mean weighted by size); lists (LoRA adapter names) as their sorted union."""
+    cols: list[Any] = [sorted(set().union(*col)) if col and isinstance(col[0], list) else sum(col)
+                       for col in zip(*(msgspec.structs.astuple(s) for s in stats))]
+    return EngineStats(*cols)
 
 
 class EnginePool:

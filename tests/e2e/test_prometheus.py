@@ -3,8 +3,8 @@ real spindle: every PromQL expression of deploy/grafana/*.json, with each value 
 returns data after some traffic, so a metric renamed in code fails here. The scrape config is deploy/prometheus.yml
 with the test's target and a 1 s interval.
 
-The server runs --data-parallel-size 2 (the per-engine panels need two engines) and --metrics-compat vllm (the
-`vllm:` value of the prefix variable).
+The server runs --data-parallel-size 2 (the per-engine panels need two engines), --metrics-compat vllm (the
+`vllm:` value of the prefix variable) and one LoRA adapter (the per-adapter panel).
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ from tests.dashboards import (
     DASHBOARDS, PROMETHEUS_EXAMPLE, expressions, fill, label_values, load, prefixes, variables,
 )
 from tests.e2e.conftest import Server, free_port, start_server
+from tests.helpers.lora import write_adapter
 
 MODEL = "tiny"
+ADAPTER = "tiny-lora"
 T = TypeVar("T")
 
 
@@ -67,8 +69,10 @@ class Prometheus:
 
 @pytest.fixture(scope="module")
 def spindle(qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = start_server(qwen2_ckpt, tmp_path_factory.mktemp("prom-spindle"), "--data-parallel-size", "2",
-                     "--metrics-compat", "vllm")
+    tmp = tmp_path_factory.mktemp("prom-spindle")
+    adapter = write_adapter(qwen2_ckpt, tmp / "adapter", r=8, targets=["q_proj", "v_proj"], seed=5)
+    s = start_server(qwen2_ckpt, tmp, "--data-parallel-size", "2", "--metrics-compat", "vllm", "--enable-lora",
+                     "--lora-modules", f"{ADAPTER}={adapter}")
     yield s
     s.stop()
 
@@ -124,6 +128,9 @@ def traffic(server: Server) -> None:
 
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(chat, range(8)))
+    r = httpx.post(f"{server.url}/v1/completions", timeout=120,
+                   json={"model": ADAPTER, "prompt": "hello", "max_tokens": 2, "ignore_eos": True})
+    assert r.status_code == 200, r.text
     for _ in range(2):
         r = httpx.post(f"{server.url}/v1/completions", timeout=120,
                        json={"model": MODEL, "prompt": long, "max_tokens": 4, "ignore_eos": True})
