@@ -3,8 +3,7 @@
 Installed on the model's fused projections by engine/lora/manager.py. A fused projection holds several
 members (q|k|v, gate|up), each an output column range with its own A and B per slot (PEFT adapts q_proj and
 v_proj separately). Per step: y = base(x); then, for the rows of each adapter (engine/lora/mapping.py),
-y[rows, member columns] += (x[rows] @ A.T) @ B.T * scaling, PEFT's order of operations. With no adapter in
-the step the base runs alone.
+y[rows, member columns] += (x[rows] @ A.T) @ (B * scaling).T. With no adapter in the step the base runs alone.
 """
 
 from __future__ import annotations
@@ -28,8 +27,11 @@ class LoRALinear(Linear):
         self.a = [torch.zeros(max_loras, max_rank, self.in_features, dtype=dtype, device=device) for _ in members]
         self.b = [torch.zeros(max_loras, c1 - c0, max_rank, dtype=dtype, device=device) for _, c0, c1 in members]
         self.scaling = torch.zeros(len(members), max_loras, dtype=torch.float32, device=device)
-        self._scale = [[0.0] * max_loras for _ in members]  # the same, as Python floats for the torch path
         self.has = [[False] * max_loras for _ in members]  # member j is adapted by the slot's adapter
+        # the torch path's form, per slot: the adapted members' A stacked [sum r, in] and their B with the scaling
+        # folded in, block-diagonal [out, sum r]: one shrink and one expand per adapter segment
+        self.a_cat: list[torch.Tensor | None] = [None] * max_loras
+        self.b_cat: list[torch.Tensor | None] = [None] * max_loras
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
@@ -53,24 +55,42 @@ class LoRALinear(Linear):
             self.b[j][slot].zero_()
             w = weights.get(name) if weights is not None else None
             self.has[j][slot] = w is not None
-            self._scale[j][slot] = w.scaling if w is not None else 0.0
-            self.scaling[j, slot] = self._scale[j][slot]
+            self.scaling[j, slot] = w.scaling if w is not None else 0.0
             if w is not None:
                 r = w.a.shape[0]
                 self.a[j][slot, :r].copy_(w.a)
                 self.b[j][slot, :, :r].copy_(w.b)
+        self._pack(slot, weights or {})
+
+    def _pack(self, slot: int, weights: dict[str, ModuleWeights]) -> None:
+        used = [(c0, c1, weights[name]) for name, c0, c1 in self.members if name in weights]
+        if not used:
+            self.a_cat[slot] = self.b_cat[slot] = None
+            return
+        dev = self.a[0].device
+        self.a_cat[slot] = torch.cat([w.a for _, _, w in used]).to(dev)
+        b = torch.zeros(self.out_features, sum(w.a.shape[0] for _, _, w in used), dtype=self.dtype, device=dev)
+        k = 0
+        for c0, c1, w in used:
+            r = w.a.shape[0]
+            b[c0:c1, k:k + r] = (w.b.float() * w.scaling).to(self.dtype)
+            k += r
+        self.b_cat[slot] = b
 
     def _apply_torch(self, x2: torch.Tensor, y2: torch.Tensor, mapping: LoRAMapping) -> None:
-        """Punica's SGMV as batched torch ops: per adapter segment one gather, a shrink and an expand per member."""
+        """Punica's SGMV as batched torch ops: per adapter segment one gather, one shrink over every adapted member
+        (A stacked), one expand (B block-diagonal, scaled) and one scatter-add."""
         for seg in mapping.segments:
-            xs = x2.index_select(0, seg.rows).to(self.dtype)
-            r = seg.rank
-            for j, (_name, c0, c1) in enumerate(self.members):
-                if not self.has[j][seg.slot]:
-                    continue
-                h = xs @ self.a[j][seg.slot, :r].T
-                delta = (h @ self.b[j][seg.slot, :, :r].T) * self._scale[j][seg.slot]
-                y2[:, c0:c1].index_add_(0, seg.rows, delta.to(y2.dtype))
+            a, b = self.a_cat[seg.slot], self.b_cat[seg.slot]
+            if a is None or b is None:
+                continue
+            whole = seg.rows.shape[0] == x2.shape[0]  # every row under this adapter: no gather, no scatter
+            xs = (x2 if whole else x2.index_select(0, seg.rows)).to(self.dtype)
+            delta = ((xs @ a.T) @ b.T).to(y2.dtype)
+            if whole:
+                y2 += delta
+            else:
+                y2.index_add_(0, seg.rows, delta)
 
     def _apply_triton(self, x2: torch.Tensor, y2: torch.Tensor, mapping: LoRAMapping) -> None:
         """The same through engine/kernels/lora.py: one shrink and one expand launch per adapted member."""
