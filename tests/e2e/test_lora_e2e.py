@@ -138,3 +138,28 @@ def test_a_bad_static_adapter_stops_startup(qwen2_ckpt: Path, adapters: dict[str
     assert s.proc.wait(120) != 0
     lines = [line for line in s.log.read_text().splitlines() if "DoRA" in line]
     assert lines and f"--lora-modules d={bad}: DoRA adapters (use_dora) are not supported" in lines[0], lines
+
+
+def test_embeddings_under_an_adapter_equal_peft(qwen2_ckpt: Path, adapters: dict[str, Path], tmp_path: Path) -> None:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from tests.helpers.lora import peft_model
+
+    s = start_server(qwen2_ckpt, tmp_path, "--runner", "pooling", "--enable-lora", "--lora-modules",
+                     f"a2={adapters['a2']}")
+    try:
+        c = client(s)
+        got = {m: np.array(c.embeddings.create(model=m, input=[PROMPT]).data[0].embedding) for m in ("tiny", "a2")}
+        out = c.embeddings.create(model="a2", input=[PROMPT])
+        assert out.model == "a2"
+        with pytest.raises(openai.NotFoundError):
+            c.embeddings.create(model="a1", input=[PROMPT])
+    finally:
+        s.stop()
+    with torch.no_grad():
+        hidden = peft_model(qwen2_ckpt, adapters["a2"])(torch.tensor([PROMPT]), output_hidden_states=True)
+    want = F.normalize(hidden.hidden_states[-1][0, -1], dim=-1).numpy()
+    np.testing.assert_allclose(got["a2"], want, atol=1e-4)
+    assert not np.allclose(got["tiny"], want, atol=1e-2)
