@@ -163,3 +163,19 @@ def test_embeddings_under_an_adapter_equal_peft(qwen2_ckpt: Path, adapters: dict
     want = F.normalize(hidden.hidden_states[-1][0, -1], dim=-1).numpy()
     np.testing.assert_allclose(got["a2"], want, atol=1e-4)
     assert not np.allclose(got["tiny"], want, atol=1e-2)
+
+
+def test_unload_lets_running_requests_finish_under_the_adapter(srv: Server, qwen2_ckpt: Path,
+                                                               adapters: dict[str, Path]) -> None:
+    assert load(srv, {"lora_name": "y", "lora_path": str(adapters["a3"])}).status_code == 200
+    stream = client(srv).completions.create(model="y", prompt=PROMPT, max_tokens=40, temperature=0, stream=True,
+                                            extra_body={"ignore_eos": True, "repetition_penalty": 1.0,
+                                                        "return_token_ids": True})
+    tokens: list[int] = []
+    for i, chunk in enumerate(stream):
+        tokens += chunk.choices[0].token_ids or []  # type: ignore[attr-defined]
+        if i == 0:
+            assert unload(srv, "y").status_code == 200  # while the request runs
+    assert tokens == peft_greedy(qwen2_ckpt, adapters["a3"], PROMPT, 40)
+    with pytest.raises(openai.NotFoundError):
+        complete(srv, "y")
