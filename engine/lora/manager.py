@@ -27,17 +27,18 @@ log = logging.getLogger("engine")
 def install(model: CausalLM, max_loras: int, max_rank: int, dtype: torch.dtype, ctx: LoRAContext) -> BaseDims:
     """Wrap every layer's q|k|v, o, gate|up and down in a LoRALinear; the base dims adapters must fit."""
     q, kv = model.q_size, model.kv_size
-    inter: int | None = None
     dev = model.device
+    # a MoE model's MLPs take no adapter, its dense layers neither (as engine/lora/peft_files.py BaseDims says)
+    dense = all(isinstance(layer.mlp, GatedMLP) for layer in model.layers)
+    inter: int | None = None
     for layer in model.layers:
         hidden = layer.qkv.in_features
         layer.qkv = LoRALinear(layer.qkv, [("q_proj", 0, q), ("k_proj", q, q + kv), ("v_proj", q + kv, q + 2 * kv),
                                            ("qkv_proj", 0, q + 2 * kv)], max_loras, max_rank, dtype, dev, ctx)
         layer.o = LoRALinear(layer.o, [("o_proj", 0, hidden)], max_loras, max_rank, dtype, dev, ctx)
         mlp = layer.mlp
-        if isinstance(mlp, GatedMLP):  # a MoE block's experts take no adapter
-            i = mlp.down.in_features
-            inter = i
+        if dense and isinstance(mlp, GatedMLP):
+            i = inter = mlp.down.in_features
             mlp.gate_up = LoRALinear(mlp.gate_up, [("gate_proj", 0, i), ("up_proj", i, 2 * i),
                                                    ("gate_up_proj", 0, 2 * i)], max_loras, max_rank, dtype, dev, ctx)
             mlp.down = LoRALinear(mlp.down, [("down_proj", 0, hidden)], max_loras, max_rank, dtype, dev, ctx)
