@@ -2,7 +2,8 @@
 
 The app is the real one (routes, lifespan, metrics registry) over real HTTP, with fake engines, as
 tests/server/test_app.py serves it; two engines (--data-parallel-size 2) so the per-engine families exist too,
-and --metrics-compat vllm so the vllm:* names the README quotes can be checked.
+--enable-lora for the LoRA families, and --metrics-compat vllm so the vllm:* names the README quotes can be
+checked.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def scrape(**config: Any) -> str:
     """GET /metrics from create_app(...) under Hypercorn's trio worker in a portal thread, fake engines."""
     import hypercorn.trio
 
-    cfg = ServerConfig(model=str(tokenizer_dir("qwen2")), served_model_name="tiny", sse_keepalive=0, **config)
+    cfg = ServerConfig(**{"model": str(tokenizer_dir("qwen2")), "served_model_name": "tiny", "sse_keepalive": 0,
+                          **config})
     app = create_app(cfg, engine_factory=asynccontextmanager(_fresh_fake))
     hc = Config()
     hc.bind = ["127.0.0.1:0"]
@@ -87,8 +89,9 @@ def readme_table() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def metrics_text() -> Iterator[str]:
-    yield scrape(data_parallel_size=2, metrics_compat="vllm")
+def metrics_text(qwen2_ckpt: Path) -> Iterator[str]:
+    # a checkpoint with its config.json: --enable-lora reads the base's sizes (its families exist then)
+    yield scrape(model=str(qwen2_ckpt), data_parallel_size=2, metrics_compat="vllm", enable_lora=True)
 
 
 def test_readme_table_lists_every_exported_family(metrics_text: str) -> None:
