@@ -179,3 +179,17 @@ def test_unload_lets_running_requests_finish_under_the_adapter(srv: Server, qwen
     assert tokens == peft_greedy(qwen2_ckpt, adapters["a3"], PROMPT, 40)
     with pytest.raises(openai.NotFoundError):
         complete(srv, "y")
+
+
+def test_every_api_process_serves_the_static_adapters(qwen2_ckpt: Path, adapters: dict[str, Path],
+                                                      tmp_path: Path) -> None:
+    s = start_server(qwen2_ckpt, tmp_path, "--api-server-count", "2", "--enable-lora", "--lora-modules",
+                     f"a1={adapters['a1']}")
+    try:
+        want = [peft_greedy(qwen2_ckpt, adapters["a1"], PROMPT, N)]
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:  # new connections: both processes answer some
+            results = list(pool.map(lambda _: complete(s, "a1"), range(8)))
+        assert results == [want] * 8
+        assert all("a1" in {m.id for m in client(s).models.list().data} for _ in range(4))
+    finally:
+        s.stop()
