@@ -93,8 +93,6 @@ class EngineConfig:
             raise ValueError("heartbeat_interval must be positive")
         self._check_parallel()
         check_lora_settings(self.max_loras, self.max_lora_rank, self.max_cpu_loras, self.lora_dtype)
-        if self.enable_lora and self.tensor_parallel_size > 1:
-            raise ValueError("--enable-lora runs on one rank here; drop --tensor-parallel-size")
 
     def _check_parallel(self) -> None:
         tp, nodes = self.tensor_parallel_size, self.nnodes

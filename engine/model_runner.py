@@ -110,9 +110,7 @@ class ModelRunner:
             self.images = ImageRunner(self.model)
         self.lora: LoRAManager | None = None  # --enable-lora: adapters per request (engine/lora/)
         if config.enable_lora:
-            lora_dtype = self.dtype if config.lora_dtype == "auto" else getattr(torch, config.lora_dtype)
-            self.lora = LoRAManager(self.model, config.max_loras, config.max_lora_rank, config.max_cpu_loras,
-                                    lora_dtype)
+            self.lora = self._make_lora(config)
             self.lora.ctx.use_triton = use_triton
 
     @property
@@ -131,6 +129,11 @@ class ModelRunner:
             return torch.zeros(dims, dtype=self.dtype, device=self.device)
         store = torch.zeros(dims[:2] + (dims[4], dims[2], dims[3], dims[5]), dtype=self.dtype, device=self.device)
         return store.permute(0, 1, 3, 4, 2, 5)
+
+    def _make_lora(self, config: EngineConfig) -> LoRAManager:
+        """The LoRA layers on the model (a tensor-parallel runner slices adapters to its rank)."""
+        dtype = self.dtype if config.lora_dtype == "auto" else getattr(torch, config.lora_dtype)
+        return LoRAManager(self.model, config.max_loras, config.max_lora_rank, config.max_cpu_loras, dtype)
 
     def _load(self, path: Path, config: EngineConfig) -> tuple[CausalLM, ModelInfo]:
         """The whole model (a tensor-parallel runner loads its shard: engine/distributed/runner.py)."""

@@ -12,6 +12,7 @@ from typing import cast
 
 import msgspec
 
+from engine.messages import LoRARequest
 from engine.sequence import ScheduledSeq, Sequence
 
 GENERATE, POOL, TICK, STOP = 0, 1, 2, 3  # plan kinds: a generate step, a pooling step, rank 0 alive, shut down
@@ -23,6 +24,7 @@ class PlannedSeq(msgspec.Struct, array_like=True):
     block_table: list[int]
     samples: bool
     prompt_logits: bool  # the LM head runs for its rows (collective: every rank must take part)
+    lora: LoRARequest | None = None  # its adapter: every rank loads it (engine/lora/manager.py)
 
 
 class StepPlan(msgspec.Struct, array_like=True):
@@ -48,7 +50,8 @@ def plan_of(kind: int, batch: list[ScheduledSeq], all_rows: bool = False) -> Ste
     for s in batch:
         seq, start, n = s.seq, s.start, s.num_new_tokens
         wants_prompt = seq.params.prompt_logprobs is not None and start < seq.num_prompt_tokens
-        seqs.append(PlannedSeq(seq.token_ids[start:start + n], start, seq.block_table, s.samples, wants_prompt))
+        seqs.append(PlannedSeq(seq.token_ids[start:start + n], start, seq.block_table, s.samples, wants_prompt,
+                               seq.lora))
     return StepPlan(kind, seqs, all_rows)
 
 
@@ -77,6 +80,7 @@ class _PlannedSeqState:
     num_computed_tokens: int
     num_tokens: int
     num_prompt_tokens: int
+    lora: LoRARequest | None
 
 
 def batch_of(plan: StepPlan) -> list[ScheduledSeq]:
@@ -86,6 +90,6 @@ def batch_of(plan: StepPlan) -> list[ScheduledSeq]:
         seq = _PlannedSeqState(_Window(p.start, p.new_token_ids), p.block_table,
                                _Params(1 if p.prompt_logits else None), p.start,
                                end if p.samples else end + 1,  # ScheduledSeq.samples: start + n == num_tokens
-                               end + 1 if p.prompt_logits else 0)
+                               end + 1 if p.prompt_logits else 0, p.lora)
         batch.append(ScheduledSeq(cast(Sequence, seq), len(p.new_token_ids)))
     return batch

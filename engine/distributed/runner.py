@@ -24,6 +24,9 @@ from engine.distributed.group import CollectiveError, TPGroup, master_store
 from engine.distributed.launch import LocalRanks, _fatal
 from engine.distributed.plan import GENERATE, POOL, STOP, TICK, StepPlan, batch_of, plan_of
 from engine.distributed.sharding import Shard
+from engine.lora.adapter import ModuleWeights
+from engine.lora.manager import LoRAManager
+from engine.lora.peft_files import BaseDims
 from engine.model_runner import ModelRunner, RunnerOutput, pick_device
 from engine.models.args import ConfigError
 from engine.models.decoder import CausalLM
@@ -79,6 +82,25 @@ class TPModelRunner(ModelRunner):
     def _load(self, path: Path, config: EngineConfig) -> tuple[CausalLM, ModelInfo]:
         return load_model(path, config.dtype, self.device, max_positions=self.max_model_len, shard=self.shard,
                           quantization=config.quantization)
+
+    def _make_lora(self, config: EngineConfig) -> LoRAManager:
+        """Adapters checked against the whole model, each module cut as its base projection is: column-parallel
+        members keep their B rows of this rank, row-parallel ones (o, down) their A columns (the partial deltas
+        are summed by the projection's all-reduce)."""
+        cfg = as_decoder_config(read_config(resolve_model(config.model)))
+        rules, fused = self.shard.slice_rules(parse_config(cfg))
+
+        def slicer(name: str, w: ModuleWeights) -> ModuleWeights:
+            if name in fused:
+                return ModuleWeights(w.a, torch.cat([w.b[a:b] for a, b in fused[name]]), w.scaling)
+            dim, start, stop = rules[name]
+            if dim == 0:
+                return ModuleWeights(w.a, w.b[start:stop].contiguous(), w.scaling)
+            return ModuleWeights(w.a[:, start:stop].contiguous(), w.b, w.scaling)
+
+        dtype = self.dtype if config.lora_dtype == "auto" else getattr(torch, config.lora_dtype)
+        return LoRAManager(self.model, config.max_loras, config.max_lora_rank, config.max_cpu_loras, dtype,
+                           base=BaseDims.from_config(cfg), slicer=slicer)
 
     def _send(self, plan: StepPlan) -> None:
         self.group.send_plan(plan)

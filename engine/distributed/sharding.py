@@ -74,6 +74,22 @@ class Shard:
         return replace(args, num_heads=h1 - h0, num_kv_heads=k1 - k0,
                        intermediate_size=args.intermediate_size // self.size, moe=moe)
 
+    def slice_rules(self, args: ModelArgs) -> tuple[dict[str, tuple[int, int, int]], dict[str, list[tuple[int, int]]]]:
+        """Projection name -> (dim, start, stop) of this rank's slice (dim 0 column-parallel, 1 row-parallel); and
+        the fused tensors' (Phi-3) row ranges of each part this rank holds, concatenated. LoRA slices its
+        adapters by the same rules (engine/lora/manager.py)."""
+        d = args.head_dim
+        h0, h1 = self.heads(args)
+        k0, k1 = self.kv_heads(args)
+        i0, i1 = self.intermediate(args)
+        rules = {"q_proj": (0, h0 * d, h1 * d), "k_proj": (0, k0 * d, k1 * d), "v_proj": (0, k0 * d, k1 * d),
+                 "o_proj": (1, h0 * d, h1 * d), "gate_proj": (0, i0, i1), "up_proj": (0, i0, i1),
+                 "down_proj": (1, i0, i1)}
+        q, kv, inter = args.num_heads * d, args.num_kv_heads * d, args.intermediate_size
+        fused = {"qkv_proj": [(h0 * d, h1 * d), (q + k0 * d, q + k1 * d), (q + kv + k0 * d, q + kv + k1 * d)],
+                 "gate_up_proj": [(i0, i1), (inter + i0, inter + i1)]}
+        return rules, fused
+
     def weights(self, folder: Path, args: ModelArgs, dtype: torch.dtype, device: torch.device) -> ShardedWeights:
         return ShardedWeights(folder, dtype, device, self, args)
 
@@ -92,23 +108,10 @@ class ShardedWeights(Weights):
                  args: ModelArgs) -> None:
         super().__init__(folder, dtype, device, quiet=shard.rank != 0)  # the load is logged once, by rank 0
         self.shard, self.args = shard, args
-        d = args.head_dim
-        h0, h1 = shard.heads(args)
-        k0, k1 = shard.kv_heads(args)
-        i0, i1 = shard.intermediate(args)
+        self._rules, self._fused = shard.slice_rules(args)
         e0, e1 = shard.expert_intermediate(args)
-        # projection name -> (dim, start, stop) of its slice: dim 0 column-parallel, dim 1 row-parallel
-        self._rules: dict[str, tuple[int, int, int]] = {
-            "q_proj": (0, h0 * d, h1 * d), "k_proj": (0, k0 * d, k1 * d), "v_proj": (0, k0 * d, k1 * d),
-            "o_proj": (1, h0 * d, h1 * d), "gate_proj": (0, i0, i1), "up_proj": (0, i0, i1),
-            "down_proj": (1, i0, i1),
-        }
         self._expert_rules = {"gate_proj": (0, e0, e1), "up_proj": (0, e0, e1), "down_proj": (1, e0, e1),
                               "w1": (0, e0, e1), "w3": (0, e0, e1), "w2": (1, e0, e1)}
-        q, kv, inter = args.num_heads * d, args.num_kv_heads * d, args.intermediate_size
-        # fused tensors: the row ranges of each part this rank holds, concatenated
-        self._fused = {"qkv_proj": [(h0 * d, h1 * d), (q + k0 * d, q + k1 * d), (q + kv + k0 * d, q + kv + k1 * d)],
-                       "gate_up_proj": [(i0, i1), (inter + i0, inter + i1)]}
 
     def _read(self, handle: Any, name: str) -> torch.Tensor:
         sl = handle.get_slice(name)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine.lora.adapter import LoadedAdapter, load_adapter
+from engine.lora.adapter import LoadedAdapter, ModuleWeights, load_adapter
 from engine.lora.layer import LoRALinear
 from engine.lora.mapping import LoRAContext, LoRAMapping, build_mapping
 from engine.lora.peft_files import BaseDims
@@ -22,6 +22,12 @@ from engine.messages import LoRARequest
 from engine.models.decoder import CausalLM, GatedMLP
 
 log = logging.getLogger("engine")
+Slicer = Callable[[str, ModuleWeights], ModuleWeights]  # (member name, whole weights) -> this rank's part
+
+
+def sliced(adapter: LoadedAdapter, slicer: Slicer) -> LoadedAdapter:
+    return LoadedAdapter(adapter.spec, {key: {name: slicer(name, w) for name, w in members.items()}
+                                        for key, members in adapter.weights.items()})
 
 
 def install(model: CausalLM, max_loras: int, max_rank: int, dtype: torch.dtype, ctx: LoRAContext) -> BaseDims:
@@ -48,12 +54,16 @@ def install(model: CausalLM, max_loras: int, max_rank: int, dtype: torch.dtype, 
 
 class LoRAManager:
     def __init__(self, model: CausalLM, max_loras: int, max_rank: int, max_cpu_loras: int | None,
-                 dtype: torch.dtype, live_digests: Callable[[], set[str]] = set) -> None:
-        """live_digests: the adapters of the engine's live requests (kept on CPU whatever the LRU says)."""
+                 dtype: torch.dtype, live_digests: Callable[[], set[str]] = set, *, base: BaseDims | None = None,
+                 slicer: Slicer | None = None) -> None:
+        """live_digests: the adapters of the engine's live requests (kept on CPU whatever the LRU says).
+        Tensor parallel: `base` the whole model's sizes (adapters are checked against them) and `slicer` cuts
+        each module's A / B to this rank's part (engine/distributed/runner.py)."""
         self.live_digests = live_digests
         self.ctx = LoRAContext()
-        self.model, self.max_rank, self.dtype = model, max_rank, dtype
-        self.base = install(model, max_loras, max_rank, dtype, self.ctx)
+        self.model, self.max_rank, self.dtype, self.slicer = model, max_rank, dtype, slicer
+        local = install(model, max_loras, max_rank, dtype, self.ctx)
+        self.base = base or local
         self.max_cpu = max_cpu_loras or max_loras
         self.cpu: OrderedDict[str, LoadedAdapter] = OrderedDict()  # digest -> adapter, least recent first
         self.slots: list[str | None] = [None] * max_loras  # digest per slot
@@ -65,6 +75,8 @@ class LoRAManager:
         adapter = self.cpu.get(req.digest)
         if adapter is None:
             adapter = load_adapter(req.path, self.base, self.max_rank, self.dtype, expect_digest=req.digest)
+            if self.slicer is not None:
+                adapter = sliced(adapter, self.slicer)
             self.loads += 1
             self.cpu[req.digest] = adapter
             log.info("engine loaded LoRA adapter %s (rank %d) from %s", req.name, adapter.spec.rank, req.path)
