@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check of issue 25: the CUDA path and the Triton kernels on the Qwen2.5-0.5B shape, greedy against
-# CPU float32, decode tok/s at batch 1/16/64, and vLLM on the same GPU when it is installed there.
+# CPU float32, decode tok/s at batch 1/16/64, LoRA throughput (issue 27), and vLLM on the same GPU when it is
+# installed there.
 #
 #   bash bench/gpu_check.sh prepare     here, with a package index: wheels the GPU image lacks -> bench/.gpu_wheels
 #   bash bench/gpu_check.sh             on the GPU machine (carry bench/.gpu_wheels); about 5 minutes on an H200
@@ -61,6 +62,9 @@ for b in "${BATCHES[@]}"; do
   step "decode-batch-$b" 240 "$PY" -m bench.profile_step --model "$CKPT" --dtype bfloat16 --device "$DEVICE" \
     --batch "$b" --steps "$STEPS"
 done
+
+# LoRA: base / 1 adapter / 4 adapters round-robin through the Triton shrink / expand kernels (bench/lora.py)
+step lora 420 "$PY" -m bench.lora --model "$CKPT" --device "$DEVICE" --dtype bfloat16 --new "$TOKENS" --repeats 1
 
 if "$PY" -c "import vllm" 2>/dev/null; then
   step vllm 420 "$PY" - "$CKPT" "${BATCHES[@]}" <<'PYEOF'

@@ -1,15 +1,17 @@
 """LoRA serving throughput (engine only, no HTTP): output tok/s at concurrency 16 and 64 for the base alone,
 one adapter, and 4 adapters round-robin, with ratios to the base in the same run (the issue's target: 4 adapters
-mixed >= 0.75x base; vLLM's users report ~0.5x). Adapters: random PEFT adapters written by peft, every
-projection targeted. One engine (--enable-lora, --max-loras 4) runs every workload; "base, no LoRA" is an
+mixed >= 0.75x base; vLLM's users report ~0.5x). Adapters: random adapters in PEFT's layout, every projection
+targeted. One engine (--enable-lora, --max-loras 4) runs every workload; "base, no LoRA" is an
 engine without --enable-lora, for the cost of the wrapped layers' fast path.
 
     python -m bench.lora [--model DIR] [--rank 16] [--new 64] [--prompt 32] [--repeats 3] [--dtype auto]
+                         [--device auto]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import tempfile
 import time
@@ -19,28 +21,34 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
-from engine.lora.peft_files import digest
+from engine.lora.peft_files import PARENT, CONFIG_FILE, WEIGHTS_FILE, BaseDims, digest
+from engine.models.checkpoint_meta import read_config
 from engine.messages import AddRequest, LoRARequest, SamplingParams
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def write_adapters(model: str, root: Path, count: int, rank: int) -> list[LoRARequest]:
-    """`count` random adapters of `model` saved by peft (B nonzero)."""
-    import peft  # why late: peft and transformers only build the adapters
-    import transformers
+    """`count` random adapters of `model` in PEFT's layout (adapter_config.json + adapter_model.safetensors, as
+    peft's save_pretrained writes them; written here so a GPU machine without peft runs this too)."""
+    from safetensors.torch import save_file  # why late: only the adapters' files need it
 
+    dims = BaseDims.from_config(read_config(Path(model)))
     out = []
     for i in range(count):
-        base = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
-        pm = peft.get_peft_model(base, peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=TARGETS))
         g = torch.Generator().manual_seed(i)
-        with torch.no_grad():
-            for name, p in pm.named_parameters():
-                if "lora_" in name:
-                    p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
+        tensors = {}
+        for layer in range(dims.num_layers):
+            for name in TARGETS:
+                d_in, d_out = dims.members[name]
+                key = f"base_model.model.model.layers.{layer}.{PARENT[name]}.{name}"
+                tensors[f"{key}.lora_A.weight"] = torch.randn(rank, d_in, generator=g) / d_in ** 0.5
+                tensors[f"{key}.lora_B.weight"] = torch.randn(d_out, rank, generator=g) / rank ** 0.5
         path = root / f"adapter{i}"
-        pm.save_pretrained(path)
+        path.mkdir()
+        save_file(tensors, path / WEIGHTS_FILE)
+        (path / CONFIG_FILE).write_text(json.dumps({"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank,
+                                                    "target_modules": TARGETS, "bias": "none"}))
         out.append(LoRARequest(f"adapter{i}", str(path), digest(path)))
     return out
 
@@ -66,12 +74,13 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3, help="runs per cell, interleaved; the best is kept")
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda (the Triton shrink / expand kernels)")
     args = p.parse_args()
     if args.model is None:
         from engine.models.random_checkpoint import demo_checkpoint_path  # why late: builds the demo once
 
         args.model = str(demo_checkpoint_path())
-    kw = dict(model=args.model, dtype=args.dtype, max_num_seqs=256, max_num_batched_tokens=8192,
+    kw = dict(model=args.model, dtype=args.dtype, device=args.device, max_num_seqs=256, max_num_batched_tokens=8192,
               enable_prefix_caching=False)
     with tempfile.TemporaryDirectory() as tmp:
         adapters = write_adapters(args.model, Path(tmp), 4, args.rank)

@@ -25,7 +25,8 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 TARGETS: dict[str, str] = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "qkv_proj": "qkv", "o_proj": "o",
                            "gate_proj": "gate_up", "up_proj": "gate_up", "gate_up_proj": "gate_up",
                            "down_proj": "down"}
-_PARENT = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "qkv_proj": "self_attn",
+# the module holding each target in PEFT's keys (`...layers.N.self_attn.q_proj...`)
+PARENT = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "qkv_proj": "self_attn",
            "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "gate_up_proj": "mlp", "down_proj": "mlp"}
 _KEY = re.compile(r"base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])\.weight")
 _DTYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
@@ -174,7 +175,7 @@ def _modules(cfg: dict[str, Any], header: dict[str, Any], base: BaseDims, max_ra
     found: dict[tuple[int, str], dict[str, str]] = {}
     for key in header:
         m = _KEY.fullmatch(key)
-        if m is None or m.group(3) not in TARGETS or _PARENT[m.group(3)] != m.group(2):
+        if m is None or m.group(3) not in TARGETS or PARENT[m.group(3)] != m.group(2):
             raise AdapterError(f"unknown target module in weights: {key}")
         found.setdefault((int(m.group(1)), m.group(3)), {})[m.group(4)] = key
     if not found:
@@ -187,7 +188,7 @@ def _modules(cfg: dict[str, Any], header: dict[str, Any], base: BaseDims, max_ra
 
 def _module(cfg: dict[str, Any], header: dict[str, Any], base: BaseDims, max_rank: int, layer: int, name: str,
             keys: dict[str, str]) -> ModuleSpec:
-    full = f"model.layers.{layer}.{_PARENT[name]}.{name}"
+    full = f"model.layers.{layer}.{PARENT[name]}.{name}"
     if set(keys) != {"A", "B"}:
         raise AdapterError(f"missing weights: {full} has lora_{'B' if 'A' in keys else 'A'} but not the other")
     if layer >= base.num_layers:
