@@ -81,7 +81,7 @@ class ResponsesRoute(PostRoute):
     async def _respond(self, body: bytes, xid: str | None, send: Send) -> None:
         req, llm, renderer, limits = self.state.decode_for_model(responses_decoder, body)
         config = self.state.config
-        history = [] if req.previous_response_id is None else self.store.history(req.previous_response_id)
+        history = [] if req.previous_response_id is None else await self.store.history(req.previous_response_id)
         images = config.model is not None and image_support(config.model_path) is not None
         chat = chat_request(req, history, images=images)
         check_request(chat, limits)
@@ -121,7 +121,7 @@ class ResponsesRoute(PostRoute):
             if check is not None:
                 await check.finish()
             if req.store and fmt.done is not None:
-                self.store.put(StoredResponse(fmt.done, [*history, *input_items(req), *fmt.done["output"]]))
+                await self.store.put(StoredResponse(fmt.done, [*history, *input_items(req), *fmt.done["output"]]))
 
         async def run(to: Send) -> None:
             await respond(llm, [spec], checked(fmt, check), to, stream=chat.stream,
@@ -158,14 +158,13 @@ class StoredResponseRoute:
         response_id = scope["path_params"]["response_id"]
         try:
             if self.background is not None:
-                await send_json(send, 200, _enc(self.background.cancel(response_id)))
+                await send_json(send, 200, _enc(await self.background.cancel(response_id)))
                 return
-            entry = self.store.get(response_id)
             if scope["method"] == "DELETE":
-                self.store.delete(response_id)
+                await self.store.delete(response_id)
                 await send_json(send, 200, _enc({"id": response_id, "object": "response.deleted",
                                                  "deleted": True}))
                 return
-            await send_json(send, 200, _enc(entry.response))
+            await send_json(send, 200, _enc((await self.store.get(response_id)).response))
         except APIError as e:
             await send_error(send, e)
