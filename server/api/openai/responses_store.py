@@ -107,7 +107,8 @@ class SyncStore:
     def get(self, response_id: str) -> StoredResponse | None:
         """The entry (now the most recent), None: not stored."""
         def get(db: sqlite3.Connection) -> tuple[bytes, bytes] | None:
-            row = db.execute("SELECT response, items FROM responses WHERE id = ?", (response_id,)).fetchone()
+            row: tuple[bytes, bytes] | None = db.execute("SELECT response, items FROM responses WHERE id = ?",
+                                                         (response_id,)).fetchone()
             if row is not None:
                 db.execute("UPDATE responses SET used = (SELECT MAX(used) + 1 FROM responses) WHERE id = ?",
                            (response_id,))
