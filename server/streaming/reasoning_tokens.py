@@ -10,10 +10,16 @@ token limit): every token; no reasoning: none.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from server.reasoning.parser import ReasoningParser
 
 Decode = Callable[[list[int]], str]
+
+
+def decoder(tokenizer: Any, skip_special_tokens: bool) -> Decode:
+    """Token ids -> text as a request's detokenizer writes it (the same special tokens skipped)."""
+    return lambda ids: str(tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
 
 
 def reasoning_tokens(parser: ReasoningParser | None, ids: list[int], decode: Decode) -> int:

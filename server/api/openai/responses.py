@@ -26,9 +26,7 @@ from server.http.errors import APIError
 from server.multimodal.images import expand_for_model, has_images, image_support, prepare_images
 from server.pipeline.async_llm import AsyncLLM
 from server.pipeline.output_processor import Output
-from server.pipeline.input_processor import (
-    GenerationSpec, ModelLimits, build_spec, check_request, external_request_id,
-)
+from server.pipeline.input_processor import ModelLimits, build_spec, check_request, external_request_id
 from server.pipeline.parsing import (
     ChoiceParser, ChoiceParsers, plan_constrained_tools, reasoning_parser, request_constraint,
 )
@@ -38,7 +36,7 @@ from server.protocol.openai import ChatCompletionRequest
 from server.protocol.responses import ResponsesRequest, encoder, responses_decoder
 from server.streaming.formatter import StreamFraming
 from server.streaming.output_check import checked, relaxed_check, relaxed_headers
-from server.streaming.reasoning_tokens import Decode
+from server.streaming.reasoning_tokens import decoder
 from server.streaming.respond import respond
 from server.streaming.responses_events import new_id
 from server.streaming.responses_formatter import ResponsesFormatter
@@ -66,12 +64,6 @@ def response_base(req: ResponsesRequest, response_id: str, model: str) -> dict[s
             "text": {"format": fmt}, "truncation": req.truncation or "disabled", "store": req.store, "user": req.user,
             "background": req.background, "reasoning": {"effort": req.reasoning.effort if req.reasoning else None,
                                                "summary": None}}
-
-
-def reasoning_decoder(renderer: Renderer, spec: GenerationSpec) -> Decode:
-    """Token ids -> text as the request's detokenizer writes it (to count reasoning tokens)."""
-    tokenizer, skip = renderer.tokenizer, spec.skip_special_tokens
-    return lambda ids: str(tokenizer.decode(ids, skip_special_tokens=skip))
 
 
 class ResponsesRoute(PostRoute):
@@ -127,7 +119,7 @@ class ResponsesRoute(PostRoute):
 
         fmt = ResponsesFormatter(response_base(req, new_id("resp"), self.state.model_name),
                                  len(spec.prompt_token_ids), new_parser, logprobs if texts is not None else None,
-                                 reasoning_decoder(renderer, spec) if config.reasoning_parser else None)
+                                 decoder(renderer.tokenizer, spec.skip_special_tokens) if config.reasoning_parser else None)
         check = relaxed_check(llm.metrics, constraint, relaxed_tools,
                               ChoiceParsers(plan, config.reasoning_parser, text) if parsed else None)
         headers = [(b"x-request-id", external.encode()), *relaxed_headers(constraint, relaxed_tools)]
