@@ -18,6 +18,7 @@ import httpx
 import openai
 import pytest
 
+from server.api.openai.responses_store import DB_NAME
 from tests.e2e.conftest import Server, start_server
 from tests.helpers.processes import children, connection_owner, wait_until
 
@@ -27,20 +28,43 @@ WEATHER: Any = {"type": "function", "name": "get_weather", "strict": True,
                                "required": ["city"], "additionalProperties": False}}
 
 
+def _owner(srv: Server, r: httpx.Response) -> int | None:
+    """The API process holding the server side of the connection `r` came over."""
+    sock = r.extensions["network_stream"].get_extra_info("socket")
+    return connection_owner(srv.port, sock.getsockname()[1], children(srv.proc.pid, API_PROCESS))
+
+
 class Pinned:
-    """An openai client whose requests all go over one connection, accepted by API process `pid`."""
+    """Requests to API process `pid`, each over a kept-alive connection it accepted and checked to be its own.
+
+    A connection idle past the server's keep-alive (a slow request on the other process, on a busy machine) is
+    closed; `sdk` and `call` first make sure of one to `pid` (new connections until one lands there)."""
 
     def __init__(self, srv: Server, http: httpx.Client, pid: int) -> None:
         self.srv, self.http, self.pid = srv, http, pid
-        self.sdk = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="none", max_retries=0, http_client=http)
+
+    def _pinned(self) -> httpx.Client:
+        def landed() -> bool:
+            if _owner(self.srv, self.http.get(f"{self.srv.url}/health")) == self.pid:
+                return True
+            self.http.close()
+            self.http = httpx.Client(timeout=120)
+            return False
+
+        wait_until(landed, 60, f"a connection to API process {self.pid}")
+        return self.http
+
+    @property
+    def sdk(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.srv.url}/v1", api_key="none", max_retries=0,
+                             http_client=self._pinned())
 
     def check(self, r: httpx.Response) -> httpx.Response:
-        sock = r.extensions["network_stream"].get_extra_info("socket")
-        assert connection_owner(self.srv.port, sock.getsockname()[1], [self.pid]) == self.pid, "another process"
+        assert _owner(self.srv, r) == self.pid, "answered by another process"
         return r
 
     def call(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        return self.check(self.http.request(method, f"{self.srv.url}/v1/responses{path}", **kw))
+        return self.check(self._pinned().request(method, f"{self.srv.url}/v1/responses{path}", **kw))
 
 
 def pin_both(srv: Server) -> list[Pinned]:
@@ -52,8 +76,7 @@ def pin_both(srv: Server) -> list[Pinned]:
     def one_more() -> bool:
         http = httpx.Client(timeout=120)
         r = http.get(f"{srv.url}/health")
-        sock = r.extensions["network_stream"].get_extra_info("socket")
-        owner = connection_owner(srv.port, sock.getsockname()[1], apis)
+        owner = _owner(srv, r)
         if r.status_code == 200 and owner is not None and owner not in pinned:
             pinned[owner] = Pinned(srv, http, owner)
         else:
@@ -64,13 +87,29 @@ def pin_both(srv: Server) -> list[Pinned]:
     return list(pinned.values())
 
 
+def store_files(srv: Server) -> set[Path]:
+    """The store's database files the API processes hold open."""
+    held = set()
+    for pid in children(srv.proc.pid, API_PROCESS):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            target = Path(os.readlink(fd))
+            if target.name == DB_NAME:
+                held.add(target)
+    return held
+
+
 @pytest.fixture(scope="module")
 def srv(qwen25_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     s = start_server(qwen25_ckpt, tmp_path_factory.mktemp("responses-2"), "--api-server-count", "2",
                      "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--responses-store-size", "4",
                      env={"SPINDLE_ENGINE_HEARTBEAT_TIMEOUT": "60"})
+    for p in pin_both(s):  # each process opens the store on first use: one file for both, in the launcher's dir
+        assert p.call("GET", "/resp_none").status_code == 404
+    files = store_files(s)
+    assert len(files) == 1 and oct(next(iter(files)).parent.stat().st_mode)[-3:] == "700", files
     yield s
-    s.stop()
+    assert s.stop() == 0
+    assert not next(iter(files)).parent.exists()  # removed when the launcher exits
 
 
 def test_stored_on_one_process_read_continued_and_deleted_on_the_other(srv: Server) -> None:

@@ -117,9 +117,10 @@ class ResponsesRoute(PostRoute):
             assert texts is not None
             return [msgspec.to_builtins(lp) for lp in chat_logprobs(out.logprobs or [], texts).content or []]
 
+        decode = decoder(renderer.tokenizer, spec.skip_special_tokens) if config.reasoning_parser else None
         fmt = ResponsesFormatter(response_base(req, new_id("resp"), self.state.model_name),
                                  len(spec.prompt_token_ids), new_parser, logprobs if texts is not None else None,
-                                 decoder(renderer.tokenizer, spec.skip_special_tokens) if config.reasoning_parser else None)
+                                 decode)
         check = relaxed_check(llm.metrics, constraint, relaxed_tools,
                               ChoiceParsers(plan, config.reasoning_parser, text) if parsed else None)
         headers = [(b"x-request-id", external.encode()), *relaxed_headers(constraint, relaxed_tools)]
