@@ -146,7 +146,7 @@ class ResponsesRoute(PostRoute):
             images, messages = await prepare_images(self.state, chat.messages or [], None)
             render_req = msgspec.structs.replace(chat, messages=messages)
         text = await render_chat(renderer, render_req)
-        if llm.admission is not None:
+        if llm.admission is not None and limits is not None:  # not for truncation candidates: generate admits
             admit_early(llm, 1, await prompts_lower_bound(renderer.tokenizer, [text]))
         ids = await text_prompt_ids(renderer, text, chat.add_special_tokens, "input",
                                     limits if images is None else None)
