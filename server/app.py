@@ -61,6 +61,7 @@ from server.pipeline.async_llm import AsyncLLM
 from server.pipeline.detokenizer import IncrementalDetokenizer, prepare
 from server.pipeline.engine_pool import EnginePool, open_engines
 from server.lora.registry import LoRARegistry
+from server.lora.shared import SharedAdapters
 from server.pipeline.input_processor import GenerationSpec, limits_for
 from server.render.renderer import Renderer
 from server.render_app import checkpoint_limits
@@ -236,6 +237,8 @@ class _EngineLoad:
             if cfg.enable_lora:  # the static adapters, checked before the engine loads: a bad one stops start-up
                 loras = await anyio.to_thread.run_sync(LoRARegistry.from_files, cfg.model_path, cfg.max_lora_rank,
                                                        cfg.model_name, cfg.lora_modules)
+                if self.worker is not None and self.worker.responses_dir is not None:  # the launcher's shared folder
+                    loras.shared = SharedAdapters(self.worker.responses_dir)
             client = await stack.enter_async_context(self._open_engines(cfg))
             tokenizer = getattr(renderer, "tokenizer", None)
             llm = self._make_llm(cfg, client, tokenizer)

@@ -207,8 +207,7 @@ class ServerConfig:
         if any(not k for k in self.api_keys):
             raise ValueError("--api-key must not be empty")
         _check_deploy(self)
-        check_lora_serving(self.enable_lora, self.lora_modules, self.model_name, self.allow_runtime_lora_updating,
-                           self.api_server_count)
+        check_lora_serving(self.enable_lora, self.lora_modules, self.model_name, self.allow_runtime_lora_updating)
         self._engine_config(self.model or "<demo>")  # the engine's own checks (dtype, sizes) fail here, at startup
         _check_render_only(self)
 

@@ -52,14 +52,10 @@ def parse_lora_modules(items: list[str] | tuple[str, ...] | str) -> tuple[LoRAMo
     return tuple(out)
 
 
-def check_lora_serving(enable: bool, modules: tuple[LoRAModule, ...], model_name: str, runtime_updates: bool,
-                       api_server_count: int) -> None:
+def check_lora_serving(enable: bool, modules: tuple[LoRAModule, ...], model_name: str, runtime_updates: bool) -> None:
     """The server's LoRA flags together (ServerConfig calls it); ValueError naming the flag."""
     if not enable and (modules or runtime_updates):
         raise ValueError("--lora-modules and SPINDLE_ALLOW_RUNTIME_LORA_UPDATING need --enable-lora")
     names = [m.name for m in modules]
     if len(set(names)) < len(names) or model_name in names:
         raise ValueError(f"--lora-modules: names must be unique and differ from the model's, got {names}")
-    if runtime_updates and api_server_count > 1:
-        raise ValueError("SPINDLE_ALLOW_RUNTIME_LORA_UPDATING with --api-server-count above 1 is not supported: "
-                         "each API process would hold its own set of adapters")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from engine.lora.config import LoRAModule
 from engine.lora.peft_files import AdapterError, BaseDims, read_adapter
 from engine.messages import LoRARequest
 from engine.models.checkpoint_meta import read_config
+from server.lora.shared import Entries, SharedAdapters
 
 log = logging.getLogger("spindle.server")
 
@@ -35,7 +37,15 @@ class LoRARegistry:
     def __init__(self, base: BaseDims, max_rank: int, base_name: str, model_path: str | None = None) -> None:
         self.base, self.max_rank, self.base_name = base, max_rank, base_name
         self.base_names = {base_name} | ({model_path} if model_path else set())  # what names the base
-        self.adapters: dict[str, Adapter] = {}
+        self._adapters: dict[str, Adapter] = {}
+        self.shared: SharedAdapters | None = None  # --api-server-count above 1: the set every process sees
+
+    @property
+    def adapters(self) -> dict[str, Adapter]:
+        """name -> adapter, as another API process may have changed it (a runtime load or unload)."""
+        if self.shared is not None and (entries := self.shared.changed()) is not None:
+            self._adapters = _from_entries(entries)
+        return self._adapters
 
     @classmethod
     def from_files(cls, model_path: str, max_rank: int, base_name: str,
@@ -59,13 +69,44 @@ class LoRARegistry:
         return Adapter(name, path, parent or self.base_name, spec.rank, LoRARequest(name, path, spec.digest))
 
     def add(self, adapter: Adapter, replace: bool = False) -> None:
-        if adapter.name in self.adapters and not replace:
-            raise AdapterError(f"the adapter {adapter.name!r} is already loaded; unload it first or load with "
-                               "load_inplace: true")
-        self.adapters[adapter.name] = adapter
+        """AdapterError for a name already served without `replace` (blocking when shared: off the loop)."""
+        def change(entries: Entries) -> None:
+            if adapter.name in entries and not replace:
+                raise AdapterError(f"the adapter {adapter.name!r} is already loaded; unload it first or load "
+                                   "with load_inplace: true")
+            entries[adapter.name] = _entry(adapter)
 
-    def remove(self, name: str) -> Adapter | None:
-        return self.adapters.pop(name, None)
+        self._change(change)
+
+    def remove(self, name: str) -> bool:
+        """Whether `name` was served (blocking when shared: off the loop)."""
+        found = False
+
+        def change(entries: Entries) -> None:
+            nonlocal found
+            found = entries.pop(name, None) is not None
+
+        self._change(change)
+        return found
+
+    def _change(self, change: Callable[[Entries], None]) -> None:
+        current = {name: _entry(a) for name, a in self.adapters.items()}
+        if self.shared is None:
+            change(current)
+        else:
+            current = self.shared.update(current, change)
+        self._adapters = _from_entries(current)
 
     def get(self, model: str | None) -> Adapter | None:
         return self.adapters.get(model) if model is not None else None
+
+
+def _entry(a: Adapter) -> dict[str, object]:
+    r = a.request
+    return {"name": a.name, "path": a.path, "parent": a.parent, "rank": a.rank, "created": a.created,
+            "request": [r.name, r.path, r.digest]}
+
+
+def _from_entries(entries: Entries) -> dict[str, Adapter]:
+    return {name: Adapter(e["name"], e["path"], e["parent"], e["rank"], LoRARequest(*e["request"]), e["created"])
+            for name, e in entries.items()}

@@ -181,15 +181,31 @@ def test_unload_lets_running_requests_finish_under_the_adapter(srv: Server, qwen
         complete(srv, "y")
 
 
-def test_every_api_process_serves_the_static_adapters(qwen2_ckpt: Path, adapters: dict[str, Path],
-                                                      tmp_path: Path) -> None:
+def test_every_api_process_sees_the_same_adapters(qwen2_ckpt: Path, adapters: dict[str, Path],
+                                                  tmp_path: Path) -> None:
+    """Static ones from the flags, runtime loads and unloads through whichever process took the request (each
+    request below is a new connection: the processes share one listening socket)."""
     s = start_server(qwen2_ckpt, tmp_path, "--api-server-count", "2", "--enable-lora", "--lora-modules",
-                     f"a1={adapters['a1']}")
+                     f"a1={adapters['a1']}", env={"SPINDLE_ALLOW_RUNTIME_LORA_UPDATING": "1"})
+
+    def many(model: str) -> list[object]:
+        def one(_: int) -> object:
+            try:
+                return complete(s, model)
+            except openai.NotFoundError:
+                return 404
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            return list(pool.map(one, range(8)))
+
     try:
-        want = [peft_greedy(qwen2_ckpt, adapters["a1"], PROMPT, N)]
-        with concurrent.futures.ThreadPoolExecutor(4) as pool:  # new connections: both processes answer some
-            results = list(pool.map(lambda _: complete(s, "a1"), range(8)))
-        assert results == [want] * 8
-        assert all("a1" in {m.id for m in client(s).models.list().data} for _ in range(4))
+        assert many("a1") == [[peft_greedy(qwen2_ckpt, adapters["a1"], PROMPT, N)]] * 8
+        assert load(s, {"lora_name": "z", "lora_path": str(adapters["a3"])}).status_code == 200
+        assert many("z") == [[peft_greedy(qwen2_ckpt, adapters["a3"], PROMPT, N)]] * 8
+        assert all("z" in {m.id for m in client(s).models.list().data} for _ in range(4))
+        again = load(s, {"lora_name": "z", "lora_path": str(adapters["a3"])})
+        assert again.status_code == 400
+        assert unload(s, "z").status_code == 200
+        assert many("z") == [404] * 8
+        assert unload(s, "z").status_code == 404
     finally:
         s.stop()

@@ -67,7 +67,10 @@ class LoadLoRARoute(_LoRARoute):
             adapter = await anyio.to_thread.run_sync(registry.check, req.lora_name, req.lora_path)
         except AdapterError as e:
             raise bad_request(f"cannot load LoRA adapter '{req.lora_name}': {e}", "lora_path") from None
-        registry.add(adapter, replace=req.load_inplace)
+        try:  # in a thread: with several API processes the set is a shared file (server/lora/shared.py)
+            await anyio.to_thread.run_sync(lambda: registry.add(adapter, replace=req.load_inplace))
+        except AdapterError as e:  # loaded meanwhile by another request
+            raise bad_request(str(e), "lora_name") from None
         await _send_text(send, f"Success: LoRA adapter '{req.lora_name}' added successfully.")
 
 
@@ -77,6 +80,7 @@ class UnloadLoRARoute(_LoRARoute):
             req = decode_request(_unload_decoder, body)
         except msgspec.DecodeError as e:
             raise from_decode_error(e) from None
-        if self.registry().remove(req.lora_name) is None:
+        registry = self.registry()
+        if not await anyio.to_thread.run_sync(registry.remove, req.lora_name):
             raise APIError(f"The lora adapter '{req.lora_name}' cannot be found.", status=404, param="lora_name")
         await _send_text(send, f"Success: LoRA adapter '{req.lora_name}' removed successfully.")
