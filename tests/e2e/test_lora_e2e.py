@@ -86,6 +86,8 @@ def test_every_route_resolves_the_adapter(srv: Server, qwen2_ckpt: Path, adapter
     msg = anthropic.Anthropic(base_url=srv.url, api_key="none", max_retries=0).messages.create(
         model="a2", max_tokens=3, messages=[{"role": "user", "content": "hi"}])
     assert msg.model == "a2"
+    resp = client(srv).responses.create(model="a1", input="hi", max_output_tokens=3)
+    assert resp.model == "a1" and resp.status in ("completed", "incomplete")
 
 
 def test_unknown_model_is_a_404_in_each_shape(srv: Server) -> None:

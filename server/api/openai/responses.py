@@ -118,7 +118,7 @@ class ResponsesRoute(PostRoute):
             return [msgspec.to_builtins(lp) for lp in chat_logprobs(out.logprobs or [], texts).content or []]
 
         decode = decoder(renderer.tokenizer, spec.skip_special_tokens) if config.reasoning_parser else None
-        fmt = ResponsesFormatter(response_base(req, new_id("resp"), self.state.model_name),
+        fmt = ResponsesFormatter(response_base(req, new_id("resp"), self.state.shown_model(req.model)),
                                  len(spec.prompt_token_ids), new_parser, logprobs if texts is not None else None,
                                  decode)
         check = relaxed_check(llm.metrics, constraint, relaxed_tools,
