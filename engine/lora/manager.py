@@ -81,10 +81,12 @@ class LoRAManager:
             self.cpu[req.digest] = adapter
             log.info("engine loaded LoRA adapter %s (rank %d) from %s", req.name, adapter.spec.rank, req.path)
         self.cpu.move_to_end(req.digest)
-        live = self.live_digests()
-        # the least recently used that no live request needs (those are never read from disk twice)
-        for digest in [d for d in self.cpu if d not in live and d != req.digest][:max(0, len(self.cpu) - self.max_cpu)]:
-            del self.cpu[digest]
+        if len(self.cpu) > self.max_cpu:
+            live = self.live_digests()
+            # the least recently used that no live request needs (those are never read from disk twice)
+            extra = len(self.cpu) - self.max_cpu
+            for digest in [d for d in self.cpu if d not in live and d != req.digest][:extra]:
+                del self.cpu[digest]
         return adapter
 
     def _layers(self) -> list[tuple[int, str, LoRALinear]]:
