@@ -76,7 +76,8 @@ def test_mixed_batch_each_request_equals_peft(srv: Server, qwen2_ckpt: Path, ada
 def test_every_route_resolves_the_adapter(srv: Server, qwen2_ckpt: Path, adapters: dict[str, Path]) -> None:
     want = peft_greedy(qwen2_ckpt, adapters["a2"], PROMPT, N)
     gen = httpx.post(f"{srv.url}/inference/v1/generate", timeout=120, json={
-        "model": "a2", "token_ids": PROMPT, "sampling_params": {"max_tokens": N, "temperature": 0, "repetition_penalty": 1.0,
+        "model": "a2", "token_ids": PROMPT, "sampling_params": {"max_tokens": N, "temperature": 0,
+                                                                "repetition_penalty": 1.0,
                                                                 "ignore_eos": True}})
     assert gen.status_code == 200, gen.text
     assert gen.json()["choices"][0]["token_ids"] == want

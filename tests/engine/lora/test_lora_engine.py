@@ -54,7 +54,8 @@ def test_mixed_batch_equals_peft(qwen2_ckpt: Path, adapters: dict[str, Path], re
     rng = random.Random(7)
     names = [None, "attn8", "all16", "mlp_rs", None, "all16"]
     prompts = [[rng.randrange(1000) for _ in range(rng.randrange(5, 30))] for _ in names]
-    reqs = [(f"r{i}", p, 6, None if a is None else lora(a, adapters[a])) for i, (p, a) in enumerate(zip(prompts, names))]
+    reqs = [(f"r{i}", p, 6, None if a is None else lora(a, adapters[a]))
+            for i, (p, a) in enumerate(zip(prompts, names))]
     outs = run_mixed(core, reqs)
     for (rid, p, n, _), a in zip(reqs, names):
         want = hf_greedy(qwen2_ckpt, p, n) if a is None else peft_greedy(qwen2_ckpt, adapters[a], p, n)
