@@ -66,6 +66,18 @@ class ImageInput(msgspec.Struct, frozen=True, omit_defaults=True):
 IMAGE_CACHE_MISS = "ImageCacheMiss:"
 
 
+class AudioInput(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A Whisper request's audio: one 30 s window's log-mel features (the API's WhisperFeatureExtractor made them).
+
+    `features` is float32 [mels, frames] raw bytes (C order). The engine caches the encoder's output by `hash`."""
+
+    hash: str  # of the features: equal hashes mean the same encoder output
+    features: bytes
+    shape: list[int]
+    timestamps: bool = False  # apply Whisper's timestamp rules (the prompt has no <|notimestamps|>)
+    rules: bool = True  # Whisper's suppress-token and timestamp rules; off for language detection
+
+
 class AddRequest(msgspec.Struct, frozen=True, tag="add"):
     request_id: str
     prompt_token_ids: list[int]
@@ -73,6 +85,7 @@ class AddRequest(msgspec.Struct, frozen=True, tag="add"):
     arrival_time: float
     priority: int = 0  # lower runs first, as in vLLM
     mm_inputs: list[ImageInput] | None = None  # images, in prompt order
+    audio: AudioInput | None = None  # a speech-to-text model's request: its audio window
 
 
 class AbortRequests(msgspec.Struct, frozen=True, tag="abort"):
