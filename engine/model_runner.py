@@ -21,8 +21,8 @@ from engine.models.whisper import WhisperModel
 from engine.multimodal.audio import AudioRunner
 from engine.multimodal.runner import ImageRunner
 from engine.kernels import build_paged_batch, triton_available
-from engine.models.loader import ModelInfo, load_model, read_config, read_generation_config, resolve_model
-from engine.models.loader import slow_half_precision
+from engine.models.checkpoint_meta import read_generation_config
+from engine.models.loader import ModelInfo, load_model, read_config, resolve_model, slow_half_precision
 from engine.models.weights import ModelLoadError
 from engine.sequence import ScheduledSeq
 

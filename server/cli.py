@@ -99,13 +99,17 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
      'hosts whose http(s) image URLs are fetched, JSON list (default none: data: URLs only)'),
     ("--mm-processor-cache-gb", "mm_processor_cache_gb", float,
      "GiB of preprocessed images cached by content in the image worker (default 4; 0: off)"),
+    ("--max-audio-filesize-mb", "max_audio_filesize_mb", float,
+     "largest audio upload on /v1/audio/* in MB (default 25; more: 400)"),
+    ("--max-audio-duration-s", "max_audio_duration_s", float,
+     "longest audio on /v1/audio/* in seconds (default 600; more: 400, checked while decoding)"),
 ]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spindle", description="OpenAI-compatible LLM server. "
                                      "`spindle render --model M`: render routes only, no engine. "
-                                     "`spindle make-demo [--vision | --arch NAME | --shape NAME] PATH` writes a demo checkpoint.")
+                                     "`spindle make-demo [--vision | --whisper | --arch NAME | --shape NAME] PATH` writes a demo checkpoint.")
     for flag, dest, typ, text in _FLAGS:
         parser.add_argument(flag, dest=dest, type=typ, default=None, help=text)
     parser.add_argument("--api-key", dest="api_keys", action="append", default=None,

@@ -189,13 +189,14 @@ class WhisperModel(CausalLM):
             per_layer.append((k, v))
         return [CrossKV([(k[i].contiguous(), v[i].contiguous()) for k, v in per_layer]) for i in range(b)]
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,  # type: ignore[override]
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttnMetadata,
                 cross: CrossBatch | None = None) -> torch.Tensor:
         """The decoder over the flat batch -> hidden states [T, d] before the final LayerNorm."""
         if cross is None:
             raise ValueError("a Whisper decoder step needs every request's audio (cross-attention K/V)")
-        x = F.embedding(input_ids, self.embed) + self.dec_pos[positions]  # type: ignore[arg-type]
+        assert self.embed is not None
+        x = F.embedding(input_ids, self.embed) + self.dec_pos[positions]
         t = x.shape[0]
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.dec_layers, kv_caches)):
             h = _layer_norm(x, layer.ln_self)

@@ -22,7 +22,7 @@ from engine.models.whisper_tokens import LANGUAGES, NUM_RANKS, PATTERN, special_
 
 EOT, SOT, NO_TIMESTAMPS = "<|endoftext|>", "<|startoftranscript|>", "<|notimestamps|>"
 NUM_LANGUAGES = 99
-DEMO_SHAPE = {"d_model": 64, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 2,
+DEMO_SHAPE: dict[str, Any] = {"d_model": 64, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 2,
               "decoder_attention_heads": 2, "encoder_ffn_dim": 256, "decoder_ffn_dim": 256}
 # openai/whisper-tiny's: the first generated token may not be a space or <|endoftext|>; never these symbols
 BEGIN_SUPPRESS = [220, 50257]
@@ -59,8 +59,10 @@ def _suppress_tokens(tok: tokenizers.Tokenizer) -> list[int]:
             ids = tok.encode(text).ids
             if len(ids) == 1:
                 out.add(ids[0])
-    out.update(tok.token_to_id(t) for t in ("<|translate|>", "<|transcribe|>", "<|startoflm|>",
-                                             "<|startofprev|>", SOT))
+    for name in ("<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", SOT):
+        tid = tok.token_to_id(name)
+        if tid is not None:
+            out.add(tid)
     return sorted(out)
 
 
@@ -95,7 +97,7 @@ def make_whisper_demo(path: str | Path, seed: int = 0) -> Path:
                            max_target_positions=448, bos_token_id=50257, eos_token_id=50257, pad_token_id=50257,
                            decoder_start_token_id=50258, begin_suppress_tokens=BEGIN_SUPPRESS, **DEMO_SHAPE)
     torch.manual_seed(seed)
-    model = WhisperForConditionalGeneration(config).eval()
+    model = WhisperForConditionalGeneration(config).eval()  # type: ignore[no-untyped-call]
     with torch.no_grad():  # a larger spread than the init's 0.02: greedy tokens vary with the audio
         for p in model.parameters():
             if p.dim() > 1:
@@ -103,6 +105,6 @@ def make_whisper_demo(path: str | Path, seed: int = 0) -> Path:
     model.save_pretrained(out, safe_serialization=True)
     gen = generation_config(tok)
     (out / "generation_config.json").write_text(json.dumps(gen, indent=1))
-    WhisperFeatureExtractor(feature_size=80).save_pretrained(out)
+    WhisperFeatureExtractor(feature_size=80).save_pretrained(out)  # type: ignore[no-untyped-call]
     write_tokenizer(out, tok)
     return out
