@@ -194,7 +194,7 @@ def test_bad_inputs(srv: Server) -> None:
     _err(_post(srv, files={"file": ("a.wav", encode(np.zeros(0, np.float32), SR, "wav"))}), 400, "zero length")
     _err(_post(srv, files={"file": ("a.wav", wav)}, response_format="xml"), 400, "response_format")
     _err(_post(srv, files={"file": ("a.wav", wav)}, response_format="verbose_json", stream="true"), 400, "stream")
-    _err(_post(srv, model="tiny"), 400, "file")
+    _err(_post(srv, files={"model": (None, "tiny")}), 400, "no `file` part")  # multipart, no file
     _err(_post(srv, files={"file": ("a.wav", wav)}, timestamp_granularities="word", response_format="verbose_json"),
          400, "word timestamps are not supported")
     _err(_post(srv, files={"file": ("a.wav", wav)}, language="xx"), 400, "language")
@@ -215,5 +215,33 @@ def test_audio_route_on_a_text_model(qwen2_ckpt: Path, tmp_path: Path) -> None:
         r = _post(s, files={"file": ("a.wav", encode(tone(1.0), SR, "wav"))})
         _err(r, 400, "not a speech-to-text model")
         _err(_post(s, "/v1/audio/translations", files={"file": ("a.wav", b"x")}), 400, "not a speech-to-text model")
+    finally:
+        s.stop()
+
+
+def test_limits_from_the_flags(ckpt: Path, tmp_path: Path) -> None:
+    """--max-audio-filesize-mb and --max-audio-duration-s at, under and over, each a 400 naming its flag."""
+    s = start_server(ckpt, tmp_path, "--max-audio-filesize-mb", "0.1", "--max-audio-duration-s", "2",
+                     "--max-model-len", "8")
+    try:
+        def wav(frames: int) -> bytes:
+            return encode(np.zeros(frames, np.float32), SR, "wav")  # 44-byte header + 2 bytes a frame
+
+        for frames, status in ((2 * SR, 200), (2 * SR - 1, 200), (2 * SR + 1, 400)):
+            r = _post(s, files={"file": ("a.wav", wav(frames))}, language="en")
+            assert r.status_code == status, r.text
+            if status == 400:
+                _err(r, 400, "--max-audio-duration-s")
+        size = 100_000  # the cap in bytes
+        noise = np.random.default_rng(0).uniform(-1, 1, SR).astype(np.float32)
+        blob = encode(noise, SR, "wav")  # 32,044 bytes, 1 s
+        pad = b"\0" * (size - len(blob))  # trailing bytes past the WAV's data chunk are ignored by the decoder
+        for extra, status in ((0, 200), (-1, 200), (1, 400)):
+            body = blob + pad + b"\0" * max(extra, 0)
+            body = body[:len(body) + extra] if extra < 0 else body
+            r = _post(s, files={"file": ("a.wav", body)}, language="en")
+            assert r.status_code == status, (len(body), r.text)
+            if status == 400:
+                _err(r, 400, "--max-audio-filesize-mb")
     finally:
         s.stop()
