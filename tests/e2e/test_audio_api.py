@@ -245,3 +245,14 @@ def test_limits_from_the_flags(ckpt: Path, tmp_path: Path) -> None:
                 _err(r, 400, "--max-audio-filesize-mb")
     finally:
         s.stop()
+
+
+def test_ten_minutes(client: openai.OpenAI) -> None:
+    """A 10-minute file (the default duration cap, exactly): 20 windows in one batch, segments in every one."""
+    audio = np.concatenate([tone(30.0, freq=200 + 40 * k, seed=k) for k in range(20)])
+    assert len(audio) == 600 * SR
+    verbose = client.audio.transcriptions.create(model="tiny", file=upload(encode(audio, SR, "flac"), "ten.flac"),
+                                                 language="en", response_format="verbose_json")
+    assert verbose.duration == pytest.approx(600.0)
+    assert sorted({s.seek for s in verbose.segments or []}) == [round(a / SR * 100) for a in split_points(audio)]
+    assert len(split_points(audio)) == 21 and verbose.usage.seconds == 600  # type: ignore[union-attr]
