@@ -50,6 +50,8 @@ class EngineCore:
         self.pooler = self._make_pooler() if config.runner == "pooling" else None
         # MEAN pooling reads every prompt position's hidden state: a prefix-cache hit would skip some
         caching = config.enable_prefix_caching and not (self.pooler is not None and self.pooler.needs_all_rows)
+        # Whisper: a decoder block's K/V depend on the audio (cross-attention), not only on its tokens (as vLLM)
+        caching = caching and getattr(self.runner, "audio", None) is None
         self.block_manager = BlockManager(self.runner.num_blocks, self.runner.block_size, caching,
                                           window=self.runner.kv_window)
         self.scheduler = Scheduler(max_num_seqs=config.max_num_seqs,

@@ -59,9 +59,9 @@ def hf(ckpt: Path) -> Any:
     return hf_whisper(ckpt)
 
 
-def reference(hf: Any, ckpt: Path, audio16k: np.ndarray, **kw: Any) -> str:
+def reference(hf: Any, ckpt: Path, audio16k: np.ndarray, max_new: int = MAX_NEW, **kw: Any) -> str:
     """transformers' greedy text of one window (special tokens skipped, stripped as the API answers)."""
-    tokens = hf_generate(hf, hf_features(ckpt, audio16k), MAX_NEW, **kw)
+    tokens = hf_generate(hf, hf_features(ckpt, audio16k), max_new, **kw)
     tok = tokenizers.Tokenizer.from_file(str(ckpt / "tokenizer.json"))
     return str(tok.decode(tokens, skip_special_tokens=True)).strip()
 
@@ -112,6 +112,20 @@ def test_translation_equals_transformers(client: openai.OpenAI, hf: Any, ckpt: P
     tok = tokenizers.Tokenizer.from_file(str(ckpt / "tokenizer.json"))
     code = str(tok.id_to_token(int(want_lang[0]))).strip("<|>")
     assert got.text == reference(hf, ckpt, samples, language=code, task="translate")
+
+
+def test_prompt_conditions_as_in_transformers(client: openai.OpenAI, hf: Any, ckpt: Path) -> None:
+    """`prompt` goes before <|startoftranscript|> after <|startofprev|>, as transformers' prompt_ids."""
+    from transformers import AutoTokenizer
+
+    data = encode(tone(3.0, freq=510, seed=12), SR, "wav")
+    samples = sf.read(io.BytesIO(data), dtype="float32")[0]
+    ids = AutoTokenizer.from_pretrained(ckpt).get_prompt_ids("hello there", return_tensors="pt")
+    got = client.audio.transcriptions.create(model="tiny", file=upload(data, "a.wav"), language="en",
+                                             prompt="hello there")
+    want = reference(hf, ckpt, samples, MAX_NEW - len(ids), language="en", task="transcribe", prompt_ids=ids)
+    assert got.text == want
+    assert got.text != reference(hf, ckpt, samples, language="en", task="transcribe")
 
 
 def test_stream_equals_non_stream(client: openai.OpenAI) -> None:

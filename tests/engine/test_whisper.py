@@ -110,3 +110,13 @@ def test_refusals(ckpt: Path) -> None:
     outs = {o.request_id: o for o in core.step()}
     assert "needs audio" in (outs["text"].error or "")
     assert "do not fit this model" in (outs["shape"].error or "")
+
+
+def test_no_prefix_cache_across_audio(ckpt: Path) -> None:
+    """The same decoder tokens over different audio have different K/V: a Whisper engine shares no blocks."""
+    core = make_core(ckpt, num_blocks=64, block_size=4)
+    assert not core.block_manager.enable_prefix_caching
+    a, b = (audio_input(hf_features(ckpt, tone(2.0, freq=f, seed=s))) for f, s in ((300, 1), (900, 2)))
+    run(core, [("a", [SOT, EN, TRANSCRIBE, NO_TS], a, 0)], 8)
+    run(core, [("b", [SOT, EN, TRANSCRIBE, NO_TS], b, 0)], 8)
+    assert core.scheduler.stats().prefix_cache_hits == 0
