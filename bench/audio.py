@@ -52,6 +52,7 @@ def transformers_rtf(ckpt: Path, data: list[bytes], batch: int, max_tokens: int)
     import torch
     from transformers import pipeline
 
+    torch.set_num_threads(1)  # as the engine's step (one intra-op thread): on 2 busy cores more threads only wait
     asr = pipeline("automatic-speech-recognition", model=str(ckpt), device="cpu", dtype=torch.float32)
     audio = [sf.read(io.BytesIO(b), dtype="float32")[0] for b in data]
     kw = {"language": "en", "task": "transcribe", "max_new_tokens": max_tokens}
