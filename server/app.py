@@ -167,7 +167,7 @@ def create_app(config: ServerConfig | None = None, *, worker: WorkerContext | No
         Route("/inference/v1/generate", GenerateRoute(state), methods=["POST"]),
         Route("/v1/messages", MessagesRoute(state), methods=["POST"]),
         Route("/v1/messages/count_tokens", CountTokensRoute(state), methods=["POST"]),
-        *_responses_routes(state),
+        *_responses_routes(state, worker),
         *_common_routes(state, metrics),
         *([] if config.disable_ui else _ui_routes(state)),
     ]
@@ -175,8 +175,9 @@ def create_app(config: ServerConfig | None = None, *, worker: WorkerContext | No
     return _asgi(state, routes, _lifespan(state, load.run, fatal, load_in_background), _not_found, public)
 
 
-def _responses_routes(state: AppState) -> list[Route]:
-    store = ResponseStore(state.config.responses_store_size)
+def _responses_routes(state: AppState, worker: WorkerContext | None) -> list[Route]:
+    # one store for all API processes (a file in the launcher's directory); a single server's in memory
+    store = ResponseStore(state.config.responses_store_size, worker.responses_dir if worker is not None else None)
     background = BackgroundResponses(state, store)
     return [Route("/v1/responses", ResponsesRoute(state, store, background), methods=["POST"]),
             Route("/v1/responses/{response_id}", StoredResponseRoute(store), methods=["GET", "DELETE"]),

@@ -44,7 +44,7 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--max-logprobs", "max_logprobs", int, "most top logprobs a request may ask for"),
     ("--chat-template-render-timeout", "chat_template_render_timeout", float, "seconds a template may render"),
     ("--sse-keepalive", "sse_keepalive", float, "seconds of stream silence before a keep-alive comment (0: off)"),
-    ("--responses-store-size", "responses_store_size", int, "stored /v1/responses per API process (LRU; 0: none)"),
+    ("--responses-store-size", "responses_store_size", int, "stored /v1/responses, all API processes (LRU; 0: none)"),
     ("--log-level", "log_level", str, "debug, info, warning, error"),
     ("--device", "device", str, "auto, cpu or cuda"),
     ("--socket-send-buffer", "socket_send_buffer", int, "kernel send buffer per connection in bytes (0: OS default)"),

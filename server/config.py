@@ -79,7 +79,7 @@ class ServerConfig:
     max_logprobs: int = 20
     chat_template_render_timeout: float = 5.0
     sse_keepalive: float = 15.0  # seconds of silence before an SSE comment line; 0: off
-    responses_store_size: int = 4096  # stored /v1/responses per API process (LRU); 0: store none
+    responses_store_size: int = 4096  # stored /v1/responses, all API processes together (LRU); 0: store none
     log_level: LogLevel = "info"
     log_requests: bool = False  # prompt and output text in the access log (off: token counts only)
     device: str = "auto"
