@@ -120,3 +120,40 @@ def test_no_prefix_cache_across_audio(ckpt: Path) -> None:
     run(core, [("a", [SOT, EN, TRANSCRIBE, NO_TS], a, 0)], 8)
     run(core, [("b", [SOT, EN, TRANSCRIBE, NO_TS], b, 0)], 8)
     assert core.scheduler.stats().prefix_cache_hits == 0
+
+
+def triton_child(ckpt: str, feats_file: str, out: str) -> None:
+    """Entry point of the subprocess (TRITON_INTERPRET set before triton is imported): the GPU path's greedy."""
+    import engine.core
+    from engine.config import EngineConfig
+    from engine.model_runner import ModelRunner
+
+    torch.set_num_threads(1)
+    engine.core.make_runner = lambda cfg: ModelRunner(cfg, use_triton=True)  # type: ignore[assignment]
+    core = EngineCore(EngineConfig(model=ckpt, num_blocks=64, block_size=16))
+    assert core.runner.use_triton
+    feats = torch.load(feats_file)
+    got = run(core, [(f"r{i}", [SOT, EN, TRANSCRIBE, NO_TS], audio_input(f), 0) for i, f in enumerate(feats)], 12,
+              at_step={"r1": 2})
+    torch.save(got, out)
+
+
+def test_triton_kernel_path_equals_transformers(ckpt: Path, hf: Any, tmp_path: Path) -> None:
+    """The decoder's self-attention through the Triton paged kernels (the GPU path), run by Triton's interpreter
+    on CPU in a fresh process, gives transformers' greedy tokens."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    feats = [hf_features(ckpt, tone(2.0, freq=f, seed=s)) for f, s in ((330, 3), (770, 4))]
+    torch.save(feats, tmp_path / "feats.pt")
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_whisper as t; "
+            f"t.triton_child({str(ckpt)!r}, {str(tmp_path / 'feats.pt')!r}, {str(tmp_path / 'out.pt')!r})")
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240,
+                          cwd=Path(__file__).parents[2])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = torch.load(tmp_path / "out.pt")
+    for i, f in enumerate(feats):
+        assert strip_eos(got[f"r{i}"]) == strip_eos(hf_generate(hf, f, 12, language="en", task="transcribe"))
