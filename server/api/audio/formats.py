@@ -100,7 +100,8 @@ def verbose_json(task: str, language: str, duration: float, text: str, segments:
     segs = [{"id": i, "seek": seek, "start": round(s.start, 2), "end": round(s.end, 2), "text": s.text,
              "tokens": s.tokens, "temperature": temperature,
              "avg_logprob": sum(s.logprobs) / len(s.logprobs) if s.logprobs else 0.0,
-             "compression_ratio": compression_ratio(s.text), "no_speech_prob": 0.0}
+             "compression_ratio": compression_ratio(s.text),
+             "no_speech_prob": None}  # not computed: it needs the <|nospeech|> probability at <|startoftranscript|>
             for i, (s, seek) in enumerate(zip(segments, seeks))]
     return msgspec.json.encode({"task": task, "language": language, "duration": duration, "text": text,
                                 "segments": segs, "usage": usage(duration)})
