@@ -26,6 +26,9 @@ from engine.multimodal.state import SeqAudio
 from engine.sequence import ScheduledSeq, Sequence
 
 
+ENCODE_BATCH = 8  # windows per encoder call: a large model's attention over 1500 frames is big per window
+
+
 class WhisperRules:
     """Whisper's generation rules from generation_config.json."""
 
@@ -108,14 +111,18 @@ class AudioRunner:
                 outs[a.hash] = cached
             elif a.hash not in outs and all(t.hash != a.hash for t in todo):
                 todo.append(a)
-        if todo:
-            encoded = self.model.encode(torch.stack([a.features for a in todo if a.features is not None]))
-            self.encoder_runs += len(todo)
-            for a, e in zip(todo, encoded):
+        for k in range(0, len(todo), ENCODE_BATCH):
+            part = todo[k:k + ENCODE_BATCH]
+            encoded = self.model.encode(torch.stack([a.features for a in part if a.features is not None]))
+            self.encoder_runs += len(part)
+            for a, e in zip(part, encoded):
                 outs[a.hash] = e
                 self.cache.put(a.hash, e)
         hashes = list(dict.fromkeys(a.hash for a in seqs))
-        kvs = dict(zip(hashes, self.model.cross_kv(torch.stack([outs[h] for h in hashes]))))
+        kvs: dict[str, Any] = {}
+        for k in range(0, len(hashes), ENCODE_BATCH):
+            part_h = hashes[k:k + ENCODE_BATCH]
+            kvs.update(zip(part_h, self.model.cross_kv(torch.stack([outs[h] for h in part_h]))))
         for a in seqs:
             a.cross, a.features = kvs[a.hash], None
 
