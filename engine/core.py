@@ -257,7 +257,8 @@ class EngineCore:
             logprobs=[lp] if lp is not None else None, prompt_logprobs=prompt_lps,
             num_cached_tokens=max(seq.num_cached_tokens, 0), arrival_time=seq.arrival_time,
             scheduled_time=seq.scheduled_time, first_token_time=seq.first_token_time,
-            num_preemptions=seq.num_preemptions)
+            num_preemptions=seq.num_preemptions,
+            no_speech_prob=seq.audio.no_speech if seq.audio is not None and reason is not None else None)
 
     def _collect_prompt_logprobs(self, seq: Sequence, start: int, logits: object) -> None:
         acc = self._prompt_logprobs.get(seq.request_id)

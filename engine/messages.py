@@ -142,6 +142,8 @@ class RequestOutput(msgspec.Struct, frozen=True, array_like=True, omit_defaults=
     first_token_time: float = 0.0
     num_preemptions: int = 0
     pooled: PooledData | None = None  # runner "pooling": once, with finish_reason "stop"
+    # a Whisper request's <|nospeech|> probability at <|startoftranscript|> (raw logits), with its finish
+    no_speech_prob: float | None = None
 
 
 class PoolingInfo(msgspec.Struct, frozen=True, omit_defaults=True):

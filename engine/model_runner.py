@@ -226,6 +226,8 @@ class ModelRunner:
         """Run the step; the returned logits live in a buffer that the next execute overwrites."""
         inputs = self.prepare(batch)
         hidden = self._forward(batch, inputs)
+        if self.audio is not None:  # Whisper's no_speech_prob: the <|startoftranscript|> row's raw logits
+            self.audio.note_no_speech(batch, hidden)
         # The LM head only for rows someone reads: it dominates the cost of small models.
         sampled = hidden if inputs.sample_rows is None else hidden[inputs.sample_rows]
         # CPU (transposed head) only; a padded head's extra columns go to a fresh tensor, trimmed by the sampler

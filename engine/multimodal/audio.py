@@ -85,6 +85,10 @@ class AudioRunner:
                  cache_bytes: int = ENCODER_CACHE_BYTES) -> None:
         self.model = model
         self.rules = WhisperRules(gen, eos)
+        self.sot = int(gen.get("decoder_start_token_id", 50258))
+        # Whisper's <|nospeech|> is the token before <|notimestamps|> (transformers' WhisperNoSpeechDetection)
+        no_ts = self.rules.no_timestamps
+        self.no_speech_id = no_ts - 1 if no_ts is not None else None
         self.cache = EncoderCache(cache_bytes)
         self.encoder_runs = 0  # windows encoded (tests: once per content)
         self.cache_hits = 0
@@ -98,7 +102,8 @@ class AudioRunner:
             raise ValueError(f"audio features hold {len(audio.features)} bytes; shape {want} float32 needs "
                              f"{want[0] * want[1] * 4}")
         features = torch.frombuffer(bytearray(audio.features), dtype=torch.float32).reshape(want)
-        return SeqAudio(audio.hash, features, audio.timestamps, audio.rules, len(prompt))
+        sot = prompt.index(self.sot) if self.sot in prompt else None
+        return SeqAudio(audio.hash, features, audio.timestamps, audio.rules, len(prompt), sot_index=sot)
 
     def _encode_new(self, seqs: list[SeqAudio]) -> None:
         """Cross-attention K/V for the requests that have none: cached encoder outputs, the rest in one batch."""
@@ -141,6 +146,21 @@ class AudioRunner:
             spans.append((row, s.num_new_tokens, a.cross))
             row += s.num_new_tokens
         return CrossBatch(spans)
+
+    def note_no_speech(self, batch: list[ScheduledSeq], hidden: torch.Tensor) -> None:
+        """Each request's <|nospeech|> probability from the raw logits at its <|startoftranscript|> row, when that
+        row is in this step (Whisper's no_speech_prob)."""
+        if self.no_speech_id is None:
+            return
+        row = 0
+        for s in batch:
+            a = s.seq.audio
+            at = a.sot_index if a is not None else None
+            if a is not None and at is not None and a.rules and a.no_speech is None and \
+                    s.start <= at < s.start + s.num_new_tokens:
+                logits = self.model.compute_logits(hidden[row + at - s.start][None])
+                a.no_speech = float(torch.softmax(logits[0].float(), dim=-1)[self.no_speech_id])
+            row += s.num_new_tokens
 
     @torch.inference_mode()
     def mask_logits(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:

@@ -55,3 +55,5 @@ class SeqAudio:
     rules: bool  # suppress tokens / timestamp rules at all (off for language detection)
     begin: int  # the first generated token's index (the decoder prompt's length)
     cross: Any = None  # CrossKV once encoded (Any: this leaf module imports no model)
+    sot_index: int | None = None  # where <|startoftranscript|> sits in the prompt
+    no_speech: float | None = None  # <|nospeech|>'s probability there, once that row ran

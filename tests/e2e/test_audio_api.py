@@ -157,6 +157,7 @@ def test_verbose_json_srt_vtt(client: openai.OpenAI) -> None:
     segs = verbose.segments or []
     assert segs and all(0 <= s.start <= s.end <= 5.0 for s in segs)
     assert all(s.tokens and s.avg_logprob <= 0 for s in segs)
+    assert all(0.0 < s.no_speech_prob < 1.0 for s in segs) and len({s.no_speech_prob for s in segs}) == 1
     srt = client.audio.transcriptions.create(model="tiny", file=upload(data, "a.wav"), language="en",
                                              response_format="srt")
     blocks = _SRT.findall(srt)

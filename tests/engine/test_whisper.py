@@ -157,3 +157,25 @@ def test_triton_kernel_path_equals_transformers(ckpt: Path, hf: Any, tmp_path: P
     got = torch.load(tmp_path / "out.pt")
     for i, f in enumerate(feats):
         assert strip_eos(got[f"r{i}"]) == strip_eos(hf_generate(hf, f, 12, language="en", task="transcribe"))
+
+
+def test_no_speech_prob_equals_transformers(ckpt: Path, hf: Any) -> None:
+    """Whisper's no_speech_prob: softmax of the raw logits at <|startoftranscript|>, for <|nospeech|> (50362),
+    reported with the finish; also when a prompt (<|startofprev|> ...) comes first."""
+    feats = [hf_features(ckpt, tone(2.0, freq=f, seed=s)) for f, s in ((330, 5), (610, 6))]
+    prompts = [[SOT, EN, TRANSCRIBE, NO_TS], [50361, 7751, 456, SOT, EN, TRANSCRIBE, NO_TS]]
+    core = make_core(ckpt, num_blocks=64, block_size=16)
+    for i, (f, prompt) in enumerate(zip(feats, prompts)):
+        core.add_request(AddRequest(f"r{i}", prompt, SamplingParams(max_tokens=3, temperature=0.0), 0.0,
+                                    audio=audio_input(f)))
+    finals: dict[str, RequestOutput] = {}
+    while core.has_work:
+        for o in core.step():
+            if o.finish_reason is not None:
+                finals[o.request_id] = o
+    for i, (f, prompt) in enumerate(zip(feats, prompts)):
+        with torch.no_grad():
+            logits = hf(input_features=f, decoder_input_ids=torch.tensor([prompt])).logits[0, prompt.index(SOT)]
+        want = float(torch.softmax(logits.float(), dim=-1)[50362])
+        got = finals[f"r{i}"].no_speech_prob
+        assert got is not None and got == pytest.approx(want, rel=1e-4, abs=1e-7)

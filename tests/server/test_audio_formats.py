@@ -59,7 +59,7 @@ def test_bodies() -> None:
     v = json.loads(verbose_json("transcribe", "english", 2.0, "x", segs, 0.0, [0]))
     assert v["segments"][0]["avg_logprob"] == -0.5 and v["segments"][0]["start"] == 0.0
     assert v["language"] == "english" and v["usage"]["seconds"] == 2
-    assert v["segments"][0]["no_speech_prob"] is None  # not computed: null, not a made-up number
+    assert v["segments"][0]["no_speech_prob"] is None  # the engine did not report one: null, not a made-up number
 
 
 def _deltas(chunks: list[bytes | None]) -> list[str]:

@@ -28,6 +28,7 @@ class Segment:
     tokens: list[int]
     logprobs: list[float] = field(default_factory=list)
     text: str = ""
+    no_speech_prob: float | None = None  # its window's (the engine's, at <|startoftranscript|>)
 
 
 def split_segments(support: SpeechSupport, tokens: list[int], logprobs: list[float] | None,
@@ -101,7 +102,7 @@ def verbose_json(task: str, language: str, duration: float, text: str, segments:
              "tokens": s.tokens, "temperature": temperature,
              "avg_logprob": sum(s.logprobs) / len(s.logprobs) if s.logprobs else 0.0,
              "compression_ratio": compression_ratio(s.text),
-             "no_speech_prob": None}  # not computed: it needs the <|nospeech|> probability at <|startoftranscript|>
+             "no_speech_prob": s.no_speech_prob}
             for i, (s, seek) in enumerate(zip(segments, seeks))]
     return msgspec.json.encode({"task": task, "language": language, "duration": duration, "text": text,
                                 "segments": segs, "usage": usage(duration)})

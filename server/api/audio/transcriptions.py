@@ -125,6 +125,7 @@ class AudioRoute:
             texts.append(await renderer.decode(text_tokens(support, out.token_ids)))
             for seg in split_segments(support, out.token_ids, lps, w):
                 seg.text = await renderer.decode(seg.tokens)
+                seg.no_speech_prob = out.no_speech_prob
                 segments.append(seg)
                 seeks.append(int(round(w.start * 100)))  # Whisper's seek: the window's start in mel frames
         text = join_texts(texts)
