@@ -68,6 +68,9 @@ def test_bad_bodies() -> None:
     ctype, _ = _multipart({"file": ("a", b"x")}, None)
     with pytest.raises(APIError, match="malformed"):
         _read(ctype, b"this is not a multipart body\r\n" * 3, 1.0)
+    ctype, body = _multipart({"file": ("a", b"x" * 100)}, None)
+    cut = _read(ctype, body[:len(body) // 2], 1.0)  # the body ends mid-part: no file part completed
+    assert cut.file is None
     ctype, body = _multipart({"file": ("a", b"x")}, {"prompt": "p" * 20_000})
     with pytest.raises(APIError, match="prompt"):
         _read(ctype, body, 1.0)

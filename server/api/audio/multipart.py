@@ -98,13 +98,14 @@ async def read_form(scope: Scope, receive: Receive, cap_mb: float) -> Form:
         if total > file_cap + FORM_SLACK:
             raise bad_request(f"the audio file is larger than the server's limit of {cap_mb:g} MB "
                               "(--max-audio-filesize-mb)", "file")
+        more = bool(message.get("more_body", False))
         try:
             parser.write(chunk)
+            if not more:
+                parser.finalize()
         except APIError:
             raise
         except Exception as e:  # noqa: BLE001 - python-multipart's errors are all the client's malformed body
             raise bad_request(f"the multipart body is malformed ({type(e).__name__}: {e})") from None
-        if not message.get("more_body", False):
-            break
-    parser.finalize()
-    return collector.form
+        if not more:
+            return collector.form
