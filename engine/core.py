@@ -144,9 +144,11 @@ class EngineCore:
 
     def stats(self) -> EngineStats:
         stats = self.scheduler.stats()
-        images = getattr(self.runner, "images", None)
-        if images is not None and images.cache_hits:
-            stats = msgspec.structs.replace(stats, image_cache_hits=images.cache_hits)
+        # the encoder caches' hits: images (Qwen2-VL) or audio windows (Whisper)
+        hits = sum(r.cache_hits for r in (getattr(self.runner, "images", None), getattr(self.runner, "audio", None))
+                   if r is not None)
+        if hits:
+            stats = msgspec.structs.replace(stats, image_cache_hits=hits)
         return stats
 
     def step(self) -> list[RequestOutput]:

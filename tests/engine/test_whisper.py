@@ -89,6 +89,7 @@ def test_encoder_once_per_content_and_cross_kv_released(ckpt: Path) -> None:
     assert runner is not None and runner.encoder_runs == 1
     again = run(core, [("c", [SOT, FR, TRANSLATE, NO_TS], a, 0)], 5)
     assert runner.encoder_runs == 1 and runner.cache_hits >= 1 and again["c"]
+    assert core.stats().image_cache_hits == runner.cache_hits  # spindle_mm_encoder_cache_hits counts audio too
     assert not core.scheduler.has_unfinished
 
 
