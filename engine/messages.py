@@ -103,7 +103,7 @@ class EngineStats(msgspec.Struct, frozen=True, array_like=True):
     num_preemptions: int  # cumulative
     prefix_cache_queries: int  # cumulative, in tokens
     prefix_cache_hits: int  # cumulative, in tokens
-    image_cache_hits: int = 0  # cumulative: images (or Whisper audio windows) whose encoder output the engine had cached
+    image_cache_hits: int = 0  # cumulative: images (or Whisper windows) whose encoder output the engine had cached
 
 
 class TokenLogprobs(msgspec.Struct, frozen=True, array_like=True):

@@ -109,7 +109,8 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spindle", description="OpenAI-compatible LLM server. "
                                      "`spindle render --model M`: render routes only, no engine. "
-                                     "`spindle make-demo [--vision | --whisper | --arch NAME | --shape NAME] PATH` writes a demo checkpoint.")
+                                     "`spindle make-demo [--vision | --whisper | --arch NAME | --shape NAME] PATH` "
+                                     "writes a demo checkpoint.")
     for flag, dest, typ, text in _FLAGS:
         parser.add_argument(flag, dest=dest, type=typ, default=None, help=text)
     parser.add_argument("--api-key", dest="api_keys", action="append", default=None,

@@ -269,7 +269,8 @@ MAKE_DEMO_USAGE = (f"usage: spindle make-demo [--vision | --whisper | --arch {{{
 
 
 def make_demo_command(args: list[str]) -> int:
-    """`spindle make-demo [--vision | --whisper | --arch NAME | --shape NAME] PATH`: prints the folder written; 2 with the usage
+    """`spindle make-demo [--vision | --whisper | --arch NAME | --shape NAME] PATH`: prints the folder written; 2
+    with the usage
     on a bad line. --shape: random weights of a real model's shape, bf16, for benchmarks (engine/models/demo_shapes.py)."""
     if len(args) == 3 and args[0] == "--shape" and args[1] in SHAPES:
         print(write_shaped_checkpoint(args[2], dict(SHAPES[args[1]])))

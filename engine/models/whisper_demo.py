@@ -31,7 +31,8 @@ BEGIN_SUPPRESS = [220, 50257]
 def _vocab_file() -> Path:
     spec = importlib.util.find_spec("whisper")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the Whisper tokenizer's vocabulary ships in openai-whisper: pip install openai-whisper")
+        raise FileNotFoundError("the Whisper tokenizer's vocabulary ships in openai-whisper: "
+                                "pip install openai-whisper")
     return Path(list(spec.submodule_search_locations)[0]) / "assets" / "multilingual.tiktoken"
 
 
@@ -51,8 +52,9 @@ def build_tokenizer() -> tokenizers.Tokenizer:
 
 def _suppress_tokens(tok: tokenizers.Tokenizer) -> list[int]:
     """openai-whisper's default suppression: symbols that are not speech, and the special tokens other than eot."""
-    symbols = list('"#()*+/:;<=>@[\\]^_`{|}~「」『』') + ["<<", ">>", "<<<", ">>>", "--", "---", "-(", "-[", "('",
-                                                      '("', "((", "))", "(((", ")))", "[[", "]]", "{{", "}}", "♪♪", "♪♪♪"]
+    symbols = list('"#()*+/:;<=>@[\\]^_`{|}~「」『』') + [
+        "<<", ">>", "<<<", ">>>", "--", "---", "-(", "-[", "('", '("', "((", "))", "(((", ")))", "[[", "]]", "{{", "}}",
+        "♪♪", "♪♪♪"]
     out: set[int] = {tok.encode(" -").ids[0], tok.encode(" '").ids[0]}
     for s in symbols:
         for text in (s, " " + s):

@@ -1,5 +1,5 @@
-"""`spindle make-demo --whisper`: the checkpoint loads in transformers, and its tokenizer is Whisper's own (openai-whisper's
-tiktoken encoding: the same ids for text and for every special token)."""
+"""`spindle make-demo --whisper`: the checkpoint loads in transformers, and its tokenizer is Whisper's own
+(openai-whisper's tiktoken encoding: the same ids for text and for every special token)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ TEXTS = ["Hello world!", " The quick brown fox, 1234 times.", "Ça va? 日本語
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("w") / "demo"
-    out = subprocess.run([sys.executable, "-c", "import sys; from server.cli import main; sys.exit(main())", "make-demo",
-                          "--whisper", str(path)], capture_output=True,
+    cli = "import sys; from server.cli import main; sys.exit(main())"
+    out = subprocess.run([sys.executable, "-c", cli, "make-demo", "--whisper", str(path)], capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str(path)

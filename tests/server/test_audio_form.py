@@ -49,7 +49,8 @@ def test_file_cap_at_under_over() -> None:
         if ok:
             assert len(_read(ctype, body, cap).file or b"") == size
         else:
-            with pytest.raises(APIError, match=r"larger than the server's limit of 0.05 MB \(--max-audio-filesize-mb\)"):
+            limit = r"larger than the server's limit of 0.05 MB \(--max-audio-filesize-mb\)"
+            with pytest.raises(APIError, match=limit):
                 _read(ctype, body, cap)
 
 
