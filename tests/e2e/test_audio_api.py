@@ -183,6 +183,9 @@ def test_long_audio_split_and_joined(client: openai.OpenAI, hf: Any, ckpt: Path)
     want = " ".join(reference(hf, ckpt, audio[a:b], language="en", task="transcribe") for a, b in zip(starts, ends))
     got = client.audio.transcriptions.create(model="tiny", file=upload(data, "long.flac"), language="en")
     assert got.text == want
+    events = list(client.audio.transcriptions.create(model="tiny", file=upload(data, "long.flac"), language="en",
+                                                     stream=True))
+    assert "".join(e.delta for e in events if e.type == "transcript.text.delta") == want == events[-1].text
     verbose = client.audio.transcriptions.create(model="tiny", file=upload(data, "long.flac"), language="en",
                                                  response_format="verbose_json")
     seeks = sorted({s.seek for s in verbose.segments or []})
