@@ -46,7 +46,8 @@ class AudioRoute:
         headers = [(b"x-request-id", xid.encode())] if xid else []
         path = str(scope.get("path", ""))
         try:
-            support = speech_support(self.state.config.model_path)
+            model = self.state.config.model  # None: the built-in demo, a text model (model_path would import torch)
+            support = speech_support(model) if model is not None else None
             if support is None:
                 raise not_speech_error(path)
             self.state.require()
