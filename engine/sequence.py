@@ -11,7 +11,7 @@ from engine.messages import LoRARequest, SamplingParams
 if TYPE_CHECKING:
     import torch
 
-    from engine.multimodal.state import SeqImages
+    from engine.multimodal.state import SeqAudio, SeqImages
     from engine.structured.state import StructuredState
 
 
@@ -44,6 +44,7 @@ class Sequence:
     structured: StructuredState | None = None  # params.structured_outputs' matcher (engine/structured/)
     mm: SeqImages | None = None  # images (a vision model's request): M-RoPE positions, encoder outputs
     lora: LoRARequest | None = None  # its adapter (engine/lora/); None: the base model
+    audio: SeqAudio | None = None  # a Whisper request's audio: features, then its cross-attention K/V
 
     @classmethod
     def new(cls, request_id: str, prompt: list[int], params: SamplingParams,

@@ -25,6 +25,7 @@ from starlette.routing import Route, Router
 from engine.client import open_engine as open_engine_process
 from engine.multimodal.processing import ENCODER_CACHE_BYTES
 from server.api.anthropic.messages import CountTokensRoute, MessagesRoute
+from server.api.audio.transcriptions import AudioRoute
 from server.api.cohere.embed import CohereEmbedRoute
 from server.api.cohere.rerank import CohereRerankRoute
 from server.api.health import HealthRoute, VersionRoute
@@ -54,6 +55,7 @@ from server.http.asgi import Receive, Scope, Send, send_error
 from server.http.errors import APIError, describe_exception
 from server.metrics import ServerMetrics
 from server.metrics_compat import export_vllm_names
+from server.multimodal.audio import open_audio_worker, speech_support
 from server.multimodal.images import image_support, open_image_worker
 from server.multimodal.mirror import EngineImageMirror
 from server.pipeline.admission import Admission
@@ -75,7 +77,11 @@ RendererFactory = Callable[[ServerConfig], AbstractAsyncContextManager[Any]]
 
 @asynccontextmanager
 async def open_image_worker_for(config: ServerConfig) -> AsyncIterator[Any]:
-    """A vision checkpoint's image worker process (None for a text-only model)."""
+    """A vision checkpoint's image worker process, a speech model's audio worker (None for a text-only model)."""
+    if config.model is not None and speech_support(config.model) is not None:
+        async with open_audio_worker(config.model, int(config.mm_processor_cache_gb * (1 << 30))) as pool:
+            yield pool
+        return
     support = image_support(config.model) if config.model is not None else None
     if support is None:
         yield None
@@ -159,6 +165,8 @@ def create_app(config: ServerConfig | None = None, *, worker: WorkerContext | No
         Route("/v1/completions", CompletionsRoute(state), methods=["POST"]),
         Route("/v1/chat/completions", ChatRoute(state), methods=["POST"]),
         Route("/v1/embeddings", EmbeddingsRoute(state), methods=["POST"]),
+        Route("/v1/audio/transcriptions", AudioRoute(state, "transcribe"), methods=["POST"]),
+        Route("/v1/audio/translations", AudioRoute(state, "translate"), methods=["POST"]),
         *_pooling_routes(state),
         Route("/inference/v1/generate", GenerateRoute(state), methods=["POST"]),
         Route("/v1/messages", MessagesRoute(state), methods=["POST"]),

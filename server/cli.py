@@ -104,13 +104,18 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--max-lora-rank", "max_lora_rank", int, "with --enable-lora: the largest adapter rank (default 16)"),
     ("--max-cpu-loras", "max_cpu_loras", int, "with --enable-lora: adapters kept loaded (default --max-loras)"),
     ("--lora-dtype", "lora_dtype", str, "with --enable-lora: auto (the model's), float32, bfloat16 or float16"),
+    ("--max-audio-filesize-mb", "max_audio_filesize_mb", float,
+     "largest audio upload on /v1/audio/* in MB (default 25; more: 400)"),
+    ("--max-audio-duration-s", "max_audio_duration_s", float,
+     "longest audio on /v1/audio/* in seconds (default 600; more: 400, checked while decoding)"),
 ]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spindle", description="OpenAI-compatible LLM server. "
                                      "`spindle render --model M`: render routes only, no engine. "
-                                     "`spindle make-demo [--vision | --arch NAME | --shape NAME] PATH` writes a demo checkpoint.")
+                                     "`spindle make-demo [--vision | --whisper | --arch NAME | --shape NAME] PATH` "
+                                     "writes a demo checkpoint.")
     for flag, dest, typ, text in _FLAGS:
         parser.add_argument(flag, dest=dest, type=typ, default=None, help=text)
     parser.add_argument("--api-key", dest="api_keys", action="append", default=None,

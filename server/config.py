@@ -153,11 +153,19 @@ class ServerConfig:
     max_cpu_loras: int | None = None  # adapters kept loaded in the engine (None: max_loras)
     lora_dtype: str = "auto"  # auto: the model's dtype
     allow_runtime_lora_updating: bool = False
+    # a speech model's audio routes: the largest upload (MB, as vLLM's VLLM_MAX_AUDIO_CLIP_FILESIZE_MB) and the
+    # longest audio (seconds), each a 400 beyond it
+    max_audio_filesize_mb: float = 25.0
+    max_audio_duration_s: float = 600.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "log_level", str(self.log_level).lower())  # WARNING and warning alike
         if not self.mm_processor_cache_gb >= 0:
             raise ValueError(f"--mm-processor-cache-gb must be >= 0, got {self.mm_processor_cache_gb}")
+        if not self.max_audio_filesize_mb > 0:
+            raise ValueError(f"--max-audio-filesize-mb must be > 0, got {self.max_audio_filesize_mb}")
+        if not self.max_audio_duration_s > 0:
+            raise ValueError(f"--max-audio-duration-s must be > 0, got {self.max_audio_duration_s}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
         positive = ("max_num_seqs", "max_num_batched_tokens", "stream_interval", "renderer_num_workers",

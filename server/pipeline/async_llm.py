@@ -274,7 +274,7 @@ class AsyncLLM:
                 continue
             for i, child_id in enumerate(spec.child_ids()):
                 self._send(AddRequest(child_id, spec.prompt_token_ids, spec.child_params(i), spec.arrival_time,
-                                      spec.priority, lora=spec.lora))
+                                      spec.priority, audio=spec.audio, lora=spec.lora))
                 engine.sent += 1
 
     def _abort_unfinished(self, engine: EngineRequests) -> None:
