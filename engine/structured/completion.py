@@ -9,7 +9,7 @@ a number of tries, so one search costs a few ms.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 import llguidance
 import numpy as np
@@ -23,6 +23,9 @@ PREFERENCE = (['""', '"', "1", "0", "a",
               + list(",:;.-_+*/=!?@#$%^&|~`'") + [" ", "\n", "\t"]
               + list("ABCDEFGHIJKLMNOPQRSTUVWXYZbcdefghijklmnopqrstuvwxyz") + list("([{<"))
 MAX_TRIES = 1500  # candidate steps per search (~25 µs each)
+# a quote and closing brackets end a string, object or array: taken even to a state whose mask was seen before
+# (leaving the 4th object of an array looks like leaving the 3rd), where a letter or a comma would only go on
+CLOSERS = ('"',)
 
 
 def preferred_tokens(tokenizer: llguidance.LLTokenizer) -> np.ndarray:
@@ -33,6 +36,12 @@ def preferred_tokens(tokenizer: llguidance.LLTokenizer) -> np.ndarray:
         if len(toks) == 1 and bytes(tokenizer.decode_bytes(toks)) == text.encode() and toks[0] not in ids:
             ids.append(toks[0])
     return np.array(ids, dtype=np.int64)
+
+
+def closer_tokens(tokenizer: llguidance.LLTokenizer) -> frozenset[int]:
+    """The tokens of CLOSERS in this vocabulary (those that are one token)."""
+    found = (tokenizer.tokenize_str(text) for text in CLOSERS)
+    return frozenset(t[0] for t in found if len(t) == 1)
 
 
 def _first_allowed(mask: bytes) -> int | None:
@@ -47,9 +56,12 @@ def _done(m: llguidance.LLMatcher) -> bool:
 
 
 def completion(matcher: llguidance.LLMatcher, preferred: np.ndarray, eos: Sequence[int],
-               limit: int) -> list[int] | None:
+               limit: int, hints: Sequence[Sequence[int]] = (), closers: Container[int] = ()) -> list[int] | None:
     """Tokens that take `matcher`'s state to the grammar's end (an eos last where the grammar needs one),
-    at most `limit` of them; None when none was found within the limit and the tries. matcher is not moved."""
+    at most `limit` of them; None when none was found within the limit and the tries. matcher is not moved.
+
+    closers: the tokens of CLOSERS (closer_tokens). hints: token sequences to try where no single preferred token leads anywhere new (a string whose regex
+    needs a particular text: engine/structured/samples.py)."""
     m = matcher.deep_copy()
     path: list[int] = []
     seen: set[bytes] = set()
@@ -90,11 +102,18 @@ def completion(matcher: llguidance.LLMatcher, preferred: np.ndarray, eos: Sequen
                 step = (t, c, None)
                 break
             after = bytes(c.compute_bitmask())
-            if after not in seen:
+            if after not in seen or (t in closers and after != mask):  # a closer always leads out
                 step = (t, c, after)
                 break
             if other is None and after != mask:
                 other = (t, c, after)
+        if step is None and hints and mask not in stuck:
+            found = _hint(m, mask, hints, seen)
+            if found is not None:
+                tries += 1
+                path += found[0]
+                m, known = found[1], found[2]
+                continue
         step = step or other
         if step is None:
             stuck.add(mask)
@@ -104,3 +123,23 @@ def completion(matcher: llguidance.LLMatcher, preferred: np.ndarray, eos: Sequen
         path.append(step[0])
         m, known = step[1], step[2]
     return None
+
+
+def _hint(m: llguidance.LLMatcher, mask: bytes, hints: Sequence[Sequence[int]],
+          seen: set[bytes]) -> tuple[list[int], llguidance.LLMatcher, bytes | None] | None:
+    """The first hint the grammar takes here whole that ends it or changes the mask (an unseen one first: the
+    way out of the 2nd string of a pattern looks like the 1st's)."""
+    other: tuple[list[int], llguidance.LLMatcher, bytes | None] | None = None
+    for hint in hints:
+        if m.validate_tokens(list(hint)) != len(hint):
+            continue
+        c = m.deep_copy()
+        c.consume_tokens(list(hint))
+        if _done(c):
+            return list(hint), c, None
+        after = bytes(c.compute_bitmask())
+        if after not in seen:
+            return list(hint), c, after
+        if other is None and after != mask:
+            other = (list(hint), c, after)
+    return other
