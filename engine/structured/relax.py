@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import llguidance
 
+from engine.structured.exact import rewrite
 from engine.structured.grammar import LIMITS, GrammarError
 
 if TYPE_CHECKING:
@@ -55,10 +56,26 @@ def with_best_effort(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def relax(schema: dict[str, Any], style: JsonCompileOptions) -> Relaxed:
-    """The schema as llguidance can enforce it, and what it leaves out; GrammarError when not even that works."""
-    work = with_best_effort(schema)
+    """The schema as llguidance can enforce it, and what it leaves out; GrammarError when not even that works.
+
+    The exact rewrites (engine/structured/exact.py) first; where llguidance cannot take their result (too large,
+    intersections too deep), those without the conditionals', then the schema as it came."""
+    tried = []
+    for conditionals in (True, False):
+        exact = rewrite(schema, conditionals=conditionals)
+        if exact is schema or exact in tried:
+            continue
+        try:
+            return _relax(schema, exact, style)
+        except GrammarError:
+            tried.append(exact)
+    return _relax(schema, schema, style)
+
+
+def _relax(schema: dict[str, Any], start: dict[str, Any], style: JsonCompileOptions) -> Relaxed:
+    work = with_best_effort(start)
     repaired: set[str] = set()
-    rewritten = False
+    rewritten = start is not schema
     for _ in range(MAX_REPAIRS + 1):
         grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(work), defaults=style)
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, limits=LIMITS)
