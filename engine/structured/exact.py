@@ -229,7 +229,10 @@ def _other(node: dict[str, Any]) -> str:
 
 
 def _esc(ch: str) -> str:
-    return ch if ch.isalnum() and ch.isascii() else f"\\x{{{ord(ch):X}}}"
+    """One character in a regex, read the same by llguidance's, Python's and ECMA's (within the BMP) syntax."""
+    if ch.isalnum() and ch.isascii():
+        return ch
+    return f"\\u{ord(ch):04X}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08X}"
 
 
 _ONE = ("additionalProperties", "items", "additionalItems", "contains", "propertyNames", "if", "then", "else", "not",

@@ -211,21 +211,33 @@ def _pointer(root: Any, fragment: str) -> bool:
 
 
 def _drop_unresolvable_refs(schema: dict[str, Any]) -> bool:
-    """Every $ref that resolves neither in this document nor in a resource it embeds matches anything."""
+    """Every $ref that resolves neither in this document nor in a resource it embeds goes: an optional property
+    or array item it stood for is left out (`false`: the output never reaches the unknown schema), anywhere else
+    it matches anything."""
     nodes = _nodes(schema)
     ids = {str(n.get(k)).rstrip("#") for n in nodes for k in ("$id", "id") if isinstance(n.get(k), str)}
-    dropped = False
+    lost = [n for n in nodes if isinstance(n.get("$ref"), str) and not _resolves(schema, ids, n["$ref"])]
+    if not lost:
+        return False
+    gone = {id(n) for n in lost}
     for node in nodes:
-        ref = node.get("$ref")
-        if not isinstance(ref, str):
-            continue
-        doc, _, fragment = ref.partition("#")
-        own = not doc or doc.rstrip("/") in ids or any(i.endswith("/" + doc.removeprefix("./")) for i in ids)
-        if own and (not fragment.startswith("/") or _pointer(schema, fragment) or doc):
-            continue
-        del node["$ref"]  # its siblings (a description, a type) still apply
-        dropped = True
-    return dropped
+        props, required = node.get("properties"), node.get("required")
+        if isinstance(props, dict):
+            for key in [k for k, v in props.items() if id(v) in gone]:
+                if not (isinstance(required, list) and key in required):
+                    props[key] = False
+        items = node.get("items")
+        if id(items) in gone and not node.get("minItems"):
+            node["items"] = False
+    for node in lost:
+        node.pop("$ref", None)  # its siblings (a description, a type) still apply where it stays
+    return True
+
+
+def _resolves(schema: dict[str, Any], ids: set[str], ref: str) -> bool:
+    doc, _, fragment = ref.partition("#")
+    own = not doc or doc.rstrip("/") in ids or any(i.endswith("/" + doc.removeprefix("./")) for i in ids)
+    return own and (not fragment.startswith("/") or _pointer(schema, fragment) or bool(doc))
 
 
 def _nodes(schema: Any) -> list[dict[str, Any]]:

@@ -29,7 +29,12 @@ FORMATS = {"type": "object", "required": ["when", "mail", "code", "score", "long
                           "score": {"type": "number"}, "long": {"type": "string", "minLength": 12}}}
 NESTED = {"type": "array", "minItems": 2, "items": {"type": "object", "required": ["id", "child"], "properties": {
     "id": {"type": "integer"}, "child": {"type": "object", "properties": {"v": {"type": "string"}}, "required": ["v"]}}}}
-SCHEMAS = {"person": PERSON, "formats": FORMATS, "nested": NESTED, "string": {"type": "string"},
+# strings whose way out is a text no single character reveals (engine/structured/samples.py)
+PATTERNS = {"type": "object", "required": ["icon", "ctx", "mail"],
+            "properties": {"icon": {"type": "string", "pattern": "\\.png$"},
+                           "ctx": {"type": "string", "pattern": "http://schema.org"},
+                           "mail": {"type": "string", "pattern": "^[\\S]+@[\\S]+\\.[\\S]{2,}$"}}}
+SCHEMAS = {"person": PERSON, "formats": FORMATS, "nested": NESTED, "patterns": PATTERNS, "string": {"type": "string"},
            "object": {"type": "object"}}
 REGEXES = {"email": r"[a-z]+@[a-z]+\.com", "words": r"[a-z]+ [a-z]+", "digits": r"[0-9]+"}
 GRAMMAR = 'start: "(" start ")" | NAME\nNAME: /[a-z]+/'
