@@ -43,6 +43,9 @@ ANNOTATIONS = frozenset({"title", "description", "markdownDescription", "default
                          "x-intellij-html-description"})
 
 
+_KEEP = frozenset({"$ref", "definitions", "$defs", "$schema", "$id", "id", "x-guidance"})  # no constraints
+
+
 @dataclass(frozen=True, slots=True)
 class Relaxed:
     schema: Any  # what to compile: the input itself when it compiles as it is, else a rewritten copy
@@ -140,7 +143,7 @@ def _circular(work: dict[str, Any], target: str) -> tuple[dict[str, Any], str | 
     else what sits beside a $ref to `target` (in its node or its allOf) goes."""
     if _strip_ref_siblings(work, only_annotations=True):
         return work, None
-    if _strip_ref_siblings(work, only_annotations=False):
+    if _strip_ref_siblings(work, only_annotations=False, target=target):
         return work, "$ref"
     dropped = False
     for node in _nodes(work):
@@ -185,11 +188,14 @@ def _drop_overlap(schema: Any, pattern: str) -> bool:
     return False
 
 
-def _strip_ref_siblings(schema: Any, *, only_annotations: bool) -> bool:
+def _strip_ref_siblings(schema: Any, *, only_annotations: bool, target: str | None = None) -> bool:
+    """Drop what sits beside a $ref (to `target` only, when given): annotations, or every keyword but the
+    document's own (its definitions, dialect, id)."""
     changed = False
     for node in _nodes(schema):
-        if isinstance(node.get("$ref"), str) and len(node) > 1:
-            extra = [k for k in node if k != "$ref" and (k in ANNOTATIONS or not only_annotations)]
+        ref = node.get("$ref")
+        if isinstance(ref, str) and len(node) > 1 and target in (None, ref):
+            extra = [k for k in node if k not in _KEEP and (k in ANNOTATIONS or not only_annotations)]
             for key in extra:
                 del node[key]
             changed = changed or bool(extra)
