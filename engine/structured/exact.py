@@ -7,6 +7,9 @@ needs no check afterwards:
   not-if written out (a property absent: `properties: {k: false}`; a value outside a finite set of strings: a
   regex of every other string). A conditional out of that fragment stays for lenient mode.
 - `dependentRequired` and `dependencies` become anyOf[the key absent, the key and what it needs].
+- an `integer` with an open side gets the bound of I-JSON's safe range (+-(2**53 - 1), RFC 7493): a number
+  past it loses digits in most JSON parsers (JavaScript's, and any float), and a random model under no bound
+  writes digits until max_tokens.
 - `date-time`, `date` and `time` get the pattern of what the output check's format checker (jsonschema with
   rfc3339-validator) accepts: llguidance's own regexes let through a 60th second, year 0 and 29 February of any
   year.
@@ -20,6 +23,7 @@ import copy
 from typing import Any
 
 MAX_CONDITIONALS = 8  # if/then/else rewritten two ways per object: each doubles what llguidance intersects there
+SAFE_INTEGER = 2**53 - 1
 MAX_CASES = 64  # values of one switch (conditionals on one property's value)
 _ANNOTATIONS = frozenset({"title", "description", "markdownDescription", "$comment", "examples", "default"})
 _OTHER_TYPES = ["object", "array"]
@@ -38,6 +42,7 @@ def rewrite(schema: dict[str, Any], *, conditionals: bool = True) -> dict[str, A
     changed = False
     for node in _nodes(work):
         changed = _format(node) | changed
+        changed = _safe_integer(node) | changed
         changed = _dependencies(node) | changed
         if conditionals:
             changed = _conditionals(node) | changed
@@ -53,6 +58,23 @@ def _format(node: dict[str, Any]) -> bool:
     else:  # llguidance intersects the patterns of an allOf
         node["allOf"] = [*node.get("allOf", []), {"pattern": pattern}]
     return True
+
+
+def _safe_integer(node: dict[str, Any]) -> bool:
+    if node.get("type") != "integer":
+        return False
+    def given(*keys: str) -> list[float]:
+        return [v for k in keys if isinstance(v := node.get(k), (int, float)) and not isinstance(v, bool)]
+
+    lows, highs = given("minimum", "exclusiveMinimum"), given("maximum", "exclusiveMaximum")
+    changed = False
+    if not lows and "minimum" not in node and all(h >= -SAFE_INTEGER for h in highs):
+        node["minimum"] = -SAFE_INTEGER
+        changed = True
+    if not highs and "maximum" not in node and all(low <= SAFE_INTEGER for low in lows):
+        node["maximum"] = SAFE_INTEGER  # a user's bound past the range on the other side: left open
+        changed = True
+    return changed
 
 
 def _dependencies(node: dict[str, Any]) -> bool:

@@ -116,7 +116,7 @@ def test_a_conditional_outside_the_fragment_is_left_to_lenient_mode() -> None:
 
 def test_property_names_are_not_keywords() -> None:
     """A property named `if`, `format` or `dependencies` is data, not a keyword."""
-    schema = {"type": "object", "properties": {"if": {"type": "string"}, "then": {"type": "integer"},
+    schema = {"type": "object", "properties": {"if": {"type": "string"}, "then": {"type": "boolean"},
                                                "format": {"const": "date"}, "dependencies": {"type": "object"}}}
     assert rewrite(schema) is schema
 
@@ -140,3 +140,16 @@ def test_what_llguidance_cannot_take_falls_back_to_lenient_mode() -> None:
     """Dependabot's conditionals multiply past llguidance's schema size: relaxed as before, formats still exact."""
     schema = json.loads((CORPUS / "check-jsonschema" / "dependabot.json").read_text())
     assert "if" in relax(schema, STYLE).keywords
+
+
+def test_an_open_integer_is_bounded_to_the_safe_range() -> None:
+    out = relax({"type": "integer", "multipleOf": 1e-08}, STYLE)
+    assert out.keywords == ()
+    assert accepts(out.schema, "9007199254740991") and accepts(out.schema, "-9007199254740991")
+    assert not accepts(out.schema, "9007199254740992") and not accepts(out.schema, "1" * 40)
+    low = relax({"type": "integer", "minimum": 5}, STYLE)  # the user's own bound stays, the open side closes
+    assert accepts(low.schema, "5") and not accepts(low.schema, "4") and not accepts(low.schema, "1" * 17)
+    past = {"type": "integer", "minimum": 2**60}  # past the range: the other side stays open
+    assert rewrite(past) is past
+    assert rewrite({"type": "integer", "minimum": 0, "maximum": 10**30}) == {"type": "integer", "minimum": 0,
+                                                                             "maximum": 10**30}
