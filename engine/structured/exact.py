@@ -10,6 +10,8 @@ needs no check afterwards:
 - an `integer` with an open side gets the bound of I-JSON's safe range (+-(2**53 - 1), RFC 7493): a number
   past it loses digits in most JSON parsers (JavaScript's, and any float), and a random model under no bound
   writes digits until max_tokens.
+- `uniqueItems` over a small enum (or const) of items becomes the enum of the arrays it allows, each set of values
+  once, in the enum's order.
 - `date-time`, `date` and `time` get the pattern of what the output check's format checker (jsonschema with
   rfc3339-validator) accepts: llguidance's own regexes let through a 60th second, year 0 and 29 February of any
   year.
@@ -20,11 +22,14 @@ No torch, no llguidance.
 from __future__ import annotations
 
 import copy
+import itertools
 from typing import Any
 
 MAX_CONDITIONALS = 8  # if/then/else rewritten two ways per object: each doubles what llguidance intersects there
 SAFE_INTEGER = 2**53 - 1
-MAX_CASES = 64  # values of one switch (conditionals on one property's value)
+MAX_CASES = 64
+MAX_UNIQUE = 8  # enum values whose unique arrays are listed (2**8 arrays at most)
+_ARRAY_OTHER = frozenset({"prefixItems", "additionalItems", "contains", "unevaluatedItems"})  # values of one switch (conditionals on one property's value)
 _ANNOTATIONS = frozenset({"title", "description", "markdownDescription", "$comment", "examples", "default"})
 _OTHER_TYPES = ["object", "array"]
 _YEAR = "(?:[0-9]{3}[1-9]|[0-9]{2}[1-9]0|[0-9][1-9]00|[1-9]000)"  # 0001-9999
@@ -43,6 +48,7 @@ def rewrite(schema: dict[str, Any], *, conditionals: bool = True) -> dict[str, A
     for node in _nodes(work):
         changed = _format(node) | changed
         changed = _safe_integer(node) | changed
+        changed = _unique_enum(node) | changed
         changed = _dependencies(node) | changed
         if conditionals:
             changed = _conditionals(node) | changed
@@ -75,6 +81,23 @@ def _safe_integer(node: dict[str, Any]) -> bool:
         node["maximum"] = SAFE_INTEGER  # a user's bound past the range on the other side: left open
         changed = True
     return changed
+
+
+def _unique_enum(node: dict[str, Any]) -> bool:
+    items = node.get("items")
+    if node.get("uniqueItems") is not True or not isinstance(items, dict) or "enum" in node:
+        return False
+    values = [items["const"]] if "const" in items else items.get("enum")
+    if not isinstance(values, list) or len(values) > MAX_UNIQUE or set(node) & _ARRAY_OTHER:
+        return False
+    low, high = node.get("minItems", 0), node.get("maxItems", len(values))
+    if not isinstance(low, int) or not isinstance(high, int):
+        return False
+    distinct = [v for i, v in enumerate(values) if v not in values[:i]]
+    node["enum"] = [list(c) for n in range(low, min(high, len(distinct)) + 1)
+                    for c in itertools.combinations(distinct, n)]
+    del node["uniqueItems"]
+    return True
 
 
 def _dependencies(node: dict[str, Any]) -> bool:

@@ -153,3 +153,16 @@ def test_an_open_integer_is_bounded_to_the_safe_range() -> None:
     assert rewrite(past) is past
     assert rewrite({"type": "integer", "minimum": 0, "maximum": 10**30}) == {"type": "integer", "minimum": 0,
                                                                              "maximum": 10**30}
+
+
+def test_unique_items_of_a_small_enum_are_listed() -> None:
+    schema = {"type": "array", "items": {"type": "string", "enum": ["http", "https", "ws", "wss", "http"]},
+              "uniqueItems": True, "minItems": 1}
+    out = relax(schema, STYLE)
+    assert out.keywords == ()
+    for value in (["http"], ["http", "ws"], ["ws", "http"], ["http", "http"], [], ["x"], ["http", "https", "ws", "wss"]):
+        text = json.dumps(value, separators=(",", ":"))
+        assert not accepts(out.schema, text) or valid(value, schema), value  # nothing the schema refuses
+    assert accepts(out.schema, '["http","ws"]') and accepts(out.schema, '["http","https","ws","wss"]')
+    big = {"type": "array", "items": {"enum": list(range(9))}, "uniqueItems": True}
+    assert relax(big, STYLE).keywords == ("uniqueItems",)  # 2**9 arrays: left to lenient mode
