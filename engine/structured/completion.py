@@ -9,7 +9,7 @@ a number of tries, so one search costs a few ms.
 
 from __future__ import annotations
 
-from collections.abc import Container, Sequence
+from collections.abc import Sequence
 
 import llguidance
 import numpy as np
@@ -23,9 +23,7 @@ PREFERENCE = (['""', '"', "1", "0", "a",
               + list(",:;.-_+*/=!?@#$%^&|~`'") + [" ", "\n", "\t"]
               + list("ABCDEFGHIJKLMNOPQRSTUVWXYZbcdefghijklmnopqrstuvwxyz") + list("([{<"))
 MAX_TRIES = 1500  # candidate steps per search (~25 µs each)
-# a quote and closing brackets end a string, object or array: taken even to a state whose mask was seen before
-# (leaving the 4th object of an array looks like leaving the 3rd), where a letter or a comma would only go on
-CLOSERS = ('"',)
+_Step = tuple[list[int], llguidance.LLMatcher, bytes | None]  # tokens, the matcher after them, its mask if known
 
 
 def preferred_tokens(tokenizer: llguidance.LLTokenizer) -> np.ndarray:
@@ -36,12 +34,6 @@ def preferred_tokens(tokenizer: llguidance.LLTokenizer) -> np.ndarray:
         if len(toks) == 1 and bytes(tokenizer.decode_bytes(toks)) == text.encode() and toks[0] not in ids:
             ids.append(toks[0])
     return np.array(ids, dtype=np.int64)
-
-
-def closer_tokens(tokenizer: llguidance.LLTokenizer) -> frozenset[int]:
-    """The tokens of CLOSERS in this vocabulary (those that are one token)."""
-    found = (tokenizer.tokenize_str(text) for text in CLOSERS)
-    return frozenset(t[0] for t in found if len(t) == 1)
 
 
 def _first_allowed(mask: bytes) -> int | None:
@@ -56,11 +48,11 @@ def _done(m: llguidance.LLMatcher) -> bool:
 
 
 def completion(matcher: llguidance.LLMatcher, preferred: np.ndarray, eos: Sequence[int],
-               limit: int, hints: Sequence[Sequence[int]] = (), closers: Container[int] = ()) -> list[int] | None:
+               limit: int, hints: Sequence[Sequence[int]] = ()) -> list[int] | None:
     """Tokens that take `matcher`'s state to the grammar's end (an eos last where the grammar needs one),
     at most `limit` of them; None when none was found within the limit and the tries. matcher is not moved.
 
-    closers: the tokens of CLOSERS (closer_tokens). hints: token sequences to try where no single preferred token leads anywhere new (a string whose regex
+    hints: token sequences to try where no single preferred token changes the mask (a string whose regex
     needs a particular text: engine/structured/samples.py)."""
     m = matcher.deep_copy()
     path: list[int] = []
@@ -89,47 +81,49 @@ def completion(matcher: llguidance.LLMatcher, preferred: np.ndarray, eos: Sequen
             if first is None:
                 return None
             options = [first]
-        # the first option that ends the grammar or whose mask is unseen; else the first whose mask differs
-        step: tuple[int, llguidance.LLMatcher, bytes | None] | None = None
-        other: tuple[int, llguidance.LLMatcher, bytes | None] | None = None
-        for t in options if mask not in stuck else ():
-            tries += 1
-            if tries > MAX_TRIES:
+        step: _Step | None = None
+        other: _Step | None = None
+        if mask not in stuck:
+            if tries >= MAX_TRIES:
                 return None
-            c = m.deep_copy()
-            c.consume_token(t)
-            if _done(c):
-                step = (t, c, None)
-                break
-            after = bytes(c.compute_bitmask())
-            if after not in seen or (t in closers and after != mask):  # a closer always leads out
-                step = (t, c, after)
-                break
-            if other is None and after != mask:
-                other = (t, c, after)
-        if step is None and hints and mask not in stuck:
-            found = _hint(m, mask, hints, seen)
-            if found is not None:
+            step, other, used = _try(m, options, mask, seen, MAX_TRIES - tries)
+            tries += used
+            if step is None and other is None and hints:  # no single token changes the mask: a way out?
+                step = _hint(m, mask, hints, seen)
                 tries += 1
-                path += found[0]
-                m, known = found[1], found[2]
-                continue
         step = step or other
         if step is None:
             stuck.add(mask)
             c = m.deep_copy()
             c.consume_token(options[0])
-            step = (options[0], c, None)
-        path.append(step[0])
+            step = ([options[0]], c, None)
+        path += step[0]
         m, known = step[1], step[2]
     return None
 
 
-def _hint(m: llguidance.LLMatcher, mask: bytes, hints: Sequence[Sequence[int]],
-          seen: set[bytes]) -> tuple[list[int], llguidance.LLMatcher, bytes | None] | None:
+def _try(m: llguidance.LLMatcher, options: list[int], mask: bytes, seen: set[bytes],
+         allowed: int) -> tuple[_Step | None, _Step | None, int]:
+    """(the first option that ends the grammar or leads to an unseen mask; else None, the first whose mask
+    differs, and the tries used), at most `allowed` tries."""
+    other: _Step | None = None
+    for n, t in enumerate(options[:allowed], 1):
+        c = m.deep_copy()
+        c.consume_token(t)
+        if _done(c):
+            return ([t], c, None), other, n
+        after = bytes(c.compute_bitmask())
+        if after not in seen:
+            return ([t], c, after), other, n
+        if other is None and after != mask:
+            other = ([t], c, after)
+    return None, other, min(len(options), allowed)
+
+
+def _hint(m: llguidance.LLMatcher, mask: bytes, hints: Sequence[Sequence[int]], seen: set[bytes]) -> _Step | None:
     """The first hint the grammar takes here whole that ends it or changes the mask (an unseen one first: the
     way out of the 2nd string of a pattern looks like the 1st's)."""
-    other: tuple[list[int], llguidance.LLMatcher, bytes | None] | None = None
+    other: _Step | None = None
     for hint in hints:
         if m.validate_tokens(list(hint)) != len(hint):
             continue

@@ -125,8 +125,8 @@ def _conditionals(node: dict[str, Any]) -> bool:
     """Rewrite the node's own if/then/else and those of its allOf members (where real schemas keep them):
     those that test one property's value grouped by that property into one anyOf of its values (a switch),
     the others two ways each."""
-    members = node.get("allOf") if isinstance(node.get("allOf"), list) else []
-    holders = [h for h in (node, *members) if isinstance(h, dict) and "if" in h]
+    members: list[Any] = node["allOf"] if isinstance(node.get("allOf"), list) else []
+    holders = [h for h in [node, *members] if isinstance(h, dict) and "if" in h]
     groups: dict[str, list[tuple[dict[str, Any], list[Any]]]] = {}
     for holder in holders:
         found = _discriminator(holder["if"])

@@ -14,7 +14,7 @@ import torch
 
 from engine.messages import StructuredOutputs
 from engine.structured.backend import StructuredGrammar
-from engine.structured.completion import closer_tokens, completion, preferred_tokens
+from engine.structured.completion import completion, preferred_tokens
 from engine.structured.grammar import LIMITS, GrammarError, to_grammar
 from engine.structured.samples import schema_samples
 
@@ -46,11 +46,10 @@ class Finish:
 
     preferred: np.ndarray
     eos: list[int]
-    closers: frozenset[int]
     hints: tuple[list[int], ...] = ()  # ways out of the schema's pattern strings (engine/structured/samples.py)
 
     def search(self, matcher: llguidance.LLMatcher, limit: int) -> list[int] | None:
-        return completion(matcher, self.preferred, self.eos, limit, self.hints, self.closers)
+        return completion(matcher, self.preferred, self.eos, limit, self.hints)
 
 
 class LLGuidanceGrammar:
@@ -103,8 +102,7 @@ class LLGuidanceBackend:
     def __init__(self, tokenizer: llguidance.LLTokenizer) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = int(tokenizer.vocab_size)
-        self._finish_with = Finish(preferred_tokens(tokenizer), [int(t) for t in tokenizer.eos_tokens],
-                               closer_tokens(tokenizer))
+        self._finish_with = Finish(preferred_tokens(tokenizer), [int(t) for t in tokenizer.eos_tokens])
         self._executor: llguidance.LLExecutor | None = None
 
     @classmethod
@@ -127,7 +125,7 @@ class LLGuidanceBackend:
         for sample in schema_samples(json.loads(so.spec)):
             for start in range(len(sample)):
                 hints.append([int(t) for t in self.tokenizer.tokenize_str(sample[start:])])
-        return replace(self._finish_with, hints=tuple(hints[:MAX_HINTS]))
+        return replace(self._finish_with, hints=tuple(sorted(hints, key=len)[:MAX_HINTS]))  # short ways out first
 
     def fill_bitmasks(self, items: Sequence[tuple[StructuredGrammar, int]], bitmask: torch.Tensor) -> None:
         grammars = [(g, row) for g, row in items if isinstance(g, LLGuidanceGrammar)]

@@ -13,14 +13,9 @@ from __future__ import annotations
 
 import json
 import re
+from re import _constants as _c  # type: ignore[attr-defined]  # Python's own regex parser (3.11+)
+from re import _parser as _p  # type: ignore[attr-defined]
 from typing import Any
-
-try:  # Python 3.11+: the parser moved under re
-    from re import _constants as _c  # type: ignore[attr-defined]
-    from re import _parser as _p  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - 3.10
-    import sre_constants as _c  # type: ignore[no-redef]
-    import sre_parse as _p  # type: ignore[no-redef]
 
 MAX_SAMPLES = 256  # patterns sampled per schema (each sample costs the search a validation when stuck)
 MAX_LENGTH = 64  # characters: a longer sample is no short way out
