@@ -1,4 +1,4 @@
-"""Rewrites that let llguidance enforce what its lenient mode would only relax, applied before engine/structured/relax.py.
+"""Rewrites that let llguidance enforce what its lenient mode would only relax (before engine/structured/relax.py).
 
 Each rewrite gives a schema whose valid values are the original's or fewer (never more), so what it enforces
 needs no check afterwards:
@@ -27,9 +27,9 @@ from typing import Any
 
 MAX_CONDITIONALS = 8  # if/then/else rewritten two ways per object: each doubles what llguidance intersects there
 SAFE_INTEGER = 2**53 - 1
-MAX_CASES = 64
+MAX_CASES = 64  # values of one switch (conditionals on one property's value)
 MAX_UNIQUE = 8  # enum values whose unique arrays are listed (2**8 arrays at most)
-_ARRAY_OTHER = frozenset({"prefixItems", "additionalItems", "contains", "unevaluatedItems"})  # values of one switch (conditionals on one property's value)
+_ARRAY_OTHER = frozenset({"prefixItems", "additionalItems", "contains", "unevaluatedItems"})
 _ANNOTATIONS = frozenset({"title", "description", "markdownDescription", "$comment", "examples", "default"})
 _OTHER_TYPES = ["object", "array"]
 _YEAR = "(?:[0-9]{3}[1-9]|[0-9]{2}[1-9]0|[0-9][1-9]00|[1-9]000)"  # 0001-9999

@@ -34,7 +34,8 @@ PATTERNS = {"type": "object", "required": ["icon", "ctx", "mail"],
             "properties": {"icon": {"type": "string", "pattern": "\\.png$"},
                            "ctx": {"type": "string", "pattern": "http://schema.org"},
                            "mail": {"type": "string", "pattern": "^[\\S]+@[\\S]+\\.[\\S]{2,}$"}}}
-SCHEMAS = {"person": PERSON, "formats": FORMATS, "nested": NESTED, "patterns": PATTERNS, "string": {"type": "string"},
+SCHEMAS = {"person": PERSON, "formats": FORMATS, "nested": NESTED, "patterns": PATTERNS,
+           "string": {"type": "string"},
            "object": {"type": "object"}}
 REGEXES = {"email": r"[a-z]+@[a-z]+\.com", "words": r"[a-z]+ [a-z]+", "digits": r"[0-9]+"}
 GRAMMAR = 'start: "(" start ")" | NAME\nNAME: /[a-z]+/'

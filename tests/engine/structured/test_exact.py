@@ -125,7 +125,8 @@ def test_property_names_are_not_keywords() -> None:
     {"$schema": DRAFT7, "type": "object", "dependencies": {"a": ["b"]}},
     {"type": "object", "dependentRequired": {"a": ["b"]}},
     {"type": "object", "dependentSchemas": {"a": {"required": ["b"]}}},
-    {"$schema": DRAFT7, "type": "object", "dependencies": {"a": {"properties": {"b": {"const": 1}}, "required": ["b"]}}},
+    {"$schema": DRAFT7, "type": "object",
+     "dependencies": {"a": {"properties": {"b": {"const": 1}}, "required": ["b"]}}},
 ])
 def test_dependencies_are_enforced(schema: dict[str, Any]) -> None:
     out = relax(schema, STYLE)
@@ -160,7 +161,8 @@ def test_unique_items_of_a_small_enum_are_listed() -> None:
               "uniqueItems": True, "minItems": 1}
     out = relax(schema, STYLE)
     assert out.keywords == ()
-    for value in (["http"], ["http", "ws"], ["ws", "http"], ["http", "http"], [], ["x"], ["http", "https", "ws", "wss"]):
+    for value in (["http"], ["http", "ws"], ["ws", "http"], ["http", "http"], [], ["x"],
+                  ["http", "https", "ws", "wss"]):
         text = json.dumps(value, separators=(",", ":"))
         assert not accepts(out.schema, text) or valid(value, schema), value  # nothing the schema refuses
     assert accepts(out.schema, '["http","ws"]') and accepts(out.schema, '["http","https","ws","wss"]')
