@@ -10,6 +10,7 @@ a number of tries, so one search costs a few ms.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import llguidance
 import numpy as np
@@ -23,6 +24,7 @@ PREFERENCE = (['""', '"', "1", "0", "a",
               + list(",:;.-_+*/=!?@#$%^&|~`'") + [" ", "\n", "\t"]
               + list("ABCDEFGHIJKLMNOPQRSTUVWXYZbcdefghijklmnopqrstuvwxyz") + list("([{<"))
 MAX_TRIES = 1500  # candidate steps per search (~25 µs each)
+CLOSERS = ("}}", "]}", "}]", "}", "]")
 _Step = tuple[list[int], llguidance.LLMatcher, bytes | None]  # tokens, the matcher after them, its mask if known
 
 
@@ -34,6 +36,27 @@ def preferred_tokens(tokenizer: llguidance.LLTokenizer) -> np.ndarray:
         if len(toks) == 1 and bytes(tokenizer.decode_bytes(toks)) == text.encode() and toks[0] not in ids:
             ids.append(toks[0])
     return np.array(ids, dtype=np.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class Marks:
+    """The structural tokens of a vocabulary (-1: not one token)."""
+
+    comma: int
+    quote: int
+    closers: frozenset[int]
+
+
+def structural_marks(tokenizer: llguidance.LLTokenizer) -> Marks:
+    def one(text: str) -> int:
+        toks = tokenizer.tokenize_str(text)
+        return toks[0] if len(toks) == 1 else -1
+
+    return Marks(one(","), one('"'), frozenset(t for t in map(one, CLOSERS) if t >= 0))
+
+
+def _allowed(mask: bytes, token: int) -> bool:
+    return token >= 0 and bool(mask[token >> 3] >> (token & 7) & 1)
 
 
 def _first_allowed(mask: bytes) -> int | None:
@@ -48,11 +71,13 @@ def _done(m: llguidance.LLMatcher) -> bool:
 
 
 def completion(matcher: llguidance.LLMatcher, preferred: np.ndarray, eos: Sequence[int],
-               limit: int, hints: Sequence[Sequence[int]] = ()) -> list[int] | None:
+               limit: int, hints: Sequence[Sequence[int]] = (), structural: Marks | None = None) -> list[int] | None:
     """Tokens that take `matcher`'s state to the grammar's end (an eos last where the grammar needs one),
     at most `limit` of them; None when none was found within the limit and the tries. matcher is not moved.
 
-    hints: token sequences to try where no single preferred token changes the mask (a string whose regex
+    structural: where a comma may come and a quote may not (between an object's or array's members), a closing
+    bracket is taken before anything else when one is allowed (the search otherwise adds optional members whose
+    masks look new). hints: token sequences to try where no single preferred token changes the mask (a string whose regex
     needs a particular text: engine/structured/samples.py)."""
     m = matcher.deep_copy()
     path: list[int] = []
@@ -83,6 +108,8 @@ def completion(matcher: llguidance.LLMatcher, preferred: np.ndarray, eos: Sequen
             options = [first]
         step: _Step | None = None
         other: _Step | None = None
+        if structural is not None and _allowed(mask, structural.comma) and not _allowed(mask, structural.quote):
+            options = [t for t in options if t in structural.closers] or options  # between members: close first
         if mask not in stuck:
             if tries >= MAX_TRIES:
                 return None

@@ -14,7 +14,7 @@ import torch
 
 from engine.messages import StructuredOutputs
 from engine.structured.backend import StructuredGrammar
-from engine.structured.completion import completion, preferred_tokens
+from engine.structured.completion import Marks, completion, preferred_tokens, structural_marks
 from engine.structured.grammar import LIMITS, GrammarError, to_grammar
 from engine.structured.samples import schema_samples
 
@@ -46,10 +46,11 @@ class Finish:
 
     preferred: np.ndarray
     eos: list[int]
+    marks: Marks
     hints: tuple[list[int], ...] = ()  # ways out of the schema's pattern strings (engine/structured/samples.py)
 
     def search(self, matcher: llguidance.LLMatcher, limit: int) -> list[int] | None:
-        return completion(matcher, self.preferred, self.eos, limit, self.hints)
+        return completion(matcher, self.preferred, self.eos, limit, self.hints, self.marks)
 
 
 class LLGuidanceGrammar:
@@ -102,7 +103,8 @@ class LLGuidanceBackend:
     def __init__(self, tokenizer: llguidance.LLTokenizer) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = int(tokenizer.vocab_size)
-        self._finish_with = Finish(preferred_tokens(tokenizer), [int(t) for t in tokenizer.eos_tokens])
+        self._finish_with = Finish(preferred_tokens(tokenizer), [int(t) for t in tokenizer.eos_tokens],
+                                   structural_marks(tokenizer))
         self._executor: llguidance.LLExecutor | None = None
 
     @classmethod

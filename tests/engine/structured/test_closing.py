@@ -15,6 +15,7 @@ import pytest
 from engine.core import EngineCore
 from engine.messages import SamplingParams, StructuredOutputs
 from engine.structured.closing import EVERY_STEP, MARGIN, advance, closing_token
+from engine.structured.relax import relax
 from engine.structured.state import StructuredState
 from tests.engine.structured.conftest import finish, make_core, run, shared_backend
 from tests.helpers.engine import tokens
@@ -39,6 +40,7 @@ SCHEMAS = {"person": PERSON, "formats": FORMATS, "nested": NESTED, "patterns": P
            "object": {"type": "object"}}
 REGEXES = {"email": r"[a-z]+@[a-z]+\.com", "words": r"[a-z]+ [a-z]+", "digits": r"[0-9]+"}
 GRAMMAR = 'start: "(" start ")" | NAME\nNAME: /[a-z]+/'
+CORPUS = Path(__file__).resolve().parents[3] / "bench" / "schemas"
 PROMPT = [9707, 11, 1879, 0, 1052, 2]
 
 
@@ -222,3 +224,16 @@ def test_a_failing_search_disables_the_finish_for_that_request_only(caplog: pyte
     for budget in range(50, 0, -1):
         assert closing_token(state, budget, frozenset()) is None
     assert Broken.calls == 1 and "looking for a finish failed" in caplog.text
+
+
+@pytest.mark.parametrize("name", ["openapi/openapi-v3.0", "schemastore/band-manifest",
+                                  "check-jsonschema/github-workflows", "schemastore/schema-org-place"])
+def test_completion_finishes_real_schemas(core: EngineCore, name: str) -> None:
+    """Real schemas whose finish the search once missed: optional `x-` members added forever (a closing bracket
+    now comes first between members), strings only a pattern's text leaves (`\\.png$`, `http://schema.org`)."""
+    schema = json.loads((CORPUS / f"{name}.json").read_text())
+    so = StructuredOutputs("json", json.dumps(relax(schema, {"whitespace_flexible": False}).schema))
+    g = shared_backend(core).compile(so)
+    path = g.completion(384)
+    assert path is not None and g.accept_tokens(path)
+    assert g.is_terminated() or path[-1] in core.eos_token_ids
