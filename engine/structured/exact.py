@@ -28,6 +28,7 @@ from typing import Any
 MAX_CONDITIONALS = 8  # if/then/else rewritten two ways per object: each doubles what llguidance intersects there
 SAFE_INTEGER = 2**53 - 1
 MAX_CASES = 64  # values of one switch (conditionals on one property's value)
+MAX_ONE_OF = 8  # oneOf branches rewritten with the others' negations (n - 1 each)
 MAX_UNIQUE = 8  # enum values whose unique arrays are listed (2**8 arrays at most)
 _ARRAY_OTHER = frozenset({"prefixItems", "additionalItems", "contains", "unevaluatedItems"})
 _ANNOTATIONS = frozenset({"title", "description", "markdownDescription", "$comment", "examples", "default"})
@@ -42,17 +43,29 @@ FORMATS = {"date": f"^{_DATE}$", "time": f"^{_TIME}$", "date-time": f"^{_DATE}[t
 
 def rewrite(schema: dict[str, Any], *, conditionals: bool = True) -> dict[str, Any]:
     """The schema with the rewrites above applied (a copy), or the schema itself when none applies.
-    conditionals=False: all but the if/then/else ones (whose anyOf can multiply past llguidance's limits)."""
+    conditionals=False: all but the if/then/else ones (whose anyOf can multiply past llguidance's limits).
+    A keyword some $ref points through (`#/.../oneOf/1`) is not rewritten: the pointer would lose its target."""
     work = copy.deepcopy(schema)
+    nodes = _nodes(work)
+    pointed: set[str] = set()
+    for n in nodes:
+        pointed |= _keywords_in(n["$ref"]) if isinstance(n.get("$ref"), str) else frozenset()
+    steps = [_format, _safe_integer]
+    steps += [] if "enum" in pointed else [_unique_enum]
+    steps += [] if pointed & {"dependencies", "dependentRequired", "dependentSchemas"} else [_dependencies]
+    steps += [] if "oneOf" in pointed else [_one_of]
+    steps += [_conditionals] if conditionals and not pointed & {"if", "then", "else"} else []
     changed = False
-    for node in _nodes(work):
-        changed = _format(node) | changed
-        changed = _safe_integer(node) | changed
-        changed = _unique_enum(node) | changed
-        changed = _dependencies(node) | changed
-        if conditionals:
-            changed = _conditionals(node) | changed
+    for node in nodes:
+        for step in steps:
+            changed = step(node) | changed
     return work if changed else schema
+
+
+def _keywords_in(ref: str) -> frozenset[str]:
+    """The keywords a JSON pointer passes through (not the names under definitions, properties, ...)."""
+    parts = ref.partition("#")[2].split("/")
+    return frozenset(p for prev, p in zip(parts, parts[1:]) if prev not in _NAMED)
 
 
 def _format(node: dict[str, Any]) -> bool:
@@ -98,6 +111,53 @@ def _unique_enum(node: dict[str, Any]) -> bool:
                     for c in itertools.combinations(distinct, n)]
     del node["uniqueItems"]
     return True
+
+
+def _one_of(node: dict[str, Any]) -> bool:
+    """oneOf as an anyOf that means the same: branches that no value satisfies together as they are, else each
+    branch with the others' negations (negate()) when every branch has one."""
+    branches = node.get("oneOf")
+    if not isinstance(branches, list) or not branches or len(branches) > MAX_ONE_OF or "anyOf" in node:
+        return False
+    if all(_disjoint(a, b) for i, a in enumerate(branches) for b in branches[i + 1:]):
+        node["anyOf"] = node.pop("oneOf")
+        return True
+    negations = [negate(b) for b in branches]
+    if any(n is None for n in negations):
+        return False
+    node["anyOf"] = [{"allOf": [b, *(n for j, n in enumerate(negations) if j != i)]} for i, b in enumerate(branches)]
+    del node["oneOf"]
+    return True
+
+
+def _disjoint(a: Any, b: Any) -> bool:
+    """No value satisfies both: different types, different constants, or a required property's constants."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return a is False or b is False
+    ta, tb = _types(a), _types(b)
+    if ta is not None and tb is not None and not ta & tb:
+        return True
+    va, vb = _values(a), _values(b)
+    if va is not None and vb is not None and not any(v in vb for v in va):
+        return True
+    for key in set(a.get("properties", {})) & set(b.get("properties", {})):
+        if key in a.get("required", []) and key in b.get("required", []) and _disjoint(
+                a["properties"][key], b["properties"][key]):
+            return True
+    return False
+
+
+def _types(schema: dict[str, Any]) -> set[str] | None:
+    kind = schema.get("type")
+    kinds = {kind} if isinstance(kind, str) else set(kind) if isinstance(kind, list) else None
+    return None if kinds is None else kinds | ({"integer"} if "number" in kinds else set())
+
+
+def _values(schema: dict[str, Any]) -> list[Any] | None:
+    if "const" in schema:
+        return [schema["const"]]
+    enum = schema.get("enum")
+    return enum if isinstance(enum, list) else None
 
 
 def _dependencies(node: dict[str, Any]) -> bool:
@@ -148,7 +208,7 @@ def _conditionals(node: dict[str, Any]) -> bool:
             parts.append({"anyOf": [{"allOf": [cond, then]}, {"allOf": [negated, other]}]})
     if not parts:
         return False
-    node["allOf"] = [m for m in [*node.get("allOf", []), *parts] if m != {}]  # {}: held only a conditional
+    node["allOf"] = [*node.get("allOf", []), *parts]  # appended: pointers to the members keep their targets
     return True
 
 

@@ -168,3 +168,26 @@ def test_unique_items_of_a_small_enum_are_listed() -> None:
     assert accepts(out.schema, '["http","ws"]') and accepts(out.schema, '["http","https","ws","wss"]')
     big = {"type": "array", "items": {"enum": list(range(9))}, "uniqueItems": True}
     assert relax(big, STYLE).keywords == ("uniqueItems",)  # 2**9 arrays: left to lenient mode
+
+
+def test_one_of_is_exact_where_the_branches_exclude_each_other() -> None:
+    either = {"type": "object", "properties": {"author": {"type": "string"}, "authors": {"type": "array"}},
+              "oneOf": [{"required": ["author"]}, {"required": ["authors"]}]}
+    out = relax(either, STYLE)
+    assert out.keywords == ()
+    for text in ['{"author":"a"}', '{"authors":[]}', '{"author":"a","authors":[]}', "{}"]:
+        assert accepts(out.schema, text) == valid(json.loads(text), either), text
+    tagged = {"oneOf": [{"type": "object", "required": ["k"], "properties": {"k": {"const": "a"}}},
+                        {"type": "object", "required": ["k"], "properties": {"k": {"const": "b"}}}, {"type": "string"}]}
+    assert relax(tagged, STYLE).keywords == ()
+    overlapping = {"oneOf": [{"type": "string", "minLength": 2}, {"type": "string", "maxLength": 4}]}
+    assert relax(overlapping, STYLE).keywords == ("oneOf",)
+
+
+def test_a_keyword_a_ref_points_through_is_left_as_it_is() -> None:
+    schema = {"properties": {"a": {"oneOf": [{"required": ["x"]}, {"required": ["y"]}]},
+                             "b": {"$ref": "#/properties/a/oneOf/1"}}}
+    assert rewrite(schema) is schema
+    named = {"definitions": {"if": {"type": "string"}}, "properties": {"a": {"$ref": "#/definitions/if"}},
+             "if": {"properties": {"a": {"const": "x"}}}, "then": {"required": ["a"]}}
+    assert "if" not in rewrite(named)  # `if` there names a definition: the conditional is still rewritten
