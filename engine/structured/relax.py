@@ -61,21 +61,23 @@ def with_best_effort(schema: dict[str, Any]) -> dict[str, Any]:
 def relax(schema: dict[str, Any], style: JsonCompileOptions) -> Relaxed:
     """The schema as llguidance can enforce it, and what it leaves out; GrammarError when not even that works.
 
-    The exact rewrites (engine/structured/exact.py) first; where llguidance cannot take their result (too large,
-    intersections too deep), those without the conditionals', then the schema as it came."""
-    tried = []
-    for conditionals in (True, False):
-        exact = rewrite(schema, conditionals=conditionals)
-        if exact is schema or exact in tried:
-            continue
-        try:
-            return _relax(schema, exact, style)
-        except GrammarError:
-            tried.append(exact)
-    return _relax(schema, schema, style)
+    The exact rewrites (engine/structured/exact.py) and repairs first; where llguidance cannot take their result
+    (too large, intersections too deep), those without the conditionals', then the schema as it came, then without
+    folding recursive refs' siblings into copies."""
+    starts: list[dict[str, Any]] = []
+    for start in (rewrite(schema), rewrite(schema, conditionals=False), schema):
+        if start not in starts:
+            starts.append(start)
+    for fold in (True, False):
+        for start in starts:
+            try:
+                return _relax(schema, start, style, fold)
+            except GrammarError as e:
+                error = e
+    raise error
 
 
-def _relax(schema: dict[str, Any], start: dict[str, Any], style: JsonCompileOptions) -> Relaxed:
+def _relax(schema: dict[str, Any], start: dict[str, Any], style: JsonCompileOptions, fold: bool = True) -> Relaxed:
     work = with_best_effort(start)
     repaired: set[str] = set()
     rewritten = start is not schema
@@ -86,7 +88,7 @@ def _relax(schema: dict[str, Any], start: dict[str, Any], style: JsonCompileOpti
             keywords = repaired | {k for m in messages for k in warning_keywords(m)}
             return Relaxed(work if keywords or rewritten else schema, tuple(sorted(keywords)))
         error = messages[0] if messages else "the schema cannot be compiled"
-        fixed = _repair(work, error)
+        fixed = _repair(work, error, fold)
         if fixed is None:
             raise GrammarError(error.strip())
         work, keyword = fixed
@@ -114,7 +116,7 @@ def warning_keywords(message: str) -> list[str]:
     return [re.sub(r"[^A-Za-z0-9 _/:.$-]", "", message)[:60].strip() or "other"]
 
 
-def _repair(schema: dict[str, Any], error: str) -> tuple[dict[str, Any], str | None] | None:
+def _repair(schema: dict[str, Any], error: str, fold: bool = True) -> tuple[dict[str, Any], str | None] | None:
     """A copy of the schema without what `error` names and the keyword relaxed (None: an exact rewrite), or None
     when it cannot be repaired."""
     work = copy.deepcopy(schema)
@@ -128,7 +130,7 @@ def _repair(schema: dict[str, Any], error: str) -> tuple[dict[str, Any], str | N
     if "regex" in error or "look-around" in error or "backreference" in error.lower():
         return (work, "pattern") if _drop_bad_patterns(work) else None
     if "circular references with sibling keys" in error:
-        return _circular(work, "#" + error.rpartition("#")[2].strip())
+        return _circular(work, "#" + error.rpartition("#")[2].strip(), fold)
     pointer, resource = _POINTER.search(error), _RESOURCE.search(error)
     if pointer is None and resource is None:
         return None
@@ -138,10 +140,12 @@ def _repair(schema: dict[str, Any], error: str) -> tuple[dict[str, Any], str | N
     return (work, "$ref") if _drop_unresolvable_refs(work) else None
 
 
-def _circular(work: dict[str, Any], target: str) -> tuple[dict[str, Any], str | None] | None:
+def _circular(work: dict[str, Any], target: str, fold: bool) -> tuple[dict[str, Any], str | None] | None:
     """llguidance cannot intersect a recursive $ref with other keywords: annotations beside a $ref go (exact),
     else what sits beside a $ref to `target` (in its node or its allOf) goes."""
     if _strip_ref_siblings(work, only_annotations=True):
+        return work, None
+    if fold and _fold(work, target):
         return work, None
     if _strip_ref_siblings(work, only_annotations=False, target=target):
         return work, "$ref"
@@ -154,6 +158,42 @@ def _circular(work: dict[str, Any], target: str) -> tuple[dict[str, Any], str | 
                 del node["allOf"]
             dropped = True
     return (work, "allOf") if dropped else None
+
+
+def _fold(work: dict[str, Any], target: str) -> bool:
+    """Exact: `{"$ref": T, ...siblings}` (or an allOf of a $ref to T and other members) becomes a $ref to a copy of
+    T's definition that holds the siblings in its allOf, beside T: llguidance then meets no recursive $ref with
+    siblings there (the copy refers to T itself only inside). Once per node; not where T is only a $ref."""
+    parent, _, name = target.partition("#")[2].rpartition("/")
+    container = _resolve(work, parent)
+    body = container.get(name) if isinstance(container, dict) else None
+    if not isinstance(body, dict) or {"$ref", "$id", "id", "$anchor", "$dynamicAnchor"} & set(body):
+        return False  # a copy of an id or anchor would be a second resource of that name
+    folded = 0
+    for node in _nodes(work):
+        extra = {k: v for k, v in node.items() if k not in _KEEP and k not in ANNOTATIONS}
+        parts = node.get("allOf")
+        if node.get("$ref") == target and extra:
+            siblings = [extra]
+        elif isinstance(parts, list) and {"$ref": target} in parts and len(parts) > 1 and set(extra) == {"allOf"}:
+            siblings = [p for p in parts if p != {"$ref": target}]
+        else:
+            continue
+        folded += 1
+        copy_name = next(n for i in range(len(container) + 1) if (n := f"{name}__with{i}") not in container)
+        container[copy_name] = {**body, "allOf": [*body.get("allOf", []), *siblings]}
+        for key in extra:
+            del node[key]
+        node["$ref"] = f"#{parent}/{copy_name}"
+    return folded > 0
+
+
+def _resolve(root: Any, pointer: str) -> Any:
+    node = root
+    for part in pointer.split("/")[1:]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
 
 
 def _quote_refs(schema: Any) -> bool:

@@ -110,16 +110,19 @@ def test_an_optional_part_behind_a_missing_ref_is_left_out() -> None:
     assert not accepts(out.schema, '{"a":1,"b":1}') and not accepts(out.schema, '{"b":1,"c":[1]}')
 
 
-def test_a_recursive_ref_loses_only_its_own_siblings() -> None:
-    """llguidance cannot intersect a recursive $ref with a sibling `type`: that sibling goes, not the root's
-    definitions beside the root's $ref (which left the whole schema matching anything)."""
+def test_a_recursive_ref_with_siblings_is_folded_into_a_copy() -> None:
+    """llguidance cannot intersect a recursive $ref with a sibling `type`: the $ref goes to a copy of the definition
+    that holds the sibling (exact), and the document's definitions beside the root's $ref stay (dropping them left
+    the whole schema matching anything)."""
     schema = {"$ref": "#/definitions/node", "definitions": {"node": {
         "type": "object", "required": ["kids"],
-        "properties": {"kids": {"type": "array", "items": {"$ref": "#/definitions/node", "type": "object"}}}}}}
+        "properties": {"kids": {"type": "array", "items": {"$ref": "#/definitions/node", "minProperties": 1}}}}}}
     out = relax(schema, STYLE)
-    assert out.keywords == ("$ref",) and "definitions" in out.schema
+    assert out.keywords == () and "definitions" in out.schema
     assert accepts(out.schema, '{"kids":[{"kids":[]}]}')
     assert not accepts(out.schema, "[1]") and not accepts(out.schema, '{"kids":[1]}')
+    dart = json.loads((CORPUS / "schemastore" / "dart-test.json").read_text())  # allOf of a recursive $ref and more
+    assert relax(dart, STYLE).keywords == ("oneOf",)
 
 
 @pytest.mark.parametrize("schema, needle", [
