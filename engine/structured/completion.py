@@ -44,7 +44,13 @@ class Marks:
 
     comma: int
     quote: int
+    letter: int
     closers: frozenset[int]
+
+    def between(self, mask: bytes) -> bool:
+        """Between an object's or array's members: a comma may come, a quote or a letter may not (inside a string
+        whose pattern holds back its closing quote, a letter still may)."""
+        return _allowed(mask, self.comma) and not _allowed(mask, self.quote) and not _allowed(mask, self.letter)
 
 
 def structural_marks(tokenizer: llguidance.LLTokenizer) -> Marks:
@@ -52,7 +58,7 @@ def structural_marks(tokenizer: llguidance.LLTokenizer) -> Marks:
         toks = tokenizer.tokenize_str(text)
         return toks[0] if len(toks) == 1 else -1
 
-    return Marks(one(","), one('"'), frozenset(t for t in map(one, CLOSERS) if t >= 0))
+    return Marks(one(","), one('"'), one("a"), frozenset(t for t in map(one, CLOSERS) if t >= 0))
 
 
 def _allowed(mask: bytes, token: int) -> bool:
@@ -75,10 +81,10 @@ def completion(matcher: llguidance.LLMatcher, preferred: np.ndarray, eos: Sequen
     """Tokens that take `matcher`'s state to the grammar's end (an eos last where the grammar needs one),
     at most `limit` of them; None when none was found within the limit and the tries. matcher is not moved.
 
-    structural: where a comma may come and a quote may not (between an object's or array's members), a closing
-    bracket is taken before anything else when one is allowed (the search otherwise adds optional members whose
-    masks look new). hints: token sequences to try where no single preferred token changes the mask (a string whose regex
-    needs a particular text: engine/structured/samples.py)."""
+    structural: where a comma may come and a quote or letter may not (between an object's or array's members),
+    a closing bracket is taken before anything else when one is allowed (the search otherwise adds optional
+    members whose masks look new). hints: token sequences to try where no single preferred token changes the
+    mask (a string whose regex needs a particular text: engine/structured/samples.py)."""
     m = matcher.deep_copy()
     path: list[int] = []
     seen: set[bytes] = set()
@@ -108,7 +114,7 @@ def completion(matcher: llguidance.LLMatcher, preferred: np.ndarray, eos: Sequen
             options = [first]
         step: _Step | None = None
         other: _Step | None = None
-        if structural is not None and _allowed(mask, structural.comma) and not _allowed(mask, structural.quote):
+        if structural is not None and structural.between(mask):
             options = [t for t in options if t in structural.closers] or options  # between members: close first
         if mask not in stuck:
             if tries >= MAX_TRIES:

@@ -61,6 +61,13 @@ def _shortest(items: list[tuple[Any, Any]]) -> str:
     return "".join(_item(op, av) for op, av in items)
 
 
+def _or_none(items: list[tuple[Any, Any]]) -> str | None:
+    try:
+        return _shortest(items)
+    except _NoSample:
+        return None
+
+
 def _item(op: Any, av: Any) -> str:
     if op is _c.LITERAL:
         return chr(av)
@@ -69,10 +76,13 @@ def _item(op: Any, av: Any) -> str:
     if op is _c.SUBPATTERN:
         return _shortest(list(av[-1]))
     if op is _c.BRANCH:
-        return min((_shortest(list(b)) for b in av[1]), key=len)
+        found = [text for b in av[1] if (text := _or_none(list(b))) is not None]
+        if not found:
+            raise _NoSample("branch")
+        return min(found, key=len)
     if op in (_c.MAX_REPEAT, _c.MIN_REPEAT, getattr(_c, "POSSESSIVE_REPEAT", None)):
         low, _high, body = av
-        return _shortest(list(body)) * int(low)
+        return _shortest(list(body)) * int(low) if low else ""  # none of it: its body need not be writable
     if op is _c.ANY:
         return "a"
     if op is _c.NOT_LITERAL:
@@ -98,7 +108,7 @@ def _in_class(items: list[tuple[Any, Any]]) -> str:
                 return True
         return False
 
-    for ch in _PREFERRED + "".join(chr(c) for c in range(0x21, 0x7F)):
+    for ch in _PREFERRED + "".join(chr(c) for c in range(0x21, 0x7F)) + " ":
         if ch not in '"\\' and member(ch) != negate:
             return ch
     raise _NoSample("class")

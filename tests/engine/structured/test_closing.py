@@ -237,3 +237,14 @@ def test_completion_finishes_real_schemas(core: EngineCore, name: str) -> None:
     path = g.completion(384)
     assert path is not None and g.accept_tokens(path)
     assert g.is_terminated() or path[-1] in core.eos_token_ids
+
+
+def test_a_pattern_string_between_members_is_not_closed_by_brackets(core: EngineCore) -> None:
+    """Inside a string whose pattern holds back the closing quote, a comma may come and a quote may not, as between
+    members: the closing-bracket rule must not fire there (it wrote `}}` forever), the pattern's sample leads out."""
+    schema = {"type": "object", "required": ["env", "n"], "properties": {
+        "env": {"type": "string", "pattern": "^.*\\$\\{\\{(.|[\\r\\n])*\\}\\}.*$"}, "n": {"type": "integer"}}}
+    g = shared_backend(core).compile(StructuredOutputs("json", json.dumps(relax(schema, {}).schema)))
+    assert g.accept_tokens(shared_backend(core).tokenizer.tokenize_str('{"env":"a,b'))
+    path = g.completion(60)
+    assert path is not None and g.accept_tokens(path) and (g.is_terminated() or path[-1] in core.eos_token_ids)
