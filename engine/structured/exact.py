@@ -5,8 +5,11 @@ needs no check afterwards:
 - `if`/`then`/`else` whose `if` is a discriminator (a boolean; `properties` with `const` / `enum` values, nested
   such objects or `true`; `required`; their anyOf / allOf) become anyOf[allOf[if, then], allOf[not-if, else]],
   not-if written out (a property absent: `properties: {k: false}`; a value outside a finite set of strings: a
-  regex of every other string). A conditional out of that fragment stays for lenient mode.
-- `dependentRequired` and `dependencies` become anyOf[the key absent, the key and what it needs].
+  regex of every other string); several on one property's value become one anyOf of its values (a switch: the
+  values' count, not 2**conditionals). A conditional out of that fragment stays for lenient mode.
+- `oneOf` becomes anyOf where its branches exclude each other (types, constants, a required property's
+  constants) or each can carry the others' negations (`oneOf: [{required: [a]}, {required: [b]}]`).
+- `dependentRequired`, `dependentSchemas` and `dependencies` become anyOf[the key absent, the key and its needs].
 - an `integer` with an open side gets the bound of I-JSON's safe range (+-(2**53 - 1), RFC 7493): a number
   past it loses digits in most JSON parsers (JavaScript's, and any float), and a random model under no bound
   writes digits until max_tokens.
