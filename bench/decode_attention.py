@@ -36,6 +36,7 @@ from engine.attention import TorchOps
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.cpu_attention import DecodeSeqs, decode_attention
+from engine.hugepages import reexec_with_huge_pages
 from engine.kernels.paged_common import attend_ref
 from engine.messages import SamplingParams
 
@@ -179,6 +180,7 @@ def in_steps(model: str, batch: int, dtype: str, steps: int) -> None:
 
 
 def main() -> None:
+    reexec_with_huge_pages()  # as the engine process runs (engine/hugepages.py)
     global HEADS, KV_HEADS  # the variants read the shape from the module
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])

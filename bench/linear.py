@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.roofline import load_args
+from engine.hugepages import reexec_with_huge_pages
 from engine.layers.linear import Int8Linear, Linear, PackedLinear
 from engine.models.demo_shapes import SHAPES
 from engine.models.args import ModelArgs
@@ -48,6 +49,7 @@ def forms(weights: list[torch.Tensor]) -> dict[str, list[Callable[[torch.Tensor]
 
 
 def main() -> None:
+    reexec_with_huge_pages()  # as the engine process runs (engine/hugepages.py)
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None, help="a checkpoint folder (its config.json); default Qwen2.5-0.5B's")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64])

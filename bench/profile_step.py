@@ -26,6 +26,7 @@ import torch
 from bench.roofline import Rates, load_args, measure, measure_gpu, step_cost
 from engine.config import EngineConfig
 from engine.core import EngineCore
+from engine.hugepages import reexec_with_huge_pages
 from engine.messages import AddRequest, SamplingParams
 
 PHASES = ("schedule", "prepare", "forward", "lm_head", "sample")
@@ -118,6 +119,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def main() -> None:
+    reexec_with_huge_pages()  # as the engine process runs (engine/hugepages.py)
     args = parse_args()
     torch.set_num_threads(args.threads)
     if args.model is None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from engine.hugepages import reexec_with_huge_pages
 from engine.models.args import ModelArgs
 from engine.models.registry import parse_config
 
@@ -122,6 +123,7 @@ def step_cost(args: ModelArgs, dtype: str, batch: int, context: int, quantizatio
 
 
 def main() -> None:
+    reexec_with_huge_pages()  # as the engine process runs (engine/hugepages.py)
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True, help="checkpoint folder (config.json is all that is read)")
     ap.add_argument("--dtype", default="bfloat16", choices=sorted(_DTYPES))

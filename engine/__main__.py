@@ -10,6 +10,11 @@ import signal
 import sys
 import traceback
 
+from engine.hugepages import reexec_with_huge_pages
+
+if __name__ == "__main__":  # before torch loads: glibc reads its malloc tunables only at start
+    reexec_with_huge_pages()
+
 from engine.channels import ChannelSet, wait_for_lifeline
 from engine.config import EngineConfig
 from engine.ipc import FrameReader, FrameWriter, die_with_parent

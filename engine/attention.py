@@ -19,24 +19,31 @@ from engine.kernels import PagedBatch
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # Computed in float32 as transformers does, so half-precision runs round the same way.
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+    """weight * (x normed in float32, rounded to x's dtype), as transformers rounds it. torch's fused kernel
+    gives bitwise the float32 `x * rsqrt(mean(x^2) + eps)` rounded once (tests/engine/test_model.py), in one op
+    instead of six."""
+    return weight * torch.rms_norm(x, (x.shape[-1],), eps=eps)
+
+
+def rope_factors(cos_sin: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) [T, 1, head_dim] in `dtype`, each half repeated, from table rows cos_sin [T, head_dim]; made
+    once per step and shared by every layer's `rotate`. Half precision takes them in its own dtype, as
+    transformers does, so each product is rounded as there."""
+    half = cos_sin.shape[-1] // 2
+    cos, sin = cos_sin[:, :half].to(dtype), cos_sin[:, half:].to(dtype)
+    return torch.cat([cos, cos], dim=-1)[:, None], torch.cat([sin, sin], dim=-1)[:, None]
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, head_dim] turned by rope_factors' (cos, sin): x * cos + rotate_half(x) * sin, the
+    non-interleaved halves HF Llama/Qwen2/Mistral checkpoints use."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
 def apply_rope(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
     """x [T, heads, head_dim], cos_sin [T, head_dim] (rows of engine/models/rope.py's table at the positions)."""
-    half = x.shape[-1] // 2
-    cos, sin = cos_sin[:, None, :half], cos_sin[:, None, half:]
-    if x.dtype != torch.float32:  # as transformers rounds it: cos / sin in x's dtype, each product rounded
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        x1, x2 = x[..., :half], x[..., half:]
-        return torch.cat([x1 * cos + (-x2) * sin, x2 * cos + x1 * sin], dim=-1)
-    x1, x2 = x[..., :half].float(), x[..., half:].float()
-    # Non-interleaved halves (rotate_half), the layout HF Llama/Qwen2/Mistral checkpoints use.
-    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-    return out.to(x.dtype)
+    return rotate(x, *rope_factors(cos_sin, x.dtype))
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

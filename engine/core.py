@@ -15,6 +15,7 @@ from engine.config import EngineConfig
 from engine.distributed.runner import TPModelRunner
 from engine.messages import AddRequest, EngineStats, PoolingInfo, Ready, RequestOutput, TokenLogprobs
 from engine.model_runner import ModelRunner, one_intra_op_thread
+from engine.multimodal.audio import AudioRunner
 from engine.models.loader import ModelLoadError, read_config, resolve_model
 from engine.models.pooling_archs import check_runner, load_score_head
 from engine.params import validate_params
@@ -49,6 +50,8 @@ class EngineCore:
         self.pooler = self._make_pooler() if config.runner == "pooling" else None
         # MEAN pooling reads every prompt position's hidden state: a prefix-cache hit would skip some
         caching = config.enable_prefix_caching and not (self.pooler is not None and self.pooler.needs_all_rows)
+        # Whisper: a decoder block's K/V depend on the audio (cross-attention), not only on its tokens (as vLLM)
+        caching = caching and getattr(self.runner, "audio", None) is None
         self.block_manager = BlockManager(self.runner.num_blocks, self.runner.block_size, caching,
                                           window=self.runner.kv_window)
         self.scheduler = Scheduler(max_num_seqs=config.max_num_seqs,
@@ -108,6 +111,7 @@ class EngineCore:
                 if self.runner.images is None:
                     raise RequestRefused("this model takes no images here; send text only")
                 seq.mm = self.runner.images.seq_images(req.mm_inputs, req.prompt_token_ids)
+            self._attach_audio(seq, req)
             constrained = params.structured_outputs is not None and self.pooler is None
             self.scheduler.add(seq, hold=constrained)  # refuses what can never fit
             if constrained:
@@ -119,8 +123,19 @@ class EngineCore:
         if req.params.prompt_logprobs is not None:
             self._prompt_logprobs[req.request_id] = [None]
 
+    def _attach_audio(self, seq: Sequence, req: AddRequest) -> None:
+        """A speech model's request must carry audio, and only a speech model's may (RequestRefused)."""
+        audio = getattr(self.runner, "audio", None)
+        if req.audio is None and audio is not None:
+            raise RequestRefused("this speech-to-text model needs audio; use /v1/audio/transcriptions")
+        if req.audio is not None:
+            if audio is None:
+                raise RequestRefused("this model takes no audio")
+            seq.audio = audio.seq_audio(req.audio, req.prompt_token_ids)
+
     def abort(self, request_ids: list[str]) -> None:
         for seq in self.scheduler.abort(request_ids):
+            AudioRunner.release(seq)
             self.structured.release(seq)
             self._prompt_logprobs.pop(seq.request_id, None)
             if self.pooler is not None:
@@ -129,9 +144,11 @@ class EngineCore:
 
     def stats(self) -> EngineStats:
         stats = self.scheduler.stats()
-        images = getattr(self.runner, "images", None)
-        if images is not None and images.cache_hits:
-            stats = msgspec.structs.replace(stats, image_cache_hits=images.cache_hits)
+        # the encoder caches' hits: images (Qwen2-VL) or audio windows (Whisper)
+        hits = sum(r.cache_hits for r in (getattr(self.runner, "images", None), getattr(self.runner, "audio", None))
+                   if r is not None)
+        if hits:
+            stats = msgspec.structs.replace(stats, image_cache_hits=hits)
         return stats
 
     def step(self) -> list[RequestOutput]:
@@ -152,6 +169,9 @@ class EngineCore:
             sampling = [s.seq for s in batch if s.samples]
             masks = self.structured.start_masks(sampling) if self.structured.num_live else None
             result = self.runner.execute(batch)
+            audio = getattr(self.runner, "audio", None)
+            if audio is not None and sampling:  # Whisper's suppress / timestamp rules, as transformers' generate
+                audio.mask_logits(result.logits, sampling)
             for i, logits in result.prompt_logits.items():
                 self._collect_prompt_logprobs(batch[i].seq, batch[i].start, logits)
             if masks is not None:
@@ -183,6 +203,7 @@ class EngineCore:
         self.scheduler.update(batch)
         for seq in finished:
             self.scheduler.finish(seq, seq.finish_reason or "stop")
+            AudioRunner.release(seq)
             if seq.structured is not None:
                 self.structured.release(seq)
         return outputs
@@ -238,7 +259,8 @@ class EngineCore:
             logprobs=[lp] if lp is not None else None, prompt_logprobs=prompt_lps,
             num_cached_tokens=max(seq.num_cached_tokens, 0), arrival_time=seq.arrival_time,
             scheduled_time=seq.scheduled_time, first_token_time=seq.first_token_time,
-            num_preemptions=seq.num_preemptions)
+            num_preemptions=seq.num_preemptions,
+            no_speech_prob=seq.audio.no_speech if seq.audio is not None and reason is not None else None)
 
     def _collect_prompt_logprobs(self, seq: Sequence, start: int, logits: object) -> None:
         acc = self._prompt_logprobs.get(seq.request_id)

@@ -66,6 +66,18 @@ class ImageInput(msgspec.Struct, frozen=True, omit_defaults=True):
 IMAGE_CACHE_MISS = "ImageCacheMiss:"
 
 
+class AudioInput(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A Whisper request's audio: one 30 s window's log-mel features (the API's WhisperFeatureExtractor made them).
+
+    `features` is float32 [mels, frames] raw bytes (C order). The engine caches the encoder's output by `hash`."""
+
+    hash: str  # of the features: equal hashes mean the same encoder output
+    features: bytes
+    shape: list[int]
+    timestamps: bool = False  # apply Whisper's timestamp rules (the prompt has no <|notimestamps|>)
+    rules: bool = True  # Whisper's suppress-token and timestamp rules; off for language detection
+
+
 class AddRequest(msgspec.Struct, frozen=True, tag="add"):
     request_id: str
     prompt_token_ids: list[int]
@@ -73,6 +85,7 @@ class AddRequest(msgspec.Struct, frozen=True, tag="add"):
     arrival_time: float
     priority: int = 0  # lower runs first, as in vLLM
     mm_inputs: list[ImageInput] | None = None  # images, in prompt order
+    audio: AudioInput | None = None  # a speech-to-text model's request: its audio window
 
 
 class AbortRequests(msgspec.Struct, frozen=True, tag="abort"):
@@ -90,7 +103,7 @@ class EngineStats(msgspec.Struct, frozen=True, array_like=True):
     num_preemptions: int  # cumulative
     prefix_cache_queries: int  # cumulative, in tokens
     prefix_cache_hits: int  # cumulative, in tokens
-    image_cache_hits: int = 0  # cumulative: images whose vision-encoder output the engine had cached
+    image_cache_hits: int = 0  # cumulative: images (or Whisper windows) whose encoder output the engine had cached
 
 
 class TokenLogprobs(msgspec.Struct, frozen=True, array_like=True):
@@ -129,6 +142,8 @@ class RequestOutput(msgspec.Struct, frozen=True, array_like=True, omit_defaults=
     first_token_time: float = 0.0
     num_preemptions: int = 0
     pooled: PooledData | None = None  # runner "pooling": once, with finish_reason "stop"
+    # a Whisper request's <|nospeech|> probability at <|startoftranscript|> (raw logits), with its finish
+    no_speech_prob: float | None = None
 
 
 class PoolingInfo(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -17,8 +17,11 @@ from engine.layers.parallel import WORKERS
 from engine.models.checkpoint_meta import max_model_len
 from engine.models.decoder import CausalLM
 from engine.models.qwen2_vl import Qwen2VLCausalLM
+from engine.models.whisper import WhisperModel
+from engine.multimodal.audio import AudioRunner
 from engine.multimodal.runner import ImageRunner
 from engine.kernels import build_paged_batch, triton_available
+from engine.models.checkpoint_meta import read_generation_config
 from engine.models.loader import ModelInfo, load_model, read_config, resolve_model, slow_half_precision
 from engine.models.weights import ModelLoadError
 from engine.sequence import ScheduledSeq
@@ -107,6 +110,10 @@ class ModelRunner:
         self.images: ImageRunner | None = None
         if isinstance(self.model, Qwen2VLCausalLM):
             self.images = ImageRunner(self.model)
+        # a speech model's audio half (engine/multimodal/audio.py): encoder, cross-attention K/V, Whisper's rules
+        self.audio: AudioRunner | None = None
+        if isinstance(self.model, WhisperModel):
+            self.audio = AudioRunner(self.model, read_generation_config(path), self.eos_token_ids[0])
 
     @property
     def kv_window(self) -> int | None:
@@ -205,6 +212,9 @@ class ModelRunner:
 
     def _forward(self, batch: list[ScheduledSeq], inputs: StepInputs) -> torch.Tensor:
         """The decoder over the flat batch (a vision model's image rows spliced in): hidden states before the norm."""
+        if self.audio is not None:
+            return self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta,
+                                      cross=self.audio.cross_batch(batch))  # type: ignore[call-arg]
         if self.images is not None and any(s.seq.mm is not None for s in batch):
             positions, embeds = self.images.step_inputs(batch, inputs.input_ids)
             return self.model.forward(inputs.input_ids, positions, self.kv_caches, inputs.meta,
@@ -216,6 +226,8 @@ class ModelRunner:
         """Run the step; the returned logits live in a buffer that the next execute overwrites."""
         inputs = self.prepare(batch)
         hidden = self._forward(batch, inputs)
+        if self.audio is not None:  # Whisper's no_speech_prob: the <|startoftranscript|> row's raw logits
+            self.audio.note_no_speech(batch, hidden)
         # The LM head only for rows someone reads: it dominates the cost of small models.
         sampled = hidden if inputs.sample_rows is None else hidden[inputs.sample_rows]
         # CPU (transposed head) only; a padded head's extra columns go to a fresh tensor, trimmed by the sampler

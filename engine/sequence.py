@@ -11,7 +11,7 @@ from engine.messages import SamplingParams
 if TYPE_CHECKING:
     import torch
 
-    from engine.multimodal.state import SeqImages
+    from engine.multimodal.state import SeqAudio, SeqImages
     from engine.structured.state import StructuredState
 
 
@@ -43,6 +43,7 @@ class Sequence:
     error: str | None = None  # with finish_reason "error": why (a grammar that failed to compile or match)
     structured: StructuredState | None = None  # params.structured_outputs' matcher (engine/structured/)
     mm: SeqImages | None = None  # images (a vision model's request): M-RoPE positions, encoder outputs
+    audio: SeqAudio | None = None  # a Whisper request's audio: features, then its cross-attention K/V
 
     @classmethod
     def new(cls, request_id: str, prompt: list[int], params: SamplingParams,

@@ -24,6 +24,7 @@ from starlette.routing import Route, Router
 from engine.client import open_engine as open_engine_process
 from engine.multimodal.processing import ENCODER_CACHE_BYTES
 from server.api.anthropic.messages import CountTokensRoute, MessagesRoute
+from server.api.audio.transcriptions import AudioRoute
 from server.api.cohere.embed import CohereEmbedRoute
 from server.api.cohere.rerank import CohereRerankRoute
 from server.api.health import HealthRoute, VersionRoute
@@ -52,6 +53,7 @@ from server.http.asgi import Receive, Scope, Send, send_error
 from server.http.errors import APIError, describe_exception
 from server.metrics import ServerMetrics
 from server.metrics_compat import export_vllm_names
+from server.multimodal.audio import open_audio_worker, speech_support
 from server.multimodal.images import image_support, open_image_worker
 from server.multimodal.mirror import EngineImageMirror
 from server.pipeline.admission import Admission
@@ -71,7 +73,11 @@ RendererFactory = Callable[[ServerConfig], AbstractAsyncContextManager[Any]]
 
 @asynccontextmanager
 async def open_image_worker_for(config: ServerConfig) -> AsyncIterator[Any]:
-    """A vision checkpoint's image worker process (None for a text-only model)."""
+    """A vision checkpoint's image worker process, a speech model's audio worker (None for a text-only model)."""
+    if config.model is not None and speech_support(config.model) is not None:
+        async with open_audio_worker(config.model, int(config.mm_processor_cache_gb * (1 << 30))) as pool:
+            yield pool
+        return
     support = image_support(config.model) if config.model is not None else None
     if support is None:
         yield None
@@ -155,11 +161,13 @@ def create_app(config: ServerConfig | None = None, *, worker: WorkerContext | No
         Route("/v1/completions", CompletionsRoute(state), methods=["POST"]),
         Route("/v1/chat/completions", ChatRoute(state), methods=["POST"]),
         Route("/v1/embeddings", EmbeddingsRoute(state), methods=["POST"]),
+        Route("/v1/audio/transcriptions", AudioRoute(state, "transcribe"), methods=["POST"]),
+        Route("/v1/audio/translations", AudioRoute(state, "translate"), methods=["POST"]),
         *_pooling_routes(state),
         Route("/inference/v1/generate", GenerateRoute(state), methods=["POST"]),
         Route("/v1/messages", MessagesRoute(state), methods=["POST"]),
         Route("/v1/messages/count_tokens", CountTokensRoute(state), methods=["POST"]),
-        *_responses_routes(state),
+        *_responses_routes(state, worker),
         *_common_routes(state, metrics),
         *([] if config.disable_ui else _ui_routes(state)),
     ]
@@ -167,8 +175,9 @@ def create_app(config: ServerConfig | None = None, *, worker: WorkerContext | No
     return _asgi(state, routes, _lifespan(state, load.run, fatal, load_in_background), _not_found, public)
 
 
-def _responses_routes(state: AppState) -> list[Route]:
-    store = ResponseStore(state.config.responses_store_size)
+def _responses_routes(state: AppState, worker: WorkerContext | None) -> list[Route]:
+    # one store for all API processes (a file in the launcher's directory); a single server's in memory
+    store = ResponseStore(state.config.responses_store_size, worker.responses_dir if worker is not None else None)
     background = BackgroundResponses(state, store)
     return [Route("/v1/responses", ResponsesRoute(state, store, background), methods=["POST"]),
             Route("/v1/responses/{response_id}", StoredResponseRoute(store), methods=["GET", "DELETE"]),

@@ -44,7 +44,7 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--max-logprobs", "max_logprobs", int, "most top logprobs a request may ask for"),
     ("--chat-template-render-timeout", "chat_template_render_timeout", float, "seconds a template may render"),
     ("--sse-keepalive", "sse_keepalive", float, "seconds of stream silence before a keep-alive comment (0: off)"),
-    ("--responses-store-size", "responses_store_size", int, "stored /v1/responses per API process (LRU; 0: none)"),
+    ("--responses-store-size", "responses_store_size", int, "stored /v1/responses, all API processes (LRU; 0: none)"),
     ("--log-level", "log_level", str, "debug, info, warning, error"),
     ("--device", "device", str, "auto, cpu or cuda"),
     ("--socket-send-buffer", "socket_send_buffer", int, "kernel send buffer per connection in bytes (0: OS default)"),
@@ -99,13 +99,18 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
      'hosts whose http(s) image URLs are fetched, JSON list (default none: data: URLs only)'),
     ("--mm-processor-cache-gb", "mm_processor_cache_gb", float,
      "GiB of preprocessed images cached by content in the image worker (default 4; 0: off)"),
+    ("--max-audio-filesize-mb", "max_audio_filesize_mb", float,
+     "largest audio upload on /v1/audio/* in MB (default 25; more: 400)"),
+    ("--max-audio-duration-s", "max_audio_duration_s", float,
+     "longest audio on /v1/audio/* in seconds (default 600; more: 400, checked while decoding)"),
 ]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spindle", description="OpenAI-compatible LLM server. "
                                      "`spindle render --model M`: render routes only, no engine. "
-                                     "`spindle make-demo [--vision | --arch NAME | --shape NAME] PATH` writes a demo checkpoint.")
+                                     "`spindle make-demo [--vision | --whisper | --arch NAME | --shape NAME] PATH` "
+                                     "writes a demo checkpoint.")
     for flag, dest, typ, text in _FLAGS:
         parser.add_argument(flag, dest=dest, type=typ, default=None, help=text)
     parser.add_argument("--api-key", dest="api_keys", action="append", default=None,

@@ -79,7 +79,7 @@ class ServerConfig:
     max_logprobs: int = 20
     chat_template_render_timeout: float = 5.0
     sse_keepalive: float = 15.0  # seconds of silence before an SSE comment line; 0: off
-    responses_store_size: int = 4096  # stored /v1/responses per API process (LRU); 0: store none
+    responses_store_size: int = 4096  # stored /v1/responses, all API processes together (LRU); 0: store none
     log_level: LogLevel = "info"
     log_requests: bool = False  # prompt and output text in the access log (off: token counts only)
     device: str = "auto"
@@ -143,11 +143,19 @@ class ServerConfig:
     allowed_media_domains: tuple[str, ...] = ()
     # GiB of preprocessed images the image worker keeps by content (vLLM's --mm-processor-cache-gb); 0: off
     mm_processor_cache_gb: float = 4.0
+    # a speech model's audio routes: the largest upload (MB, as vLLM's VLLM_MAX_AUDIO_CLIP_FILESIZE_MB) and the
+    # longest audio (seconds), each a 400 beyond it
+    max_audio_filesize_mb: float = 25.0
+    max_audio_duration_s: float = 600.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "log_level", str(self.log_level).lower())  # WARNING and warning alike
         if not self.mm_processor_cache_gb >= 0:
             raise ValueError(f"--mm-processor-cache-gb must be >= 0, got {self.mm_processor_cache_gb}")
+        if not self.max_audio_filesize_mb > 0:
+            raise ValueError(f"--max-audio-filesize-mb must be > 0, got {self.max_audio_filesize_mb}")
+        if not self.max_audio_duration_s > 0:
+            raise ValueError(f"--max-audio-duration-s must be > 0, got {self.max_audio_duration_s}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
         positive = ("max_num_seqs", "max_num_batched_tokens", "stream_interval", "renderer_num_workers",

@@ -259,8 +259,9 @@ class ServerMetrics:
                                             "Images sent to the engine by hash only (the mirror said it held them).")
         self.mm_engine_cache_misses = counter("spindle_mm_engine_cache_misses",
                                               "Requests sent by hash the engine no longer held, resent with pixels.")
-        self.mm_encoder_cache_hits = counter("spindle_mm_encoder_cache_hits",
-                                             "Images whose vision-encoder output the engine had cached.", engine=True)
+        self.mm_encoder_cache_hits = counter(
+            "spindle_mm_encoder_cache_hits", "Images (or Whisper audio windows) whose encoder output the engine had "
+            "cached.", engine=True)
         self._rejected = dict(zip(REJECT_REASONS, self._family(  # exported at 0 from the start
             "spindle_requests_rejected", "Requests refused with 503 before reaching the engine.",
             ["model_name", "reason"], REJECT_REASONS)))

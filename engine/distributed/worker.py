@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 
+from engine.hugepages import reexec_with_huge_pages
 from engine.ipc import die_with_parent
 
 log = logging.getLogger("engine")
@@ -75,4 +76,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    reexec_with_huge_pages()  # engine/hugepages.py: before torch loads in main()
     sys.exit(main())

@@ -44,9 +44,11 @@ def read_generation_config(folder: Path) -> dict[str, Any]:
 
 
 def max_positions(cfg: dict[str, Any]) -> int:
-    """The model's context limit; a vision checkpoint nests the language model's settings in text_config."""
-    return int(cfg.get("max_position_embeddings") or (cfg.get("text_config") or {}).get(
-        "max_position_embeddings", DEFAULT_MAX_POSITIONS))
+    """The model's context limit; a vision checkpoint nests the language model's settings in text_config; an
+    encoder-decoder (Whisper) names its decoder's as max_target_positions."""
+    text = cfg.get("text_config") or {}
+    return int(cfg.get("max_position_embeddings") or cfg.get("max_target_positions")
+               or text.get("max_position_embeddings", DEFAULT_MAX_POSITIONS))
 
 
 def max_model_len(cfg: dict[str, Any], requested: int | None) -> int:

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from engine.attention import AttnMetadata, TorchOps, TritonOps, apply_rope
+from engine.attention import AttnMetadata, TorchOps, TritonOps, rope_factors, rotate
 from engine.layers.linear import Linear, make_linear
 from engine.layers.lm_head import LMHead
 from engine.layers.moe import ACTIVATIONS, Activation, SparseMoE
@@ -43,6 +43,8 @@ class GatedMLP:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)
+        if gate.is_cpu:  # a CPU activation runs ~1.5x slower on a strided view than on a copy made first (16 rows)
+            gate = gate.contiguous()
         return self.down(self.act(gate) * up)
 
 
@@ -157,10 +159,10 @@ class CausalLM:
         return self.run_layers(self.embed_tokens(input_ids), kv_caches, meta, self.rope_for(positions))
 
     def rope_for(self, positions: torch.Tensor) -> Rope:
-        """The step's `rope(q, k, table)`; the torch path gathers each table's rows once per step, not per layer."""
+        """The step's `rope(q, k, table)`; the torch path makes each table's factors once per step, not per layer."""
         if self.ops is TorchOps:
-            rows = [t[positions] for t in self.rope_tables]
-            return lambda q, k, i: (apply_rope(q, rows[i]), apply_rope(k, rows[i]))
+            factors = [rope_factors(t[positions], self.dtype) for t in self.rope_tables]
+            return lambda q, k, i: (rotate(q, *factors[i]), rotate(k, *factors[i]))
         return lambda q, k, i: self.ops.rope(positions, q, k, self.rope_tables[i])
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

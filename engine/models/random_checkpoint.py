@@ -264,18 +264,24 @@ def make_vision_demo(path: str | Path) -> Path:
     return write_random_vl_checkpoint(path, **VL_DEMO)  # type: ignore[arg-type]
 
 
-MAKE_DEMO_USAGE = (f"usage: spindle make-demo [--vision | --arch {{{','.join(FAMILY_DEMOS)}}} "
+MAKE_DEMO_USAGE = (f"usage: spindle make-demo [--vision | --whisper | --arch {{{','.join(FAMILY_DEMOS)}}} "
                    "| --shape {qwen2.5-0.5b,llama-3.2-1b}] PATH")
 
 
 def make_demo_command(args: list[str]) -> int:
-    """`spindle make-demo [--vision | --arch NAME | --shape NAME] PATH`: prints the folder written; 2 with the usage
+    """`spindle make-demo [--vision | --whisper | --arch NAME | --shape NAME] PATH`: prints the folder written; 2
+    with the usage
     on a bad line. --shape: random weights of a real model's shape, bf16, for benchmarks (engine/models/demo_shapes.py)."""
     if len(args) == 3 and args[0] == "--shape" and args[1] in SHAPES:
         print(write_shaped_checkpoint(args[2], dict(SHAPES[args[1]])))
         return 0
     if len(args) == 1 and not args[0].startswith("-"):
         print(make_demo(args[0]))
+        return 0
+    if len(args) == 2 and args[0] == "--whisper":
+        from engine.models.whisper_demo import make_whisper_demo  # why late: needs openai-whisper's vocabulary
+
+        print(make_whisper_demo(args[1]))
         return 0
     if len(args) == 2 and args[0] == "--vision":
         print(make_vision_demo(args[1]))

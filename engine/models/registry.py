@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.models import gemma, llama, moe_families, phi3, qwen2_vl
+from engine.models import gemma, llama, moe_families, phi3, qwen2_vl, whisper
 from engine.models.args import ConfigError, ModelArgs
 from engine.models.decoder import CausalLM
 
@@ -32,6 +32,7 @@ MODELS: dict[str, Family] = {
     "Gemma3ForCausalLM": Family(gemma.parse_gemma3),
     "Phi3ForCausalLM": Family(phi3.parse),
     qwen2_vl.ARCHITECTURE: Family(qwen2_vl.parse, qwen2_vl.Qwen2VLCausalLM, tensor_parallel=False),
+    whisper.ARCHITECTURE: Family(whisper.parse, whisper.WhisperModel, tensor_parallel=False),
 }
 
 

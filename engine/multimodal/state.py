@@ -4,6 +4,7 @@ imports it back. engine/multimodal/runner.py builds them (`ImageRunner.seq_image
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -41,3 +42,18 @@ class SeqImages:
         """What besides token ids names the KV of tokens [lo, hi): (hash, first offset in the image) per image."""
         return tuple((i.hash, max(lo, i.offset) - i.offset) for i in self.images
                      if i.offset < hi and lo < i.offset + i.length)
+
+
+@dataclass
+class SeqAudio:
+    """One Whisper request's audio (`Sequence.audio`): its features until encoded, then its cross-attention K/V
+    (engine/models/whisper.py CrossKV), held while the request lives and dropped when it finishes."""
+
+    hash: str
+    features: torch.Tensor | None  # [mels, frames] float32; None once encoded
+    timestamps: bool  # Whisper's timestamp rules on the sampled tokens
+    rules: bool  # suppress tokens / timestamp rules at all (off for language detection)
+    begin: int  # the first generated token's index (the decoder prompt's length)
+    cross: Any = None  # CrossKV once encoded (Any: this leaf module imports no model)
+    sot_index: int | None = None  # where <|startoftranscript|> sits in the prompt
+    no_speech: float | None = None  # <|nospeech|>'s probability there, once that row ran

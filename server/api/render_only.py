@@ -8,7 +8,7 @@ from server.http.errors import APIError
 GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/messages",
                      "/v1/messages/count_tokens", "/inference/v1/generate", "/classify", "/score", "/v1/score",
                      "/rerank", "/v1/rerank", "/v2/rerank", "/pooling", "/v2/embed",
-                     "/v1/responses")
+                     "/v1/responses", "/v1/audio/transcriptions", "/v1/audio/translations")
 
 
 class NotHereRoute:

@@ -7,12 +7,14 @@ from server.api.openai.logprobs import TokenTexts
 from server.api.state import AppState, Renderer
 from server.http.asgi import Receive, Scope, Send, header, serve_json_post
 from server.http.errors import APIError
+from server.multimodal.audio import speech_support
 
 
 class PostRoute:
     """The shared front of the JSON POST routes: X-Request-Id (echoed on errors), body, disconnect."""
 
     runner: str | None = None  # the --runner the route needs ("generate" or "pooling"); None: either
+    speech_ok = False  # whether the route serves a speech-to-text model (tokenizing does; generating text does not)
 
     def __init__(self, state: AppState) -> None:
         self.state = state
@@ -27,6 +29,7 @@ class PostRoute:
 
     async def _checked_work(self, body: bytes, xid: str | None, send: Send, path: str) -> None:
         self.check_runner(path)
+        self.check_speech(path)
         await self._work(body, xid, send)
 
     def check_runner(self, path: str) -> None:
@@ -40,6 +43,13 @@ class PostRoute:
                            f"with --runner generate for {path}.", status=400)
         raise APIError(f"This server runs a generation model (--runner generate); {path} needs a server started "
                        "with --runner pooling.", status=400)
+
+    def check_speech(self, path: str) -> None:
+        """400 for a text route on a speech-to-text model (Whisper): its decoder needs audio."""
+        model = self.state.config.model
+        if not self.speech_ok and model is not None and speech_support(model) is not None:
+            raise APIError(f"This server runs a speech-to-text model: it serves /v1/audio/transcriptions and "
+                           f"/v1/audio/translations, not {path}.", status=400, param="model")
 
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
         raise NotImplementedError

@@ -6,6 +6,8 @@ Frames as server/render/worker.py speaks them. The first frame in is the config
 {"preprocessor": {...}, "cache_bytes": int}; the worker answers [0, pid]. Then one request at a time:
 ["process", [encoded image bytes, ...], min_pixels | None, max_pixels | None]
 -> [0, [[pixel bytes, shape, grid, hash, cache hit], ...]] | [1, message the client may see] | [2, internal error].
+A speech model's worker (config {"audio_model": dir, ...}) answers ["audio", file bytes, max seconds] with
+[0, {"duration", "windows": [{features, shape, hash, start, seconds}, ...]}] (server/multimodal/audio_decode.py).
 The preprocessed result is cached (LRU, `cache_bytes` of pixel data; --mm-processor-cache-gb) by a hash of the
 decoded RGB pixels plus the processor settings, so the same picture sent again (even re-encoded) skips the
 processor. ["hang"] and ["exit"] exist for tests of the pool's kill-and-replace.
@@ -92,18 +94,24 @@ def main() -> None:
     config = receive()
     if config is None:
         return
-    from engine.multimodal.processing import make_processor  # after the nice +10: see `process`
+    # after the nice +10: see `process`
+    from engine.multimodal.processing import make_processor
+    from server.multimodal import audio_decode
 
-    settings = config["preprocessor"]
-    processor = make_processor(settings)
+    settings = config.get("preprocessor")
+    processor = make_processor(settings) if settings is not None else None
+    extractor = audio_decode.make_extractor(config["audio_model"]) if config.get("audio_model") else None
     cache = ProcessorCache(int(config["cache_bytes"]))
     writer.send([OK, os.getpid()])
     while (request := receive()) is not None:
         op = request[0]
         try:
-            if op == "process":
+            if op == "process" and processor is not None and settings is not None:
                 result = process(processor, settings, cache, request[1], request[2], request[3])
                 reply = [USER_ERROR, result] if isinstance(result, str) else [OK, result]
+            elif op == "audio" and extractor is not None:
+                got = audio_decode.process(extractor, request[1], float(request[2]))
+                reply = [USER_ERROR, got] if isinstance(got, str) else [OK, got]
             elif op == "hang":
                 time.sleep(3600)
                 reply = [OK, None]
@@ -112,7 +120,7 @@ def main() -> None:
             else:
                 reply = [INTERNAL_ERROR, f"unknown image worker op {op!r}"]
         except MemoryError:
-            reply = [USER_ERROR, "the image is too large to preprocess here"]
+            reply = [USER_ERROR, "the input is too large to preprocess here"]
         except Exception as e:  # noqa: BLE001 - report and stay alive for the next request
             reply = [INTERNAL_ERROR, f"{type(e).__name__}: {e}"]
         writer.send(reply)

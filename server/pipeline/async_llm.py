@@ -271,7 +271,7 @@ class AsyncLLM:
                 continue
             for i, child_id in enumerate(spec.child_ids()):
                 self._send(AddRequest(child_id, spec.prompt_token_ids, spec.child_params(i), spec.arrival_time,
-                                      spec.priority))
+                                      spec.priority, audio=spec.audio))
                 engine.sent += 1
 
     def _abort_unfinished(self, engine: EngineRequests) -> None:

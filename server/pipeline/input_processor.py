@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from engine.messages import ImageInput, Ready, SamplingParams, StructuredOutputs
+from engine.messages import AudioInput, ImageInput, Ready, SamplingParams, StructuredOutputs
 from server.config import RequestCaps, ServerConfig
 from server.http.errors import bad_request
 from server.protocol.openai import ChatCompletionRequest, CompletionRequest
@@ -69,6 +69,7 @@ class GenerationSpec:
     arrival_time: float = 0.0
     index_offset: int = 0  # choice index of child 0 (completions with several prompts: prompt_no * n)
     mm_inputs: list[ImageInput] | None = None  # images (a vision model): pixels + placeholder positions
+    audio: AudioInput | None = None  # a speech model's audio window (server/api/audio/)
 
     def child_ids(self) -> list[str]:
         return [self.request_id] if self.n == 1 else [f"{self.request_id}-{i}" for i in range(self.n)]

@@ -51,7 +51,7 @@ class Output:
     """One choice's news since the last hand-over (DELTA) or its whole state (FINAL_ONLY)."""
 
     __slots__ = ("index", "text", "token_ids", "finish_reason", "stop_reason", "logprobs", "prompt_logprobs",
-                 "num_output_tokens", "num_cached_tokens", "error", "first", "pooled", "_parts")
+                 "num_output_tokens", "num_cached_tokens", "error", "first", "pooled", "no_speech_prob", "_parts")
 
     def __init__(self, index: int, text: str, token_ids: list[int], num_output_tokens: int,
                  finish_reason: str | None = None, stop_reason: int | str | None = None,
@@ -68,6 +68,7 @@ class Output:
         self.error: str | None = None
         self.first = first  # the choice's first output (chat sends delta.role with it)
         self.pooled: PooledData | None = None  # runner "pooling": the request's raw output, on its final output
+        self.no_speech_prob: float | None = None  # a Whisper request's, on its final output
         self._parts: list[str] | None = None  # merged texts, joined once when the consumer takes the output
 
     def merge(self, newer: Output, kind: OutputKind) -> None:
@@ -97,6 +98,8 @@ class Output:
             self.prompt_logprobs = newer.prompt_logprobs
         if newer.pooled is not None:
             self.pooled = newer.pooled
+        if newer.no_speech_prob is not None:
+            self.no_speech_prob = newer.no_speech_prob
         self.num_cached_tokens = max(self.num_cached_tokens, newer.num_cached_tokens)
 
     def settle(self) -> None:
@@ -359,6 +362,7 @@ class OutputProcessor:
                      first=not state.emitted)
         out.num_cached_tokens = state.num_cached_tokens
         out.pooled = ro.pooled
+        out.no_speech_prob = ro.no_speech_prob
         if not state.emitted:
             out.prompt_logprobs = state.prompt_logprobs
         if self.metrics is not None:

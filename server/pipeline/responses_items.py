@@ -12,6 +12,7 @@ from typing import Any
 
 from server.http.errors import APIError, bad_request
 from server.protocol.openai import ChatCompletionRequest, JSONSchemaFormat, ResponseFormat
+from server.pipeline.responses_files import file_text
 from server.protocol.responses import ResponsesRequest
 
 ROLES = ("user", "system", "developer", "assistant")
@@ -56,8 +57,11 @@ def _content(content: Any, param: str, images: bool) -> str | list[dict[str, Any
                 raise bad_request(f"{p}.image_url must be a URL or a data: URL (file_id is not supported).",
                                   f"{p}.image_url")
             parts.append({"type": "image_url", "image_url": {"url": url}})
+        elif kind == "input_file":
+            parts.append({"type": "text", "text": file_text(part, p)})
         else:
-            raise bad_request(f"{p}.type {kind!r} is not supported; use input_text or input_image.", f"{p}.type")
+            raise bad_request(f"{p}.type {kind!r} is not supported; use input_text, input_image or input_file.",
+                              f"{p}.type")
     if all(p["type"] == "text" for p in parts):
         return "\n".join(p["text"] for p in parts)  # as the chat route joins text parts
     return parts
@@ -106,9 +110,9 @@ class _Messages:
         elif kind == "reasoning":
             texts = [c.get("text", "") for c in item.get("content") or [] if isinstance(c, dict)]
             self.reasoning.append("".join(t for t in texts if isinstance(t, str)))
-        else:
+        else:  # an item_reference was resolved by the route (resolve_references) before this
             raise bad_request(f"{param}.type {kind!r} is not supported; use message, function_call, "
-                              "function_call_output or reasoning.", f"{param}.type")
+                              "function_call_output, reasoning or item_reference.", f"{param}.type")
 
     def _message(self, item: dict[str, Any], param: str) -> None:
         role = item.get("role")
@@ -199,8 +203,8 @@ def check_unsupported(req: ResponsesRequest) -> None:
     for inc in req.include or []:
         if inc not in INCLUDE_OK and inc != LOGPROBS:
             raise bad_request(f"include {inc!r} is not supported.", "include")
-    if req.truncation not in (None, "disabled"):
-        raise bad_request('truncation "auto" is not supported: only "disabled".', "truncation")
+    if req.truncation not in (None, "disabled", "auto"):
+        raise bad_request('truncation must be "auto" or "disabled".', "truncation")
     if req.background and not req.store:
         raise bad_request("background responses need store: true (they are read back with GET).", "background")
     if req.background and req.stream:
@@ -213,11 +217,13 @@ def check_unsupported(req: ResponsesRequest) -> None:
                           "prompt")
 
 
-def chat_request(req: ResponsesRequest, history: list[Any], *, images: bool = False) -> ChatCompletionRequest:
+def chat_request(req: ResponsesRequest, history: list[Any], *, images: bool = False,
+                 given: list[Any] | None = None) -> ChatCompletionRequest:
     """The chat request the chat path renders, checks and builds the engine request from. `history`: the
-    items of the previous response's conversation (its input and output), before this request's input."""
+    items of the previous response's conversation (its input and output), before this request's input;
+    `given`: this request's input items with their references resolved (None: input_items(req))."""
     check_unsupported(req)
-    items = [*history, *input_items(req)]
+    items = [*history, *(input_items(req) if given is None else given)]
     chat = ChatCompletionRequest(
         model=req.model, messages=chat_messages(req.instructions, items, images), tools=chat_tools(req.tools),
         tool_choice=chat_tool_choice(req.tool_choice), parallel_tool_calls=req.parallel_tool_calls,

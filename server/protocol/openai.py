@@ -150,6 +150,16 @@ class Usage(msgspec.Struct):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
+class CompletionTokensDetails(msgspec.Struct):
+    reasoning_tokens: int = 0
+
+
+class ReasoningUsage(Usage):
+    """Chat's usage with --reasoning-parser: how many completion tokens wrote reasoning."""
+
+    completion_tokens_details: CompletionTokensDetails | None = None
+
+
 class EmbeddingData(msgspec.Struct):
     index: int
     embedding: list[float] | str  # str: base64 of little-endian float32

@@ -50,6 +50,7 @@ class ReasoningParser:
         self._lead = self._state == "in"  # a start tag the model writes anyway, first thing, is dropped
         self._answer_started = False
         self.saw_end = prompt_in_reasoning is False  # reasoning is over (for the constraint's start)
+        self.ended = False  # the output wrote the end tag: its text up to the first end tag was reasoning
 
     def feed(self, text: str, final: bool = False) -> ReasoningDelta:
         out = ReasoningDelta()
@@ -79,7 +80,7 @@ class ReasoningParser:
                     out.reasoning += self._buf[:pos]
                     self._buf = self._buf[pos + len(self.end):]
                     self._state = "after"
-                    self.saw_end = True
+                    self.saw_end = self.ended = True
                     continue
                 cut = len(self._buf) - (0 if final else _held(self._buf, self.end))
                 out.reasoning += self._buf[:cut]
@@ -94,6 +95,11 @@ class ReasoningParser:
             self._buf = ""
             break
         return out
+
+    @property
+    def reasoning_open(self) -> bool:
+        """The output is in reasoning now (its end tag not written yet)."""
+        return self._state == "in"
 
     @classmethod
     def extract(cls, text: str, prompt_in_reasoning: bool | None = None) -> tuple[str | None, str | None]:

@@ -6,7 +6,9 @@ The process the user starts becomes the launcher (`run_api_servers`); it serves 
    free drains (SO_REUSEPORT hashes each connection to a fixed process, busy or not), `--port 0` means one
    port for all, no other program of the same user can bind into the group, and the address is bound
    exactly once, before any process starts;
-2. makes one shared memory file (`server/shared_state.py`: admission counts and metrics, one slot per process);
+2. makes one shared memory file (`server/shared_state.py`: admission counts and metrics, one slot per process)
+   and one private directory for the stored /v1/responses (one SQLite file all API processes open,
+   server/api/openai/responses_store.py), removed when the launcher exits;
 3. makes one Unix socketpair per API process and engine core, and starts each engine core (one, or M with
    `--data-parallel-size M`) with its engine ends (`python -m engine --channels ...`, `engine/channels.py`);
    an engine's stdin is only the launcher's lifeline;
@@ -30,6 +32,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from types import FrameType
 
@@ -53,7 +56,12 @@ def run_api_servers(config: ServerConfig) -> int:
     except Exception as e:  # noqa: BLE001 - e.g. the port is taken
         log.error("server failed: %s", e)
         return 1
-    fleet = _start(cfg, listener)
+    with tempfile.TemporaryDirectory(prefix="spindle-responses-") as responses_dir:  # mode 0700
+        return _serve(cfg, listener, responses_dir)
+
+
+def _serve(cfg: ServerConfig, listener: socket.socket, responses_dir: str) -> int:
+    fleet = _start(cfg, listener, responses_dir)
     log.info("%d API servers on %s:%d, %d engine core(s) (pid %s)", cfg.api_server_count, cfg.host, cfg.port,
              cfg.data_parallel_size, ", ".join(map(str, fleet.engines)))
     code = fleet.wait()
@@ -61,7 +69,7 @@ def run_api_servers(config: ServerConfig) -> int:
     return code
 
 
-def _start(cfg: ServerConfig, listener: socket.socket) -> _Fleet:
+def _start(cfg: ServerConfig, listener: socket.socket, responses_dir: str) -> _Fleet:
     """The engine cores and the API processes, each with its ends of the channels; the parent's copies closed."""
     n, m = cfg.api_server_count, cfg.data_parallel_size
     shared_fd, _ = SharedRegion.create(n)
@@ -78,7 +86,7 @@ def _start(cfg: ServerConfig, listener: socket.socket) -> _Fleet:
             ends = [channels[i][1] for channels in pairs]
             context = WorkerContext(index=i, count=n, listen_fd=listener.fileno(),
                                     engine_fds=[b.fileno() for b in ends], engine_pids=list(engines),
-                                    shared_fd=shared_fd)
+                                    shared_fd=shared_fd, responses_dir=responses_dir)
             proc = _start_api_process(cfg, context)
             fleet.add_api(proc)
             for b in ends:

@@ -36,6 +36,7 @@ class WorkerContext:
     engine_fds: list[int]  # this process's channel to each engine core, in engine order
     engine_pids: list[int]
     shared_fd: int  # the shared memory file (server/shared_state.py)
+    responses_dir: str | None = None  # the launcher's directory of the stored /v1/responses, shared by all
 
     @functools.cached_property
     def region(self) -> SharedRegion:

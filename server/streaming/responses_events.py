@@ -22,10 +22,10 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(16)}"
 
 
-def usage_object(input_tokens: int, output_tokens: int, cached: int) -> dict[str, Any]:
-    """The Responses usage. reasoning_tokens stays 0: the pipeline counts tokens, not which part they went to."""
+def usage_object(input_tokens: int, output_tokens: int, cached: int, reasoning: int = 0) -> dict[str, Any]:
+    """The Responses usage; `reasoning`: the output tokens that wrote reasoning (streaming/reasoning_tokens.py)."""
     return {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": cached},
-            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": input_tokens + output_tokens}
 
 

@@ -6,6 +6,7 @@ writes random text, so function calls come from `required` / named tool choices,
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from collections.abc import Iterator
@@ -23,10 +24,13 @@ WEATHER: Any = {"type": "function", "name": "get_weather", "description": "Weath
                                "required": ["city"], "additionalProperties": False}}
 
 
+MAX_LEN = 1024
+
+
 @pytest.fixture(scope="module")
 def srv(qwen25_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     s = start_server(qwen25_ckpt, tmp_path_factory.mktemp("responses"), "--enable-auto-tool-choice",
-                     "--tool-call-parser", "hermes", "--responses-store-size", "2")
+                     "--tool-call-parser", "hermes", "--responses-store-size", "2", "--max-model-len", str(MAX_LEN))
     yield s
     s.stop()
 
@@ -46,6 +50,10 @@ def plain(resp: Any) -> dict[str, Any]:
         for part in item.get("content") or []:
             part.pop("parsed", None)
     return d
+
+
+def tokens(resp: Any) -> tuple[int, int]:
+    return resp.usage.input_tokens, resp.usage.output_tokens
 
 
 def test_create_text(client: openai.OpenAI) -> None:
@@ -199,9 +207,13 @@ def test_background_and_cancel(client: openai.OpenAI, srv: Server) -> None:
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
+    ({"input": [{"type": "item_reference"}]}, "input[0].id"),
+    ({"input": [{"type": "computer_call_output", "call_id": "x"}]}, "input[0].type"),
     ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role"),
-    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input[0].content[0].type"),
+    ({"input": [{"role": "user", "content": [{"type": "input_audio"}]}]}, "input[0].content[0].type"),
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
+     "input[0].content[0].file_id"),
+    ({"input": "hi", "truncation": "middle"}, "truncation"),
     ({"input": [{"type": "function_call_output", "call_id": "nope", "output": "x"}]}, "input[0].call_id"),
     ({"input": "hi", "tools": [{"type": "web_search_preview"}]}, "tools[0].type"),
     ({"input": "hi", "tool_choice": {"type": "file_search"}}, "tool_choice"),
@@ -210,6 +222,7 @@ def test_background_and_cancel(client: openai.OpenAI, srv: Server) -> None:
     ({"input": "hi", "include": ["file_search_call.results"]}, "include"),
     ({"input": "hi", "top_logprobs": 2}, "top_logprobs"),
     ({}, "input"),
+    ({"input": "hi", "max_output_tokens": MAX_LEN}, "max_output_tokens"),  # over the context: truncation disabled
     ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
 ])
 def test_400s_name_the_field(srv: Server, body: dict[str, Any], param: str) -> None:
@@ -237,3 +250,75 @@ def test_reasoning_items_streamed_and_not(reasoning_client: openai.OpenAI) -> No
     assert deltas == "".join(c.text for c in want.output[0].content)
     last = events[-1]
     assert last.type == "response.incomplete" and plain(last.response) == plain(want)
+    usage = want.usage
+    assert usage is not None and usage.output_tokens == 8
+    assert usage.output_tokens_details.reasoning_tokens == 8  # reasoning never closed: every token was reasoning
+
+
+def test_truncation_auto_drops_the_oldest_turns_at_under_and_over_the_limit(client: openai.OpenAI) -> None:
+    def conversation(pad: int) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": "first" + " hello" * pad}, {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": "second" + " hello" * 20}, {"role": "assistant", "content": "fine"},
+                {"role": "user", "content": "and now?"}]
+
+    def create(items: list[dict[str, Any]], max_out: int, truncation: str = "auto") -> Any:
+        return client.responses.create(model="tiny", input=items, max_output_tokens=max_out, temperature=0,
+                                       store=False, truncation=truncation)  # type: ignore[arg-type]
+
+    def input_tokens(items: list[dict[str, Any]]) -> int:
+        r = create(items, 1, "disabled")
+        assert r.usage is not None
+        return r.usage.input_tokens
+
+    base = input_tokens(conversation(0))
+    items = conversation(MAX_LEN - 12 - base)  # about 12 tokens left for the output
+    full = input_tokens(items)
+    room = MAX_LEN - full
+    assert 1 < room < 40, room
+    for max_out in (room - 1, room):  # under and at the limit: nothing dropped, either way
+        for truncation in ("auto", "disabled"):
+            r = create(items, max_out, truncation)
+            assert r.usage is not None and r.usage.input_tokens == full and r.truncation == truncation
+    with pytest.raises(openai.BadRequestError) as e:  # over it, disabled: a 400
+        create(items, room + 1, "disabled")
+    assert isinstance(e.value.body, dict) and e.value.body["param"] == "max_output_tokens"
+    cut = create(items, room + 1)  # over it, auto: the first turn (and its answer) dropped
+    assert cut.usage is not None and cut.usage.input_tokens == input_tokens(items[2:]) < full
+    with pytest.raises(openai.BadRequestError):  # even the last turn alone cannot leave that much room
+        create(items, MAX_LEN - 5)
+
+
+def test_item_reference_and_input_file(client: openai.OpenAI, srv: Server) -> None:
+    kw: Any = dict(model="tiny", tools=[WEATHER], max_output_tokens=20, temperature=0)
+    r = client.responses.create(input="Weather in Paris?", tool_choice="required", **kw)
+    call = next(o for o in r.output if o.type == "function_call")
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "22C"}
+    whole = client.responses.create(tool_choice="none", store=False, **kw, input=[
+        {"role": "user", "content": "Weather in Paris?"}, call.model_dump(exclude_none=True), output])
+    ref = client.responses.create(tool_choice="none", store=False, **kw, input=[
+        {"role": "user", "content": "Weather in Paris?"}, {"type": "item_reference", "id": call.id}, output])
+    assert ref.output_text == whole.output_text and tokens(ref) == tokens(whole)
+    client.responses.delete(r.id)
+    with pytest.raises(openai.NotFoundError) as e:  # no stored response holds it now
+        client.responses.create(store=False, **kw, input=[{"type": "item_reference", "id": call.id}])
+    assert isinstance(e.value.body, dict) and e.value.body["param"] == "input[0].id"
+
+    notes = "Meeting notes\n- ship 1.0 on Friday\n- 東京 office 🦊\n"
+    as_text = client.responses.create(model="tiny", input=[{"role": "user", "content": [
+        {"type": "input_text", "text": "Summarize"}, {"type": "input_text", "text": f"notes.txt:\n{notes}"}]}],
+        max_output_tokens=4, temperature=0, store=False)
+    b64 = base64.b64encode(notes.encode()).decode()
+    for data in (f"data:text/plain;base64,{b64}", b64):
+        as_file = client.responses.create(model="tiny", input=[{"role": "user", "content": [
+            {"type": "input_text", "text": "Summarize"},
+            {"type": "input_file", "filename": "notes.txt", "file_data": data}]}],
+            max_output_tokens=4, temperature=0, store=False)
+        assert as_file.output_text == as_text.output_text and tokens(as_file) == tokens(as_text)
+    bad = [("data:application/pdf;base64," + base64.b64encode(b"%PDF-1.7 x").decode(), "PDF"),
+           (base64.b64encode(b"\xff\xfe\x00").decode(), "UTF-8"), ("not base64!", "base64"),
+           ("data:text/plain,hello", "base64")]
+    for data, needle in bad:
+        got = httpx.post(f"{srv.url}/v1/responses", timeout=60, json={"model": "tiny", "input": [
+            {"role": "user", "content": [{"type": "input_file", "file_data": data}]}]})
+        assert got.status_code == 400 and needle in got.json()["error"]["message"], got.text
+        assert got.json()["error"]["param"] == "input[0].content[0].file_data"

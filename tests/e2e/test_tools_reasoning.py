@@ -226,6 +226,11 @@ def test_reasoning_fields_streamed_and_not(reasoning_srv: Server) -> None:
     assert streamed_reasoning == streamed_alias == (text or "")
     assert streamed_content == (message.content or "")
     assert (text or "") + (message.content or "") != ""
+    # usage: reasoning never closed, so every completion token was reasoning; streamed, the same in the last chunk
+    assert r.usage is not None and r.usage.completion_tokens_details is not None and message.content is None
+    assert r.usage.completion_tokens_details.reasoning_tokens == r.usage.completion_tokens > 0
+    last = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))[-1]
+    assert last.usage is not None and last.usage.completion_tokens_details == r.usage.completion_tokens_details
 
 
 # ------------------------------------------------------------------------ the same through the anthropic SDK

@@ -13,7 +13,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
-from engine.attention import apply_rope, rms_norm
+from engine.attention import apply_rope, rms_norm, rope_factors, rotate
 from engine.models.args import ConfigError
 from engine.models.registry import parse_config
 from engine.models.rope import inv_freq, rope_table
@@ -59,6 +59,31 @@ def test_rms_norm_matches_transformers(dtype: torch.dtype) -> None:
     ref = ref.to(dtype)
     with torch.no_grad():
         torch.testing.assert_close(rms_norm(x, ref.weight, 1e-6), ref(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 896), (16, 896), (5, 14, 64), (3, 4096)])
+def test_fused_rms_norm_rounds_as_the_float32_form(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    """rms_norm runs torch's fused kernel: bitwise the float32 norm rounded once to the input's dtype, as
+    transformers computes it, on rows of very different scales."""
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(*shape, generator=g) * torch.rand(*shape[:-1], 1, generator=g).mul(50)).to(dtype)
+    w = torch.randn(shape[-1], generator=g).to(dtype)
+    xf = x.float()
+    assert torch.equal(rms_norm(x, w, 1e-6), w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype))
+
+
+def test_bf16_rope_is_bitwise_transformers() -> None:
+    """In bfloat16 the factors are taken in bfloat16 and each product rounded, as transformers does."""
+    cfg = llama_config(rope_theta=10_000.0)
+    positions = torch.tensor([0, 1, 5, 17, 300, 511])
+    cos, sin = LlamaRotaryEmbedding(cfg)(torch.zeros(1, dtype=torch.bfloat16), positions[None])
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(6, 14, 64, generator=g).bfloat16(), torch.randn(6, 2, 64, generator=g).bfloat16()
+    ref_q, ref_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
+    factors = rope_factors(rope_table(64, 10_000.0, None, 512, 4096)[positions], torch.bfloat16)
+    assert torch.equal(rotate(q, *factors), ref_q[0].transpose(0, 1))
+    assert torch.equal(rotate(k, *factors), ref_k[0].transpose(0, 1))
 
 
 def hf_dict(**kw: Any) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from server.pipeline.parsing import ChoiceParsers, plan_constrained_tools, reque
 from server.pipeline.structured import Relaxation, structured_outputs
 from server.protocol.openai import ChatCompletionRequest, chat_decoder
 from server.streaming.output_check import checked, relaxed_check, relaxed_headers
+from server.streaming.reasoning_tokens import decoder
 from server.streaming.respond import respond
 
 
@@ -68,7 +69,8 @@ class ChatRoute(PostRoute):
         if parsed:
             fmt = ParsedChatFormatter(
                 f"chatcmpl-{external}", int(time.time()), self.state.model_name, req.n, texts, req.return_token_ids,
-                tools=plan, reasoning=config.reasoning_parser, prompt=text)
+                tools=plan, reasoning=config.reasoning_parser, prompt=text,
+                decode=decoder(renderer.tokenizer, spec.skip_special_tokens) if config.reasoning_parser else None)
         else:
             fmt = ChatFormatter(f"chatcmpl-{external}", int(time.time()), self.state.model_name, req.n, texts,
                                 req.return_token_ids)

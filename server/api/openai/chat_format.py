@@ -13,8 +13,10 @@ from server.pipeline.output_processor import Output
 from server.pipeline.parsing import ChoiceParser, ChoiceParsers
 from server.protocol.openai import (
     ChatChoice, ChatChoiceIds, ChatCompletionResponse, ChatCompletionStreamResponse, ChatMessage,
-    ChatMessageReasoning, ChatStreamChoice, ChatStreamChoiceIds, DeltaMessage, Usage, encoder,
+    ChatMessageReasoning, ChatStreamChoice, ChatStreamChoiceIds, CompletionTokensDetails, DeltaMessage,
+    ReasoningUsage, Usage, encoder,
 )
+from server.streaming.reasoning_tokens import Decode, reasoning_tokens
 from server.tools.choice import ToolPlan
 from server.tools.parser import ToolCallDelta, assemble
 
@@ -101,11 +103,36 @@ class ParsedChatFormatter(ChatFormatter):
     direct_ok = False
 
     def __init__(self, request_id: str, created: int, model: str, n: int, texts: TokenTexts | None,
-                 token_ids: bool, *, tools: ToolPlan | None, reasoning: str | None, prompt: str) -> None:
+                 token_ids: bool, *, tools: ToolPlan | None, reasoning: str | None, prompt: str,
+                 decode: Decode | None = None) -> None:
         super().__init__(request_id, created, model, n, texts, token_ids)
         self._plain = False
         self._parsers = ChoiceParsers(tools, reasoning, prompt)
         self._choices: dict[int, ChoiceParser] = {}
+        self.decode = decode  # set with a reasoning parser: usage counts the reasoning tokens
+        self._ids: dict[int, list[int]] = {}  # per streamed choice: its token ids so far
+        self._reasoned: dict[int, int] = {}  # per streamed choice whose reasoning ended: its reasoning tokens
+
+    def _count(self, index: int) -> int:
+        parser = self._choices[index].reasoning
+        if index in self._reasoned or parser is None or self.decode is None:
+            return self._reasoned.get(index, 0)
+        n = reasoning_tokens(parser, self._ids.get(index, []), self.decode)
+        if parser.ended:  # final once the end tag is out: counted once
+            self._reasoned[index] = n
+        return n
+
+    def _usage(self, usage: Usage, reasoning: int | None = None) -> Usage:
+        """`usage` with its completion_tokens_details (reasoning: the streamed choices' count so far)."""
+        if self.decode is None:
+            return usage
+        if reasoning is None:
+            reasoning = sum(self._count(i) for i in self._choices)
+        return ReasoningUsage(usage.prompt_tokens, usage.completion_tokens, usage.total_tokens,
+                              usage.prompt_tokens_details, CompletionTokensDetails(reasoning))
+
+    def usage_chunk(self, usage: Usage) -> bytes:
+        return super().usage_chunk(self._usage(usage))
 
     def stream_chunk(self, batch: list[Output], usage: Usage | None) -> bytes | None:
         parts = []
@@ -114,6 +141,8 @@ class ParsedChatFormatter(ChatFormatter):
             if parser is None:
                 parser = self._choices[out.index] = self._parsers.new()
             d = parser.feed(out.text, out.finish_reason is not None)
+            if self.decode is not None:
+                self._ids.setdefault(out.index, []).extend(out.token_ids)
             finish = parser.finish_reason(out.finish_reason)
             if not (d.reasoning or d.content or d.calls or finish or out.logprobs or self.token_ids):
                 continue  # held back (a tag may be starting): nothing to say yet
@@ -127,14 +156,17 @@ class ParsedChatFormatter(ChatFormatter):
                 parts.append(_enc(ChatStreamChoice(out.index, delta, lp, finish, out.stop_reason)))
         if not parts and usage is None:
             return None
-        tail = b"]}\n\n" if usage is None else b'],"usage":' + _enc(usage) + b"}\n\n"
+        tail = b"]}\n\n" if usage is None else b'],"usage":' + _enc(self._usage(usage)) + b"}\n\n"
         return self._prefix + b",".join(parts) + tail
 
     def final(self, outputs: list[Output], usage: Usage) -> bytes:
         choices: list[ChatChoice] = []
+        reasoning = 0
         for o in outputs:
             parser = self._parsers.new()
             d = parser.feed(o.text, True)
+            if self.decode is not None:
+                reasoning += reasoning_tokens(parser.reasoning, o.token_ids, self.decode)
             calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                      for c in assemble(d.calls)]
             message: ChatMessage
@@ -149,4 +181,5 @@ class ParsedChatFormatter(ChatFormatter):
                 choices.append(ChatChoiceIds(o.index, message, lp, finish, o.stop_reason, o.token_ids))
             else:
                 choices.append(ChatChoice(o.index, message, lp, finish, o.stop_reason))
+        usage = self._usage(usage, reasoning)
         return _enc(ChatCompletionResponse(self.id, self.created, self.model, choices, usage))

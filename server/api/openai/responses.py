@@ -16,6 +16,7 @@ import msgspec
 
 from server.api.openai.logprobs import chat_logprobs
 from server.api.openai.responses_background import BackgroundResponses
+from server.api.openai.responses_context import fit_prompt, resolve_references
 from server.api.openai.responses_store import ResponseStore, StoredResponse
 from server.api.prompts import admit_early, prompts_lower_bound, render_chat, text_prompt_ids
 from server.api.serving import PostRoute
@@ -35,6 +36,7 @@ from server.protocol.openai import ChatCompletionRequest
 from server.protocol.responses import ResponsesRequest, encoder, responses_decoder
 from server.streaming.formatter import StreamFraming
 from server.streaming.output_check import checked, relaxed_check, relaxed_headers
+from server.streaming.reasoning_tokens import decoder
 from server.streaming.respond import respond
 from server.streaming.responses_events import new_id
 from server.streaming.responses_formatter import ResponsesFormatter
@@ -59,7 +61,7 @@ def response_base(req: ResponsesRequest, response_id: str, model: str) -> dict[s
             "metadata": req.metadata or {}, "parallel_tool_calls": req.parallel_tool_calls is not False,
             "previous_response_id": req.previous_response_id, "temperature": req.temperature,
             "top_p": req.top_p, "tools": req.tools or [], "tool_choice": req.tool_choice or "auto",
-            "text": {"format": fmt}, "truncation": "disabled", "store": req.store, "user": req.user,
+            "text": {"format": fmt}, "truncation": req.truncation or "disabled", "store": req.store, "user": req.user,
             "background": req.background, "reasoning": {"effort": req.reasoning.effort if req.reasoning else None,
                                                "summary": None}}
 
@@ -81,9 +83,10 @@ class ResponsesRoute(PostRoute):
     async def _respond(self, body: bytes, xid: str | None, send: Send) -> None:
         req, llm, renderer, limits = self.state.decode_for_model(responses_decoder, body)
         config = self.state.config
-        history = [] if req.previous_response_id is None else self.store.history(req.previous_response_id)
+        history = [] if req.previous_response_id is None else await self.store.history(req.previous_response_id)
         images = config.model is not None and image_support(config.model_path) is not None
-        chat = chat_request(req, history, images=images)
+        given = await resolve_references(input_items(req), self.store)
+        chat = chat_request(req, history, images=images, given=given)
         check_request(chat, limits)
         constraint = await structured_outputs(chat, limits.caps)
         plan, relaxed_tools = await plan_constrained_tools(chat, config, renderer.tokenizer, limits.caps, "tool_choice")
@@ -92,7 +95,10 @@ class ResponsesRoute(PostRoute):
         external = external_request_id(xid, None)
         if llm.admission is not None:  # refuse before rendering when the queue surely has no room
             admit_early(llm, 1, 1)
-        text, ids, mm_inputs = await self._prompt(llm, renderer, chat, limits)
+        if req.truncation == "auto":  # the longest conversation suffix that fits (responses_context.py)
+            text, ids, mm_inputs = await fit_prompt(chat, limits, lambda c: self._prompt(llm, renderer, c, None))
+        else:
+            text, ids, mm_inputs = await self._prompt(llm, renderer, chat, limits)
         so = request_constraint(plan, constraint.so if constraint is not None else None, config, text)
         spec = build_spec(chat, ids, limits, external_id=external, stream=chat.stream, structured_outputs=so)
         spec.mm_inputs = mm_inputs
@@ -111,8 +117,10 @@ class ResponsesRoute(PostRoute):
             assert texts is not None
             return [msgspec.to_builtins(lp) for lp in chat_logprobs(out.logprobs or [], texts).content or []]
 
+        decode = decoder(renderer.tokenizer, spec.skip_special_tokens) if config.reasoning_parser else None
         fmt = ResponsesFormatter(response_base(req, new_id("resp"), self.state.model_name),
-                                 len(spec.prompt_token_ids), new_parser, logprobs if texts is not None else None)
+                                 len(spec.prompt_token_ids), new_parser, logprobs if texts is not None else None,
+                                 decode)
         check = relaxed_check(llm.metrics, constraint, relaxed_tools,
                               ChoiceParsers(plan, config.reasoning_parser, text) if parsed else None)
         headers = [(b"x-request-id", external.encode()), *relaxed_headers(constraint, relaxed_tools)]
@@ -121,7 +129,7 @@ class ResponsesRoute(PostRoute):
             if check is not None:
                 await check.finish()
             if req.store and fmt.done is not None:
-                self.store.put(StoredResponse(fmt.done, [*history, *input_items(req), *fmt.done["output"]]))
+                await self.store.put(StoredResponse(fmt.done, [*history, *given, *fmt.done["output"]]))
 
         async def run(to: Send) -> None:
             await respond(llm, [spec], checked(fmt, check), to, stream=chat.stream,
@@ -130,14 +138,15 @@ class ResponsesRoute(PostRoute):
         await (self.background.start(fmt.base, run, send) if req.background else run(send))
 
     async def _prompt(self, llm: AsyncLLM, renderer: Renderer, chat: ChatCompletionRequest,
-                      limits: ModelLimits) -> tuple[str, list[int], Any]:
-        """The rendered prompt, its token ids and its images' engine inputs (None: no images)."""
+                      limits: ModelLimits | None) -> tuple[str, list[int], Any]:
+        """The rendered prompt, its token ids and its images' engine inputs (None: no images). With `limits`, a
+        text surely too long is refused before tokenizing."""
         images, render_req = None, chat
         if has_images(chat.messages):  # input_image parts on a vision model: as the chat route takes them
             images, messages = await prepare_images(self.state, chat.messages or [], None)
             render_req = msgspec.structs.replace(chat, messages=messages)
         text = await render_chat(renderer, render_req)
-        if llm.admission is not None:
+        if llm.admission is not None and limits is not None:  # not for truncation candidates: generate admits
             admit_early(llm, 1, await prompts_lower_bound(renderer.tokenizer, [text]))
         ids = await text_prompt_ids(renderer, text, chat.add_special_tokens, "input",
                                     limits if images is None else None)
@@ -158,14 +167,13 @@ class StoredResponseRoute:
         response_id = scope["path_params"]["response_id"]
         try:
             if self.background is not None:
-                await send_json(send, 200, _enc(self.background.cancel(response_id)))
+                await send_json(send, 200, _enc(await self.background.cancel(response_id)))
                 return
-            entry = self.store.get(response_id)
             if scope["method"] == "DELETE":
-                self.store.delete(response_id)
+                await self.store.delete(response_id)
                 await send_json(send, 200, _enc({"id": response_id, "object": "response.deleted",
                                                  "deleted": True}))
                 return
-            await send_json(send, 200, _enc(entry.response))
+            await send_json(send, 200, _enc((await self.store.get(response_id)).response))
         except APIError as e:
             await send_error(send, e)

@@ -1,6 +1,12 @@
 """`background: true` responses: answered at once as `queued`, generated in a task of the serving task group
-(AppState.tasks), stored when done (or `failed`); POST /v1/responses/{id}/cancel cancels the generation (the
-engine request is aborted as for a client gone) and stores it as `cancelled`. Per API process, as the store."""
+(AppState.tasks), stored when done (or `failed`).
+
+POST /v1/responses/{id}/cancel may land on any API process: it marks the stored response `cancelled` (the
+shared store, responses_store.py), which is the answer at once. The process generating it stops the generation
+(the engine request is aborted as for a client gone): at once when the cancel landed on it, else when its
+watcher, which reads the marks every WATCH_S while it runs background responses, sees it. The generation's end
+is then not stored over the cancelled response.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ from server.pipeline import unavailable
 from server.protocol.responses import encoder
 
 Run = Callable[[Send], Awaitable[None]]
+WATCH_S = 0.1  # how often a process running background responses reads the cancel marks of other processes
 
 
 async def _discard(message: Message) -> None:  # the answer goes to the store, not to a client
@@ -27,7 +34,8 @@ class BackgroundResponses:
     def __init__(self, state: AppState, store: ResponseStore) -> None:
         self.state = state
         self.store = store
-        self.scopes: dict[str, anyio.CancelScope] = {}  # running background responses by id
+        self.scopes: dict[str, anyio.CancelScope] = {}  # this process's running background responses by id
+        self._watching = False
 
     async def start(self, base: dict[str, Any], run: Run, send: Send) -> None:
         tasks = self.state.tasks
@@ -35,9 +43,12 @@ class BackgroundResponses:
             raise unavailable.starting()
         queued = {**base, "status": "queued", "incomplete_details": None, "output": [], "output_text": "",
                   "usage": None}
-        self.store.put(StoredResponse(queued, []))
+        await self.store.put(StoredResponse(queued, []))
         scope = self.scopes[base["id"]] = anyio.CancelScope()
         tasks.start_soon(self._run, queued, scope, run)
+        if not self._watching:
+            self._watching = True
+            tasks.start_soon(self._watch)
         await send_json(send, 200, encoder.encode(queued))
 
     async def _run(self, queued: dict[str, Any], scope: anyio.CancelScope, run: Run) -> None:
@@ -45,17 +56,33 @@ class BackgroundResponses:
             with scope:
                 await run(_discard)
         except APIError as e:  # refused or failed after it was queued: the stored response says why
-            self.store.put(StoredResponse({**queued, "status": "failed",
-                                           "error": {"code": str(e.status), "message": e.message}}, []))
+            await self.store.put(StoredResponse({**queued, "status": "failed",
+                                                 "error": {"code": str(e.status), "message": e.message}}, []))
         finally:
             self.scopes.pop(queued["id"], None)
 
-    def cancel(self, response_id: str) -> dict[str, Any]:
-        entry = self.store.get(response_id)
+    async def _watch(self) -> None:
+        """While this process runs background responses: stop those another process marked cancelled."""
+        try:
+            while self.scopes:
+                await anyio.sleep(WATCH_S)
+                for rid in await self.store.cancelled(list(self.scopes)) if self.scopes else []:
+                    scope = self.scopes.pop(rid, None)
+                    if scope is not None:
+                        scope.cancel()
+        except APIError:  # the store is unavailable: cancels from other processes wait for the next start
+            pass
+        finally:
+            self._watching = False
+
+    async def cancel(self, response_id: str) -> dict[str, Any]:
+        entry = await self.store.get(response_id)
         if entry.response.get("background") is not True:
             raise APIError("Only responses created with background=true can be cancelled.", status=400)
+        response = await self.store.cancel(response_id)
+        if response is None:
+            raise APIError(f"Response with id '{response_id}' not found.", status=404)
         scope = self.scopes.pop(response_id, None)
-        if scope is not None:
+        if scope is not None and response["status"] == "cancelled":  # running here: stopped now
             scope.cancel()
-            entry.response = {**entry.response, "status": "cancelled"}
-        return entry.response
+        return response

@@ -48,6 +48,7 @@ _detokenize_decoder = msgspec.json.Decoder(DetokenizeRequest)
 
 
 class TokenizeRoute(PostRoute):
+    speech_ok = True
 
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
         req, renderer, limits = self.state.decode_for_render(_tokenize_decoder, body)
@@ -65,6 +66,7 @@ class TokenizeRoute(PostRoute):
 
 
 class DetokenizeRoute(PostRoute):
+    speech_ok = True
 
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
         req, renderer, limits = self.state.decode_for_render(_detokenize_decoder, body)

@@ -100,7 +100,7 @@ def test_tools_tool_choice_and_text_format() -> None:
     ({"input": "hi", "tool_choice": {"type": "function"}}, "tool_choice"),
     ({"input": "hi", "text": {"format": {"type": "xml"}}}, "text.format"),
     ({"input": "hi", "include": ["file_search_call.results"]}, "include"),
-    ({"input": "hi", "truncation": "auto"}, "truncation"),
+    ({"input": "hi", "truncation": "middle"}, "truncation"),
     ({"input": "hi", "background": True, "store": False}, "background"),
     ({"input": "hi", "background": True, "stream": True}, "stream"),
     ({"input": "hi", "conversation": "conv_1", "previous_response_id": "resp_1"}, "conversation"),

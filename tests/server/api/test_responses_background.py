@@ -1,0 +1,72 @@
+"""Background responses over the shared store (server/api/openai/responses_background.py): two BackgroundResponses
+on one database file stand for two API processes; a cancel sent to either stops the generation where it runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from server.api.openai.responses_background import BackgroundResponses
+from server.api.openai.responses_store import ResponseStore, StoredResponse
+from server.api.state import AppState
+from server.config import ServerConfig
+from server.http.asgi import Message, Send
+from server.http.errors import APIError
+
+pytestmark = pytest.mark.anyio
+
+
+class Generation:
+    """A background run that waits until cancelled (nothing ends it otherwise) and says it was."""
+
+    def __init__(self) -> None:
+        self.started, self.cancelled = anyio.Event(), anyio.Event()
+
+    async def __call__(self, send: Send) -> None:
+        self.started.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            self.cancelled.set()
+
+
+async def _answer(message: Message) -> None:
+    return None
+
+
+def process(tasks: Any, directory: Path) -> BackgroundResponses:
+    state = AppState(config=ServerConfig(), model_name="m")
+    state.tasks = tasks
+    return BackgroundResponses(state, ResponseStore(8, str(directory)))
+
+
+@pytest.mark.parametrize("cancel_on", ["owner", "other"])
+async def test_a_cancel_on_either_process_stops_the_generation(tmp_path: Path, cancel_on: str) -> None:
+    async with anyio.create_task_group() as tasks:
+        owner, other = process(tasks, tmp_path), process(tasks, tmp_path)
+        gen = Generation()
+        await owner.start({"id": "resp_1", "background": True}, gen, _answer)
+        await gen.started.wait()
+        assert (await other.store.get("resp_1")).response["status"] == "queued"
+        got = await (owner if cancel_on == "owner" else other).cancel("resp_1")
+        assert got["status"] == "cancelled"
+        with anyio.fail_after(30):  # the owner stops it: at once, or when its watcher reads the mark
+            await gen.cancelled.wait()
+        assert not await owner.store.put(StoredResponse({"id": "resp_1", "status": "completed"}, []))
+        for p in (owner, other):
+            assert (await p.store.get("resp_1")).response["status"] == "cancelled"
+        tasks.cancel_scope.cancel()
+
+
+async def test_only_background_responses_can_be_cancelled(tmp_path: Path) -> None:
+    p = process(None, tmp_path)
+    await p.store.put(StoredResponse({"id": "resp_2", "status": "completed", "background": False}, []))
+    with pytest.raises(APIError) as e:
+        await p.cancel("resp_2")
+    assert e.value.status == 400
+    with pytest.raises(APIError) as e:
+        await p.cancel("resp_none")
+    assert e.value.status == 404
