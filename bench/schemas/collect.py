@@ -19,9 +19,10 @@ import subprocess
 import sys
 import tarfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urljoin
 
 HERE = Path(__file__).resolve().parent
 MAX_BYTES = 240 << 10  # the sample's size bound per schema, as its package ships it
@@ -131,8 +132,47 @@ def schemastore(cache: Path) -> Iterator[tuple[str, Any]]:
         largest = max(fits, key=lambda p: compact_size(p[1]))
         if largest not in chosen:  # the budget's own test: the largest schema that fits it
             chosen.append(largest)
+        def load(doc: str) -> Any:
+            key = by_url.get(doc) or by_url.get(doc + ".json")
+            return json.loads(z.read(f"{base}jsondata/{key}.json")) if key else None
+
         for url, schema in chosen:
-            yield _slug(url.rsplit("/", 1)[1].removesuffix(".json")), schema
+            yield _slug(url.rsplit("/", 1)[1].removesuffix(".json")), _bundle(schema, url, load)
+
+
+def _bundle(root: Any, url: str, load: Callable[[str], Any]) -> Any:
+    """`root` with every document it `$ref`s outside itself that `load` has (SchemaStore's tsconfig for tsoa,
+    transitively) copied into `$defs/<name>`, its own refs rebased there: the schema as one self-contained
+    document, as a user would send it. Refs to documents `load` lacks stay as published."""
+    defs: dict[str, Any] = {}
+
+    def ref(value: str, base: str, here: str) -> str:
+        if value.startswith("#"):
+            return "#" + here + value[1:]
+        doc, _, frag = urljoin(base, value).partition("#")
+        name = _slug(doc.rsplit("/", 1)[-1].removesuffix(".json"))
+        if name not in defs:
+            target = load(doc)
+            if not isinstance(target, dict):
+                return value
+            defs[name] = None  # a placeholder: documents may refer to each other
+            body = {k: v for k, v in target.items() if k not in ("$id", "id", "$schema")}
+            defs[name] = fix(body, doc, f"/$defs/{name}")
+        return f"#/$defs/{name}{frag}"
+
+    def fix(node: Any, base: str, here: str) -> Any:
+        if isinstance(node, dict):
+            return {k: (ref(v, base, here) if k == "$ref" and isinstance(v, str) else fix(v, base, here))
+                    for k, v in node.items()}
+        if isinstance(node, list):
+            return [fix(v, base, here) for v in node]
+        return node
+
+    out = fix(root, url, "")
+    if defs:
+        assert not set(defs) & set(out.get("$defs", {})), url
+        out["$defs"] = {**out.get("$defs", {}), **defs}
+    return out
 
 
 def check_jsonschema(cache: Path) -> Iterator[tuple[str, Any]]:
