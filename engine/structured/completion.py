@@ -76,20 +76,25 @@ def _done(m: llguidance.LLMatcher) -> bool:
     return bool(m.is_stopped() or m.is_accepting())
 
 
-def completion(matcher: llguidance.LLMatcher, preferred: np.ndarray, eos: Sequence[int],
-               limit: int, hints: Sequence[Sequence[int]] = (), structural: Marks | None = None) -> list[int] | None:
+def completion(matcher: llguidance.LLMatcher, preferred: np.ndarray, eos: Sequence[int], limit: int,
+               hints: Sequence[Sequence[int]] = (), structural: Marks | None = None,
+               keys: Sequence[Sequence[int]] = ()) -> list[int] | None:
     """Tokens that take `matcher`'s state to the grammar's end (an eos last where the grammar needs one),
     at most `limit` of them; None when none was found within the limit and the tries. matcher is not moved.
 
     structural: where a comma may come and a quote or letter may not (between an object's or array's members),
     a closing bracket is taken before anything else when one is allowed (the search otherwise adds optional
     members whose masks look new). hints: token sequences to try where no single preferred token changes the
-    mask (a string whose regex needs a particular text: engine/structured/samples.py)."""
+    mask (a string whose regex needs a particular text: engine/structured/samples.py). keys: the schema's
+    required keys as `"name":` and `name":`, tried first wherever one fits whole (once per mask): the
+    mask cannot tell an optional key from a required one, and properties come in the schema's order, so the
+    search would otherwise write every optional key before the required one."""
     m = matcher.deep_copy()
     path: list[int] = []
     seen: set[bytes] = set()
     stuck: set[bytes] = set()  # masks where no option led anywhere new: the first option, untried (a minLength)
     known: bytes | None = None  # m's mask when the last step computed it (the chosen option's)
+    taken: set[tuple[bytes, int]] = set()  # (mask, key): a key once per mask, so an open object cannot loop
     tries = 0
     while len(path) <= limit:
         if m.is_stopped():
@@ -119,8 +124,11 @@ def completion(matcher: llguidance.LLMatcher, preferred: np.ndarray, eos: Sequen
         if mask not in stuck:
             if tries >= MAX_TRIES:
                 return None
-            step, other, used = _try(m, options, mask, seen, MAX_TRIES - tries)
-            tries += used
+            closable = structural is not None and any(_allowed(mask, t) for t in structural.closers)
+            step = _key(m, mask, keys, taken) if keys and not closable else None  # closable: nothing missing
+            if step is None:
+                step, other, used = _try(m, options, mask, seen, MAX_TRIES - tries)
+                tries += used
             if step is None and other is None and hints:  # no single token changes the mask: a way out?
                 step = _hint(m, mask, hints, seen)
                 tries += 1
@@ -170,3 +178,16 @@ def _hint(m: llguidance.LLMatcher, mask: bytes, hints: Sequence[Sequence[int]], 
         if other is None and after != mask:
             other = (list(hint), c, after)
     return other
+
+
+def _key(m: llguidance.LLMatcher, mask: bytes, keys: Sequence[Sequence[int]],
+         taken: set[tuple[bytes, int]]) -> _Step | None:
+    """The first required key the grammar takes here whole that was not taken at this mask before."""
+    for n, key in enumerate(keys):
+        if (mask, n) in taken or m.validate_tokens(list(key)) != len(key):
+            continue
+        taken.add((mask, n))
+        c = m.deep_copy()
+        c.consume_tokens(list(key))
+        return list(key), c, None
+    return None

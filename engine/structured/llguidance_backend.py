@@ -16,7 +16,7 @@ from engine.messages import StructuredOutputs
 from engine.structured.backend import StructuredGrammar
 from engine.structured.completion import Marks, completion, preferred_tokens, structural_marks
 from engine.structured.grammar import LIMITS, GrammarError, to_grammar
-from engine.structured.samples import schema_samples
+from engine.structured.samples import required_keys, schema_samples
 
 INITIAL_MEMO = 64  # max_tokens values whose first finish is kept per compiled grammar
 PAR_MIN_ROWS = 4  # from this many rows the LLExecutor's threads beat filling one row after another
@@ -48,9 +48,10 @@ class Finish:
     eos: list[int]
     marks: Marks
     hints: tuple[list[int], ...] = ()  # ways out of the schema's pattern strings (engine/structured/samples.py)
+    keys: tuple[list[int], ...] = ()  # the schema's required keys, `"name":` and `name":`
 
     def search(self, matcher: llguidance.LLMatcher, limit: int) -> list[int] | None:
-        return completion(matcher, self.preferred, self.eos, limit, self.hints, self.marks)
+        return completion(matcher, self.preferred, self.eos, limit, self.hints, self.marks, self.keys)
 
 
 class LLGuidanceGrammar:
@@ -120,14 +121,19 @@ class LLGuidanceBackend:
         return LLGuidanceGrammar(matcher, self._finish_for(so))
 
     def _finish_for(self, so: StructuredOutputs) -> Finish:
-        """The search's options, with hints from the schema's patterns (each sample and its suffixes)."""
-        if so.kind != "json" or '"pattern"' not in so.spec:
+        """The search's options, with hints from the schema's patterns (each sample and its suffixes) and its
+        required keys."""
+        if so.kind != "json" or ('"pattern"' not in so.spec and '"required"' not in so.spec):
             return self._finish_with
+        schema = json.loads(so.spec)
         hints: list[list[int]] = []
-        for sample in schema_samples(json.loads(so.spec)):
+        for sample in schema_samples(schema):
             for start in range(len(sample)):
                 hints.append([int(t) for t in self.tokenizer.tokenize_str(sample[start:])])
-        return replace(self._finish_with, hints=tuple(sorted(hints, key=len)[:MAX_HINTS]))  # short ways out first
+        keys = [[int(t) for t in self.tokenizer.tokenize_str(text)]
+                for key in required_keys(schema) for text in (f'"{key}":', f'{key}":')]
+        return replace(self._finish_with, hints=tuple(sorted(hints, key=len)[:MAX_HINTS]),  # short ways out first
+                       keys=tuple(keys))
 
     def fill_bitmasks(self, items: Sequence[tuple[StructuredGrammar, int]], bitmask: torch.Tensor) -> None:
         grammars = [(g, row) for g, row in items if isinstance(g, LLGuidanceGrammar)]

@@ -57,6 +57,22 @@ def schema_samples(schema: Any) -> list[str]:
     return list(found)
 
 
+def required_keys(schema: Any) -> list[str]:
+    """The names in the schema's `required` lists, JSON-escaped, without repeats; at most MAX_SAMPLES."""
+    found: dict[str, None] = {}
+    stack = [schema]
+    while stack and len(found) < MAX_SAMPLES:
+        node = stack.pop()
+        if isinstance(node, dict):
+            required = node.get("required")
+            if isinstance(required, list):
+                found.update((json.dumps(k)[1:-1], None) for k in required if isinstance(k, str))
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return list(found)[:MAX_SAMPLES]
+
+
 def _shortest(items: list[tuple[Any, Any]]) -> str:
     return "".join(_item(op, av) for op, av in items)
 
