@@ -110,22 +110,15 @@ def completion(matcher: llguidance.LLMatcher, preferred: np.ndarray, eos: Sequen
             continue
         mask = known if known is not None else bytes(m.compute_bitmask())
         seen.add(mask)
-        bits = np.frombuffer(mask, np.uint8)[preferred >> 3] >> (preferred & 7)
-        options: list[int] = preferred[bits & 1 == 1].tolist()
-        if not options:  # only tokens outside the list (special tokens, other scripts): take the first
-            first = _first_allowed(mask)
-            if first is None:
-                return None
-            options = [first]
+        options = _options(mask, preferred, structural)
+        if not options:
+            return None
         step: _Step | None = None
         other: _Step | None = None
-        if structural is not None and structural.between(mask):
-            options = [t for t in options if t in structural.closers] or options  # between members: close first
         if mask not in stuck:
             if tries >= MAX_TRIES:
                 return None
-            closable = structural is not None and any(_allowed(mask, t) for t in structural.closers)
-            step = _key(m, mask, keys, taken) if keys and not closable else None  # closable: nothing missing
+            step = _key(m, mask, keys, taken, structural) if keys else None
             if step is None:
                 step, other, used = _try(m, options, mask, seen, MAX_TRIES - tries)
                 tries += used
@@ -141,6 +134,19 @@ def completion(matcher: llguidance.LLMatcher, preferred: np.ndarray, eos: Sequen
         path += step[0]
         m, known = step[1], step[2]
     return None
+
+
+def _options(mask: bytes, preferred: np.ndarray, structural: Marks | None) -> list[int]:
+    """The preferred tokens `mask` allows (between members: the closers alone when one is), else its first
+    allowed token (special tokens, other scripts); [] when it allows none."""
+    bits = np.frombuffer(mask, np.uint8)[preferred >> 3] >> (preferred & 7)
+    options: list[int] = preferred[bits & 1 == 1].tolist()
+    if not options:
+        first = _first_allowed(mask)
+        options = [] if first is None else [first]
+    if structural is not None and structural.between(mask):
+        options = [t for t in options if t in structural.closers] or options
+    return options
 
 
 def _try(m: llguidance.LLMatcher, options: list[int], mask: bytes, seen: set[bytes],
@@ -180,9 +186,12 @@ def _hint(m: llguidance.LLMatcher, mask: bytes, hints: Sequence[Sequence[int]], 
     return other
 
 
-def _key(m: llguidance.LLMatcher, mask: bytes, keys: Sequence[Sequence[int]],
-         taken: set[tuple[bytes, int]]) -> _Step | None:
-    """The first required key the grammar takes here whole that was not taken at this mask before."""
+def _key(m: llguidance.LLMatcher, mask: bytes, keys: Sequence[Sequence[int]], taken: set[tuple[bytes, int]],
+         structural: Marks | None) -> _Step | None:
+    """The first required key the grammar takes here whole that was not taken at this mask before; None where
+    the object may close (no required key is missing)."""
+    if structural is not None and any(_allowed(mask, t) for t in structural.closers):
+        return None
     for n, key in enumerate(keys):
         if (mask, n) in taken or m.validate_tokens(list(key)) != len(key):
             continue
