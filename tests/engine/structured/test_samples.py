@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from engine.structured.samples import MAX_LENGTH, pattern_sample, schema_samples
+from engine.structured.samples import MAX_LENGTH, pattern_sample, required_keys, schema_samples
 
 
 @pytest.mark.parametrize("pattern", [
@@ -28,3 +28,9 @@ def test_schema_samples_are_json_escaped_and_unique() -> None:
     schema = {"properties": {"a": {"pattern": r"^\\d$"}, "b": {"pattern": r"^\\d$"}, "c": {"pattern": "^x$"}},
               "patternProperties": {"^k": {"type": "string", "pattern": "^[a-c]{2}$"}}}
     assert sorted(schema_samples(schema)) == sorted(["\\\\d", "x", "aa"])
+
+
+def test_required_keys_are_json_escaped_and_unique() -> None:
+    schema = {"required": ["a", 'q"'], "properties": {"a": {"required": ["b", "a"]}, "c": {"required": "x"}},
+              "items": [{"required": ["d"]}]}
+    assert sorted(required_keys(schema)) == sorted(["a", 'q\\"', "b", "d"])
