@@ -98,16 +98,18 @@ def _rewrite(node: Any, old: str, new: str) -> Any:
     return node
 
 
-def _closure(root: Any, defs: dict[str, Any], prefix: str) -> dict[str, Any]:
-    """The definitions `root` reaches through refs `prefix + name`, transitively."""
+def _closure(root: Any, defs: dict[str, Any], prefix: str, inner: str | None = None) -> dict[str, Any]:
+    """The definitions `root` reaches through refs `prefix + name`, transitively; `inner`: the prefix the
+    definitions use among themselves when it is not `prefix` (Kubernetes' `#/$defs/`)."""
     out: dict[str, Any] = {}
     todo = [r[len(prefix):] for r in _refs(root) if r.startswith(prefix)]
+    among = inner or prefix
     while todo:
         name = todo.pop()
         if name in out or name not in defs:
             continue
         out[name] = defs[name]
-        todo.extend(r[len(prefix):] for r in _refs(defs[name]) if r.startswith(prefix))
+        todo.extend(r[len(among):] for r in _refs(defs[name]) if r.startswith(among))
     return out
 
 
@@ -154,7 +156,7 @@ def kubernetes(cache: Path) -> Iterator[tuple[str, Any]]:
         picked = 0
         for name in _every(names, 60):
             schema = json.loads(z.read(name))
-            reached = _closure(schema, defs, prefix)
+            reached = _closure(schema, defs, prefix, local)
             out = _rewrite({**schema, "$defs": reached} if reached else schema, prefix, local)
             if len(json.dumps(out)) <= MAX_BYTES and picked < 45:
                 picked += 1

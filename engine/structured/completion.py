@@ -10,6 +10,7 @@ a number of tries, so one search costs a few ms.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import llguidance
 import numpy as np
@@ -23,6 +24,8 @@ PREFERENCE = (['""', '"', "1", "0", "a",
               + list(",:;.-_+*/=!?@#$%^&|~`'") + [" ", "\n", "\t"]
               + list("ABCDEFGHIJKLMNOPQRSTUVWXYZbcdefghijklmnopqrstuvwxyz") + list("([{<"))
 MAX_TRIES = 1500  # candidate steps per search (~25 µs each)
+CLOSERS = ("}}", "]}", "}]", "}", "]")
+_Step = tuple[list[int], llguidance.LLMatcher, bytes | None]  # tokens, the matcher after them, its mask if known
 
 
 def preferred_tokens(tokenizer: llguidance.LLTokenizer) -> np.ndarray:
@@ -33,6 +36,33 @@ def preferred_tokens(tokenizer: llguidance.LLTokenizer) -> np.ndarray:
         if len(toks) == 1 and bytes(tokenizer.decode_bytes(toks)) == text.encode() and toks[0] not in ids:
             ids.append(toks[0])
     return np.array(ids, dtype=np.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class Marks:
+    """The structural tokens of a vocabulary (-1: not one token)."""
+
+    comma: int
+    quote: int
+    letter: int
+    closers: frozenset[int]
+
+    def between(self, mask: bytes) -> bool:
+        """Between an object's or array's members: a comma may come, a quote or a letter may not (inside a string
+        whose pattern holds back its closing quote, a letter still may)."""
+        return _allowed(mask, self.comma) and not _allowed(mask, self.quote) and not _allowed(mask, self.letter)
+
+
+def structural_marks(tokenizer: llguidance.LLTokenizer) -> Marks:
+    def one(text: str) -> int:
+        toks = tokenizer.tokenize_str(text)
+        return toks[0] if len(toks) == 1 else -1
+
+    return Marks(one(","), one('"'), one("a"), frozenset(t for t in map(one, CLOSERS) if t >= 0))
+
+
+def _allowed(mask: bytes, token: int) -> bool:
+    return token >= 0 and bool(mask[token >> 3] >> (token & 7) & 1)
 
 
 def _first_allowed(mask: bytes) -> int | None:
@@ -47,9 +77,14 @@ def _done(m: llguidance.LLMatcher) -> bool:
 
 
 def completion(matcher: llguidance.LLMatcher, preferred: np.ndarray, eos: Sequence[int],
-               limit: int) -> list[int] | None:
+               limit: int, hints: Sequence[Sequence[int]] = (), structural: Marks | None = None) -> list[int] | None:
     """Tokens that take `matcher`'s state to the grammar's end (an eos last where the grammar needs one),
-    at most `limit` of them; None when none was found within the limit and the tries. matcher is not moved."""
+    at most `limit` of them; None when none was found within the limit and the tries. matcher is not moved.
+
+    structural: where a comma may come and a quote or letter may not (between an object's or array's members),
+    a closing bracket is taken before anything else when one is allowed (the search otherwise adds optional
+    members whose masks look new). hints: token sequences to try where no single preferred token changes the
+    mask (a string whose regex needs a particular text: engine/structured/samples.py)."""
     m = matcher.deep_copy()
     path: list[int] = []
     seen: set[bytes] = set()
@@ -77,30 +112,61 @@ def completion(matcher: llguidance.LLMatcher, preferred: np.ndarray, eos: Sequen
             if first is None:
                 return None
             options = [first]
-        # the first option that ends the grammar or whose mask is unseen; else the first whose mask differs
-        step: tuple[int, llguidance.LLMatcher, bytes | None] | None = None
-        other: tuple[int, llguidance.LLMatcher, bytes | None] | None = None
-        for t in options if mask not in stuck else ():
-            tries += 1
-            if tries > MAX_TRIES:
+        step: _Step | None = None
+        other: _Step | None = None
+        if structural is not None and structural.between(mask):
+            options = [t for t in options if t in structural.closers] or options  # between members: close first
+        if mask not in stuck:
+            if tries >= MAX_TRIES:
                 return None
-            c = m.deep_copy()
-            c.consume_token(t)
-            if _done(c):
-                step = (t, c, None)
-                break
-            after = bytes(c.compute_bitmask())
-            if after not in seen:
-                step = (t, c, after)
-                break
-            if other is None and after != mask:
-                other = (t, c, after)
+            step, other, used = _try(m, options, mask, seen, MAX_TRIES - tries)
+            tries += used
+            if step is None and other is None and hints:  # no single token changes the mask: a way out?
+                step = _hint(m, mask, hints, seen)
+                tries += 1
         step = step or other
         if step is None:
             stuck.add(mask)
             c = m.deep_copy()
             c.consume_token(options[0])
-            step = (options[0], c, None)
-        path.append(step[0])
+            step = ([options[0]], c, None)
+        path += step[0]
         m, known = step[1], step[2]
     return None
+
+
+def _try(m: llguidance.LLMatcher, options: list[int], mask: bytes, seen: set[bytes],
+         allowed: int) -> tuple[_Step | None, _Step | None, int]:
+    """(the first option that ends the grammar or leads to an unseen mask; else None, the first whose mask
+    differs, and the tries used), at most `allowed` tries."""
+    other: _Step | None = None
+    for n, t in enumerate(options[:allowed], 1):
+        c = m.deep_copy()
+        c.consume_token(t)
+        if _done(c):
+            return ([t], c, None), other, n
+        after = bytes(c.compute_bitmask())
+        if after not in seen:
+            return ([t], c, after), other, n
+        if other is None and after != mask:
+            other = ([t], c, after)
+    return None, other, min(len(options), allowed)
+
+
+def _hint(m: llguidance.LLMatcher, mask: bytes, hints: Sequence[Sequence[int]], seen: set[bytes]) -> _Step | None:
+    """The first hint the grammar takes here whole that ends it or changes the mask (an unseen one first: the
+    way out of the 2nd string of a pattern looks like the 1st's)."""
+    other: _Step | None = None
+    for hint in hints:
+        if m.validate_tokens(list(hint)) != len(hint):
+            continue
+        c = m.deep_copy()
+        c.consume_tokens(list(hint))
+        if _done(c):
+            return list(hint), c, None
+        after = bytes(c.compute_bitmask())
+        if after not in seen:
+            return list(hint), c, after
+        if other is None and after != mask:
+            other = (list(hint), c, after)
+    return other

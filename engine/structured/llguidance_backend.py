@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import llguidance
@@ -12,11 +14,13 @@ import torch
 
 from engine.messages import StructuredOutputs
 from engine.structured.backend import StructuredGrammar
-from engine.structured.completion import completion, preferred_tokens
+from engine.structured.completion import Marks, completion, preferred_tokens, structural_marks
 from engine.structured.grammar import LIMITS, GrammarError, to_grammar
+from engine.structured.samples import schema_samples
 
 INITIAL_MEMO = 64  # max_tokens values whose first finish is kept per compiled grammar
 PAR_MIN_ROWS = 4  # from this many rows the LLExecutor's threads beat filling one row after another
+MAX_HINTS = 2048  # token sequences (samples of the schema's patterns and their suffixes) per grammar
 
 
 def load_tokenizer(folder: str | Path, vocab_size: int, eos_token_ids: Sequence[int]) -> llguidance.LLTokenizer:
@@ -36,11 +40,24 @@ def load_tokenizer(folder: str | Path, vocab_size: int, eos_token_ids: Sequence[
     return from_tokenizer(hf, n_vocab=vocab_size, eos_token=eos)  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """What completion() needs besides the matcher, shared by a grammar's copies."""
+
+    preferred: np.ndarray
+    eos: list[int]
+    marks: Marks
+    hints: tuple[list[int], ...] = ()  # ways out of the schema's pattern strings (engine/structured/samples.py)
+
+    def search(self, matcher: llguidance.LLMatcher, limit: int) -> list[int] | None:
+        return completion(matcher, self.preferred, self.eos, limit, self.hints, self.marks)
+
+
 class LLGuidanceGrammar:
-    def __init__(self, matcher: llguidance.LLMatcher, closers: tuple[np.ndarray, list[int]],
+    def __init__(self, matcher: llguidance.LLMatcher, finish: Finish,
                  initial: dict[int, list[int] | None] | None = None) -> None:
         self.matcher = matcher
-        self._closers = closers  # (preferred tokens, eos tokens) for completion(), shared by the copies
+        self._finish_with = finish
         # completion() from the state this matcher was copied in, by limit, shared by the copies while they have
         # accepted nothing: every request with this constraint asks it at its first step; None once moved
         self._initial: dict[int, list[int] | None] | None = initial if initial is not None else {}
@@ -65,11 +82,11 @@ class LLGuidanceGrammar:
     def completion(self, limit: int) -> list[int] | None:
         memo = self._initial
         if memo is None:
-            return completion(self.matcher, *self._closers, limit=limit)
+            return self._finish_with.search(self.matcher, limit)
         if limit not in memo:
             if len(memo) >= INITIAL_MEMO:
                 memo.clear()
-            memo[limit] = completion(self.matcher, *self._closers, limit=limit)
+            memo[limit] = self._finish_with.search(self.matcher, limit)
         found = memo[limit]
         return None if found is None else list(found)
 
@@ -79,14 +96,15 @@ class LLGuidanceGrammar:
 
     def copy(self) -> LLGuidanceGrammar:
         # deep_copy: ~1 µs against ~1 ms for a fresh LLMatcher from the grammar text (bench/README.md)
-        return LLGuidanceGrammar(self.matcher.deep_copy(), self._closers, self._initial)
+        return LLGuidanceGrammar(self.matcher.deep_copy(), self._finish_with, self._initial)
 
 
 class LLGuidanceBackend:
     def __init__(self, tokenizer: llguidance.LLTokenizer) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = int(tokenizer.vocab_size)
-        self._closers = (preferred_tokens(tokenizer), [int(t) for t in tokenizer.eos_tokens])
+        self._finish_with = Finish(preferred_tokens(tokenizer), [int(t) for t in tokenizer.eos_tokens],
+                                   structural_marks(tokenizer))
         self._executor: llguidance.LLExecutor | None = None
 
     @classmethod
@@ -99,7 +117,17 @@ class LLGuidanceBackend:
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=LIMITS)  # never raises: check is_error
         if matcher.is_error():
             raise GrammarError(matcher.get_error().strip() or "the grammar cannot be compiled")
-        return LLGuidanceGrammar(matcher, self._closers)
+        return LLGuidanceGrammar(matcher, self._finish_for(so))
+
+    def _finish_for(self, so: StructuredOutputs) -> Finish:
+        """The search's options, with hints from the schema's patterns (each sample and its suffixes)."""
+        if so.kind != "json" or '"pattern"' not in so.spec:
+            return self._finish_with
+        hints: list[list[int]] = []
+        for sample in schema_samples(json.loads(so.spec)):
+            for start in range(len(sample)):
+                hints.append([int(t) for t in self.tokenizer.tokenize_str(sample[start:])])
+        return replace(self._finish_with, hints=tuple(sorted(hints, key=len)[:MAX_HINTS]))  # short ways out first
 
     def fill_bitmasks(self, items: Sequence[tuple[StructuredGrammar, int]], bitmask: torch.Tensor) -> None:
         grammars = [(g, row) for g, row in items if isinstance(g, LLGuidanceGrammar)]

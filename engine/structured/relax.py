@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import llguidance
 
+from engine.structured.exact import rewrite
 from engine.structured.grammar import LIMITS, GrammarError
 
 if TYPE_CHECKING:
@@ -42,6 +43,9 @@ ANNOTATIONS = frozenset({"title", "description", "markdownDescription", "default
                          "x-intellij-html-description"})
 
 
+_KEEP = frozenset({"$ref", "definitions", "$defs", "$schema", "$id", "id", "x-guidance"})  # no constraints
+
+
 @dataclass(frozen=True, slots=True)
 class Relaxed:
     schema: Any  # what to compile: the input itself when it compiles as it is, else a rewritten copy
@@ -55,10 +59,28 @@ def with_best_effort(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def relax(schema: dict[str, Any], style: JsonCompileOptions) -> Relaxed:
-    """The schema as llguidance can enforce it, and what it leaves out; GrammarError when not even that works."""
-    work = with_best_effort(schema)
+    """The schema as llguidance can enforce it, and what it leaves out; GrammarError when not even that works.
+
+    The exact rewrites (engine/structured/exact.py) and repairs first; where llguidance cannot take their result
+    (too large, intersections too deep), those without the conditionals', then the schema as it came, then without
+    folding recursive refs' siblings into copies."""
+    starts: list[dict[str, Any]] = []
+    for start in (rewrite(schema), rewrite(schema, conditionals=False), schema):
+        if start not in starts:
+            starts.append(start)
+    for fold in (True, False):
+        for start in starts:
+            try:
+                return _relax(schema, start, style, fold)
+            except GrammarError as e:
+                error = e
+    raise error
+
+
+def _relax(schema: dict[str, Any], start: dict[str, Any], style: JsonCompileOptions, fold: bool = True) -> Relaxed:
+    work = with_best_effort(start)
     repaired: set[str] = set()
-    rewritten = False
+    rewritten = start is not schema
     for _ in range(MAX_REPAIRS + 1):
         grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(work), defaults=style)
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, limits=LIMITS)
@@ -66,7 +88,7 @@ def relax(schema: dict[str, Any], style: JsonCompileOptions) -> Relaxed:
             keywords = repaired | {k for m in messages for k in warning_keywords(m)}
             return Relaxed(work if keywords or rewritten else schema, tuple(sorted(keywords)))
         error = messages[0] if messages else "the schema cannot be compiled"
-        fixed = _repair(work, error)
+        fixed = _repair(work, error, fold)
         if fixed is None:
             raise GrammarError(error.strip())
         work, keyword = fixed
@@ -94,7 +116,7 @@ def warning_keywords(message: str) -> list[str]:
     return [re.sub(r"[^A-Za-z0-9 _/:.$-]", "", message)[:60].strip() or "other"]
 
 
-def _repair(schema: dict[str, Any], error: str) -> tuple[dict[str, Any], str | None] | None:
+def _repair(schema: dict[str, Any], error: str, fold: bool = True) -> tuple[dict[str, Any], str | None] | None:
     """A copy of the schema without what `error` names and the keyword relaxed (None: an exact rewrite), or None
     when it cannot be repaired."""
     work = copy.deepcopy(schema)
@@ -108,7 +130,7 @@ def _repair(schema: dict[str, Any], error: str) -> tuple[dict[str, Any], str | N
     if "regex" in error or "look-around" in error or "backreference" in error.lower():
         return (work, "pattern") if _drop_bad_patterns(work) else None
     if "circular references with sibling keys" in error:
-        return _circular(work, "#" + error.rpartition("#")[2].strip())
+        return _circular(work, "#" + error.rpartition("#")[2].strip(), fold)
     pointer, resource = _POINTER.search(error), _RESOURCE.search(error)
     if pointer is None and resource is None:
         return None
@@ -118,12 +140,14 @@ def _repair(schema: dict[str, Any], error: str) -> tuple[dict[str, Any], str | N
     return (work, "$ref") if _drop_unresolvable_refs(work) else None
 
 
-def _circular(work: dict[str, Any], target: str) -> tuple[dict[str, Any], str | None] | None:
+def _circular(work: dict[str, Any], target: str, fold: bool) -> tuple[dict[str, Any], str | None] | None:
     """llguidance cannot intersect a recursive $ref with other keywords: annotations beside a $ref go (exact),
     else what sits beside a $ref to `target` (in its node or its allOf) goes."""
     if _strip_ref_siblings(work, only_annotations=True):
         return work, None
-    if _strip_ref_siblings(work, only_annotations=False):
+    if fold and _fold(work, target):
+        return work, None
+    if _strip_ref_siblings(work, only_annotations=False, target=target):
         return work, "$ref"
     dropped = False
     for node in _nodes(work):
@@ -134,6 +158,42 @@ def _circular(work: dict[str, Any], target: str) -> tuple[dict[str, Any], str | 
                 del node["allOf"]
             dropped = True
     return (work, "allOf") if dropped else None
+
+
+def _fold(work: dict[str, Any], target: str) -> bool:
+    """Exact: `{"$ref": T, ...siblings}` (or an allOf of a $ref to T and other members) becomes a $ref to a copy of
+    T's definition that holds the siblings in its allOf, beside T: llguidance then meets no recursive $ref with
+    siblings there (the copy refers to T itself only inside). Once per node; not where T is only a $ref."""
+    parent, _, name = target.partition("#")[2].rpartition("/")
+    container = _resolve(work, parent)
+    body = container.get(name) if isinstance(container, dict) else None
+    if not isinstance(body, dict) or {"$ref", "$id", "id", "$anchor", "$dynamicAnchor"} & set(body):
+        return False  # a copy of an id or anchor would be a second resource of that name
+    folded = 0
+    for node in _nodes(work):
+        extra = {k: v for k, v in node.items() if k not in _KEEP and k not in ANNOTATIONS}
+        parts = node.get("allOf")
+        if node.get("$ref") == target and extra:
+            siblings = [extra]
+        elif isinstance(parts, list) and {"$ref": target} in parts and len(parts) > 1 and set(extra) == {"allOf"}:
+            siblings = [p for p in parts if p != {"$ref": target}]
+        else:
+            continue
+        folded += 1
+        copy_name = next(n for i in range(len(container) + 1) if (n := f"{name}__with{i}") not in container)
+        container[copy_name] = {**body, "allOf": [*body.get("allOf", []), *siblings]}
+        for key in extra:
+            del node[key]
+        node["$ref"] = f"#{parent}/{copy_name}"
+    return folded > 0
+
+
+def _resolve(root: Any, pointer: str) -> Any:
+    node = root
+    for part in pointer.split("/")[1:]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
 
 
 def _quote_refs(schema: Any) -> bool:
@@ -168,11 +228,14 @@ def _drop_overlap(schema: Any, pattern: str) -> bool:
     return False
 
 
-def _strip_ref_siblings(schema: Any, *, only_annotations: bool) -> bool:
+def _strip_ref_siblings(schema: Any, *, only_annotations: bool, target: str | None = None) -> bool:
+    """Drop what sits beside a $ref (to `target` only, when given): annotations, or every keyword but the
+    document's own (its definitions, dialect, id)."""
     changed = False
     for node in _nodes(schema):
-        if isinstance(node.get("$ref"), str) and len(node) > 1:
-            extra = [k for k in node if k != "$ref" and (k in ANNOTATIONS or not only_annotations)]
+        ref = node.get("$ref")
+        if isinstance(ref, str) and len(node) > 1 and target in (None, ref):
+            extra = [k for k in node if k not in _KEEP and (k in ANNOTATIONS or not only_annotations)]
             for key in extra:
                 del node[key]
             changed = changed or bool(extra)
@@ -194,21 +257,33 @@ def _pointer(root: Any, fragment: str) -> bool:
 
 
 def _drop_unresolvable_refs(schema: dict[str, Any]) -> bool:
-    """Every $ref that resolves neither in this document nor in a resource it embeds matches anything."""
+    """Every $ref that resolves neither in this document nor in a resource it embeds goes: an optional property
+    or array item it stood for is left out (`false`: the output never reaches the unknown schema), anywhere else
+    it matches anything."""
     nodes = _nodes(schema)
     ids = {str(n.get(k)).rstrip("#") for n in nodes for k in ("$id", "id") if isinstance(n.get(k), str)}
-    dropped = False
+    lost = [n for n in nodes if isinstance(n.get("$ref"), str) and not _resolves(schema, ids, n["$ref"])]
+    if not lost:
+        return False
+    gone = {id(n) for n in lost}
     for node in nodes:
-        ref = node.get("$ref")
-        if not isinstance(ref, str):
-            continue
-        doc, _, fragment = ref.partition("#")
-        own = not doc or doc.rstrip("/") in ids or any(i.endswith("/" + doc.removeprefix("./")) for i in ids)
-        if own and (not fragment.startswith("/") or _pointer(schema, fragment) or doc):
-            continue
-        del node["$ref"]  # its siblings (a description, a type) still apply
-        dropped = True
-    return dropped
+        props, required = node.get("properties"), node.get("required")
+        if isinstance(props, dict):
+            for key in [k for k, v in props.items() if id(v) in gone]:
+                if not (isinstance(required, list) and key in required):
+                    props[key] = False
+        items = node.get("items")
+        if id(items) in gone and not node.get("minItems"):
+            node["items"] = False
+    for node in lost:
+        node.pop("$ref", None)  # its siblings (a description, a type) still apply where it stays
+    return True
+
+
+def _resolves(schema: dict[str, Any], ids: set[str], ref: str) -> bool:
+    doc, _, fragment = ref.partition("#")
+    own = not doc or doc.rstrip("/") in ids or any(i.endswith("/" + doc.removeprefix("./")) for i in ids)
+    return own and (not fragment.startswith("/") or _pointer(schema, fragment) or bool(doc))
 
 
 def _nodes(schema: Any) -> list[dict[str, Any]]:

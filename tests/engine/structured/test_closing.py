@@ -15,6 +15,7 @@ import pytest
 from engine.core import EngineCore
 from engine.messages import SamplingParams, StructuredOutputs
 from engine.structured.closing import EVERY_STEP, MARGIN, advance, closing_token
+from engine.structured.relax import relax
 from engine.structured.state import StructuredState
 from tests.engine.structured.conftest import finish, make_core, run, shared_backend
 from tests.helpers.engine import tokens
@@ -29,10 +30,17 @@ FORMATS = {"type": "object", "required": ["when", "mail", "code", "score", "long
                           "score": {"type": "number"}, "long": {"type": "string", "minLength": 12}}}
 NESTED = {"type": "array", "minItems": 2, "items": {"type": "object", "required": ["id", "child"], "properties": {
     "id": {"type": "integer"}, "child": {"type": "object", "properties": {"v": {"type": "string"}}, "required": ["v"]}}}}
-SCHEMAS = {"person": PERSON, "formats": FORMATS, "nested": NESTED, "string": {"type": "string"},
+# strings whose way out is a text no single character reveals (engine/structured/samples.py)
+PATTERNS = {"type": "object", "required": ["icon", "ctx", "mail"],
+            "properties": {"icon": {"type": "string", "pattern": "\\.png$"},
+                           "ctx": {"type": "string", "pattern": "http://schema.org"},
+                           "mail": {"type": "string", "pattern": "^[\\S]+@[\\S]+\\.[\\S]{2,}$"}}}
+SCHEMAS = {"person": PERSON, "formats": FORMATS, "nested": NESTED, "patterns": PATTERNS,
+           "string": {"type": "string"},
            "object": {"type": "object"}}
 REGEXES = {"email": r"[a-z]+@[a-z]+\.com", "words": r"[a-z]+ [a-z]+", "digits": r"[0-9]+"}
 GRAMMAR = 'start: "(" start ")" | NAME\nNAME: /[a-z]+/'
+CORPUS = Path(__file__).resolve().parents[3] / "bench" / "schemas"
 PROMPT = [9707, 11, 1879, 0, 1052, 2]
 
 
@@ -216,3 +224,27 @@ def test_a_failing_search_disables_the_finish_for_that_request_only(caplog: pyte
     for budget in range(50, 0, -1):
         assert closing_token(state, budget, frozenset()) is None
     assert Broken.calls == 1 and "looking for a finish failed" in caplog.text
+
+
+@pytest.mark.parametrize("name", ["openapi/openapi-v3.0", "schemastore/band-manifest",
+                                  "check-jsonschema/github-workflows", "schemastore/schema-org-place"])
+def test_completion_finishes_real_schemas(core: EngineCore, name: str) -> None:
+    """Real schemas whose finish the search once missed: optional `x-` members added forever (a closing bracket
+    now comes first between members), strings only a pattern's text leaves (`\\.png$`, `http://schema.org`)."""
+    schema = json.loads((CORPUS / f"{name}.json").read_text())
+    so = StructuredOutputs("json", json.dumps(relax(schema, {"whitespace_flexible": False}).schema))
+    g = shared_backend(core).compile(so)
+    path = g.completion(384)
+    assert path is not None and g.accept_tokens(path)
+    assert g.is_terminated() or path[-1] in core.eos_token_ids
+
+
+def test_a_pattern_string_between_members_is_not_closed_by_brackets(core: EngineCore) -> None:
+    """Inside a string whose pattern holds back the closing quote, a comma may come and a quote may not, as between
+    members: the closing-bracket rule must not fire there (it wrote `}}` forever), the pattern's sample leads out."""
+    schema = {"type": "object", "required": ["env", "n"], "properties": {
+        "env": {"type": "string", "pattern": "^.*\\$\\{\\{(.|[\\r\\n])*\\}\\}.*$"}, "n": {"type": "integer"}}}
+    g = shared_backend(core).compile(StructuredOutputs("json", json.dumps(relax(schema, {}).schema)))
+    assert g.accept_tokens(shared_backend(core).tokenizer.tokenize_str('{"env":"a,b'))
+    path = g.completion(60)
+    assert path is not None and g.accept_tokens(path) and (g.is_terminated() or path[-1] in core.eos_token_ids)

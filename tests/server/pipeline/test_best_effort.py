@@ -114,7 +114,7 @@ async def test_relaxed_results_are_cached_per_mode() -> None:
 async def test_relax_schema_for_tool_parameters_and_its_size_cap() -> None:
     schema, keywords = await relax_schema(UNIQUE, "tools[0].function.parameters", CAPS)
     assert keywords == ("format:url", "uniqueItems") and schema["x-guidance"]["lenient"] is True
-    plain = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    plain = {"type": "object", "properties": {"a": {"type": "boolean"}}}
     assert await relax_schema(plain, "p", CAPS) == (plain, ())
     size = len(json.dumps(plain))
     for cap, ok in ((size, True), (size - 1, False)):
