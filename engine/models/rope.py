@@ -12,12 +12,14 @@ served within it.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
 import torch
 
 SCALINGS = ("linear", "llama3", "yarn", "longrope")
+log = logging.getLogger("engine")
 
 
 def _base(dim: int, theta: float) -> torch.Tensor:
@@ -75,6 +77,10 @@ def _longrope(dim: int, theta: float, s: dict[str, Any], max_position_embeddings
     if attention is None:
         attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
     ext = s["long_factor"] if max_positions > orig else s["short_factor"]
+    if max_positions > orig:  # said once per load: shorter sequences then differ from transformers (short factors)
+        log.warning("longrope: long factors for every sequence, since max_model_len %d > "
+                    "original_max_position_embeddings %d (as vLLM); --max-model-len %d keeps the short factors",
+                    max_positions, orig, orig)
     if len(ext) != dim // 2:
         raise ValueError(f"rope_scaling long_factor/short_factor need {dim // 2} values, got {len(ext)}")
     return 1.0 / (torch.tensor(ext, dtype=torch.float32) * _base(dim, theta)), float(attention)

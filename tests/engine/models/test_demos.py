@@ -29,7 +29,7 @@ def test_make_demo_arch_writes_a_checkpoint_of_that_family(tmp_path: Path, capsy
 def test_a_bad_make_demo_line_prints_the_usage(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert make_demo_command(args) == 2
     err = capsys.readouterr().err
-    assert err.startswith("usage: spindle make-demo [--vision | --arch {qwen2,") and "qwen3_moe" in err
+    assert err.startswith("usage: spindle make-demo [--vision | --whisper | --arch {qwen2,") and "qwen3_moe" in err
 
 
 def test_every_demo_is_a_registered_architecture() -> None:

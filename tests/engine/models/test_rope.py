@@ -42,9 +42,11 @@ def test_scalings_match_transformers(scaling: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("served", [ORIG, 4 * ORIG])
-def test_longrope_picks_short_or_long_factors_by_served_length(served: int) -> None:
+def test_longrope_picks_short_or_long_factors_by_served_length(served: int,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
     """Long factors when the served length passes the original one (vLLM's rule), as transformers does for a
-    sequence that long; short ones otherwise. Partial rotary: 24 of 32 dims, so 12 factors."""
+    sequence that long, with a warning (shorter sequences differ from transformers then); short ones otherwise.
+    Partial rotary: 24 of 32 dims, so 12 factors."""
     scaling = {"rope_type": "longrope", "short_factor": [1.0 + 0.05 * i for i in range(12)],
                "long_factor": [1.0 + 0.5 * i for i in range(12)]}
     legacy: dict[str, Any] = dict(rope_scaling=dict(scaling), partial_rotary_factor=0.75)
@@ -57,6 +59,10 @@ def test_longrope_picks_short_or_long_factors_by_served_length(served: int) -> N
                             max_positions=served, max_position_embeddings=4 * ORIG)
     torch.testing.assert_close(ours, ref, atol=0, rtol=1e-6)
     assert factor == pytest.approx(ref_factor) and factor > 1.0  # sqrt(1 + ln 4 / ln 64)
+    warned = [r.getMessage() for r in caplog.records if "longrope" in r.getMessage()]
+    assert warned == ([f"longrope: long factors for every sequence, since max_model_len {served} > "
+                       f"original_max_position_embeddings {ORIG} (as vLLM); --max-model-len {ORIG} keeps the "
+                       "short factors"] if served > ORIG else [])
 
 
 def test_table_scales_cos_and_sin_by_the_attention_factor() -> None:
