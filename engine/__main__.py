@@ -10,10 +10,10 @@ import signal
 import sys
 import traceback
 
-from engine.hugepages import reexec_with_huge_pages
+from engine.hugepages import reexec_for_model
 
 if __name__ == "__main__":  # before torch loads: glibc reads its malloc tunables only at start
-    reexec_with_huge_pages()
+    reexec_for_model(sys.argv[1:])
 
 from engine.channels import ChannelSet, wait_for_lifeline
 from engine.config import EngineConfig

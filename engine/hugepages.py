@@ -7,19 +7,24 @@ the tunable is set. Measured (bench/README.md, "Huge pages"): oneDNN's bf16 GEMV
 16-row GEMM +13%, the read-bandwidth reduction 35 -> 41 GB/s. Results are bitwise the same.
 
 glibc reads tunables only when a process starts, so an engine process re-executes itself once, before
-it loads torch, with the tunable added to GLIBC_TUNABLES. A GLIBC_TUNABLES that already names
+it loads torch, with the tunable added to GLIBC_TUNABLES; only for a checkpoint of MIN_WEIGHT_BYTES or more,
+since the re-exec and the huge-page faults cost a small model's start-up ~2 s (bench/README.md). A GLIBC_TUNABLES that already names
 `glibc.malloc.hugetlb` is left as it is: `GLIBC_TUNABLES=glibc.malloc.hugetlb=0` turns this off.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 TUNABLE = "glibc.malloc.hugetlb"
 MIN_GLIBC = (2, 35)  # the first glibc with the tunable
+# below this many bytes of weights the TLB saving is small and the re-exec's start-up cost (~2 s) is not
+MIN_WEIGHT_BYTES = 256 << 20
 
 
 def _glibc_has_tunable() -> bool:
@@ -39,6 +44,32 @@ def huge_pages_env(env: Mapping[str, str]) -> dict[str, str] | None:
     if any(t.split("=", 1)[0] == TUNABLE for t in tunables.split(":")) or not _glibc_has_tunable():
         return None
     return {**env, "GLIBC_TUNABLES": f"{tunables}:{TUNABLE}=1" if tunables else f"{TUNABLE}=1"}
+
+
+def checkpoint_bytes(model: str | None) -> int:
+    """Bytes of weight files in a local checkpoint folder (0 for the built-in demo or a missing folder)."""
+    folder = Path(model) if model else None
+    if folder is None or not folder.is_dir():
+        return 0
+    return sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin", "*.pt") for f in folder.glob(pattern))
+
+
+def engine_model(argv: Sequence[str]) -> str | None:
+    """The `model` of `python -m engine --config JSON` (None when the command line does not say)."""
+    for flag, value in zip(argv, argv[1:]):
+        if flag == "--config":
+            try:
+                model = json.loads(value).get("model")
+            except (ValueError, AttributeError):
+                return None
+            return model if isinstance(model, str) else None
+    return None
+
+
+def reexec_for_model(argv: Sequence[str]) -> None:
+    """The engine's entry: huge pages only for a checkpoint big enough to gain from them."""
+    if checkpoint_bytes(engine_model(argv)) >= MIN_WEIGHT_BYTES:
+        reexec_with_huge_pages()
 
 
 def reexec_with_huge_pages() -> None:

@@ -77,3 +77,33 @@ def test_opting_out_maps_no_huge_pages() -> None:
     assert out[:2] == [f"start {report['pid']}", out[-1]]  # no re-exec
     if _thp_mode() == "madvise":  # "always" gives huge pages without asking
         assert report["huge_kb"] == 0
+
+
+def test_only_a_checkpoint_big_enough_is_worth_the_reexec(tmp_path: Path) -> None:
+    from engine.hugepages import MIN_WEIGHT_BYTES, checkpoint_bytes, engine_model
+
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 1000)
+    (tmp_path / "config.json").write_text("{}")
+    assert checkpoint_bytes(str(tmp_path)) == 1000 < MIN_WEIGHT_BYTES  # the config does not count
+    with open(tmp_path / "model-2.safetensors", "wb") as f:  # sparse: no disk written
+        f.truncate(MIN_WEIGHT_BYTES)
+    assert checkpoint_bytes(str(tmp_path)) == MIN_WEIGHT_BYTES + 1000
+    assert checkpoint_bytes(None) == 0 and checkpoint_bytes(str(tmp_path / "missing")) == 0
+    config = json.dumps({"model": str(tmp_path), "dtype": "auto"})
+    assert engine_model(["--config", config, "--channels", "3,4"]) == str(tmp_path)
+    assert engine_model(["--channels", "3"]) is None and engine_model(["--config", "not json"]) is None
+
+
+@needs_glibc
+@pytest.mark.parametrize("big", [False, True])
+def test_the_engine_entry_reexecs_only_for_a_big_checkpoint(tmp_path: Path, big: bool) -> None:
+    from engine.hugepages import MIN_WEIGHT_BYTES
+
+    with open(tmp_path / "model.safetensors", "wb") as f:
+        f.truncate(MIN_WEIGHT_BYTES if big else MIN_WEIGHT_BYTES - 1)
+    child = ("import os, sys\nfrom engine.hugepages import reexec_for_model\nprint('start', flush=True)\n"
+             "reexec_for_model(sys.argv[1:])\nprint(os.environ.get('GLIBC_TUNABLES'))")
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    out = subprocess.run([sys.executable, "-c", child, "--config", json.dumps({"model": str(tmp_path)})], env=env,
+                         capture_output=True, text=True, check=True, timeout=120).stdout.splitlines()
+    assert out == (["start", "start", f"{TUNABLE}=1"] if big else ["start", "None"])
