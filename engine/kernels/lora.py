@@ -37,9 +37,9 @@ def lora_expand_ref(h: torch.Tensor, b: torch.Tensor, scaling: torch.Tensor, y: 
 
 
 @triton.jit
-def _shrink_kernel(x_ptr, a_ptr, rows_ptr, tiles_ptr, h_ptr, K, rank, x_stride, a_slot_stride, a_row_stride,
-                   h_stride, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+def _tile(rows_ptr, tiles_ptr, rank, BLOCK_R: tl.constexpr, BLOCK: tl.constexpr):
+    """This program's tile: its adapter slot, its first row in the sorted order, the rows it holds (masked) and
+    the rank's columns (masked)."""
     tile = tl.program_id(0)
     slot = tl.load(tiles_ptr + tile * 3).to(tl.int64)
     start = tl.load(tiles_ptr + tile * 3 + 1)
@@ -48,7 +48,14 @@ def _shrink_kernel(x_ptr, a_ptr, rows_ptr, tiles_ptr, h_ptr, K, rank, x_stride, 
     m_mask = m < count
     row = tl.load(rows_ptr + start + m, mask=m_mask, other=0)
     r = tl.arange(0, BLOCK_R)
-    r_mask = r < rank
+    return slot, start, m, m_mask, row, r, r < rank
+
+
+@triton.jit
+def _shrink_kernel(x_ptr, a_ptr, rows_ptr, tiles_ptr, h_ptr, K, rank, x_stride, a_slot_stride, a_row_stride,
+                   h_stride, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    slot, start, m, m_mask, row, r, r_mask = _tile(rows_ptr, tiles_ptr, rank, BLOCK_R, BLOCK)
     acc = tl.zeros((BLOCK, BLOCK_R), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
@@ -68,16 +75,8 @@ def _shrink_kernel(x_ptr, a_ptr, rows_ptr, tiles_ptr, h_ptr, K, rank, x_stride, 
 def _expand_kernel(h_ptr, b_ptr, scale_ptr, y_ptr, rows_ptr, tiles_ptr, OUT, rank, h_stride, b_slot_stride,
                    b_row_stride, y_stride, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK: tl.constexpr,
                    DOT_PRECISION: tl.constexpr):
-    tile = tl.program_id(0)
     col0 = tl.program_id(1) * BLOCK_N
-    slot = tl.load(tiles_ptr + tile * 3).to(tl.int64)
-    start = tl.load(tiles_ptr + tile * 3 + 1)
-    count = tl.load(tiles_ptr + tile * 3 + 2)
-    m = tl.arange(0, BLOCK)
-    m_mask = m < count
-    row = tl.load(rows_ptr + start + m, mask=m_mask, other=0)
-    r = tl.arange(0, BLOCK_R)
-    r_mask = r < rank
+    slot, start, m, m_mask, row, r, r_mask = _tile(rows_ptr, tiles_ptr, rank, BLOCK_R, BLOCK)
     n = col0 + tl.arange(0, BLOCK_N)
     n_mask = n < OUT
     ht = tl.load(h_ptr + (start + m)[:, None] * h_stride + r[None, :], mask=m_mask[:, None] & r_mask[None, :],

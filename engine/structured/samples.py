@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from re import _constants as _c  # type: ignore[attr-defined]  # Python's own regex parser (3.11+)
 from re import _parser as _p  # type: ignore[attr-defined]
 from typing import Any
@@ -42,35 +43,35 @@ def schema_samples(schema: Any) -> list[str]:
     """Samples of the schema's string patterns (pattern and patternProperties' values' patterns), JSON-escaped
     as they appear inside a string, without repeats; at most MAX_SAMPLES."""
     found: dict[str, None] = {}
-    stack = [schema]
-    while stack and len(found) < MAX_SAMPLES:
-        node = stack.pop()
-        if isinstance(node, dict):
-            pattern = node.get("pattern")
-            if isinstance(pattern, str):
-                sample = pattern_sample(pattern)
-                if sample:
-                    found[json.dumps(sample)[1:-1]] = None
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
+    for node in _objects(schema, found):
+        pattern = node.get("pattern")
+        if isinstance(pattern, str):
+            sample = pattern_sample(pattern)
+            if sample:
+                found[json.dumps(sample)[1:-1]] = None
     return list(found)
 
 
 def required_keys(schema: Any) -> list[str]:
     """The names in the schema's `required` lists, JSON-escaped, without repeats; at most MAX_SAMPLES."""
     found: dict[str, None] = {}
+    for node in _objects(schema, found):
+        required = node.get("required")
+        if isinstance(required, list):
+            found.update((json.dumps(k)[1:-1], None) for k in required if isinstance(k, str))
+    return list(found)[:MAX_SAMPLES]
+
+
+def _objects(schema: Any, found: dict[str, None]) -> Iterator[dict[str, Any]]:
+    """Every object in the schema, depth first, until `found` holds MAX_SAMPLES (the walk is bounded by it)."""
     stack = [schema]
     while stack and len(found) < MAX_SAMPLES:
         node = stack.pop()
         if isinstance(node, dict):
-            required = node.get("required")
-            if isinstance(required, list):
-                found.update((json.dumps(k)[1:-1], None) for k in required if isinstance(k, str))
+            yield node
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)
-    return list(found)[:MAX_SAMPLES]
 
 
 def _shortest(items: list[tuple[Any, Any]]) -> str:

@@ -25,6 +25,16 @@ class _NamesModel(Protocol):
 
 
 Req = TypeVar("Req", bound=_NamesModel)
+Body = TypeVar("Body")
+
+
+def decode_body(decoder: msgspec.json.Decoder[Body], body: bytes,
+                on_decode_error: Callable[[msgspec.DecodeError], APIError] = from_decode_error) -> Body:
+    """A request body decoded; malformed: a 400 worded by `on_decode_error`."""
+    try:
+        return decode_request(decoder, body)
+    except msgspec.DecodeError as e:
+        raise on_decode_error(e) from None
 
 
 class Renderer(Protocol):
@@ -79,10 +89,7 @@ class AppState:
 
     def decode_for_render(self, decoder: msgspec.json.Decoder[Req], body: bytes) -> tuple[Req, Renderer, ModelLimits]:
         """decode_for_model for routes that only render and tokenize (they work on a render-only server)."""
-        try:
-            req = decode_request(decoder, body)
-        except msgspec.DecodeError as e:
-            raise from_decode_error(e) from None
+        req = decode_body(decoder, body)
         renderer, limits = self.require_renderer()
         self.check_model(req.model)
         return req, renderer, limits
@@ -106,10 +113,7 @@ class AppState:
                          ) -> tuple[Req, AsyncLLM, Renderer, ModelLimits]:
         """Every route's preamble: the body decoded (400, worded by `on_decode_error`), the running parts
         (503), the model named (404)."""
-        try:
-            req = decode_request(decoder, body)
-        except msgspec.DecodeError as e:
-            raise on_decode_error(e) from None
+        req = decode_body(decoder, body, on_decode_error)
         llm, renderer, limits = self.require()
         self.check_model(req.model)
         return req, llm, renderer, limits

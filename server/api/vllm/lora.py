@@ -14,10 +14,10 @@ import msgspec
 
 from engine.lora.peft_files import AdapterError
 from server.api.serving import PostRoute
+from server.api.state import decode_body
 from server.http.asgi import Send
-from server.http.errors import APIError, bad_request, from_decode_error
+from server.http.errors import APIError, bad_request
 from server.lora.registry import LoRARegistry
-from server.protocol.openai import decode_request
 
 
 class LoadLoRAAdapter(msgspec.Struct):
@@ -53,10 +53,7 @@ class _LoRARoute(PostRoute):
 
 class LoadLoRARoute(_LoRARoute):
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
-        try:
-            req = decode_request(_load_decoder, body)
-        except msgspec.DecodeError as e:
-            raise from_decode_error(e) from None
+        req = decode_body(_load_decoder, body)
         registry = self.registry()
         if not req.lora_name or not req.lora_path:
             raise bad_request("Both 'lora_name' and 'lora_path' must be provided.")
@@ -76,10 +73,7 @@ class LoadLoRARoute(_LoRARoute):
 
 class UnloadLoRARoute(_LoRARoute):
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
-        try:
-            req = decode_request(_unload_decoder, body)
-        except msgspec.DecodeError as e:
-            raise from_decode_error(e) from None
+        req = decode_body(_unload_decoder, body)
         registry = self.registry()
         if not await anyio.to_thread.run_sync(registry.remove, req.lora_name):
             raise APIError(f"The lora adapter '{req.lora_name}' cannot be found.", status=404, param="lora_name")
