@@ -82,6 +82,11 @@ def _start(cfg: ServerConfig, listener: socket.socket, responses_dir: str) -> _F
     # one mid-import (which made the launcher exit 1). The launcher holds its own until it forwards them.
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
+        # Handlers before the fork: a child then starts with the default action, not an inherited SIG_IGN (a
+        # launcher started in the background by a script ignores SIGINT), which trio's main-thread check
+        # re-sets, discarding the SIGINT held pending since exec: the API process never stopped.
+        signal.signal(signal.SIGTERM, fleet.forward)
+        signal.signal(signal.SIGINT, fleet.forward)
         for i in range(n):
             ends = [channels[i][1] for channels in pairs]
             context = WorkerContext(index=i, count=n, listen_fd=listener.fileno(),
@@ -91,8 +96,6 @@ def _start(cfg: ServerConfig, listener: socket.socket, responses_dir: str) -> _F
             fleet.add_api(proc)
             for b in ends:
                 b.close()
-        signal.signal(signal.SIGTERM, fleet.forward)
-        signal.signal(signal.SIGINT, fleet.forward)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
     listener.close()

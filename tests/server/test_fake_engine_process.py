@@ -43,13 +43,20 @@ def test_the_fake_engine_streams_a_request(count: int, qwen2_ckpt: Path, tmp_pat
         assert srv.stop() == 0, srv.log.read_text()[-3000:]
 
 
-def test_a_stop_while_the_api_processes_start_is_a_clean_stop(qwen2_ckpt: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_a_stop_while_the_api_processes_start_is_a_clean_stop(sigint: str, qwen2_ckpt: Path, tmp_path: Path) -> None:
     """SIGINT to the launcher while its API processes still import (long before the first /health 200): each
     stops once it can, and the launcher exits 0, as it does for a stop once they serve. (A process killed by
     the signal during its start-up made the launcher exit 1: test_the_fake_engine_streams_a_request[2]'s race,
-    where /health answered 200 from one process while the other still started.)"""
-    srv = start_server(qwen2_ckpt, tmp_path, "--api-server-count", "2", wait=False,
-                       env={"SPINDLE_ENGINE_COMMAND": FAKE})
+    where /health answered 200 from one process while the other still started.) "ignored": the launcher
+    inherits SIGINT ignored, as from a script's `cmd &` (CI's own runs); its API processes must not, or the
+    SIGINT they hold pending is discarded when trio re-sets the disposition, and they never stop."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN if sigint == "ignored" else signal.default_int_handler)
+    try:  # the disposition the launcher inherits (a handler becomes the default action across exec)
+        srv = start_server(qwen2_ckpt, tmp_path, "--api-server-count", "2", wait=False,
+                           env={"SPINDLE_ENGINE_COMMAND": FAKE})
+    finally:
+        signal.signal(signal.SIGINT, before)
     try:
         wait_until(lambda: len(children(srv.proc.pid, "[-]m server.runtime.api_process")) == 2, 60,
                    "the launcher started its 2 API processes")
