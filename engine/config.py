@@ -36,6 +36,10 @@ class EngineConfig:
     # CPU: cut big projections into parts the step's threads share (engine/layers/parallel.py); off by default:
     # on the busy 2-core box it cost ~20% more CPU for no wall time (bench/README.md, "Speed on a real model")
     split_projections: bool = False
+    # CPU: a step of at least this many FLOPs (projections) runs on all of torch's threads, a smaller one on one
+    # thread (each op's barrier would wait for a core another process holds: engine/model_runner.py); 0: always
+    # all, inf: always one (bench/README.md, "Threads per step")
+    threaded_step_flops: float = 4e9
     max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
@@ -91,6 +95,8 @@ class EngineConfig:
         check_pooler_overrides(self.pooler_config)
         if self.heartbeat_interval <= 0:
             raise ValueError("heartbeat_interval must be positive")
+        if not self.threaded_step_flops >= 0:  # NaN too
+            raise ValueError(f"threaded_step_flops must be 0 or more, got {self.threaded_step_flops}")
         self._check_parallel()
         check_lora_settings(self.max_loras, self.max_lora_rank, self.max_cpu_loras, self.lora_dtype)
 

@@ -14,7 +14,7 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.distributed.runner import TPModelRunner
 from engine.messages import AddRequest, EngineStats, PoolingInfo, Ready, RequestOutput, TokenLogprobs
-from engine.model_runner import ModelRunner, one_intra_op_thread
+from engine.model_runner import ModelRunner, step_threads
 from engine.multimodal.audio import AudioRunner
 from engine.models.loader import ModelLoadError, read_config, resolve_model
 from engine.models.pooling_archs import check_runner, load_score_head
@@ -180,8 +180,8 @@ class EngineCore:
             return outputs
         if self.pooler is not None:
             return outputs + self._pool_step(batch, self.pooler)
-        # one intra-op thread: the LM head spreads over the runner's own threads instead
-        with one_intra_op_thread() if self.runner.device.type == "cpu" else contextlib.nullcontext():
+        # a small step on one intra-op thread: the LM head spreads over the runner's own threads instead
+        with step_threads(self.runner, batch):
             sampling = [s.seq for s in batch if s.samples]
             masks = self.structured.start_masks(sampling) if self.structured.num_live else None
             result = self.runner.execute(batch)
@@ -239,7 +239,7 @@ class EngineCore:
 
     def _pool_step(self, batch: list[ScheduledSeq], pooler: Pooler) -> list[RequestOutput]:
         """Runner "pooling": prefill; a request whose prompt is done gets its output and frees its blocks."""
-        with one_intra_op_thread() if self.runner.device.type == "cpu" else contextlib.nullcontext():
+        with step_threads(self.runner, batch):
             hidden = self.runner.execute_pooling(batch, pooler.needs_all_rows)
             done = pooler.pool(batch, hidden)
         now = time.time()

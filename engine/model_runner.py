@@ -13,6 +13,7 @@ import torch
 from engine.attention import AttnMetadata
 from engine.cpu_attention import DecodeSeqs, PrefillChunk
 from engine.config import EngineConfig
+from engine.layers.linear import Linear
 from engine.layers.parallel import WORKERS
 from engine.models.checkpoint_meta import max_model_len
 from engine.models.decoder import CausalLM
@@ -50,6 +51,26 @@ class StepInputs:
     prompt_rows: dict[int, tuple[int, int]]  # batch index -> (first row, rows) needing prompt logits
 
 
+def projection_macs(model: object) -> int:
+    """Multiply-adds per token through the model's projections and stacked expert weights (a MoE counts every
+    expert: the step-thread choice needs only the order of magnitude); the embedding and LM head not counted."""
+    macs, seen, stack = 0, set(), [model]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, Linear):
+            macs += obj.in_features * obj.out_features
+        elif isinstance(obj, torch.Tensor):
+            macs += obj.numel() if obj.dim() == 3 else 0
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+        elif type(obj).__module__.startswith("engine.") and hasattr(obj, "__dict__"):
+            stack.extend(v for k, v in vars(obj).items() if k not in ("head", "embed", "embed_tokens"))
+    return macs
+
+
 @contextlib.contextmanager
 def one_intra_op_thread() -> Iterator[None]:
     """Run torch ops on the calling thread only, for the small ops of a small model's step.
@@ -63,6 +84,17 @@ def one_intra_op_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def step_threads(runner: ModelRunner, batch: list[ScheduledSeq]) -> contextlib.AbstractContextManager[None]:
+    """The threads a step runs on: the device's own on a GPU; on CPU all of torch's for a step whose products
+    are big enough to amortise each op's barrier (a prefill chunk, a large batch), else one."""
+    if runner.device.type != "cpu":
+        return contextlib.nullcontext()
+    tokens = sum(s.num_new_tokens for s in batch)
+    if tokens * runner.flops_per_token >= runner.threaded_step_flops:
+        return contextlib.nullcontext()
+    return one_intra_op_thread()
 
 
 def pick_device(requested: str) -> torch.device:
@@ -84,6 +116,8 @@ class ModelRunner:
         self.head_workers = torch.get_num_threads() if self.device.type == "cpu" else 1
         WORKERS.configure(self.head_workers, config.split_projections)
         self.model, info = self._load(path, config)
+        self.flops_per_token = 2 * projection_macs(self.model)
+        self.threaded_step_flops = config.threaded_step_flops
         self.vocab_size = info.vocab_size
         self.eos_token_ids = info.eos_token_ids
         self.generation_defaults = info.generation_defaults
