@@ -63,7 +63,8 @@ def main() -> None:
                 ids = add(core, f"d{batch}-{r}", batch, 64, 1000, rng)
                 timed(core, 2)  # the prefill and a first decode
                 wall, cpu, steps = timed(core, args.steps)
-                steps = max(steps, 1)
+                if steps == 0:  # the requests ended at once (e.g. the prompt fills max_model_len): nothing timed
+                    raise SystemExit(f"decode batch {batch}: no step to time; use a checkpoint with a longer context")
                 print(f"decode batch {batch} round {r} {name}: {wall / steps * 1e3:.1f} ms wall, "
                       f"{cpu / steps * 1e3:.1f} ms CPU per step")
                 core.abort(ids)
