@@ -60,7 +60,7 @@ def main() -> None:
     for batch in args.batch:
         for r in range(args.rounds):
             for name, core in cores.items():
-                ids = add(core, f"d{batch}-{r}", batch, 64, 1000, rng)
+                ids = add(core, f"d{batch}-{r}", batch, 64, args.steps + 3, rng)  # every timed step decodes them all
                 timed(core, 2)  # the prefill and a first decode
                 wall, cpu, steps = timed(core, args.steps)
                 if steps == 0:  # the requests ended at once (e.g. the prompt fills max_model_len): nothing timed
