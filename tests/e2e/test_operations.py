@@ -41,6 +41,7 @@ class Launched:
     health: list[int | None] = field(default_factory=list)  # every /health answer until the first 200
     pty_fd: int | None = None  # the master side when the server's output is a terminal
     pty_out: bytearray = field(default_factory=bytearray)  # what the server wrote to its terminal
+    watcher: threading.Thread | None = None  # _watch_health's thread: done once it saw the first 200
 
 
 def _watch_health(launched: Launched) -> None:
@@ -86,7 +87,8 @@ def _launch(model: Path, tmp: Path, *args: str, env: dict[str, str] | None = Non
     else:
         proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=full_env)
     launched = Launched(Server(proc, port, log, list(args)), pty_fd=pty_fd)
-    threading.Thread(target=_watch_health, args=(launched,), daemon=True).start()
+    launched.watcher = threading.Thread(target=_watch_health, args=(launched,), daemon=True)
+    launched.watcher.start()
     if pty_fd is not None:
         threading.Thread(target=_drain_pty, args=(launched,), daemon=True).start()
     return launched
@@ -107,6 +109,9 @@ def fleet(qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     try:
         for launched in servers.values():
             wait_healthy(launched.server, timeout=180)
+            # its own poll may still be in flight or asleep: the health list is complete only once it ends
+            assert launched.watcher is not None
+            launched.watcher.join(30)
         yield servers
     finally:
         for launched in servers.values():
