@@ -22,7 +22,8 @@ from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.layers.moe import SparseMoE
 from engine.messages import SamplingParams
-from engine.models.random_checkpoint import FAMILY_DEMOS, cache_root, make_demo
+from engine.cache_root import cache_root
+from engine.models.random_checkpoint import FAMILY_DEMOS, make_demo
 
 
 def demo_path(arch: str) -> Path:

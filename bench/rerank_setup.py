@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from engine.models.random_checkpoint import DEMO, cache_root
+from engine.cache_root import cache_root
+from engine.models.random_checkpoint import DEMO
 
 NAME = "bench-reranker-v1"
 

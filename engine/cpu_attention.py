@@ -6,7 +6,8 @@ block_size * D values per head and the products read contiguous keys. Any cache 
 same result (the gather then reads strided rows).
 
 Decode (one query token per sequence) never calls SDPA: on CPU it runs a tiled flash kernel per token
-(bench/README.md, "Decode attention on CPU"). Instead the sequences, sorted by blocks read (longest
+(bench/README.md, "Decode attention on CPU"). In bfloat16 where engine/cpu_kernels' decode attention runs, it
+reads each sequence's blocks in place (no gather, no padding). Otherwise the sequences, sorted by blocks read (longest
 first), go in row groups of about TILE_BYTES of keys: per group the query heads of each kv head (a
 [group, D] matrix: GQA without repeating K/V) meet the group's gathered keys in one batched product, with
 the softmax in float32. Short contexts make one group (one gather, a handful of ops per layer); long ones
@@ -20,6 +21,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from engine.cpu_kernels import decode_attention as decode_kernel
 
 TILE_BYTES = 2 << 20  # one decode tile's gathered K (or V): stays in cache; a fresh big gather page-faults
 MASK_ELEMS = 1 << 21  # rows x keys of one prefill sub-chunk: bounds its mask (and softcap's scores per head)
@@ -75,6 +78,7 @@ class DecodeSeqs:
     def __init__(self, rows: torch.Tensor, ctx_lens: list[int], tables: list[list[int]], block_size: int) -> None:
         self.rows, self.ctx_lens, self.tables, self.block_size = rows, ctx_lens, tables, block_size
         self._views: dict[int | None, DecodeView] = {}
+        self._kernel_args: dict[int | None, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def __len__(self) -> int:
         return len(self.ctx_lens)
@@ -83,6 +87,17 @@ class DecodeSeqs:
         found = self._views.get(window)
         if found is None:
             found = self._views[window] = self._build(window)
+        return found
+
+    def kernel_args(self, window: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """int32 block tables [B, widest] from position 0, context lengths, and each query's first visible key."""
+        found = self._kernel_args.get(window)
+        if found is None:
+            width = max(len(t) for t in self.tables)
+            tables = torch.tensor([t + [0] * (width - len(t)) for t in self.tables], dtype=torch.int32)
+            los = [0 if window is None else max(0, n - window) for n in self.ctx_lens]
+            found = self._kernel_args[window] = (tables, torch.tensor(self.ctx_lens, dtype=torch.int32),
+                                                 torch.tensor(los, dtype=torch.int32))
         return found
 
     def _build(self, window: int | None) -> DecodeView:
@@ -133,6 +148,8 @@ def _scores(qh: torch.Tensor, k_hm: torch.Tensor, view: DecodeView, tile: Tile, 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seqs: DecodeSeqs,
                      scale: float, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """q [B, heads, D], one token per sequence of `seqs` (in its order) -> [B, heads, D]."""
+    if decode_kernel.usable(q, k_cache):
+        return decode_kernel.attend(q, k_cache, v_cache, *seqs.kernel_args(window), scale, softcap)
     b, heads, d = q.shape
     k_hm, v_hm = _head_major(k_cache), _head_major(v_cache)
     kv_heads, _, bs, _ = k_hm.shape

@@ -2,9 +2,13 @@
 
 Models call these instead of `F.linear` on raw weights, so each weight is held in the form fastest on its
 device, chosen once at load, with no re-layout or dtype conversion per step:
-- bfloat16 on a CPU with native bf16 (AVX512-BF16 / AMX): oneDNN with the weight pre-packed into its
-  blocked layout (`PackedLinear`). Plain `F.linear` re-lays the weight out on every call, and a decode step's
-  projections took about twice the CPU time that way (bench/README.md); the result is bitwise the same.
+- bfloat16 on a CPU with AVX512-BF16: engine/cpu_kernels' gemm with the weight packed for it
+  (`KernelLinear`). On a decode step's few rows it streams the weights at close to the memory's rate, where
+  oneDNN reaches about half of it (bench/README.md); sums are float32 rounded once, as torch's, and equal
+  them but for the last bit of a few values in ten thousand (the order of the sums differs).
+- bfloat16 on a CPU with native bf16 but no kernel (no compiler, AMX only, SPINDLE_CPU_KERNELS=0): oneDNN with
+  the weight pre-packed into its blocked layout (`PackedLinear`). Plain `F.linear` re-lays the weight out on
+  every call, and a decode step's projections took about twice the CPU time that way; bitwise F.linear.
 - quantization "int8": weight-only int8, one symmetric scale per output channel, activations stay in the
   model's dtype (`Int8Linear`, through ATen's `_weight_int8pack_mm`).
 - anything else (GPU, float32): `F.linear` on the weight as loaded.
@@ -17,6 +21,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from engine.cpu_kernels import gemm
 from engine.layers.parallel import WORKERS
 
 QUANTIZATIONS = ("int8",)
@@ -53,6 +58,20 @@ class PackedLinear(Linear):
 
     def dense_weight(self) -> torch.Tensor:
         return self.weight.to_dense()
+
+
+class KernelLinear(Linear):
+    """bfloat16 on CPU through engine/cpu_kernels/gemm.py, the weight packed once for it."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__(weight, None if bias is None else bias.contiguous())
+        self.weight = gemm.pack(weight)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return gemm.gemm(x, self.weight, self.out_features, self.bias)
+
+    def dense_weight(self) -> torch.Tensor:
+        return gemm.unpack(self.weight, self.out_features)
 
 
 class Int8Linear(Linear):
@@ -121,6 +140,8 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, quantiza
     make: type[Linear] = Linear
     if quantization == "int8":
         make = Int8Linear
+    elif gemm.usable(weight):
+        return KernelLinear(weight, bias)  # the kernel shares its work over the step's threads itself
     elif weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and cpu_packs_bf16():
         make = PackedLinear
     big = weight.numel() * weight.element_size() >= 2 * SPLIT_CHUNK_BYTES

@@ -1,7 +1,9 @@
 """The LM head: final hidden rows [N, hidden] -> float32 logits [N, vocab], the weight held as is fastest.
 
 - GPU: `F.linear` on the [vocab, hidden] weight.
-- CPU, bfloat16 with native bf16: the vocabulary in column chunks, each pre-packed for oneDNN
+- CPU, bfloat16 with engine/cpu_kernels' gemm: the weight packed for it once; the kernel writes the widened
+  float32 logits straight into `out`, its threads sharing the vocabulary.
+- CPU, bfloat16 with native bf16 but no kernel: the vocabulary in column chunks, each pre-packed for oneDNN
   (engine/layers/linear.py says why packing pays); the embedding table is kept beside it.
 - CPU with --quantization int8: as bfloat16, each chunk weight-only int8 (engine/layers/linear.py).
 - CPU otherwise: the weight transposed to [hidden, vocab], which makes the small-batch product faster;
@@ -21,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.nn.functional as F
 
+from engine.cpu_kernels import gemm
 from engine.layers.linear import Int8Linear, Linear, PackedLinear, cpu_packs_bf16
 
 LOGIT_CHUNK_BYTES = 1 << 19  # one LM head chunk's float32 logits: half of this CPU's per-core L2
@@ -38,7 +41,10 @@ class LMHead:
         self.chunks: list[tuple[int, int, Linear]] = []
         self.transposed: torch.Tensor | None = None  # [hidden, vocab] (CPU, unpacked)
         self.weight: torch.Tensor | None = None  # [vocab, hidden] (GPU)
-        if chunked:
+        self.packed: torch.Tensor | None = None  # gemm.pack(weight) (CPU kernel)
+        if quantization is None and gemm.usable(weight):
+            self.packed = gemm.pack(weight)
+        elif chunked:
             make: Callable[[torch.Tensor], Linear] = Int8Linear if quantization else PackedLinear
             self.chunks = [(s, min(s + PACKED_CHUNK_COLS, self.vocab), make(weight[s:s + PACKED_CHUNK_COLS]))
                            for s in range(0, self.vocab, PACKED_CHUNK_COLS)]
@@ -66,6 +72,10 @@ class LMHead:
         if self.weight is not None:
             return F.linear(h, self.weight).float()
         n = h.shape[0]
+        if self.packed is not None:
+            if out is None:
+                out = torch.empty(n, self.vocab, dtype=torch.float32)
+            return gemm.gemm(h, self.packed, self.vocab, out=out, threads=workers if pool is not None else None)
         if out is None or (n < LOGIT_CHUNK_MIN_ROWS and pool is None and not self.chunks):
             if self.transposed is not None:
                 return (h @ self.transposed).float()

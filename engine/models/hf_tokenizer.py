@@ -17,6 +17,8 @@ from typing import Literal
 
 import tokenizers
 
+from engine.cache_root import cache_root
+
 Family = Literal["qwen2", "qwen2.5", "llama", "mistral"]
 AnyFamily = Literal["qwen2", "qwen2.5", "llama", "mistral", "tekken"]
 FAMILIES: tuple[AnyFamily, ...] = ("qwen2", "llama", "mistral", "tekken")
@@ -322,8 +324,7 @@ def _tekken_tokenizer() -> tokenizers.Tokenizer:
 
 def cache_dir() -> Path:
     """Where built tokenizers live: $SPINDLE_CACHE_DIR or ~/.cache/spindle, then tokenizers/<family>-<version>."""
-    root = os.environ.get("SPINDLE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "spindle")
-    return Path(root) / "tokenizers"
+    return cache_root() / "tokenizers"
 
 
 def tokenizer_dir(family: Family) -> Path:

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import torch
 
+from engine.cache_root import cache_root
 from engine.models.demo_shapes import SHAPES, write_shaped_checkpoint
 from engine.models.hf_tokenizer import write_tokenizer
 
@@ -149,10 +150,6 @@ def make_demo(path: str | Path, arch: str = "qwen2") -> Path:
     if arch not in FAMILY_DEMOS:
         raise ValueError(f"--arch {arch!r} is not a demo family; choose one of {', '.join(FAMILY_DEMOS)}")
     return write_random_checkpoint(path, **FAMILY_DEMOS[arch])
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("SPINDLE_CACHE_DIR") or Path.home() / ".cache" / "spindle")
 
 
 def demo_checkpoint_path() -> Path:

@@ -19,10 +19,13 @@ MIXED = [BS + 1, 1, 37, BS, 70, 2 * BS, 9]
 TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2)}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> None:
+@pytest.fixture(autouse=True, params=["kernel", "torch"])
+def _one_thread(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test on one thread, with bf16 decode both through engine/cpu_kernels (where it runs) and in torch."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    if request.param == "torch":
+        monkeypatch.setattr(cpu_attention.decode_kernel, "usable", lambda *args: False)
 
 
 class Cache:

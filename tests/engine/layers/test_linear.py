@@ -1,5 +1,5 @@
-"""Linear objects against F.linear: packed bfloat16 is bitwise equal, split parts are too, int8 stays within
-its quantization error; the LM head's forms equal `(h @ W.T).float()`."""
+"""Linear objects against F.linear: packed bfloat16 is bitwise equal, split parts are too, the CPU kernel's
+within the last bit, int8 within its quantization error; the LM head's forms equal `(h @ W.T).float()`."""
 
 from __future__ import annotations
 
@@ -9,12 +9,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine.cpu_kernels import gemm
 from engine.layers import linear
-from engine.layers.linear import Int8Linear, Linear, PackedLinear, SplitLinear, cpu_packs_bf16, make_linear
+from engine.layers.linear import (Int8Linear, KernelLinear, Linear, PackedLinear, SplitLinear, cpu_packs_bf16,
+                                  make_linear)
 from engine.layers.lm_head import LMHead
 from engine.layers.parallel import WORKERS
 
 needs_bf16 = pytest.mark.skipif(not cpu_packs_bf16(), reason="this CPU has no native bfloat16 for oneDNN")
+needs_kernel = pytest.mark.skipif(not gemm.available(), reason="no AVX512-BF16 CPU kernel here (CPU or compiler)")
+
+
+def assert_within_last_bit(got: torch.Tensor, want: torch.Tensor) -> None:
+    """bf16 results summed in another order than `want`'s: a value may differ by its last bit, rarely."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    ulp = torch.finfo(torch.bfloat16).eps * want.float().abs().clamp_min(torch.finfo(torch.bfloat16).tiny)
+    assert bool(((got.float() - want.float()).abs() <= ulp * 1.01).all())
+    assert float((got != want).float().mean()) < 0.01
 
 
 @pytest.fixture(autouse=True)
@@ -38,15 +49,37 @@ def test_float32_stays_plain_f_linear() -> None:
     assert torch.equal(lin(x), F.linear(x, w, b))
 
 
+def test_bfloat16_on_cpu_takes_the_kernel_where_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    w, b = weights(48, 32, torch.bfloat16)
+    assert isinstance(make_linear(w, b), KernelLinear) == gemm.available()
+    assert not isinstance(make_linear(weights(48, 31, torch.bfloat16)[0]), KernelLinear)  # odd K: no pairs
+    monkeypatch.setattr(gemm, "available", lambda: False)  # no compiler, another CPU, SPINDLE_CPU_KERNELS=0
+    assert isinstance(make_linear(w, b), PackedLinear if cpu_packs_bf16() else Linear)
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 3, 16, 65])
+def test_kernel_linear_is_f_linear_within_the_last_bit(rows: int) -> None:
+    w, b = weights(200, 96, torch.bfloat16)
+    lin = make_linear(w, b)
+    assert isinstance(lin, KernelLinear)
+    x = torch.randn(rows, 96).to(torch.bfloat16)
+    assert_within_last_bit(lin(x), F.linear(x, w, b))
+    assert_within_last_bit(make_linear(w)(x), F.linear(x, w))
+    assert torch.equal(lin.dense_weight(), w)
+    x3 = torch.randn(2, rows, 96).to(torch.bfloat16)  # leading dims pass through
+    assert torch.equal(lin(x3), lin(x3.flatten(0, 1)).view(2, rows, 200))
+
+
 @needs_bf16
 @pytest.mark.parametrize("rows", [1, 3, 16, 65])
 def test_packed_bfloat16_is_bitwise_f_linear(rows: int) -> None:
     w, b = weights(200, 96, torch.bfloat16)
-    lin = make_linear(w, b)
-    assert isinstance(lin, PackedLinear) and lin.weight.is_mkldnn  # packed once, at build
+    lin = PackedLinear(w, b)
+    assert lin.weight.is_mkldnn  # packed once, at build
     x = torch.randn(rows, 96).to(torch.bfloat16)
     assert torch.equal(lin(x), F.linear(x, w, b))
-    assert torch.equal(make_linear(w)(x), F.linear(x, w))
+    assert torch.equal(PackedLinear(w)(x), F.linear(x, w))
     assert torch.equal(lin.dense_weight(), w)
     x3 = torch.randn(2, rows, 96).to(torch.bfloat16)  # leading dims pass through
     assert torch.equal(lin(x3), F.linear(x3, w, b))
@@ -57,6 +90,7 @@ def test_packed_bfloat16_is_bitwise_f_linear(rows: int) -> None:
 def test_split_parts_equal_the_uncut_projection(monkeypatch: pytest.MonkeyPatch, quantization: str | None) -> None:
     """Cut by output rows and shared by two threads, each column is computed as the uncut Linear does."""
     monkeypatch.setattr(linear, "SPLIT_CHUNK_BYTES", 8 << 10)
+    monkeypatch.setattr(gemm, "available", lambda: False)  # the kernel shares its work itself: oneDNN's path
     w, b = weights(1000, 64, torch.bfloat16, seed=3)  # 125 KiB: 15 parts of 64-row multiples
     whole = (Int8Linear if quantization else PackedLinear)(w, b)
     WORKERS.configure(2)  # not asked to split: the threads only share the LM head
@@ -117,8 +151,11 @@ def test_lm_head_forms_equal_the_plain_product(dtype: torch.dtype, quantization:
     WORKERS.configure(workers)
     out = torch.full((rows, vocab), float("nan"))
     got = head(h, out, WORKERS.pool, WORKERS.n)
-    if quantization is None and dtype == torch.bfloat16:
-        assert torch.equal(got, F.linear(h, ref_w).float())  # rounded in the model's dtype, then widened
+    if quantization is None and dtype == torch.bfloat16:  # rounded in the model's dtype, then widened
+        assert_within_last_bit(got.bfloat16(), F.linear(h, ref_w))
+        assert torch.equal(got, got.bfloat16().float())
+        if head.packed is None:
+            assert torch.equal(got, F.linear(h, ref_w).float())
     elif quantization is None:  # float32: h @ W.T over the transposed copy sums in another order
         torch.testing.assert_close(got, F.linear(h, ref_w), atol=1e-5, rtol=1e-5)
     else:  # int8 scales the integer product: within bfloat16 rounding of the dequantized product

@@ -1,0 +1,119 @@
+"""Compile a C++ kernel of this package once per machine and load it: `lib = load("gemm_bf16", flags)`.
+
+The library is cached under the spindle cache by a digest of its source, flags and compiler, and written
+beside its final name then renamed, so engines starting at once never load a half-written file. torch is
+imported first: the kernels use OpenMP, and the loader then binds them to torch's own libgomp (one
+thread pool, not two).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch  # noqa: F401  # why: loaded before any kernel, so the kernel's libgomp is torch's
+
+from engine.cache_root import cache_root
+
+log = logging.getLogger(__name__)
+
+SOURCES = Path(__file__).parent
+COMPILE_TIMEOUT_S = 120
+# every kernel here is AVX-512 with bf16 dot products (x86-64-v4 plus AVX512-BF16)
+FLAGS = ("-O3", "-std=c++17", "-march=x86-64-v4", "-mavx512bf16", "-fopenmp")
+NEEDS = frozenset({"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_bf16"})
+
+
+def enabled() -> bool:
+    """SPINDLE_CPU_KERNELS=0 keeps torch's path everywhere (for comparisons)."""
+    return os.environ.get("SPINDLE_CPU_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags as Linux lists them (empty where /proc/cpuinfo is not)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def compiler() -> str | None:
+    """$CXX, else g++ or c++ on PATH."""
+    found = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    return found if found and shutil.which(found) else None
+
+
+@functools.cache
+def load(name: str, flags: tuple[str, ...], needs: frozenset[str]) -> ctypes.CDLL | None:
+    """The library built from `name`.cpp with `flags`, or None (with one warning saying why) when this machine
+    lacks a CPU flag in `needs`, a compiler, or the build fails."""
+    if not enabled():
+        return None
+    if platform.machine() not in ("x86_64", "AMD64") or not needs <= cpu_flags():
+        missing = sorted(needs - cpu_flags()) or [platform.machine()]
+        log.info("CPU kernel %s off: this CPU lacks %s", name, ", ".join(missing))
+        return None
+    cxx = compiler()
+    if cxx is None:
+        log.warning("CPU kernel %s off: no C++ compiler (install g++ or set CXX); torch's path is slower", name)
+        return None
+    source = (SOURCES / f"{name}.cpp").read_bytes()
+    version = subprocess.run([cxx, "--version"], capture_output=True, timeout=30).stdout
+    digest = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), version])).hexdigest()[:16]
+    target = cache_root() / "cpu_kernels" / f"{name}-{digest}.so"
+    if not target.exists():
+        try:
+            _compile(cxx, SOURCES / f"{name}.cpp", flags, target)
+        except (OSError, subprocess.SubprocessError) as e:
+            log.warning("CPU kernel %s off: its build failed (%s); torch's path is slower", name, e)
+            return None
+    try:
+        return ctypes.CDLL(str(target))
+    except OSError as e:
+        log.warning("CPU kernel %s off: %s", name, e)
+        return None
+
+
+def kernel(name: str, abi: int, argtypes: list[Any]) -> Any:
+    """The C function `spindle_<name>` of <name>.cpp (built with FLAGS where the CPU has NEEDS), typed with
+    `argtypes`, or None (with a warning saying why) when it cannot run here or answers another ABI."""
+    lib = load(name, FLAGS, NEEDS)
+    if lib is None:
+        return None
+    got = getattr(lib, f"spindle_{name}_abi")()
+    if got != abi:
+        log.warning("CPU kernel %s off: its library answers ABI %s, not %s", name, got, abi)
+        return None
+    fn = getattr(lib, f"spindle_{name}")
+    fn.argtypes, fn.restype = argtypes, None
+    return fn
+
+
+def _compile(cxx: str, source: Path, flags: tuple[str, ...], target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run([cxx, *flags, "-shared", "-fPIC", "-o", tmp, str(source)],
+                              capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+        if done.returncode != 0:
+            raise subprocess.SubprocessError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else
+                                             f"{cxx} exited {done.returncode}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

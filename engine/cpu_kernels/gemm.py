@@ -1,0 +1,107 @@
+"""y = x @ W.T + b in bfloat16 on CPU through gemm_bf16.cpp: `w = pack(weight); y = gemm(x, w, n, bias)`.
+
+The weight is packed once at load (gemm_bf16.cpp says how and why); results round as torch's bf16 `linear`
+does (float32 sums, one rounding). `available()` is False where the kernel cannot run (engine/cpu_kernels).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+from typing import Any
+
+import torch
+
+from engine.cpu_kernels.build import kernel
+
+log = logging.getLogger(__name__)
+
+ABI = 2
+BLOCK = 16  # output columns per packed block
+_P = ctypes.c_void_p
+_ARGS = [_P, ctypes.c_long, ctypes.c_int, ctypes.c_int, _P, ctypes.c_int, _P, _P, ctypes.c_long, _P, ctypes.c_long,
+         ctypes.c_int]
+
+
+@functools.cache
+def _kernel() -> Any:
+    fn = kernel("gemm_bf16", ABI, _ARGS)
+    if fn is not None and (why := _self_check(fn)) is not None:
+        log.warning("CPU kernel gemm_bf16 off: %s", why)
+        return None
+    return fn
+
+
+def _self_check(fn: Any) -> str | None:
+    """A broken build (a compiler that miscompiles, a CPU that lies about a flag) must not reach a model."""
+    g = torch.Generator().manual_seed(0)
+    for m, n, k in ((1, 40, 64), (5, 17, 96), (19, 33, 64)):
+        w = torch.randn(n, k, generator=g).bfloat16()
+        x = torch.randn(m, k, generator=g).bfloat16()
+        ref = x.double() @ w.double().t()
+        got = _call(fn, x, pack(w), n, None, torch.empty(m, n, dtype=torch.bfloat16), 2)
+        if not torch.allclose(got.double(), ref, rtol=1e-2, atol=1e-2):
+            return f"its self-check at {m}x{k} @ {k}x{n} is off by {(got.double() - ref).abs().max().item():.3g}"
+    return None
+
+
+def available() -> bool:
+    return _kernel() is not None
+
+
+def usable(weight: torch.Tensor) -> bool:
+    """Whether this weight [out, in] can go through the kernel: bfloat16 on CPU, `in` even, kernel available."""
+    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and weight.dim() == 2
+            and weight.shape[1] % 2 == 0 and available())
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] bf16 -> [ceil(N/16), K/2, 16, 2]: blocks of 16 output columns, a pair of k per 64 bytes."""
+    n, k = weight.shape
+    rows = -(-n // BLOCK) * BLOCK
+    padded = weight.new_zeros(rows, k)
+    padded[:n] = weight
+    return padded.view(rows // BLOCK, BLOCK, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+
+def unpack(packed: torch.Tensor, n: int) -> torch.Tensor:
+    """The [N, K] weight back from pack()."""
+    blocks, pairs = packed.shape[0], packed.shape[1]
+    return packed.permute(0, 2, 1, 3).reshape(blocks * BLOCK, pairs * 2)[:n].contiguous()
+
+
+def gemm(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None = None,
+         out: torch.Tensor | None = None, threads: int | None = None) -> torch.Tensor:
+    """x [..., K] bf16 @ W.T (+ bias [N] bf16) -> [..., N] bf16, or into `out` [M, N] (bf16, or float32 for the
+    bf16 product widened). threads: torch's intra-op count when None."""
+    fn = _kernel()
+    if fn is None:
+        raise RuntimeError("the gemm_bf16 CPU kernel is not available here (see available())")
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    if x2.dtype != torch.bfloat16:
+        raise TypeError(f"gemm takes bfloat16 activations, got {x2.dtype}")
+    if x2.stride(-1) != 1 or x2.stride(0) % 2 or x2.data_ptr() % 4:
+        x2 = x2.contiguous()
+    if out is None:
+        out = torch.empty(x2.shape[0], n, dtype=torch.bfloat16)
+    _call(fn, x2, packed, n, bias, out, threads or torch.get_num_threads())
+    return out.view(*x.shape[:-1], n) if out.dtype == torch.bfloat16 else out
+
+
+def _call(fn: Any, x2: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None, out: torch.Tensor,
+          threads: int) -> torch.Tensor:
+    m, k = x2.shape
+    if packed.shape[1] * 2 != k or packed.shape[0] * BLOCK < n:
+        raise ValueError(f"x [{m}, {k}] does not fit the packed weight {tuple(packed.shape)} for {n} columns")
+    if out.shape != (m, n) or out.stride(-1) != 1 or out.dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"out must be [{m}, {n}] bfloat16 or float32 with unit column stride")
+    if bias is not None and (bias.dtype != torch.bfloat16 or not bias.is_contiguous() or bias.numel() != n):
+        raise ValueError("bias must be a contiguous bfloat16 [N]")
+    if m == 0:
+        return out
+    f32 = out.dtype == torch.float32
+    fn(x2.data_ptr(), x2.stride(0), m, k, packed.data_ptr(), n, None if bias is None else bias.data_ptr(),
+       None if f32 else out.data_ptr(), out.stride(0), out.data_ptr() if f32 else None, out.stride(0), threads)
+    return out

@@ -1,0 +1,178 @@
+// y = x @ W^T + bias in bfloat16 with AVX512-BF16 (vdpbf16ps): the CPU's bf16 projections, built for the
+// few rows of a decode step (where the weights stream from memory) and blocked for a prefill's many rows.
+// Built and loaded by engine/cpu_kernels/build.py; called through engine/cpu_kernels/gemm.py.
+//
+// W is packed once at load as [ceil(N/16)][K/2][16][2] bf16: a block of 16 output columns, one 64-byte
+// line per pair of k, so each block is one sequential stream. Each thread takes a contiguous run of blocks
+// and prefetches its streams far enough ahead that reading the weights overlaps the arithmetic: that
+// overlap is what oneDNN's small-row kernels lack on cold weights (bench/README.md).
+// Accumulation is float32 in k order, rounded once to bf16 (round to nearest even), as torch rounds.
+#include <immintrin.h>
+#include <omp.h>
+#include <stdint.h>
+
+#include <vector>
+
+namespace {
+
+constexpr int kPrefetchLines = 96;  // lines ahead on each stream (6 KiB)
+
+// Sums over pairs [kp0, kp1) of x's rows (xt: pairs of row m at xt[kp * ldxt + m]) times NB blocks of w.
+// part (a [MR][NB][16] float32 scratch) carries the sums across chunks of k: read unless first, written
+// unless last; the last chunk adds the bias and stores the rounded result.
+template <int MR, int NB>
+void tile(const uint32_t* __restrict xt, long ldxt, const uint16_t* __restrict w, long bstride, int kp0, int kp1,
+          float* __restrict part, bool first, bool last, const uint16_t* __restrict bias, int n0, int n_total,
+          uint16_t* __restrict y, long ldy, float* __restrict yf, long ldyf) {
+    constexpr int ahead = kPrefetchLines * 32;  // in bf16 elements
+    __m512 acc[MR][NB];
+    for (int m = 0; m < MR; ++m)
+        for (int j = 0; j < NB; ++j) acc[m][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(part + (m * NB + j) * 16);
+    for (int kp = kp0; kp < kp1; ++kp) {
+        __m512bh wv[NB];
+        for (int j = 0; j < NB; ++j) {
+            const uint16_t* p = w + j * bstride + (long)kp * 32;
+            wv[j] = (__m512bh)_mm512_loadu_si512(p);
+            _mm_prefetch((const char*)(p + ahead), _MM_HINT_T0);
+        }
+        const uint32_t* xk = xt + (long)kp * ldxt;
+        for (int m = 0; m < MR; ++m) {
+            __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xk[m]);
+            for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], xv, wv[j]);
+        }
+    }
+    if (!last) {
+        for (int m = 0; m < MR; ++m)
+            for (int j = 0; j < NB; ++j) _mm512_storeu_ps(part + (m * NB + j) * 16, acc[m][j]);
+        return;
+    }
+    for (int j = 0; j < NB; ++j) {
+        const int n = n0 + j * 16;
+        const int cols = n_total - n < 16 ? n_total - n : 16;
+        const __mmask16 mask = (__mmask16)((1u << cols) - 1);
+        __m512 b = _mm512_setzero_ps();
+        if (bias)
+            b = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, bias + n)), 16));
+        for (int m = 0; m < MR; ++m) {
+            __m256bh r = _mm512_cvtneps_pbh(_mm512_add_ps(acc[m][j], b));
+            if (yf)  // float32 out: the bf16 product widened, as (x @ W^T).float()
+                _mm512_mask_storeu_ps(yf + m * ldyf + n, mask,
+                                      _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)r), 16)));
+            else
+                _mm256_mask_storeu_epi16(y + m * ldy + n, mask, (__m256i)r);
+        }
+    }
+}
+
+constexpr int kTileRows = 16;
+constexpr long kPanelBytes = 256 << 10;  // weights one thread keeps in its L2 while every row tile passes
+constexpr int kChunkPairs = 384;  // pairs of k per chunk: a row tile's pairs (24 KiB) stay in L1
+
+struct Call {
+    const uint32_t* xt;  // x as [ceil(M/16)][K/2][ldxt] pairs: one row tile's pairs side by side, contiguous
+    int ldxt;  // min(M, 16)
+    int m;
+    const uint16_t* w;
+    long bstride;
+    int kp_count;
+    const uint16_t* bias;
+    int n_total;
+    uint16_t* y;
+    long ldy;
+    float* yf;
+    long ldyf;
+};
+
+// Which pairs of k a tile sums this time, and where its sums wait between chunks.
+struct Chunk {
+    int kp0, kp1;
+    float* part;
+};
+
+template <int MR, int NB>
+void run(const Call& c, int m0, int blk, const Chunk& k) {
+    const uint32_t* xt = c.xt + (long)(m0 / kTileRows) * c.kp_count * c.ldxt + m0 % kTileRows;
+    tile<MR, NB>(xt, c.ldxt, c.w + blk * c.bstride, c.bstride, k.kp0, k.kp1, k.part, k.kp0 == 0,
+                 k.kp1 == c.kp_count, c.bias, blk * 16, c.n_total,
+                 c.y ? c.y + m0 * c.ldy : nullptr, c.ldy, c.yf ? c.yf + m0 * c.ldyf : nullptr, c.ldyf);
+}
+
+// rows m0..m0+mr (mr <= 8) over NB blocks from blk; callers keep mr * NB <= 16 accumulators (the clamp
+// only keeps combinations that are never called from being instantiated too wide)
+template <int NB>
+void few_rows(const Call& c, int m0, int mr, int blk, const Chunk& k) {
+#define ROWS(R) case R: run<R, (R * NB <= 16 ? NB : 1)>(c, m0, blk, k); break;
+    switch (mr) { ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8) }
+#undef ROWS
+}
+
+// rows m0..m0+16 (or fewer, at the end) of one block
+void row_tile(const Call& c, int m0, int blk, const Chunk& k) {
+    const int mr = c.m - m0 < kTileRows ? c.m - m0 : kTileRows;
+    if (mr == kTileRows) {
+        run<kTileRows, 1>(c, m0, blk, k);
+        return;
+    }
+    few_rows<1>(c, m0, mr < 8 ? mr : 8, blk, k);
+    if (mr > 8) few_rows<1>(c, m0 + 8, mr - 8, blk, Chunk{k.kp0, k.kp1, k.part + 8 * 16});
+}
+
+// One thread's blocks [b, b1). Up to 8 rows: tiles `wide` blocks wide over all of k. More rows: tiles one
+// block wide, in panels of blocks that stay in L2 while every row tile passes over them, over k in chunks
+// short enough that a row tile's pairs stay in L1 across the panel.
+void blocks(const Call& c, int b, int b1, int wide) {
+    const Chunk all{0, c.kp_count, nullptr};
+    if (c.m <= 8) {
+        for (; b + wide <= b1; b += wide) {
+            if (wide == 8) few_rows<8>(c, 0, c.m, b, all);
+            else if (wide == 4) few_rows<4>(c, 0, c.m, b, all);
+            else few_rows<2>(c, 0, c.m, b, all);
+        }
+        for (; b < b1; ++b) few_rows<1>(c, 0, c.m, b, all);
+        return;
+    }
+    const int kc = c.kp_count < kChunkPairs ? c.kp_count : kChunkPairs;
+    const int panel = kPanelBytes / (kc * 64L) > 1 ? (int)(kPanelBytes / (kc * 64L)) : 1;
+    const int tiles = (c.m + kTileRows - 1) / kTileRows;
+    static thread_local std::vector<float> parts;  // each (row tile, block) pair's sums between chunks
+    if (kc < c.kp_count) parts.resize((size_t)tiles * panel * kTileRows * 16);
+    for (int p = b; p < b1; p += panel) {
+        const int pe = p + panel < b1 ? p + panel : b1;
+        for (int k0 = 0; k0 < c.kp_count; k0 += kc) {
+            const int k1 = k0 + kc < c.kp_count ? k0 + kc : c.kp_count;
+            for (int t = 0; t < tiles; ++t)
+                for (int blk = p; blk < pe; ++blk) {
+                    float* part = kc < c.kp_count ? parts.data() + ((size_t)t * panel + (blk - p)) * kTileRows * 16 : nullptr;
+                    row_tile(c, t * kTileRows, blk, Chunk{k0, k1, part});
+                }
+        }
+    }
+}
+
+}  // namespace
+
+extern "C" int spindle_gemm_bf16_abi() { return 2; }
+
+// x [M, K] bf16 with row stride ldx (elements, even); w packed as above; bias [N] bf16 or null; y [M, N] bf16
+// (row stride ldy) or, when yf is given, yf [M, N] float32 (row stride ldyf). K must be even.
+extern "C" void spindle_gemm_bf16(const uint16_t* x, long ldx, int M, int K, const uint16_t* w, int N,
+                                  const uint16_t* bias, uint16_t* y, long ldy, float* yf, long ldyf, int threads) {
+    static thread_local std::vector<uint32_t> xt_buf;
+    const int kp_count = K / 2, tiles = (M + kTileRows - 1) / kTileRows, ldxt = M < kTileRows ? M : kTileRows;
+    xt_buf.resize((size_t)tiles * kp_count * ldxt);
+    uint32_t* xt = xt_buf.data();
+    const uint32_t* x32 = (const uint32_t*)x;
+    const Call c{xt, ldxt, M, w, (long)kp_count * 32, kp_count, bias, N, y, ldy, yf, ldyf};
+    const int n_blocks = (N + 15) / 16;
+    const int wide = M <= 2 ? 8 : M <= 4 ? 4 : 2;  // blocks per tile of up to 8 rows: enough independent sums
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+        for (int kp = 0; kp < kp_count; ++kp)  // by k, so that no two threads write one cache line
+            for (int m = 0; m < M; ++m)
+                xt[((long)(m / kTileRows) * kp_count + kp) * ldxt + m % kTileRows] = x32[(long)m * (ldx / 2) + kp];
+        // (the loop's implied barrier: every row is in place before any tile reads it)
+        const int t = omp_get_thread_num(), T = omp_get_num_threads();
+        blocks(c, (int)((long)n_blocks * t / T), (int)((long)n_blocks * (t + 1) / T), wide);
+    }
+}

@@ -1,0 +1,92 @@
+"""engine/cpu_kernels/gemm.py against float64 and torch's bf16 linear: every row-count path (wide tiles for up
+to 8 rows, 16-row tiles, k in chunks), tails of columns, bias, float32 out, strided x, threads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.cpu_kernels import gemm
+
+pytestmark = pytest.mark.skipif(not gemm.available(), reason="no AVX512-BF16 CPU kernel here (CPU or compiler)")
+
+
+def data(m: int, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(m, k, generator=g).bfloat16(), (torch.randn(n, k, generator=g) / k ** 0.5).bfloat16(),
+            torch.randn(n, generator=g).bfloat16())
+
+
+def fp32_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """|float32 sum - exact| over k terms, plus one bf16 rounding of the result."""
+    mag = x.double().abs() @ w.double().abs().t()
+    return mag * x.shape[1] * torch.finfo(torch.float32).eps
+
+
+# rows: the wide tiles (1-8), 16-row tiles with remainders (9-40), many tiles; k 1000: chunks of 384 pairs
+@pytest.mark.parametrize("m", [0, 1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 24, 33, 100])
+@pytest.mark.parametrize("n, k", [(40, 64), (17, 96), (1, 32), (300, 1000)])
+def test_equals_the_exact_product_rounded_once(m: int, n: int, k: int) -> None:
+    x, w, b = data(m, n, k, seed=m * 1000 + n)
+    got = gemm.gemm(x, gemm.pack(w), n, b)
+    exact = x.double() @ w.double().t() + b.double()
+    half_ulp = exact.abs() * torch.finfo(torch.bfloat16).eps / 2
+    assert got.shape == (m, n) and got.dtype == torch.bfloat16
+    assert bool(((got.double() - exact).abs() <= half_ulp * 1.01 + fp32_bound(x, w)).all())
+    want = F.linear(x, w, b)
+    assert float((got != want).float().mean()) <= 0.01 if m else True  # torch sums in another order
+
+
+@pytest.mark.parametrize("k", [64, 1000])  # 1000: 20 rows take the chunked path, 1 row the wide one
+def test_a_row_is_the_same_whatever_the_batch_around_it(k: int) -> None:
+    """Each output sums k in the same order in every path and thread split: batch-invariant, bitwise."""
+    x, w, b = data(20, 72, k)
+    packed = gemm.pack(w)
+    whole = gemm.gemm(x, packed, 72, b, threads=2)
+    for r in (0, 7, 19):
+        assert torch.equal(gemm.gemm(x[r:r + 1], packed, 72, b, threads=1)[0], whole[r])
+    assert torch.equal(gemm.gemm(x[3:11], packed, 72, b, threads=1), whole[3:11])
+
+
+def test_float32_out_is_the_bf16_product_widened_in_a_wider_buffer() -> None:
+    x, w, _ = data(5, 50, 64)
+    buf = torch.full((5, 80), float("nan"))
+    got = gemm.gemm(x, gemm.pack(w), 50, out=buf[:, 10:60])
+    assert torch.equal(got, gemm.gemm(x, gemm.pack(w), 50).float())
+    assert bool(buf[:, :10].isnan().all()) and bool(buf[:, 60:].isnan().all())  # nothing outside its columns
+
+
+def test_strided_and_odd_offset_activations() -> None:
+    x, w, b = data(6, 24, 64)
+    wide = torch.zeros(6, 130, dtype=torch.bfloat16)
+    wide[:, 2:66] = x  # even row stride, aligned start: read in place
+    assert torch.equal(gemm.gemm(wide[:, 2:66], gemm.pack(w), 24, b), gemm.gemm(x, gemm.pack(w), 24, b))
+    odd = torch.zeros(6, 131, dtype=torch.bfloat16)
+    odd[:, 1:65] = x  # odd stride and offset: copied first
+    assert torch.equal(gemm.gemm(odd[:, 1:65], gemm.pack(w), 24, b), gemm.gemm(x, gemm.pack(w), 24, b))
+    x3 = x.view(2, 3, 64)
+    assert torch.equal(gemm.gemm(x3, gemm.pack(w), 24, b), gemm.gemm(x, gemm.pack(w), 24, b).view(2, 3, 24))
+
+
+def test_pack_round_trips_and_pads_columns_to_blocks() -> None:
+    _, w, _ = data(1, 37, 18)
+    packed = gemm.pack(w)
+    assert packed.shape == (3, 9, 16, 2)
+    assert bool((packed.permute(0, 2, 1, 3).reshape(48, 18)[37:] == 0).all())
+    assert torch.equal(gemm.unpack(packed, 37), w)
+
+
+def test_wrong_shapes_and_dtypes_are_refused() -> None:
+    x, w, b = data(3, 32, 64)
+    packed = gemm.pack(w)
+    with pytest.raises(TypeError):
+        gemm.gemm(x.float(), packed, 32)
+    with pytest.raises(ValueError, match="does not fit"):
+        gemm.gemm(x[:, :32], packed, 32)
+    with pytest.raises(ValueError, match="bias"):
+        gemm.gemm(x, packed, 32, b.float())
+    with pytest.raises(ValueError, match="out"):
+        gemm.gemm(x, packed, 32, out=torch.empty(3, 32, dtype=torch.float16))
+    assert not gemm.usable(torch.zeros(4, 7, dtype=torch.bfloat16))  # odd k
+    assert not gemm.usable(torch.zeros(4, 8))  # float32 keeps torch's path
