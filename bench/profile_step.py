@@ -61,9 +61,10 @@ def instrument_forward(core: EngineCore, totals: dict[str, float]) -> None:
     """Inside forward: the projections ("linear") and attention ("attention"), wrapped per layer object."""
     model = core.runner.model
     for layer in getattr(model, "layers", []):
-        for name in ("qkv", "o", "gate_up", "down"):
-            if hasattr(layer, name):
-                setattr(layer, name, _timed(totals, "linear", getattr(layer, name)))
+        for owner in (layer, getattr(layer, "mlp", None)):  # a dense MLP holds gate_up and down
+            for name in ("qkv", "o", "gate_up", "down"):
+                if hasattr(owner, name) and callable(getattr(owner, name)):
+                    setattr(owner, name, _timed(totals, "linear", getattr(owner, name)))
     ops = model.ops
     model.ops = type("TimedOps", (ops,), {"attention": staticmethod(_timed(totals, "attention", ops.attention))})
 
@@ -114,6 +115,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--split-projections", action="store_true", help="cut big projections over the threads")
     ap.add_argument("--device", default="auto", help="auto (cuda when there is one), cpu or cuda")
     ap.add_argument("--split-forward", action="store_true", help="also time projections and attention in forward")
+    ap.add_argument("--threaded-step-flops", type=float, default=None,
+                    help="EngineConfig.threaded_step_flops (torch's ops on all threads from this step size)")
     ap.add_argument("--torch-profile", action="store_true")
     return ap.parse_args()
 
@@ -128,6 +131,8 @@ def main() -> None:
     extra: dict[str, Any] = {"quantization": args.quantization} if args.quantization else {}
     if args.split_projections:
         extra["split_projections"] = True
+    if args.threaded_step_flops is not None:
+        extra["threaded_step_flops"] = args.threaded_step_flops
     core = EngineCore(EngineConfig(model=args.model, dtype=args.dtype, max_num_seqs=256, device=args.device,
                                    max_num_batched_tokens=8192, enable_prefix_caching=False, **extra))
     gpu = core.runner.device.type == "cuda"

@@ -15,22 +15,49 @@ import torch
 
 from engine import kernels
 from engine.cpu_attention import DecodeSeqs, PrefillChunk, decode_attention, prefill_attention
+from engine.cpu_kernels import layer_ops
 from engine.kernels import PagedBatch
+from engine.layers.parallel import WORKERS
+
+
+def _cpu_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether engine/cpu_kernels/layer_ops.py takes this bf16 CPU norm (it rounds as the torch code here)."""
+    return weight.dtype == torch.bfloat16 and layer_ops.usable(x)
+
+
+def _threads(x: torch.Tensor) -> int:
+    return WORKERS.threads_for(0, 4 * x.numel())  # read and written once: a prefill's rows, not a decode's
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """weight * (x normed in float32, rounded to x's dtype), as transformers rounds it. torch's fused kernel
     gives bitwise the float32 `x * rsqrt(mean(x^2) + eps)` rounded once (tests/engine/test_model.py), in one op
     instead of six."""
+    if _cpu_kernel(x, weight):
+        return layer_ops.add_rms_norm(x, None, weight, eps, _threads(x))[1]
     return weight * torch.rms_norm(x, (x.shape[-1],), eps=eps)
 
 
-def rope_factors(cos_sin: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cos, sin) [T, 1, head_dim] in `dtype`, each half repeated, from table rows cos_sin [T, head_dim]; made
-    once per step and shared by every layer's `rotate`. Half precision takes them in its own dtype, as
-    transformers does, so each product is rounded as there."""
+def add_rms_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + h, rms_norm(x + h)): a residual add and the next norm, in one pass where the CPU kernel runs."""
+    if h.dtype == x.dtype and _cpu_kernel(x, weight):
+        return layer_ops.add_rms_norm(x, h, weight, eps, _threads(x))
+    s = x + h
+    return s, rms_norm(s, weight, eps)
+
+
+def rope_halves(cos_sin: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) [T, head_dim / 2] in `dtype` from table rows cos_sin [T, head_dim] (cos | sin). Half precision
+    takes them in its own dtype, as transformers does, so each product is rounded as there."""
     half = cos_sin.shape[-1] // 2
-    cos, sin = cos_sin[:, :half].to(dtype), cos_sin[:, half:].to(dtype)
+    return cos_sin[:, :half].to(dtype).contiguous(), cos_sin[:, half:].to(dtype).contiguous()
+
+
+def rope_factors(cos_sin: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) [T, 1, head_dim] in `dtype`, each half repeated (rope_halves'), from table rows cos_sin
+    [T, head_dim]; made once per step and shared by every layer's `rotate`."""
+    cos, sin = rope_halves(cos_sin, dtype)
     return torch.cat([cos, cos], dim=-1)[:, None], torch.cat([sin, sin], dim=-1)[:, None]
 
 
@@ -89,6 +116,7 @@ class TorchOps:
     """The reference implementations above, behind the interface the model calls."""
 
     rms_norm = staticmethod(rms_norm)
+    add_rms_norm = staticmethod(add_rms_norm)
 
     @staticmethod
     def rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
@@ -110,6 +138,12 @@ class TritonOps:
     @staticmethod
     def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return kernels.rms_norm(x, weight, eps)
+
+    @staticmethod
+    def add_rms_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        s = x + h
+        return s, kernels.rms_norm(s, weight, eps)
 
     @staticmethod
     def rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,

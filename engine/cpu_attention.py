@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.cpu_kernels import decode_attention as decode_kernel
+from engine.layers.parallel import WORKERS
 
 TILE_BYTES = 2 << 20  # one decode tile's gathered K (or V): stays in cache; a fresh big gather page-faults
 MASK_ELEMS = 1 << 21  # rows x keys of one prefill sub-chunk: bounds its mask (and softcap's scores per head)
@@ -149,7 +150,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      scale: float, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """q [B, heads, D], one token per sequence of `seqs` (in its order) -> [B, heads, D]."""
     if decode_kernel.usable(q, k_cache):
-        return decode_kernel.attend(q, k_cache, v_cache, *seqs.kernel_args(window), scale, softcap)
+        keys = sum(seqs.ctx_lens) * q.shape[1] * q.shape[2]  # multiply-adds per product (scores, then values)
+        threads = WORKERS.threads_for(2 * keys, 2 * keys * k_cache.shape[2] // q.shape[1] * k_cache.element_size())
+        return decode_kernel.attend(q, k_cache, v_cache, *seqs.kernel_args(window), scale, softcap, threads)
     b, heads, d = q.shape
     k_hm, v_hm = _head_major(k_cache), _head_major(v_cache)
     kv_heads, _, bs, _ = k_hm.shape

@@ -1,6 +1,7 @@
-"""Compile a C++ kernel of this package once per machine and load it: `lib = load("gemm_bf16", flags)`.
+"""Compile this package's C++ kernels once per machine into one library and load it; `kernel(name, ...)` is
+one of its functions.
 
-The library is cached under the spindle cache by a digest of its source, flags and compiler, and written
+The library is cached under the spindle cache by a digest of its sources, flags and compiler, and written
 beside its final name then renamed, so engines starting at once never load a half-written file. torch is
 imported first: the kernels use OpenMP, and the loader then binds them to torch's own libgomp (one
 thread pool, not two).
@@ -57,58 +58,66 @@ def compiler() -> str | None:
     return found if found and shutil.which(found) else None
 
 
+def sources() -> list[Path]:
+    """Every kernel of the package: its .cpp files, built together into one library (they call each other)."""
+    return sorted(SOURCES.glob("*.cpp"))
+
+
 @functools.cache
-def load(name: str, flags: tuple[str, ...], needs: frozenset[str]) -> ctypes.CDLL | None:
-    """The library built from `name`.cpp with `flags`, or None (with one warning saying why) when this machine
-    lacks a CPU flag in `needs`, a compiler, or the build fails."""
+def load(flags: tuple[str, ...], needs: frozenset[str]) -> ctypes.CDLL | None:
+    """The library of every kernel here, built with `flags`, or None (with one warning saying why) when this
+    machine lacks a CPU flag in `needs`, a compiler, or the build fails."""
     if not enabled():
         return None
     if platform.machine() not in ("x86_64", "AMD64") or not needs <= cpu_flags():
         missing = sorted(needs - cpu_flags()) or [platform.machine()]
-        log.info("CPU kernel %s off: this CPU lacks %s", name, ", ".join(missing))
+        log.info("CPU kernels off: this CPU lacks %s", ", ".join(missing))
         return None
     cxx = compiler()
     if cxx is None:
-        log.warning("CPU kernel %s off: no C++ compiler (install g++ or set CXX); torch's path is slower", name)
+        log.warning("CPU kernels off: no C++ compiler (install g++ or set CXX); torch's path is slower")
         return None
-    source = (SOURCES / f"{name}.cpp").read_bytes()
+    files = sources()
+    headers = sorted(SOURCES.glob("*.h"))
     version = subprocess.run([cxx, "--version"], capture_output=True, timeout=30).stdout
-    digest = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), version])).hexdigest()[:16]
-    target = cache_root() / "cpu_kernels" / f"{name}-{digest}.so"
+    parts = [p.read_bytes() for p in files + headers] + [" ".join(flags).encode(), version]
+    digest = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+    target = cache_root() / "cpu_kernels" / f"spindle-{digest}.so"
     if not target.exists():
         try:
-            _compile(cxx, SOURCES / f"{name}.cpp", flags, target)
+            _compile(cxx, files, flags, target)
         except (OSError, subprocess.SubprocessError) as e:
-            log.warning("CPU kernel %s off: its build failed (%s); torch's path is slower", name, e)
+            log.warning("CPU kernels off: their build failed (%s); torch's path is slower", e)
             return None
     try:
         return ctypes.CDLL(str(target))
     except OSError as e:
-        log.warning("CPU kernel %s off: %s", name, e)
+        log.warning("CPU kernels off: %s", e)
         return None
 
 
-def kernel(name: str, abi: int, argtypes: list[Any]) -> Any:
-    """The C function `spindle_<name>` of <name>.cpp (built with FLAGS where the CPU has NEEDS), typed with
-    `argtypes`, or None (with a warning saying why) when it cannot run here or answers another ABI."""
-    lib = load(name, FLAGS, NEEDS)
+def kernel(name: str, abi: int, argtypes: list[Any], symbol: str | None = None) -> Any:
+    """The C function `symbol` (default spindle_<name>) of <name>.cpp, built with FLAGS where the CPU has NEEDS
+    and typed with `argtypes`, or None (with a warning saying why) when it cannot run here or <name>.cpp
+    answers another ABI than `abi`."""
+    lib = load(FLAGS, NEEDS)
     if lib is None:
         return None
     got = getattr(lib, f"spindle_{name}_abi")()
     if got != abi:
         log.warning("CPU kernel %s off: its library answers ABI %s, not %s", name, got, abi)
         return None
-    fn = getattr(lib, f"spindle_{name}")
+    fn = getattr(lib, symbol or f"spindle_{name}")
     fn.argtypes, fn.restype = argtypes, None
     return fn
 
 
-def _compile(cxx: str, source: Path, flags: tuple[str, ...], target: Path) -> None:
+def _compile(cxx: str, files: list[Path], flags: tuple[str, ...], target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        done = subprocess.run([cxx, *flags, "-shared", "-fPIC", "-o", tmp, str(source)],
+        done = subprocess.run([cxx, *flags, "-shared", "-fPIC", "-o", tmp, *map(str, files)],
                               capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
         if done.returncode != 0:
             raise subprocess.SubprocessError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else

@@ -11,29 +11,14 @@
 
 #include <vector>
 
+#include "simd.h"
+
 namespace {
 
-inline __m512 load_bf16(const uint16_t* p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
-}
+using spindle::exp512;
+using spindle::load_bf16;
 
-// e^x within a few float32 ulps: 2^n * e^r with |r| <= ln2/2, e^r by its degree-6 Taylor polynomial
-inline __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));  // below: 0 (scalef underflows); -inf stays finite here
-    x = _mm512_min_ps(x, _mm512_set1_ps(88.7f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723e-6f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
+
 
 struct Args {
     const uint16_t* q;
@@ -54,6 +39,68 @@ struct Args {
 
 constexpr int kMaxChunks = 16;  // head_dim up to 256, in chunks of 16 lanes
 
+// 16 vectors -> one: lane j holds the sum of v[j]'s 16 lanes
+inline __m512 sum16(__m512 v[16]) {
+    __m512 b[8], c[4];
+    for (int i = 0; i < 8; ++i)
+        b[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; ++i) {  // per 128-bit lane: [v4i, v4i+1, v4i+2, v4i+3] partial sums
+        const __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(b[2 * i]), _mm512_castps_pd(b[2 * i + 1]));
+        const __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(b[2 * i]), _mm512_castps_pd(b[2 * i + 1]));
+        c[i] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+    }
+    // c[i] lane block L holds keys 4i..4i+3 summed over block L: add the four blocks of each
+    const __m512 e0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+    const __m512 e1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, 0x88), _mm512_shuffle_f32x4(e0, e1, 0xDD));
+}
+
+// Walks a sequence's keys in order through its block table (one division per walk, not per key).
+struct Keys {
+    const Args& a;
+    const int32_t* table;
+    long head_off;
+    int blk, off;
+    Keys(const Args& args, const int32_t* t, long h, int from)
+        : a(args), table(t), head_off(h), blk(from / args.block_size), off(from % args.block_size) {}
+    long next() {  // the element offset of the current key's row, then step to the next key
+        const long at = (long)table[blk] * a.c_sblock + (long)off * a.c_stok + head_off;
+        if (++off == a.block_size) {
+            off = 0;
+            ++blk;
+        }
+        return at;
+    }
+};
+
+// scores[g][t - lo] = scale * q_g . k_t over 16 keys at a time: the bf16 products are exact and summed in float32
+// (vdpbf16ps), each key's lanes folded by sum16
+void scores_of(const Args& a, int b, int kvh, int lo, int n, float* scores) {
+    const int group = a.heads / a.kv_heads, pairs = a.d / 32, keys = n - lo;
+    const int32_t* table = a.tables + (long)b * a.table_stride;
+    const long head_off = (long)kvh * a.c_shead;
+    const __m512 scale = _mm512_set1_ps(a.scale);
+    Keys walk(a, table, head_off, lo);
+    for (int t0 = lo; t0 < n; t0 += 16) {
+        const int count = n - t0 < 16 ? n - t0 : 16;
+        const uint16_t* krow[16];
+        for (int j = 0; j < count; ++j) krow[j] = a.k + walk.next();
+        for (int j = count; j < 16; ++j) krow[j] = krow[0];  // lanes past the end: computed, never stored
+        for (int g = 0; g < group; ++g) {
+            const uint16_t* qp = a.q + (long)b * a.q_sb + (long)(kvh * group + g) * a.q_sh;
+            __m512 acc[16];
+            for (int j = 0; j < 16; ++j) {
+                acc[j] = _mm512_setzero_ps();
+                for (int c = 0; c < pairs; ++c)
+                    acc[j] = _mm512_dpbf16_ps(acc[j], (__m512bh)_mm512_loadu_si512(qp + 32 * c),
+                                              (__m512bh)_mm512_loadu_si512(krow[j] + 32 * c));
+            }
+            const __mmask16 mask = (__mmask16)(count == 16 ? 0xFFFF : (1u << count) - 1);
+            _mm512_mask_storeu_ps(scores + (long)g * keys + (t0 - lo), mask, _mm512_mul_ps(sum16(acc), scale));
+        }
+    }
+}
+
 void task(const Args& a, int b, int kvh, std::vector<float>& scores) {
     const int group = a.heads / a.kv_heads, chunks = a.d / 16;
     const int lo = a.los[b], n = a.lens[b], keys = n - lo;
@@ -61,18 +108,9 @@ void task(const Args& a, int b, int kvh, std::vector<float>& scores) {
     scores.resize((size_t)group * keys);
     const int32_t* table = a.tables + (long)b * a.table_stride;
     const long head_off = (long)kvh * a.c_shead;
+    scores_of(a, b, kvh, lo, n, scores.data());
     for (int g = 0; g < group; ++g) {
-        const int h = kvh * group + g;
-        const uint16_t* qp = a.q + (long)b * a.q_sb + (long)h * a.q_sh;
-        __m512 qv[kMaxChunks];
-        for (int c = 0; c < chunks; ++c) qv[c] = _mm512_mul_ps(load_bf16(qp + 16 * c), _mm512_set1_ps(a.scale));
         float* s = scores.data() + (long)g * keys;
-        for (int t = lo; t < n; ++t) {
-            const uint16_t* kp = a.k + (long)table[t / a.block_size] * a.c_sblock + (long)(t % a.block_size) * a.c_stok + head_off;
-            __m512 acc = _mm512_mul_ps(qv[0], load_bf16(kp));
-            for (int c = 1; c < chunks; ++c) acc = _mm512_fmadd_ps(qv[c], load_bf16(kp + 16 * c), acc);
-            s[t - lo] = _mm512_reduce_add_ps(acc);
-        }
         if (a.softcap > 0)
             for (int i = 0; i < keys; ++i) s[i] = a.softcap * tanhf(s[i] / a.softcap);
         // softmax over the row, in float32
@@ -97,36 +135,42 @@ void task(const Args& a, int b, int kvh, std::vector<float>& scores) {
         const float inv = 1.0f / _mm512_reduce_add_ps(sum);
         for (i = 0; i < keys; ++i) s[i] *= inv;
     }
-    // out[h] = sum_t p[h, t] v[t], every query head of the group over one read of each value row
-    for (int g0 = 0; g0 < group; g0 += 4) {
-        const int gn = group - g0 < 4 ? group - g0 : 4;
-        __m512 acc[4][kMaxChunks];
-        for (int g = 0; g < gn; ++g)
-            for (int c = 0; c < chunks; ++c) acc[g][c] = _mm512_setzero_ps();
-        for (int t = lo; t < n; ++t) {
-            const uint16_t* vp = a.v + (long)table[t / a.block_size] * a.c_sblock + (long)(t % a.block_size) * a.c_stok + head_off;
-            for (int c = 0; c < chunks; ++c) {
-                const __m512 vv = load_bf16(vp + 16 * c);
-                for (int g = 0; g < gn; ++g)
-                    acc[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(scores[(long)(g0 + g) * keys + t - lo]), vv, acc[g][c]);
+    // out[h] = sum_t p[h, t] v[t]: every query head of the group over one widening of each value row, in
+    // column tiles of `tile` chunks so that group * tile accumulators stay in registers
+    const int tile = group * chunks <= 24 ? chunks : (24 / group > 0 ? 24 / group : 1);
+    for (int c0 = 0; c0 < chunks; c0 += tile) {
+        const int cn = chunks - c0 < tile ? chunks - c0 : tile;
+        for (int g0 = 0; g0 < group; g0 += 24) {
+            const int gn = group - g0 < 24 ? group - g0 : 24;
+            __m512 acc[24];
+            for (int i = 0; i < gn * cn; ++i) acc[i] = _mm512_setzero_ps();
+            Keys walk(a, table, head_off, lo);
+            for (int t = lo; t < n; ++t) {
+                const uint16_t* vp = a.v + walk.next() + 16 * c0;
+                for (int c = 0; c < cn; ++c) {
+                    const __m512 vv = load_bf16(vp + 16 * c);
+                    for (int g = 0; g < gn; ++g)
+                        acc[g * cn + c] = _mm512_fmadd_ps(_mm512_set1_ps(scores[(long)(g0 + g) * keys + t - lo]), vv,
+                                                          acc[g * cn + c]);
+                }
             }
-        }
-        for (int g = 0; g < gn; ++g) {
-            uint16_t* op = a.out + (long)b * a.o_sb + (long)(kvh * group + g0 + g) * a.o_sh;
-            for (int c = 0; c < chunks; ++c)
-                _mm256_storeu_si256((__m256i*)(op + 16 * c), (__m256i)_mm512_cvtneps_pbh(acc[g][c]));
+            for (int g = 0; g < gn; ++g) {
+                uint16_t* op = a.out + (long)b * a.o_sb + (long)(kvh * group + g0 + g) * a.o_sh + 16 * c0;
+                for (int c = 0; c < cn; ++c)
+                    _mm256_storeu_si256((__m256i*)(op + 16 * c), (__m256i)_mm512_cvtneps_pbh(acc[g * cn + c]));
+            }
         }
     }
 }
 
 }  // namespace
 
-extern "C" int spindle_decode_attention_abi() { return 1; }
+extern "C" int spindle_decode_attention_abi() { return 2; }
 
 // q [B, heads, D] bf16 (strides q_sb, q_sh; D contiguous); k, v caches bf16 addressed as
 // block * c_sblock + token * c_stok + kv_head * c_shead (+ d); tables int32 [B, table_stride]: each sequence's
 // blocks from position 0; sequence b attends keys [los[b], lens[b]). softcap <= 0: none. out like q.
-// D must be a multiple of 16, at most 256; heads a multiple of kv_heads.
+// D must be a multiple of 32, at most 256; heads a multiple of kv_heads.
 extern "C" void spindle_decode_attention(const uint16_t* q, long q_sb, long q_sh, int batch, int heads,
                                          int kv_heads, int d, const uint16_t* k, const uint16_t* v,
                                          long c_sblock, long c_stok, long c_shead, int block_size,

@@ -19,7 +19,7 @@ from engine.cpu_kernels.build import kernel
 
 log = logging.getLogger(__name__)
 
-ABI = 1
+ABI = 2
 MAX_HEAD_DIM = 256
 _P, _L, _I, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
 _ARGS = [_P, _L, _L, _I, _I, _I, _I, _P, _P, _L, _L, _L, _I, _P, _L, _P, _P, _F, _F, _P, _L, _L, _I]
@@ -59,7 +59,7 @@ def usable(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """q [B, heads, D] and a cache [num_blocks, block_size, kv_heads, D], both bfloat16 on CPU."""
     d = q.shape[-1]
     return (q.device.type == "cpu" and q.dtype == torch.bfloat16 and k_cache.dtype == torch.bfloat16
-            and d % 16 == 0 and d <= MAX_HEAD_DIM and q.shape[1] % k_cache.shape[2] == 0
+            and d % 32 == 0 and d <= MAX_HEAD_DIM and q.shape[1] % k_cache.shape[2] == 0
             and q.stride(-1) == 1 and k_cache.stride(-1) == 1 and _kernel() is not None)
 
 

@@ -1,4 +1,4 @@
-"""y = x @ W.T + b in bfloat16 on CPU through gemm_bf16.cpp: `w = pack(weight); y = gemm(x, w, n, bias)`.
+"""y = x @ W.T + b in bfloat16 on CPU through gemm_bf16.cpp: `w = PackedWeight(weight, bias); y = w(x, threads)`.
 
 The weight is packed once at load (gemm_bf16.cpp says how and why); results round as torch's bf16 `linear`
 does (float32 sums, one rounding). `available()` is False where the kernel cannot run (engine/cpu_kernels).
@@ -71,37 +71,51 @@ def unpack(packed: torch.Tensor, n: int) -> torch.Tensor:
     return packed.permute(0, 2, 1, 3).reshape(blocks * BLOCK, pairs * 2)[:n].contiguous()
 
 
-def gemm(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None = None,
-         out: torch.Tensor | None = None, threads: int | None = None) -> torch.Tensor:
-    """x [..., K] bf16 @ W.T (+ bias [N] bf16) -> [..., N] bf16, or into `out` [M, N] (bf16, or float32 for the
-    bf16 product widened). threads: torch's intra-op count when None."""
-    fn = _kernel()
-    if fn is None:
-        raise RuntimeError("the gemm_bf16 CPU kernel is not available here (see available())")
-    k = x.shape[-1]
-    x2 = x.reshape(-1, k)
-    if x2.dtype != torch.bfloat16:
-        raise TypeError(f"gemm takes bfloat16 activations, got {x2.dtype}")
-    if x2.stride(-1) != 1 or x2.stride(0) % 2 or x2.data_ptr() % 4:
-        x2 = x2.contiguous()
-    if out is None:
-        out = torch.empty(x2.shape[0], n, dtype=torch.bfloat16)
-    _call(fn, x2, packed, n, bias, out, threads or torch.get_num_threads())
-    return out.view(*x.shape[:-1], n) if out.dtype == torch.bfloat16 else out
+class PackedWeight:
+    """A weight [N, K] (and bias [N]) packed once, checked once; `w(x, threads)` is the per-step call, kept lean:
+    a decode step makes about a hundred of them."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        if not usable(weight):
+            raise ValueError("PackedWeight takes a bfloat16 CPU weight [N, even K] where the kernel runs")
+        self.n, self.k = int(weight.shape[0]), int(weight.shape[1])
+        if bias is not None and (bias.dtype != torch.bfloat16 or bias.numel() != self.n):
+            raise ValueError(f"bias must be bfloat16 [{self.n}]")
+        self.packed = pack(weight)
+        self.bias = None if bias is None else bias.contiguous()
+        self._w, self._b = self.packed.data_ptr(), None if self.bias is None else self.bias.data_ptr()
+        self._fn = _kernel()
+
+    def __call__(self, x: torch.Tensor, threads: int = 1, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x [..., K] bf16 -> [..., N] bf16, or into `out` [M, N] (bf16, or float32: the bf16 product widened)."""
+        k, n = self.k, self.n
+        x2 = x if x.dim() == 2 else x.reshape(-1, k)
+        if x2.dtype is not torch.bfloat16 or x2.shape[1] != k:
+            raise TypeError(f"x must be bfloat16 [..., {k}], got {x2.dtype} {tuple(x.shape)}")
+        if not x2.is_contiguous() or x2.data_ptr() % 4:
+            x2 = x2.contiguous()
+        m = x2.shape[0]
+        if out is None:
+            y = torch.empty((m, n), dtype=torch.bfloat16)
+            if m:
+                self._fn(x2.data_ptr(), k, m, k, self._w, n, self._b, y.data_ptr(), n, None, 0, threads)
+            return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
+        if out.shape != (m, n) or out.stride(-1) != 1 or out.dtype not in (torch.bfloat16, torch.float32):
+            raise ValueError(f"out must be [{m}, {n}] bfloat16 or float32 with unit column stride")
+        if m:
+            f32 = out.dtype is torch.float32
+            self._fn(x2.data_ptr(), k, m, k, self._w, n, self._b, None if f32 else out.data_ptr(), out.stride(0),
+                     out.data_ptr() if f32 else None, out.stride(0), threads)
+        return out
+
+    def dense(self) -> torch.Tensor:
+        return unpack(self.packed, self.n)
 
 
 def _call(fn: Any, x2: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None, out: torch.Tensor,
           threads: int) -> torch.Tensor:
+    """The self-check's call: x2 [M, K] contiguous bf16 into out [M, N] bf16."""
     m, k = x2.shape
-    if packed.shape[1] * 2 != k or packed.shape[0] * BLOCK < n:
-        raise ValueError(f"x [{m}, {k}] does not fit the packed weight {tuple(packed.shape)} for {n} columns")
-    if out.shape != (m, n) or out.stride(-1) != 1 or out.dtype not in (torch.bfloat16, torch.float32):
-        raise ValueError(f"out must be [{m}, {n}] bfloat16 or float32 with unit column stride")
-    if bias is not None and (bias.dtype != torch.bfloat16 or not bias.is_contiguous() or bias.numel() != n):
-        raise ValueError("bias must be a contiguous bfloat16 [N]")
-    if m == 0:
-        return out
-    f32 = out.dtype == torch.float32
-    fn(x2.data_ptr(), x2.stride(0), m, k, packed.data_ptr(), n, None if bias is None else bias.data_ptr(),
-       None if f32 else out.data_ptr(), out.stride(0), out.data_ptr() if f32 else None, out.stride(0), threads)
+    fn(x2.data_ptr(), k, m, k, packed.data_ptr(), n, None if bias is None else bias.data_ptr(), out.data_ptr(), n,
+       None, 0, threads)
     return out

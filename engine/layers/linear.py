@@ -64,14 +64,17 @@ class KernelLinear(Linear):
     """bfloat16 on CPU through engine/cpu_kernels/gemm.py, the weight packed once for it."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        super().__init__(weight, None if bias is None else bias.contiguous())
-        self.weight = gemm.pack(weight)
+        super().__init__(weight, bias)
+        self.packed = gemm.PackedWeight(weight, bias)
+        del self.weight  # the packed copy is the only one kept
+        self._macs_per_row, self._bytes = self.out_features * self.in_features, 2 * self.out_features * self.in_features
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return gemm.gemm(x, self.weight, self.out_features, self.bias)
+        rows = x.numel() // self.in_features
+        return self.packed(x, WORKERS.threads_for(rows * self._macs_per_row, self._bytes))
 
     def dense_weight(self) -> torch.Tensor:
-        return gemm.unpack(self.weight, self.out_features)
+        return self.packed.dense()
 
 
 class Int8Linear(Linear):

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from engine.cpu_kernels import gemm
 from engine.layers.linear import Int8Linear, Linear, PackedLinear, cpu_packs_bf16
+from engine.layers.parallel import WORKERS
 
 LOGIT_CHUNK_BYTES = 1 << 19  # one LM head chunk's float32 logits: half of this CPU's per-core L2
 LOGIT_CHUNK_MIN_ROWS = 16  # fewer rows on one thread: the product is small, one matmul is as fast
@@ -41,9 +42,9 @@ class LMHead:
         self.chunks: list[tuple[int, int, Linear]] = []
         self.transposed: torch.Tensor | None = None  # [hidden, vocab] (CPU, unpacked)
         self.weight: torch.Tensor | None = None  # [vocab, hidden] (GPU)
-        self.packed: torch.Tensor | None = None  # gemm.pack(weight) (CPU kernel)
+        self.packed: gemm.PackedWeight | None = None  # (CPU kernel)
         if quantization is None and gemm.usable(weight):
-            self.packed = gemm.pack(weight)
+            self.packed = gemm.PackedWeight(weight)
         elif chunked:
             make: Callable[[torch.Tensor], Linear] = Int8Linear if quantization else PackedLinear
             self.chunks = [(s, min(s + PACKED_CHUNK_COLS, self.vocab), make(weight[s:s + PACKED_CHUNK_COLS]))
@@ -75,7 +76,8 @@ class LMHead:
         if self.packed is not None:
             if out is None:
                 out = torch.empty(n, self.vocab, dtype=torch.float32)
-            return gemm.gemm(h, self.packed, self.vocab, out=out, threads=workers if pool is not None else None)
+            k = h.shape[-1]
+            return self.packed(h, WORKERS.threads_for(n * self.vocab * k, self.vocab * k * 2), out)
         if out is None or (n < LOGIT_CHUNK_MIN_ROWS and pool is None and not self.chunks):
             if self.transposed is not None:
                 return (h @ self.transposed).float()

@@ -14,6 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 
+KERNEL_PARALLEL_MACS = 1 << 22  # engine/cpu_kernels: smaller products on one thread (a team's fork and join
+KERNEL_PARALLEL_BYTES = 1 << 20  # cost more than they save), unless they stream this much from memory
+
+
 def _one_thread() -> None:
     torch.set_num_threads(1)  # each pool thread runs its chunk alone: no OpenMP team inside a chunk
 
@@ -35,6 +39,11 @@ class Workers:
         self.n = n
         self.pool = ThreadPoolExecutor(n - 1, thread_name_prefix="spindle-cpu", initializer=_one_thread) \
             if n > 1 else None
+
+    def threads_for(self, macs: int, streamed_bytes: int = 0) -> int:
+        """Threads for one engine/cpu_kernels call (an OpenMP team of its own, whatever torch's intra-op count
+        is): all n when the call multiplies or streams enough to pay for the team, else one."""
+        return self.n if macs >= KERNEL_PARALLEL_MACS or streamed_bytes >= KERNEL_PARALLEL_BYTES else 1
 
     def run(self, work: Callable[[], None]) -> None:
         """Run `work` on every thread at once and wait for all; `work` pulls chunks from a shared iterator

@@ -12,8 +12,8 @@ from engine.block_manager import PASSED
 from engine.cpu_attention import DecodeSeqs, decode_attention
 from engine.cpu_kernels import decode_attention as kernel
 
-pytestmark = pytest.mark.skipif(not kernel.usable(torch.zeros(1, 2, 16, dtype=torch.bfloat16),
-                                                  torch.zeros(1, 4, 2, 16, dtype=torch.bfloat16)),
+pytestmark = pytest.mark.skipif(not kernel.usable(torch.zeros(1, 2, 32, dtype=torch.bfloat16),
+                                                  torch.zeros(1, 4, 2, 32, dtype=torch.bfloat16)),
                                 reason="no AVX512-BF16 CPU kernel here (CPU or compiler)")
 BS = 4
 LENS = [BS + 1, 1, 37, BS, 70, 2 * BS, 9]  # block edges and longer contexts, jumbled
@@ -57,7 +57,7 @@ def assert_rounded_once(got: torch.Tensor, want: torch.Tensor) -> None:
     assert bool((err <= half_ulp * 1.01 + 1e-5).all()), float((err - half_ulp).max())
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "d"), [(14, 2, 64), (4, 4, 16), (8, 1, 128), (4, 2, 256)])
+@pytest.mark.parametrize(("heads", "kv_heads", "d"), [(14, 2, 64), (4, 4, 32), (8, 1, 128), (4, 2, 256), (24, 1, 96)])
 @pytest.mark.parametrize("head_major", [True, False])
 @pytest.mark.parametrize(("window", "softcap"), [(None, None), (5, None), (BS, None), (None, 2.0), (6, 2.0)])
 def test_matches_float64_softmax_attention(heads: int, kv_heads: int, d: int, head_major: bool, window: int | None,
@@ -85,7 +85,7 @@ def test_window_never_reads_released_blocks() -> None:
     """Blocks wholly before the window may be released (PASSED): the kernel must not read them."""
     lens, window = [30, 7, 21], 6
     k, v, tables = paged(lens, 2, 32, True)
-    q = torch.randn(3, 4, 32).bfloat16()
+    q = torch.randn(3, 4, 32).bfloat16()  # (d 32: one pair of k per dot product)
     want = reference(q, k, v, tables, lens, window, None, 0.3)
     released = [[PASSED if i < max(0, n - window) // BS else blk for i, blk in enumerate(t)]
                 for t, n in zip(tables, lens)]
@@ -103,12 +103,13 @@ def test_a_long_context_and_peaked_scores() -> None:
 
 
 def test_shapes_it_cannot_take_keep_the_torch_path() -> None:
-    cache = torch.zeros(2, BS, 2, 16, dtype=torch.bfloat16)
-    assert kernel.usable(torch.zeros(1, 4, 16, dtype=torch.bfloat16), cache)
-    assert not kernel.usable(torch.zeros(1, 4, 24, dtype=torch.bfloat16), torch.zeros(2, BS, 2, 24, dtype=torch.bfloat16))
-    assert not kernel.usable(torch.zeros(1, 4, 16), cache.float())  # float32
-    assert not kernel.usable(torch.zeros(1, 3, 16, dtype=torch.bfloat16), cache)  # heads not a multiple of kv heads
+    cache = torch.zeros(2, BS, 2, 32, dtype=torch.bfloat16)
+    assert kernel.usable(torch.zeros(1, 4, 32, dtype=torch.bfloat16), cache)
+    assert not kernel.usable(torch.zeros(1, 4, 48, dtype=torch.bfloat16), torch.zeros(2, BS, 2, 48, dtype=torch.bfloat16))
+    assert not kernel.usable(torch.zeros(1, 4, 288, dtype=torch.bfloat16), torch.zeros(2, BS, 2, 288, dtype=torch.bfloat16))
+    assert not kernel.usable(torch.zeros(1, 4, 32), cache.float())  # float32
+    assert not kernel.usable(torch.zeros(1, 3, 32, dtype=torch.bfloat16), cache)  # heads not a multiple of kv heads
     with pytest.raises(ValueError, match="softcap"):
-        kernel.attend(torch.zeros(1, 4, 16, dtype=torch.bfloat16), cache, cache,
+        kernel.attend(torch.zeros(1, 4, 32, dtype=torch.bfloat16), cache, cache,
                       torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32),
                       torch.zeros(1, dtype=torch.int32), 1.0, softcap=float("nan"))

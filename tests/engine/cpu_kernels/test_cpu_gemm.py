@@ -29,7 +29,7 @@ def fp32_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("n, k", [(40, 64), (17, 96), (1, 32), (300, 1000)])
 def test_equals_the_exact_product_rounded_once(m: int, n: int, k: int) -> None:
     x, w, b = data(m, n, k, seed=m * 1000 + n)
-    got = gemm.gemm(x, gemm.pack(w), n, b)
+    got = gemm.PackedWeight(w, b)(x)
     exact = x.double() @ w.double().t() + b.double()
     half_ulp = exact.abs() * torch.finfo(torch.bfloat16).eps / 2
     assert got.shape == (m, n) and got.dtype == torch.bfloat16
@@ -42,31 +42,33 @@ def test_equals_the_exact_product_rounded_once(m: int, n: int, k: int) -> None:
 def test_a_row_is_the_same_whatever_the_batch_around_it(k: int) -> None:
     """Each output sums k in the same order in every path and thread split: batch-invariant, bitwise."""
     x, w, b = data(20, 72, k)
-    packed = gemm.pack(w)
-    whole = gemm.gemm(x, packed, 72, b, threads=2)
+    packed = gemm.PackedWeight(w, b)
+    whole = packed(x, threads=2)
     for r in (0, 7, 19):
-        assert torch.equal(gemm.gemm(x[r:r + 1], packed, 72, b, threads=1)[0], whole[r])
-    assert torch.equal(gemm.gemm(x[3:11], packed, 72, b, threads=1), whole[3:11])
+        assert torch.equal(packed(x[r:r + 1], threads=1)[0], whole[r])
+    assert torch.equal(packed(x[3:11], threads=1), whole[3:11])
 
 
 def test_float32_out_is_the_bf16_product_widened_in_a_wider_buffer() -> None:
     x, w, _ = data(5, 50, 64)
     buf = torch.full((5, 80), float("nan"))
-    got = gemm.gemm(x, gemm.pack(w), 50, out=buf[:, 10:60])
-    assert torch.equal(got, gemm.gemm(x, gemm.pack(w), 50).float())
+    packed = gemm.PackedWeight(w)
+    got = packed(x, out=buf[:, 10:60])
+    assert torch.equal(got, packed(x).float())
     assert bool(buf[:, :10].isnan().all()) and bool(buf[:, 60:].isnan().all())  # nothing outside its columns
 
 
 def test_strided_and_odd_offset_activations() -> None:
     x, w, b = data(6, 24, 64)
+    packed = gemm.PackedWeight(w, b)
     wide = torch.zeros(6, 130, dtype=torch.bfloat16)
-    wide[:, 2:66] = x  # even row stride, aligned start: read in place
-    assert torch.equal(gemm.gemm(wide[:, 2:66], gemm.pack(w), 24, b), gemm.gemm(x, gemm.pack(w), 24, b))
+    wide[:, 2:66] = x  # a strided view: copied first
+    assert torch.equal(packed(wide[:, 2:66]), packed(x))
     odd = torch.zeros(6, 131, dtype=torch.bfloat16)
     odd[:, 1:65] = x  # odd stride and offset: copied first
-    assert torch.equal(gemm.gemm(odd[:, 1:65], gemm.pack(w), 24, b), gemm.gemm(x, gemm.pack(w), 24, b))
+    assert torch.equal(packed(odd[:, 1:65]), packed(x))
     x3 = x.view(2, 3, 64)
-    assert torch.equal(gemm.gemm(x3, gemm.pack(w), 24, b), gemm.gemm(x, gemm.pack(w), 24, b).view(2, 3, 24))
+    assert torch.equal(packed(x3), packed(x).view(2, 3, 24))
 
 
 def test_pack_round_trips_and_pads_columns_to_blocks() -> None:
@@ -79,14 +81,18 @@ def test_pack_round_trips_and_pads_columns_to_blocks() -> None:
 
 def test_wrong_shapes_and_dtypes_are_refused() -> None:
     x, w, b = data(3, 32, 64)
-    packed = gemm.pack(w)
+    packed = gemm.PackedWeight(w)
     with pytest.raises(TypeError):
-        gemm.gemm(x.float(), packed, 32)
-    with pytest.raises(ValueError, match="does not fit"):
-        gemm.gemm(x[:, :32], packed, 32)
+        packed(x.float())
+    with pytest.raises(TypeError):
+        packed(x[:, :32])
     with pytest.raises(ValueError, match="bias"):
-        gemm.gemm(x, packed, 32, b.float())
+        gemm.PackedWeight(w, b.float())
     with pytest.raises(ValueError, match="out"):
-        gemm.gemm(x, packed, 32, out=torch.empty(3, 32, dtype=torch.float16))
+        packed(x, out=torch.empty(3, 32, dtype=torch.float16))
+    with pytest.raises(ValueError, match="out"):
+        packed(x, out=torch.empty(3, 31))
+    with pytest.raises(ValueError):
+        gemm.PackedWeight(w.float())
     assert not gemm.usable(torch.zeros(4, 7, dtype=torch.bfloat16))  # odd k
     assert not gemm.usable(torch.zeros(4, 8))  # float32 keeps torch's path

@@ -25,14 +25,14 @@ def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @needs_cpu
 def test_built_once_then_loaded_from_the_cache(_cache: Path) -> None:
-    lib = load("gemm_bf16", build.FLAGS, build.NEEDS)
-    assert lib is not None and lib.spindle_gemm_bf16_abi() > 0
+    lib = load(build.FLAGS, build.NEEDS)
+    assert lib is not None and lib.spindle_gemm_bf16_abi() > 0 and lib.spindle_layer_ops_abi() > 0
     built = list((_cache / "cpu_kernels").iterdir())
     assert len(built) == 1 and built[0].suffix == ".so"
     stamp = built[0].stat().st_mtime_ns
-    assert load("gemm_bf16", build.FLAGS, build.NEEDS) is not None
+    assert load(build.FLAGS, build.NEEDS) is not None
     assert built[0].stat().st_mtime_ns == stamp  # not rebuilt
-    assert load("gemm_bf16", (*build.FLAGS, "-DSPINDLE_OTHER"), build.NEEDS) is not None
+    assert load((*build.FLAGS, "-DSPINDLE_OTHER"), build.NEEDS) is not None
     assert len(list((_cache / "cpu_kernels").iterdir())) == 2  # other flags: another library
 
 
@@ -43,7 +43,7 @@ def test_builders_at_once_leave_one_whole_library(_cache: Path) -> None:
 
     def builder() -> None:
         try:
-            build._compile(build.compiler() or "g++", build.SOURCES / "gemm_bf16.cpp", build.FLAGS, target)
+            build._compile(build.compiler() or "g++", build.sources(), build.FLAGS, target)
         except BaseException as e:  # noqa: BLE001  # why: reported to the test thread
             errors.append(e)
     threads = [threading.Thread(target=builder) for _ in range(3)]
@@ -74,7 +74,7 @@ def test_every_way_it_cannot_run_is_none(case: str, _cache: Path, monkeypatch: p
         monkeypatch.setattr(build, "cpu_flags", lambda: build.NEEDS)
         flags = (*build.FLAGS, "-fno-such-option-spindle")
     with caplog.at_level(logging.INFO, logger="engine.cpu_kernels.build"):
-        assert load("gemm_bf16", flags, build.NEEDS) is None
+        assert load(flags, build.NEEDS) is None
     if case == "no compiler":
         assert "no C++ compiler" in caplog.text
     elif case == "cpu lacks flags":

@@ -1,0 +1,33 @@
+// Helpers shared by the kernels of this package (AVX-512, bfloat16 held as uint16_t).
+#pragma once
+#include <immintrin.h>
+#include <stdint.h>
+
+namespace spindle {
+
+inline __m512 widen(__m256i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16)); }
+inline __m512 load_bf16(const uint16_t* p) { return widen(_mm256_loadu_si256((const __m256i*)p)); }
+inline __m512 load_bf16_n(const uint16_t* p, __mmask16 m) { return widen(_mm256_maskz_loadu_epi16(m, p)); }
+inline __m256i narrow(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }  // round to nearest even
+inline __m512 round_bf16(__m512 v) { return widen(narrow(v)); }  // float32 -> the nearest bf16, as float32
+inline __mmask16 first_lanes(int n) { return (__mmask16)(n >= 16 ? 0xFFFF : (1u << n) - 1); }
+
+// e^x within a few float32 ulps: 2^n * e^r with |r| <= ln2/2, e^r by its degree-6 Taylor polynomial
+inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));  // below: 0 (scalef underflows); -inf stays finite here
+    x = _mm512_min_ps(x, _mm512_set1_ps(88.7f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+}  // namespace spindle
