@@ -23,6 +23,7 @@ from engine.layers.lm_head import LMHead
 from engine.layers.moe import ACTIVATIONS, Activation, SparseMoE
 from engine.layers.parallel import WORKERS
 from engine.models.args import ModelArgs
+from engine.models.fused_decode import FusedDecode
 from engine.models.rope import rope_table
 
 WeightGetter = Callable[[str], torch.Tensor]
@@ -144,6 +145,8 @@ class CausalLM:
         self.scale = args.attn_scale if args.attn_scale is not None else args.head_dim ** -0.5
         self.q_size = args.num_heads * args.head_dim
         self.kv_size = args.num_kv_heads * args.head_dim
+        self.fused: FusedDecode | None = None  # decode steps in one call per layer (engine/models/fused_decode.py)
+        self.fused_checked = False
 
     @classmethod
     def load(cls, cfg: dict[str, Any], args: ModelArgs, weights: WeightSource, has_lm_head: bool,
@@ -161,7 +164,12 @@ class CausalLM:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttnMetadata) -> torch.Tensor:
         """input_ids, positions [T] -> hidden states [T, hidden] before the final norm."""
-        return self.run_layers(self.embed_tokens(input_ids), kv_caches, meta, self.rope_for(positions))
+        x = self.embed_tokens(input_ids)
+        if self.fused is None and not self.fused_checked:  # after the runner's choices (ops, LoRA), at first use
+            self.fused, self.fused_checked = FusedDecode.build(self), True
+        if self.fused is not None and self.fused.takes(meta, x.shape[0]):
+            return self.fused.run(x, positions, kv_caches, meta)
+        return self.run_layers(x, kv_caches, meta, self.rope_for(positions))
 
     def rope_for(self, positions: torch.Tensor) -> Rope:
         """The step's `rope(q, k, table)`; the torch path makes each table's factors once per step, not per layer."""

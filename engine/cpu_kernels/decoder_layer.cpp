@@ -1,0 +1,144 @@
+// One decoder layer of a decode step in one call: the kernels of this package in the order the model runs them
+// (engine/models/decoder.py), without a trip through Python between them. Dense layers only: fused q|k|v,
+// optional per-head q/k norms, rotary over the whole head, SiLU-gated MLP. Each step rounds as the separate
+// calls do, so the result is bitwise theirs (tests/engine/models/test_fused_decode.py).
+// Built and loaded by engine/cpu_kernels/build.py; called through engine/cpu_kernels/decoder_layer.py.
+#include <stdint.h>
+#include <string.h>
+
+#include <vector>
+
+extern "C" {
+void spindle_gemm_bf16(const uint16_t* x, long ldx, int M, int K, const uint16_t* w, int N, const uint16_t* bias,
+                       uint16_t* y, long ldy, float* yf, long ldyf, int threads);
+void spindle_add_rms_norm(const uint16_t* x, long ldx, const uint16_t* h, long ldh, const uint16_t* w,
+                          uint16_t* x_out, long ldxo, uint16_t* norm, long ldn, int rows, int n, float eps, int threads);
+void spindle_rope(uint16_t* x, long st, long sh, int tokens, int heads, int d, const uint16_t* cos,
+                  const uint16_t* sin, long lc, int threads);
+void spindle_silu_mul(const uint16_t* gu, long ldg, uint16_t* out, long ldo, int rows, int n, int threads);
+void spindle_decode_attention(const uint16_t* q, long q_sb, long q_sh, int batch, int heads, int kv_heads, int d,
+                              const uint16_t* k, const uint16_t* v, long c_sblock, long c_stok, long c_shead,
+                              int block_size, const int32_t* tables, long table_stride, const int32_t* lens,
+                              const int32_t* los, float scale, float softcap, uint16_t* out, long o_sb, long o_sh,
+                              int threads);
+}
+
+namespace {
+
+struct Projection {  // a PackedWeight: w packed as gemm_bf16.cpp says, n outputs, k inputs
+    const uint16_t* w;
+    const uint16_t* bias;
+    int n, k;
+};
+
+}  // namespace
+
+extern "C" {
+
+struct SpindleLayer {  // static, built at load (engine/cpu_kernels/decoder_layer.py mirrors it)
+    Projection qkv, o, gate_up, down;
+    const uint16_t* ln2;       // the norm before the MLP
+    const uint16_t* next_ln1;  // the next layer's input norm; null for the last layer
+    const uint16_t* q_norm;    // per-head norms (Qwen3) or null
+    const uint16_t* k_norm;
+    const uint16_t* k_cache;   // this layer's caches, addressed as the step's strides say
+    const uint16_t* v_cache;
+    const int32_t* los;        // each sequence's first visible key under this layer's window
+    int heads, kv_heads, head_dim, hidden;
+    float eps, scale, softcap;  // softcap <= 0: none
+};
+
+struct SpindleStep {  // per step
+    int tokens;
+    const uint16_t* cos;  // [T, head_dim / 2]
+    const uint16_t* sin;
+    const int64_t* slots;  // [T] where each new K/V goes: block * block_size + offset
+    const int32_t* tables;
+    long table_stride;
+    const int32_t* lens;
+    long c_sblock, c_stok, c_shead;
+    int block_size;
+    int threads;           // the step's threads for products big enough (engine/layers/parallel.py's rule)
+    long parallel_macs, parallel_bytes;
+};
+
+int spindle_decoder_layer_abi() { return 1; }
+
+}  // extern "C"
+
+namespace {
+
+int pick(const SpindleStep& s, long macs, long bytes) {
+    return macs >= s.parallel_macs || bytes >= s.parallel_bytes ? s.threads : 1;
+}
+
+void project(const SpindleStep& s, const Projection& p, const uint16_t* x, uint16_t* y) {
+    const long macs = (long)s.tokens * p.n * p.k;
+    spindle_gemm_bf16(x, p.k, s.tokens, p.k, p.w, p.n, p.bias, y, p.n, nullptr, 0, pick(s, macs, 2L * p.n * p.k));
+}
+
+uint16_t* scratch(std::vector<uint16_t>& v, long n) {
+    if ((long)v.size() < n) v.resize(n);
+    return v.data();
+}
+
+}  // namespace
+
+// x [T, hidden]: the residual stream, updated in place; normed [T, hidden]: this layer's input norm of x on the way
+// in, the next layer's on the way out (untouched after the last layer, whose x the final norm reads).
+extern "C" void spindle_decoder_layer(const SpindleLayer* L, const SpindleStep* S, uint16_t* x, uint16_t* normed) {
+    static thread_local std::vector<uint16_t> qkv_buf, attn_buf, h_buf, gu_buf, act_buf;
+    const SpindleLayer& l = *L;
+    const SpindleStep& s = *S;
+    const int t_n = s.tokens, d = l.head_dim, qn = l.qkv.n, inter = l.down.k;
+    const long q_size = (long)l.heads * d, kv_size = (long)l.kv_heads * d;
+    uint16_t* qkv = scratch(qkv_buf, (long)t_n * qn);
+    uint16_t* attn = scratch(attn_buf, t_n * q_size);
+    uint16_t* h = scratch(h_buf, (long)t_n * l.hidden);
+    uint16_t* gu = scratch(gu_buf, (long)t_n * l.gate_up.n);
+    uint16_t* act = scratch(act_buf, (long)t_n * inter);
+    const int small = pick(s, 0, 4L * t_n * qn);
+
+    project(s, l.qkv, normed, qkv);
+    if (l.q_norm)  // per head, in place: rows of head_dim
+        for (int t = 0; t < t_n; ++t) {
+            uint16_t* q = qkv + (long)t * qn;
+            spindle_add_rms_norm(q, d, nullptr, 0, l.q_norm, q, d, q, d, l.heads, d, l.eps, 1);
+            spindle_add_rms_norm(q + q_size, d, nullptr, 0, l.k_norm, q + q_size, d, q + q_size, d, l.kv_heads, d,
+                                 l.eps, 1);
+        }
+    spindle_rope(qkv, qn, d, t_n, l.heads, d, s.cos, s.sin, d / 2, small);
+    spindle_rope(qkv + q_size, qn, d, t_n, l.kv_heads, d, s.cos, s.sin, d / 2, small);
+    for (int t = 0; t < t_n; ++t) {  // the new K and V into their slots
+        const long slot = s.slots[t];
+        const long at = slot / s.block_size * s.c_sblock + slot % s.block_size * s.c_stok;
+        for (int j = 0; j < l.kv_heads; ++j) {
+            memcpy((uint16_t*)l.k_cache + at + j * s.c_shead, qkv + (long)t * qn + q_size + j * d, 2L * d);
+            memcpy((uint16_t*)l.v_cache + at + j * s.c_shead, qkv + (long)t * qn + q_size + kv_size + j * d, 2L * d);
+        }
+    }
+    long keys = 0;
+    for (int t = 0; t < t_n; ++t) keys += s.lens[t] - l.los[t];
+    spindle_decode_attention(qkv, qn, d, t_n, l.heads, l.kv_heads, d, l.k_cache, l.v_cache, s.c_sblock, s.c_stok,
+                             s.c_shead, s.block_size, s.tables, s.table_stride, s.lens, l.los, l.scale, l.softcap,
+                             attn, q_size, d, pick(s, 2 * keys * q_size, 4 * keys * kv_size));
+    project(s, l.o, attn, h);
+    spindle_add_rms_norm(x, l.hidden, h, l.hidden, l.ln2, x, l.hidden, normed, l.hidden, t_n, l.hidden, l.eps, small);
+    project(s, l.gate_up, normed, gu);
+    spindle_silu_mul(gu, l.gate_up.n, act, inter, t_n, inter, pick(s, 0, 3L * t_n * l.gate_up.n));
+    project(s, l.down, act, h);
+    if (l.next_ln1) {
+        spindle_add_rms_norm(x, l.hidden, h, l.hidden, l.next_ln1, x, l.hidden, normed, l.hidden, t_n, l.hidden, l.eps,
+                             small);
+        return;
+    }
+    // the last layer: x + h alone, rounded once as torch's bf16 add
+    for (long i = 0; i < (long)t_n * l.hidden; ++i) {
+        union { float f; uint32_t u; } a, b, r;
+        a.u = (uint32_t)x[i] << 16;
+        b.u = (uint32_t)h[i] << 16;
+        r.f = a.f + b.f;
+        const uint32_t lsb = (r.u >> 16) & 1;  // round to nearest even (a NaN stays a NaN: its top bits survive)
+        x[i] = (r.u & 0x7fffffff) > 0x7f800000 ? (uint16_t)((r.u >> 16) | 0x40) : (uint16_t)((r.u + 0x7fff + lsb) >> 16);
+    }
+}

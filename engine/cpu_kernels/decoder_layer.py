@@ -1,0 +1,47 @@
+"""One decoder layer of a decode step in one call, through decoder_layer.cpp: the structs it reads, mirrored.
+
+engine/models/fused_decode.py fills a `Layer` per decoder layer at load and a `Step` per step, then calls
+`run_layer(layer, step, x, normed)` for each layer in turn.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Any
+
+from engine.cpu_kernels.build import kernel
+
+ABI = 1
+_P, _L, _I, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
+
+
+class Projection(ctypes.Structure):
+    _fields_ = [("w", _P), ("bias", _P), ("n", _I), ("k", _I)]
+
+
+class Layer(ctypes.Structure):
+    _fields_ = [("qkv", Projection), ("o", Projection), ("gate_up", Projection), ("down", Projection),
+                ("ln2", _P), ("next_ln1", _P), ("q_norm", _P), ("k_norm", _P), ("k_cache", _P), ("v_cache", _P),
+                ("los", _P), ("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("hidden", _I),
+                ("eps", _F), ("scale", _F), ("softcap", _F)]
+
+
+class Step(ctypes.Structure):
+    _fields_ = [("tokens", _I), ("cos", _P), ("sin", _P), ("slots", _P), ("tables", _P), ("table_stride", _L),
+                ("lens", _P), ("c_sblock", _L), ("c_stok", _L), ("c_shead", _L), ("block_size", _I),
+                ("threads", _I), ("parallel_macs", _L), ("parallel_bytes", _L)]
+
+
+@functools.cache
+def _kernel() -> Any:
+    return kernel("decoder_layer", ABI, [ctypes.POINTER(Layer), ctypes.POINTER(Step), _P, _P])
+
+
+def available() -> bool:
+    return _kernel() is not None
+
+
+def run_layer(layer: Layer, step: Step, x: int, normed: int) -> None:
+    """x, normed: data pointers of the step's contiguous bf16 [T, hidden] residual stream and its normed copy."""
+    _kernel()(ctypes.byref(layer), ctypes.byref(step), x, normed)

@@ -1,0 +1,102 @@
+"""Decode steps of a dense bfloat16 model on CPU, each layer in one call (engine/cpu_kernels/decoder_layer.cpp).
+
+A decode step runs about ten kernels per layer; called one by one from Python, their wrappers cost more than
+the small ones themselves (bench/README.md). Here `CausalLM.forward` hands a pure decode step (one new token
+per sequence) to `FusedDecode.run`, which calls the same kernels from C++, in the same order, rounding the
+same: the result is bitwise the layer-by-layer path's. Models it cannot take (another ops path, LoRA, tensor
+parallel, Gemma's norms, partial rotary, MoE, another activation) never build one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention import AttnMetadata, TorchOps, rope_halves
+from engine.cpu_kernels import decode_attention, decoder_layer, layer_ops
+from engine.layers.linear import KernelLinear
+from engine.layers.parallel import KERNEL_PARALLEL_BYTES, KERNEL_PARALLEL_MACS, WORKERS
+
+if TYPE_CHECKING:
+    from engine.models.decoder import CausalLM
+
+
+def _projection(lin: object) -> decoder_layer.Projection:
+    assert isinstance(lin, KernelLinear)
+    p = lin.packed
+    return decoder_layer.Projection(p._w, p._b, p.n, p.k)
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+class FusedDecode:
+    def __init__(self, model: CausalLM) -> None:
+        self.model = model
+        a = model.args
+        self.layers: list[decoder_layer.Layer] = []
+        self.keep: list[torch.Tensor] = []  # the norms' weights, contiguous, alive as long as the structs
+        for i, layer in enumerate(model.layers):
+            norms = [w.contiguous() if w is not None else None for w in
+                     (layer.ln2, model.layers[i + 1].ln1 if i + 1 < len(model.layers) else None, layer.q_norm,
+                      layer.k_norm)]
+            self.keep += [w for w in norms if w is not None]
+            mlp = layer.mlp
+            self.layers.append(decoder_layer.Layer(
+                _projection(layer.qkv), _projection(layer.o), _projection(getattr(mlp, "gate_up")),
+                _projection(getattr(mlp, "down")), *map(_ptr, norms), None, None, None,
+                a.num_heads, a.num_kv_heads, a.head_dim, a.hidden_size, a.rms_norm_eps, model.scale,
+                a.attn_softcap or 0.0))
+
+    @staticmethod
+    def build(model: CausalLM) -> FusedDecode | None:
+        """A FusedDecode for this model, or None when some part of it is not what the fused layer runs."""
+        from engine.models.decoder import CausalLM, GatedMLP  # why late: decoder.py imports this module
+        a = model.args
+        ok = (model.ops is TorchOps and model.dtype == torch.bfloat16 and model.device.type == "cpu"
+              and type(model).all_reduce is CausalLM.all_reduce and not a.gemma_norms
+              and a.rotary_dim == a.head_dim and a.local_rope_theta is None and a.head_dim % 32 == 0
+              and a.head_dim <= decode_attention.MAX_HEAD_DIM and a.num_heads % a.num_kv_heads == 0
+              and decoder_layer.available() and layer_ops.available() and len(model.layers) > 0)
+        for layer in model.layers if ok else []:
+            mlp = layer.mlp
+            ok = ok and (type(layer.qkv) is KernelLinear and type(layer.o) is KernelLinear
+                         and isinstance(mlp, GatedMLP) and mlp.act is F.silu and type(mlp.gate_up) is KernelLinear
+                         and type(mlp.down) is KernelLinear and layer.post_attn_norm is None
+                         and layer.post_ff_norm is None
+                         and all(w is None or (w.dtype == torch.bfloat16 and w.dim() == 1)
+                                 for w in (layer.ln1, layer.ln2, layer.q_norm, layer.k_norm))
+                         and (layer.q_norm is None) == (layer.k_norm is None))
+        return FusedDecode(model) if ok else None
+
+    def takes(self, meta: AttnMetadata, tokens: int) -> bool:
+        """Whether this step is a pure decode step of the CPU path (one new token per sequence, none prefilling)."""
+        d = meta.decodes
+        return (meta.paged is None and d is not None and not meta.prefills and len(d) == tokens > 0
+                and type(self.model.layers[0].qkv) is KernelLinear)
+
+    def run(self, x: torch.Tensor, positions: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+            meta: AttnMetadata) -> torch.Tensor:
+        """Embeddings x [T, hidden] -> hidden states [T, hidden] before the final norm, as run_layers gives them."""
+        model, decodes = self.model, meta.decodes
+        assert decodes is not None
+        x = x.contiguous()
+        normed = model.rms_norm(x, model.layers[0].ln1).contiguous()
+        cos, sin = rope_halves(model.cos_sin[positions], model.dtype)
+        slots = meta.slot_mapping.contiguous()
+        tables, lens, _ = decodes.kernel_args(None)
+        los = {w: decodes.kernel_args(w)[2] for w in set(model.layer_windows)}
+        k0 = kv_caches[0][0]
+        step = decoder_layer.Step(x.shape[0], cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), tables.data_ptr(),
+                                  tables.stride(0), lens.data_ptr(), k0.stride(0), k0.stride(1), k0.stride(2),
+                                  k0.shape[1], WORKERS.n, KERNEL_PARALLEL_MACS, KERNEL_PARALLEL_BYTES)
+        xp, np_ = x.data_ptr(), normed.data_ptr()
+        for layer, (k_cache, v_cache), window in zip(self.layers, kv_caches, model.layer_windows):
+            if k_cache.stride() != k0.stride() or v_cache.stride() != k0.stride():
+                raise ValueError("every layer's K and V caches must share one layout")
+            layer.k_cache, layer.v_cache, layer.los = k_cache.data_ptr(), v_cache.data_ptr(), los[window].data_ptr()
+            decoder_layer.run_layer(layer, step, xp, np_)
+        return x

@@ -1,0 +1,98 @@
+"""engine/models/fused_decode.py: a decode step through one C++ call per layer gives bitwise the logits of the
+layer-by-layer path, for the dense families it takes (biases, per-head norms, windows, GQA, mixed context
+lengths, several threads), and models it cannot take never build one."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.messages import SamplingParams
+from engine.model_runner import ModelRunner
+from engine.models import fused_decode
+from engine.models.fused_decode import FusedDecode
+from engine.models.random_checkpoint import write_random_checkpoint
+from engine.sequence import ScheduledSeq, Sequence
+from tests.engine.models.families import LONGROPE, build_family
+
+pytestmark = pytest.mark.skipif(not fused_decode.decoder_layer.available(),
+                                reason="no AVX512-BF16 CPU kernels here (CPU or compiler)")
+BLOCK = 4
+SHAPES: dict[str, dict[str, Any]] = {  # head_dim 32 or 64: what the fused attention takes
+    "qwen2": dict(vocab_size=151_646, tie_word_embeddings=True),  # q|k|v bias
+    "qwen3": dict(vocab_size=151_646, tie_word_embeddings=True),  # per-head q and k norms
+    "llama": dict(vocab_size=32_000, tie_word_embeddings=False),
+    "mistral": dict(vocab_size=32_000, tie_word_embeddings=False, sliding_window=6),  # a window the contexts pass
+}
+
+
+@pytest.fixture(scope="module", params=list(SHAPES))
+def ckpt(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    arch = str(request.param)
+    return write_random_checkpoint(tmp_path_factory.mktemp("fused") / arch, arch, hidden_size=128, num_layers=3,
+                                   num_heads=4, num_kv_heads=2, head_dim=32 if arch != "llama" else 64,
+                                   intermediate_size=192, rope_theta=10_000.0, max_position_embeddings=256, seed=7,
+                                   **SHAPES[arch])  # type: ignore[arg-type]
+
+
+def decode_logits(path: Path, fused: bool, threads: int, monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
+    """Five sequences of jumbled lengths: a prefill step, then six decode steps; the logits of each decode step."""
+    with monkeypatch.context() as m:
+        if not fused:
+            m.setattr(FusedDecode, "build", staticmethod(lambda model: None))
+        torch.set_num_threads(threads)
+        runner = ModelRunner(EngineConfig(model=str(path), dtype="bfloat16", block_size=BLOCK, num_blocks=128))
+        free = list(range(128))
+        random.Random(1).shuffle(free)
+        rng = random.Random(2)
+        seqs = [Sequence.new(f"s{i}", [rng.randrange(3, 30_000) for _ in range(n)], SamplingParams(max_tokens=8), 0.0)
+                for i, n in enumerate([5, 1, 13, 4, 9])]
+        out: list[torch.Tensor] = []
+        for step in range(7):
+            batch = []
+            for s in seqs:
+                n = len(s.token_ids) - s.num_computed_tokens if step == 0 else 1
+                while len(s.block_table) * BLOCK < s.num_computed_tokens + n:
+                    s.block_table.append(free.pop())
+                batch.append(ScheduledSeq(s, n))
+            logits = runner.execute(batch).logits.clone()
+            for s, sched in zip(seqs, batch):
+                s.num_computed_tokens += sched.num_new_tokens
+                s.token_ids.append(rng.randrange(3, 30_000))  # the same tokens in both runs, whatever they predict
+            if step:
+                out.append(logits)
+        assert (runner.model.fused is not None) == fused  # the path under test really ran
+        return out
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fused_decode_is_bitwise_the_layer_by_layer_path(ckpt: Path, threads: int,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    fused = decode_logits(ckpt, True, threads, monkeypatch)
+    plain = decode_logits(ckpt, False, threads, monkeypatch)
+    for a, b in zip(fused, plain):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "phi3", "qwen3_moe"])
+def test_models_it_cannot_take_build_none(arch: str, tmp_path: Path) -> None:
+    """Gemma's sandwich norms and soft-caps, Phi-3's partial rotary, MoE layers: the layer-by-layer path."""
+    extra: dict[str, Any] = {}
+    if arch == "phi3":  # heads 32 wide (Phi-3 takes hidden / heads); longrope's factors: one per rotated pair
+        extra = dict(hidden_size=128, rope_scaling=dict(LONGROPE, short_factor=[1.0] * 8, long_factor=[2.0] * 8))
+    path = build_family(tmp_path, arch, head_dim=32, **extra)
+    runner = ModelRunner(EngineConfig(model=str(path), dtype="bfloat16", block_size=BLOCK, num_blocks=16))
+    assert FusedDecode.build(runner.model) is None
+
+
+def test_float32_and_lora_build_none(ckpt: Path) -> None:
+    runner = ModelRunner(EngineConfig(model=str(ckpt), dtype="float32", block_size=BLOCK, num_blocks=16))
+    assert FusedDecode.build(runner.model) is None
+    lora = ModelRunner(EngineConfig(model=str(ckpt), dtype="bfloat16", block_size=BLOCK, num_blocks=16,
+                                    enable_lora=True))
+    assert FusedDecode.build(lora.model) is None
