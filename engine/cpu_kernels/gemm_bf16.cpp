@@ -66,6 +66,7 @@ void tile(const uint32_t* __restrict xt, long ldxt, const uint16_t* __restrict w
 
 constexpr int kTileRows = 16;
 constexpr long kPanelBytes = 256 << 10;  // weights one thread keeps in its L2 while every row tile passes
+constexpr size_t kKeepBytes = 64 << 20;  // scratch above this is given back after the call (a long prefill's)
 constexpr int kChunkPairs = 384;  // pairs of k per chunk: a row tile's pairs (24 KiB) stay in L1
 
 struct Call {
@@ -147,6 +148,7 @@ void blocks(const Call& c, int b, int b1, int wide) {
                 }
         }
     }
+    if (parts.capacity() * sizeof(float) > kKeepBytes) std::vector<float>().swap(parts);
 }
 
 }  // namespace
@@ -175,4 +177,5 @@ extern "C" void spindle_gemm_bf16(const uint16_t* x, long ldx, int M, int K, con
         const int t = omp_get_thread_num(), T = omp_get_num_threads();
         blocks(c, (int)((long)n_blocks * t / T), (int)((long)n_blocks * (t + 1) / T), wide);
     }
+    if (xt_buf.capacity() * sizeof(uint32_t) > kKeepBytes) std::vector<uint32_t>().swap(xt_buf);
 }

@@ -9,6 +9,7 @@ and partial rotary. Prompts in the tests run past the windows and the original r
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -45,4 +46,6 @@ def build_family(root: Path, arch: str, **overrides: Any) -> Path:
     kw = dict(BASE, **FAMILIES[arch])
     kw.update(overrides)
     name = arch + "".join(f"-{k}{v}" for k, v in sorted(overrides.items()))
+    if len(name) > 80:  # a dict override (rope_scaling) spells out too long a folder name
+        name = f"{arch}-{hashlib.sha256(name.encode()).hexdigest()[:16]}"
     return write_random_checkpoint(root / name, arch, **kw)  # type: ignore[arg-type]
