@@ -67,7 +67,8 @@ void tile(const uint32_t* __restrict xt, long ldxt, const uint16_t* __restrict w
 constexpr int kTileRows = 16;
 constexpr long kPanelBytes = 256 << 10;  // weights one thread keeps in its L2 while every row tile passes
 constexpr size_t kKeepBytes = 64 << 20;  // scratch above this is given back after the call (a long prefill's)
-constexpr int kChunkPairs = 384;  // pairs of k per chunk: a row tile's pairs (24 KiB) stay in L1
+constexpr int kChunkPairs = 384;
+constexpr int kGroupTiles = 32;  // pairs of k per chunk: a row tile's pairs (24 KiB) stay in L1
 
 struct Call {
     const uint32_t* xt;  // x as [ceil(M/16)][K/2][ldxt] pairs: one row tile's pairs side by side, contiguous
@@ -98,11 +99,11 @@ void run(const Call& c, int m0, int blk, const Chunk& k) {
                  c.y ? c.y + m0 * c.ldy : nullptr, c.ldy, c.yf ? c.yf + m0 * c.ldyf : nullptr, c.ldyf);
 }
 
-// rows m0..m0+mr (mr <= 8) over NB blocks from blk; callers keep mr * NB <= 16 accumulators (the clamp
+// rows m0..m0+mr (mr <= 8) over NB blocks from blk; callers keep mr * NB <= 24 accumulators (the clamp
 // only keeps combinations that are never called from being instantiated too wide)
 template <int NB>
 void few_rows(const Call& c, int m0, int mr, int blk, const Chunk& k) {
-#define ROWS(R) case R: run<R, (R * NB <= 16 ? NB : 1)>(c, m0, blk, k); break;
+#define ROWS(R) case R: run<R, (R * NB <= 24 ? NB : 1)>(c, m0, blk, k); break;
     switch (mr) { ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8) }
 #undef ROWS
 }
@@ -118,9 +119,19 @@ void row_tile(const Call& c, int m0, int blk, const Chunk& k) {
     if (mr > 8) few_rows<1>(c, m0 + 8, mr - 8, blk, Chunk{k.kp0, k.kp1, k.part + 8 * 16});
 }
 
-// One thread's blocks [b, b1). Up to 8 rows: tiles `wide` blocks wide over all of k. More rows: tiles one
-// block wide, in panels of blocks that stay in L2 while every row tile passes over them, over k in chunks
-// short enough that a row tile's pairs stay in L1 across the panel.
+// rows m0..m0+8 (or fewer) over nb (1 to 3) blocks from blk
+void rows_by_3(const Call& c, int m0, int mr, int blk, int nb, const Chunk& k) {
+    if (nb == 3) few_rows<3>(c, m0, mr, blk, k);
+    else if (nb == 2) few_rows<2>(c, m0, mr, blk, k);
+    else few_rows<1>(c, m0, mr, blk, k);
+}
+
+// One thread's blocks [b, b1), in three shapes of tile:
+// - up to 8 rows: `wide` blocks at once over all of k (the weights stream once, enough independent sums);
+// - 9 to 16 rows: 16 rows by one block (a weight line feeds 16 products);
+// - more: 8 rows by 3 blocks (24 sums: fewer loads per product), row tiles in groups.
+// Past 8 rows the blocks go in panels that stay in L2 while the row tiles pass over them, and k in chunks short
+// enough that a row tile's pairs stay in L1; a row tile's sums wait between chunks in `parts` (L2 too).
 void blocks(const Call& c, int b, int b1, int wide) {
     const Chunk all{0, c.kp_count, nullptr};
     if (c.m <= 8) {
@@ -132,20 +143,31 @@ void blocks(const Call& c, int b, int b1, int wide) {
         for (; b < b1; ++b) few_rows<1>(c, 0, c.m, b, all);
         return;
     }
+    const bool sixteen = c.m <= kTileRows;
+    const int rows = sixteen ? kTileRows : 8, across = sixteen ? 1 : 3;
     const int kc = c.kp_count < kChunkPairs ? c.kp_count : kChunkPairs;
-    const int panel = kPanelBytes / (kc * 64L) > 1 ? (int)(kPanelBytes / (kc * 64L)) : 1;
-    const int tiles = (c.m + kTileRows - 1) / kTileRows;
-    static thread_local std::vector<float> parts;  // each (row tile, block) pair's sums between chunks
-    if (kc < c.kp_count) parts.resize((size_t)tiles * panel * kTileRows * 16);
+    const int fit = (int)(kPanelBytes / (kc * 64L)) / across * across;
+    const int panel = fit > across ? fit : across;
+    const int tiles = (c.m + rows - 1) / rows;
+    const int group = tiles < kGroupTiles ? tiles : kGroupTiles;
+    static thread_local std::vector<float> parts;
+    if (kc < c.kp_count) parts.resize((size_t)group * panel * rows * 16);
     for (int p = b; p < b1; p += panel) {
         const int pe = p + panel < b1 ? p + panel : b1;
-        for (int k0 = 0; k0 < c.kp_count; k0 += kc) {
-            const int k1 = k0 + kc < c.kp_count ? k0 + kc : c.kp_count;
-            for (int t = 0; t < tiles; ++t)
-                for (int blk = p; blk < pe; ++blk) {
-                    float* part = kc < c.kp_count ? parts.data() + ((size_t)t * panel + (blk - p)) * kTileRows * 16 : nullptr;
-                    row_tile(c, t * kTileRows, blk, Chunk{k0, k1, part});
+        for (int g0 = 0; g0 < tiles; g0 += group) {
+            for (int k0 = 0; k0 < c.kp_count; k0 += kc) {
+                const int k1 = k0 + kc < c.kp_count ? k0 + kc : c.kp_count;
+                for (int t = g0; t < g0 + group && t < tiles; ++t) {
+                    const int m0 = t * rows, mr = c.m - m0 < rows ? c.m - m0 : rows;
+                    for (int blk = p; blk < pe; blk += across) {
+                        const int nb = pe - blk < across ? pe - blk : across;
+                        float* part = kc < c.kp_count
+                            ? parts.data() + ((size_t)(t - g0) * panel + (blk - p)) * rows * 16 : nullptr;
+                        if (sixteen) row_tile(c, m0, blk, Chunk{k0, k1, part});
+                        else rows_by_3(c, m0, mr, blk, nb, Chunk{k0, k1, part});
+                    }
                 }
+            }
         }
     }
     if (parts.capacity() * sizeof(float) > kKeepBytes) std::vector<float>().swap(parts);
