@@ -67,7 +67,7 @@ void tile(const uint32_t* __restrict xt, long ldxt, const uint16_t* __restrict w
 constexpr int kTileRows = 16;
 constexpr long kPanelBytes = 256 << 10;  // weights one thread keeps in its L2 while every row tile passes
 constexpr size_t kKeepBytes = 64 << 20;  // scratch above this is given back after the call (a long prefill's)
-constexpr int kChunkPairs = 384;
+constexpr int kChunkPairs = 768;  // pairs of k per chunk: a 16-row tile's pairs (48 KiB) pass through L1 once per block
 constexpr int kGroupTiles = 32;  // pairs of k per chunk: a row tile's pairs (24 KiB) stay in L1
 
 struct Call {
@@ -130,8 +130,9 @@ void rows_by_3(const Call& c, int m0, int mr, int blk, int nb, const Chunk& k) {
 // - up to 8 rows: `wide` blocks at once over all of k (the weights stream once, enough independent sums);
 // - 9 to 16 rows: 16 rows by one block (a weight line feeds 16 products);
 // - more: 8 rows by 3 blocks (24 sums: fewer loads per product), row tiles in groups.
-// Past 8 rows the blocks go in panels that stay in L2 while the row tiles pass over them, and k in chunks short
-// enough that a row tile's pairs stay in L1; a row tile's sums wait between chunks in `parts` (L2 too).
+// Past 8 rows: row tiles in groups whose rows of x stay in L3 while the thread's blocks pass in panels that stay
+// in L2, k in chunks short enough that a row tile's pairs stay near L1; a tile's sums wait between chunks in
+// `parts` (L2 too). A prefill's products run about as fast as oneDNN's that way (bench/README.md).
 void blocks(const Call& c, int b, int b1, int wide) {
     const Chunk all{0, c.kp_count, nullptr};
     if (c.m <= 8) {
@@ -152,9 +153,9 @@ void blocks(const Call& c, int b, int b1, int wide) {
     const int group = tiles < kGroupTiles ? tiles : kGroupTiles;
     static thread_local std::vector<float> parts;
     if (kc < c.kp_count) parts.resize((size_t)group * panel * rows * 16);
-    for (int p = b; p < b1; p += panel) {
-        const int pe = p + panel < b1 ? p + panel : b1;
-        for (int g0 = 0; g0 < tiles; g0 += group) {
+    for (int g0 = 0; g0 < tiles; g0 += group) {  // a group's rows of x stay in L3 while all panels pass
+        for (int p = b; p < b1; p += panel) {
+            const int pe = p + panel < b1 ? p + panel : b1;
             for (int k0 = 0; k0 < c.kp_count; k0 += kc) {
                 const int k1 = k0 + kc < c.kp_count ? k0 + kc : c.kp_count;
                 for (int t = g0; t < g0 + group && t < tiles; ++t) {
@@ -191,11 +192,21 @@ extern "C" void spindle_gemm_bf16(const uint16_t* x, long ldx, int M, int K, con
     const int wide = M <= 2 ? 8 : M <= 4 ? 4 : 2;  // blocks per tile of up to 8 rows: enough independent sums
 #pragma omp parallel num_threads(threads)
     {
+        if (tiles >= omp_get_num_threads()) {  // by row tile: each thread reads its 16 rows as 16 streams
 #pragma omp for schedule(static)
-        for (int kp = 0; kp < kp_count; ++kp)  // by k, so that no two threads write one cache line
-            for (int m = 0; m < M; ++m)
-                xt[((long)(m / kTileRows) * kp_count + kp) * ldxt + m % kTileRows] = x32[(long)m * (ldx / 2) + kp];
-        // (the loop's implied barrier: every row is in place before any tile reads it)
+            for (int tile = 0; tile < tiles; ++tile) {
+                const int m0 = tile * kTileRows, rows = M - m0 < kTileRows ? M - m0 : kTileRows;
+                uint32_t* dst = xt + (long)tile * kp_count * ldxt;
+                for (int kp = 0; kp < kp_count; ++kp)
+                    for (int m = 0; m < rows; ++m) dst[(long)kp * ldxt + m] = x32[(long)(m0 + m) * (ldx / 2) + kp];
+            }
+        } else {  // one tile: by k, so that no two threads write one cache line
+#pragma omp for schedule(static)
+            for (int kp = 0; kp < kp_count; ++kp)
+                for (int m = 0; m < M; ++m)
+                    xt[((long)(m / kTileRows) * kp_count + kp) * ldxt + m % kTileRows] = x32[(long)m * (ldx / 2) + kp];
+        }
+        // (each loop's implied barrier: every row is in place before any tile reads it)
         const int t = omp_get_thread_num(), T = omp_get_num_threads();
         blocks(c, (int)((long)n_blocks * t / T), (int)((long)n_blocks * (t + 1) / T), wide);
     }
