@@ -18,12 +18,12 @@ import torch.nn.functional as F
 
 from engine.attention import AttnMetadata, TorchOps, TritonOps, rope_factors, rope_halves, rotate
 from engine.cpu_kernels import layer_ops
-from engine.layers.linear import Linear, make_linear
+from engine.layers.linear import KernelLinear, Linear, make_linear
 from engine.layers.lm_head import LMHead
 from engine.layers.moe import ACTIVATIONS, Activation, SparseMoE
 from engine.layers.parallel import WORKERS
 from engine.models.args import ModelArgs
-from engine.models.fused_decode import FusedDecode
+from engine.models.fused_decode import FusedDecode, kernels_take
 from engine.models.rope import rope_table
 
 WeightGetter = Callable[[str], torch.Tensor]
@@ -166,10 +166,27 @@ class CausalLM:
         """input_ids, positions [T] -> hidden states [T, hidden] before the final norm."""
         x = self.embed_tokens(input_ids)
         if self.fused is None and not self.fused_checked:  # after the runner's choices (ops, LoRA), at first use
-            self.fused, self.fused_checked = FusedDecode.build(self), True
+            self.fused, self.fused_checked = self.fused_decode(), True
         if self.fused is not None and self.fused.takes(meta, x.shape[0]):
             return self.fused.run(x, positions, kv_caches, meta)
         return self.run_layers(x, kv_caches, meta, self.rope_for(positions))
+
+    def fused_decode(self) -> FusedDecode | None:
+        """A FusedDecode for this model, or None when some part of it is not what the fused layer runs: another ops
+        path or dtype, tensor parallel (all_reduce), LoRA or int8 projections, MoE, another activation, Gemma's
+        norms, partial rotary."""
+        ok = (self.ops is TorchOps and self.dtype == torch.bfloat16 and self.device.type == "cpu"
+              and type(self).all_reduce is CausalLM.all_reduce and bool(self.layers) and kernels_take(self.args))
+        for layer in self.layers if ok else []:
+            mlp = layer.mlp
+            ok = ok and (type(layer.qkv) is KernelLinear and type(layer.o) is KernelLinear
+                         and isinstance(mlp, GatedMLP) and mlp.act is F.silu and type(mlp.gate_up) is KernelLinear
+                         and type(mlp.down) is KernelLinear and layer.post_attn_norm is None
+                         and layer.post_ff_norm is None
+                         and all(w is None or (w.dtype == torch.bfloat16 and w.dim() == 1)
+                                 for w in (layer.ln1, layer.ln2, layer.q_norm, layer.k_norm))
+                         and (layer.q_norm is None) == (layer.k_norm is None))
+        return FusedDecode(self) if ok else None
 
     def rope_for(self, positions: torch.Tensor) -> Rope:
         """The step's `rope(q, k, table)`; the torch path makes each table's factors once per step, not per layer."""

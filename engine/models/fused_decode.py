@@ -9,18 +9,35 @@ parallel, Gemma's norms, partial rotary, MoE, another activation) never build on
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
-import torch.nn.functional as F
 
-from engine.attention import AttnMetadata, TorchOps, rope_halves
+from engine.attention import AttnMetadata, rope_halves
 from engine.cpu_kernels import decode_attention, decoder_layer, layer_ops
 from engine.layers.linear import KernelLinear
 from engine.layers.parallel import KERNEL_PARALLEL_BYTES, KERNEL_PARALLEL_MACS, WORKERS
+from engine.models.args import ModelArgs
 
-if TYPE_CHECKING:
-    from engine.models.decoder import CausalLM
+
+class DenseModel(Protocol):
+    """What FusedDecode reads of engine/models/decoder.py's CausalLM (which decides whether it can take it)."""
+
+    args: ModelArgs
+    layers: list[Any]
+    scale: float
+    cos_sin: torch.Tensor
+    dtype: torch.dtype
+    layer_windows: list[int | None]
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor: ...
+
+
+def kernels_take(args: ModelArgs) -> bool:
+    """Whether the fused layer's kernels run here and take this decoder's shape (the model checks its layers)."""
+    return (not args.gemma_norms and args.rotary_dim == args.head_dim and args.local_rope_theta is None
+            and args.head_dim % 32 == 0 and args.head_dim <= decode_attention.MAX_HEAD_DIM
+            and args.num_heads % args.num_kv_heads == 0 and decoder_layer.available() and layer_ops.available())
 
 
 def _projection(lin: object) -> decoder_layer.Projection:
@@ -34,7 +51,8 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 class FusedDecode:
-    def __init__(self, model: CausalLM) -> None:
+    def __init__(self, model: DenseModel) -> None:
+        """model: a dense bf16 CPU model whose projections are all KernelLinear (CausalLM.fused_decode checks)."""
         self.model = model
         a = model.args
         self.layers: list[decoder_layer.Layer] = []
@@ -50,27 +68,6 @@ class FusedDecode:
                 _projection(getattr(mlp, "down")), *map(_ptr, norms), None, None, None,
                 a.num_heads, a.num_kv_heads, a.head_dim, a.hidden_size, a.rms_norm_eps, model.scale,
                 a.attn_softcap or 0.0))
-
-    @staticmethod
-    def build(model: CausalLM) -> FusedDecode | None:
-        """A FusedDecode for this model, or None when some part of it is not what the fused layer runs."""
-        from engine.models.decoder import CausalLM, GatedMLP  # why late: decoder.py imports this module
-        a = model.args
-        ok = (model.ops is TorchOps and model.dtype == torch.bfloat16 and model.device.type == "cpu"
-              and type(model).all_reduce is CausalLM.all_reduce and not a.gemma_norms
-              and a.rotary_dim == a.head_dim and a.local_rope_theta is None and a.head_dim % 32 == 0
-              and a.head_dim <= decode_attention.MAX_HEAD_DIM and a.num_heads % a.num_kv_heads == 0
-              and decoder_layer.available() and layer_ops.available() and len(model.layers) > 0)
-        for layer in model.layers if ok else []:
-            mlp = layer.mlp
-            ok = ok and (type(layer.qkv) is KernelLinear and type(layer.o) is KernelLinear
-                         and isinstance(mlp, GatedMLP) and mlp.act is F.silu and type(mlp.gate_up) is KernelLinear
-                         and type(mlp.down) is KernelLinear and layer.post_attn_norm is None
-                         and layer.post_ff_norm is None
-                         and all(w is None or (w.dtype == torch.bfloat16 and w.dim() == 1)
-                                 for w in (layer.ln1, layer.ln2, layer.q_norm, layer.k_norm))
-                         and (layer.q_norm is None) == (layer.k_norm is None))
-        return FusedDecode(model) if ok else None
 
     def takes(self, meta: AttnMetadata, tokens: int) -> bool:
         """Whether this step is a pure decode step of the CPU path (one new token per sequence, none prefilling)."""

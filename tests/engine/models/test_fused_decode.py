@@ -15,7 +15,7 @@ from engine.config import EngineConfig
 from engine.messages import SamplingParams
 from engine.model_runner import ModelRunner
 from engine.models import fused_decode
-from engine.models.fused_decode import FusedDecode
+from engine.models.decoder import CausalLM
 from engine.models.random_checkpoint import write_random_checkpoint
 from engine.sequence import ScheduledSeq, Sequence
 from tests.engine.models.families import LONGROPE, build_family
@@ -44,7 +44,7 @@ def decode_logits(path: Path, fused: bool, threads: int, monkeypatch: pytest.Mon
     """Five sequences of jumbled lengths: a prefill step, then six decode steps; the logits of each decode step."""
     with monkeypatch.context() as m:
         if not fused:
-            m.setattr(FusedDecode, "build", staticmethod(lambda model: None))
+            m.setattr(CausalLM, "fused_decode", lambda model: None)
         torch.set_num_threads(threads)
         runner = ModelRunner(EngineConfig(model=str(path), dtype="bfloat16", block_size=BLOCK, num_blocks=128))
         free = list(range(128))
@@ -87,12 +87,12 @@ def test_models_it_cannot_take_build_none(arch: str, tmp_path: Path) -> None:
         extra = dict(hidden_size=128, rope_scaling=dict(LONGROPE, short_factor=[1.0] * 8, long_factor=[2.0] * 8))
     path = build_family(tmp_path, arch, head_dim=32, **extra)
     runner = ModelRunner(EngineConfig(model=str(path), dtype="bfloat16", block_size=BLOCK, num_blocks=16))
-    assert FusedDecode.build(runner.model) is None
+    assert runner.model.fused_decode() is None
 
 
 def test_float32_and_lora_build_none(ckpt: Path) -> None:
     runner = ModelRunner(EngineConfig(model=str(ckpt), dtype="float32", block_size=BLOCK, num_blocks=16))
-    assert FusedDecode.build(runner.model) is None
+    assert runner.model.fused_decode() is None
     lora = ModelRunner(EngineConfig(model=str(ckpt), dtype="bfloat16", block_size=BLOCK, num_blocks=16,
                                     enable_lora=True))
-    assert FusedDecode.build(lora.model) is None
+    assert lora.model.fused_decode() is None
