@@ -296,6 +296,7 @@ _CAP_FIELDS = ("max_prompts_per_request", "max_choices_per_request", "max_stop_s
 # SPINDLE_* variables that other parts of the project read (not ServerConfig fields).
 _NOT_CONFIG = frozenset({"api_key", "output_chunk", "cache_dir", "fuzz_examples", "direct_write",
                          "engine_command",  # engine_command: engine/client.py, benchmarks and tests only
+                         "cpu_kernels",  # read by the engine (engine/cpu_kernels/build.py)
                          "chromium", "update_screenshot"})  # tests/e2e/browser.py, tests/e2e/test_ui.py
 # Byte sizes: written "2GiB", "512MiB", "1.5G" or plain bytes, as env vars and as flags.
 SIZE_FIELDS = ("kv_cache_memory", "max_request_body", "max_structured_output_size")
