@@ -36,21 +36,6 @@ void tile(const uint32_t* __restrict xt, long ldxt, const uint16_t* __restrict w
             _mm_prefetch((const char*)(p + ahead), _MM_HINT_T0);
         }
         const uint32_t* xk = xt + (long)kp * ldxt;
-#ifdef __GNUC__
-        if constexpr (MR == 16 && NB == 1) {  // each pair of x broadcast inside the product: half the instructions
-#define DP(i, a) "vdpbf16ps " #i "*4(%[x])%{1to16%}, %[w], %[" #a "]\n\t"
-            asm(DP(0, a0) DP(1, a1) DP(2, a2) DP(3, a3) DP(4, a4) DP(5, a5) DP(6, a6) DP(7, a7)
-                : [a0] "+v"(acc[0][0]), [a1] "+v"(acc[1][0]), [a2] "+v"(acc[2][0]), [a3] "+v"(acc[3][0]),
-                  [a4] "+v"(acc[4][0]), [a5] "+v"(acc[5][0]), [a6] "+v"(acc[6][0]), [a7] "+v"(acc[7][0])
-                : [x] "r"(xk), [w] "v"(wv[0]), "m"(*(const uint32_t(*)[8])xk));
-            asm(DP(8, a0) DP(9, a1) DP(10, a2) DP(11, a3) DP(12, a4) DP(13, a5) DP(14, a6) DP(15, a7)
-                : [a0] "+v"(acc[8][0]), [a1] "+v"(acc[9][0]), [a2] "+v"(acc[10][0]), [a3] "+v"(acc[11][0]),
-                  [a4] "+v"(acc[12][0]), [a5] "+v"(acc[13][0]), [a6] "+v"(acc[14][0]), [a7] "+v"(acc[15][0])
-                : [x] "r"(xk), [w] "v"(wv[0]), "m"(*(const uint32_t(*)[16])xk));
-#undef DP
-            continue;
-        }
-#endif
         for (int m = 0; m < MR; ++m) {
             __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xk[m]);
             for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], xv, wv[j]);
