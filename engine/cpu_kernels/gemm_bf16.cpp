@@ -108,15 +108,13 @@ void few_rows(const Call& c, int m0, int mr, int blk, const Chunk& k) {
 #undef ROWS
 }
 
-// rows m0..m0+16 (or fewer, at the end) of one block
+// rows m0..m0+16 (or fewer, at the end) of one block: one tile of all of them (a weight line feeds each row)
 void row_tile(const Call& c, int m0, int blk, const Chunk& k) {
     const int mr = c.m - m0 < kTileRows ? c.m - m0 : kTileRows;
-    if (mr == kTileRows) {
-        run<kTileRows, 1>(c, m0, blk, k);
-        return;
-    }
-    few_rows<1>(c, m0, mr < 8 ? mr : 8, blk, k);
-    if (mr > 8) few_rows<1>(c, m0 + 8, mr - 8, blk, Chunk{k.kp0, k.kp1, k.part + 8 * 16});
+#define ROWS(R) case R: run<R, 1>(c, m0, blk, k); return;
+    switch (mr) { ROWS(9) ROWS(10) ROWS(11) ROWS(12) ROWS(13) ROWS(14) ROWS(15) ROWS(16) }
+#undef ROWS
+    few_rows<1>(c, m0, mr, blk, k);
 }
 
 // rows m0..m0+8 (or fewer) over nb (1 to 3) blocks from blk
