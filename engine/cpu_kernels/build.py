@@ -18,6 +18,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,10 +97,12 @@ def load(flags: tuple[str, ...], needs: frozenset[str]) -> ctypes.CDLL | None:
         return None
 
 
-def kernel(name: str, abi: int, argtypes: list[Any], symbol: str | None = None) -> Any:
+def kernel(name: str, abi: int, argtypes: list[Any], symbol: str | None = None,
+           check: Callable[[Any], str | None] | None = None) -> Any:
     """The C function `symbol` (default spindle_<name>) of <name>.cpp, built with FLAGS where the CPU has NEEDS
-    and typed with `argtypes`, or None (with a warning saying why) when it cannot run here or <name>.cpp
-    answers another ABI than `abi`."""
+    and typed with `argtypes`, or None (with a warning saying why) when it cannot run here, <name>.cpp answers
+    another ABI than `abi`, or `check(fn)` (a self-check against torch: a broken build must not reach a model)
+    names a fault."""
     lib = load(FLAGS, NEEDS)
     if lib is None:
         return None
@@ -109,6 +112,9 @@ def kernel(name: str, abi: int, argtypes: list[Any], symbol: str | None = None) 
         return None
     fn = getattr(lib, symbol or f"spindle_{name}")
     fn.argtypes, fn.restype = argtypes, None
+    if check is not None and (why := check(fn)) is not None:
+        log.warning("CPU kernel %s off: %s", name, why)
+        return None
     return fn
 
 

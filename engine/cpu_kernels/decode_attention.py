@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 import math
 from typing import Any
 
 import torch
 
 from engine.cpu_kernels.build import kernel
-
-log = logging.getLogger(__name__)
 
 ABI = 2
 MAX_HEAD_DIM = 256
@@ -27,11 +24,7 @@ _ARGS = [_P, _L, _L, _I, _I, _I, _I, _P, _P, _L, _L, _L, _I, _P, _L, _P, _P, _F,
 
 @functools.cache
 def _kernel() -> Any:
-    fn = kernel("decode_attention", ABI, _ARGS)
-    if fn is not None and (why := _self_check(fn)) is not None:
-        log.warning("CPU kernel decode_attention off: %s", why)
-        return None
-    return fn
+    return kernel("decode_attention", ABI, _ARGS, check=_self_check)
 
 
 def _self_check(fn: Any) -> str | None:

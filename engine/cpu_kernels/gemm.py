@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 from typing import Any
 
 import torch
 
 from engine.cpu_kernels.build import kernel
-
-log = logging.getLogger(__name__)
 
 ABI = 2
 BLOCK = 16  # output columns per packed block
@@ -26,11 +23,7 @@ _ARGS = [_P, ctypes.c_long, ctypes.c_int, ctypes.c_int, _P, ctypes.c_int, _P, _P
 
 @functools.cache
 def _kernel() -> Any:
-    fn = kernel("gemm_bf16", ABI, _ARGS)
-    if fn is not None and (why := _self_check(fn)) is not None:
-        log.warning("CPU kernel gemm_bf16 off: %s", why)
-        return None
-    return fn
+    return kernel("gemm_bf16", ABI, _ARGS, check=_self_check)
 
 
 def _self_check(fn: Any) -> str | None:
