@@ -4,7 +4,8 @@
 
 Every projection of every layer (fused q|k|v, o, fused gate|up, down) at the model's shapes (default
 Qwen2.5-0.5B's), random bfloat16 weights, for each form: `F.linear` on the [out, in] weight as loaded,
-oneDNN with the weight pre-packed (what bfloat16 uses on CPU), weight-only int8 (`--quantization int8`),
+spindle's own kernel (engine/cpu_kernels, what bfloat16 uses on CPU where it builds), oneDNN with the
+weight pre-packed (the fallback), weight-only int8 (`--quantization int8`),
 and float32 `F.linear`. Times are the process's CPU time, best of --tries, the forms interleaved, so a
 machine shared with other work still gives fair ratios. Also: GB/s over the bf16 weight bytes, GFLOP/s.
 """
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 
 from bench.roofline import load_args
 from engine.hugepages import reexec_with_huge_pages
+from engine.cpu_kernels import gemm
 from engine.layers.linear import Int8Linear, Linear, PackedLinear
 from engine.models.demo_shapes import SHAPES
 from engine.models.args import ModelArgs
@@ -43,8 +45,19 @@ class Float32Linear(Linear):
         return F.linear(x.float(), self.weight)
 
 
-def forms(weights: list[torch.Tensor]) -> dict[str, list[Callable[[torch.Tensor], torch.Tensor]]]:
-    return {"F.linear bf16": [Linear(w) for w in weights], "packed bf16": [PackedLinear(w) for w in weights],
+class ThreadedKernel:
+    """engine/cpu_kernels/gemm.py at a fixed thread count (the engine picks it per call)."""
+
+    def __init__(self, weight: torch.Tensor, threads: int) -> None:
+        self.packed, self.threads = gemm.PackedWeight(weight), threads
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.packed(x, self.threads)
+
+
+def forms(weights: list[torch.Tensor], threads: int) -> dict[str, list[Callable[[torch.Tensor], torch.Tensor]]]:
+    kernel = {"kernel bf16": [ThreadedKernel(w, threads) for w in weights]} if gemm.available() else {}
+    return {**kernel, "F.linear bf16": [Linear(w) for w in weights], "packed bf16": [PackedLinear(w) for w in weights],
             "int8": [Int8Linear(w) for w in weights], "F.linear fp32": [Float32Linear(w) for w in weights]}
 
 
@@ -63,7 +76,7 @@ def main() -> None:
                for _ in range(args.num_layers) for o, i in shapes(args)]
     nbytes = sum(w.nbytes for w in weights)
     with torch.inference_mode():
-        fns = forms(weights)
+        fns = forms(weights, a.threads)
         print(f"{args.num_layers} layers x 4 projections, {nbytes / 1e6:.0f} MB in bf16, {a.threads} thread(s), "
               f"CPU ms per step (best of {a.tries})")
         for rows in a.rows:

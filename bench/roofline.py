@@ -111,15 +111,15 @@ def step_cost(args: ModelArgs, dtype: str, batch: int, context: int, quantizatio
         + 3 * h * args.intermediate_size
     proj = args.num_layers * per_layer
     head = args.vocab_size * h
-    if quantization == "int8":  # int8 weights and one scale per output row (in the model's dtype)
+    if quantization == "int8":  # int8 weights (the LM head's too) and one scale per output row (float32 at most)
         rows = args.num_layers * ((args.num_heads + 2 * args.num_kv_heads) * d + h + 2 * args.intermediate_size + h)
-        proj_bytes = proj + rows * item
+        weight_bytes = proj + head + (rows + args.vocab_size) * 4
     else:
-        proj_bytes = proj * item
+        weight_bytes = (proj + head) * item
     norms = (2 * args.num_layers + 1) * h * item
     kv = batch * context * args.num_layers * 2 * args.num_kv_heads * d * item
     attn_flops = 4 * batch * context * args.num_heads * d * args.num_layers
-    return StepCost(proj_bytes + head * item + norms, kv, 2 * batch * (proj + head) + attn_flops)
+    return StepCost(weight_bytes + norms, kv, 2 * batch * (proj + head) + attn_flops)
 
 
 def main() -> None:

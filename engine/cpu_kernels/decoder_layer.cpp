@@ -9,8 +9,8 @@
 #include <vector>
 
 extern "C" {
-void spindle_gemm_bf16(const uint16_t* x, long ldx, int M, int K, const uint16_t* w, int N, const uint16_t* bias,
-                       uint16_t* y, long ldy, float* yf, long ldyf, int threads);
+void spindle_gemm_bf16(const uint16_t* x, long ldx, int M, int K, const void* w, const float* scale, int N,
+                       const uint16_t* bias, uint16_t* y, long ldy, float* yf, long ldyf, int threads);
 void spindle_add_rms_norm(const uint16_t* x, long ldx, const uint16_t* h, long ldh, const uint16_t* w,
                           uint16_t* x_out, long ldxo, uint16_t* norm, long ldn, int rows, int n, float eps, int threads);
 void spindle_rope(uint16_t* x, long st, long sh, int tokens, int heads, int d, const uint16_t* cos,
@@ -26,7 +26,8 @@ void spindle_decode_attention(const uint16_t* q, long q_sb, long q_sh, int batch
 namespace {
 
 struct Projection {  // a PackedWeight: w packed as gemm_bf16.cpp says, n outputs, k inputs
-    const uint16_t* w;
+    const void* w;
+    const float* scale;  // int8 weights' scales, else null
     const uint16_t* bias;
     int n, k;
 };
@@ -62,7 +63,7 @@ struct SpindleStep {  // per step
     long parallel_macs, parallel_bytes;
 };
 
-int spindle_decoder_layer_abi() { return 1; }
+int spindle_decoder_layer_abi() { return 2; }
 
 }  // extern "C"
 
@@ -74,7 +75,8 @@ int pick(const SpindleStep& s, long macs, long bytes) {
 
 void project(const SpindleStep& s, const Projection& p, const uint16_t* x, uint16_t* y) {
     const long macs = (long)s.tokens * p.n * p.k;
-    spindle_gemm_bf16(x, p.k, s.tokens, p.k, p.w, p.n, p.bias, y, p.n, nullptr, 0, pick(s, macs, 2L * p.n * p.k));
+    const long bytes = (p.scale ? 1L : 2L) * p.n * p.k;
+    spindle_gemm_bf16(x, p.k, s.tokens, p.k, p.w, p.scale, p.n, p.bias, y, p.n, nullptr, 0, pick(s, macs, bytes));
 }
 
 uint16_t* scratch(std::vector<uint16_t>& v, long n) {

@@ -12,12 +12,12 @@ from typing import Any
 
 from engine.cpu_kernels.build import kernel
 
-ABI = 1
+ABI = 2
 _P, _L, _I, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
 
 
 class Projection(ctypes.Structure):
-    _fields_ = [("w", _P), ("bias", _P), ("n", _I), ("k", _I)]
+    _fields_ = [("w", _P), ("scale", _P), ("bias", _P), ("n", _I), ("k", _I)]
 
 
 class Layer(ctypes.Structure):

@@ -7,6 +7,10 @@
 // and prefetches its streams far enough ahead that reading the weights overlaps the arithmetic: that
 // overlap is what oneDNN's small-row kernels lack on cold weights (bench/README.md).
 // Accumulation is float32 in k order, rounded once to bf16 (round to nearest even), as torch rounds.
+//
+// Weight-only int8 (--quantization int8) uses the same layout with int8 elements (half the bytes to stream)
+// and a float32 scale per output: each pair is widened to bf16 in registers (exact: |q| <= 127 needs 7 bits)
+// and the sums are scaled before the bias and the one rounding.
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
@@ -20,20 +24,34 @@ constexpr int kPrefetchLines = 96;  // lines ahead on each stream (6 KiB)
 // Sums over pairs [kp0, kp1) of x's rows (xt: pairs of row m at xt[kp * ldxt + m]) times NB blocks of w.
 // part (a [MR][NB][16] float32 scratch) carries the sums across chunks of k: read unless first, written
 // unless last; the last chunk adds the bias and stores the rounded result.
-template <int MR, int NB>
-void tile(const uint32_t* __restrict xt, long ldxt, const uint16_t* __restrict w, long bstride, int kp0, int kp1,
-          float* __restrict part, bool first, bool last, const uint16_t* __restrict bias, int n0, int n_total,
-          uint16_t* __restrict y, long ldy, float* __restrict yf, long ldyf) {
-    constexpr int ahead = kPrefetchLines * 32;  // in bf16 elements
+// One pair of k of one block, as 32 bf16: loaded, or (int8) widened.
+template <bool Q8>
+inline __m512bh pair_of(const uint8_t* p) {
+    if constexpr (Q8) {
+        const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+        const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(p + 16))));
+        return _mm512_cvtne2ps_pbh(hi, lo);  // lo's 16 values first
+    } else {
+        return (__m512bh)_mm512_loadu_si512(p);
+    }
+}
+
+template <int MR, int NB, bool Q8>
+void tile(const uint32_t* __restrict xt, long ldxt, const uint8_t* __restrict w, long bstride, int kp0, int kp1,
+          float* __restrict part, bool first, bool last, const float* __restrict scale,
+          const uint16_t* __restrict bias, int n0, int n_total, uint16_t* __restrict y, long ldy,
+          float* __restrict yf, long ldyf) {
+    constexpr long ahead = kPrefetchLines * 64L, pair_bytes = Q8 ? 32 : 64;
     __m512 acc[MR][NB];
     for (int m = 0; m < MR; ++m)
         for (int j = 0; j < NB; ++j) acc[m][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(part + (m * NB + j) * 16);
     for (int kp = kp0; kp < kp1; ++kp) {
         __m512bh wv[NB];
         for (int j = 0; j < NB; ++j) {
-            const uint16_t* p = w + j * bstride + (long)kp * 32;
-            wv[j] = (__m512bh)_mm512_loadu_si512(p);
-            _mm_prefetch((const char*)(p + ahead), _MM_HINT_T0);
+            const uint8_t* p = w + j * bstride + (long)kp * pair_bytes;
+            wv[j] = pair_of<Q8>(p);
+            if (!Q8 || (kp & 1) == 0)  // int8: two pairs to a line
+                _mm_prefetch((const char*)(p + ahead), _MM_HINT_T0);
         }
         const uint32_t* xk = xt + (long)kp * ldxt;
         for (int m = 0; m < MR; ++m) {
@@ -53,8 +71,10 @@ void tile(const uint32_t* __restrict xt, long ldxt, const uint16_t* __restrict w
         __m512 b = _mm512_setzero_ps();
         if (bias)
             b = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, bias + n)), 16));
+        const __m512 s = Q8 ? _mm512_maskz_loadu_ps(mask, scale + n) : _mm512_setzero_ps();
         for (int m = 0; m < MR; ++m) {
-            __m256bh r = _mm512_cvtneps_pbh(_mm512_add_ps(acc[m][j], b));
+            const __m512 sum = Q8 ? _mm512_fmadd_ps(acc[m][j], s, b) : _mm512_add_ps(acc[m][j], b);
+            __m256bh r = _mm512_cvtneps_pbh(sum);
             if (yf)  // float32 out: the bf16 product widened, as (x @ W^T).float()
                 _mm512_mask_storeu_ps(yf + m * ldyf + n, mask,
                                       _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)r), 16)));
@@ -74,9 +94,10 @@ struct Call {
     const uint32_t* xt;  // x as [ceil(M/16)][K/2][ldxt] pairs: one row tile's pairs side by side, contiguous
     int ldxt;  // min(M, 16)
     int m;
-    const uint16_t* w;
-    long bstride;
+    const uint8_t* w;
+    long bstride;  // bytes per block
     int kp_count;
+    const float* scale;  // int8 weights' scales, else null
     const uint16_t* bias;
     int n_total;
     uint16_t* y;
@@ -91,37 +112,39 @@ struct Chunk {
     float* part;
 };
 
-template <int MR, int NB>
+template <int MR, int NB, bool Q8>
 void run(const Call& c, int m0, int blk, const Chunk& k) {
     const uint32_t* xt = c.xt + (long)(m0 / kTileRows) * c.kp_count * c.ldxt + m0 % kTileRows;
-    tile<MR, NB>(xt, c.ldxt, c.w + blk * c.bstride, c.bstride, k.kp0, k.kp1, k.part, k.kp0 == 0,
-                 k.kp1 == c.kp_count, c.bias, blk * 16, c.n_total,
+    tile<MR, NB, Q8>(xt, c.ldxt, c.w + blk * c.bstride, c.bstride, k.kp0, k.kp1, k.part, k.kp0 == 0,
+                 k.kp1 == c.kp_count, c.scale, c.bias, blk * 16, c.n_total,
                  c.y ? c.y + m0 * c.ldy : nullptr, c.ldy, c.yf ? c.yf + m0 * c.ldyf : nullptr, c.ldyf);
 }
 
 // rows m0..m0+mr (mr <= 8) over NB blocks from blk; callers keep mr * NB <= 24 accumulators (the clamp
 // only keeps combinations that are never called from being instantiated too wide)
-template <int NB>
+template <int NB, bool Q8>
 void few_rows(const Call& c, int m0, int mr, int blk, const Chunk& k) {
-#define ROWS(R) case R: run<R, (R * NB <= 24 ? NB : 1)>(c, m0, blk, k); break;
+#define ROWS(R) case R: run<R, (R * NB <= 24 ? NB : 1), Q8>(c, m0, blk, k); break;
     switch (mr) { ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8) }
 #undef ROWS
 }
 
 // rows m0..m0+16 (or fewer, at the end) of one block: one tile of all of them (a weight line feeds each row)
+template <bool Q8>
 void row_tile(const Call& c, int m0, int blk, const Chunk& k) {
     const int mr = c.m - m0 < kTileRows ? c.m - m0 : kTileRows;
-#define ROWS(R) case R: run<R, 1>(c, m0, blk, k); return;
+#define ROWS(R) case R: run<R, 1, Q8>(c, m0, blk, k); return;
     switch (mr) { ROWS(9) ROWS(10) ROWS(11) ROWS(12) ROWS(13) ROWS(14) ROWS(15) ROWS(16) }
 #undef ROWS
-    few_rows<1>(c, m0, mr, blk, k);
+    few_rows<1, Q8>(c, m0, mr, blk, k);
 }
 
 // rows m0..m0+8 (or fewer) over nb (1 to 3) blocks from blk
+template <bool Q8>
 void rows_by_3(const Call& c, int m0, int mr, int blk, int nb, const Chunk& k) {
-    if (nb == 3) few_rows<3>(c, m0, mr, blk, k);
-    else if (nb == 2) few_rows<2>(c, m0, mr, blk, k);
-    else few_rows<1>(c, m0, mr, blk, k);
+    if (nb == 3) few_rows<3, Q8>(c, m0, mr, blk, k);
+    else if (nb == 2) few_rows<2, Q8>(c, m0, mr, blk, k);
+    else few_rows<1, Q8>(c, m0, mr, blk, k);
 }
 
 // One thread's blocks [b, b1), in three shapes of tile:
@@ -131,15 +154,16 @@ void rows_by_3(const Call& c, int m0, int mr, int blk, int nb, const Chunk& k) {
 // Past 8 rows: row tiles in groups whose rows of x stay in L3 while the thread's blocks pass in panels that stay
 // in L2, k in chunks short enough that a row tile's pairs stay near L1; a tile's sums wait between chunks in
 // `parts` (L2 too). A prefill's products run about as fast as oneDNN's that way (bench/README.md).
+template <bool Q8>
 void blocks(const Call& c, int b, int b1, int wide) {
     const Chunk all{0, c.kp_count, nullptr};
     if (c.m <= 8) {
         for (; b + wide <= b1; b += wide) {
-            if (wide == 8) few_rows<8>(c, 0, c.m, b, all);
-            else if (wide == 4) few_rows<4>(c, 0, c.m, b, all);
-            else few_rows<2>(c, 0, c.m, b, all);
+            if (wide == 8) few_rows<8, Q8>(c, 0, c.m, b, all);
+            else if (wide == 4) few_rows<4, Q8>(c, 0, c.m, b, all);
+            else few_rows<2, Q8>(c, 0, c.m, b, all);
         }
-        for (; b < b1; ++b) few_rows<1>(c, 0, c.m, b, all);
+        for (; b < b1; ++b) few_rows<1, Q8>(c, 0, c.m, b, all);
         return;
     }
     const bool sixteen = c.m <= kTileRows;
@@ -162,8 +186,8 @@ void blocks(const Call& c, int b, int b1, int wide) {
                         const int nb = pe - blk < across ? pe - blk : across;
                         float* part = kc < c.kp_count
                             ? parts.data() + ((size_t)(t - g0) * panel + (blk - p)) * rows * 16 : nullptr;
-                        if (sixteen) row_tile(c, m0, blk, Chunk{k0, k1, part});
-                        else rows_by_3(c, m0, mr, blk, nb, Chunk{k0, k1, part});
+                        if (sixteen) row_tile<Q8>(c, m0, blk, Chunk{k0, k1, part});
+                        else rows_by_3<Q8>(c, m0, mr, blk, nb, Chunk{k0, k1, part});
                     }
                 }
             }
@@ -174,18 +198,21 @@ void blocks(const Call& c, int b, int b1, int wide) {
 
 }  // namespace
 
-extern "C" int spindle_gemm_bf16_abi() { return 2; }
+extern "C" int spindle_gemm_bf16_abi() { return 3; }
 
-// x [M, K] bf16 with row stride ldx (elements, even); w packed as above; bias [N] bf16 or null; y [M, N] bf16
-// (row stride ldy) or, when yf is given, yf [M, N] float32 (row stride ldyf). K must be even.
-extern "C" void spindle_gemm_bf16(const uint16_t* x, long ldx, int M, int K, const uint16_t* w, int N,
-                                  const uint16_t* bias, uint16_t* y, long ldy, float* yf, long ldyf, int threads) {
+// x [M, K] bf16 with row stride ldx (elements, even); w packed as above, bf16, or int8 when `scale` (float32 [N])
+// is given; bias [N] bf16 or null; y [M, N] bf16 (row stride ldy) or, when yf is given, yf [M, N] float32 (row
+// stride ldyf). K must be even.
+extern "C" void spindle_gemm_bf16(const uint16_t* x, long ldx, int M, int K, const void* w, const float* scale,
+                                  int N, const uint16_t* bias, uint16_t* y, long ldy, float* yf, long ldyf,
+                                  int threads) {
     static thread_local std::vector<uint32_t> xt_buf;
     const int kp_count = K / 2, tiles = (M + kTileRows - 1) / kTileRows, ldxt = M < kTileRows ? M : kTileRows;
     xt_buf.resize((size_t)tiles * kp_count * ldxt);
     uint32_t* xt = xt_buf.data();
     const uint32_t* x32 = (const uint32_t*)x;
-    const Call c{xt, ldxt, M, w, (long)kp_count * 32, kp_count, bias, N, y, ldy, yf, ldyf};
+    const Call c{xt, ldxt, M, (const uint8_t*)w, (long)kp_count * (scale ? 32 : 64), kp_count, scale, bias, N, y, ldy,
+                 yf, ldyf};
     const int n_blocks = (N + 15) / 16;
     const int wide = M <= 2 ? 8 : M <= 4 ? 4 : 2;  // blocks per tile of up to 8 rows: enough independent sums
 #pragma omp parallel num_threads(threads)
@@ -206,7 +233,9 @@ extern "C" void spindle_gemm_bf16(const uint16_t* x, long ldx, int M, int K, con
         }
         // (each loop's implied barrier: every row is in place before any tile reads it)
         const int t = omp_get_thread_num(), T = omp_get_num_threads();
-        blocks(c, (int)((long)n_blocks * t / T), (int)((long)n_blocks * (t + 1) / T), wide);
+        const int b0 = (int)((long)n_blocks * t / T), b1 = (int)((long)n_blocks * (t + 1) / T);
+        if (scale) blocks<true>(c, b0, b1, wide);
+        else blocks<false>(c, b0, b1, wide);
     }
     if (xt_buf.capacity() * sizeof(uint32_t) > kKeepBytes) std::vector<uint32_t>().swap(xt_buf);
 }

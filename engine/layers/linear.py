@@ -10,7 +10,8 @@ device, chosen once at load, with no re-layout or dtype conversion per step:
   the weight pre-packed into its blocked layout (`PackedLinear`). Plain `F.linear` re-lays the weight out on
   every call, and a decode step's projections took about twice the CPU time that way; bitwise F.linear.
 - quantization "int8": weight-only int8, one symmetric scale per output channel, activations stay in the
-  model's dtype (`Int8Linear`, through ATen's `_weight_int8pack_mm`).
+  model's dtype: through the same kernel where it runs (`KernelLinear`, the int8 weight packed the same way:
+  half the bytes to stream), else ATen's `_weight_int8pack_mm` (`Int8Linear`).
 - anything else (GPU, float32): `F.linear` on the weight as loaded.
 """
 
@@ -60,33 +61,48 @@ class PackedLinear(Linear):
         return self.weight.to_dense()
 
 
-class KernelLinear(Linear):
-    """bfloat16 on CPU through engine/cpu_kernels/gemm.py, the weight packed once for it."""
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [out, in] -> (q int8 [out, in], scale float32 [out]), symmetric per output channel: w ~ q * scale."""
+    w = weight.float()
+    scale = (w.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
+    return (w / scale[:, None]).round_().clamp_(-127, 127).to(torch.int8).contiguous(), scale
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+
+def packed_weight(weight: torch.Tensor, bias: torch.Tensor | None, quantization: str | None) -> gemm.PackedWeight:
+    """weight [out, in] bf16 (gemm.usable) packed for the kernel, as is or weight-only int8; an int8 scale is
+    rounded to bf16 first, so the weight is the one Int8Linear holds."""
+    if quantization is None:
+        return gemm.PackedWeight(weight, bias)
+    q, scale = quantize_int8(weight)
+    return gemm.PackedWeight(q, bias, scale=scale.to(weight.dtype).float())
+
+
+class KernelLinear(Linear):
+    """bfloat16 activations on CPU through engine/cpu_kernels/gemm.py, the weight (bf16, or int8 with
+    quantization "int8") packed once for it."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, quantization: str | None = None) -> None:
         super().__init__(weight, bias)
-        self.packed = gemm.PackedWeight(weight, bias)
+        self.packed = packed_weight(weight, bias, quantization)
         del self.weight  # the packed copy is the only one kept
-        self._macs_per_row, self._bytes = self.out_features * self.in_features, 2 * self.out_features * self.in_features
+        self._macs_per_row, self._bytes = self.out_features * self.in_features, self.packed.nbytes
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
         return self.packed(x, WORKERS.threads_for(rows * self._macs_per_row, self._bytes))
 
     def dense_weight(self) -> torch.Tensor:
-        return self.packed.dense()
+        w, scale = self.packed.dense(), self.packed.scale
+        return w if scale is None else (w.float() * scale[:, None]).to(torch.bfloat16)
 
 
 class Int8Linear(Linear):
     """Weight-only int8: w ~ q * scale, q int8 [out, in], scale [out] (symmetric, per output channel)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        dtype = weight.dtype
         super().__init__(weight, bias)
-        w = weight.float()
-        scale = (w.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
-        self.weight = (w / scale[:, None]).round_().clamp_(-127, 127).to(torch.int8).contiguous()
-        self.scale = scale.to(dtype)  # the kernel takes scales in the activations' dtype
+        self.weight, scale = quantize_int8(weight)
+        self.scale = scale.to(weight.dtype)  # the kernel takes scales in the activations' dtype
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -141,10 +157,10 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, quantiza
     if quantization is not None and weight.device.type != "cpu":
         raise ValueError(f"--quantization {quantization} runs on CPU only")  # ATen's int8 kernel is CPU-only here
     make: type[Linear] = Linear
+    if gemm.usable(weight):
+        return KernelLinear(weight, bias, quantization)  # the kernel shares its work over the step's threads itself
     if quantization == "int8":
         make = Int8Linear
-    elif gemm.usable(weight):
-        return KernelLinear(weight, bias)  # the kernel shares its work over the step's threads itself
     elif weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and cpu_packs_bf16():
         make = PackedLinear
     big = weight.numel() * weight.element_size() >= 2 * SPLIT_CHUNK_BYTES

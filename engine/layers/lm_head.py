@@ -1,11 +1,12 @@
 """The LM head: final hidden rows [N, hidden] -> float32 logits [N, vocab], the weight held as is fastest.
 
 - GPU: `F.linear` on the [vocab, hidden] weight.
-- CPU, bfloat16 with engine/cpu_kernels' gemm: the weight packed for it once; the kernel writes the widened
-  float32 logits straight into `out`, its threads sharing the vocabulary.
+- CPU, bfloat16 with engine/cpu_kernels' gemm: the weight packed for it once (as is, or weight-only int8 with
+  --quantization int8); the kernel writes the widened float32 logits straight into `out`, its threads sharing
+  the vocabulary.
 - CPU, bfloat16 with native bf16 but no kernel: the vocabulary in column chunks, each pre-packed for oneDNN
   (engine/layers/linear.py says why packing pays); the embedding table is kept beside it.
-- CPU with --quantization int8: as bfloat16, each chunk weight-only int8 (engine/layers/linear.py).
+- CPU with --quantization int8 and no kernel: as bfloat16, each chunk weight-only int8 (engine/layers/linear.py).
 - CPU otherwise: the weight transposed to [hidden, vocab], which makes the small-batch product faster;
   a tied embedding reads its rows from the head's columns, so the table is stored once.
 
@@ -24,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.cpu_kernels import gemm
-from engine.layers.linear import Int8Linear, Linear, PackedLinear, cpu_packs_bf16
+from engine.layers.linear import Int8Linear, Linear, PackedLinear, cpu_packs_bf16, packed_weight
 from engine.layers.parallel import WORKERS
 
 LOGIT_CHUNK_BYTES = 1 << 19  # one LM head chunk's float32 logits: half of this CPU's per-core L2
@@ -43,8 +44,8 @@ class LMHead:
         self.transposed: torch.Tensor | None = None  # [hidden, vocab] (CPU, unpacked)
         self.weight: torch.Tensor | None = None  # [vocab, hidden] (GPU)
         self.packed: gemm.PackedWeight | None = None  # (CPU kernel)
-        if quantization is None and gemm.usable(weight):
-            self.packed = gemm.PackedWeight(weight)
+        if gemm.usable(weight):
+            self.packed = packed_weight(weight, None, quantization)
         elif chunked:
             make: Callable[[torch.Tensor], Linear] = Int8Linear if quantization else PackedLinear
             self.chunks = [(s, min(s + PACKED_CHUNK_COLS, self.vocab), make(weight[s:s + PACKED_CHUNK_COLS]))
@@ -69,7 +70,8 @@ class LMHead:
         """h [N, hidden] (normed) -> float32 logits [N, vocab], in `out` when given (CPU).
 
         Rounds exactly as `(h @ head).float()`: the product is in the model's dtype, then widened.
-        `pool` with `workers` > 1: that many threads (this one included) share the column chunks."""
+        `pool` with `workers` > 1: that many threads (this one included) share the column chunks (torch's
+        forms; the CPU kernel shares them over its own OpenMP threads and takes neither)."""
         if self.weight is not None:
             return F.linear(h, self.weight).float()
         n = h.shape[0]
@@ -77,7 +79,7 @@ class LMHead:
             if out is None:
                 out = torch.empty(n, self.vocab, dtype=torch.float32)
             k = h.shape[-1]
-            return self.packed(h, WORKERS.threads_for(n * self.vocab * k, self.vocab * k * 2), out)
+            return self.packed(h, WORKERS.threads_for(n * self.vocab * k, self.packed.nbytes), out)
         if out is None or (n < LOGIT_CHUNK_MIN_ROWS and pool is None and not self.chunks):
             if self.transposed is not None:
                 return (h @ self.transposed).float()

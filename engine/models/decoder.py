@@ -173,8 +173,8 @@ class CausalLM:
 
     def fused_decode(self) -> FusedDecode | None:
         """A FusedDecode for this model, or None when some part of it is not what the fused layer runs: another ops
-        path or dtype, tensor parallel (all_reduce), LoRA or int8 projections, MoE, another activation, Gemma's
-        norms, partial rotary."""
+        path or dtype, tensor parallel (all_reduce), LoRA or projections the kernel doesn't run, MoE, another
+        activation, Gemma's norms, partial rotary. (int8 projections through the kernel it takes.)"""
         ok = (self.ops is TorchOps and self.dtype == torch.bfloat16 and self.device.type == "cpu"
               and type(self).all_reduce is CausalLM.all_reduce and bool(self.layers) and kernels_take(self.args))
         for layer in self.layers if ok else []:

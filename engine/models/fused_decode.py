@@ -3,8 +3,9 @@
 A decode step runs about ten kernels per layer; called one by one from Python, their wrappers cost more than
 the small ones themselves (bench/README.md). Here `CausalLM.forward` hands a pure decode step (one new token
 per sequence) to `FusedDecode.run`, which calls the same kernels from C++, in the same order, rounding the
-same: the result is bitwise the layer-by-layer path's. Models it cannot take (another ops path, LoRA, tensor
-parallel, Gemma's norms, partial rotary, MoE, another activation) never build one.
+same: the result is bitwise the layer-by-layer path's. Weight-only int8 projections run through the same
+kernel. Models it cannot take (another ops path, LoRA, tensor parallel, Gemma's norms, partial rotary, MoE,
+another activation) never build one.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def kernels_take(args: ModelArgs) -> bool:
 def _projection(lin: object) -> decoder_layer.Projection:
     assert isinstance(lin, KernelLinear)
     p = lin.packed
-    return decoder_layer.Projection(p._w, p._b, p.n, p.k)
+    return decoder_layer.Projection(p.w_ptr, p.scale_ptr, p.bias_ptr, p.n, p.k)
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:

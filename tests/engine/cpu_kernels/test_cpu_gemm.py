@@ -1,5 +1,6 @@
 """engine/cpu_kernels/gemm.py against float64 and torch's bf16 linear: every row-count path (wide tiles for up
-to 8 rows, 16-row tiles, k in chunks), tails of columns, bias, float32 out, strided x, threads."""
+to 8 rows, 16-row tiles, k in chunks), tails of columns, bias, float32 out, strided x, threads; weight-only
+int8 over the same paths against the float64 product with the dequantized weight."""
 
 from __future__ import annotations
 
@@ -94,5 +95,46 @@ def test_wrong_shapes_and_dtypes_are_refused() -> None:
         packed(x, out=torch.empty(3, 31))
     with pytest.raises(ValueError):
         gemm.PackedWeight(w.float())
+    q = torch.zeros(32, 64, dtype=torch.int8)
+    with pytest.raises(ValueError):
+        gemm.PackedWeight(q)  # int8 needs its scale
+    with pytest.raises(ValueError):
+        gemm.PackedWeight(w, scale=torch.ones(32))  # a scale needs int8
+    with pytest.raises(ValueError, match="scale"):
+        gemm.PackedWeight(q, scale=torch.ones(31))
+    with pytest.raises(ValueError, match="scale"):
+        gemm.PackedWeight(q, scale=torch.ones(32, dtype=torch.bfloat16))
     assert not gemm.usable(torch.zeros(4, 7, dtype=torch.bfloat16))  # odd k
     assert not gemm.usable(torch.zeros(4, 8))  # float32 keeps torch's path
+
+
+def int8_data(m: int, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+    q[0, :4] = torch.tensor([-127, 127, -1, 0], dtype=torch.int8)  # the ends of the grid
+    scale = torch.rand(n, generator=g) / (127 * k ** 0.5) + 1e-4
+    return torch.randn(m, k, generator=g).bfloat16(), q, scale, torch.randn(n, generator=g).bfloat16()
+
+
+@pytest.mark.parametrize("m", [0, 1, 2, 5, 8, 9, 16, 17, 33])
+@pytest.mark.parametrize("n, k", [(40, 64), (17, 98), (300, 1000)])  # 98: 49 pairs, blocks start mid-line
+def test_int8_equals_the_exact_dequantized_product_rounded_once(m: int, n: int, k: int) -> None:
+    x, q, scale, b = int8_data(m, n, k, seed=m * 1000 + n)
+    packed = gemm.PackedWeight(q, b, scale=scale)
+    assert packed.nbytes == -(-n // 16) * 16 * k  # one byte a weight
+    got = packed(x, threads=2)
+    exact = (x.double() @ q.double().t()) * scale.double() + b.double()
+    half_ulp = exact.abs() * torch.finfo(torch.bfloat16).eps / 2
+    sums = (x.double().abs() @ q.double().abs().t()) * scale.double() * k * torch.finfo(torch.float32).eps
+    assert got.shape == (m, n) and got.dtype == torch.bfloat16
+    assert bool(((got.double() - exact).abs() <= half_ulp * 1.01 + sums + 1e-30).all())
+    assert torch.equal(gemm.PackedWeight(q, scale=scale).dense(), q)
+    out = torch.empty(m, n)
+    assert torch.equal(packed(x, out=out), got.float())  # float32 out: the same product widened
+    if m > 1:  # each row as it is alone, on one thread: bitwise
+        assert torch.equal(packed(x[m - 1:], threads=1)[0], got[m - 1])
+
+
+def test_int8_streams_half_the_bytes_of_bf16() -> None:
+    x, q, scale, _ = int8_data(1, 64, 256, seed=1)
+    assert gemm.PackedWeight(q, scale=scale).nbytes * 2 == gemm.PackedWeight(q.bfloat16()).nbytes

@@ -108,19 +108,34 @@ def test_split_parts_equal_the_uncut_projection(monkeypatch: pytest.MonkeyPatch,
     assert not isinstance(make_linear(w, b, quantization), SplitLinear)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_int8_within_its_quantization_error(dtype: torch.dtype) -> None:
+def int8_parts(lin: Linear) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q int8 [out, in], scale float32 [out]) of an int8 Linear of either form."""
+    if isinstance(lin, KernelLinear):
+        assert lin.packed.scale is not None
+        return lin.packed.dense(), lin.packed.scale
+    assert isinstance(lin, Int8Linear)
+    return lin.weight, lin.scale.float()
+
+
+@pytest.mark.parametrize("dtype, kernel", [(torch.float32, False), (torch.bfloat16, False),
+                                           pytest.param(torch.bfloat16, True, marks=needs_kernel)])
+def test_int8_within_its_quantization_error(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype,
+                                            kernel: bool) -> None:
+    if not kernel:
+        monkeypatch.setattr(gemm, "available", lambda: False)  # ATen's int8 kernel
     w, b = weights(300, 128, dtype, seed=5)
     w[7] = 0  # an all-zero row must not divide by zero
     lin = make_linear(w, b, "int8")
-    assert isinstance(lin, Int8Linear) and lin.weight.dtype == torch.int8 and lin.scale.shape == (300,)
+    assert isinstance(lin, KernelLinear if kernel else Int8Linear)
+    q, scale = int8_parts(lin)
+    assert q.dtype == torch.int8 and q.shape == (300, 128) and scale.shape == (300,)
     # per output channel: every weight within half a step of its row's grid, the row's max on the grid's end;
     # the scale is stored in the activations' dtype, which moves the grid by at most 127 times its rounding
     step = w.float().abs().amax(1) / 127
-    scale = lin.scale.float()
-    err = (lin.weight.float() * scale[:, None] - w.float()).abs()
+    err = (q.float() * scale[:, None] - w.float()).abs()
     assert bool((err <= (step * 0.5 * (1 + 1e-6) + 127 * (scale - step).abs())[:, None] + 1e-12).all())
-    assert bool((lin.weight.abs().amax(1)[step > 0] == 127).all())
+    assert bool((q.abs().amax(1)[step > 0] == 127).all())
+    assert torch.equal(lin.dense_weight(), (q.float() * scale[:, None]).to(dtype))
     x = torch.randn(9, 128).to(dtype)
     got, exact = lin(x).double(), F.linear(x.double(), w.double(), b.double())
     # |x . dw| <= sum |x| * step / 2 per output, plus the activations' rounding in bfloat16
@@ -128,6 +143,25 @@ def test_int8_within_its_quantization_error(dtype: torch.dtype) -> None:
     slack = 1e-5 if dtype == torch.float32 else 2e-2 * exact.abs().max()
     assert bool(((got - exact).abs() <= bound + slack).all())
     assert float((got - exact).abs().max()) > 0  # it is quantized, not the float weight
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 16, 40])
+def test_int8_kernel_holds_the_weight_aten_int8_holds(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
+    """Same grid, same scales: the two forms differ only in how they sum and round (within a bf16 step)."""
+    w, b = weights(200, 96, torch.bfloat16, seed=6)
+    lin = make_linear(w, b, "int8")
+    assert isinstance(lin, KernelLinear) and lin.packed.nbytes == 208 * 96  # one byte a weight (13 blocks)
+    monkeypatch.setattr(gemm, "available", lambda: False)
+    aten = make_linear(w, b, "int8")
+    assert isinstance(aten, Int8Linear) and torch.equal(lin.dense_weight(), aten.dense_weight())
+    (q, scale), (q2, scale2) = int8_parts(lin), int8_parts(aten)
+    assert torch.equal(q, q2) and torch.equal(scale, scale2)
+    x = torch.randn(rows, 96).to(torch.bfloat16)
+    want = x.double() @ q.double().t() * scale.double() + b.double()  # (q * scale in bf16 would round it)
+    ulp = torch.finfo(torch.bfloat16).eps * want.abs()
+    assert bool(((lin(x).double() - want).abs() <= ulp + 1e-6).all())
+    assert bool(((aten(x).double() - want).abs() <= 2 * ulp + 1e-2).all())  # ATen rounds, then adds the bias
 
 
 def test_unknown_quantization_is_refused() -> None:

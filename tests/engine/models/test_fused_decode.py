@@ -1,6 +1,6 @@
 """engine/models/fused_decode.py: a decode step through one C++ call per layer gives bitwise the logits of the
 layer-by-layer path, for the dense families it takes (biases, per-head norms, windows, GQA, mixed context
-lengths, several threads), and models it cannot take never build one."""
+lengths, several threads, weight-only int8), and models it cannot take never build one."""
 
 from __future__ import annotations
 
@@ -40,13 +40,15 @@ def ckpt(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
                                    **SHAPES[arch])  # type: ignore[arg-type]
 
 
-def decode_logits(path: Path, fused: bool, threads: int, monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
+def decode_logits(path: Path, fused: bool, threads: int, monkeypatch: pytest.MonkeyPatch,
+                  quantization: str | None = None) -> list[torch.Tensor]:
     """Five sequences of jumbled lengths: a prefill step, then six decode steps; the logits of each decode step."""
     with monkeypatch.context() as m:
         if not fused:
             m.setattr(CausalLM, "fused_decode", lambda model: None)
         torch.set_num_threads(threads)
-        runner = ModelRunner(EngineConfig(model=str(path), dtype="bfloat16", block_size=BLOCK, num_blocks=128))
+        runner = ModelRunner(EngineConfig(model=str(path), dtype="bfloat16", block_size=BLOCK, num_blocks=128,
+                                          quantization=quantization))
         free = list(range(128))
         random.Random(1).shuffle(free)
         rng = random.Random(2)
@@ -77,6 +79,15 @@ def test_fused_decode_is_bitwise_the_layer_by_layer_path(ckpt: Path, threads: in
     plain = decode_logits(ckpt, False, threads, monkeypatch)
     for a, b in zip(fused, plain):
         assert torch.equal(a, b)
+
+
+def test_int8_fused_decode_is_bitwise_its_layer_by_layer_path(ckpt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fused = decode_logits(ckpt, True, 2, monkeypatch, "int8")
+    plain = decode_logits(ckpt, False, 2, monkeypatch, "int8")
+    bf16 = decode_logits(ckpt, True, 2, monkeypatch)
+    for a, b, c in zip(fused, plain, bf16):
+        assert torch.equal(a, b)
+        assert not torch.equal(a, c)  # the int8 weights really ran
 
 
 @pytest.mark.parametrize("arch", ["gemma2", "phi3", "qwen3_moe"])
