@@ -74,9 +74,11 @@ struct Keys {
 };
 
 // scores[g][t - lo] = scale * q_g . k_t over 16 keys at a time: the bf16 products are exact and summed in float32
-// (vdpbf16ps), each key's lanes folded by sum16
+// (vdpbf16ps), each key's lanes folded by sum16. PAIRS (head_dim / 32) is a constant so that the 16 sums stay
+// in registers.
+template <int PAIRS>
 void scores_of(const Args& a, int b, int kvh, int lo, int n, float* scores) {
-    const int group = a.heads / a.kv_heads, pairs = a.d / 32, keys = n - lo;
+    const int group = a.heads / a.kv_heads, keys = n - lo;
     const int32_t* table = a.tables + (long)b * a.table_stride;
     const long head_off = (long)kvh * a.c_shead;
     const __m512 scale = _mm512_set1_ps(a.scale);
@@ -88,15 +90,73 @@ void scores_of(const Args& a, int b, int kvh, int lo, int n, float* scores) {
         for (int j = count; j < 16; ++j) krow[j] = krow[0];  // lanes past the end: computed, never stored
         for (int g = 0; g < group; ++g) {
             const uint16_t* qp = a.q + (long)b * a.q_sb + (long)(kvh * group + g) * a.q_sh;
+            __m512bh qv[PAIRS];
+            for (int c = 0; c < PAIRS; ++c) qv[c] = (__m512bh)_mm512_loadu_si512(qp + 32 * c);
             __m512 acc[16];
             for (int j = 0; j < 16; ++j) {
                 acc[j] = _mm512_setzero_ps();
-                for (int c = 0; c < pairs; ++c)
-                    acc[j] = _mm512_dpbf16_ps(acc[j], (__m512bh)_mm512_loadu_si512(qp + 32 * c),
-                                              (__m512bh)_mm512_loadu_si512(krow[j] + 32 * c));
+                for (int c = 0; c < PAIRS; ++c)
+                    acc[j] = _mm512_dpbf16_ps(acc[j], qv[c], (__m512bh)_mm512_loadu_si512(krow[j] + 32 * c));
             }
             const __mmask16 mask = (__mmask16)(count == 16 ? 0xFFFF : (1u << count) - 1);
             _mm512_mask_storeu_ps(scores + (long)g * keys + (t0 - lo), mask, _mm512_mul_ps(sum16(acc), scale));
+        }
+    }
+}
+
+void scores_any(const Args& a, int b, int kvh, int lo, int n, float* scores) {
+    switch (a.d / 32) {
+#define PAIRS(P) case P: scores_of<P>(a, b, kvh, lo, n, scores); return;
+        PAIRS(1) PAIRS(2) PAIRS(3) PAIRS(4) PAIRS(5) PAIRS(6) PAIRS(7) PAIRS(8)
+#undef PAIRS
+    }
+}
+
+// out[g0 + g][16 c0 .. 16 (c0 + CN)] = sum_t p[g][t] v[t] for GN query heads of one KV head: each value row is
+// widened once for all GN heads; GN * CN sums stay in registers (both constants).
+template <int GN, int CN>
+void values_of(const Args& a, const int32_t* table, long head_off, int lo, int n, const float* p, long keys,
+               int c0, uint16_t* out, long o_sh) {
+    __m512 acc[GN][CN];
+    for (int g = 0; g < GN; ++g)
+        for (int c = 0; c < CN; ++c) acc[g][c] = _mm512_setzero_ps();
+    Keys walk(a, table, head_off, lo);
+    for (int t = 0; t < n - lo; ++t) {
+        const uint16_t* vp = a.v + walk.next() + 16 * c0;
+        __m512 vv[CN];
+        for (int c = 0; c < CN; ++c) vv[c] = load_bf16(vp + 16 * c);
+        for (int g = 0; g < GN; ++g) {
+            const __m512 pg = _mm512_set1_ps(p[g * keys + t]);
+            for (int c = 0; c < CN; ++c) acc[g][c] = _mm512_fmadd_ps(pg, vv[c], acc[g][c]);
+        }
+    }
+    for (int g = 0; g < GN; ++g)
+        for (int c = 0; c < CN; ++c)
+            _mm256_storeu_si256((__m256i*)(out + g * o_sh + 16 * (c0 + c)), (__m256i)_mm512_cvtneps_pbh(acc[g][c]));
+}
+
+constexpr int kHeadsAtOnce = 8;  // query heads per pass over the values (the rest in further passes)
+
+template <int GN>
+void values_cols(const Args& a, const int32_t* table, long head_off, int lo, int n, const float* p, long keys,
+                 int c0, int cn, uint16_t* out, long o_sh) {
+    switch (cn) {  // up to 24 sums: 1 to 4 chunks of 16 columns at once
+        case 4: values_of<GN, (GN <= 6 ? 4 : 1)>(a, table, head_off, lo, n, p, keys, c0, out, o_sh); return;  // (GN <= 6)
+        case 3: values_of<GN, 3>(a, table, head_off, lo, n, p, keys, c0, out, o_sh); return;
+        case 2: values_of<GN, 2>(a, table, head_off, lo, n, p, keys, c0, out, o_sh); return;
+        default: values_of<GN, 1>(a, table, head_off, lo, n, p, keys, c0, out, o_sh); return;
+    }
+}
+
+void values_any(const Args& a, const int32_t* table, long head_off, int lo, int n, const float* p, long keys,
+                int gn, int chunks, uint16_t* out, long o_sh) {
+    const int most = gn <= 6 ? 4 : 3;  // chunks per pass: gn * most <= 24
+    for (int c0 = 0; c0 < chunks; c0 += most) {
+        const int cn = chunks - c0 < most ? chunks - c0 : most;
+        switch (gn) {
+#define HEADS(G) case G: values_cols<G>(a, table, head_off, lo, n, p, keys, c0, cn, out, o_sh); break;
+            HEADS(1) HEADS(2) HEADS(3) HEADS(4) HEADS(5) HEADS(6) HEADS(7) HEADS(8)
+#undef HEADS
         }
     }
 }
@@ -108,7 +168,7 @@ void task(const Args& a, int b, int kvh, std::vector<float>& scores) {
     scores.resize((size_t)group * keys);
     const int32_t* table = a.tables + (long)b * a.table_stride;
     const long head_off = (long)kvh * a.c_shead;
-    scores_of(a, b, kvh, lo, n, scores.data());
+    scores_any(a, b, kvh, lo, n, scores.data());
     for (int g = 0; g < group; ++g) {
         float* s = scores.data() + (long)g * keys;
         if (a.softcap > 0)
@@ -135,31 +195,11 @@ void task(const Args& a, int b, int kvh, std::vector<float>& scores) {
         const float inv = 1.0f / _mm512_reduce_add_ps(sum);
         for (i = 0; i < keys; ++i) s[i] *= inv;
     }
-    // out[h] = sum_t p[h, t] v[t]: every query head of the group over one widening of each value row, in
-    // column tiles of `tile` chunks so that group * tile accumulators stay in registers
-    const int tile = group * chunks <= 24 ? chunks : (24 / group > 0 ? 24 / group : 1);
-    for (int c0 = 0; c0 < chunks; c0 += tile) {
-        const int cn = chunks - c0 < tile ? chunks - c0 : tile;
-        for (int g0 = 0; g0 < group; g0 += 24) {
-            const int gn = group - g0 < 24 ? group - g0 : 24;
-            __m512 acc[24];
-            for (int i = 0; i < gn * cn; ++i) acc[i] = _mm512_setzero_ps();
-            Keys walk(a, table, head_off, lo);
-            for (int t = lo; t < n; ++t) {
-                const uint16_t* vp = a.v + walk.next() + 16 * c0;
-                for (int c = 0; c < cn; ++c) {
-                    const __m512 vv = load_bf16(vp + 16 * c);
-                    for (int g = 0; g < gn; ++g)
-                        acc[g * cn + c] = _mm512_fmadd_ps(_mm512_set1_ps(scores[(long)(g0 + g) * keys + t - lo]), vv,
-                                                          acc[g * cn + c]);
-                }
-            }
-            for (int g = 0; g < gn; ++g) {
-                uint16_t* op = a.out + (long)b * a.o_sb + (long)(kvh * group + g0 + g) * a.o_sh + 16 * c0;
-                for (int c = 0; c < cn; ++c)
-                    _mm256_storeu_si256((__m256i*)(op + 16 * c), (__m256i)_mm512_cvtneps_pbh(acc[g * cn + c]));
-            }
-        }
+    // out[h] = sum_t p[h, t] v[t]: up to kHeadsAtOnce query heads of the group per pass over the values
+    for (int g0 = 0; g0 < group; g0 += kHeadsAtOnce) {
+        const int gn = group - g0 < kHeadsAtOnce ? group - g0 : kHeadsAtOnce;
+        uint16_t* op = a.out + (long)b * a.o_sb + (long)(kvh * group + g0) * a.o_sh;
+        values_any(a, table, head_off, lo, n, scores.data() + (long)g0 * keys, keys, gn, chunks, op, a.o_sh);
     }
 }
 

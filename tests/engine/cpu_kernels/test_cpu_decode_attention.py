@@ -57,7 +57,8 @@ def assert_rounded_once(got: torch.Tensor, want: torch.Tensor) -> None:
     assert bool((err <= half_ulp * 1.01 + 1e-5).all()), float((err - half_ulp).max())
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "d"), [(14, 2, 64), (4, 4, 32), (8, 1, 128), (4, 2, 256), (24, 1, 96)])
+@pytest.mark.parametrize(("heads", "kv_heads", "d"), [(14, 2, 64), (4, 4, 32), (8, 1, 128), (4, 2, 256), (24, 1, 96),
+                                                   (12, 1, 64), (6, 2, 160), (10, 2, 224)])  # groups 1-24
 @pytest.mark.parametrize("head_major", [True, False])
 @pytest.mark.parametrize(("window", "softcap"), [(None, None), (5, None), (BS, None), (None, 2.0), (6, 2.0)])
 def test_matches_float64_softmax_attention(heads: int, kv_heads: int, d: int, head_major: bool, window: int | None,
