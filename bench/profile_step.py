@@ -8,14 +8,18 @@ LM head / sample / postprocess (RequestOutputs, scheduler.update, stop checks), 
 Phases are timed by wrapping the methods EngineCore.step calls (no change to the engine);
 postprocess is the step's remainder. --torch-profile also prints torch.profiler's top ops.
 Each step's time is also given as a ratio to the roofline bound (bench/roofline.py), with the machine's
-rates measured in the same run, right before the steps (best over 1..--threads threads).
+rates measured in the same run, right before the steps (best over 1..--threads threads): the mean step
+("step/bound") and the median one ("median/bound", which a few steps slowed by another process on the
+machine leave alone). The cyclic GC is frozen after load, as the engine process does.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import random
+import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -84,15 +88,19 @@ def best_rates(dtype: str, threads: int) -> Rates:
 
 
 def timed_steps(core: EngineCore, steps: int, totals: dict[str, float]) -> tuple[float, dict[str, float]]:
-    """(seconds for `steps` steps, ms per step of each phase, "cpu": the process's CPU ms per step);
-    `totals` is what instrument() fills."""
+    """(seconds for `steps` steps, ms per step of each phase, "cpu": the process's CPU ms per step, "median":
+    the median step's ms); `totals` is what instrument() fills."""
     totals.clear()
+    times = []
     t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(steps):
+        s0 = time.perf_counter()
         core.step()
+        times.append(time.perf_counter() - s0)
     total = time.perf_counter() - t0
     ms = {k: v / steps * 1e3 for k, v in totals.items()}
     ms["cpu"] = (time.process_time() - c0) / steps * 1e3
+    ms["median"] = statistics.median(times) * 1e3
     ms["postprocess"] = total / steps * 1e3 - sum(ms[p] for p in (*PHASES, "update") if p in ms) \
         + ms.get("update", 0.0)
     return total, ms
@@ -135,6 +143,7 @@ def main() -> None:
         extra["threaded_step_flops"] = args.threaded_step_flops
     core = EngineCore(EngineConfig(model=args.model, dtype=args.dtype, max_num_seqs=256, device=args.device,
                                    max_num_batched_tokens=8192, enable_prefix_caching=False, **extra))
+    gc.freeze()  # as engine/loop.py does once the model is loaded
     gpu = core.runner.device.type == "cuda"
     params = SamplingParams(max_tokens=args.steps * args.repeat + 16, temperature=args.temperature,
                             top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
@@ -163,13 +172,15 @@ def main() -> None:
                     print(f"{'. ' + part:>12} {ms[part]:8.2f} ms  (cpu {ms[part + '/cpu']:.2f} ms)")
         print(f"{'(update)':>12} {ms.get('update', 0.0):8.2f} ms  (inside postprocess)")
         step_ms = total / args.steps * 1e3
-        print(f"{'step':>12} {step_ms:8.2f} ms  -> {args.batch * args.steps / total:.0f} tok/s")
+        print(f"{'step':>12} {step_ms:8.2f} ms  -> {args.batch * args.steps / total:.0f} tok/s  "
+              f"(median step {ms['median']:.2f} ms)")
         if rates is not None:
             context = prompt_len + 4 + r * args.steps + args.steps // 2  # the mean over these steps
             cost = step_cost(load_args(args.model), model_dtype, args.batch, context, args.quantization)
             bound, why = cost.bound_ms(rates)
             print(f"{'bound':>12} {bound:8.2f} ms  ({why}; read {rates.read_gbs:.1f} GB/s, "
-                  f"GEMM {rates.peak_gflops:.0f} GFLOP/s)  step/bound {step_ms / bound:.2f}")
+                  f"GEMM {rates.peak_gflops:.0f} GFLOP/s)  step/bound {step_ms / bound:.2f}  "
+                  f"median/bound {ms['median'] / bound:.2f}")
             if gpu:
                 continue
             cpu_bound, why = cost.bound_ms(rates, cpu=True)
