@@ -73,6 +73,14 @@ struct Keys {
     }
 };
 
+// Rows sit in blocks scattered through the cache: the hardware's prefetcher stops at each block's end, so the
+// kernel asks for rows this many keys ahead itself.
+constexpr int kAheadKeys = 32;
+
+inline void prefetch_row(const uint16_t* row, int lines) {  // lines of 32 bf16 (64 bytes)
+    for (int i = 0; i < lines; ++i) _mm_prefetch((const char*)(row + 32 * i), _MM_HINT_T0);
+}
+
 // scores[g][t - lo] = scale * q_g . k_t over 16 keys at a time: the bf16 products are exact and summed in float32
 // (vdpbf16ps), each key's lanes folded by sum16. PAIRS (head_dim / 32) is a constant so that the 16 sums stay
 // in registers.
@@ -82,12 +90,14 @@ void scores_of(const Args& a, int b, int kvh, int lo, int n, float* scores) {
     const int32_t* table = a.tables + (long)b * a.table_stride;
     const long head_off = (long)kvh * a.c_shead;
     const __m512 scale = _mm512_set1_ps(a.scale);
-    Keys walk(a, table, head_off, lo);
+    Keys walk(a, table, head_off, lo), ahead(a, table, head_off, lo);
+    for (int t = lo; t < n && t < lo + kAheadKeys; ++t) prefetch_row(a.k + ahead.next(), PAIRS);
     for (int t0 = lo; t0 < n; t0 += 16) {
         const int count = n - t0 < 16 ? n - t0 : 16;
         const uint16_t* krow[16];
         for (int j = 0; j < count; ++j) krow[j] = a.k + walk.next();
         for (int j = count; j < 16; ++j) krow[j] = krow[0];  // lanes past the end: computed, never stored
+        for (int t = t0 + kAheadKeys; t < n && t < t0 + 16 + kAheadKeys; ++t) prefetch_row(a.k + ahead.next(), PAIRS);
         for (int g = 0; g < group; ++g) {
             const uint16_t* qp = a.q + (long)b * a.q_sb + (long)(kvh * group + g) * a.q_sh;
             __m512bh qv[PAIRS];
@@ -120,8 +130,10 @@ void values_of(const Args& a, const int32_t* table, long head_off, int lo, int n
     __m512 acc[GN][CN];
     for (int g = 0; g < GN; ++g)
         for (int c = 0; c < CN; ++c) acc[g][c] = _mm512_setzero_ps();
-    Keys walk(a, table, head_off, lo);
+    Keys walk(a, table, head_off, lo), ahead(a, table, head_off, lo);
+    for (int t = 0; t < n - lo && t < kAheadKeys; ++t) prefetch_row(a.v + ahead.next() + 16 * c0, (CN + 1) / 2);
     for (int t = 0; t < n - lo; ++t) {
+        if (t + kAheadKeys < n - lo) prefetch_row(a.v + ahead.next() + 16 * c0, (CN + 1) / 2);
         const uint16_t* vp = a.v + walk.next() + 16 * c0;
         __m512 vv[CN];
         for (int c = 0; c < CN; ++c) vv[c] = load_bf16(vp + 16 * c);
