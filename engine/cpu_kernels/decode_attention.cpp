@@ -152,8 +152,9 @@ constexpr int kHeadsAtOnce = 8;  // query heads per pass over the values (the re
 template <int GN>
 void values_cols(const Args& a, const int32_t* table, long head_off, int lo, int n, const float* p, long keys,
                  int c0, int cn, uint16_t* out, long o_sh) {
-    switch (cn) {  // up to 24 sums: 1 to 4 chunks of 16 columns at once
-        case 4: values_of<GN, (GN <= 6 ? 4 : 1)>(a, table, head_off, lo, n, p, keys, c0, out, o_sh); return;  // (GN <= 6)
+    switch (cn) {  // up to 24 sums: 1 to 4 chunks of 16 columns at once (4 only for GN <= 6, as values_any
+                   // passes it: the clamp keeps wider tiles from being instantiated)
+        case 4: values_of<GN, (GN <= 6 ? 4 : 1)>(a, table, head_off, lo, n, p, keys, c0, out, o_sh); return;
         case 3: values_of<GN, 3>(a, table, head_off, lo, n, p, keys, c0, out, o_sh); return;
         case 2: values_of<GN, 2>(a, table, head_off, lo, n, p, keys, c0, out, o_sh); return;
         default: values_of<GN, 1>(a, table, head_off, lo, n, p, keys, c0, out, o_sh); return;
