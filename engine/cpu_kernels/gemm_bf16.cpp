@@ -87,8 +87,8 @@ void tile(const uint32_t* __restrict xt, long ldxt, const uint8_t* __restrict w,
 constexpr int kTileRows = 16;
 constexpr long kPanelBytes = 256 << 10;  // weights one thread keeps in its L2 while every row tile passes
 constexpr size_t kKeepBytes = 64 << 20;  // scratch above this is given back after the call (a long prefill's)
-constexpr int kChunkPairs = 768;  // pairs of k per chunk: a 16-row tile's pairs (48 KiB) pass through L1 once per block
-constexpr int kGroupTiles = 32;  // pairs of k per chunk: a row tile's pairs (24 KiB) stay in L1
+constexpr int kChunkPairs = 768;  // pairs of k per chunk past 16 rows: a weight panel stays in L2 while row tiles pass
+constexpr int kGroupTiles = 32;  // row tiles per group: a group's rows of x stay in L3 while every panel passes
 
 struct Call {
     const uint32_t* xt;  // x as [ceil(M/16)][K/2][ldxt] pairs: one row tile's pairs side by side, contiguous
@@ -149,9 +149,9 @@ void rows_by_3(const Call& c, int m0, int mr, int blk, int nb, const Chunk& k) {
 
 // One thread's blocks [b, b1), in three shapes of tile:
 // - up to 8 rows: `wide` blocks at once over all of k (the weights stream once, enough independent sums);
-// - 9 to 16 rows: 16 rows by one block (a weight line feeds 16 products);
+// - 9 to 16 rows: 16 rows by one block over all of k (a weight line feeds 16 products);
 // - more: 8 rows by 3 blocks (24 sums: fewer loads per product), row tiles in groups.
-// Past 8 rows: row tiles in groups whose rows of x stay in L3 while the thread's blocks pass in panels that stay
+// Past 16 rows: row tiles in groups whose rows of x stay in L3 while the thread's blocks pass in panels that stay
 // in L2, k in chunks short enough that a row tile's pairs stay near L1; a tile's sums wait between chunks in
 // `parts` (L2 too). A prefill's products run about as fast as oneDNN's that way (bench/README.md).
 template <bool Q8>
@@ -168,7 +168,8 @@ void blocks(const Call& c, int b, int b1, int wide) {
     }
     const bool sixteen = c.m <= kTileRows;
     const int rows = sixteen ? kTileRows : 8, across = sixteen ? 1 : 3;
-    const int kc = c.kp_count < kChunkPairs ? c.kp_count : kChunkPairs;
+    // one row tile reuses no weights: all of k at once keeps the thread's blocks one sequential stream
+    const int kc = sixteen || c.kp_count < kChunkPairs ? c.kp_count : kChunkPairs;
     const int fit = (int)(kPanelBytes / (kc * 64L)) / across * across;
     const int panel = fit > across ? fit : across;
     const int tiles = (c.m + rows - 1) / rows;

@@ -25,9 +25,10 @@ def fp32_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return mag * x.shape[1] * torch.finfo(torch.float32).eps
 
 
-# rows: the wide tiles (1-8), 16-row tiles with remainders (9-40), many tiles; k 1000: chunks of 384 pairs
+# rows: the wide tiles (1-8), one 16-row tile (9-16), 8-row tiles by 3 blocks past 16; k 1600 (800 pairs):
+# past 16 rows in two chunks of k whose sums wait between them, up to 16 in one pass
 @pytest.mark.parametrize("m", [0, 1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 24, 33, 100])
-@pytest.mark.parametrize("n, k", [(40, 64), (17, 96), (1, 32), (300, 1000)])
+@pytest.mark.parametrize("n, k", [(40, 64), (17, 96), (1, 32), (300, 1000), (70, 1600)])
 def test_equals_the_exact_product_rounded_once(m: int, n: int, k: int) -> None:
     x, w, b = data(m, n, k, seed=m * 1000 + n)
     got = gemm.PackedWeight(w, b)(x)
@@ -39,7 +40,7 @@ def test_equals_the_exact_product_rounded_once(m: int, n: int, k: int) -> None:
     assert float((got != want).float().mean()) <= 0.01 if m else True  # torch sums in another order
 
 
-@pytest.mark.parametrize("k", [64, 1000])  # 1000: 20 rows take the chunked path, 1 row the wide one
+@pytest.mark.parametrize("k", [64, 1600])  # 1600: 20 rows take the chunked path, 1 row the wide one
 def test_a_row_is_the_same_whatever_the_batch_around_it(k: int) -> None:
     """Each output sums k in the same order in every path and thread split: batch-invariant, bitwise."""
     x, w, b = data(20, 72, k)
