@@ -197,6 +197,41 @@ void blocks(const Call& c, int b, int b1, int wide) {
     if (parts.capacity() * sizeof(float) > kKeepBytes) std::vector<float>().swap(parts);
 }
 
+// dst[p * 16 + m] = src[m * ld + p] for m, p < 16: a 16 x 16 transpose of 32-bit elements (pairs of bf16)
+inline void transpose16(const uint32_t* src, long ld, uint32_t* dst) {
+    __m512i r[16], t[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * ld);
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int h = 0; h < 16; h += 8)
+        for (int i = 0; i < 4; ++i) {
+            t[h + i] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0x88);
+            t[h + i + 4] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0xdd);
+        }
+    for (int i = 0; i < 8; ++i) {
+        _mm512_storeu_si512(dst + i * 16, _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88));
+        _mm512_storeu_si512(dst + (i + 8) * 16, _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd));
+    }
+}
+
+// A row tile's pairs [kp0, kp1) side by side: dst[kp * ldd + m] = src[m * ld + kp] for m < rows (a full tile 16
+// pairs at a time in registers: a decode step's x is re-laid for every product)
+inline void to_pairs(const uint32_t* src, long ld, int rows, int kp0, int kp1, uint32_t* dst, int ldd) {
+    int kp = kp0;
+    if (rows == 16 && ldd == 16)
+        for (; kp + 16 <= kp1; kp += 16) transpose16(src + kp, ld, dst + (long)kp * 16);
+    for (; kp < kp1; ++kp)
+        for (int m = 0; m < rows; ++m) dst[(long)kp * ldd + m] = src[m * ld + kp];
+}
+
 }  // namespace
 
 extern "C" int spindle_gemm_bf16_abi() { return 3; }
@@ -218,19 +253,22 @@ extern "C" void spindle_gemm_bf16(const uint16_t* x, long ldx, int M, int K, con
     const int wide = M <= 2 ? 8 : M <= 4 ? 4 : 2;  // blocks per tile of up to 8 rows: enough independent sums
 #pragma omp parallel num_threads(threads)
     {
+        const long ld = ldx / 2;
         if (tiles >= omp_get_num_threads()) {  // by row tile: each thread reads its 16 rows as 16 streams
 #pragma omp for schedule(static)
             for (int tile = 0; tile < tiles; ++tile) {
                 const int m0 = tile * kTileRows, rows = M - m0 < kTileRows ? M - m0 : kTileRows;
-                uint32_t* dst = xt + (long)tile * kp_count * ldxt;
-                for (int kp = 0; kp < kp_count; ++kp)
-                    for (int m = 0; m < rows; ++m) dst[(long)kp * ldxt + m] = x32[(long)(m0 + m) * (ldx / 2) + kp];
+                to_pairs(x32 + m0 * ld, ld, rows, 0, kp_count, xt + (long)tile * kp_count * ldxt, ldxt);
             }
-        } else {  // one tile: by k, so that no two threads write one cache line
+        } else {  // by 16 pairs of k, so that no two threads write one 64-byte line of a full tile
+            const int groups = (kp_count + 15) / 16;
 #pragma omp for schedule(static)
-            for (int kp = 0; kp < kp_count; ++kp)
-                for (int m = 0; m < M; ++m)
-                    xt[((long)(m / kTileRows) * kp_count + kp) * ldxt + m % kTileRows] = x32[(long)m * (ldx / 2) + kp];
+            for (int g = 0; g < groups; ++g)
+                for (int tile = 0; tile < tiles; ++tile) {
+                    const int m0 = tile * kTileRows, rows = M - m0 < kTileRows ? M - m0 : kTileRows;
+                    to_pairs(x32 + m0 * ld, ld, rows, g * 16, g * 16 + 16 < kp_count ? g * 16 + 16 : kp_count,
+                             xt + (long)tile * kp_count * ldxt, ldxt);
+                }
         }
         // (each loop's implied barrier: every row is in place before any tile reads it)
         const int t = omp_get_thread_num(), T = omp_get_num_threads();

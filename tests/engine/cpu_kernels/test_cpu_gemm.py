@@ -31,7 +31,9 @@ def fp32_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("n, k", [(40, 64), (17, 96), (1, 32), (300, 1000), (70, 1600)])
 def test_equals_the_exact_product_rounded_once(m: int, n: int, k: int) -> None:
     x, w, b = data(m, n, k, seed=m * 1000 + n)
-    got = gemm.PackedWeight(w, b)(x)
+    packed = gemm.PackedWeight(w, b)
+    got = packed(x)
+    assert torch.equal(packed(x, threads=2), got)  # x re-laid by k (one row tile) or by tile: the same sums
     exact = x.double() @ w.double().t() + b.double()
     half_ulp = exact.abs() * torch.finfo(torch.bfloat16).eps / 2
     assert got.shape == (m, n) and got.dtype == torch.bfloat16
