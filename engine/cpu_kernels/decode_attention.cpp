@@ -55,21 +55,28 @@ inline __m512 sum16(__m512 v[16]) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, 0x88), _mm512_shuffle_f32x4(e0, e1, 0xDD));
 }
 
-// Walks a sequence's keys in order through its block table (one division per walk, not per key).
-struct Keys {
-    const Args& a;
+// A sequence's rows (of K or V, one KV head) in order through its block table: a pointer step per row, the
+// table read once per block, and only for a block a row is asked of (never past the table's end).
+struct Rows {
+    const uint16_t* base;
     const int32_t* table;
-    long head_off;
-    int blk, off;
-    Keys(const Args& args, const int32_t* t, long h, int from)
-        : a(args), table(t), head_off(h), blk(from / args.block_size), off(from % args.block_size) {}
-    long next() {  // the element offset of the current key's row, then step to the next key
-        const long at = (long)table[blk] * a.c_sblock + (long)off * a.c_stok + head_off;
-        if (++off == a.block_size) {
-            off = 0;
+    long c_sblock, c_stok, head_off;
+    int block_size, blk, left;
+    const uint16_t* row;
+    Rows(const Args& a, const uint16_t* cache, const int32_t* t, long h, int from)
+        : base(cache), table(t), c_sblock(a.c_sblock), c_stok(a.c_stok), head_off(h), block_size(a.block_size),
+          blk(from / a.block_size), left(a.block_size - from % a.block_size),
+          row(cache + (long)t[from / a.block_size] * a.c_sblock + (long)(from % a.block_size) * a.c_stok + h) {}
+    const uint16_t* next() {  // the current row, then step to the next
+        if (left == 0) {
             ++blk;
+            left = block_size;
+            row = base + (long)table[blk] * c_sblock + head_off;
         }
-        return at;
+        --left;
+        const uint16_t* r = row;
+        row += c_stok;
+        return r;
     }
 };
 
@@ -77,8 +84,9 @@ struct Keys {
 // kernel asks for rows this many keys ahead itself.
 constexpr int kAheadKeys = 32;
 
-inline void prefetch_row(const uint16_t* row, int lines) {  // lines of 32 bf16 (64 bytes)
-    for (int i = 0; i < lines; ++i) _mm_prefetch((const char*)(row + 32 * i), _MM_HINT_T0);
+inline void prefetch_row(const uint16_t* row, int elements) {  // every 64-byte line the row's bf16 touch
+    const uintptr_t end = (uintptr_t)(row + elements);
+    for (uintptr_t at = (uintptr_t)row & ~(uintptr_t)63; at < end; at += 64) _mm_prefetch((const char*)at, _MM_HINT_T0);
 }
 
 // scores[g][t - lo] = scale * q_g . k_t over 16 keys at a time: the bf16 products are exact and summed in float32
@@ -90,14 +98,14 @@ void scores_of(const Args& a, int b, int kvh, int lo, int n, float* scores) {
     const int32_t* table = a.tables + (long)b * a.table_stride;
     const long head_off = (long)kvh * a.c_shead;
     const __m512 scale = _mm512_set1_ps(a.scale);
-    Keys walk(a, table, head_off, lo), ahead(a, table, head_off, lo);
-    for (int t = lo; t < n && t < lo + kAheadKeys; ++t) prefetch_row(a.k + ahead.next(), PAIRS);
+    Rows walk(a, a.k, table, head_off, lo), ahead(a, a.k, table, head_off, lo);
+    for (int t = lo; t < n && t < lo + kAheadKeys; ++t) prefetch_row(ahead.next(), 32 * PAIRS);
     for (int t0 = lo; t0 < n; t0 += 16) {
         const int count = n - t0 < 16 ? n - t0 : 16;
         const uint16_t* krow[16];
-        for (int j = 0; j < count; ++j) krow[j] = a.k + walk.next();
+        for (int j = 0; j < count; ++j) krow[j] = walk.next();
         for (int j = count; j < 16; ++j) krow[j] = krow[0];  // lanes past the end: computed, never stored
-        for (int t = t0 + kAheadKeys; t < n && t < t0 + 16 + kAheadKeys; ++t) prefetch_row(a.k + ahead.next(), PAIRS);
+        for (int t = t0 + kAheadKeys; t < n && t < t0 + 16 + kAheadKeys; ++t) prefetch_row(ahead.next(), 32 * PAIRS);
         for (int g = 0; g < group; ++g) {
             const uint16_t* qp = a.q + (long)b * a.q_sb + (long)(kvh * group + g) * a.q_sh;
             __m512bh qv[PAIRS];
@@ -130,11 +138,11 @@ void values_of(const Args& a, const int32_t* table, long head_off, int lo, int n
     __m512 acc[GN][CN];
     for (int g = 0; g < GN; ++g)
         for (int c = 0; c < CN; ++c) acc[g][c] = _mm512_setzero_ps();
-    Keys walk(a, table, head_off, lo), ahead(a, table, head_off, lo);
-    for (int t = 0; t < n - lo && t < kAheadKeys; ++t) prefetch_row(a.v + ahead.next() + 16 * c0, (CN + 1) / 2);
+    Rows walk(a, a.v + 16 * c0, table, head_off, lo), ahead(a, a.v + 16 * c0, table, head_off, lo);
+    for (int t = 0; t < n - lo && t < kAheadKeys; ++t) prefetch_row(ahead.next(), 16 * CN);
     for (int t = 0; t < n - lo; ++t) {
-        if (t + kAheadKeys < n - lo) prefetch_row(a.v + ahead.next() + 16 * c0, (CN + 1) / 2);
-        const uint16_t* vp = a.v + walk.next() + 16 * c0;
+        if (t + kAheadKeys < n - lo) prefetch_row(ahead.next(), 16 * CN);
+        const uint16_t* vp = walk.next();
         __m512 vv[CN];
         for (int c = 0; c < CN; ++c) vv[c] = load_bf16(vp + 16 * c);
         for (int g = 0; g < GN; ++g) {
