@@ -2,7 +2,7 @@
 
     python -m bench.decode_attention [--batch 1 16 64] [--ctx 128 512 2048] [--dtype bfloat16 float32]
                                      [--mixed] [--threads 1] [--rounds 3] [--tile-bytes N]
-                                     [--heads 14] [--kv-heads 2]
+                                     [--heads 14] [--kv-heads 2] [--cold 24]
     python -m bench.decode_attention --model DIR [--batch 16] [--dtype bfloat16] [--steps 8]
 
 Shape: Qwen2.5-0.5B's attention (14 query heads over 2 KV heads, head_dim 64; the tiny demo: --heads 2
@@ -13,9 +13,12 @@ one at ctx). Variants, each checked against a float32 reference before it is tim
            with an additive mask (torch picks its tiled flash kernel, even for one query token)
   padded   one gather of whole blocks padded to the longest, a batched matmul per KV head, length mask
   per_seq  a loop over sequences: k_cache[blocks] of that sequence, two bmm over the KV heads
-  engine   engine/cpu_attention.py: head-major cache, tiles of blocks, rows dropping out as they end
+  engine   engine/cpu_attention.py: the bf16 kernel (engine/cpu_kernels/decode_attention.cpp) where it runs,
+           else head-major cache, tiles of blocks, rows dropping out as they end
 Rounds interleave the variants (this machine is shared); each figure is the best round. The step runs
-on one intra-op thread in the engine (engine/model_runner.py one_intra_op_thread), hence --threads 1.
+on one intra-op thread in the engine (engine/model_runner.py one_intra_op_thread), hence --threads 1;
+--threads also gives the kernel its threads, as the step's workers do. --cold N: the engine's calls rotate
+over N copies of the caches, so that (as in a step's layers) they come from memory, not from cache.
 With --model: decode steps of that checkpoint through EngineCore (128-token prompts, as bench.profile_step),
 printing ms per step and the ms of it spent in the model's attention calls.
 """
@@ -38,9 +41,11 @@ from engine.core import EngineCore
 from engine.cpu_attention import DecodeSeqs, decode_attention
 from engine.hugepages import reexec_with_huge_pages
 from engine.kernels.paged_common import attend_ref
+from engine.layers.parallel import WORKERS
 from engine.messages import SamplingParams
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 14, 2, 64, 16
+COPIES = 1  # --cold: the engine's calls rotate over this many copies of the caches, as a step's layers do
 SCALE = HEAD_DIM ** -0.5
 Variant = Callable[[], torch.Tensor]
 
@@ -119,8 +124,13 @@ def per_seq(c: Case) -> Variant:
 def engine(c: Case) -> Variant:
     rows = torch.arange(len(c.lens))
 
+    caches = [(c.k_hm, c.v_hm)] + [(c.k_hm.clone(), c.v_hm.clone()) for _ in range(COPIES - 1)]
+    turn = [0]
+
     def run() -> torch.Tensor:  # the metadata is per step, shared by the layers: built outside the timing
-        return decode_attention(c.q, c.k_hm, c.v_hm, seqs, SCALE)
+        k, v = caches[turn[0] % len(caches)]
+        turn[0] += 1
+        return decode_attention(c.q, k, v, seqs, SCALE)
     seqs = DecodeSeqs(rows, c.lens, c.tables, BLOCK)
     seqs.view(None)
     return run
@@ -188,6 +198,8 @@ def main() -> None:
     ap.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"])
     ap.add_argument("--mixed", action="store_true", help="context lengths uniform in [1, ctx]")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--cold", type=int, default=1, metavar="N",
+                    help="the engine's calls rotate over N copies of the caches (24: a step's layers, out of cache)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--heads", type=int, default=HEADS)
     ap.add_argument("--kv-heads", type=int, default=KV_HEADS)
@@ -200,7 +212,10 @@ def main() -> None:
         return in_steps(args.model, args.batch[0], args.dtype[0], args.steps)
     cpu_attention.TILE_BYTES = args.tile_bytes
     HEADS, KV_HEADS = args.heads, args.kv_heads
+    global COPIES
+    COPIES = args.cold
     torch.set_num_threads(args.threads)
+    WORKERS.configure(args.threads)  # the engine's kernel takes its threads from the step's workers
     torch.manual_seed(0)
     print(f"ms per layer call (heads {HEADS}/{KV_HEADS}, head_dim {HEAD_DIM}, block {BLOCK}, "
           f"threads {args.threads}, tile {args.tile_bytes >> 10} KiB{', mixed lengths' if args.mixed else ''}); "
