@@ -87,7 +87,8 @@ void tile(const uint32_t* __restrict xt, long ldxt, const uint8_t* __restrict w,
 constexpr int kTileRows = 16;
 constexpr long kPanelBytes = 256 << 10;  // weights one thread keeps in its L2 while every row tile passes
 constexpr size_t kKeepBytes = 64 << 20;  // scratch above this is given back after the call (a long prefill's)
-constexpr int kChunkPairs = 768;  // pairs of k per chunk past 16 rows: a weight panel stays in L2 while row tiles pass
+constexpr int kChunkPairs = 768;  // pairs of k per chunk for 8x3 tiles: a weight panel stays in L2 while row tiles pass
+constexpr long kPairBytesInL2 = 512 << 10;  // 17-32 rows: two row tiles' pairs of x and a block of weights
 constexpr int kGroupTiles = 32;  // row tiles per group: a group's rows of x stay in L3 while every panel passes
 
 struct Call {
@@ -149,9 +150,10 @@ void rows_by_3(const Call& c, int m0, int mr, int blk, int nb, const Chunk& k) {
 
 // One thread's blocks [b, b1), in three shapes of tile:
 // - up to 8 rows: `wide` blocks at once over all of k (the weights stream once, enough independent sums);
-// - 9 to 16 rows: 16 rows by one block over all of k (a weight line feeds 16 products);
+// - 9 to 16 rows: 16 rows by one block over all of k (a weight line feeds 16 products); 17 to 32 rows the
+//   same, block by block, each block's second row tile reading it from L2 (where its pairs fit);
 // - more: 8 rows by 3 blocks (24 sums: fewer loads per product), row tiles in groups.
-// Past 16 rows: row tiles in groups whose rows of x stay in L3 while the thread's blocks pass in panels that stay
+// Past 32 rows: row tiles in groups whose rows of x stay in L3 while the thread's blocks pass in panels that stay
 // in L2, k in chunks short enough that a row tile's pairs stay near L1; a tile's sums wait between chunks in
 // `parts` (L2 too). A prefill's products run about as fast as oneDNN's that way (bench/README.md).
 template <bool Q8>
@@ -164,6 +166,11 @@ void blocks(const Call& c, int b, int b1, int wide) {
             else few_rows<2, Q8>(c, 0, c.m, b, all);
         }
         for (; b < b1; ++b) few_rows<1, Q8>(c, 0, c.m, b, all);
+        return;
+    }
+    if (c.m > kTileRows && c.m <= 2 * kTileRows && 3L * c.kp_count * 64 <= kPairBytesInL2) {
+        for (int blk = b; blk < b1; ++blk)  // both row tiles' pairs and the block stay in L2 for the second pass
+            for (int m0 = 0; m0 < c.m; m0 += kTileRows) row_tile<Q8>(c, m0, blk, all);
         return;
     }
     const bool sixteen = c.m <= kTileRows;

@@ -25,8 +25,8 @@ def fp32_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return mag * x.shape[1] * torch.finfo(torch.float32).eps
 
 
-# rows: the wide tiles (1-8), one 16-row tile (9-16), 8-row tiles by 3 blocks past 16; k 1600 (800 pairs):
-# past 16 rows in two chunks of k whose sums wait between them, up to 16 in one pass
+# rows: the wide tiles (1-8), 16-row tiles (9-32, block by block), 8-row tiles by 3 blocks past 32; k 1600
+# (800 pairs): past 32 rows in two chunks of k whose sums wait between them, up to 32 in one pass
 @pytest.mark.parametrize("m", [0, 1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 24, 33, 100])
 @pytest.mark.parametrize("n, k", [(40, 64), (17, 96), (1, 32), (300, 1000), (70, 1600)])
 def test_equals_the_exact_product_rounded_once(m: int, n: int, k: int) -> None:
@@ -42,15 +42,17 @@ def test_equals_the_exact_product_rounded_once(m: int, n: int, k: int) -> None:
     assert float((got != want).float().mean()) <= 0.01 if m else True  # torch sums in another order
 
 
-@pytest.mark.parametrize("k", [64, 1600])  # 1600: 20 rows take the chunked path, 1 row the wide one
+@pytest.mark.parametrize("k", [64, 1600])  # 1600: 40 rows take the chunked path, 20 two 16-row tiles, 1 the wide one
 def test_a_row_is_the_same_whatever_the_batch_around_it(k: int) -> None:
     """Each output sums k in the same order in every path and thread split: batch-invariant, bitwise."""
-    x, w, b = data(20, 72, k)
+    x, w, b = data(40, 72, k)
     packed = gemm.PackedWeight(w, b)
     whole = packed(x, threads=2)
-    for r in (0, 7, 19):
+    for r in (0, 7, 19, 39):
         assert torch.equal(packed(x[r:r + 1], threads=1)[0], whole[r])
     assert torch.equal(packed(x[3:11], threads=1), whole[3:11])
+    assert torch.equal(packed(x[:20], threads=2), whole[:20])
+    assert torch.equal(packed(x[7:40], threads=1), whole[7:40])
 
 
 def test_float32_out_is_the_bf16_product_widened_in_a_wider_buffer() -> None:
