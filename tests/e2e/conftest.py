@@ -16,6 +16,9 @@ import httpx
 import pytest
 
 from tests.conftest import TINY
+from tests.helpers.processes import children, connection_owner, wait_until
+
+API_PROCESS = "[-]m server.runtime.api_process"  # an API process's command line (pgrep -f)
 
 
 def free_port() -> int:
@@ -76,7 +79,49 @@ def start_server(model: Path, tmp: Path, *args: str, wait: bool = True, env: dic
     return server
 
 
+def api_server_count(args: list[str]) -> int:
+    for i, a in enumerate(args):
+        if a == "--api-server-count":
+            return int(args[i + 1])
+        if a.startswith("--api-server-count="):
+            return int(a.split("=", 1)[1])
+    return 1
+
+
 def wait_healthy(server: Server, timeout: float = 120) -> None:
+    """/health 200 from the server; with several API processes, from every one of them (each answers 503
+    until its own engine connection is up, and the kernel may hand the next connection to any)."""
+    _wait_one_healthy(server, timeout)
+    if (count := api_server_count(server.args)) > 1:
+        wait_all_healthy(server, count, timeout)
+
+
+def wait_all_healthy(server: Server, count: int, timeout: float = 120) -> None:
+    """Every API process has answered /health with 200 (which one accepted each connection is read from /proc:
+    the kernel hands a new connection to whichever process accepts first)."""
+    apis = children(server.proc.pid, API_PROCESS)
+    assert len(apis) == count, apis
+    served: set[int] = set()
+
+    def one_more() -> bool:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as conn:
+            conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = conn.recv(4096)
+                assert chunk, f"the connection closed after {head!r}"
+                head += chunk
+            status = head.split(b" ", 2)[1]
+            owner = connection_owner(server.port, conn.getsockname()[1], apis)  # the connection is kept alive
+        assert owner is not None, "no API process holds the connection"
+        if status == b"200":
+            served.add(owner)
+        return served == set(apis)
+
+    wait_until(one_more, timeout, lambda: f"API processes {sorted(set(apis) - served)} answered /health 200")
+
+
+def _wait_one_healthy(server: Server, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     with httpx.Client(timeout=2) as client:  # not httpx.get: an SSL context per call costs ~25 ms of CPU
         while time.monotonic() < deadline:

@@ -19,10 +19,9 @@ import openai
 import pytest
 
 from server.api.openai.responses_store import DB_NAME
-from tests.e2e.conftest import Server, start_server
+from tests.e2e.conftest import API_PROCESS, Server, start_server
 from tests.helpers.processes import children, connection_owner, wait_until
 
-API_PROCESS = "[-]m server.runtime.api_process"
 WEATHER: Any = {"type": "function", "name": "get_weather", "strict": True,
                 "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},
                                "required": ["city"], "additionalProperties": False}}
