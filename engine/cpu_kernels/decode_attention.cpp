@@ -81,12 +81,13 @@ struct Rows {
 };
 
 // Rows sit in blocks scattered through the cache: the hardware's prefetcher stops at each block's end, so the
-// kernel asks for rows this many keys ahead itself.
-constexpr int kAheadKeys = 32;
+// kernel asks for rows this many keys ahead itself, into L2: L1 has too few fill buffers to keep enough lines of
+// scattered blocks in flight (bench/README.md).
+constexpr int kAheadKeys = 64;
 
 inline void prefetch_row(const uint16_t* row, int elements) {  // every 64-byte line the row's bf16 touch
     const uintptr_t end = (uintptr_t)(row + elements);
-    for (uintptr_t at = (uintptr_t)row & ~(uintptr_t)63; at < end; at += 64) _mm_prefetch((const char*)at, _MM_HINT_T0);
+    for (uintptr_t at = (uintptr_t)row & ~(uintptr_t)63; at < end; at += 64) _mm_prefetch((const char*)at, _MM_HINT_T1);
 }
 
 // scores[g][t - lo] = scale * q_g . k_t over 16 keys at a time: the bf16 products are exact and summed in float32

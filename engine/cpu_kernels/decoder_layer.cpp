@@ -11,6 +11,8 @@
 extern "C" {
 void spindle_gemm_bf16(const uint16_t* x, long ldx, int M, int K, const void* w, const float* scale, int N,
                        const uint16_t* bias, uint16_t* y, long ldy, float* yf, long ldyf, int threads);
+int spindle_gemm_bf16_silu(const uint16_t* x, long ldx, int M, int K, const void* w, const float* scale, int N,
+                           const uint16_t* bias, uint16_t* act, long ldact, int threads);
 void spindle_add_rms_norm(const uint16_t* x, long ldx, const uint16_t* h, long ldh, const uint16_t* w,
                           uint16_t* x_out, long ldxo, uint16_t* norm, long ldn, int rows, int n, float eps, int threads);
 void spindle_rope(uint16_t* x, long st, long sh, int tokens, int heads, int d, const uint16_t* cos,
@@ -73,10 +75,12 @@ int pick(const SpindleStep& s, long macs, long bytes) {
     return macs >= s.parallel_macs || bytes >= s.parallel_bytes ? s.threads : 1;
 }
 
+int threads_for(const SpindleStep& s, const Projection& p) {
+    return pick(s, (long)s.tokens * p.n * p.k, (p.scale ? 1L : 2L) * p.n * p.k);
+}
+
 void project(const SpindleStep& s, const Projection& p, const uint16_t* x, uint16_t* y) {
-    const long macs = (long)s.tokens * p.n * p.k;
-    const long bytes = (p.scale ? 1L : 2L) * p.n * p.k;
-    spindle_gemm_bf16(x, p.k, s.tokens, p.k, p.w, p.scale, p.n, p.bias, y, p.n, nullptr, 0, pick(s, macs, bytes));
+    spindle_gemm_bf16(x, p.k, s.tokens, p.k, p.w, p.scale, p.n, p.bias, y, p.n, nullptr, 0, threads_for(s, p));
 }
 
 uint16_t* scratch(std::vector<uint16_t>& v, long n) {
@@ -126,8 +130,11 @@ extern "C" void spindle_decoder_layer(const SpindleLayer* L, const SpindleStep* 
                              attn, q_size, d, pick(s, 2 * keys * q_size, 4 * keys * kv_size));
     project(s, l.o, attn, h);
     spindle_add_rms_norm(x, l.hidden, h, l.hidden, l.ln2, x, l.hidden, normed, l.hidden, t_n, l.hidden, l.eps, small);
-    project(s, l.gate_up, normed, gu);
-    spindle_silu_mul(gu, l.gate_up.n, act, inter, t_n, inter, pick(s, 0, 3L * t_n * l.gate_up.n));
+    const Projection& g = l.gate_up;
+    if (!spindle_gemm_bf16_silu(normed, g.k, t_n, g.k, g.w, g.scale, g.n, g.bias, act, inter, threads_for(s, g))) {
+        project(s, g, normed, gu);  // too many rows for the one call
+        spindle_silu_mul(gu, g.n, act, inter, t_n, inter, pick(s, 0, 3L * t_n * g.n));
+    }
     project(s, l.down, act, h);
     if (l.next_ln1) {
         spindle_add_rms_norm(x, l.hidden, h, l.hidden, l.next_ln1, x, l.hidden, normed, l.hidden, t_n, l.hidden, l.eps,

@@ -16,7 +16,7 @@ import torch
 
 from engine.cpu_kernels.build import kernel
 
-ABI = 3
+ABI = 4
 BLOCK = 16  # output columns per packed block
 _P = ctypes.c_void_p
 _ARGS = [_P, ctypes.c_long, ctypes.c_int, ctypes.c_int, _P, _P, ctypes.c_int, _P, _P, ctypes.c_long, _P,
@@ -26,6 +26,17 @@ _ARGS = [_P, ctypes.c_long, ctypes.c_int, ctypes.c_int, _P, _P, ctypes.c_int, _P
 @functools.cache
 def _kernel() -> Any:
     return kernel("gemm_bf16", ABI, _ARGS, check=_self_check)
+
+
+@functools.cache
+def _gated_kernel() -> Any:
+    """spindle_gemm_bf16_silu (the product's tiles, checked through _kernel()), or None where that is off."""
+    if _kernel() is None:
+        return None
+    fn = kernel("gemm_bf16", ABI, _ARGS[:8] + [_P, ctypes.c_long, ctypes.c_int], symbol="spindle_gemm_bf16_silu")
+    if fn is not None:
+        fn.restype = ctypes.c_int
+    return fn
 
 
 def _self_check(fn: Any) -> str | None:
@@ -125,6 +136,21 @@ class PackedWeight:
                      None if f32 else out.data_ptr(), out.stride(0), out.data_ptr() if f32 else None, out.stride(0),
                      threads)
         return out
+
+    def silu_mul(self, x: torch.Tensor, threads: int = 1) -> torch.Tensor | None:
+        """For a gate|up weight (N = 2n): bf16(bf16(silu(g)) * u) [M, n] where [g | u] = self(x), rounded as
+        self(x) then layer_ops.silu_mul round it, in one call that keeps [g | u] in registers; None where that call
+        does not apply (more rows than a decode step's, or n not a multiple of 16)."""
+        x2 = x if x.dim() == 2 and x.is_contiguous() and x.data_ptr() % 4 == 0 else x.reshape(-1, self.k).contiguous()
+        if x2.dtype is not torch.bfloat16 or x2.shape[1] != self.k:
+            raise TypeError(f"x must be bfloat16 [..., {self.k}], got {x2.dtype} {tuple(x.shape)}")
+        m, half = x2.shape[0], self.n // 2
+        act = torch.empty((m, half), dtype=torch.bfloat16)
+        fn = _gated_kernel()
+        if fn is None or m == 0 or not fn(x2.data_ptr(), self.k, m, self.k, self.w_ptr, self.scale_ptr, self.n,
+                                          self.bias_ptr, act.data_ptr(), half, threads):
+            return None
+        return act if x.dim() == 2 else act.view(*x.shape[:-1], half)
 
     def dense(self) -> torch.Tensor:
         """The weight [N, K] as packed (int8 without its scale)."""

@@ -17,7 +17,15 @@
 
 #include <vector>
 
+#include "simd.h"
+
 namespace {
+
+using spindle::exp512;
+using spindle::load_bf16_n;
+using spindle::narrow;
+using spindle::round_bf16;
+using spindle::widen;
 
 constexpr int kPrefetchLines = 96;  // lines ahead on each stream (6 KiB)
 
@@ -36,11 +44,22 @@ inline __m512bh pair_of(const uint8_t* p) {
     }
 }
 
+// Where a tile's results go: y (bf16) or yf (float32), both at the tile's first row and column. With `gate`
+// (bf16 at the same rows and columns of the gate's product) each result u becomes bf16(bf16(silu(gate)) * u),
+// as spindle_silu_mul rounds it.
+struct Dest {
+    uint16_t* y;
+    long ldy;
+    float* yf;
+    long ldyf;
+    const uint16_t* gate;
+    long ldg;
+};
+
 template <int MR, int NB, bool Q8>
 void tile(const uint32_t* __restrict xt, long ldxt, const uint8_t* __restrict w, long bstride, int kp0, int kp1,
           float* __restrict part, bool first, bool last, const float* __restrict scale,
-          const uint16_t* __restrict bias, int n0, int n_total, uint16_t* __restrict y, long ldy,
-          float* __restrict yf, long ldyf) {
+          const uint16_t* __restrict bias, int n0, int n_total, const Dest& out) {
     constexpr long ahead = kPrefetchLines * 64L, pair_bytes = Q8 ? 32 : 64;
     __m512 acc[MR][NB];
     for (int m = 0; m < MR; ++m)
@@ -74,12 +93,17 @@ void tile(const uint32_t* __restrict xt, long ldxt, const uint8_t* __restrict w,
         const __m512 s = Q8 ? _mm512_maskz_loadu_ps(mask, scale + n) : _mm512_setzero_ps();
         for (int m = 0; m < MR; ++m) {
             const __m512 sum = Q8 ? _mm512_fmadd_ps(acc[m][j], s, b) : _mm512_add_ps(acc[m][j], b);
-            __m256bh r = _mm512_cvtneps_pbh(sum);
-            if (yf)  // float32 out: the bf16 product widened, as (x @ W^T).float()
-                _mm512_mask_storeu_ps(yf + m * ldyf + n, mask,
-                                      _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)r), 16)));
+            __m256i r = narrow(sum);
+            if (out.gate) {
+                const __m512 g = load_bf16_n(out.gate + m * out.ldg + j * 16, mask);
+                const __m512 silu = round_bf16(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f),
+                                                                             exp512(_mm512_sub_ps(_mm512_setzero_ps(), g)))));
+                r = narrow(_mm512_mul_ps(silu, widen(r)));
+            }
+            if (out.yf)  // float32 out: the bf16 product widened, as (x @ W^T).float()
+                _mm512_mask_storeu_ps(out.yf + m * out.ldyf + j * 16, mask, widen(r));
             else
-                _mm256_mask_storeu_epi16(y + m * ldy + n, mask, (__m256i)r);
+                _mm256_mask_storeu_epi16(out.y + m * out.ldy + j * 16, mask, r);
         }
     }
 }
@@ -113,31 +137,43 @@ struct Chunk {
     float* part;
 };
 
+// `to`: where this tile's results go (null: c's y or yf at the tile's rows and columns)
 template <int MR, int NB, bool Q8>
-void run(const Call& c, int m0, int blk, const Chunk& k) {
+void run(const Call& c, int m0, int blk, const Chunk& k, const Dest* to) {
     const uint32_t* xt = c.xt + (long)(m0 / kTileRows) * c.kp_count * c.ldxt + m0 % kTileRows;
+    const long n0 = blk * 16L;
+    const Dest out = to ? *to : Dest{c.y ? c.y + m0 * c.ldy + n0 : nullptr, c.ldy,
+                                     c.yf ? c.yf + m0 * c.ldyf + n0 : nullptr, c.ldyf, nullptr, 0};
     tile<MR, NB, Q8>(xt, c.ldxt, c.w + blk * c.bstride, c.bstride, k.kp0, k.kp1, k.part, k.kp0 == 0,
-                 k.kp1 == c.kp_count, c.scale, c.bias, blk * 16, c.n_total,
-                 c.y ? c.y + m0 * c.ldy : nullptr, c.ldy, c.yf ? c.yf + m0 * c.ldyf : nullptr, c.ldyf);
+                     k.kp1 == c.kp_count, c.scale, c.bias, (int)n0, c.n_total, out);
 }
 
 // rows m0..m0+mr (mr <= 8) over NB blocks from blk; callers keep mr * NB <= 24 accumulators (the clamp
 // only keeps combinations that are never called from being instantiated too wide)
 template <int NB, bool Q8>
-void few_rows(const Call& c, int m0, int mr, int blk, const Chunk& k) {
-#define ROWS(R) case R: run<R, (R * NB <= 24 ? NB : 1), Q8>(c, m0, blk, k); break;
+void few_rows(const Call& c, int m0, int mr, int blk, const Chunk& k, const Dest* to = nullptr) {
+#define ROWS(R) case R: run<R, (R * NB <= 24 ? NB : 1), Q8>(c, m0, blk, k, to); break;
     switch (mr) { ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8) }
 #undef ROWS
 }
 
+// all rows (up to 8) over nb blocks from blk, nb one of 8, 4, 2, 1
+template <bool Q8>
+void wide_rows(const Call& c, int nb, int blk, const Chunk& k, const Dest* to = nullptr) {
+    if (nb == 8) few_rows<8, Q8>(c, 0, c.m, blk, k, to);
+    else if (nb == 4) few_rows<4, Q8>(c, 0, c.m, blk, k, to);
+    else if (nb == 2) few_rows<2, Q8>(c, 0, c.m, blk, k, to);
+    else few_rows<1, Q8>(c, 0, c.m, blk, k, to);
+}
+
 // rows m0..m0+16 (or fewer, at the end) of one block: one tile of all of them (a weight line feeds each row)
 template <bool Q8>
-void row_tile(const Call& c, int m0, int blk, const Chunk& k) {
+void row_tile(const Call& c, int m0, int blk, const Chunk& k, const Dest* to = nullptr) {
     const int mr = c.m - m0 < kTileRows ? c.m - m0 : kTileRows;
-#define ROWS(R) case R: run<R, 1, Q8>(c, m0, blk, k); return;
+#define ROWS(R) case R: run<R, 1, Q8>(c, m0, blk, k, to); return;
     switch (mr) { ROWS(9) ROWS(10) ROWS(11) ROWS(12) ROWS(13) ROWS(14) ROWS(15) ROWS(16) }
 #undef ROWS
-    few_rows<1, Q8>(c, m0, mr, blk, k);
+    few_rows<1, Q8>(c, m0, mr, blk, k, to);
 }
 
 // rows m0..m0+8 (or fewer) over nb (1 to 3) blocks from blk
@@ -146,6 +182,11 @@ void rows_by_3(const Call& c, int m0, int mr, int blk, int nb, const Chunk& k) {
     if (nb == 3) few_rows<3, Q8>(c, m0, mr, blk, k);
     else if (nb == 2) few_rows<2, Q8>(c, m0, mr, blk, k);
     else few_rows<1, Q8>(c, m0, mr, blk, k);
+}
+
+// Whether 17-32 rows go as two 16-row tiles block by block: both tiles' pairs of x and a block fit in L2
+inline bool two_tiles(const Call& c) {
+    return c.m > kTileRows && c.m <= 2 * kTileRows && 3L * c.kp_count * 64 <= kPairBytesInL2;
 }
 
 // One thread's blocks [b, b1), in three shapes of tile:
@@ -160,15 +201,13 @@ template <bool Q8>
 void blocks(const Call& c, int b, int b1, int wide) {
     const Chunk all{0, c.kp_count, nullptr};
     if (c.m <= 8) {
-        for (; b + wide <= b1; b += wide) {
-            if (wide == 8) few_rows<8, Q8>(c, 0, c.m, b, all);
-            else if (wide == 4) few_rows<4, Q8>(c, 0, c.m, b, all);
-            else few_rows<2, Q8>(c, 0, c.m, b, all);
+        for (int nb; b < b1; b += nb) {
+            nb = b + wide <= b1 ? wide : 1;
+            wide_rows<Q8>(c, nb, b, all);
         }
-        for (; b < b1; ++b) few_rows<1, Q8>(c, 0, c.m, b, all);
         return;
     }
-    if (c.m > kTileRows && c.m <= 2 * kTileRows && 3L * c.kp_count * 64 <= kPairBytesInL2) {
+    if (two_tiles(c)) {
         for (int blk = b; blk < b1; ++blk)  // both row tiles' pairs and the block stay in L2 for the second pass
             for (int m0 = 0; m0 < c.m; m0 += kTileRows) row_tile<Q8>(c, m0, blk, all);
         return;
@@ -202,6 +241,36 @@ void blocks(const Call& c, int b, int b1, int wide) {
         }
     }
     if (parts.capacity() * sizeof(float) > kKeepBytes) std::vector<float>().swap(parts);
+}
+
+// act = silu(x @ Wg^T) * (x @ Wu^T) over gate blocks [b, b1), for up to 32 rows (gated(c) says): W holds the
+// gate's `half` blocks, then the up's. Each gate tile's bf16 results wait in `gate` (L1) for the up tile of the
+// same rows and columns, whose epilogue writes act; the two products round as they do apart.
+inline bool gated(const Call& c) { return c.m <= kTileRows || two_tiles(c); }
+
+template <bool Q8>
+void gated_blocks(const Call& c, int b, int b1, int half, int wide, uint16_t* act, long ldact) {
+    const Chunk all{0, c.kp_count, nullptr};
+    uint16_t gate[2 * kTileRows * 16];  // 32 rows of one block, or 8 rows of 4 blocks
+    if (c.m <= 8) {  // (rows * wide * 16 <= 256 elements of `gate`: see `wide` below)
+        for (int nb; b < b1; b += nb) {
+            nb = b + wide <= b1 ? wide : 1;
+            const Dest g{gate, nb * 16L, nullptr, 0, nullptr, 0}, u{act + b * 16L, ldact, nullptr, 0, gate, nb * 16L};
+            wide_rows<Q8>(c, nb, b, all, &g);
+            wide_rows<Q8>(c, nb, b + half, all, &u);
+        }
+        return;
+    }
+    for (int blk = b; blk < b1; ++blk) {  // (17-32 rows: each block's second row tile reads it from L2)
+        for (int m0 = 0; m0 < c.m; m0 += kTileRows) {
+            const Dest g{gate + m0 * 16, 16, nullptr, 0, nullptr, 0};
+            row_tile<Q8>(c, m0, blk, all, &g);
+        }
+        for (int m0 = 0; m0 < c.m; m0 += kTileRows) {
+            const Dest u{act + m0 * ldact + blk * 16L, ldact, nullptr, 0, gate + m0 * 16, 16};
+            row_tile<Q8>(c, m0, blk + half, all, &u);
+        }
+    }
 }
 
 // dst[p * 16 + m] = src[m * ld + p] for m, p < 16: a 16 x 16 transpose of 32-bit elements (pairs of bf16)
@@ -241,22 +310,17 @@ inline void to_pairs(const uint32_t* src, long ld, int rows, int kp0, int kp1, u
 
 }  // namespace
 
-extern "C" int spindle_gemm_bf16_abi() { return 3; }
+extern "C" int spindle_gemm_bf16_abi() { return 4; }
 
-// x [M, K] bf16 with row stride ldx (elements, even); w packed as above, bf16, or int8 when `scale` (float32 [N])
-// is given; bias [N] bf16 or null; y [M, N] bf16 (row stride ldy) or, when yf is given, yf [M, N] float32 (row
-// stride ldyf). K must be even.
-extern "C" void spindle_gemm_bf16(const uint16_t* x, long ldx, int M, int K, const void* w, const float* scale,
-                                  int N, const uint16_t* bias, uint16_t* y, long ldy, float* yf, long ldyf,
-                                  int threads) {
-    static thread_local std::vector<uint32_t> xt_buf;
-    const int kp_count = K / 2, tiles = (M + kTileRows - 1) / kTileRows, ldxt = M < kTileRows ? M : kTileRows;
-    xt_buf.resize((size_t)tiles * kp_count * ldxt);
-    uint32_t* xt = xt_buf.data();
+namespace {
+
+// Both entries: x re-laid as pairs (Call::xt), then each thread's run of blocks. act (gated: the up blocks
+// follow the gate's `half`) takes silu(gate) * up; else the product goes to c's y or yf.
+void product(const Call& c, const uint16_t* x, long ldx, int threads, int half, uint16_t* act, long ldact) {
+    const int M = c.m, kp_count = c.kp_count, tiles = (M + kTileRows - 1) / kTileRows, ldxt = c.ldxt;
+    uint32_t* xt = (uint32_t*)c.xt;
     const uint32_t* x32 = (const uint32_t*)x;
-    const Call c{xt, ldxt, M, (const uint8_t*)w, (long)kp_count * (scale ? 32 : 64), kp_count, scale, bias, N, y, ldy,
-                 yf, ldyf};
-    const int n_blocks = (N + 15) / 16;
+    const int n_blocks = act ? half : (c.n_total + 15) / 16;
     const int wide = M <= 2 ? 8 : M <= 4 ? 4 : 2;  // blocks per tile of up to 8 rows: enough independent sums
 #pragma omp parallel num_threads(threads)
     {
@@ -280,8 +344,54 @@ extern "C" void spindle_gemm_bf16(const uint16_t* x, long ldx, int M, int K, con
         // (each loop's implied barrier: every row is in place before any tile reads it)
         const int t = omp_get_thread_num(), T = omp_get_num_threads();
         const int b0 = (int)((long)n_blocks * t / T), b1 = (int)((long)n_blocks * (t + 1) / T);
-        if (scale) blocks<true>(c, b0, b1, wide);
+        if (act && c.scale) gated_blocks<true>(c, b0, b1, half, wide, act, ldact);
+        else if (act) gated_blocks<false>(c, b0, b1, half, wide, act, ldact);
+        else if (c.scale) blocks<true>(c, b0, b1, wide);
         else blocks<false>(c, b0, b1, wide);
     }
-    if (xt_buf.capacity() * sizeof(uint32_t) > kKeepBytes) std::vector<uint32_t>().swap(xt_buf);
+}
+
+std::vector<uint32_t>& xt_for(int M, int K) {  // this thread's scratch for x as pairs
+    static thread_local std::vector<uint32_t> xt;
+    const int tiles = (M + kTileRows - 1) / kTileRows;
+    xt.resize((size_t)tiles * (K / 2) * (M < kTileRows ? M : kTileRows));
+    return xt;
+}
+
+void give_back(std::vector<uint32_t>& xt) {  // a long prefill's scratch is not kept
+    if (xt.capacity() * sizeof(uint32_t) > kKeepBytes) std::vector<uint32_t>().swap(xt);
+}
+
+}  // namespace
+
+// x [M, K] bf16 with row stride ldx (elements, even); w packed as above, bf16, or int8 when `scale` (float32 [N])
+// is given; bias [N] bf16 or null; y [M, N] bf16 (row stride ldy) or, when yf is given, yf [M, N] float32 (row
+// stride ldyf). K must be even.
+extern "C" void spindle_gemm_bf16(const uint16_t* x, long ldx, int M, int K, const void* w, const float* scale,
+                                  int N, const uint16_t* bias, uint16_t* y, long ldy, float* yf, long ldyf,
+                                  int threads) {
+    std::vector<uint32_t>& xt = xt_for(M, K);
+    const Call c{xt.data(), M < kTileRows ? M : kTileRows, M, (const uint8_t*)w, (long)(K / 2) * (scale ? 32 : 64),
+                 K / 2, scale, bias, N, y, ldy, yf, ldyf};
+    product(c, x, ldx, threads, 0, nullptr, 0);
+    give_back(xt);
+}
+
+// A gated MLP's first half in one call: act [M, N/2] (row stride ldact) = bf16(bf16(silu(g)) * u) where [g | u] =
+// x @ W^T + bias, each rounded to bf16, exactly as spindle_gemm_bf16 then spindle_silu_mul give it. Arguments as
+// spindle_gemm_bf16's. Returns 0 with nothing written where it does not apply (more than 32 rows, or 17-32 whose
+// pairs do not fit in L2, or N/2 not a multiple of 16): the caller then makes the two calls.
+extern "C" int spindle_gemm_bf16_silu(const uint16_t* x, long ldx, int M, int K, const void* w, const float* scale,
+                                      int N, const uint16_t* bias, uint16_t* act, long ldact, int threads) {
+    const Call probe{nullptr, M < kTileRows ? M : kTileRows, M, nullptr, 0, K / 2, scale, bias, N, nullptr, 0,
+                     nullptr, 0};
+    if (N % 32 || !gated(probe)) return 0;
+    std::vector<uint32_t>& xt = xt_for(M, K);
+    Call c = probe;
+    c.xt = xt.data();
+    c.w = (const uint8_t*)w;
+    c.bstride = (long)(K / 2) * (scale ? 32 : 64);
+    product(c, x, ldx, threads, N / 32, act, ldact);
+    give_back(xt);
+    return 1;
 }

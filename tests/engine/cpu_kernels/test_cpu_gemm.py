@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.cpu_kernels import gemm
+from engine.cpu_kernels import gemm, layer_ops
 
 pytestmark = pytest.mark.skipif(not gemm.available(), reason="no AVX512-BF16 CPU kernel here (CPU or compiler)")
 
@@ -143,3 +143,30 @@ def test_int8_equals_the_exact_dequantized_product_rounded_once(m: int, n: int, 
 def test_int8_streams_half_the_bytes_of_bf16() -> None:
     x, q, scale, _ = int8_data(1, 64, 256, seed=1)
     assert gemm.PackedWeight(q, scale=scale).nbytes * 2 == gemm.PackedWeight(q.bfloat16()).nbytes
+
+
+# gate|up then SiLU in one call: rows 1-8 (wide tiles), 9-16, 17-32 (two row tiles while their pairs fit in L2:
+# k 5600 does not); int8 and bias on the same paths
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 9, 16, 17, 32])
+@pytest.mark.parametrize("half, k", [(32, 64), (48, 1000), (160, 200), (32, 5600)])
+@pytest.mark.parametrize("int8", [False, True])
+def test_gated_product_is_bitwise_the_product_then_silu_mul(m: int, half: int, k: int, int8: bool) -> None:
+    if int8:
+        x, q, s, b = int8_data(m, 2 * half, k, seed=m + half)
+        packed = gemm.PackedWeight(q, b, scale=s)
+    else:
+        x, w, b = data(m, 2 * half, k, seed=m + half)
+        packed = gemm.PackedWeight(w, b)
+    for threads in (1, 2):
+        got = packed.silu_mul(x, threads)
+        if m > 16 and k == 5600:
+            assert got is None
+            continue
+        assert got is not None and got.shape == (m, half)
+        assert torch.equal(got, layer_ops.silu_mul(packed(x, threads)))
+
+
+@pytest.mark.parametrize("m, half", [(33, 32), (4, 40), (0, 32)])  # too many rows; half not whole blocks; none
+def test_gated_product_declines_what_it_does_not_take(m: int, half: int) -> None:
+    x, w, b = data(m, 2 * half, 64)
+    assert gemm.PackedWeight(w, b).silu_mul(x) is None

@@ -41,19 +41,19 @@ def ckpt(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 
 
 def decode_logits(path: Path, fused: bool, threads: int, monkeypatch: pytest.MonkeyPatch,
-                  quantization: str | None = None) -> list[torch.Tensor]:
-    """Five sequences of jumbled lengths: a prefill step, then six decode steps; the logits of each decode step."""
+                  quantization: str | None = None, count: int = 5) -> list[torch.Tensor]:
+    """`count` sequences of jumbled lengths: a prefill step, then six decode steps; the logits of each decode step."""
     with monkeypatch.context() as m:
         if not fused:
             m.setattr(CausalLM, "fused_decode", lambda model: None)
         torch.set_num_threads(threads)
-        runner = ModelRunner(EngineConfig(model=str(path), dtype="bfloat16", block_size=BLOCK, num_blocks=128,
+        runner = ModelRunner(EngineConfig(model=str(path), dtype="bfloat16", block_size=BLOCK, num_blocks=512,
                                           quantization=quantization))
-        free = list(range(128))
+        free = list(range(512))
         random.Random(1).shuffle(free)
         rng = random.Random(2)
         seqs = [Sequence.new(f"s{i}", [rng.randrange(3, 30_000) for _ in range(n)], SamplingParams(max_tokens=8), 0.0)
-                for i, n in enumerate([5, 1, 13, 4, 9])]
+                for i, n in enumerate(([5, 1, 13, 4, 9] * 8)[:count])]
         out: list[torch.Tensor] = []
         for step in range(7):
             batch = []
@@ -77,6 +77,15 @@ def test_fused_decode_is_bitwise_the_layer_by_layer_path(ckpt: Path, threads: in
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     fused = decode_logits(ckpt, True, threads, monkeypatch)
     plain = decode_logits(ckpt, False, threads, monkeypatch)
+    for a, b in zip(fused, plain):
+        assert torch.equal(a, b)
+
+
+# 5 rows: gate|up and SiLU in one call (wide tiles); 20: the same as two 16-row tiles; 40: the two calls
+@pytest.mark.parametrize("count", [20, 40])
+def test_fused_decode_is_bitwise_at_more_rows(ckpt: Path, count: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    fused = decode_logits(ckpt, True, 2, monkeypatch, count=count)
+    plain = decode_logits(ckpt, False, 2, monkeypatch, count=count)
     for a, b in zip(fused, plain):
         assert torch.equal(a, b)
 
