@@ -39,22 +39,6 @@ struct Args {
 
 constexpr int kMaxChunks = 16;  // head_dim up to 256, in chunks of 16 lanes
 
-// 16 vectors -> one: lane j holds the sum of v[j]'s 16 lanes
-inline __m512 sum16(__m512 v[16]) {
-    __m512 b[8], c[4];
-    for (int i = 0; i < 8; ++i)
-        b[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    for (int i = 0; i < 4; ++i) {  // per 128-bit lane: [v4i, v4i+1, v4i+2, v4i+3] partial sums
-        const __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(b[2 * i]), _mm512_castps_pd(b[2 * i + 1]));
-        const __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(b[2 * i]), _mm512_castps_pd(b[2 * i + 1]));
-        c[i] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
-    }
-    // c[i] lane block L holds keys 4i..4i+3 summed over block L: add the four blocks of each
-    const __m512 e0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
-    const __m512 e1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, 0x88), _mm512_shuffle_f32x4(e0, e1, 0xDD));
-}
-
 // A sequence's rows (of K or V, one KV head) in order through its block table: a pointer step per row, the
 // table read once per block, and only for a block a row is asked of (never past the table's end).
 struct Rows {
@@ -90,35 +74,59 @@ inline void prefetch_row(const uint16_t* row, int elements) {  // every 64-byte 
     for (uintptr_t at = (uintptr_t)row & ~(uintptr_t)63; at < end; at += 64) _mm_prefetch((const char*)at, _MM_HINT_T1);
 }
 
-// scores[g][t - lo] = scale * q_g . k_t over 16 keys at a time: the bf16 products are exact and summed in float32
-// (vdpbf16ps), each key's lanes folded by sum16. PAIRS (head_dim / 32) is a constant so that the 16 sums stay
-// in registers.
+// The scores of GN query heads over 16 keys: kt[p] holds pair p of k (two bf16) for each key, lane j key j; q
+// (pairs as 32-bit words, head g at q + g * ldq). Each head's 16 sums build up lane by lane, no fold: the bf16
+// products are exact and summed in float32 (vdpbf16ps) in two chains, even and odd pairs, then added.
+template <int GN, int PAIRS>
+void heads_of(const __m512i* kt, const uint32_t* q, long ldq, __m512 scale, float* s, long keys, __mmask16 mask) {
+    __m512 even[GN], odd[GN];
+    for (int g = 0; g < GN; ++g) even[g] = odd[g] = _mm512_setzero_ps();
+    for (int p = 0; p < 16 * PAIRS; p += 2) {
+        const __m512bh k0 = (__m512bh)kt[p], k1 = (__m512bh)kt[p + 1];
+        for (int g = 0; g < GN; ++g) {
+            even[g] = _mm512_dpbf16_ps(even[g], (__m512bh)_mm512_set1_epi32((int)q[g * ldq + p]), k0);
+            odd[g] = _mm512_dpbf16_ps(odd[g], (__m512bh)_mm512_set1_epi32((int)q[g * ldq + p + 1]), k1);
+        }
+    }
+    for (int g = 0; g < GN; ++g)
+        _mm512_mask_storeu_ps(s + g * keys, mask, _mm512_mul_ps(_mm512_add_ps(even[g], odd[g]), scale));
+}
+
+constexpr int kHeadsPerScorePass = 8;  // two chains of sums per head stay in registers
+
+// scores[g][t - lo] = scale * q_g . k_t, 16 keys at a time: their rows are transposed in registers (pairs of k
+// across keys), then every query head of the group reads them. PAIRS (head_dim / 32) is a constant so that the
+// transposed keys are an array the compiler lays out.
 template <int PAIRS>
 void scores_of(const Args& a, int b, int kvh, int lo, int n, float* scores) {
     const int group = a.heads / a.kv_heads, keys = n - lo;
     const int32_t* table = a.tables + (long)b * a.table_stride;
     const long head_off = (long)kvh * a.c_shead;
     const __m512 scale = _mm512_set1_ps(a.scale);
+    const uint32_t* q = (const uint32_t*)(a.q + (long)b * a.q_sb + (long)kvh * group * a.q_sh);
+    const long ldq = a.q_sh / 2;
     Rows walk(a, a.k, table, head_off, lo), ahead(a, a.k, table, head_off, lo);
     for (int t = lo; t < n && t < lo + kAheadKeys; ++t) prefetch_row(ahead.next(), 32 * PAIRS);
+    __m512i kt[16 * PAIRS];
     for (int t0 = lo; t0 < n; t0 += 16) {
         const int count = n - t0 < 16 ? n - t0 : 16;
         const uint16_t* krow[16];
         for (int j = 0; j < count; ++j) krow[j] = walk.next();
         for (int j = count; j < 16; ++j) krow[j] = krow[0];  // lanes past the end: computed, never stored
         for (int t = t0 + kAheadKeys; t < n && t < t0 + 16 + kAheadKeys; ++t) prefetch_row(ahead.next(), 32 * PAIRS);
-        for (int g = 0; g < group; ++g) {
-            const uint16_t* qp = a.q + (long)b * a.q_sb + (long)(kvh * group + g) * a.q_sh;
-            __m512bh qv[PAIRS];
-            for (int c = 0; c < PAIRS; ++c) qv[c] = (__m512bh)_mm512_loadu_si512(qp + 32 * c);
-            __m512 acc[16];
-            for (int j = 0; j < 16; ++j) {
-                acc[j] = _mm512_setzero_ps();
-                for (int c = 0; c < PAIRS; ++c)
-                    acc[j] = _mm512_dpbf16_ps(acc[j], qv[c], (__m512bh)_mm512_loadu_si512(krow[j] + 32 * c));
+        for (int c = 0; c < PAIRS; ++c) {  // 16 pairs of every key at a time
+            for (int j = 0; j < 16; ++j) kt[16 * c + j] = _mm512_loadu_si512(krow[j] + 32 * c);
+            spindle::transpose16(kt + 16 * c);
+        }
+        const __mmask16 mask = spindle::first_lanes(count);
+        for (int g0 = 0; g0 < group; g0 += kHeadsPerScorePass) {
+            const int gn = group - g0 < kHeadsPerScorePass ? group - g0 : kHeadsPerScorePass;
+            float* s = scores + (long)g0 * keys + (t0 - lo);
+            switch (gn) {
+#define HEADS(G) case G: heads_of<G, PAIRS>(kt, q + g0 * ldq, ldq, scale, s, keys, mask); break;
+                HEADS(1) HEADS(2) HEADS(3) HEADS(4) HEADS(5) HEADS(6) HEADS(7) HEADS(8)
+#undef HEADS
             }
-            const __mmask16 mask = (__mmask16)(count == 16 ? 0xFFFF : (1u << count) - 1);
-            _mm512_mask_storeu_ps(scores + (long)g * keys + (t0 - lo), mask, _mm512_mul_ps(sum16(acc), scale));
         }
     }
 }
@@ -144,11 +152,9 @@ void values_of(const Args& a, const int32_t* table, long head_off, int lo, int n
     for (int t = 0; t < n - lo; ++t) {
         if (t + kAheadKeys < n - lo) prefetch_row(ahead.next(), 16 * CN);
         const uint16_t* vp = walk.next();
-        __m512 vv[CN];
-        for (int c = 0; c < CN; ++c) vv[c] = load_bf16(vp + 16 * c);
-        for (int g = 0; g < GN; ++g) {
-            const __m512 pg = _mm512_set1_ps(p[g * keys + t]);
-            for (int c = 0; c < CN; ++c) acc[g][c] = _mm512_fmadd_ps(pg, vv[c], acc[g][c]);
+        for (int c = 0; c < CN; ++c) {  // one chunk of the row live at a time: GN * CN sums, a value, a weight
+            const __m512 v = load_bf16(vp + 16 * c);
+            for (int g = 0; g < GN; ++g) acc[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(p[g * keys + t]), v, acc[g][c]);
         }
     }
     for (int g = 0; g < GN; ++g)
@@ -161,9 +167,9 @@ constexpr int kHeadsAtOnce = 8;  // query heads per pass over the values (the re
 template <int GN>
 void values_cols(const Args& a, const int32_t* table, long head_off, int lo, int n, const float* p, long keys,
                  int c0, int cn, uint16_t* out, long o_sh) {
-    switch (cn) {  // up to 24 sums: 1 to 4 chunks of 16 columns at once (4 only for GN <= 6, as values_any
+    switch (cn) {  // up to 28 sums: 1 to 4 chunks of 16 columns at once (4 only for GN <= 7, as values_any
                    // passes it: the clamp keeps wider tiles from being instantiated)
-        case 4: values_of<GN, (GN <= 6 ? 4 : 1)>(a, table, head_off, lo, n, p, keys, c0, out, o_sh); return;
+        case 4: values_of<GN, (GN <= 7 ? 4 : 1)>(a, table, head_off, lo, n, p, keys, c0, out, o_sh); return;
         case 3: values_of<GN, 3>(a, table, head_off, lo, n, p, keys, c0, out, o_sh); return;
         case 2: values_of<GN, 2>(a, table, head_off, lo, n, p, keys, c0, out, o_sh); return;
         default: values_of<GN, 1>(a, table, head_off, lo, n, p, keys, c0, out, o_sh); return;
@@ -172,7 +178,7 @@ void values_cols(const Args& a, const int32_t* table, long head_off, int lo, int
 
 void values_any(const Args& a, const int32_t* table, long head_off, int lo, int n, const float* p, long keys,
                 int gn, int chunks, uint16_t* out, long o_sh) {
-    const int most = gn <= 6 ? 4 : 3;  // chunks per pass: gn * most <= 24
+    const int most = gn <= 7 ? 4 : 3;  // chunks per pass: gn * most <= 28
     for (int c0 = 0; c0 < chunks; c0 += most) {
         const int cn = chunks - c0 < most ? chunks - c0 : most;
         switch (gn) {

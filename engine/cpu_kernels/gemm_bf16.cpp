@@ -275,27 +275,10 @@ void gated_blocks(const Call& c, int b, int b1, int half, int wide, uint16_t* ac
 
 // dst[p * 16 + m] = src[m * ld + p] for m, p < 16: a 16 x 16 transpose of 32-bit elements (pairs of bf16)
 inline void transpose16(const uint32_t* src, long ld, uint32_t* dst) {
-    __m512i r[16], t[16];
+    __m512i r[16];
     for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * ld);
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    for (int h = 0; h < 16; h += 8)
-        for (int i = 0; i < 4; ++i) {
-            t[h + i] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0x88);
-            t[h + i + 4] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0xdd);
-        }
-    for (int i = 0; i < 8; ++i) {
-        _mm512_storeu_si512(dst + i * 16, _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88));
-        _mm512_storeu_si512(dst + (i + 8) * 16, _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd));
-    }
+    spindle::transpose16(r);
+    for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + i * 16, r[i]);
 }
 
 // A row tile's pairs [kp0, kp1) side by side: dst[kp * ldd + m] = src[m * ld + kp] for m < rows (a full tile 16
