@@ -21,10 +21,8 @@
 
 namespace {
 
-using spindle::exp512;
 using spindle::load_bf16_n;
 using spindle::narrow;
-using spindle::round_bf16;
 using spindle::widen;
 
 constexpr int kPrefetchLines = 96;  // lines ahead on each stream (6 KiB)
@@ -96,9 +94,7 @@ void tile(const uint32_t* __restrict xt, long ldxt, const uint8_t* __restrict w,
             __m256i r = narrow(sum);
             if (out.gate) {
                 const __m512 g = load_bf16_n(out.gate + m * out.ldg + j * 16, mask);
-                const __m512 silu = round_bf16(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f),
-                                                                             exp512(_mm512_sub_ps(_mm512_setzero_ps(), g)))));
-                r = narrow(_mm512_mul_ps(silu, widen(r)));
+                r = narrow(_mm512_mul_ps(spindle::silu_bf16(g), widen(r)));
             }
             if (out.yf)  // float32 out: the bf16 product widened, as (x @ W^T).float()
                 _mm512_mask_storeu_ps(out.yf + m * out.ldyf + j * 16, mask, widen(r));
@@ -314,7 +310,7 @@ void product(const Call& c, const uint16_t* x, long ldx, int threads, int half, 
                 const int m0 = tile * kTileRows, rows = M - m0 < kTileRows ? M - m0 : kTileRows;
                 to_pairs(x32 + m0 * ld, ld, rows, 0, kp_count, xt + (long)tile * kp_count * ldxt, ldxt);
             }
-        } else {  // by 16 pairs of k, so that no two threads write one 64-byte line of a full tile
+        } else {  // by 16 pairs of k: no two threads write one 64-byte line of a full tile (fewer rows may share one)
             const int groups = (kp_count + 15) / 16;
 #pragma omp for schedule(static)
             for (int g = 0; g < groups; ++g)

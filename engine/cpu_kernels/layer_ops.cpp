@@ -11,7 +11,6 @@
 
 namespace {
 
-using spindle::exp512;
 using spindle::narrow;
 using spindle::round_bf16;
 inline __m512 load_n(const uint16_t* p, __mmask16 m) { return spindle::load_bf16_n(p, m); }
@@ -83,9 +82,7 @@ extern "C" void spindle_silu_mul(const uint16_t* gu, long ldg, uint16_t* out, lo
         const uint16_t* g = gu + r * ldg;
         for (int i = 0; i < n; i += 16) {
             const __mmask16 m = first(n - i);
-            const __m512 x = load_n(g + i, m);
-            const __m512 silu = round_bf16(_mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f),
-                                                                            exp512(_mm512_sub_ps(_mm512_setzero_ps(), x)))));
+            const __m512 silu = spindle::silu_bf16(load_n(g + i, m));
             _mm256_mask_storeu_epi16(out + r * ldo + i, m, narrow(_mm512_mul_ps(silu, load_n(g + n + i, m))));
         }
     }

@@ -30,6 +30,11 @@ inline __m512 exp512(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
+// bf16(silu(x)) = bf16(x / (1 + e^-x)), rounded as torch's bf16 F.silu rounds it
+inline __m512 silu_bf16(__m512 x) {
+    return round_bf16(_mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), x)))));
+}
+
 // A 16 x 16 transpose of 32-bit words in registers: r[i] holds row i on the way in, word i of every row (lane j:
 // row j's) on the way out.
 inline void transpose16(__m512i r[16]) {
