@@ -247,8 +247,8 @@ inline bool gated(const Call& c) { return c.m <= kTileRows || two_tiles(c); }
 template <bool Q8>
 void gated_blocks(const Call& c, int b, int b1, int half, int wide, uint16_t* act, long ldact) {
     const Chunk all{0, c.kp_count, nullptr};
-    uint16_t gate[2 * kTileRows * 16];  // 32 rows of one block, or 8 rows of 4 blocks
-    if (c.m <= 8) {  // (rows * wide * 16 <= 256 elements of `gate`: see `wide` below)
+    uint16_t gate[2 * kTileRows * 16];  // 32 rows of one block, or up to 8 rows of `wide` blocks
+    if (c.m <= 8) {  // (rows * wide <= 16, as product() sets `wide`)
         for (int nb; b < b1; b += nb) {
             nb = b + wide <= b1 ? wide : 1;
             const Dest g{gate, nb * 16L, nullptr, 0, nullptr, 0}, u{act + b * 16L, ldact, nullptr, 0, gate, nb * 16L};
