@@ -250,10 +250,11 @@ class ModelRunner:
                           len(sample_rows), prompt_rows)
 
     def _logits_buffer(self, n: int) -> torch.Tensor:
-        """[n, vocab] float32 reused across steps: fresh 150k-wide logits fault in new pages every step."""
+        """[n, head's vocab] float32 reused across steps: fresh 150k-wide logits fault in new pages every step."""
         buf = self._logits
         if buf is None or buf.shape[0] < n:
-            buf = self._logits = torch.empty(max(n, 8), self.vocab_size, dtype=torch.float32, device=self.device)
+            buf = self._logits = torch.empty(max(n, 8), self.model.head.vocab, dtype=torch.float32,
+                                             device=self.device)
         return buf[:n]
 
     def _forward(self, batch: list[ScheduledSeq], inputs: StepInputs) -> torch.Tensor:
@@ -289,8 +290,8 @@ class ModelRunner:
             self.audio.note_no_speech(batch, hidden)
         # The LM head only for rows someone reads: it dominates the cost of small models.
         sampled = hidden if inputs.sample_rows is None else hidden[inputs.sample_rows]
-        # CPU (transposed head) only; a padded head's extra columns go to a fresh tensor, trimmed by the sampler
-        reuse = self.model.head.fills_out and self.model.head.vocab == self.vocab_size
+        # CPU only; a padded head's extra columns (past the tokenizer's vocabulary) are trimmed by the sampler
+        reuse = self.model.head.fills_out and self.model.head.vocab >= self.vocab_size
         out = self._logits_buffer(inputs.num_samples) if reuse else None
         if inputs.num_samples:
             # the process's threads as they are now (another runner in this process may have remade the pool)

@@ -167,6 +167,29 @@ def test_bfloat16_runs_close_to_transformers(llama_ckpt: Path) -> None:
     assert int(out.logits[0].argmax()) == int(ref.argmax())
 
 
+def test_a_padded_bf16_heads_logits_come_in_the_reused_buffer(tmp_path: Path) -> None:
+    from engine.models.random_checkpoint import write_random_checkpoint
+    from tests.conftest import TINY
+
+    # Qwen2's tokenizer has 151,665 tokens; a head of 151,936 rows (as Qwen2.5's) pads past them
+    path = write_random_checkpoint(tmp_path / "padded", "qwen2", **TINY, vocab_size=151_936, tie_word_embeddings=True,
+                                   rope_theta=1_000_000.0)
+    runner = make_runner(path, dtype="bfloat16")  # its head always writes into the caller's buffer
+    assert runner.model.head.vocab == 151_936 > runner.vocab_size
+    blocks = Blocks(64, seed=14)
+    seqs = [new_seq(str(i), prompt(6, seed=15 + i)) for i in range(2)]
+    step(runner, blocks, [(s, 5) for s in seqs])
+    first = step(runner, blocks, [(s, 1) for s in seqs]).logits  # the prompts' last rows
+    for s in seqs:
+        s.token_ids.append(7)
+    second = step(runner, blocks, [(s, 1) for s in seqs]).logits
+    # one buffer, the head's width (the sampler trims it): no fresh 150k-wide rows each step
+    assert first.data_ptr() == second.data_ptr() and second.shape == (2, 151_936)
+    hf = hf_model(path)
+    ref = hf_logits(hf, seqs[0].token_ids)[-1]
+    assert int(second[0, :runner.vocab_size].argmax()) == int(ref[:runner.vocab_size].argmax())
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_int8_weights_run_close_to_transformers(llama_ckpt: Path, dtype: str) -> None:
     """--quantization int8: prefill and decode logits within the int8 grid's error of the float32 model."""
