@@ -88,8 +88,16 @@ class KernelLinear(Linear):
         self._macs_per_row, self._bytes = self.out_features * self.in_features, self.packed.nbytes
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.packed(x, self._threads(x))
+
+    def silu_mul(self, x: torch.Tensor) -> torch.Tensor | None:
+        """For a gate|up weight: silu(gate) * up of self(x) in one call, rounded as the two steps are; None
+        where the kernel declines (more rows than a decode step's): then call self(x) and layer_ops.silu_mul."""
+        return self.packed.silu_mul(x, self._threads(x))
+
+    def _threads(self, x: torch.Tensor) -> int:
         rows = x.numel() // self.in_features
-        return self.packed(x, WORKERS.threads_for(rows * self._macs_per_row, self._bytes))
+        return WORKERS.threads_for(rows * self._macs_per_row, self._bytes)
 
     def dense_weight(self) -> torch.Tensor:
         w, scale = self.packed.dense(), self.packed.scale

@@ -45,6 +45,10 @@ class GatedMLP:
         self.gate_up, self.down, self.act = gate_up, down, act
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.act is F.silu and isinstance(self.gate_up, KernelLinear):  # [g | u] stays in registers
+            act = self.gate_up.silu_mul(x)
+            if act is not None:
+                return self.down(act)
         gate_up = self.gate_up(x)
         if self.act is F.silu and layer_ops.usable(gate_up):  # bf16 on CPU: one pass, rounded as below
             return self.down(layer_ops.silu_mul(gate_up, WORKERS.threads_for(0, 3 * gate_up.numel())))
