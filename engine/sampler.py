@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.cpu_kernels import argmax as cpu_argmax
 from engine.messages import SamplingParams, TokenLogprobs
 from engine.sequence import Sequence
 
@@ -65,6 +66,9 @@ class Sampler:
         process = [i for i, (s, p) in enumerate(zip(seqs, params)) if _needs_processing(s, p)]
         want_lp = [i for i, p in enumerate(params) if p.logprobs is not None]
         if all(greedy) and not process and not want_lp and logits.dtype == torch.float32:
+            picked = cpu_argmax.argmax(logits, torch.get_num_threads())  # one pass; None: not here, or a bad row
+            if picked is not None:
+                return SamplerOutput(picked.tolist(), [None] * len(seqs))
             maxima = _chunk_maxima(logits)  # doubles as the NaN / +inf check
             if bool(torch.isfinite(maxima.amax(-1)).all()):
                 return SamplerOutput(_argmax(logits, maxima).tolist(), [None] * len(seqs))

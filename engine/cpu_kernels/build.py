@@ -98,9 +98,9 @@ def load(flags: tuple[str, ...], needs: frozenset[str]) -> ctypes.CDLL | None:
 
 
 def kernel(name: str, abi: int, argtypes: list[Any], symbol: str | None = None,
-           check: Callable[[Any], str | None] | None = None) -> Any:
+           check: Callable[[Any], str | None] | None = None, restype: Any = None) -> Any:
     """The C function `symbol` (default spindle_<name>) of <name>.cpp, built with FLAGS where the CPU has NEEDS
-    and typed with `argtypes`, or None (with a warning saying why) when it cannot run here, <name>.cpp answers
+    and typed with `argtypes` and `restype`, or None (with a warning saying why) when it cannot run here, <name>.cpp answers
     another ABI than `abi`, or `check(fn)` (a self-check against torch: a broken build must not reach a model)
     names a fault."""
     lib = load(FLAGS, NEEDS)
@@ -111,7 +111,7 @@ def kernel(name: str, abi: int, argtypes: list[Any], symbol: str | None = None,
         log.warning("CPU kernel %s off: its library answers ABI %s, not %s", name, got, abi)
         return None
     fn = getattr(lib, symbol or f"spindle_{name}")
-    fn.argtypes, fn.restype = argtypes, None
+    fn.argtypes, fn.restype = argtypes, restype
     if check is not None and (why := check(fn)) is not None:
         log.warning("CPU kernel %s off: %s", name, why)
         return None

@@ -33,10 +33,8 @@ def _gated_kernel() -> Any:
     """spindle_gemm_bf16_silu (the product's tiles, checked through _kernel()), or None where that is off."""
     if _kernel() is None:
         return None
-    fn = kernel("gemm_bf16", ABI, _ARGS[:8] + [_P, ctypes.c_long, ctypes.c_int], symbol="spindle_gemm_bf16_silu")
-    if fn is not None:
-        fn.restype = ctypes.c_int
-    return fn
+    return kernel("gemm_bf16", ABI, _ARGS[:8] + [_P, ctypes.c_long, ctypes.c_int], symbol="spindle_gemm_bf16_silu",
+                  restype=ctypes.c_int)
 
 
 def _self_check(fn: Any) -> str | None:

@@ -44,7 +44,8 @@ inline __m512bh pair_of(const uint8_t* p) {
 
 // Where a tile's results go: y (bf16) or yf (float32), both at the tile's first row and column. With `gate`
 // (bf16 at the same rows and columns of the gate's product) each result u becomes bf16(bf16(silu(gate)) * u),
-// as spindle_silu_mul rounds it.
+// as spindle_silu_mul rounds it. `stream`: yf's full, aligned lines bypass the caches (a large output, as an LM
+// head's logits, would only be pushed out by the weights streaming after it; the caller fences).
 struct Dest {
     uint16_t* y;
     long ldy;
@@ -52,6 +53,7 @@ struct Dest {
     long ldyf;
     const uint16_t* gate;
     long ldg;
+    bool stream;
 };
 
 template <int MR, int NB, bool Q8>
@@ -96,10 +98,10 @@ void tile(const uint32_t* __restrict xt, long ldxt, const uint8_t* __restrict w,
                 const __m512 g = load_bf16_n(out.gate + m * out.ldg + j * 16, mask);
                 r = narrow(_mm512_mul_ps(spindle::silu_bf16(g), widen(r)));
             }
-            if (out.yf)  // float32 out: the bf16 product widened, as (x @ W^T).float()
-                _mm512_mask_storeu_ps(out.yf + m * out.ldyf + j * 16, mask, widen(r));
-            else
-                _mm256_mask_storeu_epi16(out.y + m * out.ldy + j * 16, mask, r);
+            float* f = out.yf ? out.yf + m * out.ldyf + j * 16 : nullptr;  // float32 out: the bf16 product widened
+            if (!f) _mm256_mask_storeu_epi16(out.y + m * out.ldy + j * 16, mask, r);
+            else if (out.stream && mask == 0xffff && (uintptr_t)f % 64 == 0) _mm512_stream_ps(f, widen(r));
+            else _mm512_mask_storeu_ps(f, mask, widen(r));
         }
     }
 }
@@ -107,6 +109,7 @@ void tile(const uint32_t* __restrict xt, long ldxt, const uint8_t* __restrict w,
 constexpr int kTileRows = 16;
 constexpr long kPanelBytes = 256 << 10;  // weights one thread keeps in its L2 while every row tile passes
 constexpr size_t kKeepBytes = 64 << 20;  // scratch above this is given back after the call (a long prefill's)
+constexpr long kStreamBytes = 64 << 20;  // a product moving this much (weights and float32 out) streams its out
 constexpr int kChunkPairs = 768;  // pairs of k per chunk for 8x3 tiles: a weight panel stays in L2 while row tiles pass
 constexpr long kPairBytesInL2 = 512 << 10;  // 17-32 rows: two row tiles' pairs of x and a block of weights
 constexpr int kGroupTiles = 32;  // row tiles per group: a group's rows of x stay in L3 while every panel passes
@@ -125,6 +128,7 @@ struct Call {
     long ldy;
     float* yf;
     long ldyf;
+    bool stream;  // yf's lines bypass the caches (Dest::stream)
 };
 
 // Which pairs of k a tile sums this time, and where its sums wait between chunks.
@@ -139,7 +143,7 @@ void run(const Call& c, int m0, int blk, const Chunk& k, const Dest* to) {
     const uint32_t* xt = c.xt + (long)(m0 / kTileRows) * c.kp_count * c.ldxt + m0 % kTileRows;
     const long n0 = blk * 16L;
     const Dest out = to ? *to : Dest{c.y ? c.y + m0 * c.ldy + n0 : nullptr, c.ldy,
-                                     c.yf ? c.yf + m0 * c.ldyf + n0 : nullptr, c.ldyf, nullptr, 0};
+                                     c.yf ? c.yf + m0 * c.ldyf + n0 : nullptr, c.ldyf, nullptr, 0, c.stream};
     tile<MR, NB, Q8>(xt, c.ldxt, c.w + blk * c.bstride, c.bstride, k.kp0, k.kp1, k.part, k.kp0 == 0,
                      k.kp1 == c.kp_count, c.scale, c.bias, (int)n0, c.n_total, out);
 }
@@ -327,6 +331,7 @@ void product(const Call& c, const uint16_t* x, long ldx, int threads, int half, 
         else if (act) gated_blocks<false>(c, b0, b1, half, wide, act, ldact);
         else if (c.scale) blocks<true>(c, b0, b1, wide);
         else blocks<false>(c, b0, b1, wide);
+        if (c.stream) _mm_sfence();  // the streamed lines are in memory before the team's barrier
     }
 }
 
@@ -350,8 +355,10 @@ extern "C" void spindle_gemm_bf16(const uint16_t* x, long ldx, int M, int K, con
                                   int N, const uint16_t* bias, uint16_t* y, long ldy, float* yf, long ldyf,
                                   int threads) {
     std::vector<uint32_t>& xt = xt_for(M, K);
+    const long moved = (long)N * K * (scale ? 1 : 2) + (long)M * N * 4;  // past a large L3: out would not stay
+    const bool stream = yf && moved >= kStreamBytes && (uintptr_t)yf % 64 == 0 && ldyf % 16 == 0;
     const Call c{xt.data(), M < kTileRows ? M : kTileRows, M, (const uint8_t*)w, (long)(K / 2) * (scale ? 32 : 64),
-                 K / 2, scale, bias, N, y, ldy, yf, ldyf};
+                 K / 2, scale, bias, N, y, ldy, yf, ldyf, stream};
     product(c, x, ldx, threads, 0, nullptr, 0);
     give_back(xt);
 }

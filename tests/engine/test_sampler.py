@@ -273,6 +273,30 @@ def test_nan_and_inf_rows_do_not_crash() -> None:
             assert out[1] != 2 and out[2] == 5
 
 
+@pytest.mark.skipif(sampler_mod.cpu_argmax._kernel() is None, reason="no AVX-512 CPU kernel here")
+def test_greedy_rows_take_the_cpu_argmax_and_bad_rows_the_careful_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """All-greedy float32 logits: one kernel pass picks torch.argmax's tokens, on a padded head's trimmed view
+    too; a NaN or +inf row makes the kernel decline and the careful path decides, as before."""
+    real, calls = sampler_mod.cpu_argmax.argmax, []
+
+    def counted(x: torch.Tensor, threads: int = 1) -> torch.Tensor | None:
+        got = real(x, threads)
+        calls.append(got is not None)
+        return got
+    monkeypatch.setattr(sampler_mod.cpu_argmax, "argmax", counted)
+    V, greedy = 3000, SamplingParams(max_tokens=1, temperature=0.0)
+    logits = torch.randn(5, V + 64)  # 64 padded columns past the vocabulary
+    logits[:, V:] = 100.0
+    logits[1, :V] = 0.0  # all tied: column 0
+    out = sampler(V).sample(logits, [seq(greedy)] * 5).token_ids
+    assert calls == [True] and out == logits[:, :V].argmax(-1).tolist()
+    logits[2, 7] = math.nan
+    logits[3, 9] = math.inf
+    out = sampler(V).sample(logits, [seq(greedy)] * 5).token_ids
+    assert calls == [True, False] and out[3] == 9 and out[2] != 7
+    assert [out[i] for i in (0, 1, 4)] == logits[[0, 1, 4], :V].argmax(-1).tolist()
+
+
 def test_fast_path_does_not_modify_logits() -> None:
     logits = torch.randn(4, 20)
     before = logits.clone()

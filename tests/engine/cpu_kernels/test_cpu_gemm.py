@@ -64,6 +64,21 @@ def test_float32_out_is_the_bf16_product_widened_in_a_wider_buffer() -> None:
     assert bool(buf[:, :10].isnan().all()) and bool(buf[:, 60:].isnan().all())  # nothing outside its columns
 
 
+@pytest.mark.parametrize("m, k", [(2, 512), (40, 64)])  # an LM head's few rows; a prefill's large out
+def test_float32_out_of_a_large_product_bypasses_the_caches_and_is_the_same(m: int, k: int) -> None:
+    """A product moving 64 MiB or more (weights and float32 out) stores out's full lines around the caches; a
+    buffer whose rows do not start on a line takes the plain stores. Both are the bf16 product widened."""
+    n = 65_541 if m == 2 else 270_011  # a short last block (masked, plain stores)
+    x, w, b = data(m, n, k, seed=k)
+    packed = gemm.PackedWeight(w, b)
+    assert n * k * 2 + m * n * 4 >= 64 << 20
+    want = packed(x, threads=2).float()
+    lined = torch.empty(m, (n + 15) // 16 * 16)  # rows on 64-byte lines: streamed
+    assert torch.equal(packed(x, threads=2, out=lined[:, :n]), want)
+    odd = torch.empty(m, n + 5)  # rows off the lines: plain stores
+    assert torch.equal(packed(x, threads=1, out=odd[:, :n]), want)
+
+
 def test_strided_and_odd_offset_activations() -> None:
     x, w, b = data(6, 24, 64)
     packed = gemm.PackedWeight(w, b)
