@@ -30,6 +30,18 @@ def mlp(hidden: int, inter: int, quantization: str | None, seed: int = 0) -> Gat
     return GatedMLP(KernelLinear(gate_up, None, quantization), KernelLinear(down, None, quantization), F.silu)
 
 
+def count_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The out_features of every KernelLinear called from now on, in order."""
+    calls: list[int] = []
+    real = KernelLinear.__call__
+
+    def counted(self: KernelLinear, x: torch.Tensor) -> torch.Tensor:
+        calls.append(self.out_features)
+        return real(self, x)
+    monkeypatch.setattr(KernelLinear, "__call__", counted)
+    return calls
+
+
 @needs_kernel
 @pytest.mark.parametrize("quantization", [None, "int8"])
 @pytest.mark.parametrize("rows,workers", [(1, 1), (7, 2), (16, 2), (20, 1), (32, 2)])
@@ -39,13 +51,7 @@ def test_gated_mlp_takes_the_gated_product_up_to_32_rows(monkeypatch: pytest.Mon
     m = mlp(128, 96, quantization)
     x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows)).bfloat16()
     want = m.down(layer_ops.silu_mul(m.gate_up(x)))  # the two calls
-    calls: list[int] = []
-    real = KernelLinear.__call__
-
-    def counted(self: KernelLinear, x: torch.Tensor) -> torch.Tensor:
-        calls.append(self.out_features)
-        return real(self, x)
-    monkeypatch.setattr(KernelLinear, "__call__", counted)
+    calls = count_calls(monkeypatch)
     got = m(x)
     assert calls == [128]  # down alone: gate|up went through the gated product
     assert torch.equal(got, want)
@@ -56,13 +62,7 @@ def test_gated_mlp_past_32_rows_makes_the_two_calls(monkeypatch: pytest.MonkeyPa
     m = mlp(128, 96, None)
     x = torch.randn(2, 20, 128, generator=torch.Generator().manual_seed(3)).bfloat16()  # 40 rows, batched shape
     want = m.down(layer_ops.silu_mul(m.gate_up(x)))
-    calls: list[int] = []
-    real = KernelLinear.__call__
-
-    def counted(self: KernelLinear, x: torch.Tensor) -> torch.Tensor:
-        calls.append(self.out_features)
-        return real(self, x)
-    monkeypatch.setattr(KernelLinear, "__call__", counted)
+    calls = count_calls(monkeypatch)
     got = m(x)
     assert calls == [192, 128]
     assert got.shape == (2, 20, 128) and torch.equal(got, want)
