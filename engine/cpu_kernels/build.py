@@ -100,9 +100,9 @@ def load(flags: tuple[str, ...], needs: frozenset[str]) -> ctypes.CDLL | None:
 def kernel(name: str, abi: int, argtypes: list[Any], symbol: str | None = None,
            check: Callable[[Any], str | None] | None = None, restype: Any = None) -> Any:
     """The C function `symbol` (default spindle_<name>) of <name>.cpp, built with FLAGS where the CPU has NEEDS
-    and typed with `argtypes` and `restype`, or None (with a warning saying why) when it cannot run here, <name>.cpp answers
-    another ABI than `abi`, or `check(fn)` (a self-check against torch: a broken build must not reach a model)
-    names a fault."""
+    and typed with `argtypes` and `restype`, or None (with a warning saying why) when it cannot run here,
+    <name>.cpp answers another ABI than `abi`, or `check(fn)` (a self-check against torch: a broken build must not
+    reach a model) names a fault."""
     lib = load(FLAGS, NEEDS)
     if lib is None:
         return None
