@@ -18,6 +18,7 @@ from engine.cpu_kernels.build import kernel
 
 ABI = 4
 BLOCK = 16  # output columns per packed block
+_GATED_ROWS = 32  # the gated call takes up to two row tiles (gemm_bf16.cpp: gated())
 _P = ctypes.c_void_p
 _ARGS = [_P, ctypes.c_long, ctypes.c_int, ctypes.c_int, _P, _P, ctypes.c_int, _P, _P, ctypes.c_long, _P,
          ctypes.c_long, ctypes.c_int]
@@ -139,14 +140,16 @@ class PackedWeight:
         """For a gate|up weight (N = 2n): bf16(bf16(silu(g)) * u) [M, n] where [g | u] = self(x), rounded as
         self(x) then layer_ops.silu_mul round it, in one call that keeps [g | u] in registers; None where that call
         does not apply (more rows than a decode step's, or n not a multiple of 16)."""
-        x2 = x if x.dim() == 2 and x.is_contiguous() and x.data_ptr() % 4 == 0 else x.reshape(-1, self.k).contiguous()
-        if x2.dtype is not torch.bfloat16 or x2.shape[1] != self.k:
-            raise TypeError(f"x must be bfloat16 [..., {self.k}], got {x2.dtype} {tuple(x.shape)}")
-        m, half = x2.shape[0], self.n // 2
-        act = torch.empty((m, half), dtype=torch.bfloat16)
+        if x.dtype is not torch.bfloat16 or x.dim() == 0 or x.shape[-1] != self.k:
+            raise TypeError(f"x must be bfloat16 [..., {self.k}], got {x.dtype} {tuple(x.shape)}")
+        m, half = x.numel() // self.k, self.n // 2
         fn = _gated_kernel()
-        if fn is None or m == 0 or not fn(x2.data_ptr(), self.k, m, self.k, self.w_ptr, self.scale_ptr, self.n,
-                                          self.bias_ptr, act.data_ptr(), half, threads):
+        if fn is None or not 0 < m <= _GATED_ROWS or self.n % 32:  # declined before a prefill's rows are copied
+            return None
+        x2 = x if x.dim() == 2 and x.is_contiguous() and x.data_ptr() % 4 == 0 else x.reshape(-1, self.k).contiguous()
+        act = torch.empty((m, half), dtype=torch.bfloat16)
+        if not fn(x2.data_ptr(), self.k, m, self.k, self.w_ptr, self.scale_ptr, self.n, self.bias_ptr,
+                  act.data_ptr(), half, threads):
             return None
         return act if x.dim() == 2 else act.view(*x.shape[:-1], half)
 

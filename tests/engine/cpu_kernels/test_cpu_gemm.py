@@ -185,3 +185,14 @@ def test_gated_product_is_bitwise_the_product_then_silu_mul(m: int, half: int, k
 def test_gated_product_declines_what_it_does_not_take(m: int, half: int) -> None:
     x, w, b = data(m, 2 * half, 64)
     assert gemm.PackedWeight(w, b).silu_mul(x) is None
+
+
+def test_gated_product_declines_a_prefill_before_copying_or_calling(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(gemm, "_gated_kernel", lambda: lambda *args: calls.append(args[2]) or 1)
+    packed = gemm.PackedWeight(*data(1, 64, 64)[1:])
+    wide = torch.randn(3, 40, 128).bfloat16()[..., ::2]  # 120 strided rows: a copy if it were taken
+    assert packed.silu_mul(wide) is None and packed.silu_mul(wide[0, :33]) is None and not calls
+    assert packed.silu_mul(wide[0, :32]) is not None and calls == [32]  # at the limit: called
+    with pytest.raises(TypeError):
+        packed.silu_mul(wide.float())
