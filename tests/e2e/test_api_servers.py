@@ -79,8 +79,9 @@ def test_two_api_servers_share_counters_and_limits_and_drain(qwen2_ckpt: Path, t
         assert not reader.is_alive()
         events = [c[6:] for c in chunks if c.startswith("data: ")]
         assert events[-1] == "[DONE]", chunks[-5:]  # the stream ended as streams end, not cut
-        assert not any("error" in c for c in chunks)
-        texts = [choice for e in events[:-1] for choice in json.loads(e)["choices"]]
+        bodies = [json.loads(e) for e in events[:-1]]
+        assert not [b for b in bodies if "error" in b]  # (the sampled text itself may well hold "error")
+        texts = [choice for b in bodies for choice in b["choices"]]
         assert [c["finish_reason"] for c in texts if c["finish_reason"]] == ["length"]  # all 200 tokens
         assert not [p for p in tree if alive(p)]
     finally:
