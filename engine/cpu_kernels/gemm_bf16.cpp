@@ -69,8 +69,13 @@ void tile(const uint32_t* __restrict xt, long ldxt, const uint8_t* __restrict w,
         for (int j = 0; j < NB; ++j) {
             const uint8_t* p = w + j * bstride + (long)kp * pair_bytes;
             wv[j] = pair_of<Q8>(p);
-            if (!Q8 || (kp & 1) == 0)  // int8: two pairs to a line
-                _mm_prefetch((const char*)(p + ahead), _MM_HINT_T0);
+            if (!Q8 || (kp & 1) == 0) {  // int8: two pairs to a line
+                // past this block's end, the same block of the next NB, which the thread reads next (not the
+                // next block, which this tile is reading already)
+                const long at = (long)kp * pair_bytes + ahead;
+                _mm_prefetch((const char*)(w + j * bstride + (at < bstride ? at : at + (NB - 1) * bstride)),
+                             _MM_HINT_T0);
+            }
         }
         const uint32_t* xk = xt + (long)kp * ldxt;
         for (int m = 0; m < MR; ++m) {
