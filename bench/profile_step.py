@@ -10,7 +10,9 @@ postprocess is the step's remainder. --torch-profile also prints torch.profiler'
 Each step's time is also given as a ratio to the roofline bound (bench/roofline.py), with the machine's
 rates measured in the same run, right before the steps (best over 1..--threads threads): the mean step
 ("step/bound") and the median one ("median/bound", which a few steps slowed by another process on the
-machine leave alone). The cyclic GC is frozen after load, as the engine process does.
+machine leave alone). On CPU the rates are measured again right after the steps ("probe after"): on a shared
+machine whose bandwidth swings, a ratio whose two probes disagree came from the probe as much as the steps.
+The cyclic GC is frozen after load, as the engine process does.
 """
 
 from __future__ import annotations
@@ -183,6 +185,10 @@ def main() -> None:
                   f"median/bound {ms['median'] / bound:.2f}")
             if gpu:
                 continue
+            after = best_rates(model_dtype, args.threads)
+            bound_after, why_after = cost.bound_ms(after)
+            print(f"{'probe after':>12} {bound_after:8.2f} ms  ({why_after}; read {after.read_gbs:.1f} GB/s, "
+                  f"GEMM {after.peak_gflops:.0f} GFLOP/s)  median/bound {ms['median'] / bound_after:.2f}")
             cpu_bound, why = cost.bound_ms(rates, cpu=True)
             print(f"{'cpu time':>12} {ms['cpu']:8.2f} ms, bound {cpu_bound:.2f} ms of one core ({why}; "
                   f"{rates.read_gbs_cpu:.1f} GB and {rates.peak_gflops_cpu:.0f} GFLOP per CPU s)  "
