@@ -25,7 +25,10 @@ using spindle::load_bf16_n;
 using spindle::narrow;
 using spindle::widen;
 
-constexpr int kPrefetchLines = 96;  // lines ahead on each stream (6 KiB)
+constexpr int kPrefetchLines = 96;  // lines ahead on each stream into L1 (6 KiB)
+// and into L2 (32 KiB): where a 16-row tile's dot products take as long as its line's read (512-bit ones at one
+// per cycle, as on Zen 4) the hardware's own prefetch falls behind
+constexpr int kFarLines = 512;
 
 // Sums over pairs [kp0, kp1) of x's rows (xt: pairs of row m at xt[kp * ldxt + m]) times NB blocks of w.
 // part (a [MR][NB][16] float32 scratch) carries the sums across chunks of k: read unless first, written
@@ -61,6 +64,11 @@ void tile(const uint32_t* __restrict xt, long ldxt, const uint8_t* __restrict w,
           float* __restrict part, bool first, bool last, const float* __restrict scale,
           const uint16_t* __restrict bias, int n0, int n_total, const Dest& out) {
     constexpr long ahead = kPrefetchLines * 64L, pair_bytes = Q8 ? 32 : 64;
+    // the far prefetch's place: far_at bytes into block j of the group of NB blocks at far_w (a block can be
+    // shorter than the distance, so the group is walked, not computed)
+    const uint8_t* far_w = w;
+    long far_at = (long)kp0 * pair_bytes + kFarLines * 64L;
+    for (; far_at >= bstride; far_at -= bstride) far_w += NB * bstride;
     __m512 acc[MR][NB];
     for (int m = 0; m < MR; ++m)
         for (int j = 0; j < NB; ++j) acc[m][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(part + (m * NB + j) * 16);
@@ -75,8 +83,11 @@ void tile(const uint32_t* __restrict xt, long ldxt, const uint8_t* __restrict w,
                 const long at = (long)kp * pair_bytes + ahead;
                 _mm_prefetch((const char*)(w + j * bstride + (at < bstride ? at : at + (NB - 1) * bstride)),
                              _MM_HINT_T0);
+                _mm_prefetch((const char*)(far_w + j * bstride + far_at), _MM_HINT_T1);
             }
         }
+        far_at += pair_bytes;
+        if (far_at >= bstride) far_at -= bstride, far_w += NB * bstride;
         const uint32_t* xk = xt + (long)kp * ldxt;
         for (int m = 0; m < MR; ++m) {
             __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xk[m]);
