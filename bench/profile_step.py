@@ -12,6 +12,9 @@ rates measured in the same run, right before the steps (best over 1..--threads t
 ("step/bound") and the median one ("median/bound", which a few steps slowed by another process on the
 machine leave alone). On CPU the rates are measured again right after the steps ("probe after"): on a shared
 machine whose bandwidth swings, a ratio whose two probes disagree came from the probe as much as the steps.
+With several rounds (--repeat) the last line sums them up: the median over rounds of each round's median step
+against the tighter of its two probes' bounds (many short rounds, e.g. --steps 6 --repeat 20, pair each step
+with the machine's rates at that moment).
 The cyclic GC is frozen after load, as the engine process does.
 """
 
@@ -162,6 +165,7 @@ def main() -> None:
     instrument(core, totals)
     if args.split_forward:
         instrument_forward(core, totals)
+    paired: list[float] = []  # each round's median step / the tighter of its two probes' bounds
     for r in range(args.repeat):
         rates = None if args.no_roofline else \
             measure_gpu(model_dtype, str(core.runner.device)) if gpu else best_rates(model_dtype, args.threads)
@@ -189,10 +193,14 @@ def main() -> None:
             bound_after, why_after = cost.bound_ms(after)
             print(f"{'probe after':>12} {bound_after:8.2f} ms  ({why_after}; read {after.read_gbs:.1f} GB/s, "
                   f"GEMM {after.peak_gflops:.0f} GFLOP/s)  median/bound {ms['median'] / bound_after:.2f}")
+            paired.append(ms["median"] / min(bound, bound_after))
             cpu_bound, why = cost.bound_ms(rates, cpu=True)
             print(f"{'cpu time':>12} {ms['cpu']:8.2f} ms, bound {cpu_bound:.2f} ms of one core ({why}; "
                   f"{rates.read_gbs_cpu:.1f} GB and {rates.peak_gflops_cpu:.0f} GFLOP per CPU s)  "
                   f"cpu/bound {ms['cpu'] / cpu_bound:.2f}")
+    if len(paired) > 1:
+        print(f"over {len(paired)} rounds: median step / the tighter probe's bound: median "
+              f"{statistics.median(paired):.2f} (range {min(paired):.2f}-{max(paired):.2f})")
     if args.torch_profile:
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CPU]) as prof:

@@ -25,10 +25,13 @@ using spindle::load_bf16_n;
 using spindle::narrow;
 using spindle::widen;
 
-constexpr int kPrefetchLines = 96;  // lines ahead on each stream into L1 (6 KiB)
-// and into L2 (32 KiB): where a 16-row tile's dot products take as long as its line's read (512-bit ones at one
-// per cycle, as on Zen 4) the hardware's own prefetch falls behind
-constexpr int kFarLines = 512;
+// Each stream is prefetched twice: into L2 far ahead (the hardware's own prefetch falls behind several streams,
+// and a 16-row tile whose dot products take as long as a line's read), and into L1 near (only L2's latency left)
+constexpr int kFarLines = 512;  // 32 KiB
+constexpr int kNearLines = 32;  // 2 KiB
+// Blocks side by side in a tile of up to 8 rows: enough independent sums for the dot products' latency, and
+// few streams (eight measured slower: bench/README.md)
+constexpr int kWide = 2;
 
 // Sums over pairs [kp0, kp1) of x's rows (xt: pairs of row m at xt[kp * ldxt + m]) times NB blocks of w.
 // part (a [MR][NB][16] float32 scratch) carries the sums across chunks of k: read unless first, written
@@ -63,7 +66,7 @@ template <int MR, int NB, bool Q8>
 void tile(const uint32_t* __restrict xt, long ldxt, const uint8_t* __restrict w, long bstride, int kp0, int kp1,
           float* __restrict part, bool first, bool last, const float* __restrict scale,
           const uint16_t* __restrict bias, int n0, int n_total, const Dest& out) {
-    constexpr long ahead = kPrefetchLines * 64L, pair_bytes = Q8 ? 32 : 64;
+    constexpr long ahead = kNearLines * 64L, pair_bytes = Q8 ? 32 : 64;
     // the far prefetch's place: far_at bytes into block j of the group of NB blocks at far_w (a block can be
     // shorter than the distance, so the group is walked, not computed)
     const uint8_t* far_w = w;
@@ -173,12 +176,10 @@ void few_rows(const Call& c, int m0, int mr, int blk, const Chunk& k, const Dest
 #undef ROWS
 }
 
-// all rows (up to 8) over nb blocks from blk, nb one of 8, 4, 2, 1
+// all rows (up to 8) over nb blocks from blk, nb kWide or 1
 template <bool Q8>
 void wide_rows(const Call& c, int nb, int blk, const Chunk& k, const Dest* to = nullptr) {
-    if (nb == 8) few_rows<8, Q8>(c, 0, c.m, blk, k, to);
-    else if (nb == 4) few_rows<4, Q8>(c, 0, c.m, blk, k, to);
-    else if (nb == 2) few_rows<2, Q8>(c, 0, c.m, blk, k, to);
+    if (nb == kWide) few_rows<kWide, Q8>(c, 0, c.m, blk, k, to);
     else few_rows<1, Q8>(c, 0, c.m, blk, k, to);
 }
 
@@ -206,7 +207,7 @@ inline bool two_tiles(const Call& c) {
 }
 
 // One thread's blocks [b, b1), in three shapes of tile:
-// - up to 8 rows: `wide` blocks at once over all of k (the weights stream once, enough independent sums);
+// - up to 8 rows: kWide blocks at once over all of k (the weights stream once, enough independent sums);
 // - 9 to 16 rows: 16 rows by one block over all of k (a weight line feeds 16 products); 17 to 32 rows the
 //   same, block by block, each block's second row tile reading it from L2 (where its pairs fit);
 // - more: 8 rows by 3 blocks (24 sums: fewer loads per product), row tiles in groups.
@@ -214,11 +215,11 @@ inline bool two_tiles(const Call& c) {
 // in L2, k in chunks short enough that a row tile's pairs stay near L1; a tile's sums wait between chunks in
 // `parts` (L2 too). A prefill's products run about as fast as oneDNN's that way (bench/README.md).
 template <bool Q8>
-void blocks(const Call& c, int b, int b1, int wide) {
+void blocks(const Call& c, int b, int b1) {
     const Chunk all{0, c.kp_count, nullptr};
     if (c.m <= 8) {
         for (int nb; b < b1; b += nb) {
-            nb = b + wide <= b1 ? wide : 1;
+            nb = b + kWide <= b1 ? kWide : 1;
             wide_rows<Q8>(c, nb, b, all);
         }
         return;
@@ -265,12 +266,12 @@ void blocks(const Call& c, int b, int b1, int wide) {
 inline bool gated(const Call& c) { return c.m <= kTileRows || two_tiles(c); }
 
 template <bool Q8>
-void gated_blocks(const Call& c, int b, int b1, int half, int wide, uint16_t* act, long ldact) {
+void gated_blocks(const Call& c, int b, int b1, int half, uint16_t* act, long ldact) {
     const Chunk all{0, c.kp_count, nullptr};
-    uint16_t gate[2 * kTileRows * 16];  // 32 rows of one block, or up to 8 rows of `wide` blocks
-    if (c.m <= 8) {  // (rows * wide <= 16, as product() sets `wide`)
+    uint16_t gate[2 * kTileRows * 16];  // 32 rows of one block, or up to 8 rows of kWide blocks
+    if (c.m <= 8) {
         for (int nb; b < b1; b += nb) {
-            nb = b + wide <= b1 ? wide : 1;
+            nb = b + kWide <= b1 ? kWide : 1;
             const Dest g{gate, nb * 16L, nullptr, 0, nullptr, 0}, u{act + b * 16L, ldact, nullptr, 0, gate, nb * 16L};
             wide_rows<Q8>(c, nb, b, all, &g);
             wide_rows<Q8>(c, nb, b + half, all, &u);
@@ -320,7 +321,6 @@ void product(const Call& c, const uint16_t* x, long ldx, int threads, int half, 
     uint32_t* xt = (uint32_t*)c.xt;
     const uint32_t* x32 = (const uint32_t*)x;
     const int n_blocks = act ? half : (c.n_total + 15) / 16;
-    const int wide = M <= 2 ? 8 : M <= 4 ? 4 : 2;  // blocks per tile of up to 8 rows: enough independent sums
 #pragma omp parallel num_threads(threads)
     {
         const long ld = ldx / 2;
@@ -343,10 +343,10 @@ void product(const Call& c, const uint16_t* x, long ldx, int threads, int half, 
         // (each loop's implied barrier: every row is in place before any tile reads it)
         const int t = omp_get_thread_num(), T = omp_get_num_threads();
         const int b0 = (int)((long)n_blocks * t / T), b1 = (int)((long)n_blocks * (t + 1) / T);
-        if (act && c.scale) gated_blocks<true>(c, b0, b1, half, wide, act, ldact);
-        else if (act) gated_blocks<false>(c, b0, b1, half, wide, act, ldact);
-        else if (c.scale) blocks<true>(c, b0, b1, wide);
-        else blocks<false>(c, b0, b1, wide);
+        if (act && c.scale) gated_blocks<true>(c, b0, b1, half, act, ldact);
+        else if (act) gated_blocks<false>(c, b0, b1, half, act, ldact);
+        else if (c.scale) blocks<true>(c, b0, b1);
+        else blocks<false>(c, b0, b1);
         if (c.stream) _mm_sfence();  // the streamed lines are in memory before the team's barrier
     }
 }
