@@ -62,6 +62,34 @@ struct Dest {
     bool stream;
 };
 
+// 16 rows by one bf16 block, pairs [kp0, kp1): each row's pair broadcast from memory inside the dot product
+inline void sum16(const uint32_t* __restrict xt, long ldxt, const uint8_t* __restrict w, long bstride, int kp0,
+                  int kp1, __m512 (&acc)[16][1]) {
+    __m512 a0 = acc[0][0], a1 = acc[1][0], a2 = acc[2][0], a3 = acc[3][0], a4 = acc[4][0], a5 = acc[5][0],
+           a6 = acc[6][0], a7 = acc[7][0], a8 = acc[8][0], a9 = acc[9][0], a10 = acc[10][0], a11 = acc[11][0],
+           a12 = acc[12][0], a13 = acc[13][0], a14 = acc[14][0], a15 = acc[15][0];
+    const uint8_t* far_w = w;
+    long far_at = (long)kp0 * 64 + kFarLines * 64L;
+    for (; far_at >= bstride; far_at -= bstride) far_w += bstride;
+    const uint8_t* p = w + (long)kp0 * 64;
+    const uint32_t* xk = xt + (long)kp0 * ldxt;
+    for (int kp = kp0; kp < kp1; ++kp, p += 64, xk += ldxt) {
+        const __m512i wv = _mm512_loadu_si512(p);
+        _mm_prefetch((const char*)(p + kNearLines * 64L), _MM_HINT_T0);
+        _mm_prefetch((const char*)(far_w + far_at), _MM_HINT_T1);
+        far_at += 64;
+        if (far_at >= bstride) far_at -= bstride, far_w += bstride;
+        const auto& row = *(const uint32_t(*)[16])xk;  // (tells the compiler what the asm reads)
+#define DP(M) asm("vdpbf16ps " #M "*4(%[x])%{1to16%}, %[w], %[a]" \
+                  : [a] "+v"(a##M) : [w] "v"(wv), [x] "r"(xk), "m"(row));
+        DP(0) DP(1) DP(2) DP(3) DP(4) DP(5) DP(6) DP(7) DP(8) DP(9) DP(10) DP(11) DP(12) DP(13) DP(14) DP(15)
+#undef DP
+    }
+    acc[0][0] = a0, acc[1][0] = a1, acc[2][0] = a2, acc[3][0] = a3, acc[4][0] = a4, acc[5][0] = a5;
+    acc[6][0] = a6, acc[7][0] = a7, acc[8][0] = a8, acc[9][0] = a9, acc[10][0] = a10, acc[11][0] = a11;
+    acc[12][0] = a12, acc[13][0] = a13, acc[14][0] = a14, acc[15][0] = a15;
+}
+
 template <int MR, int NB, bool Q8>
 void tile(const uint32_t* __restrict xt, long ldxt, const uint8_t* __restrict w, long bstride, int kp0, int kp1,
           float* __restrict part, bool first, bool last, const float* __restrict scale,
@@ -75,6 +103,8 @@ void tile(const uint32_t* __restrict xt, long ldxt, const uint8_t* __restrict w,
     __m512 acc[MR][NB];
     for (int m = 0; m < MR; ++m)
         for (int j = 0; j < NB; ++j) acc[m][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(part + (m * NB + j) * 16);
+    if constexpr (MR == 16 && NB == 1 && !Q8) sum16(xt, ldxt, w, bstride, kp0, kp1, acc);
+    else
     for (int kp = kp0; kp < kp1; ++kp) {
         __m512bh wv[NB];
         for (int j = 0; j < NB; ++j) {
