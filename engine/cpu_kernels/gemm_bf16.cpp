@@ -29,9 +29,11 @@ using spindle::widen;
 // and a 16-row tile whose dot products take as long as a line's read), and into L1 near (only L2's latency left)
 constexpr int kFarLines = 512;  // 32 KiB
 constexpr int kNearLines = 32;  // 2 KiB
-// Blocks side by side in a tile of up to 8 rows: enough independent sums for the dot products' latency, and
-// few streams (eight measured slower: bench/README.md)
+// Blocks side by side in a tile of 5 to 8 rows: enough independent sums for the dot products' latency, and few
+// streams (eight measured slower); up to 4 rows one block, one stream per thread, reads faster (bench/README.md)
 constexpr int kWide = 2;
+constexpr int kWideRows = 5;
+inline int wide_for(int m) { return m < kWideRows ? 1 : kWide; }
 
 // Sums over pairs [kp0, kp1) of x's rows (xt: pairs of row m at xt[kp * ldxt + m]) times NB blocks of w.
 // part (a [MR][NB][16] float32 scratch) carries the sums across chunks of k: read unless first, written
@@ -206,7 +208,7 @@ void few_rows(const Call& c, int m0, int mr, int blk, const Chunk& k, const Dest
 #undef ROWS
 }
 
-// all rows (up to 8) over nb blocks from blk, nb kWide or 1
+// all rows (up to 8) over nb blocks from blk, nb kWide or 1 (wide_for(c.m) where the thread's blocks allow)
 template <bool Q8>
 void wide_rows(const Call& c, int nb, int blk, const Chunk& k, const Dest* to = nullptr) {
     if (nb == kWide) few_rows<kWide, Q8>(c, 0, c.m, blk, k, to);
@@ -237,7 +239,7 @@ inline bool two_tiles(const Call& c) {
 }
 
 // One thread's blocks [b, b1), in three shapes of tile:
-// - up to 8 rows: kWide blocks at once over all of k (the weights stream once, enough independent sums);
+// - up to 8 rows: wide_for(rows) blocks at once over all of k (the weights stream once);
 // - 9 to 16 rows: 16 rows by one block over all of k (a weight line feeds 16 products); 17 to 32 rows the
 //   same, block by block, each block's second row tile reading it from L2 (where its pairs fit);
 // - more: 8 rows by 3 blocks (24 sums: fewer loads per product), row tiles in groups.
@@ -249,7 +251,7 @@ void blocks(const Call& c, int b, int b1) {
     const Chunk all{0, c.kp_count, nullptr};
     if (c.m <= 8) {
         for (int nb; b < b1; b += nb) {
-            nb = b + kWide <= b1 ? kWide : 1;
+            nb = b + wide_for(c.m) <= b1 ? wide_for(c.m) : 1;
             wide_rows<Q8>(c, nb, b, all);
         }
         return;
@@ -301,7 +303,7 @@ void gated_blocks(const Call& c, int b, int b1, int half, uint16_t* act, long ld
     uint16_t gate[2 * kTileRows * 16];  // 32 rows of one block, or up to 8 rows of kWide blocks
     if (c.m <= 8) {
         for (int nb; b < b1; b += nb) {
-            nb = b + kWide <= b1 ? kWide : 1;
+            nb = b + wide_for(c.m) <= b1 ? wide_for(c.m) : 1;
             const Dest g{gate, nb * 16L, nullptr, 0, nullptr, 0}, u{act + b * 16L, ldact, nullptr, 0, gate, nb * 16L};
             wide_rows<Q8>(c, nb, b, all, &g);
             wide_rows<Q8>(c, nb, b + half, all, &u);
