@@ -29,6 +29,9 @@ using spindle::widen;
 // and a 16-row tile whose dot products take as long as a line's read), and into L1 near (only L2's latency left)
 constexpr int kFarLines = 512;  // 32 KiB
 constexpr int kNearLines = 32;  // 2 KiB
+// Products of up to this many rows prefetch nothing (but a gated MLP's, whose thread reads two streams in turn): a
+// line's arithmetic is short, the hardware's prefetch keeps up with one stream, extra requests measured slower
+constexpr int kBareRows = 2;
 // Blocks side by side in a tile of 5 to 8 rows: enough independent sums for the dot products' latency, and few
 // streams (eight measured slower); up to 4 rows one block, one stream per thread, reads faster (bench/README.md)
 constexpr int kWide = 2;
@@ -94,7 +97,7 @@ inline void sum16(const uint32_t* __restrict xt, long ldxt, const uint8_t* __res
 
 template <int MR, int NB, bool Q8>
 void tile(const uint32_t* __restrict xt, long ldxt, const uint8_t* __restrict w, long bstride, int kp0, int kp1,
-          float* __restrict part, bool first, bool last, const float* __restrict scale,
+          float* __restrict part, bool first, bool last, bool prefetch, const float* __restrict scale,
           const uint16_t* __restrict bias, int n0, int n_total, const Dest& out) {
     constexpr long ahead = kNearLines * 64L, pair_bytes = Q8 ? 32 : 64;
     // the far prefetch's place: far_at bytes into block j of the group of NB blocks at far_w (a block can be
@@ -112,7 +115,7 @@ void tile(const uint32_t* __restrict xt, long ldxt, const uint8_t* __restrict w,
         for (int j = 0; j < NB; ++j) {
             const uint8_t* p = w + j * bstride + (long)kp * pair_bytes;
             wv[j] = pair_of<Q8>(p);
-            if (!Q8 || (kp & 1) == 0) {  // int8: two pairs to a line
+            if (prefetch && (!Q8 || (kp & 1) == 0)) {  // int8: two pairs to a line
                 // past this block's end, the same block of the next NB, which the thread reads next (not the
                 // next block, which this tile is reading already)
                 const long at = (long)kp * pair_bytes + ahead;
@@ -180,6 +183,7 @@ struct Call {
     float* yf;
     long ldyf;
     bool stream;  // yf's lines bypass the caches (Dest::stream)
+    bool bare;  // the tiles prefetch nothing (kBareRows)
 };
 
 // Which pairs of k a tile sums this time, and where its sums wait between chunks.
@@ -196,7 +200,7 @@ void run(const Call& c, int m0, int blk, const Chunk& k, const Dest* to) {
     const Dest out = to ? *to : Dest{c.y ? c.y + m0 * c.ldy + n0 : nullptr, c.ldy,
                                      c.yf ? c.yf + m0 * c.ldyf + n0 : nullptr, c.ldyf, nullptr, 0, c.stream};
     tile<MR, NB, Q8>(xt, c.ldxt, c.w + blk * c.bstride, c.bstride, k.kp0, k.kp1, k.part, k.kp0 == 0,
-                     k.kp1 == c.kp_count, c.scale, c.bias, (int)n0, c.n_total, out);
+                     k.kp1 == c.kp_count, !c.bare, c.scale, c.bias, (int)n0, c.n_total, out);
 }
 
 // rows m0..m0+mr (mr <= 8) over NB blocks from blk; callers keep mr * NB <= 24 accumulators (the clamp
@@ -406,7 +410,7 @@ extern "C" void spindle_gemm_bf16(const uint16_t* x, long ldx, int M, int K, con
     const long moved = (long)N * K * (scale ? 1 : 2) + (long)M * N * 4;  // past a large L3: out would not stay
     const bool stream = yf && moved >= kStreamBytes && (uintptr_t)yf % 64 == 0 && ldyf % 16 == 0;
     const Call c{xt.data(), M < kTileRows ? M : kTileRows, M, (const uint8_t*)w, (long)(K / 2) * (scale ? 32 : 64),
-                 K / 2, scale, bias, N, y, ldy, yf, ldyf, stream};
+                 K / 2, scale, bias, N, y, ldy, yf, ldyf, stream, M <= kBareRows};
     product(c, x, ldx, threads, 0, nullptr, 0);
     give_back(xt);
 }
