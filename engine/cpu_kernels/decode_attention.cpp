@@ -11,6 +11,7 @@
 
 #include <vector>
 
+#include "scratch.h"
 #include "simd.h"
 
 namespace {
@@ -193,7 +194,7 @@ void task(const Args& a, int b, int kvh, std::vector<float>& scores) {
     const int group = a.heads / a.kv_heads, chunks = a.d / 16;
     const int lo = a.los[b], n = a.lens[b], keys = n - lo;
     if (keys <= 0) return;
-    scores.resize((size_t)group * keys);
+    spindle::grow(scores, (size_t)group * keys);
     const int32_t* table = a.tables + (long)b * a.table_stride;
     const long head_off = (long)kvh * a.c_shead;
     scores_any(a, b, kvh, lo, n, scores.data());

@@ -8,6 +8,8 @@
 
 #include <vector>
 
+#include "scratch.h"
+
 extern "C" {
 void spindle_gemm_bf16(const uint16_t* x, long ldx, int M, int K, const void* w, const float* scale, int N,
                        const uint16_t* bias, uint16_t* y, long ldy, float* yf, long ldyf, int threads);
@@ -83,11 +85,6 @@ void project(const SpindleStep& s, const Projection& p, const uint16_t* x, uint1
     spindle_gemm_bf16(x, p.k, s.tokens, p.k, p.w, p.scale, p.n, p.bias, y, p.n, nullptr, 0, threads_for(s, p));
 }
 
-uint16_t* scratch(std::vector<uint16_t>& v, long n) {
-    if ((long)v.size() < n) v.resize(n);
-    return v.data();
-}
-
 }  // namespace
 
 // x [T, hidden]: the residual stream, updated in place; normed [T, hidden]: this layer's input norm of x on the way
@@ -98,11 +95,11 @@ extern "C" void spindle_decoder_layer(const SpindleLayer* L, const SpindleStep* 
     const SpindleStep& s = *S;
     const int t_n = s.tokens, d = l.head_dim, qn = l.qkv.n, inter = l.down.k;
     const long q_size = (long)l.heads * d, kv_size = (long)l.kv_heads * d;
-    uint16_t* qkv = scratch(qkv_buf, (long)t_n * qn);
-    uint16_t* attn = scratch(attn_buf, t_n * q_size);
-    uint16_t* h = scratch(h_buf, (long)t_n * l.hidden);
-    uint16_t* gu = scratch(gu_buf, (long)t_n * l.gate_up.n);
-    uint16_t* act = scratch(act_buf, (long)t_n * inter);
+    uint16_t* qkv = spindle::grow(qkv_buf, (long)t_n * qn);
+    uint16_t* attn = spindle::grow(attn_buf, t_n * q_size);
+    uint16_t* h = spindle::grow(h_buf, (long)t_n * l.hidden);
+    uint16_t* gu = spindle::grow(gu_buf, (long)t_n * l.gate_up.n);
+    uint16_t* act = spindle::grow(act_buf, (long)t_n * inter);
     const int small = pick(s, 0, 4L * t_n * qn);
 
     project(s, l.qkv, normed, qkv);

@@ -17,10 +17,12 @@
 
 #include <vector>
 
+#include "scratch.h"
 #include "simd.h"
 
 namespace {
 
+using spindle::grow;
 using spindle::load_bf16_n;
 using spindle::narrow;
 using spindle::widen;
@@ -274,7 +276,7 @@ void blocks(const Call& c, int b, int b1) {
     const int tiles = (c.m + rows - 1) / rows;
     const int group = tiles < kGroupTiles ? tiles : kGroupTiles;
     static thread_local std::vector<float> parts;
-    if (kc < c.kp_count) parts.resize((size_t)group * panel * rows * 16);
+    if (kc < c.kp_count) grow(parts, (size_t)group * panel * rows * 16);
     for (int g0 = 0; g0 < tiles; g0 += group) {  // a group's rows of x stay in L3 while all panels pass
         for (int p = b; p < b1; p += panel) {
             const int pe = p + panel < b1 ? p + panel : b1;
@@ -390,7 +392,7 @@ void product(const Call& c, const uint16_t* x, long ldx, int threads, int half, 
 std::vector<uint32_t>& xt_for(int M, int K) {  // this thread's scratch for x as pairs
     static thread_local std::vector<uint32_t> xt;
     const int tiles = (M + kTileRows - 1) / kTileRows;
-    xt.resize((size_t)tiles * (K / 2) * (M < kTileRows ? M : kTileRows));
+    grow(xt, (size_t)tiles * (K / 2) * (M < kTileRows ? M : kTileRows));
     return xt;
 }
 
