@@ -31,14 +31,15 @@ using spindle::widen;
 // and a 16-row tile whose dot products take as long as a line's read), and into L1 near (only L2's latency left)
 constexpr int kFarLines = 512;  // 32 KiB
 constexpr int kNearLines = 32;  // 2 KiB
-// Products of up to this many rows prefetch nothing (but a gated MLP's, whose thread reads two streams in turn): a
-// line's arithmetic is short, the hardware's prefetch keeps up with one stream, extra requests measured slower
+// bf16 products of up to this many rows prefetch nothing (but a gated MLP's, whose thread reads two streams in
+// turn): a line's arithmetic is short, the hardware's prefetch keeps up with one stream, extra requests measured
+// slower. (int8's lines carry twice the arithmetic, widening included: they keep both prefetches.)
 constexpr int kBareRows = 2;
-// Blocks side by side in a tile of 5 to 8 rows: enough independent sums for the dot products' latency, and few
-// streams (eight measured slower); up to 4 rows one block, one stream per thread, reads faster (bench/README.md)
+// Blocks side by side in a tile of up to 8 rows: enough independent sums for the dot products' latency, and few
+// streams (eight measured slower); bf16 up to 4 rows reads faster one block at a time, one stream per thread,
+// where int8's widening wants the two sums (bench/README.md)
 constexpr int kWide = 2;
 constexpr int kWideRows = 5;
-inline int wide_for(int m) { return m < kWideRows ? 1 : kWide; }
 
 // Sums over pairs [kp0, kp1) of x's rows (xt: pairs of row m at xt[kp * ldxt + m]) times NB blocks of w.
 // part (a [MR][NB][16] float32 scratch) carries the sums across chunks of k: read unless first, written
@@ -188,6 +189,8 @@ struct Call {
     bool bare;  // the tiles prefetch nothing (kBareRows)
 };
 
+inline int wide_for(const Call& c) { return c.scale || c.m >= kWideRows ? kWide : 1; }
+
 // Which pairs of k a tile sums this time, and where its sums wait between chunks.
 struct Chunk {
     int kp0, kp1;
@@ -214,7 +217,7 @@ void few_rows(const Call& c, int m0, int mr, int blk, const Chunk& k, const Dest
 #undef ROWS
 }
 
-// all rows (up to 8) over nb blocks from blk, nb kWide or 1 (wide_for(c.m) where the thread's blocks allow)
+// all rows (up to 8) over nb blocks from blk, nb kWide or 1 (wide_for(c) where the thread's blocks allow)
 template <bool Q8>
 void wide_rows(const Call& c, int nb, int blk, const Chunk& k, const Dest* to = nullptr) {
     if (nb == kWide) few_rows<kWide, Q8>(c, 0, c.m, blk, k, to);
@@ -245,7 +248,7 @@ inline bool two_tiles(const Call& c) {
 }
 
 // One thread's blocks [b, b1), in three shapes of tile:
-// - up to 8 rows: wide_for(rows) blocks at once over all of k (the weights stream once);
+// - up to 8 rows: wide_for(c) blocks at once over all of k (the weights stream once);
 // - 9 to 16 rows: 16 rows by one block over all of k (a weight line feeds 16 products); 17 to 32 rows the
 //   same, block by block, each block's second row tile reading it from L2 (where its pairs fit);
 // - more: 8 rows by 3 blocks (24 sums: fewer loads per product), row tiles in groups.
@@ -257,7 +260,7 @@ void blocks(const Call& c, int b, int b1) {
     const Chunk all{0, c.kp_count, nullptr};
     if (c.m <= 8) {
         for (int nb; b < b1; b += nb) {
-            nb = b + wide_for(c.m) <= b1 ? wide_for(c.m) : 1;
+            nb = b + wide_for(c) <= b1 ? wide_for(c) : 1;
             wide_rows<Q8>(c, nb, b, all);
         }
         return;
@@ -309,7 +312,7 @@ void gated_blocks(const Call& c, int b, int b1, int half, uint16_t* act, long ld
     uint16_t gate[2 * kTileRows * 16];  // 32 rows of one block, or up to 8 rows of kWide blocks
     if (c.m <= 8) {
         for (int nb; b < b1; b += nb) {
-            nb = b + wide_for(c.m) <= b1 ? wide_for(c.m) : 1;
+            nb = b + wide_for(c) <= b1 ? wide_for(c) : 1;
             const Dest g{gate, nb * 16L, nullptr, 0, nullptr, 0}, u{act + b * 16L, ldact, nullptr, 0, gate, nb * 16L};
             wide_rows<Q8>(c, nb, b, all, &g);
             wide_rows<Q8>(c, nb, b + half, all, &u);
@@ -412,7 +415,7 @@ extern "C" void spindle_gemm_bf16(const uint16_t* x, long ldx, int M, int K, con
     const long moved = (long)N * K * (scale ? 1 : 2) + (long)M * N * 4;  // past a large L3: out would not stay
     const bool stream = yf && moved >= kStreamBytes && (uintptr_t)yf % 64 == 0 && ldyf % 16 == 0;
     const Call c{xt.data(), M < kTileRows ? M : kTileRows, M, (const uint8_t*)w, (long)(K / 2) * (scale ? 32 : 64),
-                 K / 2, scale, bias, N, y, ldy, yf, ldyf, stream, M <= kBareRows};
+                 K / 2, scale, bias, N, y, ldy, yf, ldyf, stream, !scale && M <= kBareRows};
     product(c, x, ldx, threads, 0, nullptr, 0);
     give_back(xt);
 }
