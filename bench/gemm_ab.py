@@ -44,7 +44,7 @@ def product_of(lib: ctypes.CDLL) -> Product:
 
 def gated_of(lib: ctypes.CDLL) -> Gated:
     fn = lib.spindle_gemm_bf16_silu
-    fn.argtypes, fn.restype = cast(Any, gemm._ARGS[:8] + [gemm._P, ctypes.c_long, ctypes.c_int]), ctypes.c_int
+    fn.argtypes, fn.restype = cast(Any, gemm._GATED_ARGS), ctypes.c_int
     return fn
 
 

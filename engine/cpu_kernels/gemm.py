@@ -22,6 +22,7 @@ _GATED_ROWS = 32  # the gated call takes up to two row tiles (gemm_bf16.cpp: gat
 _P = ctypes.c_void_p
 _ARGS = [_P, ctypes.c_long, ctypes.c_int, ctypes.c_int, _P, _P, ctypes.c_int, _P, _P, ctypes.c_long, _P,
          ctypes.c_long, ctypes.c_int]
+_GATED_ARGS = _ARGS[:8] + [_P, ctypes.c_long, ctypes.c_int]  # spindle_gemm_bf16_silu: act and its stride, threads
 
 
 @functools.cache
@@ -34,8 +35,7 @@ def _gated_kernel() -> Any:
     """spindle_gemm_bf16_silu (the product's tiles, checked through _kernel()), or None where that is off."""
     if _kernel() is None:
         return None
-    return kernel("gemm_bf16", ABI, _ARGS[:8] + [_P, ctypes.c_long, ctypes.c_int], symbol="spindle_gemm_bf16_silu",
-                  restype=ctypes.c_int)
+    return kernel("gemm_bf16", ABI, _GATED_ARGS, symbol="spindle_gemm_bf16_silu", restype=ctypes.c_int)
 
 
 def _self_check(fn: Any) -> str | None:
