@@ -45,7 +45,7 @@ def pct(xs: list[float], p: float) -> float:
 
 
 def build_checkpoint(root: Path) -> Path:
-    from engine.models.random_checkpoint import write_random_checkpoint
+    from demo.checkpoints import write_random_checkpoint
 
     return write_random_checkpoint(root / "ckpt", "qwen2", hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2,
                                    head_dim=64, intermediate_size=768, vocab_size=151_646, tie_word_embeddings=True,

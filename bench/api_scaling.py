@@ -173,7 +173,7 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--worker-class", default="trio", choices=["trio", "asyncio", "uvloop"])
     args = ap.parse_args()
-    from engine.models.random_checkpoint import demo_checkpoint_path
+    from demo.checkpoints import demo_checkpoint_path
 
     model = str(demo_checkpoint_path())
     rows = [measure(int(n), model, args) for n in args.counts.split(",")]

@@ -15,7 +15,7 @@ import time
 import tokenizers
 from tokenizers.decoders import DecodeStream
 
-from engine.models.hf_tokenizer import load_tokenizer
+from demo.tokenizers import load_tokenizer
 from server.pipeline.detokenizer import IncrementalDetokenizer
 
 PARAGRAPH = (

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.config import EngineConfig
-from engine.core import EngineCore
+from engine.core.engine_core import EngineCore
 from engine.messages import AddRequest, SamplingParams
 
 
@@ -147,7 +147,7 @@ def main() -> None:
         rerank(args)
         return
     if args.model is None:
-        from engine.models.random_checkpoint import demo_checkpoint_path
+        from demo.checkpoints import demo_checkpoint_path
 
         args.model = str(demo_checkpoint_path())
     # 64 x 128 tokens in one step, as transformers' single forward pass

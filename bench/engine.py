@@ -19,7 +19,7 @@ import msgspec
 import torch
 
 from engine.config import EngineConfig
-from engine.core import EngineCore
+from engine.core.engine_core import EngineCore
 from engine.messages import AddRequest, SamplingParams
 
 
@@ -104,7 +104,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.model is None:
-        from engine.models.random_checkpoint import demo_checkpoint_path
+        from demo.checkpoints import demo_checkpoint_path
         args.model = str(demo_checkpoint_path())
     if args.tensor_parallel_size > 1:
         compare_tp(args.model, args.dtype, args.tensor_parallel_size, args.new,

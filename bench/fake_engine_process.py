@@ -2,10 +2,10 @@
 
     SPINDLE_ENGINE_COMMAND="python -m bench.fake_engine_process" spindle --model DEMO_DIR [--api-server-count N]
 
-`engine/client.py` `engine_command` starts this instead of `python -m engine` when SPINDLE_ENGINE_COMMAND says
+`engine/client/process_client.py` `engine_command` starts this instead of `python -m engine` when SPINDLE_ENGINE_COMMAND says
 so, with the same arguments (`--config JSON`, and `--channels fd,...` under `--api-server-count`). It speaks
-the real protocol by running the real loop around a fake core: `engine/loop.py` `run` on stdin / stdout (`Pipes`)
-or on the launcher's socketpairs (`engine/channels.py` `ChannelSet`), so the frames, the one `StepOutputs` per
+the real protocol by running the real loop around a fake core: `engine/transport/loop.py` `run` on stdin / stdout (`Pipes`)
+or on the launcher's socketpairs (`engine/transport/channels.py` `ChannelSet`), so the frames, the one `StepOutputs` per
 step (per channel), the heartbeats and the lifeline are exactly the real engine's. `Ready` comes from the model
 folder's config.json (vocabulary, context length, eos ids). Every step gives each running request one token (ids
 of a real English text, cycled, so the server's detokenizer does real work; never an eos id) and finishes it with
@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from engine.__main__ import run_below_server
-from engine.channels import ChannelSet, wait_for_lifeline
+from engine.transport.channels import ChannelSet, wait_for_lifeline
 from engine.config import EngineConfig
-from engine.ipc import FrameReader, FrameWriter, die_with_parent
-from engine.loop import Links, Pipes, run
+from engine.transport.ipc import FrameReader, FrameWriter, die_with_parent
+from engine.transport.loop import Links, Pipes, run
 from engine.messages import AddRequest, EngineStats, LoadFailed, Ready, RequestOutput, ToEngine
 
 _TEXT = (
@@ -54,7 +54,7 @@ class _Running:
 
 
 class FakeCore:
-    """What engine/loop.py's `Core` protocol asks, without a model: one token per running request per step."""
+    """What engine/transport/loop.py's `Core` protocol asks, without a model: one token per running request per step."""
 
     def __init__(self, config: EngineConfig) -> None:
         folder = Path(config.model)

@@ -19,11 +19,11 @@ import torch
 
 from bench.engine import engine_decode
 from engine.config import EngineConfig
-from engine.core import EngineCore
+from engine.core.engine_core import EngineCore
 from engine.layers.moe import SparseMoE
 from engine.messages import SamplingParams
 from engine.cache_root import cache_root
-from engine.models.random_checkpoint import FAMILY_DEMOS, make_demo
+from demo.checkpoints import FAMILY_DEMOS, make_demo
 
 
 def demo_path(arch: str) -> Path:

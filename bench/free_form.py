@@ -5,7 +5,7 @@
 
 24 requests each (greedy and temperature 1, seeds 0..23) for: an object with an unbounded string, one with
 strings and an integer, any object, and the regex [a-z]+@[a-z]+\\.com. On a random-weight model nothing here
-ends unless the engine finishes it within max_tokens (engine/structured/closing.py).
+ends unless the engine finishes it within max_tokens (engine/structured/forced_finish.py).
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ class PacedFakeEngine:
 def _serve(args: argparse.Namespace) -> int:
     from tokenizers import Tokenizer
 
-    from engine.models.random_checkpoint import demo_checkpoint_path
+    from demo.checkpoints import demo_checkpoint_path
     from server.runtime.http_server import run_server
     from server.config import ServerConfig
 

@@ -51,7 +51,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null
 DEVICE=cuda; LAYERS=(); TOKENS=32; STEPS=30; BATCHES=(1 16 64)
 if [[ $DRY == 1 ]]; then DEVICE=cpu; LAYERS=(--layers 2); TOKENS=4; STEPS=3; BATCHES=(1 4); fi
 CKPT=$WORK/qwen2.5-0.5b
-step checkpoint 300 "$PY" -m engine.models.demo_shapes --shape qwen2.5-0.5b "${LAYERS[@]}" --no-tokenizer "$CKPT"
+step checkpoint 300 "$PY" -m demo.shapes --shape qwen2.5-0.5b "${LAYERS[@]}" --no-tokenizer "$CKPT"
 
 if [[ $DEVICE == cuda ]]; then
   # every kernel compiled by this machine's Triton for sm_90 (the CPU suite does it with the Triton installed there)

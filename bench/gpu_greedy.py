@@ -14,7 +14,7 @@ import sys
 
 from bench.quant_agreement import greedy as run_greedy
 from engine.config import EngineConfig
-from engine.core import EngineCore
+from engine.core.engine_core import EngineCore
 
 
 def greedy(model: str, device: str, dtype: str, prompts: list[list[int]], tokens: int) -> list[list[int]]:

@@ -5,7 +5,7 @@ no constraint, on the same checkpoint in one run, and the schema's compile time.
 
 Greedy; the unconstrained requests ignore eos so both run `--new` tokens (a random model's object lasts about
 that long: its numbers are unbounded, and the engine finishes the object just inside max_tokens, which
-engine/structured/closing.py looks for while it decodes). Plain and constrained runs alternate, twice each, and
+engine/structured/forced_finish.py looks for while it decodes). Plain and constrained runs alternate, twice each, and
 the better of each pair is kept: a later run on the same engine is slower whatever it runs (the KV blocks it gets
 are more scattered), so one order alone would bias the ratio.
 """
@@ -22,7 +22,7 @@ import time
 import torch
 
 from engine.config import EngineConfig
-from engine.core import EngineCore
+from engine.core.engine_core import EngineCore
 from engine.messages import AddRequest, SamplingParams, StructuredOutputs
 
 
@@ -66,7 +66,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.model is None:
-        from engine.models.random_checkpoint import demo_checkpoint_path
+        from demo.checkpoints import demo_checkpoint_path
         args.model = str(demo_checkpoint_path())
     core = EngineCore(EngineConfig(model=args.model, max_num_seqs=256, max_num_batched_tokens=8192,
                                    enable_prefix_caching=False))

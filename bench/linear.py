@@ -23,7 +23,7 @@ from bench.roofline import load_args
 from engine.hugepages import reexec_with_huge_pages
 from engine.cpu_kernels import gemm
 from engine.layers.linear import Int8Linear, Linear, PackedLinear, packed_weight
-from engine.models.demo_shapes import SHAPES
+from demo.shapes import SHAPES
 from engine.models.args import ModelArgs
 from engine.models.registry import parse_config
 

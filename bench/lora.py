@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
-from engine.core import EngineCore
+from engine.core.engine_core import EngineCore
 from engine.lora.peft_files import PARENT, CONFIG_FILE, WEIGHTS_FILE, BaseDims, digest
 from engine.models.checkpoint_meta import read_config
 from engine.messages import AddRequest, LoRARequest, SamplingParams
@@ -77,7 +77,7 @@ def main() -> None:
     p.add_argument("--device", default="auto", help="auto, cpu or cuda (the Triton shrink / expand kernels)")
     args = p.parse_args()
     if args.model is None:
-        from engine.models.random_checkpoint import demo_checkpoint_path  # why late: builds the demo once
+        from demo.checkpoints import demo_checkpoint_path  # why late: builds the demo once
 
         args.model = str(demo_checkpoint_path())
     kw = dict(model=args.model, dtype=args.dtype, device=args.device, max_num_seqs=256, max_num_batched_tokens=8192,

@@ -34,7 +34,7 @@ import torch
 
 from bench.roofline import Rates, load_args, measure, measure_gpu, step_cost
 from engine.config import EngineConfig
-from engine.core import EngineCore
+from engine.core.engine_core import EngineCore
 from engine.hugepages import reexec_with_huge_pages
 from engine.messages import AddRequest, SamplingParams
 
@@ -139,7 +139,7 @@ def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
     if args.model is None:
-        from engine.models.random_checkpoint import demo_checkpoint_path
+        from demo.checkpoints import demo_checkpoint_path
         args.model = str(demo_checkpoint_path())
     extra: dict[str, Any] = {"quantization": args.quantization} if args.quantization else {}
     if args.split_projections:
@@ -148,7 +148,7 @@ def main() -> None:
         extra["threaded_step_flops"] = args.threaded_step_flops
     core = EngineCore(EngineConfig(model=args.model, dtype=args.dtype, max_num_seqs=256, device=args.device,
                                    max_num_batched_tokens=8192, enable_prefix_caching=False, **extra))
-    gc.freeze()  # as engine/loop.py does once the model is loaded
+    gc.freeze()  # as engine/transport/loop.py does once the model is loaded
     gpu = core.runner.device.type == "cuda"
     params = SamplingParams(max_tokens=args.steps * args.repeat + 16, temperature=args.temperature,
                             top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,

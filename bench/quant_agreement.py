@@ -19,10 +19,10 @@ import time
 import torch
 
 from engine.config import EngineConfig
-from engine.core import EngineCore
+from engine.core.engine_core import EngineCore
 from engine.messages import AddRequest, SamplingParams
-from engine.model_runner import ModelRunner
-from engine.sequence import ScheduledSeq, Sequence
+from engine.execution.model_runner import ModelRunner
+from engine.core.sequence import ScheduledSeq, Sequence
 
 
 PAIRS = {"bf16-int8": (("bfloat16", None), ("bfloat16", "int8")),

@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 
-from engine.models.hf_tokenizer import tokenizer_dir
+from demo.tokenizers import tokenizer_dir
 from server.render import template_sandbox
 from server.render.renderer import Renderer, load_chat_template
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from engine.cache_root import cache_root
-from engine.models.random_checkpoint import DEMO
+from demo.checkpoints import DEMO
 
 NAME = "bench-reranker-v1"
 
@@ -24,7 +24,7 @@ def reranker_checkpoint() -> Path:
         return path
     import transformers  # why late: only the benchmark's first run builds it
 
-    from engine.models.hf_tokenizer import write_tokenizer
+    from demo.tokenizers import write_tokenizer
 
     cfg = transformers.Qwen2Config(
         hidden_size=DEMO["hidden_size"], num_hidden_layers=DEMO["num_layers"], num_attention_heads=DEMO["num_heads"],

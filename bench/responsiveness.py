@@ -102,7 +102,7 @@ def children(pid: int) -> dict[str, list[int]]:
             continue
         if b"engine" in cmd:
             out["engine"].append(int(entry))
-        elif b"server.render.worker" in cmd:
+        elif b"server.render.render_worker" in cmd:
             out["worker"].append(int(entry))
     return out
 

@@ -14,7 +14,7 @@ import random
 import time
 
 from engine.config import EngineConfig
-from engine.core import EngineCore
+from engine.core.engine_core import EngineCore
 from engine.hugepages import reexec_with_huge_pages
 from engine.messages import AddRequest, SamplingParams
 

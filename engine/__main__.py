@@ -15,14 +15,14 @@ from engine.hugepages import reexec_for_model
 if __name__ == "__main__":  # before torch loads: glibc reads its malloc tunables only at start
     reexec_for_model(sys.argv[1:])
 
-from engine.channels import ChannelSet, wait_for_lifeline
+from engine.transport.channels import ChannelSet, wait_for_lifeline
 from engine.config import EngineConfig
-from engine.ipc import FrameReader, FrameWriter, die_with_parent
-from engine.loop import Links, Pipes, serve
+from engine.transport.ipc import FrameReader, FrameWriter, die_with_parent
+from engine.transport.loop import Links, Pipes, serve
 from engine.messages import LoadFailed, ToEngine
 
 # The engine runs this much nicer than the API server that started it (relative: a server started under
-# `nice` keeps the gap). The render workers use the same value (server/render/worker.py).
+# `nice` keeps the gap). The render workers use the same value (server/render/render_worker.py).
 NICE_BELOW_SERVER = 10
 
 
@@ -45,13 +45,13 @@ def run_below_server() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m engine")
     parser.add_argument("--config", required=True, help="EngineConfig as JSON")
-    parser.add_argument("--channels", default="", help="socket fds, one per API server (engine/channels.py); "
+    parser.add_argument("--channels", default="", help="socket fds, one per API server (engine/transport/channels.py); "
                         "none: frames on stdin / stdout")
     args = parser.parse_args()
     run_below_server()
     # EOF on stdin ends the step loop; this also covers a step that never returns. The grace lets an idle
     # loop end on its own first (tensor parallel: rank 0 tells the other ranks to stop), inside the 0.5 s
-    # the server waits before SIGKILL (engine/client.py).
+    # the server waits before SIGKILL (engine/client/process_client.py).
     die_with_parent(grace=0.3)
     # Ctrl-C and a process group's SIGTERM (systemd) go to the server, which drains, then closes our stdin
     signal.signal(signal.SIGINT, signal.SIG_IGN)

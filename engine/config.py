@@ -37,7 +37,7 @@ class EngineConfig:
     # on the busy 2-core box it cost ~20% more CPU for no wall time (bench/README.md, "Speed on a real model")
     split_projections: bool = False
     # CPU: a step of at least this many FLOPs (projections) runs on all of torch's threads, a smaller one on one
-    # thread (each op's barrier would wait for a core another process holds: engine/model_runner.py); 0: always
+    # thread (each op's barrier would wait for a core another process holds: engine/execution/model_runner.py); 0: always
     # all, inf: always one (bench/README.md, "Threads per step")
     threaded_step_flops: float = 4e9
     max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings
@@ -55,13 +55,13 @@ class EngineConfig:
     structured_outputs_warmup: bool = False
     device: str = "auto"  # auto: cuda when available, else cpu
     scheduling_policy: str = "fcfs"  # "priority": waiting requests by (priority, arrival); fcfs: by arrival
-    runner: str = "generate"  # "pooling": prefill only, one pooled output per request (engine/pooler.py)
+    runner: str = "generate"  # "pooling": prefill only, one pooled output per request (engine/execution/pooler.py)
     convert: str = "auto"  # runner "pooling": embed | classify | auto (the architecture's; engine/pooling_config.py)
     pooler_config: dict[str, Any] = field(default_factory=dict)  # runner "pooling": --pooler-config's overrides
     # Tensor parallelism (engine/distributed/): ranks over nodes, torchrun's names for the rendezvous.
     tensor_parallel_size: int = 1
     nnodes: int = 1
-    node_rank: int = 0  # this process's node; nodes other than 0 run headless (python -m engine.distributed.worker)
+    node_rank: int = 0  # this process's node; nodes other than 0 run headless (python -m engine.distributed.rank_worker)
     master_addr: str = "127.0.0.1"  # node 0's address: its rank 0 holds the rendezvous store
     master_port: int = 0  # 0: a free port (one node only)
     distributed_timeout: float = 120.0  # seconds to join the group, and the longest one collective may wait

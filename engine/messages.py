@@ -130,7 +130,7 @@ class TokenLogprobs(msgspec.Struct, frozen=True, array_like=True):
 
 
 class PooledData(msgspec.Struct, frozen=True, array_like=True):
-    """A pooling request's raw output (engine/pooler.py): float32, little-endian, C order, of `shape`:
+    """A pooling request's raw output (engine/execution/pooler.py): float32, little-endian, C order, of `shape`:
     [D] for LAST / CLS / MEAN, [tokens, D] for ALL / STEP; D is the hidden size (embed) or the labels (classify).
     Raw: the server normalizes and applies activations per request (server/pipeline/pooling/)."""
 

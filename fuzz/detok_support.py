@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import tokenizers
 
-from engine.models.hf_tokenizer import load_tokenizer
+from demo.tokenizers import load_tokenizer
 from server.pipeline.detokenizer import SETTLE_TOKENS, IncrementalDetokenizer
 
 FUZZ_FAMILIES = ("qwen2", "llama", "tekken")

@@ -2,7 +2,7 @@
 
 `hypercorn 'server.app:create_app()' -k trio` works too: with no config, SPINDLE_* env vars are read. The
 process's role comes in as an argument: `worker` is an --api-server-count API process's WorkerContext
-(server/runtime/worker.py), whose engine channels, admission and metrics are shared with the other API
+(server/runtime/api_role.py), whose engine channels, admission and metrics are shared with the other API
 processes; None (a single server, or plain Hypercorn) opens its own engine.
 """
 
@@ -22,7 +22,7 @@ import anyio
 from hypercorn.config import Config as HypercornConfig
 from starlette.routing import Route, Router
 
-from engine.client import open_engine as open_engine_process
+from engine.client.process_client import open_engine as open_engine_process
 from engine.multimodal.processing import ENCODER_CACHE_BYTES
 from server.api.anthropic.messages import CountTokensRoute, MessagesRoute
 from server.api.audio.transcriptions import AudioRoute
@@ -43,18 +43,18 @@ from server.api.pooling.rerank import RerankRoute
 from server.api.pooling.score import ScoreRoute
 from server.api.render_only import GENERATION_ROUTES, NotHereRoute
 from server.api.render_only import not_found as render_not_found
-from server.api.state import AppState
+from server.api.app_state import AppState
 from server.api.ui import ASSETS, PUBLIC_PATHS, AssetRoute, PageRoute
 from server.api.vllm.generate import GenerateRoute
 from server.api.vllm.lora import LoadLoRARoute, UnloadLoRARoute
 from server.api.vllm.render import ChatRenderRoute, CompletionsRenderRoute
 from server.api.vllm.tokenize import DetokenizeRoute, TokenizeRoute
 from server.config import ServerConfig
-from server.deploy import wrap_app
+from server.http.deploy import wrap_app
 from server.http.asgi import Receive, Scope, Send, send_error
 from server.http.errors import APIError, describe_exception
-from server.metrics import ServerMetrics
-from server.metrics_compat import export_vllm_names
+from server.metrics.prometheus import ServerMetrics
+from server.metrics.vllm_names import export_vllm_names
 from server.multimodal.audio import open_audio_worker, speech_support
 from server.multimodal.images import image_support, open_image_worker
 from server.multimodal.mirror import EngineImageMirror
@@ -67,7 +67,7 @@ from server.lora.shared import SharedAdapters
 from server.pipeline.input_processor import GenerationSpec, limits_for
 from server.render.renderer import Renderer
 from server.render_app import checkpoint_limits
-from server.runtime.worker import WorkerContext
+from server.runtime.api_role import WorkerContext
 
 log = logging.getLogger("spindle.server")
 
@@ -329,7 +329,7 @@ def _ui_routes(state: AppState) -> list[Route]:
 def _asgi(state: AppState, routes: list[Route], lifespan: Any, not_found: Any,
           public: tuple[str, ...] = ()) -> Any:
     router = Router(routes=routes, lifespan=lifespan, default=not_found)
-    app: Any = wrap_app(router, state.config, public)  # access log, CORS, API key, root path (server/deploy.py)
+    app: Any = wrap_app(router, state.config, public)  # access log, CORS, API key, root path (server/http/deploy.py)
     app.state_holder = state  # for tests and diagnostics
     return app
 

@@ -194,7 +194,7 @@ def run(config: ServerConfig) -> int:
 def _make_demo(args: list[str]) -> int:
     """`make-demo [--vision | --arch NAME | --shape NAME] PATH`: write the demo checkpoint (--vision: a random-weight
     Qwen2-VL one; --arch: another family at the demo's size; --shape: a real model's shape in bf16; see
-    engine/models/random_checkpoint.py)."""
-    from engine.models.random_checkpoint import make_demo_command  # why here: it imports torch
+    demo/checkpoints.py)."""
+    from demo.checkpoints import make_demo_command  # why here: it imports torch
 
     return make_demo_command(args)

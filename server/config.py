@@ -129,8 +129,8 @@ class ServerConfig:
     # `spindle render` (server/render_app.py): tokenizer, templates and render routes only; no engine, no torch
     render_only: bool = False
     disable_ui: bool = False  # no chat page at / and /ui (server/api/ui.py); `spindle render` never has one
-    metrics_compat: MetricsCompat | None = None  # "vllm": /metrics also under vLLM's names (server/metrics_compat.py)
-    # Deployment (server/deploy.py): TLS through Hypercorn, CORS (vLLM's flags, JSON lists), a proxy's path prefix
+    metrics_compat: MetricsCompat | None = None  # "vllm": /metrics also under vLLM's names (server/metrics/vllm_names.py)
+    # Deployment (server/http/deploy.py): TLS through Hypercorn, CORS (vLLM's flags, JSON lists), a proxy's path prefix
     ssl_keyfile: str | None = None
     ssl_certfile: str | None = None
     allowed_origins: tuple[str, ...] = ()  # empty: no CORS headers (vLLM's default is ["*"])
@@ -223,7 +223,7 @@ class ServerConfig:
     def model_path(self) -> str:
         if self.model is not None:
             return self.model
-        from engine.models.random_checkpoint import demo_checkpoint_path  # why here: it imports torch
+        from demo.checkpoints import demo_checkpoint_path  # why here: it imports torch
 
         return str(demo_checkpoint_path())
 
@@ -295,7 +295,7 @@ _CAP_FIELDS = ("max_prompts_per_request", "max_choices_per_request", "max_stop_s
                "max_documents_per_request")
 # SPINDLE_* variables that other parts of the project read (not ServerConfig fields).
 _NOT_CONFIG = frozenset({"api_key", "output_chunk", "cache_dir", "fuzz_examples", "direct_write",
-                         "engine_command",  # engine_command: engine/client.py, benchmarks and tests only
+                         "engine_command",  # engine_command: engine/client/process_client.py, benchmarks and tests only
                          "cpu_kernels",  # read by the engine (engine/cpu_kernels/build.py)
                          "chromium", "update_screenshot"})  # tests/e2e/browser.py, tests/e2e/test_ui.py
 # Byte sizes: written "2GiB", "512MiB", "1.5G" or plain bytes, as env vars and as flags.
@@ -363,7 +363,7 @@ def _check_parsers(config: ServerConfig) -> None:
 
 
 def _check_deploy(config: ServerConfig) -> None:
-    """TLS files, the root path and --metrics-compat (server/deploy.py applies them)."""
+    """TLS files, the root path and --metrics-compat (server/http/deploy.py applies them)."""
     if (config.ssl_keyfile is None) != (config.ssl_certfile is None):
         raise ValueError("--ssl-keyfile and --ssl-certfile go together: give both, or neither")
     for name in ("ssl_keyfile", "ssl_certfile"):

@@ -2,7 +2,7 @@
 
 One shared memory file (a memfd the launcher makes and every API process maps, `SharedRegion`) holds, per
 API process, its own slot: its queued requests and prompt tokens (`SharedAdmission`) and the values of its
-request counters and histograms (`share_metrics`; server/metrics.py `MetricSlots`). Each slot has exactly
+request counters and histograms (`share_metrics`; server/metrics/prometheus.py `MetricSlots`). Each slot has exactly
 one writer, its process, and is read by all: totals are sums over the slots. No locks between processes, so no process ever waits on
 another (a stopped or slow process cannot stall the others' event loops).
 
@@ -24,7 +24,7 @@ import ctypes
 import mmap
 import os
 import threading
-from server.metrics import LoopCounter, MetricSlots, ServerMetrics
+from server.metrics.prometheus import LoopCounter, MetricSlots, ServerMetrics
 from server.pipeline.admission import Admission
 
 ADMISSION_SLOT = 64  # bytes per process: two int64 (requests, tokens), a cache line each process owns

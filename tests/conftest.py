@@ -21,7 +21,7 @@ MISTRAL_SLIDING_WINDOW = 8  # shorter than test prompts, so the window is exerci
 
 
 def build_checkpoint(root: Path, arch: str) -> Path:
-    from engine.models.random_checkpoint import write_random_checkpoint
+    from demo.checkpoints import write_random_checkpoint
 
     if arch == "qwen2":
         return write_random_checkpoint(root / "qwen2", "qwen2", **TINY, vocab_size=151_646,
@@ -68,7 +68,7 @@ def any_ckpt(request: pytest.FixtureRequest) -> Path:
 def qwen2_vl_ckpt(checkpoints_root: Path) -> Path:
     """Qwen2VLForConditionalGeneration: hidden 64, 2 layers, M-RoPE [4, 6, 6], a 2-block vision tower of width 32;
     Qwen2.5's tokenizer with Qwen2-VL's chat template; preprocessor_config.json capped at 64 x 28 x 28 pixels."""
-    from engine.models.random_checkpoint import write_random_vl_checkpoint
+    from demo.checkpoints import write_random_vl_checkpoint
 
     return write_random_vl_checkpoint(checkpoints_root / "qwen2_vl", max_position_embeddings=1024, seed=7,
                                       max_pixels=64 * 28 * 28)

@@ -26,7 +26,7 @@ def write_seq_cls(path: Path, arch: str, num_labels: int, seed: int = 7, chat_te
     with one, version 6 renders pairs as chat messages instead."""
     import transformers
 
-    from engine.models.hf_tokenizer import write_tokenizer
+    from demo.tokenizers import write_tokenizer
 
     config_name, model_name, vocab, pad = _SEQ_CLS[arch]
     names = {i: f"label_{chr(97 + i)}" for i in range(num_labels)}

@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("server", "engine")
+PACKAGES = ("server", "engine", "demo")
 
 
 def module_files(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:

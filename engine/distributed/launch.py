@@ -1,7 +1,7 @@
 """Start a node's other ranks as child processes, and stop the node when one of them dies.
 
-A child is `python -m engine.distributed.worker --rank R`: it reads the config from rank 0's store, and
-exits when its stdin pipe hangs up (engine/ipc.py `die_with_parent`), so children never outlive the
+A child is `python -m engine.distributed.rank_worker --rank R`: it reads the config from rank 0's store, and
+exits when its stdin pipe hangs up (engine/transport/ipc.py `die_with_parent`), so children never outlive the
 process that started them. That process watches them: a rank that exits while the engine runs ends it
 at once with exit code 1 (the server then fails every request in flight); its collectives would
 otherwise wait up to the group's timeout.
@@ -40,7 +40,7 @@ class LocalRanks:
         self._on_death = on_death
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         for rank in ranks:
-            cmd = [sys.executable, "-m", "engine.distributed.worker", "--rank", str(rank),
+            cmd = [sys.executable, "-m", "engine.distributed.rank_worker", "--rank", str(rank),
                    "--master-addr", addr, "--master-port", str(port), "--timeout", str(timeout)]
             # stdin: a pipe only we write (never), so the child sees a hang-up when we are gone
             self.procs[rank] = subprocess.Popen(cmd, stdin=subprocess.PIPE)

@@ -27,13 +27,13 @@ from engine.distributed.sharding import Shard
 from engine.lora.adapter import ModuleWeights
 from engine.lora.manager import LoRAManager
 from engine.lora.peft_files import BaseDims
-from engine.model_runner import ModelRunner, RunnerOutput, pick_device
+from engine.execution.model_runner import ModelRunner, RunnerOutput, pick_device
 from engine.models.args import ConfigError
 from engine.models.decoder import CausalLM
 from engine.models.loader import ModelInfo, ModelLoadError, load_model, read_config, resolve_model
 from engine.models.pooling_archs import as_decoder_config
 from engine.models.registry import parse_config
-from engine.sequence import ScheduledSeq
+from engine.core.sequence import ScheduledSeq
 
 log = logging.getLogger("engine")
 

@@ -1,7 +1,7 @@
 """The threads a CPU step's big products are shared over: this thread plus `n - 1` pool threads.
 
 torch's own intra-op threads (OpenMP) end every op at a barrier; when another process holds one of the
-cores, every op waits for it (engine/model_runner.py runs the step on one intra-op thread for that reason).
+cores, every op waits for it (engine/execution/model_runner.py runs the step on one intra-op thread for that reason).
 Here a product is cut into chunks that threads take as they come free: a thread held back slows only its
 own chunk, and this thread takes over the rest. torch ops release the GIL, so the chunks run in parallel.
 """

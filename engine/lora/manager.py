@@ -1,7 +1,7 @@
 """The engine's adapters: LoRA layers installed on the model, GPU slots, and an LRU of adapters loaded on CPU.
 
 `--max-loras` slots hold the adapters a step may use (the scheduler admits no more distinct adapters than
-slots: engine/scheduler.py); `--max-cpu-loras` adapters stay loaded on CPU, the least recently used evicted
+slots: engine/core/scheduler.py); `--max-cpu-loras` adapters stay loaded on CPU, the least recently used evicted
 and reloaded from their folder on demand. An adapter is known by its content digest (engine/lora/peft_files.py),
 so a name reloaded with new weights is a new adapter here and in the prefix cache.
 """

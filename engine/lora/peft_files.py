@@ -4,7 +4,7 @@
 `adapter_model.safetensors` (keys `base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight`). Only the
 safetensors header is parsed here (its JSON lists every tensor's dtype, shape and byte range), so a truncated
 file, a missing weight or a shape that does not fit the base is refused before any tensor is read. The digest
-(sha256 of both files) names the adapter's content: the prefix cache keys on it (engine/block_manager.py).
+(sha256 of both files) names the adapter's content: the prefix cache keys on it (engine/core/block_manager.py).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from engine.attention import AttnMetadata, TorchOps, TritonOps, rope_factors, rope_halves, rotate
+from engine.execution.ops import AttnMetadata, TorchOps, TritonOps, rope_factors, rope_halves, rotate
 from engine.cpu_kernels import layer_ops
 from engine.layers.linear import KernelLinear, Linear, make_linear
 from engine.layers.lm_head import LMHead

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import torch
 
-from engine.attention import AttnMetadata, rope_halves
+from engine.execution.ops import AttnMetadata, rope_halves
 from engine.cpu_kernels import decode_attention, decoder_layer, layer_ops
 from engine.layers.linear import KernelLinear
 from engine.layers.parallel import KERNEL_PARALLEL_BYTES, KERNEL_PARALLEL_MACS, WORKERS

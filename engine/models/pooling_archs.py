@@ -1,7 +1,7 @@
 """Checkpoints only a pooling runner serves, read as the causal decoder they contain (Qwen2, Llama, Mistral):
 
 - `*ForSequenceClassification`: the decoder plus a `score` head ([num_labels, hidden], no bias) that the engine's
-  pooler applies to the pooled final-norm state (engine/pooler.py), as transformers computes it;
+  pooler applies to the pooled final-norm state (engine/execution/pooler.py), as transformers computes it;
 - the base models (`Qwen2Model`, `LlamaModel`, `MistralModel`), as sentence-transformers saves its Transformer
   module: the decoder's weights without the "model." prefix.
 

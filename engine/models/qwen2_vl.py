@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.attention import AttnMetadata, apply_rope
+from engine.execution.ops import AttnMetadata, apply_rope
 from engine.layers.linear import Linear, make_linear
 from engine.models import llama
 from engine.models.args import ConfigError, ModelArgs

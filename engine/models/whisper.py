@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.attention import AttnMetadata, TorchOps, TritonOps
+from engine.execution.ops import AttnMetadata, TorchOps, TritonOps
 from engine.layers.linear import Linear, make_linear
 from engine.layers.lm_head import LMHead
 from engine.models.args import ConfigError, ModelArgs

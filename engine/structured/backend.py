@@ -40,7 +40,7 @@ class StructuredGrammar(Protocol):
 
     def completion(self, limit: int) -> list[int] | None:
         """Tokens (at most limit) that finish the grammar from here, short rather than shortest; None when
-        none is found. Does not move the matcher (engine/structured/closing.py forces them near max_tokens)."""
+        none is found. Does not move the matcher (engine/structured/forced_finish.py forces them near max_tokens)."""
         ...
 
     def finishes(self, token_ids: Sequence[int]) -> bool:

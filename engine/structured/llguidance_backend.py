@@ -14,9 +14,9 @@ import torch
 
 from engine.messages import StructuredOutputs
 from engine.structured.backend import StructuredGrammar
-from engine.structured.completion import Marks, completion, preferred_tokens, structural_marks
+from engine.structured.finish_search import Marks, completion, preferred_tokens, structural_marks
 from engine.structured.grammar import LIMITS, GrammarError, to_grammar
-from engine.structured.samples import required_keys, schema_samples
+from engine.structured.pattern_samples import required_keys, schema_samples
 
 INITIAL_MEMO = 64  # max_tokens values whose first finish is kept per compiled grammar
 PAR_MIN_ROWS = 4  # from this many rows the LLExecutor's threads beat filling one row after another
@@ -47,7 +47,7 @@ class Finish:
     preferred: np.ndarray
     eos: list[int]
     marks: Marks
-    hints: tuple[list[int], ...] = ()  # ways out of the schema's pattern strings (engine/structured/samples.py)
+    hints: tuple[list[int], ...] = ()  # ways out of the schema's pattern strings (engine/structured/pattern_samples.py)
     keys: tuple[list[int], ...] = ()  # the schema's required keys, `"name":` and `name":`
 
     def search(self, matcher: llguidance.LLMatcher, limit: int) -> list[int] | None:

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import torch
 
 from engine.messages import StructuredOutputs
-from engine.sequence import Sequence
+from engine.core.sequence import Sequence
 from engine.structured.backend import StructuredBackend, StructuredGrammar, allocate_bitmask
 from engine.structured.bitmask import allow_only, apply_token_bitmask
-from engine.structured.closing import advance, closing_token
-from engine.structured.state import StructuredState
+from engine.structured.forced_finish import advance, closing_token
+from engine.structured.constraint_state import StructuredState
 
 log = logging.getLogger("engine")
 CACHE_SIZE = 256  # compiled grammars kept; a request copies its grammar, so eviction frees only the template

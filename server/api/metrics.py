@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from server.http.asgi import Receive, Scope, Send
-from server.metrics import CONTENT_TYPE, ServerMetrics
+from server.metrics.prometheus import CONTENT_TYPE, ServerMetrics
 
 
 class MetricsRoute:

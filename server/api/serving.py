@@ -4,7 +4,7 @@ routes in server/streaming/."""
 from __future__ import annotations
 
 from server.api.openai.logprobs import TokenTexts
-from server.api.state import AppState, Renderer
+from server.api.app_state import AppState, Renderer
 from server.http.asgi import Receive, Scope, Send, header, serve_json_post
 from server.http.errors import APIError
 from server.multimodal.audio import speech_support

@@ -3,7 +3,7 @@
 The page is static, hand-written and offline: every asset comes from here, and its Content-Security-Policy lets
 it reach nothing but this server (no CDN, no fonts, no inline script). It uses relative URLs only, so it works
 under --root-path. The one thing filled in per request is whether the model takes images (a vision model's page
-offers an attach button). No API key is needed for these paths (server/deploy.py): the page asks for the key
+offers an attach button). No API key is needed for these paths (server/http/deploy.py): the page asks for the key
 and sends it with its API calls.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from importlib.resources import files
 
-from server.api.state import AppState
+from server.api.app_state import AppState
 from server.http.asgi import Receive, Scope, Send
 
 PAGE_PATHS = ("/", "/ui")

@@ -2,7 +2,7 @@
 
 `speech_support` reads a Whisper checkpoint's config.json and generation_config.json (its special token ids,
 languages, tasks); None for any other model. Decoding and feature extraction run in the multimodal worker process
-(server/multimodal/worker.py with server/multimodal/audio_decode.py), never on the event loop.
+(server/multimodal/image_worker.py with server/multimodal/audio_decode.py), never on the event loop.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.models.whisper_tokens import LANGUAGES, NAMES_TO_CODES, TIME_PRECISION
+from server.multimodal.whisper_tokens import LANGUAGES, NAMES_TO_CODES, TIME_PRECISION
 from server.http.errors import APIError, bad_request
 from server.multimodal.images import ImagePool, call_image_worker
 from server.render.worker_pool import WorkerPool
@@ -101,7 +101,7 @@ def speech_support(model_dir: str) -> SpeechSupport | None:
 async def open_audio_worker(model_dir: str, cache_bytes: int) -> AsyncIterator[WorkerPool]:
     """The multimodal worker set up for a speech model: WhisperFeatureExtractor from the checkpoint's folder."""
     config = {"audio_model": model_dir, "cache_bytes": cache_bytes}
-    async with WorkerPool.open(1, config, max_waiting=64, module="server.multimodal.worker") as pool:
+    async with WorkerPool.open(1, config, max_waiting=64, module="server.multimodal.image_worker") as pool:
         yield pool
 
 

@@ -1,4 +1,4 @@
-"""Audio files -> Whisper's log-mel windows, in the multimodal worker process (server/multimodal/worker.py).
+"""Audio files -> Whisper's log-mel windows, in the multimodal worker process (server/multimodal/image_worker.py).
 
 Decoding: `soundfile` (libsndfile: WAV, FLAC, OGG, MP3), else PyAV (ffmpeg: M4A, MP4, WebM, anything it reads);
 either way mixed to mono and resampled to 16 kHz (PyAV's resampler). The duration cap is enforced on the samples

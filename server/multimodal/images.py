@@ -3,7 +3,7 @@
 `data:` URLs (base64 PNG, JPEG, WebP, GIF: first frame) always; `http(s)` URLs only for hosts in
 `--allowed-media-domains` (none by default), with a byte cap, a timeout and no redirect off the list; any other
 scheme is a 400. Decoding (PIL) and preprocessing (transformers' Qwen2-VL image processor) run in the image
-worker process (server/multimodal/worker.py), one image request at a time, not in the render workers, so text
+worker process (server/multimodal/image_worker.py), one image request at a time, not in the render workers, so text
 requests never queue behind an image. The chat template sees `{"type": "image"}` parts and renders `<|image_pad|>`
 once per image; `expand` then repeats it grid t*h*w / merge**2 times, as transformers' Qwen2VLProcessor does, so
 `usage.prompt_tokens`, `max_model_len` and admission all count the image's tokens.
@@ -39,7 +39,7 @@ _ARCHITECTURE = "Qwen2VLForConditionalGeneration"
 
 
 class ImagePool(Protocol):
-    """The image worker (a WorkerPool of one running server/multimodal/worker.py)."""
+    """The image worker (a WorkerPool of one running server/multimodal/image_worker.py)."""
 
     async def call(self, request: list[Any], timeout: float | None = None) -> Any: ...
 
@@ -196,9 +196,9 @@ MM_TIMEOUT = 60.0  # seconds one request's images may take in the image worker b
 
 @asynccontextmanager
 async def open_image_worker(support: ImageSupport, cache_bytes: int) -> AsyncIterator[WorkerPool]:
-    """The image worker (server/multimodal/worker.py): one process, killed and replaced as a render worker is."""
+    """The image worker (server/multimodal/image_worker.py): one process, killed and replaced as a render worker is."""
     config = {"preprocessor": support.preprocessor, "cache_bytes": cache_bytes}
-    async with WorkerPool.open(1, config, max_waiting=64, module="server.multimodal.worker") as pool:
+    async with WorkerPool.open(1, config, max_waiting=64, module="server.multimodal.image_worker") as pool:
         yield pool
 
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from engine.client import EngineDeadError
+from engine.client.process_client import EngineDeadError
 from engine.messages import AddRequest, EngineStats, Heartbeat, Ready, StepOutputs
 from server.http import access_log
 from server.http.direct_body import WriteBatch
@@ -49,7 +49,7 @@ class AdmissionLike(Protocol):
 
 
 class LLMMetrics(OutputMetrics, ImageMetrics, Protocol):
-    """What AsyncLLM and the routes around it record (server.metrics.ServerMetrics)."""
+    """What AsyncLLM and the routes around it record (server.metrics.prometheus.ServerMetrics)."""
 
     @property
     def mm_processor_cache_hits(self) -> Counter: ...  # counted by server/multimodal/images.py
@@ -163,7 +163,7 @@ class AsyncLLM:
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """The reader and the output handler; returns when the engine is dead, or runs until cancelled.
 
-        Neither waits on the engine's stdin: the engine client's own writer task owns it (engine/client.py).
+        Neither waits on the engine's stdin: the engine client's own writer task owns it (engine/client/process_client.py).
         """
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._read)

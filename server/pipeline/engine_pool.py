@@ -36,9 +36,9 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from engine.client import EngineDeadError
+from engine.client.process_client import EngineDeadError
 from engine.messages import AddRequest, EngineStats, Heartbeat, Ready, StepOutputs
-from server.metrics import LoopCounter
+from server.metrics.prometheus import LoopCounter
 
 Policy = Literal["affinity", "round_robin"]
 POLICIES: tuple[Policy, ...] = ("affinity", "round_robin")

@@ -34,7 +34,7 @@ class Histogram(Protocol):
 
 
 class OutputMetrics(Protocol):
-    """What the output side records (server.metrics.ServerMetrics)."""
+    """What the output side records (server.metrics.prometheus.ServerMetrics)."""
 
     @property
     def ttft(self) -> Histogram: ...

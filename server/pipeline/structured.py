@@ -17,7 +17,7 @@ kept in a small LRU keyed by a digest of (kind, spec), and a hit needs no thread
 Strict or best effort, as OpenAI defines it: a JSON schema with `json_schema.strict: true` is enforced whole or
 refused (a 400 naming what the backend cannot enforce). Without it (OpenAI's default; vLLM's structured_outputs.json
 and guided_json; tool parameters, server/pipeline/tool_schemas.py) the schema goes through
-engine/structured/relax.py: what the grammar can enforce is enforced, the rest (oneOf as anyOf, unknown formats,
+engine/structured/relaxed_schema.py: what the grammar can enforce is enforced, the rest (oneOf as anyOf, unknown formats,
 uniqueItems, not, if/then/else, ...) is relaxed; the Constraint names it (the route's response header, a debug
 log line) and keeps the full schema, so the output is validated against it afterwards
 (server/streaming/output_check.py).
@@ -45,7 +45,7 @@ import msgspec
 from anyio.lowlevel import RunVar
 
 from engine.messages import StructuredOutputs
-from engine.structured import grammar, relax
+from engine.structured import grammar, relaxed_schema
 from server.config import RequestCaps
 from server.http.errors import bad_request
 from server.protocol.openai import (
@@ -61,7 +61,7 @@ log = logging.getLogger("spindle.server")
 # enforce the constraint, else why not. `backend_relax`: a JSON schema as the backend can enforce it, and what
 # that leaves out (raises GrammarError when not even that works).
 backend_validate: Callable[[StructuredOutputs], str | None] = grammar.validate
-backend_relax: Callable[[dict[str, Any], Any], relax.Relaxed] = relax.relax
+backend_relax: Callable[[dict[str, Any], Any], relaxed_schema.Relaxed] = relaxed_schema.relax
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """Tool parameters the engine enforces as far as it can: a function without `strict: true` (OpenAI's
 `function.strict`, Anthropic's tool `strict`) gets best effort, as a non-strict response_format does
-(engine/structured/relax.py); a strict one is enforced whole or refused with a 400.
+(engine/structured/relaxed_schema.py); a strict one is enforced whole or refused with a 400.
 
 Only a tool choice that constrains the output (required, a named function) compiles the parameters; the
 relaxed functions' full schemas go to server/streaming/output_check.py, which validates the calls' arguments.

@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from engine.ipc import FrameReader, FrameWriter, die_with_parent
+from engine.transport.ipc import FrameReader, FrameWriter, die_with_parent
 
 OK, USER_ERROR, INTERNAL_ERROR = 0, 1, 2  # reply codes: [code, result | message]
 

@@ -1,6 +1,6 @@
 """Chat rendering and tokenization off the event loop: a sandboxed, time- and memory-capped worker pool.
 
-Templates render in worker processes (server/render/worker.py via server/render/worker_pool.py) because a
+Templates render in worker processes (server/render/render_worker.py via server/render/worker_pool.py) because a
 runaway template must stop burning CPU, which only a kill guarantees; tokenization goes to the same
 workers because HF tokenizers hold the GIL for a whole `encode` (a long prompt stalls even a thread-
 based event loop: bench/README.md). The tokenizer is also loaded here for the detokenizer.

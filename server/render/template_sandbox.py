@@ -1,6 +1,6 @@
 """Chat templates in a Jinja2 sandbox, rendered as Hugging Face's `apply_chat_template(tokenize=False)` does.
 
-Pure and synchronous: it runs inside the render worker process (server/render/worker.py), whose
+Pure and synchronous: it runs inside the render worker process (server/render/render_worker.py), whose
 kill-on-timeout and memory cap are the hard limits; the checks here only make common abuse fail fast
 with a clear message.
 """

@@ -1,4 +1,4 @@
-"""A pool of render/tokenize worker processes (server/render/worker.py), driven from anyio without threads.
+"""A pool of render/tokenize worker processes (server/render/render_worker.py), driven from anyio without threads.
 
 Each worker serves one request at a time over its stdin/stdout. A request that overruns its time limit
 gets its worker SIGKILLed and reaped (its CPU stops), and a fresh worker takes the slot in the
@@ -24,7 +24,7 @@ import anyio.abc
 import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from engine.ipc import FrameBuffer, FrameEncoder, FrameError
+from engine.transport.ipc import FrameBuffer, FrameEncoder, FrameError
 from server.render.child import OK, USER_ERROR
 
 log = logging.getLogger(__name__)
@@ -119,10 +119,10 @@ class WorkerPool:
     """`size` workers; `call()` waits for a free one (at most `max_waiting` callers wait, more are refused)."""
 
     def __init__(self, size: int, config: dict[str, Any], max_waiting: int, tg: anyio.abc.TaskGroup,
-                 module: str = "server.render.worker") -> None:
+                 module: str = "server.render.render_worker") -> None:
         self._config = config
         self._module = module  # the worker's `python -m` module: same frames, same reply codes
-        self._name = "renderer" if module == "server.render.worker" else module.rsplit(".", 1)[0].rsplit(".", 1)[-1]
+        self._name = "renderer" if module == "server.render.render_worker" else module.rsplit(".", 1)[0].rsplit(".", 1)[-1]
         self._max_waiting = max_waiting
         self._waiting = 0
         self._tg = tg
@@ -135,7 +135,7 @@ class WorkerPool:
     @classmethod
     @asynccontextmanager
     async def open(cls, size: int, config: dict[str, Any], *, max_waiting: int = 256,
-                   module: str = "server.render.worker") -> AsyncIterator[WorkerPool]:
+                   module: str = "server.render.render_worker") -> AsyncIterator[WorkerPool]:
         if size < 1:
             raise ValueError(f"the renderer needs at least 1 worker, got {size}")
         async with anyio.create_task_group() as tg:

@@ -1,6 +1,6 @@
 """`python -m server.runtime.api_process`: one API process of --api-server-count, started by the launcher.
 
-It reads its WorkerContext and the launcher's config from its environment (server/runtime/worker.py) and
+It reads its WorkerContext and the launcher's config from its environment (server/runtime/api_role.py) and
 runs a single server's `run_server` with that context: on the shared socket, over its channels to the
 launcher's engines, with the admission counts and metrics shared with the other API processes.
 """
@@ -12,7 +12,7 @@ import sys
 
 from server.pipeline import input_processor
 from server.runtime.http_server import run_server
-from server.runtime.worker import from_environment
+from server.runtime.api_role import from_environment
 
 
 def main() -> int:

@@ -25,7 +25,7 @@ from server.http.errors import describe_exception
 from server.pipeline.async_llm import AsyncLLM
 from server.runtime.hypercorn_config import hypercorn_config
 from server.runtime.logs import setup_logging
-from server.runtime.worker import WorkerContext
+from server.runtime.api_role import WorkerContext
 
 log = logging.getLogger("spindle.server")
 
@@ -44,7 +44,7 @@ class _Shutdown:
         self.config, self.hc = config, hc
         self.stop = anyio.Event()  # Hypercorn's shutdown trigger
         self.code = 0
-        self.state: _Serving | None = None  # the app's state (server/api/state.py AppState), once built
+        self.state: _Serving | None = None  # the app's state (server/api/app_state.py AppState), once built
         self.listening = anyio.CancelScope()  # the signal watcher's own scope: cancelling it touches nothing else
 
     def fatal(self, why: str) -> None:

@@ -10,10 +10,10 @@ The process the user starts becomes the launcher (`run_api_servers`); it serves 
    and one private directory for the stored /v1/responses (one SQLite file all API processes open,
    server/api/openai/responses_store.py), removed when the launcher exits;
 3. makes one Unix socketpair per API process and engine core, and starts each engine core (one, or M with
-   `--data-parallel-size M`) with its engine ends (`python -m engine --channels ...`, `engine/channels.py`);
+   `--data-parallel-size M`) with its engine ends (`python -m engine --channels ...`, `engine/transport/channels.py`);
    an engine's stdin is only the launcher's lifeline;
 4. starts the N API processes (`python -m server.runtime.api_process`), each with its WorkerContext
-   (server/runtime/worker.py: the listening socket, its own channel end to every engine and the shared
+   (server/runtime/api_role.py: the listening socket, its own channel end to every engine and the shared
    file), in a session of their own (a terminal's Ctrl-C or a group SIGTERM reaches only the launcher,
    which forwards it once). With M engines each API process puts its M channels in an `EnginePool`
    (server/pipeline/engine_pool.py) and chooses per request as a single server does (the engines report
@@ -36,11 +36,11 @@ import tempfile
 import time
 from types import FrameType
 
-from engine.client import engine_command
+from engine.client.process_client import engine_command
 from server.config import ServerConfig
 from server.runtime.logs import setup_logging
 from server.runtime.sockets import listen
-from server.runtime.worker import ENV, WorkerContext
+from server.runtime.api_role import ENV, WorkerContext
 from server.shared_state import SharedRegion
 
 log = logging.getLogger("spindle.server")

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import anyio.to_thread
 
-from server.metrics import STRUCTURED_INVALID_REASONS as INVALID_REASONS
+from server.metrics.prometheus import STRUCTURED_INVALID_REASONS as INVALID_REASONS
 from server.pipeline.output_processor import Output
 from server.pipeline.parsing import ChoiceParsers
 from server.pipeline.structured import RELAXED_HEADER, Constraint, Relaxation

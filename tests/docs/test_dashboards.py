@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from server.metrics_compat import VLLM_NAMES
+from server.metrics.vllm_names import VLLM_NAMES
 from tests.dashboards import DASHBOARDS, PROMETHEUS_EXAMPLE, ROOT, expressions, load, panels, variables
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}

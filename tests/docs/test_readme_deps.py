@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-FIRST_PARTY = {"server", "engine", "bench", "tests", "fuzz"}
-# Imported in engine/ only to build test fixtures (engine/models/hf_tokenizer.py writes Llama / Mistral tokenizers
+FIRST_PARTY = {"server", "engine", "demo", "bench", "tests", "fuzz"}
+# Imported in demo/ only to build test fixtures (demo/tokenizers.py writes Llama / Mistral tokenizers
 # for random checkpoints); the server never reaches them, so they are declared in the `test` extra instead.
-FIXTURE_ONLY = {"mistral_common": "engine/models/hf_tokenizer.py", "sentencepiece": "engine/models/hf_tokenizer.py"}
+FIXTURE_ONLY = {"mistral_common": "demo/tokenizers.py", "sentencepiece": "demo/tokenizers.py"}
 
 
 def _normalize(name: str) -> str:
@@ -68,7 +68,7 @@ def distributions(name: str) -> set[str]:
 
 def test_runtime_imports_are_declared_dependencies() -> None:
     runtime, test = declared(None), declared("test")
-    found = third_party(imports("server", "engine"), set())
+    found = third_party(imports("server", "engine", "demo"), set())
     assert {"torch", "msgspec", "PIL", "numpy", "httpx"} <= set(found)  # the scan sees imports at all
     missing = {}
     for name, files in sorted(found.items()):
@@ -77,12 +77,12 @@ def test_runtime_imports_are_declared_dependencies() -> None:
         wanted = test if name in FIXTURE_ONLY else runtime
         if not dists & wanted:
             missing[name] = (sorted(dists), sorted(files))
-    assert missing == {}, "imported by server/ or engine/ but not declared (import -> (distributions, files))"
+    assert missing == {}, "imported by server/, engine/ or demo/ but not declared (import -> (distributions, files))"
 
 
 def test_fixture_only_exceptions_are_still_fixture_only() -> None:
     """An exception that is no longer imported, or imported elsewhere, must go (or move to `dependencies`)."""
-    found = third_party(imports("server", "engine"), set())
+    found = third_party(imports("server", "engine", "demo"), set())
     for name, only_file in FIXTURE_ONLY.items():
         assert found.get(name) == {only_file}, (name, found.get(name))
 

@@ -21,7 +21,7 @@ from hypercorn.config import Config
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.messages import AddRequest
-from engine.models.hf_tokenizer import tokenizer_dir
+from demo.tokenizers import tokenizer_dir
 from server.app import create_app
 from server.config import ServerConfig
 from tests.server.fake_engine import FakeEngineClient

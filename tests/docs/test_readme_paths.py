@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.models import random_checkpoint
+from demo import checkpoints as random_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ("README.md", "bench/README.md", "pyproject.toml")

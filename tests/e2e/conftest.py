@@ -140,7 +140,7 @@ def _wait_one_healthy(server: Server, timeout: float) -> None:
 @pytest.fixture(scope="session")
 def qwen25_ckpt(checkpoints_root: Path) -> Path:
     """A Qwen2.5-tokenized tiny checkpoint: its <tool_call> tokens and tool-calling template."""
-    from engine.models.random_checkpoint import write_random_checkpoint  # torch: only for tests that use it
+    from demo.checkpoints import write_random_checkpoint  # torch: only for tests that use it
 
     path = checkpoints_root / "qwen25"
     if path.exists():

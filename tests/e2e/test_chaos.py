@@ -39,7 +39,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 def long_ckpt(checkpoints_root: Path) -> Path:
-    from engine.models.random_checkpoint import write_random_checkpoint
+    from demo.checkpoints import write_random_checkpoint
     from tests.conftest import TINY
 
     return write_random_checkpoint(checkpoints_root / "qwen2-4k", "qwen2", **{**TINY, "max_position_embeddings": MAX_LEN},

@@ -131,7 +131,7 @@ def test_admission_counts_n_and_tokens(guarded: Server) -> None:
 
 
 def render_workers(server: Server) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(server.proc.pid), "-f", "server.render.worker"], capture_output=True, text=True)
+    out = subprocess.run(["pgrep", "-P", str(server.proc.pid), "-f", "server.render.render_worker"], capture_output=True, text=True)
     return [int(p) for p in out.stdout.split()]
 
 
@@ -196,7 +196,7 @@ def test_giant_string_and_escapes_are_400s(guarded: Server) -> None:
 def test_render_workers_start_without_the_servers_secrets(guarded: Server) -> None:
     """The server holds SPINDLE_API_KEY; the workers that run request templates never see it."""
     assert post(guarded, "/tokenize", {"prompt": "a" * 2000}).status_code == 200  # the workers are up
-    out = subprocess.run(["pgrep", "-P", str(guarded.proc.pid), "-f", "server.render.worker"],
+    out = subprocess.run(["pgrep", "-P", str(guarded.proc.pid), "-f", "server.render.render_worker"],
                          capture_output=True, text=True)
     pids = [int(p) for p in out.stdout.split()]
     assert pids

@@ -1,5 +1,5 @@
 """The engine and the render workers run nicer than the API server (engine/__main__.py run_below_server,
-server/render/worker.py main), every thread of them, so the server's event loop gets a core first.
+server/render/render_worker.py main), every thread of them, so the server's event loop gets a core first.
 
 The mechanism only, read from /proc/<pid>/task/<tid>/stat; the latency it buys is bench.responsiveness's.
 """
@@ -72,7 +72,7 @@ def test_engine_and_workers_run_nicer_than_the_server(server: Server) -> None:
     while True:
         kids = _children(server.proc.pid)
         engines = [p for p, cmd in kids.items() if b"\0-m\0engine\0" in cmd]
-        workers = [p for p, cmd in kids.items() if b"server.render.worker" in cmd]
+        workers = [p for p, cmd in kids.items() if b"server.render.render_worker" in cmd]
         seen = {p: _threads(p) for p in engines + workers}
         ok = len(engines) == 1 and workers and all(
             prio == (want, SCHED_OTHER) for threads in seen.values() for prio in threads.values())

@@ -53,7 +53,7 @@ FAMILIES: dict[str, Any] = {
                  "required": ["a", "b"], "additionalProperties": False},
     "formats": {"type": "object", "properties": {f: {"type": "string", "format": f} for f in FORMATS},
                 "required": list(FORMATS), "additionalProperties": False},
-    # what lenient mode would relax, rewritten exactly (engine/structured/exact.py)
+    # what lenient mode would relax, rewritten exactly (engine/structured/strict_schema.py)
     "conditionals": {"type": "object", "additionalProperties": False, "required": ["type"],
                      "properties": {"type": {"enum": ["upload", "text", "other"]}, "attributes": {"type": "object"},
                                     "id": {"type": "string", "maxLength": 4}},

@@ -35,7 +35,7 @@ NAMED: Any = {"type": "function", "function": {"name": "get_weather"}}
 
 @pytest.fixture(scope="module")
 def qwen25_ckpt(checkpoints_root: Path) -> Path:
-    from engine.models.random_checkpoint import write_random_checkpoint
+    from demo.checkpoints import write_random_checkpoint
 
     path = checkpoints_root / "qwen25"
     if path.exists():

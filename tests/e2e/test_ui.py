@@ -41,7 +41,7 @@ ASK = "Tell me about spindles."
 
 @pytest.fixture(scope="module")
 def long_ckpt(checkpoints_root: Path) -> Path:
-    from engine.models.random_checkpoint import write_random_checkpoint  # why here: torch, built once per module
+    from demo.checkpoints import write_random_checkpoint  # why here: torch, built once per module
     from tests.conftest import TINY
 
     return write_random_checkpoint(checkpoints_root / "qwen2-4k-ui", "qwen2",

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from engine.config import EngineConfig
 from engine.layers.linear import Int8Linear
-from engine.models.random_checkpoint import write_random_checkpoint
+from demo.checkpoints import write_random_checkpoint
 from engine.models.loader import load_model, pick_dtype, resolve_model, slow_half_precision
 from engine.models.weights import ModelLoadError
 
@@ -163,7 +163,7 @@ def test_unreachable_hub_id() -> None:
 def test_demo_checkpoint_built_once_and_loads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
-    from engine.models.random_checkpoint import demo_checkpoint_path
+    from demo.checkpoints import demo_checkpoint_path
 
     monkeypatch.setenv("SPINDLE_CACHE_DIR", str(tmp_path))
     path = demo_checkpoint_path()
@@ -203,7 +203,7 @@ def test_concurrent_demo_builders_agree(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    code = ("import engine.models.random_checkpoint as c; c.DEMO = dict(c.DEMO, hidden_size=32, head_dim=16, vocab_size=1000, "
+    code = ("import demo.checkpoints as c; c.DEMO = dict(c.DEMO, hidden_size=32, head_dim=16, vocab_size=1000, "
             "intermediate_size=64, tokenizer=False); print(c.demo_checkpoint_path())")
     env = dict(os.environ, SPINDLE_CACHE_DIR=str(tmp_path), OMP_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)

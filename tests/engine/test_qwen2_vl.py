@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
-from engine.core import EngineCore
+from engine.core.engine_core import EngineCore
 from engine.messages import IMAGE_CACHE_MISS, AddRequest, ImageInput, RequestOutput
 from engine.multimodal.processing import (
     IMAGE_PAD_ID, expand_placeholders, image_hash, make_processor, num_image_tokens, process_image,
@@ -88,7 +88,7 @@ def test_text_only_prompt_is_plain_qwen2(qwen2_vl_ckpt: Path, tmp_path: Path) ->
     save_file({k: v for k, v in weights.items() if not k.startswith("visual.")}, qwen2 / "model.safetensors")
     prompt = TEXT * 3
     vl, plain = make_core(qwen2_vl_ckpt), make_core(qwen2)
-    from engine.sequence import ScheduledSeq, Sequence
+    from engine.core.sequence import ScheduledSeq, Sequence
     logits = []
     for core in (vl, plain):
         seq = Sequence.new("a", prompt, greedy(1), 0.0)

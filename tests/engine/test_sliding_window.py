@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.core import EngineCore
+from engine.core.engine_core import EngineCore
 from engine.messages import AddRequest, SamplingParams
-from engine.model_runner import ModelRunner
-from tests.engine.test_model_runner import Blocks, hf_logits, new_seq, prompt, step
+from engine.execution.model_runner import ModelRunner
+from tests.engine.execution.test_model_runner import Blocks, hf_logits, new_seq, prompt, step
 
 WINDOW = 4
 PATTERN = [WINDOW, None, WINDOW, None]  # local and global layers, as Gemma alternates them
@@ -31,7 +31,7 @@ def _one_thread() -> None:
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engine.models.random_checkpoint import write_random_checkpoint
+    from demo.checkpoints import write_random_checkpoint
 
     return write_random_checkpoint(tmp_path_factory.mktemp("win") / "qwen2x4", "qwen2", hidden_size=64, num_layers=4,
                                    num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128, vocab_size=VOCAB,

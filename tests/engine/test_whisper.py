@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine.core import EngineCore
+from engine.core.engine_core import EngineCore
 from engine.messages import AddRequest, AudioInput, RequestOutput, SamplingParams
 from tests.helpers.audio import demo_whisper, hf_features, hf_generate, hf_whisper, hf_window_generate, tone
 from tests.helpers.engine import make_core
@@ -125,12 +125,12 @@ def test_no_prefix_cache_across_audio(ckpt: Path) -> None:
 
 def triton_child(ckpt: str, feats_file: str, out: str) -> None:
     """Entry point of the subprocess (TRITON_INTERPRET set before triton is imported): the GPU path's greedy."""
-    import engine.core
+    import engine.core.engine_core
     from engine.config import EngineConfig
-    from engine.model_runner import ModelRunner
+    from engine.execution.model_runner import ModelRunner
 
     torch.set_num_threads(1)
-    engine.core.make_runner = lambda cfg: ModelRunner(cfg, use_triton=True)  # type: ignore[assignment]
+    engine.core.engine_core.make_runner = lambda cfg: ModelRunner(cfg, use_triton=True)  # type: ignore[assignment]
     core = EngineCore(EngineConfig(model=ckpt, num_blocks=64, block_size=16))
     assert core.runner.use_triton
     feats = torch.load(feats_file)

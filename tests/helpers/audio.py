@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.models.whisper_demo import make_whisper_demo
+from demo.whisper import make_whisper_demo
 
 SR = 16_000
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from engine.config import EngineConfig
-from engine.core import EngineCore
+from engine.core.engine_core import EngineCore
 from engine.messages import AddRequest, RequestOutput, SamplingParams
 
 

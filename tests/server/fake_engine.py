@@ -1,4 +1,4 @@
-"""FakeEngineClient: a stand-in for engine.client.EngineClient that replays scripted token ids.
+"""FakeEngineClient: a stand-in for engine.client.process_client.EngineClient that replays scripted token ids.
 
 Each added request gets `script(req)` as its output ids, `tokens_per_step` per step, then finishes
 with "length" (or "stop" when an id is in eos_token_ids / params.stop_token_ids). It is self-driving:
@@ -20,7 +20,7 @@ from typing import Any
 
 import anyio
 
-from engine.client import EngineDeadError
+from engine.client.process_client import EngineDeadError
 from engine.messages import AddRequest, EngineStats, Heartbeat, Ready, RequestOutput, StepOutputs, TokenLogprobs
 
 _STATS = EngineStats(0, 0, 0, 100, 0, 0, 0)

@@ -17,7 +17,7 @@ from fake_engine import FakeEngineClient, fake_engine_factory
 from hypercorn.config import Config
 
 from engine.messages import AddRequest
-from engine.models.hf_tokenizer import load_tokenizer, tokenizer_dir
+from demo.tokenizers import load_tokenizer, tokenizer_dir
 from server.http import direct_body
 from server.app import create_app
 from server.config import ServerConfig

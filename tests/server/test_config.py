@@ -120,8 +120,8 @@ def test_quantization_flag_reaches_the_engine_and_is_checked_at_startup() -> Non
 
 
 def test_make_demo_shape_writes_that_shape(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import engine.models.demo_shapes as demo_shapes
-    import engine.models.random_checkpoint as random_checkpoint
+    import demo.shapes as demo_shapes
+    import demo.checkpoints as random_checkpoint
     from server.cli import main
 
     calls: list[tuple[str, object]] = []

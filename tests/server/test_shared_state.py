@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from server.metrics import ServerMetrics
+from server.metrics.prometheus import ServerMetrics
 from server.shared_state import SharedAdmission, SharedRegion, engine_routed, share_metrics
 
 

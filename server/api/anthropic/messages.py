@@ -16,7 +16,7 @@ from server.api.anthropic.formatter import PING, MessagesFormatter, event
 from server.api.anthropic.translate import chat_request, decode_error
 from server.api.prompts import admit_early, chat_ids_with_images, prompts_lower_bound, render_chat, text_prompt_ids
 from server.api.serving import PostRoute
-from server.api.state import AppState, Renderer
+from server.api.app_state import AppState, Renderer
 from server.config import ServerConfig
 from server.multimodal.images import expand_for_model, has_images, image_support, prepare_images
 from server.http.asgi import ClientGone, Receive, Scope, Send, header, read_json_body, run_until_disconnect, send_json

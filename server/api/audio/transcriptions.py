@@ -18,7 +18,7 @@ from server.api.audio.formats import (
 from server.api.audio.multipart import read_form
 from server.api.audio.request import AudioRequest, parse_form
 from server.api.audio.stream import TranscriptStream
-from server.api.state import AppState, Renderer
+from server.api.app_state import AppState, Renderer
 from server.http.asgi import ClientGone, Receive, Scope, Send, header, run_until_disconnect, send_error
 from server.http.errors import APIError, bad_request
 from server.multimodal.audio import SpeechSupport, Window, decode_audio, speech_support
@@ -27,7 +27,7 @@ from server.pipeline.input_processor import GenerationSpec, OutputKind, external
 from server.pipeline.output_processor import Output
 from server.streaming.formatter import output_error
 from server.streaming.respond import respond
-from engine.models.whisper_tokens import LANGUAGES
+from server.multimodal.whisper_tokens import LANGUAGES
 
 
 def not_speech_error(path: str) -> APIError:

@@ -12,7 +12,7 @@ from server.api.prompts import (
     admit_early, fit_limits, prompts_lower_bound, render_chat, require_messages, text_prompt_ids,
 )
 from server.api.serving import PostRoute
-from server.api.state import AppState
+from server.api.app_state import AppState
 from server.http.asgi import Send
 from server.multimodal.images import ProcessedImage, expand_for_model, has_images, prepare_images
 from server.pipeline.input_processor import build_spec, check_request, external_request_id

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from server.http.asgi import Receive, Scope, Send, send_json
-from server.api.state import AppState
+from server.api.app_state import AppState
 from server.protocol.openai import ModelCard, ModelList, encoder
 
 

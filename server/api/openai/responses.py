@@ -20,7 +20,7 @@ from server.api.openai.responses_context import fit_prompt, resolve_references
 from server.api.openai.responses_store import ResponseStore, StoredResponse
 from server.api.prompts import admit_early, prompts_lower_bound, render_chat, text_prompt_ids
 from server.api.serving import PostRoute
-from server.api.state import AppState, Renderer
+from server.api.app_state import AppState, Renderer
 from server.http.asgi import Receive, Scope, Send, send_error, send_json
 from server.http.errors import APIError
 from server.multimodal.images import expand_for_model, has_images, image_support, prepare_images

@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 
 from server.api.openai.responses_store import ResponseStore, StoredResponse
-from server.api.state import AppState
+from server.api.app_state import AppState
 from server.http.asgi import Message, Send, send_json
 from server.http.errors import APIError
 from server.pipeline import unavailable

@@ -14,7 +14,7 @@ from typing import Any
 
 from engine.messages import ImageInput, LoRARequest, PoolingInfo, SamplingParams
 from server.api.prompts import admit_early, prompts_lower_bound, render_errors
-from server.api.state import Renderer
+from server.api.app_state import Renderer
 from server.http.asgi import Send
 from server.http.errors import bad_request
 from server.pipeline.async_llm import AsyncLLM

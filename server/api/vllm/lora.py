@@ -2,7 +2,7 @@
 POST /v1/load_lora_adapter {lora_name, lora_path, load_inplace?} and POST /v1/unload_lora_adapter {lora_name}.
 
 A missing or bad adapter is a 400 naming why and changes nothing; a name already loaded needs load_inplace
-(the new weights get a new digest, so no KV of the old ones is served: engine/block_manager.py); an unknown
+(the new weights get a new digest, so no KV of the old ones is served: engine/core/block_manager.py); an unknown
 unload is a 404. An unload takes the name away from new requests at once; requests already sent finish under
 the adapter. Success is vLLM's plain-text line.
 """
@@ -14,7 +14,7 @@ import msgspec
 
 from engine.lora.peft_files import AdapterError
 from server.api.serving import PostRoute
-from server.api.state import decode_body
+from server.api.app_state import decode_body
 from server.http.asgi import Send
 from server.http.errors import APIError, bad_request
 from server.lora.registry import LoRARegistry

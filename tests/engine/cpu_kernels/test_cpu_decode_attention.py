@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 
-from engine.block_manager import PASSED
-from engine.cpu_attention import DecodeSeqs, decode_attention
+from engine.core.block_manager import PASSED
+from engine.execution.cpu_attention import DecodeSeqs, decode_attention
 from engine.cpu_kernels import decode_attention as kernel
 
 pytestmark = pytest.mark.skipif(not kernel.usable(torch.zeros(1, 2, 32, dtype=torch.bfloat16),

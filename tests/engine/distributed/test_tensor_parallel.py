@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.core import EngineCore
+from engine.core.engine_core import EngineCore
 from engine.distributed.group import JoinError
 from engine.distributed.sharding import Shard
 from engine.messages import AddRequest, RequestOutput, SamplingParams
@@ -39,7 +39,7 @@ REGIMES = {
 
 @pytest.fixture(scope="module")
 def llama_kv1_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engine.models.random_checkpoint import write_random_checkpoint
+    from demo.checkpoints import write_random_checkpoint
 
     return write_random_checkpoint(tmp_path_factory.mktemp("tp") / "llama-kv1", "llama", **TINY_KV1,  # type: ignore[arg-type]
                                    vocab_size=32_000, tie_word_embeddings=False, rope_theta=10_000.0)
@@ -56,7 +56,7 @@ def tp_core(ckpt: Path, tp: int, **kw: object) -> EngineCore:
 
 
 def run(core: EngineCore, reqs: list[tuple[str, list[int], SamplingParams, int]]) -> dict[str, list[RequestOutput]]:
-    """tests/engine/test_core.py's `run`, then the core's ranks are stopped."""
+    """tests/engine/core/test_engine_core.py's `run`, then the core's ranks are stopped."""
     try:
         return run_core(core, reqs)
     finally:
@@ -114,7 +114,7 @@ def test_logprobs_tp2_agree_with_tp1(qwen2_ckpt: Path, dtype: str, tol: float) -
 def test_two_nodes_on_one_machine(qwen2_ckpt: Path) -> None:
     """Node 1 runs headless (no server); node 0's engine core is rank 0."""
     port = free_port()
-    node1 = subprocess.Popen([sys.executable, "-m", "engine.distributed.worker", "--nnodes", "2", "--node-rank", "1",
+    node1 = subprocess.Popen([sys.executable, "-m", "engine.distributed.rank_worker", "--nnodes", "2", "--node-rank", "1",
                               "--master-addr", "127.0.0.1", "--master-port", str(port), "--timeout", "60"])
     try:
         reqs = [("a", prompts(32_000, 3, [12])[0], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True), 0)]
@@ -129,7 +129,7 @@ def test_two_nodes_on_one_machine(qwen2_ckpt: Path) -> None:
 def test_a_node_that_cannot_join_names_itself_and_the_address() -> None:
     port = free_port()  # nobody listens there
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "engine.distributed.worker", "--nnodes", "2", "--node-rank", "1",
+    out = subprocess.run([sys.executable, "-m", "engine.distributed.rank_worker", "--nnodes", "2", "--node-rank", "1",
                           "--master-addr", "127.0.0.1", "--master-port", str(port), "--timeout", "2"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1

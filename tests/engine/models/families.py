@@ -41,7 +41,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
 
 
 def build_family(root: Path, arch: str, **overrides: Any) -> Path:
-    from engine.models.random_checkpoint import write_random_checkpoint
+    from demo.checkpoints import write_random_checkpoint
 
     kw = dict(BASE, **FAMILIES[arch])
     kw.update(overrides)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.models.loader import load_model
-from engine.models.random_checkpoint import FAMILY_DEMOS, make_demo_command
+from demo.checkpoints import FAMILY_DEMOS, make_demo_command
 from engine.models.registry import MODELS
 
 
@@ -35,7 +35,7 @@ def test_a_bad_make_demo_line_prints_the_usage(args: list[str], capsys: pytest.C
 def test_every_demo_is_a_registered_architecture() -> None:
     import transformers
 
-    from engine.models.random_checkpoint import _CLASSES
+    from demo.checkpoints import _CLASSES
 
     for spec in FAMILY_DEMOS.values():
         name = _CLASSES[spec["arch"]][1]

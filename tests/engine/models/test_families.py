@@ -15,12 +15,12 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.core import EngineCore
+from engine.core.engine_core import EngineCore
 from engine.messages import SamplingParams
-from engine.model_runner import ModelRunner
+from engine.execution.model_runner import ModelRunner
 from tests.engine.models.families import FAMILIES
 from tests.helpers.engine import run, tokens
-from tests.engine.test_model_runner import Blocks, new_seq, step
+from tests.engine.execution.test_model_runner import Blocks, new_seq, step
 
 ATOL = 1e-4
 BLOCK = 4
@@ -129,10 +129,10 @@ def test_triton_path_matches_transformers(family_ckpt: Path, tmp_path: Path) -> 
     import sys
 
     pytest.importorskip("triton")
-    from tests.engine.test_model_runner import A_FULL, B_FULL
+    from tests.engine.execution.test_model_runner import A_FULL, B_FULL
 
     out = tmp_path / "logits.pt"
-    code = ("from tests.engine.test_model_runner import kernel_path_child; "
+    code = ("from tests.engine.execution.test_model_runner import kernel_path_child; "
             f"kernel_path_child({str(family_ckpt)!r}, {str(out)!r})")
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.model_runner import ModelRunner
+from engine.execution.model_runner import ModelRunner
 from tests.engine.models.families import FAMILIES, ORIGINAL_ROPE_LENGTH
-from tests.engine.test_model_runner import Blocks, hf_logits, new_seq, step
+from tests.engine.execution.test_model_runner import Blocks, hf_logits, new_seq, step
 from tests.helpers.engine import hf_greedy, hf_model
 
 ATOL = 1e-4

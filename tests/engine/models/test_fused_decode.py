@@ -13,11 +13,11 @@ import torch
 
 from engine.config import EngineConfig
 from engine.messages import SamplingParams
-from engine.model_runner import ModelRunner
+from engine.execution.model_runner import ModelRunner
 from engine.models import fused_decode
 from engine.models.decoder import CausalLM
-from engine.models.random_checkpoint import write_random_checkpoint
-from engine.sequence import ScheduledSeq, Sequence
+from demo.checkpoints import write_random_checkpoint
+from engine.core.sequence import ScheduledSeq, Sequence
 from tests.engine.models.families import LONGROPE, build_family
 
 pytestmark = pytest.mark.skipif(not fused_decode.decoder_layer.available(),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.core import EngineCore
+from engine.core.engine_core import EngineCore
 from engine.messages import AddRequest, RequestOutput, SamplingParams
 from engine.structured.backend import StructuredBackend
 from engine.structured.llguidance_backend import LLGuidanceBackend

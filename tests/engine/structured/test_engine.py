@@ -9,13 +9,13 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from engine.core import EngineCore
+from engine.core.engine_core import EngineCore
 from engine.messages import SamplingParams, StructuredOutputs
 from tests.engine.structured.conftest import finish, make_core, run, shared_backend
 from tests.helpers.engine import tokens
 
 # Bounded parts (maxLength, ranges, enums): a random model finishes this by itself; free-form ones are finished
-# near max_tokens by engine/structured/closing.py (tests/engine/structured/test_closing.py).
+# near max_tokens by engine/structured/forced_finish.py (tests/engine/structured/test_forced_finish.py).
 SCHEMA = {"type": "object", "additionalProperties": False,
           "required": ["name", "age", "tags", "kind", "ok"],
           "properties": {"name": {"type": "string", "maxLength": 8},

@@ -22,7 +22,7 @@ PADDED_VOCAB = 32_070  # a Llama tokenizer's 32,000 tokens in a padded head; not
 
 @pytest.fixture(scope="module")
 def padded_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engine.models.random_checkpoint import write_random_checkpoint
+    from demo.checkpoints import write_random_checkpoint
 
     return write_random_checkpoint(tmp_path_factory.mktemp("padded") / "llama", "llama", **TINY,
                                    vocab_size=PADDED_VOCAB, tie_word_embeddings=False, rope_theta=10_000.0)

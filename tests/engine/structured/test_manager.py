@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.core import EngineCore
+from engine.core.engine_core import EngineCore
 from engine.messages import AddRequest, SamplingParams, StructuredOutputs
 from engine.structured.backend import StructuredGrammar
 from engine.structured.grammar import GrammarError

@@ -11,7 +11,7 @@ import pytest
 
 from server.api.openai.responses_background import BackgroundResponses
 from server.api.openai.responses_store import ResponseStore, StoredResponse
-from server.api.state import AppState
+from server.api.app_state import AppState
 from server.config import ServerConfig
 from server.http.asgi import Message, Send
 from server.http.errors import APIError

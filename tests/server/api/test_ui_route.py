@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.models.hf_tokenizer import tokenizer_dir
+from demo.tokenizers import tokenizer_dir
 from server.app import create_app
 from server.cli import config_from_args
 from server.config import ServerConfig

@@ -1,4 +1,4 @@
-"""The image worker process (server/multimodal/worker.py via server/render/worker_pool.py): preprocessing runs in
+"""The image worker process (server/multimodal/image_worker.py via server/render/worker_pool.py): preprocessing runs in
 another pid, a repeated picture hits the processor cache, a hung or dead worker is replaced and its request gets a
 clear error."""
 

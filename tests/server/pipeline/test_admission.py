@@ -9,7 +9,7 @@ import tokenizers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.models.hf_tokenizer import load_tokenizer
+from demo.tokenizers import load_tokenizer
 from server.pipeline.admission import Admission, min_tokens
 
 # Tokens a tokenizer may add around a text (bos/eos, a SentencePiece dummy-prefix piece).

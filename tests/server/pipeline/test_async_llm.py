@@ -13,13 +13,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.messages import AddRequest, EngineStats, SamplingParams
-from engine.models.hf_tokenizer import load_tokenizer
+from demo.tokenizers import load_tokenizer
 from server.pipeline.admission import Admission
 from server.app import detokenizer_factory
 from server.pipeline.async_llm import AsyncLLM
 from server.http.errors import APIError
 from server.pipeline.input_processor import GenerationSpec, OutputKind
-from server.metrics import ServerMetrics
+from server.metrics.prometheus import ServerMetrics
 from fake_engine import FakeEngineClient
 
 pytestmark = pytest.mark.anyio

@@ -14,7 +14,7 @@ import pytest
 from engine.messages import StructuredOutputs
 from server.config import RequestCaps
 from server.http.errors import APIError
-from server.metrics import STRUCTURED_INVALID_REASONS
+from server.metrics.prometheus import STRUCTURED_INVALID_REASONS
 from server.pipeline import structured
 from server.pipeline.output_processor import Output
 from server.pipeline.structured import RELAXED_HEADER, relax_schema, structured_outputs

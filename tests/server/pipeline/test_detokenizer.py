@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import pytest
 import tokenizers
 
-from engine.models.hf_tokenizer import load_tokenizer
+from demo.tokenizers import load_tokenizer
 from server.pipeline.detokenizer import DetokenizeError, IncrementalDetokenizer
 
 FAMILIES = ["qwen2", "llama", "tekken"]

@@ -10,7 +10,7 @@ import anyio
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from engine.client import EngineDeadError
+from engine.client.process_client import EngineDeadError
 from engine.messages import AddRequest, EngineStats, SamplingParams, StepOutputs
 from server.pipeline.engine_pool import (
     EngineChooser, EnginePool, open_engine_pool, open_engines, prefix_hashes, sum_stats,

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.messages import EngineStats, RequestOutput, StepOutputs
-from engine.models.hf_tokenizer import load_tokenizer
+from demo.tokenizers import load_tokenizer
 from server.pipeline.detokenizer import IncrementalDetokenizer
 from server.pipeline.input_processor import OutputKind
 from server.pipeline.output_processor import Collector, Output, OutputProcessor, RequestState

@@ -9,7 +9,7 @@ import random
 import pytest
 import tokenizers
 
-from engine.models.hf_tokenizer import load_tokenizer
+from demo.tokenizers import load_tokenizer
 from server.api.openai.chat_format import ParsedChatFormatter
 from server.pipeline.output_processor import Output
 from server.pipeline.parsing import ChoiceParser

@@ -1,6 +1,6 @@
 """Renderer against transformers' apply_chat_template and the tokenizer itself, on Trio and asyncio.
 
-Real tokenizer folders (engine/models/hf_tokenizer.py), real templates; the workers are real processes.
+Real tokenizer folders (demo/tokenizers.py), real templates; the workers are real processes.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import anyio
 import pytest
 import tokenizers
 
-from engine.models.hf_tokenizer import MISTRAL_CHAT_TEMPLATE, tokenizer_dir
+from demo.tokenizers import MISTRAL_CHAT_TEMPLATE, tokenizer_dir
 from server.render.renderer import Renderer, RenderError, load_chat_template
 from tests.helpers.processes import alive, wait_gone
 
@@ -404,7 +404,7 @@ def _fake_worker(stdout: _Chunks) -> Any:
 
 
 async def test_pool_reads_the_engine_frame_format(anyio_backend: str) -> None:
-    from engine.ipc import FrameEncoder
+    from engine.transport.ipc import FrameEncoder
     from server.render.worker_pool import _BROKEN, _MAX_REPLY_BYTES
 
     enc = FrameEncoder()
@@ -424,11 +424,11 @@ async def test_pool_reads_the_engine_frame_format(anyio_backend: str) -> None:
 
 
 def test_worker_imports_stay_light() -> None:
-    # it starts per slot and after every kill: engine.ipc (frames, die_with_parent) must not pull in torch
+    # it starts per slot and after every kill: engine.transport.ipc (frames, die_with_parent) must not pull in torch
     import subprocess
     import sys
 
-    code = "import sys, server.render.worker; sys.exit('torch' in sys.modules)"
+    code = "import sys, server.render.render_worker; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import tokenizers
 
-from engine.models.hf_tokenizer import tokenizer_dir
+from demo.tokenizers import tokenizer_dir
 from server.api.prompts import text_prompt_ids
 from server.http.errors import APIError
 from server.pipeline.input_processor import ModelLimits, check_fits, max_token_bytes

@@ -116,7 +116,7 @@ def test_mistral_ids_and_list() -> None:
 def qwen25() -> Any:
     import tokenizers
 
-    from engine.models.hf_tokenizer import tokenizer_dir
+    from demo.tokenizers import tokenizer_dir
 
     return tokenizers.Tokenizer.from_file(str(tokenizer_dir("qwen2.5") / "tokenizer.json"))
 

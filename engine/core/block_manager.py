@@ -1,0 +1,219 @@
+"""Paged KV block manager with automatic prefix caching.
+
+The KV cache is `num_blocks` blocks of `block_size` token slots; a sequence holds the blocks
+listed in `seq.block_table`. A block that is FULL of computed tokens is registered in the
+prefix cache under the key (parent content id, its token ids): content ids are handed out
+per registration, so a key names its whole prefix exactly (no hash collision can ever serve
+wrong KV: the dict compares the token tuple itself). Freed registered blocks stay "free but
+cached" and are evicted least-recently-freed first when the pool needs blocks.
+
+With a sliding window on every layer (`window`: the largest), a block whose last position every later
+query's window has passed is released while the sequence runs: its table entry becomes PASSED (the
+entry stays, so position p still maps to entry p // block_size), and the block goes back to the pool,
+still cached if registered. Prefix hits that the first new query's window has passed are not taken at
+all. Attention never reads a PASSED entry: it starts each query's keys at its window.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from engine.core.sequence import Sequence
+
+# (parent content id, the block's token ids[, the images in it: (hash, offset in the image) each])
+_CacheKey = tuple[Any, ...]
+_ROOT = -1  # the parent content id of a sequence's first block
+PASSED = -1  # a block-table entry whose block every later query's window has passed (released)
+
+
+def _block_key(seq: Sequence, parent: int, i: int, bs: int) -> _CacheKey:
+    """Block i's cache key: image placeholder tokens are all alike, so blocks holding images add their hashes. A
+    request's adapter roots its chain in the adapter's content digest: no KV is shared across adapters."""
+    root: int | str = seq.lora.digest if i == 0 and seq.lora is not None else parent  # a str: never a content id
+    key = (root, tuple(seq.token_ids[i * bs:(i + 1) * bs]))
+    if seq.mm is not None and (extra := seq.mm.block_extra(i * bs, (i + 1) * bs)):
+        return key + (extra,)
+    return key
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 window: int | None = None) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be at least 1")
+        if window is not None and window < 1:
+            raise ValueError(f"window must be at least 1, not {window}")
+        self.num_total_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.window = window  # every layer's window is at most this; None: some layer reads everything
+        self._ref = [0] * num_blocks  # how many sequences hold each block
+        self._key: list[_CacheKey | None] = [None] * num_blocks  # registered under this key
+        self._cid = [_ROOT] * num_blocks  # content id while registered
+        self._cache: dict[_CacheKey, int] = {}  # key -> block id
+        self._next_cid = 0
+        # free blocks: never-cached ones first (a stack), then cached ones in LRU order
+        self._free_plain: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._free_cached: OrderedDict[int, None] = OrderedDict()
+        # per held sequence: [blocks registered (or matched), content id of the last of them]
+        self._chain: dict[Sequence, list[int]] = {}
+        self._passed: dict[Sequence, int] = {}  # leading table entries released (PASSED), per sequence
+        self.prefix_cache_queries = 0  # cumulative, in tokens
+        self.prefix_cache_hits = 0  # cumulative, in tokens
+
+    # ---- counts -------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free_plain) + len(self._free_cached)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_total_blocks - self.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._cache)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def most_blocks_held(self, num_tokens: int, chunk: int) -> int:
+        """The most blocks a sequence of num_tokens holds at once, computed chunk tokens at a time at most."""
+        full = self.blocks_needed(num_tokens)
+        if self.window is None:
+            return full
+        # blocks from the one holding computed - window + 1 to the one holding computed + chunk - 1
+        return min(full, self.blocks_needed(self.window - 1 + chunk) + 1)
+
+    def passed_blocks(self, num_computed: int) -> int:
+        """Leading blocks no query at position >= num_computed reads: every layer's window has passed them."""
+        if self.window is None:
+            return 0
+        return max(0, num_computed - self.window + 1) // self.block_size
+
+    # ---- prefix lookup + allocation ---------------------------------------------------------
+    def lookup(self, seq: Sequence) -> list[int]:
+        """Cached blocks matching the start of seq.token_ids; no side effects.
+
+        At most (num_tokens - 1) // block_size blocks: the last token is always computed, so
+        the step that schedules it yields logits.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        bs, ids = self.block_size, seq.token_ids
+        hits: list[int] = []
+        parent = _ROOT
+        for i in range((len(ids) - 1) // bs):
+            block = self._cache.get(_block_key(seq, parent, i, bs))
+            if block is None:
+                break
+            hits.append(block)
+            parent = self._cid[block]
+        return hits
+
+    def allocate(self, seq: Sequence, num_new_tokens: int, hits: list[int] | None = None) -> bool:
+        """Make room for seq's next `num_new_tokens` tokens; False (and no change) if blocks run out.
+
+        `hits` (from lookup, only when seq holds no blocks) are shared, and the new tokens then
+        start after them: the caller sets seq.num_computed_tokens = len(hits) * block_size.
+        """
+        table = seq.block_table
+        skip = 0
+        if hits:
+            assert not table, "prefix hits are only taken by a sequence that holds no blocks"
+            computed = len(hits) * self.block_size
+            skip = self.passed_blocks(computed)  # hits no new query reads stay in the pool
+            # a hit that is free-but-cached leaves the free pool when it is taken
+            reused = sum(1 for b in hits[skip:] if self._ref[b] == 0)
+        else:
+            computed, reused = seq.num_computed_tokens, 0
+        need = self.blocks_needed(computed + num_new_tokens) - len(table) - (len(hits) if hits else 0)
+        if need > self.num_free_blocks - reused:
+            return False
+        if not table:
+            self.prefix_cache_queries += seq.num_tokens if self.enable_prefix_caching else 0
+            self._chain[seq] = [0, _ROOT]
+        if hits:
+            for b in hits[skip:]:
+                if self._ref[b] == 0:
+                    del self._free_cached[b]
+                self._ref[b] += 1
+            table.extend([PASSED] * skip + hits[skip:])
+            self._passed[seq] = skip
+            self._chain[seq] = [len(hits), self._cid[hits[-1]]]
+            self.prefix_cache_hits += computed
+        for _ in range(need):
+            table.append(self._pop_free())
+        return True
+
+    def _pop_free(self) -> int:
+        if self._free_plain:
+            b = self._free_plain.pop()
+        else:
+            b, _ = self._free_cached.popitem(last=False)  # evict the least recently freed
+            key = self._key[b]
+            if key is not None:
+                del self._cache[key]
+                self._key[b] = None
+                self._cid[b] = _ROOT
+        self._ref[b] = 1
+        return b
+
+    # ---- registration + freeing ------------------------------------------------------------
+    def register_full_blocks(self, seq: Sequence, upto: int | None = None) -> None:
+        """Enter seq's blocks that are full of computed tokens into the prefix cache.
+
+        `upto`: count tokens [0, upto) as computed (default: seq.num_computed_tokens). The scheduler
+        passes the end of the chunk it just admitted, so a request admitted later in the SAME step
+        (an n > 1 sibling) shares those blocks: every layer writes the whole batch's K/V before
+        attention reads it, and nothing scheduled from the waiting queue is preempted in that step.
+        """
+        chain = self._chain.get(seq)
+        if chain is None or not self.enable_prefix_caching:
+            return
+        bs, ids, table = self.block_size, seq.token_ids, seq.block_table
+        done, parent = chain
+        computed = seq.num_computed_tokens if upto is None else upto
+        full = min(computed // bs, len(table))
+        for i in range(done, full):
+            key = _block_key(seq, parent, i, bs)
+            existing = self._cache.get(key)
+            if existing is None:  # new content: register this block
+                b = table[i]
+                self._cache[key] = b
+                self._key[b] = key
+                self._cid[b] = parent = self._next_cid
+                self._next_cid += 1
+            else:  # another sequence computed the same block: chain on through its content id
+                parent = self._cid[existing]
+        chain[0], chain[1] = max(done, full), parent
+
+    def release_passed(self, seq: Sequence) -> None:
+        """Release the blocks every layer's window has passed, after a step computed seq's tokens
+        (call after register_full_blocks: a passed block is full, so it is registered first)."""
+        table = seq.block_table
+        done = self._passed.get(seq, 0)
+        upto = min(self.passed_blocks(seq.num_computed_tokens), len(table))
+        for i in range(done, upto):
+            self._unref(table[i])
+            table[i] = PASSED
+        if upto > done:
+            self._passed[seq] = upto
+
+    def free(self, seq: Sequence) -> None:
+        """Release seq's blocks; registered ones stay cached, the tail's evicted before the head."""
+        self._chain.pop(seq, None)
+        self._passed.pop(seq, None)
+        for b in reversed(seq.block_table):
+            if b != PASSED:
+                self._unref(b)
+        seq.block_table = []
+
+    def _unref(self, b: int) -> None:
+        self._ref[b] -= 1
+        if self._ref[b] == 0:
+            if self._key[b] is not None:
+                self._free_cached[b] = None
+            else:
+                self._free_plain.append(b)

@@ -1,0 +1,70 @@
+"""Finishing a constrained output within max_tokens instead of cutting it.
+
+A model may stay inside a free-form part of a grammar (a string with no maxLength, an unbounded
+integer, `[a-z]+`) for as long as it likes; a random-weight one never leaves. When the tokens a request
+may still generate come down to what finishing the grammar takes (plus MARGIN), the mask allows only the
+next token of that finish (engine/structured/finish_search.py), so the output parses and ends with "stop".
+A model that finishes by itself is never touched; one cut by a max_tokens too small for any finish gets a
+valid prefix, as before.
+
+The finish is looked for rarely: at the first step, then halfway to where it would have to start,
+and every step once within EVERY_STEP tokens of it (one token can open a deep structure).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Container
+
+from engine.structured.backend import StructuredGrammar
+from engine.structured.constraint_state import StructuredState
+
+log = logging.getLogger("engine")
+
+MARGIN = 4  # the finish starts this many tokens before it would have to: it ends just inside max_tokens
+EVERY_STEP = 16
+
+
+def closing_token(state: StructuredState, budget: int, banned: Container[int]) -> int | None:
+    """The one token this step must take to finish in time, or None (the grammar's mask as usual).
+
+    budget: tokens the request may still generate, this step's included; banned: tokens the sampler will
+    mask anyway (eos before min_tokens), which the finish waits for rather than force."""
+    if state.closing is None and budget <= state.check_at and state.grammar is not None:
+        try:
+            _look(state, state.grammar, budget)
+        except Exception:  # the finish is an extra: a failing search must end neither the request nor the engine
+            log.exception("structured output: looking for a finish failed; this request is not finished early")
+            state.check_at = -1
+    if not state.closing or state.closing[0] in banned:
+        return None
+    return state.closing[0]
+
+
+def _look(state: StructuredState, grammar: StructuredGrammar, budget: int) -> None:
+    """Find the finish (or replay the last one); force it now, or say when to look again."""
+    # the last finish found often still finishes (the model wrote on inside the same string): replaying it
+    # costs ~1/50 of a search
+    path = state.finish
+    if not (path and len(path) <= budget and grammar.finishes(path)):
+        path = state.finish = grammar.completion(budget)
+    if path is None:  # no finish fits (or none was found): look again later, the model may close things
+        state.check_at = budget // 2
+    elif budget <= len(path) + MARGIN:
+        state.closing = list(path)
+    else:
+        gap = budget - len(path) - MARGIN
+        state.check_at = budget - 1 if gap <= EVERY_STEP else budget - gap // 2
+
+
+def advance(state: StructuredState, token: int) -> None:
+    """The sampled token was accepted by the grammar: follow the finish, or drop it when the model left it."""
+    if state.finish and token == state.finish[0]:
+        state.finish = state.finish[1:]
+    if not state.closing:
+        return
+    if token == state.closing[0]:
+        del state.closing[0]
+    else:  # a banned token's turn: the model went elsewhere, so the finish is found again next step
+        state.closing = None
+        state.check_at = 1 << 30

@@ -1,0 +1,1 @@
+"""Prometheus metrics of the API server, and their copies under vLLM's names."""

@@ -1,0 +1,143 @@
+"""Best effort for JSON schemas (engine/structured/relaxed_schema.py): each relaxation names what it left out, the relaxed
+grammar still enforces the rest, exact rewrites relax nothing, and what no relaxation can fix stays an error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import llguidance
+import pytest
+
+from engine.structured.grammar import GrammarError
+from engine.structured.relaxed_schema import BEST_EFFORT, relax, warning_keywords
+
+STYLE: Any = {"whitespace_flexible": False}
+CORPUS = Path(__file__).resolve().parents[3] / "bench" / "schemas"
+
+
+def accepts(schema: Any, text: str) -> bool:
+    """The grammar of `schema` (as relax returned it) takes exactly `text` (bytes through the regex-free path)."""
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=STYLE)
+    tok = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteTok()))
+    m = llguidance.LLMatcher(tok, grammar, log_level=0)
+    return bool(m.consume_tokens(list(text.encode()))) and m.is_accepting()
+
+
+class _ByteTok:
+    """A byte-level tokenizer (one token per byte, eos 256) for checking what a grammar accepts."""
+
+    eos_token_id = 256
+    bos_token_id = None
+    tokens = [bytes([i]) for i in range(256)] + [b"<eos>"]
+    special_token_ids = [256]
+
+    def __call__(self, s: str | bytes) -> list[int]:
+        return list(s.encode() if isinstance(s, str) else s)
+
+
+@pytest.mark.parametrize("schema, keywords", [
+    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, ("uniqueItems",)),
+    ({"type": "object", "propertyNames": {"pattern": "^a"}}, ("propertyNames",)),
+    ({"type": "object", "dependencies": {"a": 3}}, ("dependencies",)),  # malformed: not rewritten (test_exact.py)
+    ({"not": {"type": "string"}}, ("not",)),
+    ({"if": {"type": "string"}, "then": {"minLength": 2}, "else": {"type": "integer"}}, ("else", "if", "then")),
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "maxProperties": 1},
+     ("minProperties/maxProperties",)),
+    ({"type": "string", "format": "url"}, ("format:url",)),
+    ({"oneOf": [{"type": "object", "properties": {"a": {"type": "string"}}},
+                {"type": "object", "properties": {"b": {"type": "string"}}}]}, ("oneOf",)),
+    ({"type": "string", "pattern": "^(?!foo).*$"}, ("pattern",)),  # look-around: llguidance's regex has none
+    ({"type": "object", "patternProperties": {"^a": {"type": "string"}, "^ab": {"type": "integer"}}},
+     ("patternProperties",)),  # overlapping patterns: llguidance needs them disjoint
+    ({"properties": {"a": {"$ref": "#/definitions/missing"}}}, ("$ref",)),
+    ({"properties": {"a": {"$ref": "https://example.com/other.json#/x"}}}, ("$ref",)),  # never fetched
+])
+def test_each_relaxation_is_named(schema: dict[str, Any], keywords: tuple[str, ...]) -> None:
+    out = relax(schema, STYLE)
+    assert out.keywords == keywords
+    assert out.schema["x-guidance"] == BEST_EFFORT and "x-guidance" not in schema  # the input is not changed
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {"type": "string", "format": "email"}}, "required": ["a"]},
+    {"anyOf": [{"type": "string"}, {"type": "boolean"}]},
+    {"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"},
+])
+def test_what_is_enforced_whole_is_returned_as_is(schema: dict[str, Any]) -> None:
+    out = relax(schema, STYLE)
+    assert out.keywords == () and out.schema is schema
+
+
+def test_exact_rewrites_relax_nothing() -> None:
+    """An integral float count (JSON Schema's integer, not llguidance's), a dialect llguidance does not know and
+    annotations beside a recursive $ref are rewritten, not relaxed."""
+    out = relax({"type": "array", "items": {"type": "string"}, "minItems": 1.0}, STYLE)
+    assert out.keywords == () and out.schema["minItems"] == 1 and isinstance(out.schema["minItems"], int)
+    out = relax({"$schema": "http://json-schema.org/schema#", "type": "string"}, STYLE)
+    assert out.keywords == () and "$schema" not in out.schema
+    circle = json.loads((CORPUS / "check-jsonschema" / "circle-ci.json").read_text())
+    logic = {"definitions": {"logic": circle["definitions"]["logic"]}, "$ref": "#/definitions/logic"}
+    out = relax(logic, STYLE)  # recursive, with annotations beside its $refs: llguidance refuses it as it is
+    assert "$ref" not in out.keywords and out.keywords == ("oneOf", "propertyNames")
+    nots = out.schema["definitions"]["logic"]["oneOf"][1]["properties"]["not"]
+    assert nots == {"$ref": "#/definitions/logic"}
+
+
+def test_what_is_not_relaxed_is_still_enforced() -> None:
+    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string", "maxLength": 1,
+                                                                                  "pattern": "^[ab]$"},
+                                                        "uniqueItems": True}},
+              "required": ["tags"], "additionalProperties": False}
+    out = relax(schema, STYLE)
+    assert out.keywords == ("uniqueItems",)
+    assert accepts(out.schema, '{"tags":["a","a"]}')  # uniqueItems: relaxed
+    assert not accepts(out.schema, '{"tags":["c"]}')  # pattern: enforced
+    assert not accepts(out.schema, '{"tags":[],"x":1}')  # additionalProperties: enforced
+    assert not accepts(out.schema, "{}")  # required: enforced
+
+
+def test_an_optional_part_behind_a_missing_ref_is_left_out() -> None:
+    """The output never reaches a schema nobody can read: optional properties and items behind a $ref to nowhere
+    are `false`; a required one matches anything."""
+    schema = {"type": "object", "required": ["b"], "properties": {
+        "a": {"$ref": "#/definitions/missing"}, "b": {"$ref": "#/definitions/gone"},
+        "c": {"type": "array", "items": {"$ref": "other.json#/x"}}}}
+    out = relax(schema, STYLE)
+    assert out.keywords == ("$ref",)
+    assert accepts(out.schema, '{"b":[1]}') and accepts(out.schema, '{"b":1,"c":[]}')
+    assert not accepts(out.schema, '{"a":1,"b":1}') and not accepts(out.schema, '{"b":1,"c":[1]}')
+
+
+def test_a_recursive_ref_with_siblings_is_folded_into_a_copy() -> None:
+    """llguidance cannot intersect a recursive $ref with a sibling `type`: the $ref goes to a copy of the definition
+    that holds the sibling (exact), and the document's definitions beside the root's $ref stay (dropping them left
+    the whole schema matching anything)."""
+    schema = {"$ref": "#/definitions/node", "definitions": {"node": {
+        "type": "object", "required": ["kids"],
+        "properties": {"kids": {"type": "array", "items": {"$ref": "#/definitions/node", "minProperties": 1}}}}}}
+    out = relax(schema, STYLE)
+    assert out.keywords == () and "definitions" in out.schema
+    assert accepts(out.schema, '{"kids":[{"kids":[]}]}')
+    assert not accepts(out.schema, "[1]") and not accepts(out.schema, '{"kids":[1]}')
+    dart = json.loads((CORPUS / "schemastore" / "dart-test.json").read_text())  # allOf of a recursive $ref and more
+    assert relax(dart, STYLE).keywords == ("oneOf",)
+
+
+@pytest.mark.parametrize("schema, needle", [
+    ({"type": "strin"}, "strin"),  # not a schema
+    ({"type": "integer", "minimum": 5, "maximum": 1}, "Unsatisfiable"),
+    ({"allOf": [{"type": "string"}, {"type": "integer"}]}, ""),  # nothing satisfies both
+])
+def test_what_no_relaxation_fixes_stays_an_error(schema: dict[str, Any], needle: str) -> None:
+    with pytest.raises(GrammarError) as e:
+        relax(schema, STYLE)
+    assert needle in str(e.value)
+
+
+def test_warning_keywords() -> None:
+    assert warning_keywords('Unimplemented keys: ["else", "if"]') == ["else", "if"]
+    assert warning_keywords("Unknown format: uri-template") == ["format:uri-template"]
+    assert warning_keywords("oneOf not fully supported, falling back to anyOf.") == ["oneOf"]
+    assert warning_keywords("something new\x00 <here>") == ["something new here"]  # header-safe

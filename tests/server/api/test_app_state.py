@@ -1,0 +1,57 @@
+"""AppState.require and AsyncLLM.generate: every "not now" is a 503 with Retry-After (server/pipeline/unavailable.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from engine.messages import SamplingParams
+from fake_engine import FakeEngineClient
+from server.api.app_state import AppState
+from server.config import ServerConfig
+from server.http.errors import APIError
+from server.pipeline.async_llm import AsyncLLM
+from server.pipeline.input_processor import GenerationSpec, ModelLimits
+
+pytestmark = pytest.mark.anyio
+
+
+def refusal(call: Any) -> APIError:
+    with pytest.raises(APIError) as e:
+        call()
+    return e.value
+
+
+def ready_state() -> tuple[AppState, AsyncLLM]:
+    llm = AsyncLLM(FakeEngineClient(lambda req: [1]), lambda spec: None)
+    state = AppState(ServerConfig(), "m", llm=llm, limits=ModelLimits(max_model_len=64, vocab_size=100))
+    state.renderer = object()  # type: ignore[assignment]  # require() only checks that it is there
+    return state, llm
+
+
+def test_require_refuses_with_503_and_retry_after() -> None:
+    starting = refusal(AppState(ServerConfig(), "m").require)
+    state, llm = ready_state()
+    assert state.require()[0] is llm
+    llm.dead = "engine core exited with 1"
+    dead = refusal(state.require)
+    llm.dead = None
+    state.stopping = True
+    stopping = refusal(state.require)
+    render_stopping = refusal(state.require_renderer)
+    for error, words in ((starting, "still starting"), (dead, "engine core exited with 1"),
+                         (stopping, "shutting down"), (render_stopping, "shutting down")):
+        assert (error.status, error.retry_after) == (503, 1) and words in error.message
+
+
+async def test_generate_refuses_like_require() -> None:
+    _, llm = ready_state()
+    spec = GenerationSpec(external_id="a", request_id="a", prompt_token_ids=[1], params=SamplingParams(max_tokens=1))
+    for setup, words in ((lambda: setattr(llm, "dead", "gone"), "engine is not running (gone)"),
+                         (lambda: (setattr(llm, "dead", None), setattr(llm, "stopping", True)), "shutting down")):
+        setup()
+        with pytest.raises(APIError) as e:
+            async with llm.generate([spec]):
+                pass
+        assert (e.value.status, e.value.retry_after) == (503, 1) and words in e.value.message
