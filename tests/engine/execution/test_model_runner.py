@@ -281,7 +281,7 @@ def test_triton_kernel_path_matches_transformers(any_ckpt: Path, tmp_path: Path)
             f"t.kernel_path_child({str(any_ckpt)!r}, {str(out)!r})")
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240,
-                          cwd=Path(__file__).parents[2])
+                          cwd=Path(__file__).parents[3])
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = torch.load(out)
     hf = hf_model(any_ckpt)
