@@ -79,11 +79,7 @@ def load(flags: tuple[str, ...], needs: frozenset[str]) -> ctypes.CDLL | None:
         log.warning("CPU kernels off: no C++ compiler (install g++ or set CXX); torch's path is slower")
         return None
     files = sources()
-    headers = sorted(SOURCES.glob("*.h"))
-    version = subprocess.run([cxx, "--version"], capture_output=True, timeout=30).stdout
-    parts = [p.read_bytes() for p in files + headers] + [" ".join(flags).encode(), version]
-    digest = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
-    target = cache_root() / "cpu_kernels" / f"spindle-{digest}.so"
+    target = cache_root() / "cpu_kernels" / f"spindle-{_digest(cxx, flags)}.so"
     if not target.exists():
         try:
             _compile(cxx, files, flags, target)
@@ -95,6 +91,21 @@ def load(flags: tuple[str, ...], needs: frozenset[str]) -> ctypes.CDLL | None:
     except OSError as e:
         log.warning("CPU kernels off: %s", e)
         return None
+
+
+@functools.cache
+def _digest(cxx: str, flags: tuple[str, ...]) -> str:
+    """The library's name: a digest of its sources, headers, flags and compiler version."""
+    version = subprocess.run([cxx, "--version"], check=False, capture_output=True, timeout=30).stdout
+    parts = [p.read_bytes() for p in sources() + sorted(SOURCES.glob("*.h"))] + [" ".join(flags).encode(), version]
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+
+
+def library_digest() -> str | None:
+    """The digest of the library the kernels run from, or None where they are off (engine/cpu_kernels/chooser.py
+    keys its cached choices on it: a rebuilt kernel is timed again)."""
+    cxx = compiler()
+    return _digest(cxx, FLAGS) if load(FLAGS, NEEDS) is not None and cxx is not None else None
 
 
 def kernel(name: str, abi: int, argtypes: list[Any], symbol: str | None = None,

@@ -1,0 +1,181 @@
+"""Which kernel computes a product of this shape fastest on this machine, per row-count class, by measurement.
+
+The kernel that wins on one CPU loses on another (on AMX machines oneDNN's tiles win prefill by far; on Zen 4
+our AVX512-BF16 kernel wins decode), so no CPU flag decides: `choose(kind, shape, candidates)` times every
+candidate at a representative row count of each class, interleaved (a busy core slows all alike), takes the
+median of repeats, and caches the winners in the spindle cache under a key of the CPU model, the library
+versions, the shape and the candidate names, so a restart times nothing. SPINDLE_KERNEL_CHOICE=name forces one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import torch
+
+from engine.cache_root import cache_root
+from engine.cpu_kernels import build
+
+log = logging.getLogger(__name__)
+
+ROW_CLASSES: tuple[tuple[int, int], ...] = ((1, 1), (2, 4), (5, 16), (17, 64), (65, 1 << 30))  # last: prefill
+TIMED_ROWS = (1, 4, 16, 64, 256)  # the row count timed for each class (its largest that a step often has)
+SAMPLES = 5  # timed samples per candidate and class, interleaved
+SAMPLE_S = 2e-3  # each sample repeats the call until it lasts about this long
+MAX_REPEATS = 64
+FORCE_ENV = "SPINDLE_KERNEL_CHOICE"
+
+Bench = Callable[[int], Callable[[], object]]  # rows -> a zero-argument call that runs one product of that many rows
+clock: Callable[[], float] = time.perf_counter  # tests put a fake clock here
+_made: dict[tuple[str, tuple[int, ...], tuple[str, ...]], tuple[str, ...]] = {}
+
+
+class ChooserError(RuntimeError):
+    """No candidate could run at some row class."""
+
+
+def row_class(rows: int) -> int:
+    """The index into ROW_CLASSES of the class `rows` falls in (0 and fewer: the first)."""
+    for i, (_, hi) in enumerate(ROW_CLASSES):
+        if rows <= hi:
+            return i
+    return len(ROW_CLASSES) - 1
+
+
+def cpu_model() -> str:
+    """The CPU's model name as Linux gives it (the platform's processor string elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _library_hash() -> str:
+    return build.library_digest() or "none"
+
+
+def cache_key(kind: str, shape: tuple[int, ...], names: tuple[str, ...]) -> str:
+    """What a cached choice is valid for: CPU model, torch and kernel library versions, threads, kind, shape,
+    candidates."""
+    parts = [cpu_model(), torch.__version__, _library_hash(), str(torch.get_num_threads()), kind,
+             "x".join(map(str, shape)), ",".join(sorted(names))]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+
+def _cache_file(key: str) -> Path:
+    return cache_root() / "kernel_choice" / f"{key}.json"
+
+
+def _read_cache(key: str, names: tuple[str, ...]) -> tuple[str, ...] | None:
+    try:
+        got = json.loads(_cache_file(key).read_text())
+    except (OSError, ValueError):
+        return None
+    if (not isinstance(got, list) or len(got) != len(ROW_CLASSES)
+            or not all(isinstance(n, str) and n in names for n in got)):
+        return None  # damaged or from another candidate set: measure again
+    return tuple(got)
+
+
+def _write_cache(key: str, winners: tuple[str, ...]) -> None:
+    path = _cache_file(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(list(winners)))
+        os.replace(tmp, path)  # engines starting at once never read a half-written file
+    except OSError as e:
+        log.warning("kernel choice not cached (%s): it is measured again at the next start", e)
+
+
+def _sample(call: Callable[[], object], repeats: int) -> float:
+    t0 = clock()
+    for _ in range(repeats):
+        call()
+    return (clock() - t0) / repeats
+
+
+def _time_class(rows: int, candidates: Mapping[str, Bench]) -> str | None:
+    """The fastest candidate at `rows` rows, or None when none runs. One untimed call each first (it also
+    sets how often a sample repeats the call); a candidate that raises is left out."""
+    calls: dict[str, tuple[Callable[[], object], int]] = {}
+    for name, bench in candidates.items():
+        try:
+            call = bench(rows)
+            first = _sample(call, 1)
+        except Exception as e:  # noqa: BLE001  # why: any failure of a candidate only removes it
+            log.info("kernel %s skipped at %d rows: %s", name, rows, e)
+            continue
+        calls[name] = (call, max(1, min(MAX_REPEATS, int(SAMPLE_S / max(first, 1e-9)))))
+    if not calls:
+        return None
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(SAMPLES):
+        for name, (call, repeats) in calls.items():
+            times[name].append(_sample(call, repeats))
+    return min(times, key=lambda name: (statistics.median(times[name]), name))
+
+
+def _measure(candidates: Mapping[str, Bench]) -> tuple[str, ...]:
+    winners: list[str] = []
+    for (lo, hi), rows in zip(ROW_CLASSES, TIMED_ROWS):
+        best = _time_class(rows, candidates)
+        if best is None:
+            raise ChooserError(f"no candidate of {', '.join(candidates) or '(none)'} runs at {lo}-{hi} rows")
+        winners.append(best)
+    return tuple(winners)
+
+
+def choose(kind: str, shape: tuple[int, ...], candidates: Mapping[str, Bench]) -> tuple[str, ...]:
+    """Per row class, the name of the fastest candidate (timed on this machine at a representative row count of
+    each class, interleaved, median of repeats), cached in the spindle cache under a key of the CPU model name,
+    torch version, the kernel library's build hash, kind, shape and the candidate names, so a restart times
+    nothing. A candidate that raises (or is absent) is skipped; if all fail, raises ChooserError.
+    SPINDLE_KERNEL_CHOICE=name forces one candidate where present (for tests and benchmarks)."""
+    names = tuple(candidates)
+    if not names:
+        raise ChooserError(f"no candidate for {kind} {shape}")
+    memo = (kind, tuple(shape), tuple(sorted(names)))
+    forced = os.environ.get(FORCE_ENV, "").strip()
+    if forced in candidates:
+        winners: tuple[str, ...] = (forced,) * len(ROW_CLASSES)
+    elif memo in _made:
+        return _made[memo]
+    else:
+        key = cache_key(kind, tuple(shape), names)
+        cached = _read_cache(key, names)
+        winners = cached if cached is not None else _measure(candidates)
+        if cached is None:
+            _write_cache(key, winners)
+    if _made.get(memo) != winners:
+        log.info("kernels for %s %s by rows %s: %s", kind, "x".join(map(str, shape)), describe_classes(),
+                 " ".join(winners))
+    _made[memo] = winners
+    return winners
+
+
+def describe_classes() -> str:
+    """ROW_CLASSES as the log and bench.profile_step write them: 1 2-4 5-16 17-64 65+."""
+    return " ".join(str(lo) if lo == hi else f"{lo}-{hi}" if hi < 1 << 20 else f"{lo}+" for lo, hi in ROW_CLASSES)
+
+
+def choices_made() -> list[tuple[str, tuple[int, ...], tuple[str, ...]]]:
+    """Every choice this process made or read: (kind, shape, winner per row class), in the order made."""
+    return [(kind, shape, winners) for (kind, shape, _), winners in _made.items()]
+
+
+def forget() -> None:
+    """Drop this process's memory of its choices (tests; the disk cache stays)."""
+    _made.clear()

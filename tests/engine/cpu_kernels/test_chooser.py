@@ -1,0 +1,159 @@
+"""The kernel chooser with fake candidates on a fake clock: each call advances the clock by the cost its
+candidate is given, so no test depends on this machine's speed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.cpu_kernels import chooser
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeClock]:
+    fake = FakeClock()
+    monkeypatch.setattr(chooser, "clock", fake)
+    monkeypatch.setenv("SPINDLE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(chooser.FORCE_ENV, raising=False)
+    chooser.forget()
+    yield fake
+    chooser.forget()
+
+
+class Fake:
+    """A candidate whose call at `rows` rows costs cost(rows) seconds on the fake clock; counts its calls."""
+
+    def __init__(self, clock: FakeClock, cost: Callable[[int], float]) -> None:
+        self.clock, self.cost, self.calls = clock, cost, 0
+
+    def __call__(self, rows: int) -> Callable[[], object]:
+        def run() -> None:
+            self.calls += 1
+            self.clock.t += self.cost(rows)
+        return run
+
+
+def test_row_classes_cover_every_row_count() -> None:
+    assert [chooser.row_class(r) for r in (0, 1, 2, 4, 5, 16, 17, 64, 65, 4096)] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert chooser.describe_classes() == "1 2-4 5-16 17-64 65+"
+
+
+def test_it_picks_the_faster_per_class(clock: FakeClock) -> None:
+    # "ours" costs a flat 1 ms per row, "tiles" a fixed 10 ms plus 0.1 ms per row: ours wins up to 11 rows
+    ours = Fake(clock, lambda rows: 1e-3 * rows)
+    tiles = Fake(clock, lambda rows: 1e-2 + 1e-4 * rows)
+    got = chooser.choose("bf16", (64, 32), {"ours": ours, "tiles": tiles})
+    assert got == ("ours", "ours", "tiles", "tiles", "tiles")
+    assert chooser.choices_made() == [("bf16", (64, 32), got)]
+
+
+def test_a_second_call_times_nothing_and_a_restart_reads_the_cache(clock: FakeClock) -> None:
+    a, b = Fake(clock, lambda rows: 2e-3), Fake(clock, lambda rows: 1e-3)
+    first = chooser.choose("bf16", (8, 8), {"a": a, "b": b})
+    calls = a.calls + b.calls
+    assert first == ("b",) * 5 and calls > 0
+    assert chooser.choose("bf16", (8, 8), {"a": a, "b": b}) == first
+    chooser.forget()  # as a new process: only the disk cache is left
+    assert chooser.choose("bf16", (8, 8), {"a": a, "b": b}) == first
+    assert a.calls + b.calls == calls
+
+
+@pytest.mark.parametrize("change", ["shape", "kind", "candidates", "cpu", "torch", "library"])
+def test_it_measures_again_when_the_key_changes(clock: FakeClock, monkeypatch: pytest.MonkeyPatch,
+                                                change: str) -> None:
+    a, b = Fake(clock, lambda rows: 2e-3), Fake(clock, lambda rows: 1e-3)
+    chooser.choose("bf16", (8, 8), {"a": a, "b": b})
+    chooser.forget()
+    before = a.calls + b.calls
+    kind, shape, cands = "bf16", (8, 8), {"a": a, "b": b}
+    if change == "shape":
+        shape = (8, 16)
+    elif change == "kind":
+        kind = "int8"
+    elif change == "candidates":
+        cands = {"a": a, "b": b, "c": Fake(clock, lambda rows: 3e-3)}
+    elif change == "cpu":
+        monkeypatch.setattr(chooser, "cpu_model", lambda: "Another CPU")
+    elif change == "torch":
+        monkeypatch.setattr(chooser.torch, "__version__", "0.0.0")
+    else:
+        monkeypatch.setattr(chooser, "_library_hash", lambda: "rebuilt")
+    chooser.choose(kind, shape, cands)
+    assert a.calls + b.calls > before
+
+
+def test_a_candidate_that_raises_is_skipped(clock: FakeClock) -> None:
+    def broken(rows: int) -> Callable[[], object]:
+        def run() -> None:
+            raise RuntimeError("illegal instruction")
+        return run
+
+    def unbuildable(rows: int) -> Callable[[], object]:
+        raise ValueError("this shape does not fit")
+
+    slow = Fake(clock, lambda rows: 5e-3)
+    got = chooser.choose("bf16", (8, 8), {"broken": broken, "unbuildable": unbuildable, "slow": slow})
+    assert got == ("slow",) * 5
+
+
+def test_a_candidate_failing_at_some_rows_only_loses_those(clock: FakeClock) -> None:
+    fast = Fake(clock, lambda rows: 1e-4)
+
+    def small_only(rows: int) -> Callable[[], object]:
+        if rows > 16:
+            raise ValueError("too many rows")
+        return fast(rows)
+
+    got = chooser.choose("bf16", (8, 8), {"small": small_only, "slow": Fake(clock, lambda rows: 1e-3)})
+    assert got == ("small", "small", "small", "slow", "slow")
+
+
+def test_nothing_that_runs_raises_the_chooser_error(clock: FakeClock) -> None:
+    def broken(rows: int) -> Callable[[], object]:
+        raise RuntimeError("no")
+
+    with pytest.raises(chooser.ChooserError):
+        chooser.choose("bf16", (8, 8), {"broken": broken})
+    with pytest.raises(chooser.ChooserError):
+        chooser.choose("bf16", (8, 8), {})
+
+
+def test_the_environment_forces_a_present_candidate(clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = Fake(clock, lambda rows: 2e-3), Fake(clock, lambda rows: 1e-3)
+    monkeypatch.setenv(chooser.FORCE_ENV, "a")
+    assert chooser.choose("bf16", (8, 8), {"a": a, "b": b}) == ("a",) * 5
+    assert a.calls + b.calls == 0  # nothing timed
+    monkeypatch.setenv(chooser.FORCE_ENV, "absent")  # a name not offered: measured as usual
+    chooser.forget()
+    assert chooser.choose("bf16", (8, 8), {"a": a, "b": b}) == ("b",) * 5
+
+
+def test_a_damaged_cache_is_measured_again(clock: FakeClock) -> None:
+    a, b = Fake(clock, lambda rows: 2e-3), Fake(clock, lambda rows: 1e-3)
+    chooser.choose("bf16", (8, 8), {"a": a, "b": b})
+    chooser.forget()
+    for f in (chooser.cache_root() / "kernel_choice").iterdir():
+        f.write_text("not json")
+    before = a.calls + b.calls
+    assert chooser.choose("bf16", (8, 8), {"a": a, "b": b}) == ("b",) * 5
+    assert a.calls + b.calls > before
+
+
+def test_the_median_ignores_one_slow_sample(clock: FakeClock) -> None:
+    hiccup = iter([1e-3, 1.0])  # after the untimed call, one sample of "steady" is held up by another process
+
+    def cost(rows: int) -> float:
+        return next(hiccup, 1e-3)
+
+    got = chooser.choose("bf16", (8, 8), {"steady": Fake(clock, cost), "other": Fake(clock, lambda rows: 2e-3)})
+    assert got[0] == "steady"
