@@ -71,7 +71,7 @@ def test_panels_do_not_overlap(path: object) -> None:
         taken |= cells
 
 
-def test_readme_points_at_the_dashboard_and_the_scrape_config() -> None:
-    readme = (ROOT / "README.md").read_text()
-    assert "deploy/grafana/spindle.json" in readme and "deploy/prometheus.yml" in readme
+def test_operations_page_points_at_the_dashboard_and_the_scrape_config() -> None:
+    page = (ROOT / "docs" / "operations.md").read_text()
+    assert "deploy/grafana/spindle.json" in page and "deploy/prometheus.yml" in page
     assert PROMETHEUS_EXAMPLE.is_file()
