@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import msgspec
 
+from engine.lora.request import LoRARequest as LoRARequest  # carried by the contract, owned by engine/lora/
+
 
 class StructuredOutputs(msgspec.Struct, frozen=True, omit_defaults=True):
     """A constraint on the generated text, compiled by the engine's grammar backend (engine/structured/).
@@ -64,16 +66,6 @@ class ImageInput(msgspec.Struct, frozen=True, omit_defaults=True):
 # The error text (prefix) of a request whose image was sent by hash only and is not in the engine's cache: the
 # API resends the request with the pixels (server/pipeline/async_llm.py).
 IMAGE_CACHE_MISS = "ImageCacheMiss:"
-
-
-class LoRARequest(msgspec.Struct, frozen=True, array_like=True):
-    """The adapter a request runs under: its name (for logs and metrics), folder, and content digest (sha256 of
-    its files, engine/lora/peft_files.py): the engine loads by path, keys its caches on the digest, and refuses
-    the request if the files no longer match it."""
-
-    name: str
-    path: str
-    digest: str
 
 
 class AudioInput(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -18,7 +18,7 @@ from engine.lora.adapter import LoadedAdapter, ModuleWeights, load_adapter
 from engine.lora.layer import LoRALinear
 from engine.lora.mapping import LoRAContext, LoRAMapping, build_mapping
 from engine.lora.peft_files import BaseDims
-from engine.messages import LoRARequest
+from engine.lora.request import LoRARequest
 from engine.models.decoder import CausalLM, GatedMLP
 
 log = logging.getLogger("engine")

@@ -19,9 +19,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from server.http.asgi import Receive, Scope, Send, send_error, send_json
-from server.http.errors import APIError
+from server.http.errors import APIError, anthropic_error_body
 from server.http.root_path import route_path
-from server.protocol.anthropic import error_body
 
 _SCHEME = b"bearer "
 
@@ -86,7 +85,7 @@ class APIKeyAuth:
                 challenge = [(b"www-authenticate", b"Bearer")]
                 # an Anthropic client (by its headers, not the route: the transport knows no routes) reads its own shape
                 if x_api_key is not None or _header(scope, b"anthropic-version") is not None:
-                    await send_json(send, 401, error_body(401, error.message), challenge)
+                    await send_json(send, 401, anthropic_error_body(401, error.message), challenge)
                 else:
                     await send_error(send, error, challenge)
                 return

@@ -1,4 +1,6 @@
-"""Errors users see: one exception type carrying the HTTP status and the OpenAI error body."""
+"""Errors users see: one exception type carrying the HTTP status, and the two error bodies: OpenAI's
+(`{"error": {"message", "type", "param", "code"}}`) and Anthropic's (`{"type": "error", "error": {...}}`).
+Defined here, below the wire protocols, because the transport itself answers with them (401, 404, 413)."""
 
 from __future__ import annotations
 
@@ -7,10 +9,21 @@ from http import HTTPStatus
 
 import msgspec
 
-from server.protocol.openai import ErrorInfo, ErrorResponse, encoder
+_encoder = msgspec.json.Encoder()
 
 _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "BadRequestError",
           408: "TimeoutError", 413: "BadRequestError", 415: "BadRequestError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
+
+
+class ErrorInfo(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None
+    code: int | str | None
+
+
+class ErrorResponse(msgspec.Struct):
+    error: ErrorInfo
 
 
 class APIError(Exception):
@@ -29,7 +42,32 @@ class APIError(Exception):
                          param=self.param, code=self.status)
 
     def body(self) -> bytes:
-        return encoder.encode(ErrorResponse(self.info()))
+        return _encoder.encode(ErrorResponse(self.info()))
+
+
+# Anthropic's error types by HTTP status (docs.claude.com/en/api/errors); our 503s (loading, queue full,
+# stopping) are its `overloaded_error`: temporary, retry later.
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+                    503: "overloaded_error", 504: "timeout_error", 529: "overloaded_error"}
+
+
+def anthropic_error_type(status: int) -> str:
+    return _ANTHROPIC_TYPES.get(status) or ("invalid_request_error" if status < 500 else "api_error")
+
+
+class AnthropicErrorDetail(msgspec.Struct):
+    type: str
+    message: str
+
+
+class AnthropicErrorResponse(msgspec.Struct, tag_field="type", tag="error"):
+    error: AnthropicErrorDetail
+
+
+def anthropic_error_body(status: int, message: str) -> bytes:
+    """`{"type": "error", "error": {"type", "message"}}`: the HTTP body and the stream's `error` event alike."""
+    return _encoder.encode(AnthropicErrorResponse(AnthropicErrorDetail(anthropic_error_type(status), message)))
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:

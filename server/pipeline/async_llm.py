@@ -25,8 +25,10 @@ from server.http.direct_body import WriteBatch
 from server.http.errors import APIError
 from server.pipeline import unavailable
 from server.pipeline.image_sends import ImageMetrics, ImageMirror, ImageSends
-from server.pipeline.input_processor import GenerationSpec, OutputKind
-from server.pipeline.output_processor import Collector, Counter, OutputMetrics, OutputProcessor, RequestState
+from server.pipeline.input_processor import GenerationSpec
+from server.pipeline.output_processor import (
+    Collector, Counter, OutputKind, OutputMetrics, OutputProcessor, RequestState,
+)
 from server.pipeline.request_stream import RequestStream
 
 log = logging.getLogger("spindle.server")

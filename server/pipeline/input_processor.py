@@ -5,7 +5,6 @@ Messages follow OpenAI's wording and state the real numbers, so a user knows wha
 
 from __future__ import annotations
 
-import enum
 import itertools
 import secrets
 import time
@@ -18,15 +17,11 @@ from engine.messages import AudioInput, ImageInput, LoRARequest, Ready, Sampling
 from server.config import RequestCaps, ServerConfig
 from server.http.errors import APIError, bad_request
 from server.lora.registry import LoRARegistry
+from server.pipeline.output_processor import OutputKind
 from server.protocol.openai import ChatCompletionRequest, CompletionRequest
 
 MAX_N = 128
 _INT64 = 1 << 63
-
-
-class OutputKind(enum.IntEnum):
-    DELTA = 1  # every output carries what is new since the last one
-    FINAL_ONLY = 2  # one output, at the end
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ merged into the waiting one, so a slow client gets bigger, rarer chunks and memo
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import time
@@ -16,10 +17,18 @@ from typing import Any, Protocol
 import anyio.lowlevel
 
 from engine.messages import PooledData, RequestOutput, StepOutputs, TokenLogprobs
-from server.pipeline.input_processor import OutputKind
 from server.http.wakeup import Waiter, waiter_class
 
 log = logging.getLogger("spindle.server")
+
+
+class OutputKind(enum.IntEnum):
+    """How a request's outputs are shaped (a GenerationSpec's `output_kind`: DELTA for streams)."""
+
+    DELTA = 1  # every output carries what is new since the last one
+    FINAL_ONLY = 2  # one output, at the end
+
+
 CHUNK = int(os.environ.get("SPINDLE_OUTPUT_CHUNK", "128"))
 _DELTA = OutputKind.DELTA
 _FINAL = OutputKind.FINAL_ONLY

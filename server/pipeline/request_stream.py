@@ -8,8 +8,7 @@ from collections.abc import Callable
 import anyio
 
 from server.http.access_log import RequestRecord
-from server.pipeline.input_processor import OutputKind
-from server.pipeline.output_processor import Collector, Output, RequestState
+from server.pipeline.output_processor import Collector, Output, OutputKind, RequestState
 
 
 class RequestStream:

@@ -131,32 +131,7 @@ class CountTokensResponse(msgspec.Struct):
     input_tokens: int
 
 
-# ------------------------------------------------------------------------------------------- errors
-
-# Anthropic's error types by HTTP status (docs.claude.com/en/api/errors); our 503s (loading, queue full,
-# stopping) are its `overloaded_error`: temporary, retry later.
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
-                503: "overloaded_error", 504: "timeout_error", 529: "overloaded_error"}
-
-
-def error_type(status: int) -> str:
-    return _ERROR_TYPES.get(status) or ("invalid_request_error" if status < 500 else "api_error")
-
-
-class ErrorDetail(msgspec.Struct):
-    type: str
-    message: str
-
-
-class ErrorResponse(msgspec.Struct, tag_field="type", tag="error"):
-    error: ErrorDetail
-
-
-def error_body(status: int, message: str) -> bytes:
-    """`{"type": "error", "error": {"type", "message"}}`: the HTTP body and the stream's `error` event alike."""
-    return encoder.encode(ErrorResponse(ErrorDetail(error_type(status), message)))
-
+# Errors: the body is built in server/http/errors.py (`anthropic_error_body`): the transport's 401 has it too.
 
 encoder = msgspec.json.Encoder()
 messages_decoder = msgspec.json.Decoder(MessagesRequest)

@@ -320,17 +320,6 @@ class ModelList(msgspec.Struct):
     object: str = "list"
 
 
-class ErrorInfo(msgspec.Struct):
-    message: str
-    type: str
-    param: str | None
-    code: int | str | None
-
-
-class ErrorResponse(msgspec.Struct):
-    error: ErrorInfo
-
-
 encoder = msgspec.json.Encoder()
 completion_decoder = msgspec.json.Decoder(CompletionRequest)
 chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)

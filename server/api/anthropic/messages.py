@@ -20,7 +20,7 @@ from server.api.app_state import AppState, Renderer
 from server.config import ServerConfig
 from server.multimodal.images import expand_for_model, has_images, image_support, prepare_images
 from server.http.asgi import ClientGone, Receive, Scope, Send, header, read_json_body, run_until_disconnect, send_json
-from server.http.errors import APIError
+from server.http.errors import APIError, anthropic_error_body as error_body
 from server.pipeline.async_llm import AsyncLLM
 from server.pipeline.input_processor import ModelLimits, build_spec, check_request, external_request_id
 from server.pipeline.parsing import (
@@ -28,7 +28,7 @@ from server.pipeline.parsing import (
 )
 from server.pipeline.structured import structured_outputs
 from server.protocol.anthropic import (
-    CountTokensRequest, CountTokensResponse, count_tokens_decoder, encoder, error_body, messages_decoder,
+    CountTokensRequest, CountTokensResponse, count_tokens_decoder, encoder, messages_decoder,
 )
 from server.streaming.formatter import StreamFraming
 from server.streaming.output_check import checked, relaxed_check, relaxed_headers

@@ -23,7 +23,8 @@ from server.http.asgi import ClientGone, Receive, Scope, Send, header, run_until
 from server.http.errors import APIError, bad_request
 from server.multimodal.audio import SpeechSupport, Window, decode_audio, speech_support
 from server.pipeline.async_llm import AsyncLLM
-from server.pipeline.input_processor import GenerationSpec, OutputKind, external_request_id, unique_prefix
+from server.pipeline.input_processor import GenerationSpec, external_request_id, unique_prefix
+from server.pipeline.output_processor import OutputKind
 from server.pipeline.output_processor import Output
 from server.streaming.formatter import output_error
 from server.streaming.respond import respond

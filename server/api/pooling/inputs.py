@@ -19,10 +19,10 @@ from server.http.asgi import Send
 from server.http.errors import bad_request
 from server.pipeline.async_llm import AsyncLLM
 from server.pipeline.input_processor import (
-    GenerationSpec, ModelLimits, OutputKind, check_priority, check_prompt_ids, external_request_id, lora_for,
+    GenerationSpec, ModelLimits, check_priority, check_prompt_ids, external_request_id, lora_for,
     too_many, unique_prefix,
 )
-from server.pipeline.output_processor import Output
+from server.pipeline.output_processor import Output, OutputKind
 from server.protocol.openai import Usage
 from server.streaming.respond import respond
 

@@ -209,7 +209,8 @@ async def test_stop_strings_queue_200_aborts_while_both_pipes_are_full() -> None
     from demo.tokenizers import load_tokenizer
     from server.app import detokenizer_factory
     from server.pipeline.async_llm import AsyncLLM
-    from server.pipeline.input_processor import GenerationSpec, OutputKind
+    from server.pipeline.input_processor import GenerationSpec
+    from server.pipeline.output_processor import OutputKind
 
     tok = load_tokenizer("qwen2")
     stop_ids = tok.encode(" STOP here").ids

@@ -14,7 +14,8 @@ from server.pipeline.parsing import ChoiceParser
 from server.api.anthropic.translate import chat_request, decode_error, stop_reason
 from server.http.errors import APIError
 from server.pipeline.output_processor import Output
-from server.protocol.anthropic import count_tokens_decoder, error_body, error_type, messages_decoder
+from server.http.errors import anthropic_error_body as error_body, anthropic_error_type as error_type
+from server.protocol.anthropic import count_tokens_decoder, messages_decoder
 from server.protocol.openai import Usage
 from server.reasoning.parser import get_reasoning_parser
 from server.render.template_sandbox import render

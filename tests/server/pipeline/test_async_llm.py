@@ -18,7 +18,8 @@ from server.pipeline.admission import Admission
 from server.app import detokenizer_factory
 from server.pipeline.async_llm import AsyncLLM
 from server.http.errors import APIError
-from server.pipeline.input_processor import GenerationSpec, OutputKind
+from server.pipeline.input_processor import GenerationSpec
+from server.pipeline.output_processor import OutputKind
 from server.metrics.prometheus import ServerMetrics
 from fake_engine import FakeEngineClient
 

@@ -12,8 +12,7 @@ from hypothesis import strategies as st
 from engine.messages import EngineStats, RequestOutput, StepOutputs
 from demo.tokenizers import load_tokenizer
 from server.pipeline.detokenizer import IncrementalDetokenizer
-from server.pipeline.input_processor import OutputKind
-from server.pipeline.output_processor import Collector, Output, OutputProcessor, RequestState
+from server.pipeline.output_processor import Collector, Output, OutputKind, OutputProcessor, RequestState
 
 pytestmark = pytest.mark.anyio
 STATS = EngineStats(0, 0, 0, 1, 0, 0, 0)
