@@ -117,6 +117,9 @@ def matmul(x2: torch.Tensor, data: torch.Tensor, ggml_type: int, out: torch.Tens
     @ W.T, W [N, K] as `data` (uint8 [N, row_bytes], contiguous) of a type `supports`."""
     m, k = x2.shape
     n = data.shape[0]
+    block, size = block_shape(ggml_type)
+    if k % block or data.shape[1] != k // block * size or data.stride(1) != 1 or data.stride(0) != data.shape[1]:
+        raise ValueError(f"data must be contiguous uint8 [N, {k // block * size}] for {k} inputs")
     if x2.dtype not in (torch.float32, torch.bfloat16) or x2.stride(1) != 1:
         raise TypeError(f"x must be float32 or bfloat16 with unit column stride, got {x2.dtype}")
     if out.shape != (m, n) or out.stride(1) != 1 or out.dtype not in (torch.float32, torch.bfloat16):

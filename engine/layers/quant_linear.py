@@ -1,0 +1,190 @@
+"""Projections and embeddings over GGUF weights kept as the file's quantized blocks (engine/gguf/tensor.py's
+GGMLWeight): `lin = make_quant_linear(weight, bias, dtype); y = lin(x)`, `emb = QuantEmbedding(weight, dtype)`.
+
+On CPU the blocks are all the memory a weight takes. Two ways to compute a product, chosen per row-count class
+by measurement (engine/cpu_kernels/chooser.py):
+- "ggml": engine/cpu_kernels/quant_gemm.py reads the blocks and dequantizes them in registers (a decode step
+  streams 4-bit blocks: ~3.5x fewer bytes than bf16);
+- "dequant": a tile of output rows at a time is dequantized to the activations' dtype and multiplied by torch
+  (oneDNN: AMX tiles for a prefill's many rows); the tiles are shared over the step's threads. Never a dense copy
+  of the whole weight. It is the only way for a type the kernel refuses (gguf's dequantizer then makes the tiles).
+Neither quantizes the activations: sums are float32, so with float32 activations the result is the
+dequantized model's up to summation order. Off CPU, the weight is dequantized at load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from engine.cpu_kernels import chooser, quant_gemm
+from engine.gguf.tensor import GGMLWeight, dequantize_blocks, type_name
+from engine.layers.linear import QUANTIZED_MAKERS, Linear
+from engine.layers.parallel import WORKERS
+
+DEQUANT_TILE_BYTES = 512 << 10  # a dequantized tile stays in L2 while torch's GEMM reads it
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def dequantize_rows(weight: GGMLWeight, start: int, end: int, dtype: torch.dtype) -> torch.Tensor:
+    """Rows [start, end) of the weight, dense [end - start, in] in `dtype`: by the kernel where it takes the type,
+    else by gguf's reference dequantizer."""
+    data = weight.data[start:end]
+    if dtype in KERNEL_DTYPES and quant_gemm.supports(weight.ggml_type):
+        return quant_gemm.dequantize(data, weight.ggml_type, weight.shape[1], dtype)
+    return dequantize_blocks(data.numpy(), weight.ggml_type, dtype).reshape(end - start, weight.shape[1])
+
+
+class QuantLinear(Linear):
+    """y = x @ W.T + bias with W a GGMLWeight on CPU; x float32 or bfloat16 (others through "dequant"); y in x's
+    dtype. The candidate per chooser.ROW_CLASSES is chosen for `dtype` at load, for another dtype at its first
+    product (`choice(dtype)`)."""
+
+    def __init__(self, weight: GGMLWeight, bias: torch.Tensor | None, dtype: torch.dtype | None = None) -> None:
+        self.ggml, self.dtype = weight, dtype or (bias.dtype if bias is not None else torch.float32)
+        self.bias = bias
+        self.out_features, self.in_features = weight.shape
+        self.kernel = quant_gemm.supports(weight.ggml_type)
+        self.nbytes = weight.nbytes
+        self._choices: dict[torch.dtype, tuple[str, ...]] = {}
+        if dtype is not None:
+            self.choice(dtype)
+
+    def choice(self, dtype: torch.dtype) -> tuple[str, ...]:
+        """"ggml" or "dequant" per row class for activations of `dtype` (measured once: chooser.choose)."""
+        got = self._choices.get(dtype)
+        if got is None:
+            got = self._choices[dtype] = self._choose(dtype)
+        return got
+
+    def _choose(self, dtype: torch.dtype) -> tuple[str, ...]:
+        if not self.kernel or dtype not in KERNEL_DTYPES:
+            return ("dequant",) * len(chooser.ROW_CLASSES)
+        kind = f"ggml_{type_name(self.ggml.ggml_type)}_{str(dtype).removeprefix('torch.')}"
+        return chooser.choose(kind, (self.out_features, self.in_features),
+                              {"ggml": self._bench(self.ggml_into, dtype),
+                               "dequant": self._bench(self.dequant_into, dtype)})
+
+    def _bench(self, run: Callable[[torch.Tensor, torch.Tensor], None], dtype: torch.dtype) -> chooser.Bench:
+        def at(rows: int) -> Callable[[], object]:
+            x = torch.randn(rows, self.in_features, generator=torch.Generator().manual_seed(rows)).to(dtype)
+            out = torch.empty(rows, self.out_features, dtype=dtype)
+            return lambda: run(x, out)
+        return at
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features)
+        out = torch.empty(x2.shape[0], self.out_features, dtype=x.dtype)
+        self.into(x2, out)
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def into(self, x2: torch.Tensor, out: torch.Tensor) -> None:
+        """out [M, out_features] (a view with unit column stride may do) = x2 [M, in_features] @ W.T + bias, in
+        x2's dtype: float32 sums, the bias added, one rounding."""
+        if self.choice(x2.dtype)[chooser.row_class(x2.shape[0])] != "ggml":
+            self.dequant_into(x2, out, self.bias)
+        elif self.bias is None:
+            self.ggml_into(x2, out)
+        elif out.dtype is torch.float32:
+            self.ggml_into(x2, out)
+            out.add_(self.bias)
+        else:
+            wide = torch.empty(out.shape, dtype=torch.float32)
+            self.ggml_into(x2, wide)
+            out.copy_(wide.add_(self.bias.float()))
+
+    def ggml_into(self, x2: torch.Tensor, out: torch.Tensor) -> None:
+        if x2.stride(1) != 1:
+            x2 = x2.contiguous()
+        threads = WORKERS.threads_for(x2.shape[0] * self.out_features * self.in_features, self.nbytes)
+        quant_gemm.matmul(x2, self.ggml.data, self.ggml.ggml_type, out, threads)
+
+    def dequant_into(self, x2: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        """A tile of output rows at a time: dequantized to x's dtype, multiplied by torch, on every thread."""
+        tile = max(16, DEQUANT_TILE_BYTES // (self.in_features * x2.element_size()) // 16 * 16)
+        tiles = iter(range(0, self.out_features, tile))
+        b = None if bias is None else bias.to(x2.dtype)
+
+        def work() -> None:
+            for start in tiles:
+                end = min(start + tile, self.out_features)
+                w = dequantize_rows(self.ggml, start, end, x2.dtype)
+                out[:, start:end] = F.linear(x2, w, None if b is None else b[start:end])
+        if x2.shape[0]:
+            WORKERS.run(work)
+
+    def dense_weight(self) -> torch.Tensor:
+        return dequantize_rows(self.ggml, 0, self.out_features, self.dtype)
+
+
+class QuantPartsLinear(Linear):
+    """A fused projection whose parts differ in type (q|k|v, gate|up): each part's product into its columns."""
+
+    def __init__(self, parts: Sequence[GGMLWeight], bias: torch.Tensor | None, dtype: torch.dtype | None) -> None:
+        if not parts or any(p.shape[1] != parts[0].shape[1] for p in parts):
+            raise ValueError("fused parts need one input width")
+        self.parts: list[tuple[int, int, QuantLinear]] = []
+        start = 0
+        for p in parts:
+            end = start + p.shape[0]
+            self.parts.append((start, end, QuantLinear(p, None if bias is None else bias[start:end], dtype)))
+            start = end
+        self.out_features, self.in_features = start, parts[0].shape[1]
+        self.bias = bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features)
+        out = torch.empty(x2.shape[0], self.out_features, dtype=x.dtype)
+        for start, end, lin in self.parts:
+            lin.into(x2, out[:, start:end])
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def dense_weight(self) -> torch.Tensor:
+        return torch.cat([lin.dense_weight() for _, _, lin in self.parts])
+
+
+def make_quant_linear(weight: GGMLWeight | Sequence[GGMLWeight], bias: torch.Tensor | None,
+                      dtype: torch.dtype | None = None) -> Linear:
+    """The Linear for a GGUF weight (or fused parts of differing types): kept quantized on CPU, its kernels
+    chosen for activations of `dtype` (None: at the first product of each dtype); off CPU dequantized at load to
+    `dtype` (default: the bias's, else float32), a plain Linear on the weight's device."""
+    parts = [weight] if isinstance(weight, GGMLWeight) else list(weight)
+    if any(p.data.device.type != "cpu" for p in parts):
+        to = dtype or (bias.dtype if bias is not None else torch.float32)
+        dense = torch.cat([p.dequantize(to).to(p.data.device) for p in parts])
+        return Linear(dense, None if bias is None else bias.to(dense.device, to))
+    if len(parts) == 1:
+        return QuantLinear(parts[0], bias, dtype)
+    return QuantPartsLinear(parts, bias, dtype)
+
+
+def _from_make_linear(weight: GGMLWeight | Sequence[GGMLWeight], bias: torch.Tensor | None) -> Linear:
+    return make_quant_linear(weight, bias)
+
+
+QUANTIZED_MAKERS.append(_from_make_linear)  # engine/layers/linear.py's make_linear hands GGUF weights here
+
+
+class QuantEmbedding:
+    """An embedding table kept as blocks: `emb(ids)` gives the rows of `ids` dequantized to `dtype` (exactly
+    gguf's weights, rounded once to `dtype`); only the rows asked for are dequantized."""
+
+    def __init__(self, weight: GGMLWeight, dtype: torch.dtype) -> None:
+        self.weight, self.dtype = weight, dtype
+        self.num_embeddings, self.embedding_dim = weight.shape
+        self.nbytes = weight.nbytes
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1).to(torch.long)
+        if flat.numel() and not (0 <= int(flat.min()) and int(flat.max()) < self.num_embeddings):
+            raise IndexError(f"token id out of range [0, {self.num_embeddings})")
+        unique, inverse = torch.unique(flat, return_inverse=True)
+        rows = self.weight.data.index_select(0, unique.to(self.weight.data.device)).cpu().contiguous()
+        part = GGMLWeight(self.weight.ggml_type, (rows.shape[0], self.embedding_dim), rows)
+        dense = dequantize_rows(part, 0, rows.shape[0], self.dtype).to(ids.device)
+        return dense.index_select(0, inverse.to(dense.device)).view(*ids.shape, self.embedding_dim)
+
+    def dense_weight(self) -> torch.Tensor:
+        return dequantize_rows(self.weight, 0, self.num_embeddings, self.dtype)
