@@ -18,9 +18,9 @@ device, chosen once at load, with no re-layout or dtype conversion per step:
 from __future__ import annotations
 
 import functools
-
 from collections.abc import Callable
 from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -28,10 +28,10 @@ from engine.cpu_kernels import gemm
 from engine.layers.parallel import WORKERS
 
 QUANTIZATIONS = ("int8",)
-SPLIT_CHUNK_BYTES = 4 << 20  # CPU: weights of at least twice this are cut into chunks of about this size
 # GGUF weights kept as their blocks: engine/layers/quant_linear.py adds its maker here when imported (it imports
 # this module, so this one cannot import it)
 QUANTIZED_MAKERS: list[Callable[[Any, torch.Tensor | None], Linear]] = []
+SPLIT_CHUNK_BYTES = 4 << 20  # CPU: weights of at least twice this are cut into chunks of about this size
 
 
 class Linear:
@@ -165,9 +165,9 @@ def cpu_packs_bf16() -> bool:
 
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, quantization: str | None = None) -> Linear:
     """The fastest Linear for this weight [out, in] on its device; quantization None keeps the weight's dtype."""
-    if quantization is not None and quantization not in QUANTIZATIONS:
     if not isinstance(weight, torch.Tensor) and QUANTIZED_MAKERS:  # a GGMLWeight (or fused parts): stays quantized
         return QUANTIZED_MAKERS[-1](weight, bias)
+    if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization {quantization!r} is not supported; supported: {', '.join(QUANTIZATIONS)}")
     if quantization is not None and weight.device.type != "cpu":
         raise ValueError(f"--quantization {quantization} runs on CPU only")  # ATen's int8 kernel is CPU-only here
