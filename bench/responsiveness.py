@@ -26,7 +26,7 @@ by the prober around each probe); and, per process, the CPUs used and the CPUs' 
 over the phase (/proc/<pid>/task/*/schedstat). Together they say whether a slow probe was the event loop
 being busy or the OS running something else (the engine's threads, a render worker, the clients, other
 tenants) on both cores. To see who ran while the API thread waited: `perf sched record -a` during a phase,
-then `perf sched timehist` (bench/README.md).
+then `perf sched timehist` (bench/README.md, "Responsiveness under load").
 
 --child-nice N [--child-policy other|batch] sets every thread of the engine and the render workers to nice N
 and that scheduling policy after startup: an A/B switch against the priorities they set themselves, in one

@@ -3,13 +3,13 @@
 A CPU decode step streams every weight once; on 4 KiB pages that is a TLB miss every 4 KiB (about 250,000
 per step on Qwen2.5-0.5B's 1 GB). With the kernel's THP mode "madvise" (the common default) memory gets
 2 MiB pages only where asked for, and torch / oneDNN never ask; glibc does for every block it maps when
-the tunable is set. Measured (bench/README.md, "Huge pages"): oneDNN's bf16 GEMV 30 -> 37 GB/s, its
-16-row GEMM +13%, the read-bandwidth reduction 35 -> 41 GB/s. Results are bitwise the same.
+the tunable is set. Products and plain reads of the weights run faster on them
+(bench/README.md, "Huge pages"); results are bitwise the same.
 
-glibc reads tunables only when a process starts, so an engine process re-executes itself once, before
-it loads torch, with the tunable added to GLIBC_TUNABLES; only for a checkpoint of MIN_WEIGHT_BYTES or more,
-since the re-exec and the huge-page faults cost a small model's start-up ~2 s (bench/README.md). A GLIBC_TUNABLES that already names
-`glibc.malloc.hugetlb` is left as it is: `GLIBC_TUNABLES=glibc.malloc.hugetlb=0` turns this off.
+glibc reads tunables only when a process starts, so an engine process re-executes itself once, before it loads
+torch, with the tunable added to GLIBC_TUNABLES; only for a checkpoint of MIN_WEIGHT_BYTES or more, since the
+re-exec and the huge-page faults cost a small model's start-up ~2 s (same section). A GLIBC_TUNABLES that
+already names `glibc.malloc.hugetlb` is left as it is: `GLIBC_TUNABLES=glibc.malloc.hugetlb=0` turns this off.
 """
 
 from __future__ import annotations

@@ -336,7 +336,8 @@ def _chunk_maxima(x: torch.Tensor) -> torch.Tensor:
 
 
 def _argmax(x: torch.Tensor, maxima: torch.Tensor | None = None) -> torch.Tensor:
-    """x.argmax(-1) (the first maximal column) for rows without NaN, faster on CPU (bench/README.md).
+    """x.argmax(-1) (the first maximal column) for rows without NaN, faster on CPU
+    (bench/README.md, "Sampler and LM-head micro-optimisations").
 
     torch's CPU argmax runs scalar; amax vectorizes. So: block maxima, the first block holding
     the row max, then argmax inside that one block only.
@@ -359,7 +360,7 @@ def _count_above(x: torch.Tensor, t: torch.Tensor, buf: torch.Tensor) -> torch.T
 def _zero_below(x: torch.Tensor, thresholds: list[float]) -> None:
     """Per row, in place: entries <= its threshold (when > 0) become 0.
 
-    threshold_ on a row view is much cheaper than building a mask (bench/README.md).
+    threshold_ on a row view is much cheaper than building a mask (bench/README.md, same section).
     """
     for i, t in enumerate(thresholds):
         if t > 0:

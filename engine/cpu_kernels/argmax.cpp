@@ -1,7 +1,7 @@
 // The greedy sampler's pass over float32 logits: each row's first maximal column, as torch.argmax answers, in one
 // streaming AVX-512 pass. torch's CPU argmax runs scalar, and the sampler's two-level amax read logits the LM head
-// had just pushed out of cache twice (bench/README.md). Rows holding a NaN or +inf, or no finite value, are left
-// to the caller (its careful path repairs them first).
+// had just pushed out of cache twice (bench/README.md, "Greedy argmax in one pass"). Rows holding a NaN or
+// +inf, or no finite value, are left to the caller (its careful path repairs them first).
 // Built and loaded by engine/cpu_kernels/build.py; called through engine/cpu_kernels/argmax.py.
 #include <immintrin.h>
 #include <limits.h>

@@ -67,7 +67,7 @@ struct Rows {
 
 // Rows sit in blocks scattered through the cache: the hardware's prefetcher stops at each block's end, so the
 // kernel asks for rows this many keys ahead itself, into L2: L1 has too few fill buffers to keep enough lines of
-// scattered blocks in flight (bench/README.md).
+// scattered blocks in flight (bench/README.md, "Decode attention kernel").
 constexpr int kAheadKeys = 64;
 
 inline void prefetch_row(const uint16_t* row, int elements) {  // every 64-byte line the row's bf16 touch

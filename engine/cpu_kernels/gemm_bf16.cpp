@@ -5,7 +5,8 @@
 // W is packed once at load as [ceil(N/16)][K/2][16][2] bf16: a block of 16 output columns, one 64-byte
 // line per pair of k, so each block is one sequential stream. Each thread takes a contiguous run of blocks
 // and prefetches its streams far enough ahead that reading the weights overlaps the arithmetic: that
-// overlap is what oneDNN's small-row kernels lack on cold weights (bench/README.md).
+// overlap is what oneDNN's small-row kernels lack on cold weights
+// (bench/README.md, "The bf16 GEMM kernel against oneDNN on cold weights").
 // Accumulation is float32 in k order, rounded once to bf16 (round to nearest even), as torch rounds.
 //
 // Weight-only int8 (--quantization int8) uses the same layout with int8 elements (half the bytes to stream)
@@ -37,7 +38,7 @@ constexpr int kNearLines = 32;  // 2 KiB
 constexpr int kBareRows = 2;
 // Blocks side by side in a tile of up to 8 rows: enough independent sums for the dot products' latency, and few
 // streams (eight measured slower); bf16 up to 4 rows reads faster one block at a time, one stream per thread,
-// where int8's widening wants the two sums (bench/README.md)
+// where int8's widening wants the two sums (bench/README.md, "GEMM tiles and prefetch by row count")
 constexpr int kWide = 2;
 constexpr int kWideRows = 5;
 
@@ -254,7 +255,8 @@ inline bool two_tiles(const Call& c) {
 // - more: 8 rows by 3 blocks (24 sums: fewer loads per product), row tiles in groups.
 // Past 32 rows: row tiles in groups whose rows of x stay in L3 while the thread's blocks pass in panels that stay
 // in L2, k in chunks short enough that a row tile's pairs stay near L1; a tile's sums wait between chunks in
-// `parts` (L2 too). A prefill's products run about as fast as oneDNN's that way (bench/README.md).
+// `parts` (L2 too). A prefill's products run about as fast as oneDNN's that way
+// (bench/README.md, "Prefill products").
 template <bool Q8>
 void blocks(const Call& c, int b, int b1) {
     const Chunk all{0, c.kp_count, nullptr};

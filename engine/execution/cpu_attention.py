@@ -6,7 +6,7 @@ block_size * D values per head and the products read contiguous keys. Any cache 
 same result (the gather then reads strided rows).
 
 Decode (one query token per sequence) never calls SDPA: on CPU it runs a tiled flash kernel per token
-(bench/README.md, "Decode attention on CPU"). In bfloat16 where engine/cpu_kernels' decode attention runs, it
+(bench/README.md, "Decode attention on the torch path"). In bfloat16 where engine/cpu_kernels' decode attention runs, it
 reads each sequence's blocks in place (no gather, no padding). Otherwise the sequences, sorted by blocks read (longest
 first), go in row groups of about TILE_BYTES of keys: per group the query heads of each kv head (a
 [group, D] matrix: GQA without repeating K/V) meet the group's gathered keys in one batched product, with

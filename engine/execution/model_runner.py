@@ -76,7 +76,8 @@ def one_intra_op_thread() -> Iterator[None]:
     """Run torch ops on the calling thread only, for the small ops of a small model's step.
 
     An OpenMP region waits for all its threads at the end: when another process (the API server)
-    holds one of two cores, every tiny op waits a scheduler slice (bench/README.md).
+    holds one of two cores, every tiny op waits a scheduler slice
+    (bench/README.md, "One intra-op thread for a small model's step").
     """
     before = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -129,7 +129,7 @@ def _merge_kernel(part_ptr, lse_ptr, out_ptr, n_heads, o_stride_b, o_stride_h,
 
 
 def decode_num_warps(block_d: int) -> int:
-    # 8 warps keep the D=128 tiles in registers (ptxas counts: bench/README.md).
+    # 8 warps keep the D=128 tiles in registers (ptxas counts: bench/README.md, "Triton kernels").
     return 8 if block_d >= 128 else 4
 
 

@@ -98,7 +98,7 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_q_ptr, seq_lens_ptr, out_p
 
 
 def prefill_num_warps(block_m: int, block_d: int, elem_bytes: int) -> int:
-    # 64x128 bf16 tiles spill at 4 warps and fit in registers at 8 (ptxas counts: bench/README.md).
+    # 64x128 bf16 tiles spill at 4 warps and fit in registers at 8 (ptxas counts: bench/README.md, "Triton kernels").
     return 8 if block_m * block_d * elem_bytes >= 64 * 128 * 2 else 4
 
 

@@ -4,8 +4,9 @@ Models call these instead of `F.linear` on raw weights, so each weight is held i
 device, chosen once at load, with no re-layout or dtype conversion per step:
 - bfloat16 on a CPU with AVX512-BF16: engine/cpu_kernels' gemm with the weight packed for it
   (`KernelLinear`). On a decode step's few rows it streams the weights at close to the memory's rate, where
-  oneDNN reaches about half of it (bench/README.md); sums are float32 rounded once, as torch's, and equal
-  them but for the last bit of a few values in ten thousand (the order of the sums differs).
+  oneDNN reaches about half of it (bench/README.md, "The bf16 GEMM kernel against oneDNN"); sums are float32
+  rounded once, as torch's, and equal them but for the last bit of a few values in ten thousand (the order of
+  the sums differs).
 - bfloat16 on a CPU with native bf16 but no kernel (no compiler, AMX only, SPINDLE_CPU_KERNELS=0): oneDNN with
   the weight pre-packed into its blocked layout (`PackedLinear`). Plain `F.linear` re-lays the weight out on
   every call, and a decode step's projections took about twice the CPU time that way; bitwise F.linear.

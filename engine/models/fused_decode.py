@@ -1,11 +1,11 @@
 """Decode steps of a dense bfloat16 model on CPU, each layer in one call (engine/cpu_kernels/decoder_layer.cpp).
 
-A decode step runs about ten kernels per layer; called one by one from Python, their wrappers cost more than
-the small ones themselves (bench/README.md). Here `CausalLM.forward` hands a pure decode step (one new token
-per sequence) to `FusedDecode.run`, which calls the same kernels from C++, in the same order, rounding the
-same: the result is bitwise the layer-by-layer path's. Weight-only int8 projections run through the same
-kernel. Models it cannot take (another ops path, LoRA, tensor parallel, Gemma's norms, partial rotary, MoE,
-another activation) never build one.
+A decode step runs about ten kernels per layer; called one by one from Python, their wrappers cost more than the
+small ones themselves (bench/README.md, "One call per decoder layer"). Here `CausalLM.forward` hands a pure
+decode step (one new token per sequence) to `FusedDecode.run`, which calls the same kernels from C++, in the
+same order, rounding the same: the result is bitwise the layer-by-layer path's. Weight-only int8 projections run
+through the same kernel. Models it cannot take (another ops path, LoRA, tensor parallel, Gemma's norms, partial
+rotary, MoE, another activation) never build one.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Streamed body chunks written straight to the connection, under Hypercorn's ASGI and h11 layers.
 
-Each SSE event otherwise travels `send()` -> Hypercorn's HTTPStream -> H11Protocol -> h11's chunked
-writer -> TCPServer (lock, write, drain) -> socket, and the route task is woken per event to make
-that call. On the demo load that path cost more of the API process's CPU per token than the socket
-write itself (bench/README.md). Here the output handler, which already holds the token, frames the
-HTTP/1.1 chunk itself and writes it, in the same loop over the step's outputs, without waking the route.
+Each SSE event otherwise travels `send()` -> Hypercorn's HTTPStream -> H11Protocol -> h11's chunked writer ->
+TCPServer (lock, write, drain) -> socket, and the route task is woken per event to make that call. On the demo
+load that path cost more of the API process's CPU per token than the socket write itself (bench/README.md,
+"API CPU per streamed token: the direct write path"). Here the output handler, which already holds the token,
+frames the HTTP/1.1 chunk itself and writes it, in the same loop over the step's outputs, without waking the
+route.
 
 It writes only when that cannot reorder or block: the response was started through ASGI, h11 is
 sending a chunked body (not HTTP/1.0, not HTTP/2, not after the end), no other send holds the
@@ -17,7 +18,7 @@ view of the connection stays true.
 The writes of one engine step are collected in a `WriteBatch` and made together once the step's
 outputs are processed (before the output handler lets any other task run, so nothing can come
 between a `send()` and its write): alternating Python and the kernel's TCP path per token kept
-both out of the CPU caches (bench/README.md).
+both out of the CPU caches (bench/README.md, the same section).
 
 `install()` makes Hypercorn's workers record each connection in a context variable that the
 request's tasks inherit; without it (plain `hypercorn ...`), `for_current_request()` is None and

@@ -1,10 +1,10 @@
 """Hypercorn's Trio TCP server with a send fast path: one syscall, no lock, no cancel scope, no yield.
 
 Hypercorn's Trio `protocol_send` takes a `trio.Lock`, opens a shielded `CancelScope` and calls
-`SocketStream.send_all`, which checkpoints after the syscall: a large share of the API process's busy
-CPU per streamed token (bench/README.md), one SSE event per token per request. When no other send
-is in flight on the connection (the lock is free) and the socket takes the whole chunk at once, as
-it does unless the client stopped reading, the bytes are written directly and nothing else is
+`SocketStream.send_all`, which checkpoints after the syscall: a large share of the API process's busy CPU per
+streamed token (bench/README.md, "API CPU per streamed token: the Trio send path"), one SSE event per token per
+request. When no other send is in flight on the connection (the lock is free) and the socket takes the whole
+chunk at once, as it does unless the client stopped reading, the bytes are written directly and nothing else is
 needed; otherwise Hypercorn's own path sends the rest (and handles a broken connection).
 `server.http.direct_body.install("trio")` installs it (with connection tracking) for `spindle serve`;
 asyncio's writer already writes without yielding. This module is imported by `install()` only (it

@@ -130,8 +130,8 @@ class LoopCounter(_Placed):
 class LoopHistogram(_Placed):
     """A histogram observed and rendered on the event loop only, so it needs no lock: one bisect per
     observation (prometheus_client's Histogram takes a lock for the sum and one for the bucket, which
-    showed up in the API CPU per token for the per-token ITL; bench/README.md). Its row holds the buckets
-    (le semantics, the last one +Inf), then the sum."""
+    showed up in the API CPU per token for the per-token ITL: bench/README.md, "Lock-free latency histograms").
+    Its row holds the buckets (le semantics, the last one +Inf), then the sum."""
 
     __slots__ = ()
     size = NUM_BUCKETS + 1

@@ -127,7 +127,7 @@ class Collector:
 
     Semantically a memory object stream of size 1 whose sender merges instead of blocking; written
     out because anyio's stream costs a checkpoint, two WouldBlock exceptions and a backend lookup
-    per wake-up (bench/README.md), and the per-token path is a benchmark target; the
+    per wake-up (bench/README.md, "Per-token wake-up"), and the per-token path is a benchmark target; the
     consumer sleeps on a reusable `server.http.wakeup` waiter rather than a fresh Event per token.
     """
 

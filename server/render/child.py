@@ -14,7 +14,7 @@ from engine.transport.ipc import FrameReader, FrameWriter, die_with_parent
 OK, USER_ERROR, INTERNAL_ERROR = 0, 1, 2  # reply codes: [code, result | message]
 
 # As engine/__main__.py's NICE_BELOW_SERVER: a long tokenization (a 1M-character prompt takes seconds of a
-# core) or an image must not take the core the server's event loop wants (bench/README.md, "Responsiveness").
+# core) or an image must not take the core the server's event loop wants (bench/README.md, "Responsiveness under load").
 NICE_BELOW_SERVER = 10
 
 

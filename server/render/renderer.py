@@ -3,7 +3,8 @@
 Templates render in worker processes (server/render/render_worker.py via server/render/worker_pool.py) because a
 runaway template must stop burning CPU, which only a kill guarantees; tokenization goes to the same
 workers because HF tokenizers hold the GIL for a whole `encode` (a long prompt stalls even a thread-
-based event loop: bench/README.md). The tokenizer is also loaded here for the detokenizer.
+based event loop: bench/README.md, "Long prompts tokenize in a worker process"). The tokenizer is also
+loaded here for the detokenizer.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ DEFAULT_MEMORY_LIMIT = 1 << 30  # bytes a worker may allocate beyond its tokeniz
 DEFAULT_MAX_OUTPUT_CHARS = 32 << 20
 DEFAULT_TOKENIZE_TIMEOUT = 30.0  # seconds a worker may (de)tokenize one input; a prompt that fits a context needs < 1 s
 # Texts (chars) / id lists up to this size are (de)tokenized on the event loop: far cheaper than a worker
-# round trip, and too short to stall the loop (bench/README.md).
+# round trip, and too short to stall the loop (bench/README.md, "Inline (de)tokenization").
 DEFAULT_INLINE_MAX = 512
 
 
