@@ -31,10 +31,10 @@ class EngineConfig:
     model: str  # a local HF-format folder (hub ids are resolved to a folder before this)
     dtype: str = "auto"
     # "int8": weight-only int8 projections and LM head (per-output-channel symmetric scales), activations in
-    # --dtype; CPU only, off by default (bench/README.md has its speed and its agreement with bfloat16)
+    # --dtype; CPU only, off by default (bench/README.md, "Weight-only int8": speed, agreement)
     quantization: str | None = None
     # CPU: cut big projections into parts the step's threads share (engine/layers/parallel.py); off by default:
-    # on the busy 2-core box it cost ~20% more CPU for no wall time (bench/README.md, "Speed on a real model")
+    # on the busy 2-core box it cost ~20% more CPU for no wall time (bench/README.md, "Projection forms")
     split_projections: bool = False
     # CPU: a step of at least this many FLOPs (projections) runs on all of torch's threads, a smaller one on one
     # thread (each op's barrier would wait for a core another process holds: engine/execution/model_runner.py); 0: always

@@ -258,7 +258,7 @@ class _EngineLoad:
                 state.tasks = tg
                 log.info("serving %s (max_model_len %d)", state.model_name, state.limits.max_model_len)
                 # What startup built (tokenizer, templates, modules) lives for the process: keep full
-                # collections from walking it again (less API CPU per token: bench/README.md).
+                # collections from walking it again (bench/README.md, "gc.freeze after start-up").
                 gc.collect()
                 gc.freeze()
                 task_status.started()
