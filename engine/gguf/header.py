@@ -17,6 +17,34 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 MAGIC = b"GGUF"
+# The tensor types spindle loads: the float types and the block quantizations with a dequantizer.
+SUPPORTED_TYPES: frozenset[int] = frozenset(
+    int(t)
+    for t in (
+        GGMLQuantizationType.F32,
+        GGMLQuantizationType.F16,
+        GGMLQuantizationType.BF16,
+        GGMLQuantizationType.Q8_0,
+        GGMLQuantizationType.Q4_0,
+        GGMLQuantizationType.Q4_1,
+        GGMLQuantizationType.Q5_0,
+        GGMLQuantizationType.Q5_1,
+        GGMLQuantizationType.Q2_K,
+        GGMLQuantizationType.Q3_K,
+        GGMLQuantizationType.Q4_K,
+        GGMLQuantizationType.Q5_K,
+        GGMLQuantizationType.Q6_K,
+    )
+)
+
+
+def type_name(ggml_type: int) -> str:
+    try:
+        return GGMLQuantizationType(ggml_type).name
+    except ValueError:
+        return f"type {ggml_type}"
+
+
 _SCALARS: dict[int, tuple[str, int]] = {  # GGUF value type -> (struct format, size)
     0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
     6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8),
@@ -114,7 +142,7 @@ def _nbytes(path: Path, name: str, shape: tuple[int, ...], ggml_type: int) -> in
     try:
         block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
     except (ValueError, KeyError):
-        raise GGUFError(f"{path}: tensor {name!r} has an unknown type {ggml_type}") from None
+        raise GGUFError(f"{path}: tensor {name!r} has an unknown type {type_name(ggml_type)}") from None
     count = int(np.prod(shape, dtype=np.int64)) if shape else 1
     if shape and shape[-1] % block:
         raise GGUFError(f"{path}: tensor {name!r} rows of {shape[-1]} are not whole {block}-weight blocks")

@@ -10,33 +10,8 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as _reference_dequantize
 
-# The tensor types spindle loads: the float types and the block quantizations with a dequantizer.
-SUPPORTED_TYPES: frozenset[int] = frozenset(
-    int(t)
-    for t in (
-        GGMLQuantizationType.F32,
-        GGMLQuantizationType.F16,
-        GGMLQuantizationType.BF16,
-        GGMLQuantizationType.Q8_0,
-        GGMLQuantizationType.Q4_0,
-        GGMLQuantizationType.Q4_1,
-        GGMLQuantizationType.Q5_0,
-        GGMLQuantizationType.Q5_1,
-        GGMLQuantizationType.Q2_K,
-        GGMLQuantizationType.Q3_K,
-        GGMLQuantizationType.Q4_K,
-        GGMLQuantizationType.Q5_K,
-        GGMLQuantizationType.Q6_K,
-    )
-)
-
-
-def type_name(ggml_type: int) -> str:
-    try:
-        return GGMLQuantizationType(ggml_type).name
-    except ValueError:
-        return f"type {ggml_type}"
-
+from engine.gguf.header import SUPPORTED_TYPES as SUPPORTED_TYPES
+from engine.gguf.header import type_name
 
 def row_bytes(ggml_type: int, in_features: int) -> int:
     """Bytes one row of `in_features` weights takes in this type (a whole number of blocks)."""
@@ -49,7 +24,7 @@ def row_bytes(ggml_type: int, in_features: int) -> int:
 def dequantize_blocks(data: np.ndarray, ggml_type: int, dtype: torch.dtype) -> torch.Tensor:
     """The file's bytes (any shape, last axis the row's bytes) as a float tensor of `dtype`."""
     values = _reference_dequantize(data, GGMLQuantizationType(ggml_type))
-    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).to(dtype)
+    return torch.from_numpy(np.array(values, dtype=np.float32)).to(dtype)  # a copy: the file map is read-only
 
 
 @dataclass(frozen=True)

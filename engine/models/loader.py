@@ -13,6 +13,9 @@ from typing import Any, Protocol
 
 import torch
 
+from engine.gguf.folder import gguf_files, resolve_gguf
+from engine.gguf.header import GGUFError
+from engine.gguf.weights import GGUFWeights
 from engine.models.args import ConfigError, ModelArgs
 # config.json / generation_config.json reading is torch-free, shared with the render-only server; the error
 # and read_config stay importable from here, as the engine's modules do
@@ -56,10 +59,14 @@ class ModelInfo:
 def resolve_model(model: str) -> Path:
     """A local folder as is; otherwise a Hugging Face hub id, downloaded (or found in the HF cache)."""
     path = Path(model).expanduser()
+    try:
+        gguf = resolve_gguf(path)  # a .gguf file or a folder of one: its derived HF-shaped folder
+    except GGUFError as e:
+        raise ModelLoadError(str(e)) from e
+    if gguf is not None:
+        return gguf[0]
     if path.is_dir():
         return path
-    if path.exists():
-        raise ModelLoadError(f"--model {model!r} is a file; pass the checkpoint's folder")
     if model.startswith(("/", ".", "~")) or model.count("/") > 1:  # a path, not an "org/name" hub id
         raise ModelLoadError(f"--model {model!r}: no such folder; pass an existing checkpoint folder or a hub id")
     from huggingface_hub import snapshot_download  # why late: only hub ids need it
@@ -136,8 +143,16 @@ def load_model(path: str | Path, dtype: str, device: torch.device | str, max_pos
         raise ModelLoadError(f"{arch} checkpoints do not run tensor parallel here; pass --tensor-parallel-size 1")
     if quantization is not None and device.type != "cpu":
         raise ModelLoadError(f"--quantization {quantization} runs on CPU only here; drop it or pass --device cpu")
+    ggufs = gguf_files(folder)
+    if ggufs is not None and shard is not None:
+        raise ModelLoadError("a GGUF model does not run tensor parallel here; pass --tensor-parallel-size 1")
+    weights: Weights
     with torch.inference_mode():
-        if shard is None:
+        if ggufs is not None:
+            weights = from_file = GGUFWeights(ggufs, _DTYPES[dtype_name], device)
+            model = family.model.load(cfg, args, weights, "lm_head.weight" in weights, positions, quantization)
+            from_file.log_held()
+        elif shard is None:
             weights = Weights(folder, _DTYPES[dtype_name], device)
             model = family.model.load(cfg, args, decoder_weights(weights), "lm_head.weight" in weights, positions,
                                       quantization)
