@@ -17,7 +17,7 @@ QUOTED = re.compile(r'"(\w[^"\n]*)"')
 
 def headings() -> list[str]:
     text = (ROOT / "bench" / "README.md").read_text()
-    return [m.group(1).strip() for m in re.finditer(r"^#{2,4} (.+)$", text, re.M)]
+    return [m.group(1).strip() for m in re.finditer(r"^#{2,4} (.+)$", text, re.MULTILINE)]
 
 
 def pointers(text: str) -> list[str]:
