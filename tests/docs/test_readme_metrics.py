@@ -1,8 +1,8 @@
-"""README's metrics table against what /metrics exports: every family listed, nothing listed that is not exported.
+"""docs/operations.md's metrics table against what /metrics exports: every family listed, nothing listed that is not exported.
 
 The app is the real one (routes, lifespan, metrics registry) over real HTTP, with fake engines, as
 tests/server/test_app.py serves it; two engines (--data-parallel-size 2) so the per-engine families exist too,
---enable-lora for the LoRA families, and --metrics-compat vllm so the vllm:* names the README quotes can be
+--enable-lora for the LoRA families, and --metrics-compat vllm so the vllm:* names the page quotes can be
 checked.
 """
 
@@ -26,7 +26,7 @@ from server.app import create_app
 from server.config import ServerConfig
 from tests.server.fake_engine import FakeEngineClient
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
 
 def _no_tokens(req: AddRequest) -> list[int]:
@@ -62,7 +62,7 @@ def scrape(**config: Any) -> str:
 
 
 def exported_families(text: str) -> dict[str, str]:
-    """Family name -> type, counters with the `_total` their samples carry (the name the README uses).
+    """Family name -> type, counters with the `_total` their samples carry (the name the page uses).
     A counter's `_created` timestamp (prometheus_client's, parsed as a gauge of its own) belongs to the counter."""
     families = {f.name: f.type for f in text_string_to_metric_families(text)}
     counters = {n for n, t in families.items() if t == "counter"}
@@ -70,16 +70,16 @@ def exported_families(text: str) -> dict[str, str]:
             if not (n.endswith("_created") and n.removesuffix("_created") in counters)}
 
 
-def readme_metrics_section() -> str:
-    text = README.read_text()
-    start = text.index("### Metrics (`GET /metrics`")
-    return text[start:text.index("\n### ", start + 1)]
+def metrics_section() -> str:
+    text = OPERATIONS.read_text()
+    start = text.index("## Metrics (`GET /metrics`")
+    return text[start:text.index("\n## ", start + 1)]
 
 
-def readme_table() -> dict[str, str]:
-    """Metric name -> type from the README table's rows: each backquoted name in the first column."""
+def doc_table() -> dict[str, str]:
+    """Metric name -> type from the page's table rows: each backquoted name in the first column."""
     table: dict[str, str] = {}
-    for line in readme_metrics_section().splitlines():
+    for line in metrics_section().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) < 3 or not cells[0].startswith("`"):
             continue
@@ -94,18 +94,18 @@ def metrics_text(qwen2_ckpt: Path) -> Iterator[str]:
     yield scrape(model=str(qwen2_ckpt), data_parallel_size=2, metrics_compat="vllm", enable_lora=True)
 
 
-def test_readme_table_lists_every_exported_family(metrics_text: str) -> None:
+def test_metrics_table_lists_every_exported_family(metrics_text: str) -> None:
     exported = {n: t for n, t in exported_families(metrics_text).items() if n.startswith("spindle_")}
-    table = readme_table()
+    table = doc_table()
     assert exported, metrics_text
-    assert sorted(set(exported) - set(table)) == [], "exported but missing from README's metrics table"
-    assert sorted(set(table) - set(exported)) == [], "in README's metrics table but not exported"
-    assert {n: table[n] for n in exported} == exported, "README's type column differs from the exposition"
+    assert sorted(set(exported) - set(table)) == [], "exported but missing from docs/operations.md's metrics table"
+    assert sorted(set(table) - set(exported)) == [], "in docs/operations.md's metrics table but not exported"
+    assert {n: table[n] for n in exported} == exported, "docs/operations.md's type column differs from the exposition"
 
 
-def test_readme_table_labels_are_exported(metrics_text: str) -> None:
+def test_metrics_table_labels_are_exported(metrics_text: str) -> None:
     """A `name{label}` in the table: every sample of that family carries the label."""
-    labelled = re.findall(r"`([a-z_]+)\{([a-z_, ]+)\}`", readme_metrics_section())
+    labelled = re.findall(r"`([a-z_]+)\{([a-z_, ]+)\}`", metrics_section())
     assert labelled
     samples = [s for f in text_string_to_metric_families(metrics_text) for s in f.samples]
     for name, labels in labelled:
@@ -115,7 +115,7 @@ def test_readme_table_labels_are_exported(metrics_text: str) -> None:
             assert all(label.strip() in s.labels for s in own), (name, label)
 
 
-def test_readme_vllm_names_are_exported(metrics_text: str) -> None:
-    quoted = set(re.findall(r"`(vllm:[a-z_]+)`", readme_metrics_section()))
+def test_quoted_vllm_names_are_exported(metrics_text: str) -> None:
+    quoted = set(re.findall(r"`(vllm:[a-z_]+)`", metrics_section()))
     assert quoted
     assert sorted(quoted - set(exported_families(metrics_text))) == []

@@ -1,4 +1,4 @@
-"""The README's flag list and SPINDLE_* names against the CLI parser and ServerConfig: fails when either drifts."""
+"""docs/serving.md's flag list and SPINDLE_* names against the CLI parser and ServerConfig: fails when either drifts."""
 
 from __future__ import annotations
 
@@ -10,14 +10,15 @@ from pathlib import Path
 from server.cli import build_parser, config_from_args
 from server.config import _NOT_CONFIG, ENV_PREFIX, ServerConfig
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+SERVING = Path(__file__).resolve().parents[2] / "docs" / "serving.md"
 _FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 _ENV = re.compile(ENV_PREFIX + r"[A-Z0-9_]+")
 
 
 def readme_flags() -> set[str]:
-    """The long flags in the first paragraph under "## Flags and environment" (`--help` names the command)."""
-    section = README.read_text().split("\n## Flags and environment\n", 1)[1]
+    """The long flags in docs/serving.md's first paragraph under "## Flags and environment" (`--help` names the
+    command)."""
+    section = SERVING.read_text().split("\n## Flags and environment\n", 1)[1]
     paragraph = section.strip().split("\n\n", 1)[0]
     return set(_FLAG.findall(paragraph)) - {"--help"}
 
@@ -34,12 +35,12 @@ def parser_flags() -> set[str]:
 
 def test_readme_lists_every_flag_of_the_parser() -> None:
     missing = parser_flags() - readme_flags()
-    assert not missing, f"python -m server --help has flags the README does not list: {sorted(missing)}"
+    assert not missing, f"python -m server --help has flags docs/serving.md does not list: {sorted(missing)}"
 
 
 def test_readme_lists_no_flag_the_parser_lacks() -> None:
     extra = readme_flags() - parser_flags()
-    assert not extra, f"the README lists flags python -m server --help does not have: {sorted(extra)}"
+    assert not extra, f"docs/serving.md lists flags python -m server --help does not have: {sorted(extra)}"
 
 
 def test_every_flag_sets_a_server_config_field() -> None:
@@ -49,23 +50,23 @@ def test_every_flag_sets_a_server_config_field() -> None:
 
 
 def test_readme_spindle_variables_exist() -> None:
-    names = {m[len(ENV_PREFIX):].lower() for m in _ENV.findall(README.read_text())}
+    names = {m[len(ENV_PREFIX):].lower() for m in _ENV.findall(SERVING.read_text())}
     fields = {f.name for f in dataclasses.fields(ServerConfig)}
     unknown = names - fields - _NOT_CONFIG
-    assert not unknown, f"the README names SPINDLE_* variables nothing reads: {sorted(unknown)}"
+    assert not unknown, f"docs/serving.md names SPINDLE_* variables nothing reads: {sorted(unknown)}"
 
 
 def test_settings_without_a_flag_are_in_the_readme() -> None:
     """A setting only a variable can change must at least be written down."""
     flagged = {a.dest for a in parser_actions()}
     env_only = {f.name for f in dataclasses.fields(ServerConfig)} - flagged
-    named = set(_ENV.findall(README.read_text()))
+    named = set(_ENV.findall(SERVING.read_text()))
     undocumented = sorted(n for n in env_only if f"{ENV_PREFIX}{n.upper()}" not in named)
-    assert not undocumented, f"settings with no flag and no README mention: {undocumented}"
+    assert not undocumented, f"settings with no flag and no mention in docs/serving.md: {undocumented}"
 
 
 def test_size_settings_read_sizes_as_flags_and_variables() -> None:
-    """--max-request-body and SPINDLE_MAX_REQUEST_BODY take "32MiB" as the README writes it, or bytes."""
+    """--max-request-body and SPINDLE_MAX_REQUEST_BODY take "32MiB" as docs/serving.md writes it, or bytes."""
     assert config_from_args(["--max-request-body", "1MiB"]).max_request_body == 1 << 20
     assert config_from_args(["--max-request-body", "4096"]).max_request_body == 4096
     assert ServerConfig.from_env({"SPINDLE_MAX_REQUEST_BODY": "32MiB"}).max_request_body == 32 << 20
