@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# The GPU check of issue 25: the CUDA path and the Triton kernels on the Qwen2.5-0.5B shape, greedy against
-# CPU float32, decode tok/s at batch 1/16/64, LoRA throughput (issue 27), and vLLM on the same GPU when it is
-# installed there.
+# The GPU check: the CUDA path and the Triton kernels on the Qwen2.5-0.5B shape, greedy against CPU float32,
+# decode tok/s at batch 1/16/64, LoRA throughput, and vLLM on the same GPU when it is installed there.
 #
 #   bash bench/gpu_check.sh prepare     here, with a package index: wheels the GPU image lacks -> bench/.gpu_wheels
 #   bash bench/gpu_check.sh             on the GPU machine (carry bench/.gpu_wheels); about 5 minutes on an H200

@@ -234,9 +234,9 @@ def test_a_failing_search_disables_the_finish_for_that_request_only(caplog: pyte
                                   "check-jsonschema/github-workflows", "schemastore/schema-org-place",
                                   "check-jsonschema/citation-file-format"])
 def test_completion_finishes_real_schemas(core: EngineCore, name: str) -> None:
-    """Real schemas whose finish the search once missed: optional `x-` members added forever (a closing bracket
-    now comes first between members), strings only a pattern's text leaves (`\\.png$`, `http://schema.org`),
-    every optional key written before the required `title` (the schema's required keys now come first)."""
+    """Real schemas whose finish a naive search misses: optional `x-` members added forever (a closing bracket
+    comes first between members), strings only a pattern's text leaves (`\\.png$`, `http://schema.org`), every
+    optional key written before the required `title` (the schema's required keys come first)."""
     schema = json.loads((CORPUS / f"{name}.json").read_text())
     for key in WITHOUT.get(name, ()):
         del schema[key]
@@ -271,7 +271,7 @@ def test_the_finish_writes_the_required_key_not_the_optional_ones_before_it(core
     assert path is not None and len(path) <= 8
     assert json.loads(text_of(core, path)).keys() == {"z"}
     f = backend._finish_for(StructuredOutputs("json", json.dumps(schema)))
-    plain = completion(g.matcher, f.preferred, f.eos, 384, f.hints, f.marks)  # keys=(): the old search
+    plain = completion(g.matcher, f.preferred, f.eos, 384, f.hints, f.marks)  # keys=(): no required keys first
     assert plain is None or len(json.loads(text_of(core, plain))) > 1  # optional members first
 
 
