@@ -78,23 +78,23 @@ RendererFactory = Callable[[ServerConfig], AbstractAsyncContextManager[Any]]
 @asynccontextmanager
 async def open_image_worker_for(config: ServerConfig) -> AsyncIterator[Any]:
     """A vision checkpoint's image worker process, a speech model's audio worker (None for a text-only model)."""
-    if config.model is not None and speech_support(config.model) is not None:
-        async with open_audio_worker(config.model, int(config.mm_processor_cache_gb * (1 << 30))) as pool:
+    if config.model.model is not None and speech_support(config.model.model) is not None:
+        async with open_audio_worker(config.model.model, int(config.media.mm_processor_cache_gb * (1 << 30))) as pool:
             yield pool
         return
-    support = image_support(config.model) if config.model is not None else None
+    support = image_support(config.model.model) if config.model.model is not None else None
     if support is None:
         yield None
         return
-    async with open_image_worker(support, int(config.mm_processor_cache_gb * (1 << 30))) as pool:
+    async with open_image_worker(support, int(config.media.mm_processor_cache_gb * (1 << 30))) as pool:
         yield pool
 
 
 def _open_renderer(config: ServerConfig) -> AbstractAsyncContextManager[Any]:
-    return Renderer.open(config.model_path, tokenizer_dir=config.tokenizer, chat_template=config.chat_template,
-                         num_workers=config.renderer_num_workers, render_timeout=config.chat_template_render_timeout,
-                         default_chat_template_kwargs=config.default_chat_template_kwargs,
-                         trust_request_chat_template=config.trust_request_chat_template)
+    return Renderer.open(config.model.model_path, tokenizer_dir=config.model.tokenizer, chat_template=config.model.chat_template,
+                         num_workers=config.model.renderer_num_workers, render_timeout=config.model.chat_template_render_timeout,
+                         default_chat_template_kwargs=config.model.default_chat_template_kwargs,
+                         trust_request_chat_template=config.model.trust_request_chat_template)
 
 
 def detokenizer_factory(tokenizer: Any) -> Callable[[GenerationSpec], Any]:
@@ -153,11 +153,11 @@ def create_app(config: ServerConfig | None = None, *, worker: WorkerContext | No
     if config is None:  # plain `hypercorn 'server.app:create_app()'`: one engine per worker process
         _refuse_several_hypercorn_workers()
         config = ServerConfig.from_env()  # SPINDLE_RENDER_ONLY=1 is checked there as `spindle render` is
-    state = AppState(config=config, model_name=config.model_name)
+    state = AppState(config=config, model_name=config.model.model_name)
     metrics = _server_metrics(config, worker)
     fatal = on_fatal or _default_on_fatal
     open_renderer = renderer_factory or _open_renderer
-    if config.render_only:  # `spindle render`: no engine, no torch (server/render_app.py)
+    if config.parallel.render_only:  # `spindle render`: no engine, no torch (server/render_app.py)
         return _render_only_app(state, metrics, open_renderer, fatal, load_in_background)
     metrics.watch_engine()
     load = _EngineLoad(state, metrics, worker, engine_factory, open_renderer, fatal)
@@ -172,17 +172,17 @@ def create_app(config: ServerConfig | None = None, *, worker: WorkerContext | No
         Route("/v1/messages", MessagesRoute(state), methods=["POST"]),
         Route("/v1/messages/count_tokens", CountTokensRoute(state), methods=["POST"]),
         *_responses_routes(state, worker),
-        *(_lora_routes(state) if config.allow_runtime_lora_updating else []),
+        *(_lora_routes(state) if config.lora.allow_runtime_lora_updating else []),
         *_common_routes(state, metrics),
-        *([] if config.disable_ui else _ui_routes(state)),
+        *([] if config.http.disable_ui else _ui_routes(state)),
     ]
-    public = () if config.disable_ui else PUBLIC_PATHS
+    public = () if config.http.disable_ui else PUBLIC_PATHS
     return _asgi(state, routes, _lifespan(state, load.run, fatal, load_in_background), _not_found, public)
 
 
 def _responses_routes(state: AppState, worker: WorkerContext | None) -> list[Route]:
     # one store for all API processes (a file in the launcher's directory); a single server's in memory
-    store = ResponseStore(state.config.responses_store_size, worker.responses_dir if worker is not None else None)
+    store = ResponseStore(state.config.outputs.responses_store_size, worker.responses_dir if worker is not None else None)
     background = BackgroundResponses(state, store)
     return [Route("/v1/responses", ResponsesRoute(state, store, background), methods=["POST"]),
             Route("/v1/responses/{response_id}", StoredResponseRoute(store), methods=["GET", "DELETE"]),
@@ -213,12 +213,12 @@ def _pooling_routes(state: AppState) -> list[Route]:
 
 
 def _server_metrics(config: ServerConfig, worker: WorkerContext | None) -> ServerMetrics:
-    metrics = ServerMetrics(config.model_name)
+    metrics = ServerMetrics(config.model.model_name)
     if worker is not None:  # request counters and histograms summed over the API processes
         worker.share_metrics(metrics)
-    if config.enable_lora:
-        metrics.enable_lora(config.max_loras)
-    if config.metrics_compat == "vllm":
+    if config.lora.enable_lora:
+        metrics.enable_lora(config.lora.max_loras)
+    if config.outputs.metrics_compat == "vllm":
         export_vllm_names(metrics)
     return metrics
 
@@ -235,16 +235,16 @@ class _EngineLoad:
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Load, publish, then serve until cancelled."""
         cfg = self.state.config
-        if cfg.model is None and self.engine_factory is None:
+        if cfg.model.model is None and self.engine_factory is None:
             cfg = await anyio.to_thread.run_sync(cfg.resolved)  # builds the demo checkpoint on first use
         self.state.config = cfg
         async with AsyncExitStack() as stack:
             renderer = await stack.enter_async_context(self.open_renderer(cfg))
             self.state.mm_pool = await stack.enter_async_context(open_image_worker_for(cfg))
             loras = None
-            if cfg.enable_lora:  # the static adapters, checked before the engine loads: a bad one stops start-up
-                loras = await anyio.to_thread.run_sync(LoRARegistry.from_files, cfg.model_path, cfg.max_lora_rank,
-                                                       cfg.model_name, cfg.lora_modules)
+            if cfg.lora.enable_lora:  # the static adapters, checked before the engine loads: a bad one stops start-up
+                loras = await anyio.to_thread.run_sync(LoRARegistry.from_files, cfg.model.model_path, cfg.lora.max_lora_rank,
+                                                       cfg.model.model_name, cfg.lora.lora_modules)
                 if self.worker is not None and self.worker.responses_dir is not None:  # the launcher's shared folder
                     loras.shared = SharedAdapters(self.worker.responses_dir)
             client = await stack.enter_async_context(self._open_engines(cfg))
@@ -284,24 +284,25 @@ class _EngineLoad:
 
     def _make_llm(self, cfg: ServerConfig, client: Any, tokenizer: Any) -> AsyncLLM:
         llm = AsyncLLM(client, detokenizer_factory(tokenizer), admission=self._admission(cfg),
-                       stream_interval=cfg.stream_interval, on_dead=self.fatal, metrics=self.metrics)
-        support = image_support(cfg.model) if self.state.mm_pool is not None and cfg.model is not None else None
+                       stream_interval=cfg.outputs.stream_interval, on_dead=self.fatal, metrics=self.metrics,
+                       stopping=self.state.stopping)
+        support = image_support(cfg.model.model) if self.state.mm_pool is not None and cfg.model.model is not None else None
         if support is not None:  # what the engine's encoder cache holds, mirrored to send each image once
             llm.images = EngineImageMirror(ENCODER_CACHE_BYTES, support.hidden_size, client.ready.model_dtype)
         return llm
 
     def _admission(self, cfg: ServerConfig) -> Admission | None:
-        if cfg.max_num_queued_reqs is None and cfg.max_num_queued_tokens is None:
+        if cfg.scheduling.max_num_queued_reqs is None and cfg.scheduling.max_num_queued_tokens is None:
             return None
         if self.worker is not None:  # the limits hold for all API processes together (server/shared_state.py)
             return self.worker.admission(cfg)
-        return Admission(cfg.max_num_queued_reqs, cfg.max_num_queued_tokens)
+        return Admission(cfg.scheduling.max_num_queued_reqs, cfg.scheduling.max_num_queued_tokens)
 
 
 def _open_engine_process(config: ServerConfig) -> AbstractAsyncContextManager[Any]:
-    return open_engine_process(config.engine_config(), ready_timeout=config.engine_ready_timeout,
-                               heartbeat_timeout=config.engine_heartbeat_timeout,
-                               step_timeout=config.engine_step_timeout)
+    return open_engine_process(config.engine_config(), ready_timeout=config.engine.engine_ready_timeout,
+                               heartbeat_timeout=config.engine.engine_heartbeat_timeout,
+                               step_timeout=config.engine.engine_step_timeout)
 
 
 def _common_routes(state: AppState, metrics: ServerMetrics) -> list[Route]:
@@ -320,7 +321,7 @@ def _common_routes(state: AppState, metrics: ServerMetrics) -> list[Route]:
 
 def _ui_routes(state: AppState) -> list[Route]:
     """The chat page at / and /ui, and its assets (server/api/ui.py); a full server's only."""
-    model = state.config.model
+    model = state.config.model.model
     page = PageRoute(state, vision=model is not None and image_support(model) is not None)
     assets = [Route(f"/ui/{name}", AssetRoute(name), methods=["GET"]) for name in ASSETS]
     return [Route("/", page, methods=["GET"]), Route("/ui", page, methods=["GET"]), *assets]
@@ -359,7 +360,7 @@ def _lifespan(state: AppState, run: Callable[..., Any], fatal: Callable[[str], N
             try:
                 yield
             finally:
-                state.stopping = True
+                state.stopping.set()
                 tg.cancel_scope.cancel()
 
     return lifespan

@@ -96,23 +96,21 @@ class SharedAdmission(Admission):
         """This process's queued requests and tokens."""
         return self._own[0], self._own[1]
 
-    def try_admit(self, num_reqs: int, num_tokens: int) -> str | None:
+    def try_admit(self, num_reqs: int, num_tokens: int, *, held: tuple[int, int] = (0, 0),
+                  bound: str = "") -> str | None:
         if num_reqs < 0 or num_tokens < 0:
             raise ValueError(f"cannot admit {num_reqs} requests with {num_tokens} tokens")
         own = self._own
-        own[0] += num_reqs  # reserve: visible to the others before we look at them
-        own[1] += num_tokens
+        more_reqs, more_tokens = num_reqs - held[0], num_tokens - held[1]
+        own[0] += more_reqs  # reserve: visible to the others before we look at them
+        own[1] += more_tokens
         fence()
         reqs, tokens = self._totals()
-        reason = self._refusal_at(reqs - num_reqs, tokens - num_tokens, num_reqs, num_tokens, "")
+        reason = self._refusal_at(reqs - num_reqs, tokens - num_tokens, num_reqs, num_tokens, bound)
         if reason is not None:
-            own[0] -= num_reqs
-            own[1] -= num_tokens
+            own[0] -= more_reqs
+            own[1] -= more_tokens
         return reason
-
-    def would_refuse(self, num_reqs: int, min_num_tokens: int) -> str | None:
-        reqs, tokens = self._totals()
-        return self._refusal_at(reqs, tokens, num_reqs, min_num_tokens, "at least ")
 
     def release(self, num_reqs: int, num_tokens: int) -> None:
         own = self._own

@@ -14,7 +14,7 @@ from server.config import ServerConfig
 from server.http.errors import APIError, from_decode_error
 from server.multimodal.images import ImagePool
 from server.pipeline import unavailable
-from server.pipeline.async_llm import AsyncLLM
+from server.pipeline.async_llm import AsyncLLM, Stopping
 from server.pipeline.input_processor import ModelLimits
 from server.protocol.openai import decode_request
 
@@ -61,29 +61,27 @@ class AppState:
     mm_pool: ImagePool | None = None  # a vision model: the image worker (server/multimodal/images.py)
     limits: ModelLimits | None = None
     created: int = field(default_factory=lambda: int(time.time()))
-    stopping: bool = False
+    stopping: Stopping = field(default_factory=Stopping)  # the one draining flag; AsyncLLM is given it
     tasks: Any = None  # an anyio TaskGroup for work that outlives its request (background responses)
 
-    def require(self) -> tuple[AsyncLLM, Renderer, ModelLimits]:
-        """The running parts, or a 503 saying why requests cannot be served now."""
+    def require(self, *, count: bool = True) -> tuple[AsyncLLM, Renderer, ModelLimits]:
+        """The running parts, or a 503 saying why requests cannot be served now (AsyncLLM.check_open: a
+        refusal while draining is counted unless `count` is False)."""
         llm, renderer, limits = self.llm, self.renderer, self.limits
         if llm is None or renderer is None or limits is None:
             raise unavailable.starting()
-        if llm.dead is not None:
-            raise unavailable.engine_dead(llm.dead)
-        if self.stopping:
-            raise unavailable.shutting_down()
+        llm.check_open(count=count)
         return llm, renderer, limits
 
-    def require_renderer(self) -> tuple[Renderer, ModelLimits]:
+    def require_renderer(self, *, count: bool = True) -> tuple[Renderer, ModelLimits]:
         """The renderer and limits (503 until they are up); a full server also needs its engine running, as
         for any request, while a render-only one (server/render_app.py) has no engine."""
-        if not self.config.render_only:
-            _llm, renderer, limits = self.require()
+        if not self.config.parallel.render_only:
+            _llm, renderer, limits = self.require(count=count)
             return renderer, limits
         if self.renderer is None or self.limits is None:
             raise unavailable.starting()
-        if self.stopping:
+        if self.stopping.is_set():
             raise unavailable.shutting_down()
         return self.renderer, self.limits
 
@@ -104,7 +102,7 @@ class AppState:
         loras = self.limits.loras if self.limits is not None else None
         if loras is not None and loras.get(model) is not None:
             return
-        if model is not None and model != self.model_name and model != self.config.model:
+        if model is not None and model != self.model_name and model != self.config.model.model:
             raise APIError(f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
                            status=404, param="model")
 

@@ -13,7 +13,6 @@ from importlib.metadata import PackageNotFoundError, version
 from server.api.app_state import AppState
 from server.http.asgi import Receive, Scope, Send, send_error, send_json
 from server.http.errors import APIError
-from server.pipeline import unavailable
 
 
 def _version() -> str:
@@ -29,10 +28,7 @@ class HealthRoute:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            self.state.require_renderer()  # on a full server this is `require`: the engine must serve too
-            llm = self.state.llm  # None on a render-only server
-            if llm is not None and llm.stopping:
-                raise unavailable.shutting_down()
+            self.state.require_renderer(count=False)  # on a full server `require`: the engine must serve too
         except APIError as e:  # every refusal here is a 503 (server/pipeline/unavailable.py)
             await send_error(send, e)
             return

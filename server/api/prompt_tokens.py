@@ -1,5 +1,6 @@
-"""Prompt helpers the routes share: render and tokenize with the renderer's errors as API errors, and the
-early admission check that refuses before rendering/tokenizing when the queue surely has no room."""
+"""A request's prompt to token ids, as the routes share it: render and tokenize with the renderer's errors as API
+errors, refusing early what surely cannot be served: a prompt too long for the model (400) and a request the
+queue surely has no room for (503, the admission ticket taken at a lower bound before rendering/tokenizing)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from server.api.app_state import AppState, Renderer
 from server.http.errors import bad_request
 from server.multimodal.images import expand_for_model, has_images, prepare_images
 from server.pipeline import unavailable
-from server.pipeline.admission import min_tokens
+from server.pipeline.admission import AdmissionTicket, min_tokens
 from server.pipeline.async_llm import AsyncLLM
 from server.pipeline.input_processor import ModelLimits, check_fits, max_token_bytes
 from server.render.renderer import RendererOverloaded, RenderError
@@ -86,15 +87,13 @@ async def prompts_lower_bound(tokenizer: tokenizers.Tokenizer, prompts: list[str
     return sum(max(1, min_tokens(p, per) if isinstance(p, str) else len(p)) for p in prompts)
 
 
-def admit_early(llm: AsyncLLM, num_reqs: int, min_prompt_tokens: int) -> None:
-    """503 before rendering/tokenizing when admission would surely refuse (queue full, or the prompt too long).
-
-    The exact, pessimistic check still runs in AsyncLLM.generate once the prompt is tokenized.
-    """
-    admission = llm.admission
-    reason = admission.would_refuse(num_reqs, min_prompt_tokens) if admission is not None else None
-    if reason is not None:
-        raise llm.overloaded(reason)
+async def admit_prompts(llm: AsyncLLM, n: int, prompts: list[str | list[int]], tokenizer: tokenizers.Tokenizer,
+                        ticket: AdmissionTicket | None = None) -> AdmissionTicket:
+    """The request's admission ticket (or `ticket`, resized) at a lower bound of `prompts`' tokens, `n` engine
+    requests each: a 503 before they are tokenized when the queue surely has no room. AsyncLLM.generate settles
+    the ticket at the exact count."""
+    lower = await prompts_lower_bound(tokenizer, prompts) if llm.admission is not None else len(prompts)
+    return llm.admit(n * len(prompts), n * lower, ticket)
 
 
 async def chat_ids_with_images(state: AppState, renderer: Renderer, req: Any, add_special_tokens: bool,
@@ -105,4 +104,4 @@ async def chat_ids_with_images(state: AppState, renderer: Renderer, req: Any, ad
         return await chat_prompt_ids(renderer, req, add_special_tokens, limits), None
     images, messages = await prepare_images(state, req.messages, getattr(req, "mm_processor_kwargs", None))
     ids = await chat_prompt_ids(renderer, msgspec.structs.replace(req, messages=messages), add_special_tokens, limits)
-    return expand_for_model(ids, images, state.config.model_path)
+    return expand_for_model(ids, images, state.config.model.model_path)

@@ -24,6 +24,7 @@ from server.http import access_log
 from server.http.direct_body import WriteBatch
 from server.http.errors import APIError
 from server.pipeline import unavailable
+from server.pipeline.admission import AdmissionLike, AdmissionTicket
 from server.pipeline.image_sends import ImageMetrics, ImageMirror, ImageSends
 from server.pipeline.input_processor import GenerationSpec
 from server.pipeline.output_processor import (
@@ -43,13 +44,6 @@ class EngineClientLike(Protocol):
     async def receive(self) -> StepOutputs | Heartbeat: ...
 
 
-class AdmissionLike(Protocol):
-    def try_admit(self, num_reqs: int, num_tokens: int) -> str | None: ...
-    def would_refuse(self, num_reqs: int, min_num_tokens: int) -> str | None: ...
-    def first_token(self, num_tokens: int) -> None: ...
-    def release(self, num_reqs: int, num_tokens: int) -> None: ...
-
-
 class LLMMetrics(OutputMetrics, ImageMetrics, Protocol):
     """What AsyncLLM and the routes around it record (server.metrics.prometheus.ServerMetrics)."""
 
@@ -65,29 +59,20 @@ class LLMMetrics(OutputMetrics, ImageMetrics, Protocol):
 DetokenizerFactory = Callable[[GenerationSpec], Any]  # spec -> a fresh IncrementalDetokenizer
 
 
-class AdmissionTicket:
-    """What one `generate` call holds of the admission limits: each engine request's prompt tokens count as
-    queued until its first token (`first_token`); `release` gives back what never got one."""
+class Stopping:
+    """Draining for shutdown, one per API process: the app state (routes, /health) and AsyncLLM (generate, drain,
+    cut) read and set the same one. Set once, never cleared: from then on new requests get 503."""
 
-    def __init__(self, admission: AdmissionLike | None, specs: Sequence[GenerationSpec]) -> None:
-        self._admission = admission
-        self._queued = {child_id: len(s.prompt_token_ids) for s in specs for child_id in s.child_ids()}
+    __slots__ = ("_set",)
 
-    def admit(self) -> str | None:
-        """None if admitted (or there are no limits), else why not."""
-        if self._admission is None:
-            return None
-        return self._admission.try_admit(len(self._queued), sum(self._queued.values()))
+    def __init__(self) -> None:
+        self._set = False
 
-    def first_token(self, state: RequestState) -> None:
-        n = self._queued.pop(state.request_id, None)
-        if n is not None and self._admission is not None:
-            self._admission.first_token(n)
+    def set(self) -> None:
+        self._set = True
 
-    def release(self) -> None:
-        if self._admission is not None and self._queued:
-            self._admission.release(len(self._queued), sum(self._queued.values()))
-        self._queued.clear()
+    def is_set(self) -> bool:
+        return self._set
 
 
 class InFlight:
@@ -127,7 +112,8 @@ class EngineRequests:
 class AsyncLLM:
     def __init__(self, client: EngineClientLike, detokenizer: DetokenizerFactory, *,
                  admission: AdmissionLike | None = None, stream_interval: int = 1,
-                 on_dead: Callable[[str], None] | None = None, metrics: LLMMetrics | None = None) -> None:
+                 on_dead: Callable[[str], None] | None = None, metrics: LLMMetrics | None = None,
+                 stopping: Stopping | None = None) -> None:
         self.client = client
         self.detokenizer = detokenizer
         self.admission = admission
@@ -136,7 +122,7 @@ class AsyncLLM:
         self.output = OutputProcessor(stream_interval=stream_interval, metrics=metrics, flush=self.writes.flush)
         self.on_dead = on_dead
         self.dead: str | None = None  # why the engine is gone; set once
-        self.stopping = False  # draining for shutdown: new requests get 503
+        self.stopping = stopping if stopping is not None else Stopping()  # the app's, shared (AppState.stopping)
         self._in_flight = InFlight()
         self._steps_send: MemoryObjectSendStream[StepOutputs]
         self._steps_recv: MemoryObjectReceiveStream[StepOutputs]
@@ -213,16 +199,27 @@ class AsyncLLM:
             self.metrics.rejected("queue_full")
         return unavailable.overloaded(reason)
 
+    def admit(self, num_reqs: int, min_tokens: int, ticket: AdmissionTicket | None = None) -> AdmissionTicket:
+        """A request's admission ticket (or `ticket`, resized) holding `num_reqs` engine requests and at least
+        `min_tokens` prompt tokens: taken before rendering, a 503 when the queue surely has no room."""
+        ticket = ticket if ticket is not None else AdmissionTicket(self.admission)
+        reason = ticket.resize(num_reqs, min_tokens, "at least ")
+        if reason is not None:
+            raise self.overloaded(reason)
+        return ticket
+
     @asynccontextmanager
-    async def generate(self, specs: Sequence[GenerationSpec]) -> AsyncIterator[RequestStream]:
+    async def generate(self, specs: Sequence[GenerationSpec],
+                       ticket: AdmissionTicket | None = None) -> AsyncIterator[RequestStream]:
         """Admit, register the output side, send to the engine; yield the outputs; clean up on exit.
 
-        Several specs (completions with several prompts) share one collector; choices are
+        `ticket`: the one the route took before rendering (`admit`), settled here to the exact prompt tokens;
+        none: a new one. Several specs (completions with several prompts) share one collector; choices are
         numbered spec.index_offset + child index. The clean-ups run in the reverse order of registration.
         """
-        self._check_open()
-        ticket = AdmissionTicket(self.admission, specs)
-        reason = ticket.admit()
+        self.check_open()
+        ticket = ticket if ticket is not None else AdmissionTicket(self.admission)
+        reason = ticket.settle({child: len(s.prompt_token_ids) for s in specs for child in s.child_ids()})
         if reason is not None:
             raise self.overloaded(reason)
         with ExitStack() as cleanup:
@@ -236,11 +233,13 @@ class AsyncLLM:
             self._send_all(specs, engine)
             yield stream
 
-    def _check_open(self) -> None:
+    def check_open(self, *, count: bool = True) -> None:
+        """503 when new requests cannot start: the engine is dead, or the server drains (counted as a
+        `shutting_down` rejection unless `count` is False: a health probe is no rejected request)."""
         if self.dead is not None:
             raise unavailable.engine_dead(self.dead)
-        if self.stopping:
-            if self.metrics is not None:
+        if self.stopping.is_set():
+            if count and self.metrics is not None:
                 self.metrics.rejected("shutting_down")
             raise unavailable.shutting_down()
 
@@ -249,11 +248,15 @@ class AsyncLLM:
         """One RequestState per engine request, into `states` and the output processor, before anything is sent:
         a fast engine finds it."""
         collector = Collector(specs[0].output_kind if specs else OutputKind.FINAL_ONLY)
+
+        def first_token(state: RequestState) -> None:
+            ticket.first_token(state.request_id)
+
         for spec in specs:
             for i, child_id in enumerate(spec.child_ids()):
                 state = RequestState(child_id, spec.index_offset + i, collector, self.detokenizer(spec),
                                      spec.output_kind, bool(spec.stop), len(spec.prompt_token_ids),
-                                     ticket.first_token, spec.arrival_time)
+                                     first_token, spec.arrival_time)
                 states.append(state)
                 self.output.add(state)
         record = access_log.current.get()
@@ -298,7 +301,7 @@ class AsyncLLM:
 
         Returns how many engine requests were cut.
         """
-        self.stopping = True
+        self.stopping.set()
         with anyio.move_on_after(timeout):
             await self._in_flight.wait_idle()
         return self.cut("The server is shutting down and could not finish this request in time; "
@@ -306,7 +309,7 @@ class AsyncLLM:
 
     def cut(self, message: str) -> int:
         """End every in-flight request now with an error (streams get an error event, then [DONE])."""
-        self.stopping = True
+        self.stopping.set()
         n = len(self.output.states)
         self.output.fail_all(message)
         return n

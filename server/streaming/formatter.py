@@ -67,6 +67,6 @@ def output_error(llm: AsyncLLM, out: Output) -> APIError:
     """An output's error as the client sees it (the status, or the SSE error event's code)."""
     if llm.dead is not None:  # the engine died under it: a server fault, as issue 3 specifies
         return APIError(f"{out.error}", status=500)
-    if llm.stopping:  # cut by shutdown: the client should retry elsewhere
+    if llm.stopping.is_set():  # cut by shutdown: the client should retry elsewhere
         return unavailable.unavailable(f"{out.error}")
     return APIError(out.error or "the request failed", status=400)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from server.http import direct_body
 from server.http.asgi import SSE_HEADERS, Send, send_json
 from server.http.direct_body import DirectBody
+from server.pipeline.admission import AdmissionTicket
 from server.pipeline.async_llm import AsyncLLM
 from server.pipeline.request_stream import RequestStream
 from server.pipeline.input_processor import GenerationSpec
@@ -23,11 +24,12 @@ BeforeEnd = Callable[[], Awaitable[None]] | None  # runs after the last output, 
 async def respond(llm: AsyncLLM, specs: Sequence[GenerationSpec], fmt: Formatter, send: Send, *, stream: bool,
                   include_usage: bool = False, continuous_usage: bool = False, keepalive: float = 0.0,
                   headers: Headers | None = None, framing: StreamFraming = OPENAI_FRAMING,
-                  before_end: BeforeEnd = None) -> None:
+                  before_end: BeforeEnd = None, ticket: AdmissionTicket | None = None) -> None:
     """Run `specs` and answer: one JSON body, or (`stream`) server-sent events. `before_end` (the check of
-    relaxed structured answers) is awaited once every output is in, so it is done when the client sees the end."""
+    relaxed structured answers) is awaited once every output is in, so it is done when the client sees the end.
+    `ticket`: the admission ticket the route took before rendering (AsyncLLM.admit)."""
     counter = UsageCounter(specs)
-    async with llm.generate(specs) as outputs:
+    async with llm.generate(specs, ticket) as outputs:
         if not stream:
             await send_body(llm, outputs, fmt, send, counter, headers, before_end)
             return

@@ -24,7 +24,9 @@ def test_limits_hold_for_all_processes_together() -> None:
     assert a1.try_admit(1, 10) is None
     assert "too many queued requests (3 queued, limit 3)" in (a1.try_admit(1, 1) or "")
     assert a0.queued_reqs == a1.queued_reqs == 3 and a0.queued_tokens == 20
-    assert a1.would_refuse(1, 0) is not None
+    assert a1.try_admit(1, 0, bound="at least ") is not None
+    assert a1.try_admit(1, 5, held=(1, 5)) is None  # a ticket's own hold does not count against itself
+    assert a1.own == (1, 10) and a0.queued_tokens == 20
     a0.first_token(10)  # one of a0's requests got its first token: (1, 0) left there
     assert a1.try_admit(1, 90) is None  # 3 requests, 100 tokens: both limits exactly reached
     assert "too many queued prompt tokens (100 queued + 1 requested" in (a0.try_admit(0, 1) or "")

@@ -14,7 +14,7 @@ import msgspec
 
 from server.api.anthropic.formatter import PING, MessagesFormatter, event
 from server.api.anthropic.translate import chat_request, decode_error
-from server.api.prompts import admit_early, chat_ids_with_images, prompts_lower_bound, render_chat, text_prompt_ids
+from server.api.prompt_tokens import admit_prompts, chat_ids_with_images, render_chat, text_prompt_ids
 from server.api.serving import PostRoute
 from server.api.app_state import AppState, Renderer
 from server.config import ServerConfig
@@ -53,7 +53,7 @@ class _AnthropicRoute(PostRoute):
         xid = header(scope, b"x-request-id")
         headers = [(b"x-request-id", xid.encode())] if xid else []
         try:
-            body = await read_json_body(scope, receive, self.state.config.max_request_body)
+            body = await read_json_body(scope, receive, self.state.config.http.max_request_body)
         except ClientGone:
             return
         except APIError as e:
@@ -71,7 +71,7 @@ class _AnthropicRoute(PostRoute):
 
 
 def _takes_images(config: ServerConfig) -> bool:
-    return config.model is not None and image_support(config.model_path) is not None
+    return config.model.model is not None and image_support(config.model.model_path) is not None
 
 
 R = TypeVar("R", bound=CountTokensRequest)
@@ -89,41 +89,39 @@ class MessagesRoute(_AnthropicRoute):
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
         req, llm, renderer, limits = _decode(self.state, messages_decoder, body)
         config = self.state.config
-        chat = chat_request(req, reasoning=config.reasoning_parser is not None, images=_takes_images(config))
+        chat = chat_request(req, reasoning=config.outputs.reasoning_parser is not None, images=_takes_images(config))
         check_request(chat, limits)
         constraint = await structured_outputs(chat, limits.caps)
         plan, relaxed_tools = await plan_constrained_tools(chat, config, renderer.tokenizer, limits.caps, "tool_choice")
         external = external_request_id(xid, None)
-        if llm.admission is not None:  # refuse before rendering when the queue surely has no room
-            admit_early(llm, 1, 1)
-        images, render_chat_req = None, chat
-        if has_images(chat.messages):  # image blocks (a vision model): as the OpenAI chat route takes them
-            images, messages = await prepare_images(self.state, chat.messages or [], None)
-            render_chat_req = msgspec.structs.replace(chat, messages=messages)
-        text = await render_chat(renderer, render_chat_req)
-        if llm.admission is not None:
-            admit_early(llm, 1, await prompts_lower_bound(renderer.tokenizer, [text]))
-        ids = await text_prompt_ids(renderer, text, chat.add_special_tokens, "messages",
-                                    limits if images is None else None)
-        mm_inputs = None
-        if images is not None:
-            ids, mm_inputs = expand_for_model(ids, images, config.model_path)
-        so = request_constraint(plan, constraint.so if constraint is not None else None, config, text)
-        spec = build_spec(chat, ids, limits, external_id=external, stream=chat.stream, structured_outputs=so)
-        spec.mm_inputs = mm_inputs
-        tools = plan.parser() if plan is not None and plan.parser is not None else None
-        reasoning = reasoning_parser(config, text)
-        parser = ChoiceParser(reasoning, tools) if tools is not None or reasoning is not None else None
-        fmt = MessagesFormatter(f"msg_{external}", self.state.shown_model(req.model), len(spec.prompt_token_ids),
-                                parser)
-        ids_header = external.encode()
-        check = relaxed_check(llm.metrics, constraint, relaxed_tools,
-                              ChoiceParsers(plan, config.reasoning_parser, text) if parser is not None else None)
-        headers = [(b"x-request-id", ids_header), (b"request-id", ids_header),
-                   *relaxed_headers(constraint, relaxed_tools)]
-        await respond(llm, [spec], checked(fmt, check), send, stream=chat.stream,
-                      keepalive=self.state.config.sse_keepalive, headers=headers, framing=FRAMING,
-                      before_end=check.finish if check is not None else None)
+        with llm.admit(1, 1) as ticket:  # the request's one ticket: a 503 now when the queue is surely full
+            images, render_chat_req = None, chat
+            if has_images(chat.messages):  # image blocks (a vision model): as the OpenAI chat route takes them
+                images, messages = await prepare_images(self.state, chat.messages or [], None)
+                render_chat_req = msgspec.structs.replace(chat, messages=messages)
+            text = await render_chat(renderer, render_chat_req)
+            await admit_prompts(llm, 1, [text], renderer.tokenizer, ticket)  # the rendered prompt's bound
+            ids = await text_prompt_ids(renderer, text, chat.add_special_tokens, "messages",
+                                        limits if images is None else None)
+            mm_inputs = None
+            if images is not None:
+                ids, mm_inputs = expand_for_model(ids, images, config.model.model_path)
+            so = request_constraint(plan, constraint.so if constraint is not None else None, config, text)
+            spec = build_spec(chat, ids, limits, external_id=external, stream=chat.stream, structured_outputs=so)
+            spec.mm_inputs = mm_inputs
+            tools = plan.parser() if plan is not None and plan.parser is not None else None
+            reasoning = reasoning_parser(config, text)
+            parser = ChoiceParser(reasoning, tools) if tools is not None or reasoning is not None else None
+            fmt = MessagesFormatter(f"msg_{external}", self.state.shown_model(req.model), len(spec.prompt_token_ids),
+                                    parser)
+            ids_header = external.encode()
+            check = relaxed_check(llm.metrics, constraint, relaxed_tools,
+                                  ChoiceParsers(plan, config.outputs.reasoning_parser, text) if parser is not None else None)
+            headers = [(b"x-request-id", ids_header), (b"request-id", ids_header),
+                       *relaxed_headers(constraint, relaxed_tools)]
+            await respond(llm, [spec], checked(fmt, check), send, stream=chat.stream,
+                          keepalive=self.state.config.outputs.sse_keepalive, headers=headers, framing=FRAMING,
+                          before_end=check.finish if check is not None else None, ticket=ticket)
 
 
 
@@ -133,6 +131,6 @@ class CountTokensRoute(_AnthropicRoute):
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
         req, _, renderer, _ = _decode(self.state, count_tokens_decoder, body)
         config = self.state.config
-        chat = chat_request(req, reasoning=config.reasoning_parser is not None, images=_takes_images(config))
+        chat = chat_request(req, reasoning=config.outputs.reasoning_parser is not None, images=_takes_images(config))
         ids, _ = await chat_ids_with_images(self.state, renderer, chat, chat.add_special_tokens)
         await send_json(send, 200, _enc(CountTokensResponse(len(ids))))

@@ -16,7 +16,7 @@ import numpy as np
 
 from engine.messages import PoolingInfo
 from server.api.pooling.inputs import JSONBody, PoolingJob, Truncation, require_task
-from server.api.prompts import chat_ids_with_images
+from server.api.prompt_tokens import chat_ids_with_images
 from server.api.serving import PostRoute
 from server.http.asgi import Send
 from server.http.errors import APIError, bad_request
@@ -103,11 +103,11 @@ class CohereEmbedRoute(PostRoute):
         dims = check_dimensions(req.output_dimension, info, "output_dimension")
         prompt = prompt_for(req.input_type, info)
         cut = truncation(req, limits, name)
-        job = PoolingJob.start(llm, renderer, limits, xid, None, req.priority, model=req.model)
-        job.check_count(len(items), name)
-        images = await self._add_all(job, info, name, items, prompt, cut)
-        texts = list(items) if name == "texts" else None
-        await job.respond(CohereEmbedFormatter(job, kinds, dims, info.normalize, texts, images), send)
+        with PoolingJob.start(llm, renderer, limits, xid, None, req.priority, model=req.model) as job:
+            job.check_count(len(items), name)
+            images = await self._add_all(job, info, name, items, prompt, cut)
+            texts = list(items) if name == "texts" else None
+            await job.respond(CohereEmbedFormatter(job, kinds, dims, info.normalize, texts, images), send)
 
     async def _add_all(self, job: PoolingJob, info: PoolingInfo, name: str, items: list[Any], prompt: str,
                        cut: Truncation) -> int:

@@ -5,21 +5,22 @@ from __future__ import annotations
 import time
 
 from server.api.openai.logprobs import TokenTexts, completion_logprobs
-from server.api.prompts import admit_early, fit_limits, prompts_lower_bound, render_errors, text_prompt_ids
+from server.api.prompt_tokens import admit_prompts, fit_limits, render_errors, text_prompt_ids
 from server.api.serving import PostRoute
 from server.streaming.respond import respond
 from server.http import sse
 from server.http.asgi import Send
 from server.http.errors import bad_request
+from server.api.app_state import Renderer
 from server.pipeline.input_processor import (
-    build_spec, check_prompt_ids, check_request, completion_prompts, external_request_id,
+    GenerationSpec, ModelLimits, build_spec, check_prompt_ids, check_request, completion_prompts, external_request_id,
 )
 from server.pipeline.output_processor import Output
-from server.pipeline.structured import structured_outputs
+from server.pipeline.structured import Constraint, structured_outputs
 from server.streaming.output_check import checked, relaxed_check, relaxed_headers
 from server.protocol.openai import (
-    CompletionChoice, CompletionChoiceIds, CompletionLogprobs, CompletionResponse, CompletionStreamResponse, Usage,
-    completion_decoder, encoder,
+    CompletionChoice, CompletionChoiceIds, CompletionLogprobs, CompletionRequest, CompletionResponse,
+    CompletionStreamResponse, Usage, completion_decoder, encoder,
 )
 
 _enc = encoder.encode
@@ -102,9 +103,26 @@ class CompletionsRoute(PostRoute):
         constraint = await structured_outputs(req, limits.caps)
         external = external_request_id(xid, req.request_id)
         prompts = completion_prompts(req.prompt)
-        if llm.admission is not None:  # refuse before tokenizing when the queue surely has no room
-            lower = await prompts_lower_bound(renderer.tokenizer, prompts)
-            admit_early(llm, req.n * len(prompts), req.n * lower)
+        # the request's one admission ticket, at a lower bound of its prompts: a 503 now when the queue is surely full
+        with await admit_prompts(llm, req.n, prompts, renderer.tokenizer) as ticket:
+            specs, echo, first_ids, prompt_ids = await self._specs(req, prompts, renderer, limits, external, constraint)
+            texts = self.token_texts(renderer, req.logprobs is not None)
+            fmt = CompletionFormatter(f"cmpl-{external}", int(time.time()), self.state.shown_model(req.model), echo=echo,
+                                      texts=texts, first_prompt_ids=first_ids,
+                                      prompt_ids=prompt_ids if req.return_token_ids else None)
+            opts = req.stream_options
+            headers = [(b"x-request-id", external.encode()), *relaxed_headers(constraint, {})]
+            check = relaxed_check(llm.metrics, constraint, {})
+            await respond(llm, specs, checked(fmt, check), send, stream=req.stream,
+                          include_usage=bool(opts and opts.include_usage),
+                          continuous_usage=bool(opts and opts.include_usage and opts.continuous_usage_stats),
+                          keepalive=self.state.config.outputs.sse_keepalive, headers=headers,
+                          before_end=check.finish if check is not None else None, ticket=ticket)
+
+    async def _specs(self, req: CompletionRequest, prompts: list[str | list[int]], renderer: Renderer,
+                     limits: ModelLimits, external: str, constraint: Constraint | None,
+                     ) -> tuple[list[GenerationSpec], dict[int, str], dict[int, int], dict[int, list[int]]]:
+        """One spec per prompt (tokenized here), and per choice the echoed text, first prompt id and prompt ids."""
         specs, echo, first_ids = [], {}, {}
         prompt_ids: dict[int, list[int]] = {}
         with render_errors("prompt"):
@@ -123,15 +141,4 @@ class CompletionsRoute(PostRoute):
                     first_ids.update({spec.index_offset + i: spec.prompt_token_ids[0] for i in range(req.n)})
                 if req.return_token_ids:
                     prompt_ids.update({spec.index_offset + i: spec.prompt_token_ids for i in range(req.n)})
-        texts = self.token_texts(renderer, req.logprobs is not None)
-        fmt = CompletionFormatter(f"cmpl-{external}", int(time.time()), self.state.shown_model(req.model), echo=echo,
-                                  texts=texts, first_prompt_ids=first_ids,
-                                  prompt_ids=prompt_ids if req.return_token_ids else None)
-        opts = req.stream_options
-        headers = [(b"x-request-id", external.encode()), *relaxed_headers(constraint, {})]
-        check = relaxed_check(llm.metrics, constraint, {})
-        await respond(llm, specs, checked(fmt, check), send, stream=req.stream,
-                      include_usage=bool(opts and opts.include_usage),
-                      continuous_usage=bool(opts and opts.include_usage and opts.continuous_usage_stats),
-                      keepalive=self.state.config.sse_keepalive, headers=headers,
-                      before_end=check.finish if check is not None else None)
+        return specs, echo, first_ids, prompt_ids

@@ -37,14 +37,14 @@ class EmbeddingsRoute(PostRoute):
         req, llm, renderer, limits = self.state.decode_for_model(embedding_decoder, body)
         info = require_task(llm, "/v1/embeddings", ("embed",))
         items = input_items(req.input)
-        job = PoolingJob.start(llm, renderer, limits, xid, None, add_special_tokens=req.add_special_tokens,
-                               model=req.model)
-        job.check_count(len(items), "input")
-        dims = check_dimensions(req.dimensions, info, "dimensions")
-        cut = prompt_truncation(req.truncate_prompt_tokens, limits)
-        await job.admit(items)
-        for k, item in enumerate(items):
-            await job.add(item, k, cut)
-        normalize = info.normalize if req.normalize is None else req.normalize
-        fmt = EmbeddingFormatter(self.state.shown_model(req.model), dims, normalize, req.encoding_format == "base64")
-        await job.respond(fmt, send)
+        with PoolingJob.start(llm, renderer, limits, xid, None, add_special_tokens=req.add_special_tokens,
+                              model=req.model) as job:
+            job.check_count(len(items), "input")
+            dims = check_dimensions(req.dimensions, info, "dimensions")
+            cut = prompt_truncation(req.truncate_prompt_tokens, limits)
+            await job.admit(items)
+            for k, item in enumerate(items):
+                await job.add(item, k, cut)
+            normalize = info.normalize if req.normalize is None else req.normalize
+            fmt = EmbeddingFormatter(self.state.shown_model(req.model), dims, normalize, req.encoding_format == "base64")
+            await job.respond(fmt, send)

@@ -18,12 +18,13 @@ from server.api.openai.logprobs import chat_logprobs
 from server.api.openai.responses_background import BackgroundResponses
 from server.api.openai.responses_context import fit_prompt, resolve_references
 from server.api.openai.responses_store import ResponseStore, StoredResponse
-from server.api.prompts import admit_early, prompts_lower_bound, render_chat, text_prompt_ids
+from server.api.prompt_tokens import admit_prompts, render_chat, text_prompt_ids
 from server.api.serving import PostRoute
 from server.api.app_state import AppState, Renderer
 from server.http.asgi import Receive, Scope, Send, send_error, send_json
 from server.http.errors import APIError
 from server.multimodal.images import expand_for_model, has_images, image_support, prepare_images
+from server.pipeline.admission import AdmissionTicket
 from server.pipeline.async_llm import AsyncLLM
 from server.pipeline.output_processor import Output
 from server.pipeline.input_processor import ModelLimits, build_spec, check_request, external_request_id
@@ -84,7 +85,7 @@ class ResponsesRoute(PostRoute):
         req, llm, renderer, limits = self.state.decode_for_model(responses_decoder, body)
         config = self.state.config
         history = [] if req.previous_response_id is None else await self.store.history(req.previous_response_id)
-        images = config.model is not None and image_support(config.model_path) is not None
+        images = config.model.model is not None and image_support(config.model.model_path) is not None
         given = await resolve_references(input_items(req), self.store)
         chat = chat_request(req, history, images=images, given=given)
         check_request(chat, limits)
@@ -93,66 +94,67 @@ class ResponsesRoute(PostRoute):
         if plan is not None and plan.constraint is not None:  # a forced call writes no text: text.format is moot
             constraint = None
         external = external_request_id(xid, None)
-        if llm.admission is not None:  # refuse before rendering when the queue surely has no room
-            admit_early(llm, 1, 1)
-        if req.truncation == "auto":  # the longest conversation suffix that fits (responses_context.py)
-            text, ids, mm_inputs = await fit_prompt(chat, limits, lambda c: self._prompt(llm, renderer, c, None))
-        else:
-            text, ids, mm_inputs = await self._prompt(llm, renderer, chat, limits)
-        so = request_constraint(plan, constraint.so if constraint is not None else None, config, text)
-        spec = build_spec(chat, ids, limits, external_id=external, stream=chat.stream, structured_outputs=so)
-        spec.mm_inputs = mm_inputs
-        parsed = (plan is not None and plan.parser is not None) or config.reasoning_parser is not None
+        with llm.admit(1, 1) as ticket:  # the request's one ticket: a 503 now when the queue is surely full
+            if req.truncation == "auto":  # the longest conversation suffix that fits (responses_context.py)
+                text, ids, mm_inputs = await fit_prompt(chat, limits,
+                                                        lambda c: self._prompt(llm, renderer, c, None, ticket))
+            else:
+                text, ids, mm_inputs = await self._prompt(llm, renderer, chat, limits, ticket)
+            so = request_constraint(plan, constraint.so if constraint is not None else None, config, text)
+            spec = build_spec(chat, ids, limits, external_id=external, stream=chat.stream, structured_outputs=so)
+            spec.mm_inputs = mm_inputs
+            parsed = (plan is not None and plan.parser is not None) or config.outputs.reasoning_parser is not None
 
-        def new_parser() -> ChoiceParser | None:
-            tools = plan.parser() if plan is not None and plan.parser is not None else None
-            return ChoiceParser(reasoning_parser(config, text), tools) if parsed else None
+            def new_parser() -> ChoiceParser | None:
+                tools = plan.parser() if plan is not None and plan.parser is not None else None
+                return ChoiceParser(reasoning_parser(config, text), tools) if parsed else None
 
-        if chat.logprobs and parsed:
-            raise APIError(f"include {LOGPROBS!r} is not supported yet with a tool call or reasoning parser at "
-                           "work (tools or --reasoning-parser).", status=400, param="include")
-        texts = self.token_texts(renderer, chat.logprobs)
+            if chat.logprobs and parsed:
+                raise APIError(f"include {LOGPROBS!r} is not supported yet with a tool call or reasoning parser at "
+                               "work (tools or --reasoning-parser).", status=400, param="include")
+            texts = self.token_texts(renderer, chat.logprobs)
 
-        def logprobs(out: Output) -> list[dict[str, Any]]:
-            assert texts is not None
-            return [msgspec.to_builtins(lp) for lp in chat_logprobs(out.logprobs or [], texts).content or []]
+            def logprobs(out: Output) -> list[dict[str, Any]]:
+                assert texts is not None
+                return [msgspec.to_builtins(lp) for lp in chat_logprobs(out.logprobs or [], texts).content or []]
 
-        decode = decoder(renderer.tokenizer, spec.skip_special_tokens) if config.reasoning_parser else None
-        fmt = ResponsesFormatter(response_base(req, new_id("resp"), self.state.shown_model(req.model)),
-                                 len(spec.prompt_token_ids), new_parser, logprobs if texts is not None else None,
-                                 decode)
-        check = relaxed_check(llm.metrics, constraint, relaxed_tools,
-                              ChoiceParsers(plan, config.reasoning_parser, text) if parsed else None)
-        headers = [(b"x-request-id", external.encode()), *relaxed_headers(constraint, relaxed_tools)]
+            decode = decoder(renderer.tokenizer, spec.skip_special_tokens) if config.outputs.reasoning_parser else None
+            fmt = ResponsesFormatter(response_base(req, new_id("resp"), self.state.shown_model(req.model)),
+                                     len(spec.prompt_token_ids), new_parser, logprobs if texts is not None else None,
+                                     decode)
+            check = relaxed_check(llm.metrics, constraint, relaxed_tools,
+                                  ChoiceParsers(plan, config.outputs.reasoning_parser, text) if parsed else None)
+            headers = [(b"x-request-id", external.encode()), *relaxed_headers(constraint, relaxed_tools)]
 
-        async def before_end() -> None:  # stored before the client sees the end: its next request may use it
-            if check is not None:
-                await check.finish()
-            if req.store and fmt.done is not None:
-                await self.store.put(StoredResponse(fmt.done, [*history, *given, *fmt.done["output"]]))
+            async def before_end() -> None:  # stored before the client sees the end: its next request may use it
+                if check is not None:
+                    await check.finish()
+                if req.store and fmt.done is not None:
+                    await self.store.put(StoredResponse(fmt.done, [*history, *given, *fmt.done["output"]]))
 
-        async def run(to: Send) -> None:
-            await respond(llm, [spec], checked(fmt, check), to, stream=chat.stream,
-                          keepalive=config.sse_keepalive, headers=headers, framing=framing(fmt), before_end=before_end)
+            async def run(to: Send) -> None:
+                await respond(llm, [spec], checked(fmt, check), to, stream=chat.stream,
+                              keepalive=config.outputs.sse_keepalive, headers=headers, framing=framing(fmt),
+                              before_end=before_end, ticket=ticket)
 
-        await (self.background.start(fmt.base, run, send) if req.background else run(send))
+            await (self.background.start(fmt.base, run, send, ticket) if req.background else run(send))
 
     async def _prompt(self, llm: AsyncLLM, renderer: Renderer, chat: ChatCompletionRequest,
-                      limits: ModelLimits | None) -> tuple[str, list[int], Any]:
+                      limits: ModelLimits | None, ticket: AdmissionTicket) -> tuple[str, list[int], Any]:
         """The rendered prompt, its token ids and its images' engine inputs (None: no images). With `limits`, a
-        text surely too long is refused before tokenizing."""
+        text surely too long is refused before tokenizing, and the ticket resized to its lower bound."""
         images, render_req = None, chat
         if has_images(chat.messages):  # input_image parts on a vision model: as the chat route takes them
             images, messages = await prepare_images(self.state, chat.messages or [], None)
             render_req = msgspec.structs.replace(chat, messages=messages)
         text = await render_chat(renderer, render_req)
-        if llm.admission is not None and limits is not None:  # not for truncation candidates: generate admits
-            admit_early(llm, 1, await prompts_lower_bound(renderer.tokenizer, [text]))
+        if limits is not None:  # not for truncation candidates: generate settles the ticket
+            await admit_prompts(llm, 1, [text], renderer.tokenizer, ticket)
         ids = await text_prompt_ids(renderer, text, chat.add_special_tokens, "input",
                                     limits if images is None else None)
         mm_inputs = None
         if images is not None:
-            ids, mm_inputs = expand_for_model(ids, images, self.state.config.model_path)
+            ids, mm_inputs = expand_for_model(ids, images, self.state.config.model.model_path)
         return text, ids, mm_inputs
 
 

@@ -20,6 +20,7 @@ from server.api.app_state import AppState
 from server.http.asgi import Message, Send, send_json
 from server.http.errors import APIError
 from server.pipeline import unavailable
+from server.pipeline.admission import AdmissionTicket
 from server.protocol.responses import encoder
 
 Run = Callable[[Send], Awaitable[None]]
@@ -37,7 +38,9 @@ class BackgroundResponses:
         self.scopes: dict[str, anyio.CancelScope] = {}  # this process's running background responses by id
         self._watching = False
 
-    async def start(self, base: dict[str, Any], run: Run, send: Send) -> None:
+    async def start(self, base: dict[str, Any], run: Run, send: Send, ticket: AdmissionTicket | None = None) -> None:
+        """Store it `queued`, start `run` in a task, answer `queued`; the task owns `ticket` (the request's
+        admission ticket, detached from the route's `with` once the task is scheduled) and releases it."""
         tasks = self.state.tasks
         if tasks is None:
             raise unavailable.starting()
@@ -45,13 +48,14 @@ class BackgroundResponses:
                   "usage": None}
         await self.store.put(StoredResponse(queued, []))
         scope = self.scopes[base["id"]] = anyio.CancelScope()
-        tasks.start_soon(self._run, queued, scope, run)
+        tasks.start_soon(self._run, queued, scope, run, ticket.detach() if ticket is not None else None)
         if not self._watching:
             self._watching = True
             tasks.start_soon(self._watch)
         await send_json(send, 200, encoder.encode(queued))
 
-    async def _run(self, queued: dict[str, Any], scope: anyio.CancelScope, run: Run) -> None:
+    async def _run(self, queued: dict[str, Any], scope: anyio.CancelScope, run: Run,
+                   ticket: AdmissionTicket | None) -> None:
         try:
             with scope:
                 await run(_discard)
@@ -60,6 +64,8 @@ class BackgroundResponses:
                                                  "error": {"code": str(e.status), "message": e.message}}, []))
         finally:
             self.scopes.pop(queued["id"], None)
+            if ticket is not None:  # generate released it already, unless it never got there
+                ticket.release()
 
     async def _watch(self) -> None:
         """While this process runs background responses: stop those another process marked cancelled."""

@@ -40,12 +40,12 @@ class ClassifyRoute(PostRoute):
         req, llm, renderer, limits = self.state.decode_for_model(classify_decoder, body)
         info = require_task(llm, "/classify", ("classify",))
         items = input_items(req.input)
-        job = PoolingJob.start(llm, renderer, limits, xid, req.request_id, req.priority, req.add_special_tokens,
-                               model=req.model)
-        job.check_count(len(items), "input")
-        cut = prompt_truncation(req.truncate_prompt_tokens, limits)
-        await job.admit(items)
-        for k, item in enumerate(items):
-            await job.add(item, k, cut)
-        use = req.use_activation if req.use_activation is not None else req.activation
-        await job.respond(ClassifyFormatter(job, self.state.model_name, info, use), send)
+        with PoolingJob.start(llm, renderer, limits, xid, req.request_id, req.priority, req.add_special_tokens,
+                              model=req.model) as job:
+            job.check_count(len(items), "input")
+            cut = prompt_truncation(req.truncate_prompt_tokens, limits)
+            await job.admit(items)
+            for k, item in enumerate(items):
+                await job.add(item, k, cut)
+            use = req.use_activation if req.use_activation is not None else req.activation
+            await job.respond(ClassifyFormatter(job, self.state.model_name, info, use), send)

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any
 
 from engine.messages import ImageInput, LoRARequest, PoolingInfo, SamplingParams
-from server.api.prompts import admit_early, prompts_lower_bound, render_errors
+from server.api.prompt_tokens import admit_prompts, prompts_lower_bound, render_errors
 from server.api.app_state import Renderer
 from server.http.asgi import Send
 from server.http.errors import bad_request
+from server.pipeline.admission import AdmissionTicket
 from server.pipeline.async_llm import AsyncLLM
 from server.pipeline.input_processor import (
     GenerationSpec, ModelLimits, check_priority, check_prompt_ids, external_request_id, lora_for,
@@ -112,6 +114,7 @@ class PoolingJob:
     add_special_tokens: bool = True
     specs: list[GenerationSpec] = field(default_factory=list)
     lora: LoRARequest | None = None  # the adapter the request's `model` names
+    ticket: AdmissionTicket | None = None  # taken by `admit`; none: `respond` admits the exact count at once
 
     @classmethod
     def start(cls, llm: AsyncLLM, renderer: Renderer, limits: ModelLimits, xid: str | None, body_id: str | None,
@@ -130,9 +133,17 @@ class PoolingJob:
             too_many("Number of inputs", count, caps.max_prompts_per_request, "--max-prompts-per-request", param)
 
     async def admit(self, items: list[Item]) -> None:
-        """503 before tokenizing when the queue surely has no room for these inputs."""
-        if self.llm.admission is not None:
-            admit_early(self.llm, len(items), await prompts_lower_bound(self.renderer.tokenizer, items))
+        """The request's admission ticket at a lower bound of these inputs: a 503 before tokenizing when the queue
+        surely has no room (held until the job's `with` ends; `respond` settles it at the exact count)."""
+        self.ticket = await admit_prompts(self.llm, 1, items, self.renderer.tokenizer, self.ticket)
+
+    def __enter__(self) -> PoolingJob:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self.ticket is not None:
+            self.ticket.release()
 
     async def add(self, item: Item, k: int, cut: Truncation, pair: str | None = None, what: str = "input") -> int:
         """Tokenize a text (with `pair`: the two texts as the tokenizer joins them) or check token ids; cut or
@@ -169,7 +180,7 @@ class PoolingJob:
     async def respond(self, fmt: JSONBody, send: Send) -> None:
         """Run every input in one go (one engine batch) and answer `fmt`'s body."""
         await respond(self.llm, self.specs, fmt, send, stream=False,
-                      headers=[(b"x-request-id", self.external.encode())])
+                      headers=[(b"x-request-id", self.external.encode())], ticket=self.ticket)
 
 
 class JSONBody:

@@ -47,11 +47,11 @@ class PoolingRoute(PostRoute):
             raise bad_request("dimensions applies to embedding models; this server runs a classifier.", "dimensions")
         dims = check_dimensions(req.dimensions, info, "dimensions")
         items = input_items(req.input)
-        job = PoolingJob.start(llm, renderer, limits, xid, req.request_id, req.priority, req.add_special_tokens,
-                               model=req.model)
-        job.check_count(len(items), "input")
-        cut = prompt_truncation(req.truncate_prompt_tokens, limits)
-        await job.admit(items)
-        for k, item in enumerate(items):
-            await job.add(item, k, cut)
-        await job.respond(PoolingFormatter(job, self.state.model_name, info, req, dims), send)
+        with PoolingJob.start(llm, renderer, limits, xid, req.request_id, req.priority, req.add_special_tokens,
+                              model=req.model) as job:
+            job.check_count(len(items), "input")
+            cut = prompt_truncation(req.truncate_prompt_tokens, limits)
+            await job.admit(items)
+            for k, item in enumerate(items):
+                await job.add(item, k, cut)
+            await job.respond(PoolingFormatter(job, self.state.model_name, info, req, dims), send)

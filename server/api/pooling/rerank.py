@@ -58,16 +58,16 @@ class RerankRoute(PostRoute):
         info = require_task(llm, self.path, ("embed", "classify"))
         check_scorer(info, self.path)
         query, documents = rerank_inputs(req)
-        job = PoolingJob.start(llm, renderer, limits, xid, req.request_id, req.priority, req.add_special_tokens,
-                               model=req.model)
-        job.check_count(len(documents), "documents", documents=True)
-        cut: Truncation = prompt_truncation(req.truncate_prompt_tokens, limits, "documents")
-        await job.admit([query + d for d in documents])
-        scorer = PairScorer(job, info)
-        for d in documents:
-            await scorer.add(query, d, cut, req.max_tokens_per_doc)
-        fmt = RerankFormatter(job, scorer, self.state.model_name, req, documents, self.meta(len(documents)))
-        await job.respond(fmt, send)
+        with PoolingJob.start(llm, renderer, limits, xid, req.request_id, req.priority, req.add_special_tokens,
+                              model=req.model) as job:
+            job.check_count(len(documents), "documents", documents=True)
+            cut: Truncation = prompt_truncation(req.truncate_prompt_tokens, limits, "documents")
+            await job.admit([query + d for d in documents])
+            scorer = PairScorer(job, info)
+            for d in documents:
+                await scorer.add(query, d, cut, req.max_tokens_per_doc)
+            fmt = RerankFormatter(job, scorer, self.state.model_name, req, documents, self.meta(len(documents)))
+            await job.respond(fmt, send)
 
     def meta(self, num_documents: int) -> dict[str, Any] | None:
         """What the answer adds beside Jina's shape (Cohere's v2: its meta)."""

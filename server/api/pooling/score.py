@@ -54,13 +54,13 @@ class ScoreRoute(PostRoute):
         check_scorer(info, "/score")
         queries, documents, names = score_sides(req)
         pairs = pair_up(queries, documents, names)
-        job = PoolingJob.start(llm, renderer, limits, xid, req.request_id, req.priority, req.add_special_tokens,
-                               model=req.model)
-        job.check_count(len(pairs), names[1], documents=True)
-        cut = prompt_truncation(req.truncate_prompt_tokens, limits, names[1])
-        await job.admit([q + d for q, d in pairs])
-        scorer = PairScorer(job, info)
-        for q, d in pairs:
-            await scorer.add(q, d, cut)
-        use = req.use_activation if req.use_activation is not None else req.activation
-        await job.respond(ScoreFormatter(job, scorer, self.state.model_name, use), send)
+        with PoolingJob.start(llm, renderer, limits, xid, req.request_id, req.priority, req.add_special_tokens,
+                              model=req.model) as job:
+            job.check_count(len(pairs), names[1], documents=True)
+            cut = prompt_truncation(req.truncate_prompt_tokens, limits, names[1])
+            await job.admit([q + d for q, d in pairs])
+            scorer = PairScorer(job, info)
+            for q, d in pairs:
+                await scorer.add(q, d, cut)
+            use = req.use_activation if req.use_activation is not None else req.activation
+            await job.respond(ScoreFormatter(job, scorer, self.state.model_name, use), send)

@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from server.api.prompts import chat_ids_with_images, fit_limits, require_messages, text_prompt_ids
+from server.api.prompt_tokens import chat_ids_with_images, fit_limits, require_messages, text_prompt_ids
 from server.api.serving import PostRoute
 from server.http.asgi import Send, send_json
 from server.pipeline.input_processor import (

@@ -24,8 +24,8 @@ def refusal(call: Any) -> APIError:
 
 
 def ready_state() -> tuple[AppState, AsyncLLM]:
-    llm = AsyncLLM(FakeEngineClient(lambda req: [1]), lambda spec: None)
-    state = AppState(ServerConfig(), "m", llm=llm, limits=ModelLimits(max_model_len=64, vocab_size=100))
+    state = AppState(ServerConfig(), "m", limits=ModelLimits(max_model_len=64, vocab_size=100))
+    state.llm = llm = AsyncLLM(FakeEngineClient(lambda req: [1]), lambda spec: None, stopping=state.stopping)
     state.renderer = object()  # type: ignore[assignment]  # require() only checks that it is there
     return state, llm
 
@@ -37,7 +37,7 @@ def test_require_refuses_with_503_and_retry_after() -> None:
     llm.dead = "engine core exited with 1"
     dead = refusal(state.require)
     llm.dead = None
-    state.stopping = True
+    state.stopping.set()
     stopping = refusal(state.require)
     render_stopping = refusal(state.require_renderer)
     for error, words in ((starting, "still starting"), (dead, "engine core exited with 1"),
@@ -49,9 +49,30 @@ async def test_generate_refuses_like_require() -> None:
     _, llm = ready_state()
     spec = GenerationSpec(external_id="a", request_id="a", prompt_token_ids=[1], params=SamplingParams(max_tokens=1))
     for setup, words in ((lambda: setattr(llm, "dead", "gone"), "engine is not running (gone)"),
-                         (lambda: (setattr(llm, "dead", None), setattr(llm, "stopping", True)), "shutting down")):
+                         (lambda: (setattr(llm, "dead", None), llm.stopping.set()), "shutting down")):
         setup()
         with pytest.raises(APIError) as e:
             async with llm.generate([spec]):
                 pass
         assert (e.value.status, e.value.retry_after) == (503, 1) and words in e.value.message
+
+
+class Rejections:
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+
+    def rejected(self, reason: str) -> None:
+        self.reasons.append(reason)
+
+
+async def test_one_stopping_state_for_the_routes_health_and_generate() -> None:
+    """A drain (AsyncLLM) stops the routes and /health (AppState) too; a probe's 503 is no counted rejection."""
+    state, llm = ready_state()
+    metrics = Rejections()
+    llm.metrics = metrics  # type: ignore[assignment]  # only `rejected` is reached
+    assert await llm.drain(0.0) == 0
+    assert state.stopping.is_set()
+    for call in (lambda: state.require_renderer(count=False), state.require):
+        error = refusal(call)
+        assert (error.status, error.retry_after) == (503, 1) and "shutting down" in error.message
+    assert metrics.reasons == ["shutting_down"]

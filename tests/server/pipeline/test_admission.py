@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from demo.tokenizers import load_tokenizer
-from server.pipeline.admission import Admission, min_tokens
+from server.pipeline.admission import Admission, AdmissionTicket, min_tokens
 
 # Tokens a tokenizer may add around a text (bos/eos, a SentencePiece dummy-prefix piece).
 SPECIAL_TOKEN_ALLOWANCE = 8
@@ -71,21 +71,56 @@ def test_prompt_larger_than_token_limit_alone() -> None:
     assert adm.queued_tokens == 0
 
 
-def test_would_refuse_checks_without_admitting() -> None:
+def test_ticket_holds_a_lower_bound_then_the_exact_count() -> None:
+    """A route's ticket: refused with the bound's wording before tokenizing, resized in place once exact."""
     adm = Admission(max_num_queued_reqs=2, max_num_queued_tokens=100)
-    assert adm.would_refuse(2, 100) is None
-    assert (adm.queued_reqs, adm.queued_tokens) == (0, 0)  # a check admits nothing
+    probe = AdmissionTicket(adm)
+    assert probe.resize(2, 100, "at least ") is None
+    assert (adm.queued_reqs, adm.queued_tokens) == (2, 100)  # a ticket's bound is held, not only checked
+    probe.release()
+    assert (adm.queued_reqs, adm.queued_tokens) == (0, 0)
     assert adm.try_admit(1, 60) is None
-    reason = adm.would_refuse(3, 1)
+    ticket = AdmissionTicket(adm)
+    reason = ticket.resize(3, 1, "at least ")
     assert reason is not None and "3 queue slots" in reason and "retry" not in reason
-    reason = adm.would_refuse(1, 101)
+    reason = ticket.resize(1, 101, "at least ")
     assert reason is not None and "at least 101" in reason and "on their own" in reason
-    reason = adm.would_refuse(1, 41)
+    reason = ticket.resize(1, 41, "at least ")
     assert reason is not None and "60 queued + at least 41" in reason and "retry later" in reason
-    assert adm.would_refuse(1, 40) is None and adm.try_admit(1, 40) is None
-    reason = adm.would_refuse(1, 0)
-    assert reason is not None and "queued requests" in reason
+    assert ticket.held == (0, 0) and (adm.queued_reqs, adm.queued_tokens) == (1, 60)  # refusals hold nothing
+    assert ticket.resize(1, 10, "at least ") is None
+    reason = ticket.settle({"r-0": 41})  # the exact count, checked beside the others only
+    assert reason is not None and "60 queued + 41 requested" in reason
+    assert ticket.held == (1, 10) and (adm.queued_reqs, adm.queued_tokens) == (2, 70)  # still its bound
+    assert ticket.settle({"r-0": 40}) is None
     assert (adm.queued_reqs, adm.queued_tokens) == (2, 100)
+    reason = AdmissionTicket(adm).resize(1, 0, "at least ")
+    assert reason is not None and "queued requests" in reason
+    ticket.first_token("r-0")
+    assert ticket.held == (0, 0) and (adm.queued_reqs, adm.queued_tokens) == (1, 60)
+    ticket.release()  # nothing left: gives back nothing, however often it is called
+    ticket.release()
+    assert (adm.queued_reqs, adm.queued_tokens) == (1, 60)
+
+
+def test_ticket_released_once_by_its_with_unless_detached() -> None:
+    adm = Admission(max_num_queued_reqs=None, max_num_queued_tokens=100)
+    with AdmissionTicket(adm) as ticket:
+        assert ticket.resize(2, 30) is None
+        assert ticket.settle({"a": 20, "b": 20}) is None
+        ticket.first_token("a")
+        ticket.first_token("a")  # a second first token of one request gives back nothing more
+        assert (adm.queued_reqs, adm.queued_tokens) == (1, 20)
+    assert (adm.queued_reqs, adm.queued_tokens) == (0, 0)
+    ticket.release()  # released already: no second release reaches the limits (they would raise)
+    with AdmissionTicket(adm) as moved:
+        assert moved.resize(1, 5) is None
+        moved.detach()  # a background task owns it now
+    assert (adm.queued_reqs, adm.queued_tokens) == (1, 5)
+    moved.release()
+    assert (adm.queued_reqs, adm.queued_tokens) == (0, 0)
+    free = AdmissionTicket(None)  # no limits: bookkeeping only
+    assert free.resize(3, 10**9) is None and free.settle({"x": 1}) is None and free.held == (1, 1)
 
 
 def test_zero_limits_and_no_limits() -> None:
