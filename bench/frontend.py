@@ -90,7 +90,7 @@ def _serve(args: argparse.Namespace) -> int:
     async def fake(_: Any) -> AsyncIterator[PacedFakeEngine]:
         yield PacedFakeEngine(ids, args.step_ms / 1000, vocab_size=vocab, max_model_len=4096)
 
-    config = ServerConfig(model=model, served_model_name="fake", port=args.port, worker_class=args.worker_class,
+    config = ServerConfig.from_settings(model=model, served_model_name="fake", port=args.port, worker_class=args.worker_class,
                           log_level="warning")
     return run_server(config, engine_factory=fake)
 

@@ -51,7 +51,7 @@ class EngineConfig:
     heartbeat_interval: float = 0.5  # seconds between heartbeats while idle
     # build the grammar backend before saying Ready (~1 s holding the GIL for a 150k vocabulary), not at the
     # first constrained request, where it would stall every running request and the heartbeat (the server
-    # turns it on: ServerConfig.structured_outputs_warmup)
+    # turns it on: ServerConfig.engine.structured_outputs_warmup)
     structured_outputs_warmup: bool = False
     device: str = "auto"  # auto: cuda when available, else cpu
     scheduling_policy: str = "fcfs"  # "priority": waiting requests by (priority, arrival); fcfs: by arrival

@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(argv: Sequence[str], *, render_only: bool = False) -> ServerConfig:
-    """Flags over SPINDLE_* env vars over defaults. render_only: `spindle render` (server/config.py checks it)."""
+    """Flags over SPINDLE_* env vars over defaults. render_only: `spindle render` (server/config/ checks it)."""
     args = build_parser().parse_args(list(argv))
     given = {k: v for k, v in vars(args).items() if v is not None}
     for name in SIZE_FIELDS:  # "2GiB", "512MiB", plain bytes: read as the SPINDLE_* variable is
@@ -184,9 +184,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(config: ServerConfig) -> int:
     """The process's role, from its config: engine ranks only, the --api-server-count launcher, or one server."""
-    if config.headless:  # a node other than 0 (server/runtime/headless.py)
+    if config.parallel.headless:  # a node other than 0 (server/runtime/headless.py)
         return run_headless(config)
-    if config.api_server_count > 1:  # N API processes, one engine core (server/runtime/launcher.py)
+    if config.parallel.api_server_count > 1:  # N API processes, one engine core (server/runtime/launcher.py)
         return run_api_servers(config)
     return run_server(config)  # `spindle serve` or `spindle render` (server/runtime/http_server.py)
 

@@ -4,7 +4,7 @@ Routes: /tokenize, /detokenize, /v1/completions/render, /v1/chat/completions/ren
 /version, /metrics; the same validation, template sandbox (render workers), API keys, CORS and root path as
 `spindle serve`. The generation routes answer 404 naming `spindle serve`. For a router that places requests
 by prefix (it tokenizes here, hashes the ids, picks a replica): docs/deployment.md. Its config is checked in
-server/config.py (a model folder is required, `spindle render` and SPINDLE_RENDER_ONLY=1 alike).
+server/config/ (a model folder is required, `spindle render` and SPINDLE_RENDER_ONLY=1 alike).
 
 No torch in this process or its render workers: the model's limits come from config.json and
 generation_config.json through engine/models/checkpoint_meta.py, the torch-free reader the engine's loader
@@ -24,12 +24,12 @@ from server.pipeline.input_processor import ModelLimits, limits_for
 
 def checkpoint_limits(config: ServerConfig, tokenizer: Any) -> ModelLimits:
     """The ModelLimits the full server builds from the engine's Ready, read from the checkpoint's files."""
-    folder = Path(config.model_path)
+    folder = Path(config.model.model_path)
     cfg = checkpoint_meta.read_config(folder)
     gen = checkpoint_meta.read_generation_config(folder)
-    ready = Ready(max_model_len=checkpoint_meta.max_model_len(cfg, config.max_model_len),
+    ready = Ready(max_model_len=checkpoint_meta.max_model_len(cfg, config.model.max_model_len),
                   vocab_size=checkpoint_meta.vocab_size(cfg, folder),
                   eos_token_ids=checkpoint_meta.eos_token_ids(cfg, gen), num_blocks=0,
-                  block_size=config.block_size, model_dtype="none",
+                  block_size=config.engine.block_size, model_dtype="none",
                   generation_defaults=checkpoint_meta.generation_defaults(gen))
     return limits_for(config, ready, tokenizer)

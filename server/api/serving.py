@@ -24,7 +24,7 @@ class PostRoute:
         xid = header(scope, b"x-request-id")
         headers = [(b"x-request-id", xid.encode())] if xid else []
         path = str(scope.get("path", ""))
-        await serve_json_post(scope, receive, send, self.state.config.max_request_body,
+        await serve_json_post(scope, receive, send, self.state.config.http.max_request_body,
                               lambda body: self._checked_work(body, xid, send, path), headers)
 
     async def _checked_work(self, body: bytes, xid: str | None, send: Send, path: str) -> None:
@@ -34,7 +34,7 @@ class PostRoute:
 
     def check_runner(self, path: str) -> None:
         """400 for a generation route on a pooling server (--runner pooling), and the other way round."""
-        have = self.state.config.runner
+        have = self.state.config.model.runner
         if self.runner is None or self.runner == have:
             return
         if have == "pooling":
@@ -46,7 +46,7 @@ class PostRoute:
 
     def check_speech(self, path: str) -> None:
         """400 for a text route on a speech-to-text model (Whisper): its decoder needs audio."""
-        model = self.state.config.model
+        model = self.state.config.model.model
         if not self.speech_ok and model is not None and speech_support(model) is not None:
             raise APIError(f"This server runs a speech-to-text model: it serves /v1/audio/transcriptions and "
                            f"/v1/audio/translations, not {path}.", status=400, param="model")

@@ -10,7 +10,7 @@
 - --root-path: the prefix a path-prefix proxy serves us under. It becomes the ASGI `root_path`; routes
   match the path with the prefix taken off when the proxy kept it, and as is when the proxy stripped it.
 
-The settings are checked where every setting is (server/config.py); this module only applies them.
+The settings are checked where every setting is (server/config/); this module only applies them.
 """
 
 from __future__ import annotations
@@ -29,14 +29,14 @@ def wrap_app(router: Any, config: ServerConfig, public: tuple[str, ...] = ()) ->
     """The middleware around the router: [root path ->] access log -> [CORS ->] [API key ->] router.
     `public`: more paths open without an API key (the chat page and its assets, which ask for the key)."""
     app: Any = router
-    if config.api_keys:
-        public = ("/health", "/metrics", *public) if config.metrics_public else ("/health", *public)
-        app = APIKeyAuth(app, config.api_keys, public_paths=public)
-    if config.allowed_origins:
-        app = CORSMiddleware(app, allow_origins=list(config.allowed_origins),
-                             allow_methods=list(config.allowed_methods), allow_headers=list(config.allowed_headers),
-                             allow_credentials=config.allow_credentials)
-    app = AccessLog(app, log_requests=config.log_requests)
-    if config.root_path:
-        app = RootPath(app, config.root_path)
+    if config.http.api_keys:
+        public = ("/health", "/metrics", *public) if config.http.metrics_public else ("/health", *public)
+        app = APIKeyAuth(app, config.http.api_keys, public_paths=public)
+    if config.http.allowed_origins:
+        app = CORSMiddleware(app, allow_origins=list(config.http.allowed_origins),
+                             allow_methods=list(config.http.allowed_methods), allow_headers=list(config.http.allowed_headers),
+                             allow_credentials=config.http.allow_credentials)
+    app = AccessLog(app, log_requests=config.outputs.log_requests)
+    if config.http.root_path:
+        app = RootPath(app, config.http.root_path)
     return app

@@ -252,12 +252,12 @@ async def prepare_images(state: ImageContext, messages: list[Any], mm_processor_
     """A request's images, processed in the image worker, and its messages with image parts as the template's
     markers ({"type": "image"}). `state`: the routes' AppState. 400 for a text-only model."""
     config = state.config
-    support = image_support(config.model_path)
+    support = image_support(config.model.model_path)
     if support is None:
         raise no_images_error()
-    limit = int(config.limit_mm_per_prompt.get("image", 4))
+    limit = int(config.media.limit_mm_per_prompt.get("image", 4))
     messages, urls = split_images(messages, limit)
-    images = await process_images(support, urls, config.allowed_media_domains, mm_processor_kwargs, state.mm_pool)
+    images = await process_images(support, urls, config.media.allowed_media_domains, mm_processor_kwargs, state.mm_pool)
     metrics = state.llm.metrics if state.llm is not None else None
     hits = sum(im.cached for im in images)
     if metrics is not None and hits:

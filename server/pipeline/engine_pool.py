@@ -38,6 +38,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from engine.client.process_client import EngineDeadError
 from engine.messages import AddRequest, EngineStats, Heartbeat, Ready, StepOutputs
+from server.config import ServerConfig
 from server.metrics.prometheus import LoopCounter
 
 Policy = Literal["affinity", "round_robin"]
@@ -333,22 +334,22 @@ async def open_engine_pool(open_one: Callable[[int], AbstractAsyncContextManager
         raise load_error[0]
 
 
-def open_engines(open_one: Callable[[Any], AbstractAsyncContextManager[Any]], config: Any,
+def open_engines(open_one: Callable[[Any], AbstractAsyncContextManager[Any]], config: ServerConfig,
                  metrics: Any = None, *, open_nth: Callable[[int], AbstractAsyncContextManager[Any]] | None = None
                  ) -> AbstractAsyncContextManager[Any]:
     """The app's engine: `open_one(config)` itself with --data-parallel-size 1 (the direct client, no
     pool in between), else a pool of that many, its per-engine metrics registered on `metrics`.
     `open_nth(i)`, if given, opens engine i instead (an API process's channel to an engine it does not own)."""
-    size = config.data_parallel_size
+    size = config.parallel.data_parallel_size
     opener = open_nth or (lambda i: open_one(config))
     if size == 1:
         return opener(0) if open_nth is not None else open_one(config)
 
     @asynccontextmanager
     async def pool() -> AsyncIterator[EnginePool]:
-        async with open_engine_pool(opener, size, policy=config.data_parallel_policy) as p:
+        async with open_engine_pool(opener, size, policy=config.parallel.data_parallel_policy) as p:
             if metrics is not None:
-                p.register_metrics(metrics.registry, config.model_name)
+                p.register_metrics(metrics.registry, config.model.model_name)
             yield p
 
     return pool()

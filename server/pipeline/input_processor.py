@@ -55,8 +55,8 @@ def limits_for(config: ServerConfig, ready: Ready, tokenizer: Any) -> ModelLimit
     if tokenizer is not None:  # ids the tokenizer cannot decode are refused even if the embedding is padded
         vocab = min(vocab, tokenizer.get_vocab_size(with_added_tokens=True))
     return ModelLimits(max_model_len=ready.max_model_len, vocab_size=vocab,
-                       eos_token_ids=tuple(ready.eos_token_ids), max_logprobs=config.max_logprobs,
-                       generation_defaults=dict(ready.generation_defaults), caps=config.request_caps())
+                       eos_token_ids=tuple(ready.eos_token_ids), max_logprobs=config.scheduling.max_logprobs,
+                       generation_defaults=dict(ready.generation_defaults), caps=config.scheduling.request_caps())
 
 
 @dataclass(slots=True)

@@ -36,8 +36,8 @@ def added_token_ids(tokenizer: Any) -> Callable[[str], int | None]:
 
 def plan_request_tools(req: ChatCompletionRequest, config: ServerConfig, tokenizer: Any) -> ToolPlan | None:
     """The request's tool plan (a 400 for a bad tool_choice); mistral's parser needs special tokens kept."""
-    plan = plan_tools(req.tools, req.tool_choice, parser_name=config.tool_call_parser,
-                      enable_auto=config.enable_auto_tool_choice, token_id=added_token_ids(tokenizer),
+    plan = plan_tools(req.tools, req.tool_choice, parser_name=config.outputs.tool_call_parser,
+                      enable_auto=config.outputs.enable_auto_tool_choice, token_id=added_token_ids(tokenizer),
                       parallel=req.parallel_tool_calls is not False)
     if plan is not None and not plan.skip_special_tokens:
         req.skip_special_tokens = False
@@ -69,16 +69,16 @@ def request_constraint(plan: ToolPlan | None, constraint: StructuredOutputs | No
             raise APIError(f'tool_choice "{plan.mode}" cannot be combined with response_format or '
                            "structured_outputs: both constrain the output", status=400, param="tool_choice")
         constraint = plan.constraint
-    if constraint is not None and config.reasoning_parser is not None and prompt_in_reasoning(prompt) is not False:
+    if constraint is not None and config.outputs.reasoning_parser is not None and prompt_in_reasoning(prompt) is not False:
         constraint = msgspec.structs.replace(constraint, reasoning_end=REASONING_END)
     return constraint
 
 
 def reasoning_parser(config: ServerConfig, prompt: str) -> ReasoningParser | None:
     """A fresh reasoning parser for one answer to `prompt` (None: the server has none)."""
-    if config.reasoning_parser is None:
+    if config.outputs.reasoning_parser is None:
         return None
-    return get_reasoning_parser(config.reasoning_parser)(prompt_in_reasoning(prompt))
+    return get_reasoning_parser(config.outputs.reasoning_parser)(prompt_in_reasoning(prompt))
 
 
 @dataclass

@@ -54,7 +54,7 @@ class _Shutdown:
 
     async def drain_then_stop(self) -> None:
         llm = self.state.llm if self.state is not None else None
-        timeout = self.config.shutdown_timeout
+        timeout = self.config.http.shutdown_timeout
         if llm is not None:
             log.info("SIGTERM: refusing new requests; %d in flight get up to %g s (SIGTERM again: stop now)",
                      llm.num_active, timeout)
@@ -112,7 +112,7 @@ async def serve(config: ServerConfig, engine_factory: EngineFactory | None = Non
     async with anyio.create_task_group() as tg:
         tg.start_soon(shutdown.watch_signals)
         try:
-            await _hypercorn_serve(app, hc, config.worker_class, shutdown.stop.wait)
+            await _hypercorn_serve(app, hc, config.http.worker_class, shutdown.stop.wait)
         except Exception as e:  # the server itself failed (e.g. the port is taken): say why, exit non-zero
             log.error("server failed: %s", describe_exception(e))
             shutdown.code = shutdown.code or 1
@@ -124,8 +124,8 @@ async def serve(config: ServerConfig, engine_factory: EngineFactory | None = Non
 def run_server(config: ServerConfig, engine_factory: EngineFactory | None = None,
                worker: WorkerContext | None = None) -> int:
     """`serve` on the worker class's event loop, with this process's logging set up; the exit code."""
-    setup_logging(config.log_level, tag=f"api-server {worker.index}" if worker is not None else "")
-    if config.worker_class == "trio":
+    setup_logging(config.outputs.log_level, tag=f"api-server {worker.index}" if worker is not None else "")
+    if config.http.worker_class == "trio":
         return anyio.run(serve, config, engine_factory, worker, backend="trio")
-    options = {"use_uvloop": config.worker_class == "uvloop"}
+    options = {"use_uvloop": config.http.worker_class == "uvloop"}
     return anyio.run(serve, config, engine_factory, worker, backend="asyncio", backend_options=options)

@@ -49,7 +49,7 @@ API_PROCESS_MODULE = "server.runtime.api_process"  # `python -m` this: one API p
 
 def run_api_servers(config: ServerConfig) -> int:
     """The launcher (module docstring). Returns the exit code: 0 after a clean stop, 1 on any failure."""
-    setup_logging(config.log_level)
+    setup_logging(config.outputs.log_level)
     try:
         cfg = config.resolved()  # builds the demo checkpoint once, here, not in N processes at once
         listener = listen(cfg)
@@ -62,8 +62,8 @@ def run_api_servers(config: ServerConfig) -> int:
 
 def _serve(cfg: ServerConfig, listener: socket.socket, responses_dir: str) -> int:
     fleet = _start(cfg, listener, responses_dir)
-    log.info("%d API servers on %s:%d, %d engine core(s) (pid %s)", cfg.api_server_count, cfg.host, cfg.port,
-             cfg.data_parallel_size, ", ".join(map(str, fleet.engines)))
+    log.info("%d API servers on %s:%d, %d engine core(s) (pid %s)", cfg.parallel.api_server_count, cfg.http.host, cfg.http.port,
+             cfg.parallel.data_parallel_size, ", ".join(map(str, fleet.engines)))
     code = fleet.wait()
     fleet.stop_engines()
     return code
@@ -71,7 +71,7 @@ def _serve(cfg: ServerConfig, listener: socket.socket, responses_dir: str) -> in
 
 def _start(cfg: ServerConfig, listener: socket.socket, responses_dir: str) -> _Fleet:
     """The engine cores and the API processes, each with its ends of the channels; the parent's copies closed."""
-    n, m = cfg.api_server_count, cfg.data_parallel_size
+    n, m = cfg.parallel.api_server_count, cfg.parallel.data_parallel_size
     shared_fd, _ = SharedRegion.create(n)
     # pairs[e][i]: engine e's channel to API process i (the engine keeps [0], the API process [1])
     pairs = [[socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(n)] for _ in range(m)]

@@ -17,12 +17,12 @@ def set_send_buffer(listeners: Iterable[socket.socket], size: int) -> None:
 
 def listen(config: ServerConfig) -> socket.socket:
     """The launcher's one listening socket (as Hypercorn would make it), inherited by every API process."""
-    host = config.host
+    host = config.http.host
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    set_send_buffer([sock], config.socket_send_buffer)
-    sock.bind((host, config.port))
+    set_send_buffer([sock], config.http.socket_send_buffer)
+    sock.bind((host, config.http.port))
     sock.listen(1024)
     return sock

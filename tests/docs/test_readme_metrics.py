@@ -41,7 +41,7 @@ def scrape(**config: Any) -> str:
     """GET /metrics from create_app(...) under Hypercorn's trio worker in a portal thread, fake engines."""
     import hypercorn.trio
 
-    cfg = ServerConfig(**{"model": str(tokenizer_dir("qwen2")), "served_model_name": "tiny", "sse_keepalive": 0,
+    cfg = ServerConfig.from_settings(**{"model": str(tokenizer_dir("qwen2")), "served_model_name": "tiny", "sse_keepalive": 0,
                           **config})
     app = create_app(cfg, engine_factory=asynccontextmanager(_fresh_fake))
     hc = Config()

@@ -71,7 +71,7 @@ def test_one_chunk_per_second_reader(server: Server) -> None:
     # number at most the buffers' bytes over the smallest event, plus two per slow read, plus the first and
     # last: well under MAX_TOKENS, which a server queueing per token (the reader's pace not merging
     # anything) would send.
-    buffered = 2 * ServerConfig().socket_send_buffer + rcvbuf
+    buffered = 2 * ServerConfig().http.socket_send_buffer + rcvbuf
     if "asyncio" in server.args:
         buffered += ASYNCIO_HIGH_WATER
     smallest = min(len(line) + 2 for line in content)  # "data: {...}\n\n"

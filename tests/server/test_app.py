@@ -57,7 +57,7 @@ def serve_in_thread(gate: bool = False, direct: bool = False, **config: Any) -> 
     fake = FakeEngineClient(script, max_model_len=512, gate=gate)
     deaths: list[str] = []
     config.setdefault("sse_keepalive", 0)
-    cfg = ServerConfig(model=str(tokenizer_dir("qwen2")), served_model_name="tiny", **config)
+    cfg = ServerConfig.from_settings(model=str(tokenizer_dir("qwen2")), served_model_name="tiny", **config)
     app = create_app(cfg, engine_factory=fake_engine_factory(fake), on_fatal=deaths.append)
     hc = Config()
     hc.bind = ["127.0.0.1:0"]

@@ -20,9 +20,9 @@ def test_env_vars_are_typed() -> None:
                                  "SPINDLE_KV_CACHE_MEMORY": "512MiB", "SPINDLE_SHUTDOWN_TIMEOUT": "2.5",
                                  "SPINDLE_LOG_LEVEL": "WARNING", "SPINDLE_MAX_MODEL_LEN": "none",
                                  "SPINDLE_WORKER_CLASS": "uvloop", "SPINDLE_OUTPUT_CHUNK": "64", "OTHER": "x"})
-    assert (cfg.port, cfg.max_num_queued_reqs, cfg.trust_request_chat_template) == (9000, 5, True)
-    assert cfg.api_keys == ("a", "b") and cfg.kv_cache_memory == 512 << 20 and cfg.shutdown_timeout == 2.5
-    assert cfg.log_level == "warning" and cfg.max_model_len is None and cfg.worker_class == "uvloop"
+    assert (cfg.http.port, cfg.scheduling.max_num_queued_reqs, cfg.model.trust_request_chat_template) == (9000, 5, True)
+    assert cfg.http.api_keys == ("a", "b") and cfg.engine.kv_cache_memory == 512 << 20 and cfg.http.shutdown_timeout == 2.5
+    assert cfg.outputs.log_level == "warning" and cfg.model.max_model_len is None and cfg.http.worker_class == "uvloop"
 
 
 @pytest.mark.parametrize("env", [{"SPINDLE_PORT": "x"}, {"SPINDLE_ENABLE_PREFIX_CACHING": "maybe"},
@@ -47,9 +47,9 @@ def test_cli_flags_override_env(monkeypatch: pytest.MonkeyPatch) -> None:
                             "64", "--api-key", "k1", "--api-key", "k2", "--no-enable-prefix-caching",
                             "--trust-request-chat-template", "--kv-cache-memory", "1GiB", "--worker-class", "asyncio",
                             "--max-num-queued-tokens", "100", "--stream-interval", "4", "--max-logprobs", "3"])
-    assert (cfg.port, cfg.seed, cfg.model, cfg.model_name, cfg.max_model_len) == (5678, 7, "/m", "tiny", 64)
-    assert cfg.api_keys == ("k1", "k2") and not cfg.enable_prefix_caching and cfg.trust_request_chat_template
-    assert cfg.kv_cache_memory == 1 << 30 and cfg.worker_class == "asyncio" and cfg.max_num_queued_tokens == 100
+    assert (cfg.http.port, cfg.engine.seed, cfg.model.model, cfg.model.model_name, cfg.model.max_model_len) == (5678, 7, "/m", "tiny", 64)
+    assert cfg.http.api_keys == ("k1", "k2") and not cfg.engine.enable_prefix_caching and cfg.model.trust_request_chat_template
+    assert cfg.engine.kv_cache_memory == 1 << 30 and cfg.http.worker_class == "asyncio" and cfg.scheduling.max_num_queued_tokens == 100
     engine = cfg.engine_config()
     assert (engine.model, engine.max_model_len, engine.enable_prefix_caching, engine.seed) == ("/m", 64, False, 7)
 
@@ -60,15 +60,15 @@ def test_scheduling_policy_and_request_caps() -> None:
                             "32", "--max-stop-token-ids", "5", "--max-logit-bias", "300", "--max-allowed-token-ids",
                             "1"])
     assert cfg.engine_config().scheduling_policy == "priority"
-    caps = cfg.request_caps()
+    caps = cfg.scheduling.request_caps()
     assert caps.priority_scheduling and (caps.max_prompts_per_request, caps.max_choices_per_request) == (8, 16)
     assert (caps.max_stop_strings, caps.max_stop_string_length, caps.max_stop_token_ids) == (4, 32, 5)
     assert (caps.max_logit_bias, caps.max_allowed_token_ids) == (300, 1)
     env = ServerConfig.from_env({"SPINDLE_SCHEDULING_POLICY": "priority", "SPINDLE_MAX_LOGIT_BIAS": "9"})
-    assert env.scheduling_policy == "priority" and env.max_logit_bias == 9
+    assert env.scheduling.scheduling_policy == "priority" and env.scheduling.max_logit_bias == 9
     default = ServerConfig()
-    assert default.scheduling_policy == "fcfs" and default.engine_config().scheduling_policy == "fcfs"
-    assert not default.request_caps().priority_scheduling
+    assert default.scheduling.scheduling_policy == "fcfs" and default.engine_config().scheduling_policy == "fcfs"
+    assert not default.scheduling.request_caps().priority_scheduling
 
 
 @pytest.mark.parametrize("env", [{"SPINDLE_SCHEDULING_POLICY": "lifo"}, {"SPINDLE_MAX_STOP_STRINGS": "0"},
@@ -82,9 +82,9 @@ def test_bad_caps_and_policy_are_refused_naming_the_flag(env: dict[str, str]) ->
 
 
 def test_max_structured_output_size_takes_sizes() -> None:
-    assert ServerConfig().request_caps().max_structured_output_size == 256 * 1024  # the largest real-world schemas (~240 KB) pass
-    assert config_from_args(["--max-structured-output-size", "1KiB"]).request_caps().max_structured_output_size == 1024
-    assert ServerConfig.from_env({"SPINDLE_MAX_STRUCTURED_OUTPUT_SIZE": "300"}).max_structured_output_size == 300
+    assert ServerConfig().scheduling.request_caps().max_structured_output_size == 256 * 1024  # the largest real-world schemas (~240 KB) pass
+    assert config_from_args(["--max-structured-output-size", "1KiB"]).scheduling.request_caps().max_structured_output_size == 1024
+    assert ServerConfig.from_env({"SPINDLE_MAX_STRUCTURED_OUTPUT_SIZE": "300"}).scheduling.max_structured_output_size == 300
     with pytest.raises(ValueError, match="--max-structured-output-size"):
         ServerConfig.from_env({"SPINDLE_MAX_STRUCTURED_OUTPUT_SIZE": "0"})
 
@@ -94,27 +94,30 @@ def test_the_parser_names_config_checks_are_the_registries_keys() -> None:
     assert TOOL_CALL_PARSER_NAMES == tuple(TOOL_PARSERS)
     assert REASONING_PARSER_NAMES == tuple(REASONING_PARSERS)
     for name in TOOL_CALL_PARSER_NAMES:
-        assert ServerConfig(tool_call_parser=name).tool_call_parser == name
+        assert ServerConfig.from_settings(tool_call_parser=name).outputs.tool_call_parser == name
     for name in REASONING_PARSER_NAMES:
-        assert ServerConfig(reasoning_parser=name).reasoning_parser == name
+        assert ServerConfig.from_settings(reasoning_parser=name).outputs.reasoning_parser == name
     with pytest.raises(ValueError, match="--tool-call-parser must be one of hermes, mistral; got 'x'"):
-        ServerConfig(tool_call_parser="x")
+        ServerConfig.from_settings(tool_call_parser="x")
     with pytest.raises(ValueError, match="--reasoning-parser must be one of deepseek_r1, qwen3; got 'x'"):
-        ServerConfig(reasoning_parser="x")
+        ServerConfig.from_settings(reasoning_parser="x")
 
 
 def test_config_imports_nothing_else_from_the_server() -> None:
     """Every module may read the config; it reads none of them (no import cycle through it, at any depth)."""
-    tree = ast.parse(Path(server.config.__file__).read_text())
-    imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-    imported += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
-    assert not [m for m in imported if m == "server" or m.startswith("server.")]
+    imported = []
+    for path in Path(server.config.__file__).parent.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        imported += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert imported and not [m for m in imported if m == "server" or m.startswith("server.") and
+                             not m.startswith("server.config.")]
 
 
 def test_quantization_flag_reaches_the_engine_and_is_checked_at_startup() -> None:
     assert config_from_args([]).engine_config().quantization is None  # off by default
     assert config_from_args(["--quantization", "int8"]).engine_config().quantization == "int8"
-    assert ServerConfig.from_env({"SPINDLE_QUANTIZATION": "int8"}).quantization == "int8"
+    assert ServerConfig.from_env({"SPINDLE_QUANTIZATION": "int8"}).model.quantization == "int8"
     with pytest.raises(ValueError, match="--quantization must be one of int8"):
         config_from_args(["--quantization", "int4"])
 
@@ -137,7 +140,7 @@ def test_pooling_flags() -> None:
                             '{"pooling_type": "cls", "use_activation": false}', "--max-documents-per-request", "8"])
     engine = cfg.engine_config()
     assert (engine.convert, engine.pooler_config) == ("classify", {"pooling_type": "CLS", "use_activation": False})
-    assert cfg.request_caps().max_documents_per_request == 8
+    assert cfg.scheduling.request_caps().max_documents_per_request == 8
     for argv, why in ((["--convert", "embed"], "--runner pooling only"),
                       (["--pooler-config", '{"normalize": true}'], "--runner pooling only"),
                       (["--runner", "pooling", "--convert", "rerank"], "--convert must be one of"),

@@ -14,7 +14,7 @@ def test_flags_reach_the_engine_config() -> None:
     assert (engine.tensor_parallel_size, engine.nnodes, engine.node_rank) == (4, 2, 0)
     assert (engine.master_addr, engine.master_port) == ("10.0.0.1", 29500)
     assert config_from_args(["--headless", "--nnodes", "2", "--node-rank", "1", "--tensor-parallel-size", "2",
-                             "--master-port", "29500"]).headless
+                             "--master-port", "29500"]).parallel.headless
 
 
 @pytest.mark.parametrize("argv,why", [

@@ -47,12 +47,12 @@ class AudioRoute:
         headers = [(b"x-request-id", xid.encode())] if xid else []
         path = str(scope.get("path", ""))
         try:
-            model = self.state.config.model  # None: the built-in demo, a text model (model_path would import torch)
+            model = self.state.config.model.model  # None: the built-in demo, a text model (model_path would import torch)
             support = speech_support(model) if model is not None else None
             if support is None:
                 raise not_speech_error(path)
             self.state.require()
-            form = await read_form(scope, receive, self.state.config.max_audio_filesize_mb)
+            form = await read_form(scope, receive, self.state.config.media.max_audio_filesize_mb)
         except ClientGone:
             return
         except APIError as e:
@@ -73,7 +73,7 @@ class AudioRoute:
         if self.task == "translate" and "translate" not in support.task_to_id:
             raise bad_request("this model is English-only: it cannot translate", "model")
         cfg = self.state.config
-        duration, windows = await decode_audio(self.state.mm_pool, req.file, cfg.max_audio_duration_s)
+        duration, windows = await decode_audio(self.state.mm_pool, req.file, cfg.media.max_audio_duration_s)
         external = external_request_id(xid, None)
         language = await self._language(llm, support, req.language, windows[0], external)
         prev = await renderer.encode(" " + req.prompt, add_special_tokens=False) if req.prompt else []
@@ -90,7 +90,7 @@ class AudioRoute:
         headers = [(b"x-request-id", external.encode())]
         if req.stream:
             await respond(llm, specs, TranscriptStream(len(windows), duration), send, stream=True,
-                          include_usage=True, keepalive=cfg.sse_keepalive, headers=headers)
+                          include_usage=True, keepalive=cfg.outputs.sse_keepalive, headers=headers)
             return
         outs = await _finals(llm, specs)
         ctype, data = await self._body(req, support, renderer, language, duration, windows, outs)

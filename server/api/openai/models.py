@@ -13,9 +13,9 @@ class ModelsRoute:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         limits = self.state.limits
-        max_len = limits.max_model_len if limits is not None else (self.state.config.max_model_len or 0)
+        max_len = limits.max_model_len if limits is not None else (self.state.config.model.max_model_len or 0)
         card = ModelCard(id=self.state.model_name, created=self.state.created, owned_by="spindle",
-                         root=self.state.config.model or self.state.model_name, max_model_len=max_len)
+                         root=self.state.config.model.model or self.state.model_name, max_model_len=max_len)
         cards = [card]
         loras = limits.loras if limits is not None else None
         if loras is not None:  # vLLM's shape: root is the adapter's folder, parent the base model

@@ -134,5 +134,5 @@ class GenerateRoute(PostRoute):
         opts = raw.stream_options
         await respond(llm, [spec], GenerateFormatter(external, texts), send, stream=raw.stream,
                       include_usage=bool(opts and opts.include_usage),
-                      keepalive=self.state.config.sse_keepalive,
+                      keepalive=self.state.config.outputs.sse_keepalive,
                       headers=[(b"x-request-id", external.encode()), *relaxed_headers(constraint, {})])

@@ -24,7 +24,7 @@ ASSETS = ("/ui/app.js", "/ui/markdown.js", "/ui/app.css")
 
 
 def app(**config: Any) -> Any:
-    return create_app(ServerConfig(model=str(tokenizer_dir("qwen2")), served_model_name="tiny", **config))
+    return create_app(ServerConfig.from_settings(model=str(tokenizer_dir("qwen2")), served_model_name="tiny", **config))
 
 
 async def get(asgi: Any, path: str, method: str = "GET") -> httpx.Response:
@@ -87,8 +87,8 @@ async def test_disable_ui() -> None:
 
 
 def test_disable_ui_flag() -> None:
-    assert config_from_args(["--disable-ui"]).disable_ui is True
-    assert config_from_args([]).disable_ui is False
+    assert config_from_args(["--disable-ui"]).http.disable_ui is True
+    assert config_from_args([]).http.disable_ui is False
 
 
 async def test_render_only_server_has_no_page() -> None:
@@ -107,7 +107,7 @@ def test_page_references_nothing_outside_the_server() -> None:
 
 
 async def test_vision_model_page_offers_images(qwen2_vl_ckpt: Any) -> None:
-    r = await get(create_app(ServerConfig(model=str(qwen2_vl_ckpt), served_model_name="vl")), "/")
+    r = await get(create_app(ServerConfig.from_settings(model=str(qwen2_vl_ckpt), served_model_name="vl")), "/")
     assert 'data-vision="1"' in r.text
 
 

@@ -13,10 +13,10 @@ from server.http.root_path import route_path
 
 def test_cors_lists_read_as_json_from_flags_and_env() -> None:
     c = config_from_args(["--allowed-origins", '["https://a.example", "https://b.example"]', "--allow-credentials"])
-    assert c.allowed_origins == ("https://a.example", "https://b.example") and c.allow_credentials
-    assert c.allowed_methods == ("*",) and c.allowed_headers == ("*",)
+    assert c.http.allowed_origins == ("https://a.example", "https://b.example") and c.http.allow_credentials
+    assert c.http.allowed_methods == ("*",) and c.http.allowed_headers == ("*",)
     env = ServerConfig.from_env({"SPINDLE_ALLOWED_METHODS": '["GET", "POST"]'})
-    assert env.allowed_methods == ("GET", "POST") and env.allowed_origins == ()
+    assert env.http.allowed_methods == ("GET", "POST") and env.http.allowed_origins == ()
     with pytest.raises(ValueError, match="--allowed-origins"):
         config_from_args(["--allowed-origins", "https://a.example"])
     with pytest.raises(ValueError, match="list of strings"):
@@ -46,7 +46,7 @@ def test_route_path() -> None:
 
 
 def test_metrics_compat_and_render_subcommand() -> None:
-    assert config_from_args(["--metrics-compat", "vllm"]).metrics_compat == "vllm"
+    assert config_from_args(["--metrics-compat", "vllm"]).outputs.metrics_compat == "vllm"
     with pytest.raises(ValueError, match="--metrics-compat"):
         config_from_args(["--metrics-compat", "sglang"])
     from server.cli import main

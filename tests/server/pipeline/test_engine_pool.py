@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from engine.client.process_client import EngineDeadError
 from engine.messages import AddRequest, EngineStats, SamplingParams, StepOutputs
+from server.config import ServerConfig
 from server.pipeline.engine_pool import (
     EngineChooser, EnginePool, open_engine_pool, open_engines, prefix_hashes, sum_stats,
 )
@@ -211,10 +212,7 @@ async def test_size_one_is_the_engine_itself() -> None:
     async def one(config: Any) -> AsyncIterator[FakeEngineClient]:
         yield engine
 
-    class Cfg:
-        data_parallel_size = 1
-
-    async with open_engines(one, Cfg()) as client:
+    async with open_engines(one, ServerConfig()) as client:
         assert client is engine
 
 
@@ -228,9 +226,7 @@ async def test_open_nth_opens_each_engine_by_index_and_routed_counts_can_be_shar
         opened.append(i)
         return open_one(i)
 
-    class Cfg:
-        data_parallel_size, data_parallel_policy, model_name = 2, "affinity", "tiny"
-
+    config = ServerConfig.from_settings(data_parallel_size=2, data_parallel_policy="affinity", served_model_name="tiny")
     class Shared:
         def __init__(self) -> None:
             self.value = 10.0  # what the other processes sent there
@@ -241,7 +237,7 @@ async def test_open_nth_opens_each_engine_by_index_and_routed_counts_can_be_shar
         def get(self) -> float:
             return self.value
 
-    async with open_engines(lambda config: pytest.fail("not opened by config"), Cfg(), open_nth=open_nth) as pool:
+    async with open_engines(lambda config: pytest.fail("not opened by config"), config, open_nth=open_nth) as pool:
         assert sorted(opened) == [0, 1] and pool.clients == engines
         pool.shared_routed = [Shared(), Shared()]
         pool.add_request(add("a", [1, 2, 3]))
@@ -256,9 +252,9 @@ def test_config_checks_the_data_parallel_flags() -> None:
     from server.cli import config_from_args
 
     config = config_from_args(["--data-parallel-size", "2", "--data-parallel-policy", "round_robin"])
-    assert (config.data_parallel_size, config.data_parallel_policy) == (2, "round_robin")
+    assert (config.parallel.data_parallel_size, config.parallel.data_parallel_policy) == (2, "round_robin")
     config = config_from_args(["--data-parallel-size", "2", "--api-server-count", "3"])  # N API processes x M engines
-    assert (config.data_parallel_size, config.api_server_count) == (2, 3)
+    assert (config.parallel.data_parallel_size, config.parallel.api_server_count) == (2, 3)
     for argv, words in ((["--data-parallel-size", "0"], "at least 1"),
                         (["--data-parallel-policy", "random"], "affinity or round_robin"),
                         (["--data-parallel-size", "2", "--master-port", "29500"], "this node only")):

@@ -142,8 +142,8 @@ CAPPED = ModelLimits(max_model_len=100, vocab_size=1000, caps=CAPS)
 
 def test_defaults_match_server_config() -> None:
     """RequestCaps' defaults are ServerConfig's (the flags' documented defaults), fcfs: no priority."""
-    assert ServerConfig().request_caps() == RequestCaps() == ModelLimits(max_model_len=2, vocab_size=2).caps
-    caps = ServerConfig(scheduling_policy="priority", max_stop_strings=7).request_caps()
+    assert ServerConfig().scheduling.request_caps() == RequestCaps() == ModelLimits(max_model_len=2, vocab_size=2).caps
+    caps = ServerConfig.from_settings(scheduling_policy="priority", max_stop_strings=7).scheduling.request_caps()
     assert caps.priority_scheduling and caps.max_stop_strings == 7
 
 

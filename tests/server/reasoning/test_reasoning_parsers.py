@@ -42,7 +42,7 @@ def test_prompt_state() -> None:
 
 def test_constraint_starts_after_reasoning_unless_the_prompt_closed_it() -> None:
     so = StructuredOutputs("json_object")
-    on = ServerConfig(reasoning_parser="qwen3")
+    on = ServerConfig.from_settings(reasoning_parser="qwen3")
     assert request_constraint(None, so, on, "<think>\n").reasoning_end == "</think>"
     assert request_constraint(None, so, on, "no tags").reasoning_end == "</think>"
     assert request_constraint(None, so, on, "<think>\n\n</think>\n\n").reasoning_end is None
@@ -52,8 +52,8 @@ def test_constraint_starts_after_reasoning_unless_the_prompt_closed_it() -> None
 
 def test_config_checks_parser_names() -> None:
     with pytest.raises(ValueError, match="--reasoning-parser"):
-        ServerConfig(reasoning_parser="nope")
+        ServerConfig.from_settings(reasoning_parser="nope")
     with pytest.raises(ValueError, match="--tool-call-parser"):
-        ServerConfig(tool_call_parser="nope")
+        ServerConfig.from_settings(tool_call_parser="nope")
     with pytest.raises(ValueError, match="requires --tool-call-parser"):
-        ServerConfig(enable_auto_tool_choice=True)
+        ServerConfig.from_settings(enable_auto_tool_choice=True)

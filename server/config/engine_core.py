@@ -1,0 +1,29 @@
+"""The engine-core process: its device, seed and KV cache, and how long the API process waits on it before it
+counts as failed, gone or hung (server/app.py, server/runtime/api_role.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from server.config.values import check_at_least_one, check_positive, check_unset_or_at_least_one
+
+
+@dataclass(frozen=True)
+class EngineCoreConfig:
+    device: str = "auto"
+    seed: int = 0
+    kv_cache_memory: int = 1 << 30
+    num_blocks: int | None = None
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    structured_outputs_warmup: bool = True  # the engine builds its grammar backend before it says Ready
+    engine_ready_timeout: float = 600.0
+    engine_heartbeat_timeout: float = 10.0  # seconds without any frame: the engine is stopped or gone
+    engine_step_timeout: float = 600.0  # seconds one step may run before the engine counts as hung; 0: off
+
+    def __post_init__(self) -> None:
+        check_at_least_one(self, ("block_size", "kv_cache_memory"))
+        check_unset_or_at_least_one(self, ("num_blocks",))
+        check_positive(self, ("engine_ready_timeout", "engine_heartbeat_timeout"))
+        if self.engine_step_timeout < 0:
+            raise ValueError(f"SPINDLE_ENGINE_STEP_TIMEOUT must be 0 (off) or positive, got {self.engine_step_timeout}")
