@@ -62,7 +62,7 @@ def test_the_matcher_flags_each_phrase_and_nothing_else(tmp_path: Path) -> None:
         'scope="session"',
         "async with aiohttp.ClientSession() as http:",
         "an HTTP session keeps its connection; a sessionless client",
-        "this sessions_dir, next_session(), 7 sessions",
+        "a sessions_dir, next_session(), 7 sessions",
     ]
     (tmp_path / "notes.md").write_text("\n".join(lines) + "\n")
     assert [n for n, _ in diary_lines(tmp_path / "notes.md")] == [1, 2, 3, 4, 5]
