@@ -360,7 +360,8 @@ def _count_above(x: torch.Tensor, t: torch.Tensor, buf: torch.Tensor) -> torch.T
 def _zero_below(x: torch.Tensor, thresholds: list[float]) -> None:
     """Per row, in place: entries <= its threshold (when > 0) become 0.
 
-    threshold_ on a row view is much cheaper than building a mask (bench/README.md, same section).
+    threshold_ on a row view is much cheaper than building a mask
+    (bench/README.md, "Sampler and LM-head micro-optimisations").
     """
     for i, t in enumerate(thresholds):
         if t > 0:
