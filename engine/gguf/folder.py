@@ -41,7 +41,9 @@ def _key(files: tuple[Path, ...]) -> str:
 
 def _config(model: GGUFModel, folder: str, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """config.json and generation_config.json from transformers' reading of the file's metadata."""
-    from transformers import AutoConfig  # why late: only a first start on a GGUF file needs it
+    from transformers import (
+        AutoConfig,  # why late: only a first start on a GGUF file needs it
+    )
 
     cfg: dict[str, Any] = AutoConfig.from_pretrained(folder, gguf_file=name).to_dict()
     arch = model.architecture
@@ -86,7 +88,7 @@ def derived_folder(model: GGUFModel) -> Path:
                 raise
     except GGUFError:
         raise
-    except Exception as e:  # noqa: BLE001 - transformers' conversion failing on a file it cannot read
+    except Exception as e:
         why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise GGUFError(f"{model.files[0]}: its config or tokenizer could not be read from the metadata "
                         f"({type(e).__name__}: {why})") from e

@@ -11,7 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.gguf.header import MAGIC, SUPPORTED_TYPES, GGUFError, Header, TensorInfo, read_header, type_name
+from engine.gguf.header import (
+    MAGIC,
+    SUPPORTED_TYPES,
+    GGUFError,
+    Header,
+    TensorInfo,
+    read_header,
+    type_name,
+)
 
 # GGUF general.architecture -> the Hugging Face architecture whose model class serves it here
 ARCHITECTURES: dict[str, str] = {

@@ -10,8 +10,8 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as _reference_dequantize
 
-from engine.gguf.header import SUPPORTED_TYPES as SUPPORTED_TYPES
 from engine.gguf.header import type_name
+
 
 def row_bytes(ggml_type: int, in_features: int) -> int:
     """Bytes one row of `in_features` weights takes in this type (a whole number of blocks)."""
