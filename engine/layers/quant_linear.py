@@ -9,7 +9,8 @@ by measurement (engine/cpu_kernels/chooser.py):
   (oneDNN: AMX tiles for a prefill's many rows); the tiles are shared over the step's threads. Never a dense copy
   of the whole weight. It is the only way for a type the kernel refuses (gguf's dequantizer then makes the tiles).
 Neither quantizes the activations: sums are float32, so with float32 activations the result is the
-dequantized model's up to summation order. Off CPU, the weight is dequantized at load.
+dequantized model's up to summation order (with bfloat16 ones, "dequant" rounds a tile's weights to bfloat16 for
+torch's GEMM, where "ggml" keeps them float32). Off CPU, the weight is dequantized at load.
 """
 
 from __future__ import annotations

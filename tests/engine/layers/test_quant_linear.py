@@ -1,0 +1,160 @@
+"""engine/layers/quant_linear: projections and embeddings over GGUF blocks, both candidates ("ggml", "dequant")
+against gguf's dequantized weights, fused parts of mixed types, the bias's single rounding, make_linear's dispatch,
+a type the kernel refuses, and embedding rows equal to the reference exactly."""
+
+from __future__ import annotations
+
+import gguf
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.cpu_kernels import chooser, quant_gemm
+from engine.gguf.tensor import GGMLWeight
+from engine.layers import quant_linear
+from engine.layers.linear import make_linear
+from engine.layers.quant_linear import (
+    QuantEmbedding,
+    QuantLinear,
+    QuantPartsLinear,
+    make_quant_linear,
+)
+
+T = gguf.GGMLQuantizationType
+
+
+def weight(ggml_type: int, out_features: int, in_features: int, seed: int) -> GGMLWeight:
+    data = quant_gemm.random_blocks(ggml_type, out_features, in_features, torch.Generator().manual_seed(seed))
+    return GGMLWeight(int(ggml_type), (out_features, in_features), data)
+
+
+def reference(w: GGMLWeight) -> torch.Tensor:
+    return quant_gemm.reference(w.data, w.ggml_type)
+
+
+def weights_used(w: GGMLWeight, candidate: str, dtype: torch.dtype) -> torch.Tensor:
+    """The weights a product sees: gguf's float32 ones in registers ("ggml"); "dequant" rounds them to the
+    activations' dtype first (torch's GEMM then takes them)."""
+    return reference(w) if candidate == "ggml" else reference(w).to(dtype).float()
+
+
+def assert_close(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    """Within float32 summation error of the exact x @ w.T + bias, plus one rounding to got's dtype."""
+    x2 = x.reshape(-1, x.shape[-1]).double()
+    exact = x2 @ w.double().t() + (0 if bias is None else bias.double())
+    bound = (x2.shape[1] + 1) * 2.0 ** -24 * (x2.abs() @ w.double().abs().t() + (0 if bias is None else bias.double().abs()))
+    if got.dtype is torch.bfloat16:
+        bound = bound + 2.0 ** -8 * (exact.abs() + bound)
+    err = (got.reshape(exact.shape).double() - exact).abs()
+    assert (err <= bound).all(), f"max error {err.max().item():.3g}"
+
+
+@pytest.fixture(params=["ggml", "dequant"])
+def candidate(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv(chooser.FORCE_ENV, request.param)
+    if request.param == "ggml" and not quant_gemm.supports(int(T.Q4_1)):
+        pytest.skip("the quantized kernel does not run on this machine")
+    return str(request.param)
+
+
+@pytest.mark.parametrize("ggml_type", [T.Q8_0, T.Q4_1, T.Q4_K, T.Q6_K, T.Q5_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_both_candidates_against_the_reference(candidate: str, ggml_type: int, dtype: torch.dtype) -> None:
+    block, _ = quant_gemm.block_shape(ggml_type)
+    w = weight(ggml_type, 45, 2 * max(block, 64), int(ggml_type))
+    lin = make_quant_linear(w, None, dtype)
+    assert isinstance(lin, QuantLinear) and set(lin.choice(dtype)) == {candidate}
+    g = torch.Generator().manual_seed(0)
+    for rows in (1, 2, 4, 16, 65):
+        x = torch.randn(rows, w.shape[1], generator=g).to(dtype)
+        y = lin(x)
+        assert y.dtype is dtype and y.shape == (rows, 45)
+        assert_close(y, x, weights_used(w, candidate, dtype))
+    assert torch.equal(lin.dense_weight(), reference(w).to(dtype))
+
+
+def test_batched_input_shape_and_bias_rounded_once(candidate: str) -> None:
+    w = weight(T.Q4_1, 33, 64, 1)
+    bias = torch.randn(33, generator=torch.Generator().manual_seed(1)) * 4
+    x = torch.randn(2, 3, 64, generator=torch.Generator().manual_seed(2))
+    y32 = make_quant_linear(w, bias, torch.float32)(x)
+    assert y32.shape == (2, 3, 33)
+    assert_close(y32, x, reference(w), bias)
+    yb = make_quant_linear(w, bias.bfloat16(), torch.bfloat16)(x.bfloat16())
+    assert_close(yb, x.bfloat16(), weights_used(w, candidate, torch.bfloat16), bias.bfloat16())
+
+
+def test_fused_parts_of_mixed_types(candidate: str) -> None:
+    parts = [weight(T.Q4_K, 24, 256, 3), weight(T.Q6_K, 8, 256, 4), weight(T.Q8_0, 8, 256, 5)]
+    bias = torch.randn(40, generator=torch.Generator().manual_seed(6))
+    lin = make_quant_linear(parts, bias, torch.float32)
+    assert isinstance(lin, QuantPartsLinear) and (lin.out_features, lin.in_features) == (40, 256)
+    dense = torch.cat([reference(p) for p in parts])
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(7))
+    assert_close(lin(x), x, dense, bias)
+    assert torch.equal(lin.dense_weight(), dense)
+
+
+def test_make_linear_hands_gguf_weights_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(chooser.FORCE_ENV, "dequant")
+    w = weight(T.Q8_0, 16, 64, 8)
+    lin = make_linear(w, None)  # type: ignore[arg-type]  # the loader hands GGMLWeight through the tensor slot
+    assert isinstance(lin, QuantLinear)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(9))
+    assert_close(lin(x), x, reference(w))
+    assert isinstance(make_linear([w, weight(T.Q4_0, 8, 64, 10)], None), QuantPartsLinear)  # type: ignore[arg-type]
+
+
+def test_a_type_the_kernel_refuses_runs_dequantized(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(chooser.FORCE_ENV, raising=False)
+    monkeypatch.setattr(quant_gemm, "supports", lambda ggml_type: False)
+    w = weight(T.Q5_1, 21, 64, 11)
+    lin = make_quant_linear(w, None, torch.bfloat16)
+    assert isinstance(lin, QuantLinear) and set(lin.choice(torch.bfloat16)) == {"dequant"}
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(12)).bfloat16()
+    assert_close(lin(x), x, reference(w).bfloat16().float())
+    # an F16 weight (no block kernel at all) goes the same way
+    dense = torch.randn(6, 32, generator=torch.Generator().manual_seed(13)).half()
+    f16 = GGMLWeight(int(T.F16), (6, 32), dense.view(torch.uint8).reshape(6, 64))
+    x32 = torch.randn(2, 32, generator=torch.Generator().manual_seed(14))
+    assert_close(make_quant_linear(f16, None, torch.float32)(x32), x32, dense.float())
+
+
+def test_the_chooser_decides_per_row_class(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
+    if not quant_gemm.supports(int(T.Q4_1)):
+        pytest.skip("the quantized kernel does not run on this machine")
+    monkeypatch.delenv(chooser.FORCE_ENV, raising=False)
+    monkeypatch.setenv("SPINDLE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(chooser, "SAMPLES", 1)
+    monkeypatch.setattr(chooser, "SAMPLE_S", 1e-4)
+    chooser.forget()
+    lin = make_quant_linear(weight(T.Q4_1, 32, 64, 15), None, torch.float32)
+    assert isinstance(lin, QuantLinear)
+    picked = lin.choice(torch.float32)
+    assert len(picked) == len(chooser.ROW_CLASSES) and set(picked) <= {"ggml", "dequant"}
+    assert any(kind == "ggml_Q4_1_float32" for kind, _, _ in chooser.choices_made())
+    chooser.forget()
+
+
+@pytest.mark.parametrize("ggml_type", [T.Q8_0, T.Q6_K, T.Q4_K, T.Q5_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_embedding_rows_equal_the_reference(ggml_type: int, dtype: torch.dtype) -> None:
+    block, _ = quant_gemm.block_shape(ggml_type)
+    w = weight(ggml_type, 50, block * 2, 16)
+    emb = QuantEmbedding(w, dtype)
+    ids = torch.tensor([[3, 49, 3], [0, 17, 17]])
+    got = emb(ids)
+    assert got.shape == (2, 3, block * 2) and got.dtype is dtype
+    assert torch.equal(got, reference(w).to(dtype)[ids])
+    with pytest.raises(IndexError):
+        emb(torch.tensor([50]))
+
+
+def test_dequantized_tiles_cover_every_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(chooser.FORCE_ENV, "dequant")
+    monkeypatch.setattr(quant_linear, "DEQUANT_TILE_BYTES", 64 * 4 * 16)  # 16 rows a tile: 3 tiles and a part
+    w = weight(T.Q8_0, 53, 64, 17)
+    x = torch.randn(7, 64, generator=torch.Generator().manual_seed(18))
+    y = make_quant_linear(w, None, torch.float32)(x)
+    assert_close(y, x, reference(w))
+    assert torch.allclose(y, F.linear(x, reference(w)), rtol=1e-5, atol=1e-5)
