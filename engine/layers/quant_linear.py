@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.cpu_kernels import chooser, quant_gemm
-from engine.gguf.tensor import GGMLWeight, dequantize_blocks, type_name
+from engine.gguf.header import type_name
+from engine.gguf.tensor import GGMLWeight, dequantize_blocks
 from engine.layers.linear import QUANTIZED_MAKERS, Linear
 from engine.layers.parallel import WORKERS
 
