@@ -21,6 +21,7 @@ from server.pipeline import unavailable
 from server.pipeline.admission import AdmissionTicket, min_tokens
 from server.pipeline.async_llm import AsyncLLM
 from server.pipeline.input_processor import ModelLimits, check_fits, max_token_bytes
+from server.protocol.openai import ChatCompletionRequest
 from server.render.renderer import RendererOverloaded, RenderError
 
 
@@ -105,3 +106,23 @@ async def chat_ids_with_images(state: AppState, renderer: Renderer, req: Any, ad
     images, messages = await prepare_images(state, req.messages, getattr(req, "mm_processor_kwargs", None))
     ids = await chat_prompt_ids(renderer, msgspec.structs.replace(req, messages=messages), add_special_tokens, limits)
     return expand_for_model(ids, images, state.config.model.model_path)
+
+
+async def chat_prompt(state: AppState, llm: AsyncLLM, renderer: Renderer, req: ChatCompletionRequest,
+                      ticket: AdmissionTicket | None, fit: ModelLimits | None, param: str = "messages",
+                      ) -> tuple[str, list[int], list[ImageInput] | None]:
+    """A generation route's chat prompt, the one path of the chat, Responses and Anthropic routes: images processed,
+    rendered, the admission `ticket` resized to the rendered text's lower bound, tokenized (with `fit`: refused
+    first when surely too long), each image's placeholder expanded; its images for the engine (None without)."""
+    images, render_req = None, req
+    if has_images(req.messages):  # decoded and preprocessed in the image worker process
+        images, messages = await prepare_images(state, req.messages or [], req.mm_processor_kwargs)
+        render_req = msgspec.structs.replace(req, messages=messages)
+    text = await render_chat(renderer, render_req)
+    if ticket is not None:
+        await admit_prompts(llm, req.n, [text], renderer.tokenizer, ticket)
+    ids = await text_prompt_ids(renderer, text, req.add_special_tokens, param, fit)
+    if images is None:
+        return text, ids, None
+    ids, mm_inputs = expand_for_model(ids, images, state.config.model.model_path)  # before any length check
+    return text, ids, mm_inputs

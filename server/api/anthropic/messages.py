@@ -8,17 +8,17 @@ the formatter below writes Anthropic's message and event sequence, and every err
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import msgspec
 
 from server.api.anthropic.formatter import PING, MessagesFormatter, event
 from server.api.anthropic.translate import chat_request, decode_error
-from server.api.prompt_tokens import admit_prompts, chat_ids_with_images, render_chat, text_prompt_ids
+from server.api.prompt_tokens import chat_ids_with_images, chat_prompt
 from server.api.serving import PostRoute
 from server.api.app_state import AppState, Renderer
 from server.config import ServerConfig
-from server.multimodal.images import expand_for_model, has_images, image_support, prepare_images
+from server.multimodal.images import image_support
 from server.http.asgi import ClientGone, Receive, Scope, Send, header, read_json_body, run_until_disconnect, send_json
 from server.http.errors import APIError, anthropic_error_body as error_body
 from server.pipeline.async_llm import AsyncLLM
@@ -95,17 +95,7 @@ class MessagesRoute(_AnthropicRoute):
         plan, relaxed_tools = await plan_constrained_tools(chat, config, renderer.tokenizer, limits.caps, "tool_choice")
         external = external_request_id(xid, None)
         with llm.admit(1, 1) as ticket:  # the request's one ticket: a 503 now when the queue is surely full
-            images, render_chat_req = None, chat
-            if has_images(chat.messages):  # image blocks (a vision model): as the OpenAI chat route takes them
-                images, messages = await prepare_images(self.state, chat.messages or [], None)
-                render_chat_req = msgspec.structs.replace(chat, messages=messages)
-            text = await render_chat(renderer, render_chat_req)
-            await admit_prompts(llm, 1, [text], renderer.tokenizer, ticket)  # the rendered prompt's bound
-            ids = await text_prompt_ids(renderer, text, chat.add_special_tokens, "messages",
-                                        limits if images is None else None)
-            mm_inputs = None
-            if images is not None:
-                ids, mm_inputs = expand_for_model(ids, images, config.model.model_path)
+            text, ids, mm_inputs = await chat_prompt(self.state, llm, renderer, chat, ticket, limits)
             so = request_constraint(plan, constraint.so if constraint is not None else None, config, text)
             spec = build_spec(chat, ids, limits, external_id=external, stream=chat.stream, structured_outputs=so)
             spec.mm_inputs = mm_inputs

@@ -18,22 +18,19 @@ from server.api.openai.logprobs import chat_logprobs
 from server.api.openai.responses_background import BackgroundResponses
 from server.api.openai.responses_context import fit_prompt, resolve_references
 from server.api.openai.responses_store import ResponseStore, StoredResponse
-from server.api.prompt_tokens import admit_prompts, render_chat, text_prompt_ids
+from server.api.prompt_tokens import chat_prompt
 from server.api.serving import PostRoute
-from server.api.app_state import AppState, Renderer
+from server.api.app_state import AppState
 from server.http.asgi import Receive, Scope, Send, send_error, send_json
 from server.http.errors import APIError
-from server.multimodal.images import expand_for_model, has_images, image_support, prepare_images
-from server.pipeline.admission import AdmissionTicket
-from server.pipeline.async_llm import AsyncLLM
+from server.multimodal.images import image_support
 from server.pipeline.output_processor import Output
-from server.pipeline.input_processor import ModelLimits, build_spec, check_request, external_request_id
+from server.pipeline.input_processor import build_spec, check_request, external_request_id
 from server.pipeline.parsing import (
     ChoiceParser, ChoiceParsers, plan_constrained_tools, reasoning_parser, request_constraint,
 )
 from server.pipeline.responses_items import LOGPROBS, chat_request, input_items, responses_error
 from server.pipeline.structured import structured_outputs
-from server.protocol.openai import ChatCompletionRequest
 from server.protocol.responses import ResponsesRequest, encoder, responses_decoder
 from server.streaming.formatter import StreamFraming
 from server.streaming.output_check import checked, relaxed_check, relaxed_headers
@@ -96,10 +93,10 @@ class ResponsesRoute(PostRoute):
         external = external_request_id(xid, None)
         with llm.admit(1, 1) as ticket:  # the request's one ticket: a 503 now when the queue is surely full
             if req.truncation == "auto":  # the longest conversation suffix that fits (responses_context.py)
-                text, ids, mm_inputs = await fit_prompt(chat, limits,
-                                                        lambda c: self._prompt(llm, renderer, c, None, ticket))
+                text, ids, mm_inputs = await fit_prompt(  # candidates: generate settles the ticket at the exact count
+                    chat, limits, lambda c: chat_prompt(self.state, llm, renderer, c, None, None, "input"))
             else:
-                text, ids, mm_inputs = await self._prompt(llm, renderer, chat, limits, ticket)
+                text, ids, mm_inputs = await chat_prompt(self.state, llm, renderer, chat, ticket, limits, "input")
             so = request_constraint(plan, constraint.so if constraint is not None else None, config, text)
             spec = build_spec(chat, ids, limits, external_id=external, stream=chat.stream, structured_outputs=so)
             spec.mm_inputs = mm_inputs
@@ -138,24 +135,6 @@ class ResponsesRoute(PostRoute):
                               before_end=before_end, ticket=ticket)
 
             await (self.background.start(fmt.base, run, send, ticket) if req.background else run(send))
-
-    async def _prompt(self, llm: AsyncLLM, renderer: Renderer, chat: ChatCompletionRequest,
-                      limits: ModelLimits | None, ticket: AdmissionTicket) -> tuple[str, list[int], Any]:
-        """The rendered prompt, its token ids and its images' engine inputs (None: no images). With `limits`, a
-        text surely too long is refused before tokenizing, and the ticket resized to its lower bound."""
-        images, render_req = None, chat
-        if has_images(chat.messages):  # input_image parts on a vision model: as the chat route takes them
-            images, messages = await prepare_images(self.state, chat.messages or [], None)
-            render_req = msgspec.structs.replace(chat, messages=messages)
-        text = await render_chat(renderer, render_req)
-        if limits is not None:  # not for truncation candidates: generate settles the ticket
-            await admit_prompts(llm, 1, [text], renderer.tokenizer, ticket)
-        ids = await text_prompt_ids(renderer, text, chat.add_special_tokens, "input",
-                                    limits if images is None else None)
-        mm_inputs = None
-        if images is not None:
-            ids, mm_inputs = expand_for_model(ids, images, self.state.config.model.model_path)
-        return text, ids, mm_inputs
 
 
 class StoredResponseRoute:
