@@ -142,6 +142,44 @@ async def test_admission_refuses_then_accounts_back_to_zero() -> None:
         assert admission.queued_reqs == 0 and admission.queued_tokens == 0
 
 
+async def test_route_ticket_settled_by_generate_and_released_once_when_cancelled() -> None:
+    """The route's ticket (a lower bound, before rendering) becomes the exact count in generate, without a second
+    reservation; a cancelled consumer gives back what it still holds, once, and a refused settle keeps the bound."""
+    fake = FakeEngineClient(lambda req: GEN, gate=True)
+    admission = Admission(max_num_queued_reqs=3, max_num_queued_tokens=3 * len(PROMPT))
+    async with running(fake, admission=admission) as llm:
+        with llm.admit(2, 2) as ticket:
+            assert (admission.queued_reqs, admission.queued_tokens) == (2, 2)
+            with anyio.CancelScope() as scope:
+                async with llm.generate([spec("t", n=2)], ticket) as outputs:
+                    assert (admission.queued_reqs, admission.queued_tokens) == (2, 2 * len(PROMPT))
+                    fake.allow_step(1)
+                    await outputs.__anext__()  # one step: both children got their first token
+                    assert (admission.queued_reqs, admission.queued_tokens) == (0, 0)
+                    scope.cancel()
+                    await anyio.sleep_forever()
+            assert scope.cancelled_caught and ticket.held == (0, 0)
+        with llm.admit(1, 1) as ticket:
+            with anyio.CancelScope() as scope:
+                async with llm.generate([spec("c")], ticket):
+                    assert ticket.held == (1, len(PROMPT)) == (admission.queued_reqs, admission.queued_tokens)
+                    scope.cancel()  # before any token: generate's clean-up gives it all back
+                    await anyio.sleep_forever()
+            assert scope.cancelled_caught and (admission.queued_reqs, admission.queued_tokens) == (0, 0)
+        assert (admission.queued_reqs, admission.queued_tokens) == (0, 0)  # the `with` released nothing twice
+        with pytest.raises(APIError) as e:
+            llm.admit(4, 4)  # more choices than queue slots: refused before any rendering
+        assert e.value.status == 503 and "needs 4 queue slots" in e.value.message
+        with llm.admit(1, 1) as small:
+            with pytest.raises(APIError) as e:  # the exact prompt does not fit beside the other request
+                other = llm.admit(2, 2 * len(PROMPT) + 1)
+                async with llm.generate([spec("big", n=1)], small):
+                    pass
+            assert "too many queued prompt tokens" in e.value.message and small.held == (1, 1)
+            other.release()
+        assert (admission.queued_reqs, admission.queued_tokens) == (0, 0)
+
+
 async def test_registered_before_sent() -> None:
     """A fast engine answering inside add_request must find the request registered."""
 
