@@ -15,6 +15,7 @@ from server.api.app_state import AppState
 from server.config import ServerConfig
 from server.http.asgi import Message, Send
 from server.http.errors import APIError
+from server.pipeline.admission import Admission, AdmissionTicket
 
 pytestmark = pytest.mark.anyio
 
@@ -70,3 +71,22 @@ async def test_only_background_responses_can_be_cancelled(tmp_path: Path) -> Non
     with pytest.raises(APIError) as e:
         await p.cancel("resp_none")
     assert e.value.status == 404
+
+
+async def test_the_task_owns_the_admission_ticket_once_started(tmp_path: Path) -> None:
+    """The route's `with` ends once `queued` is answered; the ticket stays held until the generation ends."""
+    admission = Admission(max_num_queued_reqs=4, max_num_queued_tokens=None)
+    async with anyio.create_task_group() as tasks:
+        owner = process(tasks, tmp_path)
+        gen = Generation()
+        with AdmissionTicket(admission) as ticket:
+            assert ticket.resize(1, 7) is None
+            await owner.start({"id": "resp_3", "background": True}, gen, _answer, ticket)
+        await gen.started.wait()
+        assert (admission.queued_reqs, admission.queued_tokens) == (1, 7)
+        await owner.cancel("resp_3")
+        with anyio.fail_after(30):
+            await gen.cancelled.wait()
+        await anyio.wait_all_tasks_blocked()
+        assert (admission.queued_reqs, admission.queued_tokens) == (0, 0)
+        tasks.cancel_scope.cancel()
