@@ -67,7 +67,7 @@ class EngineCore:
 
     def _grammar_backend(self) -> StructuredBackend:
         """Built by the first constrained request, in the compile thread (the LLTokenizer takes ~1.5 s)."""
-        # why late: llguidance.torch imports torch._dynamo (~3 s), paid only by an engine that compiles a grammar
+        # why late: llguidance is loaded only by an engine that compiles a grammar
         from engine.structured.llguidance_backend import LLGuidanceBackend
 
         return LLGuidanceBackend.from_checkpoint(resolve_model(self.config.model), self.vocab_size,

@@ -8,7 +8,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import llguidance
-import llguidance.torch as llt
 import numpy as np
 import torch
 
@@ -21,6 +20,20 @@ from engine.structured.pattern_samples import required_keys, schema_samples
 INITIAL_MEMO = 64  # max_tokens values whose first finish is kept per compiled grammar
 PAR_MIN_ROWS = 4  # from this many rows the LLExecutor's threads beat filling one row after another
 MAX_HINTS = 2048  # token sequences (samples of the schema's patterns and their suffixes) per grammar
+
+
+def _check(bitmask: torch.Tensor) -> None:
+    """llguidance writes through the tensor's pointer: it must be what that write assumes."""
+    if not (bitmask.dtype == torch.int32 and bitmask.is_cpu and bitmask.dim() == 2 and bitmask.is_contiguous()):
+        raise ValueError("the bitmask must be a contiguous 2-D int32 CPU tensor")
+
+
+def _fill_rows(executor: llguidance.LLExecutor, rows: list[tuple[llguidance.LLMatcher, int]],
+               bitmask: torch.Tensor) -> None:
+    """llguidance.torch.fill_next_token_bitmask_par: that module torch.compile's a function at import, which
+    loads torch._dynamo and Triton (seconds, and nanobind's leak report at exit) in a CPU-only engine."""
+    _check(bitmask)
+    executor.unsafe_compute_mask_ptr(rows, bitmask.data_ptr(), bitmask.shape[1] * 4, bitmask.shape[0])
 
 
 def load_tokenizer(folder: str | Path, vocab_size: int, eos_token_ids: Sequence[int]) -> llguidance.LLTokenizer:
@@ -68,7 +81,9 @@ class LLGuidanceGrammar:
         return bool(self.matcher.consume_tokens(list(token_ids)))
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        llt.fill_next_token_bitmask(self.matcher, bitmask, row)
+        _check(bitmask)
+        words = bitmask[row]  # llguidance.torch.fill_next_token_bitmask, without importing it (see _fill_rows)
+        self.matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * words.element_size())
 
     def rollback(self, num_tokens: int) -> None:
         self._initial = None
@@ -143,7 +158,7 @@ class LLGuidanceBackend:
             return
         if self._executor is None:
             self._executor = llguidance.LLExecutor()
-        llt.fill_next_token_bitmask_par(self._executor, [(g.matcher, row) for g, row in grammars], bitmask)
+        _fill_rows(self._executor, [(g.matcher, row) for g, row in grammars], bitmask)
 
     def decode_bytes(self, token_ids: Sequence[int]) -> bytes:
         return bytes(self.tokenizer.decode_bytes(list(token_ids)))

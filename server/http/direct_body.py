@@ -4,8 +4,7 @@ Each SSE event otherwise travels `send()` -> Hypercorn's HTTPStream -> H11Protoc
 TCPServer (lock, write, drain) -> socket, and the route task is woken per event to make that call. On the demo
 load that path cost more of the API process's CPU per token than the socket write itself (bench/README.md,
 "API CPU per streamed token: the direct write path"). Here the output handler, which already holds the token,
-frames the HTTP/1.1 chunk itself and writes it, in the same loop over the step's outputs, without waking the
-route.
+frames the HTTP/1.1 chunk itself and queues it for the writer task, without waking the route.
 
 It writes only when that cannot reorder or block: the response was started through ASGI, h11 is
 sending a chunked body (not HTTP/1.0, not HTTP/2, not after the end), no other send holds the
@@ -15,10 +14,15 @@ slow. A partial socket write keeps the rest in `pending`, which the route flushe
 Hypercorn's send path before it sends anything else; h11 keeps no state for chunk data, so its
 view of the connection stays true.
 
-The writes of one engine step are collected in a `WriteBatch` and made together once the step's
-outputs are processed (before the output handler lets any other task run, so nothing can come
-between a `send()` and its write): alternating Python and the kernel's TCP path per token kept
-both out of the CPU caches (bench/README.md, the same section).
+The writes of one engine step are collected in a `WriteBatch` and made together by its writer task,
+which the step's first write wakes and which runs once the output handler yields: alternating Python and the
+kernel's TCP path per token kept both out of the CPU caches (bench/README.md, "API CPU per streamed token: the
+direct write path"). A route that sends through ASGI first writes what its response still has queued
+(`DirectBody.flush`), so the writer running before or after it changes no order.
+
+The pipeline knows none of this: the route's responder gives the request's collector a waiter
+(server/http/wakeup.py's `InlineWaiter`) whose wake-up, in the output handler, formats the new output and
+offers it to `DirectBody.send`, and wakes the route only when that declines.
 
 `install()` makes Hypercorn's workers record each connection in a context variable that the
 request's tasks inherit; without it (plain `hypercorn ...`), `for_current_request()` is None and
@@ -38,10 +42,12 @@ import logging
 import os
 from typing import Any
 
+import anyio
 import h11
 import trio
 
 from server.http.direct_switch import decline, is_active
+from server.http.wakeup import Waiter, waiter_class
 
 log = logging.getLogger("spindle.server")
 
@@ -66,6 +72,7 @@ class _Layout:
 
 _layout: _Layout | None = None  # set by a successful install()
 _servers: dict[str, type] = {}  # worker class -> our TCPServer subclass, made once (install() is idempotent)
+_writes: WriteBatch | None = None  # the serving process's batch, given to install() (serve() runs its writer)
 
 
 def _frame(data: bytes) -> bytes:
@@ -73,43 +80,68 @@ def _frame(data: bytes) -> bytes:
 
 
 class WriteBatch:
-    """Direct writes accepted during one engine step, made by `flush()` before the output handler
-    yields to other tasks. One per AsyncLLM (one event loop)."""
+    """The responses with direct writes queued since the last `flush()`; `run()` is the writer task that
+    flushes once per wake-up (the first queued response of a step wakes it). One per serving event loop."""
 
-    __slots__ = ("_frames",)
+    __slots__ = ("_bodies", "_waiter", "_scope", "_stopped")
 
     def __init__(self) -> None:
-        self._frames: list[tuple[DirectBody, bytes]] = []
+        self._bodies: list[DirectBody] = []
+        self._waiter: Waiter | None = None  # the writer task's, while it runs
+        self._scope: anyio.CancelScope | None = None
+        self._stopped = False
 
-    def add(self, body: DirectBody, frame: bytes) -> None:
-        self._frames.append((body, frame))
+    @property
+    def running(self) -> bool:
+        return self._waiter is not None
+
+    def add(self, body: DirectBody) -> None:
+        self._bodies.append(body)
+        if len(self._bodies) == 1 and self._waiter is not None:
+            self._waiter.wake()
 
     def flush(self) -> None:
-        frames, self._frames = self._frames, []
-        for body, frame in frames:
+        bodies, self._bodies = self._bodies, []
+        for body in bodies:
+            body.write_queued()
+
+    async def run(self) -> None:
+        """The writer task, until `stop()` (called before it started: it does not start)."""
+        with anyio.CancelScope() as self._scope:
+            if self._stopped:
+                return
+            self._waiter = waiter_class()()
             try:
-                body._put(frame)
-            except Exception as e:  # runs in the output handler: a failed write must not end it
-                decline(e)
-                body.pending += frame  # the route sends it through Hypercorn before anything else
+                while True:
+                    await self._waiter.wait()
+                    self.flush()
+            finally:
+                self._waiter = None
+                self.flush()  # what routes queued last goes out (a closed connection declines it)
+
+    def stop(self) -> None:
+        self._stopped = True
+        if self._scope is not None:
+            self._scope.cancel()
 
 
 class DirectBody:
     """One response's direct writer, used between the response's start and its last ASGI send (the
     route's streaming loop)."""
 
-    __slots__ = ("_server", "_batch", "_lock", "_chunked", "pending")
+    __slots__ = ("_server", "_batch", "_lock", "_chunked", "_queued", "pending")
 
     def __init__(self, server: Any, batch: WriteBatch) -> None:
         self.pending = b""  # framed bytes a partial write left; flushed before anything else is sent
         self._server = server  # Hypercorn's TCPServer of this request's connection
         self._batch = batch
+        self._queued: list[bytes] = []  # frames taken by `send`, not yet written
         self._lock = server.send_lock  # held by Hypercorn's own sends
         self._chunked = False  # h11 was seen sending this response's chunked body
 
     def send(self, data: bytes) -> bool:
-        """Take `data` as one HTTP/1.1 chunk, written at the batch's flush, if that cannot reorder or
-        block; False: it was not taken, send it through ASGI."""
+        """Take `data` as one HTTP/1.1 chunk, written by the batch's writer (or by `flush`, whichever
+        comes first), if that cannot reorder or block; False: it was not taken, send it through ASGI."""
         if not is_active():
             return False
         try:
@@ -123,8 +155,24 @@ class DirectBody:
             decline(e)
             return False
         if data:
-            self._batch.add(self, b"%x\r\n%s\r\n" % (len(data), data))  # _frame(), inline: once per token
+            queued = self._queued
+            queued.append(b"%x\r\n%s\r\n" % (len(data), data))  # _frame(), inline: once per token
+            if len(queued) == 1:
+                self._batch.add(self)
         return True
+
+    def write_queued(self) -> None:
+        """Write the frames `send` took; a failed write leaves them in `pending` (Hypercorn's path sends them)."""
+        queued = self._queued
+        if not queued:
+            return
+        data = queued[0] if len(queued) == 1 else b"".join(queued)
+        queued.clear()
+        try:
+            self._put(data)
+        except Exception as e:  # runs in the writer task: a failed write must not end it
+            decline(e)
+            self.pending += data  # the route sends it through Hypercorn before anything else
 
     def _h11_sends_chunks(self) -> bool:
         layout = _layout
@@ -136,7 +184,9 @@ class DirectBody:
                 and type(conn._writer) is layout.chunked_writer)
 
     async def flush(self) -> None:
-        """Send what a partial write left, through Hypercorn (it waits for the client, or sees it gone)."""
+        """Before an ASGI send: the queued frames, then what a partial write left, through Hypercorn (it
+        waits for the client, or sees it gone)."""
+        self.write_queued()
         data, self.pending = self.pending, b""
         if data:
             assert _layout is not None  # pending is only ever set on a body made after install()
@@ -183,11 +233,13 @@ class _TrioBody(DirectBody):
             self.pending = frame[sent:]
 
 
-def for_current_request(batch: WriteBatch) -> DirectBody | None:
+def for_current_request(batch: WriteBatch | None = None) -> DirectBody | None:
     """A direct writer for the response of the request this task serves, if `install()` ran and the
-    fast path is on; its writes go out at `batch.flush()`."""
+    fast path is on; its writes go out at `batch.flush()` (None: install()'s batch, if its writer runs)."""
     found = _connection.get()
-    if found is None or not is_active():
+    if batch is None:
+        batch = _writes if _writes is not None and _writes.running else None
+    if found is None or batch is None or not is_active():
         return None
     try:
         body: DirectBody = found[0](found[1], batch)
@@ -255,11 +307,12 @@ def _server_class(base: type, body: type[DirectBody]) -> type:
     return _Server
 
 
-def install(worker_class: str) -> bool:
+def install(worker_class: str, writes: WriteBatch | None = None) -> bool:
     """Make Hypercorn's worker record connections (Trio: with its send fast path); False, with the
     reason logged, if SPINDLE_DIRECT_WRITE=0 or the layout is not the one this module was written
-    against (then nothing changes)."""
-    global _layout
+    against (then nothing changes). `writes`: the batch `for_current_request()` uses by default; the
+    caller runs its writer task."""
+    global _layout, _writes
     if os.environ.get("SPINDLE_DIRECT_WRITE", "1").strip().lower() in _OFF:
         log.info("SPINDLE_DIRECT_WRITE=0: streaming through ASGI only")
         return False
@@ -274,6 +327,6 @@ def install(worker_class: str) -> bool:
         log.warning("Hypercorn's %s worker runs another TCPServer (%r): streaming through ASGI only",
                     worker_class, current)
         return False
-    _layout = layout
+    _layout, _writes = layout, writes
     setattr(module, "TCPServer", ours)  # the name the worker looks up per connection
     return True

@@ -21,7 +21,6 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from engine.client.process_client import EngineDeadError
 from engine.messages import AddRequest, EngineStats, Heartbeat, Ready, StepOutputs
 from server.http import access_log
-from server.http.direct_body import WriteBatch
 from server.http.errors import APIError
 from server.pipeline import unavailable
 from server.pipeline.admission import AdmissionLike, AdmissionTicket
@@ -118,8 +117,7 @@ class AsyncLLM:
         self.detokenizer = detokenizer
         self.admission = admission
         self.metrics = metrics
-        self.writes = WriteBatch()  # routes' direct writes (server.http.direct_body), made once per step
-        self.output = OutputProcessor(stream_interval=stream_interval, metrics=metrics, flush=self.writes.flush)
+        self.output = OutputProcessor(stream_interval=stream_interval, metrics=metrics)
         self.on_dead = on_dead
         self.dead: str | None = None  # why the engine is gone; set once
         self.stopping = stopping if stopping is not None else Stopping()  # the app's, shared (AppState.stopping)

@@ -128,17 +128,16 @@ class Collector:
     Semantically a memory object stream of size 1 whose sender merges instead of blocking; written
     out because anyio's stream costs a checkpoint, two WouldBlock exceptions and a backend lookup
     per wake-up (bench/README.md, "Per-token wake-up"), and the per-token path is a benchmark target; the
-    consumer sleeps on a reusable `server.http.wakeup` waiter rather than a fresh Event per token.
+    consumer sleeps on a reusable `server.http.wakeup` waiter rather than a fresh Event per token. The
+    waiter is woken each time the empty slot fills; a consumer may bring its own (`use_waiter`), whose
+    wake-up may take the news at once (`poll`), in the producer's task.
     """
 
-    __slots__ = ("kind", "closed", "sink", "_batch", "_waiter")
+    __slots__ = ("kind", "closed", "_batch", "_waiter")
 
     def __init__(self, kind: OutputKind) -> None:
         self.kind = kind
         self.closed = False  # the consumer left: outputs are dropped (its finally aborts the request)
-        # The consumer's direct delivery (server.http.direct_body): tried for unfinished outputs while the
-        # slot is empty; True means delivered, and the consumer is not woken.
-        self.sink: Callable[[Output], bool] | None = None
         self._batch: list[Output] | None = None
         self._waiter: Waiter | None = None  # made on the first wait, inside the event loop: once per request
 
@@ -147,9 +146,6 @@ class Collector:
             return
         batch = self._batch
         if batch is None:
-            sink = self.sink
-            if sink is not None and out.finish_reason is None and sink(out):
-                return
             self._batch = [out]
             if self._waiter is not None:
                 self._waiter.wake()
@@ -159,6 +155,18 @@ class Collector:
                 old.merge(out, self.kind)
                 return
         batch.append(out)
+
+    def use_waiter(self, waiter: Waiter | None) -> None:
+        """The consumer's own waiter (None: the default one, made at the next wait)."""
+        self._waiter = waiter
+
+    def peek(self) -> list[Output] | None:
+        """The waiting batch, left in the slot."""
+        batch = self._batch
+        if batch is not None:
+            for out in batch:
+                out.settle()
+        return batch
 
     def poll(self) -> list[Output] | None:
         batch = self._batch
@@ -182,7 +190,6 @@ class Collector:
 
     def close(self) -> None:
         self.closed = True
-        self.sink = None
         self._batch = None
 
 
@@ -219,13 +226,12 @@ class RequestState:
 
 
 class OutputProcessor:
-    def __init__(self, *, stream_interval: int = 1, chunk_size: int = CHUNK, metrics: OutputMetrics | None = None,
-                 flush: Callable[[], None] | None = None) -> None:
+    def __init__(self, *, stream_interval: int = 1, chunk_size: int = CHUNK, metrics: OutputMetrics | None = None
+                 ) -> None:
         self.metrics = metrics
         self.states: dict[str, RequestState] = {}
         self.stream_interval = stream_interval
         self.chunk_size = chunk_size
-        self.flush = flush  # makes the direct writes the chunk's deliveries queued, before any other task runs
 
     def add(self, state: RequestState) -> None:
         self.states[state.request_id] = state
@@ -256,7 +262,6 @@ class OutputProcessor:
         states = self.states
         size = self.chunk_size
         now = step.timestamp
-        flush = self.flush
         for start in range(0, len(outputs), size):
             if start:
                 await anyio.lowlevel.checkpoint()  # let routes send between chunks of a big step
@@ -270,11 +275,8 @@ class OutputProcessor:
                 except Exception:  # one request's fault fails that request only; the handler runs on
                     log.exception("processing the output of request %s failed", ro.request_id)
                     if not state.finished:
-                        state.collector.sink = None  # its direct writer may be what failed
                         self._fail(state, "internal error while processing this request's output")
                         to_abort.append(ro.request_id)
-            if flush is not None:
-                flush()
         return to_abort
 
     def _process_one(self, state: RequestState, ro: RequestOutput, now: float) -> bool:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import anyio
 
 from server.http.access_log import RequestRecord
+from server.http.wakeup import Waiter
 from server.pipeline.output_processor import Collector, Output, OutputKind, RequestState
 
 
@@ -41,23 +41,14 @@ class RequestStream:
         self._count(batch)
         return batch
 
-    def deliver_directly(self, sink: Callable[[Output], bool] | None) -> None:
-        """Unfinished outputs go to `sink` (True: delivered) instead of waking the consumer, while it
-        waits with nothing taken; finished ones and declined ones still come through `wait`."""
-        record = self._record
-        if sink is None or record is None:  # unfinished outputs change no count but the access log's
-            self._collector.sink = sink
-            return
+    def use_waiter(self, waiter: Waiter | None) -> None:
+        """Wake the consumer through `waiter`, whose wake-up may take the news at once (`poll`) in the
+        output handler's task (the direct write path, server/http/direct_body.py); None: the default waiter."""
+        self._collector.use_waiter(waiter)
 
-        def deliver(out: Output) -> bool:
-            if not sink(out):
-                return False
-            self._count([out])
-            if not record.log_text:  # the first token's time is taken: later ones need no count
-                self._collector.sink = sink
-            return True
-
-        self._collector.sink = deliver
+    def peek(self) -> list[Output] | None:
+        """The waiting batch, left for `poll` or `wait`."""
+        return self._collector.peek()
 
     async def next_within(self, timeout: float) -> list[Output] | None:
         """The next batch, or None after `timeout` seconds of silence (for SSE keep-alives)."""

@@ -87,10 +87,20 @@ class _Shutdown:
                             return
 
 
+class _NoRunningOnAfterFailure(logging.Filter):
+    """Hypercorn logs "Running on ..." once its listener is up, which is after the lifespan started: a load
+    that already failed by then ("startup failed") must not be followed by it."""
+
+    def __init__(self, shutdown: _Shutdown) -> None:
+        super().__init__()
+        self.shutdown = shutdown
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (self.shutdown.code and str(record.msg).startswith("Running on"))
+
+
 async def _hypercorn_serve(app: Any, hc: Config, worker_class: str, shutdown_trigger: Callable[[], Awaitable[Any]]
                            ) -> None:
-    """Hypercorn's serve for the worker class, with the direct write path installed when it can be."""
-    direct_body.install(worker_class)  # False (logged there): SPINDLE_DIRECT_WRITE=0 or an unknown layout
     if worker_class == "trio":
         await hypercorn_trio_serve(app, hc, shutdown_trigger=shutdown_trigger)
     else:
@@ -109,8 +119,14 @@ async def serve(config: ServerConfig, engine_factory: EngineFactory | None = Non
     app = create_app(config, worker=worker, on_fatal=shutdown.fatal, load_in_background=True,
                      engine_factory=engine_factory)
     shutdown.state = app.state_holder
+    quiet, error_log = _NoRunningOnAfterFailure(shutdown), logging.getLogger("hypercorn.error")  # hc.errorlog
+    error_log.addFilter(quiet)
+    writes = direct_body.WriteBatch()  # the direct write path's writer task runs beside Hypercorn
     async with anyio.create_task_group() as tg:
         tg.start_soon(shutdown.watch_signals)
+        # False (logged there): SPINDLE_DIRECT_WRITE=0 or an unknown layout
+        if direct_body.install(config.http.worker_class, writes):
+            tg.start_soon(writes.run)
         try:
             await _hypercorn_serve(app, hc, config.http.worker_class, shutdown.stop.wait)
         except Exception as e:  # the server itself failed (e.g. the port is taken): say why, exit non-zero
@@ -118,6 +134,8 @@ async def serve(config: ServerConfig, engine_factory: EngineFactory | None = Non
             shutdown.code = shutdown.code or 1
         finally:
             shutdown.listening.cancel()
+            writes.stop()
+            error_log.removeFilter(quiet)
     return shutdown.code
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from server.http import direct_body
 from server.http.asgi import SSE_HEADERS, Send, send_json
 from server.http.direct_body import DirectBody
+from server.http.wakeup import InlineWaiter
 from server.pipeline.admission import AdmissionTicket
 from server.pipeline.async_llm import AsyncLLM
 from server.pipeline.request_stream import RequestStream
@@ -80,7 +81,7 @@ class SseResponder:
         self.framing = framing
         self.state = StreamState(waiting_first=keepalive > 0)
         direct_ok = len(outputs.states) == 1 and fmt.direct_ok
-        self.direct: DirectBody | None = direct_body.for_current_request(llm.writes) if direct_ok else None
+        self.direct: DirectBody | None = direct_body.for_current_request() if direct_ok else None
 
     async def run(self, include_usage: bool, headers: Headers | None, before_end: BeforeEnd = None) -> None:
         await self.send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + (headers or [])})
@@ -89,7 +90,7 @@ class SseResponder:
             await self.send({"type": "http.response.body", "body": start, "more_body": True})
         outputs, data = self.outputs, None
         if self.direct is not None:
-            outputs.deliver_directly(self.deliver)
+            outputs.use_waiter(InlineWaiter(self.deliver))
         try:
             while outputs.remaining:
                 got = await self._next()
@@ -102,13 +103,18 @@ class SseResponder:
                     await self._body(data, True)
                 data = None
         finally:
-            outputs.deliver_directly(None)
+            outputs.use_waiter(None)
         if before_end is not None:
             await before_end()
         await self._body((data or b"") + self._tail(include_usage), False)
 
-    def deliver(self, out: Output) -> bool:
-        """Runs in the output handler: format and write, no wake-up. False: declined, the route gets it."""
+    def deliver(self) -> bool:
+        """The collector's wake-up, in the output handler: format the waiting output and hand it to the direct
+        writer, no wake-up. False: declined (or finished), the route takes it."""
+        got = self.outputs.peek()
+        if got is None or len(got) != 1 or got[0].finish_reason is not None or got[0].error is not None:
+            return False
+        out = got[0]
         state = self.state
         state.last[out.index] = out  # declined, it reaches the route too, merged: same or later counts
         try:
@@ -117,6 +123,7 @@ class SseResponder:
             return False
         if chunk is None or self.direct is None or not self.direct.send(chunk):
             return False
+        self.outputs.poll()  # taken: counted (the access log), and the route is not woken
         state.waiting_first = False  # the stream flows: no keep-alive when the route's wait times out
         return True
 
@@ -164,6 +171,6 @@ class SseResponder:
 
     async def _body(self, data: bytes, more: bool) -> None:
         direct = self.direct
-        if direct is not None and direct.pending:  # bytes a partial direct write left go first
+        if direct is not None:  # what the direct path still holds goes first (queued frames, a partial write)
             await direct.flush()
         await self.send({"type": "http.response.body", "body": data, "more_body": more})

@@ -66,8 +66,10 @@ def serve_in_thread(gate: bool = False, direct: bool = False, **config: Any) -> 
     with anyio.from_thread.start_blocking_portal(backend="trio") as portal:
         stop = portal.call(anyio.Event)
         plain = hypercorn_trio_run.TCPServer
+        writes = direct_body.WriteBatch()  # its writer task runs beside Hypercorn, as in `spindle serve`
+        writer = portal.start_task_soon(writes.run) if direct else None
         try:
-            assert not direct or direct_body.install("trio")
+            assert not direct or direct_body.install("trio", writes)
             future, binds = portal.start_task(
                 lambda task_status: hypercorn.trio.serve(app, hc, shutdown_trigger=stop.wait, task_status=task_status))
         finally:
@@ -77,6 +79,9 @@ def serve_in_thread(gate: bool = False, direct: bool = False, **config: Any) -> 
         finally:
             portal.call(stop.set)
             future.result(timeout=30)
+            if writer is not None:
+                portal.call(writes.stop)
+                writer.result(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -296,7 +301,7 @@ def test_streams_go_direct_with_the_same_text_and_disconnects_still_abort(monkey
         assert all(w.startswith(b"data: {") and w.endswith(b"\n\n") for w in writes)
         # This client keeps up, so every content chunk goes direct (SseResponder.deliver) but the last, since a
         # finished output always goes through the route with the usage chunk and [DONE], and perhaps the first,
-        # when the engine's first token came before the route set its sink (then it waits in the collector).
+        # when the engine's first token came before the route set its waiter (then it waits in the collector).
         content = chunks[:-1]
         direct = [json.loads(w[6:]) for w in writes]
         assert len(content) > 10 and len(direct) >= len(content) - 2, f"{len(direct)} of {len(content)} went direct"

@@ -169,26 +169,6 @@ def test_install_refuses_an_unknown_layout() -> None:
         hypercorn_trio_run.TCPServer = before  # type: ignore[misc]
 
 
-def test_write_batch_writes_nothing_until_flush_then_all_in_order() -> None:
-    class Body:
-        def __init__(self) -> None:
-            self.frames: list[bytes] = []
-
-        def _put(self, frame: bytes) -> None:
-            self.frames.append(frame)
-
-    a, b = Body(), Body()
-    batch = direct_body.WriteBatch()
-    batch.add(a, b"1")  # type: ignore[arg-type]
-    batch.add(b, b"2")  # type: ignore[arg-type]
-    batch.add(a, b"3")  # type: ignore[arg-type]
-    assert a.frames == [] and b.frames == []
-    batch.flush()
-    assert a.frames == [b"1", b"3"] and b.frames == [b"2"]
-    batch.flush()  # emptied: nothing is written twice
-    assert a.frames == [b"1", b"3"]
-
-
 @pytest.fixture
 def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
     """The fast path on, as at process start (a test that declines it turns it back on after)."""
@@ -244,18 +224,86 @@ def test_a_server_missing_what_the_writer_needs_at_start_gets_no_writer(
     assert len([r for r in caplog.records if "turned off" in r.getMessage()]) == 1
 
 
-def test_a_failed_write_keeps_the_frame_for_hypercorns_path(fresh: None) -> None:
-    class Broken(direct_body.DirectBody):
-        def _put(self, frame: bytes) -> None:
-            raise AttributeError("no write_now")
+class Recorder(direct_body.DirectBody):
+    """A response whose connection always takes a direct write; `_put` records what was written."""
 
-    body = Broken(_NoProtocol(), direct_body.WriteBatch())
+    def __init__(self, batch: direct_body.WriteBatch, fail: bool = False) -> None:
+        super().__init__(_NoProtocol(), batch)
+        self.writes: list[bytes] = []
+        self.fail = fail
+
+    def _transport_idle(self) -> bool:
+        return True
+
+    def _h11_sends_chunks(self) -> bool:
+        return True
+
+    def _put(self, frame: bytes) -> None:
+        if self.fail:
+            raise AttributeError("no write_now")
+        self.writes.append(frame)
+
+
+def test_write_batch_writes_nothing_until_flush_then_each_response_in_one_write(fresh: None) -> None:
     batch = direct_body.WriteBatch()
-    batch.add(body, b"3\r\nabc\r\n")
-    batch.add(body, b"1\r\nd\r\n")
-    batch.flush()  # runs in the output handler: must not raise
+    a, b = Recorder(batch), Recorder(batch)
+    assert a.send(b"1") and b.send(b"2") and a.send(b"3")
+    assert a.writes == [] and b.writes == []
+    batch.flush()
+    assert a.writes == [b"1\r\n1\r\n1\r\n3\r\n"] and b.writes == [b"1\r\n2\r\n"]
+    batch.flush()  # emptied: nothing is written twice
+    assert len(a.writes) == 1
+
+
+def test_a_failed_write_keeps_the_frames_for_hypercorns_path(fresh: None) -> None:
+    batch = direct_body.WriteBatch()
+    body = Recorder(batch, fail=True)
+    assert body.send(b"abc") and body.send(b"d")
+    batch.flush()  # runs in the writer task: must not raise
     assert body.pending == b"3\r\nabc\r\n1\r\nd\r\n"  # in order, for the route's flush through Hypercorn
     assert not direct_switch.is_active()
+    assert not body.send(b"e")  # off: the route sends it
+
+
+async def test_the_writer_task_writes_once_the_producer_yields_and_a_route_writes_its_own_first(
+        fresh: None) -> None:
+    batch = direct_body.WriteBatch()
+    a, b = Recorder(batch), Recorder(batch)
+
+    async def no_flush_needed() -> None:
+        pass
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(batch.run)
+        while not batch.running:
+            await anyio.lowlevel.checkpoint()
+        assert a.send(b"x") and b.send(b"y")
+        assert a.writes == [] and b.writes == []  # the producer has not yielded yet
+        b.flush = no_flush_needed  # type: ignore[method-assign]
+        await a.flush()  # a route about to send through ASGI: its own queued frames go first, now
+        assert a.writes == [b"1\r\nx\r\n"] and b.writes == []
+        with anyio.fail_after(5):
+            while not b.writes:  # the writer runs once this task yields
+                await anyio.lowlevel.checkpoint()
+        assert b.writes == [b"1\r\ny\r\n"] and len(a.writes) == 1  # the writer ran: b's, and a's not again
+        batch.stop()
+    assert not batch.running
+
+
+async def test_a_writer_stopped_before_it_started_does_not_start() -> None:
+    batch = direct_body.WriteBatch()
+    batch.stop()
+    with anyio.fail_after(5):
+        await batch.run()
+    assert not batch.running
+
+
+def test_without_a_running_writer_a_request_gets_no_direct_body(fresh: None) -> None:
+    token = direct_body._connection.set((Recorder, _NoProtocol()))
+    try:
+        assert direct_body.for_current_request() is None  # install() gave no batch, or its writer is not running
+    finally:
+        direct_body._connection.reset(token)
 
 
 def test_spindle_direct_write_0_installs_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

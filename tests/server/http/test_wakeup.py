@@ -1,4 +1,5 @@
-"""The per-backend waiter: wake releases the waiting task, reuse works, a cancelled wait leaves no trace."""
+"""The per-backend waiter: wake releases the waiting task, reuse works, a cancelled wait leaves no trace; the
+inline waiter wakes only when its take declines."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import anyio.lowlevel
 import pytest
 from anyio import wait_all_tasks_blocked
 
-from server.http.wakeup import AsyncioWaiter, TrioWaiter, waiter_class
+from server.http import direct_switch
+from server.http.wakeup import AsyncioWaiter, InlineWaiter, TrioWaiter, waiter_class
 
 pytestmark = pytest.mark.anyio
 
@@ -83,3 +85,57 @@ async def test_a_cancelled_wait_is_forgotten() -> None:
         waiter.wake()
         with anyio.fail_after(5):
             await released.wait()
+
+
+@pytest.fixture
+def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The direct write path on, as at process start (a test that declines it turns it back on after)."""
+    monkeypatch.setattr(direct_switch, "_active", True)
+
+
+async def test_an_inline_waiter_wakes_the_waiting_task_only_when_take_declines(fresh: None) -> None:
+    answers = [True, False, True]
+    taken: list[bool] = []
+
+    def take() -> bool:
+        taken.append(answers[len(taken)])
+        return taken[-1]
+
+    waiter = InlineWaiter(take)
+    woken = 0
+    async with anyio.create_task_group() as tg:
+
+        async def waiting() -> None:
+            nonlocal woken
+            while True:
+                await waiter.wait()
+                woken += 1
+
+        tg.start_soon(waiting)
+        for expected in (0, 1, 1):
+            await wait_all_tasks_blocked()
+            waiter.wake()
+            await wait_all_tasks_blocked()
+            assert woken == expected
+        tg.cancel_scope.cancel()
+    assert taken == answers
+
+
+async def test_an_inline_waiter_whose_take_raises_wakes_and_turns_the_direct_path_off(fresh: None) -> None:
+    def take() -> bool:
+        raise AttributeError("a transport without the expected attribute")
+
+    waiter = InlineWaiter(take)
+    released = anyio.Event()
+
+    async def waiting() -> None:
+        await waiter.wait()
+        released.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiting)
+        await wait_all_tasks_blocked()
+        waiter.wake()  # runs in the waker (the output handler): must not raise
+        with anyio.fail_after(5):
+            await released.wait()
+    assert not direct_switch.is_active()

@@ -82,33 +82,46 @@ async def test_slow_consumer_gets_one_merged_output(tok) -> None:  # type: ignor
     assert out.finish_reason == "length" and out.num_output_tokens == len(gen)
 
 
-async def test_sink_takes_unfinished_outputs_only_while_the_slot_is_empty(tok) -> None:  # type: ignore[no-untyped-def]
+class Taking:
+    """A consumer's own waiter whose wake-up takes unfinished outputs at once while `accept` (as the direct
+    write path's does, in the producer's task); otherwise it counts a wake-up of the consumer."""
+
+    def __init__(self, collector: Collector) -> None:
+        self.collector = collector
+        self.accept = True
+        self.taken: list[Output] = []
+        self.woken = 0
+
+    async def wait(self) -> None:
+        raise AssertionError("nobody waits in these tests")
+
+    def wake(self) -> None:
+        got = self.collector.peek()
+        assert got is not None and len(got) == 1  # woken as the empty slot fills
+        if self.accept and got[0].finish_reason is None:
+            self.taken += self.collector.poll() or []
+        else:
+            self.woken += 1
+
+
+async def test_an_own_waiter_may_take_outputs_as_the_empty_slot_fills(tok) -> None:  # type: ignore[no-untyped-def]
     proc, _, collector = make(tok, OutputKind.DELTA)
     gen = tok.encode(TEXT).ids
-    sunk: list[Output] = []
-    accept = True
-
-    def sink(out: Output) -> bool:
-        if accept:
-            sunk.append(out)
-        return accept
-
-    collector.sink = sink
+    waiter = Taking(collector)
+    collector.use_waiter(waiter)
     await proc.process_outputs(step(RequestOutput("r", gen[:3], None)))
     await proc.process_outputs(step(RequestOutput("r", gen[3:6], None)))
-    assert collector.poll() is None and len(sunk) == 2  # delivered, nothing queued, nobody woken
-    accept = False
-    await proc.process_outputs(step(RequestOutput("r", gen[6:9], None)))  # declined: queued
-    accept = True
-    await proc.process_outputs(step(RequestOutput("r", gen[9:12], None)))  # slot taken: merged, not sunk
-    await proc.process_outputs(step(RequestOutput("r", gen[12:], "length")))  # finished: never sunk
-    assert len(sunk) == 2
+    assert collector.poll() is None and len(waiter.taken) == 2 and waiter.woken == 0  # taken, nothing queued
+    waiter.accept = False
+    await proc.process_outputs(step(RequestOutput("r", gen[6:9], None)))  # declined: queued, consumer woken
+    waiter.accept = True
+    await proc.process_outputs(step(RequestOutput("r", gen[9:12], None)))  # slot taken: merged, no wake-up
+    await proc.process_outputs(step(RequestOutput("r", gen[12:], "length")))
+    assert len(waiter.taken) == 2 and waiter.woken == 1
     queued = drain(collector)
     assert len(queued) == 1 and len(queued[0]) == 1 and queued[0][0].finish_reason == "length"
-    assert "".join(o.text for o in sunk) + queued[0][0].text == TEXT
-    assert [t for o in sunk for t in o.token_ids] + queued[0][0].token_ids == gen
-    collector.close()
-    assert collector.sink is None
+    assert "".join(o.text for o in waiter.taken) + queued[0][0].text == TEXT
+    assert [t for o in waiter.taken for t in o.token_ids] + queued[0][0].token_ids == gen
 
 
 async def test_slow_reader_merge_keeps_every_token_and_owns_its_lists(tok) -> None:  # type: ignore[no-untyped-def]
@@ -220,14 +233,18 @@ async def test_big_step_is_chunked_and_all_requests_served(tok) -> None:  # type
     assert proc.states == {}
 
 
-async def test_flush_runs_after_each_chunk_before_other_tasks(tok) -> None:  # type: ignore[no-untyped-def]
-    """Direct writes queued by a chunk's deliveries go out before the handler lets a route run."""
+async def test_own_waiters_are_woken_in_the_handlers_task_before_other_tasks_run(tok) -> None:  # type: ignore[no-untyped-def]
+    """A consumer's waiter runs inside process_outputs: what it takes is taken before any route runs."""
     events: list[str] = []
-    proc = OutputProcessor(chunk_size=3, flush=lambda: events.append("flush"))
+    proc = OutputProcessor(chunk_size=3)
     prompt = tok.encode("x").ids
+    class Logged(Taking):
+        def wake(self) -> None:
+            events.append(f"take {self.collector.poll()[0].text}")  # type: ignore[index]
+
     for i in range(7):
         c = Collector(OutputKind.DELTA)
-        c.sink = lambda out, i=i: events.append(f"deliver r{i}") is None
+        c.use_waiter(Logged(c))
         proc.add(RequestState(f"r{i}", 0, c, IncrementalDetokenizer(tok, prompt), OutputKind.DELTA, False, 1))
 
     async def other_task() -> None:  # runs only when the handler checkpoints between chunks
@@ -237,12 +254,8 @@ async def test_flush_runs_after_each_chunk_before_other_tasks(tok) -> None:  # t
     async with anyio.create_task_group() as tg:
         tg.start_soon(other_task)
         await proc.process_outputs(step(*(RequestOutput(f"r{i}", ids) for i in range(7))))
-    delivered = [e for e in events if e.startswith("deliver")]
-    assert len(delivered) == 7
-    # every chunk's deliveries, then its flush; another task only ever after a flush
-    assert events.index("flush") == 3 and events.count("flush") == 3
-    other = events.index("other")
-    assert events[other - 1] == "flush"
+    assert [e for e in events if e != "other"] == ["take  hello"] * 7
+    assert events.index("other") in (3, 6)  # between chunks, never inside one
 
 
 SAMPLES = ["Grüße, 世界! The quick brown fox jumps over the lazy dog. 🦊🐶 done",
@@ -307,16 +320,17 @@ async def test_a_fault_in_one_request_fails_that_request_only(tok) -> None:  # t
     assert "".join(texts) == reference(tok, prompt, gen)
 
 
-async def test_a_failing_direct_sink_falls_back_for_that_request_only(tok) -> None:  # type: ignore[no-untyped-def]
+async def test_a_failing_own_waiter_fails_that_request_only(tok) -> None:  # type: ignore[no-untyped-def]
     prompt = tok.encode("Say:").ids
     proc = OutputProcessor()
     c = Collector(OutputKind.DELTA)
 
-    def sink(out: Output) -> bool:
-        raise AttributeError("a transport without the expected attribute")
+    class Raising(Taking):
+        def wake(self) -> None:
+            raise AttributeError("a transport without the expected attribute")
 
-    c.sink = sink
+    c.use_waiter(Raising(c))
     proc.add(RequestState("r", 0, c, IncrementalDetokenizer(tok, prompt), OutputKind.DELTA, False, len(prompt)))
     assert await proc.process_outputs(step(RequestOutput("r", tok.encode(" hi").ids))) == ["r"]
     ((out,),) = drain(c)
-    assert out.finish_reason == "error" and c.sink is None
+    assert out.finish_reason == "error"
