@@ -193,6 +193,7 @@ struct Q2_K {
 constexpr int kGroup = 4;     // output columns whose blocks a thread keeps in L1 while the row tiles pass
 constexpr int kTileRows = 8;  // rows of x per tile: 8 rows x 2 sums fill half the registers
 constexpr int kRowBlock = 64; // rows of x (float32) per pass, so they stay in L2 across a thread's columns
+constexpr size_t kKeepBytes = 4 << 20;  // widened activations kept between calls up to this size
 
 // R rows of x (float32, stride ldx) times NB columns of W (rows of blocks at w, stride rb) into out[R][NB]
 template <class T, int R, int NB>
@@ -344,7 +345,9 @@ extern "C" int spindle_quant_gemm(int type, const void* x, int x_bf16, long ldx,
         ld = K;
     }
     const Out o{y_bf16 ? nullptr : (float*)y, y_bf16 ? (uint16_t*)y : nullptr, ldy};
-    return by_type(type, [&](auto t) { gemm<decltype(t)>(xs, ld, M, K, w, rb, N, o, threads); });
+    const int bad = by_type(type, [&](auto t) { gemm<decltype(t)>(xs, ld, M, K, w, rb, N, o, threads); });
+    if (xf.capacity() * sizeof(float) > kKeepBytes) std::vector<float>().swap(xf);  // a long prefill's is not kept
+    return bad;
 }
 
 // y [N, K] (float32, or bf16 rounded to nearest even; row stride ldy) = the weights of N rows of `type` blocks.

@@ -67,10 +67,13 @@ class QuantLinear(Linear):
         kind = f"ggml_{type_name(self.ggml.ggml_type)}_{str(dtype).removeprefix('torch.')}"
         return chooser.choose(kind, (self.out_features, self.in_features),
                               {"ggml": self._bench(self.ggml_into, dtype),
-                               "dequant": self._bench(self.dequant_into, dtype)})
+                               "dequant": self._bench(self.dequant_into, dtype, least_rows=2)})
 
-    def _bench(self, run: Callable[[torch.Tensor, torch.Tensor], None], dtype: torch.dtype) -> chooser.Bench:
+    def _bench(self, run: Callable[[torch.Tensor, torch.Tensor], None], dtype: torch.dtype,
+               least_rows: int = 1) -> chooser.Bench:
         def at(rows: int) -> Callable[[], object]:
+            if rows < least_rows:  # one row: dequantizing alone is the kernel's whole product; only noise could pick it
+                raise ValueError(f"not a candidate below {least_rows} rows")
             x = torch.randn(rows, self.in_features, generator=torch.Generator().manual_seed(rows)).to(dtype)
             out = torch.empty(rows, self.out_features, dtype=dtype)
             return lambda: run(x, out)
