@@ -311,6 +311,11 @@ def _lengths(req: CompletionRequest | ChatCompletionRequest, prompt_ids: list[in
     return prompt_ids, max_tokens
 
 
+def max_tokens_for(req: CompletionRequest | ChatCompletionRequest, prompt_ids: list[int], limits: ModelLimits) -> int:
+    """The request's max_tokens for this prompt, with build_spec's 400s (the audio routes' decoder prompts)."""
+    return _lengths(req, prompt_ids, limits)[1]
+
+
 def _sampling_params(req: CompletionRequest | ChatCompletionRequest, limits: ModelLimits, max_tokens: int,
                      structured_outputs: StructuredOutputs | None) -> SamplingParams:
     """The engine's parameters: the request's, else the checkpoint's generation_config defaults."""

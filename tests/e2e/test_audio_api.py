@@ -274,3 +274,47 @@ def test_ten_minutes(client: openai.OpenAI) -> None:
     assert verbose.duration == pytest.approx(600.0)
     assert sorted({s.seek for s in verbose.segments or []}) == [round(a / SR * 100) for a in split_points(audio)]
     assert len(split_points(audio)) == 21 and verbose.usage.seconds == 600  # type: ignore[union-attr]
+
+
+def test_vllm_sampling_fields(srv: Server, client: openai.OpenAI, hf: Any, ckpt: Path) -> None:
+    """vLLM's form fields through the real server: 16 tokens asked, transformers' 16-token greedy text answered
+    (the random model never stops by itself, so the cap is what ends it); the bounds' 400s name the form field;
+    a seed reproduces a sampled answer; stream_include_usage false leaves the usage out of the done event."""
+    data = encode(tone(3.0, freq=610, seed=13), SR, "wav")
+    samples = sf.read(io.BytesIO(data), dtype="float32")[0]
+    got = client.audio.transcriptions.create(model="tiny", file=upload(data, "a.wav"), language="en",
+                                             extra_body={"max_completion_tokens": 16})
+    assert got.text == reference(hf, ckpt, samples, 16, language="en", task="transcribe")
+    assert got.text != reference(hf, ckpt, samples, language="en", task="transcribe")
+    verbose = _post(srv, files={"file": ("a.wav", data)}, language="en", response_format="verbose_json",
+                    max_completion_tokens="16")
+    assert sum(len(s["tokens"]) for s in verbose.json()["segments"]) <= 16
+    for path in ("/v1/audio/transcriptions", "/v1/audio/translations"):
+        assert _post(srv, path, files={"file": ("a.wav", data)}, language="en", max_completion_tokens="64",
+                     top_p="1", top_k="-1", min_p="0", frequency_penalty="2", presence_penalty="-2",
+                     repetition_penalty="2").status_code == 200
+        for field, value in (("max_completion_tokens", "65"), ("max_completion_tokens", "0"), ("top_p", "0"),
+                             ("top_k", "-2"), ("min_p", "1.01"), ("frequency_penalty", "2.01"),
+                             ("presence_penalty", "-2.01"), ("repetition_penalty", "0"), ("seed", str(1 << 63)),
+                             ("stream_include_usage", "true")):
+            r = _post(srv, path, files={"file": ("a.wav", data)}, language="en", **{field: value})
+            _err(r, 400)
+            assert r.json()["error"]["param"] == field, (field, value, r.text)
+    sampled = [_post(srv, files={"file": ("a.wav", data)}, language="en", temperature="1", seed=str(s),
+                     max_completion_tokens="24").json()["text"] for s in (7, 7, 8)]
+    assert sampled[0] == sampled[1] != sampled[2]
+    events = list(client.audio.transcriptions.create(model="tiny", file=upload(data, "a.wav"), language="en",
+                                                     stream=True, extra_body={"stream_include_usage": "false",
+                                                                              "max_completion_tokens": 16}))
+    assert events[-1].type == "transcript.text.done" and events[-1].usage is None  # type: ignore[union-attr]
+    assert events[-1].text == got.text
+
+
+def test_to_language(srv: Server) -> None:
+    data = encode(tone(2.0, freq=640, seed=14), SR, "wav")
+    assert _post(srv, "/v1/audio/translations", files={"file": ("a.wav", data)}, to_language="en").status_code == 200
+    _err(_post(srv, "/v1/audio/translations", files={"file": ("a.wav", data)}, to_language="fr"), 400, "to_language")
+    assert _post(srv, files={"file": ("a.wav", data)}, language="fr", to_language="french").status_code == 200
+    r = _post(srv, files={"file": ("a.wav", data)}, language="fr", to_language="de")
+    _err(r, 400, "to_language", "translations")
+    _err(_post(srv, files={"file": ("a.wav", data)}, language="fr", to_language="xx"), 400, "to_language")

@@ -1,5 +1,5 @@
 """server/api/audio/multipart.py and request.py: the multipart form read under the size cap (at, under, over),
-malformed bodies, and the fields' checks."""
+malformed bodies, and the fields' checks: vLLM's sampling fields at, under and over the chat route's bounds."""
 
 from __future__ import annotations
 
@@ -9,9 +9,12 @@ import anyio
 import httpx
 import pytest
 
+from engine.messages import SamplingParams
 from server.api.audio.multipart import Form, read_form
-from server.api.audio.request import parse_form
+from server.api.audio.request import form_error, parse_form
+from server.api.audio.transcriptions import audio_params
 from server.http.errors import APIError
+from server.pipeline.input_processor import ModelLimits, check_request
 
 
 def _multipart(files: dict[str, Any] | None, data: dict[str, Any] | None) -> tuple[str, bytes]:
@@ -97,3 +100,68 @@ def test_parse_form() -> None:
     assert parse_form(_form(temperature="1")).temperature == 1.0
     with pytest.raises(APIError, match="no `file`"):
         parse_form(Form({}, None))
+
+
+LIMITS = ModelLimits(max_model_len=68, vocab_size=100)
+PROMPT = [1, 2, 3, 4]  # a 4-token decoder prompt: 64 tokens of room
+
+# field -> (values at or within its bound, values past it): the chat route's ranges (check_request)
+BOUNDS: dict[str, tuple[list[str], list[str]]] = {
+    "max_completion_tokens": (["1", "16", "64"], ["0", "-1", "65"]),
+    "top_p": (["1", "0.5", "1e-9"], ["0", "1.0001", "-0.1"]),
+    "top_k": (["-1", "0", "1", "50"], ["-2"]),
+    "min_p": (["0", "1", "0.5"], ["-0.01", "1.01"]),
+    "seed": (["0", str((1 << 63) - 1), str(-(1 << 63))], [str(1 << 63)]),
+    "frequency_penalty": (["-2", "2", "0"], ["-2.01", "2.01"]),
+    "presence_penalty": (["-2", "2", "0"], ["-2.01", "2.01"]),
+    "repetition_penalty": (["2", "0.01", "1"], ["0", "2.01", "-1"]),
+}
+
+
+def _checked(**fields: str) -> SamplingParams:
+    req = parse_form(_form(**fields))
+    try:
+        check_request(req.sampling, LIMITS)
+    except APIError as e:
+        raise form_error(e) from None
+    return audio_params(req, PROMPT, LIMITS)
+
+
+@pytest.mark.parametrize("name", list(BOUNDS))
+def test_sampling_fields_at_under_over(name: str) -> None:
+    ok, bad = BOUNDS[name]
+    for value in ok:
+        params = _checked(**{name: value})
+        got = params.max_tokens if name == "max_completion_tokens" else getattr(params, name)
+        assert got == (int(value) if name in ("max_completion_tokens", "top_k", "seed") else float(value))
+    for value in bad:
+        with pytest.raises(APIError) as e:
+            _checked(**{name: value})
+        assert e.value.status == 400 and e.value.param == name, (value, e.value.message)
+    with pytest.raises(APIError, match=name) as e:
+        _checked(**{name: "abc"})
+    assert e.value.param == name
+
+
+def test_sampling_defaults_and_types() -> None:
+    params = _checked()
+    assert (params.max_tokens, params.top_p, params.top_k, params.min_p, params.seed) == (64, 1.0, 0, 0.0, None)
+    assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.0, 0.0, 1.0)
+    with pytest.raises(APIError, match="integer") as e:
+        _checked(top_k="1.5")
+    assert e.value.param == "top_k"
+    with pytest.raises(APIError) as e:
+        _checked(top_p="inf")
+    assert e.value.param == "top_p"
+
+
+def test_stream_include_usage() -> None:
+    assert parse_form(_form()).include_usage and parse_form(_form(stream="true")).include_usage
+    assert not parse_form(_form(stream="true", stream_include_usage="false")).include_usage
+    assert parse_form(_form(stream="true", stream_include_usage="true")).include_usage
+    with pytest.raises(APIError, match="stream_include_usage is only allowed when stream is true") as e:
+        _checked(stream_include_usage="true")
+    assert e.value.param == "stream_include_usage"
+    with pytest.raises(APIError, match="stream_include_usage"):
+        parse_form(_form(stream="true", stream_include_usage="often"))
+    assert parse_form(_form(to_language=" fr ")).to_language == "fr"

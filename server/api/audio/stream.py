@@ -1,5 +1,5 @@
 """A streamed transcription: OpenAI's `transcript.text.delta` events, then one `transcript.text.done` with the
-whole text and the usage (the `openai` SDK's TranscriptionTextDeltaEvent / TranscriptionTextDoneEvent).
+whole text and the usage (unless stream_include_usage is false) (the `openai` SDK's TranscriptionTextDeltaEvent / TranscriptionTextDoneEvent).
 
 Windows run at once in the engine but their text streams in order: a later window's text is held until every
 earlier window finished. The deltas add up to exactly the non-streamed text: each window's text stripped, the
@@ -24,7 +24,8 @@ class TranscriptStream:
 
     direct_ok = False  # per-window state: each output must be formatted exactly once
 
-    def __init__(self, windows: int, duration: float) -> None:
+    def __init__(self, windows: int, duration: float, include_usage: bool = True) -> None:
+        self.include_usage = include_usage
         self.texts = [""] * windows
         self.done = [False] * windows
         self.duration = duration
@@ -55,8 +56,10 @@ class TranscriptStream:
 
     def usage_chunk(self, _usage: Usage) -> bytes:
         """The stream's last event (respond's usage slot): the whole text and the audio's duration."""
-        return _event({"type": "transcript.text.done", "text": self.sent, "logprobs": None,
-                       "usage": usage(self.duration)})
+        done: dict[str, object] = {"type": "transcript.text.done", "text": self.sent, "logprobs": None}
+        if self.include_usage:
+            done["usage"] = usage(self.duration)
+        return _event(done)
 
     def final(self, outputs: list[Output], _usage: Usage) -> bytes:
         raise NotImplementedError("a streamed transcription has no single body")

@@ -16,14 +16,16 @@ from server.api.audio.formats import (
     TIMESTAMPED, Segment, body, join_texts, split_segments, srt, text_tokens, verbose_json, vtt,
 )
 from server.api.audio.multipart import read_form
-from server.api.audio.request import AudioRequest, parse_form
+from server.api.audio.request import AudioRequest, form_error, parse_form
 from server.api.audio.stream import TranscriptStream
 from server.api.app_state import AppState, Renderer
 from server.http.asgi import ClientGone, Receive, Scope, Send, header, run_until_disconnect, send_error
 from server.http.errors import APIError, bad_request
 from server.multimodal.audio import SpeechSupport, Window, decode_audio, speech_support
 from server.pipeline.async_llm import AsyncLLM
-from server.pipeline.input_processor import GenerationSpec, external_request_id, unique_prefix
+from server.pipeline.input_processor import (
+    GenerationSpec, ModelLimits, check_request, external_request_id, max_tokens_for, unique_prefix,
+)
 from server.pipeline.output_processor import OutputKind
 from server.pipeline.output_processor import Output
 from server.streaming.formatter import output_error
@@ -72,16 +74,19 @@ class AudioRoute:
         self.state.check_model(req.model)
         if self.task == "translate" and "translate" not in support.task_to_id:
             raise bad_request("this model is English-only: it cannot translate", "model")
+        try:
+            check_request(req.sampling, limits)
+        except APIError as e:
+            raise form_error(e) from None
         cfg = self.state.config
         duration, windows = await decode_audio(self.state.mm_pool, req.file, cfg.media.max_audio_duration_s)
         external = external_request_id(xid, None)
         language = await self._language(llm, support, req.language, windows[0], external)
+        _check_to_language(support, self.task, req.to_language, language)
         prev = await renderer.encode(" " + req.prompt, add_special_tokens=False) if req.prompt else []
         timestamps = req.response_format in TIMESTAMPED
         prompt = support.decoder_prompt(language, self.task, timestamps, prev)
-        max_tokens = limits.max_model_len - len(prompt)
-        params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature,
-                                logprobs=0 if req.response_format == "verbose_json" else None)
+        params = audio_params(req, prompt, limits)
         kind = OutputKind.DELTA if req.stream else OutputKind.FINAL_ONLY
         specs = [GenerationSpec(external, f"{unique_prefix()}-{external}", prompt, params, output_kind=kind,
                                 arrival_time=time.time(), index_offset=k,
@@ -89,7 +94,7 @@ class AudioRoute:
                  for k, w in enumerate(windows)]
         headers = [(b"x-request-id", external.encode())]
         if req.stream:
-            await respond(llm, specs, TranscriptStream(len(windows), duration), send, stream=True,
+            await respond(llm, specs, TranscriptStream(len(windows), duration, req.include_usage), send, stream=True,
                           include_usage=True, keepalive=cfg.outputs.sse_keepalive, headers=headers)
             return
         outs = await _finals(llm, specs)
@@ -138,6 +143,41 @@ class AudioRoute:
         task = "translate" if self.task == "translate" else "transcribe"
         return b"application/json", verbose_json(task, LANGUAGES.get(language or "en", "english"), duration, text,
                                                  segments, req.temperature, seeks)
+
+
+def audio_params(req: AudioRequest, prompt: list[int], limits: ModelLimits) -> SamplingParams:
+    """The engine's parameters: the form's sampling fields (checked by check_request) on the decoder prompt."""
+    s = req.sampling
+    try:
+        max_tokens = max_tokens_for(s, prompt, limits)
+    except APIError as e:
+        raise form_error(e) from None
+    return SamplingParams(max_tokens=max_tokens, temperature=req.temperature,
+                          top_p=1.0 if s.top_p is None else s.top_p, top_k=s.top_k or 0,
+                          min_p=s.min_p or 0.0, presence_penalty=s.presence_penalty or 0.0,
+                          frequency_penalty=s.frequency_penalty or 0.0,
+                          repetition_penalty=1.0 if s.repetition_penalty is None else s.repetition_penalty,
+                          seed=s.seed, logprobs=0 if req.response_format == "verbose_json" else None)
+
+
+def _check_to_language(support: SpeechSupport, task: str, to_language: str | None, language: str | None) -> None:
+    """to_language: a translation's target is English; a transcription's is the audio's own language."""
+    if to_language is None:
+        return
+    if task == "translate" or not support.multilingual:
+        if to_language.strip().lower() not in ("en", "english"):
+            raise bad_request(f"to_language must be en: this model writes English only here, got {to_language!r}",
+                              "to_language")
+        return
+    try:
+        target = support.language_code(to_language)
+    except APIError:
+        raise bad_request(f"to_language {to_language!r} is not a language this model knows; use an ISO-639-1 "
+                          "code such as 'en'", "to_language") from None
+    if target != language:
+        raise bad_request(f"to_language {to_language!r} differs from the audio's language {language!r}: a "
+                          "transcription keeps the audio's language (/v1/audio/translations translates to "
+                          "English)", "to_language")
 
 
 async def _finals(llm: AsyncLLM, specs: list[GenerationSpec]) -> list[Output]:
