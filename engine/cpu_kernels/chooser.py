@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 ROW_CLASSES: tuple[tuple[int, int], ...] = ((1, 1), (2, 4), (5, 16), (17, 64), (65, 1 << 30))  # last: prefill
 TIMED_ROWS = (1, 4, 16, 64, 256)  # the row count timed for each class (its largest that a step often has)
 SAMPLES = 5  # timed samples per candidate and class, interleaved
+LONG_SAMPLES, LONG_CALL_S = 3, 10e-3  # fewer where every candidate's first call took this long
 SAMPLE_S = 2e-3  # each sample repeats the call until it lasts about this long
 MAX_REPEATS = 64
 FORCE_ENV = "SPINDLE_KERNEL_CHOICE"
@@ -111,6 +112,7 @@ def _time_class(rows: int, candidates: Mapping[str, Bench]) -> str | None:
     """The fastest candidate at `rows` rows, or None when none runs. One untimed call each first (it also
     sets how often a sample repeats the call); a candidate that raises is left out."""
     calls: dict[str, tuple[Callable[[], object], int]] = {}
+    first_s: dict[str, float] = {}
     for name, bench in candidates.items():
         try:
             call = bench(rows)
@@ -118,11 +120,12 @@ def _time_class(rows: int, candidates: Mapping[str, Bench]) -> str | None:
         except Exception as e:  # noqa: BLE001  # why: any failure of a candidate only removes it
             log.info("kernel %s skipped at %d rows: %s", name, rows, e)
             continue
-        calls[name] = (call, max(1, min(MAX_REPEATS, int(SAMPLE_S / max(first, 1e-9)))))
+        calls[name], first_s[name] = (call, max(1, min(MAX_REPEATS, int(SAMPLE_S / max(first, 1e-9))))), first
     if not calls:
         return None
     times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(SAMPLES):
+    long = all(repeats == 1 and first_s[name] >= LONG_CALL_S for name, (_, repeats) in calls.items())
+    for _ in range(LONG_SAMPLES if long else SAMPLES):
         for name, (call, repeats) in calls.items():
             times[name].append(_sample(call, repeats))
     return min(times, key=lambda name: (statistics.median(times[name]), name))
@@ -166,14 +169,29 @@ def choose(kind: str, shape: tuple[int, ...], candidates: Mapping[str, Bench]) -
     return winners
 
 
+def choose_held(kind: str, shape: tuple[int, ...], candidates: Mapping[str, Bench],
+                form_of: Mapping[str, str]) -> tuple[str, tuple[str, ...]]:
+    """Where candidates need different weight layouts (`form_of`: candidate -> layout) and only one is held:
+    (the layout held, the winner per class among its candidates). The layout held is the one whose candidates
+    win the most classes (ties: the one that wins a decode step's single row), then chosen again among them."""
+    winners = choose(kind, shape, candidates)
+    wins = [form_of[w] for w in winners]
+    held = max(dict.fromkeys(wins), key=lambda form: (wins.count(form), form == wins[0]))
+    if len(set(wins)) == 1:
+        return held, winners
+    return held, choose(kind, shape, {n: b for n, b in candidates.items() if form_of[n] == held})
+
+
 def describe_classes() -> str:
     """ROW_CLASSES as the log and bench.profile_step write them: 1 2-4 5-16 17-64 65+."""
     return " ".join(str(lo) if lo == hi else f"{lo}-{hi}" if hi < 1 << 20 else f"{lo}+" for lo, hi in ROW_CLASSES)
 
 
 def choices_made() -> list[tuple[str, tuple[int, ...], tuple[str, ...]]]:
-    """Every choice this process made or read: (kind, shape, winner per row class), in the order made."""
-    return [(kind, shape, winners) for (kind, shape, _), winners in _made.items()]
+    """Every choice this process made or read: (kind, shape, winner per row class), in the order made; of a
+    kind and shape chosen twice (choose_held's second round), the last."""
+    last = {(kind, shape): winners for (kind, shape, _), winners in _made.items()}
+    return [(kind, shape, winners) for (kind, shape), winners in last.items()]
 
 
 def forget() -> None:

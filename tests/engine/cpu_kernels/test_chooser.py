@@ -23,6 +23,7 @@ class FakeClock:
 def clock(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeClock]:
     fake = FakeClock()
     monkeypatch.setattr(chooser, "clock", fake)
+    monkeypatch.setattr(chooser, "_library_hash", lambda: "built")  # no kernel build in a fresh cache per test
     monkeypatch.setenv("SPINDLE_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv(chooser.FORCE_ENV, raising=False)
     chooser.forget()
@@ -147,6 +148,18 @@ def test_a_damaged_cache_is_measured_again(clock: FakeClock) -> None:
     before = a.calls + b.calls
     assert chooser.choose("bf16", (8, 8), {"a": a, "b": b}) == ("b",) * 5
     assert a.calls + b.calls > before
+
+
+def test_one_layout_held_where_the_winners_need_two(clock: FakeClock) -> None:
+    """"tiles" wins prefill only: the layout that wins more classes is kept, its candidates chosen again."""
+    ours = Fake(clock, lambda rows: 5e-5 * rows)
+    ours_unpacked = Fake(clock, lambda rows: 3e-3 + 1e-5 * rows)
+    tiles = Fake(clock, lambda rows: 1e-3 + 1e-6 * rows)
+    form_of = {"ours": "packed", "ours-unpacked": "packed", "tiles": "blocked"}
+    held, got = chooser.choose_held("bf16", (8, 8), {"ours": ours, "ours-unpacked": ours_unpacked, "tiles": tiles},
+                                    form_of)
+    assert held == "packed" and got == ("ours", "ours", "ours", "ours-unpacked", "ours-unpacked")
+    assert chooser.choices_made() == [("bf16", (8, 8), got)]  # the choice in effect
 
 
 def test_the_median_ignores_one_slow_sample(clock: FakeClock) -> None:
