@@ -26,7 +26,8 @@ class OutputConfig:
     tool_call_parser: str | None = None  # "hermes" | "mistral": reads tool calls out of the model's text
     reasoning_parser: str | None = None  # "deepseek_r1" | "qwen3": splits <think>...</think> into `reasoning`
     responses_store_size: int = 4096  # stored /v1/responses, all API processes together (LRU); 0: store none
-    metrics_compat: MetricsCompat | None = None  # "vllm": /metrics also under vLLM's names (server/metrics/vllm_names.py)
+    # "vllm": /metrics also under vLLM's names (server/metrics/vllm_names.py)
+    metrics_compat: MetricsCompat | None = None
     log_level: LogLevel = "info"
     log_requests: bool = False  # prompt and output text in the access log (off: token counts only)
 

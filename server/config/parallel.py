@@ -43,7 +43,8 @@ class ParallelConfig:
         if self.data_parallel_size < 1:
             raise ValueError(f"--data-parallel-size must be at least 1, got {self.data_parallel_size}")
         if self.data_parallel_policy not in get_args(DataParallelPolicy):
-            raise ValueError(f"--data-parallel-policy must be affinity or round_robin; got {self.data_parallel_policy!r}")
+            raise ValueError("--data-parallel-policy must be affinity or round_robin; "
+                             f"got {self.data_parallel_policy!r}")
         if self.data_parallel_size > 1 and (self.nnodes > 1 or self.master_port):
             raise ValueError("--data-parallel-size above 1 runs its engines on this node only, each picking a free "
                              "rendezvous port: leave --nnodes and --master-port unset")

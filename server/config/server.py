@@ -46,7 +46,7 @@ class ServerConfig:
     def __post_init__(self) -> None:
         lora = self.lora
         check_lora_serving(lora.enable_lora, lora.lora_modules, self.model.model_name, lora.allow_runtime_lora_updating)
-        self._engine_config(self.model.model or "<demo>")  # the engine's own checks (dtype, sizes) fail here, at startup
+        self._engine_config(self.model.model or "<demo>")  # the engine's own checks (dtype, sizes) fail at startup
         if self.parallel.render_only and self.model.model is None:  # the demo build needs torch
             raise ValueError(RENDER_NEEDS_MODEL)
 

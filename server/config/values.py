@@ -64,7 +64,8 @@ def parse_json_list(name: str, text: str | list[str] | tuple[str, ...]) -> tuple
         try:
             value = json.loads(text)
         except ValueError as e:
-            raise ValueError(f"{flag(name)}: not JSON: {e}; expected a list, e.g. '[\"https://app.example\"]'") from None
+            raise ValueError(f"{flag(name)}: not JSON: {e}; "
+                             "expected a list, e.g. '[\"https://app.example\"]'") from None
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ValueError(f"{flag(name)}: expected a JSON list of strings, e.g. '[\"https://app.example\"]'")
     return tuple(value)

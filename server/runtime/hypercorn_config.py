@@ -26,7 +26,8 @@ def hypercorn_config(config: ServerConfig, worker: WorkerContext | None = None) 
     """worker: an API process of --api-server-count listens on the launcher's socket, shared."""
     hc = _Config()
     hc.send_buffer = config.http.socket_send_buffer
-    hc.bind = [f"[{config.http.host}]:{config.http.port}" if ":" in config.http.host else f"{config.http.host}:{config.http.port}"]
+    host, port = config.http.host, config.http.port
+    hc.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     if worker is not None:
         hc.bind = [f"fd://{worker.listen_fd}"]
     hc.graceful_timeout = 2.0  # requests were drained (or cut) before Hypercorn is told to stop
