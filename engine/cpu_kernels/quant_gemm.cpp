@@ -198,6 +198,7 @@ constexpr size_t kKeepBytes = 4 << 20;  // widened activations kept between call
 // R rows of x (float32, stride ldx) times NB columns of W (rows of blocks at w, stride rb) into out[R][NB]
 template <class T, int R, int NB>
 void tile(const float* x, long ldx, const uint8_t* w, long rb, int nblocks, float* out) {
+    constexpr int S = R * NB >= 16 ? 1 : 2;  // sums per (row, column): two where fewer would wait on each other
     __m512 acc[R][NB][2];
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < NB; ++c) acc[r][c][0] = acc[r][c][1] = _mm512_setzero_ps();
@@ -209,7 +210,7 @@ void tile(const float* x, long ldx, const uint8_t* w, long rb, int nblocks, floa
                 T::chunk(w + c * rb + (long)blk * T::BYTES, j, lo, hi);
                 for (int r = 0; r < R; ++r) {
                     acc[r][c][0] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x + r * ldx + k), acc[r][c][0]);
-                    acc[r][c][1] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + r * ldx + k + 16), acc[r][c][1]);
+                    acc[r][c][S - 1] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + r * ldx + k + 16), acc[r][c][S - 1]);
                 }
             }
         }
@@ -252,12 +253,16 @@ void rows_by_group(const float* x, long ldx, int m0, const uint8_t* w, long rb, 
     }
 }
 
-// every row of x[m0, m1) against the group's columns: tiles of 8, then 4, 2, 1
+// every row of x[m0, m1) against the group's columns: tiles of 16, then 8, 4, 2, 1
 template <class T>
 void group(const float* x, long ldx, int m0, int m1, const uint8_t* w, long rb, int nblocks, int n, int cols,
            const Out& o) {
     int m = m0;
-    for (; m + 8 <= m1; m += 8) rows_by_group<T, 8, 1>(x + (long)(m - m0) * ldx, ldx, m, w, rb, nblocks, n, cols, o);
+    for (; m + 16 <= m1; m += 16) rows_by_group<T, 16, 1>(x + (long)(m - m0) * ldx, ldx, m, w, rb, nblocks, n, cols, o);
+    if (m + 8 <= m1) {
+        rows_by_group<T, 8, 1>(x + (long)(m - m0) * ldx, ldx, m, w, rb, nblocks, n, cols, o);
+        m += 8;
+    }
     if (m + 4 <= m1) {
         rows_by_group<T, 4, 2>(x + (long)(m - m0) * ldx, ldx, m, w, rb, nblocks, n, cols, o);
         m += 4;
