@@ -16,6 +16,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -65,8 +66,9 @@ from server.pipeline.engine_pool import EnginePool, open_engines
 from server.lora.registry import LoRARegistry
 from server.lora.shared import SharedAdapters
 from server.pipeline.input_processor import GenerationSpec, limits_for
-from server.render.renderer import Renderer
+from server.render.renderer import Renderer, load_chat_template
 from server.render_app import checkpoint_limits
+from server.tools.registry import get_tool_parser, template_fits
 from server.runtime.api_role import WorkerContext
 
 log = logging.getLogger("spindle.server")
@@ -90,7 +92,22 @@ async def open_image_worker_for(config: ServerConfig) -> AsyncIterator[Any]:
         yield pool
 
 
+def _warn_tool_parser_misfit(config: ServerConfig) -> None:
+    """One log line when --tool-call-parser's markers are absent from the chat template (a wrong parser is silent)."""
+    name = config.outputs.tool_call_parser
+    if name is None:
+        return
+    try:
+        template = load_chat_template(config.model.chat_template, Path(config.model.tokenizer or config.model.model_path))
+    except (OSError, ValueError):
+        return  # the renderer reports a broken template
+    if not template_fits(name, template):
+        log.warning("--tool-call-parser %s: the chat template holds none of its tool-call markers (%s); the model "
+                    "may write calls this parser cannot read", name, ", ".join(get_tool_parser(name).markers))
+
+
 def _open_renderer(config: ServerConfig) -> AbstractAsyncContextManager[Any]:
+    _warn_tool_parser_misfit(config)
     return Renderer.open(config.model.model_path, tokenizer_dir=config.model.tokenizer, chat_template=config.model.chat_template,
                          num_workers=config.model.renderer_num_workers, render_timeout=config.model.chat_template_render_timeout,
                          default_chat_template_kwargs=config.model.default_chat_template_kwargs,

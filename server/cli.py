@@ -72,7 +72,8 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--max-structured-output-size", "max_structured_output_size", str,
      "largest structured-output spec (JSON schema, regex, choices, grammar) in one request, e.g. 256KiB"),
     ("--tool-call-parser", "tool_call_parser", str,
-     "hermes or mistral: read tool calls out of the output (tool_choice required / named use its format)"),
+     "hermes, mistral, llama3_json, pythonic or qwen3_coder: read tool calls out of the output (tool_choice "
+     "required / named use its format)"),
     ("--reasoning-parser", "reasoning_parser", str,
      "deepseek_r1 or qwen3: split <think>...</think> into message.reasoning / reasoning_content"),
     ("--tensor-parallel-size", "tensor_parallel_size", int, "engine ranks sharing each layer (torch.distributed)"),

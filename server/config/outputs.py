@@ -14,7 +14,7 @@ from server.config.values import check_at_least_one
 
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 MetricsCompat = Literal["vllm"]
-TOOL_CALL_PARSER_NAMES = ("hermes", "mistral")
+TOOL_CALL_PARSER_NAMES = ("hermes", "mistral", "llama3_json", "pythonic", "qwen3_coder")
 REASONING_PARSER_NAMES = ("deepseek_r1", "qwen3")
 
 
@@ -23,7 +23,7 @@ class OutputConfig:
     stream_interval: int = 1  # tokens between stream events (the first token always leaves at once)
     sse_keepalive: float = 15.0  # seconds of silence before an SSE comment line; 0: off
     enable_auto_tool_choice: bool = False  # tool_choice "auto" (needs tool_call_parser)
-    tool_call_parser: str | None = None  # "hermes" | "mistral": reads tool calls out of the model's text
+    tool_call_parser: str | None = None  # one of TOOL_CALL_PARSER_NAMES: reads tool calls out of the model's text
     reasoning_parser: str | None = None  # "deepseek_r1" | "qwen3": splits <think>...</think> into `reasoning`
     responses_store_size: int = 4096  # stored /v1/responses, all API processes together (LRU); 0: store none
     # "vllm": /metrics also under vLLM's names (server/metrics/vllm_names.py)

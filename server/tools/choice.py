@@ -92,7 +92,7 @@ def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: Any, *, parser_n
     if choice == "auto":
         if not enable_auto or parser_cls is None:
             raise _bad(AUTO_NEEDS_FLAGS)
-        return ToolPlan("auto", parser_cls, None, skip)
+        return ToolPlan("auto", parser_cls.factory(functions), None, skip)
     if choice.startswith("fn:"):
         name = choice[3:]
         if name not in functions:
@@ -102,11 +102,12 @@ def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: Any, *, parser_n
         if parser_cls is None:
             return ToolPlan("named", lambda: NamedArgsParser(name),
                             StructuredOutputs("json", json.dumps(functions[name])), skip)
-        return ToolPlan("named", parser_cls, parser_cls.constraint(chosen, False, token_id), skip)
+        return ToolPlan("named", parser_cls.factory(chosen), parser_cls.constraint(chosen, False, token_id), skip)
     if parser_cls is None:
         schema = _list_schema(functions, parallel)
         return ToolPlan("required", JsonListParser, StructuredOutputs("json", json.dumps(schema)), skip)
-    return ToolPlan("required", parser_cls, parser_cls.constraint(functions, parallel, token_id), skip)
+    return ToolPlan("required", parser_cls.factory(functions), parser_cls.constraint(functions, parallel, token_id),
+                    skip)
 
 
 def _list_schema(functions: dict[str, dict[str, Any]], parallel: bool) -> dict[str, Any]:

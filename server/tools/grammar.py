@@ -34,10 +34,16 @@ def lark_tag(text: str, token_id: Callable[[str], int | None]) -> str:
 
 
 def lark_calls(functions: dict[str, dict[str, Any]], *, open_tag: str, close_tag: str, sep: str,
-               multiple: bool) -> str:
+               multiple: bool, args_key: str = "arguments") -> str:
     """start: one call (or several, separated by `sep`) of `open_tag` + JSON call object + `close_tag`."""
-    alts = "\n".join(f"obj_{i}: {lark_json(call_schema(name, params))}"
+    alts = "\n".join(f"obj_{i}: {lark_json(call_schema(name, params, args_key))}"
                      for i, (name, params) in enumerate(functions.items()))
     objs = " | ".join(f"obj_{i}" for i in range(len(functions)))
     start = f"start: call ({json.dumps(sep)} call)*" if multiple else "start: call"
     return f"{start}\ncall: {open_tag} obj {close_tag}\nobj: {objs}\n{alts}\n"
+
+
+def ordered_params(params: dict[str, Any]) -> list[tuple[str, Any]]:
+    """A function's parameters as (name, schema) in the schema's order (none: a free-form object)."""
+    props = params.get("properties")
+    return list(props.items()) if isinstance(props, dict) else []

@@ -78,8 +78,21 @@ class ToolParser:
 
     name = ""
     skip_special_tokens = True  # False: the parser needs special tokens in the text (mistral's [TOOL_CALLS])
+    markers: tuple[str, ...] = ()  # texts a chat template teaching this format holds (any one of them)
 
     def feed(self, text: str, final: bool = False) -> ParsedDelta:
+        raise NotImplementedError
+
+    @classmethod
+    def factory(cls, functions: dict[str, dict[str, Any]]) -> Callable[[], ToolParser]:
+        """One choice's parser for a request with these functions (name -> parameters schema)."""
+        return cls
+
+    @classmethod
+    def constraint(cls, functions: dict[str, dict[str, Any]], multiple: bool,
+                   token_id: Callable[[str], int | None]) -> StructuredOutputs:
+        """The grammar that makes the model write one call (or, `multiple`, at least one) to `functions`
+        in this parser's format, arguments valid against each function's parameters."""
         raise NotImplementedError
 
     @classmethod
@@ -107,13 +120,6 @@ class JsonCallParser(ToolParser):
     array = False
     args_keys: tuple[str, ...] = ("arguments", "parameters")
     new_id: Callable[[], str] = staticmethod(openai_call_id)
-
-    @classmethod
-    def constraint(cls, functions: dict[str, dict[str, Any]], multiple: bool,
-                   token_id: Callable[[str], int | None]) -> StructuredOutputs:
-        """The grammar that makes the model write one call (or, `multiple`, at least one) to `functions`
-        in this parser's format, arguments valid against each function's parameters."""
-        raise NotImplementedError
 
     def __init__(self) -> None:
         self._buf = ""
@@ -265,6 +271,7 @@ class HermesParser(JsonCallParser):
     """Hermes / Qwen2.5: <tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>, one call per block."""
 
     name = "hermes"
+    markers = ("<tool_call>",)
     start = "<tool_call>"
     end = "</tool_call>"
 
@@ -282,6 +289,7 @@ class MistralParser(JsonCallParser):
     [TOOL_CALLS]name[ARGS]{...} per call (server/tools/mistral.py); ids are 9 alphanumerics."""
 
     name = "mistral"
+    markers = ("[TOOL_CALLS]",)
     start = "[TOOL_CALLS]"
     array = True
     skip_special_tokens = False  # [TOOL_CALLS] is a control token in Mistral's tokenizers

@@ -97,7 +97,7 @@ def test_the_parser_names_config_checks_are_the_registries_keys() -> None:
         assert ServerConfig.from_settings(tool_call_parser=name).outputs.tool_call_parser == name
     for name in REASONING_PARSER_NAMES:
         assert ServerConfig.from_settings(reasoning_parser=name).outputs.reasoning_parser == name
-    with pytest.raises(ValueError, match="--tool-call-parser must be one of hermes, mistral; got 'x'"):
+    with pytest.raises(ValueError, match="--tool-call-parser must be one of hermes, mistral, llama3_json, pythonic, qwen3_coder; got 'x'"):
         ServerConfig.from_settings(tool_call_parser="x")
     with pytest.raises(ValueError, match="--reasoning-parser must be one of deepseek_r1, qwen3; got 'x'"):
         ServerConfig.from_settings(reasoning_parser="x")
