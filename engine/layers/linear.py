@@ -1,19 +1,19 @@
 """Linear projections as objects built once at load: `lin = make_linear(w, b, quantization); y = lin(x)`.
 
 Models call these instead of `F.linear` on raw weights, so each weight is held in the form fastest on its
-device, chosen once at load, with no re-layout or dtype conversion per step:
-- bfloat16 on a CPU with AVX512-BF16: engine/cpu_kernels' gemm with the weight packed for it
-  (`KernelLinear`). On a decode step's few rows it streams the weights at close to the memory's rate, where
-  oneDNN reaches about half of it (bench/README.md, "The bf16 GEMM kernel against oneDNN"); sums are float32
-  rounded once, as torch's, and equal them but for the last bit of a few values in ten thousand (the order of
-  the sums differs).
-- bfloat16 on a CPU with native bf16 but no kernel (no compiler, AMX only, SPINDLE_CPU_KERNELS=0): oneDNN with
-  the weight pre-packed into its blocked layout (`PackedLinear`). Plain `F.linear` re-lays the weight out on
-  every call, and a decode step's projections took about twice the CPU time that way; bitwise F.linear.
-- quantization "int8": weight-only int8, one symmetric scale per output channel, activations stay in the
-  model's dtype: through the same kernel where it runs (`KernelLinear`, the int8 weight packed the same way:
-  half the bytes to stream), else ATen's `_weight_int8pack_mm` (`Int8Linear`).
-- anything else (GPU, float32): `F.linear` on the weight as loaded.
+device, chosen once at load, with no re-layout or dtype conversion per step. On CPU the form is chosen by
+measurement (engine/cpu_kernels/chooser.py), per shape and row-count class, among the candidates that apply:
+- "spindle": engine/cpu_kernels' gemm, the weight (bf16, or int8 with quantization "int8") packed for it
+  (`KernelLinear`). Where it wins, a decode step's few rows stream the weights at close to the memory's rate;
+  sums are float32 rounded once, as torch's. From the same layout, "spindle-unpack" runs many rows through
+  torch's GEMM on output tiles unpacked one at a time (no second copy of the weight).
+- "onednn": bfloat16 through oneDNN, the weight pre-packed into its blocked layout once (`PackedLinear`; AMX
+  tiles where the CPU has them). Plain `F.linear` re-lays the weight out on every call; bitwise F.linear.
+- "int8pack": weight-only int8, one symmetric scale per output channel, through ATen's `_weight_int8pack_mm`
+  (`Int8Linear`).
+- "torch": `F.linear` on the weight as loaded (GPU, float32, and where nothing else runs).
+One layout is held per weight: where the winners need two, the one that wins more row classes is kept and the
+classes are chosen again among its candidates (chooser.choose_held).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.cpu_kernels import gemm
+from engine.cpu_kernels import chooser, gemm
 from engine.layers.parallel import WORKERS
 
 QUANTIZATIONS = ("int8",)
@@ -33,6 +33,7 @@ QUANTIZATIONS = ("int8",)
 # this module, so this one cannot import it)
 QUANTIZED_MAKERS: list[Callable[[Any, torch.Tensor | None], Linear]] = []
 SPLIT_CHUNK_BYTES = 4 << 20  # CPU: weights of at least twice this are cut into chunks of about this size
+UNPACK_COLS = 1024  # "spindle-unpack": output columns unpacked per tile (a tile of 1024 x 4864 bf16: 10 MiB)
 
 
 class Linear:
@@ -85,20 +86,54 @@ def packed_weight(weight: torch.Tensor, bias: torch.Tensor | None, quantization:
 
 class KernelLinear(Linear):
     """bfloat16 activations on CPU through engine/cpu_kernels/gemm.py, the weight (bf16, or int8 with
-    quantization "int8") packed once for it."""
+    quantization "int8") packed once for it. `winners`: per row class (chooser.ROW_CLASSES), "spindle" or
+    "spindle-unpack" (those rows through torch's GEMM, output tiles unpacked from the same layout)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, quantization: str | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, quantization: str | None = None,
+                 winners: tuple[str, ...] | None = None) -> None:
         super().__init__(weight, bias)
         self.packed = packed_weight(weight, bias, quantization)
         del self.weight  # the packed copy is the only one kept
         self._macs_per_row, self._bytes = self.out_features * self.in_features, self.packed.nbytes
+        self.winners = winners or ("spindle",) * len(chooser.ROW_CLASSES)
+        # the smallest row count that goes through torch's GEMM (none: 1 << 62)
+        self._unpack_from = min((lo for (lo, _), w in zip(chooser.ROW_CLASSES, self.winners)
+                                 if w == "spindle-unpack"), default=1 << 62)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        if rows >= self._unpack_from and self.runs_unpacked(rows):
+            return self.unpacked(x)
         return self.packed(x, self._threads(x))
+
+    def runs_kernel(self, rows: int) -> bool:
+        """Whether a call of `rows` rows runs the kernel itself (engine/models/fused_decode.py asks)."""
+        return self.winners[chooser.row_class(rows)] == "spindle"
+
+    def runs_unpacked(self, rows: int) -> bool:
+        return self.winners[chooser.row_class(rows)] == "spindle-unpack"
+
+    def unpacked(self, x: torch.Tensor) -> torch.Tensor:
+        """x @ W.T + b through torch's GEMM, the weight unpacked a tile of output columns at a time."""
+        p = self.packed
+        x2 = x.reshape(-1, self.in_features)
+        out = torch.empty(x2.shape[0], self.out_features, dtype=torch.bfloat16)
+        blocks = UNPACK_COLS // gemm.BLOCK
+        for b in range(0, p.packed.shape[0], blocks):
+            start = b * gemm.BLOCK
+            end = min(start + UNPACK_COLS, self.out_features)
+            tile = p.packed[b:b + blocks].permute(0, 2, 1, 3).reshape(-1, self.in_features)[:end - start]
+            if p.scale is not None:
+                tile = (tile.float() * p.scale[start:end, None]).to(torch.bfloat16)
+            bias = None if p.bias is None else p.bias[start:end]
+            out[:, start:end] = F.linear(x2, tile, bias)
+        return out.view(*x.shape[:-1], self.out_features)
 
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor | None:
         """For a gate|up weight: silu(gate) * up of self(x) in one call, rounded as the two steps are; None
         where the kernel declines (more rows than a decode step's): then call self(x) and layer_ops.silu_mul."""
+        if not self.runs_kernel(x.numel() // self.in_features):
+            return None
         return self.packed.silu_mul(x, self._threads(x))
 
     def _threads(self, x: torch.Tensor) -> int:
@@ -164,6 +199,72 @@ def cpu_packs_bf16() -> bool:
     return bool(torch._C._has_mkldnn and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+FORM_OF = {"spindle": "spindle", "spindle-unpack": "spindle", "onednn": "onednn", "int8pack": "int8pack",
+           "torch": "torch"}
+
+
+def candidate_forms(weight: torch.Tensor, bias: torch.Tensor | None,
+                    quantization: str | None) -> dict[str, Callable[[], Linear]]:
+    """The layouts this CPU weight can be held in, each as what builds its Linear (candidate names of
+    chooser.py: the layout's first candidate)."""
+    forms: dict[str, Callable[[], Linear]] = {}
+    if (gemm.usable(weight) if quantization is None else weight.dtype == torch.bfloat16 and gemm.usable(weight)):
+        forms["spindle"] = lambda: KernelLinear(weight, bias, quantization)
+    if quantization == "int8":
+        forms["int8pack"] = lambda: Int8Linear(weight, bias)
+    elif weight.dtype == torch.bfloat16 and cpu_packs_bf16():
+        forms["onednn"] = lambda: PackedLinear(weight, bias)
+    if quantization is None:
+        forms["torch"] = lambda: Linear(weight, bias)
+    return forms
+
+
+def _bench(lin: Linear, name: str) -> chooser.Bench:
+    """rows -> one call of `lin` on that many rows, run on the threads a step of that many rows gets (a one-row
+    step's torch ops run on one thread: engine/execution/model_runner.py)."""
+    def at(rows: int) -> Callable[[], object]:
+        x = torch.randn(rows, lin.in_features, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
+        if isinstance(lin, KernelLinear) and name == "spindle-unpack":
+            return lambda: lin.unpacked(x)
+        threads = 1 if rows == 1 and not isinstance(lin, KernelLinear) else torch.get_num_threads()
+
+        def call() -> object:
+            before = torch.get_num_threads()
+            torch.set_num_threads(threads)
+            try:
+                with torch.inference_mode():
+                    return lin(x)
+            finally:
+                torch.set_num_threads(before)
+        return call
+    return at
+
+
+def choose_linear(weight: torch.Tensor, bias: torch.Tensor | None, quantization: str | None,
+                  kind: str = "linear") -> tuple[Linear, tuple[str, ...]]:
+    """The CPU Linear of the layout the chooser keeps for this weight, and its winner per row class."""
+    forms = candidate_forms(weight, bias, quantization)
+    built: dict[str, Linear] = {}
+
+    def bench(name: str) -> chooser.Bench:
+        def at(rows: int) -> Callable[[], object]:
+            form = FORM_OF[name]
+            if form not in built:
+                built[form] = forms[form]()
+            return _bench(built[form], name)(rows)
+        return at
+
+    names = [n for n in FORM_OF if FORM_OF[n] in forms]
+    kind = f"{kind}-{quantization or str(weight.dtype).removeprefix('torch.')}"
+    held, winners = chooser.choose_held(kind, tuple(weight.shape), {n: bench(n) for n in names}, FORM_OF)
+    lin = built.get(held) or forms[held]()
+    if isinstance(lin, KernelLinear):
+        lin.winners = winners
+        lin._unpack_from = min((lo for (lo, _), w in zip(chooser.ROW_CLASSES, winners) if w == "spindle-unpack"),
+                               default=1 << 62)
+    return lin, winners
+
+
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, quantization: str | None = None) -> Linear:
     """The fastest Linear for this weight [out, in] on its device; quantization None keeps the weight's dtype."""
     if not isinstance(weight, torch.Tensor) and QUANTIZED_MAKERS:  # a GGMLWeight (or fused parts): stays quantized
@@ -172,15 +273,15 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, quantiza
         raise ValueError(f"quantization {quantization!r} is not supported; supported: {', '.join(QUANTIZATIONS)}")
     if quantization is not None and weight.device.type != "cpu":
         raise ValueError(f"--quantization {quantization} runs on CPU only")  # ATen's int8 kernel is CPU-only here
-    make: type[Linear] = Linear
-    if gemm.usable(weight):
-        return KernelLinear(weight, bias, quantization)  # the kernel shares its work over the step's threads itself
-    if quantization == "int8":
-        make = Int8Linear
-    elif weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and cpu_packs_bf16():
-        make = PackedLinear
+    if weight.device.type != "cpu" or weight.dtype != torch.bfloat16:
+        return Int8Linear(weight, bias) if quantization == "int8" else Linear(weight, bias)
+    try:
+        lin, _ = choose_linear(weight, bias, quantization)
+    except chooser.ChooserError:
+        return Int8Linear(weight, bias) if quantization == "int8" else Linear(weight, bias)
     big = weight.numel() * weight.element_size() >= 2 * SPLIT_CHUNK_BYTES
-    if make is not Linear and WORKERS.n > 1 and WORKERS.split_projections and big:
+    make = type(lin)
+    if make in (PackedLinear, Int8Linear) and WORKERS.n > 1 and WORKERS.split_projections and big:
         parts = max(2 * WORKERS.n, weight.numel() * weight.element_size() // SPLIT_CHUNK_BYTES)
         return SplitLinear(weight, bias, make, parts)
-    return make(weight, bias)
+    return lin

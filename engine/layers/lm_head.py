@@ -1,14 +1,15 @@
 """The LM head: final hidden rows [N, hidden] -> float32 logits [N, vocab], the weight held as is fastest.
 
 - GPU: `F.linear` on the [vocab, hidden] weight.
-- CPU, bfloat16 with engine/cpu_kernels' gemm: the weight packed for it once (as is, or weight-only int8 with
-  --quantization int8); the kernel writes the widened float32 logits straight into `out`, its threads sharing
-  the vocabulary.
-- CPU, bfloat16 with native bf16 but no kernel: the vocabulary in column chunks, each pre-packed for oneDNN
-  (engine/layers/linear.py says why packing pays); the embedding table is kept beside it.
-- CPU with --quantization int8 and no kernel: as bfloat16, each chunk weight-only int8 (engine/layers/linear.py).
-- CPU otherwise: the weight transposed to [hidden, vocab], which makes the small-batch product faster;
-  a tied embedding reads its rows from the head's columns, so the table is stored once.
+- CPU, bfloat16 (or --quantization int8): one of these forms, chosen by measurement per CPU (engine/cpu_kernels/
+  chooser.py: the form that wins the most row classes; a decode step's rows decide a tie):
+  "spindle": engine/cpu_kernels' gemm, the weight packed for it once (as is, or weight-only int8); the kernel
+  writes the widened float32 logits straight into `out`, its threads sharing the vocabulary.
+  "onednn" ("int8pack" with int8): the vocabulary in column chunks, each pre-packed for oneDNN (weight-only int8
+  through ATen's kernel), engine/layers/linear.py says why packing pays; the embedding table is kept beside it.
+  "torch": the weight transposed to [hidden, vocab], which makes the small-batch product faster; a tied
+  embedding reads its rows from the head's columns, so the table is stored once.
+- CPU otherwise (float32): the "torch" form.
 
 On CPU the product runs in cache-sized column chunks: each chunk's product lands in a small scratch that
 stays in L2 and is widened into `out` from there; one [N, vocab] product would stream through memory twice
@@ -24,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.nn.functional as F
 
-from engine.cpu_kernels import gemm
+from engine.cpu_kernels import chooser, gemm
 from engine.layers.linear import Int8Linear, Linear, PackedLinear, cpu_packs_bf16, packed_weight
 from engine.layers.parallel import WORKERS
 
@@ -33,20 +34,61 @@ LOGIT_CHUNK_MIN_ROWS = 16  # fewer rows on one thread: the product is small, one
 PACKED_CHUNK_COLS = 8192  # vocabulary columns per pre-packed chunk (its float32 logits at 16 rows: 512 KiB)
 
 
+def head_forms(weight: torch.Tensor, quantization: str | None) -> tuple[str, ...]:
+    """The CPU forms this head weight can take (chooser candidate names)."""
+    forms = ["spindle"] if gemm.usable(weight) else []
+    if quantization is not None:
+        forms.append("int8pack")
+    elif weight.dtype == torch.bfloat16 and cpu_packs_bf16():
+        forms.append("onednn")
+    if quantization is None:
+        forms.append("torch")
+    return tuple(forms)
+
+
+def _head_bench(heads: dict[str, LMHead], weight: torch.Tensor, quantization: str | None,
+                name: str) -> chooser.Bench:
+    def at(rows: int) -> Callable[[], object]:
+        if name not in heads:
+            heads[name] = LMHead(weight, quantization, form=name)
+        head = heads[name]
+        h = torch.randn(rows, weight.shape[1], generator=torch.Generator().manual_seed(rows)).to(weight.dtype)
+        out = torch.empty(rows, head.vocab, dtype=torch.float32)
+        return lambda: head(h, out, WORKERS.pool, WORKERS.n)
+    return at
+
+
+def choose_head(weight: torch.Tensor, quantization: str | None) -> LMHead:
+    """The head in the form that wins on this machine (engine/cpu_kernels/chooser.py); off CPU, LMHead's own."""
+    if weight.device.type != "cpu" or len(forms := head_forms(weight, quantization)) < 2:
+        return LMHead(weight, quantization)
+    heads: dict[str, LMHead] = {}
+    try:
+        held, _ = chooser.choose_held(f"lm_head-{quantization or str(weight.dtype).removeprefix('torch.')}",
+                                      tuple(weight.shape), {f: _head_bench(heads, weight, quantization, f)
+                                                            for f in forms}, {f: f for f in forms})
+    except chooser.ChooserError:
+        held = forms[-1]
+    return heads.get(held) or LMHead(weight, quantization, form=held)
+
+
 class LMHead:
-    def __init__(self, weight: torch.Tensor, quantization: str | None = None) -> None:
-        """weight [vocab, hidden] in the model's dtype; quantization "int8" quantizes it like the projections."""
+    def __init__(self, weight: torch.Tensor, quantization: str | None = None, form: str | None = None) -> None:
+        """weight [vocab, hidden] in the model's dtype; quantization "int8" quantizes it like the projections.
+        On CPU `form` (head_forms()) is what choose_head() measured fastest; None: the first that applies."""
         self.vocab = int(weight.shape[0])
         self.dtype = weight.dtype
         on_cpu = weight.device.type == "cpu"
-        chunked = on_cpu and (quantization is not None or (weight.dtype == torch.bfloat16 and cpu_packs_bf16()))
+        if on_cpu and form is None:
+            form = head_forms(weight, quantization)[0]
+        self.form = form
         self.chunks: list[tuple[int, int, Linear]] = []
         self.transposed: torch.Tensor | None = None  # [hidden, vocab] (CPU, unpacked)
         self.weight: torch.Tensor | None = None  # [vocab, hidden] (GPU)
         self.packed: gemm.PackedWeight | None = None  # (CPU kernel)
-        if gemm.usable(weight):
+        if form == "spindle":
             self.packed = packed_weight(weight, None, quantization)
-        elif chunked:
+        elif form in ("onednn", "int8pack"):
             make: Callable[[torch.Tensor], Linear] = Int8Linear if quantization else PackedLinear
             self.chunks = [(s, min(s + PACKED_CHUNK_COLS, self.vocab), make(weight[s:s + PACKED_CHUNK_COLS]))
                            for s in range(0, self.vocab, PACKED_CHUNK_COLS)]

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from engine.execution.ops import AttnMetadata, TorchOps, TritonOps, rope_factors, rope_halves, rotate
 from engine.cpu_kernels import layer_ops
 from engine.layers.linear import KernelLinear, Linear, make_linear
-from engine.layers.lm_head import LMHead
+from engine.layers.lm_head import choose_head
 from engine.layers.moe import ACTIVATIONS, Activation, SparseMoE
 from engine.layers.parallel import WORKERS
 from engine.models.args import ModelArgs
@@ -129,7 +129,7 @@ class CausalLM:
         final = get("model.norm.weight")
         self.norm = 1.0 + final.float() if args.gemma_norms else final
         self.tied = args.tie_word_embeddings if args.tie_word_embeddings is not None else not has_lm_head
-        self.head = LMHead(embed if self.tied else get("lm_head.weight"), quantization)
+        self.head = choose_head(embed if self.tied else get("lm_head.weight"), quantization)
         # a tied embedding the head stores transposed is read from the head's columns: the table is stored once
         self.embed: torch.Tensor | None = None if self.tied and self.head.transposed is not None else embed
         del embed

@@ -58,6 +58,11 @@ class FusedDecode:
         a = model.args
         self.layers: list[decoder_layer.Layer] = []
         self.keep: list[torch.Tensor] = []  # the norms' weights, contiguous, alive as long as the structs
+        first = model.layers[0]
+        # every layer's projection of a kind has its shape, so the chooser's decision (which rows the kernel
+        # takes: engine/cpu_kernels/chooser.py) is the first layer's
+        self.projections: list[KernelLinear] = [first.qkv, first.o, getattr(first.mlp, "gate_up"),
+                                                getattr(first.mlp, "down")]
         for i, layer in enumerate(model.layers):
             norms = [w.contiguous() if w is not None else None for w in
                      (layer.ln2, model.layers[i + 1].ln1 if i + 1 < len(model.layers) else None, layer.q_norm,
@@ -74,7 +79,7 @@ class FusedDecode:
         """Whether this step is a pure decode step of the CPU path (one new token per sequence, none prefilling)."""
         d = meta.decodes
         return (meta.paged is None and d is not None and not meta.prefills and len(d) == tokens > 0
-                and type(self.model.layers[0].qkv) is KernelLinear)
+                and all(p.runs_kernel(tokens) for p in self.projections))
 
     def run(self, x: torch.Tensor, positions: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
             meta: AttnMetadata) -> torch.Tensor:

@@ -7,7 +7,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
+from engine.cache_root import cache_root
 from engine.cpu_kernels import chooser
 
 
@@ -86,7 +88,7 @@ def test_it_measures_again_when_the_key_changes(clock: FakeClock, monkeypatch: p
     elif change == "cpu":
         monkeypatch.setattr(chooser, "cpu_model", lambda: "Another CPU")
     elif change == "torch":
-        monkeypatch.setattr(chooser.torch, "__version__", "0.0.0")
+        monkeypatch.setattr(torch, "__version__", "0.0.0")
     else:
         monkeypatch.setattr(chooser, "_library_hash", lambda: "rebuilt")
     chooser.choose(kind, shape, cands)
@@ -143,7 +145,7 @@ def test_a_damaged_cache_is_measured_again(clock: FakeClock) -> None:
     a, b = Fake(clock, lambda rows: 2e-3), Fake(clock, lambda rows: 1e-3)
     chooser.choose("bf16", (8, 8), {"a": a, "b": b})
     chooser.forget()
-    for f in (chooser.cache_root() / "kernel_choice").iterdir():
+    for f in (cache_root() / "kernel_choice").iterdir():
         f.write_text("not json")
     before = a.calls + b.calls
     assert chooser.choose("bf16", (8, 8), {"a": a, "b": b}) == ("b",) * 5

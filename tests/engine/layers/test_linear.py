@@ -1,5 +1,6 @@
 """Linear objects against F.linear: packed bfloat16 is bitwise equal, split parts are too, the CPU kernel's
-within the last bit, int8 within its quantization error; the LM head's forms equal `(h @ W.T).float()`."""
+within a bf16 ulp of the exact product, int8 within its quantization error; the chooser's decision is the form
+held and the path each row count takes; the LM head's forms equal `(h @ W.T).float()`."""
 
 from __future__ import annotations
 
@@ -9,23 +10,36 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.cpu_kernels import gemm
+from engine.cpu_kernels import chooser, gemm
 from engine.layers import linear
 from engine.layers.linear import (Int8Linear, KernelLinear, Linear, PackedLinear, SplitLinear, cpu_packs_bf16,
                                   make_linear)
-from engine.layers.lm_head import LMHead
+from engine.layers.lm_head import LMHead, choose_head, head_forms
 from engine.layers.parallel import WORKERS
 
 needs_bf16 = pytest.mark.skipif(not cpu_packs_bf16(), reason="this CPU has no native bfloat16 for oneDNN")
 needs_kernel = pytest.mark.skipif(not gemm.available(), reason="no AVX512-BF16 CPU kernel here (CPU or compiler)")
 
 
-def assert_within_last_bit(got: torch.Tensor, want: torch.Tensor) -> None:
-    """bf16 results summed in another order than `want`'s: a value may differ by its last bit, rarely."""
-    assert got.dtype == want.dtype and got.shape == want.shape
-    ulp = torch.finfo(torch.bfloat16).eps * want.float().abs().clamp_min(torch.finfo(torch.bfloat16).tiny)
-    assert bool(((got.float() - want.float()).abs() <= ulp * 1.01).all())
-    assert float((got != want).float().mean()) < 0.01
+def assert_within_an_ulp(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> None:
+    """bf16 `got` within one bf16 ulp of the exact product x @ w.T + b of the same bf16 inputs: each path (oneDNN,
+    AMX tiles, our kernel) sums in float32 in its own order and rounds once, so each is within an ulp of the
+    exact value, though not always within one of each other. The float32 sums' own error is the slack."""
+    exact = x.double() @ w.double().t() + (0 if b is None else b.double())
+    assert got.dtype == torch.bfloat16 and got.shape == exact.shape
+    ulp = torch.finfo(torch.bfloat16).eps * exact.abs()
+    sums = x.double().abs() @ w.double().abs().t() * x.shape[-1] * torch.finfo(torch.float32).eps
+    assert bool(((got.double() - exact).abs() <= ulp + sums + 1e-30).all())
+
+
+def rand(*shape: int, seed: int = 1) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+
+
+def force(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """The chooser takes `name` wherever it is a candidate, timing nothing."""
+    monkeypatch.setenv(chooser.FORCE_ENV, name)
+    chooser.forget()
 
 
 @pytest.fixture(autouse=True)
@@ -49,25 +63,95 @@ def test_float32_stays_plain_f_linear() -> None:
     assert torch.equal(lin(x), F.linear(x, w, b))
 
 
-def test_bfloat16_on_cpu_takes_the_kernel_where_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("name, form", [("spindle", KernelLinear), ("onednn", PackedLinear), ("torch", Linear)])
+def test_bfloat16_on_cpu_holds_the_chosen_form(monkeypatch: pytest.MonkeyPatch, name: str, form: type[Linear]) -> None:
     w, b = weights(48, 32, torch.bfloat16)
-    assert isinstance(make_linear(w, b), KernelLinear) == gemm.available()
+    force(monkeypatch, name)
+    present = {"spindle": gemm.available(), "onednn": cpu_packs_bf16(), "torch": True}[name]
+    if not present:
+        pytest.skip(f"{name} does not run on this machine")
+    assert type(make_linear(w, b)) is form
     assert not isinstance(make_linear(weights(48, 31, torch.bfloat16)[0]), KernelLinear)  # odd K: no pairs
-    monkeypatch.setattr(gemm, "available", lambda: False)  # no compiler, another CPU, SPINDLE_CPU_KERNELS=0
-    assert isinstance(make_linear(w, b), PackedLinear if cpu_packs_bf16() else Linear)
+
+
+def fake_choice(monkeypatch: pytest.MonkeyPatch, winners: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """The chooser answers `winners` for the full candidate set, and the held layout's first candidate per class
+    when asked again among fewer; returns the candidate sets it was asked about."""
+    asked: list[tuple[str, ...]] = []
+
+    def choose(kind: str, shape: tuple[int, ...], candidates: dict[str, chooser.Bench]) -> tuple[str, ...]:
+        asked.append(tuple(candidates))
+        return tuple(w if w in candidates else next(iter(candidates)) for w in winners)
+    monkeypatch.setattr(chooser, "choose", choose)
+    return asked
+
+
+@needs_kernel
+@needs_bf16
+def test_one_layout_is_held_and_each_row_class_takes_its_winner(monkeypatch: pytest.MonkeyPatch) -> None:
+    w, b = weights(200, 96, torch.bfloat16)
+    asked = fake_choice(monkeypatch, ("spindle", "spindle", "spindle-unpack", "spindle-unpack", "onednn"))
+    lin = make_linear(w, b)  # "spindle"'s layout wins four classes of five: held, and chosen again among its own
+    assert type(lin) is KernelLinear and asked == [("spindle", "spindle-unpack", "onednn", "torch"),
+                                                   ("spindle", "spindle-unpack")]
+    # asked again among the held layout's own, the prefill class takes its first candidate (fake_choice)
+    assert isinstance(lin, KernelLinear) and lin.winners == ("spindle",) * 2 + ("spindle-unpack",) * 2 + ("spindle",)
+    unpacked = monkeypatch_calls(monkeypatch, lin)
+    for rows in (1, 4, 5, 64, 65):
+        x = rand(rows, 96, seed=rows)
+        assert_within_an_ulp(lin(x), x, w, b)
+    assert unpacked == [5, 64] and lin.runs_kernel(4) and not lin.runs_kernel(5) and lin.runs_kernel(65)
+    assert lin.silu_mul(rand(20, 96)) is None  # the gated call is the kernel's: those rows go the other way
+    fake_choice(monkeypatch, ("onednn", "onednn", "spindle", "onednn", "onednn"))
+    assert type(make_linear(w, b)) is PackedLinear
+
+
+def monkeypatch_calls(monkeypatch: pytest.MonkeyPatch, lin: KernelLinear) -> list[int]:
+    """The row counts of every call that goes through torch's GEMM on unpacked tiles."""
+    calls: list[int] = []
+    real = lin.unpacked
+
+    def counted(x: torch.Tensor) -> torch.Tensor:
+        calls.append(x.numel() // lin.in_features)
+        return real(x)
+    monkeypatch.setattr(lin, "unpacked", counted)
+    return calls
+
+
+@needs_kernel
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_unpacked_tiles_equal_the_kernel_within_an_ulp(quantization: str | None) -> None:
+    w, b = weights(1100, 64, torch.bfloat16, seed=2)  # two tiles of UNPACK_COLS, the second partial
+    lin = KernelLinear(w, b, quantization)
+    x = rand(70, 64, seed=3)
+    dense = lin.dense_weight()
+    if quantization is None:
+        assert_within_an_ulp(lin.unpacked(x), x, dense, b)
+    else:  # the tile is dequantized to bf16 first: within that rounding of the kernel's product
+        torch.testing.assert_close(lin.unpacked(x), lin(x), atol=0.02, rtol=0.02)
+
+
+def test_the_chooser_failing_falls_back_to_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(*args: object) -> tuple[str, ...]:
+        raise chooser.ChooserError("nothing ran")
+    monkeypatch.setattr(chooser, "choose", fail)
+    w, b = weights(48, 32, torch.bfloat16)
+    assert type(make_linear(w, b)) is Linear and type(make_linear(w, b, "int8")) is Int8Linear
 
 
 @needs_kernel
 @pytest.mark.parametrize("rows", [1, 3, 16, 65])
-def test_kernel_linear_is_f_linear_within_the_last_bit(rows: int) -> None:
+def test_kernel_linear_is_within_an_ulp_of_the_exact_product(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
     w, b = weights(200, 96, torch.bfloat16)
+    force(monkeypatch, "spindle")
     lin = make_linear(w, b)
     assert isinstance(lin, KernelLinear)
-    x = torch.randn(rows, 96).to(torch.bfloat16)
-    assert_within_last_bit(lin(x), F.linear(x, w, b))
-    assert_within_last_bit(make_linear(w)(x), F.linear(x, w))
+    x = rand(rows, 96, seed=rows)
+    assert_within_an_ulp(lin(x), x, w, b)
+    assert_within_an_ulp(make_linear(w)(x), x, w)
+    assert_within_an_ulp(F.linear(x, w, b), x, w, b)  # torch's own path (oneDNN, AMX tiles) is held to the same
     assert torch.equal(lin.dense_weight(), w)
-    x3 = torch.randn(2, rows, 96).to(torch.bfloat16)  # leading dims pass through
+    x3 = rand(2, rows, 96, seed=rows + 100)  # leading dims pass through
     assert torch.equal(lin(x3), lin(x3.flatten(0, 1)).view(2, rows, 200))
 
 
@@ -77,11 +161,11 @@ def test_packed_bfloat16_is_bitwise_f_linear(rows: int) -> None:
     w, b = weights(200, 96, torch.bfloat16)
     lin = PackedLinear(w, b)
     assert lin.weight.is_mkldnn  # packed once, at build
-    x = torch.randn(rows, 96).to(torch.bfloat16)
+    x = rand(rows, 96, seed=rows)
     assert torch.equal(lin(x), F.linear(x, w, b))
     assert torch.equal(PackedLinear(w)(x), F.linear(x, w))
     assert torch.equal(lin.dense_weight(), w)
-    x3 = torch.randn(2, rows, 96).to(torch.bfloat16)  # leading dims pass through
+    x3 = rand(2, rows, 96, seed=rows + 100)  # leading dims pass through
     assert torch.equal(lin(x3), F.linear(x3, w, b))
 
 
@@ -90,7 +174,7 @@ def test_packed_bfloat16_is_bitwise_f_linear(rows: int) -> None:
 def test_split_parts_equal_the_uncut_projection(monkeypatch: pytest.MonkeyPatch, quantization: str | None) -> None:
     """Cut by output rows and shared by two threads, each column is computed as the uncut Linear does."""
     monkeypatch.setattr(linear, "SPLIT_CHUNK_BYTES", 8 << 10)
-    monkeypatch.setattr(gemm, "available", lambda: False)  # the kernel shares its work itself: oneDNN's path
+    force(monkeypatch, "int8pack" if quantization else "onednn")  # the kernel shares its work itself
     w, b = weights(1000, 64, torch.bfloat16, seed=3)  # 125 KiB: 15 parts of 64-row multiples
     whole = (Int8Linear if quantization else PackedLinear)(w, b)
     WORKERS.configure(2)  # not asked to split: the threads only share the LM head
@@ -101,7 +185,7 @@ def test_split_parts_equal_the_uncut_projection(monkeypatch: pytest.MonkeyPatch,
     assert all((end - start) % 64 == 0 for start, end, _ in lin.parts[:-1])
     assert lin.parts[-1][1] == 1000
     for rows in (1, 7, 33):
-        x = torch.randn(rows, 64).to(torch.bfloat16)
+        x = rand(rows, 64, seed=rows)
         assert torch.equal(lin(x), whole(x))
     assert torch.equal(lin.dense_weight(), whole.dense_weight())
     WORKERS.configure(1, split_projections=True)  # one worker: nothing is cut
@@ -121,8 +205,7 @@ def int8_parts(lin: Linear) -> tuple[torch.Tensor, torch.Tensor]:
                                            pytest.param(torch.bfloat16, True, marks=needs_kernel)])
 def test_int8_within_its_quantization_error(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype,
                                             kernel: bool) -> None:
-    if not kernel:
-        monkeypatch.setattr(gemm, "available", lambda: False)  # ATen's int8 kernel
+    force(monkeypatch, "spindle" if kernel else "int8pack")
     w, b = weights(300, 128, dtype, seed=5)
     w[7] = 0  # an all-zero row must not divide by zero
     lin = make_linear(w, b, "int8")
@@ -136,7 +219,7 @@ def test_int8_within_its_quantization_error(monkeypatch: pytest.MonkeyPatch, dty
     assert bool((err <= (step * 0.5 * (1 + 1e-6) + 127 * (scale - step).abs())[:, None] + 1e-12).all())
     assert bool((q.abs().amax(1)[step > 0] == 127).all())
     assert torch.equal(lin.dense_weight(), (q.float() * scale[:, None]).to(dtype))
-    x = torch.randn(9, 128).to(dtype)
+    x = rand(9, 128, seed=9).to(dtype)
     got, exact = lin(x).double(), F.linear(x.double(), w.double(), b.double())
     # |x . dw| <= sum |x| * step / 2 per output, plus the activations' rounding in bfloat16
     bound = x.double().abs().sum(1, keepdim=True) * step.double()[None, :] / 2
@@ -150,14 +233,15 @@ def test_int8_within_its_quantization_error(monkeypatch: pytest.MonkeyPatch, dty
 def test_int8_kernel_holds_the_weight_aten_int8_holds(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
     """Same grid, same scales: the two forms differ only in how they sum and round (within a bf16 step)."""
     w, b = weights(200, 96, torch.bfloat16, seed=6)
+    force(monkeypatch, "spindle")
     lin = make_linear(w, b, "int8")
     assert isinstance(lin, KernelLinear) and lin.packed.nbytes == 208 * 96  # one byte a weight (13 blocks)
-    monkeypatch.setattr(gemm, "available", lambda: False)
+    force(monkeypatch, "int8pack")
     aten = make_linear(w, b, "int8")
     assert isinstance(aten, Int8Linear) and torch.equal(lin.dense_weight(), aten.dense_weight())
     (q, scale), (q2, scale2) = int8_parts(lin), int8_parts(aten)
     assert torch.equal(q, q2) and torch.equal(scale, scale2)
-    x = torch.randn(rows, 96).to(torch.bfloat16)
+    x = rand(rows, 96, seed=rows)
     want = x.double() @ q.double().t() * scale.double() + b.double()  # (q * scale in bf16 would round it)
     ulp = torch.finfo(torch.bfloat16).eps * want.abs()
     assert bool(((lin(x).double() - want).abs() <= ulp + 1e-6).all())
@@ -175,29 +259,36 @@ def test_unknown_quantization_is_refused() -> None:
 @pytest.mark.parametrize("rows, workers", [(1, 1), (20, 1), (20, 2), (3, 2)])
 def test_lm_head_forms_equal_the_plain_product(dtype: torch.dtype, quantization: str | None, rows: int,
                                                workers: int) -> None:
-    if dtype == torch.bfloat16 and quantization is None and not cpu_packs_bf16():
-        pytest.skip("this CPU has no native bfloat16 for oneDNN")
     vocab = 20_000  # several packed chunks and several transposed column chunks
     w, _ = weights(vocab, 64, dtype, seed=7)
-    head = LMHead(w, quantization)
     ref_w = Int8Linear(w).dense_weight() if quantization else w
-    h = torch.randn(rows, 64).to(dtype)
+    h = rand(rows, 64, seed=rows).to(dtype)
     WORKERS.configure(workers)
-    out = torch.full((rows, vocab), float("nan"))
-    got = head(h, out, WORKERS.pool, WORKERS.n)
-    if quantization is None and dtype == torch.bfloat16:  # rounded in the model's dtype, then widened
-        assert_within_last_bit(got.bfloat16(), F.linear(h, ref_w))
-        assert torch.equal(got, got.bfloat16().float())
-        if head.packed is None:
-            assert torch.equal(got, F.linear(h, ref_w).float())
-    elif quantization is None:  # float32: h @ W.T over the transposed copy sums in another order
-        torch.testing.assert_close(got, F.linear(h, ref_w), atol=1e-5, rtol=1e-5)
-    else:  # int8 scales the integer product: within bfloat16 rounding of the dequantized product
-        torch.testing.assert_close(got, F.linear(h.float(), ref_w.float()), atol=0.05, rtol=0.02)
-    assert not bool(got.isnan().any())
-    if head.transposed is not None:  # a tied embedding's rows come from the head's columns
-        ids = torch.tensor([0, 5, vocab - 1])
-        rows_read = head.embedding_rows(ids)
-        assert rows_read is not None and torch.equal(rows_read, w[ids])
-    else:
-        assert head.embedding_rows(torch.tensor([0])) is None
+    for form in head_forms(w, quantization):  # every form this machine can hold
+        head = LMHead(w, quantization, form=form)
+        out = torch.full((rows, vocab), float("nan"))
+        got = head(h, out, WORKERS.pool, WORKERS.n)
+        if quantization is None and dtype == torch.bfloat16:  # rounded in the model's dtype, then widened
+            assert_within_an_ulp(got.bfloat16(), h, ref_w)
+            assert torch.equal(got, got.bfloat16().float())
+            if form == "onednn":
+                assert torch.equal(got, F.linear(h, ref_w).float())
+        elif quantization is None:  # float32: h @ W.T over the transposed copy sums in another order
+            torch.testing.assert_close(got, F.linear(h, ref_w), atol=1e-5, rtol=1e-5)
+        else:  # int8 scales the integer product: within bfloat16 rounding of the dequantized product
+            torch.testing.assert_close(got, F.linear(h.float(), ref_w.float()), atol=0.05, rtol=0.02)
+        assert not bool(got.isnan().any())
+        if head.transposed is not None:  # a tied embedding's rows come from the head's columns
+            ids = torch.tensor([0, 5, vocab - 1])
+            rows_read = head.embedding_rows(ids)
+            assert rows_read is not None and torch.equal(rows_read, w[ids])
+        else:
+            assert head.embedding_rows(torch.tensor([0])) is None
+
+
+def test_the_head_holds_the_form_the_chooser_keeps(monkeypatch: pytest.MonkeyPatch) -> None:
+    w, _ = weights(3000, 64, torch.bfloat16, seed=8)
+    forms = head_forms(w, None)
+    fake_choice(monkeypatch, (forms[-1],) * 3 + (forms[0],) * 2)  # the last form wins three classes of five
+    assert choose_head(w, None).form == forms[-1] == "torch"
+    assert choose_head(w.float(), None).form == "torch"  # one form: nothing to choose

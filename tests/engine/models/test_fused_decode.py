@@ -23,6 +23,12 @@ from tests.engine.models.families import LONGROPE, build_family
 pytestmark = pytest.mark.skipif(not fused_decode.decoder_layer.available(),
                                 reason="no AVX512-BF16 CPU kernels here (CPU or compiler)")
 BLOCK = 4
+
+
+@pytest.fixture(autouse=True)
+def _our_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused layer runs only where the kernel chooser gives our kernel the step's rows: force it."""
+    monkeypatch.setenv("SPINDLE_KERNEL_CHOICE", "spindle")
 SHAPES: dict[str, dict[str, Any]] = {  # head_dim 32 or 64: what the fused attention takes
     "qwen2": dict(vocab_size=151_646, tie_word_embeddings=True),  # q|k|v bias
     "qwen3": dict(vocab_size=151_646, tie_word_embeddings=True),  # per-head q and k norms
