@@ -147,6 +147,19 @@ def choose(kind: str, shape: tuple[int, ...], candidates: Mapping[str, Bench]) -
     torch version, the kernel library's build hash, kind, shape and the candidate names, so a restart times
     nothing. A candidate that raises (or is absent) is skipped; if all fail, raises ChooserError.
     SPINDLE_KERNEL_CHOICE=name forces one candidate where present (for tests and benchmarks)."""
+    winners, new = _choose(kind, shape, candidates)
+    if new:
+        _log(kind, shape, winners)
+    return winners
+
+
+def _log(kind: str, shape: tuple[int, ...], winners: tuple[str, ...]) -> None:
+    log.info("kernels for %s %s by rows %s: %s", kind, "x".join(map(str, shape)), describe_classes(),
+             " ".join(winners))
+
+
+def _choose(kind: str, shape: tuple[int, ...], candidates: Mapping[str, Bench]) -> tuple[tuple[str, ...], bool]:
+    """choose()'s answer, and whether this process had not made it before."""
     names = tuple(candidates)
     if not names:
         raise ChooserError(f"no candidate for {kind} {shape}")
@@ -155,18 +168,16 @@ def choose(kind: str, shape: tuple[int, ...], candidates: Mapping[str, Bench]) -
     if forced in candidates:
         winners: tuple[str, ...] = (forced,) * len(ROW_CLASSES)
     elif memo in _made:
-        return _made[memo]
+        return _made[memo], False
     else:
         key = cache_key(kind, tuple(shape), names)
         cached = _read_cache(key, names)
         winners = cached if cached is not None else _measure(candidates)
         if cached is None:
             _write_cache(key, winners)
-    if _made.get(memo) != winners:
-        log.info("kernels for %s %s by rows %s: %s", kind, "x".join(map(str, shape)), describe_classes(),
-                 " ".join(winners))
+    new = _made.get(memo) != winners
     _made[memo] = winners
-    return winners
+    return winners, new
 
 
 def choose_held(kind: str, shape: tuple[int, ...], candidates: Mapping[str, Bench],
@@ -174,12 +185,15 @@ def choose_held(kind: str, shape: tuple[int, ...], candidates: Mapping[str, Benc
     """Where candidates need different weight layouts (`form_of`: candidate -> layout) and only one is held:
     (the layout held, the winner per class among its candidates). The layout held is the one whose candidates
     win the most classes (ties: the one that wins a decode step's single row), then chosen again among them."""
-    winners = choose(kind, shape, candidates)
+    winners, new = _choose(kind, shape, candidates)
     wins = [form_of[w] for w in winners]
     held = max(dict.fromkeys(wins), key=lambda form: (wins.count(form), form == wins[0]))
-    if len(set(wins)) == 1:
-        return held, winners
-    return held, choose(kind, shape, {n: b for n, b in candidates.items() if form_of[n] == held})
+    if len(set(wins)) > 1:
+        winners, again = _choose(kind, shape, {n: b for n, b in candidates.items() if form_of[n] == held})
+        new = new or again
+    if new:  # one line per shape: the choice in effect
+        _log(kind, shape, winners)
+    return held, winners
 
 
 def describe_classes() -> str:

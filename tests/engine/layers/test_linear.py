@@ -79,10 +79,11 @@ def fake_choice(monkeypatch: pytest.MonkeyPatch, winners: tuple[str, ...]) -> li
     when asked again among fewer; returns the candidate sets it was asked about."""
     asked: list[tuple[str, ...]] = []
 
-    def choose(kind: str, shape: tuple[int, ...], candidates: dict[str, chooser.Bench]) -> tuple[str, ...]:
+    def choose(kind: str, shape: tuple[int, ...], candidates: dict[str, chooser.Bench]) -> tuple[tuple[str, ...],
+                                                                                               bool]:
         asked.append(tuple(candidates))
-        return tuple(w if w in candidates else next(iter(candidates)) for w in winners)
-    monkeypatch.setattr(chooser, "choose", choose)
+        return tuple(w if w in candidates else next(iter(candidates)) for w in winners), True
+    monkeypatch.setattr(chooser, "_choose", choose)
     return asked
 
 
@@ -132,9 +133,9 @@ def test_unpacked_tiles_equal_the_kernel_within_an_ulp(quantization: str | None)
 
 
 def test_the_chooser_failing_falls_back_to_torch(monkeypatch: pytest.MonkeyPatch) -> None:
-    def fail(*args: object) -> tuple[str, ...]:
+    def fail(*args: object) -> tuple[tuple[str, ...], bool]:
         raise chooser.ChooserError("nothing ran")
-    monkeypatch.setattr(chooser, "choose", fail)
+    monkeypatch.setattr(chooser, "_choose", fail)
     w, b = weights(48, 32, torch.bfloat16)
     assert type(make_linear(w, b)) is Linear and type(make_linear(w, b, "int8")) is Int8Linear
 
