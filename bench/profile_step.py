@@ -34,6 +34,7 @@ import torch
 
 from bench.roofline import Rates, load_args, measure, measure_gpu, step_cost
 from engine.config import EngineConfig
+from engine.cpu_kernels import chooser
 from engine.core.engine_core import EngineCore
 from engine.hugepages import reexec_with_huge_pages
 from engine.messages import AddRequest, SamplingParams
@@ -134,6 +135,16 @@ def parse_args() -> argparse.Namespace:
     return ap.parse_args()
 
 
+def print_kernel_choices(core: EngineCore) -> None:
+    """The CPU kernel chosen per projection shape and row class (engine/cpu_kernels/chooser.py), and whether
+    decode steps run the fused layer."""
+    for kind, shape, winners in chooser.choices_made():
+        print(f"{'kernels':>12} {kind} {'x'.join(map(str, shape))}: " + " ".join(
+            f"{cls}:{w}" for cls, w in zip(chooser.describe_classes().split(), winners)))
+    fused = getattr(core.runner.model, "fused", None)
+    print(f"{'fused decode':>12} {'built' if fused is not None else 'off'}")
+
+
 def main() -> None:
     reexec_with_huge_pages()  # as the engine process runs (engine/hugepages.py)
     args = parse_args()
@@ -160,6 +171,7 @@ def main() -> None:
     print(f"batch {args.batch} dtype {args.dtype} threads {args.threads} temperature {args.temperature} "
           f"top_k {args.top_k} top_p {args.top_p} repetition_penalty {args.repetition_penalty} "
           f"quantization {args.quantization} device {core.runner.device}")
+    print_kernel_choices(core)
     model_dtype = core.runner.model_dtype
     totals: dict[str, float] = defaultdict(float)
     instrument(core, totals)

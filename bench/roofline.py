@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -99,6 +102,31 @@ def measure(dtype: str, threads: int, *, read_mib: int = 1024, gemm_n: int = 204
         torch.set_num_threads(before)
 
 
+def gemm_impl(dtype: str, n: int = 256) -> str:
+    """oneDNN's implementation of the GEMM the engine runs in `dtype` (a pre-packed weight in bf16), as its
+    verbose log names it (e.g. brg_matmul:avx10_1_512_amx: AMX tiles), or "none" (float32 goes to MKL)."""
+    dt = _DTYPES[dtype]
+    a = torch.randn(n, n).to(dt)
+    packed = torch.ops.mkldnn._reorder_linear_weight(a) if dt == torch.bfloat16 else None
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with tempfile.TemporaryFile() as log:
+        os.dup2(log.fileno(), 1)  # oneDNN writes its verbose lines from C to fd 1
+        try:
+            with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):  # type: ignore[no-untyped-call]
+                _ = a @ a if packed is None else torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+        log.seek(0)
+        lines = log.read().decode(errors="replace").splitlines()
+    for line in lines:
+        f = line.split(",")
+        if len(f) > 6 and f[2] == "primitive" and f[5] in ("matmul", "inner_product"):
+            return f[6]
+    return "none"
+
+
 def load_args(model: str | Path) -> ModelArgs:
     return parse_config(json.loads((Path(model) / "config.json").read_text()))
 
@@ -137,6 +165,12 @@ def main() -> None:
     args = load_args(a.model)
     print(f"machine, {rates.threads} thread(s): read {rates.read_gbs:.1f} GB/s, {a.dtype} GEMM "
           f"{rates.peak_gflops:.0f} GFLOP/s")
+    if not a.device.startswith("cuda"):  # the GEMM peak per dtype, and whether oneDNN ran AMX tiles
+        for dtype in ("bfloat16", "float32"):
+            peak = rates.peak_gflops if dtype == a.dtype else measure(dtype, a.threads, read_mib=64).peak_gflops
+            impl = gemm_impl(dtype)
+            print(f"GEMM {dtype}: {peak:.0f} GFLOP/s, oneDNN implementation {impl}, AMX "
+                  f"{'used' if 'amx' in impl else 'not used'}")
     print(f"{'batch':>5} {'weights MB':>10} {'KV MB':>7} {'GFLOP':>7} {'bound ms':>9}  limit")
     for b in a.batch:
         cost = step_cost(args, a.dtype, b, a.context, a.quantization)
