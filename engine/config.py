@@ -8,6 +8,7 @@ from typing import Any
 
 from engine.lora.config import check_lora_settings
 from engine.pooling_config import CONVERTS, check_pooler_overrides
+from engine.spec.config import parse_spec_config
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 SCHEDULING_POLICIES = ("fcfs", "priority")
@@ -72,6 +73,8 @@ class EngineConfig:
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
     lora_dtype: str = "auto"
+    # --speculative-config, vLLM's keys (engine/spec/config.py); empty: no speculation
+    speculative_config: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -99,6 +102,15 @@ class EngineConfig:
             raise ValueError(f"threaded_step_flops must be 0 or more, got {self.threaded_step_flops}")
         self._check_parallel()
         check_lora_settings(self.max_loras, self.max_lora_rank, self.max_cpu_loras, self.lora_dtype)
+        self._check_speculative()
+
+    def _check_speculative(self) -> None:
+        if parse_spec_config(self.speculative_config) is None:
+            return
+        if self.tensor_parallel_size > 1:
+            raise ValueError("--speculative-config: not supported with --tensor-parallel-size above 1")
+        if self.runner != "generate":
+            raise ValueError("--speculative-config applies to --runner generate only")
 
     def _check_parallel(self) -> None:
         tp, nodes = self.tensor_parallel_size, self.nnodes

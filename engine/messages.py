@@ -109,6 +109,12 @@ class EngineStats(msgspec.Struct, frozen=True, array_like=True):
     image_cache_hits: int = 0  # cumulative: images (or Whisper windows) whose encoder output the engine had cached
     lora_running: list[str] = []  # --enable-lora: the names of the running requests' adapters
     lora_waiting: list[str] = []  # ... and of the waiting requests' adapters
+    # --speculative-config, cumulative (vLLM's spec_decode_*): verifications, draft tokens, accepted ones, and
+    # how many verifications accepted the draft token at each position
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = []
 
 
 class TokenLogprobs(msgspec.Struct, frozen=True, array_like=True):

@@ -201,6 +201,14 @@ class BlockManager:
         if upto > done:
             self._passed[seq] = upto
 
+    def trim(self, seq: Sequence) -> None:
+        """Release the table's blocks past those seq's tokens need (a verification's rejected draft positions
+        wrote there); they were never registered: only computed (accepted) tokens' blocks are."""
+        table = seq.block_table
+        keep = self.blocks_needed(seq.num_tokens)
+        while len(table) > keep:
+            self._unref(table.pop())
+
     def free(self, seq: Sequence) -> None:
         """Release seq's blocks; registered ones stay cached, the tail's evicted before the head."""
         self._chain.pop(seq, None)

@@ -23,6 +23,9 @@ from engine.pooling_config import pooling_info
 from engine.core.sampler import Sampler
 from engine.core.scheduler import RequestRefused, Scheduler
 from engine.core.sequence import ScheduledSeq, Sequence, SeqStatus
+from engine.spec.config import parse_spec_config
+from engine.spec.speculator import Speculator
+from engine.spec.verify import sampled_rows, verify
 from engine.structured.backend import StructuredBackend
 from engine.structured.manager import StructuredOutputManager
 
@@ -63,6 +66,8 @@ class EngineCore:
         self.sampler = Sampler(self.vocab_size, list(self.runner.eos_token_ids), self.runner.device)
         self.structured = StructuredOutputManager(self._grammar_backend, self.runner.device, self.eos_token_ids)
         self._pending: list[RequestOutput] = []  # refusals and aborts, reported with the next step
+        spec = parse_spec_config(config.speculative_config)  # --speculative-config (engine/spec/)
+        self.spec = Speculator(spec, self.max_model_len) if spec is not None and self.pooler is None else None
         self._prompt_logprobs: dict[str, list[TokenLogprobs | None]] = {}
 
     def _grammar_backend(self) -> StructuredBackend:
@@ -164,12 +169,18 @@ class EngineCore:
             running = sorted({s.lora.name for s in live if s.status is SeqStatus.RUNNING and s.lora is not None})
             waiting = sorted({s.lora.name for s in live if s.status is not SeqStatus.RUNNING and s.lora is not None})
             stats = msgspec.structs.replace(stats, lora_running=running, lora_waiting=waiting)
+        if (spec := self.spec) is not None:
+            stats = msgspec.structs.replace(
+                stats, spec_num_drafts=spec.num_drafts, spec_num_draft_tokens=spec.num_draft_tokens,
+                spec_num_accepted_tokens=spec.num_accepted_tokens, spec_accepted_per_pos=list(spec.accepted_per_pos))
         return stats
 
     def step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
         if self.structured.num_compiling:
             outputs += self._admit_compiled()
+        if self.spec is not None:
+            self.spec.propose(self.scheduler.running)
         batch = self.scheduler.schedule()
         if not batch and self.structured.num_compiling and not outputs:
             self.structured.wait(COMPILE_WAIT)  # only held requests left: sleep until a compile lands
@@ -179,14 +190,15 @@ class EngineCore:
             return outputs
         if self.pooler is not None:
             return outputs + self._pool_step(batch, self.pooler)
+        began = time.perf_counter()
         # a small step on one intra-op thread: the LM head spreads over the runner's own threads instead
         with step_threads(self.runner, batch):
-            sampling = [s.seq for s in batch if s.samples]
-            masks = self.structured.start_masks(sampling) if self.structured.num_live else None
+            rows = sampled_rows(batch)  # one per logits row: a verification has one per draft token and one more
+            masks = self.structured.start_masks(rows.seqs) if self.structured.num_live else None
             result = self.runner.execute(batch)
             audio = getattr(self.runner, "audio", None)
-            if audio is not None and sampling:  # Whisper's suppress / timestamp rules, as transformers' generate
-                audio.mask_logits(result.logits, sampling)
+            if audio is not None and rows.seqs:  # Whisper's suppress / timestamp rules, as transformers' generate
+                audio.mask_logits(result.logits, rows.seqs)
             for i, logits in result.prompt_logits.items():
                 self._collect_prompt_logprobs(batch[i].seq, batch[i].start, logits)
             if masks is not None:
@@ -194,27 +206,41 @@ class EngineCore:
                 # convention) are then those of the allowed distribution, and every draw is an allowed token
                 self.structured.mask_logits(result.logits, masks)
             # the runner's logits buffer is rewritten next step: the sampler may work in it
-            sampled = self.sampler.sample(result.logits, sampling, scratch=True) if sampling else None
+            emitted = verify(self.sampler, result.logits, rows) if rows.seqs else []
+        if self.spec is not None and all(s.samples and s.num_new_tokens == s.num_draft + 1 for s in batch):
+            self.spec.record_step(sum(s.num_new_tokens for s in batch), time.perf_counter() - began)
+        return outputs + self._advance(batch, emitted)
+
+    def _advance(self, batch: list[ScheduledSeq],
+                 emitted: list[tuple[Sequence, list[int], list[TokenLogprobs | None]]]) -> list[RequestOutput]:
+        """Append each sequence's emitted tokens up to the first that ends it; count verifications' outcomes."""
         now = time.time()
         finished: list[Sequence] = []
-        if sampled is not None:
-            for seq, token, lp in zip(sampling, sampled.token_ids, sampled.logprobs):
-                if not seq.first_token_time:
-                    seq.first_token_time = now
+        outputs = []
+        drafted = {s.seq: s for s in batch if s.num_draft}
+        for seq, tokens, lps in emitted:
+            if not seq.first_token_time:
+                seq.first_token_time = now
+            n = 0
+            for token in tokens:
                 verdict = self.structured.accept(seq, token) if seq.structured is not None else None
                 if verdict is not None and verdict != "stop":  # rejected: never emitted, never a crash
                     seq.finish_reason, seq.error = "error", verdict
-                    finished.append(seq)
-                    outputs.append(self._output(seq, [], None))
-                    continue
+                    break
                 seq.token_ids.append(token)
+                n += 1
                 # a complete grammar ends the request ("stop") even under ignore_eos or min_tokens: nothing
                 # more could be generated (the mask would allow only eos)
                 reason = "stop" if verdict == "stop" else self._check_stop(seq, token)
                 if reason is not None:
                     seq.finish_reason = reason
-                    finished.append(seq)
-                outputs.append(self._output(seq, [token], lp))
+                    break
+            if (s := drafted.get(seq)) is not None and self.spec is not None:
+                self.spec.record(seq, s.num_draft, len(tokens) - 1)
+                s.num_new_tokens -= s.num_draft - (len(tokens) - 1)  # only accepted positions' K/V count
+            if seq.finish_reason is not None:
+                finished.append(seq)
+            outputs.append(self._output(seq, tokens[:n], lps[:n]))
         self.scheduler.update(batch)
         for seq in finished:
             self.scheduler.finish(seq, seq.finish_reason or "stop")
@@ -262,7 +288,7 @@ class EngineCore:
             return "length"
         return None
 
-    def _output(self, seq: Sequence, new: list[int], lp: TokenLogprobs | None) -> RequestOutput:
+    def _output(self, seq: Sequence, new: list[int], lps: list[TokenLogprobs | None] | None) -> RequestOutput:
         prompt_lps = None
         if new and seq.num_output_tokens == 1 and seq.request_id in self._prompt_logprobs:
             prompt_lps = self._prompt_logprobs.pop(seq.request_id)
@@ -271,7 +297,7 @@ class EngineCore:
             self._prompt_logprobs.pop(seq.request_id, None)
         return RequestOutput(
             seq.request_id, new, finish_reason=reason, stop_token_id=seq.stop_token_id, error=seq.error,
-            logprobs=[lp] if lp is not None else None, prompt_logprobs=prompt_lps,
+            logprobs=[lp for lp in lps if lp is not None] or None if lps else None, prompt_logprobs=prompt_lps,
             num_cached_tokens=max(seq.num_cached_tokens, 0), arrival_time=seq.arrival_time,
             scheduled_time=seq.scheduled_time, first_token_time=seq.first_token_time,
             num_preemptions=seq.num_preemptions,

@@ -122,15 +122,22 @@ class Scheduler:
         if len(order) < len(running):
             order += [s for s in running if s.num_tokens - s.num_computed_tokens != 1]
         preempted = False
+        drafts: dict[Sequence, int] = {}
         for seq in order:
             if budget == 0:
                 break
             if seq.status is not SeqStatus.RUNNING:
                 continue  # preempted for an earlier sequence in this step
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            rest = seq.num_tokens - seq.num_computed_tokens
+            k = len(seq.draft) if rest == 1 else 0  # a decode's draft rides along, as far as the budget goes
+            n = min(rest + k, budget)
+            k = max(0, n - rest)
             if n <= 0:
                 continue
             while not self.bm.allocate(seq, n):
+                if k:  # blocks are short: verify nothing before preempting anyone
+                    n, k = n - k, 0
+                    continue
                 victim = self._pick_victim()
                 self._preempt(victim)
                 preempted = True
@@ -139,10 +146,12 @@ class Scheduler:
                     break
             else:
                 chosen[seq] = n
+                if k:
+                    drafts[seq] = k
                 budget -= n
         if not preempted:  # blocks are short: admitting more would only thrash
             budget = self._admit(budget, chosen)
-        return [ScheduledSeq(s, n) for s, n in chosen.items()]
+        return [ScheduledSeq(s, n, drafts.get(s, 0)) for s, n in chosen.items()]
 
     def _admit(self, budget: int, chosen: dict[Sequence, int]) -> int:
         heap, bm = self._waiting, self.bm
@@ -215,9 +224,11 @@ class Scheduler:
             seq = s.seq
             if seq.status is SeqStatus.FINISHED:
                 continue
-            seq.num_computed_tokens += s.num_new_tokens
+            seq.num_computed_tokens += s.num_new_tokens  # a verification's: its accepted positions only
             self.bm.register_full_blocks(seq)
             self.bm.release_passed(seq)  # with a window on every layer: blocks no later query reads
+            if s.num_draft:
+                self.bm.trim(seq)  # the blocks that held only rejected draft positions
 
     # ---- observation ---------------------------------------------------------------------
     @property

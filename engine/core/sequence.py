@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engine.messages import LoRARequest, SamplingParams
+from engine.spec.adaptive import DraftState
 
 if TYPE_CHECKING:
     import torch
@@ -45,6 +46,8 @@ class Sequence:
     mm: SeqImages | None = None  # images (a vision model's request): M-RoPE positions, encoder outputs
     lora: LoRARequest | None = None  # its adapter (engine/lora/); None: the base model
     audio: SeqAudio | None = None  # a Whisper request's audio: features, then its cross-attention K/V
+    draft: list[int] = field(default_factory=list)  # speculative tokens proposed for the next step (engine/spec/)
+    spec: DraftState = field(default_factory=DraftState)  # its draft acceptance so far
 
     @classmethod
     def new(cls, request_id: str, prompt: list[int], params: SamplingParams,
@@ -70,10 +73,19 @@ class ScheduledSeq:
 
     `start` is seq.num_computed_tokens at scheduling time. When start + num_new_tokens ==
     seq.num_tokens the step samples a new token for it (the last prefill chunk, or a decode).
+    A decode may carry the first `num_draft` tokens of seq.draft after its last token: the step
+    then runs num_draft + 1 positions and samples each of them (engine/spec/verify.py).
     """
 
     seq: Sequence
     num_new_tokens: int
+    num_draft: int = 0
+
+    def input_ids(self) -> list[int]:
+        """The token ids of the positions run: the sequence's, then the draft's."""
+        start, n, k = self.seq.num_computed_tokens, self.num_new_tokens, self.num_draft
+        ids = self.seq.token_ids[start:start + n - k]
+        return ids + self.seq.draft[:k] if k else ids
 
     @property
     def start(self) -> int:
@@ -81,4 +93,4 @@ class ScheduledSeq:
 
     @property
     def samples(self) -> bool:
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+        return self.seq.num_computed_tokens + self.num_new_tokens - self.num_draft == self.seq.num_tokens

@@ -33,8 +33,9 @@ log = logging.getLogger("engine")
 
 @dataclass
 class RunnerOutput:
-    # [num sampling seqs, vocab] float32, in batch order of seqs with .samples; on CPU a view of the
-    # runner's buffer: valid until the next execute, and the caller may scribble in it
+    # [sampled rows, vocab] float32, in batch order of seqs with .samples (a verification: num_draft + 1 rows
+    # each, engine/spec/verify.py); on CPU a view of the runner's buffer: valid until the next execute, and the
+    # caller may scribble in it
     logits: torch.Tensor
     # batch index -> [num_new_tokens, vocab] float32 for seqs asking prompt_logprobs while in their prompt;
     # row j holds the logits after token start + j, i.e. the distribution of token start + j + 1.
@@ -197,7 +198,7 @@ class ModelRunner:
         for s in batch:
             start, n, table = s.start, s.num_new_tokens, s.seq.block_table
             row = len(input_ids)
-            input_ids += s.seq.token_ids[start:start + n]
+            input_ids += s.input_ids()
             positions += range(start, start + n)
             if n == 1:  # batched with every other single-token step
                 decode_rows.append(row)
@@ -222,7 +223,7 @@ class ModelRunner:
         slots: list[int] = []
         for s in batch:
             start, end, table = s.start, s.start + s.num_new_tokens, s.seq.block_table
-            input_ids += s.seq.token_ids[start:end]
+            input_ids += s.input_ids()
             positions += range(start, end)
             slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
         paged = build_paged_batch([s.seq.block_table for s in batch], [s.start + s.num_new_tokens for s in batch],
@@ -238,8 +239,8 @@ class ModelRunner:
         row = 0
         for i, s in enumerate(batch):
             n = s.num_new_tokens
-            if s.samples:
-                sample_rows.append(row + n - 1)
+            if s.samples:  # a verification samples its last token's row and each draft token's
+                sample_rows += range(row + n - 1 - s.num_draft, row + n)
             if s.seq.params.prompt_logprobs is not None and s.start < s.seq.num_prompt_tokens:
                 prompt_rows[i] = (row, n)
             row += n

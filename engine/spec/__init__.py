@@ -1,0 +1,1 @@
+"""Speculative decoding: the config, the n-gram proposer, the per-sequence draft length, verification."""
