@@ -27,6 +27,7 @@ log = logging.getLogger("engine")
 _EXPERT = re.compile(r"^(?P<block>.*\.experts)\.(?P<e>\d+)\.(?P<w>\w+)$")
 _ROW_PERMUTED = {"llama"}  # llama.cpp's converter permutes Q/K rows for these (its rotary layout)
 _NORM_PLUS_ONE = {"gemma2", "gemma3"}
+_KEPT = ("proj.weight", "model.embed_tokens.weight", "lm_head.weight")  # projections, embedding, head
 _FLOATS = {int(gguf.GGMLQuantizationType.F32), int(gguf.GGMLQuantizationType.F16),
            int(gguf.GGMLQuantizationType.BF16)}
 
@@ -41,7 +42,8 @@ class GGUFWeights(Weights):
 
     def __init__(self, files: list[Path], dtype: torch.dtype, device: torch.device, *,
                  keep_quantized: bool = False) -> None:
-        """keep_quantized: 2-D projection weights come back as GGMLWeight (CPU kernels compute on the blocks)."""
+        """keep_quantized: projections, the embedding and the LM head come back as GGMLWeight (CPU kernels compute
+        on the blocks; a MoE expert is dequantized: the experts are stacked dense)."""
         # no super().__init__: that one opens safetensors files
         self.dtype, self.device, self.keep_quantized = dtype, device, keep_quantized
         self._maps: list[mmap.mmap] = [open_mapped(f) for f in files]
@@ -90,7 +92,8 @@ class GGUFWeights(Weights):
         index, info = self.tensors[gguf_name]
         data, shape = self._blocks(info, index, expert)
         rows = self._row_order(gguf_name, shape)
-        if self.keep_quantized and len(shape) == 2 and info.ggml_type not in _FLOATS and name.endswith("proj.weight"):
+        if self.keep_quantized and expert is None and len(shape) == 2 and info.ggml_type not in _FLOATS and \
+                name.endswith(_KEPT):
             blocks = torch.from_numpy(np.array(data))
             held = GGMLWeight(info.ggml_type, (shape[0], shape[1]), blocks if rows is None else blocks[rows].contiguous())
             self.held_bytes += held.nbytes

@@ -11,23 +11,35 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
 from engine.execution.ops import AttnMetadata, TorchOps, TritonOps, rope_factors, rope_halves, rotate
 from engine.cpu_kernels import layer_ops
+from engine.gguf.tensor import GGMLWeight, concat_rows
 from engine.layers.linear import KernelLinear, Linear, make_linear
-from engine.layers.lm_head import choose_head
+from engine.layers.lm_head import LMHead, choose_head
 from engine.layers.moe import ACTIVATIONS, Activation, SparseMoE
 from engine.layers.parallel import WORKERS
 from engine.models.args import ModelArgs
 from engine.models.fused_decode import FusedDecode, kernels_take
 from engine.models.rope import rope_table
 
+if TYPE_CHECKING:
+    from engine.layers.quant_linear import QuantEmbedding
+
 WeightGetter = Callable[[str], torch.Tensor]
 Rope = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]  # (q, k, table index)
+
+
+def fused_rows(parts: list[torch.Tensor]) -> torch.Tensor:
+    """q|k|v or gate|up in one weight: tensors concatenated; a GGUF model's blocks (GGMLWeight, kept quantized
+    on CPU) fused as blocks, or kept as parts where their types differ (engine/layers/quant_linear.py)."""
+    if all(isinstance(p, torch.Tensor) for p in parts):
+        return torch.cat(parts, dim=0)
+    return concat_rows(parts)  # type: ignore[arg-type,return-value]  # make_linear takes blocks too
 
 
 class WeightSource(Protocol):
@@ -70,7 +82,7 @@ class Layer:
         p, qz = f"model.layers.{index}", quantization
 
         def cat(*names: str) -> torch.Tensor:
-            return torch.cat([get(f"{p}.{n}") for n in names], dim=0)
+            return fused_rows([get(f"{p}.{n}") for n in names])
 
         def norm(name: str) -> torch.Tensor:
             w = get(f"{p}.{name}.weight")
@@ -95,7 +107,7 @@ def _dense_mlp(args: ModelArgs, p: str, get: WeightGetter, quantization: str | N
     if args.fused_qkv:  # Phi-3 fuses gate|up in the checkpoint too
         gate_up = make_linear(get(f"{p}.mlp.gate_up_proj.weight"), None, quantization)
     else:
-        gate_up = make_linear(torch.cat([get(f"{p}.mlp.gate_proj.weight"), get(f"{p}.mlp.up_proj.weight")]),
+        gate_up = make_linear(fused_rows([get(f"{p}.mlp.gate_proj.weight"), get(f"{p}.mlp.up_proj.weight")]),
                               torch.cat([get(f"{p}.mlp.gate_proj.bias"), get(f"{p}.mlp.up_proj.bias")])
                               if args.mlp_bias else None, quantization)
     down = make_linear(get(f"{p}.mlp.down_proj.weight"), get(f"{p}.mlp.down_proj.bias") if args.mlp_bias else None,
@@ -115,6 +127,15 @@ def _moe(args: ModelArgs, p: str, get: WeightGetter) -> SparseMoE:
                      weights_in_model_dtype=moe.router_weights_in_model_dtype, activation=args.hidden_act)
 
 
+def _quantized_ends(embed: Any, head: Any, dtype: torch.dtype,
+                    quantization: str | None) -> tuple[LMHead, torch.Tensor | QuantEmbedding]:
+    """The LM head and embedding table where either is a GGUF model's blocks: each kept as blocks, or dense."""
+    from engine.gguf.quant_head import QuantHead, quant_embedding  # why late: only GGUF models kept quantized
+
+    lm_head = QuantHead(head, dtype) if isinstance(head, GGMLWeight) else choose_head(head, quantization)
+    return lm_head, quant_embedding(embed, dtype) if isinstance(embed, GGMLWeight) else embed
+
+
 class CausalLM:
     """Weights plus forward; holds no per-request state (that is the KV cache the runner owns)."""
 
@@ -124,15 +145,21 @@ class CausalLM:
         self.args = args
         self.ops: type[TorchOps] | type[TritonOps] = TorchOps  # the runner switches to TritonOps on GPU
         embed = get("model.embed_tokens.weight")
-        self.dtype, self.device = embed.dtype, embed.device
+        final = get("model.norm.weight")  # always dense, in the model's dtype (a GGUF embedding may be blocks)
+        self.dtype, self.device = final.dtype, final.device
         self.layers = [Layer(args, i, get, quantization) for i in range(args.num_layers)]
-        final = get("model.norm.weight")
         self.norm = 1.0 + final.float() if args.gemma_norms else final
         self.tied = args.tie_word_embeddings if args.tie_word_embeddings is not None else not has_lm_head
-        self.head = choose_head(embed if self.tied else get("lm_head.weight"), quantization)
-        # a tied embedding the head stores transposed is read from the head's columns: the table is stored once
-        self.embed: torch.Tensor | None = None if self.tied and self.head.transposed is not None else embed
-        del embed
+        head_weight = embed if self.tied else get("lm_head.weight")
+        self.head: LMHead
+        self.embed: torch.Tensor | QuantEmbedding | None
+        if isinstance(head_weight, GGMLWeight) or isinstance(embed, GGMLWeight):
+            self.head, self.embed = _quantized_ends(embed, head_weight, self.dtype, quantization)
+        else:
+            self.head = choose_head(head_weight, quantization)
+            # a tied embedding the head stores transposed is read from the head's columns: the table is stored once
+            self.embed = None if self.tied and self.head.transposed is not None else embed
+        del embed, head_weight
         # Gemma scales embeddings by sqrt(hidden) rounded to the model dtype, as transformers does
         self.embed_scale = torch.tensor(math.sqrt(args.hidden_size)).to(self.dtype) if args.embed_scale else None
         self.layer_windows: list[int | None] = list(args.windows)
@@ -268,8 +295,10 @@ class CausalLM:
             from_head = self.head.embedding_rows(input_ids)
             assert from_head is not None
             rows = from_head
-        else:
+        elif isinstance(self.embed, torch.Tensor):
             rows = F.embedding(input_ids, self.embed)
+        else:  # a GGUF table kept as blocks (engine/layers/quant_linear.py QuantEmbedding)
+            rows = self.embed(input_ids)
         return rows if self.embed_scale is None else rows * self.embed_scale
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:

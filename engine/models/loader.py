@@ -7,6 +7,7 @@ loading needs little more memory than the model itself.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -122,6 +123,18 @@ def slow_half_precision(dtype: str, device: torch.device) -> str | None:
             f"--dtype {dtype} runs several times slower than float32 here; pass --dtype float32 (or auto)")
 
 
+def keep_gguf_blocks(device: torch.device, quantization: str | None) -> bool:
+    """Whether a GGUF model's quantized weights stay the file's blocks (CPU, no --quantization, the quantized
+    kernels present, SPINDLE_GGUF_DEQUANTIZE unset or 0); otherwise they are dequantized at load."""
+    if device.type != "cpu" or quantization is not None or os.environ.get("SPINDLE_GGUF_DEQUANTIZE", "0") not in ("", "0"):
+        return False
+    try:
+        import engine.layers.quant_linear  # noqa: F401 - registers make_linear's maker for blocks
+    except ImportError:
+        return False
+    return True
+
+
 def load_model(path: str | Path, dtype: str, device: torch.device | str, max_positions: int | None = None,
                shard: ModelShard | None = None, quantization: str | None = None) -> tuple[CausalLM, ModelInfo]:
     """Build the model from a checkpoint folder. max_positions sizes the rotary table (default: the config's).
@@ -149,7 +162,8 @@ def load_model(path: str | Path, dtype: str, device: torch.device | str, max_pos
     weights: Weights
     with torch.inference_mode():
         if ggufs is not None:
-            weights = from_file = GGUFWeights(ggufs, _DTYPES[dtype_name], device)
+            weights = from_file = GGUFWeights(ggufs, _DTYPES[dtype_name], device,
+                                              keep_quantized=keep_gguf_blocks(device, quantization))
             model = family.model.load(cfg, args, weights, "lm_head.weight" in weights, positions, quantization)
             from_file.log_held()
         elif shard is None:
