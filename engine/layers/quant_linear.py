@@ -28,6 +28,10 @@ from engine.layers.parallel import WORKERS
 
 DEQUANT_TILE_BYTES = 512 << 10  # a dequantized tile stays in L2 while torch's GEMM reads it
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+# "ggml" is a candidate up to this many rows: above, its tiles of 16 rows dequantize every block again and again
+# (6x torch's GEMM on a dequantized tile at 256 rows), and timing it would cost seconds at load. "dequant" from 2:
+# at one row dequantizing alone is the kernel's whole product, so only noise could pick it.
+GGML_MOST_ROWS = 64
 
 
 def dequantize_rows(weight: GGMLWeight, start: int, end: int, dtype: torch.dtype) -> torch.Tensor:
@@ -66,14 +70,14 @@ class QuantLinear(Linear):
             return ("dequant",) * len(chooser.ROW_CLASSES)
         kind = f"ggml_{type_name(self.ggml.ggml_type)}_{str(dtype).removeprefix('torch.')}"
         return chooser.choose(kind, (self.out_features, self.in_features),
-                              {"ggml": self._bench(self.ggml_into, dtype),
-                               "dequant": self._bench(self.dequant_into, dtype, least_rows=2)})
+                              {"ggml": self._bench(self.ggml_into, dtype, rows_range=(1, GGML_MOST_ROWS)),
+                               "dequant": self._bench(self.dequant_into, dtype, rows_range=(2, 1 << 30))})
 
     def _bench(self, run: Callable[[torch.Tensor, torch.Tensor], None], dtype: torch.dtype,
-               least_rows: int = 1) -> chooser.Bench:
+               rows_range: tuple[int, int]) -> chooser.Bench:
         def at(rows: int) -> Callable[[], object]:
-            if rows < least_rows:  # one row: dequantizing alone is the kernel's whole product; only noise could pick it
-                raise ValueError(f"not a candidate below {least_rows} rows")
+            if not rows_range[0] <= rows <= rows_range[1]:  # (the chooser skips a candidate that raises)
+                raise ValueError(f"not a candidate at {rows} rows")
             x = torch.randn(rows, self.in_features, generator=torch.Generator().manual_seed(rows)).to(dtype)
             out = torch.empty(rows, self.out_features, dtype=dtype)
             return lambda: run(x, out)

@@ -132,6 +132,7 @@ def test_the_chooser_decides_per_row_class(monkeypatch: pytest.MonkeyPatch, tmp_
     assert isinstance(lin, QuantLinear)
     picked = lin.choice(torch.float32)
     assert len(picked) == len(chooser.ROW_CLASSES) and set(picked) <= {"ggml", "dequant"}
+    assert picked[0] == "ggml" and picked[-1] == "dequant"  # each the only candidate there (quant_linear's ranges)
     assert any(kind == "ggml_Q4_1_float32" for kind, _, _ in chooser.choices_made())
     chooser.forget()
 
