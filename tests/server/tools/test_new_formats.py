@@ -3,7 +3,9 @@ intervals 1, 2 and 5, and the tool_choice grammars (compiled, and accepting what
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 from typing import Any
 
 import llguidance
@@ -15,6 +17,7 @@ from server.tools.llama3 import Llama3JsonParser
 from server.tools.parser import ToolCall, ToolParser, assemble
 from server.tools.pythonic import PythonicParser
 from server.tools.qwen3_coder import Qwen3CoderParser
+from server.tools.registry import template_fits
 from tests.server.tools.test_mistral_args import byte_tokenizer
 from tests.server.tools.test_tool_calls import assemble_sdk, qwen25, run_stream  # noqa: F401 - a fixture
 
@@ -142,3 +145,23 @@ def test_forced_grammar_accepts_what_the_parser_reads(name: str, choice: Any) ->
         for piece in two.replace("</tool_call>", "\0</tool_call>\0").replace("<tool_call>", "\0<tool_call>\0").split("\0"):
             ids += [tags[piece]] if piece in tags else tok.tokenize_str(piece)
         assert matcher.consume_tokens(ids), matcher.get_error()
+
+
+@pytest.mark.parametrize("name, fits", [("hermes", True), ("qwen3_coder", False), ("pythonic", False),
+                                        ("llama3_json", False), ("mistral", False)])
+def test_a_parser_the_template_does_not_teach_is_warned_about(name: str, fits: bool, tmp_path: Any,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """One log line at start-up when none of the parser's markers is in the chat template (Qwen2.5's here)."""
+    from demo.tokenizers import tokenizer_dir
+    from server.app import _warn_tool_parser_misfit
+    from server.config import OutputConfig, ServerConfig
+
+    template = json.loads((tokenizer_dir("qwen2.5") / "tokenizer_config.json").read_text())["chat_template"]
+    (tmp_path / "t.jinja").write_text(template)
+    config = dataclasses.replace(ServerConfig(), outputs=OutputConfig(tool_call_parser=name))
+    config = dataclasses.replace(config, model=dataclasses.replace(config.model, chat_template=str(tmp_path / "t.jinja")))
+    with caplog.at_level(logging.WARNING, "spindle.server"):
+        _warn_tool_parser_misfit(config)
+    lines = [r for r in caplog.records if "tool-call markers" in r.getMessage()]
+    assert len(lines) == (0 if fits else 1)
+    assert template_fits(name, template) == fits and template_fits(name, None)
