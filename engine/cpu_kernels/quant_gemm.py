@@ -42,6 +42,12 @@ def _kernels() -> tuple[Any, Any] | None:
     return product, kernel("quant_gemm", ABI, _DEQUANT_ARGS, symbol="spindle_quant_dequant", restype=_I)
 
 
+def available() -> bool:
+    """Whether the kernel library runs here (AVX-512 with BF16, a compiler): without it every product over blocks
+    dequantizes them in Python first, and a loader does better to dequantize once at load."""
+    return _kernels() is not None
+
+
 def block_shape(ggml_type: int) -> tuple[int, int]:
     """(weights per block, bytes per block) of a ggml type."""
     block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
