@@ -144,6 +144,8 @@ class DirectBody:
         comes first), if that cannot reorder or block; False: it was not taken, send it through ASGI."""
         if not is_active():
             return False
+        if self._queued:  # the writer has not run since this response's last chunk: write that one now, so
+            self.write_queued()  # a full socket shows at once (`pending`) and the route merges what follows
         try:
             if self.pending or self._lock.locked() or not self._transport_idle():
                 return False
