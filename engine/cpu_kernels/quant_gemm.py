@@ -48,6 +48,14 @@ def available() -> bool:
     return _kernels() is not None
 
 
+def raw_product() -> Any:
+    """The C product itself, for a caller's per-step path (its arguments as `_call` passes them: type, x, x is
+    bf16, x's row stride, M, K, blocks, row bytes, N, out, out is bf16, out's row stride, threads; nonzero back for
+    a type it does not compute), or None where the library does not run. Check the type with `supports` first."""
+    kernels = _kernels()
+    return None if kernels is None else kernels[0]
+
+
 def block_shape(ggml_type: int) -> tuple[int, int]:
     """(weights per block, bytes per block) of a ggml type."""
     block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]

@@ -55,6 +55,11 @@ class QuantLinear(Linear):
         self.kernel = quant_gemm.supports(weight.ggml_type)
         self.nbytes = weight.nbytes
         self._choices: dict[torch.dtype, tuple[str, ...]] = {}
+        # the per-step path (a decode step makes ~100 of these calls): the C function and its fixed arguments
+        self._raw = quant_gemm.raw_product() if self.kernel else None
+        self._args = (weight.ggml_type, weight.data.data_ptr(), weight.data.shape[1], self.out_features)
+        self._macs = self.out_features * self.in_features
+        self._ggml_rows: dict[torch.dtype, list[bool]] = {}  # rows 0..GGML_MOST_ROWS -> "ggml" chosen
         if dtype is not None:
             self.choice(dtype)
 
@@ -84,10 +89,27 @@ class QuantLinear(Linear):
         return at
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x2 = x.reshape(-1, self.in_features)
-        out = torch.empty(x2.shape[0], self.out_features, dtype=x.dtype)
-        self.into(x2, out)
-        return out.view(*x.shape[:-1], self.out_features)
+        x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+        m, dtype = x2.shape[0], x2.dtype
+        if self._raw is not None and self.bias is None and m <= GGML_MOST_ROWS and dtype in KERNEL_DTYPES \
+                and self._ggml_at(dtype)[m] and x2.is_contiguous() and x2.shape[1] == self.in_features:
+            ggml_type, w, rb, n = self._args
+            out = torch.empty((m, n), dtype=dtype)
+            bf16 = dtype is torch.bfloat16
+            if self._raw(ggml_type, x2.data_ptr(), bf16, self.in_features, m, self.in_features, w, rb, n,
+                         out.data_ptr(), bf16, n, WORKERS.threads_for(m * self._macs, self.nbytes)):
+                raise ValueError(f"the quantized kernel refused {type_name(ggml_type)}")
+        else:
+            out = torch.empty(m, self.out_features, dtype=dtype)
+            self.into(x2.reshape(-1, self.in_features), out)
+        return out if x.dim() == 2 else out.view(*x.shape[:-1], self.out_features)
+
+    def _ggml_at(self, dtype: torch.dtype) -> list[bool]:
+        got = self._ggml_rows.get(dtype)
+        if got is None:
+            picked = self.choice(dtype)
+            got = self._ggml_rows[dtype] = [picked[chooser.row_class(r)] == "ggml" for r in range(GGML_MOST_ROWS + 1)]
+        return got
 
     def into(self, x2: torch.Tensor, out: torch.Tensor) -> None:
         """out [M, out_features] (a view with unit column stride may do) = x2 [M, in_features] @ W.T + bias, in
