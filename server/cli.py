@@ -60,6 +60,9 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
      'with --runner pooling, JSON over the checkpoint\'s own (sentence-transformers files): {"pooling_type": "LAST" | '
      '"CLS" | "MEAN" | "ALL" | "STEP", "normalize": true, "use_activation": true, "step_tag_id": id, '
      '"returned_token_ids": [...], "is_matryoshka": false, "matryoshka_dimensions": [...]}'),
+    ("--speculative-config", "speculative_config", str,
+     'speculative decoding, JSON with vLLM\'s keys: {"method": "ngram", "num_speculative_tokens": k, '
+     '"prompt_lookup_max": n, "prompt_lookup_min": m}; each sequence drafts as many as pay (up to k)'),
     ("--max-prompts-per-request", "max_prompts_per_request", int, "most prompts in one /v1/completions request"),
     ("--max-documents-per-request", "max_documents_per_request", int,
      "most documents in one /score or /rerank request (one engine batch; default 1000)"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-DECAY = 0.8  # weight of the past in a sequence's acceptance counts per verification
+DECAY = 0.9  # weight of the past in a sequence's acceptance counts per verification (about the last 10)
 PROBE_EVERY = 32  # decode steps without drafting before one draft token is tried again
 DEFAULT_COST = 0.1  # one more token's share of a decode step, until steps have been timed
 COST_SAMPLES = 64  # decode steps kept for the cost fit
@@ -17,14 +17,14 @@ COST_SAMPLES = 64  # decode steps kept for the cost fit
 class DraftState:
     """One sequence's acceptance: decayed counts of draft tokens accepted and of accept/reject trials."""
 
-    hits: float = 0.0
-    trials: float = 0.0
+    hits: float = 2.0  # a prior of 2 in 3, decaying like the rest: a new sequence tries drafting
+    trials: float = 3.0
     idle: int = 0  # decode steps since it last drafted
 
     @property
     def acceptance(self) -> float:
-        """The chance the next draft token is accepted (a prior of 2 in 3 before any trial: try it)."""
-        return (self.hits + 2.0) / (self.trials + 3.0)
+        """The chance the next draft token is accepted."""
+        return self.hits / self.trials
 
     def record(self, drafted: int, accepted: int) -> None:
         trials = accepted + (1 if accepted < drafted else 0)  # the first rejection ends the run

@@ -3,8 +3,10 @@ counts as failed, gone or hung (server/app.py, server/runtime/api_role.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
+from engine.spec.config import parse_spec_config
 from server.config.values import check_at_least_one, check_positive, check_unset_or_at_least_one
 
 
@@ -20,6 +22,7 @@ class EngineCoreConfig:
     engine_ready_timeout: float = 600.0
     engine_heartbeat_timeout: float = 10.0  # seconds without any frame: the engine is stopped or gone
     engine_step_timeout: float = 600.0  # seconds one step may run before the engine counts as hung; 0: off
+    speculative_config: dict[str, Any] = field(default_factory=dict)  # JSON, vLLM's keys: engine/spec/config.py
 
     def __post_init__(self) -> None:
         check_at_least_one(self, ("block_size", "kv_cache_memory"))
@@ -27,3 +30,4 @@ class EngineCoreConfig:
         check_positive(self, ("engine_ready_timeout", "engine_heartbeat_timeout"))
         if self.engine_step_timeout < 0:
             raise ValueError(f"SPINDLE_ENGINE_STEP_TIMEOUT must be 0 (off) or positive, got {self.engine_step_timeout}")
+        parse_spec_config(self.speculative_config)  # a bad one stops start-up, naming --speculative-config

@@ -65,7 +65,7 @@ class ServerConfig:
             master_addr=p.master_addr, master_port=p.master_port, distributed_timeout=p.distributed_timeout,
             structured_outputs_warmup=e.structured_outputs_warmup, enable_lora=lora.enable_lora,
             max_loras=lora.max_loras, max_lora_rank=lora.max_lora_rank, max_cpu_loras=lora.max_cpu_loras,
-            lora_dtype=lora.lora_dtype,
+            lora_dtype=lora.lora_dtype, speculative_config=e.speculative_config,
         )
 
     def resolved(self) -> ServerConfig:
