@@ -159,3 +159,17 @@ def test_dequantized_tiles_cover_every_row(monkeypatch: pytest.MonkeyPatch) -> N
     y = make_quant_linear(w, None, torch.float32)(x)
     assert_close(y, x, reference(w))
     assert torch.allclose(y, F.linear(x, reference(w)), rtol=1e-5, atol=1e-5)
+
+
+def test_input_shapes_and_strides(candidate: str) -> None:
+    w = weight(T.Q8_0, 19, 64, 19)
+    lin = make_quant_linear(w, None, torch.bfloat16)
+    g = torch.Generator().manual_seed(20)
+    x3 = torch.randn(2, 3, 64, generator=g).bfloat16()
+    assert_close(lin(x3), x3, weights_used(w, candidate, torch.bfloat16))
+    assert lin(x3).shape == (2, 3, 19)
+    x1 = torch.randn(64, generator=g).bfloat16()
+    assert lin(x1).shape == (19,)
+    assert_close(lin(x1), x1[None], weights_used(w, candidate, torch.bfloat16))
+    strided = torch.randn(64, 5, generator=g).bfloat16().t()  # rows 64 elements apart, columns 5 apart
+    assert_close(lin(strided), strided, weights_used(w, candidate, torch.bfloat16))
