@@ -68,7 +68,7 @@ def _completion_ids(server: Server, prompt: list[int]) -> list[int]:
 
 
 def _check_greedy_and_tokenizer(server: Server, ref: Reference) -> None:
-    for text in PROMPTS:
+    for text in PROMPTS[:2]:  # transformers' generate is the slow part here
         ids = ref.tokenizer(text)["input_ids"]
         assert _completion_ids(server, ids) == ref.greedy(ids), text
     for text in MULTILINGUAL + PROMPTS:
@@ -89,7 +89,6 @@ def test_smollm2_greedy_tokenizer_and_chat_template(smollm2: tuple[Server, Refer
     applied = ref.tokenizer.apply_chat_template(chat["messages"], add_generation_prompt=True, tokenize=False)
     r = httpx.post(f"{server.url}/tokenize", json={"model": "tiny", "messages": chat["messages"]}, timeout=30)
     assert r.json()["tokens"] == ref.tokenizer(applied, add_special_tokens=False)["input_ids"]
-    assert "GGUF weights:" in server.log.read_text() or True  # the held-bytes line is logged at INFO
 
 
 @pytest.mark.timeout(900)
