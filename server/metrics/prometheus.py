@@ -263,6 +263,15 @@ class ServerMetrics:
         self.mm_encoder_cache_hits = counter(
             "spindle_mm_encoder_cache_hits", "Images (or Whisper audio windows) whose encoder output the engine had "
             "cached.", engine=True)
+        # --speculative-config (engine/spec/): verifications, draft tokens, accepted ones, accepted per position
+        self.spec_drafts = counter("spindle_spec_decode_num_drafts",
+                                   "Speculative verifications: one per sequence and step with a draft.", engine=True)
+        self.spec_draft_tokens = counter("spindle_spec_decode_num_draft_tokens", "Draft tokens verified.", engine=True)
+        self.spec_accepted = counter("spindle_spec_decode_num_accepted_tokens", "Draft tokens accepted.", engine=True)
+        self._spec_per_pos = _CounterFamily("spindle_spec_decode_num_accepted_tokens_per_pos",
+                                            "Draft tokens accepted, by position in the draft (0: the first).",
+                                            ["model_name", "position"])
+        self._counters.families.append(self._spec_per_pos)
         self._rejected = dict(zip(REJECT_REASONS, self._family(  # exported at 0 from the start
             "spindle_requests_rejected", "Requests refused with 503 before reaching the engine.",
             ["model_name", "reason"], REJECT_REASONS)))
@@ -340,9 +349,26 @@ class ServerMetrics:
         for counter, now, before in ((self.preemptions, stats.num_preemptions, last.num_preemptions),
                                      (self.cache_queries, stats.prefix_cache_queries, last.prefix_cache_queries),
                                      (self.cache_hits, stats.prefix_cache_hits, last.prefix_cache_hits),
-                                     (self.mm_encoder_cache_hits, stats.image_cache_hits, last.image_cache_hits)):
+                                     (self.mm_encoder_cache_hits, stats.image_cache_hits, last.image_cache_hits),
+                                     (self.spec_drafts, stats.spec_num_drafts, last.spec_num_drafts),
+                                     (self.spec_draft_tokens, stats.spec_num_draft_tokens, last.spec_num_draft_tokens),
+                                     (self.spec_accepted, stats.spec_num_accepted_tokens,
+                                      last.spec_num_accepted_tokens)):
             if now > before:
                 counter.inc(now - before)
+        self._record_per_pos(stats.spec_accepted_per_pos, last.spec_accepted_per_pos)
+
+    def _record_per_pos(self, now: list[int], before: list[int]) -> None:
+        """spec_decode_num_accepted_tokens_per_pos: a child per draft position, made when the engine first
+        reports it."""
+        children = self._spec_per_pos.children
+        for i, count in enumerate(now):
+            key = (self.model_name, str(i))
+            if key not in children:
+                children[key] = LoopCounter(self._engine_slots)
+            gained = count - (before[i] if i < len(before) else 0)
+            if gained > 0:
+                children[key].inc(gained)
 
     def record_finished(self, *, reason: str, arrival: float, scheduled: float, first_token: float,
                         finished: float, num_prompt_tokens: int, num_output_tokens: int) -> None:

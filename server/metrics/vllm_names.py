@@ -23,6 +23,8 @@ VLLM_NAMES = (
     "time_to_first_token_seconds", "inter_token_latency_seconds", "time_per_output_token_seconds",  # histograms
     "e2e_request_latency_seconds", "request_queue_time_seconds", "request_prefill_time_seconds",
     "request_decode_time_seconds", "lora_requests_info",
+    "spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",  # counters
+    "spec_decode_num_accepted_tokens_per_pos",
 )
 _RENAMED = {f"spindle_{n}": f"vllm:{n}" for n in VLLM_NAMES}
 

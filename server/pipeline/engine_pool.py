@@ -151,10 +151,18 @@ class EngineChooser:
 
 def sum_stats(stats: Sequence[EngineStats]) -> EngineStats:
     """The engines' stats as one engine's: counts and cumulative counters summed (KV usage is then
-    used / total over all engines, the mean weighted by size); lists (LoRA adapter names) as their sorted union."""
-    cols: list[Any] = [sorted(set().union(*col)) if col and isinstance(col[0], list) else sum(col)
-                       for col in zip(*(msgspec.structs.astuple(s) for s in stats))]
+    used / total over all engines, the mean weighted by size); lists of names (LoRA adapters) as their sorted
+    union, lists of counts (accepted draft tokens per position) summed position by position."""
+    cols: list[Any] = [_merge(col) for col in zip(*(msgspec.structs.astuple(s) for s in stats))]
     return EngineStats(*cols)
+
+
+def _merge(col: tuple[Any, ...]) -> Any:
+    if not col or not isinstance(col[0], list):
+        return sum(col)
+    if any(isinstance(v, str) for values in col for v in values):
+        return sorted(set().union(*col))
+    return [sum(values) for values in itertools.zip_longest(*col, fillvalue=0)]
 
 
 class EnginePool:
