@@ -6,7 +6,8 @@ Every projection of every layer (fused q|k|v, o, fused gate|up, down) at the mod
 Qwen2.5-0.5B's), random bfloat16 weights, for each form: `F.linear` on the [out, in] weight as loaded,
 spindle's own kernel (engine/cpu_kernels, what bfloat16 uses on CPU where it builds) on bf16 and on int8
 weights, oneDNN with the weight pre-packed (the fallback), ATen's weight-only int8 (`--quantization int8`
-without the kernel), and float32 `F.linear`. Times are the process's CPU time, best of --tries, the forms interleaved, so a
+without the kernel), float32 `F.linear`, and "chosen": what make_linear holds on this machine (the form
+engine/cpu_kernels/chooser.py measures fastest; each call takes its row class's winner). Times are the process's CPU time, best of --tries, the forms interleaved, so a
 machine shared with other work still gives fair ratios. Also: GB/s over the bf16 weight bytes, GFLOP/s.
 """
 
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from bench.roofline import load_args
 from engine.hugepages import reexec_with_huge_pages
 from engine.cpu_kernels import gemm
-from engine.layers.linear import Int8Linear, Linear, PackedLinear, packed_weight
+from engine.layers.linear import Int8Linear, Linear, PackedLinear, make_linear, packed_weight
 from demo.shapes import SHAPES
 from engine.models.args import ModelArgs
 from engine.models.registry import parse_config
@@ -60,7 +61,8 @@ def forms(weights: list[torch.Tensor], threads: int) -> dict[str, list[Callable[
         {"kernel bf16": [ThreadedKernel(w, threads) for w in weights],
          "kernel int8": [ThreadedKernel(w, threads, "int8") for w in weights]} if gemm.available() else {}
     return {**kernel, "F.linear bf16": [Linear(w) for w in weights], "packed bf16": [PackedLinear(w) for w in weights],
-            "int8": [Int8Linear(w) for w in weights], "F.linear fp32": [Float32Linear(w) for w in weights]}
+            "int8": [Int8Linear(w) for w in weights], "F.linear fp32": [Float32Linear(w) for w in weights],
+            "chosen bf16": [make_linear(w) for w in weights]}
 
 
 def main() -> None:
