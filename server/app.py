@@ -159,13 +159,15 @@ def _refuse_several_hypercorn_workers() -> None:
 
 def create_app(config: ServerConfig | None = None, *, worker: WorkerContext | None = None,
                on_fatal: Callable[[str], None] | None = None, engine_factory: EngineFactory | None = None,
-               renderer_factory: RendererFactory | None = None, load_in_background: bool = False) -> Any:
+               renderer_factory: RendererFactory | None = None, load_in_background: bool = False,
+               wrap: bool = True) -> Any:
     """The ASGI app. `on_fatal(why)` is called once if the engine dies (the CLI exits non-zero).
 
     worker: this process's place under the --api-server-count launcher (None: a single server).
     load_in_background: the lifespan returns at once and the model loads behind it (the CLI does this,
     so /health answers 503 while loading); otherwise startup waits for the engine, and a failed load
     fails startup.
+    wrap: False gives the bare router (one model behind --models-dir, whose front app does auth and logging).
     """
     if config is None:  # plain `hypercorn 'server.app:create_app()'`: one engine per worker process
         _refuse_several_hypercorn_workers()
@@ -194,7 +196,7 @@ def create_app(config: ServerConfig | None = None, *, worker: WorkerContext | No
         *([] if config.http.disable_ui else _ui_routes(state)),
     ]
     public = () if config.http.disable_ui else PUBLIC_PATHS
-    return _asgi(state, routes, _lifespan(state, load.run, fatal, load_in_background), _not_found, public)
+    return _asgi(state, routes, _lifespan(state, load.run, fatal, load_in_background), _not_found, public, wrap)
 
 
 def _responses_routes(state: AppState, worker: WorkerContext | None) -> list[Route]:
@@ -345,9 +347,10 @@ def _ui_routes(state: AppState) -> list[Route]:
 
 
 def _asgi(state: AppState, routes: list[Route], lifespan: Any, not_found: Any,
-          public: tuple[str, ...] = ()) -> Any:
-    router = Router(routes=routes, lifespan=lifespan, default=not_found)
-    app: Any = wrap_app(router, state.config, public)  # access log, CORS, API key, root path (server/http/deploy.py)
+          public: tuple[str, ...] = (), wrap: bool = True) -> Any:
+    app: Any = Router(routes=routes, lifespan=lifespan, default=not_found)
+    if wrap:  # access log, CORS, API key, root path (server/http/deploy.py)
+        app = wrap_app(app, state.config, public)
     app.state_holder = state  # for tests and diagnostics
     return app
 

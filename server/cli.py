@@ -15,6 +15,7 @@ from engine.lora.config import parse_lora_modules
 from server.config import (
     JSON_FIELDS, JSON_LIST_FIELDS, SIZE_FIELDS, ServerConfig, parse_json_list, parse_json_object, parse_size,
 )
+from server.models.catalog import scan
 from server.runtime.headless import run_headless
 from server.runtime.http_server import run_server
 from server.runtime.launcher import run_api_servers
@@ -24,6 +25,12 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--host", "host", str, "address to listen on"),
     ("--port", "port", int, "port to listen on"),
     ("--model", "model", str, "local HF-format checkpoint folder (default: the built-in demo checkpoint)"),
+    ("--models-dir", "models_dir", str, "serve every model in this folder (HF folders, .gguf files) by name, each "
+     "loaded on its first request; optional models.yaml there holds per-model settings"),
+    ("--max-loaded-models", "max_loaded_models", int, "with --models-dir: engines loaded at once (default 1; the "
+     "least recently used idle one is unloaded)"),
+    ("--model-idle-timeout", "model_idle_timeout", float, "with --models-dir: unload a model after this many "
+     "seconds without requests (default: never)"),
     ("--served-model-name", "served_model_name", str, "the model name clients use (default: --model)"),
     ("--tokenizer", "tokenizer", str, "tokenizer folder (default: the model folder)"),
     ("--max-model-len", "max_model_len", int, "context length: prompt + output tokens"),
@@ -180,6 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv = argv[1:]
     try:
         config = config_from_args(argv, render_only=render_only)
+        if config.models.models_dir is not None:  # the folder and its models.yaml are checked before serving
+            scan(config.models.models_dir)
     except ValueError as e:
         print(f"spindle: {e}", file=sys.stderr)
         return 2

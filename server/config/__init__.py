@@ -10,6 +10,7 @@ from server.config.http import HttpConfig, WorkerClass
 from server.config.lora import LoRAConfig
 from server.config.media import MediaConfig
 from server.config.model import ModelConfig, Runner
+from server.config.models_dir import ModelsDirConfig
 from server.config.outputs import REASONING_PARSER_NAMES, TOOL_CALL_PARSER_NAMES, LogLevel, MetricsCompat, OutputConfig
 from server.config.parallel import DataParallelPolicy, ParallelConfig
 from server.config.scheduling import RequestCaps, SchedulingConfig, SchedulingPolicy
@@ -21,7 +22,7 @@ from server.config.values import (
 __all__ = [
     "ENV_PREFIX", "JSON_FIELDS", "JSON_LIST_FIELDS", "REASONING_PARSER_NAMES", "RENDER_NEEDS_MODEL", "SETTINGS",
     "SIZE_FIELDS", "TOOL_CALL_PARSER_NAMES", "_NOT_CONFIG", "DataParallelPolicy", "EngineCoreConfig", "HttpConfig",
-    "LoRAConfig", "LogLevel", "MediaConfig", "MetricsCompat", "ModelConfig", "OutputConfig", "ParallelConfig",
+    "LoRAConfig", "LogLevel", "MediaConfig", "MetricsCompat", "ModelConfig", "ModelsDirConfig", "OutputConfig", "ParallelConfig",
     "RequestCaps", "Runner", "SchedulingConfig", "SchedulingPolicy", "ServerConfig", "WorkerClass",
     "parse_json_list", "parse_json_object", "parse_size",
 ]

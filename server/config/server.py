@@ -17,6 +17,7 @@ from server.config.http import HttpConfig
 from server.config.lora import LoRAConfig
 from server.config.media import MediaConfig
 from server.config.model import ModelConfig
+from server.config.models_dir import ModelsDirConfig
 from server.config.outputs import OutputConfig
 from server.config.parallel import ParallelConfig
 from server.config.scheduling import SchedulingConfig
@@ -42,6 +43,7 @@ class ServerConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     outputs: OutputConfig = field(default_factory=OutputConfig)
     media: MediaConfig = field(default_factory=MediaConfig)
+    models: ModelsDirConfig = field(default_factory=ModelsDirConfig)
 
     def __post_init__(self) -> None:
         lora = self.lora
@@ -49,6 +51,18 @@ class ServerConfig:
         self._engine_config(self.model.model or "<demo>")  # the engine's own checks (dtype, sizes) fail at startup
         if self.parallel.render_only and self.model.model is None:  # the demo build needs torch
             raise ValueError(RENDER_NEEDS_MODEL)
+        self._check_models_dir()
+
+    def _check_models_dir(self) -> None:
+        """--models-dir serves many models from one API process and its own engines: what it does not combine with."""
+        if self.models.models_dir is None:
+            return
+        if self.model.model is not None or self.model.served_model_name is not None:
+            raise ValueError("--models-dir serves every model in the folder: leave --model and --served-model-name unset")
+        p = self.parallel
+        if p.api_server_count > 1 or p.render_only or p.headless or p.tensor_parallel_size > 1:
+            raise ValueError("--models-dir runs in one API process with one engine per model: not with "
+                             "--api-server-count, --tensor-parallel-size, --headless or spindle render")
 
     def engine_config(self) -> EngineConfig:
         return self._engine_config(self.model.model_path)

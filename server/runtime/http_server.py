@@ -22,6 +22,7 @@ from server.app import EngineFactory, create_app
 from server.config import ServerConfig
 from server.http import direct_body
 from server.http.errors import describe_exception
+from server.models.front import create_models_app
 from server.pipeline.async_llm import AsyncLLM
 from server.runtime.hypercorn_config import hypercorn_config
 from server.runtime.logs import setup_logging
@@ -116,8 +117,9 @@ async def serve(config: ServerConfig, engine_factory: EngineFactory | None = Non
     """
     hc = hypercorn_config(config, worker)
     shutdown = _Shutdown(config, hc)
-    app = create_app(config, worker=worker, on_fatal=shutdown.fatal, load_in_background=True,
-                     engine_factory=engine_factory)
+    make_app = create_models_app if config.models.models_dir is not None else create_app  # one model or a folder
+    app = make_app(config, worker=worker, on_fatal=shutdown.fatal, load_in_background=True,
+                   engine_factory=engine_factory)
     shutdown.state = app.state_holder
     quiet, error_log = _NoRunningOnAfterFailure(shutdown), logging.getLogger("hypercorn.error")  # hc.errorlog
     error_log.addFilter(quiet)

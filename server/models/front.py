@@ -1,0 +1,262 @@
+"""`--models-dir`: the app in front of every model. It answers /v1/models (every model in the folder, loaded or not),
+/health, /version and /metrics (each loaded model's, labelled by model_name, and the registry's), and hands every
+other request to the app of the model its body names (server/models/routing.py), loaded first if need be
+(server/models/registry.py). Each model's app is the single-model app (server/app.py create_app, unwrapped):
+its own AsyncLLM, engine, renderer, admission, Responses store and metrics.
+
+A streamed request whose model is not loaded gets its SSE headers at once and keep-alive comments while the model
+loads; the model's own response then continues that stream (its status line and headers are already sent, so an
+error from it becomes one SSE `data:` event with the error body).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import msgspec
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+from starlette.routing import Route, Router
+
+from server.app import EngineFactory, create_app
+from server.api.health import VersionRoute
+from server.config import ServerConfig
+from server.http.asgi import ClientGone, Message, Receive, Scope, Send, read_body, run_until_disconnect, send_error, send_json
+from server.http.deploy import wrap_app
+from server.http.errors import APIError
+from server.metrics.prometheus import CONTENT_TYPE
+from server.models.catalog import scan
+from server.models.registry import Loaded, ModelRegistry, ModelSlot, RegistryMetrics
+from server.models.routing import replay, routing_of
+from server.pipeline import unavailable
+
+log = logging.getLogger("spindle.server")
+KEEPALIVE = b": loading model\n\n"
+
+
+class ModelCard(msgspec.Struct):
+    id: str
+    created: int
+    owned_by: str
+    root: str
+    max_model_len: int
+    loaded: bool
+    object: str = "model"
+
+
+class ModelList(msgspec.Struct):
+    data: list[ModelCard]
+    object: str = "list"
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def model_not_found(name: str | None, served: list[str]) -> bytes:
+    """OpenAI's 404 for an unknown model (code `model_not_found`)."""
+    message = (f"The model `{name}` does not exist; this server serves: {', '.join(served)}." if name is not None
+               else f"The request names no `model`; this server serves: {', '.join(served)}.")
+    return _encoder.encode({"error": {"message": message, "type": "invalid_request_error", "param": "model",
+                                      "code": "model_not_found"}})
+
+
+class _PerModel(Collector):
+    """Every loaded model's metrics (each labelled by its model_name) as one family per name."""
+
+    def __init__(self, slots: dict[str, ModelSlot]) -> None:
+        self.slots = slots
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        for slot in self.slots.values():
+            if slot.loaded is None or slot.loaded.metrics is None:
+                continue
+            for family in slot.loaded.metrics.registry.collect():
+                into = merged.get(family.name)
+                if into is None:
+                    into = merged[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
+                into.samples.extend(family.samples)
+        yield from merged.values()
+
+
+class _Endpoint:
+    """A method as an ASGI endpoint (Starlette would call a bare method with a Request)."""
+
+    def __init__(self, handle: Callable[[Scope, Receive, Send], Any]) -> None:
+        self.handle = handle
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.handle(scope, receive, send)
+
+
+def _metrics_of(app: Any) -> Any:
+    """The ServerMetrics a model's app records into (its /metrics route's)."""
+    return next((route.endpoint.metrics for route in app.routes if getattr(route, "path", None) == "/metrics"), None)
+
+
+class ModelsFront:
+    def __init__(self, config: ServerConfig, engine_factory: EngineFactory | None = None) -> None:
+        assert config.models.models_dir is not None
+        self.config = config
+        self.prometheus = CollectorRegistry()
+        self.engine_factory = engine_factory
+        self.registry = ModelRegistry(config, scan(config.models.models_dir), self._make_app,
+                                      RegistryMetrics(self.prometheus))
+        self.prometheus.register(_PerModel(self.registry.slots))
+        self.created = int(time.time())
+        self.limit = max(config.http.max_request_body, int(config.media.max_audio_filesize_mb * 1e6) + (1 << 20))
+
+    @property
+    def llm(self) -> ModelRegistry:
+        """What SIGTERM drains (server/runtime/http_server.py): every loaded model's requests."""
+        return self.registry
+
+    def _make_app(self, config: ServerConfig, on_fatal: Callable[[str], None]) -> Loaded:
+        app = create_app(config, on_fatal=on_fatal, engine_factory=self.engine_factory, wrap=False)
+        return Loaded(app, app.state_holder, _metrics_of(app))
+
+    async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Any route but the front's own: to the app of the model the body names."""
+        if scope["type"] != "http":
+            return
+        try:
+            body = await read_body(receive, self.limit)
+            name, stream = routing_of(scope, body)
+        except ClientGone:
+            return
+        except APIError as e:
+            await send_error(send, e)
+            return
+        slot = self.registry.slots.get(name) if name is not None else None
+        if slot is None:
+            await send_json(send, 404, model_not_found(name, sorted(self.registry.slots)))
+            return
+        if slot.status != "loaded" and stream:
+            await self._stream_after_load(slot, scope, replay(body, receive), send)
+            return
+        app: Any = None
+        error: APIError | None = None
+
+        async def wait() -> None:
+            nonlocal app, error
+            try:
+                app = await self.registry.acquire(slot)
+            except APIError as e:  # raised here, it would reach the caller inside an exception group
+                error = e
+
+        if slot.status == "loaded":  # the common path: no task group, no watcher
+            await wait()
+        elif not await run_until_disconnect(receive, wait):
+            if app is not None:  # loaded as the client left
+                self.registry.release(slot)
+            return
+        if error is not None:
+            await send_error(send, error)
+            return
+        try:
+            await app(scope, replay(body, receive), send)
+        finally:
+            self.registry.release(slot)
+
+    async def _stream_after_load(self, slot: ModelSlot, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
+        done = anyio.Event()
+        interval = self.config.outputs.sse_keepalive
+
+        async def keep_alive() -> None:
+            while not done.is_set():
+                await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
+                if not interval:
+                    return
+                with anyio.move_on_after(interval):
+                    await done.wait()
+
+        app: Any = None
+        error: APIError | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(keep_alive)
+            try:
+                app = await self.registry.acquire(slot)
+            except APIError as e:
+                error = e
+            finally:
+                done.set()
+        if error is not None:
+            await send({"type": "http.response.body", "body": b"data: " + error.body() + b"\n\n"})
+            return
+        try:
+            await app(scope, receive, _continue_stream(send))
+        finally:
+            self.registry.release(slot)
+
+    async def models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        cards = []
+        for name, slot in sorted(self.registry.slots.items()):
+            limits = slot.loaded.state.limits if slot.loaded is not None else None
+            max_len = limits.max_model_len if limits is not None else int(slot.entry.settings.get("max_model_len", 0))
+            cards.append(ModelCard(id=name, created=self.created, owned_by="spindle", root=str(slot.entry.path),
+                                   max_model_len=max_len, loaded=slot.status == "loaded"))
+        await send_json(send, 200, _encoder.encode(ModelList(cards)))
+
+    async def health(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.registry.stopping:
+            await send_error(send, unavailable.shutting_down())
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = generate_latest(self.prometheus)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", CONTENT_TYPE.encode()), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    @asynccontextmanager
+    async def lifespan(self, app: Any) -> AsyncIterator[None]:
+        async with anyio.create_task_group() as tg:
+            await tg.start(self.registry.run)
+            log.info("serving %d models from %s (up to %d loaded at once)", len(self.registry.slots),
+                     self.config.models.models_dir, self.registry.max_loaded)
+            try:
+                yield
+            finally:
+                self.registry.stopping = True
+                tg.cancel_scope.cancel()
+
+
+def _continue_stream(send: Send) -> Send:
+    """The model's own response after the front sent the SSE headers: its start is dropped; a non-200 answer's
+    body (an error) is sent as one SSE event."""
+    status = 200
+
+    async def forward(message: Message) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = int(message["status"])
+            return
+        if message["type"] == "http.response.body" and status != 200:
+            message = {"type": "http.response.body", "body": b"data: " + bytes(message.get("body", b"")) + b"\n\n",
+                       "more_body": message.get("more_body", False)}
+        await send(message)
+
+    return forward
+
+
+def create_models_app(config: ServerConfig, *, engine_factory: EngineFactory | None = None, **_: Any) -> Any:
+    """The --models-dir app (create_app's keyword arguments are accepted; a model's engine death unloads that model
+    instead of stopping the server)."""
+    front = ModelsFront(config, engine_factory)
+    routes = [Route("/v1/models", _Endpoint(front.models), methods=["GET"]),
+              Route("/health", _Endpoint(front.health), methods=["GET"]),
+              Route("/version", VersionRoute(), methods=["GET"]),
+              Route("/metrics", _Endpoint(front.metrics), methods=["GET"])]
+    app: Any = wrap_app(Router(routes=routes, lifespan=front.lifespan, default=front.dispatch), config)
+    app.state_holder = front
+    return app
