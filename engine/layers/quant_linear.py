@@ -32,6 +32,7 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 # (6x torch's GEMM on a dequantized tile at 256 rows), and timing it would cost seconds at load. "dequant" from 2:
 # at one row dequantizing alone is the kernel's whole product, so only noise could pick it.
 GGML_MOST_ROWS = 64
+CHOOSER_BYTES = 4 << 20  # the chooser times at most this much of a weight (past L2, as a step streams them)
 
 
 def dequantize_rows(weight: GGMLWeight, start: int, end: int, dtype: torch.dtype) -> torch.Tensor:
@@ -74,12 +75,18 @@ class QuantLinear(Linear):
         if not self.kernel or dtype not in KERNEL_DTYPES:
             return ("dequant",) * len(chooser.ROW_CLASSES)
         kind = f"ggml_{type_name(self.ggml.ggml_type)}_{str(dtype).removeprefix('torch.')}"
+        probe = self  # a big weight (an LM head) is timed on its first rows: both candidates scale with the rows
+        if self.nbytes > CHOOSER_BYTES:
+            rows = max(64, CHOOSER_BYTES // self.ggml.data.shape[1])
+            probe = QuantLinear(GGMLWeight(self.ggml.ggml_type, (rows, self.in_features), self.ggml.data[:rows]), None)
         return chooser.choose(kind, (self.out_features, self.in_features),
-                              {"ggml": self._bench(self.ggml_into, dtype, rows_range=(1, GGML_MOST_ROWS)),
-                               "dequant": self._bench(self.dequant_into, dtype, rows_range=(2, 1 << 30))})
+                              {"ggml": probe.bench(probe.ggml_into, dtype, rows_range=(1, GGML_MOST_ROWS)),
+                               "dequant": probe.bench(probe.dequant_into, dtype, rows_range=(2, 1 << 30))})
 
-    def _bench(self, run: Callable[[torch.Tensor, torch.Tensor], None], dtype: torch.dtype,
+    def bench(self, run: Callable[[torch.Tensor, torch.Tensor], None], dtype: torch.dtype,
                rows_range: tuple[int, int]) -> chooser.Bench:
+        """chooser.choose's timing of `run` (one of this weight's candidates): rows -> one product of that many
+        random rows; raises outside `rows_range`, which the chooser takes as "not a candidate there"."""
         def at(rows: int) -> Callable[[], object]:
             if not rows_range[0] <= rows <= rows_range[1]:  # (the chooser skips a candidate that raises)
                 raise ValueError(f"not a candidate at {rows} rows")
