@@ -95,6 +95,7 @@ def completion(matcher: llguidance.LLMatcher, preferred: np.ndarray, eos: Sequen
     stuck: set[bytes] = set()  # masks where no option led anywhere new: the first option, untried (a minLength)
     known: bytes | None = None  # m's mask when the last step computed it (the chosen option's)
     taken: set[tuple[bytes, int]] = set()  # (mask, key): a key once per mask, so an open object cannot loop
+    fallback: dict[bytes, int] = {}  # masks where every option led somewhere seen: the option taken there
     tries = 0
     while len(path) <= limit:
         if m.is_stopped():
@@ -114,18 +115,13 @@ def completion(matcher: llguidance.LLMatcher, preferred: np.ndarray, eos: Sequen
         if not options:
             return None
         step: _Step | None = None
-        other: _Step | None = None
         if mask not in stuck:
             if tries >= MAX_TRIES:
                 return None
             step = _key(m, mask, keys, taken, structural) if keys else None
             if step is None:
-                step, other, used = _try(m, options, mask, seen, MAX_TRIES - tries)
+                step, used = _step(m, mask, options, seen, fallback, hints, MAX_TRIES - tries)
                 tries += used
-            if step is None and other is None and hints:  # no single token changes the mask: a way out?
-                step = _hint(m, mask, hints, seen)
-                tries += 1
-        step = step or other
         if step is None:
             stuck.add(mask)
             c = m.deep_copy()
@@ -165,6 +161,33 @@ def _try(m: llguidance.LLMatcher, options: list[int], mask: bytes, seen: set[byt
         if other is None and after != mask:
             other = ([t], c, after)
     return None, other, min(len(options), allowed)
+
+
+def _step(m: llguidance.LLMatcher, mask: bytes, options: list[int], seen: set[bytes], fallback: dict[bytes, int],
+          hints: Sequence[Sequence[int]], allowed: int) -> tuple[_Step | None, int]:
+    """(the step to take at `mask`: an option that leads somewhere new, else one that leads elsewhere; None: stuck,
+    and the tries used). At a mask where every option led somewhere seen before, the option taken then is tried
+    first: one try instead of all of them."""
+    if mask in fallback and (again := _again(m, fallback[mask], mask)) is not None:
+        return again, 1
+    step, other, used = _try(m, options, mask, seen, allowed)
+    if step is None and other is not None:
+        fallback[mask] = other[0][0]
+    if step is None and other is None and hints:  # no single token changes the mask: a way out?
+        return _hint(m, mask, hints, seen), used + 1
+    return step or other, used
+
+
+def _again(m: llguidance.LLMatcher, token: int, mask: bytes) -> _Step | None:
+    """The option taken the last time at this mask, when it still leads elsewhere (a string like many before it:
+    a schema's sixty URL members; every option leads somewhere seen, so each would cost all the options)."""
+    c = m.deep_copy()
+    if not c.consume_token(token):
+        return None
+    if _done(c):
+        return [token], c, None
+    after = bytes(c.compute_bitmask())
+    return ([token], c, after) if after != mask else None
 
 
 def _hint(m: llguidance.LLMatcher, mask: bytes, hints: Sequence[Sequence[int]], seen: set[bytes]) -> _Step | None:

@@ -284,3 +284,20 @@ def test_required_keys_of_other_objects_do_not_loop_in_an_open_object(core: Engi
     path = g.completion(200)
     assert path is not None and g.accept_tokens(path)
     jsonschema.validate(json.loads(text_of(core, path)), schema)
+
+
+def test_many_alike_members_do_not_use_up_the_search(core: EngineCore) -> None:
+    """Forty required URL members (a GitHub webhook's repository has sixty): after the first, every option inside
+    each URL string leads to a mask seen before, and trying them all at each step used up the search's tries before
+    the object closed, so a budget the finish fits in was cut invalid. The option taken at such a mask is tried first."""
+    schema = {"type": "object", "required": [f"link_{i}" for i in range(40)],
+              "properties": {f"link_{i}": {"type": "string", "format": "uri"} for i in range(40)}}
+    so = StructuredOutputs("json", json.dumps(relax(schema, {"whitespace_flexible": False}).schema))
+    path = shared_backend(core).compile(so).completion(600)
+    assert path is not None and len(path) < 480
+    jsonschema.validate(json.loads(text_of(core, path)), schema)
+    outs = run(core, [(f"u{seed}", PROMPT, SamplingParams(max_tokens=480, temperature=1.0, seed=seed,
+                                                          structured_outputs=so)) for seed in range(2)])
+    for o in outs.values():
+        assert finish(o) == ("stop", None), text_of(core, tokens(o))
+        jsonschema.validate(json.loads(text_of(core, tokens(o))), schema)
