@@ -134,6 +134,13 @@ def test_the_chooser_decides_per_row_class(monkeypatch: pytest.MonkeyPatch, tmp_
     assert len(picked) == len(chooser.ROW_CLASSES) and set(picked) <= {"ggml", "dequant"}
     assert picked[0] == "ggml" and picked[-1] == "dequant"  # each the only candidate there (quant_linear's ranges)
     assert any(kind == "ggml_Q4_1_float32" for kind, _, _ in chooser.choices_made())
+    # a weight past CHOOSER_BYTES is timed on its first rows, its choice filed under its whole shape
+    monkeypatch.setattr(quant_linear, "CHOOSER_BYTES", 64 * 40)
+    big = make_quant_linear(weight(T.Q4_1, 200, 64, 16), None, torch.bfloat16)
+    assert isinstance(big, QuantLinear) and big.choice(torch.bfloat16)[0] == "ggml"
+    assert ("ggml_Q4_1_bfloat16", (200, 64)) in [(kind, shape) for kind, shape, _ in chooser.choices_made()]
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(21)).bfloat16()
+    assert_close(big(x), x, weights_used(big.ggml, big.choice(torch.bfloat16)[chooser.row_class(3)], torch.bfloat16))
     chooser.forget()
 
 
