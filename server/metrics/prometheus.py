@@ -263,15 +263,7 @@ class ServerMetrics:
         self.mm_encoder_cache_hits = counter(
             "spindle_mm_encoder_cache_hits", "Images (or Whisper audio windows) whose encoder output the engine had "
             "cached.", engine=True)
-        # --speculative-config (engine/spec/): verifications, draft tokens, accepted ones, accepted per position
-        self.spec_drafts = counter("spindle_spec_decode_num_drafts",
-                                   "Speculative verifications: one per sequence and step with a draft.", engine=True)
-        self.spec_draft_tokens = counter("spindle_spec_decode_num_draft_tokens", "Draft tokens verified.", engine=True)
-        self.spec_accepted = counter("spindle_spec_decode_num_accepted_tokens", "Draft tokens accepted.", engine=True)
-        self._spec_per_pos = _CounterFamily("spindle_spec_decode_num_accepted_tokens_per_pos",
-                                            "Draft tokens accepted, by position in the draft (0: the first).",
-                                            ["model_name", "position"])
-        self._counters.families.append(self._spec_per_pos)
+        self._spec_counters()
         self._rejected = dict(zip(REJECT_REASONS, self._family(  # exported at 0 from the start
             "spindle_requests_rejected", "Requests refused with 503 before reaching the engine.",
             ["model_name", "reason"], REJECT_REASONS)))
@@ -287,6 +279,18 @@ class ServerMetrics:
         self._last = EngineStats(0, 0, 0, 1, 0, 0, 0)
         self.engine_heard = time.monotonic()  # when the last engine frame's stats came (record_stats)
         self.lora: LoRAMetrics | None = None  # --enable-lora (enable_lora)
+
+    def _spec_counters(self) -> None:
+        """--speculative-config (engine/spec/): verifications, draft tokens, accepted ones, accepted per position."""
+        counter = self._counter
+        self.spec_drafts = counter("spindle_spec_decode_num_drafts",
+                                   "Speculative verifications: one per sequence and step with a draft.", engine=True)
+        self.spec_draft_tokens = counter("spindle_spec_decode_num_draft_tokens", "Draft tokens verified.", engine=True)
+        self.spec_accepted = counter("spindle_spec_decode_num_accepted_tokens", "Draft tokens accepted.", engine=True)
+        self._spec_per_pos = _CounterFamily("spindle_spec_decode_num_accepted_tokens_per_pos",
+                                            "Draft tokens accepted, by position in the draft (0: the first).",
+                                            ["model_name", "position"])
+        self._counters.families.append(self._spec_per_pos)
 
     def enable_lora(self, max_loras: int) -> None:
         self.lora = LoRAMetrics(self.model_name, max_loras)

