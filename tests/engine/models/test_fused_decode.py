@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 import torch
 
 from engine.config import EngineConfig
+from engine.execution.ops import AttnMetadata
+from engine.layers.linear import KernelLinear
 from engine.messages import SamplingParams
 from engine.execution.model_runner import ModelRunner
 from engine.models import fused_decode
@@ -122,3 +125,16 @@ def test_float32_and_lora_build_none(ckpt: Path) -> None:
     lora = ModelRunner(EngineConfig(model=str(ckpt), dtype="bfloat16", block_size=BLOCK, num_blocks=16,
                                     enable_lora=True))
     assert lora.model.fused_decode() is None
+
+
+def test_a_decode_step_goes_fused_only_where_the_chooser_gave_our_kernel_its_rows() -> None:
+    """The kernel chooser gave rows 5 and more to torch's GEMM (unpacked tiles): those steps go layer by layer."""
+    w = torch.zeros(64, 32, dtype=torch.bfloat16)
+    lin = KernelLinear(w, None, None, winners=("spindle", "spindle", "spindle-unpack", "spindle-unpack", "spindle"))
+    fused = object.__new__(fused_decode.FusedDecode)
+    fused.projections = [lin] * 4
+
+    def meta(rows: int) -> AttnMetadata:
+        return cast(AttnMetadata, SimpleNamespace(paged=None, decodes=[0] * rows, prefills=[]))
+    assert fused.takes(meta(1), 1) and fused.takes(meta(4), 4)
+    assert not fused.takes(meta(5), 5) and not fused.takes(meta(64), 64)
