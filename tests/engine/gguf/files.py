@@ -34,11 +34,12 @@ def _tensors(rng: np.random.Generator, tied: bool) -> dict[str, np.ndarray]:
 
 
 def write_llama(path: Path, *, arch: str = "llama", qtype: gguf.GGMLQuantizationType | None = None,
-                tied: bool = True, seed: int = 0) -> dict[str, np.ndarray]:
-    """A small llama-shaped GGUF file with a byte-level vocabulary; returns the float tensors written (before
-    any quantization), by GGUF name."""
+                tied: bool = True, seed: int = 0, split_max_tensors: int = 0) -> dict[str, np.ndarray]:
+    """A small llama-shaped GGUF file with a byte-level vocabulary (split_max_tensors > 0: split into parts
+    `path-0000i-of-0000N.gguf` of that many tensors); returns the float tensors written (before any quantization),
+    by GGUF name."""
     tensors = _tensors(np.random.default_rng(seed), tied)
-    w = gguf.GGUFWriter(str(path), arch)
+    w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     w.add_block_count(LAYERS)
     w.add_context_length(256)
     w.add_embedding_length(HIDDEN)

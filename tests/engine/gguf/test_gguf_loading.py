@@ -66,3 +66,16 @@ def test_an_installed_name_whose_package_is_missing_says_how_to_install(monkeypa
         source.gguf_file_of("nothing:1m")
     with pytest.raises(ValueError, match="not installed"):
         ModelConfig(model="nothing:1m")
+
+
+def test_a_split_model_loads_as_the_whole(tmp_path: Path, q8_file: Path) -> None:
+    folder = tmp_path / "split"
+    folder.mkdir()
+    write_llama(folder / "small.gguf", qtype=gguf.GGMLQuantizationType.Q8_0, split_max_tensors=8)
+    parts = sorted(folder.glob("*.gguf"))
+    assert len(parts) == 3
+    whole, _ = load_model(resolve_model(str(q8_file)), "float32", "cpu")
+    split, _ = load_model(resolve_model(str(folder)), "float32", "cpu")
+    assert ModelConfig(model=str(parts[0])).model_name == "small.gguf"
+    h = torch.randn(2, 64, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(split.compute_logits(h), whole.compute_logits(h))
