@@ -95,7 +95,8 @@ class GGUFWeights(Weights):
         if self.keep_quantized and expert is None and len(shape) == 2 and info.ggml_type not in _FLOATS and \
                 name.endswith(_KEPT):
             blocks = torch.from_numpy(np.array(data))
-            held = GGMLWeight(info.ggml_type, (shape[0], shape[1]), blocks if rows is None else blocks[rows].contiguous())
+            blocks = blocks if rows is None else blocks[rows].contiguous()
+            held = GGMLWeight(info.ggml_type, (shape[0], shape[1]), blocks)
             self.held_bytes += held.nbytes
             self.progress.advance()
             return held  # type: ignore[return-value]  # the quantized linears take it (engine/layers/quant_linear.py)

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import gguf
 import httpx
 import pytest
 import torch
@@ -101,10 +102,39 @@ def test_gemma3_greedy_tokenizer_and_no_chat_template(gemma3: tuple[Server, Refe
     assert "chat template" in r.json()["error"]["message"]
 
 
+def test_a_lora_adapter_on_a_gguf_base_equals_peft(tmp_path: Path) -> None:
+    """The adapter's product is added to the quantized projections' (Q8_0 blocks kept): greedy == peft on
+    transformers' GGUF-loaded base."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.helpers.lora import peft_greedy, write_adapter
+
+    path = tmp_path / "small.gguf"
+    write_llama(path, qtype=gguf.GGMLQuantizationType.Q8_0)
+    base = tmp_path / "base-hf"  # the same weights as transformers dequantizes them, for peft
+    loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, dtype=torch.float32)
+    loaded.config.__dict__.pop("quantization_config", None)  # a GGUF-loaded model is not saved as such
+    plain = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    plain.load_state_dict(loaded.state_dict())
+    plain.save_pretrained(base)
+    adapter = write_adapter(base, tmp_path / "a1", r=8, targets=["q_proj", "v_proj", "down_proj"], seed=5, alpha=256)
+    server = start_server(path, tmp_path, "--dtype", "float32", "--enable-lora", "--lora-modules", f"a1={adapter}")
+    try:
+        prompt = [5, 17, 33, 60, 2]
+        body = {"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+        got = {m: httpx.post(f"{server.url}/v1/completions", json={"model": m, **body}, timeout=120).json()
+               for m in ("tiny", "a1")}
+        want = peft_greedy(base, adapter, prompt, 8)
+        assert got["a1"]["choices"][0]["token_ids"] == want
+        assert got["tiny"]["choices"][0]["token_ids"] != want
+    finally:
+        server.stop()
+
+
 def _start_fails(model: Path) -> str:
     """`spindle serve --model FILE` on a bad file: exit status 2 and one line on stderr."""
     out = subprocess.run([sys.executable, "-m", "server", "--model", str(model), "--port", "1"],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr

@@ -24,7 +24,9 @@ TOLERANCE = {T.F32: 0.0, T.F16: 1e-3, T.BF16: 8e-3, T.Q8_0: 1e-2, T.Q4_0: 0.15, 
 
 def _torch_reference(data: np.ndarray, qtype: T) -> torch.Tensor | None:
     try:
-        from transformers.integrations.gguf.dequant import dequantize as torch_dequantize
+        from transformers.integrations.gguf.dequant import (
+            dequantize as torch_dequantize,
+        )
     except ImportError:
         return None
     try:

@@ -97,7 +97,8 @@ def test_moe_experts_are_slices_of_the_stacked_tensor(tmp_path: Path) -> None:
     path = tmp_path / "moe.gguf"
     w = _writer(path, "qwen3moe")
     rng = np.random.default_rng(3)
-    gate, down = rng.standard_normal((4, 32, 64)).astype(np.float32), rng.standard_normal((4, 64, 32)).astype(np.float32)
+    gate = rng.standard_normal((4, 32, 64)).astype(np.float32)
+    down = rng.standard_normal((4, 64, 32)).astype(np.float32)
     w.add_tensor("blk.0.ffn_gate_exps.weight", quantize_rows(gate), raw_dtype=T.Q8_0)
     w.add_tensor("blk.0.ffn_down_exps.weight", down)
     w.add_tensor("blk.0.ffn_gate_inp.weight", rng.standard_normal((4, 64)).astype(np.float32))
