@@ -79,3 +79,13 @@ def test_a_split_model_loads_as_the_whole(tmp_path: Path, q8_file: Path) -> None
     assert ModelConfig(model=str(parts[0])).model_name == "small.gguf"
     h = torch.randn(2, 64, generator=torch.Generator().manual_seed(1))
     assert torch.equal(split.compute_logits(h), whole.compute_logits(h))
+
+
+def test_int8_quantization_dequantizes_the_blocks_first(q8_file: Path, caplog: pytest.LogCaptureFixture) -> None:
+    folder = resolve_model(str(q8_file))
+    caplog.set_level(logging.INFO, logger="engine")
+    model, _ = load_model(folder, "float32", "cpu", quantization="int8")
+    assert type(model.layers[0].qkv).__name__ != "QuantLinear"
+    assert any("dequantized to float32" in r.getMessage() for r in caplog.records)
+    logits = model.compute_logits(torch.randn(2, 64, generator=torch.Generator().manual_seed(2)))
+    assert logits.shape == (2, 96) and torch.isfinite(logits).all()
