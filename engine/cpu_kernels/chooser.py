@@ -145,8 +145,9 @@ def choose(kind: str, shape: tuple[int, ...], candidates: Mapping[str, Bench]) -
     """Per row class, the name of the fastest candidate (timed on this machine at a representative row count of
     each class, interleaved, median of repeats), cached in the spindle cache under a key of the CPU model name,
     torch version, the kernel library's build hash, kind, shape and the candidate names, so a restart times
-    nothing. A candidate that raises (or is absent) is skipped; if all fail, raises ChooserError.
-    SPINDLE_KERNEL_CHOICE=name forces one candidate where present (for tests and benchmarks)."""
+    nothing. A candidate that raises (or is absent) is skipped; if all fail, raises ChooserError (a single
+    candidate is taken untimed). SPINDLE_KERNEL_CHOICE=name forces one candidate where present (for tests and
+    benchmarks)."""
     winners, new = _choose(kind, shape, candidates)
     if new:
         _log(kind, shape, winners)
@@ -165,8 +166,8 @@ def _choose(kind: str, shape: tuple[int, ...], candidates: Mapping[str, Bench]) 
         raise ChooserError(f"no candidate for {kind} {shape}")
     memo = (kind, tuple(shape), tuple(sorted(names)))
     forced = os.environ.get(FORCE_ENV, "").strip()
-    if forced in candidates:
-        winners: tuple[str, ...] = (forced,) * len(ROW_CLASSES)
+    if forced in candidates or len(names) == 1:  # forced, or nothing to choose between: nothing timed
+        winners: tuple[str, ...] = (forced if forced in candidates else names[0],) * len(ROW_CLASSES)
     elif memo in _made:
         return _made[memo], False
     else:

@@ -95,10 +95,14 @@ class KernelLinear(Linear):
         self.packed = packed_weight(weight, bias, quantization)
         del self.weight  # the packed copy is the only one kept
         self._macs_per_row, self._bytes = self.out_features * self.in_features, self.packed.nbytes
-        self.winners = winners or ("spindle",) * len(chooser.ROW_CLASSES)
+        self.set_winners(winners or ("spindle",) * len(chooser.ROW_CLASSES))
+
+    def set_winners(self, winners: tuple[str, ...]) -> None:
+        """The path per row class: "spindle" or "spindle-unpack" (the chooser's decision)."""
+        self.winners = winners
         # the smallest row count that goes through torch's GEMM (none: 1 << 62)
-        self._unpack_from = min((lo for (lo, _), w in zip(chooser.ROW_CLASSES, self.winners)
-                                 if w == "spindle-unpack"), default=1 << 62)
+        self._unpack_from = min((lo for (lo, _), w in zip(chooser.ROW_CLASSES, winners) if w == "spindle-unpack"),
+                                default=1 << 62)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
@@ -259,9 +263,7 @@ def choose_linear(weight: torch.Tensor, bias: torch.Tensor | None, quantization:
     held, winners = chooser.choose_held(kind, tuple(weight.shape), {n: bench(n) for n in names}, FORM_OF)
     lin = built.get(held) or forms[held]()
     if isinstance(lin, KernelLinear):
-        lin.winners = winners
-        lin._unpack_from = min((lo for (lo, _), w in zip(chooser.ROW_CLASSES, winners) if w == "spindle-unpack"),
-                               default=1 << 62)
+        lin.set_winners(winners)
     return lin, winners
 
 

@@ -126,9 +126,14 @@ def test_nothing_that_runs_raises_the_chooser_error(clock: FakeClock) -> None:
         raise RuntimeError("no")
 
     with pytest.raises(chooser.ChooserError):
-        chooser.choose("bf16", (8, 8), {"broken": broken})
+        chooser.choose("bf16", (8, 8), {"broken": broken, "also broken": broken})
     with pytest.raises(chooser.ChooserError):
         chooser.choose("bf16", (8, 8), {})
+
+
+def test_a_single_candidate_is_taken_untimed(clock: FakeClock) -> None:
+    only = Fake(clock, lambda rows: 1e-3)
+    assert chooser.choose("bf16", (8, 8), {"only": only}) == ("only",) * 5 and only.calls == 0
 
 
 def test_the_environment_forces_a_present_candidate(clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
