@@ -32,7 +32,7 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 # (6x torch's GEMM on a dequantized tile at 256 rows), and timing it would cost seconds at load. "dequant" from 2:
 # at one row dequantizing alone is the kernel's whole product, so only noise could pick it.
 GGML_MOST_ROWS = 64
-CHOOSER_BYTES = 4 << 20  # the chooser times at most this much of a weight (past L2, as a step streams them)
+CHOOSER_BYTES = 4 << 20  # the chooser times about this much of a weight's blocks
 
 
 def dequantize_rows(weight: GGMLWeight, start: int, end: int, dtype: torch.dtype) -> torch.Tensor:
@@ -75,10 +75,14 @@ class QuantLinear(Linear):
         if not self.kernel or dtype not in KERNEL_DTYPES:
             return ("dequant",) * len(chooser.ROW_CLASSES)
         kind = f"ggml_{type_name(self.ggml.ggml_type)}_{str(dtype).removeprefix('torch.')}"
-        probe = self  # a big weight (an LM head) is timed on its first rows: both candidates scale with the rows
+        # timed on about CHOOSER_BYTES of blocks, past L2 as a step streams its weights: a big weight (an LM head)
+        # on its first rows, a small one repeated (both candidates' costs scale with the rows)
+        data = self.ggml.data
         if self.nbytes > CHOOSER_BYTES:
-            rows = max(64, CHOOSER_BYTES // self.ggml.data.shape[1])
-            probe = QuantLinear(GGMLWeight(self.ggml.ggml_type, (rows, self.in_features), self.ggml.data[:rows]), None)
+            data = data[:max(64, CHOOSER_BYTES // data.shape[1])]
+        elif self.nbytes < CHOOSER_BYTES // 2:
+            data = data.repeat(CHOOSER_BYTES // self.nbytes, 1)
+        probe = QuantLinear(GGMLWeight(self.ggml.ggml_type, (data.shape[0], self.in_features), data), None)
         return chooser.choose(kind, (self.out_features, self.in_features),
                               {"ggml": probe.bench(probe.ggml_into, dtype, rows_range=(1, GGML_MOST_ROWS)),
                                "dequant": probe.bench(probe.dequant_into, dtype, rows_range=(2, 1 << 30))})
