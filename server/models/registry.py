@@ -97,7 +97,15 @@ class ModelRegistry:
             if self.idle_timeout is not None:
                 tg.start_soon(self._unload_idle, self.idle_timeout)
             task_status.started()
-            await anyio.sleep_forever()
+            try:
+                await anyio.sleep_forever()
+            finally:  # a request woken by an unload at shutdown must not start a load
+                self.stopping = True
+
+    async def until(self, condition: Callable[[], bool]) -> None:
+        """Wait until `condition()` holds, looked at after each change of a slot."""
+        while not condition():
+            await self._changed.wait()
 
     def _notify(self) -> None:
         changed, self._changed = self._changed, anyio.Event()
@@ -136,6 +144,7 @@ class ModelRegistry:
         slot.status, slot.error = "queued", None
         slot.done, slot.release, slot.gone = anyio.Event(), anyio.Event(), anyio.Event()
         self._tg.start_soon(self._load, slot, name=f"load {slot.name}")
+        self._notify()
 
     async def _make_room(self, slot: ModelSlot) -> None:
         """Wait until fewer than --max-loaded-models others hold an engine, unloading the least recently used idle
@@ -145,6 +154,7 @@ class ModelRegistry:
             held = [s for s in self.slots.values() if s is not slot and s.status in _HOLDS_ENGINE]
             if len(held) < self.max_loaded:
                 slot.status = "loading"
+                self._notify()
                 return
             changed = self._changed
             idle = [s for s in held if s.status == "loaded" and not s.busy]
