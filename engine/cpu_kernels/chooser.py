@@ -16,7 +16,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import torch
@@ -37,6 +37,8 @@ FORCE_ENV = "SPINDLE_KERNEL_CHOICE"
 Bench = Callable[[int], Callable[[], object]]  # rows -> a zero-argument call that runs one product of that many rows
 clock: Callable[[], float] = time.perf_counter  # tests put a fake clock here
 _made: dict[tuple[str, tuple[int, ...], tuple[str, ...]], tuple[str, ...]] = {}
+# (kind, shape) -> the candidates timed and their medians per class
+_timed: dict[tuple[str, tuple[int, ...]], tuple[frozenset[str], list[dict[str, float]]]] = {}
 
 
 class ChooserError(RuntimeError):
@@ -108,8 +110,8 @@ def _sample(call: Callable[[], object], repeats: int) -> float:
     return (clock() - t0) / repeats
 
 
-def _time_class(rows: int, candidates: Mapping[str, Bench]) -> str | None:
-    """The fastest candidate at `rows` rows, or None when none runs. One untimed call each first (it also
+def _time_class(rows: int, candidates: Mapping[str, Bench]) -> dict[str, float]:
+    """The median time of each candidate that runs at `rows` rows. One untimed call each first (it also
     sets how often a sample repeats the call); a candidate that raises is left out."""
     calls: dict[str, tuple[Callable[[], object], int]] = {}
     first_s: dict[str, float] = {}
@@ -122,23 +124,31 @@ def _time_class(rows: int, candidates: Mapping[str, Bench]) -> str | None:
             continue
         calls[name], first_s[name] = (call, max(1, min(MAX_REPEATS, int(SAMPLE_S / max(first, 1e-9))))), first
     if not calls:
-        return None
+        return {}
     times: dict[str, list[float]] = {name: [] for name in calls}
     long = all(repeats == 1 and first_s[name] >= LONG_CALL_S for name, (_, repeats) in calls.items())
     for _ in range(LONG_SAMPLES if long else SAMPLES):
         for name, (call, repeats) in calls.items():
             times[name].append(_sample(call, repeats))
-    return min(times, key=lambda name: (statistics.median(times[name]), name))
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
-def _measure(candidates: Mapping[str, Bench]) -> tuple[str, ...]:
+def _fastest(medians: Mapping[str, float], names: Iterable[str]) -> str | None:
+    among = [n for n in names if n in medians]
+    return min(among, key=lambda n: (medians[n], n)) if among else None
+
+
+def _measure(candidates: Mapping[str, Bench]) -> tuple[tuple[str, ...], list[dict[str, float]]]:
+    """The winner per row class, and each class's medians (choose_held picks among fewer from them)."""
     winners: list[str] = []
+    medians: list[dict[str, float]] = []
     for (lo, hi), rows in zip(ROW_CLASSES, TIMED_ROWS):
-        best = _time_class(rows, candidates)
+        medians.append(_time_class(rows, candidates))
+        best = _fastest(medians[-1], candidates)
         if best is None:
             raise ChooserError(f"no candidate of {', '.join(candidates) or '(none)'} runs at {lo}-{hi} rows")
         winners.append(best)
-    return tuple(winners)
+    return tuple(winners), medians
 
 
 def choose(kind: str, shape: tuple[int, ...], candidates: Mapping[str, Bench]) -> tuple[str, ...]:
@@ -173,12 +183,28 @@ def _choose(kind: str, shape: tuple[int, ...], candidates: Mapping[str, Bench]) 
     else:
         key = cache_key(kind, tuple(shape), names)
         cached = _read_cache(key, names)
-        winners = cached if cached is not None else _measure(candidates)
-        if cached is None:
+        if cached is not None:
+            winners = cached
+        elif (fewer := _from_timed(kind, tuple(shape), names)) is not None:
+            winners = fewer
+            _write_cache(key, winners)
+        else:
+            winners, medians = _measure(candidates)
+            _timed[(kind, tuple(shape))] = frozenset(names), medians
             _write_cache(key, winners)
     new = _made.get(memo) != winners
     _made[memo] = winners
     return winners, new
+
+
+def _from_timed(kind: str, shape: tuple[int, ...], names: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The winners among `names` from this process's timing of a larger set of the same kind and shape (what
+    choose_held asks second), or None where that timing did not cover every class."""
+    timed, medians = _timed.get((kind, shape), (frozenset(), []))
+    if not medians or not timed >= set(names):
+        return None
+    winners = tuple(_fastest(m, names) for m in medians)
+    return None if None in winners else tuple(w for w in winners if w is not None)
 
 
 def choose_held(kind: str, shape: tuple[int, ...], candidates: Mapping[str, Bench],
@@ -212,3 +238,4 @@ def choices_made() -> list[tuple[str, tuple[int, ...], tuple[str, ...]]]:
 def forget() -> None:
     """Drop this process's memory of its choices (tests; the disk cache stays)."""
     _made.clear()
+    _timed.clear()

@@ -46,9 +46,13 @@ def head_forms(weight: torch.Tensor, quantization: str | None) -> tuple[str, ...
     return tuple(forms)
 
 
+HEAD_TIMED_ROWS = 64  # the head sees more rows only for prompt logprobs: their class is timed at this many
+
+
 def _head_bench(heads: dict[str, LMHead], weight: torch.Tensor, quantization: str | None,
                 name: str) -> chooser.Bench:
     def at(rows: int) -> Callable[[], object]:
+        rows = min(rows, HEAD_TIMED_ROWS)
         if name not in heads:
             heads[name] = LMHead(weight, quantization, form=name)
         head = heads[name]

@@ -163,10 +163,22 @@ def test_one_layout_held_where_the_winners_need_two(clock: FakeClock) -> None:
     ours_unpacked = Fake(clock, lambda rows: 3e-3 + 1e-5 * rows)
     tiles = Fake(clock, lambda rows: 1e-3 + 1e-6 * rows)
     form_of = {"ours": "packed", "ours-unpacked": "packed", "tiles": "blocked"}
+    chooser.choose("bf16", (8, 8), {"ours": ours, "ours-unpacked": ours_unpacked, "tiles": tiles})
+    first = ours.calls + ours_unpacked.calls + tiles.calls
     held, got = chooser.choose_held("bf16", (8, 8), {"ours": ours, "ours-unpacked": ours_unpacked, "tiles": tiles},
                                     form_of)
     assert held == "packed" and got == ("ours", "ours", "ours", "ours", "ours-unpacked")
     assert chooser.choices_made() == [("bf16", (8, 8), got)]  # the choice in effect
+    calls = ours.calls + ours_unpacked.calls + tiles.calls
+    assert calls == first  # the second round took the first one's timings
+    chooser.forget()  # a restart: both rounds come from the disk cache
+    assert chooser.choose_held("bf16", (8, 8), {"ours": ours, "ours-unpacked": ours_unpacked, "tiles": tiles},
+                               form_of) == (held, got)
+    assert ours.calls + ours_unpacked.calls + tiles.calls == calls
+    # a smaller set timed first does not answer for a larger one
+    chooser.forget()
+    assert chooser.choose("bf16", (4, 4), {"tiles": tiles, "ours-unpacked": ours_unpacked}) == ("tiles",) * 5
+    assert chooser.choose("bf16", (4, 4), {"tiles": tiles, "ours": ours, "ours-unpacked": ours_unpacked})[0] == "ours"
 
 
 def test_the_median_ignores_one_slow_sample(clock: FakeClock) -> None:
