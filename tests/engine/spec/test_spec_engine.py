@@ -142,3 +142,22 @@ def test_seeded_sampling_identical(qwen2_ckpt: Path, oracle: dict[tuple[int, ...
             assert [lp.token_id for lp in lps] == [lp.token_id for lp in want]
             assert [round(lp.logprob, 3) for lp in lps] == [round(lp.logprob, 3) for lp in want]
     assert spec.stats().spec_num_accepted_tokens > 0
+
+
+def test_constrained_requests_share_the_step(qwen2_ckpt: Path, oracle: dict[tuple[int, ...], list[int]]) -> None:
+    """A constrained request runs undrafted beside drafting ones: its grammar mask lands on its own row."""
+    from engine.messages import StructuredOutputs
+    from tests.engine.structured.conftest import make_core as constrained_core
+    from tests.engine.structured.conftest import run as run_constrained
+
+    ps = prompts(1000, seed=4, lengths=[6, 9, 12])
+    regex = SamplingParams(max_tokens=20, temperature=0.0, structured_outputs=StructuredOutputs("regex", "[a-z]{3,8}"))
+    reqs = [("g1", ps[1], greedy(20)), ("g2", ps[2], greedy(20)), ("c", ps[0], regex)]  # drafts shift c's row
+    want = {rid: tokens(o) for rid, o in run_constrained(constrained_core(qwen2_ckpt), reqs).items()}
+    for rid, p, _ in reqs:
+        oracle[tuple(p)] = p + want[rid]
+    spec = constrained_core(qwen2_ckpt, speculative_config=NGRAM)
+    outs = run_constrained(spec, reqs)
+    assert {rid: tokens(o) for rid, o in outs.items()} == want
+    assert outs["c"][-1].finish_reason == "stop" and outs["c"][-1].error is None
+    assert spec.stats().spec_num_accepted_tokens > 0
