@@ -1,0 +1,135 @@
+"""`--models-dir` against real engine subprocesses: load on first request (streams get keep-alive comments), one load
+for concurrent first requests, a request in flight survives another model's load, per-model settings from
+models.yaml, a broken model answers 503 for itself only, the idle timeout, SIGTERM drains every engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import Server, free_port, wait_healthy
+from tests.helpers.processes import children, wait_gone, wait_until
+
+
+def models_dir(root: Path, ckpt: Path) -> Path:
+    """alpha and beta (symlinks to one tiny checkpoint), beta's max_model_len from models.yaml, and a broken one."""
+    root.mkdir()
+    for name in ("alpha", "beta"):
+        (root / name).symlink_to(ckpt)
+    (root / "broken").mkdir()
+    (root / "broken" / "config.json").write_text('{"model_type": "qwen2"}')  # no weights, no tokenizer
+    (root / "models.yaml").write_text("beta:\n  max-model-len: 64\n")
+    return root
+
+
+def start(root: Path, log_dir: Path, *args: str) -> Server:
+    port = free_port()
+    log = log_dir / f"server-{port}.log"
+    cmd = [sys.executable, "-m", "server", "--models-dir", str(root), "--host", "127.0.0.1", "--port", str(port),
+           "--sse-keepalive", "0.2", *args]
+    env = {**os.environ, "SPINDLE_LOG_LEVEL": "INFO", "SPINDLE_STRUCTURED_OUTPUTS_WARMUP": "0"}
+    server = Server(subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env), port, log)
+    wait_healthy(server)
+    return server
+
+
+@pytest.fixture(scope="module")
+def served(qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("models")
+    server = start(models_dir(tmp / "dir", qwen2_ckpt), tmp)
+    yield server
+    server.stop()
+
+
+def loaded(server: Server) -> dict[str, bool]:
+    return {card["id"]: card["loaded"] for card in httpx.get(f"{server.url}/v1/models").json()["data"]}
+
+
+def complete(server: Server, model: str, **body: object) -> httpx.Response:
+    return httpx.post(f"{server.url}/v1/completions", json={"model": model, "prompt": "Hello", "max_tokens": 4, **body},
+                      timeout=180)
+
+
+def stream_lines(server: Server, model: str, max_tokens: int) -> list[str]:
+    body = {"model": model, "prompt": "Hello", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=180) as r:
+        assert r.status_code == 200
+        return [line for line in r.iter_lines() if line]
+
+
+def test_every_model_listed_unknown_is_404_and_broken_is_503_for_itself(served: Server) -> None:
+    assert loaded(served) == {"alpha": False, "beta": False, "broken": False}
+    r = complete(served, "nope")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    for _ in range(2):  # each request tries the load again
+        r = complete(served, "broken")
+        assert r.status_code == 503
+        assert "`broken` could not be loaded" in r.json()["error"]["message"]
+    assert served.metric("spindle_model_load_failures_total", 'model_name="broken"') == 2
+
+
+def test_concurrent_first_requests_load_once_and_a_stream_gets_keepalives(served: Server) -> None:
+    with ThreadPoolExecutor(3) as pool:
+        plain = [pool.submit(complete, served, "alpha") for _ in range(2)]
+        streamed = pool.submit(stream_lines, served, "alpha", 3)
+        assert all(f.result().status_code == 200 for f in plain)
+        lines = streamed.result()
+    assert lines[0] == ": loading model" and lines[-1] == "data: [DONE]"
+    assert sum(1 for line in lines if line.startswith("data: {")) == 3
+    assert served.metric("spindle_model_loads_total", 'model_name="alpha"') == 1
+    assert loaded(served)["alpha"] is True
+
+
+def test_a_request_in_flight_survives_another_models_load(served: Server) -> None:
+    """--max-loaded-models 1: beta's load must wait for alpha's stream to end, and then unload alpha."""
+    body = {"model": "alpha", "prompt": "Hello", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{served.url}/v1/completions", json=body, timeout=180) as r, \
+            ThreadPoolExecutor(1) as pool:
+        lines = r.iter_lines()
+        first = next(line for line in lines if line.startswith("data: {"))
+        beta = pool.submit(complete, served, "beta")
+        rest = [line for line in lines if line.startswith("data: ")]
+        assert beta.result().status_code == 200
+    events = [json.loads(line[6:]) for line in [first, *rest] if line != "data: [DONE]"]
+    assert rest[-1] == "data: [DONE]"
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+    assert served.metric("spindle_model_unloads_total", 'model_name="alpha"') == 1
+    assert loaded(served) == {"alpha": False, "beta": True, "broken": False}
+
+
+def test_per_model_settings_from_models_yaml(served: Server) -> None:
+    cards = {card["id"]: card for card in httpx.get(f"{served.url}/v1/models").json()["data"]}
+    assert cards["beta"]["max_model_len"] == 64
+    r = complete(served, "beta", max_tokens=100)  # over beta's 64, under the checkpoint's 1024
+    assert r.status_code == 400 and "64" in r.json()["error"]["message"]
+    assert served.metric("spindle_models_loaded") == 1
+    assert served.metric("spindle_request_success_total", 'model_name="beta"') >= 1
+
+
+def test_idle_timeout_and_sigterm_drain(qwen2_ckpt: Path, tmp_path: Path) -> None:
+    root = tmp_path / "dir"
+    root.mkdir()
+    (root / "only").symlink_to(qwen2_ckpt)
+    server = start(root, tmp_path, "--model-idle-timeout", "1")
+    try:
+        assert complete(server, "only").status_code == 200
+        unloaded = 'spindle_model_unloads_total{model_name="only"} 1.0'
+        wait_until(lambda: unloaded in httpx.get(f"{server.url}/metrics").text, 30, "the idle model unloaded")
+        assert loaded(server) == {"only": False}
+        assert complete(server, "only").status_code == 200  # loaded again
+        engines = children(server.proc.pid, "engine")
+        assert len(engines) == 1
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(60) == 0
+        wait_gone(engines, 30)
+    finally:
+        server.stop()
