@@ -130,9 +130,10 @@ def keep_gguf_blocks(device: torch.device, quantization: str | None) -> bool:
         return False
     try:
         import engine.layers.quant_linear  # noqa: F401 - registers make_linear's maker for blocks
+        from engine.cpu_kernels import quant_gemm
     except ImportError:
         return False
-    return True
+    return quant_gemm.available()  # without the kernel library every product would dequantize in Python
 
 
 def load_model(path: str | Path, dtype: str, device: torch.device | str, max_positions: int | None = None,
