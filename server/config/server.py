@@ -58,7 +58,8 @@ class ServerConfig:
         if self.models.models_dir is None:
             return
         if self.model.model is not None or self.model.served_model_name is not None:
-            raise ValueError("--models-dir serves every model in the folder: leave --model and --served-model-name unset")
+            raise ValueError("--models-dir serves every model in the folder: leave --model and "
+                             "--served-model-name unset")
         p = self.parallel
         if p.api_server_count > 1 or p.render_only or p.headless or p.tensor_parallel_size > 1:
             raise ValueError("--models-dir runs in one API process with one engine per model: not with "

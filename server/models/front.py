@@ -24,10 +24,20 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from starlette.routing import Route, Router
 
-from server.app import EngineFactory, create_app
 from server.api.health import VersionRoute
+from server.app import EngineFactory, create_app
 from server.config import ServerConfig
-from server.http.asgi import ClientGone, Message, Receive, Scope, Send, read_body, run_until_disconnect, send_error, send_json
+from server.http.asgi import (
+    ClientGone,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+    run_until_disconnect,
+    send_error,
+    send_json,
+)
 from server.http.deploy import wrap_app
 from server.http.errors import APIError
 from server.metrics.prometheus import CONTENT_TYPE
@@ -214,8 +224,8 @@ class ModelsFront:
 
     async def metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = generate_latest(self.prometheus)
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", CONTENT_TYPE.encode()), (b"content-length", str(len(body)).encode())]})
+        headers = [(b"content-type", CONTENT_TYPE.encode()), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
     @asynccontextmanager

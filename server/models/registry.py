@@ -175,7 +175,7 @@ class ModelRegistry:
             async with loaded.app.lifespan_context(loaded.app):
                 entered = True
                 await self._serve(slot, loaded)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - one model's failure is that model's, reported and logged
             if entered:  # the unload (or the serving) failed: the model is gone all the same
                 log.error("model %s stopped with an error: %s", slot.name, describe_exception(e))
             else:
