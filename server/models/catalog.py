@@ -13,6 +13,7 @@ from typing import Any, get_type_hints
 
 import yaml
 
+from engine.lora.config import parse_lora_modules
 from server.config import SETTINGS, ServerConfig
 from server.config.values import parse_setting
 
@@ -51,8 +52,8 @@ def _setting(model: str, key: str, value: Any) -> tuple[str, Any]:
     hint = _HINTS[name]
     if isinstance(value, str) and hint is not str:  # "2GiB", JSON text, "0.5": read as the flag's text is
         return name, parse_setting(name, hint, value, f"{model}.{key}")
-    if isinstance(value, list) and name == "lora_modules":
-        return name, parse_setting(name, hint, " ".join(str(v) for v in value), f"{model}.{key}")
+    if isinstance(value, list) and name == "lora_modules":  # `name=path` items or {"name", "path"} mappings
+        return name, parse_lora_modules([v if isinstance(v, str) else json.dumps(v) for v in value])
     return name, value
 
 

@@ -38,6 +38,10 @@ def test_models_yaml_settings_become_that_models_config(tmp_path: Path) -> None:
     assert (hf.model.max_model_len, hf.engine.kv_cache_memory, hf.model.dtype) == (128, 8 << 20, "float32")
     assert hf.outputs.tool_call_parser == "hermes" and hf.model.model_name == "hf"
     assert hf.models.models_dir is None and hf.http.disable_ui
+    (tmp_path / "models.yaml").write_text("hf:\n  enable-lora: true\n  lora-modules:\n    - sql=/adapters/sql\n"
+                                          "    - {name: chat, path: /adapters/chat}\n")
+    modules = scan(tmp_path)["hf"].config(base).lora.lora_modules
+    assert [(m.name, m.path) for m in modules] == [("sql", "/adapters/sql"), ("chat", "/adapters/chat")]
     linked = entries["linked"].config(base)  # the server-wide flags for a model models.yaml does not name
     assert (linked.model.max_model_len, linked.model.dtype, linked.model.model_name) == (512, "auto", "linked")
 
