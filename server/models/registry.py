@@ -121,6 +121,7 @@ class ModelRegistry:
                 self._start_load(slot)
             load = slot.done
             event = load if slot.status in ("queued", "loading") else slot.gone
+            self._admit_waiting(slot)
             slot.waiting += 1
             try:
                 await event.wait()
@@ -133,6 +134,13 @@ class ModelRegistry:
         slot.active += 1
         assert slot.loaded is not None
         return slot.loaded.app
+
+    def _admit_waiting(self, slot: ModelSlot) -> None:
+        """Requests waiting for a model's load count against its --max-num-queued-reqs (its own admission
+        starts with its engine): beyond it, a 503 as from a full queue."""
+        limit = slot.entry.settings.get("max_num_queued_reqs", self.config.scheduling.max_num_queued_reqs)
+        if limit is not None and slot.waiting >= limit:
+            raise unavailable.overloaded(f"{slot.waiting} requests already wait for `{slot.name}` to load")
 
     def release(self, slot: ModelSlot) -> None:
         slot.active -= 1

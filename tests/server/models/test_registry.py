@@ -153,3 +153,21 @@ async def test_the_idle_timeout_unloads_a_model_and_its_next_request_loads_it(tm
         await use(reg, "a")
         assert models.log == [("load", "a"), ("unload", "a"), ("load", "a")]
         tg.cancel_scope.cancel()
+
+
+async def test_requests_waiting_for_a_load_count_against_the_queue_limit(tmp_path: Path) -> None:
+    models = Models()
+    reg = registry(tmp_path, models, max_num_queued_reqs=2)
+    models.gates["a"] = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        await tg.start(reg.run)
+        async with anyio.create_task_group() as requests:
+            for _ in range(2):
+                requests.start_soon(use, reg, "a")
+            await reg.until(lambda: reg.slots["a"].waiting == 2)
+            with pytest.raises(APIError) as refused:
+                await use(reg, "a")
+            assert refused.value.status == 503 and "2 requests already wait for `a`" in refused.value.message
+            models.gates["a"].set()
+        await use(reg, "a")  # loaded: the model's own admission decides from here
+        tg.cancel_scope.cancel()
