@@ -208,7 +208,8 @@ class EngineCore:
             # the runner's logits buffer is rewritten next step: the sampler may work in it
             emitted = verify(self.sampler, result.logits, rows) if rows.seqs else []
         if self.spec is not None and all(s.samples and s.num_new_tokens == s.num_draft + 1 for s in batch):
-            self.spec.record_step(sum(s.num_new_tokens for s in batch), time.process_time() - began)
+            self.spec.record_step(sum(s.num_new_tokens for s in batch), any(s.num_draft for s in batch),
+                                  time.process_time() - began)
         return outputs + self._advance(batch, emitted)
 
     def _advance(self, batch: list[ScheduledSeq],

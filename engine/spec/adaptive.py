@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
+
 DECAY = 0.9  # weight of the past in a sequence's acceptance counts per verification (about the last 10)
 PROBE_EVERY = 32  # decode steps without drafting before one draft token is tried again
 DEFAULT_COST = 0.1  # one more token's share of a decode step, until steps have been timed
@@ -49,26 +51,42 @@ def draft_length(state: DraftState, cost: float, most: int) -> int:
 
 
 class StepCost:
-    """One more token's cost relative to a sequence's share of a decode step, fitted online: step seconds =
-    base + per_token * tokens over recent decode steps (no prefill in them)."""
+    """What drafting costs, fitted online over recent decode steps (no prefill in them): step seconds = base +
+    per_token * tokens + jump * (the step verifies a draft). The jump is what a verification's chunk costs the
+    whole batch (on CPU a pure decode step runs fused kernels a chunk turns off)."""
 
     def __init__(self) -> None:
-        self._samples: deque[tuple[int, float]] = deque(maxlen=COST_SAMPLES)
+        self._samples: deque[tuple[int, bool, float]] = deque(maxlen=COST_SAMPLES)
 
-    def record(self, tokens: int, seconds: float) -> None:
-        self._samples.append((tokens, seconds))
+    def record(self, tokens: int, drafted: bool, seconds: float) -> None:
+        self._samples.append((tokens, drafted, seconds))
+
+    def fit(self) -> tuple[float, float, float] | None:
+        """(base, per_token, jump) in seconds, or None before there is enough to fit."""
+        s = self._samples
+        drafted = sum(1 for _, d, _ in s if d)
+        if len(s) < 8 or len({t for t, _, _ in s}) < 2:
+            return None
+        both = 4 <= drafted <= len(s) - 4  # the jump needs steps of both kinds
+        x = np.array([[1.0, t, float(d)] if both else [1.0, t, 0.0] for t, d, _ in s])
+        y = np.array([sec for _, _, sec in s])
+        coef = np.linalg.lstsq(x if both else x[:, :2], y, rcond=None)[0]
+        base, slope = max(float(coef[0]), 1e-6), max(float(coef[1]), 0.0)
+        return base, slope, max(float(coef[2]), 0.0) if both else 0.0
 
     def relative(self, num_seqs: int) -> float:
         """per_token * seqs / (base + per_token * seqs): what one draft token costs one sequence."""
-        s = self._samples
-        if len(s) < 8 or num_seqs < 1:
+        fit = self.fit()
+        if fit is None or num_seqs < 1:
             return DEFAULT_COST
-        n = len(s)
-        mx = sum(t for t, _ in s) / n
-        my = sum(y for _, y in s) / n
-        var = sum((t - mx) ** 2 for t, _ in s)
-        if var < 1.0:  # every step the same size: no slope to read
-            return DEFAULT_COST
-        slope = max(sum((t - mx) * (y - my) for t, y in s) / var, 0.0)
-        base = max(my - slope * mx, 1e-6)
+        base, slope, _ = fit
         return min(max(slope * num_seqs / (base + slope * num_seqs), 0.01), 1.0)
+
+    def pays(self, num_seqs: int, gain: float, draft_tokens: int) -> bool:
+        """Whether a step verifying draft_tokens, expected to accept `gain` of them, beats a plain decode step:
+        the tokens gained are worth a plain step's time per sequence each."""
+        fit = self.fit()
+        if fit is None or num_seqs < 1:
+            return True
+        base, slope, jump = fit
+        return gain * (base + slope * num_seqs) / num_seqs >= jump + slope * draft_tokens

@@ -36,6 +36,7 @@ class Speculator:
                 decoding.append(seq)
         c = self.config
         cost = self.cost.relative(len(decoding))
+        gain, drafted = 0.0, 0
         for seq in decoding:
             if not can_speculate(seq):
                 continue
@@ -44,6 +45,12 @@ class Speculator:
             k = draft_length(seq.spec, cost, min(c.num_speculative_tokens, room))
             if k:
                 seq.draft = ngram.propose(seq.token_ids, k, c.prompt_lookup_max, c.prompt_lookup_min)
+                a = seq.spec.acceptance
+                gain += sum(a ** j for j in range(1, len(seq.draft) + 1))  # expected accepted tokens
+                drafted += len(seq.draft)
+        if drafted and not self.cost.pays(len(decoding), gain, drafted):
+            for seq in decoding:  # the step's verification would cost the batch more than it gains
+                seq.draft = []
 
     def record(self, seq: Sequence, drafted: int, accepted: int) -> None:
         seq.spec.record(drafted, accepted)
@@ -53,6 +60,6 @@ class Speculator:
         for j in range(accepted):
             self.accepted_per_pos[j] += 1
 
-    def record_step(self, tokens: int, seconds: float) -> None:
-        """A decode-only step's size and time: the cost of one more token (engine/spec/adaptive.py)."""
-        self.cost.record(tokens, seconds)
+    def record_step(self, tokens: int, drafted: bool, seconds: float) -> None:
+        """A decode-only step's size, whether it verified a draft, and its time (engine/spec/adaptive.py)."""
+        self.cost.record(tokens, drafted, seconds)

@@ -88,8 +88,14 @@ def test_draft_length_follows_acceptance() -> None:
 
 def test_step_cost_fit() -> None:
     cost = StepCost()
-    assert cost.relative(1) == DEFAULT_COST
+    assert cost.relative(1) == DEFAULT_COST and cost.pays(1, 0.0, 5)  # nothing measured: try
     for tokens in [1, 2, 3, 4, 5, 6, 7, 8] * 2:
-        cost.record(tokens, 0.010 + 0.001 * tokens)  # base 10 ms, 1 ms a token
+        cost.record(tokens, False, 0.010 + 0.001 * tokens)  # base 10 ms, 1 ms a token
     assert cost.relative(1) == pytest.approx(0.001 / 0.011)
     assert cost.relative(8) == pytest.approx(0.008 / 0.018)
+    for tokens in [2, 6, 7, 12] * 2:
+        cost.record(tokens, True, 0.015 + 0.001 * tokens)  # a verification costs the step 5 ms more
+    fit = cost.fit()
+    assert fit is not None and fit == pytest.approx((0.010, 0.001, 0.005))
+    # one sequence: a plain step is 11 ms; 4 draft tokens cost 9 ms, so 0.8 expected tokens do not pay, 0.9 do
+    assert not cost.pays(1, 0.8, 4) and cost.pays(1, 0.9, 4)
