@@ -1,7 +1,7 @@
 """Speculative decoding (--speculative-config ngram): decode tok/s with and without, on a workload that echoes or
 edits its prompt and one that writes freely, at 1 and 8 concurrent requests, greedy (outputs compared token for
-token). The engine core runs in this process, as the server's engine would; the acceptance per draft position
-comes from its spec_decode counters.
+token). One engine core runs in this process, as the server's engine would, both modes (its speculator taken
+away for "off", runs interleaved); the acceptance per draft position comes from its spec_decode counters.
 
     python -m bench.spec [--model PATH] [--k 5] [--max-tokens 160] [--clients 1 8] [--repeat 2]
 
@@ -89,18 +89,22 @@ def run(core: EngineCore, prompts: list[list[int]], max_tokens: int) -> tuple[fl
     return time.perf_counter() - wall, time.process_time() - cpu, out
 
 
-def best_of(cores: dict[str, EngineCore], prompts: list[list[int]], max_tokens: int,
+def best_of(core: EngineCore, prompts: list[list[int]], max_tokens: int,
             repeat: int) -> dict[str, tuple[float, float, dict[str, list[int]], EngineStats, EngineStats]]:
     """Per mode: the best wall and CPU seconds of `repeat` runs (modes interleaved), the output, the stats
-    before and after."""
+    before and after. One engine for both modes (its speculator taken away for "off"): the same kernels,
+    chosen once, run both."""
+    speculator = core.spec
     best: dict[str, tuple[float, float, dict[str, list[int]], EngineStats, EngineStats]] = {}
     for _ in range(repeat):
-        for mode, core in cores.items():
-            before = core.stats()
+        for mode in ("off", "ngram"):
+            core.spec = speculator if mode == "ngram" else None
+            before = core.stats() if mode == "ngram" else EngineStats(0, 0, 0, 1, 0, 0, 0)
             wall, cpu, out = run(core, prompts, max_tokens)
             old = best.get(mode)
             best[mode] = (min(wall, old[0]) if old else wall, min(cpu, old[1]) if old else cpu, out,
                           old[3] if old else before, core.stats())
+    core.spec = speculator
     return best
 
 
@@ -116,20 +120,18 @@ def acceptance(before: EngineStats, after: EngineStats) -> tuple[str, str]:
 
 def measure(model: str, k: int, max_tokens: int, clients: list[int], repeat: int) -> None:
     spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-    cores = {"off": EngineCore(EngineConfig(model=model, num_blocks=1024)),
-             "ngram": EngineCore(EngineConfig(model=model, num_blocks=1024, speculative_config=spec))}
-    tok = tokenizer_for(cores["off"])
+    core = EngineCore(EngineConfig(model=model, num_blocks=1024, speculative_config=spec))
+    tok = tokenizer_for(core)
     print(f"model {Path(model).name}, ngram k={k} (prompt_lookup 2..4), greedy, max_tokens {max_tokens}, "
           f"best of {repeat}")
     print("| workload | clients | tokens | tok/s off (CPU) | tok/s ngram (CPU) | speed-up wall (CPU) "
           "| accepted / drafted | accepted per position | same output |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for core in cores.values():
-        run(core, [tok(chat("Hello"), add_special_tokens=False)["input_ids"]], 8)  # warm: kernels chosen
+    run(core, [tok(chat("Hello"), add_special_tokens=False)["input_ids"]], 8)  # warm: kernels chosen
     for n in clients:
         for name, texts in workloads(n).items():
             prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
-            r = best_of(cores, prompts, max_tokens, repeat)
+            r = best_of(core, prompts, max_tokens, repeat)
             off, on = r["off"], r["ngram"]
             tokens = sum(len(v) for v in on[2].values())
             drafted, per_pos = acceptance(on[3], on[4])
