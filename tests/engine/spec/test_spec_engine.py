@@ -161,3 +161,31 @@ def test_constrained_requests_share_the_step(qwen2_ckpt: Path, oracle: dict[tupl
     assert {rid: tokens(o) for rid, o in outs.items()} == want
     assert outs["c"][-1].finish_reason == "stop" and outs["c"][-1].error is None
     assert spec.stats().spec_num_accepted_tokens > 0
+
+
+def test_lora_adapters_apply_to_every_verified_row(qwen2_ckpt: Path, tmp_path: Path,
+                                                   oracle: dict[tuple[int, ...], list[int]]) -> None:
+    from engine.lora.peft_files import digest
+    from engine.messages import AddRequest, LoRARequest
+    from tests.helpers.lora import write_adapter
+
+    path = write_adapter(qwen2_ckpt, tmp_path / "a", r=8, targets=["q_proj", "v_proj", "down_proj"], seed=1)
+    adapter = LoRARequest("a", str(path), digest(path))
+    ps = prompts(1000, seed=6, lengths=[7, 13])
+
+    def outputs(core: EngineCore) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {"base": [], "lora": []}
+        core.add_request(AddRequest("base", ps[0], greedy(20), 0.0))
+        core.add_request(AddRequest("lora", ps[1], greedy(20), 0.0, lora=adapter))
+        while core.has_work:
+            for o in core.step():
+                assert o.error is None, o.error
+                out[o.request_id] += o.new_token_ids
+        return out
+
+    want = outputs(make_core(qwen2_ckpt, enable_lora=True))
+    oracle[tuple(ps[0])] = ps[0] + want["base"]
+    oracle[tuple(ps[1])] = ps[1] + want["lora"]
+    spec = make_core(qwen2_ckpt, enable_lora=True, speculative_config=NGRAM)
+    assert outputs(spec) == want
+    assert spec.stats().spec_num_accepted_tokens > 0
