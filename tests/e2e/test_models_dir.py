@@ -1,6 +1,7 @@
 """`--models-dir` against real engine subprocesses: load on first request (streams get keep-alive comments), one load
 for concurrent first requests, a request in flight survives another model's load, per-model settings from
-models.yaml, a broken model answers 503 for itself only, the idle timeout, SIGTERM drains every engine."""
+models.yaml, a broken model answers 503 for itself only, the idle timeout, an engine's death unloads its model only,
+SIGTERM drains every engine."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -115,20 +116,44 @@ def test_per_model_settings_from_models_yaml(served: Server) -> None:
     assert served.metric("spindle_request_success_total", 'model_name="beta"') >= 1
 
 
-def test_idle_timeout_and_sigterm_drain(qwen2_ckpt: Path, tmp_path: Path) -> None:
+def streamed_while(server: Server, model: str, max_tokens: int, action: Callable[[], None]) -> list[str]:
+    """A stream's `data:` lines, `action()` run once its first event arrived (the model busy meanwhile)."""
+    body = {"model": model, "prompt": "Hello", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=180) as r:
+        lines = (line for line in r.iter_lines() if line.startswith("data: "))
+        first = next(lines)
+        assert '"choices"' in first, first
+        action()
+        return [first, *lines]
+
+
+def test_idle_timeout_engine_death_and_sigterm_drain(qwen2_ckpt: Path, tmp_path: Path) -> None:
     root = tmp_path / "dir"
     root.mkdir()
     (root / "only").symlink_to(qwen2_ckpt)
     server = start(root, tmp_path, "--model-idle-timeout", "1")
+    metrics = f"{server.url}/metrics"
     try:
         assert complete(server, "only").status_code == 200
         unloaded = 'spindle_model_unloads_total{model_name="only"} 1.0'
-        wait_until(lambda: unloaded in httpx.get(f"{server.url}/metrics").text, 30, "the idle model unloaded")
+        wait_until(lambda: unloaded in httpx.get(metrics).text, 30, "the idle model unloaded")
         assert loaded(server) == {"only": False}
-        assert complete(server, "only").status_code == 200  # loaded again
-        engines = children(server.proc.pid, "engine")
+        # loaded again; its engine dies under a stream: that stream ends in an error and the model is unloaded
+        lines = streamed_while(server, "only", 1000, lambda: os.kill(children(server.proc.pid, "engine")[0],
+                                                                      signal.SIGKILL))
+        assert len(lines) < 1000 and any('"error"' in line for line in lines[-2:]), lines[-3:]
+        unloaded = 'spindle_model_unloads_total{model_name="only"} 2.0'
+        wait_until(lambda: unloaded in httpx.get(metrics).text, 30, "the dead model unloaded")
+        # the next request loads it again; SIGTERM while it streams: the stream finishes, then every engine stops
+        engines: list[int] = []
+
+        def sigterm() -> None:
+            engines.extend(children(server.proc.pid, "engine"))
+            server.proc.send_signal(signal.SIGTERM)
+
+        lines = streamed_while(server, "only", 200, sigterm)
+        assert lines[-1] == "data: [DONE]" and json.loads(lines[-2][6:])["choices"][0]["finish_reason"] == "length"
         assert len(engines) == 1
-        server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(60) == 0
         wait_gone(engines, 30)
     finally:
