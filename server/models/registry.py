@@ -11,6 +11,7 @@ waited for it get a 503 naming it, and the next request tries again.
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -201,6 +202,7 @@ class ModelRegistry:
 
     def _gone(self, slot: ModelSlot) -> None:
         slot.status, slot.loaded = "unloaded", None
+        gc.unfreeze()  # each load freezes what it built (server/app.py): the unloaded model's cycles must be collectable
         self.metrics.unloads.labels(slot.name).inc()
         self.metrics.loaded.dec()
         log.info("unloaded model %s", slot.name)
