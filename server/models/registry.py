@@ -202,7 +202,7 @@ class ModelRegistry:
 
     def _gone(self, slot: ModelSlot) -> None:
         slot.status, slot.loaded = "unloaded", None
-        gc.unfreeze()  # each load freezes what it built (server/app.py): the unloaded model's cycles must be collectable
+        gc.unfreeze()  # each load freezes what it built (server/app.py): the unloaded model's cycles collectable
         self.metrics.unloads.labels(slot.name).inc()
         self.metrics.loaded.dec()
         log.info("unloaded model %s", slot.name)
