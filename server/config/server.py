@@ -30,6 +30,8 @@ RENDER_NEEDS_MODEL = "spindle render needs --model (a local checkpoint folder wi
 _NOT_CONFIG = frozenset({"api_key", "output_chunk", "cache_dir", "fuzz_examples", "direct_write",
                          "engine_command",  # engine_command: engine/client/process_client.py, benchmarks and tests only
                          "cpu_kernels",  # read by the engine (engine/cpu_kernels/build.py)
+                         "kernel_choice",  # read by the engine (engine/cpu_kernels/chooser.py)
+                         "gguf_dequantize",  # read by the engine (engine/models/loader.py)
                          "chromium", "update_screenshot"})  # tests/e2e/browser.py, tests/e2e/test_ui.py
 
 
