@@ -47,9 +47,21 @@ def pct(xs: list[float], p: float) -> float:
 def build_checkpoint(root: Path) -> Path:
     from demo.checkpoints import write_random_checkpoint
 
-    return write_random_checkpoint(root / "ckpt", "qwen2", hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2,
-                                   head_dim=64, intermediate_size=768, vocab_size=151_646, tie_word_embeddings=True,
-                                   rope_theta=1_000_000.0, max_position_embeddings=2048, seed=0)
+    return write_random_checkpoint(
+        root / "ckpt",
+        "qwen2",
+        hidden_size=256,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        intermediate_size=768,
+        vocab_size=151_646,
+        tie_word_embeddings=True,
+        rope_theta=1_000_000.0,
+        max_position_embeddings=2048,
+        seed=0,
+    )
 
 
 def prompt(rng: random.Random, n: int) -> list[int]:
@@ -116,10 +128,12 @@ def row(p: Phase, seconds: float) -> str:
     early = [t for s, t in p.ttft if s < seconds / 3]
     late = [t for s, t in p.ttft if s >= 2 * seconds / 3]
     ms = [x * 1000 for x in p.refused]
-    return (f"| {p.name} | {len(p.ttft)} | {len(p.refused)} | {pct(ttft, 50):.2f} | {pct(ttft, 99):.2f} | "
-            f"{statistics.fmean(early) if early else float('nan'):.2f} | "
-            f"{statistics.fmean(late) if late else float('nan'):.2f} | "
-            f"{pct(ms, 50):.1f} / {pct(ms, 99):.1f} / {max(ms, default=float('nan')):.1f} |")
+    return (
+        f"| {p.name} | {len(p.ttft)} | {len(p.refused)} | {pct(ttft, 50):.2f} | {pct(ttft, 99):.2f} | "
+        f"{statistics.fmean(early) if early else float('nan'):.2f} | "
+        f"{statistics.fmean(late) if late else float('nan'):.2f} | "
+        f"{pct(ms, 50):.1f} / {pct(ms, 99):.1f} / {max(ms, default=float('nan')):.1f} |"
+    )
 
 
 def run(args: argparse.Namespace) -> None:
@@ -131,8 +145,11 @@ def run(args: argparse.Namespace) -> None:
         try:
             speed = anyio.run(measure_speed, server.url, args.prompt_len)
             rate = args.overload * speed / args.prompt_len
-            print(f"prefill speed {speed:.0f} prompt tok/s; offering {rate:.2f} req/s x {args.prompt_len} tokens "
-                  f"= {rate * args.prompt_len:.0f} tok/s for {args.seconds:.0f} s", file=sys.stderr)
+            print(
+                f"prefill speed {speed:.0f} prompt tok/s; offering {rate:.2f} req/s x {args.prompt_len} tokens "
+                f"= {rate * args.prompt_len:.0f} tok/s for {args.seconds:.0f} s",
+                file=sys.stderr,
+            )
             unlimited = Phase("no limit")
             anyio.run(offer, server.url, unlimited, rate, args.seconds, args.prompt_len)
         finally:
@@ -144,16 +161,22 @@ def run(args: argparse.Namespace) -> None:
             anyio.run(offer, server.url, limited, rate, args.seconds, args.prompt_len)
         finally:
             server.stop()
-    print(f"\nprompt {args.prompt_len} tokens, max_tokens 1, {args.overload:.1f}x the measured prefill speed "
-          f"({speed:.0f} tok/s), {args.seconds:.0f} s of arrivals\n")
-    print("| run | accepted | 503 | TTFT p50 s | TTFT p99 s | TTFT mean, first third s | TTFT mean, last third s "
-          "| 503 latency p50 / p99 / max ms |")
+    print(
+        f"\nprompt {args.prompt_len} tokens, max_tokens 1, {args.overload:.1f}x the measured prefill speed "
+        f"({speed:.0f} tok/s), {args.seconds:.0f} s of arrivals\n"
+    )
+    print(
+        "| run | accepted | 503 | TTFT p50 s | TTFT p99 s | TTFT mean, first third s | TTFT mean, last third s "
+        "| 503 latency p50 / p99 / max ms |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for p in (unlimited, limited):
         print(row(p, args.seconds))
     if limited.other or unlimited.other or limited.retry_after_missing:
-        print(f"\nunexpected statuses: {unlimited.other + limited.other}; 503 without Retry-After: "
-              f"{limited.retry_after_missing}")
+        print(
+            f"\nunexpected statuses: {unlimited.other + limited.other}; 503 without Retry-After: "
+            f"{limited.retry_after_missing}"
+        )
 
 
 def main() -> None:

@@ -47,10 +47,19 @@ class Row:
 
 
 def _request(port: int, out_len: int, i: int) -> bytes:
-    body = json.dumps({"model": "fake", "prompt": [100 + i % 1000, 200, 300, 400], "max_tokens": out_len,
-                       "stream": True, "ignore_eos": True}).encode()
-    return (b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1:%d\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\n\r\n" % (port, len(body))) + body
+    body = json.dumps(
+        {
+            "model": "fake",
+            "prompt": [100 + i % 1000, 200, 300, 400],
+            "max_tokens": out_len,
+            "stream": True,
+            "ignore_eos": True,
+        }
+    ).encode()
+    return (
+        b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1:%d\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n" % (port, len(body))
+    ) + body
 
 
 def _free_port() -> int:
@@ -87,11 +96,30 @@ def _healthy(port: int) -> bool:
 
 def measure(n: int, model: str, args: argparse.Namespace) -> Row:
     port = _free_port()
-    env = {**os.environ, "SPINDLE_ENGINE_COMMAND": f"{shlex.quote(sys.executable)} -m bench.fake_engine_process",
-           "SPINDLE_LOG_LEVEL": "WARNING"}
-    cmd = [sys.executable, "-m", "server", "--model", model, "--served-model-name", "fake", "--host", "127.0.0.1",
-           "--port", str(port), "--api-server-count", str(n), "--worker-class", args.worker_class,
-           "--log-level", "warning"]
+    env = {
+        **os.environ,
+        "SPINDLE_ENGINE_COMMAND": f"{shlex.quote(sys.executable)} -m bench.fake_engine_process",
+        "SPINDLE_LOG_LEVEL": "WARNING",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "server",
+        "--model",
+        model,
+        "--served-model-name",
+        "fake",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--api-server-count",
+        str(n),
+        "--worker-class",
+        args.worker_class,
+        "--log-level",
+        "warning",
+    ]
     server = subprocess.Popen(cmd, env=env)
     try:
         deadline = time.monotonic() + 300
@@ -127,8 +155,17 @@ def measure(n: int, model: str, args: argparse.Namespace) -> Row:
     tokens = ok * args.output_len
     cores = os.cpu_count() or 1
     wall = cores * secs
-    return Row(n, tokens / secs, api / tokens * 1e6, eng / tokens * 1e6, me / tokens * 1e6, (api + eng + me) / wall,
-               irq / wall, max(machine - api - eng - me, 0.0) / wall, split or [ok])
+    return Row(
+        n,
+        tokens / secs,
+        api / tokens * 1e6,
+        eng / tokens * 1e6,
+        me / tokens * 1e6,
+        (api + eng + me) / wall,
+        irq / wall,
+        max(machine - api - eng - me, 0.0) / wall,
+        split or [ok],
+    )
 
 
 def _machine_busy() -> tuple[float, float]:
@@ -145,8 +182,11 @@ def _served(port: int) -> dict[str, float]:
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.sendall(b"GET /metrics HTTP/1.0\r\nhost: x\r\n\r\n")  # 1.0: an unchunked body
         text = b"".join(iter(lambda: s.recv(1 << 16), b"")).decode()
-    return {line.split('api_server="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines() if line.startswith("spindle_api_server_requests_total")}
+    return {
+        line.split('api_server="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("spindle_api_server_requests_total")
+    }
 
 
 def _warm_up(port: int, n: int) -> None:
@@ -177,14 +217,20 @@ def main() -> int:
 
     model = str(demo_checkpoint_path())
     rows = [measure(int(n), model, args) for n in args.counts.split(",")]
-    print(f"fake engine, {args.worker_class}, {args.concurrency} streams, {args.num_requests} requests x "
-          f"{args.output_len} tokens, {os.cpu_count()} cores (client and fake engine on the same cores)")
-    print("   N   output tok/s   API CPU µs/tok   engine µs/tok   client µs/tok   cores busy   irq   others"
-          "   requests per process")
+    print(
+        f"fake engine, {args.worker_class}, {args.concurrency} streams, {args.num_requests} requests x "
+        f"{args.output_len} tokens, {os.cpu_count()} cores (client and fake engine on the same cores)"
+    )
+    print(
+        "   N   output tok/s   API CPU µs/tok   engine µs/tok   client µs/tok   cores busy   irq   others"
+        "   requests per process"
+    )
     for r in rows:
-        print(f"{r.n:4d} {r.tok_s:14.0f} {r.api_us:16.1f} {r.engine_us:15.1f} {r.client_us:15.1f} {r.busy:11.0%}"
-              f" {r.irq:5.0%} {r.others:8.0%}"
-              f"   {'/'.join(map(str, r.split))}")
+        print(
+            f"{r.n:4d} {r.tok_s:14.0f} {r.api_us:16.1f} {r.engine_us:15.1f} {r.client_us:15.1f} {r.busy:11.0%}"
+            f" {r.irq:5.0%} {r.others:8.0%}"
+            f"   {'/'.join(map(str, r.split))}"
+        )
     return 0
 
 

@@ -38,8 +38,9 @@ def clips(n: int) -> list[bytes]:
 
 def serve_rtf(url: str, data: list[bytes], concurrency: int) -> float:
     def one(blob: bytes) -> None:
-        r = httpx.post(f"{url}/v1/audio/transcriptions", files={"file": ("a.wav", blob)},
-                       data={"language": "en"}, timeout=600)
+        r = httpx.post(
+            f"{url}/v1/audio/transcriptions", files={"file": ("a.wav", blob)}, data={"language": "en"}, timeout=600
+        )
         r.raise_for_status()
 
     start = time.perf_counter()
@@ -58,7 +59,7 @@ def transformers_rtf(ckpt: Path, data: list[bytes], batch: int, max_tokens: int)
     kw = {"language": "en", "task": "transcribe", "max_new_tokens": max_tokens}
     start = time.perf_counter()
     for i in range(0, len(audio), batch):
-        asr([{"raw": a, "sampling_rate": SR} for a in audio[i:i + batch]], batch_size=batch, generate_kwargs=kw)
+        asr([{"raw": a, "sampling_rate": SR} for a in audio[i : i + batch]], batch_size=batch, generate_kwargs=kw)
     return len(audio) * CLIP_SECONDS / (time.perf_counter() - start)
 
 
@@ -73,18 +74,23 @@ def main() -> None:
     server = start_server(ckpt, root, "--max-num-seqs", "16", "--max-model-len", str(a.max_tokens + 4))
     try:
         serve_rtf(server.url, data[:1], 1)  # warm-up
-        rows = [("spindle, concurrency 1", serve_rtf(server.url, data, 1)),
-                ("spindle, concurrency 8", serve_rtf(server.url, data, 8))]
+        rows = [
+            ("spindle, concurrency 1", serve_rtf(server.url, data, 1)),
+            ("spindle, concurrency 8", serve_rtf(server.url, data, 8)),
+        ]
     finally:
         server.stop()
-    rows += [("transformers pipeline, batch 1", transformers_rtf(ckpt, data, 1, a.max_tokens)),
-             ("transformers pipeline, batch 8", transformers_rtf(ckpt, data, 8, a.max_tokens))]
+    rows += [
+        ("transformers pipeline, batch 1", transformers_rtf(ckpt, data, 1, a.max_tokens)),
+        ("transformers pipeline, batch 8", transformers_rtf(ckpt, data, 8, a.max_tokens)),
+    ]
     print(f"{a.clips} clips of {CLIP_SECONDS:g} s, {a.max_tokens} tokens each, demo Whisper (d_model 64)")
     for name, rtf in rows:
         print(f"  {name:34s} RTF {rtf:8.1f} audio s / wall s")
     base = rows[2][1]
-    print(f"  ratios to transformers batch 1: " + ", ".join(f"{n.split(',')[1].strip()} {r / base:.2f}x"
-                                                         for n, r in rows))
+    print(
+        "  ratios to transformers batch 1: " + ", ".join(f"{n.split(',')[1].strip()} {r / base:.2f}x" for n, r in rows)
+    )
     sys.stdout.flush()
 
 

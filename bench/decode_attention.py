@@ -34,11 +34,11 @@ import torch
 import torch.nn.functional as F
 
 from bench.profile_step import add_batch
-from engine.execution import cpu_attention
-from engine.execution.ops import TorchOps
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
+from engine.execution import cpu_attention
 from engine.execution.cpu_attention import DecodeSeqs, decode_attention
+from engine.execution.ops import TorchOps
 from engine.hugepages import reexec_with_huge_pages
 from engine.kernels.paged_common import attend_ref
 from engine.layers.parallel import WORKERS
@@ -46,7 +46,7 @@ from engine.messages import SamplingParams
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 14, 2, 64, 16
 COPIES = 1  # --cold: the engine's calls rotate over this many copies of the caches, as a step's layers do
-SCALE = HEAD_DIM ** -0.5
+SCALE = HEAD_DIM**-0.5
 Variant = Callable[[], torch.Tensor]
 
 
@@ -82,8 +82,10 @@ def sdpa(c: Case) -> Variant:
     def run() -> torch.Tensor:
         k = k_flat.index_select(0, slots.flatten()).view(*slots.shape, KV_HEADS, HEAD_DIM).transpose(1, 2)
         v = v_flat.index_select(0, slots.flatten()).view(*slots.shape, KV_HEADS, HEAD_DIM).transpose(1, 2)
-        return F.scaled_dot_product_attention(c.q[:, :, None], k, v, attn_mask=bias, scale=SCALE,
-                                              enable_gqa=True)[:, :, 0]
+        return F.scaled_dot_product_attention(c.q[:, :, None], k, v, attn_mask=bias, scale=SCALE, enable_gqa=True)[
+            :, :, 0
+        ]
+
     return run
 
 
@@ -102,6 +104,7 @@ def padded(c: Case) -> Variant:
             s = torch.bmm(q[:, h], k[:, :, h].transpose(1, 2)).float().mul_(SCALE).add_(bias)
             out[:, h] = torch.bmm(torch.softmax(s, dim=-1).to(v.dtype), v[:, :, h])
         return out.view(b, HEADS, HEAD_DIM)
+
     return run
 
 
@@ -118,6 +121,7 @@ def per_seq(c: Case) -> Variant:
             p = torch.softmax(s, dim=-1).to(v.dtype)
             out[i] = torch.bmm(p, v.transpose(0, 1)).view(HEADS, HEAD_DIM)
         return out
+
     return run
 
 
@@ -131,6 +135,7 @@ def engine(c: Case) -> Variant:
         k, v = caches[turn[0] % len(caches)]
         turn[0] += 1
         return decode_attention(c.q, k, v, seqs, SCALE)
+
     seqs = DecodeSeqs(rows, c.lens, c.tables, BLOCK)
     seqs.view(None)
     return run
@@ -143,8 +148,9 @@ def reference(c: Case) -> torch.Tensor:
     out = torch.empty(c.q.shape)
     for i, n in enumerate(c.lens):
         slots = [c.tables[i][p // BLOCK] * BLOCK + p % BLOCK for p in range(n)]
-        out[i] = attend_ref(c.q[i:i + 1], c.k.flatten(0, 1)[slots], c.v.flatten(0, 1)[slots],
-                            torch.tensor([n - 1]), SCALE, None)[0]
+        out[i] = attend_ref(
+            c.q[i : i + 1], c.k.flatten(0, 1)[slots], c.v.flatten(0, 1)[slots], torch.tensor([n - 1]), SCALE, None
+        )[0]
     return out
 
 
@@ -167,8 +173,11 @@ def measure(fns: dict[str, Variant], rounds: int, budget_s: float = 0.05) -> dic
 
 def in_steps(model: str, batch: int, dtype: str, steps: int) -> None:
     """ms per decode step of a real checkpoint, and how much of it is inside ops.attention."""
-    core = EngineCore(EngineConfig(model=model, dtype=dtype, max_num_seqs=256, max_num_batched_tokens=8192,
-                                   enable_prefix_caching=False))
+    core = EngineCore(
+        EngineConfig(
+            model=model, dtype=dtype, max_num_seqs=256, max_num_batched_tokens=8192, enable_prefix_caching=False
+        )
+    )
     add_batch(core, batch, 128, SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True))
     for _ in range(3):  # the prefill, then warm-up decodes
         core.step()
@@ -181,6 +190,7 @@ def in_steps(model: str, batch: int, dtype: str, steps: int) -> None:
             return attention(*args, **kwargs)  # type: ignore[arg-type]
         finally:
             spent[0] += time.perf_counter() - t0
+
     core.runner.model.ops = type("TimedOps", (TorchOps,), {"attention": staticmethod(timed)})
     t0 = time.perf_counter()
     for _ in range(steps):
@@ -198,8 +208,13 @@ def main() -> None:
     ap.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"])
     ap.add_argument("--mixed", action="store_true", help="context lengths uniform in [1, ctx]")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--cold", type=int, default=1, metavar="N",
-                    help="the engine's calls rotate over N copies of the caches (24: a step's layers, out of cache)")
+    ap.add_argument(
+        "--cold",
+        type=int,
+        default=1,
+        metavar="N",
+        help="the engine's calls rotate over N copies of the caches (24: a step's layers, out of cache)",
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--heads", type=int, default=HEADS)
     ap.add_argument("--kv-heads", type=int, default=KV_HEADS)
@@ -217,9 +232,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     WORKERS.configure(args.threads)  # the engine's kernel takes its threads from the step's workers
     torch.manual_seed(0)
-    print(f"ms per layer call (heads {HEADS}/{KV_HEADS}, head_dim {HEAD_DIM}, block {BLOCK}, "
-          f"threads {args.threads}, tile {args.tile_bytes >> 10} KiB{', mixed lengths' if args.mixed else ''}); "
-          "x: time / engine's")
+    print(
+        f"ms per layer call (heads {HEADS}/{KV_HEADS}, head_dim {HEAD_DIM}, block {BLOCK}, "
+        f"threads {args.threads}, tile {args.tile_bytes >> 10} KiB{', mixed lengths' if args.mixed else ''}); "
+        "x: time / engine's"
+    )
     print(f"{'dtype':9} {'batch':>5} {'ctx':>5} " + " ".join(f"{n:>16}" for n in VARIANTS))
     for dtype_name in args.dtype:
         dtype = getattr(torch, dtype_name)

@@ -38,15 +38,22 @@ def metric(url: str, name: str) -> float:
 
 def per_engine(url: str, name: str, engines: int) -> list[float]:
     text = httpx.get(f"{url}/metrics", timeout=10).text
-    return [sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                if line.startswith(name + "{") and f'engine="{i}"' in line) for i in range(engines)]
+    return [
+        sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name + "{") and f'engine="{i}"' in line
+        )
+        for i in range(engines)
+    ]
 
 
 def workload(args: argparse.Namespace) -> list[list[int]]:
     rng = random.Random(0)
     prefixes = [[rng.randrange(1000, 30000) for _ in range(args.prefix_len)] for _ in range(args.prefixes)]
-    prompts = [prefixes[i % args.prefixes] + [rng.randrange(1000, 30000) for _ in range(16)]
-               for i in range(args.requests)]
+    prompts = [
+        prefixes[i % args.prefixes] + [rng.randrange(1000, 30000) for _ in range(16)] for i in range(args.requests)
+    ]
     rng.shuffle(prompts)
     return prompts
 
@@ -55,13 +62,16 @@ async def drive(url: str, prompts: list[list[int]], concurrency: int) -> tuple[f
     failures = 0
     queue = list(reversed(prompts))
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+
         async def worker() -> None:
             nonlocal failures
             while queue:
                 prompt = queue.pop()
-                r = await client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 4,
-                                                                "temperature": 0, "ignore_eos": True})
+                r = await client.post(
+                    "/v1/completions", json={"prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+                )
                 failures += r.status_code != 200
+
         t0 = time.perf_counter()
         async with anyio.create_task_group() as tg:
             for _ in range(concurrency):
@@ -72,8 +82,21 @@ async def drive(url: str, prompts: list[list[int]], concurrency: int) -> tuple[f
 def run_policy(args: argparse.Namespace, policy: str, prompts: list[list[int]]) -> dict[str, float]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "server", "--port", str(port), "--data-parallel-size", str(args.engines),
-           "--data-parallel-policy", policy, "--num-blocks", str(args.num_blocks), "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "server",
+        "--port",
+        str(port),
+        "--data-parallel-size",
+        str(args.engines),
+        "--data-parallel-policy",
+        policy,
+        "--num-blocks",
+        str(args.num_blocks),
+        "--log-level",
+        "warning",
+    ]
     if args.model:
         cmd += ["--model", args.model]
     proc = subprocess.Popen(cmd)
@@ -94,9 +117,14 @@ def run_policy(args: argparse.Namespace, policy: str, prompts: list[list[int]]) 
         q1, h1 = metric(url, "spindle_prefix_cache_queries_total"), metric(url, "spindle_prefix_cache_hits_total")
         routed = per_engine(url, "spindle_engine_requests_routed_total", args.engines)
         prompt_tokens = sum(len(p) for p in prompts)
-        return {"hit_rate": (h1 - h0) / max(q1 - q0, 1), "req_s": len(prompts) / wall,
-                "prompt_tok_s": prompt_tokens / wall, "wall_s": wall, "failures": failures,
-                "routed": routed}  # type: ignore[dict-item]
+        return {
+            "hit_rate": (h1 - h0) / max(q1 - q0, 1),
+            "req_s": len(prompts) / wall,
+            "prompt_tok_s": prompt_tokens / wall,
+            "wall_s": wall,
+            "failures": failures,
+            "routed": routed,
+        }  # type: ignore[dict-item]
     finally:
         proc.terminate()
         proc.wait(60)
@@ -114,12 +142,17 @@ def main() -> None:
     p.add_argument("--policies", default="affinity,round_robin")
     args = p.parse_args()
     prompts = workload(args)
-    print(f"{args.engines} engines, {args.prefixes} prefixes x {args.prefix_len} tokens, {args.requests} requests, "
-          f"concurrency {args.concurrency}, {args.num_blocks} blocks per engine")
+    print(
+        f"{args.engines} engines, {args.prefixes} prefixes x {args.prefix_len} tokens, {args.requests} requests, "
+        f"concurrency {args.concurrency}, {args.num_blocks} blocks per engine"
+    )
     for policy in args.policies.split(","):
         r = run_policy(args, policy, prompts)
-        print(f"{policy:12s} hit rate {r['hit_rate']:.3f}  {r['req_s']:.1f} req/s  {r['prompt_tok_s']:.0f} prompt tok/s"
-              f"  wall {r['wall_s']:.1f} s  routed {r['routed']}  failures {r['failures']}", flush=True)
+        print(
+            f"{policy:12s} hit rate {r['hit_rate']:.3f}  {r['req_s']:.1f} req/s  {r['prompt_tok_s']:.0f} prompt tok/s"
+            f"  wall {r['wall_s']:.1f} s  routed {r['routed']}  failures {r['failures']}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -68,8 +68,22 @@ def serve(model: Path, threads: int, port: int) -> subprocess.Popen[bytes]:
     import httpx
 
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "SPINDLE_LOG_LEVEL": "WARNING"}
-    proc = subprocess.Popen([sys.executable, "-m", "server", "--model", str(model), "--runner", "pooling",
-                             "--port", str(port), "--max-num-batched-tokens", "16384"], env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "server",
+            "--model",
+            str(model),
+            "--runner",
+            "pooling",
+            "--port",
+            str(port),
+            "--max-num-batched-tokens",
+            "16384",
+        ],
+        env=env,
+    )
     for _ in range(1200):
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
@@ -97,8 +111,9 @@ def rerank(args: argparse.Namespace) -> None:
         times = []
         for r in range(args.rounds + 1):  # round 0 warms up
             t0 = time.perf_counter()
-            res = httpx.post(f"http://127.0.0.1:{args.port}/rerank", json={"query": query, "documents": docs},
-                             timeout=600)
+            res = httpx.post(
+                f"http://127.0.0.1:{args.port}/rerank", json={"query": query, "documents": docs}, timeout=600
+            )
             assert res.status_code == 200 and len(res.json()["results"]) == args.docs, res.text
             if r:
                 times.append(time.perf_counter() - t0)
@@ -106,13 +121,16 @@ def rerank(args: argparse.Namespace) -> None:
     finally:
         proc.terminate()
         proc.wait()
-    line = (f"rerank 1 query x {args.docs} documents of {args.len} tokens ({tokens} tokens a request), "
-            f"{args.threads} threads: spindle /rerank {args.docs / statistics.median(times):8.1f} documents/s")
+    line = (
+        f"rerank 1 query x {args.docs} documents of {args.len} tokens ({tokens} tokens a request), "
+        f"{args.threads} threads: spindle /rerank {args.docs / statistics.median(times):8.1f} documents/s"
+    )
     if not args.skip_hf:  # torch at --threads, and at one thread as the engine's step runs on a busy machine
         for threads in sorted({args.threads, 1}, reverse=True):
             torch.set_num_threads(threads)
-            line += (f"   CrossEncoder ({threads} threads) {cross_encoder(model, query, docs, args.rounds):8.1f} "
-                     "documents/s")
+            line += (
+                f"   CrossEncoder ({threads} threads) {cross_encoder(model, query, docs, args.rounds):8.1f} documents/s"
+            )
     print(line, flush=True)
 
 
@@ -151,10 +169,19 @@ def main() -> None:
 
         args.model = str(demo_checkpoint_path())
     # 64 x 128 tokens in one step, as transformers' single forward pass
-    core = EngineCore(EngineConfig(model=args.model, dtype=args.dtype, runner="pooling", device=args.device,
-                                   max_num_batched_tokens=max(2048, 64 * args.len)))
-    print(f"model {args.model} dtype {args.dtype} threads {args.threads} device {core.runner.device} "
-          f"input {args.len} tokens")
+    core = EngineCore(
+        EngineConfig(
+            model=args.model,
+            dtype=args.dtype,
+            runner="pooling",
+            device=args.device,
+            max_num_batched_tokens=max(2048, 64 * args.len),
+        )
+    )
+    print(
+        f"model {args.model} dtype {args.dtype} threads {args.threads} device {core.runner.device} "
+        f"input {args.len} tokens"
+    )
     for batch in (1, 64):
         line = f"batch {batch:3d}: spindle {engine_embed(core, batch, args.len, args.rounds):8.1f} inputs/s"
         if not args.skip_hf:

@@ -15,7 +15,6 @@ import statistics
 import time
 
 import msgspec
-
 import torch
 
 from engine.config import EngineConfig
@@ -23,14 +22,14 @@ from engine.core.engine_core import EngineCore
 from engine.messages import AddRequest, SamplingParams
 
 
-def engine_decode(core: EngineCore, batch: int, prompt_len: int, new: int,
-                  params: SamplingParams) -> tuple[float, float]:
+def engine_decode(
+    core: EngineCore, batch: int, prompt_len: int, new: int, params: SamplingParams
+) -> tuple[float, float]:
     """(tok/s over the whole run, tok/s of the median step): the median shrugs off a noisy neighbour."""
     rng = random.Random(batch)
     for i in range(batch):
         prompt = [rng.randrange(core.vocab_size) for _ in range(prompt_len)]
-        core.add_request(AddRequest(f"d{batch}-{i}", prompt,
-                                    msgspec.structs.replace(params, max_tokens=new), 0.0))
+        core.add_request(AddRequest(f"d{batch}-{i}", prompt, msgspec.structs.replace(params, max_tokens=new), 0.0))
     core.step()  # prefill (all prompts fit one step's budget)
     generated, steps, t0 = 0, [], time.perf_counter()
     while core.has_work:
@@ -55,6 +54,7 @@ def engine_prefill(core: EngineCore, n: int, prompt_len: int) -> float:
 
 def hf_decode(model_dir: str, batch: int, prompt_len: int, new: int, dtype: torch.dtype) -> float:
     from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
     ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len))
     kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
@@ -72,8 +72,16 @@ def compare_tp(model: str, dtype: str, tp: int, new: int, params: SamplingParams
     torch.set_num_threads(1)
     rows: dict[int, list[float]] = {}
     for size in (1, tp):
-        core = EngineCore(EngineConfig(model=model, dtype=dtype, max_num_seqs=256, max_num_batched_tokens=8192,
-                                       enable_prefix_caching=False, tensor_parallel_size=size))
+        core = EngineCore(
+            EngineConfig(
+                model=model,
+                dtype=dtype,
+                max_num_seqs=256,
+                max_num_batched_tokens=8192,
+                enable_prefix_caching=False,
+                tensor_parallel_size=size,
+            )
+        )
         try:
             engine_decode(core, 4, 16, 4, params)  # warm-up
             for batch in (1, 16, 64):
@@ -99,21 +107,44 @@ def main() -> None:
     ap.add_argument("--top-k", type=int, default=-1)
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--repetition-penalty", type=float, default=1.0)
-    ap.add_argument("--tensor-parallel-size", type=int, default=1,
-                    help="N > 1: decode at TP=N against TP=1, one thread per rank (no hf, no prefill)")
+    ap.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="N > 1: decode at TP=N against TP=1, one thread per rank (no hf, no prefill)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.model is None:
         from demo.checkpoints import demo_checkpoint_path
+
         args.model = str(demo_checkpoint_path())
     if args.tensor_parallel_size > 1:
-        compare_tp(args.model, args.dtype, args.tensor_parallel_size, args.new,
-                   SamplingParams(max_tokens=1, temperature=args.temperature, ignore_eos=True))
+        compare_tp(
+            args.model,
+            args.dtype,
+            args.tensor_parallel_size,
+            args.new,
+            SamplingParams(max_tokens=1, temperature=args.temperature, ignore_eos=True),
+        )
         return
-    core = EngineCore(EngineConfig(model=args.model, dtype=args.dtype, max_num_seqs=256,
-                                   max_num_batched_tokens=8192, enable_prefix_caching=False))
-    params = SamplingParams(max_tokens=1, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                            repetition_penalty=args.repetition_penalty, ignore_eos=True)
+    core = EngineCore(
+        EngineConfig(
+            model=args.model,
+            dtype=args.dtype,
+            max_num_seqs=256,
+            max_num_batched_tokens=8192,
+            enable_prefix_caching=False,
+        )
+    )
+    params = SamplingParams(
+        max_tokens=1,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty,
+        ignore_eos=True,
+    )
     engine_decode(core, 4, 16, 4, params)  # warm-up
     print(f"model {args.model} dtype {args.dtype} threads {args.threads} sampling {params}")
     print(f"{'batch':>6} {'engine tok/s':>14} {'(median step)':>14} {'hf generate tok/s':>18} {'ratio':>7}")

@@ -26,17 +26,17 @@ from pathlib import Path
 from typing import Any
 
 from engine.__main__ import run_below_server
-from engine.transport.channels import ChannelSet, wait_for_lifeline
 from engine.config import EngineConfig
+from engine.messages import AddRequest, EngineStats, LoadFailed, Ready, RequestOutput, ToEngine
+from engine.transport.channels import ChannelSet, wait_for_lifeline
 from engine.transport.ipc import FrameReader, FrameWriter, die_with_parent
 from engine.transport.loop import Links, Pipes, run
-from engine.messages import AddRequest, EngineStats, LoadFailed, Ready, RequestOutput, ToEngine
 
 _TEXT = (
     "The quick brown fox jumps over the lazy dog, and then, as if nothing had happened, it sits down by the "
     "river to watch the boats go by. Numbers such as 42, 3.14 and 1,000,000 appear now and then; so do names "
     "like London, Marie Curie or the Pacific Ocean.\nA new line starts here: short words, long words, "
-    "punctuation (brackets, quotes \"like these\", dashes - and colons) and plain sentences follow each other.\n"
+    'punctuation (brackets, quotes "like these", dashes - and colons) and plain sentences follow each other.\n'
 )
 
 
@@ -71,9 +71,14 @@ class FakeCore:
         eos = _ids(gen.get("eos_token_id")) or _ids(cfg.get("eos_token_id"))
         self.token_ids = [t for t in ids if 0 <= t < vocab and t not in eos] or [0]
         self.num_blocks = config.num_blocks or 1000
-        self.ready = Ready(max_model_len=config.max_model_len or int(cfg.get("max_position_embeddings", 4096)),
-                           vocab_size=vocab, eos_token_ids=sorted(eos), num_blocks=self.num_blocks,
-                           block_size=config.block_size, model_dtype="float32")
+        self.ready = Ready(
+            max_model_len=config.max_model_len or int(cfg.get("max_position_embeddings", 4096)),
+            vocab_size=vocab,
+            eos_token_ids=sorted(eos),
+            num_blocks=self.num_blocks,
+            block_size=config.block_size,
+            model_dtype="float32",
+        )
         self.running: dict[str, _Running] = {}
         self._pending: list[RequestOutput] = []  # aborts, reported by the next step as the real core does
 
@@ -117,8 +122,14 @@ class FakeCore:
 
     @staticmethod
     def _output(r: _Running, new: list[int], reason: str | None) -> RequestOutput:
-        return RequestOutput(r.request_id, new, reason, arrival_time=r.arrival, scheduled_time=r.scheduled,
-                             first_token_time=r.first_token)
+        return RequestOutput(
+            r.request_id,
+            new,
+            reason,
+            arrival_time=r.arrival,
+            scheduled_time=r.scheduled,
+            first_token_time=r.first_token,
+        )
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -164,6 +175,7 @@ def main() -> None:
         return
     if args.channels:
         wait_for_lifeline()
+
 
 if __name__ == "__main__":
     main()

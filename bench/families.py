@@ -18,12 +18,12 @@ from typing import Any
 import torch
 
 from bench.engine import engine_decode
+from demo.checkpoints import FAMILY_DEMOS, make_demo
+from engine.cache_root import cache_root
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.layers.moe import SparseMoE
 from engine.messages import SamplingParams
-from engine.cache_root import cache_root
-from demo.checkpoints import FAMILY_DEMOS, make_demo
 
 
 def demo_path(arch: str) -> Path:
@@ -49,6 +49,7 @@ class MoETimer:
             out = fn(x)
             setattr(self, field, getattr(self, field) + time.perf_counter() - t)
             return out
+
         return run
 
 
@@ -64,8 +65,15 @@ class _TimedBlock:
 
 
 def load(arch: str, dtype: str) -> tuple[EngineCore, MoETimer]:
-    core = EngineCore(EngineConfig(model=str(demo_path(arch)), dtype=dtype, max_num_seqs=256,
-                                   max_num_batched_tokens=8192, enable_prefix_caching=False))
+    core = EngineCore(
+        EngineConfig(
+            model=str(demo_path(arch)),
+            dtype=dtype,
+            max_num_seqs=256,
+            max_num_batched_tokens=8192,
+            enable_prefix_caching=False,
+        )
+    )
     engine_decode(core, 4, 16, 4, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))  # warm-up
     return core, MoETimer(core.runner.model)
 
@@ -102,13 +110,16 @@ def main() -> None:
                 rows[arch] = row
     base = rows["qwen2"]
     print(f"dtype {args.dtype} threads {args.threads}: decode tok/s (median step); x = ratio to the qwen2 demo")
-    print(f"{'family':>10} {'batch 1':>9} {'x':>5} {'batch 64':>9} {'x':>5} {'routing b1/b64':>15} "
-          f"{'MoE block b1/b64':>17}")
+    print(
+        f"{'family':>10} {'batch 1':>9} {'x':>5} {'batch 64':>9} {'x':>5} {'routing b1/b64':>15} "
+        f"{'MoE block b1/b64':>17}"
+    )
     for arch, r in rows.items():
-        moe = (f"{r['route1']:>7.1%}/{r['route64']:<7.1%} {r['moe1']:>8.1%}/{r['moe64']:<8.1%}"
-               if "route1" in r else "")
-        print(f"{arch:>10} {r['b1']:>9.1f} {r['b1'] / base['b1']:>5.2f} {r['b64']:>9.1f} "
-              f"{r['b64'] / base['b64']:>5.2f} {moe}")
+        moe = f"{r['route1']:>7.1%}/{r['route64']:<7.1%} {r['moe1']:>8.1%}/{r['moe64']:<8.1%}" if "route1" in r else ""
+        print(
+            f"{arch:>10} {r['b1']:>9.1f} {r['b1'] / base['b1']:>5.2f} {r['b64']:>9.1f} "
+            f"{r['b64'] / base['b64']:>5.2f} {moe}"
+        )
 
 
 if __name__ == "__main__":

@@ -55,8 +55,15 @@ def main() -> int:
         so = StructuredOutputs("json", json.dumps(relax(schema, {"whitespace_flexible": False}).schema))
         finish = backend.compile(so)._finish_with
         t0 = time.perf_counter()
-        path = search.completion(backend.compile(so).matcher, finish.preferred, finish.eos, args.limit,
-                                 finish.hints, finish.marks, finish.keys)
+        path = search.completion(
+            backend.compile(so).matcher,
+            finish.preferred,
+            finish.eos,
+            args.limit,
+            finish.hints,
+            finish.marks,
+            finish.keys,
+        )
         print(f"| {name} | {'none' if path is None else len(path)} | {time.perf_counter() - t0:.2f} |")
     return 0
 

@@ -36,15 +36,24 @@ def main() -> None:
     while len(arrivals) < 20:  # the stream is running
         time.sleep(0.01)
     t0 = time.perf_counter()
-    r = httpx.post(f"{args.url}/v1/chat/completions", timeout=120, json={
-        "model": model, "messages": [{"role": "user", "content": "x"}], "max_tokens": 20,
-        "response_format": {"type": "json_object"}})
+    r = httpx.post(
+        f"{args.url}/v1/chat/completions",
+        timeout=120,
+        json={
+            "model": model,
+            "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 20,
+            "response_format": {"type": "json_object"},
+        },
+    )
     latency = time.perf_counter() - t0
     t.join()
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
     print(f"first constrained request: {r.status_code} in {latency * 1000:.0f} ms")
-    print(f"stream: {len(arrivals)} chunks, largest gap {max(gaps) * 1000:.1f} ms, "
-          f"median {sorted(gaps)[len(gaps) // 2] * 1000:.2f} ms")
+    print(
+        f"stream: {len(arrivals)} chunks, largest gap {max(gaps) * 1000:.1f} ms, "
+        f"median {sorted(gaps)[len(gaps) // 2] * 1000:.2f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -38,8 +38,14 @@ class PacedFakeEngine:
     """A FAKE engine client for frontend benchmarks: one token per running request every `step_s`."""
 
     def __init__(self, token_ids: list[int], step_s: float, *, vocab_size: int, max_model_len: int) -> None:
-        self.ready = Ready(max_model_len=max_model_len, vocab_size=vocab_size, eos_token_ids=[],
-                           num_blocks=1000, block_size=16, model_dtype="float32")
+        self.ready = Ready(
+            max_model_len=max_model_len,
+            vocab_size=vocab_size,
+            eos_token_ids=[],
+            num_blocks=1000,
+            block_size=16,
+            model_dtype="float32",
+        )
         self.stats = _STATS
         self.token_ids = token_ids  # cycled through, so the detokenizer sees real text
         self.step_s = step_s
@@ -76,8 +82,8 @@ def _serve(args: argparse.Namespace) -> int:
     from tokenizers import Tokenizer
 
     from demo.checkpoints import demo_checkpoint_path
-    from server.runtime.http_server import run_server
     from server.config import ServerConfig
+    from server.runtime.http_server import run_server
 
     model = str(demo_checkpoint_path())
 
@@ -90,16 +96,20 @@ def _serve(args: argparse.Namespace) -> int:
     async def fake(_: Any) -> AsyncIterator[PacedFakeEngine]:
         yield PacedFakeEngine(ids, args.step_ms / 1000, vocab_size=vocab, max_model_len=4096)
 
-    config = ServerConfig.from_settings(model=model, served_model_name="fake", port=args.port, worker_class=args.worker_class,
-                          log_level="warning")
+    config = ServerConfig.from_settings(
+        model=model, served_model_name="fake", port=args.port, worker_class=args.worker_class, log_level="warning"
+    )
     return run_server(config, engine_factory=fake)
 
 
 def _request(port: int, out_len: int, i: int) -> bytes:
-    body = json.dumps({"model": "fake", "prompt": [100 + i % 1000, 200, 300, 400], "max_tokens": out_len,
-                       "stream": True}).encode()
-    return (b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1:%d\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\n\r\n" % (port, len(body))) + body
+    body = json.dumps(
+        {"model": "fake", "prompt": [100 + i % 1000, 200, 300, 400], "max_tokens": out_len, "stream": True}
+    ).encode()
+    return (
+        b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1:%d\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n" % (port, len(body))
+    ) + body
 
 
 def _load(port: int, concurrency: int, num_requests: int, out_len: int) -> tuple[int, int, float]:
@@ -126,8 +136,18 @@ def main() -> int:
     args = ap.parse_args()
     if args.serve:
         return _serve(args)
-    cmd = [sys.executable, "-m", "bench.frontend", "--serve", "--worker-class", args.worker_class, "--port",
-           str(args.port), "--step-ms", str(args.step_ms)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.frontend",
+        "--serve",
+        "--worker-class",
+        args.worker_class,
+        "--port",
+        str(args.port),
+        "--step-ms",
+        str(args.step_ms),
+    ]
     server = subprocess.Popen(cmd)
     try:
         for _ in range(600):

@@ -55,8 +55,10 @@ def compare_step(libs: dict[str, ctypes.CDLL], model: str, m: int, threads: int,
     a = load_args(model)
     h, q, kv, inter = a.hidden_size, a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim, a.intermediate_size
     shapes = {"qkv": (q + 2 * kv, h), "o": (h, q), "gate_up": (2 * inter, h), "down": (h, inter)}
-    layers = [{p: gemm.pack(torch.randn(n, k, dtype=torch.bfloat16)) for p, (n, k) in shapes.items()}
-              for _ in range(a.num_layers)]
+    layers = [
+        {p: gemm.pack(torch.randn(n, k, dtype=torch.bfloat16)) for p, (n, k) in shapes.items()}
+        for _ in range(a.num_layers)
+    ]
     head = gemm.pack(torch.randn(a.vocab_size, h, dtype=torch.bfloat16))
     xs = {k: torch.randn(m, k, dtype=torch.bfloat16) for k in (h, q, inter)}
     ys = {p: torch.empty(m, n, dtype=torch.bfloat16) for p, (n, _) in shapes.items()}
@@ -70,15 +72,30 @@ def compare_step(libs: dict[str, ctypes.CDLL], model: str, m: int, threads: int,
             for i, p in enumerate(PARTS[:4]):
                 n, k = shapes[p]
                 t = time.perf_counter()
-                if p != "gate_up" or not gated(xs[k].data_ptr(), k, m, k, w[p].data_ptr(), 0, n, 0,
-                                               ys["gate_up"].data_ptr(), n // 2, threads):
+                if p != "gate_up" or not gated(
+                    xs[k].data_ptr(), k, m, k, w[p].data_ptr(), 0, n, 0, ys["gate_up"].data_ptr(), n // 2, threads
+                ):
                     fn(xs[k].data_ptr(), k, m, k, w[p].data_ptr(), 0, n, 0, ys[p].data_ptr(), n, 0, 0, threads)
                 spent[i] += time.perf_counter() - t
         t = time.perf_counter()
-        fn(xs[h].data_ptr(), h, m, h, head.data_ptr(), 0, a.vocab_size, 0, 0, 0, logits.data_ptr(), a.vocab_size,
-           threads)
+        fn(
+            xs[h].data_ptr(),
+            h,
+            m,
+            h,
+            head.data_ptr(),
+            0,
+            a.vocab_size,
+            0,
+            0,
+            0,
+            logits.data_ptr(),
+            a.vocab_size,
+            threads,
+        )
         spent[-1] = time.perf_counter() - t
         return [sum(spent), *spent]
+
     times: dict[str, list[list[float]]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name in fns:
@@ -87,8 +104,9 @@ def compare_step(libs: dict[str, ctypes.CDLL], model: str, m: int, threads: int,
     lines = [f"{m} rows, {a.num_layers} layers of {model}:"]
     for name, ts in times.items():
         med = [statistics.median(t[i] for t in ts) * 1e3 for i in range(len(PARTS) + 1)]
-        lines.append(f"  {name:>5} step {med[0]:.2f} ms (" + ", ".join(
-            f"{p} {v:.2f}" for p, v in zip(PARTS, med[1:])) + ")")
+        lines.append(
+            f"  {name:>5} step {med[0]:.2f} ms (" + ", ".join(f"{p} {v:.2f}" for p, v in zip(PARTS, med[1:])) + ")"
+        )
     ratio = statistics.median(t[0] / o[0] for t, o in zip(times["this"], times["other"]))
     return "\n".join(lines) + f"\n  this / other {ratio:.3f}"
 
@@ -103,23 +121,38 @@ def compare(fns: dict[str, Product], m: int, n: int, k: int, threads: int, round
         for w in weights:
             fn(x.data_ptr(), k, m, k, w.data_ptr(), 0, n, 0, y.data_ptr(), n, 0, 0, threads)
         return (time.perf_counter() - t) / len(weights)
+
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
             times[name].append(min(seconds(fn) for _ in range(2)))
     this, other = statistics.median(times["this"]), statistics.median(times["other"])
     ratio = statistics.median(a / b for a, b in zip(times["this"], times["other"]))
-    return (f"{m}x{n}x{k} ({copies} copies): other {other * 1e3:.3f} ms, this {this * 1e3:.3f} ms "
-            f"({2 * m * n * k / this / 1e9:.0f} GFLOP/s), this / other {ratio:.3f}")
+    return (
+        f"{m}x{n}x{k} ({copies} copies): other {other * 1e3:.3f} ms, this {this * 1e3:.3f} ms "
+        f"({2 * m * n * k / this / 1e9:.0f} GFLOP/s), this / other {ratio:.3f}"
+    )
 
 
 def main() -> None:
     reexec_with_huge_pages()  # as the engine process runs
     ap = argparse.ArgumentParser()
     ap.add_argument("other", help="another build of the kernel library (.so)")
-    ap.add_argument("--shapes", nargs="+", default=["1x1152x896", "1x9728x896", "1x896x4864", "1x151936x896",
-                                                    "16x1152x896", "16x9728x896", "16x896x4864",
-                                                    "16x151936x896", "512x9728x896"])
+    ap.add_argument(
+        "--shapes",
+        nargs="+",
+        default=[
+            "1x1152x896",
+            "1x9728x896",
+            "1x896x4864",
+            "1x151936x896",
+            "16x1152x896",
+            "16x9728x896",
+            "16x896x4864",
+            "16x151936x896",
+            "512x9728x896",
+        ],
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--step", metavar="MODEL_DIR", help="a decode step's products of this checkpoint's shape")
@@ -131,8 +164,10 @@ def main() -> None:
     torch.manual_seed(0)
     if args.step:
         for m in args.rows:
-            print(compare_step({"this": lib, "other": ctypes.CDLL(args.other)}, args.step, m, args.threads,
-                               args.rounds), flush=True)
+            print(
+                compare_step({"this": lib, "other": ctypes.CDLL(args.other)}, args.step, m, args.threads, args.rounds),
+                flush=True,
+            )
         return
     fns = {"this": product_of(lib), "other": product_of(ctypes.CDLL(args.other))}
     for shape in args.shapes:

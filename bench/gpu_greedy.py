@@ -18,8 +18,9 @@ from engine.core.engine_core import EngineCore
 
 
 def greedy(model: str, device: str, dtype: str, prompts: list[list[int]], tokens: int) -> list[list[int]]:
-    core = EngineCore(EngineConfig(model=model, dtype=dtype, device=device, max_num_seqs=len(prompts),
-                                   enable_prefix_caching=False))
+    core = EngineCore(
+        EngineConfig(model=model, dtype=dtype, device=device, max_num_seqs=len(prompts), enable_prefix_caching=False)
+    )
     return run_greedy(core, prompts, tokens)
 
 
@@ -37,9 +38,11 @@ def main() -> None:
     got = greedy(a.model, a.device, "float32", prompts, a.tokens)
     bf16 = greedy(a.model, a.device, "bfloat16", prompts, a.tokens)
     equal = sum(r == g for r, g in zip(ref, got))
-    print(f"greedy, {a.prompts} prompts x {a.tokens} tokens: {a.device} float32 equals cpu float32 on "
-          f"{equal}/{a.prompts}; {a.device} bfloat16 shares {sum(x == y for r, b in zip(ref, bf16) for x, y in zip(r, b))}"
-          f"/{a.prompts * a.tokens} tokens with it")
+    print(
+        f"greedy, {a.prompts} prompts x {a.tokens} tokens: {a.device} float32 equals cpu float32 on "
+        f"{equal}/{a.prompts}; {a.device} bfloat16 shares {sum(x == y for r, b in zip(ref, bf16) for x, y in zip(r, b))}"
+        f"/{a.prompts * a.tokens} tokens with it"
+    )
     for i, (r, g) in enumerate(zip(ref, got)):
         if r != g:
             at = next(j for j, (x, y) in enumerate(zip(r, g)) if x != y)

@@ -25,15 +25,17 @@ from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.messages import AddRequest, SamplingParams, StructuredOutputs
 
-
 _IDS = itertools.count()
 
 
 def schema() -> dict[str, object]:
-    kinds: list[dict[str, object]] = [{"type": "string", "maxLength": 16},
-                                      {"type": "integer", "minimum": 0, "maximum": 100000},
-                                      {"type": "boolean"}, {"enum": ["red", "green", "blue"]},
-                                      {"type": "number"}]
+    kinds: list[dict[str, object]] = [
+        {"type": "string", "maxLength": 16},
+        {"type": "integer", "minimum": 0, "maximum": 100000},
+        {"type": "boolean"},
+        {"enum": ["red", "green", "blue"]},
+        {"type": "number"},
+    ]
     props = {f"field_{i}": kinds[i % len(kinds)] for i in range(20)}
     return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
 
@@ -67,9 +69,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.model is None:
         from demo.checkpoints import demo_checkpoint_path
+
         args.model = str(demo_checkpoint_path())
-    core = EngineCore(EngineConfig(model=args.model, max_num_seqs=256, max_num_batched_tokens=8192,
-                                   enable_prefix_caching=False))
+    core = EngineCore(
+        EngineConfig(model=args.model, max_num_seqs=256, max_num_batched_tokens=8192, enable_prefix_caching=False)
+    )
     so = StructuredOutputs("json", json.dumps(schema()))
     t0 = time.perf_counter()
     backend = core.structured.backend()
@@ -77,8 +81,10 @@ def main() -> None:
     backend.compile(so)
     t2 = time.perf_counter()
     print(f"model {args.model} threads {args.threads}")
-    print(f"tokenizer for llguidance: {t1 - t0:.2f} s (once per engine); 20-property schema compile: "
-          f"{(t2 - t1) * 1000:.1f} ms")
+    print(
+        f"tokenizer for llguidance: {t1 - t0:.2f} s (once per engine); 20-property schema compile: "
+        f"{(t2 - t1) * 1000:.1f} ms"
+    )
     decode(core, 4, 8, None)  # warm-up, and the schema's compile into the cache
     decode(core, 4, 8, so)
     print(f"{'batch':>6} {'plain tok/s':>12} {'(median)':>9} {'schema tok/s':>13} {'(median)':>9} {'ratio':>6}")
@@ -86,8 +92,10 @@ def main() -> None:
         runs = [decode(core, batch, args.new, c) for c in (None, so, so, None)]
         plain, plain_med = max(runs[0], runs[3], key=lambda r: r[1])
         guided, guided_med = max(runs[1], runs[2], key=lambda r: r[1])
-        print(f"{batch:>6} {plain:>12.1f} {plain_med:>9.1f} {guided:>13.1f} {guided_med:>9.1f} "
-              f"{guided_med / plain_med:>6.2f}")
+        print(
+            f"{batch:>6} {plain:>12.1f} {plain_med:>9.1f} {guided:>13.1f} {guided_med:>9.1f} "
+            f"{guided_med / plain_med:>6.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -57,8 +57,10 @@ async def preprocess(model: str, size: int, n: int) -> None:
             out = [await pool.call(["process", [b], None, None]) for b in blobs]
             dt = time.perf_counter() - t0
         grid = out[0][0][2]
-        print(f"preprocess {size}x{size} ({label}): {n / dt:7.1f} images/s ({dt / n * 1e3:6.1f} ms each; "
-              f"grid {grid}, {len(out[0][0][0]) / 1e6:.1f} MB of pixels)")
+        print(
+            f"preprocess {size}x{size} ({label}): {n / dt:7.1f} images/s ({dt / n * 1e3:6.1f} ms each; "
+            f"grid {grid}, {len(out[0][0][0]) / 1e6:.1f} MB of pixels)"
+        )
 
 
 def free_port() -> int:
@@ -68,8 +70,13 @@ def free_port() -> int:
 
 
 def ttft(client: httpx.Client, url: str, content: Any) -> float:
-    body = {"model": "m", "max_tokens": 1, "temperature": 0, "stream": True,
-            "messages": [{"role": "user", "content": content}]}
+    body = {
+        "model": "m",
+        "max_tokens": 1,
+        "temperature": 0,
+        "stream": True,
+        "messages": [{"role": "user", "content": content}],
+    }
     t0 = time.perf_counter()
     with client.stream("POST", f"{url}/v1/chat/completions", json=body) as resp:
         resp.raise_for_status()
@@ -83,8 +90,11 @@ def ttft(client: httpx.Client, url: str, content: Any) -> float:
 
 def serve_ttft(model: str, size: int, rounds: int, port: int) -> None:
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "server", "--model", model, "--port", str(port),
-                             "--served-model-name", "m"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "server", "--model", model, "--port", str(port), "--served-model-name", "m"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         with httpx.Client(timeout=120) as client:
             deadline = time.time() + 300
@@ -110,11 +120,14 @@ def serve_ttft(model: str, size: int, rounds: int, port: int) -> None:
                 warm.append(ttft(client, url, [part(i), text]))
                 plain.append(ttft(client, url, text["text"]))
             metrics = client.get(f"{url}/metrics").text
+
         def ms(xs: list[float]) -> float:
             return statistics.median(xs) * 1e3
 
-        print(f"ttft {size}x{size}, median of {rounds}: cold {ms(cold):7.1f} ms, warm {ms(warm):7.1f} ms, "
-              f"text only {ms(plain):7.1f} ms")
+        print(
+            f"ttft {size}x{size}, median of {rounds}: cold {ms(cold):7.1f} ms, warm {ms(warm):7.1f} ms, "
+            f"text only {ms(plain):7.1f} ms"
+        )
         for line in metrics.splitlines():
             if line.startswith("spindle_mm_") and "_total{" in line:
                 print("  " + line)

@@ -31,8 +31,9 @@ def timed(fn: Callable[[], object]) -> float:
     return float(do_bench(fn, warmup=25, rep=100, return_mode="median")) * 1e3
 
 
-def decode_torch(q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor, slots: torch.Tensor,
-                 scale: float) -> torch.Tensor:
+def decode_torch(
+    q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor, slots: torch.Tensor, scale: float
+) -> torch.Tensor:
     """Gather every sequence's context (all one length here) and run SDPA: the batched torch path."""
     k = k_flat[slots].transpose(1, 2)  # [B, kv_heads, ctx, D]
     v = v_flat[slots].transpose(1, 2)
@@ -65,11 +66,15 @@ def main() -> None:
     torch.manual_seed(0)
     dt = torch.bfloat16
     b, ctx, h, kvh, d, bs = args.batch, args.ctx, args.heads, args.kv_heads, args.head_dim, args.block_size
-    hidden, scale = h * d, d ** -0.5
+    hidden, scale = h * d, d**-0.5
     rows: list[tuple[str, float, float, float]] = []
 
-    def row(name: str, ref: Callable[[], torch.Tensor], tri: Callable[[], torch.Tensor],
-            fresh: Callable[[], None] | None = None) -> None:
+    def row(
+        name: str,
+        ref: Callable[[], torch.Tensor],
+        tri: Callable[[], torch.Tensor],
+        fresh: Callable[[], None] | None = None,
+    ) -> None:
         """fresh() restores the inputs an in-place kernel changed, so both sides see the same values."""
         if fresh:
             fresh()
@@ -83,15 +88,18 @@ def main() -> None:
     x, res = torch.randn(b, hidden, device=dev, dtype=dt), torch.randn(b, hidden, device=dev, dtype=dt)
     w = torch.randn(hidden, device=dev, dtype=dt)
     row(f"rms_norm [{b},{hidden}]", lambda: rmsnorm.rms_norm_ref(x, w, 1e-6), lambda: rmsnorm.rms_norm(x, w, 1e-6))
-    row(f"fused_add_rms_norm [{b},{hidden}]", lambda: rmsnorm.fused_add_rms_norm_ref(x, res, w, 1e-6)[0],
-        lambda: rmsnorm.fused_add_rms_norm(x, res, w, 1e-6)[0])
+    row(
+        f"fused_add_rms_norm [{b},{hidden}]",
+        lambda: rmsnorm.fused_add_rms_norm_ref(x, res, w, 1e-6)[0],
+        lambda: rmsnorm.fused_add_rms_norm(x, res, w, 1e-6)[0],
+    )
 
     # Rotary on q/k views of a fused qkv output, as many tokens as the prefill below.
     ps, pl = min(args.prefill_seqs, b), min(args.prefill_len, args.ctx)
     t = ps * pl
     qkv = torch.randn(t, (h + 2 * kvh) * d, device=dev, dtype=dt)
-    q_view = qkv[:, :h * d].view(t, h, d)
-    k_view = qkv[:, h * d:(h + kvh) * d].view(t, kvh, d)
+    q_view = qkv[:, : h * d].view(t, h, d)
+    k_view = qkv[:, h * d : (h + kvh) * d].view(t, kvh, d)
     inv = 1.0 / 10000 ** (torch.arange(0, d, 2, device=dev).float() / d)
     freqs = torch.outer(torch.arange(4096, device=dev).float(), inv)
     cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
@@ -101,8 +109,12 @@ def main() -> None:
     def restore_qkv() -> None:
         qkv.copy_(qkv0)
 
-    row(f"rotary [{t},{h}+{kvh},{d}]", lambda: rotary.rotary_embedding_ref(pos, q_view, k_view, cos_sin)[0],
-        lambda: rotary.rotary_embedding(pos, q_view, k_view, cos_sin)[0], fresh=restore_qkv)
+    row(
+        f"rotary [{t},{h}+{kvh},{d}]",
+        lambda: rotary.rotary_embedding_ref(pos, q_view, k_view, cos_sin)[0],
+        lambda: rotary.rotary_embedding(pos, q_view, k_view, cos_sin)[0],
+        fresh=restore_qkv,
+    )
 
     # Paged cache: batch sequences of ctx tokens, blocks shuffled.
     n_blocks = b * ctx // bs
@@ -116,22 +128,32 @@ def main() -> None:
 
     kn, vn = torch.randn(b, kvh, d, device=dev, dtype=dt), torch.randn(b, kvh, d, device=dev, dtype=dt)
     step_slots = slots[:, -1].contiguous()
-    row(f"write_kv_cache [{b},{kvh},{d}]",
+    row(
+        f"write_kv_cache [{b},{kvh},{d}]",
         lambda: (kv_cache_write.write_kv_cache_ref(kn, vn, k_cache, v_cache, step_slots), k_cache)[1],
-        lambda: (kv_cache_write.write_kv_cache(kn, vn, k_cache, v_cache, step_slots), k_cache)[1])
+        lambda: (kv_cache_write.write_kv_cache(kn, vn, k_cache, v_cache, step_slots), k_cache)[1],
+    )
 
     qd = torch.randn(b, h, d, device=dev, dtype=dt)
-    row(f"decode attn B{b} ctx{ctx} {h}/{kvh}x{d}", lambda: decode_torch(qd, k_flat, v_flat, slots, scale),
-        lambda: decode_mod.paged_decode_attention(qd, k_cache, v_cache, tables, seq_lens, scale,
-                                                              max_seq_len=ctx))
+    row(
+        f"decode attn B{b} ctx{ctx} {h}/{kvh}x{d}",
+        lambda: decode_torch(qd, k_flat, v_flat, slots, scale),
+        lambda: decode_mod.paged_decode_attention(qd, k_cache, v_cache, tables, seq_lens, scale, max_seq_len=ctx),
+    )
     for splits in (1, 4):
-        row(f"decode attn B{b} ctx{ctx}, {splits} splits", lambda: decode_torch(qd, k_flat, v_flat, slots, scale),
-            lambda: decode_mod.paged_decode_attention(qd, k_cache, v_cache, tables, seq_lens, scale,
-                                                                  num_splits=splits))
+        row(
+            f"decode attn B{b} ctx{ctx}, {splits} splits",
+            lambda: decode_torch(qd, k_flat, v_flat, slots, scale),
+            lambda: decode_mod.paged_decode_attention(qd, k_cache, v_cache, tables, seq_lens, scale, num_splits=splits),
+        )
     q1 = qd[:1]
-    row(f"decode attn B1 ctx{ctx} (split-K)", lambda: decode_torch(q1, k_flat, v_flat, slots[:1], scale),
-        lambda: decode_mod.paged_decode_attention(q1, k_cache, v_cache, tables[:1], seq_lens[:1],
-                                                              scale, max_seq_len=ctx))
+    row(
+        f"decode attn B1 ctx{ctx} (split-K)",
+        lambda: decode_torch(q1, k_flat, v_flat, slots[:1], scale),
+        lambda: decode_mod.paged_decode_attention(
+            q1, k_cache, v_cache, tables[:1], seq_lens[:1], scale, max_seq_len=ctx
+        ),
+    )
 
     # Extend: prefill_seqs chunks of prefill_len new tokens after a cached prefix of ctx - prefill_len.
     qp = torch.randn(ps * pl, h, d, device=dev, dtype=dt)
@@ -142,14 +164,19 @@ def main() -> None:
         outs = []
         for i in range(ps):
             k, v = k_flat[slots[i]].transpose(0, 1), v_flat[slots[i]].transpose(0, 1)
-            qi = qp[i * pl:(i + 1) * pl].transpose(0, 1)
-            outs.append(F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale,
-                                                       enable_gqa=True).transpose(0, 1))
+            qi = qp[i * pl : (i + 1) * pl].transpose(0, 1)
+            outs.append(
+                F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale, enable_gqa=True).transpose(0, 1)
+            )
         return torch.cat(outs)
 
-    row(f"prefill attn {ps}x{pl} new, ctx{ctx}", prefill_torch,
-        lambda: prefill_mod.paged_prefill_attention(qp, k_cache, v_cache, tables[:ps], cu,
-                                                                seq_lens[:ps], scale, max_query_len=pl))
+    row(
+        f"prefill attn {ps}x{pl} new, ctx{ctx}",
+        prefill_torch,
+        lambda: prefill_mod.paged_prefill_attention(
+            qp, k_cache, v_cache, tables[:ps], cu, seq_lens[:ps], scale, max_query_len=pl
+        ),
+    )
 
     kv_bytes = 2 * b * ctx * kvh * d * dt.itemsize
     where = torch.cuda.get_device_name() if dev.type == "cuda" else "CPU (Triton interpreter; times meaningless)"

@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 
 from bench.roofline import load_args
-from engine.hugepages import reexec_with_huge_pages
-from engine.cpu_kernels import gemm
-from engine.layers.linear import Int8Linear, Linear, PackedLinear, make_linear, packed_weight
 from demo.shapes import SHAPES
+from engine.cpu_kernels import gemm
+from engine.hugepages import reexec_with_huge_pages
+from engine.layers.linear import Int8Linear, Linear, PackedLinear, make_linear, packed_weight
 from engine.models.args import ModelArgs
 from engine.models.registry import parse_config
 
@@ -32,8 +32,12 @@ from engine.models.registry import parse_config
 def shapes(args: ModelArgs) -> list[tuple[int, int]]:
     """[out, in] of one layer's projections."""
     h, d = args.hidden_size, args.head_dim
-    return [((args.num_heads + 2 * args.num_kv_heads) * d, h), (h, args.num_heads * d),
-            (2 * args.intermediate_size, h), (h, args.intermediate_size)]
+    return [
+        ((args.num_heads + 2 * args.num_kv_heads) * d, h),
+        (h, args.num_heads * d),
+        (2 * args.intermediate_size, h),
+        (h, args.intermediate_size),
+    ]
 
 
 class Float32Linear(Linear):
@@ -57,12 +61,22 @@ class ThreadedKernel:
 
 
 def forms(weights: list[torch.Tensor], threads: int) -> dict[str, list[Callable[[torch.Tensor], torch.Tensor]]]:
-    kernel: dict[str, list[Callable[[torch.Tensor], torch.Tensor]]] = \
-        {"kernel bf16": [ThreadedKernel(w, threads) for w in weights],
-         "kernel int8": [ThreadedKernel(w, threads, "int8") for w in weights]} if gemm.available() else {}
-    return {**kernel, "F.linear bf16": [Linear(w) for w in weights], "packed bf16": [PackedLinear(w) for w in weights],
-            "int8": [Int8Linear(w) for w in weights], "F.linear fp32": [Float32Linear(w) for w in weights],
-            "chosen bf16": [make_linear(w) for w in weights]}
+    kernel: dict[str, list[Callable[[torch.Tensor], torch.Tensor]]] = (
+        {
+            "kernel bf16": [ThreadedKernel(w, threads) for w in weights],
+            "kernel int8": [ThreadedKernel(w, threads, "int8") for w in weights],
+        }
+        if gemm.available()
+        else {}
+    )
+    return {
+        **kernel,
+        "F.linear bf16": [Linear(w) for w in weights],
+        "packed bf16": [PackedLinear(w) for w in weights],
+        "int8": [Int8Linear(w) for w in weights],
+        "F.linear fp32": [Float32Linear(w) for w in weights],
+        "chosen bf16": [make_linear(w) for w in weights],
+    }
 
 
 def main() -> None:
@@ -76,13 +90,18 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     args = load_args(a.model) if a.model else parse_config(SHAPES["qwen2.5-0.5b"])
     g = torch.Generator().manual_seed(0)
-    weights = [(torch.randn(o, i, generator=g) / i ** 0.5).to(torch.bfloat16)
-               for _ in range(args.num_layers) for o, i in shapes(args)]
+    weights = [
+        (torch.randn(o, i, generator=g) / i**0.5).to(torch.bfloat16)
+        for _ in range(args.num_layers)
+        for o, i in shapes(args)
+    ]
     nbytes = sum(w.nbytes for w in weights)
     with torch.inference_mode():
         fns = forms(weights, a.threads)
-        print(f"{args.num_layers} layers x 4 projections, {nbytes / 1e6:.0f} MB in bf16, {a.threads} thread(s), "
-              f"CPU ms per step (best of {a.tries})")
+        print(
+            f"{args.num_layers} layers x 4 projections, {nbytes / 1e6:.0f} MB in bf16, {a.threads} thread(s), "
+            f"CPU ms per step (best of {a.tries})"
+        )
         for rows in a.rows:
             xs = [torch.randn(rows, w.shape[1], generator=g).to(torch.bfloat16) for w in weights]
             best = {name: float("inf") for name in fns}
@@ -93,8 +112,13 @@ def main() -> None:
                         lin(x)
                     best[name] = min(best[name], time.process_time() - c0)
             flops = 2 * rows * nbytes / 2
-            print(f"rows {rows:>3}: " + "  ".join(f"{n} {t * 1e3:6.1f} ms ({nbytes / t / 1e9:4.1f} GB/s, "
-                                                   f"{flops / t / 1e9:4.0f} GFLOP/s)" for n, t in best.items()))
+            print(
+                f"rows {rows:>3}: "
+                + "  ".join(
+                    f"{n} {t * 1e3:6.1f} ms ({nbytes / t / 1e9:4.1f} GB/s, {flops / t / 1e9:4.0f} GFLOP/s)"
+                    for n, t in best.items()
+                )
+            )
 
 
 if __name__ == "__main__":

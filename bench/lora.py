@@ -21,9 +21,9 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
-from engine.lora.peft_files import PARENT, CONFIG_FILE, WEIGHTS_FILE, BaseDims, digest
-from engine.models.checkpoint_meta import read_config
+from engine.lora.peft_files import CONFIG_FILE, PARENT, WEIGHTS_FILE, BaseDims, digest
 from engine.messages import AddRequest, LoRARequest, SamplingParams
+from engine.models.checkpoint_meta import read_config
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -42,13 +42,16 @@ def write_adapters(model: str, root: Path, count: int, rank: int) -> list[LoRARe
             for name in TARGETS:
                 d_in, d_out = dims.members[name]
                 key = f"base_model.model.model.layers.{layer}.{PARENT[name]}.{name}"
-                tensors[f"{key}.lora_A.weight"] = torch.randn(rank, d_in, generator=g) / d_in ** 0.5
-                tensors[f"{key}.lora_B.weight"] = torch.randn(d_out, rank, generator=g) / rank ** 0.5
+                tensors[f"{key}.lora_A.weight"] = torch.randn(rank, d_in, generator=g) / d_in**0.5
+                tensors[f"{key}.lora_B.weight"] = torch.randn(d_out, rank, generator=g) / rank**0.5
         path = root / f"adapter{i}"
         path.mkdir()
         save_file(tensors, path / WEIGHTS_FILE)
-        (path / CONFIG_FILE).write_text(json.dumps({"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank,
-                                                    "target_modules": TARGETS, "bias": "none"}))
+        (path / CONFIG_FILE).write_text(
+            json.dumps(
+                {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": TARGETS, "bias": "none"}
+            )
+        )
         out.append(LoRARequest(f"adapter{i}", str(path), digest(path)))
     return out
 
@@ -80,16 +83,31 @@ def main() -> None:
         from demo.checkpoints import demo_checkpoint_path  # why late: builds the demo once
 
         args.model = str(demo_checkpoint_path())
-    kw = dict(model=args.model, dtype=args.dtype, device=args.device, max_num_seqs=256, max_num_batched_tokens=8192,
-              enable_prefix_caching=False)
+    kw = dict(
+        model=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        max_num_seqs=256,
+        max_num_batched_tokens=8192,
+        enable_prefix_caching=False,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         adapters = write_adapters(args.model, Path(tmp), 4, args.rank)
         plain = EngineCore(EngineConfig(**kw))  # type: ignore[arg-type]
-        lora = EngineCore(EngineConfig(**kw, enable_lora=True, max_loras=4,  # type: ignore[arg-type]
-                                       max_lora_rank=max(16, args.rank)))
+        lora = EngineCore(
+            EngineConfig(
+                **kw,
+                enable_lora=True,
+                max_loras=4,  # type: ignore[arg-type]
+                max_lora_rank=max(16, args.rank),
+            )
+        )
         workloads: dict[str, tuple[EngineCore, list[LoRARequest | None]]] = {
-            "base, no LoRA": (plain, [None]), "base (--enable-lora)": (lora, [None]),
-            "1 adapter": (lora, [adapters[0]]), "4 adapters round-robin": (lora, list(adapters))}
+            "base, no LoRA": (plain, [None]),
+            "base (--enable-lora)": (lora, [None]),
+            "1 adapter": (lora, [adapters[0]]),
+            "4 adapters round-robin": (lora, list(adapters)),
+        }
         for core, loras in workloads.values():  # warm-up: adapters loaded, buffers faulted in
             run(core, loras, 4, 8, 4, "warm")
         best: dict[tuple[str, int], float] = {}
@@ -98,12 +116,15 @@ def main() -> None:
                 for name, (core, loras) in workloads.items():
                     tps = run(core, loras, batch, args.prompt, args.new, f"r{r}")
                     best[name, batch] = max(best.get((name, batch), 0.0), tps)
-    print(f"model {args.model}, rank {args.rank}, prompt {args.prompt}, new {args.new}, "
-          f"torch threads {torch.get_num_threads()}, best of {args.repeats}")
+    print(
+        f"model {args.model}, rank {args.rank}, prompt {args.prompt}, new {args.new}, "
+        f"torch threads {torch.get_num_threads()}, best of {args.repeats}"
+    )
     print(f"{'workload':<26}{'c=16 tok/s':>12}{'ratio':>8}{'c=64 tok/s':>12}{'ratio':>8}")
     for name in workloads:
-        cells = "".join(f"{best[name, b]:>12.0f}{best[name, b] / best['base (--enable-lora)', b]:>8.2f}"
-                        for b in (16, 64))
+        cells = "".join(
+            f"{best[name, b]:>12.0f}{best[name, b] / best['base (--enable-lora)', b]:>8.2f}" for b in (16, 64)
+        )
         print(f"{name:<26}{cells}")
 
 

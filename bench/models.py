@@ -31,16 +31,29 @@ def build(root: Path) -> None:
     from demo.checkpoints import write_random_checkpoint
 
     for name, (hidden, layers, heads, kv, inter) in SIZES.items():
-        write_random_checkpoint(root / name, "qwen2", hidden_size=hidden, num_layers=layers, num_heads=heads,
-                                num_kv_heads=kv, head_dim=hidden // heads, intermediate_size=inter,
-                                vocab_size=151_646, tie_word_embeddings=True, rope_theta=1e6,
-                                max_position_embeddings=2048, seed=0, dtype="bfloat16")
+        write_random_checkpoint(
+            root / name,
+            "qwen2",
+            hidden_size=hidden,
+            num_layers=layers,
+            num_heads=heads,
+            num_kv_heads=kv,
+            head_dim=hidden // heads,
+            intermediate_size=inter,
+            vocab_size=151_646,
+            tie_word_embeddings=True,
+            rope_theta=1e6,
+            max_position_embeddings=2048,
+            seed=0,
+            dtype="bfloat16",
+        )
 
 
 def timed(client: httpx.Client, url: str, model: str) -> float:
     start = time.perf_counter()
-    r = client.post(f"{url}/v1/completions", json={"model": model, "prompt": "Hello", "max_tokens": 8,
-                                                   "ignore_eos": True})
+    r = client.post(
+        f"{url}/v1/completions", json={"model": model, "prompt": "Hello", "max_tokens": 8, "ignore_eos": True}
+    )
     r.raise_for_status()
     return time.perf_counter() - start
 
@@ -55,8 +68,20 @@ def main() -> None:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         env = {**os.environ, "SPINDLE_LOG_LEVEL": "WARNING"}
-        proc = subprocess.Popen([sys.executable, "-m", "server", "--models-dir", str(root), "--port", str(port),
-                                 "--max-loaded-models", "1"], env=env)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "server",
+                "--models-dir",
+                str(root),
+                "--port",
+                str(port),
+                "--max-loaded-models",
+                "1",
+            ],
+            env=env,
+        )
         try:
             with httpx.Client(timeout=600) as client:
                 wait_up(client, url, proc)

@@ -34,8 +34,8 @@ import torch
 
 from bench.roofline import Rates, load_args, measure, measure_gpu, step_cost
 from engine.config import EngineConfig
-from engine.cpu_kernels import chooser
 from engine.core.engine_core import EngineCore
+from engine.cpu_kernels import chooser
 from engine.hugepages import reexec_with_huge_pages
 from engine.messages import AddRequest, SamplingParams
 
@@ -51,6 +51,7 @@ def _timed(totals: dict[str, float], name: str, fn: Callable[..., Any]) -> Calla
         finally:
             totals[name] += time.perf_counter() - t0
             totals[name + "/cpu"] += time.process_time() - c0
+
     return wrapper
 
 
@@ -62,8 +63,11 @@ def instrument(core: EngineCore, totals: dict[str, float]) -> None:
     prepare = "prepare" if hasattr(runner, "prepare") else "_metadata"
     setattr(runner, prepare, _timed(totals, "prepare", getattr(runner, prepare)))
     runner.model.forward = _timed(totals, "forward", runner.model.forward)  # type: ignore[method-assign]
-    runner.model.compute_logits = _timed(totals, "lm_head",  # type: ignore[method-assign]
-                                         runner.model.compute_logits)
+    runner.model.compute_logits = _timed(
+        totals,
+        "lm_head",  # type: ignore[method-assign]
+        runner.model.compute_logits,
+    )
     core.sampler.sample = _timed(totals, "sample", core.sampler.sample)  # type: ignore[method-assign]
 
 
@@ -89,8 +93,13 @@ def add_batch(core: EngineCore, batch: int, prompt_len: int, params: SamplingPar
 def best_rates(dtype: str, threads: int) -> Rates:
     """The machine's best read bandwidth and GEMM rate over 1..threads threads, measured now."""
     runs = [measure(dtype, n, read_mib=512, tries=4) for n in range(1, threads + 1)]
-    return Rates(threads, max(r.read_gbs for r in runs), max(r.peak_gflops for r in runs),
-                 runs[0].read_gbs_cpu, runs[0].peak_gflops_cpu)
+    return Rates(
+        threads,
+        max(r.read_gbs for r in runs),
+        max(r.peak_gflops for r in runs),
+        runs[0].read_gbs_cpu,
+        runs[0].peak_gflops_cpu,
+    )
 
 
 def timed_steps(core: EngineCore, steps: int, totals: dict[str, float]) -> tuple[float, dict[str, float]]:
@@ -107,8 +116,7 @@ def timed_steps(core: EngineCore, steps: int, totals: dict[str, float]) -> tuple
     ms = {k: v / steps * 1e3 for k, v in totals.items()}
     ms["cpu"] = (time.process_time() - c0) / steps * 1e3
     ms["median"] = statistics.median(times) * 1e3
-    ms["postprocess"] = total / steps * 1e3 - sum(ms[p] for p in (*PHASES, "update") if p in ms) \
-        + ms.get("update", 0.0)
+    ms["postprocess"] = total / steps * 1e3 - sum(ms[p] for p in (*PHASES, "update") if p in ms) + ms.get("update", 0.0)
     return total, ms
 
 
@@ -129,8 +137,12 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--split-projections", action="store_true", help="cut big projections over the threads")
     ap.add_argument("--device", default="auto", help="auto (cuda when there is one), cpu or cuda")
     ap.add_argument("--split-forward", action="store_true", help="also time projections and attention in forward")
-    ap.add_argument("--threaded-step-flops", type=float, default=None,
-                    help="EngineConfig.threaded_step_flops (torch's ops on all threads from this step size)")
+    ap.add_argument(
+        "--threaded-step-flops",
+        type=float,
+        default=None,
+        help="EngineConfig.threaded_step_flops (torch's ops on all threads from this step size)",
+    )
     ap.add_argument("--torch-profile", action="store_true")
     return ap.parse_args()
 
@@ -139,8 +151,10 @@ def print_kernel_choices(core: EngineCore) -> None:
     """The CPU kernel chosen per projection shape and row class (engine/cpu_kernels/chooser.py), and whether
     decode steps run the fused layer."""
     for kind, shape, winners in chooser.choices_made():
-        print(f"{'kernels':>12} {kind} {'x'.join(map(str, shape))}: " + " ".join(
-            f"{cls}:{w}" for cls, w in zip(chooser.describe_classes().split(), winners)))
+        print(
+            f"{'kernels':>12} {kind} {'x'.join(map(str, shape))}: "
+            + " ".join(f"{cls}:{w}" for cls, w in zip(chooser.describe_classes().split(), winners))
+        )
     fused = getattr(core.runner.model, "fused", None)
     print(f"{'fused decode':>12} {'built' if fused is not None else 'off'}")
 
@@ -151,26 +165,43 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.model is None:
         from demo.checkpoints import demo_checkpoint_path
+
         args.model = str(demo_checkpoint_path())
     extra: dict[str, Any] = {"quantization": args.quantization} if args.quantization else {}
     if args.split_projections:
         extra["split_projections"] = True
     if args.threaded_step_flops is not None:
         extra["threaded_step_flops"] = args.threaded_step_flops
-    core = EngineCore(EngineConfig(model=args.model, dtype=args.dtype, max_num_seqs=256, device=args.device,
-                                   max_num_batched_tokens=8192, enable_prefix_caching=False, **extra))
+    core = EngineCore(
+        EngineConfig(
+            model=args.model,
+            dtype=args.dtype,
+            max_num_seqs=256,
+            device=args.device,
+            max_num_batched_tokens=8192,
+            enable_prefix_caching=False,
+            **extra,
+        )
+    )
     gc.freeze()  # as engine/transport/loop.py does once the model is loaded
     gpu = core.runner.device.type == "cuda"
-    params = SamplingParams(max_tokens=args.steps * args.repeat + 16, temperature=args.temperature,
-                            top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
-                            ignore_eos=True)
+    params = SamplingParams(
+        max_tokens=args.steps * args.repeat + 16,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty,
+        ignore_eos=True,
+    )
     prompt_len = 128
     add_batch(core, args.batch, prompt_len, params)
     for _ in range(4):  # the prefill, then warm-up decodes
         core.step()
-    print(f"batch {args.batch} dtype {args.dtype} threads {args.threads} temperature {args.temperature} "
-          f"top_k {args.top_k} top_p {args.top_p} repetition_penalty {args.repetition_penalty} "
-          f"quantization {args.quantization} device {core.runner.device}")
+    print(
+        f"batch {args.batch} dtype {args.dtype} threads {args.threads} temperature {args.temperature} "
+        f"top_k {args.top_k} top_p {args.top_p} repetition_penalty {args.repetition_penalty} "
+        f"quantization {args.quantization} device {core.runner.device}"
+    )
     print_kernel_choices(core)
     model_dtype = core.runner.model_dtype
     totals: dict[str, float] = defaultdict(float)
@@ -179,8 +210,13 @@ def main() -> None:
         instrument_forward(core, totals)
     paired: list[float] = []  # each round's median step / the tighter of its two probes' bounds
     for r in range(args.repeat):
-        rates = None if args.no_roofline else \
-            measure_gpu(model_dtype, str(core.runner.device)) if gpu else best_rates(model_dtype, args.threads)
+        rates = (
+            None
+            if args.no_roofline
+            else measure_gpu(model_dtype, str(core.runner.device))
+            if gpu
+            else best_rates(model_dtype, args.threads)
+        )
         total, ms = timed_steps(core, args.steps, totals)
         for name in (*PHASES, "postprocess"):
             cpu = f"  (cpu {ms[name + '/cpu']:.2f} ms)" if name + "/cpu" in ms else ""
@@ -190,31 +226,42 @@ def main() -> None:
                     print(f"{'. ' + part:>12} {ms[part]:8.2f} ms  (cpu {ms[part + '/cpu']:.2f} ms)")
         print(f"{'(update)':>12} {ms.get('update', 0.0):8.2f} ms  (inside postprocess)")
         step_ms = total / args.steps * 1e3
-        print(f"{'step':>12} {step_ms:8.2f} ms  -> {args.batch * args.steps / total:.0f} tok/s  "
-              f"(median step {ms['median']:.2f} ms)")
+        print(
+            f"{'step':>12} {step_ms:8.2f} ms  -> {args.batch * args.steps / total:.0f} tok/s  "
+            f"(median step {ms['median']:.2f} ms)"
+        )
         if rates is not None:
             context = prompt_len + 4 + r * args.steps + args.steps // 2  # the mean over these steps
             cost = step_cost(load_args(args.model), model_dtype, args.batch, context, args.quantization)
             bound, why = cost.bound_ms(rates)
-            print(f"{'bound':>12} {bound:8.2f} ms  ({why}; read {rates.read_gbs:.1f} GB/s, "
-                  f"GEMM {rates.peak_gflops:.0f} GFLOP/s)  step/bound {step_ms / bound:.2f}  "
-                  f"median/bound {ms['median'] / bound:.2f}")
+            print(
+                f"{'bound':>12} {bound:8.2f} ms  ({why}; read {rates.read_gbs:.1f} GB/s, "
+                f"GEMM {rates.peak_gflops:.0f} GFLOP/s)  step/bound {step_ms / bound:.2f}  "
+                f"median/bound {ms['median'] / bound:.2f}"
+            )
             if gpu:
                 continue
             after = best_rates(model_dtype, args.threads)
             bound_after, why_after = cost.bound_ms(after)
-            print(f"{'probe after':>12} {bound_after:8.2f} ms  ({why_after}; read {after.read_gbs:.1f} GB/s, "
-                  f"GEMM {after.peak_gflops:.0f} GFLOP/s)  median/bound {ms['median'] / bound_after:.2f}")
+            print(
+                f"{'probe after':>12} {bound_after:8.2f} ms  ({why_after}; read {after.read_gbs:.1f} GB/s, "
+                f"GEMM {after.peak_gflops:.0f} GFLOP/s)  median/bound {ms['median'] / bound_after:.2f}"
+            )
             paired.append(ms["median"] / min(bound, bound_after))
             cpu_bound, why = cost.bound_ms(rates, cpu=True)
-            print(f"{'cpu time':>12} {ms['cpu']:8.2f} ms, bound {cpu_bound:.2f} ms of one core ({why}; "
-                  f"{rates.read_gbs_cpu:.1f} GB and {rates.peak_gflops_cpu:.0f} GFLOP per CPU s)  "
-                  f"cpu/bound {ms['cpu'] / cpu_bound:.2f}")
+            print(
+                f"{'cpu time':>12} {ms['cpu']:8.2f} ms, bound {cpu_bound:.2f} ms of one core ({why}; "
+                f"{rates.read_gbs_cpu:.1f} GB and {rates.peak_gflops_cpu:.0f} GFLOP per CPU s)  "
+                f"cpu/bound {ms['cpu'] / cpu_bound:.2f}"
+            )
     if len(paired) > 1:
-        print(f"over {len(paired)} rounds: median step / the tighter probe's bound: median "
-              f"{statistics.median(paired):.2f} (range {min(paired):.2f}-{max(paired):.2f})")
+        print(
+            f"over {len(paired)} rounds: median step / the tighter probe's bound: median "
+            f"{statistics.median(paired):.2f} (range {min(paired):.2f}-{max(paired):.2f})"
+        )
     if args.torch_profile:
         from torch.profiler import ProfilerActivity, profile
+
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(5):
                 core.step()

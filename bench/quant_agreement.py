@@ -20,18 +20,24 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
-from engine.messages import AddRequest, SamplingParams
-from engine.execution.model_runner import ModelRunner
 from engine.core.sequence import ScheduledSeq, Sequence
+from engine.execution.model_runner import ModelRunner
+from engine.messages import AddRequest, SamplingParams
 
-
-PAIRS = {"bf16-int8": (("bfloat16", None), ("bfloat16", "int8")),
-         "fp32-bf16": (("float32", None), ("bfloat16", None))}
+PAIRS = {"bf16-int8": (("bfloat16", None), ("bfloat16", "int8")), "fp32-bf16": (("float32", None), ("bfloat16", None))}
 
 
 def engine(model: str, dtype: str, quantization: str | None, batch: int) -> EngineCore:
-    return EngineCore(EngineConfig(model=model, dtype=dtype, quantization=quantization, max_num_seqs=batch,
-                                   max_num_batched_tokens=8192, enable_prefix_caching=False))
+    return EngineCore(
+        EngineConfig(
+            model=model,
+            dtype=dtype,
+            quantization=quantization,
+            max_num_seqs=batch,
+            max_num_batched_tokens=8192,
+            enable_prefix_caching=False,
+        )
+    )
 
 
 def greedy(core: EngineCore, prompts: list[list[int]], tokens: int) -> list[list[int]]:
@@ -51,11 +57,12 @@ def teacher_forced_logits(runner: ModelRunner, tokens: list[int], first: int) ->
     bs = runner.block_size
     seq.block_table = list(range(-(-len(tokens) // bs)))
     out = runner.execute([ScheduledSeq(seq, len(tokens))])
-    return out.prompt_logits[0][first - 1:-1].clone()
+    return out.prompt_logits[0][first - 1 : -1].clone()
 
 
-def kl_per_position(runners: tuple[ModelRunner, ModelRunner], prompts: list[list[int]],
-                    continuations: list[list[int]]) -> torch.Tensor:
+def kl_per_position(
+    runners: tuple[ModelRunner, ModelRunner], prompts: list[list[int]], continuations: list[list[int]]
+) -> torch.Tensor:
     kls = []
     for p, c in zip(prompts, continuations):
         full = p + c
@@ -91,10 +98,14 @@ def main() -> None:
     names = [f"{d}{'+' + q if q else ''}" for d, q in PAIRS[a.pair]]
     print(f"{a.model}: {a.prompts} prompts x {a.tokens} tokens, greedy, {names[0]} vs {names[1]}")
     print(f"  tokens equal at the same position: {same / (a.prompts * a.tokens):.3f}")
-    print(f"  mean common prefix: {sum(prefixes) / len(prefixes):.1f} of {a.tokens} tokens; "
-          f"whole continuation equal: {whole}/{a.prompts}")
-    print(f"  KL({names[0]} || {names[1]}) per next-token distribution: mean {kl.mean():.4f} nats, "
-          f"p99 {kl.quantile(0.99):.4f}, max {kl.max():.4f} ({kl.numel()} positions)")
+    print(
+        f"  mean common prefix: {sum(prefixes) / len(prefixes):.1f} of {a.tokens} tokens; "
+        f"whole continuation equal: {whole}/{a.prompts}"
+    )
+    print(
+        f"  KL({names[0]} || {names[1]}) per next-token distribution: mean {kl.mean():.4f} nats, "
+        f"p99 {kl.quantile(0.99):.4f}, max {kl.max():.4f} ({kl.numel()} positions)"
+    )
     print(f"  ({time.perf_counter() - t0:.0f} s)")
 
 

@@ -59,19 +59,28 @@ def block_type(type_name: str, in_features: int) -> int:
 
 def quant_forms(model: str, type_name: str, g: torch.Generator) -> tuple[dict[str, Form], int]:
     ggml_type = int(gguf.GGMLQuantizationType[type_name])
-    lins = [QuantLinear(GGMLWeight(block_type(type_name, i), (o, i),
-                                   quant_gemm.random_blocks(block_type(type_name, i), o, i, g)), None, torch.bfloat16)
-            for _ in range(MODELS[model][5]) for o, i in shapes(model)]
-    forms: dict[str, Form] = {f"{type_name} chosen": list(lins), f"{type_name} dequant": [Forced(lin, "dequant")
-                                                                                         for lin in lins]}
+    lins = [
+        QuantLinear(
+            GGMLWeight(block_type(type_name, i), (o, i), quant_gemm.random_blocks(block_type(type_name, i), o, i, g)),
+            None,
+            torch.bfloat16,
+        )
+        for _ in range(MODELS[model][5])
+        for o, i in shapes(model)
+    ]
+    forms: dict[str, Form] = {
+        f"{type_name} chosen": list(lins),
+        f"{type_name} dequant": [Forced(lin, "dequant") for lin in lins],
+    }
     if quant_gemm.supports(ggml_type):
         forms[f"{type_name} ggml"] = [Forced(lin, "ggml") for lin in lins]
     return forms, sum(lin.nbytes for lin in lins)
 
 
 def bf16_form(model: str, g: torch.Generator) -> tuple[Form, int]:
-    weights = [(torch.randn(o, i, generator=g) / i ** 0.5).bfloat16() for _ in range(MODELS[model][5])
-               for o, i in shapes(model)]
+    weights = [
+        (torch.randn(o, i, generator=g) / i**0.5).bfloat16() for _ in range(MODELS[model][5]) for o, i in shapes(model)
+    ]
     lins: list[Linear] = [KernelLinear(w) if gemm.usable(w) else Linear(w) for w in weights]
     return list(lins), sum(w.nbytes for w in weights)
 
@@ -99,8 +108,10 @@ def run_model(model: str, types: list[str], rows_list: list[int], tries: int) ->
                     lin(x)
                 best[name] = min(best[name], time.process_time() - c0)
         for name, secs in best.items():
-            print(f"  rows {rows:>3}  {name:<14} {secs * 1e3:7.2f} ms  {nbytes[name] / secs / 1e9:5.1f} GB/s  "
-                  f"({nbytes[name] / 1e6:.0f} MB)")
+            print(
+                f"  rows {rows:>3}  {name:<14} {secs * 1e3:7.2f} ms  {nbytes[name] / secs / 1e9:5.1f} GB/s  "
+                f"({nbytes[name] / 1e6:.0f} MB)"
+            )
     for kind, shape, winners in chooser.choices_made():
         print(f"  chooser {kind} {'x'.join(map(str, shape))} by rows {chooser.describe_classes()}: {' '.join(winners)}")
     chooser.forget()
@@ -115,9 +126,8 @@ def main() -> None:
     ap.add_argument("--tries", type=int, default=5)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    from engine.layers.parallel import (
-        WORKERS,  # why: configured once, as the runner does
-    )
+    from engine.layers.parallel import WORKERS  # why: configured once, as the runner does
+
     WORKERS.configure(a.threads)
     with torch.inference_mode():
         for model in a.model:

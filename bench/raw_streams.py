@@ -8,8 +8,9 @@ import time
 from collections.abc import Callable
 
 
-def run_raw_streams(port: int, concurrency: int, num_requests: int, request: Callable[[int], bytes],
-                    on_done: Callable[[bytes], None]) -> tuple[int, float]:
+def run_raw_streams(
+    port: int, concurrency: int, num_requests: int, request: Callable[[int], bytes], on_done: Callable[[bytes], None]
+) -> tuple[int, float]:
     """Send `request(i)` for i < num_requests over `concurrency` connections, each waiting for its chunked SSE
     body to end; `on_done(response)` per finished request. Returns (requests ok, seconds)."""
     sel = selectors.DefaultSelector()

@@ -70,15 +70,25 @@ async def main(backend: str) -> None:
         assert template is not None
         t = time.perf_counter()
         for _ in range(reps):
-            template_sandbox.render(template, msgs, add_generation_prompt=True, continue_final_message=False,
-                                    tools=None, documents=None, kwargs={}, max_output_chars=1 << 20)
+            template_sandbox.render(
+                template,
+                msgs,
+                add_generation_prompt=True,
+                continue_final_message=False,
+                tools=None,
+                documents=None,
+                kwargs={},
+                max_output_chars=1 << 20,
+            )
         inline_us = (time.perf_counter() - t) / reps * 1e6
         t = time.perf_counter()
         for _ in range(reps):
             await r.render_chat(msgs)
         hop_us = (time.perf_counter() - t) / reps * 1e6
-        print(f"  ChatML render: in-process {inline_us:6.0f} us; via worker {hop_us:6.0f} us "
-              f"(hop overhead {hop_us - inline_us:5.0f} us)")
+        print(
+            f"  ChatML render: in-process {inline_us:6.0f} us; via worker {hop_us:6.0f} us "
+            f"(hop overhead {hop_us - inline_us:5.0f} us)"
+        )
         short = "Why is the sky blue? Explain briefly."
         t = time.perf_counter()
         for _ in range(reps):

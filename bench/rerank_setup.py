@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from engine.cache_root import cache_root
 from demo.checkpoints import DEMO
+from engine.cache_root import cache_root
 
 NAME = "bench-reranker-v1"
 
@@ -27,10 +27,18 @@ def reranker_checkpoint() -> Path:
     from demo.tokenizers import write_tokenizer
 
     cfg = transformers.Qwen2Config(
-        hidden_size=DEMO["hidden_size"], num_hidden_layers=DEMO["num_layers"], num_attention_heads=DEMO["num_heads"],
-        num_key_value_heads=DEMO["num_kv_heads"], head_dim=DEMO["head_dim"],
-        intermediate_size=DEMO["intermediate_size"], vocab_size=DEMO["vocab_size"], max_position_embeddings=4096,
-        num_labels=1, pad_token_id=151643, architectures=["Qwen2ForSequenceClassification"])
+        hidden_size=DEMO["hidden_size"],
+        num_hidden_layers=DEMO["num_layers"],
+        num_attention_heads=DEMO["num_heads"],
+        num_key_value_heads=DEMO["num_kv_heads"],
+        head_dim=DEMO["head_dim"],
+        intermediate_size=DEMO["intermediate_size"],
+        vocab_size=DEMO["vocab_size"],
+        max_position_embeddings=4096,
+        num_labels=1,
+        pad_token_id=151643,
+        architectures=["Qwen2ForSequenceClassification"],
+    )
     torch.manual_seed(0)
     model = transformers.Qwen2ForSequenceClassification(cfg)
     with torch.no_grad():
@@ -54,8 +62,9 @@ def texts_of_length(tokenizer_file: Path, count: int, length: int, seed: int) ->
     tok = tokenizers.Tokenizer.from_file(str(tokenizer_file))
     # a word with its leading space is one token ("Ġword" is in the vocabulary), and the pre-tokenizer splits at
     # spaces, so " w1 w2 ..." of n words is n tokens
-    words = sorted(w[1:] for w in tok.get_vocab() if w.startswith("Ġ") and w[1:].isascii() and w[1:].isalpha()
-                   and len(w) > 3)
+    words = sorted(
+        w[1:] for w in tok.get_vocab() if w.startswith("Ġ") and w[1:].isascii() and w[1:].isalpha() and len(w) > 3
+    )
     rng = random.Random(seed)
     out = ["".join(" " + rng.choice(words) for _ in range(length)) for _ in range(count)]
     assert all(len(tok.encode(t).ids) == length for t in out)

@@ -56,6 +56,7 @@ _SCHED_POLICY = {0: "OTHER", 1: "FIFO", 2: "RR", 3: "BATCH", 5: "IDLE", 6: "DEAD
 
 # ---------------------------------------------------------------------------------------------- /proc helpers
 
+
 def _stat_fields(path: str) -> list[str]:
     """/proc/.../stat from field 3 (state) on: index i is field i + 3 (proc(5))."""
     with open(path) as f:
@@ -77,7 +78,7 @@ def nice_and_policy(pid: int, tid: int | None = None) -> tuple[int, str]:
 def schedstat(pid: int, tid: int | None = None) -> tuple[int, int]:
     """(ns on a CPU, ns runnable but waiting for a CPU) of one thread, or of every thread when tid is None."""
     run = wait = 0
-    for t in ([tid] if tid is not None else thread_ids(pid)):
+    for t in [tid] if tid is not None else thread_ids(pid):
         try:
             with open(f"/proc/{pid}/task/{t}/schedstat") as f:
                 a, b, _ = f.read().split()
@@ -126,6 +127,7 @@ def pct(xs: list[float], p: float) -> float:
 
 # ------------------------------------------------------------------------------------- the wrapped server
 
+
 def _serve_with_ticker(argv: list[str]) -> int:
     """`python -m server ARGV` with a 10 ms ticker on its event loop, writing "monotonic_ns lag_us" lines."""
     import threading
@@ -172,6 +174,7 @@ def read_lag(path: Path, t0: int, t1: int) -> list[tuple[float, float]]:
 
 
 # ------------------------------------------------------------------------------------------------ the prober
+
 
 def _probe(port: int, interval_ms: float, api_pid: int) -> int:
     """GET /health every interval until stdin closes; one line per probe on stdout:
@@ -233,9 +236,12 @@ def _probe(port: int, interval_ms: float, api_pid: int) -> int:
 
 class Prober:
     def __init__(self, port: int, interval_ms: float, api_pid: int) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench.responsiveness", "--probe", str(port),
-                                      str(interval_ms), str(api_pid)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.responsiveness", "--probe", str(port), str(interval_ms), str(api_pid)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
 
     def stop(self) -> list[tuple[int, float, float, int]]:
         """(start ns, latency ms, API main-thread runqueue wait ms, status) per probe."""
@@ -249,15 +255,28 @@ class Prober:
 
 # -------------------------------------------------------------------------------------------------- the load
 
+
 def _stream_request(port: int, model: str, prompt: list[int], out_len: int) -> bytes:
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": out_len, "ignore_eos": True,
-                       "stream": True, "temperature": 0, "stream_options": {"include_usage": True}}).encode()
-    return (b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1:%d\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\n\r\n" % (port, len(body))) + body
+    body = json.dumps(
+        {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": out_len,
+            "ignore_eos": True,
+            "stream": True,
+            "temperature": 0,
+            "stream_options": {"include_usage": True},
+        }
+    ).encode()
+    return (
+        b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1:%d\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n" % (port, len(body))
+    ) + body
 
 
-def run_streams(port: int, model: str, concurrency: int, num_requests: int, input_len: int,
-                out_len: int) -> tuple[int, int, float]:
+def run_streams(
+    port: int, model: str, concurrency: int, num_requests: int, input_len: int, out_len: int
+) -> tuple[int, int, float]:
     """`concurrency` keep-alive connections streaming until `num_requests` finished: (ok, output tokens, s)."""
     rng = random.Random(0)
     tokens = 0
@@ -268,8 +287,12 @@ def run_streams(port: int, model: str, concurrency: int, num_requests: int, inpu
         tokens += int(m.group(1)) if m else 0
 
     ok, seconds = run_raw_streams(
-        port, concurrency, num_requests,
-        lambda i: _stream_request(port, model, [rng.randrange(1000, 50000) for _ in range(input_len)], out_len), done)
+        port,
+        concurrency,
+        num_requests,
+        lambda i: _stream_request(port, model, [rng.randrange(1000, 50000) for _ in range(input_len)], out_len),
+        done,
+    )
     return ok, tokens, seconds
 
 
@@ -301,10 +324,26 @@ def _read_response(sock: socket.socket) -> bytes:
 
 def run_serve_client(port: int, args: argparse.Namespace) -> tuple[int, int, float]:
     """The same load from bench.serve (httpx, asyncio: a heavier client that also wants a core)."""
-    out = subprocess.run([sys.executable, "-m", "bench.serve", "--url", f"http://127.0.0.1:{port}",
-                          "--num-prompts", str(args.num_requests), "--concurrency", str(args.streams),
-                          "--input-len", str(args.input_len), "--output-len", str(args.output_len)],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.serve",
+            "--url",
+            f"http://127.0.0.1:{port}",
+            "--num-prompts",
+            str(args.num_requests),
+            "--concurrency",
+            str(args.streams),
+            "--input-len",
+            str(args.input_len),
+            "--output-len",
+            str(args.output_len),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
 
     def field(name: str) -> float:
         m = re.search(rf"{re.escape(name)}: *([\d.]+)", out)
@@ -317,8 +356,10 @@ def run_serve_client(port: int, args: argparse.Namespace) -> tuple[int, int, flo
 def tokenize_once(port: int, text: str) -> tuple[int, int, int]:
     """POST /tokenize {"prompt": text}: (start ns, end ns, token count)."""
     body = json.dumps({"prompt": text}).encode()
-    head = (b"POST /tokenize HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\n\r\n" % len(body))
+    head = (
+        b"POST /tokenize HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n" % len(body)
+    )
     t0 = time.monotonic_ns()
     with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
         sock.sendall(head + body)
@@ -343,6 +384,7 @@ def long_text(n_chars: int) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ reporting
+
 
 class Phase:
     """Samples the server's threads' schedstat over a phase."""
@@ -370,31 +412,43 @@ class Phase:
         return {k: ((s1[k][0] - self.s0[k][0]) / dt, (s1[k][1] - self.s0[k][1]) / dt) for k in s1}
 
 
-def report(name: str, probes: list[tuple[int, float, float, int]], lag: list[tuple[float, float]] | None,
-           cpu: dict[str, tuple[float, float]], extra: str = "") -> None:
+def report(
+    name: str,
+    probes: list[tuple[int, float, float, int]],
+    lag: list[tuple[float, float]] | None,
+    cpu: dict[str, tuple[float, float]],
+    extra: str = "",
+) -> None:
     lat = [p[1] for p in probes if p[3] == 200]
     bad = sum(1 for p in probes if p[3] != 200)
-    line = (f"{name:10s} probes {len(lat):5d}{f' ({bad} failed)' if bad else ''}  /health ms p50 {pct(lat, 50):6.2f} "
-            f"p99 {pct(lat, 99):6.2f} max {max(lat, default=float('nan')):6.2f}")
+    line = (
+        f"{name:10s} probes {len(lat):5d}{f' ({bad} failed)' if bad else ''}  /health ms p50 {pct(lat, 50):6.2f} "
+        f"p99 {pct(lat, 99):6.2f} max {max(lat, default=float('nan')):6.2f}"
+    )
     if lag is not None:
         late = [x for x, _ in lag]
         line += f"  | loop lag ms p50 {pct(late, 50):5.2f} p99 {pct(late, 99):6.2f} max {max(late, default=0):6.2f}"
     print(line)
     if lag:
         busy = [max(x - w, 0.0) for x, w in lag]  # lateness not explained by waiting for a CPU: the loop was busy
-        print(f"{'':10s} loop lag less the loop thread's CPU wait (the loop busy) ms: p50 {pct(busy, 50):5.2f} "
-              f"p99 {pct(busy, 99):6.2f} max {max(busy):6.2f}")
+        print(
+            f"{'':10s} loop lag less the loop thread's CPU wait (the loop busy) ms: p50 {pct(busy, 50):5.2f} "
+            f"p99 {pct(busy, 99):6.2f} max {max(busy):6.2f}"
+        )
     if lat:
         cut = pct(lat, 99)
         slow = [p for p in probes if p[3] == 200 and p[1] >= cut]
         share = sum(p[2] for p in slow) / max(sum(p[1] for p in slow), 1e-9)
-        print(f"{'':10s} slowest 1% of probes: {len(slow)}, mean {sum(p[1] for p in slow) / len(slow):6.2f} ms, "
-              f"{share * 100:4.0f}% of it the API main thread waiting for a CPU")
+        print(
+            f"{'':10s} slowest 1% of probes: {len(slow)}, mean {sum(p[1] for p in slow) / len(slow):6.2f} ms, "
+            f"{share * 100:4.0f}% of it the API main thread waiting for a CPU"
+        )
     cpus = "  ".join(f"{k} {run:4.2f} run / {wait:4.2f} wait" for k, (run, wait) in cpu.items())
     print(f"{'':10s} CPUs: {cpus}{extra}")
 
 
 # ------------------------------------------------------------------------------------------------------ main
+
 
 def _wait_healthy(port: int, proc: subprocess.Popen[bytes] | None, log: Path | None) -> None:
     for _ in range(3000):
@@ -436,11 +490,27 @@ def run(args: argparse.Namespace) -> None:
         port = args.port
         lag_file = tmp / "lag.txt"
         log = tmp / "server.log"
-        cmd = [sys.executable, "-m", "bench.responsiveness", "--serve", "--port", str(port), "--host", "127.0.0.1",
-               "--worker-class", args.worker_class, "--log-level", "warning",
-               *(["--model", args.model] if args.model else [])]
-        proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                                env={**os.environ, "BENCH_RESPONSIVENESS_LAG_FILE": str(lag_file)})
+        cmd = [
+            sys.executable,
+            "-m",
+            "bench.responsiveness",
+            "--serve",
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "--worker-class",
+            args.worker_class,
+            "--log-level",
+            "warning",
+            *(["--model", args.model] if args.model else []),
+        ]
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "BENCH_RESPONSIVENESS_LAG_FILE": str(lag_file)},
+        )
         api_pid = proc.pid
         _wait_healthy(port, proc, log)
     try:
@@ -449,8 +519,10 @@ def run(args: argparse.Namespace) -> None:
             for p in kids["engine"] + kids["worker"]:
                 set_priority(p, args.child_nice, args.child_policy)
         model = _get_json(port, "/v1/models")["data"][0]["id"]
-        print(f"model {model}  worker-class {args.worker_class if not args.url else '?'}  "
-              f"probe every {args.probe_interval_ms} ms  load avg {open('/proc/loadavg').read().split()[0]}")
+        print(
+            f"model {model}  worker-class {args.worker_class if not args.url else '?'}  "
+            f"probe every {args.probe_interval_ms} ms  load avg {open('/proc/loadavg').read().split()[0]}"
+        )
         for line in _describe(api_pid, kids):
             print("  " + line)
         run_streams(port, model, 4, 8, args.input_len, 8)  # warm-up
@@ -473,16 +545,22 @@ def run(args: argparse.Namespace) -> None:
         time.sleep(0.2)
         t0 = time.monotonic_ns()
         if args.client == "raw":
-            ok, tokens, secs = run_streams(port, model, args.streams, args.num_requests, args.input_len,
-                                           args.output_len)
+            ok, tokens, secs = run_streams(
+                port, model, args.streams, args.num_requests, args.input_len, args.output_len
+            )
         else:
             ok, tokens, secs = run_serve_client(port, args)
         t1 = time.monotonic_ns()
         probes = [p for p in pr.stop() if t0 <= p[0] <= t1]
         cpu = ph.end()
-        report("streams", probes, lag(t0, t1), cpu,
-               f"\n{'':10s} {args.streams} streams: {ok} requests, {tokens} output tokens in {secs:.2f} s: "
-               f"output tok/s {tokens / secs:.1f}")
+        report(
+            "streams",
+            probes,
+            lag(t0, t1),
+            cpu,
+            f"\n{'':10s} {args.streams} streams: {ok} requests, {tokens} output tokens in {secs:.2f} s: "
+            f"output tok/s {tokens / secs:.1f}",
+        )
 
         # tokenize
         windows = []
@@ -499,9 +577,14 @@ def run(args: argparse.Namespace) -> None:
         if lag_file is not None:
             lags = [x for a, b in windows for x in read_lag(lag_file, a, b)]
         secs = sum(b - a for a, b in windows) / len(windows) / 1e9
-        report("tokenize", probes, lags, ph.end(),
-               f"\n{'':10s} {len(text)} chars -> {count} tokens, {secs * 1e3:.0f} ms per /tokenize "
-               f"({args.tokenize_reps} in a row)")
+        report(
+            "tokenize",
+            probes,
+            lags,
+            ph.end(),
+            f"\n{'':10s} {len(text)} chars -> {count} tokens, {secs * 1e3:.0f} ms per /tokenize "
+            f"({args.tokenize_reps} in a row)",
+        )
     finally:
         if proc is not None:
             proc.send_signal(2)
@@ -523,8 +606,12 @@ def main() -> int:
     ap.add_argument("--worker-class", default="trio", choices=["trio", "asyncio", "uvloop"])
     ap.add_argument("--port", type=int, default=8421)
     ap.add_argument("--streams", type=int, default=64)
-    ap.add_argument("--client", default="raw", choices=["raw", "serve"],
-                    help="the streams' client: raw sockets in this process (cheap), or bench.serve (httpx)")
+    ap.add_argument(
+        "--client",
+        default="raw",
+        choices=["raw", "serve"],
+        help="the streams' client: raw sockets in this process (cheap), or bench.serve (httpx)",
+    )
     ap.add_argument("--num-requests", type=int, default=128)
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
@@ -532,10 +619,18 @@ def main() -> int:
     ap.add_argument("--tokenize-reps", type=int, default=3)
     ap.add_argument("--probe-interval-ms", type=float, default=10.0)
     ap.add_argument("--idle-s", type=float, default=2.0)
-    ap.add_argument("--child-nice", type=int, default=None,
-                    help="set the engine's and workers' threads to this nice after startup (an A/B switch)")
-    ap.add_argument("--child-policy", default="other", choices=["other", "batch"],
-                    help="with --child-nice: SCHED_OTHER or SCHED_BATCH")
+    ap.add_argument(
+        "--child-nice",
+        type=int,
+        default=None,
+        help="set the engine's and workers' threads to this nice after startup (an A/B switch)",
+    )
+    ap.add_argument(
+        "--child-policy",
+        default="other",
+        choices=["other", "batch"],
+        help="with --child-nice: SCHED_OTHER or SCHED_BATCH",
+    )
     run(ap.parse_args())
     return 0
 

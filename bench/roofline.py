@@ -55,8 +55,12 @@ class StepCost:
         return (mem, "memory") if mem >= compute else (compute, "compute")
 
 
-def _best(fn: Callable[[], object], tries: int, clock: Callable[[], float] = time.perf_counter,
-          sync: Callable[[], None] = lambda: None) -> float:
+def _best(
+    fn: Callable[[], object],
+    tries: int,
+    clock: Callable[[], float] = time.perf_counter,
+    sync: Callable[[], None] = lambda: None,
+) -> float:
     fn()
     sync()
     best = float("inf")
@@ -76,7 +80,7 @@ def measure_gpu(dtype: str, device: str = "cuda", tries: int = 10) -> Rates:
     del big
     n = 8192
     a = torch.randn(n, n, device=device).to(_DTYPES[dtype])
-    return Rates(0, read, 2 * n ** 3 / _best(lambda: a @ a, tries, sync=sync) / 1e9)
+    return Rates(0, read, 2 * n**3 / _best(lambda: a @ a, tries, sync=sync) / 1e9)
 
 
 def measure(dtype: str, threads: int, *, read_mib: int = 1024, gemm_n: int = 2048, tries: int = 6) -> Rates:
@@ -94,7 +98,7 @@ def measure(dtype: str, threads: int, *, read_mib: int = 1024, gemm_n: int = 204
         if dt == torch.bfloat16:  # oneDNN with a pre-packed weight: the form engine/layers/linear.py uses
             packed = torch.ops.mkldnn._reorder_linear_weight(a)
             gemms.append(lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""))
-        flop = 2 * gemm_n ** 3
+        flop = 2 * gemm_n**3
         rate = max(flop / _best(g, max(tries // 2, 2)) for g in gemms)
         rate_cpu = max(flop / _best(g, max(tries // 2, 2), time.process_time) for g in gemms) if threads == 1 else 0.0
         return Rates(threads, read, rate / 1e9, read_cpu, rate_cpu / 1e9)
@@ -135,8 +139,9 @@ def step_cost(args: ModelArgs, dtype: str, batch: int, context: int, quantizatio
     """One decode step of `batch` sequences, each attending over `context` tokens."""
     item = _DTYPES[dtype].itemsize
     d, h = args.head_dim, args.hidden_size
-    per_layer = h * (args.num_heads + 2 * args.num_kv_heads) * d + args.num_heads * d * h \
-        + 3 * h * args.intermediate_size
+    per_layer = (
+        h * (args.num_heads + 2 * args.num_kv_heads) * d + args.num_heads * d * h + 3 * h * args.intermediate_size
+    )
     proj = args.num_layers * per_layer
     head = args.vocab_size * h
     if quantization == "int8":  # int8 weights (the LM head's too) and one scale per output row (float32 at most)
@@ -163,20 +168,26 @@ def main() -> None:
     a = ap.parse_args()
     rates = measure_gpu(a.dtype, a.device) if a.device.startswith("cuda") else measure(a.dtype, a.threads)
     args = load_args(a.model)
-    print(f"machine, {rates.threads} thread(s): read {rates.read_gbs:.1f} GB/s, {a.dtype} GEMM "
-          f"{rates.peak_gflops:.0f} GFLOP/s")
+    print(
+        f"machine, {rates.threads} thread(s): read {rates.read_gbs:.1f} GB/s, {a.dtype} GEMM "
+        f"{rates.peak_gflops:.0f} GFLOP/s"
+    )
     if not a.device.startswith("cuda"):  # the GEMM peak per dtype, and whether oneDNN ran AMX tiles
         for dtype in ("bfloat16", "float32"):
             peak = rates.peak_gflops if dtype == a.dtype else measure(dtype, a.threads, read_mib=64).peak_gflops
             impl = gemm_impl(dtype)
-            print(f"GEMM {dtype}: {peak:.0f} GFLOP/s, oneDNN implementation {impl}, AMX "
-                  f"{'used' if 'amx' in impl else 'not used'}")
+            print(
+                f"GEMM {dtype}: {peak:.0f} GFLOP/s, oneDNN implementation {impl}, AMX "
+                f"{'used' if 'amx' in impl else 'not used'}"
+            )
     print(f"{'batch':>5} {'weights MB':>10} {'KV MB':>7} {'GFLOP':>7} {'bound ms':>9}  limit")
     for b in a.batch:
         cost = step_cost(args, a.dtype, b, a.context, a.quantization)
         ms, why = cost.bound_ms(rates)
-        print(f"{b:>5} {cost.weight_bytes / 1e6:>10.0f} {cost.kv_bytes / 1e6:>7.1f} {cost.flops / 1e9:>7.2f} "
-              f"{ms:>9.2f}  {why}")
+        print(
+            f"{b:>5} {cost.weight_bytes / 1e6:>10.0f} {cost.kv_bytes / 1e6:>7.1f} {cost.flops / 1e9:>7.2f} "
+            f"{ms:>9.2f}  {why}"
+        )
 
 
 if __name__ == "__main__":

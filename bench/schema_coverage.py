@@ -26,8 +26,18 @@ import httpx
 
 CORPUS = Path(__file__).resolve().parent / "schemas"
 RELAXED_HEADER = "x-structured-output-relaxed"
-COLUMNS = ("schemas", "accepted", "valid+stop", "relaxed", "refused", "invalid(relaxed)", "invalid(strict)",
-           "length", "unjudged", "5xx")
+COLUMNS = (
+    "schemas",
+    "accepted",
+    "valid+stop",
+    "relaxed",
+    "refused",
+    "invalid(relaxed)",
+    "invalid(strict)",
+    "length",
+    "unjudged",
+    "5xx",
+)
 
 
 @dataclass
@@ -63,15 +73,21 @@ def check(schema: Any, text: str) -> str | None:
     return None if error is None else f"{error.validator}: {error.message[:120]}"
 
 
-def run_one(client: httpx.Client, url: str, model: str, item: tuple[str, str, Any], args: argparse.Namespace,
-            seed: int) -> Result:
+def run_one(
+    client: httpx.Client, url: str, model: str, item: tuple[str, str, Any], args: argparse.Namespace, seed: int
+) -> Result:
     source, name, schema = item
     fmt: dict[str, Any] = {"name": name[:64], "schema": schema}
     if args.strict:
         fmt["strict"] = True
-    body = {"model": model, "max_tokens": args.max_tokens, "seed": seed, "temperature": 1.0,
-            "messages": [{"role": "user", "content": f"Write a JSON value for the schema {name}."}],
-            "response_format": {"type": "json_schema", "json_schema": fmt}}
+    body = {
+        "model": model,
+        "max_tokens": args.max_tokens,
+        "seed": seed,
+        "temperature": 1.0,
+        "messages": [{"role": "user", "content": f"Write a JSON value for the schema {name}."}],
+        "response_format": {"type": "json_schema", "json_schema": fmt},
+    }
     t0 = time.perf_counter()
     try:
         r = client.post(f"{url}/v1/chat/completions", json=body, timeout=args.timeout)
@@ -113,7 +129,9 @@ def table(results: list[Result]) -> str:
         c = rows[key]
         cells = [str(c[col]) for col in COLUMNS]
         judged = c["schemas"] - c["unjudged"]
-        cells[2] += f" ({100 * c['valid+stop'] / max(1, c['schemas']):.1f}%; {100 * c['valid+stop'] / max(1, judged):.1f}%)"
+        cells[2] += (
+            f" ({100 * c['valid+stop'] / max(1, c['schemas']):.1f}%; {100 * c['valid+stop'] / max(1, judged):.1f}%)"
+        )
         name = f"**{key}**" if key == "total" else key
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -141,8 +159,13 @@ def main() -> int:
     ap.add_argument("--source", action="append", help="only this source (repeatable)")
     ap.add_argument("--limit", type=int, default=0, help="at most this many schemas (0: all)")
     ap.add_argument("--details", type=Path, help="write one JSON line per schema here")
-    ap.add_argument("--tables-from", type=Path, nargs="+", help="print the tables of earlier --details files "
-                    "(later files replace earlier results of the same schema) instead of running")
+    ap.add_argument(
+        "--tables-from",
+        type=Path,
+        nargs="+",
+        help="print the tables of earlier --details files "
+        "(later files replace earlier results of the same schema) instead of running",
+    )
     args = ap.parse_args()
     if args.tables_from:
         merged = {}
@@ -158,7 +181,7 @@ def main() -> int:
     url = args.url.rstrip("/")
     items = corpus(CORPUS, args.source)
     if args.limit:
-        items = items[:args.limit]
+        items = items[: args.limit]
     with httpx.Client() as client:
         model = client.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
         t0 = time.perf_counter()

@@ -48,8 +48,15 @@ def pct(xs: list[float], p: float) -> float:
 
 
 async def one(client: httpx.AsyncClient, model: str, prompt: list[int], out_len: int) -> Result:
-    body = {"model": model, "prompt": prompt, "max_tokens": out_len, "ignore_eos": True, "stream": True,
-            "temperature": 0, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": out_len,
+        "ignore_eos": True,
+        "stream": True,
+        "temperature": 0,
+        "stream_options": {"include_usage": True},
+    }
     res = Result()
     t0 = last = time.perf_counter()
     buf = ""
@@ -81,8 +88,9 @@ async def run(args: argparse.Namespace) -> None:
     prompts = [[rng.randrange(1000, 50000) for _ in range(args.input_len)] for _ in range(args.num_prompts)]
     results: list[Result] = []
     limiter = anyio.Semaphore(args.concurrency)
-    async with httpx.AsyncClient(base_url=args.url, timeout=600,
-                                 limits=httpx.Limits(max_connections=args.concurrency + 8)) as client:
+    async with httpx.AsyncClient(
+        base_url=args.url, timeout=600, limits=httpx.Limits(max_connections=args.concurrency + 8)
+    ) as client:
         models = (await client.get("/v1/models")).json()
         model = args.model or models["data"][0]["id"]
 

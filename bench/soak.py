@@ -101,8 +101,9 @@ async def main_async(args: argparse.Namespace) -> int:
     points: dict[str, list[tuple[float, int]]] = {"server": [], "engine": []}
     t0 = time.monotonic()
     end = t0 + args.minutes * 60
-    async with httpx.AsyncClient(base_url=args.url, timeout=120,
-                                 limits=httpx.Limits(max_connections=args.concurrency + 4)) as client:
+    async with httpx.AsyncClient(
+        base_url=args.url, timeout=120, limits=httpx.Limits(max_connections=args.concurrency + 4)
+    ) as client:
         if args.model is None:
             soak.model = (await client.get("/v1/models")).json()["data"][0]["id"]
 
@@ -116,11 +117,17 @@ async def main_async(args: argparse.Namespace) -> int:
                 for name, pid in (("server", args.server_pid), ("engine", engine)):
                     if pid is not None:
                         points[name].append((now, rss_kib(pid)))
-                print(f"t={now:6.0f}s  server RSS {points['server'][-1][1] / 1024:7.1f} MiB "
-                      f"(slope {slope_kib_per_min(points['server']):+7.1f} KiB/min)  "
-                      + (f"engine RSS {points['engine'][-1][1] / 1024:7.1f} MiB "
-                         f"(slope {slope_kib_per_min(points['engine']):+7.1f} KiB/min)" if engine else ""),
-                      flush=True)
+                print(
+                    f"t={now:6.0f}s  server RSS {points['server'][-1][1] / 1024:7.1f} MiB "
+                    f"(slope {slope_kib_per_min(points['server']):+7.1f} KiB/min)  "
+                    + (
+                        f"engine RSS {points['engine'][-1][1] / 1024:7.1f} MiB "
+                        f"(slope {slope_kib_per_min(points['engine']):+7.1f} KiB/min)"
+                        if engine
+                        else ""
+                    ),
+                    flush=True,
+                )
                 await anyio.sleep(30)
 
         async with anyio.create_task_group() as tg:
@@ -131,8 +138,10 @@ async def main_async(args: argparse.Namespace) -> int:
             tg.cancel_scope.cancel()
         for _ in range(100):  # the engine reports its gauges with its next frame
             text = (await client.get("/metrics")).text
-            left = {n: metric(text, n) for n in ("spindle_num_requests_running", "spindle_num_requests_waiting",
-                                                  "spindle_kv_cache_usage_perc")}
+            left = {
+                n: metric(text, n)
+                for n in ("spindle_num_requests_running", "spindle_num_requests_waiting", "spindle_kv_cache_usage_perc")
+            }
             if not any(left.values()):
                 break
             await anyio.sleep(0.1)

@@ -29,9 +29,16 @@ PARAGRAPHS = [
     "A good password is long, unique and hard to guess. Use a password manager, turn on two-factor "
     "authentication and never reuse the same password on two different websites or services.",
 ]
-TOPICS = ["a dragon who is afraid of heights", "the first day at a new school", "a robot learning to cook",
-          "a storm at sea", "a lost dog finding its way home", "a city on the moon", "an old clock that talks",
-          "a garden that grows at night"]
+TOPICS = [
+    "a dragon who is afraid of heights",
+    "the first day at a new school",
+    "a robot learning to cook",
+    "a storm at sea",
+    "a lost dog finding its way home",
+    "a city on the moon",
+    "an old clock that talks",
+    "a garden that grows at night",
+]
 
 
 def chat(text: str) -> str:
@@ -47,8 +54,12 @@ def workloads(clients: int) -> dict[str, list[str]]:
             echo.append(chat("Copy the text below without changing anything.\n\n" + text))
         else:  # an edit: the answer is the text with two words corrected
             text = PARAGRAPHS[i // 2 % 4] + " " + PARAGRAPHS[(i // 2 + 2) % 4]
-            echo.append(chat("Fix the spelling in this text and return the full corrected text:\n\n"
-                             + text.replace("the ", "teh ", 2)))
+            echo.append(
+                chat(
+                    "Fix the spelling in this text and return the full corrected text:\n\n"
+                    + text.replace("the ", "teh ", 2)
+                )
+            )
     free = [chat(f"Write a short story about {TOPICS[i % len(TOPICS)]}.") for i in range(clients)]
     return {"echo/edit": echo, "free writing": free}
 
@@ -89,8 +100,9 @@ def run(core: EngineCore, prompts: list[list[int]], max_tokens: int) -> tuple[fl
     return time.perf_counter() - wall, time.process_time() - cpu, out
 
 
-def best_of(core: EngineCore, prompts: list[list[int]], max_tokens: int,
-            repeat: int) -> dict[str, tuple[float, float, dict[str, list[int]], EngineStats, EngineStats]]:
+def best_of(
+    core: EngineCore, prompts: list[list[int]], max_tokens: int, repeat: int
+) -> dict[str, tuple[float, float, dict[str, list[int]], EngineStats, EngineStats]]:
     """Per mode: the best wall and CPU seconds of `repeat` runs (modes interleaved), the output, the stats
     before and after. One engine for both modes (its speculator taken away for "off"): the same kernels,
     chosen once, run both."""
@@ -102,14 +114,19 @@ def best_of(core: EngineCore, prompts: list[list[int]], max_tokens: int,
             before = core.stats() if mode == "ngram" else EngineStats(0, 0, 0, 1, 0, 0, 0)
             wall, cpu, out = run(core, prompts, max_tokens)
             old = best.get(mode)
-            best[mode] = (min(wall, old[0]) if old else wall, min(cpu, old[1]) if old else cpu, out,
-                          old[3] if old else before, core.stats())
+            best[mode] = (
+                min(wall, old[0]) if old else wall,
+                min(cpu, old[1]) if old else cpu,
+                out,
+                old[3] if old else before,
+                core.stats(),
+            )
     core.spec = speculator
     return best
 
 
 def acceptance(before: EngineStats, after: EngineStats) -> tuple[str, str]:
-    """"accepted / drafted" and the share of verifications accepting each position, between two stats."""
+    """ "accepted / drafted" and the share of verifications accepting each position, between two stats."""
     drafted = after.spec_num_draft_tokens - before.spec_num_draft_tokens
     accepted = after.spec_num_accepted_tokens - before.spec_num_accepted_tokens
     drafts = max(after.spec_num_drafts - before.spec_num_drafts, 1)
@@ -122,10 +139,13 @@ def measure(model: str, k: int, max_tokens: int, clients: list[int], repeat: int
     spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
     core = EngineCore(EngineConfig(model=model, num_blocks=1024, speculative_config=spec))
     tok = tokenizer_for(core)
-    print(f"model {Path(model).name}, ngram k={k} (prompt_lookup 2..4), greedy, max_tokens {max_tokens}, "
-          f"best of {repeat}")
-    print("| workload | clients | tokens | tok/s off (CPU) | tok/s ngram (CPU) | speed-up wall (CPU) "
-          "| accepted / drafted | accepted per position | same output |")
+    print(
+        f"model {Path(model).name}, ngram k={k} (prompt_lookup 2..4), greedy, max_tokens {max_tokens}, best of {repeat}"
+    )
+    print(
+        "| workload | clients | tokens | tok/s off (CPU) | tok/s ngram (CPU) | speed-up wall (CPU) "
+        "| accepted / drafted | accepted per position | same output |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     run(core, [tok(chat("Hello"), add_special_tokens=False)["input_ids"]], 8)  # warm: kernels chosen
     for n in clients:
@@ -135,9 +155,12 @@ def measure(model: str, k: int, max_tokens: int, clients: list[int], repeat: int
             off, on = r["off"], r["ngram"]
             tokens = sum(len(v) for v in on[2].values())
             drafted, per_pos = acceptance(on[3], on[4])
-            print(f"| {name} | {n} | {tokens} | {tokens / off[0]:.1f} ({tokens / off[1]:.1f}) | "
-                  f"{tokens / on[0]:.1f} ({tokens / on[1]:.1f}) | {off[0] / on[0]:.2f}x ({off[1] / on[1]:.2f}x) | "
-                  f"{drafted} | {per_pos} | {off[2] == on[2]} |", flush=True)
+            print(
+                f"| {name} | {n} | {tokens} | {tokens / off[0]:.1f} ({tokens / off[1]:.1f}) | "
+                f"{tokens / on[0]:.1f} ({tokens / on[1]:.1f}) | {off[0] / on[0]:.2f}x ({off[1] / on[1]:.2f}x) | "
+                f"{drafted} | {per_pos} | {off[2] == on[2]} |",
+                flush=True,
+            )
 
 
 def main() -> None:

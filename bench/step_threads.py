@@ -47,10 +47,18 @@ def main() -> None:
     args = ap.parse_args()
     reexec_with_huge_pages()  # as the engine process runs (engine/hugepages.py)
     prompts, tokens = (int(x) for x in args.prefill.split("x"))
-    cores = {name: EngineCore(EngineConfig(model=args.model, dtype=args.dtype, enable_prefix_caching=False,
-                                           max_num_batched_tokens=max(2048, prompts * tokens),
-                                           threaded_step_flops=flops))
-             for name, flops in (("one thread", float("inf")), ("all threads", 0.0))}
+    cores = {
+        name: EngineCore(
+            EngineConfig(
+                model=args.model,
+                dtype=args.dtype,
+                enable_prefix_caching=False,
+                max_num_batched_tokens=max(2048, prompts * tokens),
+                threaded_step_flops=flops,
+            )
+        )
+        for name, flops in (("one thread", float("inf")), ("all threads", 0.0))
+    }
     rng = random.Random(0)
     for r in range(args.rounds):
         for name, core in cores.items():
@@ -65,8 +73,10 @@ def main() -> None:
                 wall, cpu, steps = timed(core, args.steps)
                 if steps == 0:  # the requests ended at once (e.g. the prompt fills max_model_len): nothing timed
                     raise SystemExit(f"decode batch {batch}: no step to time; use a checkpoint with a longer context")
-                print(f"decode batch {batch} round {r} {name}: {wall / steps * 1e3:.1f} ms wall, "
-                      f"{cpu / steps * 1e3:.1f} ms CPU per step")
+                print(
+                    f"decode batch {batch} round {r} {name}: {wall / steps * 1e3:.1f} ms wall, "
+                    f"{cpu / steps * 1e3:.1f} ms CPU per step"
+                )
                 core.abort(ids)
                 timed(core, None)
 

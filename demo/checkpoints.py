@@ -17,32 +17,71 @@ from typing import Any, Literal
 
 import torch
 
-from engine.cache_root import cache_root
 from demo.shapes import SHAPES, write_shaped_checkpoint
 from demo.tokenizers import write_tokenizer
+from engine.cache_root import cache_root
 
 Arch = Literal["qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "gemma2", "gemma3", "phi3", "mixtral"]
 
-_CLASSES = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
-            "mistral": ("MistralConfig", "MistralForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
-            "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"), "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
-            "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"), "phi3": ("Phi3Config", "Phi3ForCausalLM"),
-            "mixtral": ("MixtralConfig", "MixtralForCausalLM")}
+_CLASSES = {
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+}
 # The tokenizer each family's checkpoint gets. Gemma's own (SentencePiece, 256k) is not available offline:
 # Gemma checkpoints get Qwen2.5's; Phi-3 gets the Llama/Mistral SentencePiece one (32,000 ids, as Phi-3's).
-TOKENIZERS = {"qwen2": "qwen2", "llama": "llama", "mistral": "mistral", "qwen3": "qwen2.5", "qwen3_moe": "qwen2.5",
-              "gemma2": "qwen2.5", "gemma3": "qwen2.5", "phi3": "llama", "mixtral": "mistral"}
+TOKENIZERS = {
+    "qwen2": "qwen2",
+    "llama": "llama",
+    "mistral": "mistral",
+    "qwen3": "qwen2.5",
+    "qwen3_moe": "qwen2.5",
+    "gemma2": "qwen2.5",
+    "gemma3": "qwen2.5",
+    "phi3": "llama",
+    "mixtral": "mistral",
+}
 _QWEN_TOKENS = ("qwen2", "qwen2.5")
 # Sampling defaults in the style of each family's instruct generation_config.json.
-_SAMPLING = {"qwen2": {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05},
-             "llama": {"temperature": 0.6, "top_p": 0.9}, "mistral": {}, "qwen3": {"temperature": 0.6, "top_p": 0.95,
-                                                                                  "top_k": 20}}
+_SAMPLING = {
+    "qwen2": {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05},
+    "llama": {"temperature": 0.6, "top_p": 0.9},
+    "mistral": {},
+    "qwen3": {"temperature": 0.6, "top_p": 0.95, "top_k": 20},
+}
 
-DEMO = dict(arch="qwen2", hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=2, head_dim=64,
-            intermediate_size=384, vocab_size=151_936, tie_word_embeddings=True, rope_theta=1_000_000.0,
-            max_position_embeddings=4096, seed=0, tokenizer_family="qwen2.5")
-_SMALL = dict(hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=2, head_dim=64, intermediate_size=384,
-              rope_theta=1_000_000.0, max_position_embeddings=4096, seed=0)
+DEMO = dict(
+    arch="qwen2",
+    hidden_size=128,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=2,
+    head_dim=64,
+    intermediate_size=384,
+    vocab_size=151_936,
+    tie_word_embeddings=True,
+    rope_theta=1_000_000.0,
+    max_position_embeddings=4096,
+    seed=0,
+    tokenizer_family="qwen2.5",
+)
+_SMALL = dict(
+    hidden_size=128,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=2,
+    head_dim=64,
+    intermediate_size=384,
+    rope_theta=1_000_000.0,
+    max_position_embeddings=4096,
+    seed=0,
+)
 _QWEN_VOCAB = dict(vocab_size=151_936, tie_word_embeddings=True, tokenizer_family="qwen2.5")
 _SP_VOCAB = dict(vocab_size=32_000, tie_word_embeddings=False)
 _EXPERTS = dict(num_experts_per_tok=2, norm_topk_prob=True)
@@ -53,18 +92,39 @@ FAMILY_DEMOS: dict[str, dict[str, Any]] = {
     "llama": dict(_SMALL, arch="llama", **_SP_VOCAB, rope_theta=500_000.0),
     "mistral": dict(_SMALL, arch="mistral", **_SP_VOCAB, sliding_window=256),
     "qwen3": dict(_SMALL, arch="qwen3", **_QWEN_VOCAB),
-    "qwen3_moe": dict(_SMALL, arch="qwen3_moe", **_QWEN_VOCAB,
-                      extra=dict(num_experts=8, moe_intermediate_size=192, **_EXPERTS)),
+    "qwen3_moe": dict(
+        _SMALL, arch="qwen3_moe", **_QWEN_VOCAB, extra=dict(num_experts=8, moe_intermediate_size=192, **_EXPERTS)
+    ),
     "mixtral": dict(_SMALL, arch="mixtral", **_SP_VOCAB, extra=dict(num_local_experts=8, num_experts_per_tok=2)),
-    "gemma2": dict(_SMALL, arch="gemma2", **_QWEN_VOCAB, rope_theta=10_000.0, sliding_window=256,
-                   extra=dict(attn_logit_softcapping=50.0, final_logit_softcapping=30.0, query_pre_attn_scalar=64)),
-    "gemma3": dict(_SMALL, arch="gemma3", **_QWEN_VOCAB, sliding_window=256,
-                   extra=dict(query_pre_attn_scalar=64, rope_local_base_freq=10_000.0,
-                              layer_types=["sliding_attention", "full_attention"])),
-    "phi3": dict(_SMALL, arch="phi3", **_SP_VOCAB, rope_theta=10_000.0,
-                 rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 32,
-                               "long_factor": [1.0 + i / 8 for i in range(32)]},
-                 extra=dict(original_max_position_embeddings=1024)),
+    "gemma2": dict(
+        _SMALL,
+        arch="gemma2",
+        **_QWEN_VOCAB,
+        rope_theta=10_000.0,
+        sliding_window=256,
+        extra=dict(attn_logit_softcapping=50.0, final_logit_softcapping=30.0, query_pre_attn_scalar=64),
+    ),
+    "gemma3": dict(
+        _SMALL,
+        arch="gemma3",
+        **_QWEN_VOCAB,
+        sliding_window=256,
+        extra=dict(
+            query_pre_attn_scalar=64, rope_local_base_freq=10_000.0, layer_types=["sliding_attention", "full_attention"]
+        ),
+    ),
+    "phi3": dict(
+        _SMALL,
+        arch="phi3",
+        **_SP_VOCAB,
+        rope_theta=10_000.0,
+        rope_scaling={
+            "rope_type": "longrope",
+            "short_factor": [1.0] * 32,
+            "long_factor": [1.0 + i / 8 for i in range(32)],
+        },
+        extra=dict(original_max_position_embeddings=1024),
+    ),
 }
 # Versioned: a demo cached by an older build (Qwen2's 151,646-token tokenizer, ChatML without tools) is rebuilt.
 _DEMO_NAME = "demo-qwen2.5-v2"
@@ -86,13 +146,29 @@ def _reinit(model: torch.nn.Module, hidden_size: int, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
 
 
-def write_random_checkpoint(path: str | Path, arch: Arch, *, hidden_size: int, num_layers: int, num_heads: int,
-                            num_kv_heads: int, intermediate_size: int, vocab_size: int,
-                            tie_word_embeddings: bool, rope_theta: float, max_position_embeddings: int,
-                            seed: int, head_dim: int | None = None, rope_scaling: dict[str, Any] | None = None,
-                            sliding_window: int | None = None, dtype: str = "float32", shards: int = 1,
-                            tokenizer: bool = True, tokenizer_family: str | None = None,
-                            extra: dict[str, Any] | None = None) -> Path:
+def write_random_checkpoint(
+    path: str | Path,
+    arch: Arch,
+    *,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    intermediate_size: int,
+    vocab_size: int,
+    tie_word_embeddings: bool,
+    rope_theta: float,
+    max_position_embeddings: int,
+    seed: int,
+    head_dim: int | None = None,
+    rope_scaling: dict[str, Any] | None = None,
+    sliding_window: int | None = None,
+    dtype: str = "float32",
+    shards: int = 1,
+    tokenizer: bool = True,
+    tokenizer_family: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Path:
     """Write a checkpoint folder at `path` (which must not exist yet) atomically; returns it.
 
     tokenizer_family: the tokenizer written (default: the arch's, TOKENIZERS; "qwen2.5" for Qwen2.5's added
@@ -106,11 +182,20 @@ def write_random_checkpoint(path: str | Path, arch: Arch, *, hidden_size: int, n
     tok = tokenizer_family or TOKENIZERS[arch]
     bos, eos = (151643, [151645, 151643]) if tok in _QWEN_TOKENS else (1, [2])
     kwargs: dict[str, Any] = dict(
-        hidden_size=hidden_size, num_hidden_layers=num_layers, num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads, head_dim=head_dim or hidden_size // num_heads,
-        intermediate_size=intermediate_size, vocab_size=vocab_size, tie_word_embeddings=tie_word_embeddings,
-        rope_theta=rope_theta, max_position_embeddings=max_position_embeddings,
-        bos_token_id=bos, eos_token_id=eos[0], architectures=[model_cls.__name__])
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=head_dim or hidden_size // num_heads,
+        intermediate_size=intermediate_size,
+        vocab_size=vocab_size,
+        tie_word_embeddings=tie_word_embeddings,
+        rope_theta=rope_theta,
+        max_position_embeddings=max_position_embeddings,
+        bos_token_id=bos,
+        eos_token_id=eos[0],
+        architectures=[model_cls.__name__],
+    )
     if arch in ("gemma2", "gemma3", "phi3"):  # their default pad id may lie outside a small vocabulary
         kwargs["pad_token_id"] = 0
     if rope_scaling is not None:
@@ -181,13 +266,34 @@ QWEN2_VL_CHAT_TEMPLATE = (
     "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-VL_PREPROCESSOR = {"image_processor_type": "Qwen2VLImageProcessor", "do_resize": True, "do_rescale": True,
-                   "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True,
-                   "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
-                   "min_pixels": 56 * 56, "max_pixels": 28 * 28 * 1280, "patch_size": 14, "temporal_patch_size": 2,
-                   "merge_size": 2}
-VL_DEMO = dict(hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=2, head_dim=64, intermediate_size=384,
-               mrope_section=[8, 12, 12], vision_depth=2, vision_embed_dim=64, vision_num_heads=2, seed=0)
+VL_PREPROCESSOR = {
+    "image_processor_type": "Qwen2VLImageProcessor",
+    "do_resize": True,
+    "do_rescale": True,
+    "rescale_factor": 1 / 255,
+    "do_normalize": True,
+    "do_convert_rgb": True,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "min_pixels": 56 * 56,
+    "max_pixels": 28 * 28 * 1280,
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+}
+VL_DEMO = dict(
+    hidden_size=128,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=2,
+    head_dim=64,
+    intermediate_size=384,
+    mrope_section=[8, 12, 12],
+    vision_depth=2,
+    vision_embed_dim=64,
+    vision_num_heads=2,
+    seed=0,
+)
 
 
 def _reinit_vl(model: torch.nn.Module, hidden_size: int, seed: int) -> None:
@@ -205,12 +311,25 @@ def _reinit_vl(model: torch.nn.Module, hidden_size: int, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p[0].numel()))
 
 
-def write_random_vl_checkpoint(path: str | Path, *, hidden_size: int = 64, num_layers: int = 2, num_heads: int = 2,
-                               num_kv_heads: int = 1, head_dim: int = 32, intermediate_size: int = 128,
-                               mrope_section: list[int] | None = None, vision_depth: int = 2,
-                               vision_embed_dim: int = 32, vision_num_heads: int = 2, vocab_size: int = 151_936,
-                               max_position_embeddings: int = 4096, rope_theta: float = 1_000_000.0,
-                               seed: int = 0, max_pixels: int = 28 * 28 * 1280) -> Path:
+def write_random_vl_checkpoint(
+    path: str | Path,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 2,
+    num_kv_heads: int = 1,
+    head_dim: int = 32,
+    intermediate_size: int = 128,
+    mrope_section: list[int] | None = None,
+    vision_depth: int = 2,
+    vision_embed_dim: int = 32,
+    vision_num_heads: int = 2,
+    vocab_size: int = 151_936,
+    max_position_embeddings: int = 4096,
+    rope_theta: float = 1_000_000.0,
+    seed: int = 0,
+    max_pixels: int = 28 * 28 * 1280,
+) -> Path:
     """A random-weight Qwen2VLForConditionalGeneration checkpoint at `path` (must not exist), atomically: config
     with vision_config, safetensors, Qwen2.5's tokenizer (<|vision_start|> 151652 ... <|image_pad|> 151655) with
     Qwen2-VL's chat template, and preprocessor_config.json for the Qwen2-VL image processor."""
@@ -219,18 +338,43 @@ def write_random_vl_checkpoint(path: str | Path, *, hidden_size: int = 64, num_l
     path = Path(path)
     if path.exists():
         raise FileExistsError(f"{path} already exists; pick a new folder or delete it first")
-    section = mrope_section or [head_dim // 8, (head_dim // 2 - head_dim // 8) // 2,
-                                head_dim // 2 - head_dim // 8 - (head_dim // 2 - head_dim // 8) // 2]
+    section = mrope_section or [
+        head_dim // 8,
+        (head_dim // 2 - head_dim // 8) // 2,
+        head_dim // 2 - head_dim // 8 - (head_dim // 2 - head_dim // 8) // 2,
+    ]
     config = transformers.Qwen2VLConfig(
-        text_config=dict(hidden_size=hidden_size, num_hidden_layers=num_layers, num_attention_heads=num_heads,
-                         num_key_value_heads=num_kv_heads, head_dim=head_dim, intermediate_size=intermediate_size,
-                         vocab_size=vocab_size, max_position_embeddings=max_position_embeddings,
-                         rope_parameters={"rope_type": "default", "mrope_section": section, "rope_theta": rope_theta},
-                         tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151645),
-        vision_config=dict(depth=vision_depth, embed_dim=vision_embed_dim, num_heads=vision_num_heads, mlp_ratio=2,
-                           hidden_size=hidden_size, patch_size=14, temporal_patch_size=2, spatial_merge_size=2),
-        image_token_id=151655, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653,
-        tie_word_embeddings=True, architectures=["Qwen2VLForConditionalGeneration"])
+        text_config=dict(
+            hidden_size=hidden_size,
+            num_hidden_layers=num_layers,
+            num_attention_heads=num_heads,
+            num_key_value_heads=num_kv_heads,
+            head_dim=head_dim,
+            intermediate_size=intermediate_size,
+            vocab_size=vocab_size,
+            max_position_embeddings=max_position_embeddings,
+            rope_parameters={"rope_type": "default", "mrope_section": section, "rope_theta": rope_theta},
+            tie_word_embeddings=True,
+            bos_token_id=151643,
+            eos_token_id=151645,
+        ),
+        vision_config=dict(
+            depth=vision_depth,
+            embed_dim=vision_embed_dim,
+            num_heads=vision_num_heads,
+            mlp_ratio=2,
+            hidden_size=hidden_size,
+            patch_size=14,
+            temporal_patch_size=2,
+            spatial_merge_size=2,
+        ),
+        image_token_id=151655,
+        video_token_id=151656,
+        vision_start_token_id=151652,
+        vision_end_token_id=151653,
+        tie_word_embeddings=True,
+        architectures=["Qwen2VLForConditionalGeneration"],
+    )
     torch.manual_seed(seed)
     model = transformers.Qwen2VLForConditionalGeneration(config)
     _reinit_vl(model, hidden_size, seed)
@@ -238,8 +382,13 @@ def write_random_vl_checkpoint(path: str | Path, *, hidden_size: int = 64, num_l
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         model.save_pretrained(tmp)
-        gen = {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643, "do_sample": True,
-               **_SAMPLING["qwen2"]}
+        gen = {
+            "bos_token_id": 151643,
+            "eos_token_id": [151645, 151643],
+            "pad_token_id": 151643,
+            "do_sample": True,
+            **_SAMPLING["qwen2"],
+        }
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
         write_tokenizer("qwen2.5", tmp)
         tok_cfg = json.loads((tmp / "tokenizer_config.json").read_text())
@@ -247,8 +396,9 @@ def write_random_vl_checkpoint(path: str | Path, *, hidden_size: int = 64, num_l
         (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
         if (tmp / "chat_template.jinja").exists():
             (tmp / "chat_template.jinja").write_text(QWEN2_VL_CHAT_TEMPLATE)
-        (tmp / "preprocessor_config.json").write_text(json.dumps({**VL_PREPROCESSOR, "max_pixels": max_pixels},
-                                                                 indent=2))
+        (tmp / "preprocessor_config.json").write_text(
+            json.dumps({**VL_PREPROCESSOR, "max_pixels": max_pixels}, indent=2)
+        )
         os.rename(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -261,8 +411,10 @@ def make_vision_demo(path: str | Path) -> Path:
     return write_random_vl_checkpoint(path, **VL_DEMO)  # type: ignore[arg-type]
 
 
-MAKE_DEMO_USAGE = (f"usage: spindle make-demo [--vision | --whisper | --arch {{{','.join(FAMILY_DEMOS)}}} "
-                   "| --shape {qwen2.5-0.5b,llama-3.2-1b}] PATH")
+MAKE_DEMO_USAGE = (
+    f"usage: spindle make-demo [--vision | --whisper | --arch {{{','.join(FAMILY_DEMOS)}}} "
+    "| --shape {qwen2.5-0.5b,llama-3.2-1b}] PATH"
+)
 
 
 def make_demo_command(args: list[str]) -> int:

@@ -16,15 +16,25 @@ from typing import Any
 
 import tokenizers
 
-PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 CL100K_RANKS = 100_256
 SPECIAL_START = 128_000
 VOCAB_SIZE = 128_256
 BOS, EOT = "<|begin_of_text|>", "<|eot_id|>"
 EOS_IDS = [128001, 128008, 128009]  # <|end_of_text|>, <|eom_id|>, <|eot_id|> (Llama 3.2 Instruct)
-_NAMED = {0: BOS, 1: "<|end_of_text|>", 4: "<|finetune_right_pad_id|>", 6: "<|start_header_id|>",
-          7: "<|end_header_id|>", 8: "<|eom_id|>", 9: EOT, 10: "<|python_tag|>"}
+_NAMED = {
+    0: BOS,
+    1: "<|end_of_text|>",
+    4: "<|finetune_right_pad_id|>",
+    6: "<|start_header_id|>",
+    7: "<|end_header_id|>",
+    8: "<|eom_id|>",
+    9: EOT,
+    10: "<|python_tag|>",
+}
 
 # Llama 3's chat turns without the tool and date preamble of the Instruct template.
 CHAT_TEMPLATE = (
@@ -59,8 +69,11 @@ def _cl100k_file() -> Path:
 def build() -> tokenizers.Tokenizer:
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    base = TikTokenConverter(vocab_file=str(_cl100k_file()), pattern=PATTERN,  # type: ignore[no-untyped-call]
-                             extra_special_tokens=[]).converted()
+    base = TikTokenConverter(
+        vocab_file=str(_cl100k_file()),
+        pattern=PATTERN,  # type: ignore[no-untyped-call]
+        extra_special_tokens=[],
+    ).converted()
     data: dict[str, Any] = json.loads(base.to_str())
     vocab: dict[str, int] = data["model"]["vocab"]
     if len(vocab) != CL100K_RANKS:
@@ -72,10 +85,14 @@ def build() -> tokenizers.Tokenizer:
     if tok.token_to_id(BOS) != SPECIAL_START or tok.get_vocab_size() != VOCAB_SIZE:
         raise RuntimeError(f"{BOS} got id {tok.token_to_id(BOS)}, vocabulary {tok.get_vocab_size()}")
     # as Llama 3's tokenizer.json: <|begin_of_text|> before every encoded text (the template writes its own)
-    tok.post_processor = tokenizers.processors.Sequence([
-        tokenizers.processors.ByteLevel(trim_offsets=False),
-        tokenizers.processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B",
-                                                 special_tokens=[(BOS, SPECIAL_START)])])
+    tok.post_processor = tokenizers.processors.Sequence(
+        [
+            tokenizers.processors.ByteLevel(trim_offsets=False),
+            tokenizers.processors.TemplateProcessing(
+                single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, SPECIAL_START)]
+            ),
+        ]
+    )
     return tok
 
 
@@ -83,9 +100,15 @@ def write(path: str | Path) -> None:
     """tokenizer.json, tokenizer_config.json and special_tokens_map.json into the folder `path`."""
     path = Path(path)
     build().save(str(path / "tokenizer.json"))
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS, "eos_token": EOT,
-              "pad_token": "<|finetune_right_pad_id|>", "clean_up_tokenization_spaces": False,
-              "model_input_names": ["input_ids", "attention_mask"], "model_max_length": 131072,
-              "chat_template": CHAT_TEMPLATE}
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": BOS,
+        "eos_token": EOT,
+        "pad_token": "<|finetune_right_pad_id|>",
+        "clean_up_tokenization_spaces": False,
+        "model_input_names": ["input_ids", "attention_mask"],
+        "model_max_length": 131072,
+        "chat_template": CHAT_TEMPLATE,
+    }
     (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
     (path / "special_tokens_map.json").write_text(json.dumps({"bos_token": BOS, "eos_token": EOT}, indent=2))

@@ -20,29 +20,80 @@ import torch
 # config.json of the real checkpoints (Qwen2.5-0.5B-Instruct, Llama-3.2-1B-Instruct), less their transformers version
 SHAPES: dict[str, dict[str, Any]] = {
     "qwen2.5-0.5b": {
-        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu", "hidden_size": 896,
-        "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
-        "max_position_embeddings": 32768, "max_window_layers": 21, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
-        "sliding_window": 32768, "use_sliding_window": False, "tie_word_embeddings": True, "vocab_size": 151936,
-        "bos_token_id": 151643, "eos_token_id": 151645, "attention_dropout": 0.0, "initializer_range": 0.02,
-        "torch_dtype": "bfloat16", "use_cache": True,
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_act": "silu",
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 32768,
+        "max_window_layers": 21,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0,
+        "sliding_window": 32768,
+        "use_sliding_window": False,
+        "tie_word_embeddings": True,
+        "vocab_size": 151936,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
     },
     "llama-3.2-1b": {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu", "hidden_size": 2048,
-        "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "head_dim": 64, "max_position_embeddings": 131072, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
-        "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-        "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": True, "vocab_size": 128256,
-        "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009], "attention_dropout": 0.0,
-        "initializer_range": 0.02, "pretraining_tp": 1, "torch_dtype": "bfloat16", "use_cache": True,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_act": "silu",
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "factor": 32.0,
+            "high_freq_factor": 4.0,
+            "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": True,
+        "vocab_size": 128256,
+        "bos_token_id": 128000,
+        "eos_token_id": [128001, 128008, 128009],
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "pretraining_tp": 1,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
     },
 }
 _GENERATION = {
-    "qwen2": {"bos_token_id": 151643, "pad_token_id": 151643, "eos_token_id": [151645, 151643], "do_sample": True,
-              "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05},
-    "llama": {"bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009], "do_sample": True,
-              "temperature": 0.6, "top_p": 0.9},
+    "qwen2": {
+        "bos_token_id": 151643,
+        "pad_token_id": 151643,
+        "eos_token_id": [151645, 151643],
+        "do_sample": True,
+        "temperature": 0.7,
+        "top_p": 0.8,
+        "top_k": 20,
+        "repetition_penalty": 1.05,
+    },
+    "llama": {
+        "bos_token_id": 128000,
+        "eos_token_id": [128001, 128008, 128009],
+        "do_sample": True,
+        "temperature": 0.6,
+        "top_p": 0.9,
+    },
 }
 SHARD_BYTES = 1 << 30
 
@@ -102,8 +153,10 @@ def _write_weights(folder: Path, cfg: dict[str, Any], seed: int, dtype: torch.dt
         size += nbytes
     save_file(shards[-1], str(folder / f"part-{len(shards)}.safetensors"), metadata={"format": "pt"})
     count = len(shards)
-    files = {i: f"model-{i:05d}-of-{count:05d}.safetensors" if count > 1 else "model.safetensors"
-             for i in range(1, count + 1)}
+    files = {
+        i: f"model-{i:05d}-of-{count:05d}.safetensors" if count > 1 else "model.safetensors"
+        for i in range(1, count + 1)
+    }
     for i, f in files.items():
         os.rename(folder / f"part-{i}.safetensors", folder / f)
     if count > 1:
@@ -113,8 +166,9 @@ def _write_weights(folder: Path, cfg: dict[str, Any], seed: int, dtype: torch.dt
         (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
-def write_shaped_checkpoint(path: str | Path, shape: str | dict[str, Any], *, seed: int = 0,
-                            dtype: str = "bfloat16", tokenizer: bool = True) -> Path:
+def write_shaped_checkpoint(
+    path: str | Path, shape: str | dict[str, Any], *, seed: int = 0, dtype: str = "bfloat16", tokenizer: bool = True
+) -> Path:
     """A random-weight checkpoint at `path` (must not exist), atomically. shape: a name in SHAPES or a config
     dict (tests pass scaled-down ones). The tokenizer: Qwen2.5's real one, or for Llama 3 cl100k_base with
     Llama 3's special tokens (demo/llama3_tokenizer.py)."""

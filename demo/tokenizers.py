@@ -31,19 +31,42 @@ QWEN2_SPECIAL_START_ID = 151643
 # Qwen2.5's added tokens after the three above, at their ids (151646..151664), and whether each is special.
 # <tool_call>, </tool_call> and the fim/repo/file tokens are not: they survive skip_special_tokens.
 QWEN25_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
-    ("<|object_ref_start|>", True), ("<|object_ref_end|>", True), ("<|box_start|>", True), ("<|box_end|>", True),
-    ("<|quad_start|>", True), ("<|quad_end|>", True), ("<|vision_start|>", True), ("<|vision_end|>", True),
-    ("<|vision_pad|>", True), ("<|image_pad|>", True), ("<|video_pad|>", True),
-    ("<tool_call>", False), ("</tool_call>", False),
-    ("<|fim_prefix|>", False), ("<|fim_middle|>", False), ("<|fim_suffix|>", False), ("<|fim_pad|>", False),
-    ("<|repo_name|>", False), ("<|file_sep|>", False),
+    ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True),
+    ("<|box_start|>", True),
+    ("<|box_end|>", True),
+    ("<|quad_start|>", True),
+    ("<|quad_end|>", True),
+    ("<|vision_start|>", True),
+    ("<|vision_end|>", True),
+    ("<|vision_pad|>", True),
+    ("<|image_pad|>", True),
+    ("<|video_pad|>", True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<|fim_prefix|>", False),
+    ("<|fim_middle|>", False),
+    ("<|fim_suffix|>", False),
+    ("<|fim_pad|>", False),
+    ("<|repo_name|>", False),
+    ("<|file_sep|>", False),
 )
 QWEN25_VOCAB_SIZE = 151_665  # tokens the tokenizer defines; Qwen2.5 checkpoints pad the embedding to 151,936
 
-_VOCAB_SIZES: dict[str, int] = {"qwen2": 151_646, "qwen2.5": QWEN25_VOCAB_SIZE, "llama": 32_000, "mistral": 32_000,
-                                "tekken": 131_072}
-_EOS_IDS: dict[str, list[int]] = {"qwen2": [151645, 151643], "qwen2.5": [151645, 151643], "llama": [2],
-                                  "mistral": [2], "tekken": [2]}
+_VOCAB_SIZES: dict[str, int] = {
+    "qwen2": 151_646,
+    "qwen2.5": QWEN25_VOCAB_SIZE,
+    "llama": 32_000,
+    "mistral": 32_000,
+    "tekken": 131_072,
+}
+_EOS_IDS: dict[str, list[int]] = {
+    "qwen2": [151645, 151643],
+    "qwen2.5": [151645, 151643],
+    "llama": [2],
+    "mistral": [2],
+    "tekken": [2],
+}
 
 QWEN2_CHAT_TEMPLATE = (
     "{%- if messages and messages[0]['role'] == 'system' %}"
@@ -65,12 +88,12 @@ QWEN25_CHAT_TEMPLATE = (
     "{{- '<|im_start|>system\\n' }}"
     "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}"
     "{%- else %}{{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}{%- endif %}"
-    "{{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>\" }}"
-    "{%- for tool in tools %}{{- \"\\n\" }}{{- tool | tojson }}{%- endfor %}"
-    "{{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
-    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, "
-    "\\\"arguments\\\": <args-json-object>}\\n</tool_call><|im_end|>\\n\" }}"
+    '{{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n'
+    'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}'
+    '{%- for tool in tools %}{{- "\\n" }}{{- tool | tojson }}{%- endfor %}'
+    '{{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments '
+    'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, '
+    '\\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}'
     "{%- else %}"
     "{%- if messages[0]['role'] == 'system' %}"
     "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
@@ -87,7 +110,7 @@ QWEN25_CHAT_TEMPLATE = (
     "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
     "{%- for tool_call in message.tool_calls %}"
     "{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}"
-    "{{- '\\n<tool_call>\\n{\"name\": \"' }}{{- tool_call.name }}{{- '\", \"arguments\": ' }}"
+    '{{- \'\\n<tool_call>\\n{"name": "\' }}{{- tool_call.name }}{{- \'", "arguments": \' }}'
     "{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}"
     "{%- endfor %}"
     "{{- '<|im_end|>\\n' }}"
@@ -158,7 +181,9 @@ def _qwen2_tokenizer() -> tokenizers.Tokenizer:
     for offset, token in enumerate(QWEN2_SPECIAL_TOKENS):
         got = tok.token_to_id(token)
         if got != QWEN2_SPECIAL_START_ID + offset:
-            raise RuntimeError(f"qwen2 special token {token!r} got id {got}, expected {QWEN2_SPECIAL_START_ID + offset}")
+            raise RuntimeError(
+                f"qwen2 special token {token!r} got id {got}, expected {QWEN2_SPECIAL_START_ID + offset}"
+            )
     return tok
 
 
@@ -194,7 +219,11 @@ def _write_qwen2(path: Path, qwen25: bool = False) -> None:
         "chat_template": QWEN25_CHAT_TEMPLATE if qwen25 else QWEN2_CHAT_TEMPLATE,
     }
     (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False))
-    special = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "additional_special_tokens": ["<|im_start|>", "<|im_end|>"]}
+    special = {
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
+    }
     (path / "special_tokens_map.json").write_text(json.dumps(special, indent=2))
 
 
@@ -256,10 +285,16 @@ def _match_sentencepiece(tokenizer_json: Path, model_file: Path) -> None:
     data["model"]["merges"] = [[m[2], m[3]] for m in merges]
     data["normalizer"] = {
         "type": "Sequence",
-        "normalizers": [{"type": "Prepend", "prepend": "\u2581"}, {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}],
+        "normalizers": [
+            {"type": "Prepend", "prepend": "\u2581"},
+            {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"},
+        ],
     }
     data["pre_tokenizer"] = {
-        "type": "Split", "pattern": {"Regex": "\u2581*[^\u2581]+|\u2581+"}, "behavior": "Isolated", "invert": False,
+        "type": "Split",
+        "pattern": {"Regex": "\u2581*[^\u2581]+|\u2581+"},
+        "behavior": "Isolated",
+        "invert": False,
     }
     tokenizer_json.write_text(json.dumps(data, ensure_ascii=False))
 

@@ -22,8 +22,15 @@ from server.multimodal.whisper_tokens import LANGUAGES, NUM_RANKS, PATTERN, spec
 
 EOT, SOT, NO_TIMESTAMPS = "<|endoftext|>", "<|startoftranscript|>", "<|notimestamps|>"
 NUM_LANGUAGES = 99
-DEMO_SHAPE: dict[str, Any] = {"d_model": 64, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 2,
-              "decoder_attention_heads": 2, "encoder_ffn_dim": 256, "decoder_ffn_dim": 256}
+DEMO_SHAPE: dict[str, Any] = {
+    "d_model": 64,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 2,
+    "decoder_attention_heads": 2,
+    "encoder_ffn_dim": 256,
+    "decoder_ffn_dim": 256,
+}
 # openai/whisper-tiny's: the first generated token may not be a space or <|endoftext|>; never these symbols
 BEGIN_SUPPRESS = [220, 50257]
 
@@ -31,16 +38,20 @@ BEGIN_SUPPRESS = [220, 50257]
 def _vocab_file() -> Path:
     spec = importlib.util.find_spec("whisper")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the Whisper tokenizer's vocabulary ships in openai-whisper: "
-                                "pip install openai-whisper")
+        raise FileNotFoundError(
+            "the Whisper tokenizer's vocabulary ships in openai-whisper: pip install openai-whisper"
+        )
     return Path(list(spec.submodule_search_locations)[0]) / "assets" / "multilingual.tiktoken"
 
 
 def build_tokenizer() -> tokenizers.Tokenizer:
     from transformers.convert_slow_tokenizer import TikTokenConverter  # why late: transformers is heavy
 
-    base = TikTokenConverter(vocab_file=str(_vocab_file()), pattern=PATTERN,  # type: ignore[no-untyped-call]
-                             extra_special_tokens=[]).converted()
+    base = TikTokenConverter(
+        vocab_file=str(_vocab_file()),
+        pattern=PATTERN,  # type: ignore[no-untyped-call]
+        extra_special_tokens=[],
+    ).converted()
     if base.get_vocab_size() != NUM_RANKS:
         raise RuntimeError(f"multilingual.tiktoken has {base.get_vocab_size()} ranks, expected {NUM_RANKS}")
     specials = special_tokens(NUM_LANGUAGES)
@@ -53,8 +64,27 @@ def build_tokenizer() -> tokenizers.Tokenizer:
 def _suppress_tokens(tok: tokenizers.Tokenizer) -> list[int]:
     """openai-whisper's default suppression: symbols that are not speech, and the special tokens other than eot."""
     symbols = list('"#()*+/:;<=>@[\\]^_`{|}~「」『』') + [
-        "<<", ">>", "<<<", ">>>", "--", "---", "-(", "-[", "('", '("', "((", "))", "(((", ")))", "[[", "]]", "{{", "}}",
-        "♪♪", "♪♪♪"]
+        "<<",
+        ">>",
+        "<<<",
+        ">>>",
+        "--",
+        "---",
+        "-(",
+        "-[",
+        "('",
+        '("',
+        "((",
+        "))",
+        "(((",
+        ")))",
+        "[[",
+        "]]",
+        "{{",
+        "}}",
+        "♪♪",
+        "♪♪♪",
+    ]
     out: set[int] = {tok.encode(" -").ids[0], tok.encode(" '").ids[0]}
     for s in symbols:
         for text in (s, " " + s):
@@ -71,20 +101,37 @@ def _suppress_tokens(tok: tokenizers.Tokenizer) -> list[int]:
 def generation_config(tok: tokenizers.Tokenizer) -> dict[str, Any]:
     """What transformers' WhisperForConditionalGeneration.generate and spindle read."""
     langs = {f"<|{c}|>": tok.token_to_id(f"<|{c}|>") for c in list(LANGUAGES)[:NUM_LANGUAGES]}
-    return {"decoder_start_token_id": 50258, "bos_token_id": 50257, "eos_token_id": 50257, "pad_token_id": 50257,
-            "is_multilingual": True, "lang_to_id": langs,
-            "task_to_id": {"transcribe": tok.token_to_id("<|transcribe|>"),
-                           "translate": tok.token_to_id("<|translate|>")},
-            "no_timestamps_token_id": 50363, "prev_sot_token_id": tok.token_to_id("<|startofprev|>"),
-            "max_initial_timestamp_index": 50, "max_length": 448, "begin_suppress_tokens": BEGIN_SUPPRESS,
-            "suppress_tokens": _suppress_tokens(tok), "alignment_heads": [[1, 0], [1, 1]]}
+    return {
+        "decoder_start_token_id": 50258,
+        "bos_token_id": 50257,
+        "eos_token_id": 50257,
+        "pad_token_id": 50257,
+        "is_multilingual": True,
+        "lang_to_id": langs,
+        "task_to_id": {"transcribe": tok.token_to_id("<|transcribe|>"), "translate": tok.token_to_id("<|translate|>")},
+        "no_timestamps_token_id": 50363,
+        "prev_sot_token_id": tok.token_to_id("<|startofprev|>"),
+        "max_initial_timestamp_index": 50,
+        "max_length": 448,
+        "begin_suppress_tokens": BEGIN_SUPPRESS,
+        "suppress_tokens": _suppress_tokens(tok),
+        "alignment_heads": [[1, 0], [1, 1]],
+    }
 
 
 def write_tokenizer(path: Path, tok: tokenizers.Tokenizer) -> None:
     tok.save(str(path / "tokenizer.json"))
-    config = {"tokenizer_class": "WhisperTokenizer", "bos_token": EOT, "eos_token": EOT, "unk_token": EOT,
-              "pad_token": EOT, "model_max_length": 1024, "clean_up_tokenization_spaces": False,
-              "errors": "replace", "add_prefix_space": False}
+    config = {
+        "tokenizer_class": "WhisperTokenizer",
+        "bos_token": EOT,
+        "eos_token": EOT,
+        "unk_token": EOT,
+        "pad_token": EOT,
+        "model_max_length": 1024,
+        "clean_up_tokenization_spaces": False,
+        "errors": "replace",
+        "add_prefix_space": False,
+    }
     (path / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
 
 
@@ -95,9 +142,18 @@ def make_whisper_demo(path: str | Path, seed: int = 0) -> Path:
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer()
-    config = WhisperConfig(vocab_size=tok.get_vocab_size(), num_mel_bins=80, max_source_positions=1500,
-                           max_target_positions=448, bos_token_id=50257, eos_token_id=50257, pad_token_id=50257,
-                           decoder_start_token_id=50258, begin_suppress_tokens=BEGIN_SUPPRESS, **DEMO_SHAPE)
+    config = WhisperConfig(
+        vocab_size=tok.get_vocab_size(),
+        num_mel_bins=80,
+        max_source_positions=1500,
+        max_target_positions=448,
+        bos_token_id=50257,
+        eos_token_id=50257,
+        pad_token_id=50257,
+        decoder_start_token_id=50258,
+        begin_suppress_tokens=BEGIN_SUPPRESS,
+        **DEMO_SHAPE,
+    )
     torch.manual_seed(seed)
     model = WhisperForConditionalGeneration(config).eval()  # type: ignore[no-untyped-call]
     with torch.no_grad():  # a larger spread than the init's 0.02: greedy tokens vary with the audio

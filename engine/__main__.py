@@ -15,11 +15,11 @@ from engine.hugepages import reexec_for_model
 if __name__ == "__main__":  # before torch loads: glibc reads its malloc tunables only at start
     reexec_for_model(sys.argv[1:])
 
-from engine.transport.channels import ChannelSet, wait_for_lifeline
 from engine.config import EngineConfig
+from engine.messages import LoadFailed, ToEngine
+from engine.transport.channels import ChannelSet, wait_for_lifeline
 from engine.transport.ipc import FrameReader, FrameWriter, die_with_parent
 from engine.transport.loop import Links, Pipes, serve
-from engine.messages import LoadFailed, ToEngine
 
 # The engine runs this much nicer than the API server that started it (relative: a server started under
 # `nice` keeps the gap). The render workers use the same value (server/render/render_worker.py).
@@ -45,8 +45,11 @@ def run_below_server() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m engine")
     parser.add_argument("--config", required=True, help="EngineConfig as JSON")
-    parser.add_argument("--channels", default="", help="socket fds, one per API server (engine/transport/channels.py); "
-                        "none: frames on stdin / stdout")
+    parser.add_argument(
+        "--channels",
+        default="",
+        help="socket fds, one per API server (engine/transport/channels.py); none: frames on stdin / stdout",
+    )
     args = parser.parse_args()
     run_below_server()
     # EOF on stdin ends the step loop; this also covers a step that never returns. The grace lets an idle
@@ -64,8 +67,9 @@ def main() -> None:
         links = ChannelSet([int(fd) for fd in args.channels.split(",")])
     else:
         links = Pipes(FrameReader(0, ToEngine), FrameWriter(out_fd))
-    logging.basicConfig(level=os.environ.get("SPINDLE_LOG_LEVEL", "INFO").upper(),
-                        format="%(asctime)s engine %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("SPINDLE_LOG_LEVEL", "INFO").upper(), format="%(asctime)s engine %(levelname)s %(message)s"
+    )
     try:
         config = EngineConfig(**json.loads(args.config))
     except Exception as e:  # noqa: BLE001 - any load failure is reported to the parent, then we exit

@@ -62,7 +62,9 @@ class EngineConfig:
     # Tensor parallelism (engine/distributed/): ranks over nodes, torchrun's names for the rendezvous.
     tensor_parallel_size: int = 1
     nnodes: int = 1
-    node_rank: int = 0  # this process's node; nodes other than 0 run headless (python -m engine.distributed.rank_worker)
+    node_rank: int = (
+        0  # this process's node; nodes other than 0 run headless (python -m engine.distributed.rank_worker)
+    )
     master_addr: str = "127.0.0.1"  # node 0's address: its rank 0 holds the rendezvous store
     master_port: int = 0  # 0: a free port (one node only)
     distributed_timeout: float = 120.0  # seconds to join the group, and the longest one collective may wait
@@ -80,8 +82,9 @@ class EngineConfig:
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
-            raise ValueError(f"--quantization must be one of {', '.join(QUANTIZATIONS)} (or unset), "
-                             f"not {self.quantization!r}")
+            raise ValueError(
+                f"--quantization must be one of {', '.join(QUANTIZATIONS)} (or unset), not {self.quantization!r}"
+            )
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_memory"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")

@@ -20,8 +20,15 @@ POOLING_TYPES = ("LAST", "CLS", "MEAN", "ALL", "STEP")
 CONVERTS = ("auto", "embed", "classify")
 SEQ_CLS_SUFFIX = "ForSequenceClassification"
 # --pooler-config keys (vLLM's spelling); the Matryoshka ones declare which `dimensions` the embeddings accept
-POOLER_KEYS = ("pooling_type", "normalize", "use_activation", "step_tag_id", "returned_token_ids",
-               "is_matryoshka", "matryoshka_dimensions")
+POOLER_KEYS = (
+    "pooling_type",
+    "normalize",
+    "use_activation",
+    "step_tag_id",
+    "returned_token_ids",
+    "is_matryoshka",
+    "matryoshka_dimensions",
+)
 # sentence-transformers' pooling modes -> ours (the legacy boolean keys name them pooling_mode_<mode>)
 _ST_MODES = {"cls": "CLS", "cls_token": "CLS", "mean": "MEAN", "mean_tokens": "MEAN", "lasttoken": "LAST"}
 # a cross-encoder's activation as sentence-transformers stores it (config.json "sentence_transformers")
@@ -48,8 +55,9 @@ def check_pooler_overrides(cfg: dict[str, Any]) -> None:
     for key in ("matryoshka_dimensions", "returned_token_ids"):
         ids = cfg.get(key)
         low = 1 if key == "matryoshka_dimensions" else 0
-        if ids is not None and (not isinstance(ids, list) or not ids
-                                or not all(type(d) is int and d >= low for d in ids)):
+        if ids is not None and (
+            not isinstance(ids, list) or not ids or not all(type(d) is int and d >= low for d in ids)
+        ):
             raise ValueError(f"--pooler-config: {key} must be a non-empty list of integers >= {low}, got {ids!r}")
 
 
@@ -58,8 +66,10 @@ def resolve_task(cfg: dict[str, Any], convert: str) -> str:
     archs = [str(a) for a in cfg.get("architectures") or []]
     seq_cls = any(a.endswith(SEQ_CLS_SUFFIX) for a in archs)
     if convert == "classify" and not seq_cls:
-        raise ModelLoadError(f"--convert classify needs a *{SEQ_CLS_SUFFIX} checkpoint (one with a `score` head); "
-                             f"this one is {archs or 'of unknown architecture'}. Use --convert embed")
+        raise ModelLoadError(
+            f"--convert classify needs a *{SEQ_CLS_SUFFIX} checkpoint (one with a `score` head); "
+            f"this one is {archs or 'of unknown architecture'}. Use --convert embed"
+        )
     if convert == "auto":
         return "classify" if seq_cls else "embed"
     return convert
@@ -95,12 +105,16 @@ def sentence_transformers_pooler(folder: Path, with_mode: bool = True) -> dict[s
     conf = read_json(conf_path) if conf_path.exists() else {}
     modes = _st_pooling_mode(conf) or ["mean"]  # sentence-transformers' own default
     if len(modes) != 1 or modes[0] not in _ST_MODES:
-        raise ModelLoadError(f"{conf_path}: pooling mode {modes} is not supported; supported: cls, mean, lasttoken "
-                             "(or set --pooler-config '{\"pooling_type\": ...}')")
+        raise ModelLoadError(
+            f"{conf_path}: pooling mode {modes} is not supported; supported: cls, mean, lasttoken "
+            "(or set --pooler-config '{\"pooling_type\": ...}')"
+        )
     found["pooling_type"] = _ST_MODES[modes[0]]
     if conf.get("include_prompt") is False and found["pooling_type"] != "LAST":
-        raise ModelLoadError(f"{conf_path}: include_prompt false (prompt tokens left out of the pooling) is not "
-                             "supported; set --pooler-config '{\"pooling_type\": ...}' to pool every token")
+        raise ModelLoadError(
+            f"{conf_path}: include_prompt false (prompt tokens left out of the pooling) is not "
+            "supported; set --pooler-config '{\"pooling_type\": ...}' to pool every token"
+        )
     return found
 
 
@@ -132,14 +146,17 @@ def classify_activation(cfg: dict[str, Any], num_labels: int) -> str:
 
 def score_activation(cfg: dict[str, Any]) -> str:
     """A cross-encoder's score activation: sentence-transformers' saved activation_fn, else sigmoid."""
-    path = (cfg.get("sentence_transformers") or {}).get("activation_fn") or \
-        cfg.get("sbert_ce_default_activation_function")
+    path = (cfg.get("sentence_transformers") or {}).get("activation_fn") or cfg.get(
+        "sbert_ce_default_activation_function"
+    )
     if path is None:
         return "sigmoid"
     name = str(path).rsplit(".", 1)[-1]
     if name not in _ST_ACTIVATIONS:
-        raise ModelLoadError(f"config.json: the cross-encoder activation {path!r} is not supported; supported: "
-                             f"{', '.join(_ST_ACTIVATIONS)}")
+        raise ModelLoadError(
+            f"config.json: the cross-encoder activation {path!r} is not supported; supported: "
+            f"{', '.join(_ST_ACTIVATIONS)}"
+        )
     return _ST_ACTIVATIONS[name]
 
 
@@ -150,8 +167,9 @@ def labels(cfg: dict[str, Any]) -> list[str]:
     return [id2label.get(i, f"LABEL_{i}") for i in range(n)]
 
 
-def pooling_info(folder: Path, cfg: dict[str, Any], convert: str, overrides: dict[str, Any],
-                 hidden_size: int) -> PoolingInfo:
+def pooling_info(
+    folder: Path, cfg: dict[str, Any], convert: str, overrides: dict[str, Any], hidden_size: int
+) -> PoolingInfo:
     """The task and pooler this engine runs (what Ready reports)."""
     check_pooler_overrides(overrides)
     task = resolve_task(cfg, convert)
@@ -162,10 +180,16 @@ def pooling_info(folder: Path, cfg: dict[str, Any], convert: str, overrides: dic
     dims = overrides.get("matryoshka_dimensions", cfg.get("matryoshka_dimensions"))
     names = labels(cfg) if task == "classify" else []
     return PoolingInfo(
-        task=task, pooling_type=str(settings["pooling_type"]).upper(), hidden_size=hidden_size,
-        normalize=bool(settings["normalize"]), use_activation=bool(overrides.get("use_activation", True)),
+        task=task,
+        pooling_type=str(settings["pooling_type"]).upper(),
+        hidden_size=hidden_size,
+        normalize=bool(settings["normalize"]),
+        use_activation=bool(overrides.get("use_activation", True)),
         activation=classify_activation(cfg, len(names)) if names else "softmax",
-        score_activation=score_activation(cfg) if names else "sigmoid", labels=names, prompts=prompts,
+        score_activation=score_activation(cfg) if names else "sigmoid",
+        labels=names,
+        prompts=prompts,
         default_prompt_name=default_prompt,
         is_matryoshka=bool(overrides.get("is_matryoshka", cfg.get("is_matryoshka", False))),
-        matryoshka_dimensions=[int(d) for d in dims] if isinstance(dims, list) else None)
+        matryoshka_dimensions=[int(d) for d in dims] if isinstance(dims, list) else None,
+    )

@@ -19,13 +19,70 @@ FUZZ_FAMILIES = ("qwen2", "llama", "tekken")
 
 # Real text mixing scripts: ASCII, CJK, emoji (ZWJ, skin tones, flags), combining marks, RTL, whitespace runs.
 FRAGMENTS = [
-    "Hello", " world", "the", " quick", "brown fox", ",", ".", "!", "?", "'s", " don't", "123", " 4.56",
-    "你好", "世界", "中文测试", "日本語", "テスト", "한국어", "𠜎𠝹",  # CJK incl. astral plane
-    "👍", "👍🏽", "👨\u200d👩\u200d👧\u200d👦", "🏳️\u200d🌈", "🇫🇷", "🇯🇵", "😀", "🫠",
-    "e\u0301", "n\u0303", "a\u0308\u0304", "ﬁ", "Ω", "ß", "İ",  # combining marks, ligatures, case quirks
-    "שלום", " עולם", "مرحبا", " بالعالم", "\u200f", "\u202e",  # RTL and direction marks
-    " ", "  ", "    ", "\t", "\n", "\n\n", "\r\n", " \n ", "\u00a0", "\u3000",
-    "<", ">", "</", "STOP", "stop", "END", "###", "\\", "\"", "{", "}", "\x00", "\ufffd",
+    "Hello",
+    " world",
+    "the",
+    " quick",
+    "brown fox",
+    ",",
+    ".",
+    "!",
+    "?",
+    "'s",
+    " don't",
+    "123",
+    " 4.56",
+    "你好",
+    "世界",
+    "中文测试",
+    "日本語",
+    "テスト",
+    "한국어",
+    "𠜎𠝹",  # CJK incl. astral plane
+    "👍",
+    "👍🏽",
+    "👨\u200d👩\u200d👧\u200d👦",
+    "🏳️\u200d🌈",
+    "🇫🇷",
+    "🇯🇵",
+    "😀",
+    "🫠",
+    "e\u0301",
+    "n\u0303",
+    "a\u0308\u0304",
+    "ﬁ",
+    "Ω",
+    "ß",
+    "İ",  # combining marks, ligatures, case quirks
+    "שלום",
+    " עולם",
+    "مرحبا",
+    " بالعالم",
+    "\u200f",
+    "\u202e",  # RTL and direction marks
+    " ",
+    "  ",
+    "    ",
+    "\t",
+    "\n",
+    "\n\n",
+    "\r\n",
+    " \n ",
+    "\u00a0",
+    "\u3000",
+    "<",
+    ">",
+    "</",
+    "STOP",
+    "stop",
+    "END",
+    "###",
+    "\\",
+    '"',
+    "{",
+    "}",
+    "\x00",
+    "\ufffd",
 ]
 
 
@@ -96,7 +153,9 @@ def stable_prefix_len(
     bytes_ = set(byte_ids(tok))
     head = tok.decode(prompt, skip_special_tokens=skip)
     everything = tok.decode(prompt + gen, skip_special_tokens=skip)
-    candidates = range(len(gen), 0, -1) if ends is None else sorted((e for e in ends if 0 < e <= len(gen)), reverse=True)
+    candidates = (
+        range(len(gen), 0, -1) if ends is None else sorted((e for e in ends if 0 < e <= len(gen)), reverse=True)
+    )
     for j in candidates:
         last = gen[j - 1]
         if last in hidden:
@@ -123,8 +182,13 @@ def first_stop(text: str, start: int, stops: Sequence[str]) -> tuple[int, str] |
 
 
 def expected_output(
-    tok: tokenizers.Tokenizer, prompt: list[int], gen: list[int], skip: bool,
-    stops: Sequence[str], include: bool, min_tokens: int,
+    tok: tokenizers.Tokenizer,
+    prompt: list[int],
+    gen: list[int],
+    skip: bool,
+    stops: Sequence[str],
+    include: bool,
+    min_tokens: int,
 ) -> tuple[str, str | None] | None:
     text = reference_text(tok, prompt, gen, skip)
     if text is None:
@@ -140,8 +204,15 @@ def expected_output(
 
 
 def run_stream(
-    tok: tokenizers.Tokenizer, prompt: list[int], gen: list[int], steps: Sequence[int], *,
-    skip: bool = True, stops: Sequence[str] = (), include: bool = False, min_tokens: int = 0,
+    tok: tokenizers.Tokenizer,
+    prompt: list[int],
+    gen: list[int],
+    steps: Sequence[int],
+    *,
+    skip: bool = True,
+    stops: Sequence[str] = (),
+    include: bool = False,
+    min_tokens: int = 0,
 ) -> StreamResult:
     """Feed `gen` in chunks of the given sizes (cycled), then finish."""
     d = IncrementalDetokenizer(

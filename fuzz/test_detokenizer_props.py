@@ -8,9 +8,6 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
-
 from detok_support import (
     FRAGMENTS,
     FUZZ_FAMILIES,
@@ -23,11 +20,16 @@ from detok_support import (
     stable_prefix_len,
     tokenizer,
 )
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
 from server.pipeline.detokenizer import DetokenizeError, IncrementalDetokenizer
 
 EXAMPLES = int(os.environ.get("SPINDLE_FUZZ_EXAMPLES", "80"))
 FUZZ = settings(
-    max_examples=EXAMPLES, deadline=None, derandomize="SPINDLE_FUZZ_EXAMPLES" not in os.environ,
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize="SPINDLE_FUZZ_EXAMPLES" not in os.environ,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
@@ -60,8 +62,12 @@ def byte_soup(draw: st.DrawFn, family: str) -> list[int]:
     tok = tokenizer(family)
     singles = single_byte_ids(tok)
     continuation = singles[0x80:0xC0]
-    pools = [st.sampled_from(singles), st.sampled_from(continuation), st.sampled_from(special_ids(tok)),
-             st.integers(0, tok.get_vocab_size(with_added_tokens=True) - 1)]
+    pools = [
+        st.sampled_from(singles),
+        st.sampled_from(continuation),
+        st.sampled_from(special_ids(tok)),
+        st.integers(0, tok.get_vocab_size(with_added_tokens=True) - 1),
+    ]
     weights = st.sampled_from([0, 1, 1, 1, 1, 1, 0, 1, 2, 3])
     return [draw(pools[draw(weights)]) for _ in range(draw(st.integers(0, 60)))]
 
@@ -72,8 +78,14 @@ def case(draw: st.DrawFn) -> tuple[str, list[int], list[int], bool]:
     tok = tokenizer(family)
     prompt_text = draw(st.sampled_from(["", "Hi", "Translate: ", "你好", "<s>", "a  "]))
     prompt = tok.encode(prompt_text, add_special_tokens=draw(st.booleans())).ids
-    gen = draw(st.one_of(random_ids(family), text_ids(family), byte_soup(family),
-                         st.tuples(text_ids(family), random_ids(family, 6)).map(lambda t: t[0] + t[1])))
+    gen = draw(
+        st.one_of(
+            random_ids(family),
+            text_ids(family),
+            byte_soup(family),
+            st.tuples(text_ids(family), random_ids(family, 6)).map(lambda t: t[0] + t[1]),
+        )
+    )
     return family, prompt, gen, draw(st.booleans())
 
 
@@ -101,8 +113,13 @@ def stop_case(draw: st.DrawFn) -> tuple[str, list[int], list[int], list[str], bo
     family = draw(families)
     tok = tokenizer(family)
     prompt = tok.encode(draw(st.sampled_from(["", "Q: ", "日本"])), add_special_tokens=True).ids
-    gen = draw(st.one_of(text_ids(family), st.tuples(text_ids(family), random_ids(family, 4)).map(lambda t: t[0] + t[1]),
-                         byte_soup(family)))
+    gen = draw(
+        st.one_of(
+            text_ids(family),
+            st.tuples(text_ids(family), random_ids(family, 4)).map(lambda t: t[0] + t[1]),
+            byte_soup(family),
+        )
+    )
     skip = draw(st.booleans())
     text = tok.decode(prompt + gen, skip_special_tokens=skip)
     stops: list[str] = []
@@ -157,7 +174,13 @@ def test_chunking_never_changes_stop_result(c: tuple[str, list[int], list[int], 
 
 
 @FUZZ
-@given(families, st.lists(st.one_of(st.integers(-(2**70), -1), st.integers(0, 200_000), st.integers(2**31, 2**70)), min_size=1, max_size=8), st.booleans())
+@given(
+    families,
+    st.lists(
+        st.one_of(st.integers(-(2**70), -1), st.integers(0, 200_000), st.integers(2**31, 2**70)), min_size=1, max_size=8
+    ),
+    st.booleans(),
+)
 def test_bad_ids_raise_detokenize_error_only(family: str, ids: list[int], in_prompt: bool) -> None:
     tok = tokenizer(family)
     n = tok.get_vocab_size(with_added_tokens=True)

@@ -18,23 +18,63 @@ from server.reasoning.parser import REASONING_PARSERS
 from server.tools.parser import HermesParser, JsonCallParser, JsonListParser, MistralParser, ToolCall, assemble
 
 EXAMPLES = int(os.environ.get("SPINDLE_FUZZ_EXAMPLES", "150"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize="SPINDLE_FUZZ_EXAMPLES" not in os.environ,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize="SPINDLE_FUZZ_EXAMPLES" not in os.environ,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 PARSERS: list[type[JsonCallParser]] = [HermesParser, MistralParser, JsonListParser]
 # Pieces odd outputs are made of: tags (whole and split), JSON punctuation, quotes, escapes, whitespace.
-FRAGMENTS = ["<tool_call>", "</tool_call>", "<tool", "_call>", "</", "[TOOL_CALLS]", "[TOOL", "[ARGS]", "[AR",
-             "[CALL_ID]", "<think>", "</think>",
-             "<thi", "nk>", "{", "}", "[", "]", '"', "\\", '\\"', ":", ",", " ", "\n", '"name"', '"arguments"',
-             '"parameters"', '"f"', "1", "true", "null", "x", "é", "{}", '{"a": "}"}']
+FRAGMENTS = [
+    "<tool_call>",
+    "</tool_call>",
+    "<tool",
+    "_call>",
+    "</",
+    "[TOOL_CALLS]",
+    "[TOOL",
+    "[ARGS]",
+    "[AR",
+    "[CALL_ID]",
+    "<think>",
+    "</think>",
+    "<thi",
+    "nk>",
+    "{",
+    "}",
+    "[",
+    "]",
+    '"',
+    "\\",
+    '\\"',
+    ":",
+    ",",
+    " ",
+    "\n",
+    '"name"',
+    '"arguments"',
+    '"parameters"',
+    '"f"',
+    "1",
+    "true",
+    "null",
+    "x",
+    "é",
+    "{}",
+    '{"a": "}"}',
+]
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-1000, 1000) | st.text(alphabet='ab"\\{}[]:, \n\té<>', max_size=6),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text("abk", max_size=3), inner, max_size=3),
-    max_leaves=8)
+    max_leaves=8,
+)
 names = st.text(alphabet="abcdefgh_.", min_size=1, max_size=8)
-calls_st = st.lists(st.tuples(names, st.dictionaries(st.text("abk\"", max_size=4), json_values, max_size=3)),
-                    min_size=1, max_size=3)
-prose = st.text(alphabet="ab <>{}[]\"\n:", max_size=12)
+calls_st = st.lists(
+    st.tuples(names, st.dictionaries(st.text('abk"', max_size=4), json_values, max_size=3)), min_size=1, max_size=3
+)
+prose = st.text(alphabet='ab <>{}[]"\n:', max_size=12)
 odd_texts = st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=3), max_size=30).map("".join)
 
 
@@ -70,8 +110,9 @@ def strip_ids(calls: list[ToolCall]) -> list[tuple[str, str]]:
 
 
 def render(parser_cls: type[JsonCallParser], calls: list[tuple[str, Any]], sep: str) -> str:
-    objs = [json.dumps({"name": n, "arguments" if parser_cls is not JsonListParser else "parameters": a})
-            for n, a in calls]
+    objs = [
+        json.dumps({"name": n, "arguments" if parser_cls is not JsonListParser else "parameters": a}) for n, a in calls
+    ]
     if parser_cls is HermesParser:
         return sep.join(f"<tool_call>{sep}{o}{sep}</tool_call>" for o in objs)
     body = "[" + ("," + sep).join(objs) + "]"
@@ -80,8 +121,9 @@ def render(parser_cls: type[JsonCallParser], calls: list[tuple[str, Any]], sep: 
 
 @FUZZ
 @given(st.sampled_from(PARSERS), odd_texts, st.data())
-def test_any_cut_equals_the_whole_and_nothing_raises(parser_cls: type[JsonCallParser], text: str,
-                                                     data: st.DataObject) -> None:
+def test_any_cut_equals_the_whole_and_nothing_raises(
+    parser_cls: type[JsonCallParser], text: str, data: st.DataObject
+) -> None:
     whole_content, whole_calls = parser_cls.extract(text)
     content, calls = stream(parser_cls, cuts(text, data))
     assert (content or None) == whole_content
@@ -92,8 +134,9 @@ def test_any_cut_equals_the_whole_and_nothing_raises(parser_cls: type[JsonCallPa
 
 @FUZZ
 @given(st.sampled_from(PARSERS), calls_st, prose, st.sampled_from(["", "\n", " \n "]), st.data())
-def test_well_formed_calls_are_read_back(parser_cls: type[JsonCallParser], calls: list[tuple[str, Any]],
-                                         before: str, sep: str, data: st.DataObject) -> None:
+def test_well_formed_calls_are_read_back(
+    parser_cls: type[JsonCallParser], calls: list[tuple[str, Any]], before: str, sep: str, data: st.DataObject
+) -> None:
     if parser_cls is JsonListParser:
         before = ""  # the whole output is the list
     elif "<tool_call>" in before or "[TOOL_CALLS]" in before:
@@ -112,13 +155,15 @@ def test_well_formed_calls_are_read_back(parser_cls: type[JsonCallParser], calls
 
 @FUZZ
 @given(calls_st, prose, st.booleans(), st.data())
-def test_mistral_args_form_calls_are_read_back(calls: list[tuple[str, Any]], before: str, call_ids: bool,
-                                               data: st.DataObject) -> None:
+def test_mistral_args_form_calls_are_read_back(
+    calls: list[tuple[str, Any]], before: str, call_ids: bool, data: st.DataObject
+) -> None:
     """Mistral's newer form: [TOOL_CALLS]name[ARGS]{...} per call (a [CALL_ID]id between them or not)."""
     if "[TOOL_CALLS]" in before:
         before = ""
-    text = before + "".join(f"[TOOL_CALLS]{n}" + ("[CALL_ID]a1b2c3d4e" if call_ids else "") + f"[ARGS]{json.dumps(a)}"
-                            for n, a in calls)
+    text = before + "".join(
+        f"[TOOL_CALLS]{n}" + ("[CALL_ID]a1b2c3d4e" if call_ids else "") + f"[ARGS]{json.dumps(a)}" for n, a in calls
+    )
     content, got = stream(MistralParser, cuts(text, data))
     assert [(c.name, json.loads(c.arguments)) for c in got] == [(n, a) for n, a in calls]
     whole_content, whole_calls = MistralParser.extract(text)

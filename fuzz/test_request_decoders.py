@@ -14,42 +14,81 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server.protocol.openai import (ChatCompletionRequest, CompletionRequest, chat_decoder, completion_decoder,
-                                    decode_request)
+from server.protocol.openai import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    chat_decoder,
+    completion_decoder,
+    decode_request,
+)
 
 EXAMPLES = int(os.environ.get("SPINDLE_FUZZ_EXAMPLES", "100"))
 FUZZ = settings(
-    max_examples=EXAMPLES, deadline=None, derandomize="SPINDLE_FUZZ_EXAMPLES" not in os.environ,
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize="SPINDLE_FUZZ_EXAMPLES" not in os.environ,
     suppress_health_check=[HealthCheck.too_slow],
 )
 DECODERS = [completion_decoder, chat_decoder]
 
 scalars = (
-    st.none() | st.booleans() | st.integers() | st.integers(min_value=-(2**80), max_value=2**80)
-    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=-(2**80), max_value=2**80)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20)
 )
 json_values = st.recursive(
-    scalars, lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5), max_leaves=25
+    scalars,
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5),
+    max_leaves=25,
 )
 FIELDS = sorted(set(CompletionRequest.__struct_fields__) | set(ChatCompletionRequest.__struct_fields__))
-message = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "tool", 3]), "content": json_values})
+message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "system", "assistant", "tool", 3]), "content": json_values}
+)
 field_values = st.one_of(json_values, st.lists(message, max_size=3), st.lists(st.integers(), max_size=4))
 request_like = st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=6), field_values, max_size=10)
 
 # Requests every decoder must take: the fields each route defines, with values of their types.
 INT64 = st.integers(-(2**63), 2**63 - 1)
-shared_fields = {"max_tokens": st.integers(1, 4096), "temperature": st.floats(0, 2), "n": st.integers(1, 8),
-                 "stop": st.text(max_size=5) | st.lists(st.text(max_size=5), max_size=3), "seed": INT64,
-                 "stream": st.booleans(), "stop_token_ids": st.lists(INT64, max_size=3), "priority": INT64}
+shared_fields = {
+    "max_tokens": st.integers(1, 4096),
+    "temperature": st.floats(0, 2),
+    "n": st.integers(1, 8),
+    "stop": st.text(max_size=5) | st.lists(st.text(max_size=5), max_size=3),
+    "seed": INT64,
+    "stream": st.booleans(),
+    "stop_token_ids": st.lists(INT64, max_size=3),
+    "priority": INT64,
+}
 completion_bodies = st.fixed_dictionaries(
-    {"prompt": st.text(max_size=30) | st.lists(st.integers(0, 150_000), min_size=1, max_size=8)
-     | st.lists(st.text(max_size=10), min_size=1, max_size=3)},
-    optional={**shared_fields, "logprobs": st.integers(0, 20), "echo": st.booleans()})
+    {
+        "prompt": st.text(max_size=30)
+        | st.lists(st.integers(0, 150_000), min_size=1, max_size=8)
+        | st.lists(st.text(max_size=10), min_size=1, max_size=3)
+    },
+    optional={**shared_fields, "logprobs": st.integers(0, 20), "echo": st.booleans()},
+)
 chat_bodies = st.fixed_dictionaries(
-    {"messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant"]),
-                                                 "content": st.text(max_size=30)}), min_size=1, max_size=3)},
-    optional={**shared_fields, "max_completion_tokens": INT64, "logprobs": st.booleans(),
-              "top_logprobs": st.integers(0, 20), "tool_choice": st.sampled_from(["none", "auto", "required"])})
+    {
+        "messages": st.lists(
+            st.fixed_dictionaries(
+                {"role": st.sampled_from(["user", "system", "assistant"]), "content": st.text(max_size=30)}
+            ),
+            min_size=1,
+            max_size=3,
+        )
+    },
+    optional={
+        **shared_fields,
+        "max_completion_tokens": INT64,
+        "logprobs": st.booleans(),
+        "top_logprobs": st.integers(0, 20),
+        "tool_choice": st.sampled_from(["none", "auto", "required"]),
+    },
+)
 
 
 def decode_all(body: bytes) -> list[msgspec.Struct]:
@@ -91,8 +130,11 @@ def test_bytes_fail_cleanly(body: bytes) -> None:
 
 
 @FUZZ
-@given(request_like.map(lambda v: json.dumps(v).encode()).flatmap(
-    lambda b: st.tuples(st.just(b), st.integers(0, len(b) - 1))))
+@given(
+    request_like.map(lambda v: json.dumps(v).encode()).flatmap(
+        lambda b: st.tuples(st.just(b), st.integers(0, len(b) - 1))
+    )
+)
 def test_truncated_bodies_are_refused(body_and_cut: tuple[bytes, int]) -> None:
     body, cut = body_and_cut
     assert decode_all(body[:cut]) == []  # a strict prefix of an object is not JSON

@@ -19,15 +19,60 @@ from server.tools.parser import ToolCall, ToolParser, assemble
 from server.tools.pythonic import PythonicParser
 from server.tools.qwen3_coder import Qwen3CoderParser
 
-FRAGMENTS = ["<|python_tag|>", "<|python", "<|python_start|>", "<tool_call>", "</tool_call>", "<tool", "\n",
-             "<function=", "<function=f>", "</function>", "<parameter=", "<parameter=a>", "</parameter>", "</param",
-             "[", "]", "f(", "g(", "a=", "b=", ")", ",", ";", "; ", "{", "}", '"', "'", "\\", ":", " ", "1", "-2.5",
-             "True", "true", "None", "null", '"name"', '"parameters"', '"arguments"', '"f"', "x", "é", "{}"]
+FRAGMENTS = [
+    "<|python_tag|>",
+    "<|python",
+    "<|python_start|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool",
+    "\n",
+    "<function=",
+    "<function=f>",
+    "</function>",
+    "<parameter=",
+    "<parameter=a>",
+    "</parameter>",
+    "</param",
+    "[",
+    "]",
+    "f(",
+    "g(",
+    "a=",
+    "b=",
+    ")",
+    ",",
+    ";",
+    "; ",
+    "{",
+    "}",
+    '"',
+    "'",
+    "\\",
+    ":",
+    " ",
+    "1",
+    "-2.5",
+    "True",
+    "true",
+    "None",
+    "null",
+    '"name"',
+    '"parameters"',
+    '"arguments"',
+    '"f"',
+    "x",
+    "é",
+    "{}",
+]
 odd_texts = st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=3), max_size=30).map("".join)
 idents = st.from_regex(r"[a-z_][a-z0-9_]{0,6}", fullmatch=True)
 SCHEMAS = {"get": {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}}}
 FACTORIES: dict[str, Callable[[], ToolParser]] = {
-    "llama3_json": Llama3JsonParser, "pythonic": PythonicParser, "qwen3_coder": Qwen3CoderParser.factory(SCHEMAS)}
+    "llama3_json": Llama3JsonParser,
+    "pythonic": PythonicParser,
+    "qwen3_coder": Qwen3CoderParser.factory(SCHEMAS),
+}
 
 
 def stream(make: Callable[[], ToolParser], pieces: list[str]) -> tuple[str, list[ToolCall]]:
@@ -61,8 +106,9 @@ def test_any_cut_equals_the_whole_and_nothing_raises(name: str, text: str, data:
 
 
 def _type(value: Any) -> str:
-    return {str: "string", bool: "boolean", int: "integer", type(None): "null", list: "array",
-            dict: "object"}[type(value)]
+    return {str: "string", bool: "boolean", int: "integer", type(None): "null", list: "array", dict: "object"}[
+        type(value)
+    ]
 
 
 def _qwen3(calls: list[tuple[str, dict[str, Any]]], sep: str) -> tuple[str, dict[str, dict[str, Any]]]:
@@ -70,8 +116,10 @@ def _qwen3(calls: list[tuple[str, dict[str, Any]]], sep: str) -> tuple[str, dict
     for k, (name, args) in enumerate(calls):
         fn = f"{name}{k}"  # one schema per call: the same key may hold another type in another call
         schemas[fn] = {"type": "object", "properties": {key: {"type": _type(v)} for key, v in args.items()}}
-        params = "".join(f"<parameter={key}>\n{v if isinstance(v, str) else json.dumps(v)}\n</parameter>\n"
-                         for key, v in args.items())
+        params = "".join(
+            f"<parameter={key}>\n{v if isinstance(v, str) else json.dumps(v)}\n</parameter>\n"
+            for key, v in args.items()
+        )
         blocks.append(f"<tool_call>\n<function={fn}>\n{params}</function>\n</tool_call>")
     return sep.join(blocks), schemas
 
@@ -82,15 +130,22 @@ qwen_values = json_values.filter(lambda v: not isinstance(v, str)) | qwen_string
 
 
 @FUZZ
-@given(st.sampled_from(sorted(FACTORIES)), st.lists(st.tuples(idents, arg_dicts), min_size=1, max_size=3),
-       st.sampled_from(["", "\n", " "]), st.booleans(), st.data())
-def test_well_formed_calls_are_read_back(name: str, calls: list[tuple[str, dict[str, Any]]], sep: str, tagged: bool,
-                                         data: st.DataObject) -> None:
+@given(
+    st.sampled_from(sorted(FACTORIES)),
+    st.lists(st.tuples(idents, arg_dicts), min_size=1, max_size=3),
+    st.sampled_from(["", "\n", " "]),
+    st.booleans(),
+    st.data(),
+)
+def test_well_formed_calls_are_read_back(
+    name: str, calls: list[tuple[str, dict[str, Any]]], sep: str, tagged: bool, data: st.DataObject
+) -> None:
     make = FACTORIES[name]
     want = [(n, a) for n, a in calls]
     if name == "llama3_json":
         text = ("<|python_tag|>" if tagged else "") + (";" + sep).join(
-            json.dumps({"name": n, "parameters": a}) for n, a in calls)
+            json.dumps({"name": n, "parameters": a}) for n, a in calls
+        )
     elif name == "pythonic":
         text = "[" + ("," + sep).join(f"{n}({', '.join(f'{k}={v!r}' for k, v in a.items())})" for n, a in calls) + "]"
     else:

@@ -26,6 +26,7 @@ from starlette.routing import Route, Router
 from engine.client.process_client import open_engine as open_engine_process
 from engine.multimodal.processing import ENCODER_CACHE_BYTES
 from server.api.anthropic.messages import CountTokensRoute, MessagesRoute
+from server.api.app_state import AppState
 from server.api.audio.transcriptions import AudioRoute
 from server.api.cohere.embed import CohereEmbedRoute
 from server.api.cohere.rerank import CohereRerankRoute
@@ -44,16 +45,17 @@ from server.api.pooling.rerank import RerankRoute
 from server.api.pooling.score import ScoreRoute
 from server.api.render_only import GENERATION_ROUTES, NotHereRoute
 from server.api.render_only import not_found as render_not_found
-from server.api.app_state import AppState
 from server.api.ui import ASSETS, PUBLIC_PATHS, AssetRoute, PageRoute
 from server.api.vllm.generate import GenerateRoute
 from server.api.vllm.lora import LoadLoRARoute, UnloadLoRARoute
 from server.api.vllm.render import ChatRenderRoute, CompletionsRenderRoute
 from server.api.vllm.tokenize import DetokenizeRoute, TokenizeRoute
 from server.config import ServerConfig
-from server.http.deploy import wrap_app
 from server.http.asgi import Receive, Scope, Send, send_error
+from server.http.deploy import wrap_app
 from server.http.errors import APIError, describe_exception
+from server.lora.registry import LoRARegistry
+from server.lora.shared import SharedAdapters
 from server.metrics.prometheus import ServerMetrics
 from server.metrics.vllm_names import export_vllm_names
 from server.multimodal.audio import open_audio_worker, speech_support
@@ -63,13 +65,11 @@ from server.pipeline.admission import Admission
 from server.pipeline.async_llm import AsyncLLM
 from server.pipeline.detokenizer import IncrementalDetokenizer, prepare
 from server.pipeline.engine_pool import EnginePool, open_engines
-from server.lora.registry import LoRARegistry
-from server.lora.shared import SharedAdapters
 from server.pipeline.input_processor import GenerationSpec, limits_for
 from server.render.renderer import Renderer, load_chat_template
 from server.render_app import checkpoint_limits
-from server.tools.registry import get_tool_parser, template_fits
 from server.runtime.api_role import WorkerContext
+from server.tools.registry import get_tool_parser, template_fits
 
 log = logging.getLogger("spindle.server")
 
@@ -98,20 +98,31 @@ def _warn_tool_parser_misfit(config: ServerConfig) -> None:
     if name is None:
         return
     try:
-        template = load_chat_template(config.model.chat_template, Path(config.model.tokenizer or config.model.model_path))
+        template = load_chat_template(
+            config.model.chat_template, Path(config.model.tokenizer or config.model.model_path)
+        )
     except (OSError, ValueError):
         return  # the renderer reports a broken template
     if not template_fits(name, template):
-        log.warning("--tool-call-parser %s: the chat template holds none of its tool-call markers (%s); the model "
-                    "may write calls this parser cannot read", name, ", ".join(get_tool_parser(name).markers))
+        log.warning(
+            "--tool-call-parser %s: the chat template holds none of its tool-call markers (%s); the model "
+            "may write calls this parser cannot read",
+            name,
+            ", ".join(get_tool_parser(name).markers),
+        )
 
 
 def _open_renderer(config: ServerConfig) -> AbstractAsyncContextManager[Any]:
     _warn_tool_parser_misfit(config)
-    return Renderer.open(config.model.model_path, tokenizer_dir=config.model.tokenizer, chat_template=config.model.chat_template,
-                         num_workers=config.model.renderer_num_workers, render_timeout=config.model.chat_template_render_timeout,
-                         default_chat_template_kwargs=config.model.default_chat_template_kwargs,
-                         trust_request_chat_template=config.model.trust_request_chat_template)
+    return Renderer.open(
+        config.model.model_path,
+        tokenizer_dir=config.model.tokenizer,
+        chat_template=config.model.chat_template,
+        num_workers=config.model.renderer_num_workers,
+        render_timeout=config.model.chat_template_render_timeout,
+        default_chat_template_kwargs=config.model.default_chat_template_kwargs,
+        trust_request_chat_template=config.model.trust_request_chat_template,
+    )
 
 
 def detokenizer_factory(tokenizer: Any) -> Callable[[GenerationSpec], Any]:
@@ -120,9 +131,14 @@ def detokenizer_factory(tokenizer: Any) -> Callable[[GenerationSpec], Any]:
 
     def make(spec: GenerationSpec) -> Any:
         return IncrementalDetokenizer(
-            tokenizer, spec.prompt_token_ids, skip_special_tokens=spec.skip_special_tokens,
-            spaces_between_special_tokens=spec.spaces_between_special_tokens, stop=spec.stop,
-            include_stop_str_in_output=spec.include_stop_str_in_output, min_tokens=spec.params.min_tokens)
+            tokenizer,
+            spec.prompt_token_ids,
+            skip_special_tokens=spec.skip_special_tokens,
+            spaces_between_special_tokens=spec.spaces_between_special_tokens,
+            stop=spec.stop,
+            include_stop_str_in_output=spec.include_stop_str_in_output,
+            min_tokens=spec.params.min_tokens,
+        )
 
     return make
 
@@ -135,8 +151,13 @@ def _default_on_fatal(why: str) -> None:
 async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:
     if scope["type"] != "http":
         return
-    await send_error(send, APIError(f"No route {scope.get('method')} {scope['path']}; see /v1/models, "
-                                    "/v1/completions, /v1/chat/completions.", status=404))
+    await send_error(
+        send,
+        APIError(
+            f"No route {scope.get('method')} {scope['path']}; see /v1/models, /v1/completions, /v1/chat/completions.",
+            status=404,
+        ),
+    )
 
 
 def _refuse_several_hypercorn_workers() -> None:
@@ -151,16 +172,24 @@ def _refuse_several_hypercorn_workers() -> None:
             return
         found = frame.f_locals.get("config")
         if isinstance(found, HypercornConfig) and isinstance(found.workers, int) and found.workers > 1:
-            raise SystemExit(f"spindle: Hypercorn runs {found.workers} workers, and each would start its own "
-                             f"engine; for several API-server processes in front of one engine run "
-                             f"`python -m server --api-server-count {found.workers}` (or one worker, -w 1).")
+            raise SystemExit(
+                f"spindle: Hypercorn runs {found.workers} workers, and each would start its own "
+                f"engine; for several API-server processes in front of one engine run "
+                f"`python -m server --api-server-count {found.workers}` (or one worker, -w 1)."
+            )
         frame = frame.f_back
 
 
-def create_app(config: ServerConfig | None = None, *, worker: WorkerContext | None = None,
-               on_fatal: Callable[[str], None] | None = None, engine_factory: EngineFactory | None = None,
-               renderer_factory: RendererFactory | None = None, load_in_background: bool = False,
-               wrap: bool = True) -> Any:
+def create_app(
+    config: ServerConfig | None = None,
+    *,
+    worker: WorkerContext | None = None,
+    on_fatal: Callable[[str], None] | None = None,
+    engine_factory: EngineFactory | None = None,
+    renderer_factory: RendererFactory | None = None,
+    load_in_background: bool = False,
+    wrap: bool = True,
+) -> Any:
     """The ASGI app. `on_fatal(why)` is called once if the engine dies (the CLI exits non-zero).
 
     worker: this process's place under the --api-server-count launcher (None: a single server).
@@ -201,19 +230,27 @@ def create_app(config: ServerConfig | None = None, *, worker: WorkerContext | No
 
 def _responses_routes(state: AppState, worker: WorkerContext | None) -> list[Route]:
     # one store for all API processes (a file in the launcher's directory); a single server's in memory
-    store = ResponseStore(state.config.outputs.responses_store_size, worker.responses_dir if worker is not None else None)
+    store = ResponseStore(
+        state.config.outputs.responses_store_size, worker.responses_dir if worker is not None else None
+    )
     background = BackgroundResponses(state, store)
-    return [Route("/v1/responses", ResponsesRoute(state, store, background), methods=["POST"]),
-            Route("/v1/responses/{response_id}", StoredResponseRoute(store), methods=["GET", "DELETE"]),
-            Route("/v1/responses/{response_id}/cancel", StoredResponseRoute(store, background), methods=["POST"])]
+    return [
+        Route("/v1/responses", ResponsesRoute(state, store, background), methods=["POST"]),
+        Route("/v1/responses/{response_id}", StoredResponseRoute(store), methods=["GET", "DELETE"]),
+        Route("/v1/responses/{response_id}/cancel", StoredResponseRoute(store, background), methods=["POST"]),
+    ]
 
 
 def _lora_routes(state: AppState) -> list[Route]:
     """vLLM's runtime adapter routes (SPINDLE_ALLOW_RUNTIME_LORA_UPDATING=1 only, as vLLM)."""
-    log.warning("runtime LoRA updating is on (SPINDLE_ALLOW_RUNTIME_LORA_UPDATING=1): any client may load adapters "
-                "from this machine's files with /v1/load_lora_adapter")
-    return [Route("/v1/load_lora_adapter", LoadLoRARoute(state), methods=["POST"]),
-            Route("/v1/unload_lora_adapter", UnloadLoRARoute(state), methods=["POST"])]
+    log.warning(
+        "runtime LoRA updating is on (SPINDLE_ALLOW_RUNTIME_LORA_UPDATING=1): any client may load adapters "
+        "from this machine's files with /v1/load_lora_adapter"
+    )
+    return [
+        Route("/v1/load_lora_adapter", LoadLoRARoute(state), methods=["POST"]),
+        Route("/v1/unload_lora_adapter", UnloadLoRARoute(state), methods=["POST"]),
+    ]
 
 
 def _pooling_routes(state: AppState) -> list[Route]:
@@ -245,9 +282,15 @@ def _server_metrics(config: ServerConfig, worker: WorkerContext | None) -> Serve
 class _EngineLoad:
     """The full server's lifespan work: load the renderer and the engine(s), publish them in `state`, serve."""
 
-    def __init__(self, state: AppState, metrics: ServerMetrics, worker: WorkerContext | None,
-                 engine_factory: EngineFactory | None, open_renderer: RendererFactory,
-                 fatal: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        state: AppState,
+        metrics: ServerMetrics,
+        worker: WorkerContext | None,
+        engine_factory: EngineFactory | None,
+        open_renderer: RendererFactory,
+        fatal: Callable[[str], None],
+    ) -> None:
         self.state, self.metrics, self.worker = state, metrics, worker
         self.engine_factory, self.open_renderer, self.fatal = engine_factory, open_renderer, fatal
 
@@ -262,8 +305,13 @@ class _EngineLoad:
             self.state.mm_pool = await stack.enter_async_context(open_image_worker_for(cfg))
             loras = None
             if cfg.lora.enable_lora:  # the static adapters, checked before the engine loads: a bad one stops start-up
-                loras = await anyio.to_thread.run_sync(LoRARegistry.from_files, cfg.model.model_path, cfg.lora.max_lora_rank,
-                                                       cfg.model.model_name, cfg.lora.lora_modules)
+                loras = await anyio.to_thread.run_sync(
+                    LoRARegistry.from_files,
+                    cfg.model.model_path,
+                    cfg.lora.max_lora_rank,
+                    cfg.model.model_name,
+                    cfg.lora.lora_modules,
+                )
                 if self.worker is not None and self.worker.responses_dir is not None:  # the launcher's shared folder
                     loras.shared = SharedAdapters(self.worker.responses_dir)
             client = await stack.enter_async_context(self._open_engines(cfg))
@@ -293,8 +341,9 @@ class _EngineLoad:
 
         @asynccontextmanager
         async def channels() -> AsyncIterator[Any]:
-            async with open_engines(worker.open_engine, cfg, self.metrics,
-                                    open_nth=lambda i: worker.open_engine(cfg, i)) as client:
+            async with open_engines(
+                worker.open_engine, cfg, self.metrics, open_nth=lambda i: worker.open_engine(cfg, i)
+            ) as client:
                 if isinstance(client, EnginePool):  # routed counts summed over the API processes
                     client.shared_routed = worker.engine_routed(client.num_engines)
                 yield client
@@ -302,10 +351,18 @@ class _EngineLoad:
         return channels()
 
     def _make_llm(self, cfg: ServerConfig, client: Any, tokenizer: Any) -> AsyncLLM:
-        llm = AsyncLLM(client, detokenizer_factory(tokenizer), admission=self._admission(cfg),
-                       stream_interval=cfg.outputs.stream_interval, on_dead=self.fatal, metrics=self.metrics,
-                       stopping=self.state.stopping)
-        support = image_support(cfg.model.model) if self.state.mm_pool is not None and cfg.model.model is not None else None
+        llm = AsyncLLM(
+            client,
+            detokenizer_factory(tokenizer),
+            admission=self._admission(cfg),
+            stream_interval=cfg.outputs.stream_interval,
+            on_dead=self.fatal,
+            metrics=self.metrics,
+            stopping=self.state.stopping,
+        )
+        support = (
+            image_support(cfg.model.model) if self.state.mm_pool is not None and cfg.model.model is not None else None
+        )
         if support is not None:  # what the engine's encoder cache holds, mirrored to send each image once
             llm.images = EngineImageMirror(ENCODER_CACHE_BYTES, support.hidden_size, client.ready.model_dtype)
         return llm
@@ -319,9 +376,12 @@ class _EngineLoad:
 
 
 def _open_engine_process(config: ServerConfig) -> AbstractAsyncContextManager[Any]:
-    return open_engine_process(config.engine_config(), ready_timeout=config.engine.engine_ready_timeout,
-                               heartbeat_timeout=config.engine.engine_heartbeat_timeout,
-                               step_timeout=config.engine.engine_step_timeout)
+    return open_engine_process(
+        config.engine_config(),
+        ready_timeout=config.engine.engine_ready_timeout,
+        heartbeat_timeout=config.engine.engine_heartbeat_timeout,
+        step_timeout=config.engine.engine_step_timeout,
+    )
 
 
 def _common_routes(state: AppState, metrics: ServerMetrics) -> list[Route]:
@@ -346,8 +406,9 @@ def _ui_routes(state: AppState) -> list[Route]:
     return [Route("/", page, methods=["GET"]), Route("/ui", page, methods=["GET"]), *assets]
 
 
-def _asgi(state: AppState, routes: list[Route], lifespan: Any, not_found: Any,
-          public: tuple[str, ...] = (), wrap: bool = True) -> Any:
+def _asgi(
+    state: AppState, routes: list[Route], lifespan: Any, not_found: Any, public: tuple[str, ...] = (), wrap: bool = True
+) -> Any:
     app: Any = Router(routes=routes, lifespan=lifespan, default=not_found)
     if wrap:  # access log, CORS, API key, root path (server/http/deploy.py)
         app = wrap_app(app, state.config, public)
@@ -355,8 +416,9 @@ def _asgi(state: AppState, routes: list[Route], lifespan: Any, not_found: Any,
     return app
 
 
-def _lifespan(state: AppState, run: Callable[..., Any], fatal: Callable[[str], None],
-              load_in_background: bool) -> Callable[[Any], AbstractAsyncContextManager[None]]:
+def _lifespan(
+    state: AppState, run: Callable[..., Any], fatal: Callable[[str], None], load_in_background: bool
+) -> Callable[[Any], AbstractAsyncContextManager[None]]:
     """Start `run` (it calls task_status.started() once serving) and cancel it at shutdown.
 
     load_in_background: the listener comes up at once; /health says 503 until `run` is ready, and a failed
@@ -386,8 +448,13 @@ def _lifespan(state: AppState, run: Callable[..., Any], fatal: Callable[[str], N
     return lifespan
 
 
-def _render_only_app(state: AppState, metrics: ServerMetrics, open_renderer: RendererFactory,
-                     fatal: Callable[[str], None], load_in_background: bool) -> Any:
+def _render_only_app(
+    state: AppState,
+    metrics: ServerMetrics,
+    open_renderer: RendererFactory,
+    fatal: Callable[[str], None],
+    load_in_background: bool,
+) -> Any:
     """`spindle render`: the renderer and the routes that need no engine; generation routes are 404s."""
     config = state.config
 

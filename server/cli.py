@@ -13,7 +13,13 @@ from typing import Any
 
 from engine.lora.config import parse_lora_modules
 from server.config import (
-    JSON_FIELDS, JSON_LIST_FIELDS, SIZE_FIELDS, ServerConfig, parse_json_list, parse_json_object, parse_size,
+    JSON_FIELDS,
+    JSON_LIST_FIELDS,
+    SIZE_FIELDS,
+    ServerConfig,
+    parse_json_list,
+    parse_json_object,
+    parse_size,
 )
 from server.models.catalog import scan
 from server.runtime.headless import run_headless
@@ -25,12 +31,25 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--host", "host", str, "address to listen on"),
     ("--port", "port", int, "port to listen on"),
     ("--model", "model", str, "local HF-format checkpoint folder (default: the built-in demo checkpoint)"),
-    ("--models-dir", "models_dir", str, "serve every model in this folder (HF folders, .gguf files) by name, each "
-     "loaded on its first request; optional models.yaml there holds per-model settings"),
-    ("--max-loaded-models", "max_loaded_models", int, "with --models-dir: engines loaded at once (default 1; the "
-     "least recently used idle one is unloaded)"),
-    ("--model-idle-timeout", "model_idle_timeout", float, "with --models-dir: unload a model after this many "
-     "seconds without requests (default: never)"),
+    (
+        "--models-dir",
+        "models_dir",
+        str,
+        "serve every model in this folder (HF folders, .gguf files) by name, each "
+        "loaded on its first request; optional models.yaml there holds per-model settings",
+    ),
+    (
+        "--max-loaded-models",
+        "max_loaded_models",
+        int,
+        "with --models-dir: engines loaded at once (default 1; the least recently used idle one is unloaded)",
+    ),
+    (
+        "--model-idle-timeout",
+        "model_idle_timeout",
+        float,
+        "with --models-dir: unload a model after this many seconds without requests (default: never)",
+    ),
     ("--served-model-name", "served_model_name", str, "the model name clients use (default: --model)"),
     ("--tokenizer", "tokenizer", str, "tokenizer folder (default: the model folder)"),
     ("--max-model-len", "max_model_len", int, "context length: prompt + output tokens"),
@@ -57,102 +76,243 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--device", "device", str, "auto, cpu or cuda"),
     ("--socket-send-buffer", "socket_send_buffer", int, "kernel send buffer per connection in bytes (0: OS default)"),
     ("--max-request-body", "max_request_body", str, "largest request body, e.g. 32MiB; bigger ones get 413"),
-    ("--scheduling-policy", "scheduling_policy", str,
-     "fcfs (default: a request's non-zero priority gets 400) or priority (lower runs first)"),
-    ("--runner", "runner", str, "generate (default) or pooling: embeddings, classify, score, rerank, /pooling, "
-     "Cohere's /v2/embed and /v2/rerank"),
-    ("--convert", "convert", str, "with --runner pooling: embed, classify or auto (default: classify for a "
-     "*ForSequenceClassification checkpoint, embed otherwise)"),
-    ("--pooler-config", "pooler_config", str,
-     'with --runner pooling, JSON over the checkpoint\'s own (sentence-transformers files): {"pooling_type": "LAST" | '
-     '"CLS" | "MEAN" | "ALL" | "STEP", "normalize": true, "use_activation": true, "step_tag_id": id, '
-     '"returned_token_ids": [...], "is_matryoshka": false, "matryoshka_dimensions": [...]}'),
-    ("--speculative-config", "speculative_config", str,
-     'speculative decoding, JSON with vLLM\'s keys: {"method": "ngram", "num_speculative_tokens": k, '
-     '"prompt_lookup_max": n, "prompt_lookup_min": m}; each sequence drafts as many as pay (up to k)'),
+    (
+        "--scheduling-policy",
+        "scheduling_policy",
+        str,
+        "fcfs (default: a request's non-zero priority gets 400) or priority (lower runs first)",
+    ),
+    (
+        "--runner",
+        "runner",
+        str,
+        "generate (default) or pooling: embeddings, classify, score, rerank, /pooling, "
+        "Cohere's /v2/embed and /v2/rerank",
+    ),
+    (
+        "--convert",
+        "convert",
+        str,
+        "with --runner pooling: embed, classify or auto (default: classify for a "
+        "*ForSequenceClassification checkpoint, embed otherwise)",
+    ),
+    (
+        "--pooler-config",
+        "pooler_config",
+        str,
+        'with --runner pooling, JSON over the checkpoint\'s own (sentence-transformers files): {"pooling_type": "LAST" | '
+        '"CLS" | "MEAN" | "ALL" | "STEP", "normalize": true, "use_activation": true, "step_tag_id": id, '
+        '"returned_token_ids": [...], "is_matryoshka": false, "matryoshka_dimensions": [...]}',
+    ),
+    (
+        "--speculative-config",
+        "speculative_config",
+        str,
+        'speculative decoding, JSON with vLLM\'s keys: {"method": "ngram", "num_speculative_tokens": k, '
+        '"prompt_lookup_max": n, "prompt_lookup_min": m}; each sequence drafts as many as pay (up to k)',
+    ),
     ("--max-prompts-per-request", "max_prompts_per_request", int, "most prompts in one /v1/completions request"),
-    ("--max-documents-per-request", "max_documents_per_request", int,
-     "most documents in one /score or /rerank request (one engine batch; default 1000)"),
+    (
+        "--max-documents-per-request",
+        "max_documents_per_request",
+        int,
+        "most documents in one /score or /rerank request (one engine batch; default 1000)",
+    ),
     ("--max-choices-per-request", "max_choices_per_request", int, "most choices (n x prompts) in one request"),
     ("--max-stop-strings", "max_stop_strings", int, "most stop strings in one request"),
     ("--max-stop-string-length", "max_stop_string_length", int, "longest stop string, in characters"),
     ("--max-stop-token-ids", "max_stop_token_ids", int, "most stop_token_ids in one request"),
     ("--max-logit-bias", "max_logit_bias", int, "most logit_bias entries in one request"),
     ("--max-allowed-token-ids", "max_allowed_token_ids", int, "most allowed_token_ids in one request"),
-    ("--max-structured-output-size", "max_structured_output_size", str,
-     "largest structured-output spec (JSON schema, regex, choices, grammar) in one request, e.g. 256KiB"),
-    ("--tool-call-parser", "tool_call_parser", str,
-     "hermes, mistral, llama3_json, pythonic or qwen3_coder: read tool calls out of the output (tool_choice "
-     "required / named use its format)"),
-    ("--reasoning-parser", "reasoning_parser", str,
-     "deepseek_r1 or qwen3: split <think>...</think> into message.reasoning / reasoning_content"),
+    (
+        "--max-structured-output-size",
+        "max_structured_output_size",
+        str,
+        "largest structured-output spec (JSON schema, regex, choices, grammar) in one request, e.g. 256KiB",
+    ),
+    (
+        "--tool-call-parser",
+        "tool_call_parser",
+        str,
+        "hermes, mistral, llama3_json, pythonic or qwen3_coder: read tool calls out of the output (tool_choice "
+        "required / named use its format)",
+    ),
+    (
+        "--reasoning-parser",
+        "reasoning_parser",
+        str,
+        "deepseek_r1 or qwen3: split <think>...</think> into message.reasoning / reasoning_content",
+    ),
     ("--tensor-parallel-size", "tensor_parallel_size", int, "engine ranks sharing each layer (torch.distributed)"),
     ("--nnodes", "nnodes", int, "nodes the tensor-parallel ranks span"),
     ("--node-rank", "node_rank", int, "this node (0 serves the API; the others run --headless)"),
     ("--master-addr", "master_addr", str, "node 0's address, where the ranks meet"),
     ("--master-port", "master_port", int, "node 0's rendezvous port (0: a free one; one node only)"),
-    ("--api-server-count", "api_server_count", int,
-     "API-server processes accepting on one socket in front of the one engine core (admission and /metrics "
-     "shared)"),
-    ("--data-parallel-size", "data_parallel_size", int,
-     "engine cores, each with its own KV cache and --max-num-seqs; requests go by load and prompt prefix"),
-    ("--data-parallel-policy", "data_parallel_policy", str,
-     "affinity (default: load and prompt prefix) or round_robin, how requests are spread over the engines"),
+    (
+        "--api-server-count",
+        "api_server_count",
+        int,
+        "API-server processes accepting on one socket in front of the one engine core (admission and /metrics shared)",
+    ),
+    (
+        "--data-parallel-size",
+        "data_parallel_size",
+        int,
+        "engine cores, each with its own KV cache and --max-num-seqs; requests go by load and prompt prefix",
+    ),
+    (
+        "--data-parallel-policy",
+        "data_parallel_policy",
+        str,
+        "affinity (default: load and prompt prefix) or round_robin, how requests are spread over the engines",
+    ),
     ("--metrics-compat", "metrics_compat", str, "vllm: /metrics also under vLLM's names (vllm:*), for routers"),
     ("--ssl-keyfile", "ssl_keyfile", str, "TLS private key file (PEM); with --ssl-certfile serves HTTPS and h2"),
     ("--ssl-certfile", "ssl_certfile", str, "TLS certificate chain file (PEM)"),
-    ("--allowed-origins", "allowed_origins", str, 'CORS: JSON list of browser origins, e.g. \'["https://a.example"]\''),
+    ("--allowed-origins", "allowed_origins", str, "CORS: JSON list of browser origins, e.g. '[\"https://a.example\"]'"),
     ("--allowed-methods", "allowed_methods", str, 'CORS: JSON list of methods (default ["*"])'),
     ("--allowed-headers", "allowed_headers", str, 'CORS: JSON list of request headers (default ["*"])'),
     ("--root-path", "root_path", str, "the path prefix a proxy serves this server under, e.g. /llm"),
-    ("--limit-mm-per-prompt", "limit_mm_per_prompt", str,
-     'most images per request on a vision model, JSON: \'{"image": 4}\' (the default)'),
-    ("--allowed-media-domains", "allowed_media_domains", str,
-     'hosts whose http(s) image URLs are fetched, JSON list (default none: data: URLs only)'),
-    ("--mm-processor-cache-gb", "mm_processor_cache_gb", float,
-     "GiB of preprocessed images cached by content in the image worker (default 4; 0: off)"),
+    (
+        "--limit-mm-per-prompt",
+        "limit_mm_per_prompt",
+        str,
+        "most images per request on a vision model, JSON: '{\"image\": 4}' (the default)",
+    ),
+    (
+        "--allowed-media-domains",
+        "allowed_media_domains",
+        str,
+        "hosts whose http(s) image URLs are fetched, JSON list (default none: data: URLs only)",
+    ),
+    (
+        "--mm-processor-cache-gb",
+        "mm_processor_cache_gb",
+        float,
+        "GiB of preprocessed images cached by content in the image worker (default 4; 0: off)",
+    ),
     ("--max-loras", "max_loras", int, "with --enable-lora: distinct adapters in one batch (default 1)"),
     ("--max-lora-rank", "max_lora_rank", int, "with --enable-lora: the largest adapter rank (default 16)"),
     ("--max-cpu-loras", "max_cpu_loras", int, "with --enable-lora: adapters kept loaded (default --max-loras)"),
     ("--lora-dtype", "lora_dtype", str, "with --enable-lora: auto (the model's), float32, bfloat16 or float16"),
-    ("--max-audio-filesize-mb", "max_audio_filesize_mb", float,
-     "largest audio upload on /v1/audio/* in MB (default 25; more: 400)"),
-    ("--max-audio-duration-s", "max_audio_duration_s", float,
-     "longest audio on /v1/audio/* in seconds (default 600; more: 400, checked while decoding)"),
+    (
+        "--max-audio-filesize-mb",
+        "max_audio_filesize_mb",
+        float,
+        "largest audio upload on /v1/audio/* in MB (default 25; more: 400)",
+    ),
+    (
+        "--max-audio-duration-s",
+        "max_audio_duration_s",
+        float,
+        "longest audio on /v1/audio/* in seconds (default 600; more: 400, checked while decoding)",
+    ),
 ]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="spindle", description="OpenAI-compatible LLM server. "
-                                     "`spindle render --model M`: render routes only, no engine. "
-                                     "`spindle make-demo [--vision | --whisper | --arch NAME | --shape NAME] PATH` "
-                                     "writes a demo checkpoint.")
+    parser = argparse.ArgumentParser(
+        prog="spindle",
+        description="OpenAI-compatible LLM server. "
+        "`spindle render --model M`: render routes only, no engine. "
+        "`spindle make-demo [--vision | --whisper | --arch NAME | --shape NAME] PATH` "
+        "writes a demo checkpoint.",
+    )
     for flag, dest, typ, text in _FLAGS:
         parser.add_argument(flag, dest=dest, type=typ, default=None, help=text)
-    parser.add_argument("--api-key", dest="api_keys", action="append", default=None,
-                        help="require this bearer key on every route but /health (repeatable; or SPINDLE_API_KEY)")
-    parser.add_argument("--metrics-public", dest="metrics_public", action="store_const", const=True, default=None,
-                        help="with --api-key: leave /metrics open")
-    parser.add_argument("--log-requests", dest="log_requests", action="store_const", const=True, default=None,
-                        help="put request bodies and output text in the access log (off by default: privacy)")
-    parser.add_argument("--trust-request-chat-template", dest="trust_request_chat_template", action="store_const",
-                        const=True, default=None, help="let requests bring their own chat_template")
-    parser.add_argument("--enable-auto-tool-choice", dest="enable_auto_tool_choice", action="store_const",
-                        const=True, default=None, help='allow tool_choice "auto" (needs --tool-call-parser)')
-    parser.add_argument("--headless", dest="headless", action="store_const", const=True, default=None,
-                        help="a node other than 0: run its tensor-parallel ranks only, no API server")
-    parser.add_argument("--allow-credentials", dest="allow_credentials", action="store_const", const=True,
-                        default=None, help="CORS: allow cookies and Authorization from browsers")
-    parser.add_argument("--disable-ui", dest="disable_ui", action="store_const", const=True, default=None,
-                        help="serve no chat page at / and /ui")
-    parser.add_argument("--enable-lora", dest="enable_lora", action="store_const", const=True, default=None,
-                        help="serve LoRA adapters: a request's model names one (--lora-modules, /v1/load_lora_adapter)")
-    parser.add_argument("--lora-modules", dest="lora_modules", nargs="+", default=None,
-                        help='adapters to serve: name=path items, or JSON {"name", "path", "base_model_name"}')
-    parser.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_const",
-                        const=False, default=None, help="turn the prefix cache off")
-    parser.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_const", const=True,
-                        help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--api-key",
+        dest="api_keys",
+        action="append",
+        default=None,
+        help="require this bearer key on every route but /health (repeatable; or SPINDLE_API_KEY)",
+    )
+    parser.add_argument(
+        "--metrics-public",
+        dest="metrics_public",
+        action="store_const",
+        const=True,
+        default=None,
+        help="with --api-key: leave /metrics open",
+    )
+    parser.add_argument(
+        "--log-requests",
+        dest="log_requests",
+        action="store_const",
+        const=True,
+        default=None,
+        help="put request bodies and output text in the access log (off by default: privacy)",
+    )
+    parser.add_argument(
+        "--trust-request-chat-template",
+        dest="trust_request_chat_template",
+        action="store_const",
+        const=True,
+        default=None,
+        help="let requests bring their own chat_template",
+    )
+    parser.add_argument(
+        "--enable-auto-tool-choice",
+        dest="enable_auto_tool_choice",
+        action="store_const",
+        const=True,
+        default=None,
+        help='allow tool_choice "auto" (needs --tool-call-parser)',
+    )
+    parser.add_argument(
+        "--headless",
+        dest="headless",
+        action="store_const",
+        const=True,
+        default=None,
+        help="a node other than 0: run its tensor-parallel ranks only, no API server",
+    )
+    parser.add_argument(
+        "--allow-credentials",
+        dest="allow_credentials",
+        action="store_const",
+        const=True,
+        default=None,
+        help="CORS: allow cookies and Authorization from browsers",
+    )
+    parser.add_argument(
+        "--disable-ui",
+        dest="disable_ui",
+        action="store_const",
+        const=True,
+        default=None,
+        help="serve no chat page at / and /ui",
+    )
+    parser.add_argument(
+        "--enable-lora",
+        dest="enable_lora",
+        action="store_const",
+        const=True,
+        default=None,
+        help="serve LoRA adapters: a request's model names one (--lora-modules, /v1/load_lora_adapter)",
+    )
+    parser.add_argument(
+        "--lora-modules",
+        dest="lora_modules",
+        nargs="+",
+        default=None,
+        help='adapters to serve: name=path items, or JSON {"name", "path", "base_model_name"}',
+    )
+    parser.add_argument(
+        "--no-enable-prefix-caching",
+        dest="enable_prefix_caching",
+        action="store_const",
+        const=False,
+        default=None,
+        help="turn the prefix cache off",
+    )
+    parser.add_argument(
+        "--enable-prefix-caching",
+        dest="enable_prefix_caching",
+        action="store_const",
+        const=True,
+        help=argparse.SUPPRESS,
+    )
     return parser
 
 

@@ -27,9 +27,13 @@ def checkpoint_limits(config: ServerConfig, tokenizer: Any) -> ModelLimits:
     folder = Path(config.model.model_path)
     cfg = checkpoint_meta.read_config(folder)
     gen = checkpoint_meta.read_generation_config(folder)
-    ready = Ready(max_model_len=checkpoint_meta.max_model_len(cfg, config.model.max_model_len),
-                  vocab_size=checkpoint_meta.vocab_size(cfg, folder),
-                  eos_token_ids=checkpoint_meta.eos_token_ids(cfg, gen), num_blocks=0,
-                  block_size=config.engine.block_size, model_dtype="none",
-                  generation_defaults=checkpoint_meta.generation_defaults(gen))
+    ready = Ready(
+        max_model_len=checkpoint_meta.max_model_len(cfg, config.model.max_model_len),
+        vocab_size=checkpoint_meta.vocab_size(cfg, folder),
+        eos_token_ids=checkpoint_meta.eos_token_ids(cfg, gen),
+        num_blocks=0,
+        block_size=config.engine.block_size,
+        model_dtype="none",
+        generation_defaults=checkpoint_meta.generation_defaults(gen),
+    )
     return limits_for(config, ready, tokenizer)

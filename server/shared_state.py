@@ -24,6 +24,7 @@ import ctypes
 import mmap
 import os
 import threading
+
 from server.metrics.prometheus import LoopCounter, MetricSlots, ServerMetrics
 from server.pipeline.admission import Admission
 
@@ -48,7 +49,7 @@ class SharedRegion:
         # admission: [reqs, tokens] per process, one cache line apart
         self.admission = [(ctypes.c_int64 * 2).from_buffer(self._map, i * ADMISSION_SLOT) for i in range(num_processes)]
         base = num_processes * ADMISSION_SLOT
-        self.metrics = memoryview(self._map)[base:base + num_processes * METRICS_SLOT].cast("d")
+        self.metrics = memoryview(self._map)[base : base + num_processes * METRICS_SLOT].cast("d")
         self.metrics_stride = METRICS_SLOT // 8
 
     @classmethod
@@ -71,7 +72,9 @@ def fence() -> None:
 class SharedAdmission(Admission):
     """Admission whose limits hold for every API process together (module docstring: reserve, fence, check)."""
 
-    def __init__(self, region: SharedRegion, max_num_queued_reqs: int | None, max_num_queued_tokens: int | None) -> None:
+    def __init__(
+        self, region: SharedRegion, max_num_queued_reqs: int | None, max_num_queued_tokens: int | None
+    ) -> None:
         super().__init__(max_num_queued_reqs, max_num_queued_tokens)
         self._slots = region.admission
         self._own = region.admission[region.index]
@@ -96,8 +99,9 @@ class SharedAdmission(Admission):
         """This process's queued requests and tokens."""
         return self._own[0], self._own[1]
 
-    def try_admit(self, num_reqs: int, num_tokens: int, *, held: tuple[int, int] = (0, 0),
-                  bound: str = "") -> str | None:
+    def try_admit(
+        self, num_reqs: int, num_tokens: int, *, held: tuple[int, int] = (0, 0), bound: str = ""
+    ) -> str | None:
         if num_reqs < 0 or num_tokens < 0:
             raise ValueError(f"cannot admit {num_reqs} requests with {num_tokens} tokens")
         own = self._own

@@ -11,12 +11,25 @@ from typing import Any
 
 import pytest
 
-TINY: dict[str, Any] = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
-                            intermediate_size=128, max_position_embeddings=1024, seed=1234)
+TINY: dict[str, Any] = dict(
+    hidden_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    intermediate_size=128,
+    max_position_embeddings=1024,
+    seed=1234,
+)
 
 # Llama 3 style: untied head, frequencies rescaled (original length small so scaling shows at short range).
-LLAMA3_ROPE_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                       "original_max_position_embeddings": 32}
+LLAMA3_ROPE_SCALING = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
 MISTRAL_SLIDING_WINDOW = 8  # shorter than test prompts, so the window is exercised
 
 
@@ -24,15 +37,28 @@ def build_checkpoint(root: Path, arch: str) -> Path:
     from demo.checkpoints import write_random_checkpoint
 
     if arch == "qwen2":
-        return write_random_checkpoint(root / "qwen2", "qwen2", **TINY, vocab_size=151_646,
-                                       tie_word_embeddings=True, rope_theta=1_000_000.0)
+        return write_random_checkpoint(
+            root / "qwen2", "qwen2", **TINY, vocab_size=151_646, tie_word_embeddings=True, rope_theta=1_000_000.0
+        )
     if arch == "llama":
-        return write_random_checkpoint(root / "llama", "llama", **TINY, vocab_size=32_000,
-                                       tie_word_embeddings=False, rope_theta=500_000.0,
-                                       rope_scaling=LLAMA3_ROPE_SCALING)
-    return write_random_checkpoint(root / "mistral", "mistral", **TINY, vocab_size=32_000,
-                                   tie_word_embeddings=False, rope_theta=10_000.0,
-                                   sliding_window=MISTRAL_SLIDING_WINDOW)
+        return write_random_checkpoint(
+            root / "llama",
+            "llama",
+            **TINY,
+            vocab_size=32_000,
+            tie_word_embeddings=False,
+            rope_theta=500_000.0,
+            rope_scaling=LLAMA3_ROPE_SCALING,
+        )
+    return write_random_checkpoint(
+        root / "mistral",
+        "mistral",
+        **TINY,
+        vocab_size=32_000,
+        tie_word_embeddings=False,
+        rope_theta=10_000.0,
+        sliding_window=MISTRAL_SLIDING_WINDOW,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -70,8 +96,9 @@ def qwen2_vl_ckpt(checkpoints_root: Path) -> Path:
     Qwen2.5's tokenizer with Qwen2-VL's chat template; preprocessor_config.json capped at 64 x 28 x 28 pixels."""
     from demo.checkpoints import write_random_vl_checkpoint
 
-    return write_random_vl_checkpoint(checkpoints_root / "qwen2_vl", max_position_embeddings=1024, seed=7,
-                                      max_pixels=64 * 28 * 28)
+    return write_random_vl_checkpoint(
+        checkpoints_root / "qwen2_vl", max_position_embeddings=1024, seed=7, max_pixels=64 * 28 * 28
+    )
 
 
 @pytest.fixture(scope="session")
@@ -95,8 +122,9 @@ def st_mean_ckpt(checkpoints_root: Path, qwen2_ckpt: Path) -> Path:
     """sentence-transformers' layout over the Qwen2 checkpoint: MEAN pooling, Normalize, query/document prompts."""
     from tests.pooling_checkpoints import write_sentence_transformer
 
-    return write_sentence_transformer(qwen2_ckpt, checkpoints_root / "st_mean", "mean", True,
-                                      {"query": "query: ", "document": "passage: "})
+    return write_sentence_transformer(
+        qwen2_ckpt, checkpoints_root / "st_mean", "mean", True, {"query": "query: ", "document": "passage: "}
+    )
 
 
 @pytest.fixture(scope="session")

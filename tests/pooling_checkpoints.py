@@ -14,12 +14,15 @@ import torch
 
 from tests.conftest import TINY
 
-_SEQ_CLS = {"qwen2": ("Qwen2Config", "Qwen2ForSequenceClassification", 151_646, 151_643),
-            "llama": ("LlamaConfig", "LlamaForSequenceClassification", 32_000, 0)}
+_SEQ_CLS = {
+    "qwen2": ("Qwen2Config", "Qwen2ForSequenceClassification", 151_646, 151_643),
+    "llama": ("LlamaConfig", "LlamaForSequenceClassification", 32_000, 0),
+}
 
 
-def write_seq_cls(path: Path, arch: str, num_labels: int, seed: int = 7, chat_template: bool = True,
-                  **config: Any) -> Path:
+def write_seq_cls(
+    path: Path, arch: str, num_labels: int, seed: int = 7, chat_template: bool = True, **config: Any
+) -> Path:
     """A `*ForSequenceClassification` checkpoint with `num_labels` labels (id2label named) and the arch's tokenizer;
     `config` adds config.json keys (problem_type, sentence_transformers, ...). Without `chat_template` (a
     cross-encoder's tokenizer has none), sentence-transformers' CrossEncoder joins a pair as the tokenizer does;
@@ -31,11 +34,22 @@ def write_seq_cls(path: Path, arch: str, num_labels: int, seed: int = 7, chat_te
     config_name, model_name, vocab, pad = _SEQ_CLS[arch]
     names = {i: f"label_{chr(97 + i)}" for i in range(num_labels)}
     cfg = getattr(transformers, config_name)(
-        hidden_size=TINY["hidden_size"], num_hidden_layers=TINY["num_layers"], num_attention_heads=TINY["num_heads"],
-        num_key_value_heads=TINY["num_kv_heads"], head_dim=TINY["head_dim"],
-        intermediate_size=TINY["intermediate_size"], vocab_size=vocab, max_position_embeddings=1024,
-        num_labels=num_labels, id2label=names, label2id={v: k for k, v in names.items()},
-        tie_word_embeddings=False, pad_token_id=pad, architectures=[model_name], **config)
+        hidden_size=TINY["hidden_size"],
+        num_hidden_layers=TINY["num_layers"],
+        num_attention_heads=TINY["num_heads"],
+        num_key_value_heads=TINY["num_kv_heads"],
+        head_dim=TINY["head_dim"],
+        intermediate_size=TINY["intermediate_size"],
+        vocab_size=vocab,
+        max_position_embeddings=1024,
+        num_labels=num_labels,
+        id2label=names,
+        label2id={v: k for k, v in names.items()},
+        tie_word_embeddings=False,
+        pad_token_id=pad,
+        architectures=[model_name],
+        **config,
+    )
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(cfg)
     g = torch.Generator().manual_seed(seed)
@@ -62,8 +76,14 @@ def drop_chat_template(folder: Path) -> None:
     (folder / "chat_template.jinja").unlink(missing_ok=True)
 
 
-def write_sentence_transformer(src: Path, path: Path, mode: str, normalize: bool,
-                               prompts: dict[str, str] | None = None, default_prompt_name: str | None = None) -> Path:
+def write_sentence_transformer(
+    src: Path,
+    path: Path,
+    mode: str,
+    normalize: bool,
+    prompts: dict[str, str] | None = None,
+    default_prompt_name: str | None = None,
+) -> Path:
     """sentence-transformers' layout over the causal checkpoint `src`: pooling `mode` (cls, mean, lasttoken).
 
     The tokenizer keeps no chat template: sentence-transformers 6 would otherwise read inputs as chat messages and

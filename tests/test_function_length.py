@@ -10,8 +10,9 @@ REPO = Path(__file__).resolve().parents[1]
 MAX_LINES = 60
 
 
-def long_functions(root: Path, folders: tuple[str, ...] = ("server", "engine", "demo"),
-                   limit: int = MAX_LINES) -> list[str]:
+def long_functions(
+    root: Path, folders: tuple[str, ...] = ("server", "engine", "demo"), limit: int = MAX_LINES
+) -> list[str]:
     """`path:line name (N lines)` for every function under `folders` longer than `limit` lines."""
     found = []
     for folder in folders:
@@ -33,8 +34,11 @@ def test_no_function_is_over_60_lines() -> None:
 
 def test_the_count_starts_at_def_and_ends_at_the_last_line(tmp_path: Path) -> None:
     sixty = '@decorator\ndef sixty():\n    """Doc."""\n' + "    x = 1\n" * 58  # def, docstring, 58 lines
-    sixty_one = ('class C:\n    async def sixty_one(self):\n        """Doc."""\n' + "        x = 1\n" * 57
-                 + "        # a comment\n        return 1\n")
+    sixty_one = (
+        'class C:\n    async def sixty_one(self):\n        """Doc."""\n'
+        + "        x = 1\n" * 57
+        + "        # a comment\n        return 1\n"
+    )
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "m.py").write_text(sixty + sixty_one)
     assert long_functions(tmp_path, ("pkg",)) == ["pkg/m.py:63 sixty_one (61 lines)"]

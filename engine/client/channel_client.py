@@ -36,14 +36,24 @@ class SharedEngine:
 
 
 @asynccontextmanager
-async def open_engine_channel(fd: int, engine_pid: int, *, ready_timeout: float = 600.0,
-                              heartbeat_timeout: float = 10.0, step_timeout: float = 0.0
-                              ) -> AsyncIterator[EngineClient]:
+async def open_engine_channel(
+    fd: int,
+    engine_pid: int,
+    *,
+    ready_timeout: float = 600.0,
+    heartbeat_timeout: float = 10.0,
+    step_timeout: float = 0.0,
+) -> AsyncIterator[EngineClient]:
     """Wait for Ready on channel `fd`, yield an EngineClient over it; close the channel on exit."""
     sock = socket.socket(fileno=fd)
     sock.setblocking(False)
     stream = await anyio.abc.SocketStream.from_socket(sock)
-    async with connect(stream, SharedEngine(engine_pid), ready_timeout=ready_timeout,
-                       heartbeat_timeout=heartbeat_timeout, step_timeout=step_timeout,
-                       shutdown_grace=0.0) as client:
+    async with connect(
+        stream,
+        SharedEngine(engine_pid),
+        ready_timeout=ready_timeout,
+        heartbeat_timeout=heartbeat_timeout,
+        step_timeout=step_timeout,
+        shutdown_grace=0.0,
+    ) as client:
         yield client

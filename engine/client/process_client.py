@@ -25,10 +25,17 @@ from anyio.abc import ByteStream, Process
 from anyio.streams.stapled import StapledByteStream
 
 from engine.config import EngineConfig
-from engine.transport.ipc import FrameBuffer, FrameEncoder, FrameError
 from engine.messages import (
-    AbortRequests, AddRequest, EngineStats, FromEngine, Heartbeat, LoadFailed, Ready, StepOutputs,
+    AbortRequests,
+    AddRequest,
+    EngineStats,
+    FromEngine,
+    Heartbeat,
+    LoadFailed,
+    Ready,
+    StepOutputs,
 )
+from engine.transport.ipc import FrameBuffer, FrameEncoder, FrameError
 
 
 class EngineDeadError(RuntimeError):
@@ -88,8 +95,15 @@ class EngineClient:
     cut a frame, and the output handler (which aborts on stop strings) never waits for the engine.
     """
 
-    def __init__(self, stream: ByteStream, lifetime: EngineLifetime, ready: Ready, frames: FrameBuffer[FromEngine],
-                 heartbeat_timeout: float, step_timeout: float = 0.0) -> None:
+    def __init__(
+        self,
+        stream: ByteStream,
+        lifetime: EngineLifetime,
+        ready: Ready,
+        frames: FrameBuffer[FromEngine],
+        heartbeat_timeout: float,
+        step_timeout: float = 0.0,
+    ) -> None:
         """stream: frames to and from the engine; frames: what was read past Ready (`wait_ready`)."""
         self._stream = stream
         self._lifetime = lifetime
@@ -193,10 +207,16 @@ class EngineClient:
         msg = self._pending.popleft()
         if isinstance(msg, (StepOutputs, Heartbeat)):
             self.stats = msg.stats
-            if (isinstance(msg, Heartbeat) and self._step_timeout and msg.step_started
-                    and msg.timestamp - msg.step_started > self._step_timeout):
-                raise self._die(f"one engine step has run for over {self._step_timeout:g} s "
-                                "(SPINDLE_ENGINE_STEP_TIMEOUT): the engine is hung")
+            if (
+                isinstance(msg, Heartbeat)
+                and self._step_timeout
+                and msg.step_started
+                and msg.timestamp - msg.step_started > self._step_timeout
+            ):
+                raise self._die(
+                    f"one engine step has run for over {self._step_timeout:g} s "
+                    "(SPINDLE_ENGINE_STEP_TIMEOUT): the engine is hung"
+                )
             return msg
         raise self._die(f"unexpected frame from a running engine: {type(msg).__name__}")
 
@@ -233,24 +253,42 @@ def engine_command(config: EngineConfig) -> list[str]:
 
 
 @asynccontextmanager
-async def open_engine(config: EngineConfig, *, ready_timeout: float = 600.0,
-                      heartbeat_timeout: float = 10.0, step_timeout: float = 0.0, shutdown_grace: float = 0.5
-                      ) -> AsyncIterator[EngineClient]:
+async def open_engine(
+    config: EngineConfig,
+    *,
+    ready_timeout: float = 600.0,
+    heartbeat_timeout: float = 10.0,
+    step_timeout: float = 0.0,
+    shutdown_grace: float = 0.5,
+) -> AsyncIterator[EngineClient]:
     """Start the engine core, wait until it serves, yield a client whose stdin writer runs inside this
     context; always stop the process on exit (within `shutdown_grace` + a kill)."""
-    process = await anyio.open_process(engine_command(config), stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, stderr=None)
+    process = await anyio.open_process(
+        engine_command(config), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None
+    )
     assert process.stdin is not None and process.stdout is not None
     stream = StapledByteStream(process.stdin, process.stdout)
-    async with connect(stream, OwnedEngine(process), ready_timeout=ready_timeout,
-                       heartbeat_timeout=heartbeat_timeout, step_timeout=step_timeout,
-                       shutdown_grace=shutdown_grace) as client:
+    async with connect(
+        stream,
+        OwnedEngine(process),
+        ready_timeout=ready_timeout,
+        heartbeat_timeout=heartbeat_timeout,
+        step_timeout=step_timeout,
+        shutdown_grace=shutdown_grace,
+    ) as client:
         yield client
 
 
 @asynccontextmanager
-async def connect(stream: ByteStream, lifetime: EngineLifetime, *, ready_timeout: float, heartbeat_timeout: float,
-                  step_timeout: float, shutdown_grace: float) -> AsyncIterator[EngineClient]:
+async def connect(
+    stream: ByteStream,
+    lifetime: EngineLifetime,
+    *,
+    ready_timeout: float,
+    heartbeat_timeout: float,
+    step_timeout: float,
+    shutdown_grace: float,
+) -> AsyncIterator[EngineClient]:
     """Wait for Ready on `stream`, yield a client over it with its writer running; on exit (or a failed start)
     close the stream and end the engine as `lifetime` says."""
     frames: FrameBuffer[FromEngine] = FrameBuffer(FromEngine)
@@ -261,8 +299,9 @@ async def connect(stream: ByteStream, lifetime: EngineLifetime, *, ready_timeout
             await lifetime.stop(0)  # ours: killed now
             await stream.aclose()
         raise
-    async with running(EngineClient(stream, lifetime, ready, frames, heartbeat_timeout, step_timeout),
-                       shutdown_grace) as client:
+    async with running(
+        EngineClient(stream, lifetime, ready, frames, heartbeat_timeout, step_timeout), shutdown_grace
+    ) as client:
         yield client
 
 
@@ -280,8 +319,9 @@ async def running(client: EngineClient, shutdown_grace: float) -> AsyncIterator[
         await client._shutdown(shutdown_grace)
 
 
-async def wait_ready(stream: ByteStream, lifetime: EngineLifetime, frames: FrameBuffer[FromEngine],
-                     timeout: float) -> Ready:
+async def wait_ready(
+    stream: ByteStream, lifetime: EngineLifetime, frames: FrameBuffer[FromEngine], timeout: float
+) -> Ready:
     """Read frames until Ready; EngineLoadError on LoadFailed or an EOF first."""
     with anyio.fail_after(timeout):
         while True:

@@ -31,15 +31,16 @@ def _block_key(seq: Sequence, parent: int, i: int, bs: int) -> _CacheKey:
     """Block i's cache key: image placeholder tokens are all alike, so blocks holding images add their hashes. A
     request's adapter roots its chain in the adapter's content digest: no KV is shared across adapters."""
     root: int | str = seq.lora.digest if i == 0 and seq.lora is not None else parent  # a str: never a content id
-    key = (root, tuple(seq.token_ids[i * bs:(i + 1) * bs]))
+    key = (root, tuple(seq.token_ids[i * bs : (i + 1) * bs]))
     if seq.mm is not None and (extra := seq.mm.block_extra(i * bs, (i + 1) * bs)):
         return key + (extra,)
     return key
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 window: int | None = None) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, window: int | None = None
+    ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be at least 1")
         if window is not None and window < 1:

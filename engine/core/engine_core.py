@@ -9,20 +9,20 @@ import time
 
 import msgspec
 
-from engine.core.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.distributed.runner import TPModelRunner
-from engine.messages import AddRequest, EngineStats, PoolingInfo, Ready, RequestOutput, TokenLogprobs
-from engine.execution.model_runner import ModelRunner, step_threads
-from engine.multimodal.audio import AudioRunner
-from engine.models.loader import ModelLoadError, read_config, resolve_model
-from engine.models.pooling_archs import check_runner, load_score_head
+from engine.core.block_manager import BlockManager
 from engine.core.params import validate_params
-from engine.execution.pooler import Pooler
-from engine.pooling_config import pooling_info
 from engine.core.sampler import Sampler
 from engine.core.scheduler import RequestRefused, Scheduler
-from engine.core.sequence import ScheduledSeq, Sequence, SeqStatus
+from engine.core.sequence import ScheduledSeq, SeqStatus, Sequence
+from engine.distributed.runner import TPModelRunner
+from engine.execution.model_runner import ModelRunner, step_threads
+from engine.execution.pooler import Pooler
+from engine.messages import AddRequest, EngineStats, PoolingInfo, Ready, RequestOutput, TokenLogprobs
+from engine.models.loader import ModelLoadError, read_config, resolve_model
+from engine.models.pooling_archs import check_runner, load_score_head
+from engine.multimodal.audio import AudioRunner
+from engine.pooling_config import pooling_info
 from engine.spec.config import parse_spec_config
 from engine.spec.speculator import Speculator
 from engine.spec.verify import sampled_rows, verify
@@ -54,13 +54,17 @@ class EngineCore:
         caching = config.enable_prefix_caching and not (self.pooler is not None and self.pooler.needs_all_rows)
         # Whisper: a decoder block's K/V depend on the audio (cross-attention), not only on its tokens (as vLLM)
         caching = caching and getattr(self.runner, "audio", None) is None
-        self.block_manager = BlockManager(self.runner.num_blocks, self.runner.block_size, caching,
-                                          window=self.runner.kv_window)
-        self.scheduler = Scheduler(max_num_seqs=config.max_num_seqs,
-                                   max_num_batched_tokens=config.max_num_batched_tokens,
-                                   max_model_len=self.max_model_len,
-                                   block_manager=self.block_manager, policy=config.scheduling_policy,
-                                   max_loras=config.max_loras if config.enable_lora else None)
+        self.block_manager = BlockManager(
+            self.runner.num_blocks, self.runner.block_size, caching, window=self.runner.kv_window
+        )
+        self.scheduler = Scheduler(
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            block_manager=self.block_manager,
+            policy=config.scheduling_policy,
+            max_loras=config.max_loras if config.enable_lora else None,
+        )
         if self.runner.lora is not None:  # live requests' adapters stay loaded on CPU (engine/lora/manager.py)
             self.runner.lora.live_digests = self._live_adapters
         self.sampler = Sampler(self.vocab_size, list(self.runner.eos_token_ids), self.runner.device)
@@ -75,29 +79,38 @@ class EngineCore:
         # why late: llguidance is loaded only by an engine that compiles a grammar
         from engine.structured.llguidance_backend import LLGuidanceBackend
 
-        return LLGuidanceBackend.from_checkpoint(resolve_model(self.config.model), self.vocab_size,
-                                                 sorted(self.eos_token_ids))
+        return LLGuidanceBackend.from_checkpoint(
+            resolve_model(self.config.model), self.vocab_size, sorted(self.eos_token_ids)
+        )
 
     def _make_pooler(self) -> Pooler:
         """The task and pooler (engine/pooling_config.py) and, for a classifier, its score head."""
         folder = resolve_model(self.config.model)
         overrides = self.config.pooler_config
-        info = self.pooling = pooling_info(folder, read_config(folder), self.config.convert, overrides,
-                                           self.runner.model.args.hidden_size)
+        info = self.pooling = pooling_info(
+            folder, read_config(folder), self.config.convert, overrides, self.runner.model.args.hidden_size
+        )
         model = self.runner.model
         head = load_score_head(folder, model.dtype, model.device) if info.task == "classify" else None
         returned = overrides.get("returned_token_ids")
         width = head.shape[0] if head is not None else info.hidden_size
         if returned is not None and max(returned) >= width:
-            raise ModelLoadError(f"--pooler-config: returned_token_ids must be below the output width {width}, got "
-                                 f"{max(returned)}")
+            raise ModelLoadError(
+                f"--pooler-config: returned_token_ids must be below the output width {width}, got {max(returned)}"
+            )
         return Pooler(info.pooling_type, head, overrides.get("step_tag_id"), returned)
 
     def ready_message(self) -> Ready:
-        return Ready(max_model_len=self.max_model_len, vocab_size=self.vocab_size,
-                     eos_token_ids=sorted(self.eos_token_ids), num_blocks=self.runner.num_blocks,
-                     block_size=self.runner.block_size, model_dtype=self.runner.model_dtype,
-                     generation_defaults=dict(self.runner.generation_defaults), pooling=self.pooling)
+        return Ready(
+            max_model_len=self.max_model_len,
+            vocab_size=self.vocab_size,
+            eos_token_ids=sorted(self.eos_token_ids),
+            num_blocks=self.runner.num_blocks,
+            block_size=self.runner.block_size,
+            model_dtype=self.runner.model_dtype,
+            generation_defaults=dict(self.runner.generation_defaults),
+            pooling=self.pooling,
+        )
 
     @property
     def has_work(self) -> bool:
@@ -108,8 +121,7 @@ class EngineCore:
             validate_params(req.params, self.vocab_size)
             bad = [t for t in req.prompt_token_ids if not 0 <= t < self.vocab_size]
             if bad:
-                raise RequestRefused(
-                    f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+                raise RequestRefused(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
             params = req.params
             if self.pooler is not None:  # prefill only: no output token needs room in the context
                 params = msgspec.structs.replace(params, max_tokens=0, prompt_logprobs=None)
@@ -129,8 +141,9 @@ class EngineCore:
             if constrained:
                 self.structured.submit(seq)  # compiles off the step; the scheduler holds seq meanwhile
         except ValueError as e:
-            self._pending.append(RequestOutput(req.request_id, [], finish_reason="error",
-                                               error=str(e), arrival_time=req.arrival_time))
+            self._pending.append(
+                RequestOutput(req.request_id, [], finish_reason="error", error=str(e), arrival_time=req.arrival_time)
+            )
             return
         if req.params.prompt_logprobs is not None:
             self._prompt_logprobs[req.request_id] = [None]
@@ -160,8 +173,11 @@ class EngineCore:
     def stats(self) -> EngineStats:
         stats = self.scheduler.stats()
         # the encoder caches' hits: images (Qwen2-VL) or audio windows (Whisper)
-        hits = sum(r.cache_hits for r in (getattr(self.runner, "images", None), getattr(self.runner, "audio", None))
-                   if r is not None)
+        hits = sum(
+            r.cache_hits
+            for r in (getattr(self.runner, "images", None), getattr(self.runner, "audio", None))
+            if r is not None
+        )
         if hits:
             stats = msgspec.structs.replace(stats, image_cache_hits=hits)
         if self.runner.lora is not None:
@@ -171,8 +187,12 @@ class EngineCore:
             stats = msgspec.structs.replace(stats, lora_running=running, lora_waiting=waiting)
         if (spec := self.spec) is not None:
             stats = msgspec.structs.replace(
-                stats, spec_num_drafts=spec.num_drafts, spec_num_draft_tokens=spec.num_draft_tokens,
-                spec_num_accepted_tokens=spec.num_accepted_tokens, spec_accepted_per_pos=list(spec.accepted_per_pos))
+                stats,
+                spec_num_drafts=spec.num_drafts,
+                spec_num_draft_tokens=spec.num_draft_tokens,
+                spec_num_accepted_tokens=spec.num_accepted_tokens,
+                spec_accepted_per_pos=list(spec.accepted_per_pos),
+            )
         return stats
 
     def step(self) -> list[RequestOutput]:
@@ -208,12 +228,14 @@ class EngineCore:
             # the runner's logits buffer is rewritten next step: the sampler may work in it
             emitted = verify(self.sampler, result.logits, rows) if rows.seqs else []
         if self.spec is not None and all(s.samples and s.num_new_tokens == s.num_draft + 1 for s in batch):
-            self.spec.record_step(sum(s.num_new_tokens for s in batch), any(s.num_draft for s in batch),
-                                  time.process_time() - began)
+            self.spec.record_step(
+                sum(s.num_new_tokens for s in batch), any(s.num_draft for s in batch), time.process_time() - began
+            )
         return outputs + self._advance(batch, emitted)
 
-    def _advance(self, batch: list[ScheduledSeq],
-                 emitted: list[tuple[Sequence, list[int], list[TokenLogprobs | None]]]) -> list[RequestOutput]:
+    def _advance(
+        self, batch: list[ScheduledSeq], emitted: list[tuple[Sequence, list[int], list[TokenLogprobs | None]]]
+    ) -> list[RequestOutput]:
         """Append each sequence's emitted tokens up to the first that ends it; count verifications' outcomes."""
         now = time.time()
         finished: list[Sequence] = []
@@ -297,12 +319,20 @@ class EngineCore:
         if reason == "abort":
             self._prompt_logprobs.pop(seq.request_id, None)
         return RequestOutput(
-            seq.request_id, new, finish_reason=reason, stop_token_id=seq.stop_token_id, error=seq.error,
-            logprobs=[lp for lp in lps if lp is not None] or None if lps else None, prompt_logprobs=prompt_lps,
-            num_cached_tokens=max(seq.num_cached_tokens, 0), arrival_time=seq.arrival_time,
-            scheduled_time=seq.scheduled_time, first_token_time=seq.first_token_time,
+            seq.request_id,
+            new,
+            finish_reason=reason,
+            stop_token_id=seq.stop_token_id,
+            error=seq.error,
+            logprobs=[lp for lp in lps if lp is not None] or None if lps else None,
+            prompt_logprobs=prompt_lps,
+            num_cached_tokens=max(seq.num_cached_tokens, 0),
+            arrival_time=seq.arrival_time,
+            scheduled_time=seq.scheduled_time,
+            first_token_time=seq.first_token_time,
             num_preemptions=seq.num_preemptions,
-            no_speech_prob=seq.audio.no_speech if seq.audio is not None and reason is not None else None)
+            no_speech_prob=seq.audio.no_speech if seq.audio is not None and reason is not None else None,
+        )
 
     def _collect_prompt_logprobs(self, seq: Sequence, start: int, logits: object) -> None:
         acc = self._prompt_logprobs.get(seq.request_id)
@@ -314,6 +344,11 @@ class EngineCore:
         end = min(start + logits.shape[0], seq.num_prompt_tokens - 1)  # type: ignore[attr-defined]
         if end <= first:
             return
-        targets = seq.token_ids[first + 1:end + 1]
-        acc.extend(self.sampler.prompt_logprobs(logits[first - start:end - start],  # type: ignore[index]
-                                                targets, seq.params.prompt_logprobs))
+        targets = seq.token_ids[first + 1 : end + 1]
+        acc.extend(
+            self.sampler.prompt_logprobs(
+                logits[first - start : end - start],  # type: ignore[index]
+                targets,
+                seq.params.prompt_logprobs,
+            )
+        )

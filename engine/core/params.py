@@ -8,17 +8,22 @@ from __future__ import annotations
 
 import math
 
-from engine.messages import SamplingParams
 from engine.core.scheduler import RequestRefused
+from engine.messages import SamplingParams
 
 INT64_MAX = (1 << 63) - 1
 
 
 def validate_params(p: SamplingParams, vocab_size: int) -> None:
     """Engine-side guard: the server validates too, but nothing a request carries may crash the engine."""
-    floats = {"temperature": p.temperature, "top_p": p.top_p, "min_p": p.min_p,
-              "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
-              "repetition_penalty": p.repetition_penalty}
+    floats = {
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "min_p": p.min_p,
+        "presence_penalty": p.presence_penalty,
+        "frequency_penalty": p.frequency_penalty,
+        "repetition_penalty": p.repetition_penalty,
+    }
     for name, value in floats.items():
         if not math.isfinite(value):
             raise RequestRefused(f"{name} must be a finite number, got {value}")
@@ -32,8 +37,7 @@ def validate_params(p: SamplingParams, vocab_size: int) -> None:
         (0 <= p.min_tokens, f"min_tokens must be >= 0, got {p.min_tokens}"),
         (p.seed is None or -INT64_MAX - 1 <= p.seed <= INT64_MAX, "seed must fit in int64"),
         (p.logprobs is None or 0 <= p.logprobs <= vocab_size, "logprobs out of range"),
-        (p.prompt_logprobs is None or 0 <= p.prompt_logprobs <= vocab_size,
-         "prompt_logprobs out of range"),
+        (p.prompt_logprobs is None or 0 <= p.prompt_logprobs <= vocab_size, "prompt_logprobs out of range"),
     ]
     for ok, message in checks:
         if not ok:

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.core.sequence import Sequence
 from engine.cpu_kernels import argmax as cpu_argmax
 from engine.messages import SamplingParams, TokenLogprobs
-from engine.core.sequence import Sequence
 
 GREEDY_EPS = 1e-5  # temperatures below this are greedy, as in vLLM
 MAX_CANDIDATES = 1024  # top_k up to this runs on the topk candidates only
@@ -36,9 +36,14 @@ class SamplerOutput:
 
 
 def _needs_processing(seq: Sequence, p: SamplingParams) -> bool:
-    return bool(p.allowed_token_ids or p.logit_bias or p.presence_penalty or p.frequency_penalty
-                or p.repetition_penalty != 1.0
-                or (p.min_tokens and seq.num_output_tokens < p.min_tokens))
+    return bool(
+        p.allowed_token_ids
+        or p.logit_bias
+        or p.presence_penalty
+        or p.frequency_penalty
+        or p.repetition_penalty != 1.0
+        or (p.min_tokens and seq.num_output_tokens < p.min_tokens)
+    )
 
 
 def _masks(seq: Sequence) -> bool:
@@ -60,7 +65,7 @@ class Sampler:
         """One token per row of `logits` [len(seqs), V]; `logits` is not modified unless `scratch`
         (the caller's throwaway buffer: penalties then apply in place, saving an [n, V] copy)."""
         if logits.shape[1] > self.vocab_size:  # padded embedding rows are not tokens
-            logits = logits[:, :self.vocab_size]
+            logits = logits[:, : self.vocab_size]
         params = [s.params for s in seqs]
         greedy = [p.temperature < GREEDY_EPS for p in params]
         process = [i for i, (s, p) in enumerate(zip(seqs, params)) if _needs_processing(s, p)]
@@ -107,8 +112,8 @@ class Sampler:
         """Per position: the logprob and rank of target_ids[t] under logits[t], and the top n."""
         out: list[TokenLogprobs] = []
         for i in range(0, len(target_ids), PROMPT_CHUNK):  # bounded scratch for long prompts
-            rows = _sane(logits[i:i + PROMPT_CHUNK, :self.vocab_size].float())
-            out += self._logprobs(rows, target_ids[i:i + PROMPT_CHUNK], [n] * rows.shape[0])
+            rows = _sane(logits[i : i + PROMPT_CHUNK, : self.vocab_size].float())
+            out += self._logprobs(rows, target_ids[i : i + PROMPT_CHUNK], [n] * rows.shape[0])
         return out
 
     def _buffer(self, name: str, like: torch.Tensor) -> torch.Tensor:
@@ -144,13 +149,18 @@ class Sampler:
             sel = torch.tensor(sorted(set(allow_r)), device=dev)
             x[sel] = x[sel].masked_fill(~keep[sel], -math.inf)
         if bias_r:
-            x.index_put_((torch.tensor(bias_r, device=dev), torch.tensor(bias_c, device=dev)),
-                         torch.tensor(bias_v, dtype=x.dtype, device=dev), accumulate=True)
+            x.index_put_(
+                (torch.tensor(bias_r, device=dev), torch.tensor(bias_c, device=dev)),
+                torch.tensor(bias_v, dtype=x.dtype, device=dev),
+                accumulate=True,
+            )
         if ban_r:
             x[torch.tensor(ban_r, device=dev), torch.tensor(ban_c, device=dev)] = -math.inf
-        pen_seqs = [(r, s) for r, s in zip(rows, seqs)
-                    if s.params.presence_penalty or s.params.frequency_penalty
-                    or s.params.repetition_penalty != 1.0]
+        pen_seqs = [
+            (r, s)
+            for r, s in zip(rows, seqs)
+            if s.params.presence_penalty or s.params.frequency_penalty or s.params.repetition_penalty != 1.0
+        ]
         if pen_seqs:
             self._penalize(x, pen_seqs)
 
@@ -172,8 +182,7 @@ class Sampler:
                 x.index_put_((r, t), -torch.tensor(freq, dtype=x.dtype, device=dev)[j], accumulate=True)
                 key = torch.unique(r * V + t)  # presence counts each token once
                 j = _rank_of(pen, key // V, dev)
-                x.index_put_((key // V, key % V), -torch.tensor(pres, dtype=x.dtype, device=dev)[j],
-                             accumulate=True)
+                x.index_put_((key // V, key % V), -torch.tensor(pres, dtype=x.dtype, device=dev)[j], accumulate=True)
 
     # ---- random draws (x: processed logits; rows: which of its rows; never modified) -------
     def _random(self, x: torch.Tensor, rows: list[int], seqs: list[Sequence]) -> torch.Tensor:
@@ -184,18 +193,17 @@ class Sampler:
         full = [j for j, k in enumerate(ks) if not 0 < k <= MAX_CANDIDATES]
         for group, draw in ((cand, self._draw_candidates), (full, self._draw_full)):
             if group:
-                tokens[group] = draw(x, [rows[j] for j in group], [seqs[j] for j in group],
-                                     [ks[j] for j in group])
+                tokens[group] = draw(x, [rows[j] for j in group], [seqs[j] for j in group], [ks[j] for j in group])
         return tokens
 
-    def _draw_candidates(self, x: torch.Tensor, rows: list[int], seqs: list[Sequence],
-                         ks: list[int]) -> torch.Tensor:
+    def _draw_candidates(self, x: torch.Tensor, rows: list[int], seqs: list[Sequence], ks: list[int]) -> torch.Tensor:
         """top_k rows: everything happens on the k largest logits (temperature keeps the order)."""
         dev = x.device
         vals, idx = (x if len(rows) == x.shape[0] else x[rows]).topk(max(ks), dim=-1)
         vals = vals / _column([s.params.temperature for s in seqs], dev)
-        vals = vals.masked_fill(torch.arange(vals.shape[1], device=dev)[None, :]
-                                >= torch.tensor(ks, device=dev)[:, None], -math.inf)
+        vals = vals.masked_fill(
+            torch.arange(vals.shape[1], device=dev)[None, :] >= torch.tensor(ks, device=dev)[:, None], -math.inf
+        )
         min_p = [s.params.min_p for s in seqs]
         if any(min_p):  # prob < min_p * max prob  <=>  logit < max logit + log(min_p)
             vals = vals.masked_fill(vals < vals[:, :1] + torch.log(_column(min_p, dev)), -math.inf)
@@ -205,8 +213,7 @@ class Sampler:
         pick = _inverse_cdf(probs, _uniforms(seqs, dev))
         return idx.gather(1, pick[:, None])[:, 0]
 
-    def _draw_full(self, x: torch.Tensor, rows: list[int], seqs: list[Sequence],
-                   ks: list[int]) -> torch.Tensor:
+    def _draw_full(self, x: torch.Tensor, rows: list[int], seqs: list[Sequence], ks: list[int]) -> torch.Tensor:
         """Inverse CDF over the whole vocabulary, in place in scratch memory."""
         dev = x.device
         n, V = len(rows), x.shape[1]
@@ -238,11 +245,13 @@ class Sampler:
                 pick[r] = _search_blocked(e[r], cdf[r], _uniforms([seqs[i] for i in nucleus], dev))
         if nucleus:  # still missing: a thin nucleus; find it among the top candidates
             pick[torch.tensor(nucleus, device=dev)] = self._nucleus_fallback(
-                e, cdf, [seqs[i] for i in nucleus], nucleus)
+                e, cdf, [seqs[i] for i in nucleus], nucleus
+            )
         return pick
 
-    def _nucleus_fallback(self, e: torch.Tensor, cdf: torch.Tensor, seqs: list[Sequence],
-                          rows: list[int]) -> torch.Tensor:
+    def _nucleus_fallback(
+        self, e: torch.Tensor, cdf: torch.Tensor, seqs: list[Sequence], rows: list[int]
+    ) -> torch.Tensor:
         """Exact top_p from the sorted top candidates; a full sort only when they fall short."""
         dev = e.device
         r = torch.tensor(rows, device=dev)
@@ -250,8 +259,10 @@ class Sampler:
         vals, idx = er.topk(min(MAX_CANDIDATES, er.shape[1]), dim=-1)
         short = (vals.sum(-1, keepdim=True) < need)[:, 0].tolist()
         out = torch.empty(len(rows), dtype=torch.long, device=dev)
-        for group, wide in (([j for j, m in enumerate(short) if not m], False),
-                            ([j for j, m in enumerate(short) if m], True)):
+        for group, wide in (
+            ([j for j, m in enumerate(short) if not m], False),
+            ([j for j, m in enumerate(short) if m], True),
+        ):
             if not group:
                 continue
             g = torch.tensor(group, device=dev)
@@ -260,8 +271,9 @@ class Sampler:
             out[g] = i.gather(1, _inverse_cdf(v, _uniforms([seqs[j] for j in group], dev))[:, None])[:, 0]
         return out
 
-    def _outside_nucleus(self, e: torch.Tensor, cdf: torch.Tensor, pick: torch.Tensor,
-                         nucleus: list[int], seqs: list[Sequence]) -> list[bool]:
+    def _outside_nucleus(
+        self, e: torch.Tensor, cdf: torch.Tensor, pick: torch.Tensor, nucleus: list[int], seqs: list[Sequence]
+    ) -> list[bool]:
         """Per nucleus row: is the drawn token outside top_p (more likely tokens hold >= top_p)?"""
         dev = e.device
         if len(nucleus) == e.shape[0]:
@@ -296,13 +308,13 @@ class Sampler:
         n_max = min(max(ns, default=0), V)
         top_v, top_i = x.topk(n_max, dim=-1) if n_max else (x[:, :0], tok[:, :0])
         top_v_l, top_i_l = (top_v - lse).tolist(), top_i.tolist()
-        return [TokenLogprobs(t, v, r, ti[:k], tv[:k])
-                for t, v, r, ti, tv, k in zip(token_ids, (tok_x - lse)[:, 0].tolist(), ranks,
-                                              top_i_l, top_v_l, ns)]
+        return [
+            TokenLogprobs(t, v, r, ti[:k], tv[:k])
+            for t, v, r, ti, tv, k in zip(token_ids, (tok_x - lse)[:, 0].tolist(), ranks, top_i_l, top_v_l, ns)
+        ]
 
 
-def _pairs(rows: list[int], lists: list[list[int]],
-           dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _pairs(rows: list[int], lists: list[list[int]], dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Flattened (row, token id) index tensors for each row's token list."""
     lengths = torch.tensor([len(t) for t in lists], device=dev)
     flat = torch.tensor(list(itertools.chain.from_iterable(lists)), dtype=torch.long, device=dev)

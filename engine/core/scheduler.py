@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Iterable
 
 from engine.core.block_manager import BlockManager
+from engine.core.sequence import ScheduledSeq, SeqStatus, Sequence
 from engine.messages import EngineStats
-from engine.core.sequence import ScheduledSeq, Sequence, SeqStatus
 
 
 class RequestRefused(ValueError):
@@ -24,9 +24,17 @@ class RequestRefused(ValueError):
 
 
 class Scheduler:
-    def __init__(self, *, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
-                 block_manager: BlockManager, clock: Callable[[], float] = time.time,
-                 policy: str = "fcfs", max_loras: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        block_manager: BlockManager,
+        clock: Callable[[], float] = time.time,
+        policy: str = "fcfs",
+        max_loras: int | None = None,
+    ) -> None:
         """max_loras: the most distinct LoRA adapters running at once (--max-loras); a request whose adapter
         would exceed it waits, and requests behind it may go first (vLLM does the same)."""
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
@@ -58,7 +66,8 @@ class Scheduler:
             raise RequestRefused(
                 f"this model's maximum context length is {self.max_model_len} tokens, but the request "
                 f"asks for {n + max_tokens} ({n} in the prompt, {max_tokens} max_tokens); "
-                "shorten the prompt or lower max_tokens")
+                "shorten the prompt or lower max_tokens"
+            )
         final = n + max_tokens  # the last token's K/V is never computed (pooling, max_tokens 0: all are)
         # with a sliding window on every layer, passed blocks are released as the sequence runs
         blocks = self.bm.most_blocks_held(max(final - 1, n), min(self.max_num_batched_tokens, final))
@@ -66,7 +75,8 @@ class Scheduler:
             raise RequestRefused(
                 f"the request needs {blocks} KV cache blocks ({n} prompt tokens + {max_tokens} "
                 f"max_tokens) but the cache holds only {self.bm.num_total_blocks}; shorten it or "
-                "start the server with more KV cache memory")
+                "start the server with more KV cache memory"
+            )
         if seq.request_id in self._by_id:
             raise RequestRefused(f"request id {seq.request_id!r} is already running; use a new id")
         seq.status = SeqStatus.WAITING
@@ -102,8 +112,7 @@ class Scheduler:
         if seq.status is SeqStatus.WAITING or seq.status is SeqStatus.WAITING_FOR_GRAMMAR:
             self._num_waiting -= 1
             if len(self._waiting) > 2 * self._num_waiting + 64:  # drop finished entries at once
-                self._waiting = [e for e in self._waiting
-                                 if e[3].status is SeqStatus.WAITING and e[3] is not seq]
+                self._waiting = [e for e in self._waiting if e[3].status is SeqStatus.WAITING and e[3] is not seq]
                 heapq.heapify(self._waiting)
         del self._by_id[seq.request_id]
         del self._order[seq]
@@ -199,8 +208,10 @@ class Scheduler:
     def _pick_victim(self) -> Sequence:
         """The running sequence that matters least: the last in waiting-queue order."""
         order = self._order
-        return max((s for s in self.running if s.status is SeqStatus.RUNNING),
-                   key=lambda s: (self._rank(s), s.arrival_time, order[s]))
+        return max(
+            (s for s in self.running if s.status is SeqStatus.RUNNING),
+            key=lambda s: (self._rank(s), s.arrival_time, order[s]),
+        )
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute later: drop its KV; its output so far is re-prefilled with the prompt."""
@@ -248,6 +259,12 @@ class Scheduler:
         return bool(self._by_id)
 
     def stats(self) -> EngineStats:
-        return EngineStats(self.num_running, self.num_waiting, self.bm.num_used_blocks,
-                           self.bm.num_total_blocks, self.num_preemptions,
-                           self.bm.prefix_cache_queries, self.bm.prefix_cache_hits)
+        return EngineStats(
+            self.num_running,
+            self.num_waiting,
+            self.bm.num_used_blocks,
+            self.bm.num_total_blocks,
+            self.num_preemptions,
+            self.bm.prefix_cache_queries,
+            self.bm.prefix_cache_hits,
+        )

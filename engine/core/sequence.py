@@ -50,8 +50,9 @@ class Sequence:
     spec: DraftState = field(default_factory=DraftState)  # its draft acceptance so far
 
     @classmethod
-    def new(cls, request_id: str, prompt: list[int], params: SamplingParams,
-            arrival_time: float, priority: int = 0) -> Sequence:
+    def new(
+        cls, request_id: str, prompt: list[int], params: SamplingParams, arrival_time: float, priority: int = 0
+    ) -> Sequence:
         return cls(request_id, params, arrival_time, list(prompt), len(prompt), priority)
 
     @property
@@ -64,7 +65,7 @@ class Sequence:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
+        return self.token_ids[self.num_prompt_tokens :]
 
 
 @dataclass(slots=True)
@@ -84,7 +85,7 @@ class ScheduledSeq:
     def input_ids(self) -> list[int]:
         """The token ids of the positions run: the sequence's, then the draft's."""
         start, n, k = self.seq.num_computed_tokens, self.num_new_tokens, self.num_draft
-        ids = self.seq.token_ids[start:start + n - k]
+        ids = self.seq.token_ids[start : start + n - k]
         return ids + self.seq.draft[:k] if k else ids
 
     @property

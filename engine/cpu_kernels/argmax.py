@@ -46,8 +46,14 @@ def _call(fn: Any, x: torch.Tensor, threads: int) -> torch.Tensor | None:
 def argmax(x: torch.Tensor, threads: int = 1) -> torch.Tensor | None:
     """x [rows, n] float32 on CPU, unit column stride: x.argmax(-1) (int64), or None where the kernel does not
     run here or a row holds a NaN or +inf or nothing above -inf."""
-    if x.device.type != "cpu" or x.dtype is not torch.float32 or x.dim() != 2 or x.stride(1) != 1 \
-            or not 0 < x.shape[1] < 2 ** 31 or x.shape[0] == 0:
+    if (
+        x.device.type != "cpu"
+        or x.dtype is not torch.float32
+        or x.dim() != 2
+        or x.stride(1) != 1
+        or not 0 < x.shape[1] < 2**31
+        or x.shape[0] == 0
+    ):
         return None
     fn = _kernel()
     return None if fn is None else _call(fn, x, threads)

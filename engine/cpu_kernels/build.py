@@ -108,8 +108,14 @@ def library_digest() -> str | None:
     return _digest(cxx, FLAGS) if load(FLAGS, NEEDS) is not None and cxx is not None else None
 
 
-def kernel(name: str, abi: int, argtypes: list[Any], symbol: str | None = None,
-           check: Callable[[Any], str | None] | None = None, restype: Any = None) -> Any:
+def kernel(
+    name: str,
+    abi: int,
+    argtypes: list[Any],
+    symbol: str | None = None,
+    check: Callable[[Any], str | None] | None = None,
+    restype: Any = None,
+) -> Any:
     """The C function `symbol` (default spindle_<name>) of <name>.cpp, built with FLAGS where the CPU has NEEDS
     and typed with `argtypes` and `restype`, or None (with a warning saying why) when it cannot run here,
     <name>.cpp answers another ABI than `abi`, or `check(fn)` (a self-check against torch: a broken build must not
@@ -134,11 +140,16 @@ def _compile(cxx: str, files: list[Path], flags: tuple[str, ...], target: Path) 
     fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        done = subprocess.run([cxx, *flags, "-shared", "-fPIC", "-o", tmp, *map(str, files)],
-                              capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+        done = subprocess.run(
+            [cxx, *flags, "-shared", "-fPIC", "-o", tmp, *map(str, files)],
+            capture_output=True,
+            text=True,
+            timeout=COMPILE_TIMEOUT_S,
+        )
         if done.returncode != 0:
-            raise subprocess.SubprocessError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else
-                                             f"{cxx} exited {done.returncode}")
+            raise subprocess.SubprocessError(
+                done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"{cxx} exited {done.returncode}"
+            )
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):

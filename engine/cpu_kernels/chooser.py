@@ -72,8 +72,15 @@ def _library_hash() -> str:
 def cache_key(kind: str, shape: tuple[int, ...], names: tuple[str, ...]) -> str:
     """What a cached choice is valid for: CPU model, torch and kernel library versions, threads, kind, shape,
     candidates."""
-    parts = [cpu_model(), torch.__version__, _library_hash(), str(torch.get_num_threads()), kind,
-             "x".join(map(str, shape)), ",".join(sorted(names))]
+    parts = [
+        cpu_model(),
+        torch.__version__,
+        _library_hash(),
+        str(torch.get_num_threads()),
+        kind,
+        "x".join(map(str, shape)),
+        ",".join(sorted(names)),
+    ]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 
@@ -86,8 +93,11 @@ def _read_cache(key: str, names: tuple[str, ...]) -> tuple[str, ...] | None:
         got = json.loads(_cache_file(key).read_text())
     except (OSError, ValueError):
         return None
-    if (not isinstance(got, list) or len(got) != len(ROW_CLASSES)
-            or not all(isinstance(n, str) and n in names for n in got)):
+    if (
+        not isinstance(got, list)
+        or len(got) != len(ROW_CLASSES)
+        or not all(isinstance(n, str) and n in names for n in got)
+    ):
         return None  # damaged or from another candidate set: measure again
     return tuple(got)
 
@@ -165,8 +175,7 @@ def choose(kind: str, shape: tuple[int, ...], candidates: Mapping[str, Bench]) -
 
 
 def _log(kind: str, shape: tuple[int, ...], winners: tuple[str, ...]) -> None:
-    log.info("kernels for %s %s by rows %s: %s", kind, "x".join(map(str, shape)), describe_classes(),
-             " ".join(winners))
+    log.info("kernels for %s %s by rows %s: %s", kind, "x".join(map(str, shape)), describe_classes(), " ".join(winners))
 
 
 def _choose(kind: str, shape: tuple[int, ...], candidates: Mapping[str, Bench]) -> tuple[tuple[str, ...], bool]:
@@ -207,8 +216,9 @@ def _from_timed(kind: str, shape: tuple[int, ...], names: tuple[str, ...]) -> tu
     return None if None in winners else tuple(w for w in winners if w is not None)
 
 
-def choose_held(kind: str, shape: tuple[int, ...], candidates: Mapping[str, Bench],
-                form_of: Mapping[str, str]) -> tuple[str, tuple[str, ...]]:
+def choose_held(
+    kind: str, shape: tuple[int, ...], candidates: Mapping[str, Bench], form_of: Mapping[str, str]
+) -> tuple[str, tuple[str, ...]]:
     """Where candidates need different weight layouts (`form_of`: candidate -> layout) and only one is held:
     (the layout held, the winner per class among its candidates). The layout held is the one whose candidates
     win the most classes (ties: the one that wins a decode step's single row), then chosen again among them."""

@@ -38,7 +38,7 @@ def _self_check(fn: Any) -> str | None:
     lens, los = torch.tensor([9, 12], dtype=torch.int32), torch.tensor([0, 5], dtype=torch.int32)
     got = _call(fn, q, k, v, tables, lens, los, 0.125, None, 2)
     for b in range(2):
-        rows = torch.cat([torch.arange(int(t) * bs, int(t) * bs + bs) for t in tables[b]])[int(los[b]):int(lens[b])]
+        rows = torch.cat([torch.arange(int(t) * bs, int(t) * bs + bs) for t in tables[b]])[int(los[b]) : int(lens[b])]
         kk, vv = k.flatten(0, 1)[rows].double(), v.flatten(0, 1)[rows].double()  # [keys, kvh, d]
         for h in range(heads):
             p = torch.softmax(kk[:, h // 2] @ q[b, h].double() * 0.125, dim=0)
@@ -51,13 +51,30 @@ def _self_check(fn: Any) -> str | None:
 def usable(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """q [B, heads, D] and a cache [num_blocks, block_size, kv_heads, D], both bfloat16 on CPU."""
     d = q.shape[-1]
-    return (q.device.type == "cpu" and q.dtype == torch.bfloat16 and k_cache.dtype == torch.bfloat16
-            and d % 32 == 0 and d <= MAX_HEAD_DIM and q.shape[1] % k_cache.shape[2] == 0
-            and q.stride(-1) == 1 and k_cache.stride(-1) == 1 and _kernel() is not None)
+    return (
+        q.device.type == "cpu"
+        and q.dtype == torch.bfloat16
+        and k_cache.dtype == torch.bfloat16
+        and d % 32 == 0
+        and d <= MAX_HEAD_DIM
+        and q.shape[1] % k_cache.shape[2] == 0
+        and q.stride(-1) == 1
+        and k_cache.stride(-1) == 1
+        and _kernel() is not None
+    )
 
 
-def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
-           los: torch.Tensor, scale: float, softcap: float | None = None, threads: int | None = None) -> torch.Tensor:
+def attend(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tables: torch.Tensor,
+    lens: torch.Tensor,
+    los: torch.Tensor,
+    scale: float,
+    softcap: float | None = None,
+    threads: int | None = None,
+) -> torch.Tensor:
     """q [B, heads, D]; caches [num_blocks, block_size, kv_heads, D] (any strides, D contiguous; K and V alike);
     tables int32 [B, W]: each sequence's blocks from position 0; sequence b attends keys [los[b], lens[b]).
     -> [B, heads, D] bfloat16."""
@@ -67,8 +84,18 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables
     return _call(fn, q, k_cache, v_cache, tables, lens, los, scale, softcap, threads or torch.get_num_threads())
 
 
-def _call(fn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
-          los: torch.Tensor, scale: float, softcap: float | None, threads: int) -> torch.Tensor:
+def _call(
+    fn: Any,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    tables: torch.Tensor,
+    lens: torch.Tensor,
+    los: torch.Tensor,
+    scale: float,
+    softcap: float | None,
+    threads: int,
+) -> torch.Tensor:
     b, heads, d = q.shape
     if k.stride() != v.stride() or k.shape != v.shape:
         raise ValueError("K and V caches must share one shape and layout")
@@ -80,7 +107,29 @@ def _call(fn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: to
     if b == 0:
         return out
     lens, los = lens.contiguous(), los.contiguous()
-    fn(q.data_ptr(), q.stride(0), q.stride(1), b, heads, k.shape[2], d, k.data_ptr(), v.data_ptr(),
-       k.stride(0), k.stride(1), k.stride(2), k.shape[1], tables.data_ptr(), tables.stride(0),
-       lens.data_ptr(), los.data_ptr(), scale, softcap or 0.0, out.data_ptr(), out.stride(0), out.stride(1), threads)
+    fn(
+        q.data_ptr(),
+        q.stride(0),
+        q.stride(1),
+        b,
+        heads,
+        k.shape[2],
+        d,
+        k.data_ptr(),
+        v.data_ptr(),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        k.shape[1],
+        tables.data_ptr(),
+        tables.stride(0),
+        lens.data_ptr(),
+        los.data_ptr(),
+        scale,
+        softcap or 0.0,
+        out.data_ptr(),
+        out.stride(0),
+        out.stride(1),
+        threads,
+    )
     return out

@@ -21,16 +21,45 @@ class Projection(ctypes.Structure):
 
 
 class Layer(ctypes.Structure):
-    _fields_ = [("qkv", Projection), ("o", Projection), ("gate_up", Projection), ("down", Projection),
-                ("ln2", _P), ("next_ln1", _P), ("q_norm", _P), ("k_norm", _P), ("k_cache", _P), ("v_cache", _P),
-                ("los", _P), ("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("hidden", _I),
-                ("eps", _F), ("scale", _F), ("softcap", _F)]
+    _fields_ = [
+        ("qkv", Projection),
+        ("o", Projection),
+        ("gate_up", Projection),
+        ("down", Projection),
+        ("ln2", _P),
+        ("next_ln1", _P),
+        ("q_norm", _P),
+        ("k_norm", _P),
+        ("k_cache", _P),
+        ("v_cache", _P),
+        ("los", _P),
+        ("heads", _I),
+        ("kv_heads", _I),
+        ("head_dim", _I),
+        ("hidden", _I),
+        ("eps", _F),
+        ("scale", _F),
+        ("softcap", _F),
+    ]
 
 
 class Step(ctypes.Structure):
-    _fields_ = [("tokens", _I), ("cos", _P), ("sin", _P), ("slots", _P), ("tables", _P), ("table_stride", _L),
-                ("lens", _P), ("c_sblock", _L), ("c_stok", _L), ("c_shead", _L), ("block_size", _I),
-                ("threads", _I), ("parallel_macs", _L), ("parallel_bytes", _L)]
+    _fields_ = [
+        ("tokens", _I),
+        ("cos", _P),
+        ("sin", _P),
+        ("slots", _P),
+        ("tables", _P),
+        ("table_stride", _L),
+        ("lens", _P),
+        ("c_sblock", _L),
+        ("c_stok", _L),
+        ("c_shead", _L),
+        ("block_size", _I),
+        ("threads", _I),
+        ("parallel_macs", _L),
+        ("parallel_bytes", _L),
+    ]
 
 
 @functools.cache

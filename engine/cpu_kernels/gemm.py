@@ -20,8 +20,21 @@ ABI = 4
 BLOCK = 16  # output columns per packed block
 _GATED_ROWS = 32  # the gated call takes up to two row tiles (gemm_bf16.cpp: gated())
 _P = ctypes.c_void_p
-_ARGS = [_P, ctypes.c_long, ctypes.c_int, ctypes.c_int, _P, _P, ctypes.c_int, _P, _P, ctypes.c_long, _P,
-         ctypes.c_long, ctypes.c_int]
+_ARGS = [
+    _P,
+    ctypes.c_long,
+    ctypes.c_int,
+    ctypes.c_int,
+    _P,
+    _P,
+    ctypes.c_int,
+    _P,
+    _P,
+    ctypes.c_long,
+    _P,
+    ctypes.c_long,
+    ctypes.c_int,
+]
 _GATED_ARGS = _ARGS[:8] + [_P, ctypes.c_long, ctypes.c_int]  # spindle_gemm_bf16_silu: act and its stride, threads
 
 
@@ -52,8 +65,10 @@ def _self_check(fn: Any) -> str | None:
             got = _call(fn, x, pack(w), scale, n, torch.empty(m, n, dtype=torch.bfloat16))
             if not torch.allclose(got.double(), ref, rtol=1e-2, atol=1e-2):
                 kind = "int8" if int8 else "bf16"
-                return (f"its {kind} self-check at {m}x{k} @ {k}x{n} is off by "
-                        f"{(got.double() - ref).abs().max().item():.3g}")
+                return (
+                    f"its {kind} self-check at {m}x{k} @ {k}x{n} is off by "
+                    f"{(got.double() - ref).abs().max().item():.3g}"
+                )
     return None
 
 
@@ -93,11 +108,13 @@ class PackedWeight:
     quantization: the weight is q * scale[:, None]). `w_ptr`, `scale_ptr`, `bias_ptr`: what the C++ reads
     (engine/models/fused_decode.py hands them on)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                 scale: torch.Tensor | None = None) -> None:
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None = None, scale: torch.Tensor | None = None
+    ) -> None:
         if weight.dtype != (torch.bfloat16 if scale is None else torch.int8) or not _fits(weight):
-            raise ValueError("PackedWeight takes a CPU weight [N, even K], bfloat16 or int8 with a scale, where "
-                             "the kernel runs")
+            raise ValueError(
+                "PackedWeight takes a CPU weight [N, even K], bfloat16 or int8 with a scale, where the kernel runs"
+            )
         self.n, self.k = int(weight.shape[0]), int(weight.shape[1])
         if bias is not None and (bias.dtype != torch.bfloat16 or bias.numel() != self.n):
             raise ValueError(f"bias must be bfloat16 [{self.n}]")
@@ -124,16 +141,41 @@ class PackedWeight:
         if out is None:
             y = torch.empty((m, n), dtype=torch.bfloat16)
             if m:
-                self._fn(x2.data_ptr(), k, m, k, self.w_ptr, self.scale_ptr, n, self.bias_ptr, y.data_ptr(), n, None,
-                         0, threads)
+                self._fn(
+                    x2.data_ptr(),
+                    k,
+                    m,
+                    k,
+                    self.w_ptr,
+                    self.scale_ptr,
+                    n,
+                    self.bias_ptr,
+                    y.data_ptr(),
+                    n,
+                    None,
+                    0,
+                    threads,
+                )
             return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
         if out.shape != (m, n) or out.stride(-1) != 1 or out.dtype not in (torch.bfloat16, torch.float32):
             raise ValueError(f"out must be [{m}, {n}] bfloat16 or float32 with unit column stride")
         if m:
             f32 = out.dtype is torch.float32
-            self._fn(x2.data_ptr(), k, m, k, self.w_ptr, self.scale_ptr, n, self.bias_ptr,
-                     None if f32 else out.data_ptr(), out.stride(0), out.data_ptr() if f32 else None, out.stride(0),
-                     threads)
+            self._fn(
+                x2.data_ptr(),
+                k,
+                m,
+                k,
+                self.w_ptr,
+                self.scale_ptr,
+                n,
+                self.bias_ptr,
+                None if f32 else out.data_ptr(),
+                out.stride(0),
+                out.data_ptr() if f32 else None,
+                out.stride(0),
+                threads,
+            )
         return out
 
     def silu_mul(self, x: torch.Tensor, threads: int = 1) -> torch.Tensor | None:
@@ -148,8 +190,19 @@ class PackedWeight:
             return None
         x2 = x if x.dim() == 2 and x.is_contiguous() and x.data_ptr() % 4 == 0 else x.reshape(-1, self.k).contiguous()
         act = torch.empty((m, half), dtype=torch.bfloat16)
-        if not fn(x2.data_ptr(), self.k, m, self.k, self.w_ptr, self.scale_ptr, self.n, self.bias_ptr,
-                  act.data_ptr(), half, threads):
+        if not fn(
+            x2.data_ptr(),
+            self.k,
+            m,
+            self.k,
+            self.w_ptr,
+            self.scale_ptr,
+            self.n,
+            self.bias_ptr,
+            act.data_ptr(),
+            half,
+            threads,
+        ):
             return None
         return act if x.dim() == 2 else act.view(*x.shape[:-1], half)
 
@@ -158,10 +211,24 @@ class PackedWeight:
         return unpack(self.packed, self.n)
 
 
-def _call(fn: Any, x2: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor | None, n: int,
-          out: torch.Tensor) -> torch.Tensor:
+def _call(
+    fn: Any, x2: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor | None, n: int, out: torch.Tensor
+) -> torch.Tensor:
     """The self-check's call: x2 [M, K] contiguous bf16 into out [M, N] bf16, on two threads."""
     m, k = x2.shape
-    fn(x2.data_ptr(), k, m, k, packed.data_ptr(), None if scale is None else scale.data_ptr(), n, None,
-       out.data_ptr(), n, None, 0, 2)
+    fn(
+        x2.data_ptr(),
+        k,
+        m,
+        k,
+        packed.data_ptr(),
+        None if scale is None else scale.data_ptr(),
+        n,
+        None,
+        out.data_ptr(),
+        n,
+        None,
+        0,
+        2,
+    )
     return out

@@ -45,8 +45,10 @@ def _self_check(fns: dict[str, Any]) -> str | None:
     want = w[0] * (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6)).bfloat16()
     gu = torch.randn(3, 80, generator=g).bfloat16()
     got = _silu_mul(fns, gu, 1)
-    if not (torch.allclose(normed.float(), want.float(), rtol=2e-2, atol=2e-2)
-            and torch.allclose(got.float(), (F.silu(gu[:, :40]) * gu[:, 40:]).float(), rtol=2e-2, atol=2e-2)):
+    if not (
+        torch.allclose(normed.float(), want.float(), rtol=2e-2, atol=2e-2)
+        and torch.allclose(got.float(), (F.silu(gu[:, :40]) * gu[:, 40:]).float(), rtol=2e-2, atol=2e-2)
+    ):
         return "its self-check is off"
     return None
 
@@ -67,8 +69,9 @@ def _fns() -> dict[str, Any]:
     return fns
 
 
-def add_rms_norm(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                 threads: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tensor, eps: float, threads: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + h, weight * rms_norm(x + h)) for rows [T, n] in bf16, as `x + h` then engine/execution/ops.py's rms_norm
     round them; h None: (x, weight * rms_norm(x))."""
     return _add_rms_norm(_fns(), x, h, weight, eps, threads)
@@ -82,35 +85,71 @@ def _rows(x: torch.Tensor, n: int) -> torch.Tensor:
     return x2 if x2.is_contiguous() else x2.contiguous()
 
 
-def _add_rms_norm(fns: dict[str, Any], x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                  threads: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _add_rms_norm(
+    fns: dict[str, Any], x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tensor, eps: float, threads: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     n = x.shape[-1]
     x2 = _rows(x, n)
     if weight.dtype is not torch.bfloat16 or weight.shape != (n,) or weight.stride(0) != 1:
         raise ValueError(f"weight must be a contiguous bfloat16 [{n}]")
     norm = torch.empty(x2.shape, dtype=torch.bfloat16)
     if h is None:
-        fns["spindle_add_rms_norm"](x2.data_ptr(), n, None, 0, weight.data_ptr(), x2.data_ptr(), n, norm.data_ptr(),
-                                    n, x2.shape[0], n, eps, threads)
+        fns["spindle_add_rms_norm"](
+            x2.data_ptr(),
+            n,
+            None,
+            0,
+            weight.data_ptr(),
+            x2.data_ptr(),
+            n,
+            norm.data_ptr(),
+            n,
+            x2.shape[0],
+            n,
+            eps,
+            threads,
+        )
         return x, norm.view(x.shape)
     h2 = _rows(h, n)
     if h2.shape != x2.shape:
         raise ValueError(f"h {tuple(h.shape)} must match x {tuple(x.shape)}")
     out = torch.empty(x2.shape, dtype=torch.bfloat16)
-    fns["spindle_add_rms_norm"](x2.data_ptr(), n, h2.data_ptr(), n, weight.data_ptr(), out.data_ptr(), n,
-                                norm.data_ptr(), n, x2.shape[0], n, eps, threads)
+    fns["spindle_add_rms_norm"](
+        x2.data_ptr(),
+        n,
+        h2.data_ptr(),
+        n,
+        weight.data_ptr(),
+        out.data_ptr(),
+        n,
+        norm.data_ptr(),
+        n,
+        x2.shape[0],
+        n,
+        eps,
+        threads,
+    )
     return out.view(x.shape), norm.view(x.shape)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, threads: int = 1) -> torch.Tensor:
     """Rotate x [T, heads, d] in place by cos, sin [T, d/2] bf16 (the non-interleaved halves); returns x."""
     t, heads, d = x.shape
-    if d % 2 or x.stride(-1) != 1 or cos.shape != (t, d // 2) or sin.shape != cos.shape or cos.stride() != sin.stride() \
-            or cos.stride(-1) != 1 or cos.dtype != torch.bfloat16 or sin.dtype != torch.bfloat16:
+    if (
+        d % 2
+        or x.stride(-1) != 1
+        or cos.shape != (t, d // 2)
+        or sin.shape != cos.shape
+        or cos.stride() != sin.stride()
+        or cos.stride(-1) != 1
+        or cos.dtype != torch.bfloat16
+        or sin.dtype != torch.bfloat16
+    ):
         raise ValueError("rope takes x [T, heads, even d] and cos, sin [T, d/2] bf16 with unit stride")
     if t:
-        _fns()["spindle_rope"](x.data_ptr(), x.stride(0), x.stride(1), t, heads, d, cos.data_ptr(), sin.data_ptr(),
-                               cos.stride(0), threads)
+        _fns()["spindle_rope"](
+            x.data_ptr(), x.stride(0), x.stride(1), t, heads, d, cos.data_ptr(), sin.data_ptr(), cos.stride(0), threads
+        )
     return x
 
 

@@ -25,8 +25,16 @@ ABI = 1
 _T = GGMLQuantizationType
 # the block types quant_gemm.cpp computes, and where each block holds float16 scales (random blocks need sane ones)
 HALF_FIELDS: dict[int, tuple[int, ...]] = {
-    int(_T.Q8_0): (0,), int(_T.Q4_1): (0, 2), int(_T.Q4_0): (0,), int(_T.Q5_0): (0,), int(_T.Q5_1): (0, 2),
-    int(_T.Q4_K): (0, 2), int(_T.Q6_K): (208,), int(_T.Q5_K): (0, 2), int(_T.Q3_K): (108,), int(_T.Q2_K): (80, 82),
+    int(_T.Q8_0): (0,),
+    int(_T.Q4_1): (0, 2),
+    int(_T.Q4_0): (0,),
+    int(_T.Q5_0): (0,),
+    int(_T.Q5_1): (0, 2),
+    int(_T.Q4_K): (0, 2),
+    int(_T.Q6_K): (208,),
+    int(_T.Q5_K): (0, 2),
+    int(_T.Q3_K): (108,),
+    int(_T.Q2_K): (80, 82),
 }
 KERNEL_TYPES: frozenset[int] = frozenset(HALF_FIELDS)
 _P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
@@ -70,14 +78,15 @@ def random_blocks(ggml_type: int, rows: int, in_features: int, generator: torch.
     data = torch.randint(0, 256, (blocks, size), dtype=torch.uint8, generator=generator)
     for at in HALF_FIELDS[ggml_type]:
         scale = (torch.randn(blocks, generator=generator) / 64).to(torch.float16)
-        data[:, at:at + 2] = scale.view(torch.uint8).view(blocks, 2)
+        data[:, at : at + 2] = scale.view(torch.uint8).view(blocks, 2)
     return data.view(rows, in_features // block * size).contiguous()
 
 
 def reference(data: torch.Tensor, ggml_type: int) -> torch.Tensor:
     """gguf.quants.dequantize of rows of blocks: float32 [rows, in_features]."""
-    return torch.from_numpy(np.ascontiguousarray(reference_dequantize(data.numpy(), GGMLQuantizationType(ggml_type)),
-                                                 dtype=np.float32))
+    return torch.from_numpy(
+        np.ascontiguousarray(reference_dequantize(data.numpy(), GGMLQuantizationType(ggml_type)), dtype=np.float32)
+    )
 
 
 @functools.cache
@@ -101,8 +110,7 @@ def _self_check(ggml_type: int, product: Any, dequant: Any) -> str | None:
     data = random_blocks(ggml_type, n, k, g)
     want = reference(data, ggml_type)
     got = torch.empty(n, k)
-    if dequant(ggml_type, data.data_ptr(), data.shape[1], n, k, got.data_ptr(), 0, k, 2) \
-            or not torch.equal(got, want):
+    if dequant(ggml_type, data.data_ptr(), data.shape[1], n, k, got.data_ptr(), 0, k, 2) or not torch.equal(got, want):
         return "its dequantization differs from gguf's"
     for rows in (1, 3, 13):
         for dtype in (torch.float32, torch.bfloat16):
@@ -111,9 +119,9 @@ def _self_check(ggml_type: int, product: Any, dequant: Any) -> str | None:
             _call(product, ggml_type, x, data, y, 2)
             exact = x.double() @ want.double().t()
             # float32 sums in another order: k ulps of the sum of |products|; bf16 output: its one rounding
-            bound = k * 2.0 ** -24 * (x.double().abs() @ want.double().abs().t())
+            bound = k * 2.0**-24 * (x.double().abs() @ want.double().abs().t())
             if dtype is torch.bfloat16:
-                bound += 2.0 ** -8 * exact.abs()
+                bound += 2.0**-8 * exact.abs()
             if not ((y.double() - exact).abs() <= bound).all():
                 return f"its product of {rows} {dtype} rows is off by {(y.double() - exact).abs().max().item():.3g}"
     return None
@@ -121,8 +129,21 @@ def _self_check(ggml_type: int, product: Any, dequant: Any) -> str | None:
 
 def _call(product: Any, ggml_type: int, x2: torch.Tensor, data: torch.Tensor, out: torch.Tensor, threads: int) -> None:
     m, k = x2.shape
-    if product(ggml_type, x2.data_ptr(), int(x2.dtype is torch.bfloat16), x2.stride(0), m, k, data.data_ptr(),
-               data.shape[1], data.shape[0], out.data_ptr(), int(out.dtype is torch.bfloat16), out.stride(0), threads):
+    if product(
+        ggml_type,
+        x2.data_ptr(),
+        int(x2.dtype is torch.bfloat16),
+        x2.stride(0),
+        m,
+        k,
+        data.data_ptr(),
+        data.shape[1],
+        data.shape[0],
+        out.data_ptr(),
+        int(out.dtype is torch.bfloat16),
+        out.stride(0),
+        threads,
+    ):
         raise ValueError(f"the quantized kernel does not compute type {ggml_type}")
 
 
@@ -146,8 +167,9 @@ def matmul(x2: torch.Tensor, data: torch.Tensor, ggml_type: int, out: torch.Tens
     return out
 
 
-def dequantize(data: torch.Tensor, ggml_type: int, in_features: int, dtype: torch.dtype,
-               threads: int = 1) -> torch.Tensor:
+def dequantize(
+    data: torch.Tensor, ggml_type: int, in_features: int, dtype: torch.dtype, threads: int = 1
+) -> torch.Tensor:
     """The weights [N, in_features] of `data` (uint8 [N, row_bytes], contiguous rows) in float32 or bfloat16
     (bfloat16 rounded to nearest even from the exact float32 weights), for a type `supports`."""
     kernels = _kernels()
@@ -156,8 +178,17 @@ def dequantize(data: torch.Tensor, ggml_type: int, in_features: int, dtype: torc
     n = data.shape[0]
     out = torch.empty(n, in_features, dtype=dtype)
     if n and data.stride(1) == 1:
-        kernels[1](ggml_type, data.data_ptr(), data.stride(0), n, in_features, out.data_ptr(),
-                   int(dtype is torch.bfloat16), in_features, threads)
+        kernels[1](
+            ggml_type,
+            data.data_ptr(),
+            data.stride(0),
+            n,
+            in_features,
+            out.data_ptr(),
+            int(dtype is torch.bfloat16),
+            in_features,
+            threads,
+        )
     elif n:
         raise ValueError("data rows must have unit byte stride")
     return out

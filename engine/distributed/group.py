@@ -15,9 +15,7 @@ import logging
 from typing import Any
 
 import torch
-from torch._C._distributed_c10d import (
-    BroadcastOptions, GatherOptions, PrefixStore, ProcessGroupGloo, Store, TCPStore,
-)
+from torch._C._distributed_c10d import BroadcastOptions, GatherOptions, PrefixStore, ProcessGroupGloo, Store, TCPStore
 
 from engine.config import EngineConfig
 from engine.distributed.plan import StepPlan, decode, encode
@@ -50,11 +48,14 @@ def timeout_of(config: EngineConfig) -> datetime.timedelta:
 def master_store(config: EngineConfig) -> TCPStore:
     """Rank 0's rendezvous store (port 0: a free one, read back from `store.port`), holding the config."""
     try:
-        store = TCPStore(config.master_addr, config.master_port, None, True, timeout=timeout_of(config),
-                              wait_for_workers=False)
+        store = TCPStore(
+            config.master_addr, config.master_port, None, True, timeout=timeout_of(config), wait_for_workers=False
+        )
     except (RuntimeError, ValueError) as e:
-        raise JoinError(f"tensor-parallel rank 0 could not listen on {config.master_addr}:{config.master_port}"
-                        f" for the other ranks: {e}") from e
+        raise JoinError(
+            f"tensor-parallel rank 0 could not listen on {config.master_addr}:{config.master_port}"
+            f" for the other ranks: {e}"
+        ) from e
     store.set(CONFIG_KEY, json.dumps(config.to_dict() | {"master_port": store.port}))
     return store
 
@@ -65,8 +66,10 @@ def join_store(addr: str, port: int, rank: str, timeout: float) -> tuple[TCPStor
         store = TCPStore(addr, port, None, False, timeout=datetime.timedelta(seconds=timeout))
         config = EngineConfig(**json.loads(store.get(CONFIG_KEY)))
     except (RuntimeError, ValueError) as e:  # DistNetworkError, DistStoreError are RuntimeErrors
-        raise JoinError(f"tensor-parallel {rank} could not join the group at {addr}:{port} within {timeout:g} s"
-                        f" (is node 0 started, and is --master-addr right?): {str(e).splitlines()[0]}") from e
+        raise JoinError(
+            f"tensor-parallel {rank} could not join the group at {addr}:{port} within {timeout:g} s"
+            f" (is node 0 started, and is --master-addr right?): {str(e).splitlines()[0]}"
+        ) from e
     return store, config
 
 
@@ -77,8 +80,11 @@ class TPGroup:
         opts = ProcessGroupGloo._Options()  # type: ignore[attr-defined]
         opts._timeout = timeout
         # one node on loopback: bind there; several: the address this host resolves to (or GLOO_SOCKET_IFNAME)
-        opts._devices = [ProcessGroupGloo.create_device(hostname="127.0.0.1") if config.master_addr in _LOOPBACK
-                         else ProcessGroupGloo.create_default_device()]
+        opts._devices = [
+            ProcessGroupGloo.create_device(hostname="127.0.0.1")
+            if config.master_addr in _LOOPBACK
+            else ProcessGroupGloo.create_default_device()
+        ]
         where = f"{config.master_addr}:{store.port if isinstance(store, TCPStore) else config.master_port}"
         try:
             self.cpu: Any = ProcessGroupGloo(PrefixStore("spindle/gloo", store), rank, self.size, opts)
@@ -88,13 +94,14 @@ class TPGroup:
 
                 nccl_opts = ProcessGroupNCCL.Options()
                 nccl_opts._timeout = timeout
-                self.dev: Any = ProcessGroupNCCL(PrefixStore("spindle/nccl", store), rank,
-                                                              self.size, nccl_opts)
+                self.dev: Any = ProcessGroupNCCL(PrefixStore("spindle/nccl", store), rank, self.size, nccl_opts)
             else:
                 self.dev = self.cpu
         except RuntimeError as e:
-            raise JoinError(f"tensor-parallel rank {rank}: the group of {self.size} ranks at {where} did not form "
-                            f"within {config.distributed_timeout:g} s: {str(e).splitlines()[0]}") from e
+            raise JoinError(
+                f"tensor-parallel rank {rank}: the group of {self.size} ranks at {where} did not form "
+                f"within {config.distributed_timeout:g} s: {str(e).splitlines()[0]}"
+            ) from e
         self._store = store
         self._through_float32 = device.type != "cuda"  # gloo: no half-precision sums
         self._plan_buf = torch.zeros(PLAN_BYTES, dtype=torch.uint8)
@@ -129,7 +136,7 @@ class TPGroup:
         head = PLAN_BYTES - 8
         buf[:8] = torch.tensor([len(data)], dtype=torch.int64).view(torch.uint8)
         first = data[:head]
-        buf[8:8 + len(first)] = torch.frombuffer(bytearray(first), dtype=torch.uint8) if first else buf[8:8]
+        buf[8 : 8 + len(first)] = torch.frombuffer(bytearray(first), dtype=torch.uint8) if first else buf[8:8]
         self._broadcast(buf)
         if len(data) > head:
             self._broadcast(torch.frombuffer(bytearray(data[head:]), dtype=torch.uint8))
@@ -139,7 +146,7 @@ class TPGroup:
         self._broadcast(buf)
         size = int(buf[:8].view(torch.int64)[0])
         head = PLAN_BYTES - 8
-        data = buf[8:8 + min(size, head)].numpy().tobytes()
+        data = buf[8 : 8 + min(size, head)].numpy().tobytes()
         if size > head:
             rest = torch.empty(size - head, dtype=torch.uint8)
             self._broadcast(rest)

@@ -34,14 +34,26 @@ def _fatal(why: str) -> NoReturn:
 class LocalRanks:
     """Ranks first..first+count-1 of this node, each a child watched by a thread."""
 
-    def __init__(self, ranks: range, addr: str, port: int, timeout: float,
-                 on_death: Callable[[str], None] = _fatal) -> None:
+    def __init__(
+        self, ranks: range, addr: str, port: int, timeout: float, on_death: Callable[[str], None] = _fatal
+    ) -> None:
         self.closing = False
         self._on_death = on_death
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         for rank in ranks:
-            cmd = [sys.executable, "-m", "engine.distributed.rank_worker", "--rank", str(rank),
-                   "--master-addr", addr, "--master-port", str(port), "--timeout", str(timeout)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "engine.distributed.rank_worker",
+                "--rank",
+                str(rank),
+                "--master-addr",
+                addr,
+                "--master-port",
+                str(port),
+                "--timeout",
+                str(timeout),
+            ]
             # stdin: a pipe only we write (never), so the child sees a hang-up when we are gone
             self.procs[rank] = subprocess.Popen(cmd, stdin=subprocess.PIPE)
         for rank, proc in self.procs.items():

@@ -12,8 +12,8 @@ from typing import cast
 
 import msgspec
 
-from engine.messages import LoRARequest
 from engine.core.sequence import ScheduledSeq, Sequence
+from engine.messages import LoRARequest
 
 GENERATE, POOL, TICK, STOP = 0, 1, 2, 3  # plan kinds: a generate step, a pooling step, rank 0 alive, shut down
 
@@ -50,8 +50,9 @@ def plan_of(kind: int, batch: list[ScheduledSeq], all_rows: bool = False) -> Ste
     for s in batch:
         seq, start, n = s.seq, s.start, s.num_new_tokens
         wants_prompt = seq.params.prompt_logprobs is not None and start < seq.num_prompt_tokens
-        seqs.append(PlannedSeq(seq.token_ids[start:start + n], start, seq.block_table, s.samples, wants_prompt,
-                               seq.lora))
+        seqs.append(
+            PlannedSeq(seq.token_ids[start : start + n], start, seq.block_table, s.samples, wants_prompt, seq.lora)
+        )
     return StepPlan(kind, seqs, all_rows)
 
 
@@ -62,7 +63,7 @@ class _Window:
         self.start, self.ids = start, ids
 
     def __getitem__(self, s: slice) -> list[int]:
-        return self.ids[s.start - self.start:s.stop - self.start]
+        return self.ids[s.start - self.start : s.stop - self.start]
 
 
 @dataclass
@@ -87,9 +88,14 @@ def batch_of(plan: StepPlan) -> list[ScheduledSeq]:
     batch = []
     for p in plan.seqs:
         end = p.start + len(p.new_token_ids)
-        seq = _PlannedSeqState(_Window(p.start, p.new_token_ids), p.block_table,
-                               _Params(1 if p.prompt_logits else None), p.start,
-                               end if p.samples else end + 1,  # ScheduledSeq.samples: start + n == num_tokens
-                               end + 1 if p.prompt_logits else 0, p.lora)
+        seq = _PlannedSeqState(
+            _Window(p.start, p.new_token_ids),
+            p.block_table,
+            _Params(1 if p.prompt_logits else None),
+            p.start,
+            end if p.samples else end + 1,  # ScheduledSeq.samples: start + n == num_tokens
+            end + 1 if p.prompt_logits else 0,
+            p.lora,
+        )
         batch.append(ScheduledSeq(cast(Sequence, seq), len(p.new_token_ids)))
     return batch

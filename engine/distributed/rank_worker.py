@@ -29,8 +29,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--node-rank", type=int, default=None, help="headless node: this node, 1..nnodes-1")
     ap.add_argument("--master-addr", required=True, help="node 0's address")
     ap.add_argument("--master-port", type=int, required=True, help="node 0's rendezvous port")
-    ap.add_argument("--timeout", type=float, default=float(os.environ.get("SPINDLE_DISTRIBUTED_TIMEOUT", 120)),
-                    help="seconds to join the group (the group's own timeout is rank 0's)")
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=float(os.environ.get("SPINDLE_DISTRIBUTED_TIMEOUT", 120)),
+        help="seconds to join the group (the group's own timeout is rank 0's)",
+    )
     args = ap.parse_args(argv)
     if (args.rank is None) == (args.node_rank is None):
         ap.error("pass --rank (a started rank) or --nnodes and --node-rank (a headless node)")
@@ -47,8 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops the engine; we follow it
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     name = f"rank{args.rank}" if started else f"node{args.node_rank}"
-    logging.basicConfig(level=os.environ.get("SPINDLE_LOG_LEVEL", "INFO").upper(),
-                        format=f"%(asctime)s engine {name} %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("SPINDLE_LOG_LEVEL", "INFO").upper(),
+        format=f"%(asctime)s engine {name} %(levelname)s %(message)s",
+    )
     # why late (torch): the lifeline watch and signal handling are set up before a seconds-long import
     from engine.distributed.group import JoinError, join_store
     from engine.distributed.launch import LocalRanks  # why late: as above

@@ -20,27 +20,28 @@ import torch
 from torch._C._distributed_c10d import Store
 
 from engine.config import EngineConfig
+from engine.core.sequence import ScheduledSeq
 from engine.distributed.group import CollectiveError, TPGroup, master_store
 from engine.distributed.launch import LocalRanks, _fatal
 from engine.distributed.plan import GENERATE, POOL, STOP, TICK, StepPlan, batch_of, plan_of
 from engine.distributed.sharding import Shard
+from engine.execution.model_runner import ModelRunner, RunnerOutput, pick_device
 from engine.lora.adapter import ModuleWeights
 from engine.lora.manager import LoRAManager
 from engine.lora.peft_files import BaseDims
-from engine.execution.model_runner import ModelRunner, RunnerOutput, pick_device
 from engine.models.args import ConfigError
 from engine.models.decoder import CausalLM
 from engine.models.loader import ModelInfo, ModelLoadError, load_model, read_config, resolve_model
 from engine.models.pooling_archs import as_decoder_config
 from engine.models.registry import parse_config
-from engine.core.sequence import ScheduledSeq
 
 log = logging.getLogger("engine")
 
 
 class TPModelRunner(ModelRunner):
-    def __init__(self, config: EngineConfig, *, rank: int = 0, store: Store | None = None,
-                 use_triton: bool | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, *, rank: int = 0, store: Store | None = None, use_triton: bool | None = None
+    ) -> None:
         size = config.tensor_parallel_size
         self.rank = rank
         self.shard = Shard(rank, size)
@@ -57,8 +58,9 @@ class TPModelRunner(ModelRunner):
                 raise ModelLoadError(f"{folder / 'config.json'}: {e}") from e
             store = master_store(config)
             per_node = size // config.nnodes
-            self.local_ranks = LocalRanks(range(1, per_node), config.master_addr, store.port,
-                                          config.distributed_timeout)
+            self.local_ranks = LocalRanks(
+                range(1, per_node), config.master_addr, store.port, config.distributed_timeout
+            )
         assert store is not None, "ranks other than 0 join rank 0's store"
         try:
             if device.type == "cuda":
@@ -74,14 +76,24 @@ class TPModelRunner(ModelRunner):
         self._stopped = threading.Event()
         self._tick_s = min(1.0, config.distributed_timeout / 4)
         if rank == 0:
-            log.info("tensor parallel: %d ranks over %d node(s), %d KV head(s) per rank; logits gathered to rank 0",
-                     size, config.nnodes, self.model.args.num_kv_heads)
+            log.info(
+                "tensor parallel: %d ranks over %d node(s), %d KV head(s) per rank; logits gathered to rank 0",
+                size,
+                config.nnodes,
+                self.model.args.num_kv_heads,
+            )
             threading.Thread(target=self._tick, name="tp-tick", daemon=True).start()
             atexit.register(self.close)
 
     def _load(self, path: Path, config: EngineConfig) -> tuple[CausalLM, ModelInfo]:
-        return load_model(path, config.dtype, self.device, max_positions=self.max_model_len, shard=self.shard,
-                          quantization=config.quantization)
+        return load_model(
+            path,
+            config.dtype,
+            self.device,
+            max_positions=self.max_model_len,
+            shard=self.shard,
+            quantization=config.quantization,
+        )
 
     def _make_lora(self, config: EngineConfig) -> LoRAManager:
         """Adapters checked against the whole model, each module cut as its base projection is: column-parallel
@@ -99,8 +111,15 @@ class TPModelRunner(ModelRunner):
             return ModuleWeights(w.a[:, start:stop].contiguous(), w.b, w.scaling)
 
         dtype = self.dtype if config.lora_dtype == "auto" else getattr(torch, config.lora_dtype)
-        return LoRAManager(self.model, config.max_loras, config.max_lora_rank, config.max_cpu_loras, dtype,
-                           base=BaseDims.from_config(cfg), slicer=slicer)
+        return LoRAManager(
+            self.model,
+            config.max_loras,
+            config.max_lora_rank,
+            config.max_cpu_loras,
+            dtype,
+            base=BaseDims.from_config(cfg),
+            slicer=slicer,
+        )
 
     def _send(self, plan: StepPlan) -> None:
         self.group.send_plan(plan)
@@ -137,8 +156,10 @@ class TPModelRunner(ModelRunner):
         dead = self.local_ranks.dead() if self.local_ranks is not None else []
         if self.local_ranks is not None:
             self.local_ranks.kill()  # a hung rank (the collective timed out) must not outlive us
-        _fatal(f"a tensor-parallel step failed ({e}): "
-               f"{'; '.join(dead) or 'no rank of this node exited, so one is hung or one on another node is gone'}")
+        _fatal(
+            f"a tensor-parallel step failed ({e}): "
+            f"{'; '.join(dead) or 'no rank of this node exited, so one is hung or one on another node is gone'}"
+        )
 
     def serve_plans(self) -> None:
         """Ranks other than 0: run every step rank 0 plans until it says stop (or a collective fails)."""

@@ -47,8 +47,9 @@ class Shard:
         if kv >= self.size:
             return self._split(kv, "KV heads")
         if self.size % kv:
-            raise ModelLoadError(f"--tensor-parallel-size {self.size} must be a multiple of the model's "
-                                 f"{kv} KV heads to replicate them")
+            raise ModelLoadError(
+                f"--tensor-parallel-size {self.size} must be a multiple of the model's {kv} KV heads to replicate them"
+            )
         head = self.rank * kv // self.size
         return head, head + 1
 
@@ -71,8 +72,13 @@ class Shard:
         self.intermediate(args)  # refuse an unsplittable MLP before reading anything
         e0, e1 = self.expert_intermediate(args)
         moe = replace(args.moe, intermediate_size=e1 - e0) if args.moe else None
-        return replace(args, num_heads=h1 - h0, num_kv_heads=k1 - k0,
-                       intermediate_size=args.intermediate_size // self.size, moe=moe)
+        return replace(
+            args,
+            num_heads=h1 - h0,
+            num_kv_heads=k1 - k0,
+            intermediate_size=args.intermediate_size // self.size,
+            moe=moe,
+        )
 
     def slice_rules(self, args: ModelArgs) -> tuple[dict[str, tuple[int, int, int]], dict[str, list[tuple[int, int]]]]:
         """Projection name -> (dim, start, stop) of this rank's slice (dim 0 column-parallel, 1 row-parallel); and
@@ -82,36 +88,58 @@ class Shard:
         h0, h1 = self.heads(args)
         k0, k1 = self.kv_heads(args)
         i0, i1 = self.intermediate(args)
-        rules = {"q_proj": (0, h0 * d, h1 * d), "k_proj": (0, k0 * d, k1 * d), "v_proj": (0, k0 * d, k1 * d),
-                 "o_proj": (1, h0 * d, h1 * d), "gate_proj": (0, i0, i1), "up_proj": (0, i0, i1),
-                 "down_proj": (1, i0, i1)}
+        rules = {
+            "q_proj": (0, h0 * d, h1 * d),
+            "k_proj": (0, k0 * d, k1 * d),
+            "v_proj": (0, k0 * d, k1 * d),
+            "o_proj": (1, h0 * d, h1 * d),
+            "gate_proj": (0, i0, i1),
+            "up_proj": (0, i0, i1),
+            "down_proj": (1, i0, i1),
+        }
         q, kv, inter = args.num_heads * d, args.num_kv_heads * d, args.intermediate_size
-        fused = {"qkv_proj": [(h0 * d, h1 * d), (q + k0 * d, q + k1 * d), (q + kv + k0 * d, q + kv + k1 * d)],
-                 "gate_up_proj": [(i0, i1), (inter + i0, inter + i1)]}
+        fused = {
+            "qkv_proj": [(h0 * d, h1 * d), (q + k0 * d, q + k1 * d), (q + kv + k0 * d, q + kv + k1 * d)],
+            "gate_up_proj": [(i0, i1), (inter + i0, inter + i1)],
+        }
         return rules, fused
 
     def weights(self, folder: Path, args: ModelArgs, dtype: torch.dtype, device: torch.device) -> ShardedWeights:
         return ShardedWeights(folder, dtype, device, self, args)
 
-    def build(self, args: ModelArgs, weights: Weights, has_lm_head: bool, max_positions: int,
-              quantization: str | None = None) -> TPCausalLM:
+    def build(
+        self, args: ModelArgs, weights: Weights, has_lm_head: bool, max_positions: int, quantization: str | None = None
+    ) -> TPCausalLM:
         """The decoder on this rank's slices (`weights`), with `group` for its collectives."""
         assert self.group is not None, "a model shard needs its group for the collectives"
-        return TPCausalLM(self.local_args(args), args.vocab_size, self.vocab(args), self.group, weights,
-                          has_lm_head, max_positions, quantization)
+        return TPCausalLM(
+            self.local_args(args),
+            args.vocab_size,
+            self.vocab(args),
+            self.group,
+            weights,
+            has_lm_head,
+            max_positions,
+            quantization,
+        )
 
 
 class ShardedWeights(Weights):
     """Name -> this rank's slice of the tensor (the loader's getter, sliced)."""
 
-    def __init__(self, folder: Path, dtype: torch.dtype, device: torch.device, shard: Shard,
-                 args: ModelArgs) -> None:
+    def __init__(self, folder: Path, dtype: torch.dtype, device: torch.device, shard: Shard, args: ModelArgs) -> None:
         super().__init__(folder, dtype, device, quiet=shard.rank != 0)  # the load is logged once, by rank 0
         self.shard, self.args = shard, args
         self._rules, self._fused = shard.slice_rules(args)
         e0, e1 = shard.expert_intermediate(args)
-        self._expert_rules = {"gate_proj": (0, e0, e1), "up_proj": (0, e0, e1), "down_proj": (1, e0, e1),
-                              "w1": (0, e0, e1), "w3": (0, e0, e1), "w2": (1, e0, e1)}
+        self._expert_rules = {
+            "gate_proj": (0, e0, e1),
+            "up_proj": (0, e0, e1),
+            "down_proj": (1, e0, e1),
+            "w1": (0, e0, e1),
+            "w3": (0, e0, e1),
+            "w2": (1, e0, e1),
+        }
 
     def _read(self, handle: Any, name: str) -> torch.Tensor:
         sl = handle.get_slice(name)

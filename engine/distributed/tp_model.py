@@ -18,9 +18,17 @@ from engine.models.decoder import CausalLM, WeightGetter
 
 
 class TPCausalLM(CausalLM):
-    def __init__(self, local_args: ModelArgs, vocab_size: int, vocab: tuple[int, int, int], group: TPGroup,
-                 weights: WeightGetter, has_lm_head: bool, max_positions: int,
-                 quantization: str | None = None) -> None:
+    def __init__(
+        self,
+        local_args: ModelArgs,
+        vocab_size: int,
+        vocab: tuple[int, int, int],
+        group: TPGroup,
+        weights: WeightGetter,
+        has_lm_head: bool,
+        max_positions: int,
+        quantization: str | None = None,
+    ) -> None:
         """local_args: this rank's shapes (`Shard.local_args`); vocab: its rows (`Shard.vocab`) of vocab_size."""
         self.group = group
         self.full_vocab_size = vocab_size
@@ -37,11 +45,16 @@ class TPCausalLM(CausalLM):
         rows = super().embed_tokens(local.clamp(0, max(self.vocab_real - 1, 0)))
         return self.group.all_reduce(rows.masked_fill_(~mine[:, None], 0))
 
-    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None,
-                       pool: ThreadPoolExecutor | None = None, workers: int = 1) -> torch.Tensor:
+    def compute_logits(
+        self,
+        hidden: torch.Tensor,
+        out: torch.Tensor | None = None,
+        pool: ThreadPoolExecutor | None = None,
+        workers: int = 1,
+    ) -> torch.Tensor:
         """Rank 0: float32 logits [N, vocab] of every rank's columns; other ranks: their own columns (unused)."""
         local = super().compute_logits(hidden)  # this rank's vocabulary columns, float32
         full = self.group.gather_columns(local)
         if full is None:
             return local
-        return full[:, :self.full_vocab_size]  # the last rank's padding columns must never be sampled
+        return full[:, : self.full_vocab_size]  # the last rank's padding columns must never be sampled

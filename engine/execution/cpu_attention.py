@@ -64,8 +64,12 @@ class DecodeView:
                     r1 += 1
                 step = max(1, TILE_BYTES // ((r1 - r0) * block_bytes))
                 # a tile takes only the group's rows that still have blocks there (counts descend)
-                plan.append([(r0, r0 + sum(1 for c in counts[r0:r1] if c > j0), j0, min(width, j0 + step))
-                             for j0 in range(0, width, step)])
+                plan.append(
+                    [
+                        (r0, r0 + sum(1 for c in counts[r0:r1] if c > j0), j0, min(width, j0 + step))
+                        for j0 in range(0, width, step)
+                    ]
+                )
                 r0 = r1
             self.plans[block_bytes] = plan
         return plan
@@ -97,8 +101,11 @@ class DecodeSeqs:
             width = max(len(t) for t in self.tables)
             tables = torch.tensor([t + [0] * (width - len(t)) for t in self.tables], dtype=torch.int32)
             los = [0 if window is None else max(0, n - window) for n in self.ctx_lens]
-            found = self._kernel_args[window] = (tables, torch.tensor(self.ctx_lens, dtype=torch.int32),
-                                                 torch.tensor(los, dtype=torch.int32))
+            found = self._kernel_args[window] = (
+                tables,
+                torch.tensor(self.ctx_lens, dtype=torch.int32),
+                torch.tensor(los, dtype=torch.int32),
+            )
         return found
 
     def _build(self, window: int | None) -> DecodeView:
@@ -111,16 +118,21 @@ class DecodeSeqs:
         width = counts[order[0]]
         rows = []
         for i in order:
-            row = self.tables[i][firsts[i]:firsts[i] + counts[i]]
+            row = self.tables[i][firsts[i] : firsts[i] + counts[i]]
             rows.append(row + [0] * (width - len(row)))
         pos = torch.arange(width * bs)[None, :] + torch.tensor([firsts[i] * bs for i in order])[:, None]
-        visible = (pos < torch.tensor([lens[i] for i in order])[:, None]) & \
-                  (pos >= torch.tensor([los[i] for i in order])[:, None])
+        visible = (pos < torch.tensor([lens[i] for i in order])[:, None]) & (
+            pos >= torch.tensor([los[i] for i in order])[:, None]
+        )
         bias = torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))
         same = order == sorted(order)  # no reordering: saves a gather of q and a scatter of the output
         dev = self.rows.device  # built on the host, then one copy each to the cache's device
-        return DecodeView(None if same else torch.tensor(order).to(dev), torch.tensor(rows, dtype=torch.long).to(dev),
-                          bias.to(dev), [counts[i] for i in order])
+        return DecodeView(
+            None if same else torch.tensor(order).to(dev),
+            torch.tensor(rows, dtype=torch.long).to(dev),
+            bias.to(dev),
+            [counts[i] for i in order],
+        )
 
 
 def _head_major(cache: torch.Tensor) -> torch.Tensor:
@@ -134,8 +146,9 @@ def _gather(cache_hm: torch.Tensor, tables: torch.Tensor, tile: Tile) -> torch.T
     return cache_hm.index_select(1, tables[r0:r1, j0:j1].flatten()).view(kv_heads, r1 - r0, (j1 - j0) * bs, d)
 
 
-def _scores(qh: torch.Tensor, k_hm: torch.Tensor, view: DecodeView, tile: Tile, scale: float,
-            softcap: float | None) -> torch.Tensor:
+def _scores(
+    qh: torch.Tensor, k_hm: torch.Tensor, view: DecodeView, tile: Tile, scale: float, softcap: float | None
+) -> torch.Tensor:
     """float32 [kv_heads, rows, group, keys]: scaled (and soft-capped) scores, -inf where not visible."""
     r0, r1, j0, j1 = tile
     bs = k_hm.shape[2]
@@ -143,11 +156,18 @@ def _scores(qh: torch.Tensor, k_hm: torch.Tensor, view: DecodeView, tile: Tile, 
     s = torch.matmul(qh[:, r0:r1], k.transpose(2, 3)).float().mul_(scale)
     if softcap is not None:
         s = torch.tanh(s.div_(softcap)).mul_(softcap)
-    return s.add_(view.bias[r0:r1, j0 * bs:j1 * bs][None, :, None, :])
+    return s.add_(view.bias[r0:r1, j0 * bs : j1 * bs][None, :, None, :])
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seqs: DecodeSeqs,
-                     scale: float, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seqs: DecodeSeqs,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
     """q [B, heads, D], one token per sequence of `seqs` (in its order) -> [B, heads, D]."""
     if decode_kernel.usable(q, k_cache):
         keys = sum(seqs.ctx_lens) * q.shape[1] * q.shape[2]  # multiply-adds per product (scores, then values)
@@ -173,8 +193,15 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return out_sorted if view.order is None else torch.empty_like(q).index_copy_(0, view.order, out_sorted)
 
 
-def _online_softmax(qh: torch.Tensor, k_hm: torch.Tensor, v_hm: torch.Tensor, view: DecodeView,
-                    tiles: list[Tile], scale: float, softcap: float | None) -> torch.Tensor:
+def _online_softmax(
+    qh: torch.Tensor,
+    k_hm: torch.Tensor,
+    v_hm: torch.Tensor,
+    view: DecodeView,
+    tiles: list[Tile],
+    scale: float,
+    softcap: float | None,
+) -> torch.Tensor:
     """Flash-decoding over one group's column tiles in float32: running max, running sum, rescaled sum."""
     kv_heads, _, group, d = qh.shape
     r0, rows = tiles[0][0], tiles[0][1] - tiles[0][0]
@@ -195,8 +222,15 @@ def _online_softmax(qh: torch.Tensor, k_hm: torch.Tensor, v_hm: torch.Tensor, vi
     return acc.div_(total)
 
 
-def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, chunk: PrefillChunk,
-                      scale: float, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+def prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    chunk: PrefillChunk,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
     """q [q_len, heads, D] -> [q_len, heads, D] over the chunk's visible context (cached prefix + itself).
 
     SDPA (torch's flash kernel) per sub-chunk of rows, each with only the keys its rows can see, so one
@@ -216,29 +250,37 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         r1 = min(q_len, r0 + rows)
         q_lo, q_hi = start + r0, start + r1  # query positions [q_lo, q_hi)
         k_lo = lo if window is None else max(lo, q_lo - window + 1)
-        ks, vs = k[:, k_lo - base:q_hi - base], v[:, k_lo - base:q_hi - base]
+        ks, vs = k[:, k_lo - base : q_hi - base], v[:, k_lo - base : q_hi - base]
         qs = q[r0:r1].transpose(0, 1)  # [heads, rows, D]
         out[r0:r1] = _attend(qs, ks, vs, q_lo, k_lo, scale, window, softcap).transpose(0, 1)
     return out
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lo: int, k_lo: int, scale: float,
-            window: int | None, softcap: float | None) -> torch.Tensor:
+def _attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_lo: int,
+    k_lo: int,
+    scale: float,
+    window: int | None,
+    softcap: float | None,
+) -> torch.Tensor:
     """q [heads, rows, D] at positions q_lo.. over k, v [kv_heads, keys, D] at positions k_lo.. -> [heads, rows, D]."""
     rows, keys = q.shape[1], k.shape[1]
     gqa = q.shape[0] != k.shape[0]
     # keys start at the first query and the window spans all rows: the mask is SDPA's own causal one
     if softcap is None and k_lo == q_lo and (window is None or rows <= window):
-        return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=scale,
-                                              enable_gqa=gqa)[0]
+        return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=scale, enable_gqa=gqa)[0]
     q_pos = torch.arange(q_lo, q_lo + rows, device=q.device)[:, None]
     k_pos = torch.arange(k_lo, k_lo + keys, device=q.device)[None, :]
     allowed = k_pos <= q_pos
     if window is not None:
         allowed &= q_pos - k_pos < window
     if softcap is None:
-        return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=allowed, scale=scale,
-                                              enable_gqa=gqa)[0]
+        return F.scaled_dot_product_attention(
+            q[None], k[None], v[None], attn_mask=allowed, scale=scale, enable_gqa=gqa
+        )[0]
     # soft-capping has no SDPA form: the math, query heads grouped per kv head
     kv_heads = k.shape[0]
     qg = q.reshape(kv_heads, -1, rows, q.shape[2]).float()  # [kv_heads, group, rows, D]

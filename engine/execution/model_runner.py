@@ -10,23 +10,22 @@ from pathlib import Path
 
 import torch
 
-from engine.execution.ops import AttnMetadata
-from engine.execution.cpu_attention import DecodeSeqs, PrefillChunk
 from engine.config import EngineConfig
+from engine.core.sequence import ScheduledSeq
+from engine.execution.cpu_attention import DecodeSeqs, PrefillChunk
+from engine.execution.ops import AttnMetadata
+from engine.kernels import build_paged_batch, triton_available
 from engine.layers.linear import Linear
 from engine.layers.parallel import WORKERS
-from engine.models.checkpoint_meta import max_model_len
+from engine.lora.manager import LoRAManager
+from engine.models.checkpoint_meta import max_model_len, read_generation_config
 from engine.models.decoder import CausalLM
+from engine.models.loader import ModelInfo, load_model, read_config, resolve_model, slow_half_precision
 from engine.models.qwen2_vl import Qwen2VLCausalLM
+from engine.models.weights import ModelLoadError
 from engine.models.whisper import WhisperModel
 from engine.multimodal.audio import AudioRunner
 from engine.multimodal.runner import ImageRunner
-from engine.kernels import build_paged_batch, triton_available
-from engine.models.checkpoint_meta import read_generation_config
-from engine.lora.manager import LoRAManager
-from engine.models.loader import ModelInfo, load_model, read_config, resolve_model, slow_half_precision
-from engine.models.weights import ModelLoadError
-from engine.core.sequence import ScheduledSeq
 
 log = logging.getLogger("engine")
 
@@ -129,12 +128,13 @@ class ModelRunner:
         self.block_size = config.block_size
         self.dtype = dtype = self.model.dtype
         # K and V, every layer, one block of block_size tokens.
-        bytes_per_block = (2 * info.num_layers * config.block_size * info.num_kv_heads * info.head_dim
-                           * dtype.itemsize)
+        bytes_per_block = 2 * info.num_layers * config.block_size * info.num_kv_heads * info.head_dim * dtype.itemsize
         self.num_blocks = config.num_blocks or config.kv_cache_memory // bytes_per_block
         if self.num_blocks < 1:
-            raise ModelLoadError(f"kv_cache_memory {config.kv_cache_memory} bytes holds no block of "
-                                 f"{bytes_per_block} bytes; give the KV cache more memory")
+            raise ModelLoadError(
+                f"kv_cache_memory {config.kv_cache_memory} bytes holds no block of "
+                f"{bytes_per_block} bytes; give the KV cache more memory"
+            )
         if use_triton is None:
             use_triton = self.device.type == "cuda" and triton_available()
         self.use_triton = use_triton
@@ -182,8 +182,9 @@ class ModelRunner:
 
     def _load(self, path: Path, config: EngineConfig) -> tuple[CausalLM, ModelInfo]:
         """The whole model (a tensor-parallel runner loads its shard: engine/distributed/runner.py)."""
-        return load_model(path, config.dtype, self.device, max_positions=self.max_model_len,
-                          quantization=config.quantization)
+        return load_model(
+            path, config.dtype, self.device, max_positions=self.max_model_len, quantization=config.quantization
+        )
 
     def _metadata(self, batch: list[ScheduledSeq]) -> tuple[list[int], list[int], AttnMetadata]:
         """The CPU path's metadata: single-token steps batched as decodes, longer ones as prefill chunks."""
@@ -202,17 +203,16 @@ class ModelRunner:
             positions += range(start, start + n)
             if n == 1:  # batched with every other single-token step
                 decode_rows.append(row)
-                decode_tables.append(table[:start // bs + 1])
+                decode_tables.append(table[: start // bs + 1])
                 decode_ctx.append(start + 1)
             else:
-                blocks = torch.tensor(table[:-(-(start + n) // bs)], dtype=torch.long, device=dev)
+                blocks = torch.tensor(table[: -(-(start + n) // bs)], dtype=torch.long, device=dev)
                 prefills.append(PrefillChunk(row, n, start, blocks))
             slots += [table[p // bs] * bs + p % bs for p in range(start, start + n)]
         slot_mapping = torch.tensor(slots, dtype=torch.long, device=dev)
         decodes = None
         if decode_rows:
-            decodes = DecodeSeqs(torch.tensor(decode_rows, dtype=torch.long, device=dev), decode_ctx,
-                                 decode_tables, bs)
+            decodes = DecodeSeqs(torch.tensor(decode_rows, dtype=torch.long, device=dev), decode_ctx, decode_tables, bs)
         return input_ids, positions, AttnMetadata(slot_mapping, decodes, prefills)
 
     def _paged_metadata(self, batch: list[ScheduledSeq]) -> tuple[list[int], list[int], AttnMetadata]:
@@ -226,8 +226,13 @@ class ModelRunner:
             input_ids += s.input_ids()
             positions += range(start, end)
             slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
-        paged = build_paged_batch([s.seq.block_table for s in batch], [s.start + s.num_new_tokens for s in batch],
-                                  [s.num_new_tokens for s in batch], bs, self.device)
+        paged = build_paged_batch(
+            [s.seq.block_table for s in batch],
+            [s.start + s.num_new_tokens for s in batch],
+            [s.num_new_tokens for s in batch],
+            bs,
+            self.device,
+        )
         slot_mapping = torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True)
         return input_ids, positions, AttnMetadata(slot_mapping, paged=paged)
 
@@ -247,16 +252,20 @@ class ModelRunner:
         dev = self.device
         # every row samples (a pure decode step): the LM head reads hidden as is, no gather
         rows = None if len(sample_rows) == row else torch.tensor(sample_rows, dtype=torch.long, device=dev)
-        return StepInputs(torch.tensor(input_ids, dtype=torch.long, device=dev),
-                          torch.tensor(positions, dtype=torch.long, device=dev), meta, rows,
-                          len(sample_rows), prompt_rows)
+        return StepInputs(
+            torch.tensor(input_ids, dtype=torch.long, device=dev),
+            torch.tensor(positions, dtype=torch.long, device=dev),
+            meta,
+            rows,
+            len(sample_rows),
+            prompt_rows,
+        )
 
     def _logits_buffer(self, n: int) -> torch.Tensor:
         """[n, head's vocab] float32 reused across steps: fresh 150k-wide logits fault in new pages every step."""
         buf = self._logits
         if buf is None or buf.shape[0] < n:
-            buf = self._logits = torch.empty(max(n, 8), self.model.head.vocab, dtype=torch.float32,
-                                             device=self.device)
+            buf = self._logits = torch.empty(max(n, 8), self.model.head.vocab, dtype=torch.float32, device=self.device)
         return buf[:n]
 
     def _forward(self, batch: list[ScheduledSeq], inputs: StepInputs) -> torch.Tensor:
@@ -275,12 +284,12 @@ class ModelRunner:
 
     def _run_model(self, batch: list[ScheduledSeq], inputs: StepInputs) -> torch.Tensor:
         if self.audio is not None:
-            return self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta,
-                                      cross=self.audio.cross_batch(batch))  # type: ignore[call-arg]
+            return self.model.forward(
+                inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, cross=self.audio.cross_batch(batch)
+            )  # type: ignore[call-arg]
         if self.images is not None and any(s.seq.mm is not None for s in batch):
             positions, embeds = self.images.step_inputs(batch, inputs.input_ids)
-            return self.model.forward(inputs.input_ids, positions, self.kv_caches, inputs.meta,
-                                      embeds=embeds)  # type: ignore[call-arg]
+            return self.model.forward(inputs.input_ids, positions, self.kv_caches, inputs.meta, embeds=embeds)  # type: ignore[call-arg]
         return self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
 
     @torch.inference_mode()
@@ -300,7 +309,7 @@ class ModelRunner:
             logits = self.model.compute_logits(sampled, out=out, pool=WORKERS.pool, workers=WORKERS.n)
         else:  # only prompt chunks that end mid-prompt: no row samples, no LM head
             logits = hidden.new_empty((0, self.vocab_size), dtype=torch.float32)
-        prompt_logits = {i: self.model.compute_logits(hidden[r:r + n]) for i, (r, n) in inputs.prompt_rows.items()}
+        prompt_logits = {i: self.model.compute_logits(hidden[r : r + n]) for i, (r, n) in inputs.prompt_rows.items()}
         return RunnerOutput(logits, prompt_logits)
 
     @torch.inference_mode()

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import torch
 
 from engine import kernels
-from engine.execution.cpu_attention import DecodeSeqs, PrefillChunk, decode_attention, prefill_attention
 from engine.cpu_kernels import layer_ops
+from engine.execution.cpu_attention import DecodeSeqs, PrefillChunk, decode_attention, prefill_attention
 from engine.kernels import PagedBatch
 from engine.layers.parallel import WORKERS
 
@@ -38,8 +38,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * torch.rms_norm(x, (x.shape[-1],), eps=eps)
 
 
-def add_rms_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + h, rms_norm(x + h)): a residual add and the next norm, in one pass where the CPU kernel runs."""
     if h.dtype == x.dtype and _cpu_kernel(x, weight):
         return layer_ops.add_rms_norm(x, h, weight, eps, _threads(x))
@@ -73,8 +74,9 @@ def apply_rope(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
     return rotate(x, *rope_factors(cos_sin, x.dtype))
 
 
-def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def write_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """Store the step's new K/V [T, kv_heads, head_dim] in their slots."""
     k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k)
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v)
@@ -93,8 +95,16 @@ class AttnMetadata:
     paged: PagedBatch | None = None  # the Triton path's block tables and lengths, instead of the above
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMetadata,
-                    scale: float, *, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttnMetadata,
+    scale: float,
+    *,
+    window: int | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
     """q [T, heads, D] for the flat batch -> attention output [T, heads, D] (engine/execution/cpu_attention.py).
 
     window: a query at position p sees keys (p - window, p]; softcap: scores become softcap * tanh(s / softcap)."""
@@ -104,8 +114,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     out = torch.empty_like(q)
     if decodes is not None and len(decodes):
         rows = decodes.rows
-        out.index_copy_(0, rows, decode_attention(q.index_select(0, rows), k_cache, v_cache, decodes, scale,
-                                                  window, softcap))
+        out.index_copy_(
+            0, rows, decode_attention(q.index_select(0, rows), k_cache, v_cache, decodes, scale, window, softcap)
+        )
     for chunk in meta.prefills:
         rows_ = slice(chunk.q_start, chunk.q_start + chunk.q_len)
         out[rows_] = prefill_attention(q[rows_], k_cache, v_cache, chunk, scale, window, softcap)
@@ -119,14 +130,16 @@ class TorchOps:
     add_rms_norm = staticmethod(add_rms_norm)
 
     @staticmethod
-    def rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-             cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope(
+        positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         rows = cos_sin[positions]
         return apply_rope(q, rows), apply_rope(k, rows)
 
     @staticmethod
-    def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
+    def write_kv(
+        k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> None:
         write_kv(k_cache, v_cache, k, v, slot_mapping)
 
     attention = staticmethod(paged_attention)
@@ -140,24 +153,35 @@ class TritonOps:
         return kernels.rms_norm(x, weight, eps)
 
     @staticmethod
-    def add_rms_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor,
-                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_rms_norm(
+        x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         s = x + h
         return s, kernels.rms_norm(s, weight, eps)
 
     @staticmethod
-    def rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-             cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope(
+        positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return kernels.rotary_embedding(positions, q, k, cos_sin)  # in place
 
     @staticmethod
-    def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
+    def write_kv(
+        k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> None:
         kernels.write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
 
     @staticmethod
-    def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMetadata,
-                  scale: float, *, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+    def attention(
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttnMetadata,
+        scale: float,
+        *,
+        window: int | None = None,
+        softcap: float | None = None,
+    ) -> torch.Tensor:
         assert meta.paged is not None, "the runner builds `paged` metadata for the Triton path"
         fn = kernels.decode_attention if meta.paged.max_query_len == 1 else kernels.prefill_attention
         return fn(q, k_cache, v_cache, meta.paged, scale, sliding_window=window, softcap=softcap)

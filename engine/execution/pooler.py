@@ -16,9 +16,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from engine.core.sequence import ScheduledSeq, Sequence
 from engine.messages import PooledData
 from engine.pooling_config import POOLING_TYPES
-from engine.core.sequence import ScheduledSeq, Sequence
 
 
 @dataclass
@@ -31,8 +31,13 @@ class _Partial:
 
 
 class Pooler:
-    def __init__(self, pooling_type: str = "LAST", head: torch.Tensor | None = None, step_tag_id: int | None = None,
-                 returned_token_ids: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        pooling_type: str = "LAST",
+        head: torch.Tensor | None = None,
+        step_tag_id: int | None = None,
+        returned_token_ids: list[int] | None = None,
+    ) -> None:
         """head: a classifier's score weight [labels, hidden] (None: the pooled state is the output)."""
         if pooling_type not in POOLING_TYPES:
             raise ValueError(f"pooling_type must be one of {', '.join(POOLING_TYPES)}, not {pooling_type!r}")
@@ -59,7 +64,7 @@ class Pooler:
         row = 0
         for s in batch:
             n = s.num_new_tokens
-            self._take(s.seq.request_id, s.start, hidden[row:row + n])
+            self._take(s.seq.request_id, s.start, hidden[row : row + n])
             row += n
             if s.samples:
                 part = self._parts.pop(s.seq.request_id)
@@ -101,7 +106,7 @@ class Pooler:
             return part.total
         rows = torch.cat(part.rows)
         if self.pooling_type == "STEP" and self.step_tag_id is not None:
-            tags = torch.tensor(seq.token_ids[:seq.num_prompt_tokens], device=rows.device) == self.step_tag_id
+            tags = torch.tensor(seq.token_ids[: seq.num_prompt_tokens], device=rows.device) == self.step_tag_id
             rows = rows[tags]
         return rows
 

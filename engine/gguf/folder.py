@@ -41,9 +41,7 @@ def _key(files: tuple[Path, ...]) -> str:
 
 def _config(model: GGUFModel, folder: str, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """config.json and generation_config.json from transformers' reading of the file's metadata."""
-    from transformers import (
-        AutoConfig,  # why late: only a first start on a GGUF file needs it
-    )
+    from transformers import AutoConfig  # why late: only a first start on a GGUF file needs it
 
     cfg: dict[str, Any] = AutoConfig.from_pretrained(folder, gguf_file=name).to_dict()
     arch = model.architecture
@@ -65,8 +63,12 @@ def _write(model: GGUFModel, out: Path) -> None:
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
     AutoTokenizer.from_pretrained(str(first.parent), gguf_file=first.name).save_pretrained(str(out))
-    marker = {"files": [str(f.resolve()) for f in model.files], "architecture": model.architecture,
-              "name": model.name, "tensor_bytes": model.tensor_bytes}
+    marker = {
+        "files": [str(f.resolve()) for f in model.files],
+        "architecture": model.architecture,
+        "name": model.name,
+        "tensor_bytes": model.tensor_bytes,
+    }
     (out / MARKER).write_text(json.dumps(marker, indent=2))
 
 
@@ -90,12 +92,12 @@ def derived_folder(model: GGUFModel) -> Path:
         raise
     except Exception as e:
         why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise GGUFError(f"{model.files[0]}: its config or tokenizer could not be read from the metadata "
-                        f"({type(e).__name__}: {why})") from e
+        raise GGUFError(
+            f"{model.files[0]}: its config or tokenizer could not be read from the metadata ({type(e).__name__}: {why})"
+        ) from e
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    log.info("GGUF %s: config and tokenizer derived into %s in %.1f s", model.name, folder,
-             time.monotonic() - started)
+    log.info("GGUF %s: config and tokenizer derived into %s in %.1f s", model.name, folder, time.monotonic() - started)
     return folder
 
 

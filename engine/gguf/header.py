@@ -46,11 +46,31 @@ def type_name(ggml_type: int) -> str:
 
 
 _SCALARS: dict[int, tuple[str, int]] = {  # GGUF value type -> (struct format, size)
-    0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
-    6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8),
+    0: ("<B", 1),
+    1: ("<b", 1),
+    2: ("<H", 2),
+    3: ("<h", 2),
+    4: ("<I", 4),
+    5: ("<i", 4),
+    6: ("<f", 4),
+    7: ("<?", 1),
+    10: ("<Q", 8),
+    11: ("<q", 8),
+    12: ("<d", 8),
 }
-_NUMPY: dict[int, str] = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1",
-                          10: "<u8", 11: "<i8", 12: "<f8"}
+_NUMPY: dict[int, str] = {
+    0: "<u1",
+    1: "<i1",
+    2: "<u2",
+    3: "<i2",
+    4: "<u4",
+    5: "<i4",
+    6: "<f4",
+    7: "<u1",
+    10: "<u8",
+    11: "<i8",
+    12: "<f8",
+}
 _STRING, _ARRAY = 8, 9
 _MAX_DIMS = 4
 
@@ -92,8 +112,10 @@ class _Cursor:
 
     def take(self, n: int, what: str) -> int:
         if n < 0 or self.pos + n > len(self.buf):
-            raise GGUFError(f"{self.path}: {what} runs past the end of the file (at byte {self.pos}, "
-                            f"{n} bytes wanted, file is {len(self.buf)} bytes): truncated or damaged")
+            raise GGUFError(
+                f"{self.path}: {what} runs past the end of the file (at byte {self.pos}, "
+                f"{n} bytes wanted, file is {len(self.buf)} bytes): truncated or damaged"
+            )
         start, self.pos = self.pos, self.pos + n
         return start
 
@@ -110,7 +132,7 @@ class _Cursor:
     def string(self, what: str) -> str:
         n = self.u64(f"the length of {what}")
         start = self.take(n, what)
-        return bytes(self.buf[start:start + n]).decode("utf-8", errors="replace")
+        return bytes(self.buf[start : start + n]).decode("utf-8", errors="replace")
 
     def value(self, vtype: int, key: str) -> Any:
         if vtype in _SCALARS:
@@ -151,13 +173,14 @@ def _nbytes(path: Path, name: str, shape: tuple[int, ...], ggml_type: int) -> in
 
 def _parse(buf: mmap.mmap | bytes, path: Path) -> Header:
     cur = _Cursor(buf, path)
-    magic = bytes(buf[cur.take(4, "the magic number"):4]) if len(buf) >= 4 else bytes(buf)
+    magic = bytes(buf[cur.take(4, "the magic number") : 4]) if len(buf) >= 4 else bytes(buf)
     if magic != MAGIC:
         raise GGUFError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
     version = cur.u32("the version")
     if version not in (2, 3):
-        raise GGUFError(f"{path}: GGUF version {version} is not supported (2 and 3 are; a big-endian file "
-                        "reads as a huge version)")
+        raise GGUFError(
+            f"{path}: GGUF version {version} is not supported (2 and 3 are; a big-endian file reads as a huge version)"
+        )
     n_tensors, n_kv = cur.u64("the tensor count"), cur.u64("the metadata count")
     metadata: dict[str, Any] = {}
     for _ in range(n_kv):
@@ -171,8 +194,10 @@ def _parse(buf: mmap.mmap | bytes, path: Path) -> Header:
         nbytes = _nbytes(path, name, shape, ggml_type)
         start = data_start + offset
         if start + nbytes > len(buf):
-            raise GGUFError(f"{path}: tensor {name!r} ({nbytes} bytes at {start}) runs past the end of the file "
-                            f"({len(buf)} bytes): truncated or damaged")
+            raise GGUFError(
+                f"{path}: tensor {name!r} ({nbytes} bytes at {start}) runs past the end of the file "
+                f"({len(buf)} bytes): truncated or damaged"
+            )
         tensors[name] = TensorInfo(name, shape, ggml_type, start, nbytes)
     return Header(path, len(buf), metadata, tensors)
 

@@ -15,7 +15,6 @@ from engine.layers.quant_linear import QuantEmbedding, make_quant_linear
 class QuantHead(LMHead):
     """LMHead's interface over blocks: float32 logits [N, vocab], rounded as `(h @ W.T).float()` in h's dtype."""
 
-
     def __init__(self, weight: GGMLWeight, dtype: torch.dtype) -> None:  # noqa: PLW0231 - LMHead's packs a tensor
         self.vocab = weight.shape[0]
         self.dtype = dtype
@@ -27,14 +26,15 @@ class QuantHead(LMHead):
     def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor | None:
         return None
 
-    def __call__(self, h: torch.Tensor, out: torch.Tensor | None = None, pool: ThreadPoolExecutor | None = None,
-                 workers: int = 1) -> torch.Tensor:
+    def __call__(
+        self, h: torch.Tensor, out: torch.Tensor | None = None, pool: ThreadPoolExecutor | None = None, workers: int = 1
+    ) -> torch.Tensor:
         """pool and workers: unused (the quantized kernels share the rows over their own threads)."""
         logits = self.linear(h).float()
         if out is None:
             return logits
-        out[:logits.shape[0]].copy_(logits)
-        return out[:logits.shape[0]]
+        out[: logits.shape[0]].copy_(logits)
+        return out[: logits.shape[0]]
 
 
 def quant_embedding(weight: GGMLWeight, dtype: torch.dtype) -> QuantEmbedding:

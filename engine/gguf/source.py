@@ -13,15 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.gguf.header import (
-    MAGIC,
-    SUPPORTED_TYPES,
-    GGUFError,
-    Header,
-    TensorInfo,
-    read_header,
-    type_name,
-)
+from engine.gguf.header import MAGIC, SUPPORTED_TYPES, GGUFError, Header, TensorInfo, read_header, type_name
 
 # GGUF general.architecture -> the Hugging Face architecture whose model class serves it here
 ARCHITECTURES: dict[str, str] = {
@@ -111,8 +103,10 @@ def gguf_file_of(model: str | Path) -> Path | None:
     found = sorted(p for p in path.glob("*.gguf") if p.is_file())
     firsts = [p for p in found if not (m := _SPLIT.match(p.name)) or int(m["no"]) == 1]
     if len(firsts) > 1:
-        raise GGUFError(f"{path} holds several GGUF models ({', '.join(p.name for p in firsts)}); "
-                        "pass --model with the file to serve")
+        raise GGUFError(
+            f"{path} holds several GGUF models ({', '.join(p.name for p in firsts)}); "
+            "pass --model with the file to serve"
+        )
     return firsts[0] if firsts else None
 
 
@@ -137,11 +131,15 @@ def open_model(file: Path) -> GGUFModel:
     model = GGUFModel(files, tuple(read_header(f) for f in files))
     arch = model.architecture
     if arch not in ARCHITECTURES:
-        raise GGUFError(f"{file}: GGUF architecture {arch or '(none: no general.architecture)'!r} is not "
-                        f"supported; supported: {', '.join(ARCHITECTURES)}")
+        raise GGUFError(
+            f"{file}: GGUF architecture {arch or '(none: no general.architecture)'!r} is not "
+            f"supported; supported: {', '.join(ARCHITECTURES)}"
+        )
     for header in model.headers:
         for t in header.tensors.values():
             if t.ggml_type not in SUPPORTED_TYPES:
-                raise GGUFError(f"{header.path}: tensor {t.name!r} has type {type_name(t.ggml_type)}, which is not "
-                                f"supported; supported: {', '.join(sorted(type_name(x) for x in SUPPORTED_TYPES))}")
+                raise GGUFError(
+                    f"{header.path}: tensor {t.name!r} has type {type_name(t.ggml_type)}, which is not "
+                    f"supported; supported: {', '.join(sorted(type_name(x) for x in SUPPORTED_TYPES))}"
+                )
     return model

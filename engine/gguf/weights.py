@@ -28,8 +28,7 @@ _EXPERT = re.compile(r"^(?P<block>.*\.experts)\.(?P<e>\d+)\.(?P<w>\w+)$")
 _ROW_PERMUTED = {"llama"}  # llama.cpp's converter permutes Q/K rows for these (its rotary layout)
 _NORM_PLUS_ONE = {"gemma2", "gemma3"}
 _KEPT = ("proj.weight", "model.embed_tokens.weight", "lm_head.weight")  # projections, embedding, head
-_FLOATS = {int(gguf.GGMLQuantizationType.F32), int(gguf.GGMLQuantizationType.F16),
-           int(gguf.GGMLQuantizationType.BF16)}
+_FLOATS = {int(gguf.GGMLQuantizationType.F32), int(gguf.GGMLQuantizationType.F16), int(gguf.GGMLQuantizationType.BF16)}
 
 
 def _rotary_rows(rows: int, heads: int) -> torch.Tensor:
@@ -40,8 +39,9 @@ def _rotary_rows(rows: int, heads: int) -> torch.Tensor:
 class GGUFWeights(Weights):
     """HF name -> tensor over one or many GGUF files (split models), memory-mapped; read as `Weights` is."""
 
-    def __init__(self, files: list[Path], dtype: torch.dtype, device: torch.device, *,
-                 keep_quantized: bool = False) -> None:
+    def __init__(
+        self, files: list[Path], dtype: torch.dtype, device: torch.device, *, keep_quantized: bool = False
+    ) -> None:
         """keep_quantized: projections, the embedding and the LM head come back as GGMLWeight (CPU kernels compute
         on the blocks; a MoE expert is dequantized: the experts are stacked dense)."""
         # no super().__init__: that one opens safetensors files
@@ -51,11 +51,13 @@ class GGUFWeights(Weights):
         self.metadata = headers[0].metadata
         self.arch = headers[0].architecture
         self.tensors: dict[str, tuple[int, TensorInfo]] = {
-            name: (i, t) for i, h in enumerate(headers) for name, t in h.tensors.items()}
+            name: (i, t) for i, h in enumerate(headers) for name, t in h.tensors.items()
+        }
         self.file_bytes = sum(h.tensor_bytes for h in headers)
         blocks = int(self.metadata.get(f"{self.arch}.block_count", 0))
         self._names = gguf.get_tensor_name_map(
-            next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == self.arch), blocks)
+            next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == self.arch), blocks
+        )
         self.held_bytes = 0
         self.progress = LoadProgress(len(self.tensors))
 
@@ -81,7 +83,7 @@ class GGUFWeights(Weights):
         data = raw.reshape(rows, -1)
         if expert is not None:
             per = rows // shape[0]
-            data, shape = data[expert * per:(expert + 1) * per], shape[1:]
+            data, shape = data[expert * per : (expert + 1) * per], shape[1:]
         return data, tuple(shape)
 
     def __call__(self, name: str) -> torch.Tensor:
@@ -92,8 +94,13 @@ class GGUFWeights(Weights):
         index, info = self.tensors[gguf_name]
         data, shape = self._blocks(info, index, expert)
         rows = self._row_order(gguf_name, shape)
-        if self.keep_quantized and expert is None and len(shape) == 2 and info.ggml_type not in _FLOATS and \
-                name.endswith(_KEPT):
+        if (
+            self.keep_quantized
+            and expert is None
+            and len(shape) == 2
+            and info.ggml_type not in _FLOATS
+            and name.endswith(_KEPT)
+        ):
             blocks = torch.from_numpy(np.array(data))
             blocks = blocks if rows is None else blocks[rows].contiguous()
             held = GGMLWeight(info.ggml_type, (shape[0], shape[1]), blocks)
@@ -121,6 +128,12 @@ class GGUFWeights(Weights):
     def log_held(self) -> None:
         """The start-up line: weight bytes held against the file's tensor bytes."""
         ratio = self.held_bytes / max(self.file_bytes, 1)
-        log.info("GGUF weights: %.1f MB held (%s) for %.1f MB of tensors in the file (%.2fx)",
-                 self.held_bytes / 1e6, "quantized blocks kept" if self.keep_quantized else f"dequantized to "
-                 f"{str(self.dtype).removeprefix('torch.')}", self.file_bytes / 1e6, ratio)
+        log.info(
+            "GGUF weights: %.1f MB held (%s) for %.1f MB of tensors in the file (%.2fx)",
+            self.held_bytes / 1e6,
+            "quantized blocks kept"
+            if self.keep_quantized
+            else f"dequantized to {str(self.dtype).removeprefix('torch.')}",
+            self.file_bytes / 1e6,
+            ratio,
+        )

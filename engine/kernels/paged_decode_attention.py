@@ -11,8 +11,14 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.paged_common import (attend_ref, context_slots, first_visible, flat_cache,
-                                         interpreter_dot_upcast, softcap_arg)
+from engine.kernels.paged_common import (
+    attend_ref,
+    context_slots,
+    first_visible,
+    flat_cache,
+    interpreter_dot_upcast,
+    softcap_arg,
+)
 
 TARGET_PROGRAMS = 264  # about two waves on a 132-SM H100/H200
 MIN_SPLIT_LEN = 256  # below this many keys per split the merge costs more than it saves

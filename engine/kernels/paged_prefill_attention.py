@@ -12,8 +12,14 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.paged_common import (attend_ref, context_slots, first_visible, flat_cache,
-                                         interpreter_dot_upcast, softcap_arg)
+from engine.kernels.paged_common import (
+    attend_ref,
+    context_slots,
+    first_visible,
+    flat_cache,
+    interpreter_dot_upcast,
+    softcap_arg,
+)
 from engine.kernels.paged_decode_attention import tanh
 
 

@@ -89,8 +89,13 @@ class KernelLinear(Linear):
     quantization "int8") packed once for it. `winners`: per row class (chooser.ROW_CLASSES), "spindle" or
     "spindle-unpack" (those rows through torch's GEMM, output tiles unpacked from the same layout)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, quantization: str | None = None,
-                 winners: tuple[str, ...] | None = None) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        quantization: str | None = None,
+        winners: tuple[str, ...] | None = None,
+    ) -> None:
         super().__init__(weight, bias)
         self.packed = packed_weight(weight, bias, quantization)
         del self.weight  # the packed copy is the only one kept
@@ -101,8 +106,9 @@ class KernelLinear(Linear):
         """The path per row class: "spindle" or "spindle-unpack" (the chooser's decision)."""
         self.winners = winners
         # the smallest row count that goes through torch's GEMM (none: 1 << 62)
-        self._unpack_from = min((lo for (lo, _), w in zip(chooser.ROW_CLASSES, winners) if w == "spindle-unpack"),
-                                default=1 << 62)
+        self._unpack_from = min(
+            (lo for (lo, _), w in zip(chooser.ROW_CLASSES, winners) if w == "spindle-unpack"), default=1 << 62
+        )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
@@ -126,7 +132,7 @@ class KernelLinear(Linear):
         for b in range(0, p.packed.shape[0], blocks):
             start = b * gemm.BLOCK
             end = min(start + UNPACK_COLS, self.out_features)
-            tile = p.packed[b:b + blocks].permute(0, 2, 1, 3).reshape(-1, self.in_features)[:end - start]
+            tile = p.packed[b : b + blocks].permute(0, 2, 1, 3).reshape(-1, self.in_features)[: end - start]
             if p.scale is not None:
                 tile = (tile.float() * p.scale[start:end, None]).to(torch.bfloat16)
             bias = None if p.bias is None else p.bias[start:end]
@@ -176,9 +182,14 @@ class SplitLinear(Linear):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, make: type[Linear], parts: int) -> None:
         super().__init__(weight, bias)
         rows = (-(-self.out_features // parts) + 63) // 64 * 64  # oneDNN blocks output rows by up to 64
-        self.parts = [(s, min(s + rows, self.out_features),
-                       make(weight[s:s + rows], None if bias is None else bias[s:s + rows]))
-                      for s in range(0, self.out_features, rows)]
+        self.parts = [
+            (
+                s,
+                min(s + rows, self.out_features),
+                make(weight[s : s + rows], None if bias is None else bias[s : s + rows]),
+            )
+            for s in range(0, self.out_features, rows)
+        ]
         self.dtype = weight.dtype
         del self.weight  # the parts hold it
 
@@ -190,6 +201,7 @@ class SplitLinear(Linear):
         def work() -> None:
             for start, end, lin in parts:
                 out[:, start:end].copy_(lin(x2))
+
         WORKERS.run(work)
         return out.view(*x.shape[:-1], self.out_features)
 
@@ -203,16 +215,22 @@ def cpu_packs_bf16() -> bool:
     return bool(torch._C._has_mkldnn and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-FORM_OF = {"spindle": "spindle", "spindle-unpack": "spindle", "onednn": "onednn", "int8pack": "int8pack",
-           "torch": "torch"}
+FORM_OF = {
+    "spindle": "spindle",
+    "spindle-unpack": "spindle",
+    "onednn": "onednn",
+    "int8pack": "int8pack",
+    "torch": "torch",
+}
 
 
-def candidate_forms(weight: torch.Tensor, bias: torch.Tensor | None,
-                    quantization: str | None) -> dict[str, Callable[[], Linear]]:
+def candidate_forms(
+    weight: torch.Tensor, bias: torch.Tensor | None, quantization: str | None
+) -> dict[str, Callable[[], Linear]]:
     """The layouts this CPU weight can be held in, each as what builds its Linear (candidate names of
     chooser.py: the layout's first candidate)."""
     forms: dict[str, Callable[[], Linear]] = {}
-    if (gemm.usable(weight) if quantization is None else weight.dtype == torch.bfloat16 and gemm.usable(weight)):
+    if gemm.usable(weight) if quantization is None else weight.dtype == torch.bfloat16 and gemm.usable(weight):
         forms["spindle"] = lambda: KernelLinear(weight, bias, quantization)
     if quantization == "int8":
         forms["int8pack"] = lambda: Int8Linear(weight, bias)
@@ -226,6 +244,7 @@ def candidate_forms(weight: torch.Tensor, bias: torch.Tensor | None,
 def _bench(lin: Linear, name: str) -> chooser.Bench:
     """rows -> one call of `lin` on that many rows, run on the threads a step of that many rows gets (a one-row
     step's torch ops run on one thread: engine/execution/model_runner.py)."""
+
     def at(rows: int) -> Callable[[], object]:
         x = torch.randn(rows, lin.in_features, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
         if isinstance(lin, KernelLinear) and name == "spindle-unpack":
@@ -240,12 +259,15 @@ def _bench(lin: Linear, name: str) -> chooser.Bench:
                     return lin(x)
             finally:
                 torch.set_num_threads(before)
+
         return call
+
     return at
 
 
-def choose_linear(weight: torch.Tensor, bias: torch.Tensor | None, quantization: str | None,
-                  kind: str = "linear") -> tuple[Linear, tuple[str, ...]]:
+def choose_linear(
+    weight: torch.Tensor, bias: torch.Tensor | None, quantization: str | None, kind: str = "linear"
+) -> tuple[Linear, tuple[str, ...]]:
     """The CPU Linear of the layout the chooser keeps for this weight, and its winner per row class."""
     forms = candidate_forms(weight, bias, quantization)
     built: dict[str, Linear] = {}
@@ -256,6 +278,7 @@ def choose_linear(weight: torch.Tensor, bias: torch.Tensor | None, quantization:
             if form not in built:
                 built[form] = forms[form]()
             return _bench(built[form], name)(rows)
+
         return at
 
     names = [n for n in FORM_OF if FORM_OF[n] in forms]

@@ -49,8 +49,7 @@ def head_forms(weight: torch.Tensor, quantization: str | None) -> tuple[str, ...
 HEAD_TIMED_ROWS = 64  # the head sees more rows only for prompt logprobs: their class is timed at this many
 
 
-def _head_bench(heads: dict[str, LMHead], weight: torch.Tensor, quantization: str | None,
-                name: str) -> chooser.Bench:
+def _head_bench(heads: dict[str, LMHead], weight: torch.Tensor, quantization: str | None, name: str) -> chooser.Bench:
     def at(rows: int) -> Callable[[], object]:
         rows = min(rows, HEAD_TIMED_ROWS)
         if name not in heads:
@@ -59,6 +58,7 @@ def _head_bench(heads: dict[str, LMHead], weight: torch.Tensor, quantization: st
         h = torch.randn(rows, weight.shape[1], generator=torch.Generator().manual_seed(rows)).to(weight.dtype)
         out = torch.empty(rows, head.vocab, dtype=torch.float32)
         return lambda: head(h, out, WORKERS.pool, WORKERS.n)
+
     return at
 
 
@@ -68,9 +68,12 @@ def choose_head(weight: torch.Tensor, quantization: str | None) -> LMHead:
         return LMHead(weight, quantization)
     heads: dict[str, LMHead] = {}
     try:
-        held, _ = chooser.choose_held(f"lm_head-{quantization or str(weight.dtype).removeprefix('torch.')}",
-                                      tuple(weight.shape), {f: _head_bench(heads, weight, quantization, f)
-                                                            for f in forms}, {f: f for f in forms})
+        held, _ = chooser.choose_held(
+            f"lm_head-{quantization or str(weight.dtype).removeprefix('torch.')}",
+            tuple(weight.shape),
+            {f: _head_bench(heads, weight, quantization, f) for f in forms},
+            {f: f for f in forms},
+        )
     except chooser.ChooserError:
         held = forms[-1]
     return heads.get(held) or LMHead(weight, quantization, form=held)
@@ -94,8 +97,10 @@ class LMHead:
             self.packed = packed_weight(weight, None, quantization)
         elif form in ("onednn", "int8pack"):
             make: Callable[[torch.Tensor], Linear] = Int8Linear if quantization else PackedLinear
-            self.chunks = [(s, min(s + PACKED_CHUNK_COLS, self.vocab), make(weight[s:s + PACKED_CHUNK_COLS]))
-                           for s in range(0, self.vocab, PACKED_CHUNK_COLS)]
+            self.chunks = [
+                (s, min(s + PACKED_CHUNK_COLS, self.vocab), make(weight[s : s + PACKED_CHUNK_COLS]))
+                for s in range(0, self.vocab, PACKED_CHUNK_COLS)
+            ]
         elif on_cpu:
             self.transposed = weight.t().contiguous()
         elif quantization is not None:
@@ -111,8 +116,9 @@ class LMHead:
             return None
         return self.transposed.index_select(1, ids).t().contiguous()
 
-    def __call__(self, h: torch.Tensor, out: torch.Tensor | None = None, pool: ThreadPoolExecutor | None = None,
-                 workers: int = 1) -> torch.Tensor:
+    def __call__(
+        self, h: torch.Tensor, out: torch.Tensor | None = None, pool: ThreadPoolExecutor | None = None, workers: int = 1
+    ) -> torch.Tensor:
         """h [N, hidden] (normed) -> float32 logits [N, vocab], in `out` when given (CPU).
 
         Rounds exactly as `(h @ head).float()`: the product is in the model's dtype, then widened.
@@ -144,6 +150,7 @@ class LMHead:
             with torch.inference_mode():
                 for start, end, lin in chunks:
                     out[:, start:end].copy_(lin(h))
+
         return work
 
     def _transposed_work(self, h: torch.Tensor, out: torch.Tensor, workers: int) -> Callable[[], None]:
@@ -158,5 +165,6 @@ class LMHead:
                 scratch = torch.empty(n, min(cols, vocab), dtype=h.dtype, device=h.device)
                 for start in starts:
                     end = min(start + cols, vocab)
-                    out[:, start:end].copy_(torch.mm(h, head[:, start:end], out=scratch[:, :end - start]))
+                    out[:, start:end].copy_(torch.mm(h, head[:, start:end], out=scratch[:, : end - start]))
+
         return work

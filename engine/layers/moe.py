@@ -30,8 +30,17 @@ class SparseMoE:
     down [E, hidden, I]. Called as `moe(x)` on x [T, hidden]. The router is a Linear, never quantized (a
     rounded router picks other experts); the experts' weights stay stacked for the grouped products."""
 
-    def __init__(self, router: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, *, top_k: int,
-                 norm_topk_prob: bool, weights_in_model_dtype: bool, activation: str = "silu") -> None:
+    def __init__(
+        self,
+        router: torch.Tensor,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+        *,
+        top_k: int,
+        norm_topk_prob: bool,
+        weights_in_model_dtype: bool,
+        activation: str = "silu",
+    ) -> None:
         self.router, self.gate_up, self.down = make_linear(router), gate_up, down
         self.num_experts, self.top_k = router.shape[0], top_k
         self.norm_topk_prob = norm_topk_prob
@@ -58,8 +67,14 @@ class SparseMoE:
         return grouped_experts(x, self.gate_up, self.down, weights, ids, self.act)
 
 
-def grouped_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
-                    ids: torch.Tensor, act: Activation) -> torch.Tensor:
+def grouped_experts(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    act: Activation,
+) -> torch.Tensor:
     """Every token's experts, grouped by expert: the torch reference the Triton kernel is tested against.
 
     x [T, hidden], weights / ids [T, k] -> [T, hidden] in x's dtype."""
@@ -74,8 +89,8 @@ def grouped_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, 
     for e, n in enumerate(counts):
         if n == 0:
             continue
-        gate, up = F.linear(rows[start:start + n], gate_up[e]).chunk(2, dim=-1)
-        out[start:start + n] = F.linear(act(gate) * up, down[e])
+        gate, up = F.linear(rows[start : start + n], gate_up[e]).chunk(2, dim=-1)
+        out[start : start + n] = F.linear(act(gate) * up, down[e])
         start += n
     # back in (token, slot) order, then each token's k rows summed in one reduction: transformers' grouped
     # experts round this way (float32 weights widen the product, a half-precision sum rounds once)

@@ -13,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-
 KERNEL_PARALLEL_MACS = 1 << 22  # engine/cpu_kernels: smaller products on one thread (a team's fork and join
 KERNEL_PARALLEL_BYTES = 1 << 20  # cost more than they save), unless they stream this much from memory
 
@@ -37,8 +36,9 @@ class Workers:
         if self.pool is not None:
             self.pool.shutdown(wait=True)
         self.n = n
-        self.pool = ThreadPoolExecutor(n - 1, thread_name_prefix="spindle-cpu", initializer=_one_thread) \
-            if n > 1 else None
+        self.pool = (
+            ThreadPoolExecutor(n - 1, thread_name_prefix="spindle-cpu", initializer=_one_thread) if n > 1 else None
+        )
 
     def threads_for(self, macs: int, streamed_bytes: int = 0) -> int:
         """Threads for one engine/cpu_kernels call (an OpenMP team of its own, whatever torch's intra-op count
@@ -48,6 +48,7 @@ class Workers:
     def run(self, work: Callable[[], None]) -> None:
         """Run `work` on every thread at once and wait for all; `work` pulls chunks from a shared iterator
         (each next() is atomic under the GIL), so each chunk runs once."""
+
         def in_inference() -> None:
             with torch.inference_mode():  # thread-local: the pool threads need it too
                 work()

@@ -65,7 +65,7 @@ class QuantLinear(Linear):
             self.choice(dtype)
 
     def choice(self, dtype: torch.dtype) -> tuple[str, ...]:
-        """"ggml" or "dequant" per row class for activations of `dtype` (measured once: chooser.choose)."""
+        """ "ggml" or "dequant" per row class for activations of `dtype` (measured once: chooser.choose)."""
         got = self._choices.get(dtype)
         if got is None:
             got = self._choices[dtype] = self._choose(dtype)
@@ -79,36 +79,64 @@ class QuantLinear(Linear):
         # on its first rows, a small one repeated (both candidates' costs scale with the rows)
         data = self.ggml.data
         if self.nbytes > CHOOSER_BYTES:
-            data = data[:max(64, CHOOSER_BYTES // data.shape[1])]
+            data = data[: max(64, CHOOSER_BYTES // data.shape[1])]
         elif self.nbytes < CHOOSER_BYTES // 2:
             data = data.repeat(CHOOSER_BYTES // self.nbytes, 1)
         probe = QuantLinear(GGMLWeight(self.ggml.ggml_type, (data.shape[0], self.in_features), data), None)
-        return chooser.choose(kind, (self.out_features, self.in_features),
-                              {"ggml": probe.bench(probe.ggml_into, dtype, rows_range=(1, GGML_MOST_ROWS)),
-                               "dequant": probe.bench(probe.dequant_into, dtype, rows_range=(2, 1 << 30))})
+        return chooser.choose(
+            kind,
+            (self.out_features, self.in_features),
+            {
+                "ggml": probe.bench(probe.ggml_into, dtype, rows_range=(1, GGML_MOST_ROWS)),
+                "dequant": probe.bench(probe.dequant_into, dtype, rows_range=(2, 1 << 30)),
+            },
+        )
 
-    def bench(self, run: Callable[[torch.Tensor, torch.Tensor], None], dtype: torch.dtype,
-               rows_range: tuple[int, int]) -> chooser.Bench:
+    def bench(
+        self, run: Callable[[torch.Tensor, torch.Tensor], None], dtype: torch.dtype, rows_range: tuple[int, int]
+    ) -> chooser.Bench:
         """chooser.choose's timing of `run` (one of this weight's candidates): rows -> one product of that many
         random rows; raises outside `rows_range`, which the chooser takes as "not a candidate there"."""
+
         def at(rows: int) -> Callable[[], object]:
             if not rows_range[0] <= rows <= rows_range[1]:  # (the chooser skips a candidate that raises)
                 raise ValueError(f"not a candidate at {rows} rows")
             x = torch.randn(rows, self.in_features, generator=torch.Generator().manual_seed(rows)).to(dtype)
             out = torch.empty(rows, self.out_features, dtype=dtype)
             return lambda: run(x, out)
+
         return at
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         m, dtype = x2.shape[0], x2.dtype
-        if self._raw is not None and self.bias is None and m <= GGML_MOST_ROWS and dtype in KERNEL_DTYPES \
-                and self._ggml_at(dtype)[m] and x2.is_contiguous() and x2.shape[1] == self.in_features:
+        if (
+            self._raw is not None
+            and self.bias is None
+            and m <= GGML_MOST_ROWS
+            and dtype in KERNEL_DTYPES
+            and self._ggml_at(dtype)[m]
+            and x2.is_contiguous()
+            and x2.shape[1] == self.in_features
+        ):
             ggml_type, w, rb, n = self._args
             out = torch.empty((m, n), dtype=dtype)
             bf16 = dtype is torch.bfloat16
-            if self._raw(ggml_type, x2.data_ptr(), bf16, self.in_features, m, self.in_features, w, rb, n,
-                         out.data_ptr(), bf16, n, WORKERS.threads_for(m * self._macs, self.nbytes)):
+            if self._raw(
+                ggml_type,
+                x2.data_ptr(),
+                bf16,
+                self.in_features,
+                m,
+                self.in_features,
+                w,
+                rb,
+                n,
+                out.data_ptr(),
+                bf16,
+                n,
+                WORKERS.threads_for(m * self._macs, self.nbytes),
+            ):
                 raise ValueError(f"the quantized kernel refused {type_name(ggml_type)}")
         else:
             out = torch.empty(m, self.out_features, dtype=dtype)
@@ -154,6 +182,7 @@ class QuantLinear(Linear):
                 end = min(start + tile, self.out_features)
                 w = dequantize_rows(self.ggml, start, end, x2.dtype)
                 out[:, start:end] = F.linear(x2, w, None if b is None else b[start:end])
+
         if x2.shape[0]:
             WORKERS.run(work)
 
@@ -187,8 +216,9 @@ class QuantPartsLinear(Linear):
         return torch.cat([lin.dense_weight() for _, _, lin in self.parts])
 
 
-def make_quant_linear(weight: GGMLWeight | Sequence[GGMLWeight], bias: torch.Tensor | None,
-                      dtype: torch.dtype | None = None) -> Linear:
+def make_quant_linear(
+    weight: GGMLWeight | Sequence[GGMLWeight], bias: torch.Tensor | None, dtype: torch.dtype | None = None
+) -> Linear:
     """The Linear for a GGUF weight (or fused parts of differing types): kept quantized on CPU, its kernels
     chosen for activations of `dtype` (None: at the first product of each dtype); off CPU dequantized at load to
     `dtype` (default: the bias's, else float32), a plain Linear on the weight's device."""

@@ -6,8 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from engine.lora.peft_files import TARGETS, WEIGHTS_FILE, AdapterError, AdapterSpec, BaseDims, read_adapter
 
@@ -32,13 +31,16 @@ class LoadedAdapter:
         return self.spec.digest
 
 
-def load_adapter(path: str, base: BaseDims, max_rank: int, dtype: torch.dtype,
-                 expect_digest: str | None = None) -> LoadedAdapter:
+def load_adapter(
+    path: str, base: BaseDims, max_rank: int, dtype: torch.dtype, expect_digest: str | None = None
+) -> LoadedAdapter:
     """The adapter's tensors on CPU; AdapterError if its files fail a check or changed since `expect_digest`."""
     spec = read_adapter(path, base, max_rank)
     if expect_digest is not None and spec.digest != expect_digest:
-        raise AdapterError(f"the adapter files at {path!r} changed since the adapter was registered; load it "
-                           "again (load_inplace) to serve the new weights")
+        raise AdapterError(
+            f"the adapter files at {path!r} changed since the adapter was registered; load it "
+            "again (load_inplace) to serve the new weights"
+        )
     weights: dict[tuple[int, str], dict[str, ModuleWeights]] = {}
     try:
         with safe_open(str(Path(path) / WEIGHTS_FILE), framework="pt") as f:

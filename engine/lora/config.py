@@ -43,11 +43,11 @@ def parse_lora_modules(items: list[str] | tuple[str, ...] | str) -> tuple[LoRAMo
                 obj = json.loads(item)
                 out.append(LoRAModule(str(obj["name"]), str(obj["path"]), obj.get("base_model_name")))
             except (ValueError, KeyError, TypeError):
-                raise ValueError(f"--lora-modules: {item!r} is not JSON with \"name\" and \"path\"") from None
+                raise ValueError(f'--lora-modules: {item!r} is not JSON with "name" and "path"') from None
             continue
         name, eq, path = item.partition("=")
         if not eq or not name or not path:
-            raise ValueError(f"--lora-modules: {item!r} should be name=path or JSON {{\"name\", \"path\"}}")
+            raise ValueError(f'--lora-modules: {item!r} should be name=path or JSON {{"name", "path"}}')
         out.append(LoRAModule(name, path))
     return tuple(out)
 

@@ -16,8 +16,16 @@ from engine.lora.mapping import LoRAContext, LoRAMapping
 
 
 class LoRALinear(Linear):
-    def __init__(self, base: Linear, members: list[tuple[str, int, int]], max_loras: int, max_rank: int,
-                 dtype: torch.dtype, device: torch.device, ctx: LoRAContext) -> None:
+    def __init__(
+        self,
+        base: Linear,
+        members: list[tuple[str, int, int]],
+        max_loras: int,
+        max_rank: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        ctx: LoRAContext,
+    ) -> None:
         """members: (name, first column, end column) of the base's output, e.g. q_proj, k_proj, v_proj."""
         # no Linear.__init__: the base keeps the weight in whatever form it chose
         self.base, self.ctx, self.dtype = base, ctx, dtype
@@ -73,7 +81,7 @@ class LoRALinear(Linear):
         k = 0
         for c0, c1, w in used:
             r = w.a.shape[0]
-            b[c0:c1, k:k + r] = (w.b.float() * w.scaling).to(self.dtype)
+            b[c0:c1, k : k + r] = (w.b.float() * w.scaling).to(self.dtype)
             k += r
         self.b_cat[slot] = b
 

@@ -26,8 +26,10 @@ Slicer = Callable[[str, ModuleWeights], ModuleWeights]  # (member name, whole we
 
 
 def sliced(adapter: LoadedAdapter, slicer: Slicer) -> LoadedAdapter:
-    return LoadedAdapter(adapter.spec, {key: {name: slicer(name, w) for name, w in members.items()}
-                                        for key, members in adapter.weights.items()})
+    return LoadedAdapter(
+        adapter.spec,
+        {key: {name: slicer(name, w) for name, w in members.items()} for key, members in adapter.weights.items()},
+    )
 
 
 def install(model: CausalLM, max_loras: int, max_rank: int, dtype: torch.dtype, ctx: LoRAContext) -> BaseDims:
@@ -39,23 +41,46 @@ def install(model: CausalLM, max_loras: int, max_rank: int, dtype: torch.dtype, 
     inter: int | None = None
     for layer in model.layers:
         hidden = layer.qkv.in_features
-        layer.qkv = LoRALinear(layer.qkv, [("q_proj", 0, q), ("k_proj", q, q + kv), ("v_proj", q + kv, q + 2 * kv),
-                                           ("qkv_proj", 0, q + 2 * kv)], max_loras, max_rank, dtype, dev, ctx)
+        layer.qkv = LoRALinear(
+            layer.qkv,
+            [("q_proj", 0, q), ("k_proj", q, q + kv), ("v_proj", q + kv, q + 2 * kv), ("qkv_proj", 0, q + 2 * kv)],
+            max_loras,
+            max_rank,
+            dtype,
+            dev,
+            ctx,
+        )
         layer.o = LoRALinear(layer.o, [("o_proj", 0, hidden)], max_loras, max_rank, dtype, dev, ctx)
         mlp = layer.mlp
         if dense and isinstance(mlp, GatedMLP):
             i = inter = mlp.down.in_features
-            mlp.gate_up = LoRALinear(mlp.gate_up, [("gate_proj", 0, i), ("up_proj", i, 2 * i),
-                                                   ("gate_up_proj", 0, 2 * i)], max_loras, max_rank, dtype, dev, ctx)
+            mlp.gate_up = LoRALinear(
+                mlp.gate_up,
+                [("gate_proj", 0, i), ("up_proj", i, 2 * i), ("gate_up_proj", 0, 2 * i)],
+                max_loras,
+                max_rank,
+                dtype,
+                dev,
+                ctx,
+            )
             mlp.down = LoRALinear(mlp.down, [("down_proj", 0, hidden)], max_loras, max_rank, dtype, dev, ctx)
     hidden = model.args.hidden_size
     return BaseDims.of(len(model.layers), hidden, q, kv, inter)
 
 
 class LoRAManager:
-    def __init__(self, model: CausalLM, max_loras: int, max_rank: int, max_cpu_loras: int | None,
-                 dtype: torch.dtype, live_digests: Callable[[], set[str]] = set, *, base: BaseDims | None = None,
-                 slicer: Slicer | None = None) -> None:
+    def __init__(
+        self,
+        model: CausalLM,
+        max_loras: int,
+        max_rank: int,
+        max_cpu_loras: int | None,
+        dtype: torch.dtype,
+        live_digests: Callable[[], set[str]] = set,
+        *,
+        base: BaseDims | None = None,
+        slicer: Slicer | None = None,
+    ) -> None:
         """live_digests: the adapters of the engine's live requests (kept on CPU whatever the LRU says).
         Tensor parallel: `base` the whole model's sizes (adapters are checked against them) and `slicer` cuts
         each module's A / B to this rank's part (engine/distributed/runner.py)."""
@@ -114,7 +139,6 @@ class LoRAManager:
         needed = {req.digest for _, _, req in seqs if req is not None}
         if len(needed) > len(self.slots):
             raise RuntimeError(f"{len(needed)} adapters in one step but {len(self.slots)} slots")
-        slots = {d: self._slot_for(req, needed) for _, _, req in seqs if req is not None
-                 for d in (req.digest,)}
+        slots = {d: self._slot_for(req, needed) for _, _, req in seqs if req is not None for d in (req.digest,)}
         rows = [(first, n, -1 if req is None else slots[req.digest]) for first, n, req in seqs]
         return build_mapping(rows, self._ranks, device)

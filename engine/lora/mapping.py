@@ -30,8 +30,9 @@ class LoRAMapping:
     max_rank: int
 
 
-def build_mapping(row_slots: list[tuple[int, int, int]], ranks: dict[int, int],
-                  device: torch.device) -> LoRAMapping | None:
+def build_mapping(
+    row_slots: list[tuple[int, int, int]], ranks: dict[int, int], device: torch.device
+) -> LoRAMapping | None:
     """row_slots: (first row, rows, slot or -1) per sequence of the batch; ranks: slot -> rank.
     None when no row uses an adapter (the base-only fast path: the LoRA layers call the base alone)."""
     by_slot: dict[int, list[int]] = {}
@@ -51,10 +52,14 @@ def build_mapping(row_slots: list[tuple[int, int, int]], ranks: dict[int, int],
     segments, start = [], 0
     for slot in order:
         n = len(by_slot[slot])
-        segments.append(Segment(slot, ranks[slot], rows[start:start + n]))
+        segments.append(Segment(slot, ranks[slot], rows[start : start + n]))
         start += n
-    return LoRAMapping(tuple(segments), rows, torch.tensor(tiles, dtype=torch.int32, device=device).view(-1, 3),
-                       max(ranks[s] for s in order))
+    return LoRAMapping(
+        tuple(segments),
+        rows,
+        torch.tensor(tiles, dtype=torch.int32, device=device).view(-1, 3),
+        max(ranks[s] for s in order),
+    )
 
 
 class LoRAContext:

@@ -22,12 +22,29 @@ CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 # the decoder's projections an adapter may target -> the fused projection holding them ("qkv", "o", "gate_up",
 # "down"); Phi-3's checkpoints fuse q|k|v and gate|up themselves, and its adapters target the fused names
-TARGETS: dict[str, str] = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "qkv_proj": "qkv", "o_proj": "o",
-                           "gate_proj": "gate_up", "up_proj": "gate_up", "gate_up_proj": "gate_up",
-                           "down_proj": "down"}
+TARGETS: dict[str, str] = {
+    "q_proj": "qkv",
+    "k_proj": "qkv",
+    "v_proj": "qkv",
+    "qkv_proj": "qkv",
+    "o_proj": "o",
+    "gate_proj": "gate_up",
+    "up_proj": "gate_up",
+    "gate_up_proj": "gate_up",
+    "down_proj": "down",
+}
 # the module holding each target in PEFT's keys (`...layers.N.self_attn.q_proj...`)
-PARENT = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "qkv_proj": "self_attn",
-           "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "gate_up_proj": "mlp", "down_proj": "mlp"}
+PARENT = {
+    "q_proj": "self_attn",
+    "k_proj": "self_attn",
+    "v_proj": "self_attn",
+    "qkv_proj": "self_attn",
+    "o_proj": "self_attn",
+    "gate_proj": "mlp",
+    "up_proj": "mlp",
+    "gate_up_proj": "mlp",
+    "down_proj": "mlp",
+}
 _KEY = re.compile(r"base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])\.weight")
 _DTYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
 _MAX_HEADER = 100 << 20  # safetensors' own cap on the header's JSON
@@ -47,11 +64,20 @@ class BaseDims:
     @classmethod
     def of(cls, num_layers: int, hidden: int, q_size: int, kv_size: int, intermediate: int | None) -> BaseDims:
         """intermediate None: a MoE model, whose MLP projections take no adapter."""
-        members = {"q_proj": (hidden, q_size), "k_proj": (hidden, kv_size), "v_proj": (hidden, kv_size),
-                   "qkv_proj": (hidden, q_size + 2 * kv_size), "o_proj": (q_size, hidden)}
+        members = {
+            "q_proj": (hidden, q_size),
+            "k_proj": (hidden, kv_size),
+            "v_proj": (hidden, kv_size),
+            "qkv_proj": (hidden, q_size + 2 * kv_size),
+            "o_proj": (q_size, hidden),
+        }
         if intermediate is not None:
-            members |= {"gate_proj": (hidden, intermediate), "up_proj": (hidden, intermediate),
-                        "gate_up_proj": (hidden, 2 * intermediate), "down_proj": (intermediate, hidden)}
+            members |= {
+                "gate_proj": (hidden, intermediate),
+                "up_proj": (hidden, intermediate),
+                "gate_up_proj": (hidden, 2 * intermediate),
+                "down_proj": (intermediate, hidden),
+            }
         return cls(num_layers, members)
 
     @classmethod
@@ -186,8 +212,15 @@ def _modules(cfg: dict[str, Any], header: dict[str, Any], base: BaseDims, max_ra
     return tuple(specs)
 
 
-def _module(cfg: dict[str, Any], header: dict[str, Any], base: BaseDims, max_rank: int, layer: int, name: str,
-            keys: dict[str, str]) -> ModuleSpec:
+def _module(
+    cfg: dict[str, Any],
+    header: dict[str, Any],
+    base: BaseDims,
+    max_rank: int,
+    layer: int,
+    name: str,
+    keys: dict[str, str],
+) -> ModuleSpec:
     full = f"model.layers.{layer}.{PARENT[name]}.{name}"
     if set(keys) != {"A", "B"}:
         raise AdapterError(f"missing weights: {full} has lora_{'B' if 'A' in keys else 'A'} but not the other")
@@ -197,13 +230,17 @@ def _module(cfg: dict[str, Any], header: dict[str, Any], base: BaseDims, max_ran
         raise AdapterError(f"{full}: the base model has no {name} to adapt (a MoE model takes attention adapters)")
     rank = int(_pattern_value(cfg.get("rank_pattern") or {}, full, cfg["r"]))
     if rank > max_rank:
-        raise AdapterError(f"rank {rank} ({full}) is above --max-lora-rank {max_rank}; start the server with "
-                           f"--max-lora-rank {rank} or more")
+        raise AdapterError(
+            f"rank {rank} ({full}) is above --max-lora-rank {max_rank}; start the server with "
+            f"--max-lora-rank {rank} or more"
+        )
     d_in, d_out = base.members[name]
     a_shape, b_shape = header[keys["A"]]["shape"], header[keys["B"]]["shape"]
     if a_shape != [rank, d_in] or b_shape != [d_out, rank]:
-        raise AdapterError(f"{full}: lora_A {a_shape} and lora_B {b_shape} do not fit the base (expected "
-                           f"[{rank}, {d_in}] and [{d_out}, {rank}])")
+        raise AdapterError(
+            f"{full}: lora_A {a_shape} and lora_B {b_shape} do not fit the base (expected "
+            f"[{rank}, {d_in}] and [{d_out}, {rank}])"
+        )
     alpha = float(_pattern_value(cfg.get("alpha_pattern") or {}, full, cfg.get("lora_alpha", 8)))
     scaling = alpha / math.sqrt(rank) if cfg.get("use_rslora") else alpha / rank
     return ModuleSpec(layer, name, rank, scaling, keys["A"], keys["B"])

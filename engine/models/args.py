@@ -76,14 +76,18 @@ class ModelArgs:
         if self.hidden_act not in ACTIVATIONS:
             raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported; supported: {', '.join(ACTIVATIONS)}")
         if self.num_heads % self.num_kv_heads:
-            raise ConfigError(f"num_attention_heads {self.num_heads} is not a multiple of num_key_value_heads "
-                              f"{self.num_kv_heads}")
+            raise ConfigError(
+                f"num_attention_heads {self.num_heads} is not a multiple of num_key_value_heads {self.num_kv_heads}"
+            )
         if self.layer_windows and len(self.layer_windows) != self.num_layers:
-            raise ConfigError(f"layer_types names {len(self.layer_windows)} layers, num_hidden_layers "
-                              f"{self.num_layers}")
+            raise ConfigError(
+                f"layer_types names {len(self.layer_windows)} layers, num_hidden_layers {self.num_layers}"
+            )
         if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
-            raise ConfigError(f"partial_rotary_factor {self.partial_rotary_factor} gives an odd or empty rotary "
-                              f"dimension for head_dim {self.head_dim}")
+            raise ConfigError(
+                f"partial_rotary_factor {self.partial_rotary_factor} gives an odd or empty rotary "
+                f"dimension for head_dim {self.head_dim}"
+            )
         if self.moe is not None and len(self.moe.sparse_layers) != self.num_layers:
             raise ConfigError("the MoE layer pattern does not cover num_hidden_layers")
 
@@ -107,8 +111,10 @@ def rope_settings(cfg: dict[str, Any], supported: tuple[str, ...]) -> tuple[floa
     if rope_type == "default":
         return theta, None
     if rope_type not in supported:
-        raise ConfigError(f"rope_scaling.rope_type {rope_type!r} is not supported for {arch_of(cfg)}; "
-                          f"supported: default, {', '.join(supported)}")
+        raise ConfigError(
+            f"rope_scaling.rope_type {rope_type!r} is not supported for {arch_of(cfg)}; "
+            f"supported: default, {', '.join(supported)}"
+        )
     scaling["rope_type"] = rope_type
     scaling.pop("type", None)
     if rope_type in ("llama3", "yarn", "longrope"):
@@ -149,8 +155,9 @@ def layer_windows(cfg: dict[str, Any], default_types: list[str] | None = None) -
     types = cfg.get("layer_types") or default_types or ["full_attention"] * n
     unknown = set(types) - {"sliding_attention", "full_attention"}
     if unknown:
-        raise ConfigError(f"layer_types {sorted(unknown)} are not supported; supported: sliding_attention, "
-                          "full_attention")
+        raise ConfigError(
+            f"layer_types {sorted(unknown)} are not supported; supported: sliding_attention, full_attention"
+        )
     window = int(cfg.get("sliding_window") or 0)
     if "sliding_attention" in types and not window:
         raise ConfigError("layer_types has sliding_attention layers but sliding_window is not set")

@@ -12,8 +12,16 @@ from pathlib import Path
 from typing import Any
 
 # generation_config.json keys that become the server's default sampling parameters.
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-                 "presence_penalty", "frequency_penalty", "max_new_tokens")
+SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "max_new_tokens",
+)
 DEFAULT_MAX_POSITIONS = 4096  # a config.json that names no max_position_embeddings
 
 
@@ -47,16 +55,20 @@ def max_positions(cfg: dict[str, Any]) -> int:
     """The model's context limit; a vision checkpoint nests the language model's settings in text_config; an
     encoder-decoder (Whisper) names its decoder's as max_target_positions."""
     text = cfg.get("text_config") or {}
-    return int(cfg.get("max_position_embeddings") or cfg.get("max_target_positions")
-               or text.get("max_position_embeddings", DEFAULT_MAX_POSITIONS))
+    return int(
+        cfg.get("max_position_embeddings")
+        or cfg.get("max_target_positions")
+        or text.get("max_position_embeddings", DEFAULT_MAX_POSITIONS)
+    )
 
 
 def max_model_len(cfg: dict[str, Any], requested: int | None) -> int:
     """--max-model-len, or the model's limit when unset; more than the model's limit is refused."""
     limit = max_positions(cfg)
     if requested is not None and requested > limit:
-        raise ModelLoadError(f"--max-model-len {requested} exceeds the model's max_position_embeddings {limit}; "
-                             f"pass at most {limit}")
+        raise ModelLoadError(
+            f"--max-model-len {requested} exceeds the model's max_position_embeddings {limit}; pass at most {limit}"
+        )
     return requested or limit
 
 

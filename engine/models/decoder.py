@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from engine.execution.ops import AttnMetadata, TorchOps, TritonOps, rope_factors, rope_halves, rotate
 from engine.cpu_kernels import layer_ops
+from engine.execution.ops import AttnMetadata, TorchOps, TritonOps, rope_factors, rope_halves, rotate
 from engine.gguf.tensor import GGMLWeight, concat_rows
 from engine.layers.linear import KernelLinear, Linear, make_linear
 from engine.layers.lm_head import LMHead, choose_head
@@ -91,27 +91,34 @@ class Layer:
         attn = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
         qkv_w = get(f"{p}.self_attn.qkv_proj.weight") if args.fused_qkv else cat(*(f"{n}.weight" for n in attn))
         self.qkv = make_linear(qkv_w, cat(*(f"{n}.bias" for n in attn)) if args.qkv_bias else None, qz)
-        self.o = make_linear(get(f"{p}.self_attn.o_proj.weight"),
-                             get(f"{p}.self_attn.o_proj.bias") if args.o_bias else None, qz)
+        self.o = make_linear(
+            get(f"{p}.self_attn.o_proj.weight"), get(f"{p}.self_attn.o_proj.bias") if args.o_bias else None, qz
+        )
         self.q_norm = norm("self_attn.q_norm") if args.qk_norm else None
         self.k_norm = norm("self_attn.k_norm") if args.qk_norm else None
         self.ln1 = norm("input_layernorm")
         self.post_attn_norm = norm("post_attention_layernorm") if args.gemma_norms else None
         self.ln2 = norm("pre_feedforward_layernorm" if args.gemma_norms else "post_attention_layernorm")
         self.post_ff_norm = norm("post_feedforward_layernorm") if args.gemma_norms else None
-        self.mlp: GatedMLP | SparseMoE = (_moe(args, p, get) if args.moe is not None and args.moe.sparse_layers[index]
-                                          else _dense_mlp(args, p, get, qz))
+        self.mlp: GatedMLP | SparseMoE = (
+            _moe(args, p, get)
+            if args.moe is not None and args.moe.sparse_layers[index]
+            else _dense_mlp(args, p, get, qz)
+        )
 
 
 def _dense_mlp(args: ModelArgs, p: str, get: WeightGetter, quantization: str | None) -> GatedMLP:
     if args.fused_qkv:  # Phi-3 fuses gate|up in the checkpoint too
         gate_up = make_linear(get(f"{p}.mlp.gate_up_proj.weight"), None, quantization)
     else:
-        gate_up = make_linear(fused_rows([get(f"{p}.mlp.gate_proj.weight"), get(f"{p}.mlp.up_proj.weight")]),
-                              torch.cat([get(f"{p}.mlp.gate_proj.bias"), get(f"{p}.mlp.up_proj.bias")])
-                              if args.mlp_bias else None, quantization)
-    down = make_linear(get(f"{p}.mlp.down_proj.weight"), get(f"{p}.mlp.down_proj.bias") if args.mlp_bias else None,
-                       quantization)
+        gate_up = make_linear(
+            fused_rows([get(f"{p}.mlp.gate_proj.weight"), get(f"{p}.mlp.up_proj.weight")]),
+            torch.cat([get(f"{p}.mlp.gate_proj.bias"), get(f"{p}.mlp.up_proj.bias")]) if args.mlp_bias else None,
+            quantization,
+        )
+    down = make_linear(
+        get(f"{p}.mlp.down_proj.weight"), get(f"{p}.mlp.down_proj.bias") if args.mlp_bias else None, quantization
+    )
     return GatedMLP(gate_up, down, ACTIVATIONS[args.hidden_act])
 
 
@@ -120,15 +127,27 @@ def _moe(args: ModelArgs, p: str, get: WeightGetter) -> SparseMoE:
     assert moe is not None
     b = f"{p}.{moe.block}"
     g, u, d = moe.expert_names
-    gate_up = torch.stack([torch.cat([get(f"{b}.experts.{e}.{g}.weight"), get(f"{b}.experts.{e}.{u}.weight")])
-                           for e in range(moe.num_experts)])
+    gate_up = torch.stack(
+        [
+            torch.cat([get(f"{b}.experts.{e}.{g}.weight"), get(f"{b}.experts.{e}.{u}.weight")])
+            for e in range(moe.num_experts)
+        ]
+    )
     down = torch.stack([get(f"{b}.experts.{e}.{d}.weight") for e in range(moe.num_experts)])
-    return SparseMoE(get(f"{b}.gate.weight"), gate_up, down, top_k=moe.top_k, norm_topk_prob=moe.norm_topk_prob,
-                     weights_in_model_dtype=moe.router_weights_in_model_dtype, activation=args.hidden_act)
+    return SparseMoE(
+        get(f"{b}.gate.weight"),
+        gate_up,
+        down,
+        top_k=moe.top_k,
+        norm_topk_prob=moe.norm_topk_prob,
+        weights_in_model_dtype=moe.router_weights_in_model_dtype,
+        activation=args.hidden_act,
+    )
 
 
-def _quantized_ends(embed: Any, head: Any, dtype: torch.dtype,
-                    quantization: str | None) -> tuple[LMHead, torch.Tensor | QuantEmbedding]:
+def _quantized_ends(
+    embed: Any, head: Any, dtype: torch.dtype, quantization: str | None
+) -> tuple[LMHead, torch.Tensor | QuantEmbedding]:
     """The LM head and embedding table where either is a GGUF model's blocks: each kept as blocks, or dense."""
     from engine.gguf.quant_head import QuantHead, quant_embedding  # why late: only GGUF models kept quantized
 
@@ -139,8 +158,9 @@ def _quantized_ends(embed: Any, head: Any, dtype: torch.dtype,
 class CausalLM:
     """Weights plus forward; holds no per-request state (that is the KV cache the runner owns)."""
 
-    def __init__(self, args: ModelArgs, get: WeightGetter, has_lm_head: bool, max_positions: int,
-                 quantization: str | None = None) -> None:
+    def __init__(
+        self, args: ModelArgs, get: WeightGetter, has_lm_head: bool, max_positions: int, quantization: str | None = None
+    ) -> None:
         """quantization: None (weights in the loaded dtype) or "int8" (weight-only, engine/layers/linear.py)."""
         self.args = args
         self.ops: type[TorchOps] | type[TritonOps] = TorchOps  # the runner switches to TritonOps on GPU
@@ -166,22 +186,30 @@ class CausalLM:
 
         def table(theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
             return rope_table(args.rotary_dim, theta, scaling, max_positions, args.max_position_embeddings).to(
-                self.device)
+                self.device
+            )
 
         self.cos_sin = table(args.rope_theta, args.rope_scaling)
         self.rope_tables = [self.cos_sin]
         if args.local_rope_theta is not None:  # Gemma 3: windowed layers turn with their own (plain) base
             self.rope_tables.append(table(args.local_rope_theta, None))
         self.layer_rope = [1 if w is not None and args.local_rope_theta is not None else 0 for w in self.layer_windows]
-        self.scale = args.attn_scale if args.attn_scale is not None else args.head_dim ** -0.5
+        self.scale = args.attn_scale if args.attn_scale is not None else args.head_dim**-0.5
         self.q_size = args.num_heads * args.head_dim
         self.kv_size = args.num_kv_heads * args.head_dim
         self.fused: FusedDecode | None = None  # decode steps in one call per layer (engine/models/fused_decode.py)
         self.fused_checked = False
 
     @classmethod
-    def load(cls, cfg: dict[str, Any], args: ModelArgs, weights: WeightSource, has_lm_head: bool,
-             max_positions: int, quantization: str | None = None) -> CausalLM:
+    def load(
+        cls,
+        cfg: dict[str, Any],
+        args: ModelArgs,
+        weights: WeightSource,
+        has_lm_head: bool,
+        max_positions: int,
+        quantization: str | None = None,
+    ) -> CausalLM:
         """The model from its config.json and weights (a family with its own layout overrides this)."""
         return cls(args, weights, has_lm_head, max_positions, quantization)
 
@@ -192,8 +220,13 @@ class CausalLM:
             if isinstance(layer.mlp, SparseMoE):
                 layer.mlp.use_triton = True
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttnMetadata) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttnMetadata,
+    ) -> torch.Tensor:
         """input_ids, positions [T] -> hidden states [T, hidden] before the final norm."""
         x = self.embed_tokens(input_ids)
         if self.fused is None and not self.fused_checked:  # after the runner's choices (ops, LoRA), at first use
@@ -206,27 +239,47 @@ class CausalLM:
         """A FusedDecode for this model, or None when some part of it is not what the fused layer runs: another ops
         path or dtype, tensor parallel (all_reduce), LoRA or projections the kernel doesn't run, MoE, another
         activation, Gemma's norms, partial rotary. (int8 projections through the kernel it takes.)"""
-        ok = (self.ops is TorchOps and self.dtype == torch.bfloat16 and self.device.type == "cpu"
-              and type(self).all_reduce is CausalLM.all_reduce and bool(self.layers) and kernels_take(self.args))
+        ok = (
+            self.ops is TorchOps
+            and self.dtype == torch.bfloat16
+            and self.device.type == "cpu"
+            and type(self).all_reduce is CausalLM.all_reduce
+            and bool(self.layers)
+            and kernels_take(self.args)
+        )
         for layer in self.layers if ok else []:
             mlp = layer.mlp
-            ok = ok and (type(layer.qkv) is KernelLinear and type(layer.o) is KernelLinear
-                         and isinstance(mlp, GatedMLP) and mlp.act is F.silu and type(mlp.gate_up) is KernelLinear
-                         and type(mlp.down) is KernelLinear and layer.post_attn_norm is None
-                         and layer.post_ff_norm is None
-                         and all(w is None or (w.dtype == torch.bfloat16 and w.dim() == 1)
-                                 for w in (layer.ln1, layer.ln2, layer.q_norm, layer.k_norm))
-                         and (layer.q_norm is None) == (layer.k_norm is None))
+            ok = ok and (
+                type(layer.qkv) is KernelLinear
+                and type(layer.o) is KernelLinear
+                and isinstance(mlp, GatedMLP)
+                and mlp.act is F.silu
+                and type(mlp.gate_up) is KernelLinear
+                and type(mlp.down) is KernelLinear
+                and layer.post_attn_norm is None
+                and layer.post_ff_norm is None
+                and all(
+                    w is None or (w.dtype == torch.bfloat16 and w.dim() == 1)
+                    for w in (layer.ln1, layer.ln2, layer.q_norm, layer.k_norm)
+                )
+                and (layer.q_norm is None) == (layer.k_norm is None)
+            )
         return FusedDecode(self) if ok else None
 
     def rope_for(self, positions: torch.Tensor) -> Rope:
         """The step's `rope(q, k, table)`; the torch path makes each table's factors once per step, not per layer."""
-        if self.ops is TorchOps and self.dtype == torch.bfloat16 and self.device.type == "cpu" and layer_ops.available():
+        if (
+            self.ops is TorchOps
+            and self.dtype == torch.bfloat16
+            and self.device.type == "cpu"
+            and layer_ops.available()
+        ):
             halves = [rope_halves(t[positions], self.dtype) for t in self.rope_tables]  # in place, one pass each
 
             def rope_kernel(q: torch.Tensor, k: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor]:
                 threads = WORKERS.threads_for(0, 4 * q.numel())
                 return layer_ops.rope(q, *halves[i], threads), layer_ops.rope(k, *halves[i], threads)
+
             return rope_kernel
         if self.ops is TorchOps:
             factors = [rope_factors(t[positions], self.dtype) for t in self.rope_tables]
@@ -238,8 +291,9 @@ class CausalLM:
             return gemma_rms_norm(x, weight, self.args.rms_norm_eps)
         return self.ops.rms_norm(x, weight, self.args.rms_norm_eps)
 
-    def run_layers(self, x: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttnMetadata,
-                   rope: Rope) -> torch.Tensor:
+    def run_layers(
+        self, x: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttnMetadata, rope: Rope
+    ) -> torch.Tensor:
         """The decoder layers over embeddings x [T, hidden]; `rope(q, k, i)` rotates [T, heads, dims] views by
         rope table i (plain positions here, M-RoPE in engine/models/qwen2_vl.py)."""
         layers = self.layers
@@ -251,8 +305,9 @@ class CausalLM:
             x, normed = self.add_norm(x, h, layer.post_ff_norm, layers[i + 1].ln1 if i + 1 < len(layers) else None)
         return x
 
-    def add_norm(self, x: torch.Tensor, h: torch.Tensor, post: torch.Tensor | None,
-                 then: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_norm(
+        self, x: torch.Tensor, h: torch.Tensor, post: torch.Tensor | None, then: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(x + h, that sum normed by `then`), h first normed by `post` (Gemma's sandwich norms); `then` None:
         the sum twice (the last layer's: the final norm runs on the rows that sample only)."""
         if post is not None:
@@ -265,8 +320,16 @@ class CausalLM:
             return s, self.rms_norm(s, then)
         return self.ops.add_rms_norm(x, h, then, self.args.rms_norm_eps)
 
-    def attention(self, i: int, layer: Layer, h: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  meta: AttnMetadata, rope: Rope) -> torch.Tensor:
+    def attention(
+        self,
+        i: int,
+        layer: Layer,
+        h: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttnMetadata,
+        rope: Rope,
+    ) -> torch.Tensor:
         """One layer's attention sub-block on normed h [T, hidden] -> its output projection (all-reduced)."""
         a, t = self.args, h.shape[0]
         q, k, v = torch.split(layer.qkv(h), [self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -281,8 +344,9 @@ class CausalLM:
             q_rot, k_rot = rope(q[..., :r], k[..., :r], table)
             q, k = torch.cat([q_rot, q[..., r:]], dim=-1), torch.cat([k_rot, k[..., r:]], dim=-1)
         self.ops.write_kv(k, v.view(t, a.num_kv_heads, a.head_dim), k_cache, v_cache, meta.slot_mapping)
-        out = self.ops.attention(q, k_cache, v_cache, meta, self.scale, window=self.layer_windows[i],
-                                 softcap=a.attn_softcap)
+        out = self.ops.attention(
+            q, k_cache, v_cache, meta, self.scale, window=self.layer_windows[i], softcap=a.attn_softcap
+        )
         return self.all_reduce(layer.o(out.reshape(t, self.q_size)))
 
     def all_reduce(self, partial: torch.Tensor) -> torch.Tensor:
@@ -304,8 +368,13 @@ class CausalLM:
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.rms_norm(hidden, self.norm)
 
-    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None,
-                       pool: ThreadPoolExecutor | None = None, workers: int = 1) -> torch.Tensor:
+    def compute_logits(
+        self,
+        hidden: torch.Tensor,
+        out: torch.Tensor | None = None,
+        pool: ThreadPoolExecutor | None = None,
+        workers: int = 1,
+    ) -> torch.Tensor:
         """hidden [N, hidden] (rows from forward) -> float32 logits [N, vocab], maybe in `out` [N, vocab].
 
         Rounds exactly as `(h @ head).float()`: the product is in the model's dtype, then widened (and

@@ -14,8 +14,8 @@ from typing import Any, Protocol
 
 import torch
 
-from engine.execution.ops import AttnMetadata, rope_halves
 from engine.cpu_kernels import decode_attention, decoder_layer, layer_ops
+from engine.execution.ops import AttnMetadata, rope_halves
 from engine.layers.linear import KernelLinear
 from engine.layers.parallel import KERNEL_PARALLEL_BYTES, KERNEL_PARALLEL_MACS, WORKERS
 from engine.models.args import ModelArgs
@@ -36,9 +36,16 @@ class DenseModel(Protocol):
 
 def kernels_take(args: ModelArgs) -> bool:
     """Whether the fused layer's kernels run here and take this decoder's shape (the model checks its layers)."""
-    return (not args.gemma_norms and args.rotary_dim == args.head_dim and args.local_rope_theta is None
-            and args.head_dim % 32 == 0 and args.head_dim <= decode_attention.MAX_HEAD_DIM
-            and args.num_heads % args.num_kv_heads == 0 and decoder_layer.available() and layer_ops.available())
+    return (
+        not args.gemma_norms
+        and args.rotary_dim == args.head_dim
+        and args.local_rope_theta is None
+        and args.head_dim % 32 == 0
+        and args.head_dim <= decode_attention.MAX_HEAD_DIM
+        and args.num_heads % args.num_kv_heads == 0
+        and decoder_layer.available()
+        and layer_ops.available()
+    )
 
 
 def _projection(lin: object) -> decoder_layer.Projection:
@@ -61,28 +68,62 @@ class FusedDecode:
         first = model.layers[0]
         # every layer's projection of a kind has its shape, so the chooser's decision (which rows the kernel
         # takes: engine/cpu_kernels/chooser.py) is the first layer's
-        self.projections: list[KernelLinear] = [first.qkv, first.o, getattr(first.mlp, "gate_up"),
-                                                getattr(first.mlp, "down")]
+        self.projections: list[KernelLinear] = [
+            first.qkv,
+            first.o,
+            getattr(first.mlp, "gate_up"),
+            getattr(first.mlp, "down"),
+        ]
         for i, layer in enumerate(model.layers):
-            norms = [w.contiguous() if w is not None else None for w in
-                     (layer.ln2, model.layers[i + 1].ln1 if i + 1 < len(model.layers) else None, layer.q_norm,
-                      layer.k_norm)]
+            norms = [
+                w.contiguous() if w is not None else None
+                for w in (
+                    layer.ln2,
+                    model.layers[i + 1].ln1 if i + 1 < len(model.layers) else None,
+                    layer.q_norm,
+                    layer.k_norm,
+                )
+            ]
             self.keep += [w for w in norms if w is not None]
             mlp = layer.mlp
-            self.layers.append(decoder_layer.Layer(
-                _projection(layer.qkv), _projection(layer.o), _projection(getattr(mlp, "gate_up")),
-                _projection(getattr(mlp, "down")), *map(_ptr, norms), None, None, None,
-                a.num_heads, a.num_kv_heads, a.head_dim, a.hidden_size, a.rms_norm_eps, model.scale,
-                a.attn_softcap or 0.0))
+            self.layers.append(
+                decoder_layer.Layer(
+                    _projection(layer.qkv),
+                    _projection(layer.o),
+                    _projection(getattr(mlp, "gate_up")),
+                    _projection(getattr(mlp, "down")),
+                    *map(_ptr, norms),
+                    None,
+                    None,
+                    None,
+                    a.num_heads,
+                    a.num_kv_heads,
+                    a.head_dim,
+                    a.hidden_size,
+                    a.rms_norm_eps,
+                    model.scale,
+                    a.attn_softcap or 0.0,
+                )
+            )
 
     def takes(self, meta: AttnMetadata, tokens: int) -> bool:
         """Whether this step is a pure decode step of the CPU path (one new token per sequence, none prefilling)."""
         d = meta.decodes
-        return (meta.paged is None and d is not None and not meta.prefills and len(d) == tokens > 0
-                and all(p.runs_kernel(tokens) for p in self.projections))
+        return (
+            meta.paged is None
+            and d is not None
+            and not meta.prefills
+            and len(d) == tokens > 0
+            and all(p.runs_kernel(tokens) for p in self.projections)
+        )
 
-    def run(self, x: torch.Tensor, positions: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-            meta: AttnMetadata) -> torch.Tensor:
+    def run(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttnMetadata,
+    ) -> torch.Tensor:
         """Embeddings x [T, hidden] -> hidden states [T, hidden] before the final norm, as run_layers gives them."""
         model, decodes = self.model, meta.decodes
         assert decodes is not None
@@ -93,9 +134,22 @@ class FusedDecode:
         tables, lens, _ = decodes.kernel_args(None)
         los = {w: decodes.kernel_args(w)[2] for w in set(model.layer_windows)}
         k0 = kv_caches[0][0]
-        step = decoder_layer.Step(x.shape[0], cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), tables.data_ptr(),
-                                  tables.stride(0), lens.data_ptr(), k0.stride(0), k0.stride(1), k0.stride(2),
-                                  k0.shape[1], WORKERS.n, KERNEL_PARALLEL_MACS, KERNEL_PARALLEL_BYTES)
+        step = decoder_layer.Step(
+            x.shape[0],
+            cos.data_ptr(),
+            sin.data_ptr(),
+            slots.data_ptr(),
+            tables.data_ptr(),
+            tables.stride(0),
+            lens.data_ptr(),
+            k0.stride(0),
+            k0.stride(1),
+            k0.stride(2),
+            k0.shape[1],
+            WORKERS.n,
+            KERNEL_PARALLEL_MACS,
+            KERNEL_PARALLEL_BYTES,
+        )
         xp, np_ = x.data_ptr(), normed.data_ptr()
         for layer, (k_cache, v_cache), window in zip(self.layers, kv_caches, model.layer_windows):
             if k_cache.stride() != k0.stride() or v_cache.stride() != k0.stride():

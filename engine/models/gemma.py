@@ -14,7 +14,14 @@ from __future__ import annotations
 from typing import Any
 
 from engine.models.args import (
-    ConfigError, ModelArgs, arch_of, common_fields, layer_windows, refuse, rope_settings, window_fields,
+    ConfigError,
+    ModelArgs,
+    arch_of,
+    common_fields,
+    layer_windows,
+    refuse,
+    rope_settings,
+    window_fields,
 )
 
 
@@ -25,18 +32,30 @@ def _gemma_fields(cfg: dict[str, Any], default_types: list[str]) -> dict[str, An
     biased = bool(cfg.get("attention_bias"))
     scalar = float(cfg.get("query_pre_attn_scalar") or fields["head_dim"])
     final_cap = cfg.get("final_logit_softcapping")
-    return dict(fields, qkv_bias=biased, o_bias=biased, mlp_bias=False, gemma_norms=True, embed_scale=True,
-                attn_scale=scalar ** -0.5, final_softcap=float(final_cap) if final_cap else None,
-                **window_fields(layer_windows(cfg, default_types)))
+    return dict(
+        fields,
+        qkv_bias=biased,
+        o_bias=biased,
+        mlp_bias=False,
+        gemma_norms=True,
+        embed_scale=True,
+        attn_scale=scalar**-0.5,
+        final_softcap=float(final_cap) if final_cap else None,
+        **window_fields(layer_windows(cfg, default_types)),
+    )
 
 
 def parse_gemma2(cfg: dict[str, Any], arch: str) -> ModelArgs:
     n = int(cfg["num_hidden_layers"])
     theta, scaling = rope_settings(cfg, ())
     attn_cap = cfg.get("attn_logit_softcapping")
-    return ModelArgs(architecture=arch, rope_theta=theta, rope_scaling=scaling,
-                     attn_softcap=float(attn_cap) if attn_cap else None,
-                     **_gemma_fields(cfg, ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]))
+    return ModelArgs(
+        architecture=arch,
+        rope_theta=theta,
+        rope_scaling=scaling,
+        attn_softcap=float(attn_cap) if attn_cap else None,
+        **_gemma_fields(cfg, ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]),
+    )
 
 
 def parse_gemma3(cfg: dict[str, Any], arch: str) -> ModelArgs:
@@ -50,12 +69,23 @@ def parse_gemma3(cfg: dict[str, Any], arch: str) -> ModelArgs:
         full = dict(cfg.get("rope_scaling") or {}, rope_theta=cfg.get("rope_theta") or 1_000_000.0)
         local = {"rope_theta": cfg.get("rope_local_base_freq") or 10_000.0}
     if local.get("rope_type", "default") != "default":
-        raise ConfigError(f"{arch_of(cfg)} with rope_parameters.sliding_attention.rope_type "
-                          f"{local['rope_type']!r} is not supported; only default")
-    theta, scaling = rope_settings({"rope_parameters": full, "architectures": [arch],
-                                    "max_position_embeddings": cfg.get("max_position_embeddings")},
-                                   ("linear", "yarn"))
-    return ModelArgs(architecture=arch, rope_theta=float(full.get("rope_theta") or theta), rope_scaling=scaling,
-                     qk_norm=True, local_rope_theta=float(local.get("rope_theta") or 10_000.0),
-                     **_gemma_fields(cfg, ["sliding_attention" if (i + 1) % pattern else "full_attention"
-                                           for i in range(n)]))
+        raise ConfigError(
+            f"{arch_of(cfg)} with rope_parameters.sliding_attention.rope_type "
+            f"{local['rope_type']!r} is not supported; only default"
+        )
+    theta, scaling = rope_settings(
+        {
+            "rope_parameters": full,
+            "architectures": [arch],
+            "max_position_embeddings": cfg.get("max_position_embeddings"),
+        },
+        ("linear", "yarn"),
+    )
+    return ModelArgs(
+        architecture=arch,
+        rope_theta=float(full.get("rope_theta") or theta),
+        rope_scaling=scaling,
+        qk_norm=True,
+        local_rope_theta=float(local.get("rope_theta") or 10_000.0),
+        **_gemma_fields(cfg, ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]),
+    )

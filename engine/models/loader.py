@@ -10,7 +10,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
@@ -18,6 +18,7 @@ from engine.gguf.folder import gguf_files, resolve_gguf
 from engine.gguf.header import GGUFError
 from engine.gguf.weights import GGUFWeights
 from engine.models.args import ConfigError, ModelArgs
+
 # config.json / generation_config.json reading is torch-free, shared with the render-only server; the error
 # and read_config stay importable from here, as the engine's modules do
 from engine.models.checkpoint_meta import ModelLoadError as ModelLoadError
@@ -39,8 +40,9 @@ class ModelShard(Protocol):
         """This rank's slices of the checkpoint's tensors."""
         ...
 
-    def build(self, args: ModelArgs, weights: Weights, has_lm_head: bool, max_positions: int,
-              quantization: str | None = None) -> CausalLM:
+    def build(
+        self, args: ModelArgs, weights: Weights, has_lm_head: bool, max_positions: int, quantization: str | None = None
+    ) -> CausalLM:
         """The decoder on those slices."""
         ...
 
@@ -78,7 +80,8 @@ def resolve_model(model: str) -> Path:
         why = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise ModelLoadError(
             f"--model {model!r} is not a local folder and could not be downloaded from the Hugging Face "
-            f"hub ({type(e).__name__}: {why}); pass the path of a local checkpoint folder instead") from e
+            f"hub ({type(e).__name__}: {why}); pass the path of a local checkpoint folder instead"
+        ) from e
 
 
 def tokenizer_token_count(folder: Path) -> int | None:
@@ -113,20 +116,28 @@ def slow_half_precision(dtype: str, device: torch.device) -> str | None:
         return None
     cpu = torch.cpu
     if dtype == "bfloat16":
-        native = getattr(cpu, "_is_avx512_bf16_supported", lambda: True)() or \
-            getattr(cpu, "_is_amx_tile_supported", lambda: True)()
+        native = (
+            getattr(cpu, "_is_avx512_bf16_supported", lambda: True)()
+            or getattr(cpu, "_is_amx_tile_supported", lambda: True)()
+        )
     else:
         native = getattr(cpu, "_is_amx_fp16_supported", lambda: True)()
     if native:
         return None
-    return (f"this CPU has no native {dtype} matrix multiply (AVX512-BF16 / AMX), so torch emulates it and "
-            f"--dtype {dtype} runs several times slower than float32 here; pass --dtype float32 (or auto)")
+    return (
+        f"this CPU has no native {dtype} matrix multiply (AVX512-BF16 / AMX), so torch emulates it and "
+        f"--dtype {dtype} runs several times slower than float32 here; pass --dtype float32 (or auto)"
+    )
 
 
 def keep_gguf_blocks(device: torch.device, quantization: str | None) -> bool:
     """Whether a GGUF model's quantized weights stay the file's blocks (CPU, no --quantization, the quantized
     kernels present, SPINDLE_GGUF_DEQUANTIZE unset or 0); otherwise they are dequantized at load."""
-    if device.type != "cpu" or quantization is not None or os.environ.get("SPINDLE_GGUF_DEQUANTIZE", "0") not in ("", "0"):
+    if (
+        device.type != "cpu"
+        or quantization is not None
+        or os.environ.get("SPINDLE_GGUF_DEQUANTIZE", "0") not in ("", "0")
+    ):
         return False
     try:
         import engine.layers.quant_linear  # noqa: F401 - registers make_linear's maker for blocks
@@ -136,8 +147,14 @@ def keep_gguf_blocks(device: torch.device, quantization: str | None) -> bool:
     return quant_gemm.available()  # without the kernel library every product would dequantize in Python
 
 
-def load_model(path: str | Path, dtype: str, device: torch.device | str, max_positions: int | None = None,
-               shard: ModelShard | None = None, quantization: str | None = None) -> tuple[CausalLM, ModelInfo]:
+def load_model(
+    path: str | Path,
+    dtype: str,
+    device: torch.device | str,
+    max_positions: int | None = None,
+    shard: ModelShard | None = None,
+    quantization: str | None = None,
+) -> tuple[CausalLM, ModelInfo]:
     """Build the model from a checkpoint folder. max_positions sizes the rotary table (default: the config's).
 
     shard: this tensor-parallel rank's part only (engine/distributed/sharding.py); info then counts its KV heads.
@@ -163,14 +180,16 @@ def load_model(path: str | Path, dtype: str, device: torch.device | str, max_pos
     weights: Weights
     with torch.inference_mode():
         if ggufs is not None:
-            weights = from_file = GGUFWeights(ggufs, _DTYPES[dtype_name], device,
-                                              keep_quantized=keep_gguf_blocks(device, quantization))
+            weights = from_file = GGUFWeights(
+                ggufs, _DTYPES[dtype_name], device, keep_quantized=keep_gguf_blocks(device, quantization)
+            )
             model = family.model.load(cfg, args, weights, "lm_head.weight" in weights, positions, quantization)
             from_file.log_held()
         elif shard is None:
             weights = Weights(folder, _DTYPES[dtype_name], device)
-            model = family.model.load(cfg, args, decoder_weights(weights), "lm_head.weight" in weights, positions,
-                                      quantization)
+            model = family.model.load(
+                cfg, args, decoder_weights(weights), "lm_head.weight" in weights, positions, quantization
+            )
         else:
             weights = shard.weights(folder, args, _DTYPES[dtype_name], device)
             model = shard.build(args, weights, "lm_head.weight" in weights, positions, quantization)
@@ -180,7 +199,14 @@ def load_model(path: str | Path, dtype: str, device: torch.device | str, max_pos
     gen = read_generation_config(folder)
     eos, defaults = eos_token_ids(cfg, gen), generation_defaults(gen)
     tokens = tokenizer_token_count(folder)
-    info = ModelInfo(vocab_size=min(args.vocab_size, tokens) if tokens else args.vocab_size, max_position_embeddings=args.max_position_embeddings,
-                     eos_token_ids=eos, generation_defaults=defaults, dtype=dtype_name,
-                     num_layers=args.num_layers, num_kv_heads=num_kv_heads, head_dim=args.head_dim)
+    info = ModelInfo(
+        vocab_size=min(args.vocab_size, tokens) if tokens else args.vocab_size,
+        max_position_embeddings=args.max_position_embeddings,
+        eos_token_ids=eos,
+        generation_defaults=defaults,
+        dtype=dtype_name,
+        num_layers=args.num_layers,
+        num_kv_heads=num_kv_heads,
+        head_dim=args.head_dim,
+    )
     return model, info

@@ -11,7 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 from engine.models.args import (
-    ConfigError, ModelArgs, MoEArgs, common_fields, qwen_windows, rope_settings, window_fields,
+    ConfigError,
+    ModelArgs,
+    MoEArgs,
+    common_fields,
+    qwen_windows,
+    rope_settings,
+    window_fields,
 )
 
 
@@ -29,24 +35,55 @@ def parse_qwen3_moe(cfg: dict[str, Any], arch: str) -> ModelArgs:
     step = int(cfg.get("decoder_sparse_step") or 1)
     dense = {int(i) for i in cfg.get("mlp_only_layers") or []}
     sparse = tuple(i not in dense and experts > 0 and (i + 1) % step == 0 for i in range(n))
-    moe = MoEArgs(num_experts=experts, top_k=int(cfg["num_experts_per_tok"]),
-                  intermediate_size=int(cfg["moe_intermediate_size"]), norm_topk_prob=bool(cfg.get("norm_topk_prob")),
-                  sparse_layers=sparse, router_weights_in_model_dtype=True, block="mlp",
-                  expert_names=("gate_proj", "up_proj", "down_proj"))
+    moe = MoEArgs(
+        num_experts=experts,
+        top_k=int(cfg["num_experts_per_tok"]),
+        intermediate_size=int(cfg["moe_intermediate_size"]),
+        norm_topk_prob=bool(cfg.get("norm_topk_prob")),
+        sparse_layers=sparse,
+        router_weights_in_model_dtype=True,
+        block="mlp",
+        expert_names=("gate_proj", "up_proj", "down_proj"),
+    )
     theta, scaling = rope_settings(cfg, ("linear", "yarn"))
     biased = bool(cfg.get("attention_bias"))
     windows = qwen_windows(cfg | {"layer_types": None, "max_window_layers": 0})  # every layer, as transformers
-    return ModelArgs(architecture=arch, **common_fields(cfg), rope_theta=theta, rope_scaling=scaling,
-                     qkv_bias=biased, o_bias=biased, mlp_bias=False, qk_norm=True, moe=moe, **window_fields(windows))
+    return ModelArgs(
+        architecture=arch,
+        **common_fields(cfg),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        qkv_bias=biased,
+        o_bias=biased,
+        mlp_bias=False,
+        qk_norm=True,
+        moe=moe,
+        **window_fields(windows),
+    )
 
 
 def parse_mixtral(cfg: dict[str, Any], arch: str) -> ModelArgs:
     n = int(cfg["num_hidden_layers"])
-    moe = MoEArgs(num_experts=_num_experts(cfg), top_k=int(cfg.get("num_experts_per_tok") or 2),
-                  intermediate_size=int(cfg["intermediate_size"]), norm_topk_prob=True, sparse_layers=(True,) * n,
-                  router_weights_in_model_dtype=False, block="block_sparse_moe", expert_names=("w1", "w3", "w2"))
+    moe = MoEArgs(
+        num_experts=_num_experts(cfg),
+        top_k=int(cfg.get("num_experts_per_tok") or 2),
+        intermediate_size=int(cfg["intermediate_size"]),
+        norm_topk_prob=True,
+        sparse_layers=(True,) * n,
+        router_weights_in_model_dtype=False,
+        block="block_sparse_moe",
+        expert_names=("w1", "w3", "w2"),
+    )
     theta, scaling = rope_settings(cfg, ("linear", "yarn"))
     window = cfg.get("sliding_window")
-    return ModelArgs(architecture=arch, **common_fields(cfg), rope_theta=theta, rope_scaling=scaling,
-                     qkv_bias=False, o_bias=False, mlp_bias=False, moe=moe,
-                     **window_fields((int(window) if window else None,) * n))
+    return ModelArgs(
+        architecture=arch,
+        **common_fields(cfg),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        qkv_bias=False,
+        o_bias=False,
+        mlp_bias=False,
+        moe=moe,
+        **window_fields((int(window) if window else None,) * n),
+    )

@@ -22,6 +22,14 @@ def parse(cfg: dict[str, Any], arch: str) -> ModelArgs:
     theta, scaling = rope_settings(cfg, ("longrope", "linear"))
     window = cfg.get("sliding_window")
     n = int(cfg["num_hidden_layers"])
-    return ModelArgs(architecture=arch, **common_fields(cfg), rope_theta=theta, rope_scaling=scaling,
-                     qkv_bias=False, o_bias=False, mlp_bias=False, fused_qkv=True,
-                     **window_fields((int(window) if window else None,) * n))
+    return ModelArgs(
+        architecture=arch,
+        **common_fields(cfg),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        qkv_bias=False,
+        o_bias=False,
+        mlp_bias=False,
+        fused_qkv=True,
+        **window_fields((int(window) if window else None,) * n),
+    )

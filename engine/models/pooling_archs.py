@@ -45,8 +45,9 @@ def as_decoder_config(cfg: dict[str, Any]) -> dict[str, Any]:
 def check_runner(cfg: dict[str, Any], runner: str) -> None:
     """A checkpoint without an LM head cannot generate: say so at load."""
     if runner != "pooling" and is_pooling_only(cfg):
-        raise ModelLoadError(f"{cfg.get('architectures')} has no LM head, so it cannot generate text; serve it with "
-                             "--runner pooling")
+        raise ModelLoadError(
+            f"{cfg.get('architectures')} has no LM head, so it cannot generate text; serve it with --runner pooling"
+        )
 
 
 class _Unprefixed:

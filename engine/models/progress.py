@@ -13,8 +13,16 @@ log = logging.getLogger("engine")
 class LoadProgress:
     """Counts loaded tensors out of `total`. Terminal: one `\\r` bar; else a line per `step_pct` percent."""
 
-    def __init__(self, total: int, label: str = "loading weights", *, stream: TextIO | None = None,
-                 step_pct: int = 25, min_redraw_s: float = 0.1, quiet: bool = False) -> None:
+    def __init__(
+        self,
+        total: int,
+        label: str = "loading weights",
+        *,
+        stream: TextIO | None = None,
+        step_pct: int = 25,
+        min_redraw_s: float = 0.1,
+        quiet: bool = False,
+    ) -> None:
         """quiet: count, but draw and log nothing."""
         self.total = max(total, 1)
         self.quiet = quiet

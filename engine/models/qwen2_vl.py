@@ -46,16 +46,23 @@ class VisionArgs:
         if act not in _ACTS:
             raise ConfigError(f"vision_config.hidden_act {act!r} is not supported; supported: {', '.join(_ACTS)}")
         rope = v.get("rope_parameters") or {}
-        return cls(depth=int(v["depth"]), embed_dim=int(v["embed_dim"]), num_heads=int(v["num_heads"]),
-                   mlp_ratio=float(v.get("mlp_ratio", 4)), hidden_act=act, in_channels=int(v.get("in_channels", 3)),
-                   patch_size=int(v.get("patch_size", 14)), temporal_patch_size=int(v.get("temporal_patch_size", 2)),
-                   spatial_merge_size=int(v.get("spatial_merge_size", 2)),
-                   rope_theta=float(rope.get("rope_theta", 10000.0)))
+        return cls(
+            depth=int(v["depth"]),
+            embed_dim=int(v["embed_dim"]),
+            num_heads=int(v["num_heads"]),
+            mlp_ratio=float(v.get("mlp_ratio", 4)),
+            hidden_act=act,
+            in_channels=int(v.get("in_channels", 3)),
+            patch_size=int(v.get("patch_size", 14)),
+            temporal_patch_size=int(v.get("temporal_patch_size", 2)),
+            spatial_merge_size=int(v.get("spatial_merge_size", 2)),
+            rope_theta=float(rope.get("rope_theta", 10000.0)),
+        )
 
     @property
     def patch_dim(self) -> int:
         """Values per patch row of pixel_values: channels x temporal x patch x patch (1176 for Qwen2-VL)."""
-        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
+        return self.in_channels * self.temporal_patch_size * self.patch_size**2
 
 
 def _quick_gelu(x: torch.Tensor) -> torch.Tensor:
@@ -75,8 +82,10 @@ class VLConfig:
 
 def parse_vl_config(cfg: dict[str, Any]) -> VLConfig:
     """config.json of a Qwen2VLForConditionalGeneration checkpoint: nested text_config (transformers 5) or flat."""
-    text = {**{k: v for k, v in cfg.items() if k not in ("text_config", "vision_config")},
-            **(cfg.get("text_config") or {})}
+    text = {
+        **{k: v for k, v in cfg.items() if k not in ("text_config", "vision_config")},
+        **(cfg.get("text_config") or {}),
+    }
     rope = dict(text.get("rope_parameters") or {})
     scaling = dict(text.get("rope_scaling") or {})
     section = rope.get("mrope_section") or scaling.get("mrope_section")
@@ -84,22 +93,25 @@ def parse_vl_config(cfg: dict[str, Any]) -> VLConfig:
     rope_type = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
     if rope_type not in ("default", "mrope"):
         raise ConfigError(f"Qwen2-VL rope_type {rope_type!r} is not supported; only default (M-RoPE) is")
-    text.update(architectures=["Qwen2ForCausalLM"], rope_parameters={"rope_theta": theta}, rope_scaling=None,
-                rope_theta=theta)
+    text.update(
+        architectures=["Qwen2ForCausalLM"], rope_parameters={"rope_theta": theta}, rope_scaling=None, rope_theta=theta
+    )
     args = llama.parse(text, "Qwen2ForCausalLM")
     if args.sliding_window is not None:
         raise ConfigError("Qwen2-VL with a sliding window is not supported")
     section = [int(s) for s in (section or [16, 24, 24])]
     if len(section) != 3 or sum(section) != args.head_dim // 2:
-        raise ConfigError(f"mrope_section {section} must be three numbers summing to head_dim / 2 "
-                          f"({args.head_dim // 2})")
+        raise ConfigError(
+            f"mrope_section {section} must be three numbers summing to head_dim / 2 ({args.head_dim // 2})"
+        )
     vision = VisionArgs.from_hf_config(cfg["vision_config"])
-    if (vision.embed_dim % vision.num_heads or (vision.embed_dim // vision.num_heads) % 4):
+    if vision.embed_dim % vision.num_heads or (vision.embed_dim // vision.num_heads) % 4:
         raise ConfigError("vision_config: embed_dim / num_heads must be a multiple of 4")
     merger_out = int(cfg["vision_config"].get("hidden_size", args.hidden_size))
     if merger_out != args.hidden_size:
-        raise ConfigError(f"vision_config.hidden_size {merger_out} differs from the text hidden_size "
-                          f"{args.hidden_size}")
+        raise ConfigError(
+            f"vision_config.hidden_size {merger_out} differs from the text hidden_size {args.hidden_size}"
+        )
     return VLConfig(args, vision, section, int(cfg.get("image_token_id", IMAGE_TOKEN_ID)))
 
 
@@ -110,16 +122,18 @@ def parse(cfg: dict[str, Any], arch: str) -> ModelArgs:
 
 def vl_weight_getter(get: WeightGetter, has: Any) -> WeightGetter:
     """Names as CausalLM / VisionTower ask for them -> the checkpoint's (either layout)."""
+
     def lookup(name: str) -> torch.Tensor:
         if name in has:
             return get(name)
         if name.startswith("model."):
-            alt = "model.language_model." + name[len("model."):]
+            alt = "model.language_model." + name[len("model.") :]
         elif name.startswith("visual."):
             alt = "model." + name
         else:
             alt = name
         return get(alt if alt in has else name)
+
     return lookup
 
 
@@ -152,8 +166,9 @@ class VisionTower:
         m = self.args.spatial_merge_size
         hpos, wpos = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
         shape = (h // m, m, w // m, m)
-        pos = torch.stack([hpos.reshape(shape).transpose(1, 2).flatten(),
-                           wpos.reshape(shape).transpose(1, 2).flatten()], dim=-1).repeat(t, 1)  # [N, 2]
+        pos = torch.stack(
+            [hpos.reshape(shape).transpose(1, 2).flatten(), wpos.reshape(shape).transpose(1, 2).flatten()], dim=-1
+        ).repeat(t, 1)  # [N, 2]
         freqs = pos[..., None].float() * self.inv_freq  # [N, 2, spatial / 2]
         hw = torch.cat([freqs[:, 0], freqs[:, 1]], dim=-1)
         emb = torch.cat([hw, hw], dim=-1).to(self.device)
@@ -164,8 +179,9 @@ class VisionTower:
         t, h, w = grid
         n, d, heads = t * h * w, a.embed_dim, a.num_heads
         if pixels.shape != (n, a.patch_dim):
-            raise ValueError(f"pixel_values {tuple(pixels.shape)} do not match grid {grid} "
-                             f"(expected ({n}, {a.patch_dim}))")
+            raise ValueError(
+                f"pixel_values {tuple(pixels.shape)} do not match grid {grid} (expected ({n}, {a.patch_dim}))"
+            )
         x = self.patch(pixels.to(device=self.device, dtype=self.dtype))
         cos, sin = self._rotary(t, h, w)
         frame = h * w
@@ -175,12 +191,12 @@ class VisionTower:
             q, k = (_rotate(z, cos, sin) for z in (q, k))
             # attention within each frame (an image is one frame): [frames, heads, frame, head_dim]
             q, k, v = (z.reshape(t, frame, heads, -1).transpose(1, 2) for z in (q, k, v))
-            o = F.scaled_dot_product_attention(q, k, v, scale=self.head_dim ** -0.5)
+            o = F.scaled_dot_product_attention(q, k, v, scale=self.head_dim**-0.5)
             o = o.transpose(1, 2).reshape(n, d)
             x = x + lin["attn.proj"](o)
             y = F.layer_norm(x, (d,), b["norm2.weight"], b["norm2.bias"], 1e-6)
             x = x + lin["mlp.fc2"](self.act(lin["mlp.fc1"](y)))
-        y = F.layer_norm(x, (d,), *self.ln_q, 1e-6).reshape(-1, d * a.spatial_merge_size ** 2)
+        y = F.layer_norm(x, (d,), *self.ln_q, 1e-6).reshape(-1, d * a.spatial_merge_size**2)
         return self.merger[1](F.gelu(self.merger[0](y)))
 
 
@@ -194,8 +210,9 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 class Qwen2VLCausalLM(CausalLM):
     """The Qwen2 decoder with M-RoPE and image embeddings spliced in; owns the vision tower."""
 
-    def __init__(self, vl: VLConfig, get: WeightGetter, has_lm_head: bool, max_positions: int,
-                 quantization: str | None = None) -> None:
+    def __init__(
+        self, vl: VLConfig, get: WeightGetter, has_lm_head: bool, max_positions: int, quantization: str | None = None
+    ) -> None:
         super().__init__(vl.text, get, has_lm_head, max_positions, quantization)
         self.args = replace(vl.text, architecture=ARCHITECTURE)
         self.vl = vl
@@ -206,11 +223,17 @@ class Qwen2VLCausalLM(CausalLM):
         self._axis_cols = torch.cat([axis, axis]).to(self.device)  # table column -> the axis that drives it
 
     @classmethod
-    def load(cls, cfg: dict[str, Any], args: ModelArgs, weights: WeightSource, has_lm_head: bool,
-             max_positions: int, quantization: str | None = None) -> CausalLM:
+    def load(
+        cls,
+        cfg: dict[str, Any],
+        args: ModelArgs,
+        weights: WeightSource,
+        has_lm_head: bool,
+        max_positions: int,
+        quantization: str | None = None,
+    ) -> CausalLM:
         """Both weight layouts (the original and transformers 5's), the vision tower from vision_config."""
-        return cls(parse_vl_config(cfg), vl_weight_getter(weights, weights), has_lm_head, max_positions,
-                   quantization)
+        return cls(parse_vl_config(cfg), vl_weight_getter(weights, weights), has_lm_head, max_positions, quantization)
 
     def mrope_rows(self, positions: torch.Tensor) -> torch.Tensor:
         """positions [3, T] -> the rotary rows [T, head_dim]: each frequency from its section's axis."""
@@ -218,9 +241,14 @@ class Qwen2VLCausalLM(CausalLM):
         cols = self._axis_cols[None, None, :].expand(1, rows.shape[1], rows.shape[2])
         return rows.gather(0, cols)[0]
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttnMetadata,
-                embeds: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttnMetadata,
+        embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """positions [T] (text only) or [3, T]; embeds [T, hidden] replaces the token embedding when given."""
         x = self.embed_tokens(input_ids) if embeds is None else embeds
         if positions.dim() == 1:
@@ -229,8 +257,9 @@ class Qwen2VLCausalLM(CausalLM):
         return self.run_layers(x, kv_caches, meta, lambda q, k, _: (apply_rope(q, rows), apply_rope(k, rows)))
 
 
-def mrope_positions(num_tokens: int, images: list[tuple[int, int, tuple[int, int, int]]],
-                    merge: int) -> tuple[list[list[int]], int]:
+def mrope_positions(
+    num_tokens: int, images: list[tuple[int, int, tuple[int, int, int]]], merge: int
+) -> tuple[list[list[int]], int]:
     """The prompt's M-RoPE positions [3][num_tokens] and the delta for later tokens (position = index + delta).
 
     images: (offset, length, grid (t, h, w) in patches), sorted, not overlapping; as transformers'

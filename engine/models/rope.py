@@ -69,8 +69,9 @@ def _yarn(dim: int, theta: float, s: dict[str, Any], max_position_embeddings: in
     return inv_freq, float(attention)
 
 
-def _longrope(dim: int, theta: float, s: dict[str, Any], max_position_embeddings: int,
-              max_positions: int) -> tuple[torch.Tensor, float]:
+def _longrope(
+    dim: int, theta: float, s: dict[str, Any], max_position_embeddings: int, max_positions: int
+) -> tuple[torch.Tensor, float]:
     orig = int(s["original_max_position_embeddings"])
     factor = float(s.get("factor") or max_position_embeddings / orig)
     attention = s.get("attention_factor")
@@ -78,16 +79,21 @@ def _longrope(dim: int, theta: float, s: dict[str, Any], max_position_embeddings
         attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
     ext = s["long_factor"] if max_positions > orig else s["short_factor"]
     if max_positions > orig:  # said once per load: shorter sequences then differ from transformers (short factors)
-        log.warning("longrope: long factors for every sequence, since max_model_len %d > "
-                    "original_max_position_embeddings %d (as vLLM); --max-model-len %d keeps the short factors",
-                    max_positions, orig, orig)
+        log.warning(
+            "longrope: long factors for every sequence, since max_model_len %d > "
+            "original_max_position_embeddings %d (as vLLM); --max-model-len %d keeps the short factors",
+            max_positions,
+            orig,
+            orig,
+        )
     if len(ext) != dim // 2:
         raise ValueError(f"rope_scaling long_factor/short_factor need {dim // 2} values, got {len(ext)}")
     return 1.0 / (torch.tensor(ext, dtype=torch.float32) * _base(dim, theta)), float(attention)
 
 
-def inv_freq(dim: int, theta: float, scaling: dict[str, Any] | None, *, max_positions: int,
-             max_position_embeddings: int) -> tuple[torch.Tensor, float]:
+def inv_freq(
+    dim: int, theta: float, scaling: dict[str, Any] | None, *, max_positions: int, max_position_embeddings: int
+) -> tuple[torch.Tensor, float]:
     """(inverse frequencies [dim // 2], attention factor) for `dim` rotary dims."""
     rope_type = (scaling or {}).get("rope_type", "default")
     if scaling is None or rope_type == "default":
@@ -103,10 +109,12 @@ def inv_freq(dim: int, theta: float, scaling: dict[str, Any] | None, *, max_posi
     raise ValueError(f"rope_type {rope_type!r} is not supported; supported: default, {', '.join(SCALINGS)}")
 
 
-def rope_table(dim: int, theta: float, scaling: dict[str, Any] | None, max_positions: int,
-               max_position_embeddings: int) -> torch.Tensor:
+def rope_table(
+    dim: int, theta: float, scaling: dict[str, Any] | None, max_positions: int, max_position_embeddings: int
+) -> torch.Tensor:
     """[max_positions, dim] float32: cos then sin of each position's angles, times the attention factor."""
-    freq, attention = inv_freq(dim, theta, scaling, max_positions=max_positions,
-                               max_position_embeddings=max_position_embeddings)
+    freq, attention = inv_freq(
+        dim, theta, scaling, max_positions=max_positions, max_position_embeddings=max_position_embeddings
+    )
     angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), freq)
     return torch.cat([angles.cos() * attention, angles.sin() * attention], dim=-1)

@@ -34,8 +34,10 @@ class Weights:
         else:
             files = sorted(folder.glob("*.safetensors"))
             if not files:
-                raise ModelLoadError(f"{folder} holds no *.safetensors weights; only safetensors "
-                                     "checkpoints are supported (convert .bin files with save_pretrained)")
+                raise ModelLoadError(
+                    f"{folder} holds no *.safetensors weights; only safetensors "
+                    "checkpoints are supported (convert .bin files with save_pretrained)"
+                )
             self.files = {}
             for f in files:
                 with safe_open(f, framework="pt") as h:

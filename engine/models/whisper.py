@@ -45,11 +45,17 @@ class WhisperArgs:
             raise ConfigError(f"activation_function {act!r} is not supported for Whisper; only gelu is")
         if cfg.get("scale_embedding"):
             raise ConfigError("scale_embedding true is not supported for Whisper")
-        args = cls(d_model=int(cfg["d_model"]), encoder_layers=int(cfg["encoder_layers"]),
-                   encoder_heads=int(cfg["encoder_attention_heads"]), decoder_layers=int(cfg["decoder_layers"]),
-                   decoder_heads=int(cfg["decoder_attention_heads"]), num_mel_bins=int(cfg.get("num_mel_bins", 80)),
-                   max_source_positions=int(cfg.get("max_source_positions", 1500)),
-                   max_target_positions=int(cfg.get("max_target_positions", 448)), vocab_size=int(cfg["vocab_size"]))
+        args = cls(
+            d_model=int(cfg["d_model"]),
+            encoder_layers=int(cfg["encoder_layers"]),
+            encoder_heads=int(cfg["encoder_attention_heads"]),
+            decoder_layers=int(cfg["decoder_layers"]),
+            decoder_heads=int(cfg["decoder_attention_heads"]),
+            num_mel_bins=int(cfg.get("num_mel_bins", 80)),
+            max_source_positions=int(cfg.get("max_source_positions", 1500)),
+            max_target_positions=int(cfg.get("max_target_positions", 448)),
+            vocab_size=int(cfg["vocab_size"]),
+        )
         for name, heads in (("encoder", args.encoder_heads), ("decoder", args.decoder_heads)):
             if args.d_model % heads:
                 raise ConfigError(f"d_model {args.d_model} is not a multiple of {name}_attention_heads {heads}")
@@ -60,12 +66,25 @@ def parse(cfg: dict[str, Any], arch: str) -> ModelArgs:
     """The registry's view: the decoder's shape (the KV cache is sized from it); the encoder is read at load.
     hidden_act stays the default: Whisper's own GELU is not a ModelArgs activation, this model applies it."""
     w = WhisperArgs.from_hf_config(cfg)
-    return ModelArgs(architecture=arch, hidden_size=w.d_model, num_layers=w.decoder_layers,
-                     num_heads=w.decoder_heads, num_kv_heads=w.decoder_heads, head_dim=w.d_model // w.decoder_heads,
-                     intermediate_size=int(cfg.get("decoder_ffn_dim", 4 * w.d_model)), vocab_size=w.vocab_size,
-                     rms_norm_eps=_EPS, rope_theta=0.0, rope_scaling=None,
-                     max_position_embeddings=w.max_target_positions, tie_word_embeddings=True, qkv_bias=True,
-                     o_bias=True, mlp_bias=True, sliding_window=None)
+    return ModelArgs(
+        architecture=arch,
+        hidden_size=w.d_model,
+        num_layers=w.decoder_layers,
+        num_heads=w.decoder_heads,
+        num_kv_heads=w.decoder_heads,
+        head_dim=w.d_model // w.decoder_heads,
+        intermediate_size=int(cfg.get("decoder_ffn_dim", 4 * w.d_model)),
+        vocab_size=w.vocab_size,
+        rms_norm_eps=_EPS,
+        rope_theta=0.0,
+        rope_scaling=None,
+        max_position_embeddings=w.max_target_positions,
+        tie_word_embeddings=True,
+        qkv_bias=True,
+        o_bias=True,
+        mlp_bias=True,
+        sliding_window=None,
+    )
 
 
 class _Attn:
@@ -134,7 +153,7 @@ class WhisperModel(CausalLM):
         self.head = LMHead(embed)
         self.layer_windows: list[int | None] = [None] * w.decoder_layers
         self.heads, self.head_dim = w.decoder_heads, w.d_model // w.decoder_heads
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.dec_pos = get("model.decoder.embed_positions.weight")
         self.dec_layers = [_Block(get, f"model.decoder.layers.{i}", True) for i in range(w.decoder_layers)]
         self.dec_norm = (get("model.decoder.layer_norm.weight"), get("model.decoder.layer_norm.bias"))
@@ -145,8 +164,15 @@ class WhisperModel(CausalLM):
         self.enc_norm = (get("model.encoder.layer_norm.weight"), get("model.encoder.layer_norm.bias"))
 
     @classmethod
-    def load(cls, cfg: dict[str, Any], args: ModelArgs, weights: WeightSource, has_lm_head: bool,
-             max_positions: int, quantization: str | None = None) -> CausalLM:
+    def load(
+        cls,
+        cfg: dict[str, Any],
+        args: ModelArgs,
+        weights: WeightSource,
+        has_lm_head: bool,
+        max_positions: int,
+        quantization: str | None = None,
+    ) -> CausalLM:
         if quantization is not None:
             raise ConfigError(f"--quantization {quantization} is not supported for Whisper checkpoints")
         return cls(WhisperArgs.from_hf_config(cfg), args, weights)
@@ -165,7 +191,7 @@ class WhisperModel(CausalLM):
         x = features.to(device=self.device, dtype=self.dtype)
         x = F.gelu(F.conv1d(x, *self.conv1, padding=1))
         x = F.gelu(F.conv1d(x, *self.conv2, stride=2, padding=1)).transpose(1, 2)
-        x = x + self.enc_pos[:x.shape[1]]
+        x = x + self.enc_pos[: x.shape[1]]
         b, t, d = x.shape
         heads = self.w.encoder_heads
         for layer in self.enc_layers:
@@ -189,9 +215,14 @@ class WhisperModel(CausalLM):
             per_layer.append((k, v))
         return [CrossKV([(k[i].contiguous(), v[i].contiguous()) for k, v in per_layer]) for i in range(b)]
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttnMetadata,
-                cross: CrossBatch | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttnMetadata,
+        cross: CrossBatch | None = None,
+    ) -> torch.Tensor:
         """The decoder over the flat batch -> hidden states [T, d] before the final LayerNorm."""
         if cross is None:
             raise ValueError("a Whisper decoder step needs every request's audio (cross-attention K/V)")
@@ -217,9 +248,9 @@ class WhisperModel(CausalLM):
         out = torch.empty_like(q)
         for start, n, kv in cross.spans:
             k, v = kv.layers[i]
-            qs = q[start:start + n].transpose(0, 1)  # [heads, n, head_dim]
+            qs = q[start : start + n].transpose(0, 1)  # [heads, n, head_dim]
             o = F.scaled_dot_product_attention(qs, k, v, scale=self.scale)
-            out[start:start + n] = o.transpose(0, 1)
+            out[start : start + n] = o.transpose(0, 1)
         return a.out(out.reshape(h.shape[0], -1))
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:

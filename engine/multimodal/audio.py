@@ -18,13 +18,12 @@ from typing import Any
 
 import torch
 
+from engine.core.sequence import ScheduledSeq, Sequence
 from engine.messages import AudioInput
 from engine.models.whisper import CrossBatch, WhisperModel
+from engine.multimodal.image_state import SeqAudio
 from engine.multimodal.processing import ENCODER_CACHE_BYTES
 from engine.multimodal.runner import EncoderCache
-from engine.multimodal.image_state import SeqAudio
-from engine.core.sequence import ScheduledSeq, Sequence
-
 
 ENCODE_BATCH = 8  # windows per encoder call: a large model's attention over 1500 frames is big per window
 
@@ -44,7 +43,7 @@ class WhisperRules:
 
     def apply(self, row: torch.Tensor, audio: SeqAudio, tokens: list[int]) -> None:
         """Mask one sampling row's logits [vocab] in place; tokens: the sequence's tokens so far."""
-        generated = tokens[audio.begin:]
+        generated = tokens[audio.begin :]
         inf = float("-inf")
         if not generated and self.begin_suppress:
             row[self.begin_suppress] = inf
@@ -64,7 +63,7 @@ class WhisperRules:
             if penultimate_ts:
                 row[tb:] = inf  # a pair is complete: text next
             else:
-                row[:self.eos] = inf  # after one timestamp: another, or the end
+                row[: self.eos] = inf  # after one timestamp: another, or the end
         stamps = [t for t in seq if t >= tb]
         if stamps:
             floor = stamps[-1] if last_ts and not penultimate_ts else stamps[-1] + 1
@@ -72,7 +71,7 @@ class WhisperRules:
         if not seq:
             row[:tb] = inf
             if self.max_initial is not None:
-                row[tb + self.max_initial + 1:] = inf
+                row[tb + self.max_initial + 1 :] = inf
         logprobs = torch.log_softmax(row.float(), dim=-1)
         if logprobs[tb:].logsumexp(dim=-1) > logprobs[:tb].max():
             row[:tb] = inf
@@ -81,8 +80,9 @@ class WhisperRules:
 class AudioRunner:
     """The audio half of a Whisper step: encodes new requests, gives the decoder each request's K/V."""
 
-    def __init__(self, model: WhisperModel, gen: dict[str, Any], eos: int,
-                 cache_bytes: int = ENCODER_CACHE_BYTES) -> None:
+    def __init__(
+        self, model: WhisperModel, gen: dict[str, Any], eos: int, cache_bytes: int = ENCODER_CACHE_BYTES
+    ) -> None:
         self.model = model
         self.rules = WhisperRules(gen, eos)
         self.sot = int(gen.get("decoder_start_token_id", 50258))
@@ -99,8 +99,9 @@ class AudioRunner:
         if list(audio.shape) != want:
             raise ValueError(f"audio features of shape {list(audio.shape)} do not fit this model (expected {want})")
         if len(audio.features) != want[0] * want[1] * 4:
-            raise ValueError(f"audio features hold {len(audio.features)} bytes; shape {want} float32 needs "
-                             f"{want[0] * want[1] * 4}")
+            raise ValueError(
+                f"audio features hold {len(audio.features)} bytes; shape {want} float32 needs {want[0] * want[1] * 4}"
+            )
         features = torch.frombuffer(bytearray(audio.features), dtype=torch.float32).reshape(want)
         sot = prompt.index(self.sot) if self.sot in prompt else None
         return SeqAudio(audio.hash, features, audio.timestamps, audio.rules, len(prompt), sot_index=sot)
@@ -117,7 +118,7 @@ class AudioRunner:
             elif a.hash not in outs and all(t.hash != a.hash for t in todo):
                 todo.append(a)
         for k in range(0, len(todo), ENCODE_BATCH):
-            part = todo[k:k + ENCODE_BATCH]
+            part = todo[k : k + ENCODE_BATCH]
             encoded = self.model.encode(torch.stack([a.features for a in part if a.features is not None]))
             self.encoder_runs += len(part)
             for a, e in zip(part, encoded):
@@ -126,7 +127,7 @@ class AudioRunner:
         hashes = list(dict.fromkeys(a.hash for a in seqs))
         kvs: dict[str, Any] = {}
         for k in range(0, len(hashes), ENCODE_BATCH):
-            part_h = hashes[k:k + ENCODE_BATCH]
+            part_h = hashes[k : k + ENCODE_BATCH]
             kvs.update(zip(part_h, self.model.cross_kv(torch.stack([outs[h] for h in part_h]))))
         for a in seqs:
             a.cross, a.features = kvs[a.hash], None
@@ -156,8 +157,13 @@ class AudioRunner:
         for s in batch:
             a = s.seq.audio
             at = a.sot_index if a is not None else None
-            if a is not None and at is not None and a.rules and a.no_speech is None and \
-                    s.start <= at < s.start + s.num_new_tokens:
+            if (
+                a is not None
+                and at is not None
+                and a.rules
+                and a.no_speech is None
+                and s.start <= at < s.start + s.num_new_tokens
+            ):
                 logits = self.model.compute_logits(hidden[row + at - s.start][None])
                 a.no_speech = float(torch.softmax(logits[0].float(), dim=-1)[self.no_speech_id])
             row += s.num_new_tokens

@@ -32,7 +32,7 @@ class SeqImages:
     def positions(self, start: int, n: int) -> torch.Tensor:
         """[3, n] positions of tokens start .. start + n - 1 (outputs after the prompt: index + delta)."""
         p = self.num_prompt_tokens
-        head = self.prompt_positions[:, start:min(start + n, p)]
+        head = self.prompt_positions[:, start : min(start + n, p)]
         if start + n <= p:
             return head
         tail = torch.arange(max(start, p), start + n, dtype=torch.long) + self.delta
@@ -40,8 +40,9 @@ class SeqImages:
 
     def block_extra(self, lo: int, hi: int) -> tuple[tuple[str, int], ...]:
         """What besides token ids names the KV of tokens [lo, hi): (hash, first offset in the image) per image."""
-        return tuple((i.hash, max(lo, i.offset) - i.offset) for i in self.images
-                     if i.offset < hi and lo < i.offset + i.length)
+        return tuple(
+            (i.hash, max(lo, i.offset) - i.offset) for i in self.images if i.offset < hi and lo < i.offset + i.length
+        )
 
 
 @dataclass

@@ -18,8 +18,20 @@ IMAGE_PAD_ID = 151655
 # Vision-encoder outputs the engine keeps by image hash (LRU, bytes); the API's mirror of that cache
 # (server/multimodal/mirror.py) assumes the same budget, so it sends by hash only what the engine likely holds.
 ENCODER_CACHE_BYTES = 256 << 20
-_PROCESSOR_KEYS = ("do_resize", "do_rescale", "rescale_factor", "do_normalize", "image_mean", "image_std",
-                   "do_convert_rgb", "min_pixels", "max_pixels", "patch_size", "temporal_patch_size", "merge_size")
+_PROCESSOR_KEYS = (
+    "do_resize",
+    "do_rescale",
+    "rescale_factor",
+    "do_normalize",
+    "image_mean",
+    "image_std",
+    "do_convert_rgb",
+    "min_pixels",
+    "max_pixels",
+    "patch_size",
+    "temporal_patch_size",
+    "merge_size",
+)
 
 
 def read_preprocessor_config(folder: str | Path) -> dict[str, Any]:
@@ -39,8 +51,9 @@ def make_processor(config: dict[str, Any]) -> Any:
     return Qwen2VLImageProcessorPil(**config)
 
 
-def process_image(processor: Any, image: Any, min_pixels: int | None = None,
-                  max_pixels: int | None = None) -> tuple[np.ndarray, list[int]]:
+def process_image(
+    processor: Any, image: Any, min_pixels: int | None = None, max_pixels: int | None = None
+) -> tuple[np.ndarray, list[int]]:
     """One PIL image -> (pixel_values float32 [patches, patch_dim], grid [t, h, w])."""
     kwargs: dict[str, Any] = {}
     if min_pixels is not None or max_pixels is not None:
@@ -64,7 +77,7 @@ def image_hash(pixels: np.ndarray, grid: list[int]) -> str:
 
 
 def num_image_tokens(grid: list[int], merge: int = 2) -> int:
-    return grid[0] * grid[1] * grid[2] // merge ** 2
+    return grid[0] * grid[1] * grid[2] // merge**2
 
 
 def expand_placeholders(ids: list[int], counts: list[int], pad_id: int = IMAGE_PAD_ID) -> tuple[list[int], list[int]]:

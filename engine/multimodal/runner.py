@@ -16,11 +16,11 @@ from collections import OrderedDict
 
 import torch
 
+from engine.core.sequence import ScheduledSeq
 from engine.messages import IMAGE_CACHE_MISS, ImageInput
 from engine.models.qwen2_vl import Qwen2VLCausalLM, mrope_positions
-from engine.multimodal.processing import ENCODER_CACHE_BYTES
 from engine.multimodal.image_state import Image, SeqImages
-from engine.core.sequence import ScheduledSeq
+from engine.multimodal.processing import ENCODER_CACHE_BYTES
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -39,8 +39,9 @@ def decode_pixels(img: ImageInput) -> torch.Tensor:
     for d in img.shape:
         n *= d
     if img.data is None or len(img.data) != n * dtype.itemsize:
-        raise ValueError(f"image pixel data holds {len(img.data or b'')} bytes, shape {img.shape} needs "
-                         f"{n * dtype.itemsize}")
+        raise ValueError(
+            f"image pixel data holds {len(img.data or b'')} bytes, shape {img.shape} needs {n * dtype.itemsize}"
+        )
     return torch.frombuffer(bytearray(img.data), dtype=dtype).reshape(img.shape)
 
 
@@ -94,28 +95,36 @@ class ImageRunner:
             t, h, w = img.grid_thw
             if h % self.merge or w % self.merge:
                 raise ValueError(f"image {k}: grid {img.grid_thw} is not a multiple of the merge size {self.merge}")
-            length = t * h * w // self.merge ** 2
+            length = t * h * w // self.merge**2
             if img.length != length or img.offset < end or img.offset + length > len(prompt):
-                raise ValueError(f"image {k}: {img.length} placeholder tokens at {img.offset} do not fit the prompt "
-                                 f"or its grid {img.grid_thw} ({length} tokens)")
-            if any(tok != self.image_token_id for tok in prompt[img.offset:img.offset + length]):
-                raise ValueError(f"image {k}: the prompt's tokens at {img.offset}..{img.offset + length - 1} are "
-                                 f"not all the image token {self.image_token_id}")
+                raise ValueError(
+                    f"image {k}: {img.length} placeholder tokens at {img.offset} do not fit the prompt "
+                    f"or its grid {img.grid_thw} ({length} tokens)"
+                )
+            if any(tok != self.image_token_id for tok in prompt[img.offset : img.offset + length]):
+                raise ValueError(
+                    f"image {k}: the prompt's tokens at {img.offset}..{img.offset + length - 1} are "
+                    f"not all the image token {self.image_token_id}"
+                )
             cached = None
             if img.data is None:
                 cached = self.cache.get(img.hash)
                 if cached is None:
-                    raise ImageCacheMiss(f"{IMAGE_CACHE_MISS} image {img.hash} was sent by hash but is not in the "
-                                         "engine's cache")
+                    raise ImageCacheMiss(
+                        f"{IMAGE_CACHE_MISS} image {img.hash} was sent by hash but is not in the engine's cache"
+                    )
                 self.cache_hits += 1
                 pixels = None
             else:
                 pixels = decode_pixels(img)
                 if tuple(pixels.shape) != (t * h * w, self.patch_dim):
-                    raise ValueError(f"image {k}: pixel values {tuple(pixels.shape)} do not match grid "
-                                     f"{img.grid_thw} ({t * h * w} x {self.patch_dim})")
-            images.append(Image(img.hash, img.offset, length, (t, h, w), pixels,
-                                None if img.data is not None else cached))
+                    raise ValueError(
+                        f"image {k}: pixel values {tuple(pixels.shape)} do not match grid "
+                        f"{img.grid_thw} ({t * h * w} x {self.patch_dim})"
+                    )
+            images.append(
+                Image(img.hash, img.offset, length, (t, h, w), pixels, None if img.data is not None else cached)
+            )
             end = img.offset + length
         axes, delta = mrope_positions(len(prompt), [(i.offset, i.length, i.grid) for i in images], self.merge)
         return SeqImages(images, torch.tensor(axes, dtype=torch.long), delta)
@@ -149,11 +158,11 @@ class ImageRunner:
                 for img in mm.images:
                     lo, hi = max(start, img.offset), min(start + n, img.offset + img.length)
                     if lo < hi:
-                        splices.append((row + lo - start, self.encoded(img)[lo - img.offset:hi - img.offset]))
+                        splices.append((row + lo - start, self.encoded(img)[lo - img.offset : hi - img.offset]))
             row += n
         device = self.model.device
         positions = torch.cat(parts, dim=1).to(device)
         embeds = self.model.embed_tokens(input_ids)
         for r, e in splices:
-            embeds[r:r + e.shape[0]] = e.to(embeds.dtype)
+            embeds[r : r + e.shape[0]] = e.to(embeds.dtype)
         return positions, embeds

@@ -39,8 +39,9 @@ def parse_spec_config(raw: dict[str, Any]) -> SpecConfig | None:
         raise ValueError(f"{FLAG}: unknown key {unknown[0]!r}; known: {', '.join(KEYS)}")
     method = raw.get("method") or ("draft_model" if raw.get("model") else None)
     if method not in METHODS:
-        raise ValueError(f"{FLAG}: method must be one of {', '.join(METHODS)} (or give a draft \"model\"), "
-                         f"got {raw.get('method')!r}")
+        raise ValueError(
+            f'{FLAG}: method must be one of {", ".join(METHODS)} (or give a draft "model"), got {raw.get("method")!r}'
+        )
     k = _int(raw, "num_speculative_tokens")
     if k is None or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
         raise ValueError(f"{FLAG}: num_speculative_tokens must be 1..{MAX_SPECULATIVE_TOKENS}, got {k}")
@@ -56,9 +57,10 @@ def parse_spec_config(raw: dict[str, Any]) -> SpecConfig | None:
 def _draft_model(raw: dict[str, Any], k: int) -> SpecConfig:
     model = raw.get("model")
     if not isinstance(model, str) or not model:
-        raise ValueError(f"{FLAG}: method draft_model needs \"model\": the draft's folder or GGUF file")
+        raise ValueError(f'{FLAG}: method draft_model needs "model": the draft\'s folder or GGUF file')
     if not Path(model).exists():
         raise ValueError(f"{FLAG}: draft model {model!r} does not exist")
     # why refused: a draft model needs its own KV cache and step in the engine, which it has not
-    raise ValueError(f"{FLAG}: draft models are not supported; use {{\"method\": \"ngram\", "
-                     f"\"num_speculative_tokens\": {k}}}")
+    raise ValueError(
+        f'{FLAG}: draft models are not supported; use {{"method": "ngram", "num_speculative_tokens": {k}}}'
+    )

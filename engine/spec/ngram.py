@@ -23,5 +23,5 @@ def propose(tokens: list[int], k: int, n_max: int, n_min: int) -> list[int]:
             # of one repeated token must not shrink every draft to one token
             full = hits[hits + n + k <= len(tokens)]
             start = int(full[-1] if full.size else hits[0]) + n
-            return tokens[start:start + k]
+            return tokens[start : start + k]
     return []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from engine.core.sequence import Sequence, SeqStatus
+from engine.core.sequence import SeqStatus, Sequence
 from engine.spec import ngram
 from engine.spec.adaptive import StepCost, draft_length
 from engine.spec.config import SpecConfig
@@ -46,7 +46,7 @@ class Speculator:
             if k:
                 seq.draft = ngram.propose(seq.token_ids, k, c.prompt_lookup_max, c.prompt_lookup_min)
                 a = seq.spec.acceptance
-                gain += sum(a ** j for j in range(1, len(seq.draft) + 1))  # expected accepted tokens
+                gain += sum(a**j for j in range(1, len(seq.draft) + 1))  # expected accepted tokens
                 drafted += len(seq.draft)
         if drafted and not self.cost.pays(len(decoding), gain, drafted):
             for seq in decoding:  # the step's verification would cost the batch more than it gains

@@ -33,7 +33,7 @@ def sampled_rows(batch: list[ScheduledSeq]) -> Rows:
     for s in batch:
         if not s.samples:
             continue
-        seq, draft = s.seq, s.seq.draft[:s.num_draft]
+        seq, draft = s.seq, s.seq.draft[: s.num_draft]
         rows.spans.append((seq, len(rows.seqs), draft))
         if not draft:
             rows.seqs.append(seq)
@@ -45,8 +45,9 @@ def sampled_rows(batch: list[ScheduledSeq]) -> Rows:
     return rows
 
 
-def verify(sampler: Sampler, logits: torch.Tensor,
-           rows: Rows) -> list[tuple[Sequence, list[int], list[TokenLogprobs | None]]]:
+def verify(
+    sampler: Sampler, logits: torch.Tensor, rows: Rows
+) -> list[tuple[Sequence, list[int], list[TokenLogprobs | None]]]:
     """Per sampling sequence: the tokens it emits this step (accepted draft tokens, then one drawn token) and
     their logprobs. A seeded sequence's rows are drawn one by one, stopping at the first rejection, so its
     generator advances exactly as without speculation."""
@@ -64,7 +65,7 @@ def verify(sampler: Sampler, logits: torch.Tensor,
     for first, draft in seeded:
         for j in range(len(draft) + 1):
             i = first + j
-            one = sampler.sample(logits[i:i + 1], [rows.seqs[i]])
+            one = sampler.sample(logits[i : i + 1], [rows.seqs[i]])
             tokens[i], lps[i] = one.token_ids[0], one.logprobs[0]
             if j == len(draft) or tokens[i] != draft[j]:
                 break
@@ -73,5 +74,5 @@ def verify(sampler: Sampler, logits: torch.Tensor,
         m = 0  # accepted draft tokens
         while m < len(draft) and tokens[first + m] == draft[m]:
             m += 1
-        result.append((seq, tokens[first:first + m + 1], lps[first:first + m + 1]))
+        result.append((seq, tokens[first : first + m + 1], lps[first : first + m + 1]))
     return result

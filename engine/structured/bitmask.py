@@ -82,4 +82,6 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[
         apply_token_bitmask_cpu(logits, bitmask, rows)
         return
     dev = logits.device
-    kernels.apply_token_bitmask(logits, bitmask.to(dev, non_blocking=True), torch.tensor(rows, dtype=torch.long).to(dev, non_blocking=True))
+    kernels.apply_token_bitmask(
+        logits, bitmask.to(dev, non_blocking=True), torch.tensor(rows, dtype=torch.long).to(dev, non_blocking=True)
+    )

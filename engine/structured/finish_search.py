@@ -19,10 +19,13 @@ import numpy as np
 # `a` before the brackets, so string content and numbers come out plain ("a", 1, 1111-11-11T11:11:11Z) rather
 # than as whatever token happens to lead somewhere new ("}}", a 60th second); a grammar that needs another
 # digit gets the lowest allowed token id (digits are in order in the vocabularies).
-PREFERENCE = (['""', '"', "1", "0", "a",
-               '}}', ']}', '}]', '}', ']', ')', '>']
-              + list(",:;.-_+*/=!?@#$%^&|~`'") + [" ", "\n", "\t"]
-              + list("ABCDEFGHIJKLMNOPQRSTUVWXYZbcdefghijklmnopqrstuvwxyz") + list("([{<"))
+PREFERENCE = (
+    ['""', '"', "1", "0", "a", "}}", "]}", "}]", "}", "]", ")", ">"]
+    + list(",:;.-_+*/=!?@#$%^&|~`'")
+    + [" ", "\n", "\t"]
+    + list("ABCDEFGHIJKLMNOPQRSTUVWXYZbcdefghijklmnopqrstuvwxyz")
+    + list("([{<")
+)
 MAX_TRIES = 1500  # candidate steps per search (~25 µs each)
 CLOSERS = ("}}", "]}", "}]", "}", "]")
 _Step = tuple[list[int], llguidance.LLMatcher, bytes | None]  # tokens, the matcher after them, its mask if known
@@ -76,9 +79,15 @@ def _done(m: llguidance.LLMatcher) -> bool:
     return bool(m.is_stopped() or m.is_accepting())
 
 
-def completion(matcher: llguidance.LLMatcher, preferred: np.ndarray, eos: Sequence[int], limit: int,
-               hints: Sequence[Sequence[int]] = (), structural: Marks | None = None,
-               keys: Sequence[Sequence[int]] = ()) -> list[int] | None:
+def completion(
+    matcher: llguidance.LLMatcher,
+    preferred: np.ndarray,
+    eos: Sequence[int],
+    limit: int,
+    hints: Sequence[Sequence[int]] = (),
+    structural: Marks | None = None,
+    keys: Sequence[Sequence[int]] = (),
+) -> list[int] | None:
     """Tokens that take `matcher`'s state to the grammar's end (an eos last where the grammar needs one),
     at most `limit` of them; None when none was found within the limit and the tries. matcher is not moved.
 
@@ -145,8 +154,9 @@ def _options(mask: bytes, preferred: np.ndarray, structural: Marks | None) -> li
     return options
 
 
-def _try(m: llguidance.LLMatcher, options: list[int], mask: bytes, seen: set[bytes],
-         allowed: int) -> tuple[_Step | None, _Step | None, int]:
+def _try(
+    m: llguidance.LLMatcher, options: list[int], mask: bytes, seen: set[bytes], allowed: int
+) -> tuple[_Step | None, _Step | None, int]:
     """(the first option that ends the grammar or leads to an unseen mask; else None, the first whose mask
     differs, and the tries used), at most `allowed` tries."""
     other: _Step | None = None
@@ -163,8 +173,15 @@ def _try(m: llguidance.LLMatcher, options: list[int], mask: bytes, seen: set[byt
     return None, other, min(len(options), allowed)
 
 
-def _step(m: llguidance.LLMatcher, mask: bytes, options: list[int], seen: set[bytes], fallback: dict[bytes, int],
-          hints: Sequence[Sequence[int]], allowed: int) -> tuple[_Step | None, int]:
+def _step(
+    m: llguidance.LLMatcher,
+    mask: bytes,
+    options: list[int],
+    seen: set[bytes],
+    fallback: dict[bytes, int],
+    hints: Sequence[Sequence[int]],
+    allowed: int,
+) -> tuple[_Step | None, int]:
     """(the step to take at `mask`: an option that leads somewhere new, else one that leads elsewhere; None: stuck,
     and the tries used). At a mask where every option led somewhere seen before, the option taken then is tried
     first: one try instead of all of them."""
@@ -209,8 +226,13 @@ def _hint(m: llguidance.LLMatcher, mask: bytes, hints: Sequence[Sequence[int]], 
     return other
 
 
-def _key(m: llguidance.LLMatcher, mask: bytes, keys: Sequence[Sequence[int]], taken: set[tuple[bytes, int]],
-         structural: Marks | None) -> _Step | None:
+def _key(
+    m: llguidance.LLMatcher,
+    mask: bytes,
+    keys: Sequence[Sequence[int]],
+    taken: set[tuple[bytes, int]],
+    structural: Marks | None,
+) -> _Step | None:
     """The first required key the grammar takes here whole that was not taken at this mask before; None where
     the object may close (no required key is missing)."""
     if structural is not None and any(_allowed(mask, t) for t in structural.closers):

@@ -28,8 +28,9 @@ def _check(bitmask: torch.Tensor) -> None:
         raise ValueError("the bitmask must be a contiguous 2-D int32 CPU tensor")
 
 
-def _fill_rows(executor: llguidance.LLExecutor, rows: list[tuple[llguidance.LLMatcher, int]],
-               bitmask: torch.Tensor) -> None:
+def _fill_rows(
+    executor: llguidance.LLExecutor, rows: list[tuple[llguidance.LLMatcher, int]], bitmask: torch.Tensor
+) -> None:
     """llguidance.torch.fill_next_token_bitmask_par: that module torch.compile's a function at import, which
     loads torch._dynamo and Triton (seconds, and nanobind's leak report at exit) in a CPU-only engine."""
     _check(bitmask)
@@ -68,8 +69,9 @@ class Finish:
 
 
 class LLGuidanceGrammar:
-    def __init__(self, matcher: llguidance.LLMatcher, finish: Finish,
-                 initial: dict[int, list[int] | None] | None = None) -> None:
+    def __init__(
+        self, matcher: llguidance.LLMatcher, finish: Finish, initial: dict[int, list[int] | None] | None = None
+    ) -> None:
         self.matcher = matcher
         self._finish_with = finish
         # completion() from the state this matcher was copied in, by limit, shared by the copies while they have
@@ -119,18 +121,20 @@ class LLGuidanceBackend:
     def __init__(self, tokenizer: llguidance.LLTokenizer) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = int(tokenizer.vocab_size)
-        self._finish_with = Finish(preferred_tokens(tokenizer), [int(t) for t in tokenizer.eos_tokens],
-                                   structural_marks(tokenizer))
+        self._finish_with = Finish(
+            preferred_tokens(tokenizer), [int(t) for t in tokenizer.eos_tokens], structural_marks(tokenizer)
+        )
         self._executor: llguidance.LLExecutor | None = None
 
     @classmethod
-    def from_checkpoint(cls, folder: str | Path, vocab_size: int,
-                        eos_token_ids: Sequence[int]) -> LLGuidanceBackend:
+    def from_checkpoint(cls, folder: str | Path, vocab_size: int, eos_token_ids: Sequence[int]) -> LLGuidanceBackend:
         return cls(load_tokenizer(folder, vocab_size, eos_token_ids))
 
     def compile(self, so: StructuredOutputs) -> LLGuidanceGrammar:
         grammar = to_grammar(so)
-        matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=LIMITS)  # never raises: check is_error
+        matcher = llguidance.LLMatcher(
+            self.tokenizer, grammar, log_level=0, limits=LIMITS
+        )  # never raises: check is_error
         if matcher.is_error():
             raise GrammarError(matcher.get_error().strip() or "the grammar cannot be compiled")
         return LLGuidanceGrammar(matcher, self._finish_for(so))
@@ -145,10 +149,16 @@ class LLGuidanceBackend:
         for sample in schema_samples(schema):
             for start in range(len(sample)):
                 hints.append([int(t) for t in self.tokenizer.tokenize_str(sample[start:])])
-        keys = [[int(t) for t in self.tokenizer.tokenize_str(text)]
-                for key in required_keys(schema) for text in (f'"{key}":', f'{key}":')]
-        return replace(self._finish_with, hints=tuple(sorted(hints, key=len)[:MAX_HINTS]),  # short ways out first
-                       keys=tuple(keys))
+        keys = [
+            [int(t) for t in self.tokenizer.tokenize_str(text)]
+            for key in required_keys(schema)
+            for text in (f'"{key}":', f'{key}":')
+        ]
+        return replace(
+            self._finish_with,
+            hints=tuple(sorted(hints, key=len)[:MAX_HINTS]),  # short ways out first
+            keys=tuple(keys),
+        )
 
     def fill_bitmasks(self, items: Sequence[tuple[StructuredGrammar, int]], bitmask: torch.Tensor) -> None:
         grammars = [(g, row) for g, row in items if isinstance(g, LLGuidanceGrammar)]

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.messages import StructuredOutputs
 from engine.core.sequence import Sequence
+from engine.messages import StructuredOutputs
 from engine.structured.backend import StructuredBackend, StructuredGrammar, allocate_bitmask
 from engine.structured.bitmask import allow_only, apply_token_bitmask
-from engine.structured.forced_finish import advance, closing_token
 from engine.structured.constraint_state import StructuredState
+from engine.structured.forced_finish import advance, closing_token
 
 log = logging.getLogger("engine")
 CACHE_SIZE = 256  # compiled grammars kept; a request copies its grammar, so eviction frees only the template
@@ -47,8 +47,13 @@ class PendingMasks:
 
 
 class StructuredOutputManager:
-    def __init__(self, make_backend: Callable[[], StructuredBackend], device: torch.device,
-                 eos_token_ids: Collection[int], max_workers: int = 1) -> None:
+    def __init__(
+        self,
+        make_backend: Callable[[], StructuredBackend],
+        device: torch.device,
+        eos_token_ids: Collection[int],
+        max_workers: int = 1,
+    ) -> None:
         self._make_backend = make_backend
         self.device = device
         self._eos = frozenset(eos_token_ids)
@@ -144,9 +149,11 @@ class StructuredOutputManager:
     def start_masks(self, seqs: list[Sequence]) -> PendingMasks | None:
         """Fill the bitmask rows of seqs' active grammars in a thread, overlapping the forward pass
         (the matchers do not move until the sampled tokens come back); None when none is constrained."""
-        items = [(s.structured, i, s.params.max_tokens - s.num_output_tokens, self._banned(s))
-                 for i, s in enumerate(seqs)
-                 if s.structured is not None and s.structured.active and s.structured.grammar is not None]
+        items = [
+            (s.structured, i, s.params.max_tokens - s.num_output_tokens, self._banned(s))
+            for i, s in enumerate(seqs)
+            if s.structured is not None and s.structured.active and s.structured.grammar is not None
+        ]
         if not items:
             return None
         backend = self.backend()
@@ -164,8 +171,9 @@ class StructuredOutputManager:
         return SamplerBans(early, frozenset(p.allowed_token_ids) if p.allowed_token_ids else None)
 
     @staticmethod
-    def _fill(backend: StructuredBackend, rows: list[tuple[StructuredState, int, SamplerBans]],
-              bitmask: torch.Tensor) -> None:
+    def _fill(
+        backend: StructuredBackend, rows: list[tuple[StructuredState, int, SamplerBans]], bitmask: torch.Tensor
+    ) -> None:
         plain: list[tuple[StructuredGrammar, int]] = []
         for row, (state, budget, banned) in enumerate(rows):
             token = closing_token(state, budget, banned)
@@ -194,7 +202,7 @@ class StructuredOutputManager:
             return None
         if not state.active:  # the token that completes reasoning_end is not the constraint's
             end = (state.spec.reasoning_end or "").encode()
-            state.tail = (state.tail + self.backend().decode_bytes([token]))[-max(len(end), 1) * 4:]
+            state.tail = (state.tail + self.backend().decode_bytes([token]))[-max(len(end), 1) * 4 :]
             if end in state.tail:
                 state.active = True
             return None

@@ -132,6 +132,12 @@ def _in_class(items: list[tuple[Any, Any]]) -> str:
 
 
 def _category_regex(category: Any) -> str:
-    regexes = {_c.CATEGORY_DIGIT: r"\d", _c.CATEGORY_NOT_DIGIT: r"\D", _c.CATEGORY_SPACE: r"\s",
-               _c.CATEGORY_NOT_SPACE: r"\S", _c.CATEGORY_WORD: r"\w", _c.CATEGORY_NOT_WORD: r"\W"}
+    regexes = {
+        _c.CATEGORY_DIGIT: r"\d",
+        _c.CATEGORY_NOT_DIGIT: r"\D",
+        _c.CATEGORY_SPACE: r"\s",
+        _c.CATEGORY_NOT_SPACE: r"\S",
+        _c.CATEGORY_WORD: r"\w",
+        _c.CATEGORY_NOT_WORD: r"\W",
+    }
     return regexes.get(category, r"(?!)")

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import llguidance
 
-from engine.structured.strict_schema import rewrite
 from engine.structured.grammar import LIMITS, GrammarError
+from engine.structured.strict_schema import rewrite
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
@@ -35,12 +35,33 @@ _FORMAT = re.compile(r"Unknown format: (\S+)")
 _POINTER = re.compile(r"Pointer '([^']*)' does not exist")
 _RESOURCE = re.compile(r"Resource '([^']*)' is not present")
 _NOT_DISJOINT = re.compile(r"patternProperty regexes /(.*)/ and /(.*)/ are not disjoint")
-_COUNTS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties", "minContains",
-           "maxContains")
+_COUNTS = (
+    "minItems",
+    "maxItems",
+    "minLength",
+    "maxLength",
+    "minProperties",
+    "maxProperties",
+    "minContains",
+    "maxContains",
+)
 # keywords that only annotate: beside a $ref they change nothing, so dropping them there is exact
-ANNOTATIONS = frozenset({"title", "description", "markdownDescription", "default", "examples", "$comment",
-                         "deprecated", "readOnly", "writeOnly", "deprecationMessage", "errorMessage",
-                         "x-intellij-html-description"})
+ANNOTATIONS = frozenset(
+    {
+        "title",
+        "description",
+        "markdownDescription",
+        "default",
+        "examples",
+        "$comment",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+        "deprecationMessage",
+        "errorMessage",
+        "x-intellij-html-description",
+    }
+)
 
 
 _KEEP = frozenset({"$ref", "definitions", "$defs", "$schema", "$id", "id", "x-guidance"})  # no constraints

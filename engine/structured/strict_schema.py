@@ -38,8 +38,10 @@ _ANNOTATIONS = frozenset({"title", "description", "markdownDescription", "$comme
 _OTHER_TYPES = ["object", "array"]
 _YEAR = "(?:[0-9]{3}[1-9]|[0-9]{2}[1-9]0|[0-9][1-9]00|[1-9]000)"  # 0001-9999
 _LEAP = "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
-_DATE = (f"(?:{_YEAR}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
-         f"|02-(?:0[1-9]|1[0-9]|2[0-8]))|{_LEAP}-02-29)")
+_DATE = (
+    f"(?:{_YEAR}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
+    f"|02-(?:0[1-9]|1[0-9]|2[0-8]))|{_LEAP}-02-29)"
+)
 _TIME = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]+)?(?:[zZ]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
 FORMATS = {"date": f"^{_DATE}$", "time": f"^{_TIME}$", "date-time": f"^{_DATE}[tT]{_TIME}$"}
 
@@ -85,6 +87,7 @@ def _format(node: dict[str, Any]) -> bool:
 def _safe_integer(node: dict[str, Any]) -> bool:
     if node.get("type") != "integer":
         return False
+
     def given(*keys: str) -> list[float]:
         return [v for k in keys if isinstance(v := node.get(k), (int, float)) and not isinstance(v, bool)]
 
@@ -110,8 +113,9 @@ def _unique_enum(node: dict[str, Any]) -> bool:
     if not isinstance(low, int) or not isinstance(high, int):
         return False
     distinct = [v for i, v in enumerate(values) if v not in values[:i]]
-    node["enum"] = [list(c) for n in range(low, min(high, len(distinct)) + 1)
-                    for c in itertools.combinations(distinct, n)]
+    node["enum"] = [
+        list(c) for n in range(low, min(high, len(distinct)) + 1) for c in itertools.combinations(distinct, n)
+    ]
     del node["uniqueItems"]
     return True
 
@@ -122,7 +126,7 @@ def _one_of(node: dict[str, Any]) -> bool:
     branches = node.get("oneOf")
     if not isinstance(branches, list) or not branches or len(branches) > MAX_ONE_OF or "anyOf" in node:
         return False
-    if all(_disjoint(a, b) for i, a in enumerate(branches) for b in branches[i + 1:]):
+    if all(_disjoint(a, b) for i, a in enumerate(branches) for b in branches[i + 1 :]):
         node["anyOf"] = node.pop("oneOf")
         return True
     negations = [negate(b) for b in branches]
@@ -144,8 +148,11 @@ def _disjoint(a: Any, b: Any) -> bool:
     if va is not None and vb is not None and not any(v in vb for v in va):
         return True
     for key in set(a.get("properties", {})) & set(b.get("properties", {})):
-        if key in a.get("required", []) and key in b.get("required", []) and _disjoint(
-                a["properties"][key], b["properties"][key]):
+        if (
+            key in a.get("required", [])
+            and key in b.get("required", [])
+            and _disjoint(a["properties"][key], b["properties"][key])
+        ):
             return True
     return False
 
@@ -174,8 +181,7 @@ def _dependencies(node: dict[str, Any]) -> bool:
                 need = {"required": need}
             elif not isinstance(need, (dict, bool)) or key == "dependentRequired":
                 return False  # malformed: left for lenient mode
-            parts.append({"anyOf": [{"properties": {name: False}},
-                                    {"allOf": [{"required": [name]}, need]}]})
+            parts.append({"anyOf": [{"properties": {name: False}}, {"allOf": [{"required": [name]}, need]}]})
     if not parts:
         return False
     for key in ("dependentRequired", "dependencies", "dependentSchemas"):
@@ -343,8 +349,19 @@ def _esc(ch: str) -> str:
     return f"\\u{ord(ch):04X}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08X}"
 
 
-_ONE = ("additionalProperties", "items", "additionalItems", "contains", "propertyNames", "if", "then", "else", "not",
-        "unevaluatedItems", "unevaluatedProperties")
+_ONE = (
+    "additionalProperties",
+    "items",
+    "additionalItems",
+    "contains",
+    "propertyNames",
+    "if",
+    "then",
+    "else",
+    "not",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+)
 _MANY = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
 _NAMED = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies")
 

@@ -19,10 +19,17 @@ import threading
 import time
 from collections.abc import Sequence
 
-from engine.transport.ipc import FrameBuffer, FrameEncoder
 from engine.messages import (
-    AbortRequests, AddRequest, EngineStats, FromEngine, Heartbeat, RequestOutput, StepOutputs, ToEngine,
+    AbortRequests,
+    AddRequest,
+    EngineStats,
+    FromEngine,
+    Heartbeat,
+    RequestOutput,
+    StepOutputs,
+    ToEngine,
 )
+from engine.transport.ipc import FrameBuffer, FrameEncoder
 
 
 class Channel:

@@ -58,14 +58,14 @@ class FrameBuffer(Generic[T]):
         out: list[T] = []
         pos, buf = 0, self._buf
         while len(buf) - pos >= HEADER:
-            size = int.from_bytes(buf[pos:pos + HEADER], "big")
+            size = int.from_bytes(buf[pos : pos + HEADER], "big")
             if size > self._max_frame:
                 raise FrameError(f"frame of {size} bytes exceeds the {self._max_frame} byte limit")
             end = pos + HEADER + size
             if len(buf) < end:
                 break
             try:
-                out.append(self._decoder.decode(memoryview(buf)[pos + HEADER:end]))
+                out.append(self._decoder.decode(memoryview(buf)[pos + HEADER : end]))
             except msgspec.DecodeError as e:
                 raise FrameError(f"undecodable frame: {e}") from e
             pos = end
@@ -86,7 +86,7 @@ class FrameWriter:
         with self._lock:
             data = memoryview(self._encoder.encode(msg))
             while data:
-                data = data[os.write(self._fd, data):]
+                data = data[os.write(self._fd, data) :]
 
 
 class FrameReader(Generic[T]):

@@ -19,10 +19,17 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from engine.config import EngineConfig
-from engine.transport.ipc import FrameReader, FrameWriter
 from engine.messages import (
-    AbortRequests, AddRequest, EngineStats, FromEngine, Heartbeat, RequestOutput, StepOutputs, ToEngine,
+    AbortRequests,
+    AddRequest,
+    EngineStats,
+    FromEngine,
+    Heartbeat,
+    RequestOutput,
+    StepOutputs,
+    ToEngine,
 )
+from engine.transport.ipc import FrameReader, FrameWriter
 
 log = logging.getLogger("engine")
 
@@ -139,7 +146,9 @@ class Core(Protocol):
 
 def serve(config: EngineConfig, links: Links) -> None:
     """The subprocess: build the core, say Ready, run the loop."""
-    from engine.core.engine_core import EngineCore  # why late: torch; `run` alone stays light (bench/fake_engine_process.py)
+    from engine.core.engine_core import (
+        EngineCore,
+    )  # why late: torch; `run` alone stays light (bench/fake_engine_process.py)
 
     core = EngineCore(config)
     if core.pooler is None and config.structured_outputs_warmup:
@@ -147,8 +156,12 @@ def serve(config: EngineConfig, links: Links) -> None:
     gc.collect()
     gc.freeze()  # the model and startup objects live for the process: full collections skip them
     links.broadcast(core.ready_message())
-    log.info("engine ready for %d API server(s): %d KV blocks of %d tokens", len(links.open),
-             core.runner.num_blocks, core.runner.block_size)
+    log.info(
+        "engine ready for %d API server(s): %d KV blocks of %d tokens",
+        len(links.open),
+        core.runner.num_blocks,
+        core.runner.block_size,
+    )
     try:
         run(core, config.heartbeat_interval, links)
     finally:

@@ -28,8 +28,11 @@ Req = TypeVar("Req", bound=_NamesModel)
 Body = TypeVar("Body")
 
 
-def decode_body(decoder: msgspec.json.Decoder[Body], body: bytes,
-                on_decode_error: Callable[[msgspec.DecodeError], APIError] = from_decode_error) -> Body:
+def decode_body(
+    decoder: msgspec.json.Decoder[Body],
+    body: bytes,
+    on_decode_error: Callable[[msgspec.DecodeError], APIError] = from_decode_error,
+) -> Body:
     """A request body decoded; malformed: a 400 worded by `on_decode_error`."""
     try:
         return decode_request(decoder, body)
@@ -43,10 +46,17 @@ class Renderer(Protocol):
     @property
     def tokenizer(self) -> tokenizers.Tokenizer: ...
 
-    async def render_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
-                          continue_final_message: bool = False, chat_template: str | None = None,
-                          chat_template_kwargs: dict[str, Any] | None = None, tools: list[Any] | None = None,
-                          documents: list[Any] | None = None) -> str: ...
+    async def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[Any] | None = None,
+        documents: list[Any] | None = None,
+    ) -> str: ...
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
     async def encode_pair(self, text: str, pair: str, add_special_tokens: bool = True) -> list[int]: ...
     async def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
@@ -103,12 +113,18 @@ class AppState:
         if loras is not None and loras.get(model) is not None:
             return
         if model is not None and model != self.model_name and model != self.config.model.model:
-            raise APIError(f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
-                           status=404, param="model")
+            raise APIError(
+                f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
+                status=404,
+                param="model",
+            )
 
-    def decode_for_model(self, decoder: msgspec.json.Decoder[Req], body: bytes,
-                         on_decode_error: Callable[[msgspec.DecodeError], APIError] = from_decode_error,
-                         ) -> tuple[Req, AsyncLLM, Renderer, ModelLimits]:
+    def decode_for_model(
+        self,
+        decoder: msgspec.json.Decoder[Req],
+        body: bytes,
+        on_decode_error: Callable[[msgspec.DecodeError], APIError] = from_decode_error,
+    ) -> tuple[Req, AsyncLLM, Renderer, ModelLimits]:
         """Every route's preamble: the body decoded (400, worded by `on_decode_error`), the running parts
         (503), the model named (404)."""
         req = decode_body(decoder, body, on_decode_error)

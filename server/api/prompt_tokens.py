@@ -10,7 +10,6 @@ from typing import Any
 
 import anyio
 import msgspec
-
 import tokenizers
 
 from engine.messages import ImageInput
@@ -45,14 +44,20 @@ async def render_chat(renderer: Renderer, req: Any) -> str:
     """`req.messages` through the chat template, with the request's template options."""
     with render_errors("messages"):
         text: str = await renderer.render_chat(
-            req.messages, add_generation_prompt=req.add_generation_prompt,
-            continue_final_message=req.continue_final_message, chat_template=req.chat_template,
-            chat_template_kwargs=req.chat_template_kwargs, tools=req.tools, documents=req.documents)
+            req.messages,
+            add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message,
+            chat_template=req.chat_template,
+            chat_template_kwargs=req.chat_template_kwargs,
+            tools=req.tools,
+            documents=req.documents,
+        )
     return text
 
 
-async def text_prompt_ids(renderer: Renderer, text: str, add_special_tokens: bool, param: str = "prompt",
-                          limits: ModelLimits | None = None) -> list[int]:
+async def text_prompt_ids(
+    renderer: Renderer, text: str, add_special_tokens: bool, param: str = "prompt", limits: ModelLimits | None = None
+) -> list[int]:
     """Token ids of `text`; with `limits`, a text that surely cannot fit max_model_len is refused (400) first.
 
     Pass no `limits` where length is not an error: /tokenize, or a prompt truncate_prompt_tokens will cut.
@@ -64,8 +69,9 @@ async def text_prompt_ids(renderer: Renderer, text: str, add_special_tokens: boo
     return ids
 
 
-async def chat_prompt_ids(renderer: Renderer, req: Any, add_special_tokens: bool,
-                          limits: ModelLimits | None = None) -> list[int]:
+async def chat_prompt_ids(
+    renderer: Renderer, req: Any, add_special_tokens: bool, limits: ModelLimits | None = None
+) -> list[int]:
     text = await render_chat(renderer, req)
     return await text_prompt_ids(renderer, text, add_special_tokens, "messages", limits)
 
@@ -88,8 +94,13 @@ async def prompts_lower_bound(tokenizer: tokenizers.Tokenizer, prompts: list[str
     return sum(max(1, min_tokens(p, per) if isinstance(p, str) else len(p)) for p in prompts)
 
 
-async def admit_prompts(llm: AsyncLLM, n: int, prompts: list[str | list[int]], tokenizer: tokenizers.Tokenizer,
-                        ticket: AdmissionTicket | None = None) -> AdmissionTicket:
+async def admit_prompts(
+    llm: AsyncLLM,
+    n: int,
+    prompts: list[str | list[int]],
+    tokenizer: tokenizers.Tokenizer,
+    ticket: AdmissionTicket | None = None,
+) -> AdmissionTicket:
     """The request's admission ticket (or `ticket`, resized) at a lower bound of `prompts`' tokens, `n` engine
     requests each: a 503 before they are tokenized when the queue surely has no room. AsyncLLM.generate settles
     the ticket at the exact count."""
@@ -97,8 +108,9 @@ async def admit_prompts(llm: AsyncLLM, n: int, prompts: list[str | list[int]], t
     return llm.admit(n * len(prompts), n * lower, ticket)
 
 
-async def chat_ids_with_images(state: AppState, renderer: Renderer, req: Any, add_special_tokens: bool,
-                               limits: ModelLimits | None = None) -> tuple[list[int], list[ImageInput] | None]:
+async def chat_ids_with_images(
+    state: AppState, renderer: Renderer, req: Any, add_special_tokens: bool, limits: ModelLimits | None = None
+) -> tuple[list[int], list[ImageInput] | None]:
     """A chat request's prompt ids, each image's placeholder expanded to its tokens, and its images for the
     engine (None without images): the path /tokenize, the render routes and the Anthropic routes share."""
     if not has_images(req.messages):
@@ -108,9 +120,15 @@ async def chat_ids_with_images(state: AppState, renderer: Renderer, req: Any, ad
     return expand_for_model(ids, images, state.config.model.model_path)
 
 
-async def chat_prompt(state: AppState, llm: AsyncLLM, renderer: Renderer, req: ChatCompletionRequest,
-                      ticket: AdmissionTicket | None, fit: ModelLimits | None, param: str = "messages",
-                      ) -> tuple[str, list[int], list[ImageInput] | None]:
+async def chat_prompt(
+    state: AppState,
+    llm: AsyncLLM,
+    renderer: Renderer,
+    req: ChatCompletionRequest,
+    ticket: AdmissionTicket | None,
+    fit: ModelLimits | None,
+    param: str = "messages",
+) -> tuple[str, list[int], list[ImageInput] | None]:
     """A generation route's chat prompt, the one path of the chat, Responses and Anthropic routes: images processed,
     rendered, the admission `ticket` resized to the rendered text's lower bound, tokenized (with `fit`: refused
     first when surely too long), each image's placeholder expanded; its images for the engine (None without)."""

@@ -5,25 +5,50 @@ from __future__ import annotations
 from server.http.asgi import Receive, Scope, Send, send_error
 from server.http.errors import APIError
 
-GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/messages",
-                     "/v1/messages/count_tokens", "/inference/v1/generate", "/classify", "/score", "/v1/score",
-                     "/rerank", "/v1/rerank", "/v2/rerank", "/pooling", "/v2/embed",
-                     "/v1/responses", "/v1/audio/transcriptions", "/v1/audio/translations")
+GENERATION_ROUTES = (
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/embeddings",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/inference/v1/generate",
+    "/classify",
+    "/score",
+    "/v1/score",
+    "/rerank",
+    "/v1/rerank",
+    "/v2/rerank",
+    "/pooling",
+    "/v2/embed",
+    "/v1/responses",
+    "/v1/audio/transcriptions",
+    "/v1/audio/translations",
+)
 
 
 class NotHereRoute:
     """A generation route on the render-only server: 404 saying where it is served."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send_error(send, APIError(
-            f"{scope['path']} is not served here: this is a render-only server (`spindle render`), which "
-            "tokenizes and renders prompts but runs no model; send generation requests to a `spindle serve` "
-            "server.", status=404))
+        await send_error(
+            send,
+            APIError(
+                f"{scope['path']} is not served here: this is a render-only server (`spindle render`), which "
+                "tokenizes and renders prompts but runs no model; send generation requests to a `spindle serve` "
+                "server.",
+                status=404,
+            ),
+        )
 
 
 async def not_found(scope: Scope, receive: Receive, send: Send) -> None:
     if scope["type"] != "http":
         return
-    await send_error(send, APIError(
-        f"No route {scope.get('method')} {scope['path']} on this render-only server; see /tokenize, /detokenize, "
-        "/v1/completions/render, /v1/chat/completions/render, /v1/models.", status=404))
+    await send_error(
+        send,
+        APIError(
+            f"No route {scope.get('method')} {scope['path']} on this render-only server; see /tokenize, /detokenize, "
+            "/v1/completions/render, /v1/chat/completions/render, /v1/models.",
+            status=404,
+        ),
+    )

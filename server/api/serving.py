@@ -3,8 +3,8 @@ routes in server/streaming/."""
 
 from __future__ import annotations
 
-from server.api.openai.logprobs import TokenTexts
 from server.api.app_state import AppState, Renderer
+from server.api.openai.logprobs import TokenTexts
 from server.http.asgi import Receive, Scope, Send, header, serve_json_post
 from server.http.errors import APIError
 from server.multimodal.audio import speech_support
@@ -24,8 +24,14 @@ class PostRoute:
         xid = header(scope, b"x-request-id")
         headers = [(b"x-request-id", xid.encode())] if xid else []
         path = str(scope.get("path", ""))
-        await serve_json_post(scope, receive, send, self.state.config.http.max_request_body,
-                              lambda body: self._checked_work(body, xid, send, path), headers)
+        await serve_json_post(
+            scope,
+            receive,
+            send,
+            self.state.config.http.max_request_body,
+            lambda body: self._checked_work(body, xid, send, path),
+            headers,
+        )
 
     async def _checked_work(self, body: bytes, xid: str | None, send: Send, path: str) -> None:
         self.check_runner(path)
@@ -38,18 +44,28 @@ class PostRoute:
         if self.runner is None or self.runner == have:
             return
         if have == "pooling":
-            raise APIError("This server runs a pooling model (--runner pooling): it serves /v1/embeddings, "
-                           "/classify, /score, /rerank, /pooling and /v2/embed, not generation; start a server "
-                           f"with --runner generate for {path}.", status=400)
-        raise APIError(f"This server runs a generation model (--runner generate); {path} needs a server started "
-                       "with --runner pooling.", status=400)
+            raise APIError(
+                "This server runs a pooling model (--runner pooling): it serves /v1/embeddings, "
+                "/classify, /score, /rerank, /pooling and /v2/embed, not generation; start a server "
+                f"with --runner generate for {path}.",
+                status=400,
+            )
+        raise APIError(
+            f"This server runs a generation model (--runner generate); {path} needs a server started "
+            "with --runner pooling.",
+            status=400,
+        )
 
     def check_speech(self, path: str) -> None:
         """400 for a text route on a speech-to-text model (Whisper): its decoder needs audio."""
         model = self.state.config.model.model
         if not self.speech_ok and model is not None and speech_support(model) is not None:
-            raise APIError(f"This server runs a speech-to-text model: it serves /v1/audio/transcriptions and "
-                           f"/v1/audio/translations, not {path}.", status=400, param="model")
+            raise APIError(
+                f"This server runs a speech-to-text model: it serves /v1/audio/transcriptions and "
+                f"/v1/audio/translations, not {path}.",
+                status=400,
+                param="model",
+            )
 
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
         raise NotImplementedError

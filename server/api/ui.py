@@ -15,24 +15,35 @@ from server.api.app_state import AppState
 from server.http.asgi import Receive, Scope, Send
 
 PAGE_PATHS = ("/", "/ui")
-ASSETS = {"app.js": b"text/javascript; charset=utf-8", "markdown.js": b"text/javascript; charset=utf-8",
-          "app.css": b"text/css; charset=utf-8"}
+ASSETS = {
+    "app.js": b"text/javascript; charset=utf-8",
+    "markdown.js": b"text/javascript; charset=utf-8",
+    "app.css": b"text/css; charset=utf-8",
+}
 ASSET_PATHS = tuple(f"/ui/{name}" for name in ASSETS)
 PUBLIC_PATHS = PAGE_PATHS + ASSET_PATHS  # open without an API key
 _VISION_MARK = b'data-vision="0"'
 # The page may load its own script and style, show images it holds as data: URLs, and talk to this server only.
-_CSP = (b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
-        b"connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+_CSP = (
+    b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
+    b"connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
 
 
 def _read(name: str) -> bytes:
     return files("server").joinpath("ui", name).read_bytes()
 
 
-async def _send(scope: Scope, send: Send, body: bytes, content_type: bytes,
-                extra: list[tuple[bytes, bytes]] | None = None) -> None:
-    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()),
-               (b"cache-control", b"no-cache"), (b"x-content-type-options", b"nosniff"), *(extra or [])]
+async def _send(
+    scope: Scope, send: Send, body: bytes, content_type: bytes, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    headers = [
+        (b"content-type", content_type),
+        (b"content-length", str(len(body)).encode()),
+        (b"cache-control", b"no-cache"),
+        (b"x-content-type-options", b"nosniff"),
+        *(extra or []),
+    ]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": b"" if scope.get("method") == "HEAD" else body})
 
@@ -50,8 +61,13 @@ class PageRoute:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         vision = self._vision or self.state.mm_pool is not None
-        await _send(scope, send, self._pages[vision], b"text/html; charset=utf-8",
-                    [(b"content-security-policy", _CSP), (b"referrer-policy", b"no-referrer")])
+        await _send(
+            scope,
+            send,
+            self._pages[vision],
+            b"text/html; charset=utf-8",
+            [(b"content-security-policy", _CSP), (b"referrer-policy", b"no-referrer")],
+        )
 
 
 class AssetRoute:

@@ -44,7 +44,9 @@ class ModelConfig:
         if self.convert not in CONVERTS:
             raise ValueError(f"--convert must be one of {', '.join(CONVERTS)}; got {self.convert!r}")
         if self.runner != "pooling" and (self.pooler_config or self.convert != "auto"):
-            raise ValueError(f"--{'pooler-config' if self.pooler_config else 'convert'} applies to --runner pooling only")
+            raise ValueError(
+                f"--{'pooler-config' if self.pooler_config else 'convert'} applies to --runner pooling only"
+            )
         check_pooler_overrides(self.pooler_config)
 
     @property

@@ -37,8 +37,9 @@ class OutputConfig:
         if self.sse_keepalive < 0:
             raise ValueError(f"--sse-keepalive must be 0 (off) or positive, got {self.sse_keepalive}")
         if self.responses_store_size < 0:
-            raise ValueError(f"--responses-store-size must be 0 (store none) or positive, "
-                             f"got {self.responses_store_size}")
+            raise ValueError(
+                f"--responses-store-size must be 0 (store none) or positive, got {self.responses_store_size}"
+            )
         if self.log_level not in get_args(LogLevel):
             raise ValueError(f"--log-level must be one of {', '.join(get_args(LogLevel))}; got {self.log_level!r}")
         self._check_parsers()
@@ -47,10 +48,12 @@ class OutputConfig:
 
     def _check_parsers(self) -> None:
         if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSER_NAMES:
-            raise ValueError(f"--tool-call-parser must be one of {', '.join(TOOL_CALL_PARSER_NAMES)}; "
-                             f"got {self.tool_call_parser!r}")
+            raise ValueError(
+                f"--tool-call-parser must be one of {', '.join(TOOL_CALL_PARSER_NAMES)}; got {self.tool_call_parser!r}"
+            )
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
             raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSER_NAMES:
-            raise ValueError(f"--reasoning-parser must be one of {', '.join(REASONING_PARSER_NAMES)}; "
-                             f"got {self.reasoning_parser!r}")
+            raise ValueError(
+                f"--reasoning-parser must be one of {', '.join(REASONING_PARSER_NAMES)}; got {self.reasoning_parser!r}"
+            )

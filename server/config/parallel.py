@@ -34,8 +34,10 @@ class ParallelConfig:
         if self.api_server_count > 1 and (self.render_only or self.headless):
             raise ValueError("--api-server-count above 1 needs a full server (not spindle render or --headless)")
         if self.headless != (self.node_rank > 0):
-            raise ValueError("--headless is for nodes other than 0 (--node-rank 1 and up), and those run only "
-                             f"headless; got --node-rank {self.node_rank}{' --headless' if self.headless else ''}")
+            raise ValueError(
+                "--headless is for nodes other than 0 (--node-rank 1 and up), and those run only "
+                f"headless; got --node-rank {self.node_rank}{' --headless' if self.headless else ''}"
+            )
         if self.render_only and self.headless:
             raise ValueError("spindle render runs no engine ranks: --headless does not apply")
 
@@ -43,8 +45,11 @@ class ParallelConfig:
         if self.data_parallel_size < 1:
             raise ValueError(f"--data-parallel-size must be at least 1, got {self.data_parallel_size}")
         if self.data_parallel_policy not in get_args(DataParallelPolicy):
-            raise ValueError("--data-parallel-policy must be affinity or round_robin; "
-                             f"got {self.data_parallel_policy!r}")
+            raise ValueError(
+                f"--data-parallel-policy must be affinity or round_robin; got {self.data_parallel_policy!r}"
+            )
         if self.data_parallel_size > 1 and (self.nnodes > 1 or self.master_port):
-            raise ValueError("--data-parallel-size above 1 runs its engines on this node only, each picking a free "
-                             "rendezvous port: leave --nnodes and --master-port unset")
+            raise ValueError(
+                "--data-parallel-size above 1 runs its engines on this node only, each picking a free "
+                "rendezvous port: leave --nnodes and --master-port unset"
+            )

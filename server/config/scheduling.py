@@ -28,9 +28,17 @@ class RequestCaps:
 
 
 # The fields that become RequestCaps: each at least 1.
-_CAP_FIELDS = ("max_prompts_per_request", "max_choices_per_request", "max_stop_strings", "max_stop_string_length",
-               "max_stop_token_ids", "max_logit_bias", "max_allowed_token_ids", "max_structured_output_size",
-               "max_documents_per_request")
+_CAP_FIELDS = (
+    "max_prompts_per_request",
+    "max_choices_per_request",
+    "max_stop_strings",
+    "max_stop_string_length",
+    "max_stop_token_ids",
+    "max_logit_bias",
+    "max_allowed_token_ids",
+    "max_structured_output_size",
+    "max_documents_per_request",
+)
 
 
 @dataclass(frozen=True)
@@ -65,5 +73,7 @@ class SchedulingConfig:
 
     def request_caps(self) -> RequestCaps:
         """The per-request bounds check_request enforces (ModelLimits.caps)."""
-        return RequestCaps(**{name: getattr(self, name) for name in _CAP_FIELDS},
-                           priority_scheduling=self.scheduling_policy == "priority")
+        return RequestCaps(
+            **{name: getattr(self, name) for name in _CAP_FIELDS},
+            priority_scheduling=self.scheduling_policy == "priority",
+        )

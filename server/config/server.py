@@ -27,12 +27,21 @@ ENV_PREFIX = "SPINDLE_"
 # What `spindle render` (and SPINDLE_RENDER_ONLY=1) says without a model: it never builds the demo (torch)
 RENDER_NEEDS_MODEL = "spindle render needs --model (a local checkpoint folder with the tokenizer)"
 # SPINDLE_* variables that other parts of the project read (not ServerConfig fields).
-_NOT_CONFIG = frozenset({"api_key", "output_chunk", "cache_dir", "fuzz_examples", "direct_write",
-                         "engine_command",  # engine_command: engine/client/process_client.py, benchmarks and tests only
-                         "cpu_kernels",  # read by the engine (engine/cpu_kernels/build.py)
-                         "kernel_choice",  # read by the engine (engine/cpu_kernels/chooser.py)
-                         "gguf_dequantize",  # read by the engine (engine/models/loader.py)
-                         "chromium", "update_screenshot"})  # tests/e2e/browser.py, tests/e2e/test_ui.py
+_NOT_CONFIG = frozenset(
+    {
+        "api_key",
+        "output_chunk",
+        "cache_dir",
+        "fuzz_examples",
+        "direct_write",
+        "engine_command",  # engine_command: engine/client/process_client.py, benchmarks and tests only
+        "cpu_kernels",  # read by the engine (engine/cpu_kernels/build.py)
+        "kernel_choice",  # read by the engine (engine/cpu_kernels/chooser.py)
+        "gguf_dequantize",  # read by the engine (engine/models/loader.py)
+        "chromium",
+        "update_screenshot",
+    }
+)  # tests/e2e/browser.py, tests/e2e/test_ui.py
 
 
 @dataclass(frozen=True)
@@ -60,12 +69,15 @@ class ServerConfig:
         if self.models.models_dir is None:
             return
         if self.model.model is not None or self.model.served_model_name is not None:
-            raise ValueError("--models-dir serves every model in the folder: leave --model and "
-                             "--served-model-name unset")
+            raise ValueError(
+                "--models-dir serves every model in the folder: leave --model and --served-model-name unset"
+            )
         p = self.parallel
         if p.api_server_count > 1 or p.render_only or p.headless or p.tensor_parallel_size > 1:
-            raise ValueError("--models-dir runs in one API process with one engine per model: not with "
-                             "--api-server-count, --tensor-parallel-size, --headless or spindle render")
+            raise ValueError(
+                "--models-dir runs in one API process with one engine per model: not with "
+                "--api-server-count, --tensor-parallel-size, --headless or spindle render"
+            )
 
     def engine_config(self) -> EngineConfig:
         return self._engine_config(self.model.model_path)
@@ -73,16 +85,35 @@ class ServerConfig:
     def _engine_config(self, model: str) -> EngineConfig:
         m, s, e, p, lora = self.model, self.scheduling, self.engine, self.parallel, self.lora
         return EngineConfig(
-            model=model, dtype=m.dtype, quantization=m.quantization, max_model_len=m.max_model_len,
-            max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens, block_size=e.block_size,
-            kv_cache_memory=e.kv_cache_memory, num_blocks=e.num_blocks, enable_prefix_caching=e.enable_prefix_caching,
-            seed=e.seed, device=e.device, scheduling_policy=s.scheduling_policy, runner=m.runner, convert=m.convert,
+            model=model,
+            dtype=m.dtype,
+            quantization=m.quantization,
+            max_model_len=m.max_model_len,
+            max_num_seqs=s.max_num_seqs,
+            max_num_batched_tokens=s.max_num_batched_tokens,
+            block_size=e.block_size,
+            kv_cache_memory=e.kv_cache_memory,
+            num_blocks=e.num_blocks,
+            enable_prefix_caching=e.enable_prefix_caching,
+            seed=e.seed,
+            device=e.device,
+            scheduling_policy=s.scheduling_policy,
+            runner=m.runner,
+            convert=m.convert,
             pooler_config=m.engine_pooler_config(),
-            tensor_parallel_size=p.tensor_parallel_size, nnodes=p.nnodes, node_rank=p.node_rank,
-            master_addr=p.master_addr, master_port=p.master_port, distributed_timeout=p.distributed_timeout,
-            structured_outputs_warmup=e.structured_outputs_warmup, enable_lora=lora.enable_lora,
-            max_loras=lora.max_loras, max_lora_rank=lora.max_lora_rank, max_cpu_loras=lora.max_cpu_loras,
-            lora_dtype=lora.lora_dtype, speculative_config=e.speculative_config,
+            tensor_parallel_size=p.tensor_parallel_size,
+            nnodes=p.nnodes,
+            node_rank=p.node_rank,
+            master_addr=p.master_addr,
+            master_port=p.master_port,
+            distributed_timeout=p.distributed_timeout,
+            structured_outputs_warmup=e.structured_outputs_warmup,
+            enable_lora=lora.enable_lora,
+            max_loras=lora.max_loras,
+            max_lora_rank=lora.max_lora_rank,
+            max_cpu_loras=lora.max_cpu_loras,
+            lora_dtype=lora.lora_dtype,
+            speculative_config=e.speculative_config,
         )
 
     def resolved(self) -> ServerConfig:
@@ -111,7 +142,7 @@ class ServerConfig:
         for key, raw in env.items():
             if not key.startswith(ENV_PREFIX):
                 continue
-            name = key[len(ENV_PREFIX):].lower()
+            name = key[len(ENV_PREFIX) :].lower()
             if name in _NOT_CONFIG:
                 continue
             if name not in SETTINGS:  # other tools share the prefix: say so, but do not refuse to start

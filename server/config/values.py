@@ -52,7 +52,7 @@ def parse_json_object(name: str, text: str | dict[str, Any]) -> dict[str, Any]:
     except ValueError as e:
         raise ValueError(f"{flag(name)}: not JSON: {e}") from None
     if not isinstance(value, dict):
-        raise ValueError(f"{flag(name)}: expected a JSON object, e.g. '{{\"pooling_type\": \"MEAN\"}}'")
+        raise ValueError(f'{flag(name)}: expected a JSON object, e.g. \'{{"pooling_type": "MEAN"}}\'')
     return value
 
 
@@ -64,8 +64,9 @@ def parse_json_list(name: str, text: str | list[str] | tuple[str, ...]) -> tuple
         try:
             value = json.loads(text)
         except ValueError as e:
-            raise ValueError(f"{flag(name)}: not JSON: {e}; "
-                             "expected a list, e.g. '[\"https://app.example\"]'") from None
+            raise ValueError(
+                f"{flag(name)}: not JSON: {e}; expected a list, e.g. '[\"https://app.example\"]'"
+            ) from None
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ValueError(f"{flag(name)}: expected a JSON list of strings, e.g. '[\"https://app.example\"]'")
     return tuple(value)

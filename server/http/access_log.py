@@ -22,8 +22,15 @@ log = logging.getLogger("spindle.access")
 class RequestRecord:
     """What one HTTP request did; `generate` fills the token fields, the middleware the rest."""
 
-    __slots__ = ("request_id", "prompt_tokens", "completion_tokens", "first_token", "finish_reasons",
-                 "log_text", "texts")
+    __slots__ = (
+        "request_id",
+        "prompt_tokens",
+        "completion_tokens",
+        "first_token",
+        "finish_reasons",
+        "log_text",
+        "texts",
+    )
 
     def __init__(self, log_text: bool) -> None:
         self.request_id: str | None = None
@@ -101,16 +108,19 @@ class AccessLog:
             current.reset(token)
             self._write(level, scope, record, status, start, header_id, b"".join(body_parts))
 
-    def _write(self, level: int, scope: Scope, r: RequestRecord, status: int, start: float, header_id: str | None,
-               body: bytes) -> None:
+    def _write(
+        self, level: int, scope: Scope, r: RequestRecord, status: int, start: float, header_id: str | None, body: bytes
+    ) -> None:
         now = time.monotonic()
         ttft = r.first_token - start if r.first_token else None
         finish = ",".join(sorted(set(r.finish_reasons))) or "-"
         # status 0: the client left before any response started
-        line = (f'request_id={_clean(r.request_id or header_id or "-", _ID_UNSAFE)} '
-                f'route="{_clean(scope.get("method", ""))} {_clean(scope["path"])}" '
-                f"status={status} prompt_tokens={r.prompt_tokens} completion_tokens={r.completion_tokens} "
-                f"ttft={_fmt_s(ttft)} duration={_fmt_s(now - start)} finish_reason={finish}")
+        line = (
+            f"request_id={_clean(r.request_id or header_id or '-', _ID_UNSAFE)} "
+            f'route="{_clean(scope.get("method", ""))} {_clean(scope["path"])}" '
+            f"status={status} prompt_tokens={r.prompt_tokens} completion_tokens={r.completion_tokens} "
+            f"ttft={_fmt_s(ttft)} duration={_fmt_s(now - start)} finish_reason={finish}"
+        )
         if r.log_text:
             texts = [r.texts[i] for i in sorted(r.texts)]
             line += f" request_body={body.decode('utf-8', 'replace')!r} output={texts!r}"

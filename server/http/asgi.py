@@ -21,8 +21,11 @@ Send = Callable[[Message], Awaitable[None]]
 
 JSON = b"application/json"
 _JSON_HEADERS = [(b"content-type", JSON)]
-SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
-               (b"x-accel-buffering", b"no")]
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
 
 
 class ClientGone(Exception):
@@ -60,8 +63,11 @@ def check_content_type(scope: Scope) -> None:
     media = value.split(";", 1)[0].strip().lower()
     if media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
         return
-    raise APIError(f"Content-Type {media or value!r} is not supported; send the body as JSON with "
-                   "`Content-Type: application/json`.", status=415)
+    raise APIError(
+        f"Content-Type {media or value!r} is not supported; send the body as JSON with "
+        "`Content-Type: application/json`.",
+        status=415,
+    )
 
 
 async def read_json_body(scope: Scope, receive: Receive, limit: int) -> bytes:
@@ -70,10 +76,14 @@ async def read_json_body(scope: Scope, receive: Receive, limit: int) -> bytes:
     return await read_body(receive, limit)
 
 
-async def send_json(send: Send, status: int, body: bytes,
-                    headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": _JSON_HEADERS + [(b"content-length", str(len(body)).encode())] + (headers or [])})
+async def send_json(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": _JSON_HEADERS + [(b"content-length", str(len(body)).encode())] + (headers or []),
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -102,9 +112,14 @@ async def run_until_disconnect(receive: Receive, body: Callable[[], Awaitable[No
     return not left
 
 
-async def serve_json_post(scope: Scope, receive: Receive, send: Send, limit: int,
-                          work: Callable[[bytes], Awaitable[None]],
-                          headers: list[tuple[bytes, bytes]] | None = None) -> None:
+async def serve_json_post(
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    limit: int,
+    work: Callable[[bytes], Awaitable[None]],
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
     """Read a JSON body (415/413 as errors), then run `work(body)` until it ends or the client leaves.
 
     An APIError raised by `work` before it sent a response becomes the error response (with `headers`).

@@ -59,7 +59,7 @@ class APIKeyAuth:
         if isinstance(authorization, str):
             authorization = authorization.encode("latin-1", "replace")
         if authorization is not None and authorization[: len(_SCHEME)].lower() == _SCHEME:
-            ok |= self._matches(authorization[len(_SCHEME):].strip())
+            ok |= self._matches(authorization[len(_SCHEME) :].strip())
         if isinstance(x_api_key, str):
             x_api_key = x_api_key.encode("latin-1", "replace")
         if x_api_key is not None:
@@ -80,8 +80,11 @@ class APIKeyAuth:
                 if scope["type"] == "websocket":
                     await send({"type": "websocket.close", "code": 1008})
                     return
-                error = APIError("Invalid or missing API key; send `Authorization: Bearer <key>` or `x-api-key: <key>` "
-                                 "with a key given to the server's --api-key.", status=401)
+                error = APIError(
+                    "Invalid or missing API key; send `Authorization: Bearer <key>` or `x-api-key: <key>` "
+                    "with a key given to the server's --api-key.",
+                    status=401,
+                )
                 challenge = [(b"www-authenticate", b"Bearer")]
                 # an Anthropic client (by its headers, not the route: the transport knows no routes) reads its own shape
                 if x_api_key is not None or _header(scope, b"anthropic-version") is not None:

@@ -33,9 +33,13 @@ def wrap_app(router: Any, config: ServerConfig, public: tuple[str, ...] = ()) ->
         public = ("/health", "/metrics", *public) if config.http.metrics_public else ("/health", *public)
         app = APIKeyAuth(app, config.http.api_keys, public_paths=public)
     if config.http.allowed_origins:
-        app = CORSMiddleware(app, allow_origins=list(config.http.allowed_origins),
-                             allow_methods=list(config.http.allowed_methods), allow_headers=list(config.http.allowed_headers),
-                             allow_credentials=config.http.allow_credentials)
+        app = CORSMiddleware(
+            app,
+            allow_origins=list(config.http.allowed_origins),
+            allow_methods=list(config.http.allowed_methods),
+            allow_headers=list(config.http.allowed_headers),
+            allow_credentials=config.http.allow_credentials,
+        )
     app = AccessLog(app, log_requests=config.outputs.log_requests)
     if config.http.root_path:
         app = RootPath(app, config.http.root_path)

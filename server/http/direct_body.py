@@ -61,8 +61,9 @@ class _Layout:
 
     __slots__ = ("h11_protocol", "connection", "send_body", "chunked_writer", "raw_data", "socket_stream")
 
-    def __init__(self, h11_protocol: Any, connection: Any, send_body: Any, chunked_writer: Any,
-                 raw_data: Any, socket_stream: Any) -> None:  # Any: `type(x) is ...` must not narrow x
+    def __init__(
+        self, h11_protocol: Any, connection: Any, send_body: Any, chunked_writer: Any, raw_data: Any, socket_stream: Any
+    ) -> None:  # Any: `type(x) is ...` must not narrow x
         self.h11_protocol = h11_protocol
         self.connection = connection
         self.send_body = send_body
@@ -183,8 +184,11 @@ class DirectBody:
         if layout is None or type(protocol) is not layout.h11_protocol:
             return False
         conn = protocol.connection
-        return (type(conn) is layout.connection and conn.our_state is layout.send_body
-                and type(conn._writer) is layout.chunked_writer)
+        return (
+            type(conn) is layout.connection
+            and conn.our_state is layout.send_body
+            and type(conn._writer) is layout.chunked_writer
+        )
 
     async def flush(self) -> None:
         """Before an ASGI send: the queued frames, then what a partial write left, through Hypercorn (it
@@ -322,13 +326,18 @@ def install(worker_class: str, writes: WriteBatch | None = None) -> bool:
     try:
         module, base, ours, layout = _find_layout(worker_class)
     except Exception as e:  # ImportError, AttributeError, ...: an unknown Hypercorn or h11
-        log.warning("this Hypercorn's %s worker or h11 has an unknown layout (%s: %s): streaming through ASGI only",
-                    worker_class, type(e).__name__, e)
+        log.warning(
+            "this Hypercorn's %s worker or h11 has an unknown layout (%s: %s): streaming through ASGI only",
+            worker_class,
+            type(e).__name__,
+            e,
+        )
         return False
     current = getattr(module, "TCPServer", None)
     if current is not ours and current is not base:
-        log.warning("Hypercorn's %s worker runs another TCPServer (%r): streaming through ASGI only",
-                    worker_class, current)
+        log.warning(
+            "Hypercorn's %s worker runs another TCPServer (%r): streaming through ASGI only", worker_class, current
+        )
         return False
     _layout, _writes = layout, writes
     setattr(module, "TCPServer", ours)  # the name the worker looks up per connection

@@ -22,5 +22,8 @@ def decline(error: BaseException) -> None:
     global _active
     if _active:
         _active = False
-        log.warning("direct body writes turned off after %s: %s; streaming through ASGI from now on",
-                    type(error).__name__, error)
+        log.warning(
+            "direct body writes turned off after %s: %s; streaming through ASGI from now on",
+            type(error).__name__,
+            error,
+        )

@@ -11,8 +11,17 @@ import msgspec
 
 _encoder = msgspec.json.Encoder()
 
-_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "BadRequestError",
-          408: "TimeoutError", 413: "BadRequestError", 415: "BadRequestError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
+_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    404: "NotFoundError",
+    405: "BadRequestError",
+    408: "TimeoutError",
+    413: "BadRequestError",
+    415: "BadRequestError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
 
 
 class ErrorInfo(msgspec.Struct):
@@ -29,8 +38,9 @@ class ErrorResponse(msgspec.Struct):
 class APIError(Exception):
     """Raised anywhere in request handling; the route turns it into an OpenAI error response."""
 
-    def __init__(self, message: str, *, status: int = 400, param: str | None = None,
-                 retry_after: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, status: int = 400, param: str | None = None, retry_after: int | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
@@ -38,8 +48,12 @@ class APIError(Exception):
         self.retry_after = retry_after  # seconds, for 503: the Retry-After header
 
     def info(self) -> ErrorInfo:
-        return ErrorInfo(message=self.message, type=_TYPES.get(self.status, HTTPStatus(self.status).phrase),
-                         param=self.param, code=self.status)
+        return ErrorInfo(
+            message=self.message,
+            type=_TYPES.get(self.status, HTTPStatus(self.status).phrase),
+            param=self.param,
+            code=self.status,
+        )
 
     def body(self) -> bytes:
         return _encoder.encode(ErrorResponse(self.info()))
@@ -47,9 +61,18 @@ class APIError(Exception):
 
 # Anthropic's error types by HTTP status (docs.claude.com/en/api/errors); our 503s (loading, queue full,
 # stopping) are its `overloaded_error`: temporary, retry later.
-_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
-                    503: "overloaded_error", 504: "timeout_error", 529: "overloaded_error"}
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
 
 
 def anthropic_error_type(status: int) -> str:

@@ -10,7 +10,7 @@ def route_path(scope: Any) -> str:
     path: str = scope["path"]
     root: str = scope.get("root_path", "")
     if root and path.startswith(root) and (len(path) == len(root) or path[len(root)] == "/"):
-        return path[len(root):] or "/"
+        return path[len(root) :] or "/"
     return path
 
 

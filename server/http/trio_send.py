@@ -35,8 +35,12 @@ class FastSendTCPServer(TCPServer):
 
     async def protocol_send(self, event: Event) -> None:
         stream: Any = self.stream  # Hypercorn annotates it as an SSLStream; plain TCP gives a SocketStream
-        if (type(event) is RawData and direct_switch.is_active() and not self.send_lock.locked()
-                and type(stream) is trio.SocketStream):
+        if (
+            type(event) is RawData
+            and direct_switch.is_active()
+            and not self.send_lock.locked()
+            and type(stream) is trio.SocketStream
+        ):
             data = event.data
             try:
                 sent = self.write_now(data)

@@ -6,8 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from engine.messages import EngineStats
@@ -28,13 +27,18 @@ class LoRAMetrics(Collector):
         self.requests[name] = self.requests.get(name, 0) + n
 
     def collect(self) -> Iterator[Metric]:
-        info = GaugeMetricFamily("spindle_lora_requests_info", "Running and waiting LoRA adapters (vLLM's).",
-                                 labels=["model_name", "running_lora_adapters", "waiting_lora_adapters", "max_lora"])
-        info.add_metric([self.model_name, ",".join(self.running), ",".join(self.waiting), str(self.max_loras)],
-                        self.updated)
+        info = GaugeMetricFamily(
+            "spindle_lora_requests_info",
+            "Running and waiting LoRA adapters (vLLM's).",
+            labels=["model_name", "running_lora_adapters", "waiting_lora_adapters", "max_lora"],
+        )
+        info.add_metric(
+            [self.model_name, ",".join(self.running), ",".join(self.waiting), str(self.max_loras)], self.updated
+        )
         yield info
-        counts = CounterMetricFamily("spindle_lora_requests", "Engine requests sent under each LoRA adapter.",
-                                     labels=["model_name", "lora_name"])
+        counts = CounterMetricFamily(
+            "spindle_lora_requests", "Engine requests sent under each LoRA adapter.", labels=["model_name", "lora_name"]
+        )
         for name, n in sorted(self.requests.items()):
             counts.add_metric([self.model_name, name], n)
         yield counts

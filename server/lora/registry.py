@@ -48,8 +48,9 @@ class LoRARegistry:
         return self._adapters
 
     @classmethod
-    def from_files(cls, model_path: str, max_rank: int, base_name: str,
-                   modules: tuple[LoRAModule, ...]) -> LoRARegistry:
+    def from_files(
+        cls, model_path: str, max_rank: int, base_name: str, modules: tuple[LoRAModule, ...]
+    ) -> LoRARegistry:
         """The registry with the static adapters loaded (blocking: run it in a thread). ValueError naming the
         adapter that fails."""
         registry = cls(BaseDims.from_config(read_config(Path(model_path))), max_rank, base_name, model_path)
@@ -70,10 +71,12 @@ class LoRARegistry:
 
     def add(self, adapter: Adapter, replace: bool = False) -> None:
         """AdapterError for a name already served without `replace` (blocking when shared: off the loop)."""
+
         def change(entries: Entries) -> None:
             if adapter.name in entries and not replace:
-                raise AdapterError(f"the adapter {adapter.name!r} is already loaded; unload it first or load "
-                                   "with load_inplace: true")
+                raise AdapterError(
+                    f"the adapter {adapter.name!r} is already loaded; unload it first or load with load_inplace: true"
+                )
             entries[adapter.name] = _entry(adapter)
 
         self._change(change)
@@ -103,10 +106,18 @@ class LoRARegistry:
 
 def _entry(a: Adapter) -> dict[str, object]:
     r = a.request
-    return {"name": a.name, "path": a.path, "parent": a.parent, "rank": a.rank, "created": a.created,
-            "request": [r.name, r.path, r.digest]}
+    return {
+        "name": a.name,
+        "path": a.path,
+        "parent": a.parent,
+        "rank": a.rank,
+        "created": a.created,
+        "request": [r.name, r.path, r.digest],
+    }
 
 
 def _from_entries(entries: Entries) -> dict[str, Adapter]:
-    return {name: Adapter(e["name"], e["path"], e["parent"], e["rank"], LoRARequest(*e["request"]), e["created"])
-            for name, e in entries.items()}
+    return {
+        name: Adapter(e["name"], e["path"], e["parent"], e["rank"], LoRARequest(*e["request"]), e["created"])
+        for name, e in entries.items()
+    }

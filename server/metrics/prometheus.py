@@ -25,18 +25,61 @@ from engine.messages import EngineStats
 from server.lora.metrics import LoRAMetrics
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                   7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
+LATENCY_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+)
 NUM_BUCKETS = len(LATENCY_BUCKETS) + 1  # with +Inf
 FINISH_REASONS = ("stop", "length", "abort", "error")
 REJECT_REASONS = ("queue_full", "shutting_down")  # 503s from admission control and from a draining server
 # Why a best-effort structured answer failed its whole schema (server/streaming/output_check.py): the keyword that
 # failed (the relaxed one it sits under, where there is one); "not_json": not JSON at all; "other": any other keyword.
 STRUCTURED_INVALID_REASONS = (
-    "not_json", "oneOf", "anyOf", "allOf", "not", "if", "uniqueItems", "propertyNames", "dependencies",
-    "dependentRequired", "dependentSchemas", "minProperties", "maxProperties", "contains", "unevaluatedProperties",
-    "unevaluatedItems", "format", "pattern", "patternProperties", "required", "additionalProperties", "type", "enum",
-    "const", "other")
+    "not_json",
+    "oneOf",
+    "anyOf",
+    "allOf",
+    "not",
+    "if",
+    "uniqueItems",
+    "propertyNames",
+    "dependencies",
+    "dependentRequired",
+    "dependentSchemas",
+    "minProperties",
+    "maxProperties",
+    "contains",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "format",
+    "pattern",
+    "patternProperties",
+    "required",
+    "additionalProperties",
+    "type",
+    "enum",
+    "const",
+    "other",
+)
 _PRIVATE_VALUES = 512  # doubles in a process's own row: more than the counters and histograms take
 
 
@@ -203,8 +246,11 @@ class _PerProcess(Collector):
         self.finished = finished
 
     def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily("spindle_api_server_requests", "Finished requests by API server process.",
-                                     labels=["model_name", "api_server"])
+        family = CounterMetricFamily(
+            "spindle_api_server_requests",
+            "Finished requests by API server process.",
+            labels=["model_name", "api_server"],
+        )
         rows = [c.per_process() for c in self.finished]
         for p, values in enumerate(zip(*rows)):
             family.add_metric([self.model_name, str(p)], sum(values))
@@ -218,9 +264,11 @@ class _HeartbeatAge(Collector):
         self.metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily("spindle_engine_heartbeat_age_seconds",
-                                   "Seconds since the engine's last frame (steps, or a heartbeat every 0.5 s).",
-                                   labels=["model_name"])
+        family = GaugeMetricFamily(
+            "spindle_engine_heartbeat_age_seconds",
+            "Seconds since the engine's last frame (steps, or a heartbeat every 0.5 s).",
+            labels=["model_name"],
+        )
         family.add_metric([self.metrics.model_name], max(time.monotonic() - self.metrics.engine_heard, 0.0))
         yield family
 
@@ -246,33 +294,63 @@ class ServerMetrics:
         self.decode = hist("spindle_request_decode_time_seconds", "First token to finish.")
         self.prompt_tokens = counter("spindle_prompt_tokens", "Prompt tokens of finished requests.")
         self.generation_tokens = counter("spindle_generation_tokens", "Generated tokens.")
-        self.finished = dict(zip(FINISH_REASONS, self._family(
-            "spindle_request_success", "Finished requests by finish reason.", ["model_name", "finished_reason"],
-            FINISH_REASONS)))
+        self.finished = dict(
+            zip(
+                FINISH_REASONS,
+                self._family(
+                    "spindle_request_success",
+                    "Finished requests by finish reason.",
+                    ["model_name", "finished_reason"],
+                    FINISH_REASONS,
+                ),
+            )
+        )
         self.preemptions = counter("spindle_num_preemptions", "Preemptions in the engine.", engine=True)
         self.cache_queries = counter("spindle_prefix_cache_queries", "Prompt tokens looked up.", engine=True)
         self.cache_hits = counter("spindle_prefix_cache_hits", "Prompt tokens found cached.", engine=True)
         # images (a vision model): the image worker's processor cache, the API's mirror of the engine's encoder
         # cache (images sent by hash; misses resent with pixels) and the engine's own encoder-cache hits
-        self.mm_processor_cache_hits = counter("spindle_mm_processor_cache_hits",
-                                               "Images whose preprocessing the image worker's cache held.")
-        self.mm_engine_cache_hits = counter("spindle_mm_engine_cache_hits",
-                                            "Images sent to the engine by hash only (the mirror said it held them).")
-        self.mm_engine_cache_misses = counter("spindle_mm_engine_cache_misses",
-                                              "Requests sent by hash the engine no longer held, resent with pixels.")
+        self.mm_processor_cache_hits = counter(
+            "spindle_mm_processor_cache_hits", "Images whose preprocessing the image worker's cache held."
+        )
+        self.mm_engine_cache_hits = counter(
+            "spindle_mm_engine_cache_hits", "Images sent to the engine by hash only (the mirror said it held them)."
+        )
+        self.mm_engine_cache_misses = counter(
+            "spindle_mm_engine_cache_misses", "Requests sent by hash the engine no longer held, resent with pixels."
+        )
         self.mm_encoder_cache_hits = counter(
-            "spindle_mm_encoder_cache_hits", "Images (or Whisper audio windows) whose encoder output the engine had "
-            "cached.", engine=True)
+            "spindle_mm_encoder_cache_hits",
+            "Images (or Whisper audio windows) whose encoder output the engine had cached.",
+            engine=True,
+        )
         self._spec_counters()
-        self._rejected = dict(zip(REJECT_REASONS, self._family(  # exported at 0 from the start
-            "spindle_requests_rejected", "Requests refused with 503 before reaching the engine.",
-            ["model_name", "reason"], REJECT_REASONS)))
+        self._rejected = dict(
+            zip(
+                REJECT_REASONS,
+                self._family(  # exported at 0 from the start
+                    "spindle_requests_rejected",
+                    "Requests refused with 503 before reaching the engine.",
+                    ["model_name", "reason"],
+                    REJECT_REASONS,
+                ),
+            )
+        )
         self.structured_checked_answers = counter(
             "spindle_structured_output_checked",
-            "Answers of best-effort (relaxed) structured-output constraints validated against their whole schema.")
-        self._structured_invalid = dict(zip(STRUCTURED_INVALID_REASONS, self._family(
-            "spindle_structured_output_invalid", "Best-effort structured answers that failed their whole schema, "
-            "by the keyword that failed.", ["model_name", "reason"], STRUCTURED_INVALID_REASONS)))
+            "Answers of best-effort (relaxed) structured-output constraints validated against their whole schema.",
+        )
+        self._structured_invalid = dict(
+            zip(
+                STRUCTURED_INVALID_REASONS,
+                self._family(
+                    "spindle_structured_output_invalid",
+                    "Best-effort structured answers that failed their whole schema, by the keyword that failed.",
+                    ["model_name", "reason"],
+                    STRUCTURED_INVALID_REASONS,
+                ),
+            )
+        )
         self.running = self._gauge("spindle_num_requests_running", "Requests in the engine's running set.")
         self.waiting = self._gauge("spindle_num_requests_waiting", "Requests waiting in the engine.")
         self.kv_usage = self._gauge("spindle_kv_cache_usage_perc", "Fraction of KV blocks held by requests (0..1).")
@@ -283,13 +361,18 @@ class ServerMetrics:
     def _spec_counters(self) -> None:
         """--speculative-config (engine/spec/): verifications, draft tokens, accepted ones, accepted per position."""
         counter = self._counter
-        self.spec_drafts = counter("spindle_spec_decode_num_drafts",
-                                   "Speculative verifications: one per sequence and step with a draft.", engine=True)
+        self.spec_drafts = counter(
+            "spindle_spec_decode_num_drafts",
+            "Speculative verifications: one per sequence and step with a draft.",
+            engine=True,
+        )
         self.spec_draft_tokens = counter("spindle_spec_decode_num_draft_tokens", "Draft tokens verified.", engine=True)
         self.spec_accepted = counter("spindle_spec_decode_num_accepted_tokens", "Draft tokens accepted.", engine=True)
-        self._spec_per_pos = _CounterFamily("spindle_spec_decode_num_accepted_tokens_per_pos",
-                                            "Draft tokens accepted, by position in the draft (0: the first).",
-                                            ["model_name", "position"])
+        self._spec_per_pos = _CounterFamily(
+            "spindle_spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted, by position in the draft (0: the first).",
+            ["model_name", "position"],
+        )
         self._counters.families.append(self._spec_per_pos)
 
     def enable_lora(self, max_loras: int) -> None:
@@ -306,8 +389,9 @@ class ServerMetrics:
         self._request_values.append(h)
         return h
 
-    def _family(self, name: str, doc: str, labels: list[str], values: tuple[str, ...] = ("",),
-                engine: bool = False) -> list[LoopCounter]:
+    def _family(
+        self, name: str, doc: str, labels: list[str], values: tuple[str, ...] = ("",), engine: bool = False
+    ) -> list[LoopCounter]:
         """A counter family with one child per value of its second label (or one child); `engine`: counts
         from the engine's totals, kept in this process."""
         fam = _CounterFamily(name, doc, labels)
@@ -350,14 +434,15 @@ class ServerMetrics:
         self.kv_usage.set(stats.num_used_blocks / max(stats.num_total_blocks, 1))
         if self.lora is not None:
             self.lora.record_stats(stats)
-        for counter, now, before in ((self.preemptions, stats.num_preemptions, last.num_preemptions),
-                                     (self.cache_queries, stats.prefix_cache_queries, last.prefix_cache_queries),
-                                     (self.cache_hits, stats.prefix_cache_hits, last.prefix_cache_hits),
-                                     (self.mm_encoder_cache_hits, stats.image_cache_hits, last.image_cache_hits),
-                                     (self.spec_drafts, stats.spec_num_drafts, last.spec_num_drafts),
-                                     (self.spec_draft_tokens, stats.spec_num_draft_tokens, last.spec_num_draft_tokens),
-                                     (self.spec_accepted, stats.spec_num_accepted_tokens,
-                                      last.spec_num_accepted_tokens)):
+        for counter, now, before in (
+            (self.preemptions, stats.num_preemptions, last.num_preemptions),
+            (self.cache_queries, stats.prefix_cache_queries, last.prefix_cache_queries),
+            (self.cache_hits, stats.prefix_cache_hits, last.prefix_cache_hits),
+            (self.mm_encoder_cache_hits, stats.image_cache_hits, last.image_cache_hits),
+            (self.spec_drafts, stats.spec_num_drafts, last.spec_num_drafts),
+            (self.spec_draft_tokens, stats.spec_num_draft_tokens, last.spec_num_draft_tokens),
+            (self.spec_accepted, stats.spec_num_accepted_tokens, last.spec_num_accepted_tokens),
+        ):
             if now > before:
                 counter.inc(now - before)
         self._record_per_pos(stats.spec_accepted_per_pos, last.spec_accepted_per_pos)
@@ -374,8 +459,17 @@ class ServerMetrics:
             if gained > 0:
                 children[key].inc(gained)
 
-    def record_finished(self, *, reason: str, arrival: float, scheduled: float, first_token: float,
-                        finished: float, num_prompt_tokens: int, num_output_tokens: int) -> None:
+    def record_finished(
+        self,
+        *,
+        reason: str,
+        arrival: float,
+        scheduled: float,
+        first_token: float,
+        finished: float,
+        num_prompt_tokens: int,
+        num_output_tokens: int,
+    ) -> None:
         self.finished[reason if reason in self.finished else "error"].inc()
         self.prompt_tokens.inc(num_prompt_tokens)
         if arrival:

@@ -17,13 +17,26 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 # spindle_<name> -> vllm:<name>; the same suffix in both, as vLLM spells it (types: gauge, counter, histogram).
 VLLM_NAMES = (
-    "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",  # gauges
-    "prefix_cache_queries", "prefix_cache_hits", "num_preemptions",  # counters
-    "prompt_tokens", "generation_tokens", "request_success",  # counters (request_success: finished_reason)
-    "time_to_first_token_seconds", "inter_token_latency_seconds", "time_per_output_token_seconds",  # histograms
-    "e2e_request_latency_seconds", "request_queue_time_seconds", "request_prefill_time_seconds",
-    "request_decode_time_seconds", "lora_requests_info",
-    "spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",  # counters
+    "num_requests_running",
+    "num_requests_waiting",
+    "kv_cache_usage_perc",  # gauges
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "num_preemptions",  # counters
+    "prompt_tokens",
+    "generation_tokens",
+    "request_success",  # counters (request_success: finished_reason)
+    "time_to_first_token_seconds",
+    "inter_token_latency_seconds",
+    "time_per_output_token_seconds",  # histograms
+    "e2e_request_latency_seconds",
+    "request_queue_time_seconds",
+    "request_prefill_time_seconds",
+    "request_decode_time_seconds",
+    "lora_requests_info",
+    "spec_decode_num_drafts",
+    "spec_decode_num_draft_tokens",
+    "spec_decode_num_accepted_tokens",  # counters
     "spec_decode_num_accepted_tokens_per_pos",
 )
 _RENAMED = {f"spindle_{n}": f"vllm:{n}" for n in VLLM_NAMES}
@@ -51,8 +64,9 @@ class VllmNames(Collector):
                 continue
             copy = Metric(name, family.documentation, family.type, family.unit)
             for s in family.samples:
-                copy.add_sample(name + s.name[len(family.name):], {**s.labels, "engine": "0"}, s.value,
-                                s.timestamp, s.exemplar)
+                copy.add_sample(
+                    name + s.name[len(family.name) :], {**s.labels, "engine": "0"}, s.value, s.timestamp, s.exemplar
+                )
             yield copy
 
     def describe(self) -> Iterator[Metric]:

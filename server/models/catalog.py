@@ -20,8 +20,9 @@ from server.config.values import parse_setting
 SETTINGS_FILES = ("models.yaml", "models.yml", "models.json")
 # The sub-configs a model may set on its own; the rest (listening, API processes, the folder itself) is the server's.
 PER_MODEL_GROUPS = frozenset({"model", "lora", "scheduling", "engine", "outputs", "media"})
-_HINTS: dict[str, Any] = {name: hint for f in dataclasses.fields(ServerConfig)
-                          for name, hint in get_type_hints(f.default_factory).items()}
+_HINTS: dict[str, Any] = {
+    name: hint for f in dataclasses.fields(ServerConfig) for name, hint in get_type_hints(f.default_factory).items()
+}
 
 
 @dataclass(frozen=True)
@@ -33,8 +34,10 @@ class ModelEntry:
     def config(self, base: ServerConfig) -> ServerConfig:
         """This model's own ServerConfig: the server's flags, its settings, no chat page (the front serves none).
         Raises ValueError (a bad setting, a broken .gguf file): the model fails to load, the others serve."""
-        groups: dict[str, dict[str, Any]] = {"model": {"model": str(self.path), "served_model_name": self.name},
-                                             "http": {"disable_ui": True}}
+        groups: dict[str, dict[str, Any]] = {
+            "model": {"model": str(self.path), "served_model_name": self.name},
+            "http": {"disable_ui": True},
+        }
         for name, value in self.settings.items():
             groups.setdefault(SETTINGS[name], {})[name] = value
         changed = {group: dataclasses.replace(getattr(base, group), **values) for group, values in groups.items()}
@@ -71,8 +74,9 @@ def read_settings(folder: Path) -> dict[str, dict[str, Any]]:
         return {}
     if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
         raise ValueError(f"{path}: expected a mapping of model name -> {{setting: value}}")
-    return {str(model): dict(_setting(str(model), str(k), v) for k, v in values.items())
-            for model, values in raw.items()}
+    return {
+        str(model): dict(_setting(str(model), str(k), v) for k, v in values.items()) for model, values in raw.items()
+    }
 
 
 def scan(folder: str | Path) -> dict[str, ModelEntry]:
@@ -85,7 +89,7 @@ def scan(folder: str | Path) -> dict[str, ModelEntry]:
     for path in sorted(root.iterdir()):
         if path.name.startswith(".") or not _is_model(path):
             continue
-        found[path.name[:-len(".gguf")] if path.suffix == ".gguf" and path.is_file() else path.name] = path
+        found[path.name[: -len(".gguf")] if path.suffix == ".gguf" and path.is_file() else path.name] = path
     settings = read_settings(root)
     unknown = sorted(set(settings) - set(found))
     if unknown:

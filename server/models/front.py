@@ -70,10 +70,14 @@ _encoder = msgspec.json.Encoder()
 
 def model_not_found(name: str | None, served: list[str]) -> bytes:
     """OpenAI's 404 for an unknown model (code `model_not_found`)."""
-    message = (f"The model `{name}` does not exist; this server serves: {', '.join(served)}." if name is not None
-               else f"The request names no `model`; this server serves: {', '.join(served)}.")
-    return _encoder.encode({"error": {"message": message, "type": "invalid_request_error", "param": "model",
-                                      "code": "model_not_found"}})
+    message = (
+        f"The model `{name}` does not exist; this server serves: {', '.join(served)}."
+        if name is not None
+        else f"The request names no `model`; this server serves: {', '.join(served)}."
+    )
+    return _encoder.encode(
+        {"error": {"message": message, "type": "invalid_request_error", "param": "model", "code": "model_not_found"}}
+    )
 
 
 class _PerModel(Collector):
@@ -116,8 +120,9 @@ class ModelsFront:
         self.config = config
         self.prometheus = CollectorRegistry()
         self.engine_factory = engine_factory
-        self.registry = ModelRegistry(config, scan(config.models.models_dir), self._make_app,
-                                      RegistryMetrics(self.prometheus))
+        self.registry = ModelRegistry(
+            config, scan(config.models.models_dir), self._make_app, RegistryMetrics(self.prometheus)
+        )
         self.prometheus.register(_PerModel(self.registry.slots))
         self.created = int(time.time())
         self.limit = max(config.http.max_request_body, int(config.media.max_audio_filesize_mb * 1e6) + (1 << 20))
@@ -175,8 +180,13 @@ class ModelsFront:
             self.registry.release(slot)
 
     async def _stream_after_load(self, slot: ModelSlot, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")],
+            }
+        )
         done = anyio.Event()
         interval = self.config.outputs.sse_keepalive
 
@@ -211,8 +221,16 @@ class ModelsFront:
         for name, slot in sorted(self.registry.slots.items()):
             limits = slot.loaded.state.limits if slot.loaded is not None else None
             max_len = limits.max_model_len if limits is not None else int(slot.entry.settings.get("max_model_len", 0))
-            cards.append(ModelCard(id=name, created=self.created, owned_by="spindle", root=str(slot.entry.path),
-                                   max_model_len=max_len, loaded=slot.status == "loaded"))
+            cards.append(
+                ModelCard(
+                    id=name,
+                    created=self.created,
+                    owned_by="spindle",
+                    root=str(slot.entry.path),
+                    max_model_len=max_len,
+                    loaded=slot.status == "loaded",
+                )
+            )
         await send_json(send, 200, _encoder.encode(ModelList(cards)))
 
     async def health(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -232,8 +250,12 @@ class ModelsFront:
     async def lifespan(self, app: Any) -> AsyncIterator[None]:
         async with anyio.create_task_group() as tg:
             await tg.start(self.registry.run)
-            log.info("serving %d models from %s (up to %d loaded at once)", len(self.registry.slots),
-                     self.config.models.models_dir, self.registry.max_loaded)
+            log.info(
+                "serving %d models from %s (up to %d loaded at once)",
+                len(self.registry.slots),
+                self.config.models.models_dir,
+                self.registry.max_loaded,
+            )
             try:
                 yield
             finally:
@@ -252,8 +274,11 @@ def _continue_stream(send: Send) -> Send:
             status = int(message["status"])
             return
         if message["type"] == "http.response.body" and status != 200:
-            message = {"type": "http.response.body", "body": b"data: " + bytes(message.get("body", b"")) + b"\n\n",
-                       "more_body": message.get("more_body", False)}
+            message = {
+                "type": "http.response.body",
+                "body": b"data: " + bytes(message.get("body", b"")) + b"\n\n",
+                "more_body": message.get("more_body", False),
+            }
         await send(message)
 
     return forward
@@ -263,10 +288,12 @@ def create_models_app(config: ServerConfig, *, engine_factory: EngineFactory | N
     """The --models-dir app (create_app's keyword arguments are accepted; a model's engine death unloads that model
     instead of stopping the server)."""
     front = ModelsFront(config, engine_factory)
-    routes = [Route("/v1/models", _Endpoint(front.models), methods=["GET"]),
-              Route("/health", _Endpoint(front.health), methods=["GET"]),
-              Route("/version", VersionRoute(), methods=["GET"]),
-              Route("/metrics", _Endpoint(front.metrics), methods=["GET"])]
+    routes = [
+        Route("/v1/models", _Endpoint(front.models), methods=["GET"]),
+        Route("/health", _Endpoint(front.health), methods=["GET"]),
+        Route("/version", VersionRoute(), methods=["GET"]),
+        Route("/metrics", _Endpoint(front.metrics), methods=["GET"]),
+    ]
     app: Any = wrap_app(Router(routes=routes, lifespan=front.lifespan, default=front.dispatch), config)
     app.state_holder = front
     return app

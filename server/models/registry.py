@@ -70,18 +70,28 @@ class ModelSlot:
 
 class RegistryMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.loads = Counter("spindle_model_loads", "Models loaded (first request, or after an unload).",
-                             ["model_name"], registry=registry)
-        self.load_failures = Counter("spindle_model_load_failures", "Model loads that failed.", ["model_name"],
-                                     registry=registry)
-        self.unloads = Counter("spindle_model_unloads", "Models unloaded (least recently used, idle timeout, "
-                               "engine death).", ["model_name"], registry=registry)
+        self.loads = Counter(
+            "spindle_model_loads",
+            "Models loaded (first request, or after an unload).",
+            ["model_name"],
+            registry=registry,
+        )
+        self.load_failures = Counter(
+            "spindle_model_load_failures", "Model loads that failed.", ["model_name"], registry=registry
+        )
+        self.unloads = Counter(
+            "spindle_model_unloads",
+            "Models unloaded (least recently used, idle timeout, engine death).",
+            ["model_name"],
+            registry=registry,
+        )
         self.loaded = Gauge("spindle_models_loaded", "Models with an engine running now.", registry=registry)
 
 
 class ModelRegistry:
-    def __init__(self, config: ServerConfig, entries: dict[str, ModelEntry], make_app: MakeApp,
-                 metrics: RegistryMetrics) -> None:
+    def __init__(
+        self, config: ServerConfig, entries: dict[str, ModelEntry], make_app: MakeApp, metrics: RegistryMetrics
+    ) -> None:
         self.config = config
         self.slots = {name: ModelSlot(entry) for name, entry in entries.items()}
         self.make_app, self.metrics = make_app, metrics
@@ -130,8 +140,9 @@ class ModelRegistry:
                 slot.waiting -= 1
                 self._notify()
             if event is load and slot.status == "unloaded" and slot.error is not None:
-                raise unavailable.unavailable(f"The model `{slot.name}` could not be loaded ({slot.error}); "
-                                              "its next request tries again.")
+                raise unavailable.unavailable(
+                    f"The model `{slot.name}` could not be loaded ({slot.error}); its next request tries again."
+                )
         slot.active += 1
         assert slot.loaded is not None
         return slot.loaded.app
@@ -247,8 +258,10 @@ class ModelRegistry:
 
     @property
     def num_active(self) -> int:
-        return sum(s.waiting + (s.loaded.state.llm.num_active if s.loaded and s.loaded.state.llm else 0)
-                   for s in self.slots.values())
+        return sum(
+            s.waiting + (s.loaded.state.llm.num_active if s.loaded and s.loaded.state.llm else 0)
+            for s in self.slots.values()
+        )
 
     async def drain(self, timeout: float) -> int:
         """SIGTERM: refuse new requests, give every loaded model's requests up to `timeout` s, cut the rest."""

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from server.multimodal.whisper_tokens import LANGUAGES, NAMES_TO_CODES, TIME_PRECISION
 from server.http.errors import APIError, bad_request
 from server.multimodal.images import ImagePool, call_image_worker
+from server.multimodal.whisper_tokens import LANGUAGES, NAMES_TO_CODES, TIME_PRECISION
 from server.render.worker_pool import WorkerPool
 
 ARCHITECTURE = "WhisperForConditionalGeneration"
@@ -49,8 +49,9 @@ class SpeechSupport:
         code = value.strip().lower()
         code = NAMES_TO_CODES.get(code, code)
         if code not in self.lang_to_id:
-            raise bad_request(f"language {value!r} is not one this model knows; use an ISO-639-1 code such as 'en'",
-                              "language")
+            raise bad_request(
+                f"language {value!r} is not one this model knows; use an ISO-639-1 code such as 'en'", "language"
+            )
         return code
 
     def code_of(self, token: int) -> str:
@@ -63,7 +64,7 @@ class SpeechSupport:
         """[<|startofprev|> prompt...] <|startoftranscript|> <|lang|> <|task|> [<|notimestamps|>], as Whisper."""
         ids: list[int] = []
         if prev and self.prev_sot is not None:
-            ids = [self.prev_sot] + prev[-(self.max_target_positions // 2 - 1):]
+            ids = [self.prev_sot] + prev[-(self.max_target_positions // 2 - 1) :]
         ids.append(self.sot)
         if self.multilingual:
             ids += [self.lang_to_id[language or "en"], self.task_to_id[task]]
@@ -90,11 +91,15 @@ def speech_support(model_dir: str) -> SpeechSupport | None:
     tasks = {str(k): int(v) for k, v in (gen.get("task_to_id") or {}).items()}
     eot = int(gen.get("eos_token_id", cfg.get("eos_token_id", 50257)))
     prev = gen.get("prev_sot_token_id")
-    return SpeechSupport(sot=int(gen.get("decoder_start_token_id", cfg.get("decoder_start_token_id", 50258))),
-                         eot=eot, no_timestamps=int(gen.get("no_timestamps_token_id", 50363)),
-                         prev_sot=int(prev) if prev is not None else None,
-                         lang_to_id={k: v for k, v in langs.items() if k in LANGUAGES}, task_to_id=tasks,
-                         max_target_positions=int(cfg.get("max_target_positions", 448)))
+    return SpeechSupport(
+        sot=int(gen.get("decoder_start_token_id", cfg.get("decoder_start_token_id", 50258))),
+        eot=eot,
+        no_timestamps=int(gen.get("no_timestamps_token_id", 50363)),
+        prev_sot=int(prev) if prev is not None else None,
+        lang_to_id={k: v for k, v in langs.items() if k in LANGUAGES},
+        task_to_id=tasks,
+        max_target_positions=int(cfg.get("max_target_positions", 448)),
+    )
 
 
 @asynccontextmanager
@@ -122,6 +127,8 @@ async def decode_audio(pool: ImagePool | None, blob: bytes, max_seconds: float) 
         if e.status == 400:
             raise bad_request(e.message, "file") from None
         raise
-    wins = [Window(w["features"], list(w["shape"]), str(w["hash"]), float(w["start"]), float(w["seconds"]))
-            for w in got["windows"]]
+    wins = [
+        Window(w["features"], list(w["shape"]), str(w["hash"]), float(w["start"]), float(w["seconds"]))
+        for w in got["windows"]
+    ]
     return float(got["duration"]), wins

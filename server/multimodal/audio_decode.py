@@ -68,8 +68,9 @@ def _pyav(blob: bytes, max_seconds: float) -> np.ndarray:
     try:
         container = av.open(io.BytesIO(blob), mode="r")
     except (av.FFmpegError, ValueError, IndexError) as e:
-        raise AudioError(f"the file could not be decoded as audio ({type(e).__name__}); send WAV, FLAC, OGG, "
-                         "MP3, M4A, MP4 or WebM") from None
+        raise AudioError(
+            f"the file could not be decoded as audio ({type(e).__name__}); send WAV, FLAC, OGG, MP3, M4A, MP4 or WebM"
+        ) from None
     with container:
         if not container.streams.audio:
             raise AudioError("the file has no audio stream")
@@ -104,8 +105,7 @@ def decode(blob: bytes, max_seconds: float) -> np.ndarray:
             raise
         audio = None
     if audio is None or audio.shape[0] > max_seconds * SR:
-        raise AudioError(f"the audio is longer than the server's limit of {max_seconds:g} s "
-                         "(--max-audio-duration-s)")
+        raise AudioError(f"the audio is longer than the server's limit of {max_seconds:g} s (--max-audio-duration-s)")
     if audio.shape[0] == 0:
         raise AudioError("the audio holds no samples (zero length)")
     return audio
@@ -116,9 +116,9 @@ def split_points(audio: np.ndarray) -> list[int]:
     starts, start = [0], 0
     while audio.shape[0] - start > WINDOW:
         lo = start + WINDOW - SEARCH
-        seg = audio[lo:start + WINDOW]
-        frames = seg[:len(seg) // FRAME * FRAME].reshape(-1, FRAME)
-        quiet = int(np.argmin((frames ** 2).mean(axis=1))) if len(frames) else 0
+        seg = audio[lo : start + WINDOW]
+        frames = seg[: len(seg) // FRAME * FRAME].reshape(-1, FRAME)
+        quiet = int(np.argmin((frames**2).mean(axis=1))) if len(frames) else 0
         start = lo + quiet * FRAME + FRAME // 2
         starts.append(start)
     return starts
@@ -133,8 +133,15 @@ def windows(extractor: Any, audio: np.ndarray) -> list[dict[str, Any]]:
         feats = extractor(audio[a:b], sampling_rate=SR, return_tensors="np").input_features[0]
         feats = np.ascontiguousarray(feats, dtype=np.float32)
         data = feats.tobytes()
-        out.append({"features": data, "shape": list(feats.shape), "hash": hashlib.sha256(data).hexdigest(),
-                    "start": a / SR, "seconds": (b - a) / SR})
+        out.append(
+            {
+                "features": data,
+                "shape": list(feats.shape),
+                "hash": hashlib.sha256(data).hexdigest(),
+                "start": a / SR,
+                "seconds": (b - a) / SR,
+            }
+        )
     return out
 
 

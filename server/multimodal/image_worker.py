@@ -25,7 +25,6 @@ from typing import Any
 
 from server.render.child import INTERNAL_ERROR, OK, USER_ERROR, start_child
 
-
 _Result = list[Any]  # [pixel bytes, shape, grid, hash]
 
 
@@ -61,8 +60,14 @@ def _input_key(rgb: Any, settings: list[Any]) -> str:
     return h.hexdigest()
 
 
-def process(processor: Any, settings: dict[str, Any], cache: ProcessorCache, blobs: list[bytes],
-            min_pixels: int | None, max_pixels: int | None) -> list[list[Any]] | str:
+def process(
+    processor: Any,
+    settings: dict[str, Any],
+    cache: ProcessorCache,
+    blobs: list[bytes],
+    min_pixels: int | None,
+    max_pixels: int | None,
+) -> list[list[Any]] | str:
     """Decode and preprocess; a str is the reason for a 400."""
     # numpy and PIL load after start_child's nice +10, so the threads they start (BLAS) inherit it
     from PIL import Image, UnidentifiedImageError

@@ -79,14 +79,18 @@ def image_support(model_dir: str) -> ImageSupport | None:
     pre = read_preprocessor_config(model_dir)
     merge = int(pre.get("merge_size", cfg["vision_config"].get("spatial_merge_size", 2)))
     hidden = int((cfg.get("text_config") or {}).get("hidden_size", cfg.get("hidden_size", 0)))
-    return ImageSupport(pre, int(cfg.get("image_token_id", 151655)), merge, int(pre["min_pixels"]),
-                        int(pre["max_pixels"]), hidden)
+    return ImageSupport(
+        pre, int(cfg.get("image_token_id", 151655)), merge, int(pre["min_pixels"]), int(pre["max_pixels"]), hidden
+    )
 
 
 def has_images(messages: list[Any] | None) -> bool:
-    return any(isinstance(m, dict) and isinstance(m.get("content"), list)
-               and any(isinstance(p, dict) and p.get("type") in ("image_url", "image") for p in m["content"])
-               for m in messages or ())
+    return any(
+        isinstance(m, dict)
+        and isinstance(m.get("content"), list)
+        and any(isinstance(p, dict) and p.get("type") in ("image_url", "image") for p in m["content"])
+        for m in messages or ()
+    )
 
 
 def split_images(messages: list[Any], limit: int) -> tuple[list[Any], list[str]]:
@@ -104,16 +108,18 @@ def split_images(messages: list[Any], limit: int) -> tuple[list[Any], list[str]]
                 ref = part.get("image_url")
                 url = ref.get("url") if isinstance(ref, dict) else ref
                 if not isinstance(url, str):
-                    raise bad_request(f'messages[{i}] has an image part without "image_url": {{"url": "..."}}',
-                                      "messages")
+                    raise bad_request(
+                        f'messages[{i}] has an image part without "image_url": {{"url": "..."}}', "messages"
+                    )
                 urls.append(url)
                 parts.append({"type": "image"})
             else:
                 parts.append(part)
         out.append({**m, "content": parts})
     if len(urls) > limit:
-        raise bad_request(f"at most {limit} images per request are accepted here (--limit-mm-per-prompt), got "
-                          f"{len(urls)}", "messages")
+        raise bad_request(
+            f"at most {limit} images per request are accepted here (--limit-mm-per-prompt), got {len(urls)}", "messages"
+        )
     return out, urls
 
 
@@ -123,15 +129,23 @@ def pixel_bounds(support: ImageSupport, kwargs: dict[str, Any] | None) -> tuple[
         return None, None
     unknown = sorted(set(kwargs) - {"min_pixels", "max_pixels"})
     if unknown:
-        raise bad_request(f"mm_processor_kwargs accepts min_pixels and max_pixels only, not {', '.join(unknown)}",
-                          "mm_processor_kwargs")
+        raise bad_request(
+            f"mm_processor_kwargs accepts min_pixels and max_pixels only, not {', '.join(unknown)}",
+            "mm_processor_kwargs",
+        )
     got: list[int | None] = []
     for name in ("min_pixels", "max_pixels"):
         value = kwargs.get(name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                  or not support.min_pixels <= value <= support.max_pixels):
-            raise bad_request(f"mm_processor_kwargs.{name} must be an integer in [{support.min_pixels}, "
-                              f"{support.max_pixels}], got {value!r}", "mm_processor_kwargs")
+        if value is not None and (
+            not isinstance(value, int)
+            or isinstance(value, bool)
+            or not support.min_pixels <= value <= support.max_pixels
+        ):
+            raise bad_request(
+                f"mm_processor_kwargs.{name} must be an integer in [{support.min_pixels}, "
+                f"{support.max_pixels}], got {value!r}",
+                "mm_processor_kwargs",
+            )
         got.append(value)
     lo, hi = got
     if lo is not None and hi is not None and lo > hi:
@@ -185,8 +199,10 @@ async def load_image(url: str, allowed: tuple[str, ...]) -> bytes:
         return decode_data_url(url)
     if scheme in ("http", "https"):
         if not allowed:
-            raise bad_request("image URLs are not fetched by this server (no --allowed-media-domains); send the "
-                              "image as a data: URL", "messages")
+            raise bad_request(
+                "image URLs are not fetched by this server (no --allowed-media-domains); send the image as a data: URL",
+                "messages",
+            )
         return await fetch_image(url, allowed)
     raise bad_request(f"image URLs with scheme {scheme or '(none)'!r} are refused; send a data: URL", "messages")
 
@@ -222,18 +238,25 @@ async def call_image_worker(pool: ImagePool | None, request: list[Any], timeout:
     except WorkerUserError as e:
         raise bad_request(str(e), "messages") from None
     except WorkerTimeout:
-        raise APIError(f"preprocessing the images took longer than {timeout:g} s; the image worker was restarted",
-                       status=500) from None
+        raise APIError(
+            f"preprocessing the images took longer than {timeout:g} s; the image worker was restarted", status=500
+        ) from None
     except WorkerCrashed as e:
-        raise APIError(f"the image worker failed ({e}); it is being restarted, retry the request", status=500,
-                       retry_after=1) from None
+        raise APIError(
+            f"the image worker failed ({e}); it is being restarted, retry the request", status=500, retry_after=1
+        ) from None
     except PoolOverloaded as e:
         raise unavailable.overloaded(str(e)) from None
 
 
-async def process_images(support: ImageSupport, urls: list[str], allowed: tuple[str, ...],
-                         kwargs: dict[str, Any] | None, pool: ImagePool | None,
-                         timeout: float = MM_TIMEOUT) -> list[ProcessedImage]:
+async def process_images(
+    support: ImageSupport,
+    urls: list[str],
+    allowed: tuple[str, ...],
+    kwargs: dict[str, Any] | None,
+    pool: ImagePool | None,
+    timeout: float = MM_TIMEOUT,
+) -> list[ProcessedImage]:
     """Load, decode and preprocess a request's images in the image worker process.
 
     Not anyio.to_process: its child re-runs the parent's __main__ as __mp_main__ (as multiprocessing's spawn
@@ -243,12 +266,13 @@ async def process_images(support: ImageSupport, urls: list[str], allowed: tuple[
     lo, hi = pixel_bounds(support, kwargs)
     blobs = [await load_image(u, allowed) for u in urls]
     result = await call_image_worker(pool, ["process", blobs, lo, hi], timeout)
-    m2 = support.merge ** 2
+    m2 = support.merge**2
     return [ProcessedImage(d, s, g, h, g[0] * g[1] * g[2] // m2, bool(c)) for d, s, g, h, c in result]
 
 
-async def prepare_images(state: ImageContext, messages: list[Any], mm_processor_kwargs: dict[str, Any] | None
-                         ) -> tuple[list[ProcessedImage], list[Any]]:
+async def prepare_images(
+    state: ImageContext, messages: list[Any], mm_processor_kwargs: dict[str, Any] | None
+) -> tuple[list[ProcessedImage], list[Any]]:
     """A request's images, processed in the image worker, and its messages with image parts as the template's
     markers ({"type": "image"}). `state`: the routes' AppState. 400 for a text-only model."""
     config = state.config
@@ -271,12 +295,15 @@ def expand(ids: list[int], images: list[ProcessedImage], pad_id: int) -> tuple[l
         out, offsets = expand_placeholders(ids, [im.num_tokens for im in images], pad_id)
     except ValueError as e:
         raise bad_request(f"{e}; the chat template must render one <|image_pad|> per image", "messages") from None
-    return out, [ImageInput(im.hash, off, im.num_tokens, im.grid, im.data, im.shape, "float32")
-                 for im, off in zip(images, offsets)]
+    return out, [
+        ImageInput(im.hash, off, im.num_tokens, im.grid, im.data, im.shape, "float32")
+        for im, off in zip(images, offsets)
+    ]
 
 
-def expand_for_model(ids: list[int], images: list[ProcessedImage], model_dir: str
-                     ) -> tuple[list[int], list[ImageInput]]:
+def expand_for_model(
+    ids: list[int], images: list[ProcessedImage], model_dir: str
+) -> tuple[list[int], list[ImageInput]]:
     """`expand` with the model's image pad token (a text-only model: the 400 `prepare_images` gives)."""
     support = image_support(model_dir)
     if support is None:

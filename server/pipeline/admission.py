@@ -43,8 +43,9 @@ class Admission:
     def queued_tokens(self) -> int:
         return self._tokens
 
-    def try_admit(self, num_reqs: int, num_tokens: int, *, held: tuple[int, int] = (0, 0),
-                  bound: str = "") -> str | None:
+    def try_admit(
+        self, num_reqs: int, num_tokens: int, *, held: tuple[int, int] = (0, 0), bound: str = ""
+    ) -> str | None:
         """Admit `num_reqs` requests holding `num_tokens` prompt tokens in all, in place of the `held` (requests,
         tokens) the caller's ticket holds already; None if admitted, else why not (and `held` stays held).
         `bound` "at least " words a refusal of a lower bound (a prompt not tokenized yet)."""
@@ -54,23 +55,30 @@ class Admission:
             self._tokens += num_tokens - held[1]
         return reason
 
-    def _refusal_at(self, queued_reqs: int, queued_tokens: int, num_reqs: int, num_tokens: int,
-                    bound: str) -> str | None:
+    def _refusal_at(
+        self, queued_reqs: int, queued_tokens: int, num_reqs: int, num_tokens: int, bound: str
+    ) -> str | None:
         """Why `num_reqs` / `num_tokens` more do not fit beside `queued_reqs` / `queued_tokens`, else None."""
         if num_reqs < 0 or num_tokens < 0:
             raise ValueError(f"cannot admit {num_reqs} requests with {num_tokens} tokens")
         if self._max_reqs is not None and queued_reqs + num_reqs > self._max_reqs:
             if num_reqs > self._max_reqs:
-                return (f"the request needs {num_reqs} queue slots but --max-num-queued-reqs is {self._max_reqs}; "
-                        "send fewer choices (n) per request")
-            return (f"too many queued requests ({queued_reqs} queued, limit {self._max_reqs}); retry later")
+                return (
+                    f"the request needs {num_reqs} queue slots but --max-num-queued-reqs is {self._max_reqs}; "
+                    "send fewer choices (n) per request"
+                )
+            return f"too many queued requests ({queued_reqs} queued, limit {self._max_reqs}); retry later"
         if self._max_tokens is not None and queued_tokens + num_tokens > self._max_tokens:
             if num_tokens > self._max_tokens:
-                return (f"the request's prompt tokens ({bound}{num_tokens}, all choices) exceed "
-                        f"--max-num-queued-tokens {self._max_tokens} on their own; "
-                        "send a shorter prompt or fewer choices")
-            return (f"too many queued prompt tokens ({queued_tokens} queued + {bound}{num_tokens} requested, "
-                    f"limit {self._max_tokens}); retry later")
+                return (
+                    f"the request's prompt tokens ({bound}{num_tokens}, all choices) exceed "
+                    f"--max-num-queued-tokens {self._max_tokens} on their own; "
+                    "send a shorter prompt or fewer choices"
+                )
+            return (
+                f"too many queued prompt tokens ({queued_tokens} queued + {bound}{num_tokens} requested, "
+                f"limit {self._max_tokens}); retry later"
+            )
         return None
 
     def first_token(self, num_tokens: int) -> None:
@@ -89,8 +97,9 @@ class Admission:
 
 
 class AdmissionLike(Protocol):
-    def try_admit(self, num_reqs: int, num_tokens: int, *, held: tuple[int, int] = (0, 0),
-                  bound: str = "") -> str | None: ...
+    def try_admit(
+        self, num_reqs: int, num_tokens: int, *, held: tuple[int, int] = (0, 0), bound: str = ""
+    ) -> str | None: ...
     def first_token(self, num_tokens: int) -> None: ...
     def release(self, num_reqs: int, num_tokens: int) -> None: ...
 
@@ -154,7 +163,6 @@ class AdmissionTicket:
     def __enter__(self) -> AdmissionTicket:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
         if not self._detached:
             self.release()

@@ -27,7 +27,12 @@ from server.pipeline.admission import AdmissionLike, AdmissionTicket
 from server.pipeline.image_sends import ImageMetrics, ImageMirror, ImageSends
 from server.pipeline.input_processor import GenerationSpec
 from server.pipeline.output_processor import (
-    Collector, Counter, OutputKind, OutputMetrics, OutputProcessor, RequestState,
+    Collector,
+    Counter,
+    OutputKind,
+    OutputMetrics,
+    OutputProcessor,
+    RequestState,
 )
 from server.pipeline.request_stream import RequestStream
 
@@ -84,8 +89,7 @@ class InFlight:
     def __enter__(self) -> None:
         self.count += 1
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
         self.count -= 1
         if self.count == 0 and self._idle is not None:
             self._idle.set()
@@ -105,14 +109,21 @@ class EngineRequests:
 
     def unfinished(self) -> list[RequestState]:
         """Sent and still running in the engine."""
-        return [s for s in self.states[:self.sent] if not s.finished]
+        return [s for s in self.states[: self.sent] if not s.finished]
 
 
 class AsyncLLM:
-    def __init__(self, client: EngineClientLike, detokenizer: DetokenizerFactory, *,
-                 admission: AdmissionLike | None = None, stream_interval: int = 1,
-                 on_dead: Callable[[str], None] | None = None, metrics: LLMMetrics | None = None,
-                 stopping: Stopping | None = None) -> None:
+    def __init__(
+        self,
+        client: EngineClientLike,
+        detokenizer: DetokenizerFactory,
+        *,
+        admission: AdmissionLike | None = None,
+        stream_interval: int = 1,
+        on_dead: Callable[[str], None] | None = None,
+        metrics: LLMMetrics | None = None,
+        stopping: Stopping | None = None,
+    ) -> None:
         self.client = client
         self.detokenizer = detokenizer
         self.admission = admission
@@ -207,8 +218,9 @@ class AsyncLLM:
         return ticket
 
     @asynccontextmanager
-    async def generate(self, specs: Sequence[GenerationSpec],
-                       ticket: AdmissionTicket | None = None) -> AsyncIterator[RequestStream]:
+    async def generate(
+        self, specs: Sequence[GenerationSpec], ticket: AdmissionTicket | None = None
+    ) -> AsyncIterator[RequestStream]:
         """Admit, register the output side, send to the engine; yield the outputs; clean up on exit.
 
         `ticket`: the one the route took before rendering (`admit`), settled here to the exact prompt tokens;
@@ -241,8 +253,9 @@ class AsyncLLM:
                 self.metrics.rejected("shutting_down")
             raise unavailable.shutting_down()
 
-    def _register(self, specs: Sequence[GenerationSpec], ticket: AdmissionTicket,
-                  states: list[RequestState]) -> RequestStream:
+    def _register(
+        self, specs: Sequence[GenerationSpec], ticket: AdmissionTicket, states: list[RequestState]
+    ) -> RequestStream:
         """One RequestState per engine request, into `states` and the output processor, before anything is sent:
         a fast engine finds it."""
         collector = Collector(specs[0].output_kind if specs else OutputKind.FINAL_ONLY)
@@ -252,9 +265,17 @@ class AsyncLLM:
 
         for spec in specs:
             for i, child_id in enumerate(spec.child_ids()):
-                state = RequestState(child_id, spec.index_offset + i, collector, self.detokenizer(spec),
-                                     spec.output_kind, bool(spec.stop), len(spec.prompt_token_ids),
-                                     first_token, spec.arrival_time)
+                state = RequestState(
+                    child_id,
+                    spec.index_offset + i,
+                    collector,
+                    self.detokenizer(spec),
+                    spec.output_kind,
+                    bool(spec.stop),
+                    len(spec.prompt_token_ids),
+                    first_token,
+                    spec.arrival_time,
+                )
                 states.append(state)
                 self.output.add(state)
         record = access_log.current.get()
@@ -269,15 +290,33 @@ class AsyncLLM:
             if spec.lora is not None and self.metrics is not None:
                 self.metrics.lora_request(spec.lora.name, spec.n)
             if spec.mm_inputs:
-                reqs = [AddRequest(child_id, spec.prompt_token_ids, spec.child_params(i), spec.arrival_time,
-                                   spec.priority, mm_inputs=spec.mm_inputs, lora=spec.lora)
-                        for i, child_id in enumerate(spec.child_ids())]
+                reqs = [
+                    AddRequest(
+                        child_id,
+                        spec.prompt_token_ids,
+                        spec.child_params(i),
+                        spec.arrival_time,
+                        spec.priority,
+                        mm_inputs=spec.mm_inputs,
+                        lora=spec.lora,
+                    )
+                    for i, child_id in enumerate(spec.child_ids())
+                ]
                 self._images.send(reqs)  # raises only when the engine is dead: nothing to abort then
                 engine.sent += len(reqs)
                 continue
             for i, child_id in enumerate(spec.child_ids()):
-                self._send(AddRequest(child_id, spec.prompt_token_ids, spec.child_params(i), spec.arrival_time,
-                                      spec.priority, audio=spec.audio, lora=spec.lora))
+                self._send(
+                    AddRequest(
+                        child_id,
+                        spec.prompt_token_ids,
+                        spec.child_params(i),
+                        spec.arrival_time,
+                        spec.priority,
+                        audio=spec.audio,
+                        lora=spec.lora,
+                    )
+                )
                 engine.sent += 1
 
     def _abort_unfinished(self, engine: EngineRequests) -> None:
@@ -302,8 +341,9 @@ class AsyncLLM:
         self.stopping.set()
         with anyio.move_on_after(timeout):
             await self._in_flight.wait_idle()
-        return self.cut("The server is shutting down and could not finish this request in time; "
-                        "retry against another instance.")
+        return self.cut(
+            "The server is shutting down and could not finish this request in time; retry against another instance."
+        )
 
     def cut(self, message: str) -> int:
         """End every in-flight request now with an error (streams get an error event, then [DONE])."""

@@ -71,8 +71,14 @@ def _tokenizer_info(tok: tokenizers.Tokenizer) -> _TokenizerInfo:
     invalid_alone = [i for i, b in byte_values.items() if 0x80 <= b <= 0xBF or b in (0xC0, 0xC1) or b >= 0xF5]
     bad_byte_id = min(invalid_alone, default=-1)  # without one no run can turn invalid
     n = tok.get_vocab_size(with_added_tokens=True)
-    info = _TokenizerInfo(n, special, frozenset(byte_values), byte_values, bad_byte_id,
-                          (_alone_lengths(tok, n, False), _alone_lengths(tok, n, True)))
+    info = _TokenizerInfo(
+        n,
+        special,
+        frozenset(byte_values),
+        byte_values,
+        bad_byte_id,
+        (_alone_lengths(tok, n, False), _alone_lengths(tok, n, True)),
+    )
     _INFO[id(tok)] = (tok, info)
     return info
 
@@ -81,11 +87,13 @@ def _alone_lengths(tok: tokenizers.Tokenizer, n: int, skip: bool) -> list[int]:
     """len(decode([i])) for every id, once per tokenizer (at startup): the next window's
     context length is then a list lookup, not a second decode per token. Single-threaded on
     purpose: decode_batch's thread pool would make every later fork (a renderer worker) warn."""
+
     def length(i: int) -> int:
         try:
             return len(tok.decode([i], skip_special_tokens=skip))
         except Exception:  # an id the tokenizer cannot decode fails the window's own decode first
             return 0
+
     return [length(i) for i in range(n)]
 
 

@@ -60,7 +60,7 @@ def prefix_hashes(prompt: Sequence[int], block_size: int, max_blocks: int) -> li
     out: list[int] = []
     h = 0
     for i in range(min((len(prompt) - 1) // block_size, max_blocks)):
-        h = hash((h, tuple(prompt[i * block_size:(i + 1) * block_size])))
+        h = hash((h, tuple(prompt[i * block_size : (i + 1) * block_size])))
         out.append(h)
     return out
 
@@ -72,9 +72,18 @@ class EngineChooser:
     when a request it sent there finished or was aborted.
     """
 
-    def __init__(self, num_engines: int, block_size: int, *, policy: Policy = "affinity",
-                 max_prefix_blocks: int = 32, max_entries: int = 65536, min_match_tokens: int = 64,
-                 slack: int = 8, slack_ratio: float = 0.5) -> None:
+    def __init__(
+        self,
+        num_engines: int,
+        block_size: int,
+        *,
+        policy: Policy = "affinity",
+        max_prefix_blocks: int = 32,
+        max_entries: int = 65536,
+        min_match_tokens: int = 64,
+        slack: int = 8,
+        slack_ratio: float = 0.5,
+    ) -> None:
         if num_engines < 1:
             raise ValueError("num_engines must be at least 1")
         self.num_engines = num_engines
@@ -119,8 +128,11 @@ class EngineChooser:
             hashes = prefix_hashes(prompt, self.block_size, self.max_prefix_blocks)
             depth = self._depths(hashes)
             best = max(range(n), key=lambda k: (depth[k], -loads[k]))
-            if (depth[best] >= self.min_match_blocks and depth[best] > depth[least]
-                    and loads[best] - loads[least] <= max(self.slack, self.slack_ratio * loads[least])):
+            if (
+                depth[best] >= self.min_match_blocks
+                and depth[best] > depth[least]
+                and loads[best] - loads[least] <= max(self.slack, self.slack_ratio * loads[least])
+            ):
                 i = best
             if depth[i] and depth[i] == depth[best]:
                 self.affinity_hits += 1
@@ -184,8 +196,9 @@ class EnginePool:
         self._last_engine = 0  # n > 1 children share the list object and follow the first
         self._send: MemoryObjectSendStream[tuple[int, StepOutputs | Heartbeat] | BaseException]
         self._recv: MemoryObjectReceiveStream[tuple[int, StepOutputs | Heartbeat] | BaseException]
-        self._send, self._recv = anyio.create_memory_object_stream[
-            tuple[int, StepOutputs | Heartbeat] | BaseException](16)
+        self._send, self._recv = anyio.create_memory_object_stream[tuple[int, StepOutputs | Heartbeat] | BaseException](
+            16
+        )
 
     @property
     def num_engines(self) -> int:
@@ -265,17 +278,22 @@ class EnginePool:
     def collect_metrics(self, model_name: str) -> Iterator[Metric]:
         """Per-engine gauges and counters, labelled engine="i" (registered by `register_metrics`)."""
         labels = ["model_name", "engine"]
-        running = GaugeMetricFamily("spindle_engine_num_requests_running", "Requests in this engine's running set.",
-                                    labels=labels)
-        waiting = GaugeMetricFamily("spindle_engine_num_requests_waiting", "Requests waiting in this engine.",
-                                    labels=labels)
-        kv = GaugeMetricFamily("spindle_engine_kv_cache_usage_perc",
-                               "Fraction of this engine's KV blocks held by requests (0..1).", labels=labels)
-        queries = CounterMetricFamily("spindle_engine_prefix_cache_queries", "Prompt tokens looked up.",
-                                      labels=labels)
+        running = GaugeMetricFamily(
+            "spindle_engine_num_requests_running", "Requests in this engine's running set.", labels=labels
+        )
+        waiting = GaugeMetricFamily(
+            "spindle_engine_num_requests_waiting", "Requests waiting in this engine.", labels=labels
+        )
+        kv = GaugeMetricFamily(
+            "spindle_engine_kv_cache_usage_perc",
+            "Fraction of this engine's KV blocks held by requests (0..1).",
+            labels=labels,
+        )
+        queries = CounterMetricFamily("spindle_engine_prefix_cache_queries", "Prompt tokens looked up.", labels=labels)
         hits = CounterMetricFamily("spindle_engine_prefix_cache_hits", "Prompt tokens found cached.", labels=labels)
-        routed = CounterMetricFamily("spindle_engine_requests_routed", "Engine requests sent to this engine.",
-                                     labels=labels)
+        routed = CounterMetricFamily(
+            "spindle_engine_requests_routed", "Engine requests sent to this engine.", labels=labels
+        )
         shared = self.shared_routed
         for i, s in enumerate(self.engine_stats):
             key = [model_name, str(i)]
@@ -301,8 +319,9 @@ class _PoolMetrics(Collector):
 
 
 @asynccontextmanager
-async def open_engine_pool(open_one: Callable[[int], AbstractAsyncContextManager[Any]], num_engines: int, *,
-                           policy: Policy = "affinity") -> AsyncIterator[EnginePool]:
+async def open_engine_pool(
+    open_one: Callable[[int], AbstractAsyncContextManager[Any]], num_engines: int, *, policy: Policy = "affinity"
+) -> AsyncIterator[EnginePool]:
     """Start `num_engines` engines at once (`open_one(i)` each), yield the pool once all serve; a failed
     load stops the others and raises that load's error. Every engine stops on exit."""
     clients: list[Any] = [None] * num_engines
@@ -342,9 +361,13 @@ async def open_engine_pool(open_one: Callable[[int], AbstractAsyncContextManager
         raise load_error[0]
 
 
-def open_engines(open_one: Callable[[Any], AbstractAsyncContextManager[Any]], config: ServerConfig,
-                 metrics: Any = None, *, open_nth: Callable[[int], AbstractAsyncContextManager[Any]] | None = None
-                 ) -> AbstractAsyncContextManager[Any]:
+def open_engines(
+    open_one: Callable[[Any], AbstractAsyncContextManager[Any]],
+    config: ServerConfig,
+    metrics: Any = None,
+    *,
+    open_nth: Callable[[int], AbstractAsyncContextManager[Any]] | None = None,
+) -> AbstractAsyncContextManager[Any]:
     """The app's engine: `open_one(config)` itself with --data-parallel-size 1 (the direct client, no
     pool in between), else a pool of that many, its per-engine metrics registered on `metrics`.
     `open_nth(i)`, if given, opens engine i instead (an API process's channel to an engine it does not own)."""

@@ -63,8 +63,13 @@ class ImageSends:
         keep = []
         for ro in step.outputs:
             full = self._resend.pop(ro.request_id, None)  # its first output: the engine took or refused it
-            if (full is not None and ro.finish_reason == "error" and (ro.error or "").startswith(IMAGE_CACHE_MISS)
-                    and engine_alive and self.mirror is not None):
+            if (
+                full is not None
+                and ro.finish_reason == "error"
+                and (ro.error or "").startswith(IMAGE_CACHE_MISS)
+                and engine_alive
+                and self.mirror is not None
+            ):
                 self.mirror.forget([img.hash for img in full.mm_inputs or ()])
                 if self.metrics is not None:
                     self.metrics.mm_engine_cache_misses.inc()

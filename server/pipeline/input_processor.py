@@ -54,9 +54,14 @@ def limits_for(config: ServerConfig, ready: Ready, tokenizer: Any) -> ModelLimit
     vocab = ready.vocab_size
     if tokenizer is not None:  # ids the tokenizer cannot decode are refused even if the embedding is padded
         vocab = min(vocab, tokenizer.get_vocab_size(with_added_tokens=True))
-    return ModelLimits(max_model_len=ready.max_model_len, vocab_size=vocab,
-                       eos_token_ids=tuple(ready.eos_token_ids), max_logprobs=config.scheduling.max_logprobs,
-                       generation_defaults=dict(ready.generation_defaults), caps=config.scheduling.request_caps())
+    return ModelLimits(
+        max_model_len=ready.max_model_len,
+        vocab_size=vocab,
+        eos_token_ids=tuple(ready.eos_token_ids),
+        max_logprobs=config.scheduling.max_logprobs,
+        generation_defaults=dict(ready.generation_defaults),
+        caps=config.scheduling.request_caps(),
+    )
 
 
 @dataclass(slots=True)
@@ -133,14 +138,19 @@ def check_request(req: CompletionRequest | ChatCompletionRequest, limits: ModelL
     _logit_bias(req.logit_bias, limits.vocab_size)
     _num_logprobs(req, limits.max_logprobs)
     if req.truncate_prompt_tokens is not None and req.truncate_prompt_tokens < 1 and req.truncate_prompt_tokens != -1:
-        raise bad_request(f"truncate_prompt_tokens must be -1 (max_model_len) or at least 1, got "
-                          f"{req.truncate_prompt_tokens}.", "truncate_prompt_tokens")
+        raise bad_request(
+            f"truncate_prompt_tokens must be -1 (max_model_len) or at least 1, got {req.truncate_prompt_tokens}.",
+            "truncate_prompt_tokens",
+        )
 
 
 def check_priority(priority: int, caps: RequestCaps) -> None:
     if priority != 0 and not caps.priority_scheduling:  # vLLM's refusal, with the flag that enables it
-        raise bad_request(f"Got priority {priority} but priority scheduling is not enabled; start the server "
-                          f"with --scheduling-policy priority, or leave priority out.", "priority")
+        raise bad_request(
+            f"Got priority {priority} but priority scheduling is not enabled; start the server "
+            f"with --scheduling-policy priority, or leave priority out.",
+            "priority",
+        )
 
 
 def _check_work(req: CompletionRequest | ChatCompletionRequest, caps: RequestCaps) -> None:
@@ -151,9 +161,12 @@ def _check_work(req: CompletionRequest | ChatCompletionRequest, caps: RequestCap
     prompts = num_prompts(req.prompt) if isinstance(req, CompletionRequest) else 1
     too_many("Number of prompts", prompts, caps.max_prompts_per_request, "--max-prompts-per-request", "prompt")
     if req.n * prompts > caps.max_choices_per_request:
-        raise bad_request(f"n ({req.n}) times the number of prompts ({prompts}) is {req.n * prompts} choices, but "
-                          f"this server allows at most {caps.max_choices_per_request} per request "
-                          f"(--max-choices-per-request).", "n")
+        raise bad_request(
+            f"n ({req.n}) times the number of prompts ({prompts}) is {req.n * prompts} choices, but "
+            f"this server allows at most {caps.max_choices_per_request} per request "
+            f"(--max-choices-per-request).",
+            "n",
+        )
 
 
 def _check_sampling(req: CompletionRequest | ChatCompletionRequest) -> None:
@@ -188,26 +201,42 @@ def _check_stops(req: CompletionRequest | ChatCompletionRequest, caps: RequestCa
         raise bad_request("stop strings must not be empty.", "stop")
     longest = max(map(len, stops), default=0)
     if longest > caps.max_stop_string_length:
-        raise bad_request(f"stop strings may be at most {caps.max_stop_string_length} characters long "
-                          f"(--max-stop-string-length), got one of {longest}.", "stop")
+        raise bad_request(
+            f"stop strings may be at most {caps.max_stop_string_length} characters long "
+            f"(--max-stop-string-length), got one of {longest}.",
+            "stop",
+        )
 
 
 def _check_token_lists(req: CompletionRequest | ChatCompletionRequest, limits: ModelLimits) -> None:
     """stop_token_ids, allowed_token_ids and logit_bias: counts first, so an oversized list is refused without
     walking it, then each id against the vocabulary."""
     caps = limits.caps
-    too_many("Number of stop_token_ids", len(req.stop_token_ids or ()), caps.max_stop_token_ids,
-              "--max-stop-token-ids", "stop_token_ids")
-    too_many("Number of allowed_token_ids", len(req.allowed_token_ids or ()), caps.max_allowed_token_ids,
-              "--max-allowed-token-ids", "allowed_token_ids")
-    too_many("Number of logit_bias entries", len(req.logit_bias or ()), caps.max_logit_bias, "--max-logit-bias",
-              "logit_bias")
+    too_many(
+        "Number of stop_token_ids",
+        len(req.stop_token_ids or ()),
+        caps.max_stop_token_ids,
+        "--max-stop-token-ids",
+        "stop_token_ids",
+    )
+    too_many(
+        "Number of allowed_token_ids",
+        len(req.allowed_token_ids or ()),
+        caps.max_allowed_token_ids,
+        "--max-allowed-token-ids",
+        "allowed_token_ids",
+    )
+    too_many(
+        "Number of logit_bias entries", len(req.logit_bias or ()), caps.max_logit_bias, "--max-logit-bias", "logit_bias"
+    )
     for name, ids in (("stop_token_ids", req.stop_token_ids), ("allowed_token_ids", req.allowed_token_ids)):
         for tid in ids or ():
             if not 0 <= tid < limits.vocab_size:
                 raise bad_request(f"{name} contains {tid}, outside the vocabulary [0, {limits.vocab_size}).", name)
     if req.allowed_token_ids is not None and not req.allowed_token_ids:
-        raise bad_request("allowed_token_ids must not be empty; leave it out to allow every token.", "allowed_token_ids")
+        raise bad_request(
+            "allowed_token_ids must not be empty; leave it out to allow every token.", "allowed_token_ids"
+        )
 
 
 def _requested_max_tokens(req: CompletionRequest | ChatCompletionRequest) -> int | None:
@@ -262,9 +291,16 @@ def check_prompt_ids(ids: list[int], vocab_size: int, param: str = "prompt") -> 
             raise bad_request(f"Token id {tid} is out of vocabulary; ids must be in [0, {vocab_size}).", param)
 
 
-def build_spec(req: CompletionRequest | ChatCompletionRequest, prompt_ids: list[int], limits: ModelLimits,
-               *, external_id: str, stream: bool, index_offset: int = 0,
-               structured_outputs: StructuredOutputs | None = None) -> GenerationSpec:
+def build_spec(
+    req: CompletionRequest | ChatCompletionRequest,
+    prompt_ids: list[int],
+    limits: ModelLimits,
+    *,
+    external_id: str,
+    stream: bool,
+    index_offset: int = 0,
+    structured_outputs: StructuredOutputs | None = None,
+) -> GenerationSpec:
     """Lengths, then sampling parameters. `check_request` must have passed; `structured_outputs` comes from
     server/pipeline/structured.py `structured_outputs` (already validated)."""
     prompt_ids, max_tokens = _lengths(req, prompt_ids, limits)
@@ -286,8 +322,9 @@ def build_spec(req: CompletionRequest | ChatCompletionRequest, prompt_ids: list[
     )
 
 
-def _lengths(req: CompletionRequest | ChatCompletionRequest, prompt_ids: list[int],
-             limits: ModelLimits) -> tuple[list[int], int]:
+def _lengths(
+    req: CompletionRequest | ChatCompletionRequest, prompt_ids: list[int], limits: ModelLimits
+) -> tuple[list[int], int]:
     """The prompt (truncated as asked) and max_tokens, both within max_model_len (else a 400)."""
     if req.truncate_prompt_tokens is not None:
         keep = limits.max_model_len if req.truncate_prompt_tokens == -1 else req.truncate_prompt_tokens
@@ -297,17 +334,23 @@ def _lengths(req: CompletionRequest | ChatCompletionRequest, prompt_ids: list[in
         raise bad_request("The prompt is empty after tokenization; send at least one token.", "prompt")
     max_len = limits.max_model_len
     if num_prompt >= max_len:
-        raise bad_request(f"This model's maximum context length is {max_len} tokens. However, your request has "
-                          f"{num_prompt} input tokens, which leaves no room for output. Please reduce the length "
-                          f"of the input.", "messages" if isinstance(req, ChatCompletionRequest) else "prompt")
+        raise bad_request(
+            f"This model's maximum context length is {max_len} tokens. However, your request has "
+            f"{num_prompt} input tokens, which leaves no room for output. Please reduce the length "
+            f"of the input.",
+            "messages" if isinstance(req, ChatCompletionRequest) else "prompt",
+        )
     max_tokens = _requested_max_tokens(req)
     if max_tokens is None:
         return prompt_ids, max_len - num_prompt
     if num_prompt + max_tokens > max_len:
-        raise bad_request(f"This model's maximum context length is {max_len} tokens. However, you requested "
-                          f"{num_prompt + max_tokens} tokens ({num_prompt} in the input, {max_tokens} in the "
-                          f"completion). Please reduce the length of the input or of the completion "
-                          f"(at most {max_len - num_prompt} here).", "max_tokens")
+        raise bad_request(
+            f"This model's maximum context length is {max_len} tokens. However, you requested "
+            f"{num_prompt + max_tokens} tokens ({num_prompt} in the input, {max_tokens} in the "
+            f"completion). Please reduce the length of the input or of the completion "
+            f"(at most {max_len - num_prompt} here).",
+            "max_tokens",
+        )
     return prompt_ids, max_tokens
 
 
@@ -316,8 +359,12 @@ def max_tokens_for(req: CompletionRequest | ChatCompletionRequest, prompt_ids: l
     return _lengths(req, prompt_ids, limits)[1]
 
 
-def _sampling_params(req: CompletionRequest | ChatCompletionRequest, limits: ModelLimits, max_tokens: int,
-                     structured_outputs: StructuredOutputs | None) -> SamplingParams:
+def _sampling_params(
+    req: CompletionRequest | ChatCompletionRequest,
+    limits: ModelLimits,
+    max_tokens: int,
+    structured_outputs: StructuredOutputs | None,
+) -> SamplingParams:
     """The engine's parameters: the request's, else the checkpoint's generation_config defaults."""
     num_logprobs = _num_logprobs(req, limits.max_logprobs)
     echo = isinstance(req, CompletionRequest) and req.echo
@@ -350,8 +397,9 @@ def _sampling_params(req: CompletionRequest | ChatCompletionRequest, limits: Mod
 def completion_prompts(prompt: str | list[Any] | None) -> list[str | list[int]]:
     """Normalise the four prompt shapes into a list of (text | token ids), one per choice group."""
     if prompt is None:
-        raise bad_request("prompt is required: a string, a list of strings, token ids, or a list of token-id lists.",
-                          "prompt")
+        raise bad_request(
+            "prompt is required: a string, a list of strings, token ids, or a list of token-id lists.", "prompt"
+        )
     if isinstance(prompt, str):
         return [prompt]
     if not prompt:
@@ -362,8 +410,11 @@ def completion_prompts(prompt: str | list[Any] | None) -> list[str | list[int]]:
         return [list(prompt)]
     if all(isinstance(p, list) and p and all(type(t) is int for t in p) for p in prompt):
         return [list(p) for p in prompt]
-    raise bad_request("prompt must be a string, a list of strings, a list of token ids, or a list of non-empty "
-                      "token-id lists; do not mix them.", "prompt")
+    raise bad_request(
+        "prompt must be a string, a list of strings, a list of token ids, or a list of non-empty "
+        "token-id lists; do not mix them.",
+        "prompt",
+    )
 
 
 _MAX_TOKEN_BYTES: dict[int, int] = {}
@@ -387,6 +438,9 @@ def check_fits(min_prompt_tokens: int, limits: ModelLimits, param: str = "prompt
     """
     max_len = limits.max_model_len
     if min_prompt_tokens >= max_len:
-        raise bad_request(f"This model's maximum context length (max_model_len) is {max_len} tokens. However, "
-                          f"your request has at least {min_prompt_tokens} input tokens (judging by its length), "
-                          f"which leaves no room for output. Please reduce the length of the input.", param)
+        raise bad_request(
+            f"This model's maximum context length (max_model_len) is {max_len} tokens. However, "
+            f"your request has at least {min_prompt_tokens} input tokens (judging by its length), "
+            f"which leaves no room for output. Please reduce the length of the input.",
+            param,
+        )

@@ -52,19 +52,50 @@ class OutputMetrics(Protocol):
     @property
     def generation_tokens(self) -> Counter: ...
 
-    def record_finished(self, *, reason: str, arrival: float, scheduled: float, first_token: float,
-                        finished: float, num_prompt_tokens: int, num_output_tokens: int) -> None: ...
+    def record_finished(
+        self,
+        *,
+        reason: str,
+        arrival: float,
+        scheduled: float,
+        first_token: float,
+        finished: float,
+        num_prompt_tokens: int,
+        num_output_tokens: int,
+    ) -> None: ...
 
 
 class Output:
     """One choice's news since the last hand-over (DELTA) or its whole state (FINAL_ONLY)."""
 
-    __slots__ = ("index", "text", "token_ids", "finish_reason", "stop_reason", "logprobs", "prompt_logprobs",
-                 "num_output_tokens", "num_cached_tokens", "error", "first", "pooled", "no_speech_prob", "_parts")
+    __slots__ = (
+        "index",
+        "text",
+        "token_ids",
+        "finish_reason",
+        "stop_reason",
+        "logprobs",
+        "prompt_logprobs",
+        "num_output_tokens",
+        "num_cached_tokens",
+        "error",
+        "first",
+        "pooled",
+        "no_speech_prob",
+        "_parts",
+    )
 
-    def __init__(self, index: int, text: str, token_ids: list[int], num_output_tokens: int,
-                 finish_reason: str | None = None, stop_reason: int | str | None = None,
-                 logprobs: list[TokenLogprobs] | None = None, first: bool = False) -> None:
+    def __init__(
+        self,
+        index: int,
+        text: str,
+        token_ids: list[int],
+        num_output_tokens: int,
+        finish_reason: str | None = None,
+        stop_reason: int | str | None = None,
+        logprobs: list[TokenLogprobs] | None = None,
+        first: bool = False,
+    ) -> None:
         self.index = index
         self.text = text
         self.token_ids = token_ids
@@ -118,8 +149,10 @@ class Output:
             self._parts = None
 
     def __repr__(self) -> str:
-        return (f"Output(index={self.index}, text={self.text!r}, ids={self.token_ids}, "
-                f"finish={self.finish_reason}, stop={self.stop_reason!r}, error={self.error!r})")
+        return (
+            f"Output(index={self.index}, text={self.text!r}, ids={self.token_ids}, "
+            f"finish={self.finish_reason}, stop={self.stop_reason!r}, error={self.error!r})"
+        )
 
 
 class Collector:
@@ -196,13 +229,41 @@ class Collector:
 class RequestState:
     """One engine request (one choice) on the output side."""
 
-    __slots__ = ("request_id", "index", "collector", "detok", "kind", "has_stops", "unsent", "detok_done",
-                 "num_output_tokens", "last_emit", "logprobs", "num_prompt_tokens", "finished", "emitted",
-                 "num_cached_tokens", "on_first_token", "arrival_time", "last_time", "prompt_logprobs", "finish_reason")
+    __slots__ = (
+        "request_id",
+        "index",
+        "collector",
+        "detok",
+        "kind",
+        "has_stops",
+        "unsent",
+        "detok_done",
+        "num_output_tokens",
+        "last_emit",
+        "logprobs",
+        "num_prompt_tokens",
+        "finished",
+        "emitted",
+        "num_cached_tokens",
+        "on_first_token",
+        "arrival_time",
+        "last_time",
+        "prompt_logprobs",
+        "finish_reason",
+    )
 
-    def __init__(self, request_id: str, index: int, collector: Collector, detok: Any, kind: OutputKind,
-                 has_stops: bool, num_prompt_tokens: int,
-                 on_first_token: Callable[[RequestState], None] | None = None, arrival_time: float = 0.0) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        index: int,
+        collector: Collector,
+        detok: Any,
+        kind: OutputKind,
+        has_stops: bool,
+        num_prompt_tokens: int,
+        on_first_token: Callable[[RequestState], None] | None = None,
+        arrival_time: float = 0.0,
+    ) -> None:
         self.request_id = request_id
         self.index = index
         self.collector = collector
@@ -226,8 +287,9 @@ class RequestState:
 
 
 class OutputProcessor:
-    def __init__(self, *, stream_interval: int = 1, chunk_size: int = CHUNK, metrics: OutputMetrics | None = None
-                 ) -> None:
+    def __init__(
+        self, *, stream_interval: int = 1, chunk_size: int = CHUNK, metrics: OutputMetrics | None = None
+    ) -> None:
         self.metrics = metrics
         self.states: dict[str, RequestState] = {}
         self.stream_interval = stream_interval
@@ -250,9 +312,15 @@ class OutputProcessor:
         if metrics is None:
             return
         for state in states:
-            metrics.record_finished(reason="abort", arrival=state.arrival_time, scheduled=0.0, first_token=0.0,
-                                    finished=now, num_prompt_tokens=state.num_prompt_tokens,
-                                    num_output_tokens=state.num_output_tokens)
+            metrics.record_finished(
+                reason="abort",
+                arrival=state.arrival_time,
+                scheduled=0.0,
+                first_token=0.0,
+                finished=now,
+                num_prompt_tokens=state.num_prompt_tokens,
+                num_output_tokens=state.num_output_tokens,
+            )
             metrics.generation_tokens.inc(state.num_output_tokens)
 
     async def process_outputs(self, step: StepOutputs) -> list[str]:
@@ -265,7 +333,7 @@ class OutputProcessor:
         for start in range(0, len(outputs), size):
             if start:
                 await anyio.lowlevel.checkpoint()  # let routes send between chunks of a big step
-            for ro in outputs[start:start + size]:
+            for ro in outputs[start : start + size]:
                 state = states.get(ro.request_id)
                 if state is None:
                     continue
@@ -340,13 +408,14 @@ class OutputProcessor:
         if state.has_stops:  # fed by _process_one
             text = state.detok.take_delta()
         else:
-            new = state.unsent[state.detok_done:] if state.detok_done else state.unsent
+            new = state.unsent[state.detok_done :] if state.detok_done else state.unsent
             state.detok_done = len(state.unsent)
             text = state.detok.next_delta(new)
         if not text and not state.logprobs:
             return
-        out = Output(state.index, text, state.unsent, state.num_output_tokens,
-                     logprobs=state.logprobs, first=not state.emitted)
+        out = Output(
+            state.index, text, state.unsent, state.num_output_tokens, logprobs=state.logprobs, first=not state.emitted
+        )
         state.unsent = []
         state.detok_done = 0
         state.logprobs = None
@@ -359,18 +428,27 @@ class OutputProcessor:
 
     def _feed(self, state: RequestState, finished: bool) -> str | None:
         """Give the detokenizer the ids it has not seen; returns a matched stop string."""
-        new = state.unsent[state.detok_done:] if state.detok_done else state.unsent
+        new = state.unsent[state.detok_done :] if state.detok_done else state.unsent
         if not new and not finished:
             return None
         state.detok_done = len(state.unsent)
         matched: str | None = state.detok.update(new, finished)
         return matched
 
-    def _finish(self, state: RequestState, finish: str, stop_reason: int | str | None, ro: RequestOutput,
-                now: float) -> None:
+    def _finish(
+        self, state: RequestState, finish: str, stop_reason: int | str | None, ro: RequestOutput, now: float
+    ) -> None:
         text = state.detok.take_delta() if state.kind == _DELTA else state.detok.output_text
-        out = Output(state.index, text, state.unsent, state.num_output_tokens, finish, stop_reason, state.logprobs,
-                     first=not state.emitted)
+        out = Output(
+            state.index,
+            text,
+            state.unsent,
+            state.num_output_tokens,
+            finish,
+            stop_reason,
+            state.logprobs,
+            first=not state.emitted,
+        )
         out.num_cached_tokens = state.num_cached_tokens
         out.pooled = ro.pooled
         out.no_speech_prob = ro.no_speech_prob
@@ -378,9 +456,14 @@ class OutputProcessor:
             out.prompt_logprobs = state.prompt_logprobs
         if self.metrics is not None:
             self.metrics.record_finished(
-                reason=finish, arrival=ro.arrival_time or state.arrival_time, scheduled=ro.scheduled_time,
-                first_token=ro.first_token_time, finished=now, num_prompt_tokens=state.num_prompt_tokens,
-                num_output_tokens=state.num_output_tokens)
+                reason=finish,
+                arrival=ro.arrival_time or state.arrival_time,
+                scheduled=ro.scheduled_time,
+                first_token=ro.first_token_time,
+                finished=now,
+                num_prompt_tokens=state.num_prompt_tokens,
+                num_output_tokens=state.num_output_tokens,
+            )
             self.metrics.generation_tokens.inc(state.num_output_tokens)
         self._close(state, out)
 
@@ -388,9 +471,15 @@ class OutputProcessor:
         out = Output(state.index, "", [], state.num_output_tokens, "error", first=not state.emitted)
         out.error = message
         if self.metrics is not None:
-            self.metrics.record_finished(reason="error", arrival=state.arrival_time, scheduled=0.0, first_token=0.0,
-                                         finished=time.time(), num_prompt_tokens=state.num_prompt_tokens,
-                                         num_output_tokens=state.num_output_tokens)
+            self.metrics.record_finished(
+                reason="error",
+                arrival=state.arrival_time,
+                scheduled=0.0,
+                first_token=0.0,
+                finished=time.time(),
+                num_prompt_tokens=state.num_prompt_tokens,
+                num_output_tokens=state.num_output_tokens,
+            )
         self._close(state, out)
 
     def _close(self, state: RequestState, out: Output) -> None:

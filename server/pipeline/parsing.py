@@ -36,16 +36,22 @@ def added_token_ids(tokenizer: Any) -> Callable[[str], int | None]:
 
 def plan_request_tools(req: ChatCompletionRequest, config: ServerConfig, tokenizer: Any) -> ToolPlan | None:
     """The request's tool plan (a 400 for a bad tool_choice); mistral's parser needs special tokens kept."""
-    plan = plan_tools(req.tools, req.tool_choice, parser_name=config.outputs.tool_call_parser,
-                      enable_auto=config.outputs.enable_auto_tool_choice, token_id=added_token_ids(tokenizer),
-                      parallel=req.parallel_tool_calls is not False)
+    plan = plan_tools(
+        req.tools,
+        req.tool_choice,
+        parser_name=config.outputs.tool_call_parser,
+        enable_auto=config.outputs.enable_auto_tool_choice,
+        token_id=added_token_ids(tokenizer),
+        parallel=req.parallel_tool_calls is not False,
+    )
     if plan is not None and not plan.skip_special_tokens:
         req.skip_special_tokens = False
     return plan
 
 
-async def plan_constrained_tools(req: ChatCompletionRequest, config: ServerConfig, tokenizer: Any, caps: RequestCaps,
-                                 param: str) -> tuple[ToolPlan | None, dict[str, Relaxation]]:
+async def plan_constrained_tools(
+    req: ChatCompletionRequest, config: ServerConfig, tokenizer: Any, caps: RequestCaps, param: str
+) -> tuple[ToolPlan | None, dict[str, Relaxation]]:
     """The tool plan with its constraint validated (a 400 naming `param`); when the tool choice constrains the
     output, non-strict functions' parameters are relaxed first (server/pipeline/tool_schemas.py) and what each
     left out is returned by function name."""
@@ -60,16 +66,25 @@ async def plan_constrained_tools(req: ChatCompletionRequest, config: ServerConfi
     return plan, relaxed
 
 
-def request_constraint(plan: ToolPlan | None, constraint: StructuredOutputs | None, config: ServerConfig,
-                       prompt: str) -> StructuredOutputs | None:
+def request_constraint(
+    plan: ToolPlan | None, constraint: StructuredOutputs | None, config: ServerConfig, prompt: str
+) -> StructuredOutputs | None:
     """The one constraint sent to the engine: response_format's / structured_outputs' or the tool choice's;
     with a reasoning parser it starts after `</think>` unless the prompt already closed the reasoning."""
     if plan is not None and plan.constraint is not None:
         if constraint is not None:
-            raise APIError(f'tool_choice "{plan.mode}" cannot be combined with response_format or '
-                           "structured_outputs: both constrain the output", status=400, param="tool_choice")
+            raise APIError(
+                f'tool_choice "{plan.mode}" cannot be combined with response_format or '
+                "structured_outputs: both constrain the output",
+                status=400,
+                param="tool_choice",
+            )
         constraint = plan.constraint
-    if constraint is not None and config.outputs.reasoning_parser is not None and prompt_in_reasoning(prompt) is not False:
+    if (
+        constraint is not None
+        and config.outputs.reasoning_parser is not None
+        and prompt_in_reasoning(prompt) is not False
+    ):
         constraint = msgspec.structs.replace(constraint, reasoning_end=REASONING_END)
     return constraint
 

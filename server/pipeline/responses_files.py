@@ -35,8 +35,7 @@ def file_text(part: dict[str, Any], param: str) -> str:
     """An input_file part's text for the prompt (a 400 naming the field for what is not supported)."""
     for field in ("file_id", "file_url"):
         if part.get(field) is not None:
-            raise bad_request(f"{param}.{field} is not supported (no Files API here); {SUPPORTED}.",
-                              f"{param}.{field}")
+            raise bad_request(f"{param}.{field} is not supported (no Files API here); {SUPPORTED}.", f"{param}.{field}")
     data, name = part.get("file_data"), part.get("filename")
     if not isinstance(data, str):
         raise bad_request(f"{param}.file_data is required: {SUPPORTED}.", f"{param}.file_data")
@@ -44,8 +43,9 @@ def file_text(part: dict[str, Any], param: str) -> str:
         raise bad_request(f"{param}.filename must be a string.", f"{param}.filename")
     media, raw = _payload(data, f"{param}.file_data")
     if media == "application/pdf" or raw.startswith(b"%PDF-"):
-        raise bad_request(f"{param}: PDF files are not supported (no PDF reader on this server); {SUPPORTED}.",
-                          f"{param}.file_data")
+        raise bad_request(
+            f"{param}: PDF files are not supported (no PDF reader on this server); {SUPPORTED}.", f"{param}.file_data"
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:

@@ -11,8 +11,8 @@ import json
 from typing import Any
 
 from server.http.errors import APIError, bad_request
-from server.protocol.openai import ChatCompletionRequest, JSONSchemaFormat, ResponseFormat
 from server.pipeline.responses_files import file_text
+from server.protocol.openai import ChatCompletionRequest, JSONSchemaFormat, ResponseFormat
 from server.protocol.responses import ResponsesRequest
 
 ROLES = ("user", "system", "developer", "assistant")
@@ -54,14 +54,16 @@ def _content(content: Any, param: str, images: bool) -> str | list[dict[str, Any
             if not images:
                 raise bad_request(f"{p}: images are not supported: this server serves a text-only model.", p)
             if not isinstance(url, str):
-                raise bad_request(f"{p}.image_url must be a URL or a data: URL (file_id is not supported).",
-                                  f"{p}.image_url")
+                raise bad_request(
+                    f"{p}.image_url must be a URL or a data: URL (file_id is not supported).", f"{p}.image_url"
+                )
             parts.append({"type": "image_url", "image_url": {"url": url}})
         elif kind == "input_file":
             parts.append({"type": "text", "text": file_text(part, p)})
         else:
-            raise bad_request(f"{p}.type {kind!r} is not supported; use input_text, input_image or input_file.",
-                              f"{p}.type")
+            raise bad_request(
+                f"{p}.type {kind!r} is not supported; use input_text, input_image or input_file.", f"{p}.type"
+            )
     if all(p["type"] == "text" for p in parts):
         return "\n".join(p["text"] for p in parts)  # as the chat route joins text parts
     return parts
@@ -111,8 +113,11 @@ class _Messages:
             texts = [c.get("text", "") for c in item.get("content") or [] if isinstance(c, dict)]
             self.reasoning.append("".join(t for t in texts if isinstance(t, str)))
         else:  # an item_reference was resolved by the route (resolve_references) before this
-            raise bad_request(f"{param}.type {kind!r} is not supported; use message, function_call, "
-                              "function_call_output, reasoning or item_reference.", f"{param}.type")
+            raise bad_request(
+                f"{param}.type {kind!r} is not supported; use message, function_call, "
+                "function_call_output, reasoning or item_reference.",
+                f"{param}.type",
+            )
 
     def _message(self, item: dict[str, Any], param: str) -> None:
         role = item.get("role")
@@ -132,15 +137,18 @@ class _Messages:
             raise bad_request(f"{param}.name is required.", f"{param}.name")
         turn = self._assistant(False)
         turn.setdefault("tool_calls", []).append(
-            {"id": call_id, "type": "function",
-             "function": {"name": name, "arguments": _arguments(item.get("arguments"), param)}})
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": _arguments(item.get("arguments"), param)},
+            }
+        )
         self.names[call_id] = name
 
     def _output(self, item: dict[str, Any], param: str) -> None:
         call_id = item.get("call_id")
         if call_id not in self.names:
-            raise bad_request(f"{param}.call_id {call_id!r} answers no function_call before it.",
-                              f"{param}.call_id")
+            raise bad_request(f"{param}.call_id {call_id!r} answers no function_call before it.", f"{param}.call_id")
         output = item.get("output")
         text = output if isinstance(output, str) else _content(output, f"{param}.output", False)
         self.out.append({"role": "tool", "tool_call_id": call_id, "name": self.names[call_id], "content": text})
@@ -165,8 +173,10 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     out = []
     for i, tool in enumerate(tools):
         if tool.get("type") != "function":
-            raise bad_request(f"tools[{i}].type {tool.get('type')!r} is not supported: this server runs function "
-                              "tools only.", f"tools[{i}].type")
+            raise bad_request(
+                f"tools[{i}].type {tool.get('type')!r} is not supported: this server runs function tools only.",
+                f"tools[{i}].type",
+            )
         if not isinstance(tool.get("name"), str):
             raise bad_request(f"tools[{i}].name is required.", f"tools[{i}].name")
         function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
@@ -179,8 +189,9 @@ def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any
         return choice  # "none" | "auto" | "required": checked by the chat path's tool plan
     if choice.get("type") == "function" and isinstance(choice.get("name"), str):
         return {"type": "function", "function": {"name": choice["name"]}}
-    raise bad_request('tool_choice must be "none", "auto", "required" or {"type": "function", "name": ...}.',
-                      "tool_choice")
+    raise bad_request(
+        'tool_choice must be "none", "auto", "required" or {"type": "function", "name": ...}.', "tool_choice"
+    )
 
 
 def response_format(req: ResponsesRequest) -> ResponseFormat | None:
@@ -191,11 +202,20 @@ def response_format(req: ResponsesRequest) -> ResponseFormat | None:
     if kind == "json_object":
         return ResponseFormat(type="json_object")
     if kind == "json_schema" and isinstance(fmt.get("schema"), dict):
-        return ResponseFormat(type="json_schema", json_schema=JSONSchemaFormat(
-            name=str(fmt.get("name") or "output"), description=fmt.get("description"), schema=fmt["schema"],
-            strict=fmt.get("strict")))
-    raise bad_request('text.format must be {"type": "text"}, {"type": "json_object"} or '
-                      '{"type": "json_schema", "name": ..., "schema": {...}}.', "text.format")
+        return ResponseFormat(
+            type="json_schema",
+            json_schema=JSONSchemaFormat(
+                name=str(fmt.get("name") or "output"),
+                description=fmt.get("description"),
+                schema=fmt["schema"],
+                strict=fmt.get("strict"),
+            ),
+        )
+    raise bad_request(
+        'text.format must be {"type": "text"}, {"type": "json_object"} or '
+        '{"type": "json_schema", "name": ..., "schema": {...}}.',
+        "text.format",
+    )
 
 
 def check_unsupported(req: ResponsesRequest) -> None:
@@ -210,26 +230,39 @@ def check_unsupported(req: ResponsesRequest) -> None:
     if req.background and req.stream:
         raise bad_request("a streamed background response is not supported yet: poll it with GET.", "stream")
     if req.conversation is not None:
-        raise bad_request("conversation is not supported: continue a conversation with previous_response_id.",
-                          "conversation")
+        raise bad_request(
+            "conversation is not supported: continue a conversation with previous_response_id.", "conversation"
+        )
     if req.prompt is not None:
-        raise bad_request("prompt (a stored prompt template) is not supported: send instructions and input.",
-                          "prompt")
+        raise bad_request("prompt (a stored prompt template) is not supported: send instructions and input.", "prompt")
 
 
-def chat_request(req: ResponsesRequest, history: list[Any], *, images: bool = False,
-                 given: list[Any] | None = None) -> ChatCompletionRequest:
+def chat_request(
+    req: ResponsesRequest, history: list[Any], *, images: bool = False, given: list[Any] | None = None
+) -> ChatCompletionRequest:
     """The chat request the chat path renders, checks and builds the engine request from. `history`: the
     items of the previous response's conversation (its input and output), before this request's input;
     `given`: this request's input items with their references resolved (None: input_items(req))."""
     check_unsupported(req)
     items = [*history, *(input_items(req) if given is None else given)]
     chat = ChatCompletionRequest(
-        model=req.model, messages=chat_messages(req.instructions, items, images), tools=chat_tools(req.tools),
-        tool_choice=chat_tool_choice(req.tool_choice), parallel_tool_calls=req.parallel_tool_calls,
-        response_format=response_format(req), max_tokens=req.max_output_tokens, temperature=req.temperature,
-        top_p=req.top_p, top_k=req.top_k, seed=req.seed, stop=req.stop, stream=req.stream, user=req.user,
-        logprobs=LOGPROBS in (req.include or []), top_logprobs=req.top_logprobs)
+        model=req.model,
+        messages=chat_messages(req.instructions, items, images),
+        tools=chat_tools(req.tools),
+        tool_choice=chat_tool_choice(req.tool_choice),
+        parallel_tool_calls=req.parallel_tool_calls,
+        response_format=response_format(req),
+        max_tokens=req.max_output_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        seed=req.seed,
+        stop=req.stop,
+        stream=req.stream,
+        user=req.user,
+        logprobs=LOGPROBS in (req.include or []),
+        top_logprobs=req.top_logprobs,
+    )
     return chat
 
 

@@ -48,9 +48,7 @@ from engine.messages import StructuredOutputs
 from engine.structured import grammar, relaxed_schema
 from server.config import RequestCaps
 from server.http.errors import bad_request
-from server.protocol.openai import (
-    ChatCompletionRequest, CompletionRequest, ResponseFormat, StructuredOutputsParams,
-)
+from server.protocol.openai import ChatCompletionRequest, CompletionRequest, ResponseFormat, StructuredOutputsParams
 
 MAX_CONCURRENT_COMPILES = 2  # worker threads compiling at once (per event loop); the rest wait their turn
 CACHE_SIZE = 512  # validation results kept (a digest and a short message, or a relaxed spec, each)
@@ -116,23 +114,33 @@ def requested_constraint(req: CompletionRequest | ChatCompletionRequest, *, pref
                 found.append((f"structured_outputs.{name}", kind, value))
         if so.json_object:
             found.append(("structured_outputs.json_object", "json_object", ""))
-    given = (("structured_outputs.whitespace_pattern", so.whitespace_pattern if so is not None else None),
-             ("guided_whitespace_pattern", req.guided_whitespace_pattern))
+    given = (
+        ("structured_outputs.whitespace_pattern", so.whitespace_pattern if so is not None else None),
+        ("guided_whitespace_pattern", req.guided_whitespace_pattern),
+    )
     patterns = [(p, v) for p, v in given if v is not None]
-    for name, kind in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
-                       ("guided_grammar", "grammar")):
+    for name, kind in (
+        ("guided_json", "json"),
+        ("guided_regex", "regex"),
+        ("guided_choice", "choice"),
+        ("guided_grammar", "grammar"),
+    ):
         value = getattr(req, name)
         if value is not None:
             found.append((name, kind, value))
     if not found:
         if patterns:
-            raise bad_request(f"{prefix + patterns[0][0]} needs a JSON constraint (json_schema, json or "
-                              f"json_object) to apply to.", prefix + patterns[0][0])
+            raise bad_request(
+                f"{prefix + patterns[0][0]} needs a JSON constraint (json_schema, json or json_object) to apply to.",
+                prefix + patterns[0][0],
+            )
         return None
     if len(found) > 1:
         names = " and ".join(prefix + f[0] for f in found)
-        raise bad_request(f"Only one structured-output constraint is allowed per request, got {names}; "
-                          f"send one of them.", prefix + found[1][0])
+        raise bad_request(
+            f"Only one structured-output constraint is allowed per request, got {names}; send one of them.",
+            prefix + found[1][0],
+        )
     param, kind, value = found[0]
     param = prefix + param
     if kind == "choice" and not value:
@@ -146,8 +154,10 @@ def requested_constraint(req: CompletionRequest | ChatCompletionRequest, *, pref
     if len(patterns) > 1 and patterns[1][1] != pattern:
         raise bad_request(f"{pattern_param} and {prefix + patterns[1][0]} differ; send one of them.", pattern_param)
     if kind not in ("json", "json_object"):
-        raise bad_request(f"{pattern_param} applies to JSON constraints (json_schema, json, json_object), not to "
-                          f"{param}.", pattern_param)
+        raise bad_request(
+            f"{pattern_param} applies to JSON constraints (json_schema, json, json_object), not to {param}.",
+            pattern_param,
+        )
     return Requested(msgspec.structs.replace(constraint, whitespace_pattern=pattern), param, pattern_param, strict)
 
 
@@ -157,18 +167,22 @@ def _response_format(rf: ResponseFormat | None) -> list[tuple[str, str, Any]]:
     if rf is None or rf.type != "json_schema":
         return []
     if rf.json_schema is None:
-        raise bad_request("response_format of type json_schema needs a json_schema object: "
-                          '{"name": ..., "schema": {...}}.', "response_format.json_schema")
+        raise bad_request(
+            'response_format of type json_schema needs a json_schema object: {"name": ..., "schema": {...}}.',
+            "response_format.json_schema",
+        )
     if rf.json_schema.schema is None:
-        raise bad_request("response_format.json_schema needs a schema (a JSON Schema object).",
-                          "response_format.json_schema.schema")
+        raise bad_request(
+            "response_format.json_schema needs a schema (a JSON Schema object).", "response_format.json_schema.schema"
+        )
     return [("response_format.json_schema.schema", "json", rf.json_schema.schema)]
 
 
 def _refuse_options(so: StructuredOutputsParams, prefix: str) -> None:
     if so.structural_tag is not None:
-        raise bad_request(f"{prefix}structural_tag is not supported; use json, regex, choice or grammar.",
-                          prefix + "structural_tag")
+        raise bad_request(
+            f"{prefix}structural_tag is not supported; use json, regex, choice or grammar.", prefix + "structural_tag"
+        )
 
 
 def _spec(kind: str, value: Any, param: str, no_additional: bool) -> str:
@@ -210,8 +224,11 @@ def check_size(so: StructuredOutputs, param: str, caps: RequestCaps) -> None:
     cap = caps.max_structured_output_size
     size = len(so.spec.encode()) + len((so.whitespace_pattern or "").encode())
     if size > cap:
-        raise bad_request(f"{param} is {size} bytes, but this server allows at most {cap} bytes per constraint "
-                          f"(--max-structured-output-size).", param)
+        raise bad_request(
+            f"{param} is {size} bytes, but this server allows at most {cap} bytes per constraint "
+            f"(--max-structured-output-size).",
+            param,
+        )
 
 
 async def check_constraint(so: StructuredOutputs, param: str, caps: RequestCaps) -> None:
@@ -226,8 +243,9 @@ async def check_constraint(so: StructuredOutputs, param: str, caps: RequestCaps)
         raise bad_request(f"Invalid {param}: {error}", param)
 
 
-async def structured_outputs(req: CompletionRequest | ChatCompletionRequest, caps: RequestCaps, *,
-                             prefix: str = "") -> Constraint | None:
+async def structured_outputs(
+    req: CompletionRequest | ChatCompletionRequest, caps: RequestCaps, *, prefix: str = ""
+) -> Constraint | None:
     """The request's validated constraint for SamplingParams.structured_outputs, or None; every problem a 400.
 
     `reasoning_end` is left None (the reasoning parser sets it). Call after check_request, before rendering.
@@ -257,8 +275,9 @@ async def relax_constraint(so: StructuredOutputs, param: str, caps: RequestCaps)
     return Constraint(engine, Relaxation(keywords, json.loads(so.spec)))
 
 
-async def relax_schema(schema: dict[str, Any], param: str, caps: RequestCaps,
-                       style: Any = None) -> tuple[dict[str, Any], tuple[str, ...]]:
+async def relax_schema(
+    schema: dict[str, Any], param: str, caps: RequestCaps, style: Any = None
+) -> tuple[dict[str, Any], tuple[str, ...]]:
     """Best effort for a schema another constraint embeds (a tool's parameters): the schema to embed (x-guidance
     asks for llguidance's lenient mode when something was relaxed) and what was relaxed; a 400 naming `param`."""
     so = StructuredOutputs("json", json.dumps(schema))

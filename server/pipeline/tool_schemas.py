@@ -15,8 +15,9 @@ from server.pipeline.structured import Relaxation, relax_schema
 from server.tools.grammar import JSON_STYLE
 
 
-async def relax_tools(tools: list[dict[str, Any]], caps: RequestCaps,
-                      param: str = "tools") -> tuple[list[dict[str, Any]], dict[str, Relaxation]]:
+async def relax_tools(
+    tools: list[dict[str, Any]], caps: RequestCaps, param: str = "tools"
+) -> tuple[list[dict[str, Any]], dict[str, Relaxation]]:
     """The tools with each non-strict function's parameters as the backend can enforce them, and what was relaxed
     per function name. Malformed tools are left as they are (server/tools/choice.py answers them with its 400)."""
     out: list[dict[str, Any]] = []

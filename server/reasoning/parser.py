@@ -44,8 +44,7 @@ class ReasoningParser:
 
     def __init__(self, prompt_in_reasoning: bool | None = None) -> None:
         # "before": nothing but whitespace yet; "in": reasoning; "after": the answer (content, leading ws dropped)
-        self._state = "in" if prompt_in_reasoning or (self.implicit_start and prompt_in_reasoning is None) \
-            else "before"
+        self._state = "in" if prompt_in_reasoning or (self.implicit_start and prompt_in_reasoning is None) else "before"
         self._buf = ""
         self._lead = self._state == "in"  # a start tag the model writes anyway, first thing, is dropped
         self._answer_started = False
@@ -59,7 +58,7 @@ class ReasoningParser:
             if self._state == "before":
                 stripped = self._buf.lstrip(_WS)
                 if stripped.startswith(self.start):
-                    self._buf = stripped[len(self.start):]
+                    self._buf = stripped[len(self.start) :]
                     self._state = "in"
                     continue
                 if not final and self.start.startswith(stripped):
@@ -71,14 +70,14 @@ class ReasoningParser:
                 if self._lead:
                     stripped = self._buf.lstrip(_WS)
                     if stripped.startswith(self.start):
-                        self._buf = stripped[len(self.start):]
+                        self._buf = stripped[len(self.start) :]
                     elif not final and self.start.startswith(stripped):
                         break  # maybe the start tag, still coming
                     self._lead = False
                 pos = self._buf.find(self.end)
                 if pos >= 0:
                     out.reasoning += self._buf[:pos]
-                    self._buf = self._buf[pos + len(self.end):]
+                    self._buf = self._buf[pos + len(self.end) :]
                     self._state = "after"
                     self.saw_end = self.ended = True
                     continue

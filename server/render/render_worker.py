@@ -23,7 +23,6 @@ from server.render import template_sandbox
 from server.render.child import INTERNAL_ERROR, OK, USER_ERROR, start_child
 
 
-
 class _MemoryCap:
     """RLIMIT_AS while a template renders or a text is (de)tokenized: current size + budget, so a giant
     string fails fast.

@@ -92,8 +92,11 @@ def _text_content(index: int, content: Any) -> Any:
         raise RenderError(f"messages[{index}].content must be a string or a list of text parts")
     if any(isinstance(p, dict) and p.get("type") == "image" and len(p) == 1 for p in content):
         # a vision model's request (server/multimodal/images.py put the markers): the template renders the parts
-        if all(isinstance(p, dict) and (p == {"type": "image"} or (p.get("type") == "text" and isinstance(
-                p.get("text"), str))) for p in content):
+        if all(
+            isinstance(p, dict)
+            and (p == {"type": "image"} or (p.get("type") == "text" and isinstance(p.get("text"), str)))
+            for p in content
+        ):
             return content
     texts = []
     for part in content:
@@ -135,8 +138,10 @@ def _tool_calls(index: int, calls: list[Any]) -> list[Any]:
             try:
                 args = json.loads(fn["arguments"]) if fn["arguments"].strip() else {}
             except ValueError:
-                raise RenderError(f"messages[{index}].tool_calls[{j}].function.arguments is not valid JSON; "
-                                  "send the arguments as the JSON text the model produced") from None
+                raise RenderError(
+                    f"messages[{index}].tool_calls[{j}].function.arguments is not valid JSON; "
+                    "send the arguments as the JSON text the model produced"
+                ) from None
             call = {**call, "function": {**fn, "arguments": args}}
         out.append(call)
     return out
@@ -154,9 +159,15 @@ class Renderer:
     has_chat_template: bool
 
     def __init__(
-        self, tokenizer: tokenizers.Tokenizer, pool: WorkerPool, chat_template: str | None,
-        template_kwargs: dict[str, Any], render_timeout: float, trust_request_chat_template: bool,
-        inline_max: int = DEFAULT_INLINE_MAX, tokenize_timeout: float = DEFAULT_TOKENIZE_TIMEOUT,
+        self,
+        tokenizer: tokenizers.Tokenizer,
+        pool: WorkerPool,
+        chat_template: str | None,
+        template_kwargs: dict[str, Any],
+        render_timeout: float,
+        trust_request_chat_template: bool,
+        inline_max: int = DEFAULT_INLINE_MAX,
+        tokenize_timeout: float = DEFAULT_TOKENIZE_TIMEOUT,
     ) -> None:
         self.tokenizer = tokenizer
         self.has_chat_template = chat_template is not None
@@ -170,11 +181,20 @@ class Renderer:
     @classmethod
     @asynccontextmanager
     async def open(
-        cls, model_dir: str | Path, *, tokenizer_dir: str | Path | None = None, chat_template: str | None = None,
-        num_workers: int = 1, render_timeout: float = 5.0, default_chat_template_kwargs: dict[str, Any] | None = None,
-        trust_request_chat_template: bool = False, max_waiting: int = 256,
-        memory_limit: int = DEFAULT_MEMORY_LIMIT, max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
-        inline_max: int = DEFAULT_INLINE_MAX, tokenize_timeout: float = DEFAULT_TOKENIZE_TIMEOUT,
+        cls,
+        model_dir: str | Path,
+        *,
+        tokenizer_dir: str | Path | None = None,
+        chat_template: str | None = None,
+        num_workers: int = 1,
+        render_timeout: float = 5.0,
+        default_chat_template_kwargs: dict[str, Any] | None = None,
+        trust_request_chat_template: bool = False,
+        max_waiting: int = 256,
+        memory_limit: int = DEFAULT_MEMORY_LIMIT,
+        max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
+        inline_max: int = DEFAULT_INLINE_MAX,
+        tokenize_timeout: float = DEFAULT_TOKENIZE_TIMEOUT,
     ) -> AsyncIterator[Renderer]:
         """Load the tokenizer and template, start `num_workers` workers; stop them on exit."""
         tok_dir = Path(tokenizer_dir if tokenizer_dir is not None else model_dir)
@@ -186,16 +206,28 @@ class Renderer:
             raise ValueError(f"default chat template kwargs cannot set {', '.join(clash)}")
         kwargs = {**load_special_tokens(tok_dir), **(default_chat_template_kwargs or {})}
         tokenizer = await anyio.to_thread.run_sync(tokenizers.Tokenizer.from_file, str(tok_file))
-        config = {"tokenizer_file": str(tok_file), "default_template": template,
-                  "memory_limit": memory_limit, "max_output_chars": max_output_chars}
+        config = {
+            "tokenizer_file": str(tok_file),
+            "default_template": template,
+            "memory_limit": memory_limit,
+            "max_output_chars": max_output_chars,
+        }
         if template is not None:  # a broken --chat-template fails startup, not every request
             try:
                 template_sandbox.compile_template(template)
             except template_sandbox.TemplateRenderError as e:
                 raise ValueError(f"the chat template does not compile: {e}") from None
         async with WorkerPool.open(num_workers, config, max_waiting=max_waiting) as pool:
-            yield cls(tokenizer, pool, template, kwargs, render_timeout, trust_request_chat_template, inline_max,
-                      tokenize_timeout)
+            yield cls(
+                tokenizer,
+                pool,
+                template,
+                kwargs,
+                render_timeout,
+                trust_request_chat_template,
+                inline_max,
+                tokenize_timeout,
+            )
 
     @property
     def worker_pids(self) -> list[int]:
@@ -211,9 +243,14 @@ class Renderer:
             raise RendererOverloaded(f"the server is overloaded ({e}); retry later") from None
 
     async def render_chat(
-        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
-        continue_final_message: bool = False, chat_template: str | None = None,
-        chat_template_kwargs: dict[str, Any] | None = None, tools: list[Any] | None = None,
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[Any] | None = None,
         documents: list[Any] | None = None,
     ) -> str:
         """The prompt text for `messages`, as transformers' apply_chat_template(tokenize=False) renders it."""

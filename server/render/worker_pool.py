@@ -34,12 +34,38 @@ _STARTUP_TIMEOUT = 120.0  # seconds to import, load the tokenizer and report rea
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
 # What a worker inherits of the server's environment: what Python, locales and temp files need, never
 # credentials (HF_TOKEN, API keys...): a template that escapes the sandbox finds nothing to steal.
-_ENV_NAMES = frozenset({
-    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP", "LD_LIBRARY_PATH",
-    "PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONUSERBASE", "PYTHONSAFEPATH", "PYTHONPLATLIBDIR",
-    "PYTHONUTF8", "PYTHONIOENCODING", "PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX", "PYTHONUNBUFFERED",
-    "PYTHONHASHSEED", "PYTHONWARNINGS", "PYTHONFAULTHANDLER", "PYTHONDEVMODE", "PYTHONMALLOC", "COVERAGE_PROCESS_START",
-})
+_ENV_NAMES = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TMPDIR",
+        "TEMP",
+        "TMP",
+        "LD_LIBRARY_PATH",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONNOUSERSITE",
+        "PYTHONUSERBASE",
+        "PYTHONSAFEPATH",
+        "PYTHONPLATLIBDIR",
+        "PYTHONUTF8",
+        "PYTHONIOENCODING",
+        "PYTHONDONTWRITEBYTECODE",
+        "PYTHONPYCACHEPREFIX",
+        "PYTHONUNBUFFERED",
+        "PYTHONHASHSEED",
+        "PYTHONWARNINGS",
+        "PYTHONFAULTHANDLER",
+        "PYTHONDEVMODE",
+        "PYTHONMALLOC",
+        "COVERAGE_PROCESS_START",
+    }
+)
 _ENV_PREFIXES = ("LC_",)
 _Reply = tuple[int, Any]
 _encoder = FrameEncoder()
@@ -111,18 +137,25 @@ class _Worker:
 
 _SEND_LIMIT = 10.0  # seconds an idle worker may take to read a request
 _REAP_LIMIT = 5.0  # seconds to reap a SIGKILLed worker
-_BROKEN = (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, anyio.ClosedResourceError,
-           FrameError)
+_BROKEN = (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, anyio.ClosedResourceError, FrameError)
 
 
 class WorkerPool:
     """`size` workers; `call()` waits for a free one (at most `max_waiting` callers wait, more are refused)."""
 
-    def __init__(self, size: int, config: dict[str, Any], max_waiting: int, tg: anyio.abc.TaskGroup,
-                 module: str = "server.render.render_worker") -> None:
+    def __init__(
+        self,
+        size: int,
+        config: dict[str, Any],
+        max_waiting: int,
+        tg: anyio.abc.TaskGroup,
+        module: str = "server.render.render_worker",
+    ) -> None:
         self._config = config
         self._module = module  # the worker's `python -m` module: same frames, same reply codes
-        self._name = "renderer" if module == "server.render.render_worker" else module.rsplit(".", 1)[0].rsplit(".", 1)[-1]
+        self._name = (
+            "renderer" if module == "server.render.render_worker" else module.rsplit(".", 1)[0].rsplit(".", 1)[-1]
+        )
         self._max_waiting = max_waiting
         self._waiting = 0
         self._tg = tg
@@ -134,8 +167,9 @@ class WorkerPool:
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, size: int, config: dict[str, Any], *, max_waiting: int = 256,
-                   module: str = "server.render.render_worker") -> AsyncIterator[WorkerPool]:
+    async def open(
+        cls, size: int, config: dict[str, Any], *, max_waiting: int = 256, module: str = "server.render.render_worker"
+    ) -> AsyncIterator[WorkerPool]:
         if size < 1:
             raise ValueError(f"the renderer needs at least 1 worker, got {size}")
         async with anyio.create_task_group() as tg:
@@ -167,8 +201,7 @@ class WorkerPool:
         env.update(MALLOC_ARENA_MAX="2", RAYON_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH")) if p)
         proc = await anyio.open_process(
-            [sys.executable, "-m", self._module], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=None, env=env,
+            [sys.executable, "-m", self._module], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, env=env
         )
         worker = _Worker(proc)
         self._all.add(worker)

@@ -11,8 +11,8 @@ import itertools
 import sys
 
 from server.pipeline import input_processor
-from server.runtime.http_server import run_server
 from server.runtime.api_role import from_environment
+from server.runtime.http_server import run_server
 
 
 def main() -> int:

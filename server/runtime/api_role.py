@@ -45,7 +45,9 @@ class WorkerContext:
 
     def admission(self, config: ServerConfig) -> SharedAdmission:
         """--max-num-queued-reqs / -tokens held for all API processes together."""
-        return SharedAdmission(self.region, config.scheduling.max_num_queued_reqs, config.scheduling.max_num_queued_tokens)
+        return SharedAdmission(
+            self.region, config.scheduling.max_num_queued_reqs, config.scheduling.max_num_queued_tokens
+        )
 
     def share_metrics(self, metrics: ServerMetrics) -> None:
         """Request counters and histograms summed over the API processes."""
@@ -57,10 +59,13 @@ class WorkerContext:
 
     def open_engine(self, config: ServerConfig, index: int = 0) -> AbstractAsyncContextManager[Any]:
         """This process's channel to engine core `index`."""
-        return open_engine_channel(self.engine_fds[index], self.engine_pids[index],
-                                   ready_timeout=config.engine.engine_ready_timeout,
-                                   heartbeat_timeout=config.engine.engine_heartbeat_timeout,
-                                   step_timeout=config.engine.engine_step_timeout)
+        return open_engine_channel(
+            self.engine_fds[index],
+            self.engine_pids[index],
+            ready_timeout=config.engine.engine_ready_timeout,
+            heartbeat_timeout=config.engine.engine_heartbeat_timeout,
+            step_timeout=config.engine.engine_step_timeout,
+        )
 
     def encode(self, config: ServerConfig) -> str:
         """The environment value that gives an API process this context and the launcher's config."""

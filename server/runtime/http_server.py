@@ -24,9 +24,9 @@ from server.http import direct_body
 from server.http.errors import describe_exception
 from server.models.front import create_models_app
 from server.pipeline.async_llm import AsyncLLM
+from server.runtime.api_role import WorkerContext
 from server.runtime.hypercorn_config import hypercorn_config
 from server.runtime.logs import setup_logging
-from server.runtime.api_role import WorkerContext
 
 log = logging.getLogger("spindle.server")
 
@@ -57,8 +57,11 @@ class _Shutdown:
         llm = self.state.llm if self.state is not None else None
         timeout = self.config.http.shutdown_timeout
         if llm is not None:
-            log.info("SIGTERM: refusing new requests; %d in flight get up to %g s (SIGTERM again: stop now)",
-                     llm.num_active, timeout)
+            log.info(
+                "SIGTERM: refusing new requests; %d in flight get up to %g s (SIGTERM again: stop now)",
+                llm.num_active,
+                timeout,
+            )
             cut = await llm.drain(timeout)
             if cut:
                 log.warning("cut %d requests still running after --shutdown-timeout %g s", cut, timeout)
@@ -100,16 +103,18 @@ class _NoRunningOnAfterFailure(logging.Filter):
         return not (self.shutdown.code and str(record.msg).startswith("Running on"))
 
 
-async def _hypercorn_serve(app: Any, hc: Config, worker_class: str, shutdown_trigger: Callable[[], Awaitable[Any]]
-                           ) -> None:
+async def _hypercorn_serve(
+    app: Any, hc: Config, worker_class: str, shutdown_trigger: Callable[[], Awaitable[Any]]
+) -> None:
     if worker_class == "trio":
         await hypercorn_trio_serve(app, hc, shutdown_trigger=shutdown_trigger)
     else:
         await hypercorn_asyncio_serve(app, hc, shutdown_trigger=shutdown_trigger)
 
 
-async def serve(config: ServerConfig, engine_factory: EngineFactory | None = None,
-                worker: WorkerContext | None = None) -> int:
+async def serve(
+    config: ServerConfig, engine_factory: EngineFactory | None = None, worker: WorkerContext | None = None
+) -> int:
     """Serve until a signal (exit 0) or the engine dies (exit 1).
 
     engine_factory: a stand-in for the engine subprocess (bench.frontend's fake engine); None: the real one.
@@ -118,8 +123,9 @@ async def serve(config: ServerConfig, engine_factory: EngineFactory | None = Non
     hc = hypercorn_config(config, worker)
     shutdown = _Shutdown(config, hc)
     make_app = create_models_app if config.models.models_dir is not None else create_app  # one model or a folder
-    app = make_app(config, worker=worker, on_fatal=shutdown.fatal, load_in_background=True,
-                   engine_factory=engine_factory)
+    app = make_app(
+        config, worker=worker, on_fatal=shutdown.fatal, load_in_background=True, engine_factory=engine_factory
+    )
     shutdown.state = app.state_holder
     quiet, error_log = _NoRunningOnAfterFailure(shutdown), logging.getLogger("hypercorn.error")  # hc.errorlog
     error_log.addFilter(quiet)
@@ -141,8 +147,9 @@ async def serve(config: ServerConfig, engine_factory: EngineFactory | None = Non
     return shutdown.code
 
 
-def run_server(config: ServerConfig, engine_factory: EngineFactory | None = None,
-               worker: WorkerContext | None = None) -> int:
+def run_server(
+    config: ServerConfig, engine_factory: EngineFactory | None = None, worker: WorkerContext | None = None
+) -> int:
     """`serve` on the worker class's event loop, with this process's logging set up; the exit code."""
     setup_logging(config.outputs.log_level, tag=f"api-server {worker.index}" if worker is not None else "")
     if config.http.worker_class == "trio":

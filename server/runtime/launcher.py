@@ -38,9 +38,9 @@ from types import FrameType
 
 from engine.client.process_client import engine_command
 from server.config import ServerConfig
+from server.runtime.api_role import ENV, WorkerContext
 from server.runtime.logs import setup_logging
 from server.runtime.sockets import listen
-from server.runtime.api_role import ENV, WorkerContext
 from server.shared_state import SharedRegion
 
 log = logging.getLogger("spindle.server")
@@ -62,8 +62,14 @@ def run_api_servers(config: ServerConfig) -> int:
 
 def _serve(cfg: ServerConfig, listener: socket.socket, responses_dir: str) -> int:
     fleet = _start(cfg, listener, responses_dir)
-    log.info("%d API servers on %s:%d, %d engine core(s) (pid %s)", cfg.parallel.api_server_count, cfg.http.host, cfg.http.port,
-             cfg.parallel.data_parallel_size, ", ".join(map(str, fleet.engines)))
+    log.info(
+        "%d API servers on %s:%d, %d engine core(s) (pid %s)",
+        cfg.parallel.api_server_count,
+        cfg.http.host,
+        cfg.http.port,
+        cfg.parallel.data_parallel_size,
+        ", ".join(map(str, fleet.engines)),
+    )
     code = fleet.wait()
     fleet.stop_engines()
     return code
@@ -89,9 +95,15 @@ def _start(cfg: ServerConfig, listener: socket.socket, responses_dir: str) -> _F
         signal.signal(signal.SIGINT, fleet.forward)
         for i in range(n):
             ends = [channels[i][1] for channels in pairs]
-            context = WorkerContext(index=i, count=n, listen_fd=listener.fileno(),
-                                    engine_fds=[b.fileno() for b in ends], engine_pids=list(engines),
-                                    shared_fd=shared_fd, responses_dir=responses_dir)
+            context = WorkerContext(
+                index=i,
+                count=n,
+                listen_fd=listener.fileno(),
+                engine_fds=[b.fileno() for b in ends],
+                engine_pids=list(engines),
+                shared_fd=shared_fd,
+                responses_dir=responses_dir,
+            )
             proc = _start_api_process(cfg, context)
             fleet.add_api(proc)
             for b in ends:
@@ -106,8 +118,11 @@ def _start(cfg: ServerConfig, listener: socket.socket, responses_dir: str) -> _F
 def _start_engine(cfg: ServerConfig, ends: list[socket.socket]) -> subprocess.Popen[bytes]:
     """One engine core serving `ends` (one channel per API process); its stdin is the launcher's lifeline."""
     fds = [a.fileno() for a in ends]
-    engine = subprocess.Popen([*engine_command(cfg.engine_config()), "--channels", ",".join(map(str, fds))],
-                              stdin=subprocess.PIPE, pass_fds=fds)
+    engine = subprocess.Popen(
+        [*engine_command(cfg.engine_config()), "--channels", ",".join(map(str, fds))],
+        stdin=subprocess.PIPE,
+        pass_fds=fds,
+    )
     for a in ends:
         a.close()
     return engine
@@ -115,9 +130,12 @@ def _start_engine(cfg: ServerConfig, ends: list[socket.socket]) -> subprocess.Po
 
 def _start_api_process(cfg: ServerConfig, context: WorkerContext) -> subprocess.Popen[bytes]:
     """One API process with its fds and its context in the environment, in a session of its own."""
-    return subprocess.Popen([sys.executable, "-m", API_PROCESS_MODULE], env={**os.environ, ENV: context.encode(cfg)},
-                            pass_fds=(context.listen_fd, context.shared_fd, *context.engine_fds),
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", API_PROCESS_MODULE],
+        env={**os.environ, ENV: context.encode(cfg)},
+        pass_fds=(context.listen_fd, context.shared_fd, *context.engine_fds),
+        start_new_session=True,
+    )
 
 
 class _Fleet:
@@ -147,8 +165,11 @@ class _Fleet:
             if pid in self.engines:
                 engine = self.engines[pid]
                 engine.returncode = os.waitstatus_to_exitcode(status)
-                log.error("engine core %d died (exit %d): the API servers fail their requests and stop", pid,
-                          engine.returncode)
+                log.error(
+                    "engine core %d died (exit %d): the API servers fail their requests and stop",
+                    pid,
+                    engine.returncode,
+                )
                 self._reap_within(10.0)  # the API processes see their channels close and exit 1 on their own
                 return 1
             if pid in self.apis:

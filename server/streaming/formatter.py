@@ -59,8 +59,12 @@ class UsageCounter:
 
     def usage(self) -> Usage:
         completion = sum(self._completion.values())
-        return Usage(self.prompt_tokens, completion, self.prompt_tokens + completion,
-                     PromptTokensDetails(sum(self._cached.values())))
+        return Usage(
+            self.prompt_tokens,
+            completion,
+            self.prompt_tokens + completion,
+            PromptTokensDetails(sum(self._cached.values())),
+        )
 
 
 def output_error(llm: AsyncLLM, out: Output) -> APIError:

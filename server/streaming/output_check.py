@@ -29,8 +29,20 @@ from server.tools.parser import assemble
 log = logging.getLogger("spindle.server")
 
 _ALIASES = {"then": "if", "else": "if", "minContains": "contains", "maxContains": "contains", "$ref": "other"}
-_UNDER = ("oneOf", "not", "if", "then", "else", "propertyNames", "dependencies", "dependentRequired",
-          "dependentSchemas", "contains", "unevaluatedProperties", "unevaluatedItems")  # relaxed as a whole
+_UNDER = (
+    "oneOf",
+    "not",
+    "if",
+    "then",
+    "else",
+    "propertyNames",
+    "dependencies",
+    "dependentRequired",
+    "dependentSchemas",
+    "contains",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+)  # relaxed as a whole
 
 
 class CheckMetrics(Protocol):
@@ -55,8 +67,14 @@ def invalid_reason(value: Any, schema: Any) -> str | None:
 class OutputCheck:
     """One request's answers, kept as they are sent, checked once the response is done."""
 
-    def __init__(self, metrics: CheckMetrics | None, parsers: ChoiceParsers | None, *,
-                 schema: Relaxation | None = None, tools: dict[str, Relaxation] | None = None) -> None:
+    def __init__(
+        self,
+        metrics: CheckMetrics | None,
+        parsers: ChoiceParsers | None,
+        *,
+        schema: Relaxation | None = None,
+        tools: dict[str, Relaxation] | None = None,
+    ) -> None:
         self.metrics = metrics
         self.parsers = parsers
         self.schema = schema  # response_format's (the answer's content)
@@ -124,8 +142,12 @@ class CheckedFormatter:
         return self.inner.final(outputs, usage)
 
 
-def relaxed_check(metrics: CheckMetrics | None, constraint: Constraint | None, tools: dict[str, Relaxation],
-                  parsers: ChoiceParsers | None = None) -> OutputCheck | None:
+def relaxed_check(
+    metrics: CheckMetrics | None,
+    constraint: Constraint | None,
+    tools: dict[str, Relaxation],
+    parsers: ChoiceParsers | None = None,
+) -> OutputCheck | None:
     """The request's OutputCheck, or None when its constraint is enforced whole (nothing to check afterwards)."""
     relaxed = constraint.relaxed if constraint is not None else None
     if relaxed is None and not tools:

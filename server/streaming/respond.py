@@ -12,9 +12,9 @@ from server.http.direct_body import DirectBody
 from server.http.wakeup import InlineWaiter
 from server.pipeline.admission import AdmissionTicket
 from server.pipeline.async_llm import AsyncLLM
-from server.pipeline.request_stream import RequestStream
 from server.pipeline.input_processor import GenerationSpec
 from server.pipeline.output_processor import Output
+from server.pipeline.request_stream import RequestStream
 from server.protocol.openai import Usage
 from server.streaming.formatter import OPENAI_FRAMING, Formatter, StreamFraming, UsageCounter, output_error
 
@@ -22,10 +22,21 @@ Headers = list[tuple[bytes, bytes]]
 BeforeEnd = Callable[[], Awaitable[None]] | None  # runs after the last output, before the response's last bytes
 
 
-async def respond(llm: AsyncLLM, specs: Sequence[GenerationSpec], fmt: Formatter, send: Send, *, stream: bool,
-                  include_usage: bool = False, continuous_usage: bool = False, keepalive: float = 0.0,
-                  headers: Headers | None = None, framing: StreamFraming = OPENAI_FRAMING,
-                  before_end: BeforeEnd = None, ticket: AdmissionTicket | None = None) -> None:
+async def respond(
+    llm: AsyncLLM,
+    specs: Sequence[GenerationSpec],
+    fmt: Formatter,
+    send: Send,
+    *,
+    stream: bool,
+    include_usage: bool = False,
+    continuous_usage: bool = False,
+    keepalive: float = 0.0,
+    headers: Headers | None = None,
+    framing: StreamFraming = OPENAI_FRAMING,
+    before_end: BeforeEnd = None,
+    ticket: AdmissionTicket | None = None,
+) -> None:
     """Run `specs` and answer: one JSON body, or (`stream`) server-sent events. `before_end` (the check of
     relaxed structured answers) is awaited once every output is in, so it is done when the client sees the end.
     `ticket`: the admission ticket the route took before rendering (AsyncLLM.admit)."""
@@ -34,13 +45,21 @@ async def respond(llm: AsyncLLM, specs: Sequence[GenerationSpec], fmt: Formatter
         if not stream:
             await send_body(llm, outputs, fmt, send, counter, headers, before_end)
             return
-        sse = SseResponder(llm, outputs, fmt, send, counter, continuous_usage=continuous_usage,
-                           keepalive=keepalive, framing=framing)
+        sse = SseResponder(
+            llm, outputs, fmt, send, counter, continuous_usage=continuous_usage, keepalive=keepalive, framing=framing
+        )
         await sse.run(include_usage, headers, before_end)
 
 
-async def send_body(llm: AsyncLLM, outputs: RequestStream, fmt: Formatter, send: Send, counter: UsageCounter,
-                    headers: Headers | None, before_end: BeforeEnd = None) -> None:
+async def send_body(
+    llm: AsyncLLM,
+    outputs: RequestStream,
+    fmt: Formatter,
+    send: Send,
+    counter: UsageCounter,
+    headers: Headers | None,
+    before_end: BeforeEnd = None,
+) -> None:
     """The JSON responder: every choice's final output, then one body (an error output: its status instead)."""
     finals: dict[int, Output] = {}
     async for batch in outputs:
@@ -69,8 +88,18 @@ class SseResponder:
     """The SSE responder: the stream's start, its chunks (written by the output handler itself where it can:
     server/http/direct_body.py), keep-alives while waiting for the first token, an error event, the tail."""
 
-    def __init__(self, llm: AsyncLLM, outputs: RequestStream, fmt: Formatter, send: Send, counter: UsageCounter, *,
-                 continuous_usage: bool, keepalive: float, framing: StreamFraming) -> None:
+    def __init__(
+        self,
+        llm: AsyncLLM,
+        outputs: RequestStream,
+        fmt: Formatter,
+        send: Send,
+        counter: UsageCounter,
+        *,
+        continuous_usage: bool,
+        keepalive: float,
+        framing: StreamFraming,
+    ) -> None:
         self.llm = llm
         self.outputs = outputs
         self.fmt = fmt

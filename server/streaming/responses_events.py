@@ -24,14 +24,23 @@ def new_id(prefix: str) -> str:
 
 def usage_object(input_tokens: int, output_tokens: int, cached: int, reasoning: int = 0) -> dict[str, Any]:
     """The Responses usage; `reasoning`: the output tokens that wrote reasoning (streaming/reasoning_tokens.py)."""
-    return {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": cached},
-            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": reasoning},
-            "total_tokens": input_tokens + output_tokens}
+    return {
+        "input_tokens": input_tokens,
+        "input_tokens_details": {"cached_tokens": cached},
+        "output_tokens": output_tokens,
+        "output_tokens_details": {"reasoning_tokens": reasoning},
+        "total_tokens": input_tokens + output_tokens,
+    }
 
 
 def output_text(output: list[dict[str, Any]]) -> str:
-    return "".join(part["text"] for item in output if item["type"] == "message"
-                   for part in item["content"] if part["type"] == "output_text")
+    return "".join(
+        part["text"]
+        for item in output
+        if item["type"] == "message"
+        for part in item["content"]
+        if part["type"] == "output_text"
+    )
 
 
 class ResponseBuilder:
@@ -57,9 +66,14 @@ class ResponseBuilder:
         return events
 
     def response(self, status: str, usage: dict[str, Any] | None, reason: str | None = None) -> dict[str, Any]:
-        return {**self.base, "status": status, "incomplete_details": {"reason": reason} if reason else None,
-                "output": [_copy(item) for item in self.output], "output_text": output_text(self.output),
-                "usage": usage}
+        return {
+            **self.base,
+            "status": status,
+            "incomplete_details": {"reason": reason} if reason else None,
+            "output": [_copy(item) for item in self.output],
+            "output_text": output_text(self.output),
+            "usage": usage,
+        }
 
     def start(self) -> None:
         self._emit("response.created", response=self.response("in_progress", None))
@@ -81,56 +95,103 @@ class ResponseBuilder:
         index = self.output.index(item)
         if item["type"] == "message":
             part = item["content"][0]
-            self._emit("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
-                       text=part["text"], logprobs=list(part["logprobs"]))
-            self._emit("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
-                       part=dict(part))
+            self._emit(
+                "response.output_text.done",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                text=part["text"],
+                logprobs=list(part["logprobs"]),
+            )
+            self._emit(
+                "response.content_part.done", item_id=item["id"], output_index=index, content_index=0, part=dict(part)
+            )
         elif item["type"] == "reasoning":
-            self._emit("response.reasoning_text.done", item_id=item["id"], output_index=index, content_index=0,
-                       text=item["content"][0]["text"])
+            self._emit(
+                "response.reasoning_text.done",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                text=item["content"][0]["text"],
+            )
         else:
-            self._emit("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                       name=item["name"], arguments=item["arguments"])
+            self._emit(
+                "response.function_call_arguments.done",
+                item_id=item["id"],
+                output_index=index,
+                name=item["name"],
+                arguments=item["arguments"],
+            )
         item["status"] = status
         self._emit("response.output_item.done", output_index=index, item=_copy(item))
 
     def _text(self, text: str) -> None:
         item = self._open
         if item is None or item["type"] != "message":
-            item = {"id": new_id("msg"), "type": "message", "status": "in_progress", "role": "assistant",
-                    "content": []}
+            item = {"id": new_id("msg"), "type": "message", "status": "in_progress", "role": "assistant", "content": []}
             index = self._add(item)
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
             item["content"].append(part)
-            self._emit("response.content_part.added", item_id=item["id"], output_index=index, content_index=0,
-                       part=dict(part, logprobs=[]))
+            self._emit(
+                "response.content_part.added",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                part=dict(part, logprobs=[]),
+            )
         logprobs, self._logprobs = self._logprobs, []
         item["content"][0]["text"] += text
         item["content"][0]["logprobs"] = item["content"][0]["logprobs"] + logprobs
-        self._emit("response.output_text.delta", item_id=item["id"], output_index=len(self.output) - 1,
-                   content_index=0, delta=text, logprobs=logprobs)
+        self._emit(
+            "response.output_text.delta",
+            item_id=item["id"],
+            output_index=len(self.output) - 1,
+            content_index=0,
+            delta=text,
+            logprobs=logprobs,
+        )
 
     def _reasoning(self, text: str) -> None:
         item = self._open
         if item is None or item["type"] != "reasoning":
-            item = {"id": new_id("rs"), "type": "reasoning", "summary": [],
-                    "content": [{"type": "reasoning_text", "text": ""}], "status": "in_progress"}
+            item = {
+                "id": new_id("rs"),
+                "type": "reasoning",
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": ""}],
+                "status": "in_progress",
+            }
             self._add(item)
         item["content"][0]["text"] += text
-        self._emit("response.reasoning_text.delta", item_id=item["id"], output_index=len(self.output) - 1,
-                   content_index=0, delta=text)
+        self._emit(
+            "response.reasoning_text.delta",
+            item_id=item["id"],
+            output_index=len(self.output) - 1,
+            content_index=0,
+            delta=text,
+        )
 
     def _call(self, call: ToolCallDelta) -> None:
         self.called = True
         item = self._calls.get(call.index)
         if item is None:
-            item = self._calls[call.index] = {"id": new_id("fc"), "type": "function_call", "status": "in_progress",
-                                              "call_id": new_id("call"), "name": call.name or "", "arguments": ""}
+            item = self._calls[call.index] = {
+                "id": new_id("fc"),
+                "type": "function_call",
+                "status": "in_progress",
+                "call_id": new_id("call"),
+                "name": call.name or "",
+                "arguments": "",
+            }
             self._add(item)
         if call.arguments:
             item["arguments"] += call.arguments
-            self._emit("response.function_call_arguments.delta", item_id=item["id"],
-                       output_index=self.output.index(item), delta=call.arguments)
+            self._emit(
+                "response.function_call_arguments.delta",
+                item_id=item["id"],
+                output_index=self.output.index(item),
+                delta=call.arguments,
+            )
 
     # --------------------------------------------------------------------------------- feeding
 
@@ -167,8 +228,7 @@ def _copy(item: dict[str, Any]) -> dict[str, Any]:
     """An item as it stands now (its content parts too: they change while it streams)."""
     out = dict(item)
     if "content" in out:
-        out["content"] = [dict(p, logprobs=list(p["logprobs"])) if "logprobs" in p else dict(p)
-                          for p in out["content"]]
+        out["content"] = [dict(p, logprobs=list(p["logprobs"])) if "logprobs" in p else dict(p) for p in out["content"]]
     return out
 
 

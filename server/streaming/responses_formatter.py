@@ -20,9 +20,14 @@ _enc = encoder.encode
 class ResponsesFormatter:
     """One request's answer (the Responses API has no n). `new_parser`: a fresh parser, None: nothing parsed."""
 
-    def __init__(self, base: dict[str, Any], input_tokens: int, new_parser: Callable[[], ChoiceParser | None],
-                 logprobs: Callable[[Output], list[dict[str, Any]]] | None = None,
-                 decode: Decode | None = None) -> None:
+    def __init__(
+        self,
+        base: dict[str, Any],
+        input_tokens: int,
+        new_parser: Callable[[], ChoiceParser | None],
+        logprobs: Callable[[Output], list[dict[str, Any]]] | None = None,
+        decode: Decode | None = None,
+    ) -> None:
         self.base = base
         self.decode = decode  # token ids -> text, to count reasoning tokens (None: no reasoning parser)
         self.ids: list[int] = []  # the answer's token ids so far (streamed)
@@ -47,9 +52,15 @@ class ResponsesFormatter:
             self.ids += out.token_ids
         self.builder.feed(out.text, final, self.logprobs(out) if self.logprobs is not None else None)
         if final:
-            self.done = self.builder.finish(out.finish_reason, usage_object(
-                self.input_tokens, out.num_output_tokens, out.num_cached_tokens, self._reasoning(self.builder,
-                                                                                                 self.ids)))
+            self.done = self.builder.finish(
+                out.finish_reason,
+                usage_object(
+                    self.input_tokens,
+                    out.num_output_tokens,
+                    out.num_cached_tokens,
+                    self._reasoning(self.builder, self.ids),
+                ),
+            )
         return self._events() or None
 
     def usage_chunk(self, usage: Usage) -> bytes:  # never asked for: response.completed carries the usage
@@ -60,8 +71,10 @@ class ResponsesFormatter:
         builder = ResponseBuilder(self.base, self.new_parser())
         builder.feed(out.text, True, self.logprobs(out) if self.logprobs is not None else None)
         cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else 0
-        self.done = builder.finish(out.finish_reason, usage_object(usage.prompt_tokens, usage.completion_tokens,
-                                                                   cached, self._reasoning(builder, out.token_ids)))
+        self.done = builder.finish(
+            out.finish_reason,
+            usage_object(usage.prompt_tokens, usage.completion_tokens, cached, self._reasoning(builder, out.token_ids)),
+        )
         return _enc(self.done)
 
     def _reasoning(self, builder: ResponseBuilder, ids: list[int]) -> int:

@@ -45,8 +45,9 @@ def _functions(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     for i, tool in enumerate(tools):
         fn = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(fn, dict):
-            raise _bad(f'tools[{i}] must be {{"type": "function", "function": {{"name": ..., "parameters": ...}}}}',
-                       "tools")
+            raise _bad(
+                f'tools[{i}] must be {{"type": "function", "function": {{"name": ..., "parameters": ...}}}}', "tools"
+            )
         name = fn.get("name")
         if not isinstance(name, str) or not name:
             raise _bad(f"tools[{i}].function.name must be a non-empty string", "tools")
@@ -70,8 +71,15 @@ def _choice(tool_choice: Any) -> str:
     raise _bad('tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}')
 
 
-def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: Any, *, parser_name: str | None,
-               enable_auto: bool, token_id: Callable[[str], int | None], parallel: bool = True) -> ToolPlan | None:
+def plan_tools(
+    tools: list[dict[str, Any]] | None,
+    tool_choice: Any,
+    *,
+    parser_name: str | None,
+    enable_auto: bool,
+    token_id: Callable[[str], int | None],
+    parallel: bool = True,
+) -> ToolPlan | None:
     """The request's ToolPlan (None: no tools involved), or a 400. `token_id`: the tokenizer's id of an
     added token's text, or None when the text is not one token. `parallel` False (OpenAI's
     parallel_tool_calls, Anthropic's disable_parallel_tool_use): "required" writes exactly one call."""
@@ -96,24 +104,31 @@ def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: Any, *, parser_n
     if choice.startswith("fn:"):
         name = choice[3:]
         if name not in functions:
-            raise _bad(f"The tool specified in `tool_choice` ({name!r}) does not match any of the specified "
-                       f"`tools` ({', '.join(map(repr, functions))}).")
+            raise _bad(
+                f"The tool specified in `tool_choice` ({name!r}) does not match any of the specified "
+                f"`tools` ({', '.join(map(repr, functions))})."
+            )
         chosen = {name: functions[name]}
         if parser_cls is None:
-            return ToolPlan("named", lambda: NamedArgsParser(name),
-                            StructuredOutputs("json", json.dumps(functions[name])), skip)
+            return ToolPlan(
+                "named", lambda: NamedArgsParser(name), StructuredOutputs("json", json.dumps(functions[name])), skip
+            )
         return ToolPlan("named", parser_cls.factory(chosen), parser_cls.constraint(chosen, False, token_id), skip)
     if parser_cls is None:
         schema = _list_schema(functions, parallel)
         return ToolPlan("required", JsonListParser, StructuredOutputs("json", json.dumps(schema)), skip)
-    return ToolPlan("required", parser_cls.factory(functions), parser_cls.constraint(functions, parallel, token_id),
-                    skip)
+    return ToolPlan(
+        "required", parser_cls.factory(functions), parser_cls.constraint(functions, parallel, token_id), skip
+    )
 
 
 def _list_schema(functions: dict[str, dict[str, Any]], parallel: bool) -> dict[str, Any]:
     """vLLM's schema for "required" without a parser: a non-empty list of {"name", "parameters"}."""
-    schema: dict[str, Any] = {"type": "array", "minItems": 1,
-                              "items": {"anyOf": [call_schema(n, p, "parameters") for n, p in functions.items()]}}
+    schema: dict[str, Any] = {
+        "type": "array",
+        "minItems": 1,
+        "items": {"anyOf": [call_schema(n, p, "parameters") for n, p in functions.items()]},
+    }
     if not parallel:
         schema["maxItems"] = 1
     lenient = [p["x-guidance"] for p in functions.values() if isinstance(p.get("x-guidance"), dict)]

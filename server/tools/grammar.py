@@ -13,8 +13,12 @@ JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separat
 
 def call_schema(name: str, params: dict[str, Any], args_key: str = "arguments") -> dict[str, Any]:
     """One call as a JSON object: the name first (the streaming parsers send it before the arguments)."""
-    return {"type": "object", "properties": {"name": {"const": name}, args_key: params},
-            "required": ["name", args_key], "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": name}, args_key: params},
+        "required": ["name", args_key],
+        "additionalProperties": False,
+    }
 
 
 def with_style(schema: dict[str, Any], style: dict[str, Any]) -> dict[str, Any]:
@@ -33,11 +37,20 @@ def lark_tag(text: str, token_id: Callable[[str], int | None]) -> str:
     return f"<[{tid}]>" if tid is not None else json.dumps(text)
 
 
-def lark_calls(functions: dict[str, dict[str, Any]], *, open_tag: str, close_tag: str, sep: str,
-               multiple: bool, args_key: str = "arguments") -> str:
+def lark_calls(
+    functions: dict[str, dict[str, Any]],
+    *,
+    open_tag: str,
+    close_tag: str,
+    sep: str,
+    multiple: bool,
+    args_key: str = "arguments",
+) -> str:
     """start: one call (or several, separated by `sep`) of `open_tag` + JSON call object + `close_tag`."""
-    alts = "\n".join(f"obj_{i}: {lark_json(call_schema(name, params, args_key))}"
-                     for i, (name, params) in enumerate(functions.items()))
+    alts = "\n".join(
+        f"obj_{i}: {lark_json(call_schema(name, params, args_key))}"
+        for i, (name, params) in enumerate(functions.items())
+    )
     objs = " | ".join(f"obj_{i}" for i in range(len(functions)))
     start = f"start: call ({json.dumps(sep)} call)*" if multiple else "start: call"
     return f"{start}\ncall: {open_tag} obj {close_tag}\nobj: {objs}\n{alts}\n"

@@ -22,11 +22,11 @@ def _calls(text: str, i: int) -> tuple[list[tuple[str, str]], bool]:
     while True:
         scan = scan_object(text, i)
         name = next((m for m in scan.members if m.key == "name"), None)
-        value = json_string(text[name.start:name.end]) if name is not None and name.end is not None else None
+        value = json_string(text[name.start : name.end]) if name is not None and name.end is not None else None
         if value is None:
             return calls, not calls and (scan.error or scan.end is not None)
         args = next((m for m in scan.members if m.key in ARGS_KEYS), None)
-        arguments = "" if args is None else text[args.start:args.end if args.end is not None else len(text)]
+        arguments = "" if args is None else text[args.start : args.end if args.end is not None else len(text)]
         calls.append((value, arguments))
         if scan.end is None:
             return calls, False
@@ -58,7 +58,10 @@ class Llama3JsonParser(PrefixParser):
         return Reading("", calls)
 
     @classmethod
-    def constraint(cls, functions: dict[str, dict[str, Any]], multiple: bool,
-                   token_id: Callable[[str], int | None]) -> StructuredOutputs:
-        return StructuredOutputs("grammar", lark_calls(functions, open_tag="", close_tag="", sep="; ",
-                                                       multiple=multiple, args_key="parameters"))
+    def constraint(
+        cls, functions: dict[str, dict[str, Any]], multiple: bool, token_id: Callable[[str], int | None]
+    ) -> StructuredOutputs:
+        return StructuredOutputs(
+            "grammar",
+            lark_calls(functions, open_tag="", close_tag="", sep="; ", multiple=multiple, args_key="parameters"),
+        )

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.messages import StructuredOutputs
-
 from server.tools.grammar import lark_json, lark_tag
 from server.tools.scan import held, skip_ws, value_end
 
@@ -40,8 +39,8 @@ class ArgsFormRewriter:
                     out.append(self._buf[:cut])
                     self._buf = self._buf[cut:]
                     break
-                out.append(self._buf[:pos + len(TOOL_CALLS)])
-                self._buf = self._buf[pos + len(TOOL_CALLS):]
+                out.append(self._buf[: pos + len(TOOL_CALLS)])
+                self._buf = self._buf[pos + len(TOOL_CALLS) :]
                 self._state = "head"
                 continue
             if self._state == "head":
@@ -57,30 +56,34 @@ class ArgsFormRewriter:
                     break
                 name = self._buf[:pos]
                 if CALL_ID in name:
-                    name = name[:name.index(CALL_ID)]
+                    name = name[: name.index(CALL_ID)]
                 out.append('{"name": ' + json.dumps(name.strip()) + ', "arguments": ')
-                self._buf = self._buf[pos + len(ARGS):]
+                self._buf = self._buf[pos + len(ARGS) :]
                 self._state, self._sent = "args", 0
                 continue
             end = value_end(self._buf, skip_ws(self._buf, 0))
             if end is None:  # the arguments so far, as they come
-                out.append(self._buf[self._sent:])
+                out.append(self._buf[self._sent :])
                 self._sent = len(self._buf)
                 if final:
                     self._buf, self._state = "", "out"
                 break
-            out.append(self._buf[self._sent:end] + "}")
+            out.append(self._buf[self._sent : end] + "}")
             self._buf = self._buf[end:]
             self._state = "out"
         return "".join(out)
 
 
-def args_form_constraint(functions: dict[str, dict[str, Any]], multiple: bool,
-                         token_id: Callable[[str], int | None]) -> StructuredOutputs:
+def args_form_constraint(
+    functions: dict[str, dict[str, Any]], multiple: bool, token_id: Callable[[str], int | None]
+) -> StructuredOutputs:
     """One call (or several) as [TOOL_CALLS]name[ARGS]{arguments valid against the function's parameters}."""
-    rules = [f"fn_{i}: {json.dumps(name)} {lark_tag(ARGS, token_id)} args_{i}\nargs_{i}: {lark_json(params)}"
-             for i, (name, params) in enumerate(functions.items())]
+    rules = [
+        f"fn_{i}: {json.dumps(name)} {lark_tag(ARGS, token_id)} args_{i}\nargs_{i}: {lark_json(params)}"
+        for i, (name, params) in enumerate(functions.items())
+    ]
     fns = " | ".join(f"fn_{i}" for i in range(len(functions)))
     start = "start: call+" if multiple else "start: call"
-    return StructuredOutputs("grammar", f"{start}\ncall: {lark_tag(TOOL_CALLS, token_id)} fn\nfn: {fns}\n"
-                                        + "\n".join(rules) + "\n")
+    return StructuredOutputs(
+        "grammar", f"{start}\ncall: {lark_tag(TOOL_CALLS, token_id)} fn\nfn: {fns}\n" + "\n".join(rules) + "\n"
+    )

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.messages import StructuredOutputs
-
 from server.tools.grammar import call_schema, lark_calls, lark_json, lark_tag
 from server.tools.mistral import ArgsFormRewriter, args_form_constraint
 from server.tools.scan import ObjectScan, held, json_string, scan_object, skip_ws, value_end
@@ -89,8 +88,9 @@ class ToolParser:
         return cls
 
     @classmethod
-    def constraint(cls, functions: dict[str, dict[str, Any]], multiple: bool,
-                   token_id: Callable[[str], int | None]) -> StructuredOutputs:
+    def constraint(
+        cls, functions: dict[str, dict[str, Any]], multiple: bool, token_id: Callable[[str], int | None]
+    ) -> StructuredOutputs:
         """The grammar that makes the model write one call (or, `multiple`, at least one) to `functions`
         in this parser's format, arguments valid against each function's parameters."""
         raise NotImplementedError
@@ -150,7 +150,7 @@ class JsonCallParser(ToolParser):
                 pos = self._buf.find(self.start)
                 if pos >= 0:
                     out.content += self._outside(self._buf[:pos], True, final)
-                    self._buf = self._buf[pos + len(self.start):]
+                    self._buf = self._buf[pos + len(self.start) :]
                     self._inside = self._seen_region = True
                     self._calls = []
                     continue
@@ -163,14 +163,14 @@ class JsonCallParser(ToolParser):
                 pos = self._buf.find(self.end)
                 if pos >= 0:
                     out.extend(self._finish_region(self._buf[:pos], self.end, final))
-                    self._buf = self._buf[pos + len(self.end):]
+                    self._buf = self._buf[pos + len(self.end) :]
                     self._inside = False
                     continue
                 if final:
                     out.extend(self._finish_region(self._buf, "", final))
                     self._buf = ""
                     break
-                self._progress(self._buf[:len(self._buf) - held(self._buf, self.end)], out)
+                self._progress(self._buf[: len(self._buf) - held(self._buf, self.end)], out)
                 break
             i = skip_ws(self._buf, 0)
             end = value_end(self._buf, i) if i < len(self._buf) and self._buf[i] in "[{" else None
@@ -240,7 +240,7 @@ class JsonCallParser(ToolParser):
             name = next((m for m in scan.members if m.key == "name"), None)
             args = next((m for m in scan.members if m.key in self.args_keys), None)
             if state.index < 0:
-                value = json_string(text[name.start:name.end]) if name is not None and name.end is not None else None
+                value = json_string(text[name.start : name.end]) if name is not None and name.end is not None else None
                 if value is None:
                     continue
                 state.index = self._next_index
@@ -248,7 +248,7 @@ class JsonCallParser(ToolParser):
                 out.calls.append(ToolCallDelta(state.index, self.new_id(), value))
             if args is not None:
                 stop = args.end if args.end is not None else len(text)
-                piece = text[args.start + state.args_sent:stop]
+                piece = text[args.start + state.args_sent : stop]
                 if piece:
                     state.args_sent += len(piece)
                     out.calls.append(ToolCallDelta(state.index, arguments=piece))
@@ -276,12 +276,14 @@ class HermesParser(JsonCallParser):
     end = "</tool_call>"
 
     @classmethod
-    def constraint(cls, functions: dict[str, dict[str, Any]], multiple: bool,
-                   token_id: Callable[[str], int | None]) -> StructuredOutputs:
+    def constraint(
+        cls, functions: dict[str, dict[str, Any]], multiple: bool, token_id: Callable[[str], int | None]
+    ) -> StructuredOutputs:
         open_tag = lark_tag("<tool_call>", token_id) + ' "\\n"'
         close_tag = '"\\n" ' + lark_tag("</tool_call>", token_id)
-        return StructuredOutputs("grammar", lark_calls(functions, open_tag=open_tag, close_tag=close_tag,
-                                                       sep="\n", multiple=multiple))
+        return StructuredOutputs(
+            "grammar", lark_calls(functions, open_tag=open_tag, close_tag=close_tag, sep="\n", multiple=multiple)
+        )
 
 
 class MistralParser(JsonCallParser):
@@ -303,8 +305,9 @@ class MistralParser(JsonCallParser):
         return super().feed(self._rewriter.feed(text, final), final)
 
     @classmethod
-    def constraint(cls, functions: dict[str, dict[str, Any]], multiple: bool,
-                   token_id: Callable[[str], int | None]) -> StructuredOutputs:
+    def constraint(
+        cls, functions: dict[str, dict[str, Any]], multiple: bool, token_id: Callable[[str], int | None]
+    ) -> StructuredOutputs:
         if token_id("[ARGS]") is not None:  # a v11+ tokenizer: the model was trained on the newer form
             return args_form_constraint(functions, multiple, token_id)
         calls = [call_schema(n, p) for n, p in functions.items()]
@@ -312,8 +315,9 @@ class MistralParser(JsonCallParser):
         schema = {"type": "array", "minItems": 1, "items": items}
         if not multiple:
             schema["maxItems"] = 1
-        return StructuredOutputs("grammar", f"start: {lark_tag('[TOOL_CALLS]', token_id)} calls\n"
-                                            f"calls: {lark_json(schema)}\n")
+        return StructuredOutputs(
+            "grammar", f"start: {lark_tag('[TOOL_CALLS]', token_id)} calls\ncalls: {lark_json(schema)}\n"
+        )
 
 
 class JsonListParser(JsonCallParser):

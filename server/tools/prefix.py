@@ -38,13 +38,13 @@ class PrefixParser(ToolParser):
             return out
         self._text += text
         reading = self.read(self._text, final)
-        out.content = reading.content[self._content:]
+        out.content = reading.content[self._content :]
         self._content = max(self._content, len(reading.content))
         for k, (name, args) in enumerate(reading.calls):
             if k == len(self._args):
                 out.calls.append(ToolCallDelta(k, openai_call_id(), name))
                 self._args.append(0)
-            piece = args[self._args[k]:]
+            piece = args[self._args[k] :]
             if piece:
                 out.calls.append(ToolCallDelta(k, arguments=piece))
                 self._args[k] = len(args)

@@ -29,8 +29,11 @@ class _Bad(Exception):
 
 def literal(node: ast.expr) -> Any:
     """A literal's value: constants, lists, tuples, dicts, negatives, and JSON's names."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, (str, int, float, bool)) or (
-            isinstance(node, ast.Constant) and node.value is None):
+    if (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, (str, int, float, bool))
+        or (isinstance(node, ast.Constant) and node.value is None)
+    ):
         return node.value
     if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
         return _JSON_NAMES[node.id]
@@ -121,7 +124,7 @@ def _arguments(text: str, i: int) -> tuple[str, int | None]:
         if text[j] in "\"'" and not text.startswith(text[j] * 3, j):
             end = _string_end(text, j)
             if end is None:
-                return so_far(string_part(key.group(), _partial_string(text[j + 1:], text[j]))), None
+                return so_far(string_part(key.group(), _partial_string(text[j + 1 :], text[j]))), None
         else:
             end = _value_end(text, j)
             if end is None:
@@ -170,8 +173,9 @@ class PythonicParser(PrefixParser):
         return Reading("", calls)
 
     @classmethod
-    def constraint(cls, functions: dict[str, dict[str, Any]], multiple: bool,
-                   token_id: Callable[[str], int | None]) -> StructuredOutputs:
+    def constraint(
+        cls, functions: dict[str, dict[str, Any]], multiple: bool, token_id: Callable[[str], int | None]
+    ) -> StructuredOutputs:
         rules: list[str] = []
         for f, (name, params) in enumerate(functions.items()):
             kvs = []

@@ -61,7 +61,7 @@ class Qwen3CoderParser(PrefixParser):
             if k < 0:
                 tail = text[pos:]
                 if not final:
-                    tail = tail[:len(tail) - held(tail, START)].rstrip(WS)
+                    tail = tail[: len(tail) - held(tail, START)].rstrip(WS)
                 elif seen:
                     tail = tail.rstrip(WS)
                 content.append(tail)
@@ -69,7 +69,7 @@ class Qwen3CoderParser(PrefixParser):
             content.append(text[pos:k].rstrip(WS))
             seen = True
             end = text.find(END, k + len(START))
-            body = text[k + len(START):end if end >= 0 else len(text)]
+            body = text[k + len(START) : end if end >= 0 else len(text)]
             found = self._functions_in(body)
             if end < 0:
                 if not found and final:
@@ -77,7 +77,7 @@ class Qwen3CoderParser(PrefixParser):
                 calls.extend(found)
                 return Reading("".join(content), calls)
             if not found:
-                content.append(text[k:end + len(END)])
+                content.append(text[k : end + len(END)])
             calls.extend(found)
             pos = end + len(END)
 
@@ -91,7 +91,7 @@ class Qwen3CoderParser(PrefixParser):
             close = body.find(">", i + len(FUNCTION))
             if close < 0:
                 return calls
-            name = body[i + len(FUNCTION):close].strip(WS)
+            name = body[i + len(FUNCTION) : close].strip(WS)
             args, end = self._parameters(body, close + 1, self._functions.get(name) or {})
             calls.append((name, args))
             if end is None:
@@ -111,14 +111,14 @@ class Qwen3CoderParser(PrefixParser):
             close = body.find(">", i + len(PARAM))
             if close < 0:
                 return "{" + ", ".join(parts), None
-            key = body[i + len(PARAM):close].strip(WS)
+            key = body[i + len(PARAM) : close].strip(WS)
             start = close + 1 + (1 if body.startswith("\n", close + 1) else 0)
             end = body.find(PARAM_END, start)
             schema = props.get(key)
             if end < 0:
                 if close + 1 < len(body) and is_text(schema):
                     raw = body[start:]
-                    raw = raw[:len(raw) - held(raw, "\n" + PARAM_END)]
+                    raw = raw[: len(raw) - held(raw, "\n" + PARAM_END)]
                     parts.append(string_part(key, raw))
                 return "{" + ", ".join(parts), None
             value = body[start:end]
@@ -127,18 +127,22 @@ class Qwen3CoderParser(PrefixParser):
             i = end + len(PARAM_END)
 
     @classmethod
-    def constraint(cls, functions: dict[str, dict[str, Any]], multiple: bool,
-                   token_id: Callable[[str], int | None]) -> StructuredOutputs:
+    def constraint(
+        cls, functions: dict[str, dict[str, Any]], multiple: bool, token_id: Callable[[str], int | None]
+    ) -> StructuredOutputs:
         rules: list[str] = []
         for f, (name, params) in enumerate(functions.items()):
             required = set(params.get("required") or ())
             seq = []
             for p, (key, schema) in enumerate(ordered_params(params)):
                 rules.append(f"v_{f}_{p}: {_value_rule(schema)}")
-                item = f"{json.dumps(PARAM + key + '>' + chr(10))} v_{f}_{p} {json.dumps(chr(10) + PARAM_END + chr(10))}"
+                item = (
+                    f"{json.dumps(PARAM + key + '>' + chr(10))} v_{f}_{p} {json.dumps(chr(10) + PARAM_END + chr(10))}"
+                )
                 seq.append(item if key in required else f"({item})?")
-            rules.append(f"fn_{f}: {json.dumps(FUNCTION + name + '>' + chr(10))} {' '.join(seq)} "
-                         f"{json.dumps(FUNCTION_END)}")
+            rules.append(
+                f"fn_{f}: {json.dumps(FUNCTION + name + '>' + chr(10))} {' '.join(seq)} {json.dumps(FUNCTION_END)}"
+            )
         fns = " | ".join(f"fn_{f}" for f in range(len(functions)))
         call = f'call: {lark_tag(START, token_id)} "\\n" fn "\\n" {lark_tag(END, token_id)}'
         start = 'start: call ("\\n" call)*' if multiple else "start: call"

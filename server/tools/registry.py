@@ -8,8 +8,11 @@ from server.tools.pythonic import PythonicParser
 from server.tools.qwen3_coder import Qwen3CoderParser
 
 TOOL_PARSERS: dict[str, type[ToolParser]] = {
-    "hermes": HermesParser, "mistral": MistralParser, "llama3_json": Llama3JsonParser,
-    "pythonic": PythonicParser, "qwen3_coder": Qwen3CoderParser,
+    "hermes": HermesParser,
+    "mistral": MistralParser,
+    "llama3_json": Llama3JsonParser,
+    "pythonic": PythonicParser,
+    "qwen3_coder": Qwen3CoderParser,
 }
 
 

@@ -115,7 +115,7 @@ def scan_object(s: str, i: int) -> ObjectScan:
         key_end = string_end(s, i)
         if key_end is None:
             return ObjectScan(members, None, False)
-        key = s[i + 1:key_end - 1]
+        key = s[i + 1 : key_end - 1]
         i = skip_ws(s, key_end)
         if i >= n:
             return ObjectScan(members, None, False)

@@ -17,9 +17,25 @@ pytestmark = pytest.mark.skipif(not gemm.available(), reason="no AVX512-BF16 CPU
 def test_a_step_of_the_checkpoints_shape_is_timed_part_by_part_for_both_libraries(qwen2_ckpt: Path) -> None:
     lib = build.load(build.FLAGS, build.NEEDS)
     assert lib is not None
-    out = subprocess.run([sys.executable, "-m", "bench.gemm_ab", str(lib._name), "--step", str(qwen2_ckpt),
-                          "--rows", "1", "3", "--rounds", "1"],
-                         capture_output=True, text=True, timeout=300, check=True).stdout.splitlines()
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.gemm_ab",
+            str(lib._name),
+            "--step",
+            str(qwen2_ckpt),
+            "--rows",
+            "1",
+            "3",
+            "--rounds",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout.splitlines()
     assert len(out) == 8, out
     part = r"qkv [\d.]+, o [\d.]+, gate_up [\d.]+, down [\d.]+, lm_head [\d.]+"
     for i, rows in ((0, 1), (4, 3)):

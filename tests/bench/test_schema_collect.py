@@ -9,13 +9,21 @@ import jsonschema
 from bench.schemas.collect import _bundle
 
 DOCS: dict[str, Any] = {
-    "https://example.org/base.json": {"$id": "https://example.org/base", "$schema": "x",
-                                      "definitions": {"opts": {"type": "object", "required": ["n"], "properties": {
-                                          "n": {"$ref": "#/definitions/count"},
-                                          "peer": {"$ref": "other.json#/definitions/word"}}},
-                                          "count": {"type": "integer", "minimum": 1}}},
-    "https://example.org/other.json": {"definitions": {"word": {"type": "string", "pattern": "^w"},
-                                                        "back": {"$ref": "base.json"}}},
+    "https://example.org/base.json": {
+        "$id": "https://example.org/base",
+        "$schema": "x",
+        "definitions": {
+            "opts": {
+                "type": "object",
+                "required": ["n"],
+                "properties": {"n": {"$ref": "#/definitions/count"}, "peer": {"$ref": "other.json#/definitions/word"}},
+            },
+            "count": {"type": "integer", "minimum": 1},
+        },
+    },
+    "https://example.org/other.json": {
+        "definitions": {"word": {"type": "string", "pattern": "^w"}, "back": {"$ref": "base.json"}}
+    },
 }
 
 
@@ -24,8 +32,10 @@ def load(doc: str) -> Any:
 
 
 def test_external_refs_are_bundled_and_rebased() -> None:
-    root = {"properties": {"o": {"$ref": "https://example.org/base#/definitions/opts"}, "l": {"$ref": "#/x"}},
-            "x": {"type": "null"}}
+    root = {
+        "properties": {"o": {"$ref": "https://example.org/base#/definitions/opts"}, "l": {"$ref": "#/x"}},
+        "x": {"type": "null"},
+    }
     out = _bundle(root, "https://example.org/root.json", load)
     assert out["properties"] == {"o": {"$ref": "#/$defs/base/definitions/opts"}, "l": {"$ref": "#/x"}}
     base = out["$defs"]["base"]
@@ -35,7 +45,9 @@ def test_external_refs_are_bundled_and_rebased() -> None:
     assert out["$defs"]["other"]["definitions"]["back"] == {"$ref": "#/$defs/base"}  # a cycle, bundled once
     v = jsonschema.Draft7Validator(out)
     assert v.is_valid({"o": {"n": 2, "peer": "wa"}})
-    assert not v.is_valid({"o": {"n": 0}}) and not v.is_valid({"o": {"n": 1, "peer": "x"}}) and not v.is_valid({"o": {}})
+    assert (
+        not v.is_valid({"o": {"n": 0}}) and not v.is_valid({"o": {"n": 1, "peer": "x"}}) and not v.is_valid({"o": {}})
+    )
 
 
 def test_refs_to_documents_the_source_lacks_stay_as_published() -> None:

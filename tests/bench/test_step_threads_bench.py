@@ -8,11 +8,36 @@ from pathlib import Path
 
 
 def test_the_bench_prints_both_cores_for_prefill_and_each_batch(qwen2_ckpt: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "bench.step_threads", "--model", str(qwen2_ckpt), "--dtype",
-                          "float32", "--prefill", "2x8", "--batch", "1", "3", "--rounds", "1", "--steps", "2"],
-                         capture_output=True, text=True, timeout=300, check=True).stdout.splitlines()
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.step_threads",
+            "--model",
+            str(qwen2_ckpt),
+            "--dtype",
+            "float32",
+            "--prefill",
+            "2x8",
+            "--batch",
+            "1",
+            "3",
+            "--rounds",
+            "1",
+            "--steps",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout.splitlines()
     assert [line.split(":")[0] for line in out] == [
-        "prefill 2x8 round 0 one thread", "prefill 2x8 round 0 all threads",
-        "decode batch 1 round 0 one thread", "decode batch 1 round 0 all threads",
-        "decode batch 3 round 0 one thread", "decode batch 3 round 0 all threads"], out
+        "prefill 2x8 round 0 one thread",
+        "prefill 2x8 round 0 all threads",
+        "decode batch 1 round 0 one thread",
+        "decode batch 1 round 0 all threads",
+        "decode batch 3 round 0 one thread",
+        "decode batch 3 round 0 all threads",
+    ], out
     assert all(" ms wall, " in line for line in out[2:]) and "1 step(s)" in out[0]

@@ -23,8 +23,17 @@ def _one_thread() -> None:
 
 def small(name: str) -> dict[str, Any]:
     """The named shape scaled down (same family, same flags), with shards forced by a tiny shard size."""
-    return dict(SHAPES[name], hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=16, vocab_size=1000, max_position_embeddings=512)
+    return dict(
+        SHAPES[name],
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=1000,
+        max_position_embeddings=512,
+    )
 
 
 @pytest.mark.parametrize("name, params", [("qwen2.5-0.5b", 494_032_768), ("llama-3.2-1b", 1_235_814_400)])
@@ -42,8 +51,9 @@ def test_shapes_are_the_real_models(name: str, params: int) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(SHAPES))
-def test_a_shaped_checkpoint_loads_in_both_implementations(tmp_path: Path, name: str,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_shaped_checkpoint_loads_in_both_implementations(
+    tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from transformers import AutoModelForCausalLM
 
     import demo.shapes as demo_shapes
@@ -51,8 +61,10 @@ def test_a_shaped_checkpoint_loads_in_both_implementations(tmp_path: Path, name:
     monkeypatch.setattr(demo_shapes, "SHARD_BYTES", 64 << 10)  # several shards and an index
     path = write_shaped_checkpoint(tmp_path / name, small(name), seed=3, tokenizer=False)
     index = json.loads((path / "model.safetensors.index.json").read_text())
-    assert len(set(index["weight_map"].values())) >= 3 and set(index["weight_map"]) == dict(tensor_shapes(
-        small(name))).keys()
+    assert (
+        len(set(index["weight_map"].values())) >= 3
+        and set(index["weight_map"]) == dict(tensor_shapes(small(name))).keys()
+    )
     for f in set(index["weight_map"].values()):
         with safe_open(path / f, framework="pt") as h:
             assert all(h.get_tensor(k).dtype == torch.bfloat16 for k in h.keys())
@@ -66,9 +78,9 @@ def test_a_shaped_checkpoint_loads_in_both_implementations(tmp_path: Path, name:
         ref = hf(ids).logits[0]
     # the engine's prefill of the same ids (the runner's paths are covered elsewhere; here only the weights)
     from engine.config import EngineConfig
+    from engine.core.sequence import ScheduledSeq, Sequence
     from engine.execution.model_runner import ModelRunner
     from engine.messages import SamplingParams
-    from engine.core.sequence import ScheduledSeq, Sequence
 
     runner = ModelRunner(EngineConfig(model=str(path), dtype="float32", num_blocks=8, block_size=4))
     seq = Sequence.new("a", ids[0].tolist(), SamplingParams(max_tokens=1, prompt_logprobs=0), 0.0)
@@ -86,9 +98,12 @@ def test_llama3_tokenizer_keeps_llama3_ids(tmp_path: Path) -> None:
     tok = AutoTokenizer.from_pretrained(tmp_path)
     assert len(tok) == llama3_tokenizer.VOCAB_SIZE == SHAPES["llama-3.2-1b"]["vocab_size"]
     assert tok("Hello world").input_ids == [128000, 9906, 1917]  # as Llama 3's own tokenizer
-    assert tok.convert_tokens_to_ids(["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
-                                      "<|reserved_special_token_247|>"]) == [128006, 128007, 128009, 128255]
+    assert tok.convert_tokens_to_ids(
+        ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|reserved_special_token_247|>"]
+    ) == [128006, 128007, 128009, 128255]
     text = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
-    assert text == ("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
-                    "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert text == (
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
     assert tok.decode([9906, 1917, 128009], skip_special_tokens=True) == "Hello world"

@@ -48,7 +48,9 @@ def test_qwen2_special_tokens() -> None:
 def _sentencepiece() -> object:
     import sentencepiece
 
-    return sentencepiece.SentencePieceProcessor(model_file=str(_package_file("mistral_common", "data", "tokenizer.model.v1")))
+    return sentencepiece.SentencePieceProcessor(
+        model_file=str(_package_file("mistral_common", "data", "tokenizer.model.v1"))
+    )
 
 
 @pytest.mark.parametrize("text", TEXTS)
@@ -64,7 +66,19 @@ def test_llama_ids_match_sentencepiece(text: str) -> None:
 def test_llama_ids_match_sentencepiece_on_random_text() -> None:
     sp = _sentencepiece()
     tok = hf_tokenizer.load_tokenizer("llama")
-    alphabet = list("abcXYZ  \n\t.,!?'0123") + ["你好", "👍", "🏽", "é", "\u0301", "ש", "     ", "\n\n", " the", "🇫🇷", "\x00"]
+    alphabet = list("abcXYZ  \n\t.,!?'0123") + [
+        "你好",
+        "👍",
+        "🏽",
+        "é",
+        "\u0301",
+        "ש",
+        "     ",
+        "\n\n",
+        " the",
+        "🇫🇷",
+        "\x00",
+    ]
     rng = random.Random(1234)
     for _ in range(300):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 25)))
@@ -97,7 +111,11 @@ def test_folder_loads_in_transformers_and_tokenizers(family: hf_tokenizer.Family
     text = "Hello 你好 👍🏽"
     assert auto.encode(text) == fast.encode(text).ids == hf_tokenizer.load_tokenizer(family).encode(text).ids
     assert auto.eos_token_id in hf_tokenizer.eos_token_ids(family)
-    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "q"}]
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "yo"},
+        {"role": "user", "content": "q"},
+    ]
     rendered = auto.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     expected = {
         "qwen2": "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"

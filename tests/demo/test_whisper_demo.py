@@ -17,8 +17,9 @@ TEXTS = ["Hello world!", " The quick brown fox, 1234 times.", "Ça va? 日本語
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("w") / "demo"
     cli = "import sys; from server.cli import main; sys.exit(main())"
-    out = subprocess.run([sys.executable, "-c", cli, "make-demo", "--whisper", str(path)], capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", cli, "make-demo", "--whisper", str(path)], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str(path)
     return path
@@ -41,8 +42,9 @@ def test_transformers_loads_it(demo: Path) -> None:
     from transformers import AutoTokenizer, GenerationConfig, WhisperConfig
 
     hf = AutoTokenizer.from_pretrained(demo)
-    assert hf.convert_tokens_to_ids(["<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>",
-                                     "<|0.00|>"]) == [50258, 50259, 50359, 50363, 50364]
+    assert hf.convert_tokens_to_ids(
+        ["<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>", "<|0.00|>"]
+    ) == [50258, 50259, 50359, 50363, 50364]
     gen = GenerationConfig.from_pretrained(demo)
     assert gen.lang_to_id["<|fr|>"] == 50265 and gen.task_to_id == {"transcribe": 50359, "translate": 50358}
     cfg = WhisperConfig.from_pretrained(demo)

@@ -26,18 +26,31 @@ def pointers(text: str) -> list[str]:
 
 def test_pointers_name_a_heading() -> None:
     known = headings()
-    files = [ROOT / "README.md"] + [p for folder in FOLDERS for p in sorted((ROOT / folder).rglob("*"))
-                                    if p.suffix in SUFFIXES and p.is_file()]
-    dangling = [f"{path.relative_to(ROOT)}: {name!r}" for path in files if path != Path(__file__)
-                for name in pointers(path.read_text(errors="replace"))
-                if not any(h.startswith(name) for h in known)]
+    files = [ROOT / "README.md"] + [
+        p for folder in FOLDERS for p in sorted((ROOT / folder).rglob("*")) if p.suffix in SUFFIXES and p.is_file()
+    ]
+    dangling = [
+        f"{path.relative_to(ROOT)}: {name!r}"
+        for path in files
+        if path != Path(__file__)
+        for name in pointers(path.read_text(errors="replace"))
+        if not any(h.startswith(name) for h in known)
+    ]
     assert dangling == []
 
 
 def test_the_pointer_pattern_reads_each_form() -> None:
-    text = ('see (bench/README.md, "Huge pages") and [bench/README.md](../bench/README.md), "Embeddings" and "Rerank"\n'
-            '// lack on cold weights (bench/README.md,\n// "The bf16 GEMM kernel", "Prefill products").\n'
-            'figures: bench/README.md "Tensor parallel"; plain bench/README.md holds the figures "not a pointer"\n'
-            'DOCS = ("bench/README.md", "pyproject.toml")')
-    assert pointers(text) == ["Huge pages", "Embeddings", "Rerank", "The bf16 GEMM kernel", "Prefill products",
-                              "Tensor parallel"]
+    text = (
+        'see (bench/README.md, "Huge pages") and [bench/README.md](../bench/README.md), "Embeddings" and "Rerank"\n'
+        '// lack on cold weights (bench/README.md,\n// "The bf16 GEMM kernel", "Prefill products").\n'
+        'figures: bench/README.md "Tensor parallel"; plain bench/README.md holds the figures "not a pointer"\n'
+        'DOCS = ("bench/README.md", "pyproject.toml")'
+    )
+    assert pointers(text) == [
+        "Huge pages",
+        "Embeddings",
+        "Rerank",
+        "The bf16 GEMM kernel",
+        "Prefill products",
+        "Tensor parallel",
+    ]

@@ -13,12 +13,24 @@ from tests.dashboards import DASHBOARDS, PROMETHEUS_EXAMPLE, ROOT, expressions, 
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 # what the dashboard must show (issue 31): a metric for each
-REQUIRED = {"num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prefix_cache_hits_total",
-            "prefix_cache_queries_total", "prompt_tokens_total", "generation_tokens_total",
-            "time_to_first_token_seconds_bucket", "inter_token_latency_seconds_bucket",
-            "e2e_request_latency_seconds_bucket", "request_success_total", "spindle_requests_rejected_total",
-            "spindle_engine_heartbeat_age_seconds", "spindle_engine_num_requests_running",
-            "spindle_engine_kv_cache_usage_perc", "spindle_engine_requests_routed_total"}
+REQUIRED = {
+    "num_requests_running",
+    "num_requests_waiting",
+    "kv_cache_usage_perc",
+    "prefix_cache_hits_total",
+    "prefix_cache_queries_total",
+    "prompt_tokens_total",
+    "generation_tokens_total",
+    "time_to_first_token_seconds_bucket",
+    "inter_token_latency_seconds_bucket",
+    "e2e_request_latency_seconds_bucket",
+    "request_success_total",
+    "spindle_requests_rejected_total",
+    "spindle_engine_heartbeat_age_seconds",
+    "spindle_engine_num_requests_running",
+    "spindle_engine_kv_cache_usage_perc",
+    "spindle_engine_requests_routed_total",
+}
 
 
 def test_there_is_a_dashboard() -> None:

@@ -43,8 +43,9 @@ def diary_lines(path: Path) -> list[tuple[int, str]]:
 
 
 def diary_hits(root: Path, git: str = "git") -> list[str]:
-    return [f"{path.relative_to(root)}:{n}: {line}" for path in repository_files(root, git)
-            for n, line in diary_lines(path)]
+    return [
+        f"{path.relative_to(root)}:{n}: {line}" for path in repository_files(root, git) for n, line in diary_lines(path)
+    ]
 
 
 def test_no_file_narrates_how_it_was_written() -> None:

@@ -20,8 +20,8 @@ import pytest
 from hypercorn.config import Config
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.messages import AddRequest
 from demo.tokenizers import tokenizer_dir
+from engine.messages import AddRequest
 from server.app import create_app
 from server.config import ServerConfig
 from tests.server.fake_engine import FakeEngineClient
@@ -41,8 +41,9 @@ def scrape(**config: Any) -> str:
     """GET /metrics from create_app(...) under Hypercorn's trio worker in a portal thread, fake engines."""
     import hypercorn.trio
 
-    cfg = ServerConfig.from_settings(**{"model": str(tokenizer_dir("qwen2")), "served_model_name": "tiny", "sse_keepalive": 0,
-                          **config})
+    cfg = ServerConfig.from_settings(
+        **{"model": str(tokenizer_dir("qwen2")), "served_model_name": "tiny", "sse_keepalive": 0, **config}
+    )
     app = create_app(cfg, engine_factory=asynccontextmanager(_fresh_fake))
     hc = Config()
     hc.bind = ["127.0.0.1:0"]
@@ -51,7 +52,8 @@ def scrape(**config: Any) -> str:
     with anyio.from_thread.start_blocking_portal(backend="trio") as portal:
         stop = portal.call(anyio.Event)
         future, binds = portal.start_task(
-            lambda task_status: hypercorn.trio.serve(app, hc, shutdown_trigger=stop.wait, task_status=task_status))
+            lambda task_status: hypercorn.trio.serve(app, hc, shutdown_trigger=stop.wait, task_status=task_status)
+        )
         try:
             r = httpx.get(binds[0] + "/metrics", timeout=30)
             assert r.status_code == 200
@@ -66,14 +68,17 @@ def exported_families(text: str) -> dict[str, str]:
     A counter's `_created` timestamp (prometheus_client's, parsed as a gauge of its own) belongs to the counter."""
     families = {f.name: f.type for f in text_string_to_metric_families(text)}
     counters = {n for n, t in families.items() if t == "counter"}
-    return {n + ("_total" if t == "counter" else ""): t for n, t in families.items()
-            if not (n.endswith("_created") and n.removesuffix("_created") in counters)}
+    return {
+        n + ("_total" if t == "counter" else ""): t
+        for n, t in families.items()
+        if not (n.endswith("_created") and n.removesuffix("_created") in counters)
+    }
 
 
 def metrics_section() -> str:
     text = OPERATIONS.read_text()
     start = text.index("## Metrics (`GET /metrics`")
-    return text[start:text.index("\n## ", start + 1)]
+    return text[start : text.index("\n## ", start + 1)]
 
 
 def doc_table() -> dict[str, str]:

@@ -112,6 +112,9 @@ def test_ci_runs_the_readme_commands() -> None:
     first = re.search(r"```bash\n(.*?)```", text("README.md"), re.S)
     assert first
     readme = [line.split("#")[0].strip() for line in first.group(1).splitlines() if line.strip()]
-    ci = [line.strip().replace("python -m pip install -q ", "pip install ") for line in text(".ci/run").splitlines()
-          if line.strip() and not line.startswith(("#", "set ", "cd ", "bash .ci/system-packages"))]
+    ci = [
+        line.strip().replace("python -m pip install -q ", "pip install ")
+        for line in text(".ci/run").splitlines()
+        if line.strip() and not line.startswith(("#", "set ", "cd ", "bash .ci/system-packages"))
+    ]
     assert readme == ci == ["pip install -e '.[test]'", "python -m pytest -q"]

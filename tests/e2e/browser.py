@@ -18,8 +18,10 @@ def chromium_path() -> str:
     """SPINDLE_CHROMIUM, else the first Chromium on PATH; a missing browser fails the test with what to install."""
     path = os.environ.get("SPINDLE_CHROMIUM") or next(filter(None, map(shutil.which, CANDIDATES)), None)
     if path is None:
-        pytest.fail("no Chromium for the browser tests: `apt-get install chromium` (.ci/run does), "
-                    "or point SPINDLE_CHROMIUM at one")
+        pytest.fail(
+            "no Chromium for the browser tests: `apt-get install chromium` (.ci/run does), "
+            "or point SPINDLE_CHROMIUM at one"
+        )
     return path
 
 
@@ -30,8 +32,9 @@ def launch() -> Iterator[Any]:
 
     with sync_playwright() as pw:
         # --no-sandbox: CI runs as root, where Chromium refuses its sandbox
-        browser = pw.chromium.launch(executable_path=chromium_path(), headless=True,
-                                     args=["--no-sandbox", "--disable-dev-shm-usage"])
+        browser = pw.chromium.launch(
+            executable_path=chromium_path(), headless=True, args=["--no-sandbox", "--disable-dev-shm-usage"]
+        )
         try:
             yield browser
         finally:

@@ -67,8 +67,20 @@ class Server:
 def start_server(model: Path, tmp: Path, *args: str, wait: bool = True, env: dict[str, str] | None = None) -> Server:
     port = free_port()
     log = tmp / f"server-{port}.log"
-    cmd = [sys.executable, "-m", "server", "--model", str(model), "--host", "127.0.0.1",
-           "--port", str(port), "--served-model-name", "tiny", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "server",
+        "--model",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        "tiny",
+        *args,
+    ]
     # the grammar backend is built at the first constrained request (+1 s of CPU per server start otherwise);
     # the structured-output modules turn the warm-up back on
     full_env = {**os.environ, "SPINDLE_LOG_LEVEL": "WARNING", "SPINDLE_STRUCTURED_OUTPUTS_WARMUP": "0", **(env or {})}
@@ -145,13 +157,21 @@ def qwen25_ckpt(checkpoints_root: Path) -> Path:
     path = checkpoints_root / "qwen25"
     if path.exists():
         return path
-    return write_random_checkpoint(path, "qwen2", **TINY, vocab_size=151_936, tie_word_embeddings=True,
-                                   rope_theta=1_000_000.0, tokenizer_family="qwen2.5")
+    return write_random_checkpoint(
+        path,
+        "qwen2",
+        **TINY,
+        vocab_size=151_936,
+        tie_word_embeddings=True,
+        rope_theta=1_000_000.0,
+        tokenizer_family="qwen2.5",
+    )
 
 
 @pytest.fixture(scope="session", params=["trio", "asyncio"])
-def server(request: pytest.FixtureRequest, qwen2_ckpt: Path,
-           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(
+    request: pytest.FixtureRequest, qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
     """The shared server, default flags, once per Hypercorn worker class: the e2e suite runs on both."""
     s = start_server(qwen2_ckpt, tmp_path_factory.mktemp("srv"), "--worker-class", request.param)
     yield s

@@ -21,7 +21,7 @@ def events(response: httpx.Response) -> Iterator[Any]:
                 continue  # keep-alive comment
             assert raw.startswith("data: "), raw
             assert not done, "event after [DONE]"
-            payload = raw[len("data: "):]
+            payload = raw[len("data: ") :]
             if payload == "[DONE]":
                 done = True
                 continue

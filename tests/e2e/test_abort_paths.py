@@ -43,9 +43,11 @@ async def read_events(r: httpx.Response, limit: int | None = None) -> list[str]:
 async def wait_engine_idle(server: Server, timeout: float = 20) -> None:
     with anyio.fail_after(timeout):
         while True:
-            if (server.metric("spindle_num_requests_running") == 0
-                    and server.metric("spindle_num_requests_waiting") == 0
-                    and server.metric("spindle_kv_cache_usage_perc") == 0):
+            if (
+                server.metric("spindle_num_requests_running") == 0
+                and server.metric("spindle_num_requests_waiting") == 0
+                and server.metric("spindle_kv_cache_usage_perc") == 0
+            ):
                 return
             await anyio.sleep(0.05)
 
@@ -56,12 +58,18 @@ async def test_half_of_100_streams_disconnect(server: Server) -> None:
     limits = {i: (rng.randrange(1, 20) if i % 2 else None) for i in range(100)}
     aborted_before = server.metric("spindle_request_success_total", 'finished_reason="abort"')
 
-    async with httpx.AsyncClient(base_url=server.url, timeout=120,
-                                 limits=httpx.Limits(max_connections=200)) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=httpx.Limits(max_connections=200)) as client:
+
         async def one(i: int) -> None:
-            body = {"model": "tiny", "prompt": f"story {i}", "max_tokens": 40 if limits[i] is None else 800,
-                    "temperature": 0.8,
-                    "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+            body = {
+                "model": "tiny",
+                "prompt": f"story {i}",
+                "max_tokens": 40 if limits[i] is None else 800,
+                "temperature": 0.8,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
             async with client.stream("POST", "/v1/completions", json=body) as r:
                 assert r.status_code == 200
                 done[i] = await read_events(r, limits[i])
@@ -78,8 +86,9 @@ async def test_half_of_100_streams_disconnect(server: Server) -> None:
             finishes = [c["finish_reason"] for e in evs[:-1] for c in json.loads(e)["choices"] if c["finish_reason"]]
             assert finishes == ["length"]
     # a disconnecting reader that already saw its finish (merged chunks) was not aborted
-    saw_finish = sum(1 for i, evs in done.items() if limits[i] is not None
-                     and any('"finish_reason":"' in e for e in evs))
+    saw_finish = sum(
+        1 for i, evs in done.items() if limits[i] is not None and any('"finish_reason":"' in e for e in evs)
+    )
     await wait_engine_idle(server)
     aborted = server.metric("spindle_request_success_total", 'finished_reason="abort"') - aborted_before
     assert aborted == 50 - saw_finish
@@ -94,8 +103,12 @@ async def test_nonstream_disconnect_aborts(server: Server) -> None:
     aborted_before = server.metric("spindle_request_success_total", 'finished_reason="abort"')
     async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: client.post("/v1/completions", json={
-                "model": "tiny", "prompt": "x", "n": n, "max_tokens": 1000, "ignore_eos": True}))
+            tg.start_soon(
+                lambda: client.post(
+                    "/v1/completions",
+                    json={"model": "tiny", "prompt": "x", "n": n, "max_tokens": 1000, "ignore_eos": True},
+                )
+            )
             with anyio.fail_after(20):  # disconnect once the engine runs every choice (another process: polled)
                 while server.metric("spindle_num_requests_running") < n:
                     await anyio.sleep(0.02)
@@ -119,8 +132,10 @@ class HeldRequest:
 
     def __init__(self, server: Server) -> None:
         self.sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
-        self.sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                          b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(self.BODY))
+        self.sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(self.BODY)
+        )
         head = b""
         while not head.endswith(b"\r\n\r\n"):
             chunk = self.sock.recv(1)
@@ -147,8 +162,8 @@ async def test_engine_sigkill_errors_every_stream(qwen2_ckpt: Path, tmp_path: Pa
         results: dict[int, tuple[float, list[str]]] = {}
         started = anyio.Event()
         n_started = 0
-        async with httpx.AsyncClient(base_url=srv.url, timeout=30,
-                                     limits=httpx.Limits(max_connections=50)) as client:
+        async with httpx.AsyncClient(base_url=srv.url, timeout=30, limits=httpx.Limits(max_connections=50)) as client:
+
             async def one(i: int) -> None:
                 nonlocal n_started
                 body = {"model": "tiny", "prompt": f"p{i}", "max_tokens": 900, "ignore_eos": True, "stream": True}
@@ -164,8 +179,11 @@ async def test_engine_sigkill_errors_every_stream(qwen2_ckpt: Path, tmp_path: Pa
             nonstream: list[httpx.Response] = []
 
             async def blocking() -> None:
-                nonstream.append(await client.post("/v1/completions", json={
-                    "model": "tiny", "prompt": "q", "max_tokens": 900, "ignore_eos": True}))
+                nonstream.append(
+                    await client.post(
+                        "/v1/completions", json={"model": "tiny", "prompt": "q", "max_tokens": 900, "ignore_eos": True}
+                    )
+                )
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(blocking)

@@ -19,14 +19,23 @@ ENGINE = "[-]m engine "  # the engine core's command line (pgrep -f)
 
 
 def _complete(url: str, **body: object) -> httpx.Response:
-    return httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 16, "ignore_eos": True, **body},
-                      timeout=60)
+    return httpx.post(
+        f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 16, "ignore_eos": True, **body}, timeout=60
+    )
 
 
 def test_two_api_servers_share_counters_and_limits_and_drain(qwen2_ckpt: Path, tmp_path: Path) -> None:
-    srv = start_server(qwen2_ckpt, tmp_path, "--api-server-count", "2", "--max-num-queued-reqs", "3",
-                       "--log-level", "info",
-                       env={"SPINDLE_LOG_LEVEL": "INFO", "SPINDLE_ENGINE_HEARTBEAT_TIMEOUT": "60"})
+    srv = start_server(
+        qwen2_ckpt,
+        tmp_path,
+        "--api-server-count",
+        "2",
+        "--max-num-queued-reqs",
+        "3",
+        "--log-level",
+        "info",
+        env={"SPINDLE_LOG_LEVEL": "INFO", "SPINDLE_ENGINE_HEARTBEAT_TIMEOUT": "60"},
+    )
     try:
         tree = process_tree(srv.proc.pid)
         assert len(children(srv.proc.pid)) == 3  # the engine core and two API processes
@@ -64,8 +73,12 @@ def test_two_api_servers_share_counters_and_limits_and_drain(qwen2_ckpt: Path, t
         streaming = threading.Event()
 
         def stream() -> None:
-            with httpx.stream("POST", f"{srv.url}/v1/completions", timeout=60,
-                              json={"prompt": "hi", "max_tokens": 200, "ignore_eos": True, "stream": True}) as r:
+            with httpx.stream(
+                "POST",
+                f"{srv.url}/v1/completions",
+                timeout=60,
+                json={"prompt": "hi", "max_tokens": 200, "ignore_eos": True, "stream": True},
+            ) as r:
                 for line in r.iter_lines():
                     chunks.append(line)
                     streaming.set()  # the first token is out: the request is in flight
@@ -109,8 +122,11 @@ def test_api_server_count_below_one_is_refused(count: str) -> None:
 
 
 def _greedy(url: str, prompt: str) -> str:
-    r = httpx.post(f"{url}/v1/completions", timeout=60,
-                   json={"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+    r = httpx.post(
+        f"{url}/v1/completions",
+        timeout=60,
+        json={"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True},
+    )
     assert r.status_code == 200, r.text
     return str(r.json()["choices"][0]["text"])
 
@@ -126,8 +142,17 @@ def test_two_api_servers_over_two_engines(qwen2_ckpt: Path, tmp_path: Path) -> N
         expected = [_greedy(one.url, p) for p in prompts]
     finally:
         one.stop()
-    srv = start_server(qwen2_ckpt, tmp_path, "--num-blocks", "256", "--api-server-count", "2",
-                       "--data-parallel-size", "2", env={"SPINDLE_ENGINE_HEARTBEAT_TIMEOUT": "60"})
+    srv = start_server(
+        qwen2_ckpt,
+        tmp_path,
+        "--num-blocks",
+        "256",
+        "--api-server-count",
+        "2",
+        "--data-parallel-size",
+        "2",
+        env={"SPINDLE_ENGINE_HEARTBEAT_TIMEOUT": "60"},
+    )
     try:
         tree = process_tree(srv.proc.pid)
         assert len(children(srv.proc.pid, ENGINE)) == 2 and len(children(srv.proc.pid)) == 4  # and 2 API processes
@@ -156,8 +181,12 @@ def test_one_engine_dying_stops_every_api_server_over_two_engines(qwen2_ckpt: Pa
         engines = children(srv.proc.pid, ENGINE)
         assert len(engines) == 2
         with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a stream in flight (on either engine) fails
-            long = pool.submit(httpx.post, f"{srv.url}/v1/completions", timeout=60,
-                               json={"prompt": "count", "max_tokens": 1000, "ignore_eos": True, "stream": True})
+            long = pool.submit(
+                httpx.post,
+                f"{srv.url}/v1/completions",
+                timeout=60,
+                json={"prompt": "count", "max_tokens": 1000, "ignore_eos": True, "stream": True},
+            )
             wait_until(lambda: srv.metric("spindle_num_requests_running") >= 1, 30, "the stream is running")
             os.kill(engines[1], signal.SIGKILL)
             body = long.result().text

@@ -43,8 +43,7 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def srv(ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = start_server(ckpt, tmp_path_factory.mktemp("wsrv"), "--max-num-seqs", "16", "--max-model-len",
-                     str(MAX_NEW + 4))
+    s = start_server(ckpt, tmp_path_factory.mktemp("wsrv"), "--max-num-seqs", "16", "--max-model-len", str(MAX_NEW + 4))
     yield s
     s.stop()
 
@@ -121,8 +120,9 @@ def test_prompt_conditions_as_in_transformers(client: openai.OpenAI, hf: Any, ck
     data = encode(tone(3.0, freq=510, seed=12), SR, "wav")
     samples = sf.read(io.BytesIO(data), dtype="float32")[0]
     ids = AutoTokenizer.from_pretrained(ckpt).get_prompt_ids("hello there", return_tensors="pt")
-    got = client.audio.transcriptions.create(model="tiny", file=upload(data, "a.wav"), language="en",
-                                             prompt="hello there")
+    got = client.audio.transcriptions.create(
+        model="tiny", file=upload(data, "a.wav"), language="en", prompt="hello there"
+    )
     want = reference(hf, ckpt, samples, MAX_NEW - len(ids), language="en", task="transcribe", prompt_ids=ids)
     assert got.text == want
     assert got.text != reference(hf, ckpt, samples, language="en", task="transcribe")
@@ -130,10 +130,12 @@ def test_prompt_conditions_as_in_transformers(client: openai.OpenAI, hf: Any, ck
 
 def test_stream_equals_non_stream(client: openai.OpenAI) -> None:
     data = encode(tone(4.0, freq=350, seed=7), SR, "flac")
-    plain = client.audio.transcriptions.create(model="tiny", file=upload(data, "a.flac"), language="en",
-                                               response_format="text")
-    events = list(client.audio.transcriptions.create(model="tiny", file=upload(data, "a.flac"), language="en",
-                                                     stream=True))
+    plain = client.audio.transcriptions.create(
+        model="tiny", file=upload(data, "a.flac"), language="en", response_format="text"
+    )
+    events = list(
+        client.audio.transcriptions.create(model="tiny", file=upload(data, "a.flac"), language="en", stream=True)
+    )
     deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
     done = [e for e in events if e.type == "transcript.text.done"]
     assert len(done) == 1 and events[-1] is done[0] and len(deltas) > 1
@@ -151,31 +153,46 @@ def _secs(h: str, m: str, s: str, ms: str) -> float:
 
 def test_verbose_json_srt_vtt(client: openai.OpenAI) -> None:
     data = encode(tone(5.0, freq=420, seed=8), SR, "wav")
-    verbose = client.audio.transcriptions.create(model="tiny", file=upload(data, "a.wav"), language="en",
-                                                 response_format="verbose_json", timestamp_granularities=["segment"])
+    verbose = client.audio.transcriptions.create(
+        model="tiny",
+        file=upload(data, "a.wav"),
+        language="en",
+        response_format="verbose_json",
+        timestamp_granularities=["segment"],
+    )
     assert verbose.language == "english" and verbose.duration == pytest.approx(5.0)
     segs = verbose.segments or []
     assert segs and all(0 <= s.start <= s.end <= 5.0 for s in segs)
     assert all(s.tokens and s.avg_logprob <= 0 for s in segs)
     assert all(0.0 < s.no_speech_prob < 1.0 for s in segs) and len({s.no_speech_prob for s in segs}) == 1
-    srt = client.audio.transcriptions.create(model="tiny", file=upload(data, "a.wav"), language="en",
-                                             response_format="srt")
+    srt = client.audio.transcriptions.create(
+        model="tiny", file=upload(data, "a.wav"), language="en", response_format="srt"
+    )
     blocks = _SRT.findall(srt)
     assert "".join(f"{b[0]}\n" for b in blocks) and len(_SRT.sub("", srt)) == 0
     assert [int(b[0]) for b in blocks] == list(range(1, len(segs) + 1))
-    assert [(_secs(*b[1:5]), _secs(*b[5:9])) for b in blocks] == [(pytest.approx(s.start), pytest.approx(s.end))
-                                                                  for s in segs]
+    assert [(_secs(*b[1:5]), _secs(*b[5:9])) for b in blocks] == [
+        (pytest.approx(s.start), pytest.approx(s.end)) for s in segs
+    ]
     assert [b[9] for b in blocks] == [s.text.strip() for s in segs]
-    vtt = client.audio.transcriptions.create(model="tiny", file=upload(data, "a.wav"), language="en",
-                                             response_format="vtt")
+    vtt = client.audio.transcriptions.create(
+        model="tiny", file=upload(data, "a.wav"), language="en", response_format="vtt"
+    )
     assert vtt.startswith("WEBVTT\n\n")
-    cues = _VTT.findall(vtt[len("WEBVTT\n\n"):])
-    assert len(_VTT.sub("", vtt[len("WEBVTT\n\n"):])) == 0 and [c[8] for c in cues] == [b[9] for b in blocks]
+    cues = _VTT.findall(vtt[len("WEBVTT\n\n") :])
+    assert len(_VTT.sub("", vtt[len("WEBVTT\n\n") :])) == 0 and [c[8] for c in cues] == [b[9] for b in blocks]
 
 
 def test_long_audio_split_and_joined(client: openai.OpenAI, hf: Any, ckpt: Path) -> None:
-    audio = np.concatenate([tone(29.5, freq=300, seed=9), np.zeros(SR // 2, np.float32),
-                            tone(25.0, freq=900, seed=10), np.zeros(SR // 4, np.float32), tone(10.0, seed=11)])
+    audio = np.concatenate(
+        [
+            tone(29.5, freq=300, seed=9),
+            np.zeros(SR // 2, np.float32),
+            tone(25.0, freq=900, seed=10),
+            np.zeros(SR // 4, np.float32),
+            tone(10.0, seed=11),
+        ]
+    )
     data = encode(audio, SR, "flac")
     starts = split_points(audio)
     assert len(starts) == 3 and 29 * SR <= starts[1] <= 30 * SR
@@ -183,11 +200,13 @@ def test_long_audio_split_and_joined(client: openai.OpenAI, hf: Any, ckpt: Path)
     want = " ".join(reference(hf, ckpt, audio[a:b], language="en", task="transcribe") for a, b in zip(starts, ends))
     got = client.audio.transcriptions.create(model="tiny", file=upload(data, "long.flac"), language="en")
     assert got.text == want
-    events = list(client.audio.transcriptions.create(model="tiny", file=upload(data, "long.flac"), language="en",
-                                                     stream=True))
+    events = list(
+        client.audio.transcriptions.create(model="tiny", file=upload(data, "long.flac"), language="en", stream=True)
+    )
     assert "".join(e.delta for e in events if e.type == "transcript.text.delta") == want == events[-1].text
-    verbose = client.audio.transcriptions.create(model="tiny", file=upload(data, "long.flac"), language="en",
-                                                 response_format="verbose_json")
+    verbose = client.audio.transcriptions.create(
+        model="tiny", file=upload(data, "long.flac"), language="en", response_format="verbose_json"
+    )
     seeks = sorted({s.seek for s in verbose.segments or []})
     assert seeks == [round(a / SR * 100) for a in starts]
     assert all(s.start >= s.seek / 100 - 1e-6 for s in verbose.segments or [])
@@ -207,21 +226,25 @@ def test_bad_inputs(srv: Server) -> None:
     wav = encode(tone(1.0), SR, "wav")
     m4a = encode(tone(1.0), SR, "m4a")
     _err(_post(srv, files={"file": ("a.txt", b"hello, this is not audio at all" * 10)}), 400, "could not be decoded")
-    _err(_post(srv, files={"file": ("a.m4a", m4a[:len(m4a) // 2])}), 400)
+    _err(_post(srv, files={"file": ("a.m4a", m4a[: len(m4a) // 2])}), 400)
     _err(_post(srv, files={"file": ("a.wav", b"")}), 400, "empty")
     _err(_post(srv, files={"file": ("a.wav", encode(np.zeros(0, np.float32), SR, "wav"))}), 400, "zero length")
     _err(_post(srv, files={"file": ("a.wav", wav)}, response_format="xml"), 400, "response_format")
     _err(_post(srv, files={"file": ("a.wav", wav)}, response_format="verbose_json", stream="true"), 400, "stream")
     _err(_post(srv, files={"model": (None, "tiny")}), 400, "no `file` part")  # multipart, no file
-    _err(_post(srv, files={"file": ("a.wav", wav)}, timestamp_granularities="word", response_format="verbose_json"),
-         400, "word timestamps are not supported")
+    _err(
+        _post(srv, files={"file": ("a.wav", wav)}, timestamp_granularities="word", response_format="verbose_json"),
+        400,
+        "word timestamps are not supported",
+    )
     _err(_post(srv, files={"file": ("a.wav", wav)}, language="xx"), 400, "language")
     _err(_post(srv, files={"file": ("a.wav", wav)}, temperature="2"), 400, "temperature")
     _err(_post(srv, files={"file": ("a.wav", wav)}, model="other"), 404, "does not exist")
     r = httpx.post(f"{srv.url}/v1/audio/transcriptions", json={"file": "x"}, timeout=10)
     assert r.status_code == 415
-    chat = httpx.post(f"{srv.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]},
-                      timeout=10)
+    chat = httpx.post(
+        f"{srv.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}, timeout=10
+    )
     _err(chat, 400, "speech-to-text model")
     ok = _post(srv, files={"file": ("a.wav", wav)}, language="en")
     assert ok.status_code == 200 and ok.json()["text"]
@@ -239,9 +262,11 @@ def test_audio_route_on_a_text_model(qwen2_ckpt: Path, tmp_path: Path) -> None:
 
 def test_limits_from_the_flags(ckpt: Path, tmp_path: Path) -> None:
     """--max-audio-filesize-mb and --max-audio-duration-s at, under and over, each a 400 naming its flag."""
-    s = start_server(ckpt, tmp_path, "--max-audio-filesize-mb", "0.1", "--max-audio-duration-s", "2",
-                     "--max-model-len", "8")
+    s = start_server(
+        ckpt, tmp_path, "--max-audio-filesize-mb", "0.1", "--max-audio-duration-s", "2", "--max-model-len", "8"
+    )
     try:
+
         def wav(frames: int) -> bytes:
             return encode(np.zeros(frames, np.float32), SR, "wav")  # 44-byte header + 2 bytes a frame
 
@@ -256,7 +281,7 @@ def test_limits_from_the_flags(ckpt: Path, tmp_path: Path) -> None:
         pad = b"\0" * (size - len(blob))  # trailing bytes past the WAV's data chunk are ignored by the decoder
         for extra, status in ((0, 200), (-1, 200), (1, 400)):
             body = blob + pad + b"\0" * max(extra, 0)
-            body = body[:len(body) + extra] if extra < 0 else body
+            body = body[: len(body) + extra] if extra < 0 else body
             r = _post(s, files={"file": ("a.wav", body)}, language="en")
             assert r.status_code == status, (len(body), r.text)
             if status == 400:
@@ -269,8 +294,9 @@ def test_ten_minutes(client: openai.OpenAI) -> None:
     """A 10-minute file (the default duration cap, exactly): 20 windows in one batch, segments in every one."""
     audio = np.concatenate([tone(30.0, freq=200 + 40 * k, seed=k) for k in range(20)])
     assert len(audio) == 600 * SR
-    verbose = client.audio.transcriptions.create(model="tiny", file=upload(encode(audio, SR, "flac"), "ten.flac"),
-                                                 language="en", response_format="verbose_json")
+    verbose = client.audio.transcriptions.create(
+        model="tiny", file=upload(encode(audio, SR, "flac"), "ten.flac"), language="en", response_format="verbose_json"
+    )
     assert verbose.duration == pytest.approx(600.0)
     assert sorted({s.seek for s in verbose.segments or []}) == [round(a / SR * 100) for a in split_points(audio)]
     assert len(split_points(audio)) == 21 and verbose.usage.seconds == 600  # type: ignore[union-attr]
@@ -282,30 +308,68 @@ def test_vllm_sampling_fields(srv: Server, client: openai.OpenAI, hf: Any, ckpt:
     a seed reproduces a sampled answer; stream_include_usage false leaves the usage out of the done event."""
     data = encode(tone(3.0, freq=610, seed=13), SR, "wav")
     samples = sf.read(io.BytesIO(data), dtype="float32")[0]
-    got = client.audio.transcriptions.create(model="tiny", file=upload(data, "a.wav"), language="en",
-                                             extra_body={"max_completion_tokens": 16})
+    got = client.audio.transcriptions.create(
+        model="tiny", file=upload(data, "a.wav"), language="en", extra_body={"max_completion_tokens": 16}
+    )
     assert got.text == reference(hf, ckpt, samples, 16, language="en", task="transcribe")
     assert got.text != reference(hf, ckpt, samples, language="en", task="transcribe")
-    verbose = _post(srv, files={"file": ("a.wav", data)}, language="en", response_format="verbose_json",
-                    max_completion_tokens="16")
+    verbose = _post(
+        srv, files={"file": ("a.wav", data)}, language="en", response_format="verbose_json", max_completion_tokens="16"
+    )
     assert sum(len(s["tokens"]) for s in verbose.json()["segments"]) <= 16
     for path in ("/v1/audio/transcriptions", "/v1/audio/translations"):
-        assert _post(srv, path, files={"file": ("a.wav", data)}, language="en", max_completion_tokens="64",
-                     top_p="1", top_k="-1", min_p="0", frequency_penalty="2", presence_penalty="-2",
-                     repetition_penalty="2").status_code == 200
-        for field, value in (("max_completion_tokens", "65"), ("max_completion_tokens", "0"), ("top_p", "0"),
-                             ("top_k", "-2"), ("min_p", "1.01"), ("frequency_penalty", "2.01"),
-                             ("presence_penalty", "-2.01"), ("repetition_penalty", "0"), ("seed", str(1 << 63)),
-                             ("stream_include_usage", "true")):
+        assert (
+            _post(
+                srv,
+                path,
+                files={"file": ("a.wav", data)},
+                language="en",
+                max_completion_tokens="64",
+                top_p="1",
+                top_k="-1",
+                min_p="0",
+                frequency_penalty="2",
+                presence_penalty="-2",
+                repetition_penalty="2",
+            ).status_code
+            == 200
+        )
+        for field, value in (
+            ("max_completion_tokens", "65"),
+            ("max_completion_tokens", "0"),
+            ("top_p", "0"),
+            ("top_k", "-2"),
+            ("min_p", "1.01"),
+            ("frequency_penalty", "2.01"),
+            ("presence_penalty", "-2.01"),
+            ("repetition_penalty", "0"),
+            ("seed", str(1 << 63)),
+            ("stream_include_usage", "true"),
+        ):
             r = _post(srv, path, files={"file": ("a.wav", data)}, language="en", **{field: value})
             _err(r, 400)
             assert r.json()["error"]["param"] == field, (field, value, r.text)
-    sampled = [_post(srv, files={"file": ("a.wav", data)}, language="en", temperature="1", seed=str(s),
-                     max_completion_tokens="24").json()["text"] for s in (7, 7, 8)]
+    sampled = [
+        _post(
+            srv,
+            files={"file": ("a.wav", data)},
+            language="en",
+            temperature="1",
+            seed=str(s),
+            max_completion_tokens="24",
+        ).json()["text"]
+        for s in (7, 7, 8)
+    ]
     assert sampled[0] == sampled[1] != sampled[2]
-    events = list(client.audio.transcriptions.create(model="tiny", file=upload(data, "a.wav"), language="en",
-                                                     stream=True, extra_body={"stream_include_usage": "false",
-                                                                              "max_completion_tokens": 16}))
+    events = list(
+        client.audio.transcriptions.create(
+            model="tiny",
+            file=upload(data, "a.wav"),
+            language="en",
+            stream=True,
+            extra_body={"stream_include_usage": "false", "max_completion_tokens": 16},
+        )
+    )
     assert events[-1].type == "transcript.text.done" and events[-1].usage is None  # type: ignore[union-attr]
     assert events[-1].text == got.text
 

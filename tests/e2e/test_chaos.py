@@ -42,22 +42,32 @@ def long_ckpt(checkpoints_root: Path) -> Path:
     from demo.checkpoints import write_random_checkpoint
     from tests.conftest import TINY
 
-    return write_random_checkpoint(checkpoints_root / "qwen2-4k", "qwen2", **{**TINY, "max_position_embeddings": MAX_LEN},
-                                   vocab_size=151_646, tie_word_embeddings=True, rope_theta=1_000_000.0)
+    return write_random_checkpoint(
+        checkpoints_root / "qwen2-4k",
+        "qwen2",
+        **{**TINY, "max_position_embeddings": MAX_LEN},
+        vocab_size=151_646,
+        tie_word_embeddings=True,
+        rope_theta=1_000_000.0,
+    )
 
 
 @pytest.fixture(scope="module")
 def chaos(long_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = start_server(long_ckpt, tmp_path_factory.mktemp("chaos"), "--max-model-len", str(MAX_LEN),
-                     "--max-num-batched-tokens", "1024")
+    s = start_server(
+        long_ckpt, tmp_path_factory.mktemp("chaos"), "--max-model-len", str(MAX_LEN), "--max-num-batched-tokens", "1024"
+    )
     yield s
     s.stop()
 
 
 def _post_bytes(path: str, body: dict[str, object]) -> bytes:
     data = json.dumps(body).encode()
-    return (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-            % (path.encode(), len(data)) + data)
+    return (
+        b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+        % (path.encode(), len(data))
+        + data
+    )
 
 
 def _reset(sock: socket.socket) -> None:
@@ -118,8 +128,10 @@ async def idle(srv: Server, timeout: float = 60) -> None:
 
 
 async def storm(srv: Server, rng: random.Random, clients: int = 24, stopping: anyio.Event | None = None) -> None:
-    body = _post_bytes("/v1/completions", {"model": "tiny", "prompt": [rng.randrange(100, 150_000) for _ in range(BIG)],
-                                           "max_tokens": 16})
+    body = _post_bytes(
+        "/v1/completions",
+        {"model": "tiny", "prompt": [rng.randrange(100, 150_000) for _ in range(BIG)], "max_tokens": 16},
+    )
     async with anyio.create_task_group() as tg:
         for _ in range(clients):
             tg.start_soon(vanish, srv.port, body, rng, stopping)
@@ -150,8 +162,7 @@ async def test_big_prompt_disconnect_storm_leaves_the_server_healthy(chaos: Serv
 
 async def test_engine_stopped_for_3s_under_32_streams_then_all_complete(chaos: Server) -> None:
     engine = chaos.engine_pid()
-    async with httpx.AsyncClient(base_url=chaos.url, timeout=120,
-                                 limits=httpx.Limits(max_connections=40)) as client:
+    async with httpx.AsyncClient(base_url=chaos.url, timeout=120, limits=httpx.Limits(max_connections=40)) as client:
         results: list[list[str]] = []
         before = chaos.metric("spindle_num_requests_running")
 
@@ -179,8 +190,9 @@ async def test_idle_and_trickling_connections_do_not_starve_streams_or_health(ch
         for _ in range(1000):  # idle keep-alive connections: connected, one request done or none
             s = socket.create_connection(("127.0.0.1", chaos.port))
             idle_socks.append(s)
-        async with httpx.AsyncClient(base_url=chaos.url, timeout=120,
-                                     limits=httpx.Limits(max_connections=40)) as client:
+        async with httpx.AsyncClient(
+            base_url=chaos.url, timeout=120, limits=httpx.Limits(max_connections=40)
+        ) as client:
             results: list[list[str]] = []
             done = anyio.Event()
 
@@ -232,8 +244,9 @@ print(json.dumps(out))
 
 def start_probe(srv: Server) -> subprocess.Popen[str]:
     """GET /health every 20 ms on one keep-alive connection, from another process."""
-    return subprocess.Popen([sys.executable, "-c", PROBE, str(srv.port)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", PROBE, str(srv.port)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
 
 
 def stop_probe(probe: subprocess.Popen[str]) -> list[float]:
@@ -253,8 +266,9 @@ def rss_kib(pid: int) -> int:
 async def test_a_client_that_stops_reading_costs_no_memory_and_no_latency(chaos: Server) -> None:
     """One stream's reader stops for 60 s; the server's RSS stays flat and the other streams' inter-token
     latency stays what it was without the stalled reader."""
-    body = _post_bytes("/v1/completions", {"model": "tiny", "prompt": "stall", "max_tokens": 3000,
-                                           "ignore_eos": True, "stream": True})
+    body = _post_bytes(
+        "/v1/completions", {"model": "tiny", "prompt": "stall", "max_tokens": 3000, "ignore_eos": True, "stream": True}
+    )
     stalled = socket.socket()
     stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
     stalled.connect(("127.0.0.1", chaos.port))

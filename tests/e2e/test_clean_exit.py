@@ -38,15 +38,21 @@ print(sorted(m for m in ("triton", "torch._dynamo") if m in sys.modules))
 
 def test_cpu_path_imports_no_triton(qwen2_ckpt: Path) -> None:
     vocab = json.loads((qwen2_ckpt / "config.json").read_text())["vocab_size"]
-    out = subprocess.run([sys.executable, "-c", _CPU_PATH, str(qwen2_ckpt), str(vocab)], capture_output=True,
-                         text=True, timeout=120, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-c", _CPU_PATH, str(qwen2_ckpt), str(vocab)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
 
 
 def test_stop_on_cpu_leaves_no_nanobind_leak_report(qwen2_ckpt: Path, tmp_path: Path) -> None:
-    server = start_server(qwen2_ckpt, tmp_path, env={"SPINDLE_STRUCTURED_OUTPUTS_WARMUP": "1",
-                                                     "SPINDLE_LOG_LEVEL": "INFO"})
+    server = start_server(
+        qwen2_ckpt, tmp_path, env={"SPINDLE_STRUCTURED_OUTPUTS_WARMUP": "1", "SPINDLE_LOG_LEVEL": "INFO"}
+    )
     assert server.stop() == 0
     log = server.log.read_text(errors="replace")
     assert "grammar backend ready" in log  # the warm-up ran: llguidance was loaded
@@ -55,8 +61,19 @@ def test_stop_on_cpu_leaves_no_nanobind_leak_report(qwen2_ckpt: Path, tmp_path: 
 
 def test_failed_start_prints_no_running_on(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
-    cmd = [sys.executable, "-m", "server", "--model", str(tmp_path / "missing"), "--host", "127.0.0.1",
-           "--port", str(free_port()), "--log-level", "info"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "server",
+        "--model",
+        str(tmp_path / "missing"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(free_port()),
+        "--log-level",
+        "info",
+    ]
     with log.open("wb") as f:
         code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=120).returncode
     text = log.read_text(errors="replace")

@@ -82,9 +82,12 @@ def test_killing_one_engine_fails_requests_and_exits_non_zero(qwen2_ckpt: Path, 
         pids = children(two.proc.pid, "[-]m engine ")
         assert len(pids) == 2, pids
         with ThreadPoolExecutor(1) as pool:
-            long = pool.submit(httpx.post, f"{two.url}/v1/completions", timeout=60,
-                               json={"model": "tiny", "prompt": "count", "max_tokens": 1000, "ignore_eos": True,
-                                     "stream": True})
+            long = pool.submit(
+                httpx.post,
+                f"{two.url}/v1/completions",
+                timeout=60,
+                json={"model": "tiny", "prompt": "count", "max_tokens": 1000, "ignore_eos": True, "stream": True},
+            )
             wait_until(lambda: two.metric("spindle_num_requests_running") >= 1, 30, "the stream is running")
             os.kill(pids[1], signal.SIGKILL)
             body = long.result().text

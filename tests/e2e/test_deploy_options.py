@@ -18,8 +18,13 @@ from tests.e2e.conftest import Server, start_server
 KEY = "deploy-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 ORIGIN = "https://app.example"
-CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "stream": True,
-        "ignore_eos": True}
+CHAT = {
+    "model": "tiny",
+    "messages": [{"role": "user", "content": "Hi"}],
+    "max_tokens": 8,
+    "stream": True,
+    "ignore_eos": True,
+}
 
 
 def self_signed(folder: Path) -> tuple[Path, Path]:
@@ -30,29 +35,50 @@ def self_signed(folder: Path) -> tuple[Path, Path]:
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
     key_file, cert_file = folder / "key.pem", folder / "cert.pem"
-    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_file.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return key_file, cert_file
 
 
 @pytest.fixture(scope="module", params=["trio", "asyncio"])
-def tls_server(request: pytest.FixtureRequest, qwen2_ckpt: Path,
-               tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str, ssl.SSLContext]]:
+def tls_server(
+    request: pytest.FixtureRequest, qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Server, str, ssl.SSLContext]]:
     tmp = tmp_path_factory.mktemp("tls")
     key_file, cert_file = self_signed(tmp)
-    s = start_server(qwen2_ckpt, tmp, "--worker-class", request.param, "--ssl-keyfile", str(key_file),
-                     "--ssl-certfile", str(cert_file), "--api-key", KEY, "--allowed-origins", json.dumps([ORIGIN]),
-                     "--root-path", "/llm", wait=False)
+    s = start_server(
+        qwen2_ckpt,
+        tmp,
+        "--worker-class",
+        request.param,
+        "--ssl-keyfile",
+        str(key_file),
+        "--ssl-certfile",
+        str(cert_file),
+        "--api-key",
+        KEY,
+        "--allowed-origins",
+        json.dumps([ORIGIN]),
+        "--root-path",
+        "/llm",
+        wait=False,
+    )
     url = f"https://127.0.0.1:{s.port}"
     ctx = ssl.create_default_context(cafile=str(cert_file))
     _wait(s, url, ctx)
@@ -95,12 +121,18 @@ def test_streamed_chat_over_h2_and_http11_with_tls(tls_server: tuple[Server, str
         assert version == "HTTP/1.1" and lines[-1] == "data: [DONE]" and len(lines) >= 8
 
 
-def test_cors_preflight_needs_no_key_and_answers_carry_headers(
-        tls_server: tuple[Server, str, ssl.SSLContext]) -> None:
+def test_cors_preflight_needs_no_key_and_answers_carry_headers(tls_server: tuple[Server, str, ssl.SSLContext]) -> None:
     _s, url, ctx = tls_server
-    pre = httpx.options(f"{url}/v1/chat/completions", verify=ctx, timeout=10, headers={
-        "Origin": ORIGIN, "Access-Control-Request-Method": "POST",
-        "Access-Control-Request-Headers": "authorization, content-type"})
+    pre = httpx.options(
+        f"{url}/v1/chat/completions",
+        verify=ctx,
+        timeout=10,
+        headers={
+            "Origin": ORIGIN,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type",
+        },
+    )
     assert pre.status_code == 200, pre.text
     assert pre.headers["access-control-allow-origin"] == ORIGIN
     assert "POST" in pre.headers["access-control-allow-methods"]
@@ -111,8 +143,12 @@ def test_cors_preflight_needs_no_key_and_answers_carry_headers(
     assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == ORIGIN
     other = httpx.get(f"{url}/v1/models", headers={**AUTH, "Origin": "https://evil.example"}, verify=ctx, timeout=10)
     assert other.status_code == 200 and "access-control-allow-origin" not in other.headers
-    bad_pre = httpx.options(f"{url}/v1/models", verify=ctx, timeout=10,
-                            headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "GET"})
+    bad_pre = httpx.options(
+        f"{url}/v1/models",
+        verify=ctx,
+        timeout=10,
+        headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "GET"},
+    )
     assert bad_pre.status_code == 400
 
 

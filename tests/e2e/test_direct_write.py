@@ -22,9 +22,20 @@ def stream(server: Server, path: str, body: dict[str, object]) -> tuple[list[tup
     data = json.dumps(body).encode()
     client = h11.Connection(h11.CLIENT)
     with socket.create_connection(("127.0.0.1", server.port), timeout=60) as s:
-        s.sendall(client.send(h11.Request(method="POST", target=path, headers=[
-            ("host", "x"), ("content-type", "application/json"), ("content-length", str(len(data))),
-            ("x-request-id", "same-" + path)])))  # echoed in the headers: the same on both servers
+        s.sendall(
+            client.send(
+                h11.Request(
+                    method="POST",
+                    target=path,
+                    headers=[
+                        ("host", "x"),
+                        ("content-type", "application/json"),
+                        ("content-length", str(len(data))),
+                        ("x-request-id", "same-" + path),
+                    ],
+                )
+            )
+        )  # echoed in the headers: the same on both servers
         s.sendall(client.send(h11.Data(data=data)) + client.send(h11.EndOfMessage()))
         headers: list[tuple[bytes, bytes]] = []
         out = bytearray()
@@ -42,21 +53,45 @@ def stream(server: Server, path: str, body: dict[str, object]) -> tuple[list[tup
 
 
 REQUESTS: list[tuple[str, dict[str, object]]] = [
-    ("/v1/completions", {"model": "tiny", "prompt": "The same bytes", "max_tokens": 40, "temperature": 0,
-                         "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}),
-    ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "Hello"}],
-                              "max_tokens": 24, "temperature": 0, "ignore_eos": True, "stream": True,
-                              "logprobs": True, "top_logprobs": 2}),
+    (
+        "/v1/completions",
+        {
+            "model": "tiny",
+            "prompt": "The same bytes",
+            "max_tokens": 40,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    ),
+    (
+        "/v1/chat/completions",
+        {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "Hello"}],
+            "max_tokens": 24,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "logprobs": True,
+            "top_logprobs": 2,
+        },
+    ),
 ]
 
 
 @pytest.mark.parametrize("worker_class", ["trio", "asyncio"])
-def test_direct_writes_put_the_same_bytes_on_the_wire(worker_class: str, qwen2_ckpt: Path,
-                                                      tmp_path: Path) -> None:
+def test_direct_writes_put_the_same_bytes_on_the_wire(worker_class: str, qwen2_ckpt: Path, tmp_path: Path) -> None:
     seen: dict[str, list[tuple[list[tuple[bytes, bytes]], bytes]]] = {}
     for direct in ("1", "0"):
-        server = start_server(qwen2_ckpt, tmp_path, "--worker-class", worker_class,
-                              env={"SPINDLE_DIRECT_WRITE": direct, "SPINDLE_LOG_LEVEL": "INFO"})
+        server = start_server(
+            qwen2_ckpt,
+            tmp_path,
+            "--worker-class",
+            worker_class,
+            env={"SPINDLE_DIRECT_WRITE": direct, "SPINDLE_LOG_LEVEL": "INFO"},
+        )
         try:
             seen[direct] = [stream(server, path, body) for path, body in REQUESTS]
         finally:
@@ -69,5 +104,7 @@ def test_direct_writes_put_the_same_bytes_on_the_wire(worker_class: str, qwen2_c
         assert headers == plain_headers
         if body != plain_body:  # say where they differ: a rare CI failure needs the bytes to be diagnosed
             at = next(i for i, (a, b) in enumerate(zip(body + b"\0", plain_body + b"\1")) if a != b)
-            raise AssertionError(f"direct and ASGI bodies differ at byte {at}:\n"
-                                 f"direct {body[max(0, at - 300):at + 200]!r}\nASGI   {plain_body[max(0, at - 300):at + 200]!r}")
+            raise AssertionError(
+                f"direct and ASGI bodies differ at byte {at}:\n"
+                f"direct {body[max(0, at - 300) : at + 200]!r}\nASGI   {plain_body[max(0, at - 300) : at + 200]!r}"
+            )

@@ -37,8 +37,16 @@ def hf_embedding(ckpt: Path, ids: list[int], pooling: str = "LAST", dims: int | 
 @pytest.fixture(scope="module")
 def pooling_server(qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     # 32 tokens a step: the long inputs below take several chunked-prefill steps
-    s = start_server(qwen2_ckpt, tmp_path_factory.mktemp("emb"), "--runner", "pooling",
-                     "--max-num-batched-tokens", "32", "--max-model-len", "128")
+    s = start_server(
+        qwen2_ckpt,
+        tmp_path_factory.mktemp("emb"),
+        "--runner",
+        "pooling",
+        "--max-num-batched-tokens",
+        "32",
+        "--max-model-len",
+        "128",
+    )
     yield s
     s.stop()
 
@@ -61,8 +69,11 @@ def ids_of(server: Server, text: str) -> list[int]:
 
 def test_sdk_floats_single_batched_and_long(pooling_server: Server, qwen2_ckpt: Path) -> None:
     client = openai.OpenAI(base_url=f"{pooling_server.url}/v1", api_key="none")
-    texts = ["hello", "a somewhat longer sentence, to batch inputs of different lengths 你好",
-             " ".join(["long"] * 100)]  # > 32 tokens: chunked prefill
+    texts = [
+        "hello",
+        "a somewhat longer sentence, to batch inputs of different lengths 你好",
+        " ".join(["long"] * 100),
+    ]  # > 32 tokens: chunked prefill
     res = client.embeddings.create(model="tiny", input=texts)
     assert res.object == "list" and res.model == "tiny" and [d.index for d in res.data] == [0, 1, 2]
     ids = [ids_of(pooling_server, t) for t in texts]
@@ -90,21 +101,23 @@ def test_sdk_base64(pooling_server: Server) -> None:
         assert isinstance(a.embedding, list) and isinstance(c.embedding, str)
         np.testing.assert_allclose(b.embedding, a.embedding, atol=1e-6)
         # base64 of little-endian float32, as OpenAI
-        np.testing.assert_allclose(np.frombuffer(base64.b64decode(c.embedding), dtype="<f4"), a.embedding,
-                                   atol=1e-6)
+        np.testing.assert_allclose(np.frombuffer(base64.b64decode(c.embedding), dtype="<f4"), a.embedding, atol=1e-6)
 
 
-@pytest.mark.parametrize("body, words", [
-    ({"input": "hi", "dimensions": 8}, "Matryoshka"),
-    ({"input": [151_700]}, "out of vocabulary"),  # tiktoken ids as LangChain sends them
-    ({"input": [[1, 2], [10**6]]}, "out of vocabulary"),
-    ({"input": list(range(1, 130))}, "maximum context length is 128"),
-    ({"input": " ".join(["long"] * 200)}, "maximum context length is 128"),
-    ({"input": []}, "empty"),
-    ({"input": [1, "a"]}, "do not mix"),
-    ({"input": ""}, "empty"),
-    ({"input": "hi", "encoding_format": "hex"}, "encoding_format"),
-])
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ({"input": "hi", "dimensions": 8}, "Matryoshka"),
+        ({"input": [151_700]}, "out of vocabulary"),  # tiktoken ids as LangChain sends them
+        ({"input": [[1, 2], [10**6]]}, "out of vocabulary"),
+        ({"input": list(range(1, 130))}, "maximum context length is 128"),
+        ({"input": " ".join(["long"] * 200)}, "maximum context length is 128"),
+        ({"input": []}, "empty"),
+        ({"input": [1, "a"]}, "do not mix"),
+        ({"input": ""}, "empty"),
+        ({"input": "hi", "encoding_format": "hex"}, "encoding_format"),
+    ],
+)
 def test_refusals(pooling_server: Server, body: dict[str, object], words: str) -> None:
     r = httpx.post(f"{pooling_server.url}/v1/embeddings", json=body, timeout=30)
     assert r.status_code == 400, r.text
@@ -118,27 +131,42 @@ def test_a_full_context_input_is_served(pooling_server: Server, qwen2_ckpt: Path
     np.testing.assert_allclose(r.json()["data"][0]["embedding"], hf_embedding(qwen2_ckpt, ids), atol=1e-4)
 
 
-@pytest.mark.parametrize("path, body", [
-    ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
-    ("/v1/messages", {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}),
-    ("/inference/v1/generate", {"token_ids": [1, 2], "sampling_params": {"max_tokens": 2}}),
-])
-def test_generation_routes_refused_on_a_pooling_server(pooling_server: Server, path: str,
-                                                         body: dict[str, object]) -> None:
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/messages", {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}),
+        ("/inference/v1/generate", {"token_ids": [1, 2], "sampling_params": {"max_tokens": 2}}),
+    ],
+)
+def test_generation_routes_refused_on_a_pooling_server(
+    pooling_server: Server, path: str, body: dict[str, object]
+) -> None:
     r = httpx.post(f"{pooling_server.url}{path}", json=body, timeout=30)
     assert r.status_code == 400 and "--runner" in r.text, r.text
 
 
 def test_matryoshka_and_mean_pooling(matryoshka_ckpt: Path, tmp_path: Path) -> None:
-    s = start_server(matryoshka_ckpt, tmp_path, "--runner", "pooling", "--pooler-config",
-                     '{"pooling_type": "MEAN", "normalize": true}', "--max-num-batched-tokens", "16")
+    s = start_server(
+        matryoshka_ckpt,
+        tmp_path,
+        "--runner",
+        "pooling",
+        "--pooler-config",
+        '{"pooling_type": "MEAN", "normalize": true}',
+        "--max-num-batched-tokens",
+        "16",
+    )
     try:
         client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="none")
         ids = [[(5 * i) % 900 + 3 for i in range(50)], [9, 8, 7]]  # 50 tokens: MEAN summed over 4 chunks
         for dims in (None, 16, 32):
-            res = client.embeddings.create(model="tiny", input=ids, dimensions=dims) if dims else \
-                client.embeddings.create(model="tiny", input=ids)
+            res = (
+                client.embeddings.create(model="tiny", input=ids, dimensions=dims)
+                if dims
+                else client.embeddings.create(model="tiny", input=ids)
+            )
             for d, i in zip(res.data, ids):
                 assert len(d.embedding) == (dims or 64)
                 np.testing.assert_allclose(d.embedding, hf_embedding(matryoshka_ckpt, i, "MEAN", dims), atol=1e-4)

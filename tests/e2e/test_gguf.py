@@ -19,8 +19,11 @@ from tests.e2e.conftest import Server, start_server
 from tests.engine.gguf.files import gemma3_file, smollm2_file, write_llama
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
-MULTILINGUAL = ["Hello, world! Grüße aus München, ça va? ¿Qué tal?", "日本語のテキストと中文文本，还有한국어.",
-                "Русский текст, ελληνικά, עברית, العربية, हिन्दी 🚀 emoji\n\tand   spaces"]
+MULTILINGUAL = [
+    "Hello, world! Grüße aus München, ça va? ¿Qué tal?",
+    "日本語のテキストと中文文本，还有한국어.",
+    "Русский текст, ελληνικά, עברית, العربية, हिन्दी 🚀 emoji\n\tand   spaces",
+]
 NEW_TOKENS = 16
 
 
@@ -35,9 +38,10 @@ class Reference:
 
     def greedy(self, ids: list[int]) -> list[int]:
         with torch.no_grad():
-            out = self.model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
-                                      eos_token_id=None, pad_token_id=0)
-        return [int(t) for t in out[0, len(ids):]]
+            out = self.model.generate(
+                torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0
+            )
+        return [int(t) for t in out[0, len(ids) :]]
 
 
 def _serve(path: Path, tmp: Path) -> Iterator[Server]:
@@ -61,8 +65,14 @@ def gemma3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, R
 
 
 def _completion_ids(server: Server, prompt: list[int]) -> list[int]:
-    body: dict[str, Any] = {"model": "tiny", "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0,
-                            "ignore_eos": True, "return_token_ids": True}
+    body: dict[str, Any] = {
+        "model": "tiny",
+        "prompt": prompt,
+        "max_tokens": NEW_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
     r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     return [int(t) for t in r.json()["choices"][0]["token_ids"]]
@@ -82,8 +92,12 @@ def _check_greedy_and_tokenizer(server: Server, ref: Reference) -> None:
 def test_smollm2_greedy_tokenizer_and_chat_template(smollm2: tuple[Server, Reference]) -> None:
     server, ref = smollm2
     _check_greedy_and_tokenizer(server, ref)
-    chat = {"model": "tiny", "messages": [{"role": "user", "content": "What is the capital of France?"}],
-            "max_tokens": 20, "temperature": 0}
+    chat = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 20,
+        "temperature": 0,
+    }
     r = httpx.post(f"{server.url}/v1/chat/completions", json=chat, timeout=120)
     assert r.status_code == 200, r.text
     assert "Paris" in r.json()["choices"][0]["message"]["content"]
@@ -122,8 +136,10 @@ def test_a_lora_adapter_on_a_gguf_base_equals_peft(tmp_path: Path) -> None:
     try:
         prompt = [5, 17, 33, 60, 2]
         body = {"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
-        got = {m: httpx.post(f"{server.url}/v1/completions", json={"model": m, **body}, timeout=120).json()
-               for m in ("tiny", "a1")}
+        got = {
+            m: httpx.post(f"{server.url}/v1/completions", json={"model": m, **body}, timeout=120).json()
+            for m in ("tiny", "a1")
+        }
         want = peft_greedy(base, adapter, prompt, 8)
         assert got["a1"]["choices"][0]["token_ids"] == want
         assert got["tiny"]["choices"][0]["token_ids"] != want
@@ -133,8 +149,13 @@ def test_a_lora_adapter_on_a_gguf_base_equals_peft(tmp_path: Path) -> None:
 
 def _start_fails(model: Path) -> str:
     """`spindle serve --model FILE` on a bad file: exit status 2 and one line on stderr."""
-    out = subprocess.run([sys.executable, "-m", "server", "--model", str(model), "--port", "1"],
-                         capture_output=True, text=True, timeout=120, check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "server", "--model", str(model), "--port", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr

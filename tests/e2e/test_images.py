@@ -25,8 +25,9 @@ def data_url(seed: int, h: int, w: int, fmt: str = "PNG") -> str:
 
 
 def ask(url: str, text: str = "What is in the picture?") -> list[dict[str, Any]]:
-    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                         {"type": "text", "text": text}]}]
+    return [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]}
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +46,10 @@ def test_image_chat_with_the_openai_sdk(vl_server: Server, qwen2_vl_ckpt: Path) 
     assert a.choices[0].message.content == b.choices[0].message.content  # the same image twice
     text = client.chat.completions.create(messages=[{"role": "user", "content": "What is in the picture?"}], **kw)
     # prompt tokens count the expanded image tokens exactly as transformers' processor does
-    _, grid = process_image(make_processor(read_preprocessor_config(qwen2_vl_ckpt)),
-                            Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))))
+    _, grid = process_image(
+        make_processor(read_preprocessor_config(qwen2_vl_ckpt)),
+        Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))),
+    )
     assert a.usage is not None and text.usage is not None
     # the image turn replaces the text turn's "\n" join with the vision tokens: start, pads, end
     assert a.usage.prompt_tokens - text.usage.prompt_tokens == num_image_tokens(grid) + 2
@@ -58,10 +61,15 @@ def test_image_chat_with_the_openai_sdk(vl_server: Server, qwen2_vl_ckpt: Path) 
     assert gif.choices[0].finish_reason in ("stop", "length")
 
 
-@pytest.mark.parametrize("url, why", [
-    ("file:///etc/passwd", "scheme"), ("http://example.com/a.png", "allowed-media-domains"),
-    ("data:image/png;base64,!!!", "base64"), ("data:image/png;base64," + base64.b64encode(b"nope").decode(), "decoded"),
-])
+@pytest.mark.parametrize(
+    "url, why",
+    [
+        ("file:///etc/passwd", "scheme"),
+        ("http://example.com/a.png", "allowed-media-domains"),
+        ("data:image/png;base64,!!!", "base64"),
+        ("data:image/png;base64," + base64.b64encode(b"nope").decode(), "decoded"),
+    ],
+)
 def test_bad_images_are_400(vl_server: Server, url: str, why: str) -> None:
     client = openai.OpenAI(base_url=f"{vl_server.url}/v1", api_key="none")
     with pytest.raises(openai.BadRequestError, match=why):
@@ -75,10 +83,18 @@ def test_limits(vl_server: Server) -> None:
     with pytest.raises(openai.BadRequestError, match="limit-mm-per-prompt"):
         client.chat.completions.create(model="tiny", messages=three, max_tokens=2)  # type: ignore[arg-type]
     with pytest.raises(openai.BadRequestError, match="max_pixels"):
-        client.chat.completions.create(model="tiny", messages=ask(url), max_tokens=2,  # type: ignore[arg-type]
-                                       extra_body={"mm_processor_kwargs": {"max_pixels": 10 ** 9}})
-    small = client.chat.completions.create(model="tiny", messages=ask(data_url(1, 200, 200)), max_tokens=2,  # type: ignore[arg-type]
-                                           extra_body={"mm_processor_kwargs": {"max_pixels": 56 * 56}})
+        client.chat.completions.create(
+            model="tiny",
+            messages=ask(url),
+            max_tokens=2,  # type: ignore[arg-type]
+            extra_body={"mm_processor_kwargs": {"max_pixels": 10**9}},
+        )
+    small = client.chat.completions.create(
+        model="tiny",
+        messages=ask(data_url(1, 200, 200)),
+        max_tokens=2,  # type: ignore[arg-type]
+        extra_body={"mm_processor_kwargs": {"max_pixels": 56 * 56}},
+    )
     big = client.chat.completions.create(model="tiny", messages=ask(data_url(1, 200, 200)), max_tokens=2)  # type: ignore[arg-type]
     assert small.usage is not None and big.usage is not None and small.usage.prompt_tokens < big.usage.prompt_tokens
 
@@ -87,8 +103,12 @@ def test_same_image_twice_crosses_once_and_every_route_counts_it(vl_server: Serv
     import httpx
 
     url = data_url(9, 56, 84)
-    names = ["spindle_mm_processor_cache_hits_total", "spindle_mm_engine_cache_hits_total",
-             "spindle_mm_encoder_cache_hits_total", "spindle_mm_engine_cache_misses_total"]
+    names = [
+        "spindle_mm_processor_cache_hits_total",
+        "spindle_mm_engine_cache_hits_total",
+        "spindle_mm_encoder_cache_hits_total",
+        "spindle_mm_engine_cache_misses_total",
+    ]
     before = [vl_server.metric(n) for n in names]
     body = {"model": "tiny", "messages": ask(url), "max_tokens": 2, "temperature": 0}
     a = httpx.post(f"{vl_server.url}/v1/chat/completions", json=body, timeout=60).json()
@@ -103,8 +123,10 @@ def test_same_image_twice_crosses_once_and_every_route_counts_it(vl_server: Serv
     assert tok["count"] == n
     render = httpx.post(f"{vl_server.url}/v1/chat/completions/render", json=body, timeout=60).json()
     assert len(render["token_ids"]) == n
-    blocks = [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": url.split(",", 1)[1]}},
-              {"type": "text", "text": "What is in the picture?"}]
+    blocks = [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": url.split(",", 1)[1]}},
+        {"type": "text", "text": "What is in the picture?"},
+    ]
     msg = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": blocks}]}
     out = httpx.post(f"{vl_server.url}/v1/messages", json=msg, timeout=60).json()
     assert out["usage"]["input_tokens"] == n, out

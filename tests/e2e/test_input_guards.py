@@ -34,8 +34,12 @@ CHAT = [{"role": "user", "content": "hi"}]
 # 10^10 loop iterations, each under the sandbox's range cap
 LOOP = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}x"
 GIANT = "{% set s = 'x' * 100000 %}{% for i in range(100000) %}{{ s }}{% endfor %}"
-ESCAPES = ["{{ ''.__class__.__mro__[1].__subclasses__() }}", "{{ cycler.__init__.__globals__.os.environ }}",
-           "{{ self._TemplateReference__context }}", "{{ messages.__class__.__base__.__subclasses__() }}"]
+ESCAPES = [
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ cycler.__init__.__globals__.os.environ }}",
+    "{{ self._TemplateReference__context }}",
+    "{{ messages.__class__.__base__.__subclasses__() }}",
+]
 
 
 @pytest.fixture
@@ -54,11 +58,24 @@ def guarded(qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     config = json.loads((qwen2_ckpt / "tokenizer_config.json").read_text())
     config.pop("chat_template", None)
     (ckpt / "tokenizer_config.json").write_text(json.dumps(config))
-    env = {"SPINDLE_API_KEY": ",".join(KEYS), "SPINDLE_MAX_REQUEST_BODY": "65536",
-           "SPINDLE_DEFAULT_CHAT_TEMPLATE_KWARGS": json.dumps({"greeting": "hello", "other": "o"})}
-    s = start_server(ckpt, tmp, "--metrics-public", "--trust-request-chat-template",
-                     "--chat-template-render-timeout", "1", "--max-num-queued-reqs", "2",
-                     "--max-num-queued-tokens", "1500", env=env)
+    env = {
+        "SPINDLE_API_KEY": ",".join(KEYS),
+        "SPINDLE_MAX_REQUEST_BODY": "65536",
+        "SPINDLE_DEFAULT_CHAT_TEMPLATE_KWARGS": json.dumps({"greeting": "hello", "other": "o"}),
+    }
+    s = start_server(
+        ckpt,
+        tmp,
+        "--metrics-public",
+        "--trust-request-chat-template",
+        "--chat-template-render-timeout",
+        "1",
+        "--max-num-queued-reqs",
+        "2",
+        "--max-num-queued-tokens",
+        "1500",
+        env=env,
+    )
     yield s
     s.stop()
     shutil.rmtree(ckpt, ignore_errors=True)
@@ -68,15 +85,29 @@ def post(server: Server, path: str, body: Any, headers: dict[str, str] | None = 
     return httpx.post(server.url + path, json=body, headers=AUTH if headers is None else headers, timeout=60)
 
 
-ROUTES = [("GET", "/v1/models"), ("GET", "/version"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
-          ("POST", "/tokenize"), ("POST", "/detokenize"), ("POST", "/v1/completions/render"),
-          ("POST", "/v1/chat/completions/render"), ("POST", "/inference/v1/generate"), ("GET", "/nope")]
+ROUTES = [
+    ("GET", "/v1/models"),
+    ("GET", "/version"),
+    ("POST", "/v1/completions"),
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/tokenize"),
+    ("POST", "/detokenize"),
+    ("POST", "/v1/completions/render"),
+    ("POST", "/v1/chat/completions/render"),
+    ("POST", "/inference/v1/generate"),
+    ("GET", "/nope"),
+]
 
 
 def test_api_key_guards_every_route(guarded: Server) -> None:
     for method, path in ROUTES:
-        for headers in ({}, {"Authorization": "Bearer k3"}, {"Authorization": "Bearer k1x"},
-                        {"Authorization": "k1"}, {"Authorization": "Basic k1"}):
+        for headers in (
+            {},
+            {"Authorization": "Bearer k3"},
+            {"Authorization": "Bearer k1x"},
+            {"Authorization": "k1"},
+            {"Authorization": "Basic k1"},
+        ):
             r = httpx.request(method, guarded.url + path, json={}, headers=headers)
             assert_error(r, 401, "API key")
             assert r.headers["www-authenticate"] == "Bearer"
@@ -103,10 +134,17 @@ def test_no_chat_template(guarded: Server) -> None:
 
 
 def test_template_kwargs_tools_documents(guarded: Server, qwen2_ckpt: Path) -> None:
-    template = ("{{ greeting }}|{{ other }}|{{ tools[0].function.name }}|{{ documents[0].title }}|"
-                "{{ messages[0].content }}{% if add_generation_prompt %}>{% endif %}")
-    body = {"messages": CHAT, "chat_template": template, "chat_template_kwargs": {"greeting": "hey"},
-            "tools": [{"type": "function", "function": {"name": "fn"}}], "documents": [{"title": "doc"}]}
+    template = (
+        "{{ greeting }}|{{ other }}|{{ tools[0].function.name }}|{{ documents[0].title }}|"
+        "{{ messages[0].content }}{% if add_generation_prompt %}>{% endif %}"
+    )
+    body = {
+        "messages": CHAT,
+        "chat_template": template,
+        "chat_template_kwargs": {"greeting": "hey"},
+        "tools": [{"type": "function", "function": {"name": "fn"}}],
+        "documents": [{"title": "doc"}],
+    }
     got = post(guarded, "/tokenize", body).json()["tokens"]
     tok = tokenizers.Tokenizer.from_file(str(qwen2_ckpt / "tokenizer.json"))
     assert got == tok.encode("hey|o|fn|doc|hi>", add_special_tokens=False).ids  # request kwargs over defaults
@@ -119,8 +157,12 @@ def test_admission_counts_n_and_tokens(guarded: Server) -> None:
     assert_error(r, 503, "3 queue slots", "--max-num-queued-reqs")
     assert r.headers["retry-after"] == "1"
     ids = [random.Random(0).randrange(1000, 30000) for _ in range(800)]
-    assert_error(post(guarded, "/v1/completions", {"prompt": ids, "n": 2, "max_tokens": 1}), 503,
-                 "1600", "--max-num-queued-tokens 1500")
+    assert_error(
+        post(guarded, "/v1/completions", {"prompt": ids, "n": 2, "max_tokens": 1}),
+        503,
+        "1600",
+        "--max-num-queued-tokens 1500",
+    )
     ok = post(guarded, "/v1/completions", {"prompt": ids[:700], "n": 2, "max_tokens": 1})
     assert ok.status_code == 200 and len(ok.json()["choices"]) == 2
     # refused before rendering: a template that would run for the whole render timeout is never started
@@ -131,7 +173,9 @@ def test_admission_counts_n_and_tokens(guarded: Server) -> None:
 
 
 def render_workers(server: Server) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(server.proc.pid), "-f", "server.render.render_worker"], capture_output=True, text=True)
+    out = subprocess.run(
+        ["pgrep", "-P", str(server.proc.pid), "-f", "server.render.render_worker"], capture_output=True, text=True
+    )
     return [int(p) for p in out.stdout.split()]
 
 
@@ -196,8 +240,9 @@ def test_giant_string_and_escapes_are_400s(guarded: Server) -> None:
 def test_render_workers_start_without_the_servers_secrets(guarded: Server) -> None:
     """The server holds SPINDLE_API_KEY; the workers that run request templates never see it."""
     assert post(guarded, "/tokenize", {"prompt": "a" * 2000}).status_code == 200  # the workers are up
-    out = subprocess.run(["pgrep", "-P", str(guarded.proc.pid), "-f", "server.render.render_worker"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        ["pgrep", "-P", str(guarded.proc.pid), "-f", "server.render.render_worker"], capture_output=True, text=True
+    )
     pids = [int(p) for p in out.stdout.split()]
     assert pids
     for pid in pids:

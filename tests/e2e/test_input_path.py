@@ -57,6 +57,7 @@ def words(n: int, seed: int) -> str:
 
 # ------------------------------------------------------------------------------ lengths and validation
 
+
 def test_prompt_lengths_at_and_around_max_model_len(server: Server, max_len: int) -> None:
     at = post(server, "/v1/completions", {"prompt": ids(max_len, 1), "max_tokens": 1})
     assert_error(at, 400, f"maximum context length is {max_len}", f"{max_len} input tokens")
@@ -71,12 +72,21 @@ def test_prompt_lengths_at_and_around_max_model_len(server: Server, max_len: int
     assert rest.json()["usage"]["completion_tokens"] == 3 and rest.json()["choices"][0]["finish_reason"] == "length"
 
 
-@pytest.mark.parametrize(("field", "value", "needle"), [
-    ("temperature", -0.5, "temperature"), ("top_p", 0.0, "top_p"), ("n", 0, "n must be"),
-    ("logprobs", 21, "--max-logprobs"), ("presence_penalty", 2.5, "presence_penalty"), ("stop", [""], "empty"),
-    ("seed", 1 << 63, "64 bits"), ("stop_token_ids", [10**7], "outside the vocabulary"),
-    ("max_tokens", 0, "at least 1"), ("logit_bias", {"abc": 1}, "token ids"),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "needle"),
+    [
+        ("temperature", -0.5, "temperature"),
+        ("top_p", 0.0, "top_p"),
+        ("n", 0, "n must be"),
+        ("logprobs", 21, "--max-logprobs"),
+        ("presence_penalty", 2.5, "presence_penalty"),
+        ("stop", [""], "empty"),
+        ("seed", 1 << 63, "64 bits"),
+        ("stop_token_ids", [10**7], "outside the vocabulary"),
+        ("max_tokens", 0, "at least 1"),
+        ("logit_bias", {"abc": 1}, "token ids"),
+    ],
+)
 def test_sampling_fields_are_checked(server: Server, field: str, value: Any, needle: str) -> None:
     r = post(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 2, field: value})
     assert assert_error(r, 400, needle)["param"] == field
@@ -88,16 +98,30 @@ def test_prompt_token_outside_vocabulary(server: Server) -> None:
 
 def test_truncate_prompt_tokens_keeps_the_last_n(server: Server) -> None:
     prompt = ids(40, 5)
-    r = post(server, "/v1/completions", {"prompt": prompt, "max_tokens": 1, "truncate_prompt_tokens": 7,
-                                         "return_token_ids": True})
+    r = post(
+        server,
+        "/v1/completions",
+        {"prompt": prompt, "max_tokens": 1, "truncate_prompt_tokens": 7, "return_token_ids": True},
+    )
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["prompt_token_ids"] == prompt[-7:] and r.json()["usage"]["prompt_tokens"] == 7
 
 
 # ------------------------------------------------------------------------------------------ bodies
 
-@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize",
-                                  "/v1/completions/render", "/v1/chat/completions/render", "/inference/v1/generate"])
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/tokenize",
+        "/detokenize",
+        "/v1/completions/render",
+        "/v1/chat/completions/render",
+        "/inference/v1/generate",
+    ],
+)
 def test_bodies_that_are_not_json_objects(server: Server, path: str) -> None:
     for body in (b"not json", b"null", b"[1, 2]", b"3", b'"text"', b"{"):
         r = httpx.post(server.url + path, content=body, headers={"content-type": "application/json"})
@@ -109,21 +133,29 @@ def test_bodies_that_are_not_json_objects(server: Server, path: str) -> None:
 
 
 def test_json_with_charset_is_accepted(server: Server) -> None:
-    r = httpx.post(server.url + "/tokenize", content=b'{"prompt": "hi"}',
-                   headers={"content-type": "application/json; charset=utf-8"})
+    r = httpx.post(
+        server.url + "/tokenize",
+        content=b'{"prompt": "hi"}',
+        headers={"content-type": "application/json; charset=utf-8"},
+    )
     assert r.status_code == 200, r.text
 
 
 # ------------------------------------------------------------------------------------- request ids
+
 
 async def test_same_external_id_twice_at_once(server: Server) -> None:
     """Internal ids get a random suffix: two requests with one X-Request-Id run side by side."""
     results: list[httpx.Response] = []
 
     async def one(client: httpx.AsyncClient) -> None:
-        results.append(await client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 12,
-                                                                  "ignore_eos": True},
-                                         headers={"x-request-id": "same-id"}))
+        results.append(
+            await client.post(
+                "/v1/completions",
+                json={"prompt": "Hi", "max_tokens": 12, "ignore_eos": True},
+                headers={"x-request-id": "same-id"},
+            )
+        )
 
     async with httpx.AsyncClient(base_url=server.url, timeout=60) as client, anyio.create_task_group() as tg:
         tg.start_soon(one, client)
@@ -134,6 +166,7 @@ async def test_same_external_id_twice_at_once(server: Server) -> None:
 
 
 # -------------------------------------------------------------------------------------------- n > 1
+
 
 def test_n_children_share_the_prompt_and_reassemble(server: Server, tok: tokenizers.Tokenizer) -> None:
     prompt = words(120, seed=int(time.time_ns() % 10**9))  # fresh text: nothing cached before
@@ -163,12 +196,17 @@ def test_n_children_compute_the_prompt_once(server: Server) -> None:
 
 # ----------------------------------------------------------------------------- tokenize / detokenize
 
+
 def test_tokenize_prompt_and_detokenize(server: Server, tok: tokenizers.Tokenizer, max_len: int) -> None:
     text = "Hello, wörld! 数据 <|im_end|>"
     r = post(server, "/tokenize", {"prompt": text, "return_token_strs": True}).json()
     ref = tok.encode(text).ids
-    assert r == {"count": len(ref), "max_model_len": max_len, "tokens": ref,
-                 "token_strs": [tok.id_to_token(i) for i in ref]}
+    assert r == {
+        "count": len(ref),
+        "max_model_len": max_len,
+        "tokens": ref,
+        "token_strs": [tok.id_to_token(i) for i in ref],
+    }
     back = post(server, "/detokenize", {"tokens": ref}).json()
     assert back == {"prompt": tok.decode(ref, skip_special_tokens=False)}
     assert_error(post(server, "/detokenize", {"tokens": [10**7]}), 400, "vocabulary")
@@ -181,7 +219,8 @@ def test_tokenize_messages_matches_the_chat_route(server: Server, tok: tokenizer
     as_text = post(server, "/tokenize", {"messages": [{"role": "user", "content": "one\ntwo"}]}).json()
     assert as_parts["tokens"] == as_text["tokens"]
     assert tok.decode(as_text["tokens"], skip_special_tokens=False).endswith(
-        "<|im_start|>user\none\ntwo<|im_end|>\n<|im_start|>assistant\n")
+        "<|im_start|>user\none\ntwo<|im_end|>\n<|im_start|>assistant\n"
+    )
     chat = post(server, "/v1/chat/completions", {"messages": parts, "max_tokens": 1}).json()
     assert chat["usage"]["prompt_tokens"] == as_parts["count"]
     no_prompt = post(server, "/tokenize", {"messages": parts, "add_generation_prompt": False}).json()
@@ -199,9 +238,14 @@ def test_chat_template_options(server: Server) -> None:
 
 # ----------------------------------------------------------------------------- render and generate
 
+
 def test_completions_render(server: Server, tok: tokenizers.Tokenizer, max_len: int) -> None:
-    r = post(server, "/v1/completions/render", {"prompt": ["one two", "three"], "seed": 5, "stop": ["x"]},
-             headers={"x-request-id": "r1"})
+    r = post(
+        server,
+        "/v1/completions/render",
+        {"prompt": ["one two", "three"], "seed": 5, "stop": ["x"]},
+        headers={"x-request-id": "r1"},
+    )
     assert r.status_code == 200, r.text
     first, second = r.json()
     assert first["token_ids"] == tok.encode("one two").ids and second["token_ids"] == tok.encode("three").ids
@@ -225,8 +269,12 @@ def test_chat_render_then_generate_equals_chat_completions(server: Server) -> No
     assert choice["token_ids"] == chat["choices"][0]["token_ids"] and choice["finish_reason"] == "length"
     assert out.json()["request_id"] == gen_req["request_id"]
     # streaming, n = 2: each choice's token ids arrive in pieces, by index
-    with httpx.stream("POST", server.url + "/inference/v1/generate", timeout=60,
-                      json={**gen_req, "stream": True, "sampling_params": {**gen_req["sampling_params"], "n": 2}}) as r:
+    with httpx.stream(
+        "POST",
+        server.url + "/inference/v1/generate",
+        timeout=60,
+        json={**gen_req, "stream": True, "sampling_params": {**gen_req["sampling_params"], "n": 2}},
+    ) as r:
         got: dict[int, list[int]] = {0: [], 1: []}
         for e in events(r):
             for c in e["choices"]:
@@ -245,8 +293,10 @@ def test_generate_validates_like_completions(server: Server, max_len: int) -> No
 
 # ------------------------------------------------------------------ the event loop during tokenization
 
+
 async def test_health_and_streams_answer_while_100k_tokens_are_tokenized(
-        server: Server, tok: tokenizers.Tokenizer) -> None:
+    server: Server, tok: tokenizers.Tokenizer
+) -> None:
     text = words(75_000, seed=1)
     expected = len(tok.encode(text).ids)
     assert expected > 95_000

@@ -25,18 +25,29 @@ N = 6
 def adapters(qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("e2e-adapters")
     every = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    return {"a1": write_adapter(qwen2_ckpt, root / "a1", r=8, targets=["q_proj", "v_proj"], seed=11),
-            "a2": write_adapter(qwen2_ckpt, root / "a2", r=16, targets=every, seed=12),
-            "a3": write_adapter(qwen2_ckpt, root / "a3", r=4, targets=["o_proj", "down_proj"], seed=13),
-            "r32": write_adapter(qwen2_ckpt, root / "r32", r=32, targets=["q_proj"], seed=14)}
+    return {
+        "a1": write_adapter(qwen2_ckpt, root / "a1", r=8, targets=["q_proj", "v_proj"], seed=11),
+        "a2": write_adapter(qwen2_ckpt, root / "a2", r=16, targets=every, seed=12),
+        "a3": write_adapter(qwen2_ckpt, root / "a3", r=4, targets=["o_proj", "down_proj"], seed=13),
+        "r32": write_adapter(qwen2_ckpt, root / "r32", r=32, targets=["q_proj"], seed=14),
+    }
 
 
 @pytest.fixture(scope="module")
 def srv(qwen2_ckpt: Path, adapters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = start_server(qwen2_ckpt, tmp_path_factory.mktemp("lora-srv"), "--enable-lora", "--max-loras", "2",
-                     "--metrics-compat", "vllm",
-                     "--lora-modules", f"a1={adapters['a1']}", f'{{"name": "a2", "path": "{adapters["a2"]}"}}',
-                     env={"SPINDLE_ALLOW_RUNTIME_LORA_UPDATING": "1"})
+    s = start_server(
+        qwen2_ckpt,
+        tmp_path_factory.mktemp("lora-srv"),
+        "--enable-lora",
+        "--max-loras",
+        "2",
+        "--metrics-compat",
+        "vllm",
+        "--lora-modules",
+        f"a1={adapters['a1']}",
+        f'{{"name": "a2", "path": "{adapters["a2"]}"}}',
+        env={"SPINDLE_ALLOW_RUNTIME_LORA_UPDATING": "1"},
+    )
     yield s
     s.stop()
 
@@ -46,9 +57,14 @@ def client(srv: Server) -> openai.OpenAI:
 
 
 def complete(srv: Server, model: str, n: int = 1) -> list[list[int]]:
-    out = client(srv).completions.create(model=model, prompt=PROMPT, max_tokens=N, temperature=0, n=n,
-                                         extra_body={"ignore_eos": True, "return_token_ids": True,
-                                                     "repetition_penalty": 1.0})
+    out = client(srv).completions.create(
+        model=model,
+        prompt=PROMPT,
+        max_tokens=N,
+        temperature=0,
+        n=n,
+        extra_body={"ignore_eos": True, "return_token_ids": True, "repetition_penalty": 1.0},
+    )
     assert out.model == model
     return [c.token_ids for c in out.choices]  # type: ignore[attr-defined]
 
@@ -63,8 +79,10 @@ def test_mixed_batch_each_request_equals_peft(srv: Server, qwen2_ckpt: Path, ada
     jobs = [("tiny", 1), ("a1", 1), ("a2", 2), ("a1", 1), ("tiny", 1), ("a2", 1)]
     with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
         results = list(pool.map(lambda j: complete(srv, *j), jobs))
-    want = {"tiny": hf_greedy(qwen2_ckpt, PROMPT, N),
-            **{a: peft_greedy(qwen2_ckpt, adapters[a], PROMPT, N) for a in ("a1", "a2")}}
+    want = {
+        "tiny": hf_greedy(qwen2_ckpt, PROMPT, N),
+        **{a: peft_greedy(qwen2_ckpt, adapters[a], PROMPT, N) for a in ("a1", "a2")},
+    }
     assert len(set(map(tuple, want.values()))) == 3
     for (model, n), got in zip(jobs, results):
         assert got == [want[model]] * n, model  # n > 1 children share the adapter
@@ -75,17 +93,24 @@ def test_mixed_batch_each_request_equals_peft(srv: Server, qwen2_ckpt: Path, ada
 
 def test_every_route_resolves_the_adapter(srv: Server, qwen2_ckpt: Path, adapters: dict[str, Path]) -> None:
     want = peft_greedy(qwen2_ckpt, adapters["a2"], PROMPT, N)
-    gen = httpx.post(f"{srv.url}/inference/v1/generate", timeout=120, json={
-        "model": "a2", "token_ids": PROMPT, "sampling_params": {"max_tokens": N, "temperature": 0,
-                                                                "repetition_penalty": 1.0,
-                                                                "ignore_eos": True}})
+    gen = httpx.post(
+        f"{srv.url}/inference/v1/generate",
+        timeout=120,
+        json={
+            "model": "a2",
+            "token_ids": PROMPT,
+            "sampling_params": {"max_tokens": N, "temperature": 0, "repetition_penalty": 1.0, "ignore_eos": True},
+        },
+    )
     assert gen.status_code == 200, gen.text
     assert gen.json()["choices"][0]["token_ids"] == want
-    chat = client(srv).chat.completions.create(model="a1", messages=[{"role": "user", "content": "hi"}],
-                                               max_tokens=3, temperature=0)
+    chat = client(srv).chat.completions.create(
+        model="a1", messages=[{"role": "user", "content": "hi"}], max_tokens=3, temperature=0
+    )
     assert chat.model == "a1" and chat.usage is not None and chat.usage.completion_tokens >= 1
     msg = anthropic.Anthropic(base_url=srv.url, api_key="none", max_retries=0).messages.create(
-        model="a2", max_tokens=3, messages=[{"role": "user", "content": "hi"}])
+        model="a2", max_tokens=3, messages=[{"role": "user", "content": "hi"}]
+    )
     assert msg.model == "a2"
     resp = client(srv).responses.create(model="a1", input="hi", max_output_tokens=3)
     assert resp.model == "a1" and resp.status in ("completed", "incomplete")
@@ -99,7 +124,8 @@ def test_unknown_model_is_a_404_in_each_shape(srv: Server) -> None:
         client(srv).chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
     with pytest.raises(anthropic.NotFoundError):
         anthropic.Anthropic(base_url=srv.url, api_key="none", max_retries=0).messages.create(
-            model="nope", max_tokens=1, messages=[{"role": "user", "content": "x"}])
+            model="nope", max_tokens=1, messages=[{"role": "user", "content": "x"}]
+        )
 
 
 def load(srv: Server, body: dict[str, object]) -> httpx.Response:
@@ -110,8 +136,9 @@ def unload(srv: Server, name: str) -> httpx.Response:
     return httpx.post(f"{srv.url}/v1/unload_lora_adapter", json={"lora_name": name}, timeout=60)
 
 
-def test_runtime_load_reload_and_unload(srv: Server, qwen2_ckpt: Path, adapters: dict[str, Path],
-                                        tmp_path: Path) -> None:
+def test_runtime_load_reload_and_unload(
+    srv: Server, qwen2_ckpt: Path, adapters: dict[str, Path], tmp_path: Path
+) -> None:
     missing = load(srv, {"lora_name": "x", "lora_path": str(tmp_path / "none")})
     assert missing.status_code == 400 and "no adapter folder" in missing.json()["error"]["message"]
     big = load(srv, {"lora_name": "x", "lora_path": str(adapters["r32"])})
@@ -150,8 +177,9 @@ def test_embeddings_under_an_adapter_equal_peft(qwen2_ckpt: Path, adapters: dict
 
     from tests.helpers.lora import peft_model
 
-    s = start_server(qwen2_ckpt, tmp_path, "--runner", "pooling", "--enable-lora", "--lora-modules",
-                     f"a2={adapters['a2']}")
+    s = start_server(
+        qwen2_ckpt, tmp_path, "--runner", "pooling", "--enable-lora", "--lora-modules", f"a2={adapters['a2']}"
+    )
     try:
         c = client(s)
         got = {m: np.array(c.embeddings.create(model=m, input=[PROMPT]).data[0].embedding) for m in ("tiny", "a2")}
@@ -168,12 +196,18 @@ def test_embeddings_under_an_adapter_equal_peft(qwen2_ckpt: Path, adapters: dict
     assert not np.allclose(got["tiny"], want, atol=1e-2)
 
 
-def test_unload_lets_running_requests_finish_under_the_adapter(srv: Server, qwen2_ckpt: Path,
-                                                               adapters: dict[str, Path]) -> None:
+def test_unload_lets_running_requests_finish_under_the_adapter(
+    srv: Server, qwen2_ckpt: Path, adapters: dict[str, Path]
+) -> None:
     assert load(srv, {"lora_name": "y", "lora_path": str(adapters["a3"])}).status_code == 200
-    stream = client(srv).completions.create(model="y", prompt=PROMPT, max_tokens=40, temperature=0, stream=True,
-                                            extra_body={"ignore_eos": True, "repetition_penalty": 1.0,
-                                                        "return_token_ids": True})
+    stream = client(srv).completions.create(
+        model="y",
+        prompt=PROMPT,
+        max_tokens=40,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True, "repetition_penalty": 1.0, "return_token_ids": True},
+    )
     tokens: list[int] = []
     for i, chunk in enumerate(stream):
         tokens += chunk.choices[0].token_ids or []  # type: ignore[attr-defined]
@@ -184,12 +218,19 @@ def test_unload_lets_running_requests_finish_under_the_adapter(srv: Server, qwen
         complete(srv, "y")
 
 
-def test_every_api_process_sees_the_same_adapters(qwen2_ckpt: Path, adapters: dict[str, Path],
-                                                  tmp_path: Path) -> None:
+def test_every_api_process_sees_the_same_adapters(qwen2_ckpt: Path, adapters: dict[str, Path], tmp_path: Path) -> None:
     """Static ones from the flags, runtime loads and unloads through whichever process took the request (each
     request below is a new connection: the processes share one listening socket)."""
-    s = start_server(qwen2_ckpt, tmp_path, "--api-server-count", "2", "--enable-lora", "--lora-modules",
-                     f"a1={adapters['a1']}", env={"SPINDLE_ALLOW_RUNTIME_LORA_UPDATING": "1"})
+    s = start_server(
+        qwen2_ckpt,
+        tmp_path,
+        "--api-server-count",
+        "2",
+        "--enable-lora",
+        "--lora-modules",
+        f"a1={adapters['a1']}",
+        env={"SPINDLE_ALLOW_RUNTIME_LORA_UPDATING": "1"},
+    )
 
     def many(model: str) -> list[object]:
         def one(_: int) -> object:
@@ -197,6 +238,7 @@ def test_every_api_process_sees_the_same_adapters(qwen2_ckpt: Path, adapters: di
                 return complete(s, model)
             except openai.NotFoundError:
                 return 404
+
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             return list(pool.map(one, range(8)))
 

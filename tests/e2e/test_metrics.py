@@ -13,12 +13,22 @@ from tests.e2e.test_abort_paths import wait_engine_idle
 
 pytestmark = pytest.mark.anyio
 
-HISTOGRAMS = ("spindle_time_to_first_token_seconds", "spindle_inter_token_latency_seconds",
-              "spindle_time_per_output_token_seconds", "spindle_e2e_request_latency_seconds",
-              "spindle_request_queue_time_seconds", "spindle_request_prefill_time_seconds",
-              "spindle_request_decode_time_seconds")
-COUNTERS = ("spindle_prompt_tokens_total", "spindle_generation_tokens_total", "spindle_num_preemptions_total",
-            "spindle_prefix_cache_queries_total", "spindle_prefix_cache_hits_total")
+HISTOGRAMS = (
+    "spindle_time_to_first_token_seconds",
+    "spindle_inter_token_latency_seconds",
+    "spindle_time_per_output_token_seconds",
+    "spindle_e2e_request_latency_seconds",
+    "spindle_request_queue_time_seconds",
+    "spindle_request_prefill_time_seconds",
+    "spindle_request_decode_time_seconds",
+)
+COUNTERS = (
+    "spindle_prompt_tokens_total",
+    "spindle_generation_tokens_total",
+    "spindle_num_preemptions_total",
+    "spindle_prefix_cache_queries_total",
+    "spindle_prefix_cache_hits_total",
+)
 GAUGES = ("spindle_num_requests_running", "spindle_num_requests_waiting", "spindle_kv_cache_usage_perc")
 
 
@@ -57,9 +67,12 @@ async def test_known_workload_counts_exactly(server: Server) -> None:
     before = snapshot(server)
     usages: list[dict[str, int]] = []
     async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+
         async def one(i: int) -> None:
-            r = await client.post("/v1/completions", json={"model": "tiny", "prompt": f"workload {i} says",
-                                                             "max_tokens": 16, "ignore_eos": True})
+            r = await client.post(
+                "/v1/completions",
+                json={"model": "tiny", "prompt": f"workload {i} says", "max_tokens": 16, "ignore_eos": True},
+            )
             assert r.status_code == 200
             usages.append(r.json()["usage"])
 
@@ -78,9 +91,14 @@ async def test_known_workload_counts_exactly(server: Server) -> None:
     assert rose('spindle_request_success_total{finished_reason="length",model_name="tiny"}') == 10
     for reason in ("stop", "abort", "error"):
         assert rose(f'spindle_request_success_total{{finished_reason="{reason}",model_name="tiny"}}') == 0
-    for name in ("spindle_time_to_first_token_seconds", "spindle_e2e_request_latency_seconds",
-                 "spindle_time_per_output_token_seconds", "spindle_request_queue_time_seconds",
-                 "spindle_request_prefill_time_seconds", "spindle_request_decode_time_seconds"):
+    for name in (
+        "spindle_time_to_first_token_seconds",
+        "spindle_e2e_request_latency_seconds",
+        "spindle_time_per_output_token_seconds",
+        "spindle_request_queue_time_seconds",
+        "spindle_request_prefill_time_seconds",
+        "spindle_request_decode_time_seconds",
+    ):
         assert rose(f"{name}_count{m}") == 10, name
         assert rose(f"{name}_sum{m}") > 0 or name == "spindle_request_queue_time_seconds", name
     assert rose(f"spindle_inter_token_latency_seconds_count{m}") == 150  # 15 gaps per 16-token request
@@ -94,8 +112,9 @@ async def test_repeated_prompt_hits_prefix_cache(server: Server) -> None:
     prompt = " ".join(f"word{i}" for i in range(40))  # several full KV blocks
     hits = server.metric("spindle_prefix_cache_hits_total")
     for _ in range(2):
-        r = httpx.post(f"{server.url}/v1/completions", timeout=60,
-                       json={"model": "tiny", "prompt": prompt, "max_tokens": 1})
+        r = httpx.post(
+            f"{server.url}/v1/completions", timeout=60, json={"model": "tiny", "prompt": prompt, "max_tokens": 1}
+        )
         assert r.status_code == 200
     cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached > 0
@@ -107,8 +126,8 @@ async def test_20_disconnects_count_as_aborts_and_free_everything(server: Server
     aborted = server.metric("spindle_request_success_total", 'finished_reason="abort"')
     all_running, checked = anyio.Event(), anyio.Event()
     started = 0
-    async with httpx.AsyncClient(base_url=server.url, timeout=60,
-                                 limits=httpx.Limits(max_connections=40)) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=httpx.Limits(max_connections=40)) as client:
+
         async def one(i: int) -> None:
             nonlocal started
             body = {"model": "tiny", "prompt": f"leave {i}", "max_tokens": 900, "ignore_eos": True, "stream": True}
@@ -124,8 +143,10 @@ async def test_20_disconnects_count_as_aborts_and_free_everything(server: Server
                 await all_running.wait()  # every stream is generating before any leaves
                 if i == 0:  # the gauges see 20 running requests holding KV blocks
                     with anyio.fail_after(20):
-                        while not (server.metric("spindle_num_requests_running") == 20
-                                   and server.metric("spindle_kv_cache_usage_perc") > 0):
+                        while not (
+                            server.metric("spindle_num_requests_running") == 20
+                            and server.metric("spindle_kv_cache_usage_perc") > 0
+                        ):
                             await anyio.sleep(0.05)
                     checked.set()
                 await checked.wait()

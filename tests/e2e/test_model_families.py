@@ -33,10 +33,19 @@ def hf_greedy(ckpt: Path, prompt: list[int]) -> list[int]:
 
     model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
-                             repetition_penalty=1.0, top_k=None, top_p=None, temperature=None, eos_token_id=None,
-                             pad_token_id=0)
-    return list(out[0, len(prompt):].tolist())
+        out = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=NEW,
+            min_new_tokens=NEW,
+            do_sample=False,
+            repetition_penalty=1.0,
+            top_k=None,
+            top_p=None,
+            temperature=None,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return list(out[0, len(prompt) :].tolist())
 
 
 def test_completion_stream_and_chat_match_transformers(family: tuple[Path, Server]) -> None:
@@ -52,9 +61,17 @@ def test_completion_stream_and_chat_match_transformers(family: tuple[Path, Serve
             if line.startswith("data: {"):
                 streamed += "".join(c["text"] for c in json.loads(line[6:])["choices"])
     assert streamed == choice["text"]
-    chat = httpx.post(f"{srv.url}/v1/chat/completions", timeout=60, json={
-        "model": "tiny", "messages": [{"role": "user", "content": "tell me about sliding windows " * 4}],
-        "max_tokens": NEW, "temperature": 0, "ignore_eos": True})
+    chat = httpx.post(
+        f"{srv.url}/v1/chat/completions",
+        timeout=60,
+        json={
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "tell me about sliding windows " * 4}],
+            "max_tokens": NEW,
+            "temperature": 0,
+            "ignore_eos": True,
+        },
+    )
     assert chat.status_code == 200, chat.text
     assert chat.json()["usage"]["completion_tokens"] == NEW
 

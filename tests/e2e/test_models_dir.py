@@ -35,8 +35,20 @@ def models_dir(root: Path, ckpt: Path) -> Path:
 def start(root: Path, log_dir: Path, *args: str) -> Server:
     port = free_port()
     log = log_dir / f"server-{port}.log"
-    cmd = [sys.executable, "-m", "server", "--models-dir", str(root), "--host", "127.0.0.1", "--port", str(port),
-           "--sse-keepalive", "0.2", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "server",
+        "--models-dir",
+        str(root),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--sse-keepalive",
+        "0.2",
+        *args,
+    ]
     env = {**os.environ, "SPINDLE_LOG_LEVEL": "INFO", "SPINDLE_STRUCTURED_OUTPUTS_WARMUP": "0"}
     server = Server(subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env), port, log)
     wait_healthy(server)
@@ -56,8 +68,9 @@ def loaded(server: Server) -> dict[str, bool]:
 
 
 def complete(server: Server, model: str, **body: object) -> httpx.Response:
-    return httpx.post(f"{server.url}/v1/completions", json={"model": model, "prompt": "Hello", "max_tokens": 4, **body},
-                      timeout=180)
+    return httpx.post(
+        f"{server.url}/v1/completions", json={"model": model, "prompt": "Hello", "max_tokens": 4, **body}, timeout=180
+    )
 
 
 def stream_lines(server: Server, model: str, max_tokens: int) -> list[str]:
@@ -93,8 +106,10 @@ def test_concurrent_first_requests_load_once_and_a_stream_gets_keepalives(served
 def test_a_request_in_flight_survives_another_models_load(served: Server) -> None:
     """--max-loaded-models 1: beta's load must wait for alpha's stream to end, and then unload alpha."""
     body = {"model": "alpha", "prompt": "Hello", "max_tokens": 400, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", f"{served.url}/v1/completions", json=body, timeout=180) as r, \
-            ThreadPoolExecutor(1) as pool:
+    with (
+        httpx.stream("POST", f"{served.url}/v1/completions", json=body, timeout=180) as r,
+        ThreadPoolExecutor(1) as pool,
+    ):
         lines = r.iter_lines()
         first = next(line for line in lines if line.startswith("data: {"))
         beta = pool.submit(complete, served, "beta")
@@ -139,8 +154,9 @@ def test_idle_timeout_engine_death_and_sigterm_drain(qwen2_ckpt: Path, tmp_path:
         wait_until(lambda: unloaded in httpx.get(metrics).text, 30, "the idle model unloaded")
         assert loaded(server) == {"only": False}
         # loaded again; its engine dies under a stream: that stream ends in an error and the model is unloaded
-        lines = streamed_while(server, "only", 1000, lambda: os.kill(children(server.proc.pid, "engine")[0],
-                                                                      signal.SIGKILL))
+        lines = streamed_while(
+            server, "only", 1000, lambda: os.kill(children(server.proc.pid, "engine")[0], signal.SIGKILL)
+        )
         assert len(lines) < 1000 and any('"error"' in line for line in lines[-2:]), lines[-3:]
         unloaded = 'spindle_model_unloads_total{model_name="only"} 2.0'
         wait_until(lambda: unloaded in httpx.get(metrics).text, 30, "the dead model unloaded")

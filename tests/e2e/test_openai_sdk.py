@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import anyio
 import openai
 import pytest
-
-from pathlib import Path
 
 from tests.e2e.conftest import Server, start_server
 
@@ -27,9 +27,16 @@ def test_sync_client(server: Server) -> None:
     assert chat.id.startswith("chatcmpl-") and chat.choices[0].message.role == "assistant"
     assert chat.usage is not None and chat.usage.completion_tokens <= 6
 
-    chunks = list(client.chat.completions.create(
-        model="tiny", messages=MSGS, max_tokens=6, temperature=0, stream=True,  # type: ignore[arg-type]
-        stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=MSGS,
+            max_tokens=6,
+            temperature=0,
+            stream=True,  # type: ignore[arg-type]
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert text == chat.choices[0].message.content
@@ -38,8 +45,16 @@ def test_sync_client(server: Server) -> None:
     finals = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
     assert finals == [chat.choices[0].finish_reason]
 
-    streamed = list(client.completions.create(model="tiny", prompt="Hello", max_tokens=5, temperature=0,
-                                              stream=True, stream_options={"include_usage": True}))
+    streamed = list(
+        client.completions.create(
+            model="tiny",
+            prompt="Hello",
+            max_tokens=5,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(s.choices[0].text for s in streamed if s.choices) == c.choices[0].text
     assert streamed[-1].usage is not None and streamed[-1].usage.completion_tokens == c.usage.completion_tokens
 
@@ -53,8 +68,12 @@ async def test_async_client(server: Server, anyio_backend: str) -> None:
 
         async def one(i: int) -> None:
             stream = await client.chat.completions.create(
-                model="tiny", messages=[{"role": "user", "content": f"count {i}"}],
-                max_tokens=8, temperature=0, stream=True)
+                model="tiny",
+                messages=[{"role": "user", "content": f"count {i}"}],
+                max_tokens=8,
+                temperature=0,
+                stream=True,
+            )
             results[i] = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
 
         async with anyio.create_task_group() as tg:
@@ -62,7 +81,8 @@ async def test_async_client(server: Server, anyio_backend: str) -> None:
                 tg.start_soon(one, i)
         for i in range(8):
             ref = await client.chat.completions.create(
-                model="tiny", messages=[{"role": "user", "content": f"count {i}"}], max_tokens=8, temperature=0)
+                model="tiny", messages=[{"role": "user", "content": f"count {i}"}], max_tokens=8, temperature=0
+            )
             assert results[i] == ref.choices[0].message.content
 
 

@@ -75,8 +75,20 @@ def _drain_pty(launched: Launched) -> None:
 def _launch(model: Path, tmp: Path, *args: str, env: dict[str, str] | None = None, tty: bool = False) -> Launched:
     port = free_port()
     log = tmp / f"server-{port}.log"
-    cmd = [sys.executable, "-m", "server", "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
-           "--served-model-name", "tiny", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "server",
+        "--model",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        "tiny",
+        *args,
+    ]
     # six servers start at once on two cores: no grammar backend build (tests/e2e/conftest.py says why)
     full_env = {**os.environ, "SPINDLE_LOG_LEVEL": "WARNING", "SPINDLE_STRUCTURED_OUTPUTS_WARMUP": "0", **(env or {})}
     pty_fd = None
@@ -98,8 +110,18 @@ def _launch(model: Path, tmp: Path, *args: str, env: dict[str, str] | None = Non
 def fleet(qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Launched]]:
     tmp = tmp_path_factory.mktemp("ops")
     servers = {
-        "quiet": _launch(qwen2_ckpt, tmp, "--log-level", "info", "--sse-keepalive", "0.2", "--max-num-seqs", "1",
-                         "--max-num-queued-reqs", "1"),
+        "quiet": _launch(
+            qwen2_ckpt,
+            tmp,
+            "--log-level",
+            "info",
+            "--sse-keepalive",
+            "0.2",
+            "--max-num-seqs",
+            "1",
+            "--max-num-queued-reqs",
+            "1",
+        ),
         "drain": _launch(qwen2_ckpt, tmp, "--shutdown-timeout", "60", "--log-level", "info", "--log-requests"),
         "cut": _launch(qwen2_ckpt, tmp, "--shutdown-timeout", "1", "--worker-class", "asyncio"),
         "twice": _launch(qwen2_ckpt, tmp, "--shutdown-timeout", "60"),
@@ -123,18 +145,26 @@ def events_of(text: str) -> list[str]:
     return [e[6:] for e in text.split("\n\n") if e.startswith("data: ")]
 
 
-async def streams_then(server: Server, n: int, max_tokens: int,
-                       action: Callable[[httpx.AsyncClient], Awaitable[None]]) -> list[tuple[float, list[str]]]:
+async def streams_then(
+    server: Server, n: int, max_tokens: int, action: Callable[[httpx.AsyncClient], Awaitable[None]]
+) -> list[tuple[float, list[str]]]:
     """Open n streams; once each has a first token, run `action`; return (end time, SSE payloads) per stream."""
     results: list[tuple[float, list[str]]] = []
     started = 0
     all_started = anyio.Event()
-    async with httpx.AsyncClient(base_url=server.url, timeout=120,
-                                 limits=httpx.Limits(max_connections=n + 5)) as client:
+    async with httpx.AsyncClient(
+        base_url=server.url, timeout=120, limits=httpx.Limits(max_connections=n + 5)
+    ) as client:
+
         async def one(i: int) -> None:
             nonlocal started
-            body = {"model": "tiny", "prompt": f"stream {i}", "max_tokens": max_tokens, "ignore_eos": True,
-                    "stream": True}
+            body = {
+                "model": "tiny",
+                "prompt": f"stream {i}",
+                "max_tokens": max_tokens,
+                "ignore_eos": True,
+                "stream": True,
+            }
             async with client.stream("POST", "/v1/completions", json=body) as r:
                 assert r.status_code == 200
                 text = ""
@@ -234,8 +264,11 @@ async def test_sigterm_lets_5_streams_finish(fleet: dict[str, Launched]) -> None
     wait_gone(engine, 5)
     log = srv.log.read_text()
     # --log-requests: the access log carries the prompt and the output text
-    assert re.search(r'route="POST /v1/completions" status=200 prompt_tokens=\d+ completion_tokens=64 '
-                     r"ttft=[\d.]+ duration=[\d.]+ finish_reason=length request_body=.*stream 3", log)
+    assert re.search(
+        r'route="POST /v1/completions" status=200 prompt_tokens=\d+ completion_tokens=64 '
+        r"ttft=[\d.]+ duration=[\d.]+ finish_reason=length request_body=.*stream 3",
+        log,
+    )
     assert re.search(r'route="POST /v1/completions" status=503 .*finish_reason=- .*late', log)
 
 
@@ -299,17 +332,22 @@ async def test_stops_within_2s_when_the_engine_stopped_reading(qwen2_ckpt: Path,
 async def _stop_with_engine_stopped(srv: Server, name: str) -> None:
     engine = srv.engine_pid()
     async with httpx.AsyncClient(base_url=srv.url, timeout=30, limits=httpx.Limits(max_connections=40)) as client:
-        async with client.stream("POST", "/v1/completions", json={
-                "model": "tiny", "prompt": "go", "max_tokens": 900, "ignore_eos": True, "stream": True}) as r:
+        async with client.stream(
+            "POST",
+            "/v1/completions",
+            json={"model": "tiny", "prompt": "go", "max_tokens": 900, "ignore_eos": True, "stream": True},
+        ) as r:
             assert "data: {" in await r.aiter_text().__anext__()
             os.kill(engine, signal.SIGSTOP)
             big = {"model": "tiny", "prompt": list(range(100, 1000)), "max_tokens": 5}  # ~3 KB per frame
             async with anyio.create_task_group() as tg:
+
                 async def post() -> None:
                     try:
                         await client.post("/v1/completions", json=big)
                     except httpx.TransportError:
                         pass  # the server went away: that is the point
+
                 for _ in range(40):  # > 64 KiB of frames: the pipe to the stopped engine fills
                     tg.start_soon(post)
                 with anyio.fail_after(20):
@@ -356,8 +394,13 @@ async def test_keepalive_while_queued_and_queue_full_rejected(fleet: dict[str, L
     rejected = srv.metric("spindle_requests_rejected_total", 'reason="queue_full"')
     async with httpx.AsyncClient(base_url=srv.url, timeout=60) as client:
         # long enough to hold the only batch slot until this client lets go of it
-        first = {"model": "tiny", "prompt": "first secret prompt", "max_tokens": 900, "ignore_eos": True,
-                 "stream": True}
+        first = {
+            "model": "tiny",
+            "prompt": "first secret prompt",
+            "max_tokens": 900,
+            "ignore_eos": True,
+            "stream": True,
+        }
         async with client.stream("POST", "/v1/completions", json=first) as r1:
             it1 = r1.aiter_text()
             assert "data: {" in await it1.__anext__()  # running: holds the only batch slot
@@ -386,16 +429,26 @@ def wait_log(srv: Server, pattern: str, timeout: float = 10) -> str:
 def test_access_log_one_line_per_request_without_text(fleet: dict[str, Launched]) -> None:
     srv = fleet["quiet"].server
     xid = "ops-log-1"
-    r = httpx.post(f"{srv.url}/v1/chat/completions", headers={"X-Request-Id": xid}, timeout=60,
-                   json={"model": "tiny", "messages": [{"role": "user", "content": "private words"}],
-                         "max_tokens": 5, "ignore_eos": True})
+    r = httpx.post(
+        f"{srv.url}/v1/chat/completions",
+        headers={"X-Request-Id": xid},
+        timeout=60,
+        json={
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "private words"}],
+            "max_tokens": 5,
+            "ignore_eos": True,
+        },
+    )
     assert r.status_code == 200
     bad = httpx.post(f"{srv.url}/v1/completions", json={"model": "tiny", "prompt": "private", "max_tokens": -1})
     assert bad.status_code == 400
     usage = r.json()["usage"]
-    pattern = (rf'request_id={xid} route="POST /v1/chat/completions" status=200 '
-               rf"prompt_tokens={usage['prompt_tokens']} completion_tokens=5 ttft=[\d.]+ duration=[\d.]+ "
-               rf"finish_reason=length$")
+    pattern = (
+        rf'request_id={xid} route="POST /v1/chat/completions" status=200 '
+        rf"prompt_tokens={usage['prompt_tokens']} completion_tokens=5 ttft=[\d.]+ duration=[\d.]+ "
+        rf"finish_reason=length$"
+    )
     wait_log(srv, pattern)
     log = wait_log(srv, r'route="POST /v1/completions" status=400 prompt_tokens=0 completion_tokens=0 ttft=- ')
     assert len(re.findall(rf"request_id={xid} ", log)) == 1
@@ -408,8 +461,11 @@ def test_access_log_one_line_per_request_without_text(fleet: dict[str, Launched]
 def test_progress_bar_on_a_terminal(fleet: dict[str, Launched]) -> None:
     launched = fleet["sigint"]
     bar = re.compile(r"\rloading weights \[#{30}\] (\d+)/\1 ")  # written before /health turned 200
-    wait_until(lambda: bar.search(bytes(launched.pty_out).decode(errors="replace")) is not None, 10,
-               lambda: f"the full bar on the terminal: {bytes(launched.pty_out)[-500:]!r}")
+    wait_until(
+        lambda: bar.search(bytes(launched.pty_out).decode(errors="replace")) is not None,
+        10,
+        lambda: f"the full bar on the terminal: {bytes(launched.pty_out)[-500:]!r}",
+    )
 
 
 def test_sigkill_of_the_server_leaves_no_engine(qwen2_ckpt: Path, tmp_path: Path) -> None:

@@ -18,22 +18,44 @@ import torch
 from tests.e2e.conftest import Server, start_server
 
 QUERY = "what does a cat eat"
-DOCS = ["cats eat fish and meat", "the stock market fell today", "a kitten drinks milk",
-        "paris is the capital of france"]
+DOCS = [
+    "cats eat fish and meat",
+    "the stock market fell today",
+    "a kitten drinks milk",
+    "paris is the capital of france",
+]
 
 
 @pytest.fixture(scope="module")
 def cls_server(qwen2_cls_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = start_server(qwen2_cls_ckpt, tmp_path_factory.mktemp("cls"), "--runner", "pooling", "--max-model-len", "64",
-                     "--max-num-batched-tokens", "16")
+    s = start_server(
+        qwen2_cls_ckpt,
+        tmp_path_factory.mktemp("cls"),
+        "--runner",
+        "pooling",
+        "--max-model-len",
+        "64",
+        "--max-num-batched-tokens",
+        "16",
+    )
     yield s
     s.stop()
 
 
 @pytest.fixture(scope="module")
 def ce_server(qwen2_ce_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = start_server(qwen2_ce_ckpt, tmp_path_factory.mktemp("ce"), "--runner", "pooling",
-                     "--max-documents-per-request", "4", "--max-model-len", "128", "--max-num-queued-tokens", "200")
+    s = start_server(
+        qwen2_ce_ckpt,
+        tmp_path_factory.mktemp("ce"),
+        "--runner",
+        "pooling",
+        "--max-documents-per-request",
+        "4",
+        "--max-model-len",
+        "128",
+        "--max-num-queued-tokens",
+        "200",
+    )
     yield s
     s.stop()
 
@@ -66,8 +88,11 @@ def test_classify_matches_transformers(cls_server: Server, qwen2_cls_ckpt: Path)
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["object"] == "list" and body["id"].startswith("classify-") and body["model"] == "tiny"
-    assert body["usage"] == {"prompt_tokens": sum(map(len, ids)), "total_tokens": sum(map(len, ids)),
-                             "completion_tokens": 0}
+    assert body["usage"] == {
+        "prompt_tokens": sum(map(len, ids)),
+        "total_tokens": sum(map(len, ids)),
+        "completion_tokens": 0,
+    }
     for d, i in zip(body["data"], ids):
         with torch.no_grad():
             probs = torch.softmax(model(torch.tensor([i])).logits[0], dim=-1).numpy()
@@ -117,9 +142,11 @@ def test_score_cross_encoder_one_to_many_and_zipped(ce_server: Server, qwen2_ce_
         assert [d["index"] for d in body["data"]] == [0, 1, 2, 3] and body["data"][0]["object"] == "score"
         np.testing.assert_allclose([d["score"] for d in body["data"]], expected, atol=1e-4)
     zipped = post(ce_server, "/score", {"text_1": [QUERY, "capital city"], "text_2": DOCS[:2]}).json()
-    np.testing.assert_allclose([d["score"] for d in zipped["data"]],
-                               cross_encoder_scores(qwen2_ce_ckpt, [(QUERY, DOCS[0]), ("capital city", DOCS[1])]),
-                               atol=1e-4)
+    np.testing.assert_allclose(
+        [d["score"] for d in zipped["data"]],
+        cross_encoder_scores(qwen2_ce_ckpt, [(QUERY, DOCS[0]), ("capital city", DOCS[1])]),
+        atol=1e-4,
+    )
     pairs = [ids_of(qwen2_ce_ckpt, QUERY + d) for d in DOCS]  # a Qwen2 pair is the two texts one after the other
     assert body["usage"]["prompt_tokens"] == sum(map(len, pairs))
 
@@ -134,16 +161,21 @@ def test_rerank_cross_encoder_order_top_n_and_shapes(ce_server: Server, qwen2_ce
         np.testing.assert_allclose([r["relevance_score"] for r in body["results"]], expected[order], atol=1e-4)
         assert [r["document"]["text"] for r in body["results"]] == [DOCS[i] for i in order]
         assert ("meta" in body) == (path == "/v2/rerank")
-    top = post(ce_server, "/rerank", {"query": QUERY, "documents": [{"text": d} for d in DOCS], "top_n": 2,
-                                      "return_documents": False}).json()
+    top = post(
+        ce_server,
+        "/rerank",
+        {"query": QUERY, "documents": [{"text": d} for d in DOCS], "top_n": 2, "return_documents": False},
+    ).json()
     assert [r["index"] for r in top["results"]] == order[:2] and "document" not in top["results"][0]
 
 
 @pytest.mark.parametrize("count, status", [(3, 200), (4, 200), (5, 400)])
 def test_documents_per_request_limit(ce_server: Server, count: int, status: int) -> None:
     docs = [f"document number {i}" for i in range(count)]
-    for path, body in (("/rerank", {"query": QUERY, "documents": docs}),
-                       ("/score", {"queries": QUERY, "documents": docs})):
+    for path, body in (
+        ("/rerank", {"query": QUERY, "documents": docs}),
+        ("/score", {"queries": QUERY, "documents": docs}),
+    ):
         r = post(ce_server, path, body)
         assert r.status_code == status, r.text
         if status == 400:
@@ -165,27 +197,35 @@ def test_bi_encoder_score_and_rerank_are_cosines(bi_server: Server, st_mean_ckpt
     assert [r["index"] for r in ranked["results"]] == order
     np.testing.assert_allclose([r["relevance_score"] for r in ranked["results"]], cos[order], atol=1e-5)
     assert ranked["usage"]["total_tokens"] == len(st.tokenizer(QUERY)["input_ids"]) + sum(
-        len(st.tokenizer(d)["input_ids"]) for d in DOCS)  # the query embedded once
+        len(st.tokenizer(d)["input_ids"]) for d in DOCS
+    )  # the query embedded once
     r = post(bi_server, "/rerank", {"query": QUERY, "documents": ["a", ""]})  # nothing to embed
     assert r.status_code == 400 and "empty after tokenization" in r.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("path, body, param, words", [
-    ("/rerank", {"documents": ["a"]}, "query", "query is required"),
-    ("/rerank", {"query": "q", "documents": []}, "documents", "non-empty"),
-    ("/rerank", {"query": "q"}, "documents", "non-empty"),
-    ("/rerank", {"query": "q", "documents": ["a"], "top_n": -1}, "top_n", "at least 0"),
-    ("/v2/rerank", {"query": "q", "documents": ["a"], "max_tokens_per_doc": 0}, "max_tokens_per_doc", "at least 1"),
-    ("/score", {"queries": ["a", "b"], "documents": ["x", "y", "z"]}, "documents", "1:1, 1:N or N:N"),
-    ("/score", {"queries": "a"}, "documents", "documents is required"),
-    ("/score", {"documents": ["a"], "text_1": "b"}, "queries", "one pair"),
-    ("/score", {"queries": "q", "documents": [" ".join(["long"] * 200)]}, "documents", "maximum context length"),
-    ("/score", {"queries": "q", "documents": ["x"], "truncate_prompt_tokens": 129}, "truncate_prompt_tokens",
-     "between 1 and"),
-    ("/score", {"queries": "q", "documents": ["x"], "priority": 3}, "priority", "priority scheduling"),
-    ("/v1/embeddings", {"input": "hi"}, None, "embedding model"),
-    ("/pooling", {"input": [10**7]}, "input", "out of vocabulary"),
-])
+@pytest.mark.parametrize(
+    "path, body, param, words",
+    [
+        ("/rerank", {"documents": ["a"]}, "query", "query is required"),
+        ("/rerank", {"query": "q", "documents": []}, "documents", "non-empty"),
+        ("/rerank", {"query": "q"}, "documents", "non-empty"),
+        ("/rerank", {"query": "q", "documents": ["a"], "top_n": -1}, "top_n", "at least 0"),
+        ("/v2/rerank", {"query": "q", "documents": ["a"], "max_tokens_per_doc": 0}, "max_tokens_per_doc", "at least 1"),
+        ("/score", {"queries": ["a", "b"], "documents": ["x", "y", "z"]}, "documents", "1:1, 1:N or N:N"),
+        ("/score", {"queries": "a"}, "documents", "documents is required"),
+        ("/score", {"documents": ["a"], "text_1": "b"}, "queries", "one pair"),
+        ("/score", {"queries": "q", "documents": [" ".join(["long"] * 200)]}, "documents", "maximum context length"),
+        (
+            "/score",
+            {"queries": "q", "documents": ["x"], "truncate_prompt_tokens": 129},
+            "truncate_prompt_tokens",
+            "between 1 and",
+        ),
+        ("/score", {"queries": "q", "documents": ["x"], "priority": 3}, "priority", "priority scheduling"),
+        ("/v1/embeddings", {"input": "hi"}, None, "embedding model"),
+        ("/pooling", {"input": [10**7]}, "input", "out of vocabulary"),
+    ],
+)
 def test_refusals(ce_server: Server, path: str, body: dict[str, Any], param: str | None, words: str) -> None:
     r = post(ce_server, path, body)
     assert r.status_code == 400, r.text
@@ -232,12 +272,12 @@ def test_pooling_routes_refused_on_a_generation_server(server: Server, path: str
 
 def test_cohere_sdk_rerank_equals_the_cross_encoder(ce_server: Server, qwen2_ce_ckpt: Path) -> None:
     import cohere
-
     from sentence_transformers import CrossEncoder
 
     ranked = CrossEncoder(str(qwen2_ce_ckpt), device="cpu").rank(QUERY, DOCS, top_k=3)
     res = cohere.ClientV2(api_key="none", base_url=ce_server.url, timeout=60).rerank(
-        model="tiny", query=QUERY, documents=DOCS, top_n=3)
+        model="tiny", query=QUERY, documents=DOCS, top_n=3
+    )
     assert [r.index for r in res.results] == [r["corpus_id"] for r in ranked]
     np.testing.assert_allclose([r.relevance_score for r in res.results], [r["score"] for r in ranked], atol=1e-4)
     assert res.meta is not None and res.meta.api_version is not None and res.meta.api_version.version == "2"

@@ -56,8 +56,11 @@ def _children(pid: int) -> dict[int, bytes]:
 def test_engine_and_workers_run_nicer_than_the_server(server: Server) -> None:
     assert child.NICE_BELOW_SERVER == NICE_BELOW_SERVER
     # a step (the LM head's helper threads start with the first one) and a worker tokenization (> 512 chars)
-    r = httpx.post(f"{server.url}/v1/completions", timeout=60,
-                   json={"model": "tiny", "prompt": "hello", "max_tokens": 2, "ignore_eos": True})
+    r = httpx.post(
+        f"{server.url}/v1/completions",
+        timeout=60,
+        json={"model": "tiny", "prompt": "hello", "max_tokens": 2, "ignore_eos": True},
+    )
     assert r.status_code == 200, r.text
     r = httpx.post(f"{server.url}/tokenize", json={"prompt": "word " * 400}, timeout=60)
     assert r.status_code == 200, r.text
@@ -74,8 +77,11 @@ def test_engine_and_workers_run_nicer_than_the_server(server: Server) -> None:
         engines = [p for p, cmd in kids.items() if b"\0-m\0engine\0" in cmd]
         workers = [p for p, cmd in kids.items() if b"server.render.render_worker" in cmd]
         seen = {p: _threads(p) for p in engines + workers}
-        ok = len(engines) == 1 and workers and all(
-            prio == (want, SCHED_OTHER) for threads in seen.values() for prio in threads.values())
+        ok = (
+            len(engines) == 1
+            and workers
+            and all(prio == (want, SCHED_OTHER) for threads in seen.values() for prio in threads.values())
+        )
         if ok or time.monotonic() > deadline:
             break
         time.sleep(0.2)

@@ -24,9 +24,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.dashboards import (
-    DASHBOARDS, PROMETHEUS_EXAMPLE, expressions, fill, label_values, load, prefixes, variables,
-)
+from tests.dashboards import DASHBOARDS, PROMETHEUS_EXAMPLE, expressions, fill, label_values, load, prefixes, variables
 from tests.e2e.conftest import Server, free_port, start_server
 from tests.helpers.lora import write_adapter
 
@@ -71,8 +69,17 @@ class Prometheus:
 def spindle(qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("prom-spindle")
     adapter = write_adapter(qwen2_ckpt, tmp / "adapter", r=8, targets=["q_proj", "v_proj"], seed=5)
-    s = start_server(qwen2_ckpt, tmp, "--data-parallel-size", "2", "--metrics-compat", "vllm", "--enable-lora",
-                     "--lora-modules", f"{ADAPTER}={adapter}")
+    s = start_server(
+        qwen2_ckpt,
+        tmp,
+        "--data-parallel-size",
+        "2",
+        "--metrics-compat",
+        "vllm",
+        "--enable-lora",
+        "--lora-modules",
+        f"{ADAPTER}={adapter}",
+    )
     yield s
     s.stop()
 
@@ -86,9 +93,16 @@ def prometheus(spindle: Server, tmp_path_factory: pytest.TempPathFactory) -> Ite
     (tmp / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
     port = free_port()
     log = tmp / "prometheus.log"
-    proc = subprocess.Popen([binary("prometheus"), f"--config.file={tmp / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            binary("prometheus"),
+            f"--config.file={tmp / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
     prom = Prometheus(f"http://127.0.0.1:{port}")
 
     def ready() -> bool | None:
@@ -111,8 +125,9 @@ def prometheus(spindle: Server, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 def test_example_scrape_config_is_valid() -> None:
-    out = subprocess.run([binary("promtool"), "check", "config", str(PROMETHEUS_EXAMPLE)], capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [binary("promtool"), "check", "config", str(PROMETHEUS_EXAMPLE)], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -121,19 +136,31 @@ def traffic(server: Server) -> None:
     long = "Spindles turn fibre into yarn, one twist at a time; " * 6
 
     def chat(i: int) -> None:
-        body = {"model": MODEL, "max_tokens": 6, "temperature": 0, "ignore_eos": True, "stream": i % 2 == 0,
-                "messages": [{"role": "user", "content": f"request {i}: tell me a story"}]}
+        body = {
+            "model": MODEL,
+            "max_tokens": 6,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": i % 2 == 0,
+            "messages": [{"role": "user", "content": f"request {i}: tell me a story"}],
+        }
         r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
         assert r.status_code == 200, r.text
 
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(chat, range(8)))
-    r = httpx.post(f"{server.url}/v1/completions", timeout=120,
-                   json={"model": ADAPTER, "prompt": "hello", "max_tokens": 2, "ignore_eos": True})
+    r = httpx.post(
+        f"{server.url}/v1/completions",
+        timeout=120,
+        json={"model": ADAPTER, "prompt": "hello", "max_tokens": 2, "ignore_eos": True},
+    )
     assert r.status_code == 200, r.text
     for _ in range(2):
-        r = httpx.post(f"{server.url}/v1/completions", timeout=120,
-                       json={"model": MODEL, "prompt": long, "max_tokens": 4, "ignore_eos": True})
+        r = httpx.post(
+            f"{server.url}/v1/completions",
+            timeout=120,
+            json={"model": MODEL, "prompt": long, "max_tokens": 4, "ignore_eos": True},
+        )
         assert r.status_code == 200, r.text
 
 
@@ -148,10 +175,16 @@ def test_every_dashboard_expression_returns_data(spindle: Server, prometheus: Pr
     hits = spindle.metric("spindle_prefix_cache_hits_total")
     assert hits > 0  # the long prompt's second request
     generated = spindle.metric("spindle_generation_tokens_total")
-    until("the traffic to be scraped",
-          lambda: scraped(prometheus, f'sum(spindle_generation_tokens_total{{model_name="{MODEL}"}})', generated))
-    pending = {fill(expr, prefix=prefix, model=MODEL): f"{path.name}: {title}"
-               for path in DASHBOARDS for title, expr in expressions(load(path)) for prefix in prefixes(expr)}
+    until(
+        "the traffic to be scraped",
+        lambda: scraped(prometheus, f'sum(spindle_generation_tokens_total{{model_name="{MODEL}"}})', generated),
+    )
+    pending = {
+        fill(expr, prefix=prefix, model=MODEL): f"{path.name}: {title}"
+        for path in DASHBOARDS
+        for title, expr in expressions(load(path))
+        for prefix in prefixes(expr)
+    }
     assert len(pending) >= 40
     failures = _evaluate(prometheus, pending)
     for path in DASHBOARDS:
@@ -191,5 +224,13 @@ def _check_variables(prom: Prometheus, dash: dict[str, Any], failures: dict[str,
 
 def test_a_renamed_metric_would_fail(prometheus: Prometheus) -> None:
     """The check above can fail: a name nothing exports parses and returns no data."""
-    assert prometheus.values(fill('sum(rate(${prefix}no_such_metric_total{model_name=~"$model_name"}'
-                                  '[$__rate_interval]))', prefix="spindle_", model=MODEL)) == []
+    assert (
+        prometheus.values(
+            fill(
+                'sum(rate(${prefix}no_such_metric_total{model_name=~"$model_name"}[$__rate_interval]))',
+                prefix="spindle_",
+                model=MODEL,
+            )
+        )
+        == []
+    )

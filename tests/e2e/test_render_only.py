@@ -22,10 +22,24 @@ CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hello there"}
 def start_render(model: Path, tmp: Path, *args: str) -> Server:
     port = free_port()
     log = tmp / f"render-{port}.log"
-    cmd = [sys.executable, "-m", "server", "render", "--model", str(model), "--host", "127.0.0.1",
-           "--port", str(port), "--served-model-name", "tiny", *args]
-    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            env={**os.environ, "SPINDLE_LOG_LEVEL": "WARNING"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "server",
+        "render",
+        "--model",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        "tiny",
+        *args,
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env={**os.environ, "SPINDLE_LOG_LEVEL": "WARNING"}
+    )
     server = Server(proc, port, log, list(args))
     wait_healthy(server)
     return server
@@ -64,8 +78,9 @@ def test_render_server_answers_render_routes_without_torch(render: Server) -> No
     assert httpx.get(f"{url}/metrics", timeout=10).status_code == 401  # the same auth as `spindle serve`
     assert httpx.get(f"{url}/metrics", headers=AUTH, timeout=10).status_code == 200
     # The same validation: an over-long request is refused as the full server refuses it.
-    too_long = httpx.post(f"{url}/v1/chat/completions/render", json={**CHAT, "max_tokens": 10**9},
-                          headers=AUTH, timeout=30)
+    too_long = httpx.post(
+        f"{url}/v1/chat/completions/render", json={**CHAT, "max_tokens": 10**9}, headers=AUTH, timeout=30
+    )
     assert too_long.status_code == 400, too_long.text
 
     pids = process_tree(render.proc.pid)
@@ -77,8 +92,9 @@ def test_render_server_answers_render_routes_without_torch(render: Server) -> No
         assert "libtorch" not in maps and "/torch/" not in maps, f"torch loaded in {cmdline!r}"
 
 
-@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/embeddings",
-                                  "/inference/v1/generate"])
+@pytest.mark.parametrize(
+    "path", ["/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/embeddings", "/inference/v1/generate"]
+)
 def test_generation_routes_name_spindle_serve(render: Server, path: str) -> None:
     r = httpx.post(f"{render.url}{path}", json=CHAT, headers=AUTH, timeout=10)
     assert r.status_code == 404
@@ -88,9 +104,11 @@ def test_generation_routes_name_spindle_serve(render: Server, path: str) -> None
 def test_render_matches_the_full_server(render: Server, qwen2_ckpt: Path, tmp_path: Path) -> None:
     full = start_server(qwen2_ckpt, tmp_path)
     try:
-        for path, body in (("/v1/chat/completions/render", CHAT),
-                           ("/v1/completions/render", {"model": "tiny", "prompt": "Hi there", "max_tokens": None}),
-                           ("/tokenize", {"model": "tiny", "messages": CHAT["messages"]})):
+        for path, body in (
+            ("/v1/chat/completions/render", CHAT),
+            ("/v1/completions/render", {"model": "tiny", "prompt": "Hi there", "max_tokens": None}),
+            ("/tokenize", {"model": "tiny", "messages": CHAT["messages"]}),
+        ):
             want = httpx.post(f"{full.url}{path}", json=body, headers={"X-Request-Id": "r1"}, timeout=30)
             got = httpx.post(f"{render.url}{path}", json=body, headers={**AUTH, "X-Request-Id": "r1"}, timeout=30)
             assert want.status_code == got.status_code == 200, (want.text, got.text)
@@ -106,15 +124,24 @@ def test_render_needs_a_model() -> None:
 
 def _plain_hypercorn(port: int, log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     """`hypercorn 'server.app:create_app()'`, configured by SPINDLE_* variables only."""
-    return subprocess.Popen([sys.executable, "-m", "hypercorn", "server.app:create_app()", "-k", "trio",
-                             "--bind", f"127.0.0.1:{port}"], stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "hypercorn", "server.app:create_app()", "-k", "trio", "--bind", f"127.0.0.1:{port}"],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
 
 
 def test_render_only_under_plain_hypercorn_serves_without_torch(qwen2_ckpt: Path, tmp_path: Path) -> None:
     port = free_port()
     log = tmp_path / "hypercorn.log"
-    env = {**os.environ, "SPINDLE_RENDER_ONLY": "1", "SPINDLE_MODEL": str(qwen2_ckpt),
-           "SPINDLE_SERVED_MODEL_NAME": "tiny", "SPINDLE_LOG_LEVEL": "WARNING"}
+    env = {
+        **os.environ,
+        "SPINDLE_RENDER_ONLY": "1",
+        "SPINDLE_MODEL": str(qwen2_ckpt),
+        "SPINDLE_SERVED_MODEL_NAME": "tiny",
+        "SPINDLE_LOG_LEVEL": "WARNING",
+    }
     server = Server(_plain_hypercorn(port, log, env), port, log)
     wait_healthy(server)
     try:

@@ -26,10 +26,26 @@ COMPLETIONS, CHAT_ROUTE, GENERATE = "/v1/completions", "/v1/chat/completions", "
 
 @pytest.fixture(scope="module")
 def limited(qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = start_server(qwen2_ckpt, tmp_path_factory.mktemp("limited"), "--scheduling-policy", "priority",
-                     "--max-prompts-per-request", "3", "--max-choices-per-request", "4", "--max-stop-strings", "2",
-                     "--max-stop-string-length", "5", "--max-stop-token-ids", "2", "--max-logit-bias", "2",
-                     "--max-allowed-token-ids", "3")
+    s = start_server(
+        qwen2_ckpt,
+        tmp_path_factory.mktemp("limited"),
+        "--scheduling-policy",
+        "priority",
+        "--max-prompts-per-request",
+        "3",
+        "--max-choices-per-request",
+        "4",
+        "--max-stop-strings",
+        "2",
+        "--max-stop-string-length",
+        "5",
+        "--max-stop-token-ids",
+        "2",
+        "--max-logit-bias",
+        "2",
+        "--max-allowed-token-ids",
+        "3",
+    )
     yield s
     assert s.proc.poll() is None, "the server died"
     s.stop()
@@ -62,8 +78,9 @@ CAPS = [  # (field, at the cap, just under, just over, the flag)
 
 @pytest.mark.parametrize("route", [COMPLETIONS, CHAT_ROUTE, GENERATE])
 @pytest.mark.parametrize(("field", "at", "under", "over", "flag"), CAPS)
-def test_caps_at_under_and_over(limited: Server, route: str, field: str, at: Any, under: Any, over: Any,
-                                flag: str) -> None:
+def test_caps_at_under_and_over(
+    limited: Server, route: str, field: str, at: Any, under: Any, over: Any, flag: str
+) -> None:
     for ok in (at, under):
         r = post(limited, route, body_for(route, **{field: ok}))
         assert r.status_code == 200, r.text
@@ -78,12 +95,22 @@ def test_prompts_and_choices_per_completions_request(limited: Server, shape: str
     for k in (2, 3):  # under, at
         r = post(limited, COMPLETIONS, {"prompt": prompts(k), "max_tokens": 1})
         assert r.status_code == 200 and len(r.json()["choices"]) == k, r.text
-    assert_error(post(limited, COMPLETIONS, {"prompt": prompts(4), "max_tokens": 1}), 400, "--max-prompts-per-request",
-                 "4", param="prompt")
+    assert_error(
+        post(limited, COMPLETIONS, {"prompt": prompts(4), "max_tokens": 1}),
+        400,
+        "--max-prompts-per-request",
+        "4",
+        param="prompt",
+    )
     r = post(limited, COMPLETIONS, {"prompt": prompts(2), "n": 2, "max_tokens": 1})  # 4 choices: at the cap
     assert r.status_code == 200 and len(r.json()["choices"]) == 4, r.text
-    assert_error(post(limited, COMPLETIONS, {"prompt": prompts(3), "n": 2, "max_tokens": 1}), 400,
-                 "--max-choices-per-request", "6 choices", param="n")
+    assert_error(
+        post(limited, COMPLETIONS, {"prompt": prompts(3), "n": 2, "max_tokens": 1}),
+        400,
+        "--max-choices-per-request",
+        "6 choices",
+        param="n",
+    )
     r = post(limited, COMPLETIONS, {"prompt": list(range(1000, 1050)), "max_tokens": 1})  # one token-id prompt
     assert r.status_code == 200 and len(r.json()["choices"]) == 1, r.text
 
@@ -91,12 +118,43 @@ def test_prompts_and_choices_per_completions_request(limited: Server, shape: str
 # ---- item 7: every integer field fits int64 ------------------------------------------------------------------
 
 INT_FIELDS = {  # route -> its integer fields (LISTS: lists of ints)
-    COMPLETIONS: ["max_tokens", "n", "seed", "top_k", "min_tokens", "stop_token_ids", "allowed_token_ids",
-                  "priority", "truncate_prompt_tokens", "logprobs"],
-    CHAT_ROUTE: ["max_tokens", "max_completion_tokens", "n", "seed", "top_k", "min_tokens", "stop_token_ids",
-                 "allowed_token_ids", "priority", "truncate_prompt_tokens", "top_logprobs"],
-    GENERATE: ["max_tokens", "n", "seed", "top_k", "min_tokens", "stop_token_ids", "allowed_token_ids",
-               "priority", "logprobs", "token_ids"],
+    COMPLETIONS: [
+        "max_tokens",
+        "n",
+        "seed",
+        "top_k",
+        "min_tokens",
+        "stop_token_ids",
+        "allowed_token_ids",
+        "priority",
+        "truncate_prompt_tokens",
+        "logprobs",
+    ],
+    CHAT_ROUTE: [
+        "max_tokens",
+        "max_completion_tokens",
+        "n",
+        "seed",
+        "top_k",
+        "min_tokens",
+        "stop_token_ids",
+        "allowed_token_ids",
+        "priority",
+        "truncate_prompt_tokens",
+        "top_logprobs",
+    ],
+    GENERATE: [
+        "max_tokens",
+        "n",
+        "seed",
+        "top_k",
+        "min_tokens",
+        "stop_token_ids",
+        "allowed_token_ids",
+        "priority",
+        "logprobs",
+        "token_ids",
+    ],
 }
 LISTS = {"stop_token_ids", "allowed_token_ids", "token_ids"}
 # At INT64_MAX / INT64_MIN a field decodes, then its meaning decides: 200 where the value means something
@@ -137,6 +195,7 @@ def test_ints_inside_prompts_and_logit_bias_keys(limited: Server, value: int) ->
 
 # ---- priority: honoured under --scheduling-policy priority, refused under fcfs (the default) ----------------
 
+
 @pytest.mark.parametrize("route", [COMPLETIONS, CHAT_ROUTE, GENERATE])
 def test_priority_under_both_policies(limited: Server, server: Server, route: str) -> None:
     for value in (0, 1, -1, INT64_MAX, INT64_MIN):
@@ -145,5 +204,10 @@ def test_priority_under_both_policies(limited: Server, server: Server, route: st
     r = post(server, route, body_for(route, priority=0))
     assert r.status_code == 200, r.text
     for value in (1, -1, INT64_MAX):
-        assert_error(post(server, route, body_for(route, priority=value)), 400, "priority scheduling is not enabled",
-                     "--scheduling-policy priority", param="priority")
+        assert_error(
+            post(server, route, body_for(route, priority=value)),
+            400,
+            "priority scheduling is not enabled",
+            "--scheduling-policy priority",
+            param="priority",
+        )

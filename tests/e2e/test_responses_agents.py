@@ -25,8 +25,9 @@ class Verdict(pydantic.BaseModel):
 
 @pytest.fixture(scope="module")
 def agents_srv(qwen25_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = start_server(qwen25_ckpt, tmp_path_factory.mktemp("agents"), "--enable-auto-tool-choice",
-                     "--tool-call-parser", "hermes")
+    s = start_server(
+        qwen25_ckpt, tmp_path_factory.mktemp("agents"), "--enable-auto-tool-choice", "--tool-call-parser", "hermes"
+    )
     yield s
     s.stop()
 
@@ -42,9 +43,14 @@ def test_an_agent_calls_its_tool_and_answers(agents_srv: Server, stream: bool) -
         return "22C, sunny"
 
     client = openai.AsyncOpenAI(base_url=f"{agents_srv.url}/v1", api_key="none", max_retries=0, timeout=120)
-    agent = Agent(name="weather", instructions="Answer with the tool.", tools=[get_weather], output_type=Verdict,
-                  model=OpenAIResponsesModel("tiny", client),
-                  model_settings=ModelSettings(tool_choice="required", max_tokens=60, temperature=0))
+    agent = Agent(
+        name="weather",
+        instructions="Answer with the tool.",
+        tools=[get_weather],
+        output_type=Verdict,
+        model=OpenAIResponsesModel("tiny", client),
+        model_settings=ModelSettings(tool_choice="required", max_tokens=60, temperature=0),
+    )
 
     async def run() -> Verdict:
         if stream:

@@ -19,9 +19,18 @@ import pytest
 
 from tests.e2e.conftest import Server, start_server
 
-WEATHER: Any = {"type": "function", "name": "get_weather", "description": "Weather in a city", "strict": True,
-                "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},
-                               "required": ["city"], "additionalProperties": False}}
+WEATHER: Any = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather in a city",
+    "strict": True,
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"enum": ["Paris", "Rome"]}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
 
 
 MAX_LEN = 1024
@@ -29,8 +38,17 @@ MAX_LEN = 1024
 
 @pytest.fixture(scope="module")
 def srv(qwen25_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = start_server(qwen25_ckpt, tmp_path_factory.mktemp("responses"), "--enable-auto-tool-choice",
-                     "--tool-call-parser", "hermes", "--responses-store-size", "2", "--max-model-len", str(MAX_LEN))
+    s = start_server(
+        qwen25_ckpt,
+        tmp_path_factory.mktemp("responses"),
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+        "--responses-store-size",
+        "2",
+        "--max-model-len",
+        str(MAX_LEN),
+    )
     yield s
     s.stop()
 
@@ -57,8 +75,9 @@ def tokens(resp: Any) -> tuple[int, int]:
 
 
 def test_create_text(client: openai.OpenAI) -> None:
-    r = client.responses.create(model="tiny", input="Say hi", instructions="be brief", max_output_tokens=6,
-                                temperature=0, store=False)
+    r = client.responses.create(
+        model="tiny", input="Say hi", instructions="be brief", max_output_tokens=6, temperature=0, store=False
+    )
     assert r.id.startswith("resp_") and r.object == "response" and r.model == "tiny"
     assert r.status == "incomplete" and r.incomplete_details is not None
     assert r.incomplete_details.reason == "max_output_tokens"
@@ -68,9 +87,14 @@ def test_create_text(client: openai.OpenAI) -> None:
     assert r.usage is not None and r.usage.output_tokens == 6 and r.usage.input_tokens > 0
     assert r.usage.total_tokens == r.usage.input_tokens + 6
     assert r.usage.input_tokens_details.cached_tokens >= 0 and r.usage.output_tokens_details.reasoning_tokens == 0
-    items = client.responses.create(model="tiny", max_output_tokens=6, temperature=0, store=False,
-                                    instructions="be brief", input=[
-                                        {"role": "user", "content": [{"type": "input_text", "text": "Say hi"}]}])
+    items = client.responses.create(
+        model="tiny",
+        max_output_tokens=6,
+        temperature=0,
+        store=False,
+        instructions="be brief",
+        input=[{"role": "user", "content": [{"type": "input_text", "text": "Say hi"}]}],
+    )
     assert items.output_text == r.output_text and items.usage is not None
     assert (items.usage.input_tokens, items.usage.output_tokens) == (r.usage.input_tokens, 6)
     assert items.usage.input_tokens_details.cached_tokens > 0  # the same prompt again: from the prefix cache
@@ -79,14 +103,19 @@ def test_create_text(client: openai.OpenAI) -> None:
 def test_stop_and_seed(client: openai.OpenAI) -> None:
     full = client.responses.create(model="tiny", input="Tell me a story", max_output_tokens=16, temperature=0)
     text = full.output_text
-    cut_at = next((i for i in range(1, len(text) - 2) if text.find(text[i:i + 2]) == i), None)
+    cut_at = next((i for i in range(1, len(text) - 2) if text.find(text[i : i + 2]) == i), None)
     if cut_at is not None:
-        stop = text[cut_at:cut_at + 2]
-        cut = client.responses.create(model="tiny", input="Tell me a story", max_output_tokens=16, temperature=0,
-                                      extra_body={"stop": [stop]})
+        stop = text[cut_at : cut_at + 2]
+        cut = client.responses.create(
+            model="tiny", input="Tell me a story", max_output_tokens=16, temperature=0, extra_body={"stop": [stop]}
+        )
         assert cut.status == "completed" and cut.output_text == text[:cut_at]
-    a, b = (client.responses.create(model="tiny", input="hi", max_output_tokens=8, temperature=1.0, extra_body={"seed": 7},
-                                    top_p=0.9) for _ in range(2))
+    a, b = (
+        client.responses.create(
+            model="tiny", input="hi", max_output_tokens=8, temperature=1.0, extra_body={"seed": 7}, top_p=0.9
+        )
+        for _ in range(2)
+    )
     assert a.output_text == b.output_text
 
 
@@ -95,10 +124,18 @@ def test_stream_events_build_the_response(client: openai.OpenAI) -> None:
     want = client.responses.create(**kw)
     events = list(client.responses.create(stream=True, **kw))
     kinds = [e.type for e in events]
-    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
-                         "response.content_part.added"]
-    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
-                          "response.incomplete"]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.incomplete",
+    ]
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == want.output_text
     last = events[-1]
@@ -106,33 +143,54 @@ def test_stream_events_build_the_response(client: openai.OpenAI) -> None:
 
 
 def test_sdk_stream_helper_and_json_schema(client: openai.OpenAI) -> None:
-    schema = {"type": "object", "properties": {"a": {"enum": ["yes", "no"]}}, "required": ["a"],
-              "additionalProperties": False}
-    kw: Any = dict(model="tiny", input="yes or no?", max_output_tokens=30, temperature=0,
-                   text={"format": {"type": "json_schema", "name": "answer", "schema": schema, "strict": True}})
+    schema = {
+        "type": "object",
+        "properties": {"a": {"enum": ["yes", "no"]}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+    kw: Any = dict(
+        model="tiny",
+        input="yes or no?",
+        max_output_tokens=30,
+        temperature=0,
+        text={"format": {"type": "json_schema", "name": "answer", "schema": schema, "strict": True}},
+    )
     want = client.responses.create(**kw)
     assert want.status == "completed" and json.loads(want.output_text)["a"] in ("yes", "no")
     with client.responses.stream(**kw) as s:
         text = "".join(e.delta for e in s if e.type == "response.output_text.delta")
         final = s.get_final_response()
     assert text == want.output_text and plain(final) == plain(want)
-    obj = client.responses.create(model="tiny", input="json", max_output_tokens=30, temperature=0,
-                                  text={"format": {"type": "json_object"}})
+    obj = client.responses.create(
+        model="tiny", input="json", max_output_tokens=30, temperature=0, text={"format": {"type": "json_object"}}
+    )
     assert obj.status == "incomplete" or isinstance(json.loads(obj.output_text), dict)
 
 
 def test_logprobs_include(client: openai.OpenAI) -> None:
-    kw: Any = dict(model="tiny", input="Say hi", max_output_tokens=5, temperature=0, top_logprobs=2,
-                   include=["message.output_text.logprobs"])
+    kw: Any = dict(
+        model="tiny",
+        input="Say hi",
+        max_output_tokens=5,
+        temperature=0,
+        top_logprobs=2,
+        include=["message.output_text.logprobs"],
+    )
     r = client.responses.create(**kw)
     part = r.output[0].content[0]  # type: ignore[union-attr]
     assert part.type == "output_text" and part.logprobs is not None and len(part.logprobs) == 5
     assert "".join(lp.token for lp in part.logprobs) == part.text
     assert all(len(lp.top_logprobs) == 2 and lp.logprob <= 0 for lp in part.logprobs)
-    streamed = [lp for e in client.responses.create(stream=True, **kw) if e.type == "response.output_text.delta"
-                for lp in e.logprobs]
-    assert [(lp.token, round(lp.logprob, 4)) for lp in streamed] == [(lp.token, round(lp.logprob, 4))
-                                                                     for lp in part.logprobs]
+    streamed = [
+        lp
+        for e in client.responses.create(stream=True, **kw)
+        if e.type == "response.output_text.delta"
+        for lp in e.logprobs
+    ]
+    assert [(lp.token, round(lp.logprob, 4)) for lp in streamed] == [
+        (lp.token, round(lp.logprob, 4)) for lp in part.logprobs
+    ]
     with pytest.raises(openai.BadRequestError) as e:  # a parser at work: not yet
         client.responses.create(tools=[WEATHER], **kw)
     assert isinstance(e.value.body, dict) and e.value.body["param"] == "include"
@@ -145,21 +203,33 @@ def test_function_call_round_trip_and_state(client: openai.OpenAI, srv: Server) 
     assert r.status == "completed" and calls and calls[0].name == "get_weather"
     assert json.loads(calls[0].arguments)["city"] in ("Paris", "Rome") and calls[0].call_id.startswith("call_")
     assert not any(o.type == "message" and "<tool_call>" in o.content[0].text for o in r.output)
-    with client.responses.stream(input="Weather in Paris?", tool_choice={"type": "function", "name": "get_weather"},
-                                 **kw) as s:
+    with client.responses.stream(
+        input="Weather in Paris?", tool_choice={"type": "function", "name": "get_weather"}, **kw
+    ) as s:
         kinds = [e.type for e in s]
         streamed = s.get_final_response()
     assert "response.function_call_arguments.delta" in kinds and "response.output_text.delta" not in kinds
     assert [o.type for o in streamed.output] == ["function_call"]
     assert streamed.output[0].arguments == json.loads(json.dumps(streamed.output[0].arguments))
     # the tool's answer continues the stored response: its function call is part of the conversation
-    follow = client.responses.create(previous_response_id=r.id, tool_choice="none", **kw, input=[
-        {"type": "function_call_output", "call_id": calls[0].call_id, "output": "22C, sunny"}])
+    follow = client.responses.create(
+        previous_response_id=r.id,
+        tool_choice="none",
+        **kw,
+        input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "22C, sunny"}],
+    )
     assert follow.previous_response_id == r.id and follow.output[0].type == "message"
     # the same turn sent whole (no state) renders the same prompt
-    whole = client.responses.create(tool_choice="none", store=False, **kw, input=[
-        {"role": "user", "content": "Weather in Paris?"}, calls[0].model_dump(exclude_none=True),
-        {"type": "function_call_output", "call_id": calls[0].call_id, "output": "22C, sunny"}])
+    whole = client.responses.create(
+        tool_choice="none",
+        store=False,
+        **kw,
+        input=[
+            {"role": "user", "content": "Weather in Paris?"},
+            calls[0].model_dump(exclude_none=True),
+            {"type": "function_call_output", "call_id": calls[0].call_id, "output": "22C, sunny"},
+        ],
+    )
     assert whole.usage is not None and follow.usage is not None
     assert whole.usage.input_tokens == follow.usage.input_tokens and whole.output_text == follow.output_text
     got = client.responses.retrieve(follow.id)
@@ -206,25 +276,30 @@ def test_background_and_cancel(client: openai.OpenAI, srv: Server) -> None:
         client.responses.cancel("resp_nope")
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"input": [{"type": "item_reference"}]}, "input[0].id"),
-    ({"input": [{"type": "computer_call_output", "call_id": "x"}]}, "input[0].type"),
-    ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role"),
-    ({"input": [{"role": "user", "content": [{"type": "input_audio"}]}]}, "input[0].content[0].type"),
-    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
-     "input[0].content[0].file_id"),
-    ({"input": "hi", "truncation": "middle"}, "truncation"),
-    ({"input": [{"type": "function_call_output", "call_id": "nope", "output": "x"}]}, "input[0].call_id"),
-    ({"input": "hi", "tools": [{"type": "web_search_preview"}]}, "tools[0].type"),
-    ({"input": "hi", "tool_choice": {"type": "file_search"}}, "tool_choice"),
-    ({"input": "hi", "text": {"format": {"type": "json_schema"}}}, "text.format"),
-    ({"input": "hi", "background": True, "store": False}, "background"),
-    ({"input": "hi", "include": ["file_search_call.results"]}, "include"),
-    ({"input": "hi", "top_logprobs": 2}, "top_logprobs"),
-    ({}, "input"),
-    ({"input": "hi", "max_output_tokens": MAX_LEN}, "max_output_tokens"),  # over the context: truncation disabled
-    ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"input": [{"type": "item_reference"}]}, "input[0].id"),
+        ({"input": [{"type": "computer_call_output", "call_id": "x"}]}, "input[0].type"),
+        ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role"),
+        ({"input": [{"role": "user", "content": [{"type": "input_audio"}]}]}, "input[0].content[0].type"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
+            "input[0].content[0].file_id",
+        ),
+        ({"input": "hi", "truncation": "middle"}, "truncation"),
+        ({"input": [{"type": "function_call_output", "call_id": "nope", "output": "x"}]}, "input[0].call_id"),
+        ({"input": "hi", "tools": [{"type": "web_search_preview"}]}, "tools[0].type"),
+        ({"input": "hi", "tool_choice": {"type": "file_search"}}, "tool_choice"),
+        ({"input": "hi", "text": {"format": {"type": "json_schema"}}}, "text.format"),
+        ({"input": "hi", "background": True, "store": False}, "background"),
+        ({"input": "hi", "include": ["file_search_call.results"]}, "include"),
+        ({"input": "hi", "top_logprobs": 2}, "top_logprobs"),
+        ({}, "input"),
+        ({"input": "hi", "max_output_tokens": MAX_LEN}, "max_output_tokens"),  # over the context: truncation disabled
+        ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
+    ],
+)
 def test_400s_name_the_field(srv: Server, body: dict[str, Any], param: str) -> None:
     r = httpx.post(f"{srv.url}/v1/responses", json={"model": "tiny", **body}, timeout=60)
     assert r.status_code == 400, r.text
@@ -234,15 +309,13 @@ def test_400s_name_the_field(srv: Server, body: dict[str, Any], param: str) -> N
 
 @pytest.fixture(scope="module")
 def reasoning_client(qwen25_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
-    s = start_server(qwen25_ckpt, tmp_path_factory.mktemp("responses-reasoning"), "--reasoning-parser",
-                     "deepseek_r1")
+    s = start_server(qwen25_ckpt, tmp_path_factory.mktemp("responses-reasoning"), "--reasoning-parser", "deepseek_r1")
     yield openai.OpenAI(base_url=f"{s.url}/v1", api_key="none", max_retries=0, timeout=120)
     s.stop()
 
 
 def test_reasoning_items_streamed_and_not(reasoning_client: openai.OpenAI) -> None:
-    kw: Any = dict(model="tiny", input="Think first", max_output_tokens=8, temperature=0,
-                   reasoning={"effort": "low"})
+    kw: Any = dict(model="tiny", input="Think first", max_output_tokens=8, temperature=0, reasoning={"effort": "low"})
     want = reasoning_client.responses.create(**kw)
     assert want.output[0].type == "reasoning" and want.output[0].content  # R1: the answer opens in reasoning
     events = list(reasoning_client.responses.create(stream=True, **kw))
@@ -257,13 +330,18 @@ def test_reasoning_items_streamed_and_not(reasoning_client: openai.OpenAI) -> No
 
 def test_truncation_auto_drops_the_oldest_turns_at_under_and_over_the_limit(client: openai.OpenAI) -> None:
     def conversation(pad: int) -> list[dict[str, Any]]:
-        return [{"role": "user", "content": "first" + " hello" * pad}, {"role": "assistant", "content": "ok"},
-                {"role": "user", "content": "second" + " hello" * 20}, {"role": "assistant", "content": "fine"},
-                {"role": "user", "content": "and now?"}]
+        return [
+            {"role": "user", "content": "first" + " hello" * pad},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "second" + " hello" * 20},
+            {"role": "assistant", "content": "fine"},
+            {"role": "user", "content": "and now?"},
+        ]
 
     def create(items: list[dict[str, Any]], max_out: int, truncation: str = "auto") -> Any:
-        return client.responses.create(model="tiny", input=items, max_output_tokens=max_out, temperature=0,
-                                       store=False, truncation=truncation)  # type: ignore[arg-type]
+        return client.responses.create(
+            model="tiny", input=items, max_output_tokens=max_out, temperature=0, store=False, truncation=truncation
+        )  # type: ignore[arg-type]
 
     def input_tokens(items: list[dict[str, Any]]) -> int:
         r = create(items, 1, "disabled")
@@ -293,10 +371,18 @@ def test_item_reference_and_input_file(client: openai.OpenAI, srv: Server) -> No
     r = client.responses.create(input="Weather in Paris?", tool_choice="required", **kw)
     call = next(o for o in r.output if o.type == "function_call")
     output = {"type": "function_call_output", "call_id": call.call_id, "output": "22C"}
-    whole = client.responses.create(tool_choice="none", store=False, **kw, input=[
-        {"role": "user", "content": "Weather in Paris?"}, call.model_dump(exclude_none=True), output])
-    ref = client.responses.create(tool_choice="none", store=False, **kw, input=[
-        {"role": "user", "content": "Weather in Paris?"}, {"type": "item_reference", "id": call.id}, output])
+    whole = client.responses.create(
+        tool_choice="none",
+        store=False,
+        **kw,
+        input=[{"role": "user", "content": "Weather in Paris?"}, call.model_dump(exclude_none=True), output],
+    )
+    ref = client.responses.create(
+        tool_choice="none",
+        store=False,
+        **kw,
+        input=[{"role": "user", "content": "Weather in Paris?"}, {"type": "item_reference", "id": call.id}, output],
+    )
     assert ref.output_text == whole.output_text and tokens(ref) == tokens(whole)
     client.responses.delete(r.id)
     with pytest.raises(openai.NotFoundError) as e:  # no stored response holds it now
@@ -304,21 +390,50 @@ def test_item_reference_and_input_file(client: openai.OpenAI, srv: Server) -> No
     assert isinstance(e.value.body, dict) and e.value.body["param"] == "input[0].id"
 
     notes = "Meeting notes\n- ship 1.0 on Friday\n- 東京 office 🦊\n"
-    as_text = client.responses.create(model="tiny", input=[{"role": "user", "content": [
-        {"type": "input_text", "text": "Summarize"}, {"type": "input_text", "text": f"notes.txt:\n{notes}"}]}],
-        max_output_tokens=4, temperature=0, store=False)
+    as_text = client.responses.create(
+        model="tiny",
+        input=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": "Summarize"},
+                    {"type": "input_text", "text": f"notes.txt:\n{notes}"},
+                ],
+            }
+        ],
+        max_output_tokens=4,
+        temperature=0,
+        store=False,
+    )
     b64 = base64.b64encode(notes.encode()).decode()
     for data in (f"data:text/plain;base64,{b64}", b64):
-        as_file = client.responses.create(model="tiny", input=[{"role": "user", "content": [
-            {"type": "input_text", "text": "Summarize"},
-            {"type": "input_file", "filename": "notes.txt", "file_data": data}]}],
-            max_output_tokens=4, temperature=0, store=False)
+        as_file = client.responses.create(
+            model="tiny",
+            input=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_text", "text": "Summarize"},
+                        {"type": "input_file", "filename": "notes.txt", "file_data": data},
+                    ],
+                }
+            ],
+            max_output_tokens=4,
+            temperature=0,
+            store=False,
+        )
         assert as_file.output_text == as_text.output_text and tokens(as_file) == tokens(as_text)
-    bad = [("data:application/pdf;base64," + base64.b64encode(b"%PDF-1.7 x").decode(), "PDF"),
-           (base64.b64encode(b"\xff\xfe\x00").decode(), "UTF-8"), ("not base64!", "base64"),
-           ("data:text/plain,hello", "base64")]
+    bad = [
+        ("data:application/pdf;base64," + base64.b64encode(b"%PDF-1.7 x").decode(), "PDF"),
+        (base64.b64encode(b"\xff\xfe\x00").decode(), "UTF-8"),
+        ("not base64!", "base64"),
+        ("data:text/plain,hello", "base64"),
+    ]
     for data, needle in bad:
-        got = httpx.post(f"{srv.url}/v1/responses", timeout=60, json={"model": "tiny", "input": [
-            {"role": "user", "content": [{"type": "input_file", "file_data": data}]}]})
+        got = httpx.post(
+            f"{srv.url}/v1/responses",
+            timeout=60,
+            json={"model": "tiny", "input": [{"role": "user", "content": [{"type": "input_file", "file_data": data}]}]},
+        )
         assert got.status_code == 400 and needle in got.json()["error"]["message"], got.text
         assert got.json()["error"]["param"] == "input[0].content[0].file_data"

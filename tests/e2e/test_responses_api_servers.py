@@ -22,9 +22,17 @@ from server.api.openai.responses_store import DB_NAME
 from tests.e2e.conftest import API_PROCESS, Server, start_server
 from tests.helpers.processes import children, connection_owner, wait_until
 
-WEATHER: Any = {"type": "function", "name": "get_weather", "strict": True,
-                "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},
-                               "required": ["city"], "additionalProperties": False}}
+WEATHER: Any = {
+    "type": "function",
+    "name": "get_weather",
+    "strict": True,
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"enum": ["Paris", "Rome"]}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
 
 
 def _owner(srv: Server, r: httpx.Response) -> int | None:
@@ -55,8 +63,7 @@ class Pinned:
 
     @property
     def sdk(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.srv.url}/v1", api_key="none", max_retries=0,
-                             http_client=self._pinned())
+        return openai.OpenAI(base_url=f"{self.srv.url}/v1", api_key="none", max_retries=0, http_client=self._pinned())
 
     def check(self, r: httpx.Response) -> httpx.Response:
         assert _owner(self.srv, r) == self.pid, "answered by another process"
@@ -99,9 +106,18 @@ def store_files(srv: Server) -> set[Path]:
 
 @pytest.fixture(scope="module")
 def srv(qwen25_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = start_server(qwen25_ckpt, tmp_path_factory.mktemp("responses-2"), "--api-server-count", "2",
-                     "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--responses-store-size", "4",
-                     env={"SPINDLE_ENGINE_HEARTBEAT_TIMEOUT": "60"})
+    s = start_server(
+        qwen25_ckpt,
+        tmp_path_factory.mktemp("responses-2"),
+        "--api-server-count",
+        "2",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+        "--responses-store-size",
+        "4",
+        env={"SPINDLE_ENGINE_HEARTBEAT_TIMEOUT": "60"},
+    )
     for p in pin_both(s):  # each process opens the store on first use: one file for both, in the launcher's dir
         assert p.call("GET", "/resp_none").status_code == 404
     files = store_files(s)
@@ -120,18 +136,44 @@ def test_stored_on_one_process_read_continued_and_deleted_on_the_other(srv: Serv
     got = b.call("GET", f"/{r.id}")
     assert got.status_code == 200 and got.json() == json.loads(raw.http_response.text)
     call = next(o for o in r.output if o.type == "function_call")
-    follow = b.call("POST", "", json={**kw, "previous_response_id": r.id, "tool_choice": "none", "input": [
-        {"type": "function_call_output", "call_id": call.call_id, "output": "22C, sunny"}]})
+    follow = b.call(
+        "POST",
+        "",
+        json={
+            **kw,
+            "previous_response_id": r.id,
+            "tool_choice": "none",
+            "input": [{"type": "function_call_output", "call_id": call.call_id, "output": "22C, sunny"}],
+        },
+    )
     assert follow.status_code == 200, follow.text
     fid = follow.json()["id"]
-    whole = a.sdk.responses.create(tool_choice="none", store=False, **kw, input=[
-        {"role": "user", "content": "Weather in Paris?"}, call.model_dump(exclude_none=True),
-        {"type": "function_call_output", "call_id": call.call_id, "output": "22C, sunny"}])
+    whole = a.sdk.responses.create(
+        tool_choice="none",
+        store=False,
+        **kw,
+        input=[
+            {"role": "user", "content": "Weather in Paris?"},
+            call.model_dump(exclude_none=True),
+            {"type": "function_call_output", "call_id": call.call_id, "output": "22C, sunny"},
+        ],
+    )
     assert whole.usage is not None and whole.usage.input_tokens == follow.json()["usage"]["input_tokens"]
     # an item of the response stored by b, referred to through a
-    ref = a.call("POST", "", json={**kw, "store": False, "tool_choice": "none", "input": [
-        {"role": "user", "content": "Weather in Paris?"}, {"type": "item_reference", "id": call.id},
-        {"type": "function_call_output", "call_id": call.call_id, "output": "22C, sunny"}]})
+    ref = a.call(
+        "POST",
+        "",
+        json={
+            **kw,
+            "store": False,
+            "tool_choice": "none",
+            "input": [
+                {"role": "user", "content": "Weather in Paris?"},
+                {"type": "item_reference", "id": call.id},
+                {"type": "function_call_output", "call_id": call.call_id, "output": "22C, sunny"},
+            ],
+        },
+    )
     assert ref.status_code == 200 and ref.json()["output_text"] == whole.output_text
     assert a.call("DELETE", f"/{fid}").json() == {"id": fid, "object": "response.deleted", "deleted": True}
     for p in (a, b):
@@ -157,15 +199,19 @@ def test_background_on_one_process_cancelled_from_the_other(srv: Server) -> None
     engine = srv.engine_pid()
     os.kill(engine, signal.SIGSTOP)  # the generation cannot end before the cancel
     try:
-        queued = a.call("POST", "", json={"model": "tiny", "input": "hi", "max_output_tokens": 50,
-                                          "background": True}).json()
+        queued = a.call(
+            "POST", "", json={"model": "tiny", "input": "hi", "max_output_tokens": 50, "background": True}
+        ).json()
         assert queued["status"] == "queued"
         assert b.call("GET", f"/{queued['id']}").json()["status"] == "queued"
         cancelled = b.call("POST", f"/{queued['id']}/cancel")
         assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
         # a (which runs it) sees the mark and aborts its engine request: counted as aborted
-        wait_until(lambda: srv.metric("spindle_request_success_total", aborted) == before + 1, 30,
-                   "the cancelled background request aborted")
+        wait_until(
+            lambda: srv.metric("spindle_request_success_total", aborted) == before + 1,
+            30,
+            "the cancelled background request aborted",
+        )
     finally:
         os.kill(engine, signal.SIGCONT)
     for p in (a, b):

@@ -24,54 +24,134 @@ from tests.e2e.conftest import Server, start_server
 HEADER = "x-structured-output-relaxed"
 MSGS = [{"role": "user", "content": "Answer in JSON."}]
 CORPUS = Path(__file__).resolve().parents[2] / "bench" / "schemas"
-POINT = {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
-         "required": ["x", "y"], "additionalProperties": False}
+POINT = {
+    "type": "object",
+    "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+    "required": ["x", "y"],
+    "additionalProperties": False,
+}
 FORMATS = ("date-time", "date", "time", "email", "uri", "uuid", "ipv4", "ipv6")
 
 FAMILIES: dict[str, Any] = {
-    "ref_defs": {"$defs": {"pt": POINT}, "type": "object", "properties": {"a": {"$ref": "#/$defs/pt"},
-                                                                         "b": {"$ref": "#/$defs/pt"}},
-                 "required": ["a", "b"], "additionalProperties": False},
-    "ref_definitions": {"$schema": "http://json-schema.org/draft-07/schema#", "definitions": {"pt": POINT},
-                        "type": "array", "items": {"$ref": "#/definitions/pt"}, "maxItems": 3},
-    "recursion": {"$defs": {"node": {"type": "object", "properties": {
-        "v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2}},
-        "required": ["v"], "additionalProperties": False}}, "$ref": "#/$defs/node"},
+    "ref_defs": {
+        "$defs": {"pt": POINT},
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/pt"}, "b": {"$ref": "#/$defs/pt"}},
+        "required": ["a", "b"],
+        "additionalProperties": False,
+    },
+    "ref_definitions": {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "definitions": {"pt": POINT},
+        "type": "array",
+        "items": {"$ref": "#/definitions/pt"},
+        "maxItems": 3,
+    },
+    "recursion": {
+        "$defs": {
+            "node": {
+                "type": "object",
+                "properties": {
+                    "v": {"type": "integer"},
+                    "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2},
+                },
+                "required": ["v"],
+                "additionalProperties": False,
+            }
+        },
+        "$ref": "#/$defs/node",
+    },
     "additional_default": {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"]},
     "additional_schema": {"type": "object", "additionalProperties": {"type": "integer"}, "maxProperties": 3},
-    "pattern_properties": {"type": "object", "patternProperties": {"^x_[a-z]+$": {"type": "integer"}},
-                           "additionalProperties": False},
-    "prefix_items": {"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}],
-                     "items": {"type": "boolean"}, "minItems": 2},
-    "items_array": {"$schema": "http://json-schema.org/draft-07/schema#", "type": "array",
-                    "items": [{"type": "string", "maxLength": 8}, {"type": "integer"}], "additionalItems": False},
-    "const_enum_objects": {"type": "object", "properties": {
-        "mode": {"const": {"k": 1, "v": [True, None]}}, "pick": {"enum": [{"a": 1}, {"b": [2, 3]}, "z", None]}},
-        "required": ["mode", "pick"], "additionalProperties": False},
-    "nullable": {"type": "object", "properties": {"a": {"type": ["string", "null"], "maxLength": 6},
-                                                  "b": {"anyOf": [{"type": "integer"}, {"type": "null"}]}},
-                 "required": ["a", "b"], "additionalProperties": False},
-    "formats": {"type": "object", "properties": {f: {"type": "string", "format": f} for f in FORMATS},
-                "required": list(FORMATS), "additionalProperties": False},
+    "pattern_properties": {
+        "type": "object",
+        "patternProperties": {"^x_[a-z]+$": {"type": "integer"}},
+        "additionalProperties": False,
+    },
+    "prefix_items": {
+        "type": "array",
+        "prefixItems": [{"type": "string"}, {"type": "integer"}],
+        "items": {"type": "boolean"},
+        "minItems": 2,
+    },
+    "items_array": {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "array",
+        "items": [{"type": "string", "maxLength": 8}, {"type": "integer"}],
+        "additionalItems": False,
+    },
+    "const_enum_objects": {
+        "type": "object",
+        "properties": {
+            "mode": {"const": {"k": 1, "v": [True, None]}},
+            "pick": {"enum": [{"a": 1}, {"b": [2, 3]}, "z", None]},
+        },
+        "required": ["mode", "pick"],
+        "additionalProperties": False,
+    },
+    "nullable": {
+        "type": "object",
+        "properties": {
+            "a": {"type": ["string", "null"], "maxLength": 6},
+            "b": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+        },
+        "required": ["a", "b"],
+        "additionalProperties": False,
+    },
+    "formats": {
+        "type": "object",
+        "properties": {f: {"type": "string", "format": f} for f in FORMATS},
+        "required": list(FORMATS),
+        "additionalProperties": False,
+    },
     # what lenient mode would relax, rewritten exactly (engine/structured/strict_schema.py)
-    "conditionals": {"type": "object", "additionalProperties": False, "required": ["type"],
-                     "properties": {"type": {"enum": ["upload", "text", "other"]}, "attributes": {"type": "object"},
-                                    "id": {"type": "string", "maxLength": 4}},
-                     "allOf": [{"if": {"properties": {"type": {"const": "upload"}}},
-                                "then": {"required": ["attributes"]}},
-                               {"if": {"properties": {"type": {"const": "text"}}}, "then": {"required": ["id"]},
-                                "else": {"properties": {"id": False}}}]},
-    "dependencies": {"type": "object", "properties": {"card": {"type": "integer"}, "billing": {"type": "string"}},
-                     "dependentRequired": {"card": ["billing"]}, "required": ["card"]},
-    "unique_enum": {"type": "array", "items": {"enum": ["http", "https", "ws", "wss"]}, "uniqueItems": True,
-                    "minItems": 2},
-    "safe_integer": {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 1e-08}},
-                     "required": ["n"], "additionalProperties": False},
+    "conditionals": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["type"],
+        "properties": {
+            "type": {"enum": ["upload", "text", "other"]},
+            "attributes": {"type": "object"},
+            "id": {"type": "string", "maxLength": 4},
+        },
+        "allOf": [
+            {"if": {"properties": {"type": {"const": "upload"}}}, "then": {"required": ["attributes"]}},
+            {
+                "if": {"properties": {"type": {"const": "text"}}},
+                "then": {"required": ["id"]},
+                "else": {"properties": {"id": False}},
+            },
+        ],
+    },
+    "dependencies": {
+        "type": "object",
+        "properties": {"card": {"type": "integer"}, "billing": {"type": "string"}},
+        "dependentRequired": {"card": ["billing"]},
+        "required": ["card"],
+    },
+    "unique_enum": {
+        "type": "array",
+        "items": {"enum": ["http", "https", "ws", "wss"]},
+        "uniqueItems": True,
+        "minItems": 2,
+    },
+    "safe_integer": {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "multipleOf": 1e-08}},
+        "required": ["n"],
+        "additionalProperties": False,
+    },
     # strings whose way out no single character shows: the finish tries samples of the patterns
-    "pattern_strings": {"type": "object", "required": ["icon", "ctx", "mail"], "additionalProperties": False,
-                        "properties": {"icon": {"type": "string", "pattern": "\\.png$"},
-                                       "ctx": {"type": "string", "pattern": "http://schema.org"},
-                                       "mail": {"type": "string", "pattern": "^[\\S]+@[\\S]+\\.[\\S]{2,}$"}}},
+    "pattern_strings": {
+        "type": "object",
+        "required": ["icon", "ctx", "mail"],
+        "additionalProperties": False,
+        "properties": {
+            "icon": {"type": "string", "pattern": "\\.png$"},
+            "ctx": {"type": "string", "pattern": "http://schema.org"},
+            "mail": {"type": "string", "pattern": "^[\\S]+@[\\S]+\\.[\\S]{2,}$"},
+        },
+    },
 }
 
 
@@ -82,13 +162,29 @@ def srv(qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     s.stop()
 
 
-def ask(srv: Server, schema: Any, *, strict: bool | None = None, max_tokens: int = 200, n: int = 2,
-        seed: int = 7, **extra: Any) -> httpx.Response:
+def ask(
+    srv: Server,
+    schema: Any,
+    *,
+    strict: bool | None = None,
+    max_tokens: int = 200,
+    n: int = 2,
+    seed: int = 7,
+    **extra: Any,
+) -> httpx.Response:
     fmt: dict[str, Any] = {"name": "answer", "schema": schema}
     if strict is not None:
         fmt["strict"] = strict
-    body = {"model": "tiny", "messages": MSGS, "max_tokens": max_tokens, "n": n, "seed": seed, "temperature": 1.0,
-            "response_format": {"type": "json_schema", "json_schema": fmt}, **extra}
+    body = {
+        "model": "tiny",
+        "messages": MSGS,
+        "max_tokens": max_tokens,
+        "n": n,
+        "seed": seed,
+        "temperature": 1.0,
+        "response_format": {"type": "json_schema", "json_schema": fmt},
+        **extra,
+    }
     return httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=120)
 
 
@@ -127,13 +223,26 @@ def test_strict_families_are_accepted_strict_too(srv: Server) -> None:
         assert ask(srv, FAMILIES[family], strict=True, max_tokens=8, n=1).status_code == 200, family
 
 
-RELAXED = {"type": "object", "properties": {
-    "tags": {"type": "array", "items": {"type": "string", "pattern": "^[abc]$"}, "uniqueItems": True,
-             "maxItems": 3},
-    "kind": {"oneOf": [{"type": "object", "properties": {"x": {"type": "integer"}}, "additionalProperties": False},
-                       {"type": "object", "properties": {"y": {"type": "integer"}}, "additionalProperties": False}]},
-    "home": {"type": "string", "format": "url", "maxLength": 20}},
-    "required": ["tags", "kind", "home"], "additionalProperties": False}
+RELAXED = {
+    "type": "object",
+    "properties": {
+        "tags": {
+            "type": "array",
+            "items": {"type": "string", "pattern": "^[abc]$"},
+            "uniqueItems": True,
+            "maxItems": 3,
+        },
+        "kind": {
+            "oneOf": [
+                {"type": "object", "properties": {"x": {"type": "integer"}}, "additionalProperties": False},
+                {"type": "object", "properties": {"y": {"type": "integer"}}, "additionalProperties": False},
+            ]
+        },
+        "home": {"type": "string", "format": "url", "maxLength": 20},
+    },
+    "required": ["tags", "kind", "home"],
+    "additionalProperties": False,
+}
 
 
 def test_best_effort_names_what_it_relaxed_and_checks_the_answers(srv: Server) -> None:
@@ -147,8 +256,10 @@ def test_best_effort_names_what_it_relaxed_and_checks_the_answers(srv: Server) -
         value = json.loads(choice["message"]["content"])
         assert set(value) == {"tags", "kind", "home"} and set(value["tags"]) <= {"a", "b", "c"}  # enforced parts
         finished += 1
-    invalid = sum(srv.metric("spindle_structured_output_invalid_total", f'reason="{k}"')
-                  for k in ("uniqueItems", "oneOf", "format"))
+    invalid = sum(
+        srv.metric("spindle_structured_output_invalid_total", f'reason="{k}"')
+        for k in ("uniqueItems", "oneOf", "format")
+    )
     assert srv.metric("spindle_structured_output_checked_total") == before + finished
     assert invalid <= finished
     refused = ask(srv, RELAXED, strict=True)
@@ -158,8 +269,14 @@ def test_best_effort_names_what_it_relaxed_and_checks_the_answers(srv: Server) -
 
 def test_streamed_best_effort_has_the_header_and_is_checked(srv: Server) -> None:
     before = srv.metric("spindle_structured_output_checked_total")
-    body = {"model": "tiny", "messages": MSGS, "max_tokens": 120, "stream": True, "seed": 3,
-            "structured_outputs": {"json": RELAXED}}
+    body = {
+        "model": "tiny",
+        "messages": MSGS,
+        "max_tokens": 120,
+        "stream": True,
+        "seed": 3,
+        "structured_outputs": {"json": RELAXED},
+    }
     with httpx.stream("POST", f"{srv.url}/v1/chat/completions", json=body, timeout=120) as r:
         assert r.status_code == 200 and r.headers[HEADER] == "format:url, oneOf, uniqueItems"
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
@@ -173,9 +290,14 @@ def test_tool_parameters_are_best_effort_unless_strict(srv: Server) -> None:
         fn: dict[str, Any] = {"name": "tag", "parameters": RELAXED}
         if strict is not None:
             fn["strict"] = strict
-        body = {"model": "tiny", "messages": MSGS, "max_tokens": 120, "seed": 5,
-                "tools": [{"type": "function", "function": fn}],
-                "tool_choice": {"type": "function", "function": {"name": "tag"}}}
+        body = {
+            "model": "tiny",
+            "messages": MSGS,
+            "max_tokens": 120,
+            "seed": 5,
+            "tools": [{"type": "function", "function": fn}],
+            "tool_choice": {"type": "function", "function": {"name": "tag"}},
+        }
         return httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=120)
 
     r = call(None)
@@ -199,11 +321,21 @@ def test_a_large_real_schema_passes_the_default_budget(srv: Server) -> None:
     assert r.json()["choices"][0]["finish_reason"] == "stop"
 
 
-@pytest.mark.parametrize("schema, needle", [
-    ({"allOf": [{"anyOf": [{"type": "object", "properties": {f"k{i}{j}": {"type": "integer"}}} for j in range(6)]}
-                for i in range(6)]}, "too large"),  # the intersection would have 6^6 branches
-    ({"type": "object", "properties": {"a": {"enum": [f"value-{i}" for i in range(1500)]}}}, ""),  # fits
-])
+@pytest.mark.parametrize(
+    "schema, needle",
+    [
+        (
+            {
+                "allOf": [
+                    {"anyOf": [{"type": "object", "properties": {f"k{i}{j}": {"type": "integer"}}} for j in range(6)]}
+                    for i in range(6)
+                ]
+            },
+            "too large",
+        ),  # the intersection would have 6^6 branches
+        ({"type": "object", "properties": {"a": {"enum": [f"value-{i}" for i in range(1500)]}}}, ""),  # fits
+    ],
+)
 def test_a_hostile_schema_is_refused_in_bounded_time(srv: Server, schema: Any, needle: str) -> None:
     t0 = time.monotonic()
     r = ask(srv, schema, n=1, max_tokens=8)

@@ -26,15 +26,26 @@ def stream(server: Server, slow: bool) -> tuple[list[bytes], int, int]:
     """One streamed completion over a raw socket: (its `data: {...}` lines, the reads made while the engine
     was still generating, the client's receive buffer in bytes). Slow: one read a second until the server
     has processed the last token, then as fast as it comes."""
-    body = json.dumps({"model": "tiny", "prompt": "slow", "max_tokens": MAX_TOKENS, "ignore_eos": True,
-                       "temperature": 0.7, "stream": True, "stream_options": {"include_usage": True}}).encode()
+    body = json.dumps(
+        {
+            "model": "tiny",
+            "prompt": "slow",
+            "max_tokens": MAX_TOKENS,
+            "ignore_eos": True,
+            "temperature": 0.7,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    ).encode()
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, READ)  # keep the kernel from absorbing the stream
     rcvbuf = s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)  # what the kernel made of it
     finished = server.metric("spindle_request_success_total", 'finished_reason="length"')
     s.connect(("127.0.0.1", server.port))
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    s.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body) + body
+    )
     data = b""
     slow_reads = 0
     generating = slow

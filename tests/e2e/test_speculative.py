@@ -37,8 +37,9 @@ def post(server: Server, path: str, body: dict[str, object]) -> dict[str, object
 
 def streamed(server: Server, body: dict[str, object]) -> str:
     text = ""
-    with httpx.stream("POST", f"{server.url}/v1/completions", json={"model": "tiny", "stream": True, **body},
-                      timeout=120) as r:
+    with httpx.stream(
+        "POST", f"{server.url}/v1/completions", json={"model": "tiny", "stream": True, **body}, timeout=120
+    ) as r:
         for line in r.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 text += "".join(c["text"] for c in json.loads(line[6:])["choices"])
@@ -48,10 +49,8 @@ def streamed(server: Server, body: dict[str, object]) -> str:
 BODIES = [
     ("/v1/completions", {"prompt": TEXT, "max_tokens": 40, "temperature": 0}),
     ("/v1/completions", {"prompt": TEXT, "max_tokens": 17, "temperature": 0, "n": 2, "logprobs": 2}),
-    ("/v1/completions", {"prompt": "seven eight nine " + TEXT, "max_tokens": 40, "temperature": 0,
-                         "stop": ["five"]}),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": TEXT}], "max_tokens": 30,
-                              "temperature": 0}),
+    ("/v1/completions", {"prompt": "seven eight nine " + TEXT, "max_tokens": 40, "temperature": 0, "stop": ["five"]}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": TEXT}], "max_tokens": 30, "temperature": 0}),
 ]
 
 

@@ -27,8 +27,11 @@ def test_killed_rank_fails_requests_and_stops_the_server(qwen2_ckpt: Path, tmp_p
     ranks = children(engine)
     try:
         assert len(ranks) == 1, ranks
-        r = httpx.post(f"{srv.url}/v1/completions", timeout=30,
-                       json={"model": "tiny", "prompt": "hello", "max_tokens": 4, "ignore_eos": True})
+        r = httpx.post(
+            f"{srv.url}/v1/completions",
+            timeout=30,
+            json={"model": "tiny", "prompt": "hello", "max_tokens": 4, "ignore_eos": True},
+        )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
         body = {"model": "tiny", "prompt": "keep busy", "max_tokens": 900, "ignore_eos": True, "stream": True}
         events: list[str] = []
@@ -44,8 +47,9 @@ def test_killed_rank_fails_requests_and_stops_the_server(qwen2_ckpt: Path, tmp_p
                         killed = time.monotonic()
             except httpx.HTTPError:
                 pass  # the server may cut the connection instead of sending an error event
-        finished = [c.get("finish_reason") for e in events if e.startswith("{")
-                    for c in json.loads(e).get("choices", [])]
+        finished = [
+            c.get("finish_reason") for e in events if e.startswith("{") for c in json.loads(e).get("choices", [])
+        ]
         assert "length" not in finished, "the stream finished normally although rank 1 was killed"
         assert any(e.startswith("{") and "error" in json.loads(e) for e in events) or events[-1] != "[DONE]"
         assert srv.proc.wait(30) != 0
@@ -70,8 +74,11 @@ def test_a_stopped_rank_times_out_the_step_and_is_killed(qwen2_ckpt: Path, tmp_p
     try:
         os.kill(ranks[0], signal.SIGSTOP)
         stopped = time.monotonic()
-        r = httpx.post(f"{srv.url}/v1/completions", timeout=60,
-                       json={"model": "tiny", "prompt": "hello", "max_tokens": 4, "ignore_eos": True})
+        r = httpx.post(
+            f"{srv.url}/v1/completions",
+            timeout=60,
+            json={"model": "tiny", "prompt": "hello", "max_tokens": 4, "ignore_eos": True},
+        )
         assert r.status_code >= 500, r.text
         assert srv.proc.wait(30) != 0
         assert time.monotonic() - stopped < 30
@@ -94,14 +101,46 @@ def test_a_headless_node_serves_and_exits_0_when_the_server_stops(qwen2_ckpt: Pa
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
-    node1 = subprocess.Popen([sys.executable, "-m", "server", "--headless", "--tensor-parallel-size", "2",
-                              "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
-                              "--master-port", port], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    srv = start_server(qwen2_ckpt, tmp_path, "--tensor-parallel-size", "2", "--nnodes", "2", "--node-rank", "0",
-                       "--master-addr", "127.0.0.1", "--master-port", port)
+    node1 = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "server",
+            "--headless",
+            "--tensor-parallel-size",
+            "2",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            port,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    srv = start_server(
+        qwen2_ckpt,
+        tmp_path,
+        "--tensor-parallel-size",
+        "2",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "0",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        port,
+    )
     try:
-        r = httpx.post(f"{srv.url}/v1/completions", timeout=30,
-                       json={"model": "tiny", "prompt": "hello", "max_tokens": 4, "ignore_eos": True})
+        r = httpx.post(
+            f"{srv.url}/v1/completions",
+            timeout=30,
+            json={"model": "tiny", "prompt": "hello", "max_tokens": 4, "ignore_eos": True},
+        )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
         assert srv.stop() == 0
         assert node1.wait(20) == 0, (node1.stderr.read() if node1.stderr else b"")[-2000:]

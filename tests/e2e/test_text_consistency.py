@@ -13,8 +13,10 @@ from tokenizers import Tokenizer
 from tests.e2e.conftest import Server, start_server
 from tests.e2e.sse import events
 
-WORDS = ("the cat sat on a mat while 東京 was quiet; naïve café 🙂 zebra quantum 42 ¿qué? "
-         "emoji 👩‍👩‍👧 and spaces   then\nnew lines").split(" ")
+WORDS = (
+    "the cat sat on a mat while 東京 was quiet; naïve café 🙂 zebra quantum 42 ¿qué? "
+    "emoji 👩‍👩‍👧 and spaces   then\nnew lines"
+).split(" ")
 
 
 def random_prompt(rng: random.Random) -> str:
@@ -22,8 +24,9 @@ def random_prompt(rng: random.Random) -> str:
 
 
 @pytest.fixture(scope="module", params=[1, 7], ids=["interval1", "interval7"])
-def srv(request: pytest.FixtureRequest, server: Server, qwen2_ckpt: Path,
-        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def srv(
+    request: pytest.FixtureRequest, server: Server, qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
     if request.param == 1:
         yield server
         return
@@ -33,8 +36,7 @@ def srv(request: pytest.FixtureRequest, server: Server, qwen2_ckpt: Path,
 
 
 def complete(client: httpx.Client, prompt: str, **kw: object) -> dict:  # type: ignore[type-arg]
-    body = {"model": "tiny", "prompt": prompt, "max_tokens": 24, "temperature": 0,
-            "return_token_ids": True, **kw}
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 24, "temperature": 0, "return_token_ids": True, **kw}
     r = client.post("/v1/completions", json=body)
     assert r.status_code == 200, r.text
     return r.json()  # type: ignore[no-any-return]
@@ -66,7 +68,7 @@ def test_stream_equals_nonstream_equals_reference(srv: Server, qwen2_ckpt: Path)
             choice = body["choices"][0]
             text, ids = choice["text"], choice["token_ids"]
             prompt_ids = tok.encode(prompt, add_special_tokens=False).ids
-            ref = tok.decode(prompt_ids + ids)[len(tok.decode(prompt_ids)):]
+            ref = tok.decode(prompt_ids + ids)[len(tok.decode(prompt_ids)) :]
             assert text == ref
             chunks, finish, _ = stream(client, prompt)
             assert "".join(chunks) == text
@@ -78,16 +80,15 @@ def test_stream_equals_nonstream_equals_reference(srv: Server, qwen2_ckpt: Path)
             if not bounds:
                 continue
             b = rng.choice(bounds)
-            stop = text[b - 2:b + 2]
+            stop = text[b - 2 : b + 2]
             if "\ufffd" in stop:
                 continue
-            expected = text[:text.find(stop)]
+            expected = text[: text.find(stop)]
             for include in (False, True):
                 want = expected + (stop if include else "")
                 got = complete(client, prompt, stop=[stop], include_stop_str_in_output=include)["choices"][0]
                 assert got["text"] == want and got["finish_reason"] == "stop" and got["stop_reason"] == stop
-                chunks, finish, stop_reason = stream(client, prompt, stop=stop,
-                                                     include_stop_str_in_output=include)
+                chunks, finish, stop_reason = stream(client, prompt, stop=stop, include_stop_str_in_output=include)
                 assert "".join(chunks) == want and (finish, stop_reason) == ("stop", stop)
                 if not include:
                     assert all(stop not in c for c in chunks)

@@ -38,31 +38,47 @@ CALLS<|im_end|>
 {% endif %}"""
 _PY = "{% if v is boolean %}{{ 'True' if v else 'False' }}{% else %}{{ v | tojson }}{% endif %}"
 FORMATS = {  # parser -> (how the system turn asks for calls, how an assistant turn writes them)
-    "llama3_json": ('Answer a call as {"name": function name, "parameters": its arguments}, several joined by "; ".',
-                    '{% for tc in m.tool_calls %}{% if not loop.first %}; {% endif %}{"name": "{{ tc.function.name }}"'
-                    ', "parameters": {{ tc.function.arguments | tojson }}}{% endfor %}'),
-    "pythonic": ("Answer calls as a Python list: [func_name1(param1=value1, param2=value2), func_name2(...)]",
-                 "[{% for tc in m.tool_calls %}{% if not loop.first %}, {% endif %}{{ tc.function.name }}("
-                 "{%- for k, v in tc.function.arguments.items() %}{% if not loop.first %}, {% endif %}{{ k }}="
-                 + _PY + "{% endfor %}){% endfor %}]"),
-    "qwen3_coder": ("Call as <tool_call>\n<function=NAME>\n<parameter=P>\nvalue\n</parameter>\n</function>\n</tool_call>",
-                    "{% for tc in m.tool_calls %}{% if not loop.first %}\n{% endif %}<tool_call>\n<function="
-                    "{{ tc.function.name }}>\n{% for k, v in tc.function.arguments.items() %}<parameter={{ k }}>\n"
-                    "{{ v if v is string else v | tojson }}\n</parameter>\n{% endfor %}</function>\n</tool_call>"
-                    "{% endfor %}"),
+    "llama3_json": (
+        'Answer a call as {"name": function name, "parameters": its arguments}, several joined by "; ".',
+        '{% for tc in m.tool_calls %}{% if not loop.first %}; {% endif %}{"name": "{{ tc.function.name }}"'
+        ', "parameters": {{ tc.function.arguments | tojson }}}{% endfor %}',
+    ),
+    "pythonic": (
+        "Answer calls as a Python list: [func_name1(param1=value1, param2=value2), func_name2(...)]",
+        "[{% for tc in m.tool_calls %}{% if not loop.first %}, {% endif %}{{ tc.function.name }}("
+        "{%- for k, v in tc.function.arguments.items() %}{% if not loop.first %}, {% endif %}{{ k }}="
+        + _PY
+        + "{% endfor %}){% endfor %}]",
+    ),
+    "qwen3_coder": (
+        "Call as <tool_call>\n<function=NAME>\n<parameter=P>\nvalue\n</parameter>\n</function>\n</tool_call>",
+        "{% for tc in m.tool_calls %}{% if not loop.first %}\n{% endif %}<tool_call>\n<function="
+        "{{ tc.function.name }}>\n{% for k, v in tc.function.arguments.items() %}<parameter={{ k }}>\n"
+        "{{ v if v is string else v | tojson }}\n</parameter>\n{% endfor %}</function>\n</tool_call>"
+        "{% endfor %}",
+    ),
 }
 
 
 @pytest.fixture(scope="module", params=sorted(FORMATS))
-def fmt_srv(request: pytest.FixtureRequest, qwen25_ckpt: Path,
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Server]]:
+def fmt_srv(
+    request: pytest.FixtureRequest, qwen25_ckpt: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Server]]:
     name = request.param
     tmp = tmp_path_factory.mktemp(name)
     instructions, calls = FORMATS[name]
     template = tmp / "template.jinja"
     template.write_text(_HEAD.replace("INSTRUCTIONS", instructions).replace("CALLS", calls))
-    s = start_server(qwen25_ckpt, tmp, "--chat-template", str(template), "--enable-auto-tool-choice",
-                     "--tool-call-parser", name, env={"SPINDLE_STRUCTURED_OUTPUTS_WARMUP": "1"})
+    s = start_server(
+        qwen25_ckpt,
+        tmp,
+        "--chat-template",
+        str(template),
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        name,
+        env={"SPINDLE_STRUCTURED_OUTPUTS_WARMUP": "1"},
+    )
     yield name, s
     s.stop()
 
@@ -75,8 +91,9 @@ def _client(srv: Server) -> openai.OpenAI:
 def test_forced_calls_streamed_equal_non_streamed(fmt_srv: tuple[str, Server], tool_choice: Any) -> None:
     name, srv = fmt_srv
     client = _client(srv)
-    kwargs: Any = dict(model="tiny", messages=MSGS, tools=TOOLS, tool_choice=tool_choice, max_tokens=200, seed=7,
-                       temperature=0.8)
+    kwargs: Any = dict(
+        model="tiny", messages=MSGS, tools=TOOLS, tool_choice=tool_choice, max_tokens=200, seed=7, temperature=0.8
+    )
     r = client.chat.completions.create(**kwargs)
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls", (name, choice)
@@ -96,14 +113,28 @@ def test_forced_calls_streamed_equal_non_streamed(fmt_srv: tuple[str, Server], t
 def test_the_template_writes_what_the_parser_reads(fmt_srv: tuple[str, Server]) -> None:
     name, srv = fmt_srv
     args = {"city": "Rome", "celsius": True}
-    history: Any = [*MSGS, {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps(args)}},
-        {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": '{"zone": "UTC"}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees"}]
-    rendered = httpx.post(f"{srv.url}/v1/chat/completions/render", timeout=60,
-                          json={"model": "tiny", "messages": history, "tools": TOOLS}).json()
-    text = httpx.post(f"{srv.url}/detokenize", timeout=60,
-                      json={"model": "tiny", "tokens": rendered["token_ids"]}).json()["prompt"]
+    history: Any = [
+        *MSGS,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": json.dumps(args)},
+                },
+                {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": '{"zone": "UTC"}'}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees"},
+    ]
+    rendered = httpx.post(
+        f"{srv.url}/v1/chat/completions/render", timeout=60, json={"model": "tiny", "messages": history, "tools": TOOLS}
+    ).json()
+    text = httpx.post(
+        f"{srv.url}/detokenize", timeout=60, json={"model": "tiny", "tokens": rendered["token_ids"]}
+    ).json()["prompt"]
     turn = text.split("<|im_start|>assistant\n")[1].split("<|im_end|>")[0]
     functions = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
     parser = get_tool_parser(name).factory(functions)()

@@ -20,14 +20,31 @@ import pytest
 from tests.conftest import TINY
 from tests.e2e.conftest import Server, start_server
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Weather in a city",
-    "parameters": {"type": "object",
-                   "properties": {"city": {"enum": ["Paris", "Rome"]}, "celsius": {"type": "boolean"}},
-                   "required": ["city", "celsius"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
-                                       "required": ["zone"], "additionalProperties": False}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"enum": ["Paris", "Rome"]}, "celsius": {"type": "boolean"}},
+            "required": ["city", "celsius"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
 TOOLS: Any = [WEATHER, TIME]
 MSGS: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
 NAMED: Any = {"type": "function", "function": {"name": "get_weather"}}
@@ -40,14 +57,27 @@ def qwen25_ckpt(checkpoints_root: Path) -> Path:
     path = checkpoints_root / "qwen25"
     if path.exists():
         return path
-    return write_random_checkpoint(path, "qwen2", **TINY, vocab_size=151_936, tie_word_embeddings=True,
-                                   rope_theta=1_000_000.0, tokenizer_family="qwen2.5")
+    return write_random_checkpoint(
+        path,
+        "qwen2",
+        **TINY,
+        vocab_size=151_936,
+        tie_word_embeddings=True,
+        rope_theta=1_000_000.0,
+        tokenizer_family="qwen2.5",
+    )
 
 
 @pytest.fixture(scope="module")
 def tools_srv(qwen25_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = start_server(qwen25_ckpt, tmp_path_factory.mktemp("tools"), "--enable-auto-tool-choice",
-                     "--tool-call-parser", "hermes", env={"SPINDLE_STRUCTURED_OUTPUTS_WARMUP": "1"})
+    s = start_server(
+        qwen25_ckpt,
+        tmp_path_factory.mktemp("tools"),
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+        env={"SPINDLE_STRUCTURED_OUTPUTS_WARMUP": "1"},
+    )
     yield s
     s.stop()
 
@@ -90,11 +120,14 @@ def streamed_calls(client: openai.OpenAI, **kwargs: Any) -> tuple[str, list[tupl
 # ----------------------------------------------------------------------------------------------- 400s
 
 
-@pytest.mark.parametrize("kwargs, needle", [
-    (dict(tool_choice="required"), "`tools` must be set"),
-    (dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}), "does not match"),
-    (dict(tools=TOOLS, tool_choice="sometimes"), "tool_choice must be"),
-])
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        (dict(tool_choice="required"), "`tools` must be set"),
+        (dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}), "does not match"),
+        (dict(tools=TOOLS, tool_choice="sometimes"), "tool_choice must be"),
+    ],
+)
 def test_400s(client: openai.OpenAI, kwargs: dict[str, Any], needle: str) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=5, **kwargs)
@@ -106,14 +139,22 @@ def test_400s(client: openai.OpenAI, kwargs: dict[str, Any], needle: str) -> Non
 
 
 def test_auto_without_the_flag_is_a_400_as_in_vllm(reasoning_srv: Server) -> None:
-    r = httpx.post(f"{reasoning_srv.url}/v1/chat/completions", timeout=60,
-                   json={"model": "tiny", "messages": MSGS, "tools": TOOLS, "tool_choice": "auto", "max_tokens": 4})
+    r = httpx.post(
+        f"{reasoning_srv.url}/v1/chat/completions",
+        timeout=60,
+        json={"model": "tiny", "messages": MSGS, "tools": TOOLS, "tool_choice": "auto", "max_tokens": 4},
+    )
     assert r.status_code == 400
-    assert r.json()["error"]["message"] == \
-        '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+    assert (
+        r.json()["error"]["message"]
+        == '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+    )
     # tools without a tool_choice on such a server: rendered, not parsed
-    r = httpx.post(f"{reasoning_srv.url}/v1/chat/completions", timeout=60,
-                   json={"model": "tiny", "messages": MSGS, "tools": TOOLS, "max_tokens": 4})
+    r = httpx.post(
+        f"{reasoning_srv.url}/v1/chat/completions",
+        timeout=60,
+        json={"model": "tiny", "messages": MSGS, "tools": TOOLS, "max_tokens": 4},
+    )
     assert r.status_code == 200
 
 
@@ -128,8 +169,9 @@ def test_auto_with_the_flag_answers(client: openai.OpenAI) -> None:
 
 @pytest.mark.parametrize("tool_choice", [NAMED, "required"])
 def test_forced_calls_streamed_equal_non_streamed(client: openai.OpenAI, tool_choice: Any) -> None:
-    kwargs: Any = dict(model="tiny", messages=MSGS, tools=TOOLS, tool_choice=tool_choice, max_tokens=200, seed=7,
-                       temperature=0.8)
+    kwargs: Any = dict(
+        model="tiny", messages=MSGS, tools=TOOLS, tool_choice=tool_choice, max_tokens=200, seed=7, temperature=0.8
+    )
     r = client.chat.completions.create(**kwargs)
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls", choice
@@ -146,9 +188,19 @@ def test_forced_calls_streamed_equal_non_streamed(client: openai.OpenAI, tool_ch
     assert all(i.startswith("call_") for i, _, _ in streamed)
 
 
-SEARCH: Any = [{"type": "function", "function": {"name": "search", "parameters": {
-    "type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
-    "required": ["query", "limit"]}}}]
+SEARCH: Any = [
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
+                "required": ["query", "limit"],
+            },
+        },
+    }
+]
 
 
 @pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "search"}}])
@@ -157,8 +209,9 @@ def test_free_form_arguments_still_end_as_a_call(client: openai.OpenAI, tool_cho
     inside max_tokens, so it parses, validates and ends with "tool_calls", streamed as not."""
     import jsonschema
 
-    kwargs: Any = dict(model="tiny", messages=MSGS, tools=SEARCH, tool_choice=tool_choice, max_tokens=80,
-                       temperature=0.0)
+    kwargs: Any = dict(
+        model="tiny", messages=MSGS, tools=SEARCH, tool_choice=tool_choice, max_tokens=80, temperature=0.0
+    )
     r = client.chat.completions.create(**kwargs)
     assert r.choices[0].finish_reason == "tool_calls", r.choices[0]
     calls = r.choices[0].message.tool_calls or []
@@ -170,18 +223,33 @@ def test_free_form_arguments_still_end_as_a_call(client: openai.OpenAI, tool_cho
 
 
 def test_round_trip(client: openai.OpenAI, tools_srv: Server) -> None:
-    first = client.chat.completions.create(model="tiny", messages=MSGS, tools=TOOLS, tool_choice=NAMED,
-                                           max_tokens=200, seed=3)
+    first = client.chat.completions.create(
+        model="tiny", messages=MSGS, tools=TOOLS, tool_choice=NAMED, max_tokens=200, seed=3
+    )
     call = (first.choices[0].message.tool_calls or [])[0]
-    history: Any = [*MSGS,
-                    {"role": "assistant", "content": None, "tool_calls": [
-                        {"id": call.id, "type": "function",
-                         "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
-                    {"role": "tool", "tool_call_id": call.id, "content": "18 degrees, sunny"}]
-    rendered = httpx.post(f"{tools_srv.url}/v1/chat/completions/render", timeout=60,
-                          json={"model": "tiny", "messages": history, "tools": TOOLS}).json()
-    text = httpx.post(f"{tools_srv.url}/detokenize", timeout=60,
-                      json={"model": "tiny", "tokens": rendered["token_ids"]}).json()["prompt"]
+    history: Any = [
+        *MSGS,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.function.name, "arguments": call.function.arguments},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call.id, "content": "18 degrees, sunny"},
+    ]
+    rendered = httpx.post(
+        f"{tools_srv.url}/v1/chat/completions/render",
+        timeout=60,
+        json={"model": "tiny", "messages": history, "tools": TOOLS},
+    ).json()
+    text = httpx.post(
+        f"{tools_srv.url}/detokenize", timeout=60, json={"model": "tiny", "tokens": rendered["token_ids"]}
+    ).json()["prompt"]
     args = json.dumps(json.loads(call.function.arguments))  # the template's tojson of the parsed arguments
     assert f'<tool_call>\n{{"name": "get_weather", "arguments": {args}}}\n</tool_call><|im_end|>' in text
     assert "<|im_start|>user\n<tool_response>\n18 degrees, sunny\n</tool_response><|im_end|>" in text
@@ -191,8 +259,15 @@ def test_round_trip(client: openai.OpenAI, tools_srv: Server) -> None:
 
 
 def test_bad_arguments_json_in_history_is_a_400(client: openai.OpenAI) -> None:
-    history: Any = [*MSGS, {"role": "assistant", "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{oops"}}]}]
+    history: Any = [
+        *MSGS,
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{oops"}}
+            ],
+        },
+    ]
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="tiny", messages=history, tools=TOOLS, max_tokens=2)
     assert "arguments is not valid JSON" in str(e.value)
@@ -235,20 +310,34 @@ def test_reasoning_fields_streamed_and_not(reasoning_srv: Server) -> None:
 
 # ------------------------------------------------------------------------ the same through the anthropic SDK
 
-ANTHROPIC_TOOLS: Any = [{"name": t["function"]["name"], "description": t["function"].get("description", ""),
-                         "input_schema": t["function"]["parameters"]} for t in TOOLS]
+ANTHROPIC_TOOLS: Any = [
+    {
+        "name": t["function"]["name"],
+        "description": t["function"].get("description", ""),
+        "input_schema": t["function"]["parameters"],
+    }
+    for t in TOOLS
+]
 
 
 def anthropic_client(server: Server) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0, timeout=120)
 
 
-@pytest.mark.parametrize("tool_choice", [{"type": "tool", "name": "get_weather"}, {"type": "any"},
-                                         {"type": "any", "disable_parallel_tool_use": True}])
+@pytest.mark.parametrize(
+    "tool_choice",
+    [{"type": "tool", "name": "get_weather"}, {"type": "any"}, {"type": "any", "disable_parallel_tool_use": True}],
+)
 def test_anthropic_forced_tool_use_streamed_equals_non_streamed(tools_srv: Server, tool_choice: Any) -> None:
     client = anthropic_client(tools_srv)
-    kwargs: Any = dict(model="tiny", max_tokens=200, messages=MSGS, tools=ANTHROPIC_TOOLS, tool_choice=tool_choice,
-                       extra_body={"temperature": 0.0})  # Anthropic has no seed: greedy
+    kwargs: Any = dict(
+        model="tiny",
+        max_tokens=200,
+        messages=MSGS,
+        tools=ANTHROPIC_TOOLS,
+        tool_choice=tool_choice,
+        extra_body={"temperature": 0.0},
+    )  # Anthropic has no seed: greedy
     message = client.messages.create(**kwargs)
     assert message.stop_reason == "tool_use", message
     uses = [b for b in message.content if b.type == "tool_use"]
@@ -268,12 +357,19 @@ def test_anthropic_forced_tool_use_streamed_equals_non_streamed(tools_srv: Serve
 
 def test_anthropic_tool_round_trip(tools_srv: Server) -> None:
     client = anthropic_client(tools_srv)
-    first = client.messages.create(model="tiny", max_tokens=200, messages=MSGS, tools=ANTHROPIC_TOOLS,
-                                   tool_choice={"type": "tool", "name": "get_weather"})
+    first = client.messages.create(
+        model="tiny",
+        max_tokens=200,
+        messages=MSGS,
+        tools=ANTHROPIC_TOOLS,
+        tool_choice={"type": "tool", "name": "get_weather"},
+    )
     use = next(b for b in first.content if b.type == "tool_use")
-    history: Any = [*MSGS, {"role": "assistant", "content": first.content},
-                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
-                                                  "content": "18 degrees"}]}]
+    history: Any = [
+        *MSGS,
+        {"role": "assistant", "content": first.content},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "18 degrees"}]},
+    ]
     second = client.messages.create(model="tiny", max_tokens=5, messages=history, tools=ANTHROPIC_TOOLS)
     assert second.stop_reason in ("end_turn", "max_tokens")
     count = client.messages.count_tokens(model="tiny", messages=history, tools=ANTHROPIC_TOOLS)
@@ -281,11 +377,18 @@ def test_anthropic_tool_round_trip(tools_srv: Server) -> None:
 
 
 def test_anthropic_output_config_json_schema(tools_srv: Server) -> None:
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]}},
-              "required": ["ok", "n"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]}},
+        "required": ["ok", "n"],
+        "additionalProperties": False,
+    }
     message = anthropic_client(tools_srv).messages.create(
-        model="tiny", max_tokens=64, messages=MSGS, extra_body={"output_config": {"format": {
-            "type": "json_schema", "schema": schema}}})
+        model="tiny",
+        max_tokens=64,
+        messages=MSGS,
+        extra_body={"output_config": {"format": {"type": "json_schema", "schema": schema}}},
+    )
     assert message.stop_reason == "end_turn"
     value = json.loads(message.content[0].text)  # type: ignore[union-attr]
     assert set(value) == {"ok", "n"} and isinstance(value["ok"], bool) and value["n"] in (1, 2, 3)
@@ -293,19 +396,26 @@ def test_anthropic_output_config_json_schema(tools_srv: Server) -> None:
 
 def test_anthropic_forced_tool_use_with_an_unknown_name_is_a_400(tools_srv: Server) -> None:
     with pytest.raises(anthropic.BadRequestError) as e:
-        anthropic_client(tools_srv).messages.create(model="tiny", max_tokens=5, messages=MSGS, tools=ANTHROPIC_TOOLS,
-                                                    tool_choice={"type": "tool", "name": "nope"})
+        anthropic_client(tools_srv).messages.create(
+            model="tiny",
+            max_tokens=5,
+            messages=MSGS,
+            tools=ANTHROPIC_TOOLS,
+            tool_choice={"type": "tool", "name": "nope"},
+        )
     assert e.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
     with pytest.raises(anthropic.BadRequestError):  # thinking needs --reasoning-parser
-        anthropic_client(tools_srv).messages.create(model="tiny", max_tokens=2048, messages=MSGS,
-                                                    thinking={"type": "enabled", "budget_tokens": 1024})
+        anthropic_client(tools_srv).messages.create(
+            model="tiny", max_tokens=2048, messages=MSGS, thinking={"type": "enabled", "budget_tokens": 1024}
+        )
 
 
 def test_anthropic_thinking_blocks_streamed_and_not(reasoning_srv: Server) -> None:
     """deepseek_r1 on a random model: the answer never leaves its reasoning, so it is one thinking block."""
     client = anthropic_client(reasoning_srv)
-    kwargs: Any = dict(model="tiny", max_tokens=12, messages=MSGS, thinking={"type": "adaptive"},
-                       extra_body={"temperature": 0.0})  # adaptive: no budget, so max_tokens can be small
+    kwargs: Any = dict(
+        model="tiny", max_tokens=12, messages=MSGS, thinking={"type": "adaptive"}, extra_body={"temperature": 0.0}
+    )  # adaptive: no budget, so max_tokens can be small
     message = client.messages.create(**kwargs)
     assert [b.type for b in message.content] == ["thinking"]
     with client.messages.stream(**kwargs) as stream:

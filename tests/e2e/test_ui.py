@@ -44,15 +44,29 @@ def long_ckpt(checkpoints_root: Path) -> Path:
     from demo.checkpoints import write_random_checkpoint  # why here: torch, built once per module
     from tests.conftest import TINY
 
-    return write_random_checkpoint(checkpoints_root / "qwen2-4k-ui", "qwen2",
-                                   **{**TINY, "max_position_embeddings": MAX_LEN},
-                                   vocab_size=151_646, tie_word_embeddings=True, rope_theta=1_000_000.0)
+    return write_random_checkpoint(
+        checkpoints_root / "qwen2-4k-ui",
+        "qwen2",
+        **{**TINY, "max_position_embeddings": MAX_LEN},
+        vocab_size=151_646,
+        tie_word_embeddings=True,
+        rope_theta=1_000_000.0,
+    )
 
 
 @pytest.fixture(scope="module")
 def ui_server(long_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = start_server(long_ckpt, tmp_path_factory.mktemp("ui"), "--api-key", KEY, "--metrics-public",
-                     "--root-path", ROOT, "--max-model-len", str(MAX_LEN))
+    s = start_server(
+        long_ckpt,
+        tmp_path_factory.mktemp("ui"),
+        "--api-key",
+        KEY,
+        "--metrics-public",
+        "--root-path",
+        ROOT,
+        "--max-model-len",
+        str(MAX_LEN),
+    )
     yield s
     s.stop()
 
@@ -88,8 +102,9 @@ class Page:
         self.page.get_by_test_id("api-key").dispatch_event("change")  # saved and the models reloaded
 
     def wait_model(self) -> None:
-        self.page.wait_for_function("document.querySelector('[data-testid=model-select]').value === 'tiny'",
-                                    timeout=30_000)
+        self.page.wait_for_function(
+            "document.querySelector('[data-testid=model-select]').value === 'tiny'", timeout=30_000
+        )
 
     def settings(self, *, temperature: str, max_tokens: str) -> None:
         self.page.get_by_test_id("temperature").fill(temperature)
@@ -104,7 +119,9 @@ class Page:
         locator = self.page.get_by_test_id("message-assistant").nth(n)
         self.page.wait_for_function(
             "([n, s]) => document.querySelectorAll('[data-testid=message-assistant]')[n]?.dataset.state === s",
-            arg=[n, state], timeout=timeout)
+            arg=[n, state],
+            timeout=timeout,
+        )
         return locator
 
     def close(self) -> None:
@@ -120,8 +137,12 @@ def tab(browser: Any, ui_server: Server) -> Iterator[Page]:
 
 
 def greedy(server: Server, messages: list[dict[str, Any]], max_tokens: int) -> dict[str, Any]:
-    r = httpx.post(f"{server.url}/v1/chat/completions", headers={"authorization": f"Bearer {KEY}"}, timeout=120,
-                   json={"model": "tiny", "messages": messages, "temperature": 0, "top_p": 1, "max_tokens": max_tokens})
+    r = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        headers={"authorization": f"Bearer {KEY}"},
+        timeout=120,
+        json={"model": "tiny", "messages": messages, "temperature": 0, "top_p": 1, "max_tokens": max_tokens},
+    )
     assert r.status_code == 200, r.text
     return dict(r.json()["choices"][0]["message"])
 
@@ -173,8 +194,9 @@ def test_stop_aborts_the_engine_request(tab: Page, ui_server: Server) -> None:
     tab.settings(temperature="1", max_tokens=str(MAX_LEN - 100))  # minutes of tokens on this model: only stop ends it
     assert tab.page.get_by_test_id("stop").is_disabled()
     tab.send("Write a very long story.")
-    tab.page.wait_for_function("document.querySelector('[data-testid=message-assistant]')?.dataset.raw?.length > 0",
-                               timeout=60_000)
+    tab.page.wait_for_function(
+        "document.querySelector('[data-testid=message-assistant]')?.dataset.raw?.length > 0", timeout=60_000
+    )
     _metric_reaches(ui_server, "spindle_num_requests_running", 1)
     tab.page.get_by_test_id("stop").click()
     reply = tab.reply(0, "stopped", timeout=30_000)
@@ -215,10 +237,19 @@ def test_503_and_a_mid_stream_error_are_shown(tab: Page) -> None:
     """The server's words for a 503 and for an error event after streaming began (answered by the test: this server
     is neither overloaded nor dying), through the page's own fetch and SSE path."""
     died = sse.error_frame(APIError("engine core died: gone", status=500)).decode()
-    replies = [dict(status=503, headers={"retry-after": "1"}, content_type="application/json",
-                    body=unavailable.overloaded("queue_full").body()),
-               dict(status=200, headers={"content-type": "text/event-stream"},
-                    body=_events(_delta("partial ")).replace("data: [DONE]", died + "data: [DONE]"))]
+    replies = [
+        dict(
+            status=503,
+            headers={"retry-after": "1"},
+            content_type="application/json",
+            body=unavailable.overloaded("queue_full").body(),
+        ),
+        dict(
+            status=200,
+            headers={"content-type": "text/event-stream"},
+            body=_events(_delta("partial ")).replace("data: [DONE]", died + "data: [DONE]"),
+        ),
+    ]
     tab.page.route(f"**{ROOT}/v1/chat/completions", lambda route: route.fulfill(**replies.pop(0)))
     tab.open()
     tab.wait_model()
@@ -241,8 +272,9 @@ def test_no_request_leaves_the_origin(tab: Page, ui_server: Server) -> None:
     tab.open(path="/ui")  # the other page path, without the prefix
     tab.wait_model()
     assert any(u.endswith(f"{ROOT}/v1/chat/completions") for u in tab.requested)
-    assert any(u.endswith(f"{ROOT}/ui/app.js") for u in tab.requested) and any(u.endswith("/ui/app.css")
-                                                                              for u in tab.requested)
+    assert any(u.endswith(f"{ROOT}/ui/app.js") for u in tab.requested) and any(
+        u.endswith("/ui/app.css") for u in tab.requested
+    )
     outside = [u for u in tab.requested if not u.startswith(ui_server.url + "/")]
     assert outside == []
 
@@ -263,17 +295,21 @@ def _sse(*deltas: str) -> str:
     return _events(*map(_delta, deltas), _delta("", "stop"))
 
 
-HOSTILE = ("Hi <scr", "ipt>window.__pwned = 1</script> <img src=x onerror=\"window.__pwned = 2\"> ",
-           "[click](javascript:window.__pwned=3) <a href=\"javascript:window.__pwned=4\">a</a> **bold** `<b>code</b>`",
-           "\n\n```\n<script>window.__pwned = 5</script>\n```\n<svg onload=\"window.__pwned=6\"></svg>")
+HOSTILE = (
+    "Hi <scr",
+    'ipt>window.__pwned = 1</script> <img src=x onerror="window.__pwned = 2"> ',
+    '[click](javascript:window.__pwned=3) <a href="javascript:window.__pwned=4">a</a> **bold** `<b>code</b>`',
+    '\n\n```\n<script>window.__pwned = 5</script>\n```\n<svg onload="window.__pwned=6"></svg>',
+)
 
 
 def test_script_in_model_output_is_not_executed(tab: Page) -> None:
     """A reply with markup in it, served through the page's own fetch + SSE path (the request is answered by the
     test: a random model will not write <script>): shown as text, nothing runs, no element but the renderer's."""
-    tab.page.route(f"**{ROOT}/v1/chat/completions",
-                   lambda route: route.fulfill(status=200, headers={"content-type": "text/event-stream"},
-                                               body=_sse(*HOSTILE)))
+    tab.page.route(
+        f"**{ROOT}/v1/chat/completions",
+        lambda route: route.fulfill(status=200, headers={"content-type": "text/event-stream"}, body=_sse(*HOSTILE)),
+    )
     tab.open()
     tab.wait_model()
     tab.send("say something dangerous")
@@ -288,19 +324,68 @@ def test_script_in_model_output_is_not_executed(tab: Page) -> None:
     assert body.locator("strong").inner_text() == "bold" and "<b>code</b>" in body.locator("code").first.inner_text()
 
 
-ALLOWED = {"p", "br", "strong", "em", "code", "pre", "h1", "h2", "h3", "h4", "h5", "h6", "ul", "ol", "li",
-           "blockquote", "a"}
+ALLOWED = {
+    "p",
+    "br",
+    "strong",
+    "em",
+    "code",
+    "pre",
+    "h1",
+    "h2",
+    "h3",
+    "h4",
+    "h5",
+    "h6",
+    "ul",
+    "ol",
+    "li",
+    "blockquote",
+    "a",
+}
 
 
 def test_renderer_writes_only_its_own_tags(tab: Page) -> None:
     """markdown.js on many hostile texts in the page: only the subset's tags, only http(s) links, no handlers."""
-    pieces = ["<", ">", "\"", "'", "&", "*", "**", "`", "```", "[", "]", "(", ")", "https://a.example/x", "javascript:",
-              "<script>", "</script>", "<img src=x onerror=alert(1)>", "# ", "- ", "1. ", "> ", "\n", "\n\n", " ", "a",
-              "\u0000", "onerror=", "<a href=\"", "data:text/html,", "&lt;", "\r\n"]
+    pieces = [
+        "<",
+        ">",
+        '"',
+        "'",
+        "&",
+        "*",
+        "**",
+        "`",
+        "```",
+        "[",
+        "]",
+        "(",
+        ")",
+        "https://a.example/x",
+        "javascript:",
+        "<script>",
+        "</script>",
+        "<img src=x onerror=alert(1)>",
+        "# ",
+        "- ",
+        "1. ",
+        "> ",
+        "\n",
+        "\n\n",
+        " ",
+        "a",
+        "\u0000",
+        "onerror=",
+        '<a href="',
+        "data:text/html,",
+        "&lt;",
+        "\r\n",
+    ]
     rng = random.Random(31)
     texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 40))) for _ in range(3000)]
     tab.open(key=None)
-    bad = tab.page.evaluate("""texts => {
+    bad = tab.page.evaluate(
+        """texts => {
         const bad = [];
         for (const t of texts) {
             const holder = document.createElement('template');
@@ -315,7 +400,9 @@ def test_renderer_writes_only_its_own_tags(tab: Page) -> None:
             }
         }
         return bad.slice(0, 5);
-    }""".replace("window.__allowed", json.dumps(sorted(ALLOWED))), texts)
+    }""".replace("window.__allowed", json.dumps(sorted(ALLOWED))),
+        texts,
+    )
     assert bad == []
 
 
@@ -345,11 +432,21 @@ def test_image_attached_on_a_vision_model(browser: Any, vl_server: Server, ui_se
         raw = tab.reply(0).get_attribute("data-raw")
         assert tab.page.get_by_test_id("message-user").locator("img").count() == 1
         url = "data:image/png;base64," + base64.b64encode(png).decode()
-        content = [{"type": "image_url", "image_url": {"url": url}},
-                   {"type": "text", "text": "What is in the picture?"}]
-        r = httpx.post(f"{vl_server.url}/v1/chat/completions", timeout=120, json={
-            "model": "tiny", "messages": [{"role": "user", "content": content}], "temperature": 0, "top_p": 1,
-            "max_tokens": 8})
+        content = [
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": "What is in the picture?"},
+        ]
+        r = httpx.post(
+            f"{vl_server.url}/v1/chat/completions",
+            timeout=120,
+            json={
+                "model": "tiny",
+                "messages": [{"role": "user", "content": content}],
+                "temperature": 0,
+                "top_p": 1,
+                "max_tokens": 8,
+            },
+        )
         assert r.status_code == 200 and raw == r.json()["choices"][0]["message"]["content"]
         assert tab.errors == []
     finally:

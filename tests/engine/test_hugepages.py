@@ -59,8 +59,9 @@ def _thp_mode() -> str:
 @needs_glibc
 def test_reexec_keeps_pid_and_arguments_and_maps_huge_pages() -> None:
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-    out = subprocess.run([sys.executable, "-c", _CHILD, "x", "--flag"], env=env, capture_output=True, text=True,
-                         check=True, timeout=120).stdout.splitlines()
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, "x", "--flag"], env=env, capture_output=True, text=True, check=True, timeout=120
+    ).stdout.splitlines()
     report = json.loads(out[-1])
     assert out[:2] == [f"start {report['pid']}"] * 2  # the script ran twice, in one process: before and after
     assert report["argv"] == ["x", "--flag"] and report["tunables"] == f"{TUNABLE}=1"
@@ -71,8 +72,9 @@ def test_reexec_keeps_pid_and_arguments_and_maps_huge_pages() -> None:
 @needs_glibc
 def test_opting_out_maps_no_huge_pages() -> None:
     env = {**os.environ, "GLIBC_TUNABLES": f"{TUNABLE}=0"}
-    out = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, check=True,
-                         timeout=120).stdout.splitlines()
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, check=True, timeout=120
+    ).stdout.splitlines()
     report = json.loads(out[-1])
     assert out[:2] == [f"start {report['pid']}", out[-1]]  # no re-exec
     if _thp_mode() == "madvise":  # "always" gives huge pages without asking
@@ -101,9 +103,17 @@ def test_the_engine_entry_reexecs_only_for_a_big_checkpoint(tmp_path: Path, big:
 
     with open(tmp_path / "model.safetensors", "wb") as f:
         f.truncate(MIN_WEIGHT_BYTES if big else MIN_WEIGHT_BYTES - 1)
-    child = ("import os, sys\nfrom engine.hugepages import reexec_for_model\nprint('start', flush=True)\n"
-             "reexec_for_model(sys.argv[1:])\nprint(os.environ.get('GLIBC_TUNABLES'))")
+    child = (
+        "import os, sys\nfrom engine.hugepages import reexec_for_model\nprint('start', flush=True)\n"
+        "reexec_for_model(sys.argv[1:])\nprint(os.environ.get('GLIBC_TUNABLES'))"
+    )
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-    out = subprocess.run([sys.executable, "-c", child, "--config", json.dumps({"model": str(tmp_path)})], env=env,
-                         capture_output=True, text=True, check=True, timeout=120).stdout.splitlines()
+    out = subprocess.run(
+        [sys.executable, "-c", child, "--config", json.dumps({"model": str(tmp_path)})],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout.splitlines()
     assert out == (["start", "start", f"{TUNABLE}=1"] if big else ["start", "None"])

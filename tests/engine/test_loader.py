@@ -11,20 +11,31 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from demo.checkpoints import write_random_checkpoint
 from engine.config import EngineConfig
 from engine.layers.linear import Int8Linear
-from demo.checkpoints import write_random_checkpoint
 from engine.models.loader import load_model, pick_dtype, resolve_model, slow_half_precision
 from engine.models.weights import ModelLoadError
 
-SMALL = dict(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64, vocab_size=1000,
-             rope_theta=10_000.0, max_position_embeddings=128, seed=7, tokenizer=False)
+SMALL = dict(
+    hidden_size=32,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
+    intermediate_size=64,
+    vocab_size=1000,
+    rope_theta=10_000.0,
+    max_position_embeddings=128,
+    seed=7,
+    tokenizer=False,
+)
 
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_random_checkpoint(tmp_path_factory.mktemp("small") / "ckpt", "llama",
-                                   tie_word_embeddings=False, **SMALL)  # type: ignore[arg-type]
+    return write_random_checkpoint(
+        tmp_path_factory.mktemp("small") / "ckpt", "llama", tie_word_embeddings=False, **SMALL
+    )  # type: ignore[arg-type]
 
 
 def broken_copy(src: Path, tmp_path: Path) -> Path:
@@ -45,8 +56,7 @@ def all_weights(model) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]
 
 
 def test_sharded_equals_single_file(small: Path, tmp_path: Path) -> None:
-    sharded = write_random_checkpoint(tmp_path / "sharded", "llama", tie_word_embeddings=False, shards=3,
-                                      **SMALL)  # type: ignore[arg-type]
+    sharded = write_random_checkpoint(tmp_path / "sharded", "llama", tie_word_embeddings=False, shards=3, **SMALL)  # type: ignore[arg-type]
     index = json.loads((sharded / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) >= 3
     one, info_one = load_model(small, "auto", "cpu")
@@ -92,8 +102,7 @@ def test_int8_quantization_is_cpu_only_and_validated(small: Path) -> None:
 
 
 def test_auto_dtype_is_float32_on_cpu_and_the_checkpoints_on_gpu(tmp_path: Path) -> None:
-    folder = write_random_checkpoint(tmp_path / "bf16", "llama", tie_word_embeddings=False, dtype="bfloat16",
-                                     **SMALL)  # type: ignore[arg-type]
+    folder = write_random_checkpoint(tmp_path / "bf16", "llama", tie_word_embeddings=False, dtype="bfloat16", **SMALL)  # type: ignore[arg-type]
     model, info = load_model(folder, "auto", "cpu")
     stored = load_file(folder / "model.safetensors")["model.norm.weight"]
     assert info.dtype == "float32" and stored.dtype == torch.bfloat16
@@ -128,8 +137,7 @@ def test_missing_weight_is_named(small: Path, tmp_path: Path) -> None:
 
 
 def test_missing_shard_is_named(tmp_path: Path) -> None:
-    folder = write_random_checkpoint(tmp_path / "sharded", "llama", tie_word_embeddings=False, shards=2,
-                                     **SMALL)  # type: ignore[arg-type]
+    folder = write_random_checkpoint(tmp_path / "sharded", "llama", tie_word_embeddings=False, shards=2, **SMALL)  # type: ignore[arg-type]
     shard = sorted(folder.glob("*.safetensors"))[-1]
     shard.unlink()
     with pytest.raises(ModelLoadError, match=shard.name):
@@ -141,7 +149,10 @@ def test_unsupported_architecture(small: Path, tmp_path: Path) -> None:
     cfg = json.loads((folder / "config.json").read_text())
     cfg["architectures"] = ["GPT2LMHeadModel"]
     (folder / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ModelLoadError, match=r"architecture GPT2LMHeadModel is not supported; supported: LlamaForCausalLM, .*Gemma2ForCausalLM"):
+    with pytest.raises(
+        ModelLoadError,
+        match=r"architecture GPT2LMHeadModel is not supported; supported: LlamaForCausalLM, .*Gemma2ForCausalLM",
+    ):
         load_model(folder, "auto", "cpu")
 
 
@@ -184,14 +195,25 @@ def test_demo_checkpoint_built_once_and_loads(monkeypatch: pytest.MonkeyPatch, t
     assert isinstance(text, str) and text.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
     assert len(tok) == info.vocab_size
     assert tok.convert_ids_to_tokens([151652, 151655, 151656, 151657, 151658, 151664]) == [
-        "<|vision_start|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<|file_sep|>"]
+        "<|vision_start|>",
+        "<|image_pad|>",
+        "<|video_pad|>",
+        "<tool_call>",
+        "</tool_call>",
+        "<|file_sep|>",
+    ]
     assert tok.decode([151657, 151658, 151645], skip_special_tokens=True) == "<tool_call></tool_call>"
     tools: list[Any] = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-    calls: list[Any] = [{"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function",
-                                                   "function": {"name": "f", "arguments": {"x": 1}}}]},
-             {"role": "tool", "tool_call_id": "call_1", "content": "42"}]
-    text = tok.apply_chat_template([{"role": "user", "content": "hi"}, *calls], tools=tools, tokenize=False,
-                                   add_generation_prompt=True)
+    calls: list[Any] = [
+        {
+            "role": "assistant",
+            "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+    ]
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}, *calls], tools=tools, tokenize=False, add_generation_prompt=True
+    )
     assert "<tools>\n" + json.dumps(tools[0]) + "\n</tools>" in text
     assert '<|im_start|>assistant\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call><|im_end|>' in text
     assert "<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n" in text
@@ -203,11 +225,14 @@ def test_concurrent_demo_builders_agree(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    code = ("import demo.checkpoints as c; c.DEMO = dict(c.DEMO, hidden_size=32, head_dim=16, vocab_size=1000, "
-            "intermediate_size=64, tokenizer=False); print(c.demo_checkpoint_path())")
+    code = (
+        "import demo.checkpoints as c; c.DEMO = dict(c.DEMO, hidden_size=32, head_dim=16, vocab_size=1000, "
+        "intermediate_size=64, tokenizer=False); print(c.demo_checkpoint_path())"
+    )
     env = dict(os.environ, SPINDLE_CACHE_DIR=str(tmp_path), OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)
+    ]
     outs = [p.communicate(timeout=120)[0].strip().splitlines()[-1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0]
     assert outs == [str(tmp_path / "demo-qwen2.5-v2")] * 2

@@ -18,13 +18,25 @@ from engine.models.args import ConfigError
 from engine.models.registry import parse_config
 from engine.models.rope import inv_freq, rope_table
 
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 64}
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
 
 
 def llama_config(**kw: Any) -> LlamaConfig:
-    return LlamaConfig(hidden_size=256, num_attention_heads=4, head_dim=64, num_hidden_layers=1,
-                       intermediate_size=64, vocab_size=100, **kw)
+    return LlamaConfig(
+        hidden_size=256,
+        num_attention_heads=4,
+        head_dim=64,
+        num_hidden_layers=1,
+        intermediate_size=64,
+        vocab_size=100,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("scaling", [LLAMA3, {"rope_type": "linear", "factor": 4.0}])
@@ -125,7 +137,12 @@ def test_unsupported_config_is_refused() -> None:
 
 
 def test_qwen2_windows_on_some_layers() -> None:
-    mixed = hf_dict() | {"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True, "num_hidden_layers": 2,
-                         "sliding_window": 16, "layer_types": ["full_attention", "sliding_attention"]}
+    mixed = hf_dict() | {
+        "architectures": ["Qwen2ForCausalLM"],
+        "use_sliding_window": True,
+        "num_hidden_layers": 2,
+        "sliding_window": 16,
+        "layer_types": ["full_attention", "sliding_attention"],
+    }
     args = parse_config(mixed)
     assert args.sliding_window is None and args.windows == (None, 16)

@@ -18,12 +18,16 @@ from safetensors.torch import load_file, save_file
 from engine.core.engine_core import EngineCore
 from engine.messages import IMAGE_CACHE_MISS, AddRequest, ImageInput, RequestOutput
 from engine.multimodal.processing import (
-    IMAGE_PAD_ID, expand_placeholders, image_hash, make_processor, num_image_tokens, process_image,
+    IMAGE_PAD_ID,
+    expand_placeholders,
+    image_hash,
+    make_processor,
+    num_image_tokens,
+    process_image,
     read_preprocessor_config,
 )
 from tests.helpers import engine as helpers
 from tests.helpers.engine import greedy, make_core
-
 
 VISION_START, VISION_END = 151652, 151653
 
@@ -33,8 +37,9 @@ def picture(seed: int, h: int, w: int) -> Image.Image:
     return Image.fromarray(rng.randint(0, 255, (h, w, 3), dtype=np.uint8))
 
 
-def build(ckpt: Path, text_before: list[int], images: list[Image.Image], text_after: list[int]
-          ) -> tuple[list[int], list[ImageInput], dict[str, Any]]:
+def build(
+    ckpt: Path, text_before: list[int], images: list[Image.Image], text_after: list[int]
+) -> tuple[list[int], list[ImageInput], dict[str, Any]]:
     """A prompt with one <|vision_start|><|image_pad|><|vision_end|> per image, expanded; the engine's image
     inputs and transformers' inputs."""
     proc = make_processor(read_preprocessor_config(ckpt))
@@ -44,18 +49,23 @@ def build(ckpt: Path, text_before: list[int], images: list[Image.Image], text_af
     ids += text_after
     done = [process_image(proc, im) for im in images]
     expanded, offsets = expand_placeholders(ids, [num_image_tokens(g) for _, g in done])
-    mm = [ImageInput(image_hash(px, g), off, num_image_tokens(g), g, px.tobytes(), list(px.shape), "float32")
-          for (px, g), off in zip(done, offsets)]
-    hf = {"pixel_values": torch.from_numpy(np.concatenate([px for px, _ in done])),
-          "image_grid_thw": torch.tensor([g for _, g in done])}
+    mm = [
+        ImageInput(image_hash(px, g), off, num_image_tokens(g), g, px.tobytes(), list(px.shape), "float32")
+        for (px, g), off in zip(done, offsets)
+    ]
+    hf = {
+        "pixel_values": torch.from_numpy(np.concatenate([px for px, _ in done])),
+        "image_grid_thw": torch.tensor([g for _, g in done]),
+    }
     return expanded, mm, hf
 
 
 def hf_greedy(ckpt: Path, prompt: list[int], hf: dict[str, Any] | None, n: int) -> list[int]:
     ids = torch.tensor([prompt])
     extra: dict[str, Any] = dict(hf, mm_token_type_ids=(ids == IMAGE_PAD_ID).int()) if hf else {}
-    return helpers.hf_greedy(ckpt, prompt, n, "Qwen2VLForConditionalGeneration", attention_mask=torch.ones_like(ids),
-                             **extra)
+    return helpers.hf_greedy(
+        ckpt, prompt, n, "Qwen2VLForConditionalGeneration", attention_mask=torch.ones_like(ids), **extra
+    )
 
 
 def run(core: EngineCore, reqs: list[AddRequest]) -> dict[str, list[int]]:
@@ -80,8 +90,12 @@ def test_text_only_prompt_is_plain_qwen2(qwen2_vl_ckpt: Path, tmp_path: Path) ->
     qwen2 = tmp_path / "qwen2"
     shutil.copytree(qwen2_vl_ckpt, qwen2)
     cfg = json.loads((qwen2 / "config.json").read_text())
-    text = {**cfg["text_config"], "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
-            "rope_theta": cfg["text_config"]["rope_parameters"]["rope_theta"]}
+    text = {
+        **cfg["text_config"],
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "rope_theta": cfg["text_config"]["rope_parameters"]["rope_theta"],
+    }
     text.pop("rope_parameters")
     (qwen2 / "config.json").write_text(json.dumps(text))
     weights = load_file(qwen2 / "model.safetensors")
@@ -89,6 +103,7 @@ def test_text_only_prompt_is_plain_qwen2(qwen2_vl_ckpt: Path, tmp_path: Path) ->
     prompt = TEXT * 3
     vl, plain = make_core(qwen2_vl_ckpt), make_core(qwen2)
     from engine.core.sequence import ScheduledSeq, Sequence
+
     logits = []
     for core in (vl, plain):
         seq = Sequence.new("a", prompt, greedy(1), 0.0)
@@ -110,8 +125,9 @@ def test_images_match_transformers(qwen2_vl_ckpt: Path, regime: str) -> None:
         "two": build(qwen2_vl_ckpt, TEXT[:2], [picture(2, 56, 56), picture(3, 112, 84)], TEXT[:5]),
     }
     n = 16
-    got = run(core, [AddRequest(k, p, greedy(n), float(i), mm_inputs=mm) for i, (k, (p, mm, _)) in
-                     enumerate(cases.items())])
+    got = run(
+        core, [AddRequest(k, p, greedy(n), float(i), mm_inputs=mm) for i, (k, (p, mm, _)) in enumerate(cases.items())]
+    )
     for k, (p, _, hf) in cases.items():
         assert got[k] == hf_greedy(qwen2_vl_ckpt, p, hf, n), (k, regime)
     # the encoder ran once per image, even when chunks cut through an image or a request was preempted
@@ -124,8 +140,10 @@ def test_output_depends_on_the_image(qwen2_vl_ckpt: Path) -> None:
     core = make_core(qwen2_vl_ckpt)
     a = build(qwen2_vl_ckpt, TEXT[:4], [picture(1, 60, 90)], TEXT)
     b = build(qwen2_vl_ckpt, TEXT[:4], [picture(5, 60, 90)], TEXT)
-    got = run(core, [AddRequest("a", a[0], greedy(8), 0.0, mm_inputs=a[1]),
-                     AddRequest("b", b[0], greedy(8), 0.0, mm_inputs=b[1])])
+    got = run(
+        core,
+        [AddRequest("a", a[0], greedy(8), 0.0, mm_inputs=a[1]), AddRequest("b", b[0], greedy(8), 0.0, mm_inputs=b[1])],
+    )
     assert a[0] == b[0] and got["a"] != got["b"]
 
 
@@ -150,9 +168,11 @@ def test_prefix_cache_never_shares_blocks_across_images(qwen2_vl_ckpt: Path) -> 
 def test_bad_image_inputs_are_refused(qwen2_vl_ckpt: Path) -> None:
     core = make_core(qwen2_vl_ckpt)
     p, mm, _ = build(qwen2_vl_ckpt, TEXT[:4], [picture(1, 60, 90)], TEXT)
-    bad = [ImageInput(mm[0].hash, mm[0].offset + 1, mm[0].length, mm[0].grid_thw, mm[0].data, mm[0].shape),
-           ImageInput(mm[0].hash, mm[0].offset, mm[0].length, mm[0].grid_thw, mm[0].data[:-4], mm[0].shape),
-           ImageInput("unknown", mm[0].offset, mm[0].length, mm[0].grid_thw)]
+    bad = [
+        ImageInput(mm[0].hash, mm[0].offset + 1, mm[0].length, mm[0].grid_thw, mm[0].data, mm[0].shape),
+        ImageInput(mm[0].hash, mm[0].offset, mm[0].length, mm[0].grid_thw, mm[0].data[:-4], mm[0].shape),
+        ImageInput("unknown", mm[0].offset, mm[0].length, mm[0].grid_thw),
+    ]
     for i, m in enumerate(bad):
         core.add_request(AddRequest(f"x{i}", p, greedy(2), 0.0, mm_inputs=[m]))
     outs = core.step()

@@ -14,8 +14,8 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
-from engine.messages import AddRequest, SamplingParams
 from engine.execution.model_runner import ModelRunner
+from engine.messages import AddRequest, SamplingParams
 from tests.engine.execution.test_model_runner import Blocks, hf_logits, new_seq, prompt, step
 
 WINDOW = 4
@@ -33,10 +33,22 @@ def _one_thread() -> None:
 def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from demo.checkpoints import write_random_checkpoint
 
-    return write_random_checkpoint(tmp_path_factory.mktemp("win") / "qwen2x4", "qwen2", hidden_size=64, num_layers=4,
-                                   num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128, vocab_size=VOCAB,
-                                   tie_word_embeddings=True, rope_theta=10_000.0, max_position_embeddings=256,
-                                   seed=99, tokenizer=False)
+    return write_random_checkpoint(
+        tmp_path_factory.mktemp("win") / "qwen2x4",
+        "qwen2",
+        hidden_size=64,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        vocab_size=VOCAB,
+        tie_word_embeddings=True,
+        rope_theta=10_000.0,
+        max_position_embeddings=256,
+        seed=99,
+        tokenizer=False,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +88,7 @@ def test_prompt_past_the_window_and_chunks_smaller_than_it(ckpt: Path, hf: Any) 
     seq, blocks, done = new_seq("b", tokens, prompt_logprobs=0), Blocks(64, seed=2), 0
     for n in (3, 1, 2, 5, 3, 9):  # chunks shorter than the window, mid-block starts, one decode-sized
         out = step(runner, blocks, [(seq, n)])
-        torch.testing.assert_close(out.prompt_logits[0], ref[done:done + n], atol=ATOL, rtol=0)
+        torch.testing.assert_close(out.prompt_logits[0], ref[done : done + n], atol=ATOL, rtol=0)
         done += n
 
 
@@ -131,13 +143,27 @@ def greedy_run(core: EngineCore, prompts: list[list[int]], n: int, stagger: int 
 
 def hf_greedy(model: Any, tokens: list[int], n: int) -> list[int]:
     with torch.no_grad():
-        ref = model.generate(torch.tensor([tokens]), do_sample=False, max_new_tokens=n, min_new_tokens=n,
-                             temperature=None, top_p=None, top_k=None, repetition_penalty=None, pad_token_id=0)
-    return list(ref[0, len(tokens):].tolist())
+        ref = model.generate(
+            torch.tensor([tokens]),
+            do_sample=False,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+            repetition_penalty=None,
+            pad_token_id=0,
+        )
+    return list(ref[0, len(tokens) :].tolist())
 
 
-@pytest.mark.parametrize("regime", [dict(max_num_batched_tokens=3),  # chunks shorter than the window
-                                    dict(num_blocks=9, block_size=4, max_num_batched_tokens=16)])  # preemption
+@pytest.mark.parametrize(
+    "regime",
+    [
+        dict(max_num_batched_tokens=3),  # chunks shorter than the window
+        dict(num_blocks=9, block_size=4, max_num_batched_tokens=16),
+    ],
+)  # preemption
 def test_engine_greedy_with_layer_windows(ckpt: Path, hf: Any, regime: dict[str, int]) -> None:
     kw: dict[str, Any] = {"num_blocks": 64, "block_size": 4, **regime}
     core = EngineCore(EngineConfig(model=str(ckpt), **kw))
@@ -199,11 +225,19 @@ def kernel_path_child(ckpt: str, out: str) -> None:
 def test_triton_path_with_layer_windows(ckpt: Path, hf: Any, tmp_path: Path) -> None:
     pytest.importorskip("triton")
     out = tmp_path / "logits.pt"
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parents[2])!r}); "
-            f"from tests.engine import test_sliding_window as t; t.kernel_path_child({str(ckpt)!r}, {str(out)!r})")
+    code = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parents[2])!r}); "
+        f"from tests.engine import test_sliding_window as t; t.kernel_path_child({str(ckpt)!r}, {str(out)!r})"
+    )
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
-                          cwd=Path(__file__).parents[2])
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parents[2],
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = torch.load(out)
     ref = hf_logits(hf, prompt(15, seed=12, vocab=VOCAB))

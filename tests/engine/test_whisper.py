@@ -34,8 +34,12 @@ def audio_input(features: torch.Tensor, timestamps: bool = False, rules: bool = 
     return AudioInput(hashlib.sha256(f.tobytes()).hexdigest(), f.tobytes(), list(f.shape), timestamps, rules)
 
 
-def run(core: EngineCore, reqs: list[tuple[str, list[int], AudioInput, int]], max_tokens: int,
-        at_step: dict[str, int] | None = None) -> dict[str, list[int]]:
+def run(
+    core: EngineCore,
+    reqs: list[tuple[str, list[int], AudioInput, int]],
+    max_tokens: int,
+    at_step: dict[str, int] | None = None,
+) -> dict[str, list[int]]:
     outs: dict[str, list[RequestOutput]] = {rid: [] for rid, *_ in reqs}
     pending = list(reqs)
     step = 0
@@ -43,8 +47,11 @@ def run(core: EngineCore, reqs: list[tuple[str, list[int], AudioInput, int]], ma
         for r in [r for r in pending if (at_step or {}).get(r[0], 0) <= step]:
             pending.remove(r)
             rid, prompt, audio, _ = r
-            core.add_request(AddRequest(rid, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0),
-                                        float(step), audio=audio))
+            core.add_request(
+                AddRequest(
+                    rid, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0), float(step), audio=audio
+                )
+            )
         for o in core.step():
             assert o.error is None, o.error
             outs[o.request_id].append(o)
@@ -67,14 +74,16 @@ CASES = [  # (prompt, transformers' generate kwargs, timestamps)
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_greedy_equals_transformers_batched(ckpt: Path, hf: Any, case: int) -> None:
     prompt, kw, ts = CASES[case]
-    feats = [hf_features(ckpt, tone(s, freq=f, seed=k)) for k, (s, f) in enumerate([(3.0, 440), (7.5, 900),
-                                                                                    (1.2, 250)])]
+    feats = [
+        hf_features(ckpt, tone(s, freq=f, seed=k)) for k, (s, f) in enumerate([(3.0, 440), (7.5, 900), (1.2, 250)])
+    ]
     want = [strip_eos(hf_generate(hf, f, 40, **kw)) for f in feats]
     if ts:  # generate's seek loop re-decodes after a timestamp; one window's decode is the reference
         want = [strip_eos(hf_window_generate(hf, f, prompt, 40, True)) for f in feats]
     core = make_core(ckpt, num_blocks=64, block_size=16)
-    got = run(core, [(f"r{i}", prompt, audio_input(f, ts), 0) for i, f in enumerate(feats)], 40,
-              at_step={"r2": 3})  # the third joins mid-decode of the others
+    got = run(
+        core, [(f"r{i}", prompt, audio_input(f, ts), 0) for i, f in enumerate(feats)], 40, at_step={"r2": 3}
+    )  # the third joins mid-decode of the others
     for i in range(len(feats)):
         assert strip_eos(got[f"r{i}"]) == want[i]
     assert core.runner.audio is not None and core.runner.audio.encoder_runs == 3
@@ -134,8 +143,12 @@ def triton_child(ckpt: str, feats_file: str, out: str) -> None:
     core = EngineCore(EngineConfig(model=ckpt, num_blocks=64, block_size=16))
     assert core.runner.use_triton
     feats = torch.load(feats_file)
-    got = run(core, [(f"r{i}", [SOT, EN, TRANSCRIBE, NO_TS], audio_input(f), 0) for i, f in enumerate(feats)], 12,
-              at_step={"r1": 2})
+    got = run(
+        core,
+        [(f"r{i}", [SOT, EN, TRANSCRIBE, NO_TS], audio_input(f), 0) for i, f in enumerate(feats)],
+        12,
+        at_step={"r1": 2},
+    )
     torch.save(got, out)
 
 
@@ -149,11 +162,19 @@ def test_triton_kernel_path_equals_transformers(ckpt: Path, hf: Any, tmp_path: P
     pytest.importorskip("triton")
     feats = [hf_features(ckpt, tone(2.0, freq=f, seed=s)) for f, s in ((330, 3), (770, 4))]
     torch.save(feats, tmp_path / "feats.pt")
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_whisper as t; "
-            f"t.triton_child({str(ckpt)!r}, {str(tmp_path / 'feats.pt')!r}, {str(tmp_path / 'out.pt')!r})")
+    code = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_whisper as t; "
+        f"t.triton_child({str(ckpt)!r}, {str(tmp_path / 'feats.pt')!r}, {str(tmp_path / 'out.pt')!r})"
+    )
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240,
-                          cwd=Path(__file__).parents[2])
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=Path(__file__).parents[2],
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = torch.load(tmp_path / "out.pt")
     for i, f in enumerate(feats):
@@ -167,8 +188,9 @@ def test_no_speech_prob_equals_transformers(ckpt: Path, hf: Any) -> None:
     prompts = [[SOT, EN, TRANSCRIBE, NO_TS], [50361, 7751, 456, SOT, EN, TRANSCRIBE, NO_TS]]
     core = make_core(ckpt, num_blocks=64, block_size=16)
     for i, (f, prompt) in enumerate(zip(feats, prompts)):
-        core.add_request(AddRequest(f"r{i}", prompt, SamplingParams(max_tokens=3, temperature=0.0), 0.0,
-                                    audio=audio_input(f)))
+        core.add_request(
+            AddRequest(f"r{i}", prompt, SamplingParams(max_tokens=3, temperature=0.0), 0.0, audio=audio_input(f))
+        )
     finals: dict[str, RequestOutput] = {}
     while core.has_work:
         for o in core.step():

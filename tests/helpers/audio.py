@@ -48,11 +48,13 @@ def _encode_av(audio: np.ndarray, sr: int, fmt: str) -> bytes:
     with av.open(buf, "w", format=container_fmt) as out:
         stream = out.add_stream(codec, rate=rate)
         stream.layout = "mono" if data.shape[1] == 1 else "stereo"  # type: ignore[union-attr]
-        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(data.T), format="fltp",
-                                           layout=stream.layout.name)  # type: ignore[union-attr]
+        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(data.T), format="fltp", layout=stream.layout.name)  # type: ignore[union-attr]
         frame.sample_rate = sr
-        resampler = av.AudioResampler(format=stream.format.name, layout=stream.layout.name,  # type: ignore[union-attr]
-                                      rate=rate)
+        resampler = av.AudioResampler(
+            format=stream.format.name,
+            layout=stream.layout.name,  # type: ignore[union-attr]
+            rate=rate,
+        )
         for f in resampler.resample(frame) + resampler.resample(None):
             for packet in stream.encode(f):  # type: ignore[union-attr]
                 out.mux(packet)
@@ -89,8 +91,9 @@ def hf_generate(model: Any, features: torch.Tensor, max_new_tokens: int, **kw: A
     return list(out[0].tolist())
 
 
-def hf_window_generate(model: Any, features: torch.Tensor, prompt: list[int], max_new_tokens: int,
-                       timestamps: bool) -> list[int]:
+def hf_window_generate(
+    model: Any, features: torch.Tensor, prompt: list[int], max_new_tokens: int, timestamps: bool
+) -> list[int]:
     """One 30 s window decoded greedily by transformers with Whisper's own logits processors (begin-suppress,
     suppress, and WhisperTimeStampLogitsProcessor with timestamps), as `generate` applies them; without its
     seek loop, which re-decodes the rest of a window after a timestamp (spindle decodes each window once)."""
@@ -98,17 +101,27 @@ def hf_window_generate(model: Any, features: torch.Tensor, prompt: list[int], ma
 
     from transformers.generation import GenerationMixin, LogitsProcessorList
     from transformers.generation.logits_process import (
-        SuppressTokensAtBeginLogitsProcessor, SuppressTokensLogitsProcessor, WhisperTimeStampLogitsProcessor,
+        SuppressTokensAtBeginLogitsProcessor,
+        SuppressTokensLogitsProcessor,
+        WhisperTimeStampLogitsProcessor,
     )
 
     g = model.generation_config
-    procs = [SuppressTokensAtBeginLogitsProcessor(g.begin_suppress_tokens, len(prompt)),
-             SuppressTokensLogitsProcessor(g.suppress_tokens)]
+    procs = [
+        SuppressTokensAtBeginLogitsProcessor(g.begin_suppress_tokens, len(prompt)),
+        SuppressTokensLogitsProcessor(g.suppress_tokens),
+    ]
     if timestamps:
         procs.append(WhisperTimeStampLogitsProcessor(g, begin_index=len(prompt)))
     plain = copy.deepcopy(g)
     plain.suppress_tokens = plain.begin_suppress_tokens = plain.forced_decoder_ids = None
-    out = GenerationMixin.generate(model, input_features=features, decoder_input_ids=torch.tensor([prompt]),
-                                   logits_processor=LogitsProcessorList(procs), max_new_tokens=max_new_tokens,
-                                   do_sample=False, generation_config=plain)
-    return list(out[0, len(prompt):].tolist())
+    out = GenerationMixin.generate(
+        model,
+        input_features=features,
+        decoder_input_ids=torch.tensor([prompt]),
+        logits_processor=LogitsProcessorList(procs),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        generation_config=plain,
+    )
+    return list(out[0, len(prompt) :].tolist())

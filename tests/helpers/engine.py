@@ -18,8 +18,7 @@ def make_core(ckpt: Path, **kw: Any) -> EngineCore:
     return EngineCore(EngineConfig(model=str(ckpt), **kw))
 
 
-def run(core: EngineCore, reqs: list[tuple[str, list[int], SamplingParams, int]]
-        ) -> dict[str, list[RequestOutput]]:
+def run(core: EngineCore, reqs: list[tuple[str, list[int], SamplingParams, int]]) -> dict[str, list[RequestOutput]]:
     """Feed requests (id, prompt, params, step) at their step numbers; step until everything finished."""
     outs: dict[str, list[RequestOutput]] = {rid: [] for rid, *_ in reqs}
     pending = sorted(reqs, key=lambda r: r[3])
@@ -57,11 +56,22 @@ def hf_model(ckpt: Path, model_class: str = "AutoModelForCausalLM") -> Any:
     return _HF[ckpt, model_class]
 
 
-def hf_greedy(ckpt: Path, prompt: list[int], n: int, model_class: str = "AutoModelForCausalLM",
-              **inputs: Any) -> list[int]:
+def hf_greedy(
+    ckpt: Path, prompt: list[int], n: int, model_class: str = "AutoModelForCausalLM", **inputs: Any
+) -> list[int]:
     """transformers' n greedy tokens after `prompt` (`inputs`: more model inputs, e.g. pixel values)."""
     # plain greedy: the checkpoint's generation_config (repetition_penalty etc.) must not apply
     out = hf_model(ckpt, model_class).generate(
-        torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False, repetition_penalty=1.0,
-        top_k=None, top_p=None, temperature=None, eos_token_id=None, pad_token_id=0, **inputs)
-    return list(out[0, len(prompt):].tolist())
+        torch.tensor([prompt]),
+        max_new_tokens=n,
+        min_new_tokens=n,
+        do_sample=False,
+        repetition_penalty=1.0,
+        top_k=None,
+        top_p=None,
+        temperature=None,
+        eos_token_id=None,
+        pad_token_id=0,
+        **inputs,
+    )
+    return list(out[0, len(prompt) :].tolist())

@@ -33,8 +33,9 @@ def alive(pid: int) -> bool:
     return stat.rsplit(") ", 1)[1][0] != "Z"  # the state follows the command name, which may hold ") "
 
 
-def wait_until(condition: Callable[[], bool], timeout: float, what: str | Callable[[], str],
-               interval: float = 0.05) -> None:
+def wait_until(
+    condition: Callable[[], bool], timeout: float, what: str | Callable[[], str], interval: float = 0.05
+) -> None:
     """Poll `condition` (another process's state: nothing to wait on) until true; after `timeout` seconds fail,
     saying `what` did not happen (a callable: worded at that moment)."""
     deadline = time.monotonic() + timeout
@@ -47,8 +48,11 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str | Callab
 def wait_gone(pids: int | Iterable[int], timeout: float) -> None:
     """Every process in `pids` exits within `timeout` seconds, else the test fails naming those still running."""
     pids = [pids] if isinstance(pids, int) else list(pids)
-    wait_until(lambda: not any(alive(p) for p in pids), timeout,
-               lambda: f"processes {pids} exited ({[p for p in pids if alive(p)]} still run)")
+    wait_until(
+        lambda: not any(alive(p) for p in pids),
+        timeout,
+        lambda: f"processes {pids} exited ({[p for p in pids if alive(p)]} still run)",
+    )
 
 
 def _tcp_inode(local_port: int, remote_port: int) -> int | None:

@@ -27,12 +27,27 @@ _STATS = EngineStats(0, 0, 0, 100, 0, 0, 0)
 
 
 class FakeEngineClient:
-    def __init__(self, script: Callable[[AddRequest], list[int]], *, vocab_size: int = 151_646,
-                 max_model_len: int = 256, eos_token_ids: tuple[int, ...] = (151645,),
-                 tokens_per_step: int = 1, refuse: Callable[[AddRequest], str | None] | None = None,
-                 gate: bool = False, heartbeats: bool = False, heartbeat_interval: float = 0.01) -> None:
-        self.ready = Ready(max_model_len=max_model_len, vocab_size=vocab_size, eos_token_ids=list(eos_token_ids),
-                           num_blocks=100, block_size=16, model_dtype="float32")
+    def __init__(
+        self,
+        script: Callable[[AddRequest], list[int]],
+        *,
+        vocab_size: int = 151_646,
+        max_model_len: int = 256,
+        eos_token_ids: tuple[int, ...] = (151645,),
+        tokens_per_step: int = 1,
+        refuse: Callable[[AddRequest], str | None] | None = None,
+        gate: bool = False,
+        heartbeats: bool = False,
+        heartbeat_interval: float = 0.01,
+    ) -> None:
+        self.ready = Ready(
+            max_model_len=max_model_len,
+            vocab_size=vocab_size,
+            eos_token_ids=list(eos_token_ids),
+            num_blocks=100,
+            block_size=16,
+            model_dtype="float32",
+        )
         self.stats = _STATS
         self.pid = 0
         self.script = script
@@ -144,10 +159,19 @@ class FakeEngineClient:
             lps = None
             if req.params.logprobs is not None:  # made-up but well-formed: the sampled id ranks first
                 k = req.params.logprobs
-                lps = [TokenLogprobs(t, -0.5, 1, [t, *range(100, 100 + k)][:max(k, 0)],
-                                     [-0.5, *(-1.0 - j for j in range(k))][:max(k, 0)]) for t in new]
-            outputs.append(RequestOutput(rid, new, finish, stop_token_id=stop_id, logprobs=lps,
-                                         arrival_time=req.arrival_time))
+                lps = [
+                    TokenLogprobs(
+                        t,
+                        -0.5,
+                        1,
+                        [t, *range(100, 100 + k)][: max(k, 0)],
+                        [-0.5, *(-1.0 - j for j in range(k))][: max(k, 0)],
+                    )
+                    for t in new
+                ]
+            outputs.append(
+                RequestOutput(rid, new, finish, stop_token_id=stop_id, logprobs=lps, arrival_time=req.arrival_time)
+            )
             if finish is None:
                 self.running[rid] = (req, ids, pos)
             else:

@@ -38,11 +38,22 @@ def sse_events(lines: Iterable[str]) -> list[tuple[str, Any]]:
 def test_message_and_its_stream(srv: Running) -> None:
     r = httpx.post(srv.url + "/v1/messages", json=HI, headers={"X-Request-Id": "abc"})
     assert r.status_code == 200 and r.headers["request-id"] == "abc"
-    prompt = len(TOK.encode("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
-                            "assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n").ids)
-    assert r.json() == {"type": "message", "id": "msg_abc", "role": "assistant", "model": "tiny",
-                        "content": [{"type": "text", "text": TOK.decode(GEN[:5])}], "stop_reason": "max_tokens",
-                        "stop_sequence": None, "usage": {"input_tokens": prompt, "output_tokens": 5}}
+    prompt = len(
+        TOK.encode(
+            "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+            "assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        ).ids
+    )
+    assert r.json() == {
+        "type": "message",
+        "id": "msg_abc",
+        "role": "assistant",
+        "model": "tiny",
+        "content": [{"type": "text", "text": TOK.decode(GEN[:5])}],
+        "stop_reason": "max_tokens",
+        "stop_sequence": None,
+        "usage": {"input_tokens": prompt, "output_tokens": 5},
+    }
     count = httpx.post(srv.url + "/v1/messages/count_tokens", json={"model": "tiny", "messages": HI["messages"]})
     assert count.json() == {"input_tokens": prompt}
 
@@ -103,8 +114,12 @@ def test_pings_while_queued_then_an_engine_death_mid_stream_is_an_error_event() 
         with httpx.stream("POST", running.url + "/v1/messages", json={**HI, "stream": True}, timeout=10) as r:
             lines = r.iter_lines()
             kinds = (line for line in lines if line.startswith("event: "))
-            assert [next(kinds) for _ in range(4)] == ["event: message_start", "event: content_block_start",
-                                                       "event: ping", "event: ping"]  # no token yet: pings
+            assert [next(kinds) for _ in range(4)] == [
+                "event: message_start",
+                "event: content_block_start",
+                "event: ping",
+                "event: ping",
+            ]  # no token yet: pings
             running.portal.call(running.fake.allow_step, 1)
             delta = next(line for line in kinds if line != "event: ping")
             assert delta == "event: content_block_delta"
@@ -131,8 +146,10 @@ def test_x_api_key_and_anthropic_shaped_401s() -> None:
         version = {"anthropic-version": "2023-06-01"}  # Anthropic's API requires it: its clients always send it
         for headers in (version, {"x-api-key": "wrong"}, {"Authorization": "Bearer wrong", **version}):
             r = httpx.post(url, json=HI, headers=headers)
-            assert r.status_code == 401 and r.json() == {"type": "error", "error": {
-                "type": "authentication_error", "message": r.json()["error"]["message"]}}
+            assert r.status_code == 401 and r.json() == {
+                "type": "error",
+                "error": {"type": "authentication_error", "message": r.json()["error"]["message"]},
+            }
         r = httpx.post(running.url + "/v1/completions", json={"prompt": "Hi"})
         assert r.status_code == 401 and r.json()["error"]["code"] == 401  # OpenAI's shape for OpenAI's clients
         models = httpx.get(running.url + "/v1/models", headers={"x-api-key": "sekret"})

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import re
-
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -16,11 +15,11 @@ import pytest
 from fake_engine import FakeEngineClient, fake_engine_factory
 from hypercorn.config import Config
 
-from engine.messages import AddRequest
 from demo.tokenizers import load_tokenizer, tokenizer_dir
-from server.http import direct_body
+from engine.messages import AddRequest
 from server.app import create_app
 from server.config import ServerConfig
+from server.http import direct_body
 from tests.helpers.processes import wait_until
 
 TOK = load_tokenizer("qwen2")
@@ -71,7 +70,8 @@ def serve_in_thread(gate: bool = False, direct: bool = False, **config: Any) -> 
         try:
             assert not direct or direct_body.install("trio", writes)
             future, binds = portal.start_task(
-                lambda task_status: hypercorn.trio.serve(app, hc, shutdown_trigger=stop.wait, task_status=task_status))
+                lambda task_status: hypercorn.trio.serve(app, hc, shutdown_trigger=stop.wait, task_status=task_status)
+            )
         finally:
             hypercorn_trio_run.TCPServer = plain  # type: ignore[misc]  # the running server keeps its class
         try:
@@ -90,23 +90,36 @@ def srv() -> Iterator[Running]:
 
 
 def test_completion_non_streaming(srv: Running) -> None:
-    r = httpx.post(srv.url + "/v1/completions", json={"model": "tiny", "prompt": "Hi", "max_tokens": 5},
-                   headers={"X-Request-Id": "abc-1"})
+    r = httpx.post(
+        srv.url + "/v1/completions",
+        json={"model": "tiny", "prompt": "Hi", "max_tokens": 5},
+        headers={"X-Request-Id": "abc-1"},
+    )
     assert r.status_code == 200 and r.headers["x-request-id"] == "abc-1"
     body = r.json()
     assert body["id"] == "cmpl-abc-1" and body["object"] == "text_completion" and body["model"] == "tiny"
     (choice,) = body["choices"]
     assert choice["text"] == TOK.decode(GEN[:5]) and choice["finish_reason"] == "length"
-    assert body["usage"] == {"prompt_tokens": len(TOK.encode("Hi").ids), "completion_tokens": 5,
-                             "total_tokens": len(TOK.encode("Hi").ids) + 5,
-                             "prompt_tokens_details": {"cached_tokens": 0}}
+    assert body["usage"] == {
+        "prompt_tokens": len(TOK.encode("Hi").ids),
+        "completion_tokens": 5,
+        "total_tokens": len(TOK.encode("Hi").ids) + 5,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     added = next(a for a in srv.fake.added if a.request_id.endswith("-abc-1"))
     assert re.fullmatch(r"[0-9a-f]+-abc-1", added.request_id)  # a counter keeps equal external ids apart
 
 
 def test_chat_stream_shape(srv: Running) -> None:
-    chunks = srv.sse("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "stream": True,
-                                              "n": 2, "stream_options": {"include_usage": True}})
+    chunks = srv.sse(
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "Hi"}],
+            "stream": True,
+            "n": 2,
+            "stream_options": {"include_usage": True},
+        },
+    )
     assert all(c["object"] == "chat.completion.chunk" and c["id"].startswith("chatcmpl-") for c in chunks)
     texts: dict[int, str] = {0: "", 1: ""}
     seen_role: set[int] = set()
@@ -128,24 +141,27 @@ def test_chat_stream_shape(srv: Running) -> None:
 
 def test_openai_sdk_completion_stream_and_stop(srv: Running) -> None:
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x")
-    stream = client.completions.create(model="tiny", prompt="Hi", stream=True, stop=["today"],
-                                       extra_body={"include_stop_str_in_output": True})
+    stream = client.completions.create(
+        model="tiny", prompt="Hi", stream=True, stop=["today"], extra_body={"include_stop_str_in_output": True}
+    )
     parts, last = [], None
     for chunk in stream:
         parts.append(chunk.choices[0].text)
         last = chunk.choices[0]
-    assert "".join(parts) == TEXT[:TEXT.index("today") + len("today")]
+    assert "".join(parts) == TEXT[: TEXT.index("today") + len("today")]
     assert last is not None and last.finish_reason == "stop"
     assert last.model_extra and last.model_extra["stop_reason"] == "today"
-    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
-                                          max_completion_tokens=3)
+    chat = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hi"}], max_completion_tokens=3
+    )
     assert chat.choices[0].message.content == TOK.decode(GEN[:3]) and chat.choices[0].finish_reason == "length"
 
 
 def test_logprobs_shapes(srv: Running) -> None:
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x")
-    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
-                                          max_tokens=4, logprobs=True, top_logprobs=2)
+    chat = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, logprobs=True, top_logprobs=2
+    )
     content = chat.choices[0].logprobs.content  # type: ignore[union-attr]
     assert [c.token for c in content] == [TOK.decode([t]) for t in GEN[:4]]
     assert all(bytes(c.bytes) == c.token.encode() and len(c.top_logprobs) == 2 for c in content)  # type: ignore[arg-type]
@@ -155,12 +171,15 @@ def test_logprobs_shapes(srv: Running) -> None:
     assert lp["tokens"] == [TOK.decode([t]) for t in GEN[:4]] and lp["token_logprobs"] == [-0.5] * 4
     assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(4)]
     assert lp["top_logprobs"][0] == {lp["tokens"][0]: -0.5}
-    echo = httpx.post(srv.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "echo": True,
-                                                         "return_token_ids": True}).json()
+    echo = httpx.post(
+        srv.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "echo": True, "return_token_ids": True}
+    ).json()
     assert echo["choices"][0]["text"] == "Hi" + TOK.decode(GEN[:2])
     assert echo["choices"][0]["token_ids"] == GEN[:2] and echo["choices"][0]["prompt_token_ids"] == TOK.encode("Hi").ids
-    ids = srv.sse("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3,
-                                           "stream": True, "return_token_ids": True})
+    ids = srv.sse(
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "stream": True, "return_token_ids": True},
+    )
     assert [t for c in ids[1:] for t in c["choices"][0]["token_ids"]] == GEN[:3]
     streamed = srv.sse("/v1/completions", {"prompt": "Hi", "max_tokens": 3, "logprobs": 0, "stream": True})
     tokens = [t for c in streamed for t in c["choices"][0]["logprobs"]["tokens"]]
@@ -251,8 +270,12 @@ def test_nonstream_disconnect_aborts() -> None:
     running = next(gen)
     try:
         with pytest.raises(httpx.ReadTimeout):
-            httpx.post(running.url + "/v1/chat/completions", timeout=0.5, headers={"X-Request-Id": "impatient"},
-                       json={"messages": [{"role": "user", "content": "Hi"}]})
+            httpx.post(
+                running.url + "/v1/chat/completions",
+                timeout=0.5,
+                headers={"X-Request-Id": "impatient"},
+                json={"messages": [{"role": "user", "content": "Hi"}]},
+            )
         wait_until(lambda: bool(running.fake.aborted), 5, "the request was aborted")
         assert aborts_once_stopped(gen, running, ungate=True) == ["impatient"]  # aborted, exactly once
     finally:
@@ -264,8 +287,13 @@ def test_keepalive_while_queued_and_continuous_usage(direct: bool) -> None:
     gen = serve_in_thread(gate=True, direct=direct, sse_keepalive=0.05)
     running = next(gen)
     try:
-        body = {"prompt": "Hi", "max_tokens": 3, "stream": True, "return_token_ids": True,
-                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        body = {
+            "prompt": "Hi",
+            "max_tokens": 3,
+            "stream": True,
+            "return_token_ids": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        }
         with httpx.stream("POST", running.url + "/v1/completions", json=body, timeout=10) as r:
             lines = r.iter_lines()
             assert next(line for line in lines if line) == ": keep-alive"  # no token yet: the stream stays warm
@@ -294,10 +322,14 @@ def test_streams_go_direct_with_the_same_text_and_disconnects_still_abort(monkey
     gen = serve_in_thread(direct=True)
     running = next(gen)
     try:
-        chunks = running.sse("/v1/completions", {"prompt": "Hi", "stream": True, "max_tokens": len(GEN),
-                                                 "stream_options": {"include_usage": True}})
+        chunks = running.sse(
+            "/v1/completions",
+            {"prompt": "Hi", "stream": True, "max_tokens": len(GEN), "stream_options": {"include_usage": True}},
+        )
         assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == TEXT
-        assert chunks[-2]["choices"][0]["finish_reason"] == "length" and chunks[-1]["usage"]["completion_tokens"] == len(GEN)
+        assert chunks[-2]["choices"][0]["finish_reason"] == "length" and chunks[-1]["usage"][
+            "completion_tokens"
+        ] == len(GEN)
         assert all(w.startswith(b"data: {") and w.endswith(b"\n\n") for w in writes)
         # This client keeps up, so every content chunk goes direct (SseResponder.deliver) but the last, since a
         # finished output always goes through the route with the usage chunk and [DONE], and perhaps the first,
@@ -329,8 +361,11 @@ def test_api_key_and_admission() -> None:
     running = next(gen)
     try:
         assert httpx.post(running.url + "/v1/completions", json={"prompt": "Hi"}).status_code == 401
-        r = httpx.post(running.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2},
-                       headers={"Authorization": "Bearer sekret"})
+        r = httpx.post(
+            running.url + "/v1/completions",
+            json={"prompt": "Hi", "max_tokens": 2},
+            headers={"Authorization": "Bearer sekret"},
+        )
         assert r.status_code == 200
         assert httpx.get(running.url + "/health").status_code == 200  # not behind the key
     finally:

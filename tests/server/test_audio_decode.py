@@ -36,17 +36,16 @@ def test_a_header_that_lies_about_the_length() -> None:
     """A WAV whose header claims a 0xFFFFFFFF-byte data chunk (as streamed WAVs do) holding 8 s: cut at the cap."""
     wav = bytearray(_pcm16_wav(8 * SR))
     at = wav.index(b"data")
-    wav[at + 4:at + 8] = struct.pack("<I", 0xFFFFFFFF)
+    wav[at + 4 : at + 8] = struct.pack("<I", 0xFFFFFFFF)
     wav[4:8] = struct.pack("<I", 0xFFFFFFFF)
     with pytest.raises(AudioError, match="--max-audio-duration-s"):
         decode(bytes(wav), 5.0)
     assert len(decode(bytes(wav), 10.0)) == 8 * SR
 
 
-@pytest.mark.parametrize("blob, words", [
-    (b"", "empty"),
-    (b"this is plain text, not audio" * 20, "could not be decoded"),
-])
+@pytest.mark.parametrize(
+    "blob, words", [(b"", "empty"), (b"this is plain text, not audio" * 20, "could not be decoded")]
+)
 def test_bad_files(blob: bytes, words: str) -> None:
     with pytest.raises(AudioError, match=words):
         decode(blob, 60)
@@ -57,12 +56,12 @@ def test_zero_length_and_truncated() -> None:
         decode(_pcm16_wav(0), 60)
     m4a = encode(tone(2.0), SR, "m4a")
     with pytest.raises(AudioError):
-        decode(m4a[:len(m4a) // 2], 60)
+        decode(m4a[: len(m4a) // 2], 60)
 
 
 def test_split_at_the_quietest_point() -> None:
     audio = tone(70.0)
-    audio[int(29.3 * SR):int(29.3 * SR) + 400] = 0.0  # a 25 ms gap in the second before 30 s
+    audio[int(29.3 * SR) : int(29.3 * SR) + 400] = 0.0  # a 25 ms gap in the second before 30 s
     starts = split_points(audio)
     assert len(starts) == 3
     assert int(29.3 * SR) <= starts[1] <= int(29.3 * SR) + 400
@@ -81,7 +80,7 @@ def test_windows_features_equal_transformers(tmp_path_factory: pytest.TempPathFa
     wins = got["windows"]
     assert len(wins) == 2 and wins[0]["start"] == 0.0
     ref = WhisperFeatureExtractor.from_pretrained(ckpt)
-    first = decode(encode(audio, SR, "wav"), 60.0)[:int(wins[0]["seconds"] * SR)]
+    first = decode(encode(audio, SR, "wav"), 60.0)[: int(wins[0]["seconds"] * SR)]
     want = ref(first, sampling_rate=SR, return_tensors="np").input_features[0]
     assert wins[0]["shape"] == [80, 3000]
     assert np.array_equal(np.frombuffer(wins[0]["features"], np.float32).reshape(80, 3000), want)

@@ -23,7 +23,7 @@ def _multipart(files: dict[str, Any] | None, data: dict[str, Any] | None) -> tup
 
 
 def _read(ctype: str, body: bytes, cap_mb: float, chunk: int = 7_000) -> Form:
-    parts = [body[i:i + chunk] for i in range(0, len(body), chunk)] or [b""]
+    parts = [body[i : i + chunk] for i in range(0, len(body), chunk)] or [b""]
     sent = 0
 
     async def receive() -> dict[str, Any]:
@@ -38,8 +38,9 @@ def _read(ctype: str, body: bytes, cap_mb: float, chunk: int = 7_000) -> Form:
 
 
 def test_fields_and_file() -> None:
-    ctype, body = _multipart({"file": ("a.wav", b"RIFF....")},
-                             {"model": "m", "timestamp_granularities[]": ["segment"], "language": "en"})
+    ctype, body = _multipart(
+        {"file": ("a.wav", b"RIFF....")}, {"model": "m", "timestamp_granularities[]": ["segment"], "language": "en"}
+    )
     form = _read(ctype, body, 1.0)
     assert form.file == b"RIFF...." and form.filename == "a.wav"
     assert form.get("model") == "m" and form.fields["timestamp_granularities[]"] == ["segment"]
@@ -73,7 +74,7 @@ def test_bad_bodies() -> None:
     with pytest.raises(APIError, match="malformed"):
         _read(ctype, b"this is not a multipart body\r\n" * 3, 1.0)
     ctype, body = _multipart({"file": ("a", b"x" * 100)}, None)
-    cut = _read(ctype, body[:len(body) // 2], 1.0)  # the body ends mid-part: no file part completed
+    cut = _read(ctype, body[: len(body) // 2], 1.0)  # the body ends mid-part: no file part completed
     assert cut.file is None
     ctype, body = _multipart({"file": ("a", b"x")}, {"prompt": "p" * 20_000})
     with pytest.raises(APIError, match="prompt"):
@@ -86,15 +87,24 @@ def _form(**fields: str | list[str]) -> Form:
 
 def test_parse_form() -> None:
     req = parse_form(_form(response_format="srt", temperature="0.5", language="fr", prompt=" hi "))
-    assert (req.response_format, req.temperature, req.language, req.prompt, req.stream) == ("srt", 0.5, "fr", "hi",
-                                                                                           False)
+    assert (req.response_format, req.temperature, req.language, req.prompt, req.stream) == (
+        "srt",
+        0.5,
+        "fr",
+        "hi",
+        False,
+    )
     assert parse_form(_form(stream="true")).stream
-    for fields, words in [({"response_format": "xml"}, "response_format"), ({"temperature": "1.01"}, "temperature"),
-                          ({"temperature": "nan"}, "temperature"), ({"stream": "maybe"}, "stream"),
-                          ({"stream": "true", "response_format": "verbose_json"}, "stream"),
-                          ({"timestamp_granularities[]": "word", "response_format": "verbose_json"}, "word"),
-                          ({"timestamp_granularities[]": "segment"}, "verbose_json"),
-                          ({"timestamp_granularities[]": "char", "response_format": "verbose_json"}, "segment")]:
+    for fields, words in [
+        ({"response_format": "xml"}, "response_format"),
+        ({"temperature": "1.01"}, "temperature"),
+        ({"temperature": "nan"}, "temperature"),
+        ({"stream": "maybe"}, "stream"),
+        ({"stream": "true", "response_format": "verbose_json"}, "stream"),
+        ({"timestamp_granularities[]": "word", "response_format": "verbose_json"}, "word"),
+        ({"timestamp_granularities[]": "segment"}, "verbose_json"),
+        ({"timestamp_granularities[]": "char", "response_format": "verbose_json"}, "segment"),
+    ]:
         with pytest.raises(APIError, match=words):
             parse_form(_form(**fields))
     assert parse_form(_form(temperature="1")).temperature == 1.0

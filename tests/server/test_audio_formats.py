@@ -8,14 +8,29 @@ import json
 import pytest
 
 from server.api.audio.formats import (
-    body, compression_ratio, join_texts, split_segments, srt, text_tokens, usage, verbose_json, vtt,
+    body,
+    compression_ratio,
+    join_texts,
+    split_segments,
+    srt,
+    text_tokens,
+    usage,
+    verbose_json,
+    vtt,
 )
 from server.api.audio.stream import TranscriptStream
 from server.multimodal.audio import SpeechSupport, Window
 from server.pipeline.output_processor import Output
 
-SUPPORT = SpeechSupport(sot=50258, eot=50257, no_timestamps=50363, prev_sot=50361, lang_to_id={"en": 50259},
-                        task_to_id={"transcribe": 50359, "translate": 50358}, max_target_positions=448)
+SUPPORT = SpeechSupport(
+    sot=50258,
+    eot=50257,
+    no_timestamps=50363,
+    prev_sot=50361,
+    lang_to_id={"en": 50259},
+    task_to_id={"transcribe": 50359, "translate": 50358},
+    max_target_positions=448,
+)
 TB = 50364
 
 
@@ -27,8 +42,11 @@ def test_segments_from_timestamp_pairs() -> None:
     w = Window(b"", [80, 3000], "h", 30.0, 12.0)
     tokens = [ts(0.0), 10, 11, ts(2.0), ts(2.0), 12, ts(5.5), ts(6.0), 13, 14, 50257]
     segs = split_segments(SUPPORT, tokens, [-0.1 * k for k in range(len(tokens))], w)
-    assert [(s.start, s.end, s.tokens) for s in segs] == [(30.0, 32.0, [10, 11]), (32.0, 35.5, [12]),
-                                                          (36.0, 42.0, [13, 14])]  # the last ends with the window
+    assert [(s.start, s.end, s.tokens) for s in segs] == [
+        (30.0, 32.0, [10, 11]),
+        (32.0, 35.5, [12]),
+        (36.0, 42.0, [13, 14]),
+    ]  # the last ends with the window
     assert segs[0].logprobs == [-0.1, -0.2]
 
 
@@ -81,5 +99,9 @@ def test_stream_deltas_add_up_to_the_text(order: str) -> None:
     chunks = [fmt.stream_chunk([o], None) for o in seq]
     assert "".join(_deltas(chunks)) == "Hello world again." == join_texts([" Hello world ", " again."])
     done = json.loads(fmt.usage_chunk(None).decode().removeprefix("data: "))  # type: ignore[arg-type]
-    assert done == {"type": "transcript.text.done", "text": "Hello world again.", "logprobs": None,
-                    "usage": {"type": "duration", "seconds": 31}}
+    assert done == {
+        "type": "transcript.text.done",
+        "text": "Hello world again.",
+        "logprobs": None,
+        "usage": {"type": "duration", "seconds": 31},
+    }

@@ -21,14 +21,20 @@ FAKE = f"{shlex.quote(sys.executable)} -m bench.fake_engine_process"
 
 @pytest.mark.parametrize("count", [1, 2])
 def test_the_fake_engine_streams_a_request(count: int, qwen2_ckpt: Path, tmp_path: Path) -> None:
-    srv = start_server(qwen2_ckpt, tmp_path, "--api-server-count", str(count),
-                       env={"SPINDLE_ENGINE_COMMAND": FAKE})
+    srv = start_server(qwen2_ckpt, tmp_path, "--api-server-count", str(count), env={"SPINDLE_ENGINE_COMMAND": FAKE})
     try:
-        fakes = subprocess.run(["pgrep", "-P", str(srv.proc.pid), "-f", "bench.fake_engine_process"],
-                               capture_output=True, text=True).stdout.split()
+        fakes = subprocess.run(
+            ["pgrep", "-P", str(srv.proc.pid), "-f", "bench.fake_engine_process"], capture_output=True, text=True
+        ).stdout.split()
         assert len(fakes) == 1  # the fake, not the real engine
-        body = {"model": "tiny", "prompt": "hi", "max_tokens": 8, "stream": True, "ignore_eos": True,
-                "stream_options": {"include_usage": True}}
+        body = {
+            "model": "tiny",
+            "prompt": "hi",
+            "max_tokens": 8,
+            "stream": True,
+            "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+        }
         events = []
         with httpx.stream("POST", f"{srv.url}/v1/completions", json=body, timeout=30) as r:
             assert r.status_code == 200
@@ -53,13 +59,17 @@ def test_a_stop_while_the_api_processes_start_is_a_clean_stop(sigint: str, qwen2
     SIGINT they hold pending is discarded when trio re-sets the disposition, and they never stop."""
     before = signal.signal(signal.SIGINT, signal.SIG_IGN if sigint == "ignored" else signal.default_int_handler)
     try:  # the disposition the launcher inherits (a handler becomes the default action across exec)
-        srv = start_server(qwen2_ckpt, tmp_path, "--api-server-count", "2", wait=False,
-                           env={"SPINDLE_ENGINE_COMMAND": FAKE})
+        srv = start_server(
+            qwen2_ckpt, tmp_path, "--api-server-count", "2", wait=False, env={"SPINDLE_ENGINE_COMMAND": FAKE}
+        )
     finally:
         signal.signal(signal.SIGINT, before)
     try:
-        wait_until(lambda: len(children(srv.proc.pid, "[-]m server.runtime.api_process")) == 2, 60,
-                   "the launcher started its 2 API processes")
+        wait_until(
+            lambda: len(children(srv.proc.pid, "[-]m server.runtime.api_process")) == 2,
+            60,
+            "the launcher started its 2 API processes",
+        )
         srv.proc.send_signal(signal.SIGINT)  # within milliseconds of their exec: Python has barely started
         try:
             code = srv.proc.wait(60)

@@ -24,8 +24,9 @@ def readme_flags() -> set[str]:
 
 def parser_actions() -> list[argparse.Action]:
     """The options `--help` shows, -h/--help itself left out."""
-    return [a for a in build_parser()._actions
-            if a.help != argparse.SUPPRESS and not isinstance(a, argparse._HelpAction)]
+    return [
+        a for a in build_parser()._actions if a.help != argparse.SUPPRESS and not isinstance(a, argparse._HelpAction)
+    ]
 
 
 def parser_flags() -> set[str]:
@@ -49,7 +50,7 @@ def test_every_flag_sets_a_server_config_field() -> None:
 
 
 def test_readme_spindle_variables_exist() -> None:
-    names = {m[len(ENV_PREFIX):].lower() for m in _ENV.findall(SERVING.read_text())}
+    names = {m[len(ENV_PREFIX) :].lower() for m in _ENV.findall(SERVING.read_text())}
     fields = set(SETTINGS)
     unknown = names - fields - _NOT_CONFIG
     assert not unknown, f"docs/serving.md names SPINDLE_* variables nothing reads: {sorted(unknown)}"

@@ -87,8 +87,15 @@ def test_metrics_are_summed_over_processes_and_engine_values_reported_once() -> 
     for m, tokens in zip(metrics, (64, 96)):
         for _ in range(tokens // 16):
             m.generation_tokens.inc(16)
-            m.record_finished(reason="length", arrival=1.0, scheduled=1.5, first_token=2.0, finished=3.0,
-                              num_prompt_tokens=4, num_output_tokens=16)
+            m.record_finished(
+                reason="length",
+                arrival=1.0,
+                scheduled=1.5,
+                first_token=2.0,
+                finished=3.0,
+                num_prompt_tokens=4,
+                num_output_tokens=16,
+            )
         m.ttft.observe(0.05)
         m.record_stats(EngineStats(3, 2, 10, 100, 1, 50, 20, 7))  # the same engine, seen by both processes
     m.rejected("queue_full")

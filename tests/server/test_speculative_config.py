@@ -23,15 +23,18 @@ def test_env_variable() -> None:
     assert config.engine_config().speculative_config["prompt_lookup_min"] == 2
 
 
-@pytest.mark.parametrize("text,words", [
-    ("{not json", "--speculative-config: not JSON"),
-    ('["ngram"]', "--speculative-config: expected a JSON object"),
-    ('{"method": "eagle3", "num_speculative_tokens": 2}', "method must be one of ngram, draft_model"),
-    ('{"method": "ngram"}', "num_speculative_tokens must be 1..32, got None"),
-    ('{"method": "ngram", "num_speculative_tokens": 0}', "got 0"),
-    ('{"method": "ngram", "num_speculative_tokens": 33}', "got 33"),
-    ('{"model": "/no/such/draft", "num_speculative_tokens": 2}', "draft model '/no/such/draft' does not exist"),
-])
+@pytest.mark.parametrize(
+    "text,words",
+    [
+        ("{not json", "--speculative-config: not JSON"),
+        ('["ngram"]', "--speculative-config: expected a JSON object"),
+        ('{"method": "eagle3", "num_speculative_tokens": 2}', "method must be one of ngram, draft_model"),
+        ('{"method": "ngram"}', "num_speculative_tokens must be 1..32, got None"),
+        ('{"method": "ngram", "num_speculative_tokens": 0}', "got 0"),
+        ('{"method": "ngram", "num_speculative_tokens": 33}', "got 33"),
+        ('{"model": "/no/such/draft", "num_speculative_tokens": 2}', "draft model '/no/such/draft' does not exist"),
+    ],
+)
 def test_bad_config_stops_start_up_with_one_line(text: str, words: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--speculative-config", text]) == 2
     err = capsys.readouterr().err

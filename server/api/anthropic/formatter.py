@@ -19,7 +19,12 @@ from server.api.anthropic.translate import stop_reason
 from server.pipeline.output_processor import Output
 from server.pipeline.parsing import ChoiceParser
 from server.protocol.anthropic import (
-    MessageResponse, MessageUsage, TextContent, ThinkingContent, ToolUseContent, encoder,
+    MessageResponse,
+    MessageUsage,
+    TextContent,
+    ThinkingContent,
+    ToolUseContent,
+    encoder,
 )
 from server.protocol.openai import Usage
 from server.tools.parser import assemble
@@ -66,9 +71,15 @@ class MessagesFormatter:
 
     def stream_start(self) -> bytes:
         message: dict[str, Any] = {
-            "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
-            "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": self.input_tokens, "output_tokens": 0}}
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": self.input_tokens, "output_tokens": 0},
+        }
         start = event(b"message_start", _enc({"type": "message_start", "message": message}))
         if self.parser is None:  # one text block for sure: open it first, as Anthropic does
             start += self._start("text", {"type": "text", "text": ""})
@@ -78,8 +89,9 @@ class MessagesFormatter:
         out = self._stop()
         self._index += 1
         self._open = kind
-        return out + event(b"content_block_start", _enc(
-            {"type": "content_block_start", "index": self._index, "content_block": block}))
+        return out + event(
+            b"content_block_start", _enc({"type": "content_block_start", "index": self._index, "content_block": block})
+        )
 
     def _stop(self) -> bytes:
         if self._open is None:
@@ -88,12 +100,16 @@ class MessagesFormatter:
         return event(b"content_block_stop", b'{"type":"content_block_stop","index":%d}' % self._index)
 
     def _delta(self, delta: dict[str, Any]) -> bytes:
-        return event(b"content_block_delta", _enc({"type": "content_block_delta", "index": self._index,
-                                                   "delta": delta}))
+        return event(
+            b"content_block_delta", _enc({"type": "content_block_delta", "index": self._index, "delta": delta})
+        )
 
     def _thinking(self, text: str) -> bytes:
-        out = b"" if self._open == "thinking" else self._start("thinking", {"type": "thinking", "thinking": "",
-                                                                           "signature": ""})
+        out = (
+            b""
+            if self._open == "thinking"
+            else self._start("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+        )
         return out + self._delta({"type": "thinking_delta", "thinking": text})
 
     def _text(self, text: str) -> bytes:
@@ -118,18 +134,24 @@ class MessagesFormatter:
             for call in d.calls:
                 if call.index not in self._calls:
                     self._calls[call.index] = tool_use_id()
-                    data += self._start("tool_use", {"type": "tool_use", "id": self._calls[call.index],
-                                                     "name": call.name or "", "input": {}})
+                    data += self._start(
+                        "tool_use",
+                        {"type": "tool_use", "id": self._calls[call.index], "name": call.name or "", "input": {}},
+                    )
                 if call.arguments:
                     data += self._delta({"type": "input_json_delta", "partial_json": call.arguments})
         if final:
             if self._index < 0:  # an empty answer still has its one (empty) text block
                 data += self._start("text", {"type": "text", "text": ""})
             reason, sequence = stop_reason(finish, out.stop_reason)
-            delta = {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                     "usage": {"input_tokens": self.input_tokens, "output_tokens": out.num_output_tokens}}
-            data += self._stop() + event(b"message_delta", _enc(delta)) + event(b"message_stop",
-                                                                                  b'{"type":"message_stop"}')
+            delta = {
+                "type": "message_delta",
+                "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                "usage": {"input_tokens": self.input_tokens, "output_tokens": out.num_output_tokens},
+            }
+            data += (
+                self._stop() + event(b"message_delta", _enc(delta)) + event(b"message_stop", b'{"type":"message_stop"}')
+            )
         return data or None
 
     def usage_chunk(self, usage: Usage) -> bytes:  # never asked for: message_delta carries the usage
@@ -159,6 +181,13 @@ class MessagesFormatter:
             if not content:
                 content.append(TextContent(""))
         reason, sequence = stop_reason(finish, out.stop_reason)
-        return _enc(MessageResponse(id=self.id, model=self.model, content=content, stop_reason=reason,
-                                    stop_sequence=sequence,
-                                    usage=MessageUsage(usage.prompt_tokens, usage.completion_tokens)))
+        return _enc(
+            MessageResponse(
+                id=self.id,
+                model=self.model,
+                content=content,
+                stop_reason=reason,
+                stop_sequence=sequence,
+                usage=MessageUsage(usage.prompt_tokens, usage.completion_tokens),
+            )
+        )

@@ -14,29 +14,41 @@ import msgspec
 
 from server.api.anthropic.formatter import PING, MessagesFormatter, event
 from server.api.anthropic.translate import chat_request, decode_error
+from server.api.app_state import AppState, Renderer
 from server.api.prompt_tokens import chat_ids_with_images, chat_prompt
 from server.api.serving import PostRoute
-from server.api.app_state import AppState, Renderer
 from server.config import ServerConfig
-from server.multimodal.images import image_support
 from server.http.asgi import ClientGone, Receive, Scope, Send, header, read_json_body, run_until_disconnect, send_json
-from server.http.errors import APIError, anthropic_error_body as error_body
+from server.http.errors import APIError
+from server.http.errors import anthropic_error_body as error_body
+from server.multimodal.images import image_support
 from server.pipeline.async_llm import AsyncLLM
 from server.pipeline.input_processor import ModelLimits, build_spec, check_request, external_request_id
 from server.pipeline.parsing import (
-    ChoiceParser, ChoiceParsers, plan_constrained_tools, reasoning_parser, request_constraint,
+    ChoiceParser,
+    ChoiceParsers,
+    plan_constrained_tools,
+    reasoning_parser,
+    request_constraint,
 )
 from server.pipeline.structured import structured_outputs
 from server.protocol.anthropic import (
-    CountTokensRequest, CountTokensResponse, count_tokens_decoder, encoder, messages_decoder,
+    CountTokensRequest,
+    CountTokensResponse,
+    count_tokens_decoder,
+    encoder,
+    messages_decoder,
 )
 from server.streaming.formatter import StreamFraming
 from server.streaming.output_check import checked, relaxed_check, relaxed_headers
 from server.streaming.respond import respond
 
 _enc = encoder.encode
-FRAMING = StreamFraming(done=b"", keepalive=PING,  # no [DONE]: message_stop ends an Anthropic stream
-                        error=lambda e: event(b"error", error_body(e.status, e.message)))
+FRAMING = StreamFraming(
+    done=b"",
+    keepalive=PING,  # no [DONE]: message_stop ends an Anthropic stream
+    error=lambda e: event(b"error", error_body(e.status, e.message)),
+)
 
 
 async def send_anthropic_error(send: Send, error: APIError, headers: list[tuple[bytes, bytes]]) -> None:
@@ -77,8 +89,9 @@ def _takes_images(config: ServerConfig) -> bool:
 R = TypeVar("R", bound=CountTokensRequest)
 
 
-def _decode(state: AppState, decoder: msgspec.json.Decoder[R], body: bytes) -> tuple[R, AsyncLLM, Renderer,
-                                                                                    ModelLimits]:
+def _decode(
+    state: AppState, decoder: msgspec.json.Decoder[R], body: bytes
+) -> tuple[R, AsyncLLM, Renderer, ModelLimits]:
     """AppState.decode_for_model with the decode error pointing at Anthropic's reference."""
     return state.decode_for_model(decoder, body, decode_error)
 
@@ -102,17 +115,33 @@ class MessagesRoute(_AnthropicRoute):
             tools = plan.parser() if plan is not None and plan.parser is not None else None
             reasoning = reasoning_parser(config, text)
             parser = ChoiceParser(reasoning, tools) if tools is not None or reasoning is not None else None
-            fmt = MessagesFormatter(f"msg_{external}", self.state.shown_model(req.model), len(spec.prompt_token_ids),
-                                    parser)
+            fmt = MessagesFormatter(
+                f"msg_{external}", self.state.shown_model(req.model), len(spec.prompt_token_ids), parser
+            )
             ids_header = external.encode()
-            check = relaxed_check(llm.metrics, constraint, relaxed_tools,
-                                  ChoiceParsers(plan, config.outputs.reasoning_parser, text) if parser is not None else None)
-            headers = [(b"x-request-id", ids_header), (b"request-id", ids_header),
-                       *relaxed_headers(constraint, relaxed_tools)]
-            await respond(llm, [spec], checked(fmt, check), send, stream=chat.stream,
-                          keepalive=self.state.config.outputs.sse_keepalive, headers=headers, framing=FRAMING,
-                          before_end=check.finish if check is not None else None, ticket=ticket)
-
+            check = relaxed_check(
+                llm.metrics,
+                constraint,
+                relaxed_tools,
+                ChoiceParsers(plan, config.outputs.reasoning_parser, text) if parser is not None else None,
+            )
+            headers = [
+                (b"x-request-id", ids_header),
+                (b"request-id", ids_header),
+                *relaxed_headers(constraint, relaxed_tools),
+            ]
+            await respond(
+                llm,
+                [spec],
+                checked(fmt, check),
+                send,
+                stream=chat.stream,
+                keepalive=self.state.config.outputs.sse_keepalive,
+                headers=headers,
+                framing=FRAMING,
+                before_end=check.finish if check is not None else None,
+                ticket=ticket,
+            )
 
 
 class CountTokensRoute(_AnthropicRoute):

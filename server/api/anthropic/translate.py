@@ -12,8 +12,16 @@ import msgspec
 
 from server.http.errors import APIError, bad_request, from_decode_error
 from server.protocol.anthropic import (
-    CountTokensRequest, ImageBlock, InputMessage, MessagesRequest, TextBlock, ThinkingBlock, Tool, ToolChoice,
-    ToolResultBlock, ToolUseBlock,
+    CountTokensRequest,
+    ImageBlock,
+    InputMessage,
+    MessagesRequest,
+    TextBlock,
+    ThinkingBlock,
+    Tool,
+    ToolChoice,
+    ToolResultBlock,
+    ToolUseBlock,
 )
 from server.protocol.openai import ChatCompletionRequest, JSONSchemaFormat, ResponseFormat
 
@@ -62,13 +70,15 @@ def image_part(block: ImageBlock, param: str) -> dict[str, Any]:
     if kind == "base64":
         media, data = source.get("media_type"), source.get("data")
         if not isinstance(media, str) or not media.startswith("image/") or not isinstance(data, str):
-            raise bad_request(f'{param}: a base64 image source needs "media_type": "image/..." and "data"',
-                              f"{param}.source")
+            raise bad_request(
+                f'{param}: a base64 image source needs "media_type": "image/..." and "data"', f"{param}.source"
+            )
         return {"type": "image_url", "image_url": {"url": f"data:{media};base64,{data}"}}
     if kind == "url" and isinstance(source.get("url"), str):
         return {"type": "image_url", "image_url": {"url": source["url"]}}
-    raise bad_request(f'{param}: an image source must be {{"type": "base64", ...}} or {{"type": "url", ...}}',
-                      f"{param}.source")
+    raise bad_request(
+        f'{param}: an image source must be {{"type": "base64", ...}} or {{"type": "url", ...}}', f"{param}.source"
+    )
 
 
 def _user(i: int, message: InputMessage, names: dict[str, str], images: bool) -> list[dict[str, Any]]:
@@ -117,8 +127,9 @@ def _assistant(i: int, message: InputMessage, names: dict[str, str]) -> dict[str
             texts.append(block.text)
         elif isinstance(block, ToolUseBlock):
             names[block.id] = block.name
-            calls.append({"id": block.id, "type": "function",
-                          "function": {"name": block.name, "arguments": block.input}})
+            calls.append(
+                {"id": block.id, "type": "function", "function": {"name": block.name, "arguments": block.input}}
+            )
         elif isinstance(block, ThinkingBlock):
             thinking.append(block.thinking)
         elif isinstance(block, ImageBlock):
@@ -126,7 +137,7 @@ def _assistant(i: int, message: InputMessage, names: dict[str, str]) -> dict[str
         else:
             raise bad_request(f"{param}: a tool_result block may only appear in a user message.", param)
     out: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}  # "" rather than none: templates
-    if calls:                                                                 # concatenate content
+    if calls:  # concatenate content
         out["tool_calls"] = calls
     if thinking:
         out["reasoning_content"] = "\n".join(thinking)
@@ -167,28 +178,37 @@ def check_tool_pairing(messages: list[InputMessage]) -> None:
     final assistant turn (a prefill) has no next turn to answer it yet."""
     for i, message in enumerate(messages):
         if message.role == "user":
-            before = set(_ids(messages[i - 1], ToolUseBlock)) if i > 0 and messages[i - 1].role == "assistant" \
-                else set()
+            before = (
+                set(_ids(messages[i - 1], ToolUseBlock)) if i > 0 and messages[i - 1].role == "assistant" else set()
+            )
             for j, block in enumerate(message.content if not isinstance(message.content, str) else []):
                 if isinstance(block, ToolResultBlock) and block.tool_use_id not in before:
-                    raise bad_request(f"messages.{i}.content.{j}: unexpected `tool_use_id` found in `tool_result` "
-                                      f"blocks: {block.tool_use_id}. Each `tool_result` block must have a "
-                                      "corresponding `tool_use` block in the previous message.",
-                                      f"messages[{i}].content[{j}]")
+                    raise bad_request(
+                        f"messages.{i}.content.{j}: unexpected `tool_use_id` found in `tool_result` "
+                        f"blocks: {block.tool_use_id}. Each `tool_result` block must have a "
+                        "corresponding `tool_use` block in the previous message.",
+                        f"messages[{i}].content[{j}]",
+                    )
         uses = _ids(message, ToolUseBlock) if message.role == "assistant" else []
         if uses and i + 1 < len(messages):
             answered = set(_ids(messages[i + 1], ToolResultBlock)) if messages[i + 1].role == "user" else set()
             missing = [u for u in uses if u not in answered]
             if missing:
-                raise bad_request(f"messages.{i}: `tool_use` ids were found without `tool_result` blocks "
-                                  f"immediately after: {', '.join(missing)}. Each `tool_use` block must have a "
-                                  "corresponding `tool_result` block in the next message.", f"messages[{i}]")
+                raise bad_request(
+                    f"messages.{i}: `tool_use` ids were found without `tool_result` blocks "
+                    f"immediately after: {', '.join(missing)}. Each `tool_use` block must have a "
+                    "corresponding `tool_result` block in the next message.",
+                    f"messages[{i}]",
+                )
 
 
 def _tool(i: int, tool: Tool) -> dict[str, Any]:
     if tool.type not in (None, "custom"):
-        raise bad_request(f"tools[{i}]: server tools ({tool.type!r}) are not supported; define a custom tool with "
-                          "name, description and input_schema.", f"tools[{i}]")
+        raise bad_request(
+            f"tools[{i}]: server tools ({tool.type!r}) are not supported; define a custom tool with "
+            "name, description and input_schema.",
+            f"tools[{i}]",
+        )
     if tool.input_schema is None:
         raise bad_request(f"tools[{i}].input_schema is required.", f"tools[{i}].input_schema")
     function: dict[str, Any] = {"name": tool.name, "parameters": tool.input_schema}
@@ -221,11 +241,15 @@ def thinking_kwargs(req: CountTokensRequest, reasoning: bool) -> dict[str, Any] 
     if thinking.type == "disabled":
         return {"enable_thinking": False}
     if thinking.type not in ("enabled", "adaptive"):
-        raise bad_request(f"thinking.type must be \"enabled\", \"adaptive\" or \"disabled\", not {thinking.type!r}.",
-                          "thinking.type")
+        raise bad_request(
+            f'thinking.type must be "enabled", "adaptive" or "disabled", not {thinking.type!r}.', "thinking.type"
+        )
     if not reasoning:
-        raise bad_request("thinking needs a reasoning model: start the server with --reasoning-parser, or leave "
-                          "thinking out or set its type to \"disabled\".", "thinking")
+        raise bad_request(
+            "thinking needs a reasoning model: start the server with --reasoning-parser, or leave "
+            'thinking out or set its type to "disabled".',
+            "thinking",
+        )
     budget = thinking.budget_tokens
     if thinking.type == "enabled" and (budget is None or budget < 1024):
         raise bad_request("thinking.budget_tokens must be at least 1024.", "thinking.budget_tokens")
@@ -240,11 +264,13 @@ def response_format(req: CountTokensRequest) -> ResponseFormat | None:
     if fmt is None:
         return None
     if fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
-        raise bad_request('output_config.format must be {"type": "json_schema", "schema": {...}}.',
-                          "output_config.format")
+        raise bad_request(
+            'output_config.format must be {"type": "json_schema", "schema": {...}}.', "output_config.format"
+        )
     # strict: Anthropic's structured outputs always conform to the schema, and refuse what they cannot enforce
-    return ResponseFormat(type="json_schema",
-                          json_schema=JSONSchemaFormat(name="output", schema=fmt["schema"], strict=True))
+    return ResponseFormat(
+        type="json_schema", json_schema=JSONSchemaFormat(name="output", schema=fmt["schema"], strict=True)
+    )
 
 
 def chat_tools(req: CountTokensRequest) -> list[dict[str, Any]] | None:
@@ -261,11 +287,17 @@ def chat_request(req: CountTokensRequest, *, reasoning: bool = False, images: bo
     messages = chat_messages(req, images)
     prefill = req.messages[-1].role == "assistant"
     tool_choice, parallel = chat_tool_choice(req.tool_choice)
-    chat = ChatCompletionRequest(model=req.model, messages=messages, tools=chat_tools(req),
-                                 add_generation_prompt=not prefill, continue_final_message=prefill,
-                                 tool_choice=tool_choice, parallel_tool_calls=parallel,
-                                 chat_template_kwargs=thinking_kwargs(req, reasoning),
-                                 response_format=response_format(req))
+    chat = ChatCompletionRequest(
+        model=req.model,
+        messages=messages,
+        tools=chat_tools(req),
+        add_generation_prompt=not prefill,
+        continue_final_message=prefill,
+        tool_choice=tool_choice,
+        parallel_tool_calls=parallel,
+        chat_template_kwargs=thinking_kwargs(req, reasoning),
+        response_format=response_format(req),
+    )
     if isinstance(req, MessagesRequest):
         chat.max_tokens = req.max_tokens
         chat.stop = req.stop_sequences

@@ -31,8 +31,9 @@ class Segment:
     no_speech_prob: float | None = None  # its window's (the engine's, at <|startoftranscript|>)
 
 
-def split_segments(support: SpeechSupport, tokens: list[int], logprobs: list[float] | None,
-                   window: Window) -> list[Segment]:
+def split_segments(
+    support: SpeechSupport, tokens: list[int], logprobs: list[float] | None, window: Window
+) -> list[Segment]:
     """One window's tokens -> its segments (times in the file); text tokens after the last timestamp end at the
     window's end."""
     tb, off, length = support.timestamp_begin, window.start, window.seconds
@@ -87,25 +88,45 @@ def _clock(seconds: float, sep: str) -> str:
 
 
 def srt(segments: list[Segment]) -> str:
-    return "".join(f"{i}\n{_clock(s.start, ',')} --> {_clock(s.end, ',')}\n{s.text.strip()}\n\n"
-                   for i, s in enumerate(segments, 1))
+    return "".join(
+        f"{i}\n{_clock(s.start, ',')} --> {_clock(s.end, ',')}\n{s.text.strip()}\n\n" for i, s in enumerate(segments, 1)
+    )
 
 
 def vtt(segments: list[Segment]) -> str:
-    return "WEBVTT\n\n" + "".join(f"{_clock(s.start, '.')} --> {_clock(s.end, '.')}\n{s.text.strip()}\n\n"
-                                  for s in segments)
+    return "WEBVTT\n\n" + "".join(
+        f"{_clock(s.start, '.')} --> {_clock(s.end, '.')}\n{s.text.strip()}\n\n" for s in segments
+    )
 
 
-def verbose_json(task: str, language: str, duration: float, text: str, segments: list[Segment],
-                 temperature: float, seeks: list[int]) -> bytes:
-    segs = [{"id": i, "seek": seek, "start": round(s.start, 2), "end": round(s.end, 2), "text": s.text,
-             "tokens": s.tokens, "temperature": temperature,
-             "avg_logprob": sum(s.logprobs) / len(s.logprobs) if s.logprobs else 0.0,
-             "compression_ratio": compression_ratio(s.text),
-             "no_speech_prob": s.no_speech_prob}
-            for i, (s, seek) in enumerate(zip(segments, seeks))]
-    return msgspec.json.encode({"task": task, "language": language, "duration": duration, "text": text,
-                                "segments": segs, "usage": usage(duration)})
+def verbose_json(
+    task: str, language: str, duration: float, text: str, segments: list[Segment], temperature: float, seeks: list[int]
+) -> bytes:
+    segs = [
+        {
+            "id": i,
+            "seek": seek,
+            "start": round(s.start, 2),
+            "end": round(s.end, 2),
+            "text": s.text,
+            "tokens": s.tokens,
+            "temperature": temperature,
+            "avg_logprob": sum(s.logprobs) / len(s.logprobs) if s.logprobs else 0.0,
+            "compression_ratio": compression_ratio(s.text),
+            "no_speech_prob": s.no_speech_prob,
+        }
+        for i, (s, seek) in enumerate(zip(segments, seeks))
+    ]
+    return msgspec.json.encode(
+        {
+            "task": task,
+            "language": language,
+            "duration": duration,
+            "text": text,
+            "segments": segs,
+            "usage": usage(duration),
+        }
+    )
 
 
 def body(fmt: str, text: str, duration: float) -> tuple[bytes, bytes]:

@@ -54,8 +54,10 @@ class _Collector:
         self._data += data[start:end]
         name, filename = self._disposition()
         if filename is not None and len(self._data) > self.file_cap:
-            raise bad_request(f"the audio file is larger than the server's limit of {self.cap_mb:g} MB "
-                              "(--max-audio-filesize-mb)", "file")
+            raise bad_request(
+                f"the audio file is larger than the server's limit of {self.cap_mb:g} MB (--max-audio-filesize-mb)",
+                "file",
+            )
         if filename is None and len(self._data) > MAX_FIELD:
             raise bad_request(f"the form field {name!r} is longer than {MAX_FIELD} bytes", name or None)
 
@@ -78,15 +80,27 @@ async def read_form(scope: Scope, receive: Receive, cap_mb: float) -> Form:
     ctype = header(scope, b"content-type") or ""
     media, opts = parse_options_header(ctype)
     if media != b"multipart/form-data":
-        raise APIError(f"Content-Type {ctype.split(';')[0] or '(none)'!r} is not supported here; send the audio as "
-                       "multipart/form-data", status=415)
+        raise APIError(
+            f"Content-Type {ctype.split(';')[0] or '(none)'!r} is not supported here; send the audio as "
+            "multipart/form-data",
+            status=415,
+        )
     boundary = opts.get(b"boundary")
     if not boundary:
         raise bad_request("the multipart/form-data Content-Type has no boundary")
     file_cap = int(cap_mb * 1_000_000)
     collector = _Collector(file_cap, cap_mb)
-    callbacks = {name: getattr(collector, name) for name in (
-        "on_part_begin", "on_header_field", "on_header_value", "on_header_end", "on_part_data", "on_part_end")}
+    callbacks = {
+        name: getattr(collector, name)
+        for name in (
+            "on_part_begin",
+            "on_header_field",
+            "on_header_value",
+            "on_header_end",
+            "on_part_data",
+            "on_part_end",
+        )
+    }
     parser = MultipartParser(boundary, callbacks, max_size=file_cap + FORM_SLACK)  # type: ignore[arg-type]
     total = 0
     while True:
@@ -96,8 +110,9 @@ async def read_form(scope: Scope, receive: Receive, cap_mb: float) -> Form:
         chunk = message.get("body", b"")
         total += len(chunk)
         if total > file_cap + FORM_SLACK:
-            raise bad_request(f"the audio file is larger than the server's limit of {cap_mb:g} MB "
-                              "(--max-audio-filesize-mb)", "file")
+            raise bad_request(
+                f"the audio file is larger than the server's limit of {cap_mb:g} MB (--max-audio-filesize-mb)", "file"
+            )
         more = bool(message.get("more_body", False))
         try:
             parser.write(chunk)

@@ -103,12 +103,16 @@ def _granularities(form: Form, fmt: str) -> None:
     values = form.fields.get("timestamp_granularities[]", []) + form.fields.get("timestamp_granularities", [])
     for v in values:
         if v not in GRANULARITIES:
-            raise bad_request(f"timestamp_granularities[] accepts segment and word, not {v!r}",
-                              "timestamp_granularities")
+            raise bad_request(
+                f"timestamp_granularities[] accepts segment and word, not {v!r}", "timestamp_granularities"
+            )
         if v == "word":
-            raise bad_request("word timestamps are not supported here: Whisper's timestamp tokens mark segments, "
-                              "and per-word times need cross-attention alignment (DTW over the alignment heads), "
-                              "which this server does not compute; ask for segment", "timestamp_granularities")
+            raise bad_request(
+                "word timestamps are not supported here: Whisper's timestamp tokens mark segments, "
+                "and per-word times need cross-attention alignment (DTW over the alignment heads), "
+                "which this server does not compute; ask for segment",
+                "timestamp_granularities",
+            )
     if values and fmt != "verbose_json":
         raise bad_request("timestamp_granularities[] needs response_format verbose_json", "timestamp_granularities")
 
@@ -129,6 +133,15 @@ def parse_form(form: Form) -> AudioRequest:
     _granularities(form, fmt)
     language = (form.get("language") or "").strip() or None
     sampling, include_usage = _sampling(form, stream)
-    return AudioRequest(form.file, form.get("model"), language, (form.get("prompt") or "").strip(), fmt,
-                        temperature, stream, sampling, (form.get("to_language") or "").strip() or None,
-                        include_usage)
+    return AudioRequest(
+        form.file,
+        form.get("model"),
+        language,
+        (form.get("prompt") or "").strip(),
+        fmt,
+        temperature,
+        stream,
+        sampling,
+        (form.get("to_language") or "").strip() or None,
+        include_usage,
+    )

@@ -51,7 +51,7 @@ class TranscriptStream:
         now = self._current()
         if len(now) <= len(self.sent) or not now.startswith(self.sent):
             return None
-        delta, self.sent = now[len(self.sent):], now
+        delta, self.sent = now[len(self.sent) :], now
         return _event({"type": "transcript.text.delta", "delta": delta, "logprobs": None})
 
     def usage_chunk(self, _usage: Usage) -> bytes:

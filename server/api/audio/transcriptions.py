@@ -12,30 +12,43 @@ from __future__ import annotations
 import time
 
 from engine.messages import AudioInput, SamplingParams
+from server.api.app_state import AppState, Renderer
 from server.api.audio.formats import (
-    TIMESTAMPED, Segment, body, join_texts, split_segments, srt, text_tokens, verbose_json, vtt,
+    TIMESTAMPED,
+    Segment,
+    body,
+    join_texts,
+    split_segments,
+    srt,
+    text_tokens,
+    verbose_json,
+    vtt,
 )
 from server.api.audio.multipart import read_form
 from server.api.audio.request import AudioRequest, form_error, parse_form
 from server.api.audio.stream import TranscriptStream
-from server.api.app_state import AppState, Renderer
 from server.http.asgi import ClientGone, Receive, Scope, Send, header, run_until_disconnect, send_error
 from server.http.errors import APIError, bad_request
 from server.multimodal.audio import SpeechSupport, Window, decode_audio, speech_support
+from server.multimodal.whisper_tokens import LANGUAGES
 from server.pipeline.async_llm import AsyncLLM
 from server.pipeline.input_processor import (
-    GenerationSpec, ModelLimits, check_request, external_request_id, max_tokens_for, unique_prefix,
+    GenerationSpec,
+    ModelLimits,
+    check_request,
+    external_request_id,
+    max_tokens_for,
+    unique_prefix,
 )
-from server.pipeline.output_processor import OutputKind
-from server.pipeline.output_processor import Output
+from server.pipeline.output_processor import Output, OutputKind
 from server.streaming.formatter import output_error
 from server.streaming.respond import respond
-from server.multimodal.whisper_tokens import LANGUAGES
 
 
 def not_speech_error(path: str) -> APIError:
-    return bad_request(f"This server's model is not a speech-to-text model; {path} needs a Whisper checkpoint.",
-                       "model")
+    return bad_request(
+        f"This server's model is not a speech-to-text model; {path} needs a Whisper checkpoint.", "model"
+    )
 
 
 class AudioRoute:
@@ -49,7 +62,9 @@ class AudioRoute:
         headers = [(b"x-request-id", xid.encode())] if xid else []
         path = str(scope.get("path", ""))
         try:
-            model = self.state.config.model.model  # None: the built-in demo, a text model (model_path would import torch)
+            model = (
+                self.state.config.model.model
+            )  # None: the built-in demo, a text model (model_path would import torch)
             support = speech_support(model) if model is not None else None
             if support is None:
                 raise not_speech_error(path)
@@ -88,23 +103,46 @@ class AudioRoute:
         prompt = support.decoder_prompt(language, self.task, timestamps, prev)
         params = audio_params(req, prompt, limits)
         kind = OutputKind.DELTA if req.stream else OutputKind.FINAL_ONLY
-        specs = [GenerationSpec(external, f"{unique_prefix()}-{external}", prompt, params, output_kind=kind,
-                                arrival_time=time.time(), index_offset=k,
-                                audio=AudioInput(w.hash, w.features, w.shape, timestamps))
-                 for k, w in enumerate(windows)]
+        specs = [
+            GenerationSpec(
+                external,
+                f"{unique_prefix()}-{external}",
+                prompt,
+                params,
+                output_kind=kind,
+                arrival_time=time.time(),
+                index_offset=k,
+                audio=AudioInput(w.hash, w.features, w.shape, timestamps),
+            )
+            for k, w in enumerate(windows)
+        ]
         headers = [(b"x-request-id", external.encode())]
         if req.stream:
-            await respond(llm, specs, TranscriptStream(len(windows), duration, req.include_usage), send, stream=True,
-                          include_usage=True, keepalive=cfg.outputs.sse_keepalive, headers=headers)
+            await respond(
+                llm,
+                specs,
+                TranscriptStream(len(windows), duration, req.include_usage),
+                send,
+                stream=True,
+                include_usage=True,
+                keepalive=cfg.outputs.sse_keepalive,
+                headers=headers,
+            )
             return
         outs = await _finals(llm, specs)
         ctype, data = await self._body(req, support, renderer, language, duration, windows, outs)
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", ctype), (b"content-length", str(len(data)).encode()), *headers]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", ctype), (b"content-length", str(len(data)).encode()), *headers],
+            }
+        )
         await send({"type": "http.response.body", "body": data})
 
-    async def _language(self, llm: AsyncLLM, support: SpeechSupport, asked: str | None, first: Window,
-                        external: str) -> str | None:
+    async def _language(
+        self, llm: AsyncLLM, support: SpeechSupport, asked: str | None, first: Window, external: str
+    ) -> str | None:
         """The request's language code: as asked, else detected on the first window (None: English-only model)."""
         if not support.multilingual:
             if asked is not None and asked.strip().lower() not in ("en", "english"):
@@ -113,14 +151,27 @@ class AudioRoute:
         if asked is not None:
             return support.language_code(asked)
         params = SamplingParams(max_tokens=1, temperature=0.0, allowed_token_ids=sorted(support.lang_to_id.values()))
-        spec = GenerationSpec(external, f"{unique_prefix()}-{external}-lang", [support.sot], params,
-                              arrival_time=time.time(),
-                              audio=AudioInput(first.hash, first.features, first.shape, rules=False))
+        spec = GenerationSpec(
+            external,
+            f"{unique_prefix()}-{external}-lang",
+            [support.sot],
+            params,
+            arrival_time=time.time(),
+            audio=AudioInput(first.hash, first.features, first.shape, rules=False),
+        )
         out = (await _finals(llm, [spec]))[0]
         return support.code_of(out.token_ids[0]) if out.token_ids else "en"
 
-    async def _body(self, req: AudioRequest, support: SpeechSupport, renderer: Renderer, language: str | None,
-                    duration: float, windows: list[Window], outs: list[Output]) -> tuple[bytes, bytes]:
+    async def _body(
+        self,
+        req: AudioRequest,
+        support: SpeechSupport,
+        renderer: Renderer,
+        language: str | None,
+        duration: float,
+        windows: list[Window],
+        outs: list[Output],
+    ) -> tuple[bytes, bytes]:
         fmt = req.response_format
         if fmt not in TIMESTAMPED:
             return body(fmt, join_texts([o.text for o in outs]), duration)
@@ -141,8 +192,9 @@ class AudioRoute:
         if fmt == "vtt":
             return b"text/vtt; charset=utf-8", vtt(segments).encode()
         task = "translate" if self.task == "translate" else "transcribe"
-        return b"application/json", verbose_json(task, LANGUAGES.get(language or "en", "english"), duration, text,
-                                                 segments, req.temperature, seeks)
+        return b"application/json", verbose_json(
+            task, LANGUAGES.get(language or "en", "english"), duration, text, segments, req.temperature, seeks
+        )
 
 
 def audio_params(req: AudioRequest, prompt: list[int], limits: ModelLimits) -> SamplingParams:
@@ -152,12 +204,18 @@ def audio_params(req: AudioRequest, prompt: list[int], limits: ModelLimits) -> S
         max_tokens = max_tokens_for(s, prompt, limits)
     except APIError as e:
         raise form_error(e) from None
-    return SamplingParams(max_tokens=max_tokens, temperature=req.temperature,
-                          top_p=1.0 if s.top_p is None else s.top_p, top_k=s.top_k or 0,
-                          min_p=s.min_p or 0.0, presence_penalty=s.presence_penalty or 0.0,
-                          frequency_penalty=s.frequency_penalty or 0.0,
-                          repetition_penalty=1.0 if s.repetition_penalty is None else s.repetition_penalty,
-                          seed=s.seed, logprobs=0 if req.response_format == "verbose_json" else None)
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=req.temperature,
+        top_p=1.0 if s.top_p is None else s.top_p,
+        top_k=s.top_k or 0,
+        min_p=s.min_p or 0.0,
+        presence_penalty=s.presence_penalty or 0.0,
+        frequency_penalty=s.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if s.repetition_penalty is None else s.repetition_penalty,
+        seed=s.seed,
+        logprobs=0 if req.response_format == "verbose_json" else None,
+    )
 
 
 def _check_to_language(support: SpeechSupport, task: str, to_language: str | None, language: str | None) -> None:
@@ -166,18 +224,24 @@ def _check_to_language(support: SpeechSupport, task: str, to_language: str | Non
         return
     if task == "translate" or not support.multilingual:
         if to_language.strip().lower() not in ("en", "english"):
-            raise bad_request(f"to_language must be en: this model writes English only here, got {to_language!r}",
-                              "to_language")
+            raise bad_request(
+                f"to_language must be en: this model writes English only here, got {to_language!r}", "to_language"
+            )
         return
     try:
         target = support.language_code(to_language)
     except APIError:
-        raise bad_request(f"to_language {to_language!r} is not a language this model knows; use an ISO-639-1 "
-                          "code such as 'en'", "to_language") from None
+        raise bad_request(
+            f"to_language {to_language!r} is not a language this model knows; use an ISO-639-1 code such as 'en'",
+            "to_language",
+        ) from None
     if target != language:
-        raise bad_request(f"to_language {to_language!r} differs from the audio's language {language!r}: a "
-                          "transcription keeps the audio's language (/v1/audio/translations translates to "
-                          "English)", "to_language")
+        raise bad_request(
+            f"to_language {to_language!r} differs from the audio's language {language!r}: a "
+            "transcription keeps the audio's language (/v1/audio/translations translates to "
+            "English)",
+            "to_language",
+        )
 
 
 async def _finals(llm: AsyncLLM, specs: list[GenerationSpec]) -> list[Output]:

@@ -26,7 +26,14 @@ from server.pipeline.pooling.input_types import prompt_for
 from server.pipeline.pooling.outputs import check_dimensions, embedding
 from server.pipeline.pooling.quantize import EMBEDDING_TYPES, quantize
 from server.protocol.cohere import (
-    ApiMeta, ApiVersion, BilledUnits, EmbedInput, EmbedRequest, EmbedResponse, ImageUrlContent, TextContent,
+    ApiMeta,
+    ApiVersion,
+    BilledUnits,
+    EmbedInput,
+    EmbedRequest,
+    EmbedResponse,
+    ImageUrlContent,
+    TextContent,
     embed_decoder,
 )
 from server.protocol.openai import ChatCompletionRequest, Usage, encoder
@@ -36,11 +43,16 @@ _SIDES = {"NONE": None, "START": "left", "END": "right"}
 
 def embed_items(req: EmbedRequest) -> tuple[str, list[Any]]:
     """Which of texts / images / inputs the request uses (exactly one, non-empty), and its items."""
-    given = [(name, value) for name, value in (("texts", req.texts), ("images", req.images), ("inputs", req.inputs))
-             if value is not None]
+    given = [
+        (name, value)
+        for name, value in (("texts", req.texts), ("images", req.images), ("inputs", req.inputs))
+        if value is not None
+    ]
     if len(given) != 1:
-        raise bad_request("Send one of texts, images or inputs" + (f"; got {', '.join(n for n, _ in given)}."
-                                                                   if given else "."), "texts")
+        raise bad_request(
+            "Send one of texts, images or inputs" + (f"; got {', '.join(n for n, _ in given)}." if given else "."),
+            "texts",
+        )
     name, items = given[0]
     if not items:
         raise bad_request(f"{name} must not be empty.", name)
@@ -51,8 +63,10 @@ def embed_types(req: EmbedRequest) -> list[str]:
     kinds = req.embedding_types if req.embedding_types is not None else ["float"]
     bad = [k for k in kinds if k not in EMBEDDING_TYPES]
     if bad or not kinds:
-        raise bad_request(f"embedding_types must be a non-empty list of {', '.join(EMBEDDING_TYPES)}; got "
-                          f"{bad or kinds}.", "embedding_types")
+        raise bad_request(
+            f"embedding_types must be a non-empty list of {', '.join(EMBEDDING_TYPES)}; got {bad or kinds}.",
+            "embedding_types",
+        )
     return list(dict.fromkeys(kinds))
 
 
@@ -73,23 +87,31 @@ def input_parts(item: EmbedInput) -> tuple[str | None, list[dict[str, Any]]]:
         raise bad_request("each of inputs needs at least one content part.", "inputs")
     if all(isinstance(p, TextContent) for p in item.content):
         return "\n".join(p.text for p in item.content if isinstance(p, TextContent)), []
-    parts = [{"type": "text", "text": p.text} if isinstance(p, TextContent) else
-             {"type": "image_url", "image_url": {"url": p.image_url.url}}
-             for p in item.content if isinstance(p, (TextContent, ImageUrlContent))]
+    parts = [
+        {"type": "text", "text": p.text}
+        if isinstance(p, TextContent)
+        else {"type": "image_url", "image_url": {"url": p.image_url.url}}
+        for p in item.content
+        if isinstance(p, (TextContent, ImageUrlContent))
+    ]
     return None, parts
 
 
 class CohereEmbedFormatter(JSONBody):
-    def __init__(self, job: PoolingJob, kinds: list[str], dims: int | None, normalize: bool,
-                 texts: list[str] | None, images: int) -> None:
+    def __init__(
+        self, job: PoolingJob, kinds: list[str], dims: int | None, normalize: bool, texts: list[str] | None, images: int
+    ) -> None:
         self.job, self.kinds, self.dims, self.normalize = job, kinds, dims, normalize
         self.texts, self.images = texts, images
 
     def final(self, outputs: list[Output], usage: Usage) -> bytes:
         e = np.stack([embedding(out, self.dims, self.normalize) for out in outputs])
         billed = BilledUnits(input_tokens=usage.prompt_tokens, images=self.images or None)
-        return encoder.encode(EmbedResponse(self.job.external, {k: quantize(e, k) for k in self.kinds},
-                                            ApiMeta(ApiVersion(), billed), self.texts))
+        return encoder.encode(
+            EmbedResponse(
+                self.job.external, {k: quantize(e, k) for k in self.kinds}, ApiMeta(ApiVersion(), billed), self.texts
+            )
+        )
 
 
 class CohereEmbedRoute(PostRoute):
@@ -109,15 +131,21 @@ class CohereEmbedRoute(PostRoute):
             texts = list(items) if name == "texts" else None
             await job.respond(CohereEmbedFormatter(job, kinds, dims, info.normalize, texts, images), send)
 
-    async def _add_all(self, job: PoolingJob, info: PoolingInfo, name: str, items: list[Any], prompt: str,
-                       cut: Truncation) -> int:
+    async def _add_all(
+        self, job: PoolingJob, info: PoolingInfo, name: str, items: list[Any], prompt: str, cut: Truncation
+    ) -> int:
         """Queue every item; returns how many images they hold."""
         if name == "texts":
             await job.admit([prompt + t for t in items])
         images = 0
         for k, item in enumerate(items):
-            text, parts = (None, [{"type": "image_url", "image_url": {"url": item}}]) if name == "images" else \
-                (item, []) if name == "texts" else input_parts(item)
+            text, parts = (
+                (None, [{"type": "image_url", "image_url": {"url": item}}])
+                if name == "images"
+                else (item, [])
+                if name == "texts"
+                else input_parts(item)
+            )
             if text is not None:
                 await job.add(prompt + text, k, cut, what=name[:-1])
                 continue

@@ -44,18 +44,39 @@ class ChatRoute(PostRoute):
             shown = self.state.shown_model(req.model)
             if parsed:
                 fmt = ParsedChatFormatter(
-                    f"chatcmpl-{external}", int(time.time()), shown, req.n, texts, req.return_token_ids,
-                    tools=plan, reasoning=config.outputs.reasoning_parser, prompt=text,
-                    decode=decoder(renderer.tokenizer, spec.skip_special_tokens) if config.outputs.reasoning_parser else None)
+                    f"chatcmpl-{external}",
+                    int(time.time()),
+                    shown,
+                    req.n,
+                    texts,
+                    req.return_token_ids,
+                    tools=plan,
+                    reasoning=config.outputs.reasoning_parser,
+                    prompt=text,
+                    decode=decoder(renderer.tokenizer, spec.skip_special_tokens)
+                    if config.outputs.reasoning_parser
+                    else None,
+                )
             else:
-                fmt = ChatFormatter(f"chatcmpl-{external}", int(time.time()), shown, req.n, texts,
-                                    req.return_token_ids)
-            check = relaxed_check(llm.metrics, constraint, relaxed_tools,
-                                  ChoiceParsers(plan, config.outputs.reasoning_parser, text) if parsed else None)
+                fmt = ChatFormatter(f"chatcmpl-{external}", int(time.time()), shown, req.n, texts, req.return_token_ids)
+            check = relaxed_check(
+                llm.metrics,
+                constraint,
+                relaxed_tools,
+                ChoiceParsers(plan, config.outputs.reasoning_parser, text) if parsed else None,
+            )
             opts = req.stream_options
             headers = [(b"x-request-id", external.encode()), *relaxed_headers(constraint, relaxed_tools)]
-            await respond(llm, [spec], checked(fmt, check), send, stream=req.stream,
-                          include_usage=bool(opts and opts.include_usage),
-                          continuous_usage=bool(opts and opts.include_usage and opts.continuous_usage_stats),
-                          keepalive=self.state.config.outputs.sse_keepalive, headers=headers,
-                          before_end=check.finish if check is not None else None, ticket=ticket)
+            await respond(
+                llm,
+                [spec],
+                checked(fmt, check),
+                send,
+                stream=req.stream,
+                include_usage=bool(opts and opts.include_usage),
+                continuous_usage=bool(opts and opts.include_usage and opts.continuous_usage_stats),
+                keepalive=self.state.config.outputs.sse_keepalive,
+                headers=headers,
+                before_end=check.finish if check is not None else None,
+                ticket=ticket,
+            )

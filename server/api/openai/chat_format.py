@@ -12,9 +12,19 @@ from server.http import sse
 from server.pipeline.output_processor import Output
 from server.pipeline.parsing import ChoiceParser, ChoiceParsers
 from server.protocol.openai import (
-    ChatChoice, ChatChoiceIds, ChatCompletionResponse, ChatCompletionStreamResponse, ChatMessage,
-    ChatMessageReasoning, ChatStreamChoice, ChatStreamChoiceIds, CompletionTokensDetails, DeltaMessage,
-    ReasoningUsage, Usage, encoder,
+    ChatChoice,
+    ChatChoiceIds,
+    ChatCompletionResponse,
+    ChatCompletionStreamResponse,
+    ChatMessage,
+    ChatMessageReasoning,
+    ChatStreamChoice,
+    ChatStreamChoiceIds,
+    CompletionTokensDetails,
+    DeltaMessage,
+    ReasoningUsage,
+    Usage,
+    encoder,
 )
 from server.streaming.reasoning_tokens import Decode, reasoning_tokens
 from server.tools.choice import ToolPlan
@@ -29,8 +39,9 @@ class ChatFormatter:
 
     direct_ok = True
 
-    def __init__(self, request_id: str, created: int, model: str, n: int, texts: TokenTexts | None,
-                 token_ids: bool = False) -> None:
+    def __init__(
+        self, request_id: str, created: int, model: str, n: int, texts: TokenTexts | None, token_ids: bool = False
+    ) -> None:
         self.id = request_id
         self.created = created
         self.model = model
@@ -43,8 +54,10 @@ class ChatFormatter:
 
     def stream_start(self) -> bytes:
         """The first chunk of every choice carries the role, as OpenAI sends it."""
-        choices = b",".join(b'{"index":%d,"delta":{"role":"assistant","content":""},"logprobs":null,'
-                            b'"finish_reason":null}' % i for i in range(self.n))
+        choices = b",".join(
+            b'{"index":%d,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}' % i
+            for i in range(self.n)
+        )
         return self._prefix + choices + b"]}\n\n"
 
     def stream_chunk(self, batch: list[Output], usage: Usage | None) -> bytes | None:
@@ -57,11 +70,26 @@ class ChatFormatter:
             else:
                 lp = chat_logprobs(out.logprobs or [], self.texts) if self.texts is not None else None
                 if self.token_ids:
-                    parts.append(_enc(ChatStreamChoiceIds(out.index, DeltaMessage(content=out.text), lp,
-                                                          out.finish_reason, out.stop_reason, out.token_ids)))
+                    parts.append(
+                        _enc(
+                            ChatStreamChoiceIds(
+                                out.index,
+                                DeltaMessage(content=out.text),
+                                lp,
+                                out.finish_reason,
+                                out.stop_reason,
+                                out.token_ids,
+                            )
+                        )
+                    )
                 else:
-                    parts.append(_enc(ChatStreamChoice(out.index, DeltaMessage(content=out.text), lp,
-                                                       out.finish_reason, out.stop_reason)))
+                    parts.append(
+                        _enc(
+                            ChatStreamChoice(
+                                out.index, DeltaMessage(content=out.text), lp, out.finish_reason, out.stop_reason
+                            )
+                        )
+                    )
         tail = b"]}\n\n" if usage is None else b'],"usage":' + _enc(usage) + b"}\n\n"
         return self._prefix + b",".join(parts) + tail
 
@@ -102,9 +130,20 @@ class ParsedChatFormatter(ChatFormatter):
 
     direct_ok = False
 
-    def __init__(self, request_id: str, created: int, model: str, n: int, texts: TokenTexts | None,
-                 token_ids: bool, *, tools: ToolPlan | None, reasoning: str | None, prompt: str,
-                 decode: Decode | None = None) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        created: int,
+        model: str,
+        n: int,
+        texts: TokenTexts | None,
+        token_ids: bool,
+        *,
+        tools: ToolPlan | None,
+        reasoning: str | None,
+        prompt: str,
+        decode: Decode | None = None,
+    ) -> None:
         super().__init__(request_id, created, model, n, texts, token_ids)
         self._plain = False
         self._parsers = ChoiceParsers(tools, reasoning, prompt)
@@ -128,8 +167,13 @@ class ParsedChatFormatter(ChatFormatter):
             return usage
         if reasoning is None:
             reasoning = sum(self._count(i) for i in self._choices)
-        return ReasoningUsage(usage.prompt_tokens, usage.completion_tokens, usage.total_tokens,
-                              usage.prompt_tokens_details, CompletionTokensDetails(reasoning))
+        return ReasoningUsage(
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            usage.total_tokens,
+            usage.prompt_tokens_details,
+            CompletionTokensDetails(reasoning),
+        )
 
     def usage_chunk(self, usage: Usage) -> bytes:
         return super().usage_chunk(self._usage(usage))
@@ -146,9 +190,12 @@ class ParsedChatFormatter(ChatFormatter):
             finish = parser.finish_reason(out.finish_reason)
             if not (d.reasoning or d.content or d.calls or finish or out.logprobs or self.token_ids):
                 continue  # held back (a tag may be starting): nothing to say yet
-            delta = DeltaMessage(content=d.content or None, reasoning=d.reasoning or None,
-                                 reasoning_content=d.reasoning or None,
-                                 tool_calls=[_call_json(c) for c in d.calls] or None)
+            delta = DeltaMessage(
+                content=d.content or None,
+                reasoning=d.reasoning or None,
+                reasoning_content=d.reasoning or None,
+                tool_calls=[_call_json(c) for c in d.calls] or None,
+            )
             lp = chat_logprobs(out.logprobs or [], self.texts) if self.texts is not None else None
             if self.token_ids:
                 parts.append(_enc(ChatStreamChoiceIds(out.index, delta, lp, finish, out.stop_reason, out.token_ids)))
@@ -167,12 +214,19 @@ class ParsedChatFormatter(ChatFormatter):
             d = parser.feed(o.text, True)
             if self.decode is not None:
                 reasoning += reasoning_tokens(parser.reasoning, o.token_ids, self.decode)
-            calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                     for c in assemble(d.calls)]
+            calls = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in assemble(d.calls)
+            ]
             message: ChatMessage
             if self._parsers.reasoning_cls is not None:
-                message = ChatMessageReasoning("assistant", d.content or None, calls, reasoning=d.reasoning or None,
-                                               reasoning_content=d.reasoning or None)
+                message = ChatMessageReasoning(
+                    "assistant",
+                    d.content or None,
+                    calls,
+                    reasoning=d.reasoning or None,
+                    reasoning_content=d.reasoning or None,
+                )
             else:
                 message = ChatMessage("assistant", d.content or (None if calls else ""), calls)
             lp = chat_logprobs(o.logprobs or [], self.texts) if self.texts is not None else None

@@ -4,24 +4,37 @@ from __future__ import annotations
 
 import time
 
+from server.api.app_state import Renderer
 from server.api.openai.logprobs import TokenTexts, completion_logprobs
 from server.api.prompt_tokens import admit_prompts, fit_limits, render_errors, text_prompt_ids
 from server.api.serving import PostRoute
-from server.streaming.respond import respond
 from server.http import sse
 from server.http.asgi import Send
 from server.http.errors import bad_request
-from server.api.app_state import Renderer
 from server.pipeline.input_processor import (
-    GenerationSpec, ModelLimits, build_spec, check_prompt_ids, check_request, completion_prompts, external_request_id,
+    GenerationSpec,
+    ModelLimits,
+    build_spec,
+    check_prompt_ids,
+    check_request,
+    completion_prompts,
+    external_request_id,
 )
 from server.pipeline.output_processor import Output
 from server.pipeline.structured import Constraint, structured_outputs
-from server.streaming.output_check import checked, relaxed_check, relaxed_headers
 from server.protocol.openai import (
-    CompletionChoice, CompletionChoiceIds, CompletionLogprobs, CompletionRequest, CompletionResponse,
-    CompletionStreamResponse, Usage, completion_decoder, encoder,
+    CompletionChoice,
+    CompletionChoiceIds,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionStreamResponse,
+    Usage,
+    completion_decoder,
+    encoder,
 )
+from server.streaming.output_check import checked, relaxed_check, relaxed_headers
+from server.streaming.respond import respond
 
 _enc = encoder.encode
 
@@ -29,9 +42,17 @@ _enc = encoder.encode
 class CompletionFormatter:
     direct_ok = True  # stateless per output: the output handler may write chunks itself
 
-    def __init__(self, request_id: str, created: int, model: str, *, echo: dict[int, str],
-                 texts: TokenTexts | None, first_prompt_ids: dict[int, int] | None = None,
-                 prompt_ids: dict[int, list[int]] | None = None) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        created: int,
+        model: str,
+        *,
+        echo: dict[int, str],
+        texts: TokenTexts | None,
+        first_prompt_ids: dict[int, int] | None = None,
+        prompt_ids: dict[int, list[int]] | None = None,
+    ) -> None:
         self.id = request_id
         self.created = created
         self.model = model
@@ -66,8 +87,15 @@ class CompletionFormatter:
     def _choice(self, out: Output) -> CompletionChoice:
         if self.prompt_ids is None:
             return CompletionChoice(out.index, self._text(out), self._logprobs(out), out.finish_reason, out.stop_reason)
-        return CompletionChoiceIds(out.index, self._text(out), self._logprobs(out), out.finish_reason, out.stop_reason,
-                                   out.token_ids, self.prompt_ids.get(out.index) if out.first else None)
+        return CompletionChoiceIds(
+            out.index,
+            self._text(out),
+            self._logprobs(out),
+            out.finish_reason,
+            out.stop_reason,
+            out.token_ids,
+            self.prompt_ids.get(out.index) if out.first else None,
+        )
 
     def stream_start(self) -> bytes | None:
         return None
@@ -75,14 +103,18 @@ class CompletionFormatter:
     def stream_chunk(self, batch: list[Output], usage: Usage | None) -> bytes | None:
         if usage is None and len(batch) == 1 and self._plain and batch[0].finish_reason is None:
             return b"%s%s]}\n\n" % (self._prefix, self._plain_choice(batch[0]))  # the per-token case
-        parts = [self._plain_choice(out) if out.finish_reason is None and self._plain else _enc(self._choice(out))
-                 for out in batch]
+        parts = [
+            self._plain_choice(out) if out.finish_reason is None and self._plain else _enc(self._choice(out))
+            for out in batch
+        ]
         tail = b"]}\n\n" if usage is None else b'],"usage":' + _enc(usage) + b"}\n\n"
         return self._prefix + b",".join(parts) + tail
 
     def _plain_choice(self, out: Output) -> bytes:  # the hot path: no objects, one encode
-        return (b'{"index":%d,"text":%s,"logprobs":null,"finish_reason":null,"stop_reason":null}'
-                % (out.index, _enc(self._text(out))))
+        return b'{"index":%d,"text":%s,"logprobs":null,"finish_reason":null,"stop_reason":null}' % (
+            out.index,
+            _enc(self._text(out)),
+        )
 
     def usage_chunk(self, usage: Usage) -> bytes:
         return sse.frame(_enc(CompletionStreamResponse(self.id, self.created, self.model, [], usage=usage)))
@@ -107,33 +139,62 @@ class CompletionsRoute(PostRoute):
         with await admit_prompts(llm, req.n, prompts, renderer.tokenizer) as ticket:
             specs, echo, first_ids, prompt_ids = await self._specs(req, prompts, renderer, limits, external, constraint)
             texts = self.token_texts(renderer, req.logprobs is not None)
-            fmt = CompletionFormatter(f"cmpl-{external}", int(time.time()), self.state.shown_model(req.model), echo=echo,
-                                      texts=texts, first_prompt_ids=first_ids,
-                                      prompt_ids=prompt_ids if req.return_token_ids else None)
+            fmt = CompletionFormatter(
+                f"cmpl-{external}",
+                int(time.time()),
+                self.state.shown_model(req.model),
+                echo=echo,
+                texts=texts,
+                first_prompt_ids=first_ids,
+                prompt_ids=prompt_ids if req.return_token_ids else None,
+            )
             opts = req.stream_options
             headers = [(b"x-request-id", external.encode()), *relaxed_headers(constraint, {})]
             check = relaxed_check(llm.metrics, constraint, {})
-            await respond(llm, specs, checked(fmt, check), send, stream=req.stream,
-                          include_usage=bool(opts and opts.include_usage),
-                          continuous_usage=bool(opts and opts.include_usage and opts.continuous_usage_stats),
-                          keepalive=self.state.config.outputs.sse_keepalive, headers=headers,
-                          before_end=check.finish if check is not None else None, ticket=ticket)
+            await respond(
+                llm,
+                specs,
+                checked(fmt, check),
+                send,
+                stream=req.stream,
+                include_usage=bool(opts and opts.include_usage),
+                continuous_usage=bool(opts and opts.include_usage and opts.continuous_usage_stats),
+                keepalive=self.state.config.outputs.sse_keepalive,
+                headers=headers,
+                before_end=check.finish if check is not None else None,
+                ticket=ticket,
+            )
 
-    async def _specs(self, req: CompletionRequest, prompts: list[str | list[int]], renderer: Renderer,
-                     limits: ModelLimits, external: str, constraint: Constraint | None,
-                     ) -> tuple[list[GenerationSpec], dict[int, str], dict[int, int], dict[int, list[int]]]:
+    async def _specs(
+        self,
+        req: CompletionRequest,
+        prompts: list[str | list[int]],
+        renderer: Renderer,
+        limits: ModelLimits,
+        external: str,
+        constraint: Constraint | None,
+    ) -> tuple[list[GenerationSpec], dict[int, str], dict[int, int], dict[int, list[int]]]:
         """One spec per prompt (tokenized here), and per choice the echoed text, first prompt id and prompt ids."""
         specs, echo, first_ids = [], {}, {}
         prompt_ids: dict[int, list[int]] = {}
         with render_errors("prompt"):
             for k, prompt in enumerate(prompts):
                 if isinstance(prompt, str):
-                    ids = await text_prompt_ids(renderer, prompt, req.add_special_tokens, limits=fit_limits(req, limits))
+                    ids = await text_prompt_ids(
+                        renderer, prompt, req.add_special_tokens, limits=fit_limits(req, limits)
+                    )
                 else:
                     check_prompt_ids(prompt, limits.vocab_size)
                     ids = prompt
-                spec = build_spec(req, ids, limits, external_id=external, stream=req.stream, index_offset=k * req.n,
-                                  structured_outputs=constraint.so if constraint is not None else None)
+                spec = build_spec(
+                    req,
+                    ids,
+                    limits,
+                    external_id=external,
+                    stream=req.stream,
+                    index_offset=k * req.n,
+                    structured_outputs=constraint.so if constraint is not None else None,
+                )
                 specs.append(spec)
                 if req.echo:
                     text = prompt if isinstance(prompt, str) else await renderer.decode(ids, req.skip_special_tokens)

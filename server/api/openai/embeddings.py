@@ -24,10 +24,13 @@ class EmbeddingFormatter(JSONBody):
         self.b64 = b64
 
     def final(self, outputs: list[Output], usage: Usage) -> bytes:
-        data = [EmbeddingData(out.index, encode_vector(embedding(out, self.dimensions, self.normalize), self.b64))
-                for out in outputs]
-        return encoder.encode(EmbeddingResponse(data, self.model,
-                                                EmbeddingUsage(usage.prompt_tokens, usage.prompt_tokens)))
+        data = [
+            EmbeddingData(out.index, encode_vector(embedding(out, self.dimensions, self.normalize), self.b64))
+            for out in outputs
+        ]
+        return encoder.encode(
+            EmbeddingResponse(data, self.model, EmbeddingUsage(usage.prompt_tokens, usage.prompt_tokens))
+        )
 
 
 class EmbeddingsRoute(PostRoute):
@@ -37,8 +40,9 @@ class EmbeddingsRoute(PostRoute):
         req, llm, renderer, limits = self.state.decode_for_model(embedding_decoder, body)
         info = require_task(llm, "/v1/embeddings", ("embed",))
         items = input_items(req.input)
-        with PoolingJob.start(llm, renderer, limits, xid, None, add_special_tokens=req.add_special_tokens,
-                              model=req.model) as job:
+        with PoolingJob.start(
+            llm, renderer, limits, xid, None, add_special_tokens=req.add_special_tokens, model=req.model
+        ) as job:
             job.check_count(len(items), "input")
             dims = check_dimensions(req.dimensions, info, "dimensions")
             cut = prompt_truncation(req.truncate_prompt_tokens, limits)
@@ -46,5 +50,7 @@ class EmbeddingsRoute(PostRoute):
             for k, item in enumerate(items):
                 await job.add(item, k, cut)
             normalize = info.normalize if req.normalize is None else req.normalize
-            fmt = EmbeddingFormatter(self.state.shown_model(req.model), dims, normalize, req.encoding_format == "base64")
+            fmt = EmbeddingFormatter(
+                self.state.shown_model(req.model), dims, normalize, req.encoding_format == "base64"
+            )
             await job.respond(fmt, send)

@@ -48,8 +48,13 @@ def chat_logprobs(entries: Sequence[TokenLogprobs], texts: TokenTexts) -> ChatLo
     return ChatLogprobs(content)
 
 
-def completion_logprobs(entries: Sequence[TokenLogprobs | None], texts: TokenTexts, offset: int,
-                        out: CompletionLogprobs | None = None, none_token: str = "") -> tuple[CompletionLogprobs, int]:
+def completion_logprobs(
+    entries: Sequence[TokenLogprobs | None],
+    texts: TokenTexts,
+    offset: int,
+    out: CompletionLogprobs | None = None,
+    none_token: str = "",
+) -> tuple[CompletionLogprobs, int]:
     """Append `entries` to `out` (or a new one); returns it and the text offset after the last token.
 
     A None entry (the first prompt token, which has no logprob) is `none_token` with null logprobs.

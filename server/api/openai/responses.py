@@ -14,20 +14,24 @@ from typing import Any
 
 import msgspec
 
+from server.api.app_state import AppState
 from server.api.openai.logprobs import chat_logprobs
 from server.api.openai.responses_background import BackgroundResponses
 from server.api.openai.responses_context import fit_prompt, resolve_references
 from server.api.openai.responses_store import ResponseStore, StoredResponse
 from server.api.prompt_tokens import chat_prompt
 from server.api.serving import PostRoute
-from server.api.app_state import AppState
 from server.http.asgi import Receive, Scope, Send, send_error, send_json
 from server.http.errors import APIError
 from server.multimodal.images import image_support
-from server.pipeline.output_processor import Output
 from server.pipeline.input_processor import build_spec, check_request, external_request_id
+from server.pipeline.output_processor import Output
 from server.pipeline.parsing import (
-    ChoiceParser, ChoiceParsers, plan_constrained_tools, reasoning_parser, request_constraint,
+    ChoiceParser,
+    ChoiceParsers,
+    plan_constrained_tools,
+    reasoning_parser,
+    request_constraint,
 )
 from server.pipeline.responses_items import LOGPROBS, chat_request, input_items, responses_error
 from server.pipeline.structured import structured_outputs
@@ -44,24 +48,47 @@ _enc = encoder.encode
 
 def framing(fmt: ResponsesFormatter) -> StreamFraming:
     """No [DONE] (response.completed ends the stream); an error event numbered after the events before it."""
+
     def error(e: APIError) -> bytes:
-        body = _enc({"type": "error", "code": str(e.status), "message": e.message, "param": e.param,
-                     "sequence_number": fmt.builder.seq})
+        body = _enc(
+            {
+                "type": "error",
+                "code": str(e.status),
+                "message": e.message,
+                "param": e.param,
+                "sequence_number": fmt.builder.seq,
+            }
+        )
         return b"event: error\ndata: " + body + b"\n\n"
+
     return StreamFraming(done=b"", error=error)
 
 
 def response_base(req: ResponsesRequest, response_id: str, model: str) -> dict[str, Any]:
     """The response object's fields that echo the request."""
     fmt = req.text.format if req.text is not None and req.text.format is not None else {"type": "text"}
-    return {"id": response_id, "object": "response", "created_at": int(time.time()), "model": model,
-            "error": None, "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
-            "metadata": req.metadata or {}, "parallel_tool_calls": req.parallel_tool_calls is not False,
-            "previous_response_id": req.previous_response_id, "temperature": req.temperature,
-            "top_p": req.top_p, "tools": req.tools or [], "tool_choice": req.tool_choice or "auto",
-            "text": {"format": fmt}, "truncation": req.truncation or "disabled", "store": req.store, "user": req.user,
-            "background": req.background, "reasoning": {"effort": req.reasoning.effort if req.reasoning else None,
-                                               "summary": None}}
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": int(time.time()),
+        "model": model,
+        "error": None,
+        "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens,
+        "metadata": req.metadata or {},
+        "parallel_tool_calls": req.parallel_tool_calls is not False,
+        "previous_response_id": req.previous_response_id,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "tools": req.tools or [],
+        "tool_choice": req.tool_choice or "auto",
+        "text": {"format": fmt},
+        "truncation": req.truncation or "disabled",
+        "store": req.store,
+        "user": req.user,
+        "background": req.background,
+        "reasoning": {"effort": req.reasoning.effort if req.reasoning else None, "summary": None},
+    }
 
 
 class ResponsesRoute(PostRoute):
@@ -94,7 +121,8 @@ class ResponsesRoute(PostRoute):
         with llm.admit(1, 1) as ticket:  # the request's one ticket: a 503 now when the queue is surely full
             if req.truncation == "auto":  # the longest conversation suffix that fits (responses_context.py)
                 text, ids, mm_inputs = await fit_prompt(  # candidates: generate settles the ticket at the exact count
-                    chat, limits, lambda c: chat_prompt(self.state, llm, renderer, c, None, None, "input"))
+                    chat, limits, lambda c: chat_prompt(self.state, llm, renderer, c, None, None, "input")
+                )
             else:
                 text, ids, mm_inputs = await chat_prompt(self.state, llm, renderer, chat, ticket, limits, "input")
             so = request_constraint(plan, constraint.so if constraint is not None else None, config, text)
@@ -107,8 +135,12 @@ class ResponsesRoute(PostRoute):
                 return ChoiceParser(reasoning_parser(config, text), tools) if parsed else None
 
             if chat.logprobs and parsed:
-                raise APIError(f"include {LOGPROBS!r} is not supported yet with a tool call or reasoning parser at "
-                               "work (tools or --reasoning-parser).", status=400, param="include")
+                raise APIError(
+                    f"include {LOGPROBS!r} is not supported yet with a tool call or reasoning parser at "
+                    "work (tools or --reasoning-parser).",
+                    status=400,
+                    param="include",
+                )
             texts = self.token_texts(renderer, chat.logprobs)
 
             def logprobs(out: Output) -> list[dict[str, Any]]:
@@ -116,11 +148,19 @@ class ResponsesRoute(PostRoute):
                 return [msgspec.to_builtins(lp) for lp in chat_logprobs(out.logprobs or [], texts).content or []]
 
             decode = decoder(renderer.tokenizer, spec.skip_special_tokens) if config.outputs.reasoning_parser else None
-            fmt = ResponsesFormatter(response_base(req, new_id("resp"), self.state.shown_model(req.model)),
-                                     len(spec.prompt_token_ids), new_parser, logprobs if texts is not None else None,
-                                     decode)
-            check = relaxed_check(llm.metrics, constraint, relaxed_tools,
-                                  ChoiceParsers(plan, config.outputs.reasoning_parser, text) if parsed else None)
+            fmt = ResponsesFormatter(
+                response_base(req, new_id("resp"), self.state.shown_model(req.model)),
+                len(spec.prompt_token_ids),
+                new_parser,
+                logprobs if texts is not None else None,
+                decode,
+            )
+            check = relaxed_check(
+                llm.metrics,
+                constraint,
+                relaxed_tools,
+                ChoiceParsers(plan, config.outputs.reasoning_parser, text) if parsed else None,
+            )
             headers = [(b"x-request-id", external.encode()), *relaxed_headers(constraint, relaxed_tools)]
 
             async def before_end() -> None:  # stored before the client sees the end: its next request may use it
@@ -130,9 +170,18 @@ class ResponsesRoute(PostRoute):
                     await self.store.put(StoredResponse(fmt.done, [*history, *given, *fmt.done["output"]]))
 
             async def run(to: Send) -> None:
-                await respond(llm, [spec], checked(fmt, check), to, stream=chat.stream,
-                              keepalive=config.outputs.sse_keepalive, headers=headers, framing=framing(fmt),
-                              before_end=before_end, ticket=ticket)
+                await respond(
+                    llm,
+                    [spec],
+                    checked(fmt, check),
+                    to,
+                    stream=chat.stream,
+                    keepalive=config.outputs.sse_keepalive,
+                    headers=headers,
+                    framing=framing(fmt),
+                    before_end=before_end,
+                    ticket=ticket,
+                )
 
             await (self.background.start(fmt.base, run, send, ticket) if req.background else run(send))
 
@@ -152,8 +201,7 @@ class StoredResponseRoute:
                 return
             if scope["method"] == "DELETE":
                 await self.store.delete(response_id)
-                await send_json(send, 200, _enc({"id": response_id, "object": "response.deleted",
-                                                 "deleted": True}))
+                await send_json(send, 200, _enc({"id": response_id, "object": "response.deleted", "deleted": True}))
                 return
             await send_json(send, 200, _enc((await self.store.get(response_id)).response))
         except APIError as e:

@@ -15,8 +15,8 @@ from typing import Any
 
 import anyio
 
-from server.api.openai.responses_store import ResponseStore, StoredResponse
 from server.api.app_state import AppState
+from server.api.openai.responses_store import ResponseStore, StoredResponse
 from server.http.asgi import Message, Send, send_json
 from server.http.errors import APIError
 from server.pipeline import unavailable
@@ -44,8 +44,14 @@ class BackgroundResponses:
         tasks = self.state.tasks
         if tasks is None:
             raise unavailable.starting()
-        queued = {**base, "status": "queued", "incomplete_details": None, "output": [], "output_text": "",
-                  "usage": None}
+        queued = {
+            **base,
+            "status": "queued",
+            "incomplete_details": None,
+            "output": [],
+            "output_text": "",
+            "usage": None,
+        }
         await self.store.put(StoredResponse(queued, []))
         scope = self.scopes[base["id"]] = anyio.CancelScope()
         tasks.start_soon(self._run, queued, scope, run, ticket.detach() if ticket is not None else None)
@@ -54,14 +60,18 @@ class BackgroundResponses:
             tasks.start_soon(self._watch)
         await send_json(send, 200, encoder.encode(queued))
 
-    async def _run(self, queued: dict[str, Any], scope: anyio.CancelScope, run: Run,
-                   ticket: AdmissionTicket | None) -> None:
+    async def _run(
+        self, queued: dict[str, Any], scope: anyio.CancelScope, run: Run, ticket: AdmissionTicket | None
+    ) -> None:
         try:
             with scope:
                 await run(_discard)
         except APIError as e:  # refused or failed after it was queued: the stored response says why
-            await self.store.put(StoredResponse({**queued, "status": "failed",
-                                                 "error": {"code": str(e.status), "message": e.message}}, []))
+            await self.store.put(
+                StoredResponse(
+                    {**queued, "status": "failed", "error": {"code": str(e.status), "message": e.message}}, []
+                )
+            )
         finally:
             self.scopes.pop(queued["id"], None)
             if ticket is not None:  # generate released it already, unless it never got there

@@ -32,8 +32,9 @@ async def resolve_references(items: list[Any], store: ResponseStore) -> list[Any
         if isinstance(item, dict) and item.get("type") == "item_reference":
             ref = item.get("id")
             if not isinstance(ref, str) or not ref:
-                raise bad_request(f"input[{i}].id is required: the id of an item of a stored response.",
-                                  f"input[{i}].id")
+                raise bad_request(
+                    f"input[{i}].id is required: the id of an item of a stored response.", f"input[{i}].id"
+                )
             item = await store.item(ref, f"input[{i}].id")
         out.append(item)
     return out
@@ -53,8 +54,9 @@ def cut_points(messages: list[dict[str, Any]]) -> tuple[int, list[int]]:
     return head, [head, *(i for i in range(head + 1, len(messages)) if messages[i]["role"] == "user")]
 
 
-async def fit_prompt(chat: ChatCompletionRequest, limits: ModelLimits,
-                     prompt: Callable[[ChatCompletionRequest], Awaitable[Prompt]]) -> Prompt:
+async def fit_prompt(
+    chat: ChatCompletionRequest, limits: ModelLimits, prompt: Callable[[ChatCompletionRequest], Awaitable[Prompt]]
+) -> Prompt:
     """truncation "auto": the prompt of the longest conversation suffix (cut at a user turn) that fits."""
     messages = chat.messages or []
     head, cuts = cut_points(messages)
@@ -62,7 +64,7 @@ async def fit_prompt(chat: ChatCompletionRequest, limits: ModelLimits,
 
     async def at(k: int) -> Prompt:
         if k not in tried:
-            kept = [*messages[:head], *messages[cuts[k]:]]
+            kept = [*messages[:head], *messages[cuts[k] :]]
             tried[k] = await prompt(msgspec.structs.replace(chat, messages=kept))
         return tried[k]
 

@@ -91,13 +91,20 @@ class SyncStore:
             row = db.execute("SELECT status FROM responses WHERE id = ?", (rid,)).fetchone()
             if row is not None and row[0] == "cancelled":
                 return False
-            db.execute("INSERT OR REPLACE INTO responses VALUES (?, (SELECT COALESCE(MAX(used), 0) + 1 FROM "
-                       "responses), ?, ?, ?)", (rid, status, *blobs))
-            db.executemany("INSERT OR REPLACE INTO items VALUES (?, ?)",
-                           [(item["id"], rid) for item in entry.items if isinstance(item, dict)
-                            and isinstance(item.get("id"), str)])
-            over = db.execute("SELECT id FROM responses ORDER BY used DESC LIMIT -1 OFFSET ?",
-                              (self.size,)).fetchall()
+            db.execute(
+                "INSERT OR REPLACE INTO responses VALUES (?, (SELECT COALESCE(MAX(used), 0) + 1 FROM "
+                "responses), ?, ?, ?)",
+                (rid, status, *blobs),
+            )
+            db.executemany(
+                "INSERT OR REPLACE INTO items VALUES (?, ?)",
+                [
+                    (item["id"], rid)
+                    for item in entry.items
+                    if isinstance(item, dict) and isinstance(item.get("id"), str)
+                ],
+            )
+            over = db.execute("SELECT id FROM responses ORDER BY used DESC LIMIT -1 OFFSET ?", (self.size,)).fetchall()
             for (gone,) in over:
                 _remove(db, gone)
             return True
@@ -106,12 +113,15 @@ class SyncStore:
 
     def get(self, response_id: str) -> StoredResponse | None:
         """The entry (now the most recent), None: not stored."""
+
         def get(db: sqlite3.Connection) -> tuple[bytes, bytes] | None:
-            row: tuple[bytes, bytes] | None = db.execute("SELECT response, items FROM responses WHERE id = ?",
-                                                         (response_id,)).fetchone()
+            row: tuple[bytes, bytes] | None = db.execute(
+                "SELECT response, items FROM responses WHERE id = ?", (response_id,)
+            ).fetchone()
             if row is not None:
-                db.execute("UPDATE responses SET used = (SELECT MAX(used) + 1 FROM responses) WHERE id = ?",
-                           (response_id,))
+                db.execute(
+                    "UPDATE responses SET used = (SELECT MAX(used) + 1 FROM responses) WHERE id = ?", (response_id,)
+                )
             return row
 
         row = self._write(get)
@@ -122,15 +132,20 @@ class SyncStore:
 
     def item(self, item_id: str) -> Any | None:
         """A stored conversation's item by its id (the most recent response that holds it), None: none."""
-        row = self.db.execute("SELECT r.items FROM items i JOIN responses r ON r.id = i.response_id "
-                              "WHERE i.item_id = ? ORDER BY r.used DESC LIMIT 1", (item_id,)).fetchone()
+        row = self.db.execute(
+            "SELECT r.items FROM items i JOIN responses r ON r.id = i.response_id "
+            "WHERE i.item_id = ? ORDER BY r.used DESC LIMIT 1",
+            (item_id,),
+        ).fetchone()
         if row is None:
             return None
-        return next((it for it in msgspec.json.decode(row[0]) if isinstance(it, dict) and it.get("id") == item_id),
-                    None)
+        return next(
+            (it for it in msgspec.json.decode(row[0]) if isinstance(it, dict) and it.get("id") == item_id), None
+        )
 
     def cancel(self, response_id: str) -> dict[str, Any] | None:
         """Mark an active response cancelled (its owner stops it: `cancelled`); the response as it now stands."""
+
         def cancel(db: sqlite3.Connection) -> bytes | None:
             row = db.execute("SELECT response, status FROM responses WHERE id = ?", (response_id,)).fetchone()
             if row is None or row[1] not in ACTIVE:
@@ -196,8 +211,11 @@ class ResponseStore:
         entry = await self.get(response_id, "previous_response_id")
         status = entry.response["status"]
         if status not in ("completed", "incomplete"):
-            raise APIError(f"Response '{response_id}' is {status}: only a completed or incomplete response can be "
-                           "continued.", status=400, param="previous_response_id")
+            raise APIError(
+                f"Response '{response_id}' is {status}: only a completed or incomplete response can be continued.",
+                status=400,
+                param="previous_response_id",
+            )
         return entry.items
 
     async def delete(self, response_id: str) -> None:

@@ -28,9 +28,15 @@ class ClassifyFormatter(JSONBody):
         for out in outputs:
             probs = class_scores(out, self.info, self.use_activation)
             data.append(ClassificationData(out.index, labels[int(np.argmax(probs))], probs.tolist(), len(labels)))
-        return encoder.encode(ClassificationResponse(
-            f"classify-{self.job.external}", int(time.time()), self.model, data,
-            PoolingUsage(usage.prompt_tokens, usage.prompt_tokens)))
+        return encoder.encode(
+            ClassificationResponse(
+                f"classify-{self.job.external}",
+                int(time.time()),
+                self.model,
+                data,
+                PoolingUsage(usage.prompt_tokens, usage.prompt_tokens),
+            )
+        )
 
 
 class ClassifyRoute(PostRoute):
@@ -40,8 +46,9 @@ class ClassifyRoute(PostRoute):
         req, llm, renderer, limits = self.state.decode_for_model(classify_decoder, body)
         info = require_task(llm, "/classify", ("classify",))
         items = input_items(req.input)
-        with PoolingJob.start(llm, renderer, limits, xid, req.request_id, req.priority, req.add_special_tokens,
-                              model=req.model) as job:
+        with PoolingJob.start(
+            llm, renderer, limits, xid, req.request_id, req.priority, req.add_special_tokens, model=req.model
+        ) as job:
             job.check_count(len(items), "input")
             cut = prompt_truncation(req.truncate_prompt_tokens, limits)
             await job.admit(items)

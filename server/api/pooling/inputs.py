@@ -14,15 +14,21 @@ from types import TracebackType
 from typing import Any
 
 from engine.messages import ImageInput, LoRARequest, PoolingInfo, SamplingParams
-from server.api.prompt_tokens import admit_prompts, prompts_lower_bound, render_errors
 from server.api.app_state import Renderer
+from server.api.prompt_tokens import admit_prompts, prompts_lower_bound, render_errors
 from server.http.asgi import Send
 from server.http.errors import bad_request
 from server.pipeline.admission import AdmissionTicket
 from server.pipeline.async_llm import AsyncLLM
 from server.pipeline.input_processor import (
-    GenerationSpec, ModelLimits, check_priority, check_prompt_ids, external_request_id, lora_for,
-    too_many, unique_prefix,
+    GenerationSpec,
+    ModelLimits,
+    check_priority,
+    check_prompt_ids,
+    external_request_id,
+    lora_for,
+    too_many,
+    unique_prefix,
 )
 from server.pipeline.output_processor import Output, OutputKind
 from server.protocol.openai import Usage
@@ -44,8 +50,11 @@ def input_items(value: str | list[Any], param: str = "input") -> list[Item]:
         return [list(value)]
     if all(isinstance(v, list) and v and all(type(t) is int for t in v) for v in value):
         return [list(v) for v in value]
-    raise bad_request(f"{param} must be a string, a list of strings, a list of token ids, or a list of non-empty "
-                      "token-id lists; do not mix them.", param)
+    raise bad_request(
+        f"{param} must be a string, a list of strings, a list of token ids, or a list of non-empty "
+        "token-id lists; do not mix them.",
+        param,
+    )
 
 
 def require_task(llm: AsyncLLM, path: str, tasks: tuple[str, ...], single: bool = True) -> PoolingInfo:
@@ -56,12 +65,18 @@ def require_task(llm: AsyncLLM, path: str, tasks: tuple[str, ...], single: bool 
         raise bad_request(f"{path} needs a server started with --runner pooling.", None)
     if info.task not in tasks:
         have = "a classification model" if info.task == "classify" else "an embedding model"
-        want = " or ".join("an embedding model" if t == "embed" else "a classification model (a "
-                           "*ForSequenceClassification checkpoint, --convert classify)" for t in tasks)
+        want = " or ".join(
+            "an embedding model"
+            if t == "embed"
+            else "a classification model (a *ForSequenceClassification checkpoint, --convert classify)"
+            for t in tasks
+        )
         raise bad_request(f"{path} needs {want}; this server runs {have}.", None)
     if single and info.pooling_type in ("ALL", "STEP"):
-        raise bad_request(f"{path} needs one vector per input; this server pools {info.pooling_type} (one per "
-                          "token): ask /pooling.", None)
+        raise bad_request(
+            f"{path} needs one vector per input; this server pools {info.pooling_type} (one per token): ask /pooling.",
+            None,
+        )
     return info
 
 
@@ -79,14 +94,17 @@ class Truncation:
         if len(ids) <= self.limit:
             return ids
         if self.side == "left":
-            return ids[-self.limit:]
+            return ids[-self.limit :]
         if self.side == "right":
-            return ids[:self.limit]
+            return ids[: self.limit]
         raise self.too_long(f"{len(ids)} tokens", k, what)
 
     def too_long(self, count: str, k: int, what: str) -> Exception:
-        return bad_request(f"{self.limit_name} is {self.limit} tokens. However, {what} {k} has "
-                           f"{count}. Please reduce the length of the input.", self.param)
+        return bad_request(
+            f"{self.limit_name} is {self.limit} tokens. However, {what} {k} has "
+            f"{count}. Please reduce the length of the input.",
+            self.param,
+        )
 
 
 def prompt_truncation(value: int | None, limits: ModelLimits, param: str = "input") -> Truncation:
@@ -97,8 +115,11 @@ def prompt_truncation(value: int | None, limits: ModelLimits, param: str = "inpu
     if value == -1:
         return Truncation(limits.max_model_len, "left", param)
     if not 1 <= value <= limits.max_model_len:
-        raise bad_request(f"truncate_prompt_tokens must be -1 (max_model_len) or between 1 and the maximum context "
-                          f"length {limits.max_model_len}, got {value}.", "truncate_prompt_tokens")
+        raise bad_request(
+            f"truncate_prompt_tokens must be -1 (max_model_len) or between 1 and the maximum context "
+            f"length {limits.max_model_len}, got {value}.",
+            "truncate_prompt_tokens",
+        )
     return Truncation(value, "left", param)
 
 
@@ -117,18 +138,34 @@ class PoolingJob:
     ticket: AdmissionTicket | None = None  # taken by `admit`; none: `respond` admits the exact count at once
 
     @classmethod
-    def start(cls, llm: AsyncLLM, renderer: Renderer, limits: ModelLimits, xid: str | None, body_id: str | None,
-              priority: int = 0, add_special_tokens: bool = True, *, model: str | None = None) -> PoolingJob:
+    def start(
+        cls,
+        llm: AsyncLLM,
+        renderer: Renderer,
+        limits: ModelLimits,
+        xid: str | None,
+        body_id: str | None,
+        priority: int = 0,
+        add_special_tokens: bool = True,
+        *,
+        model: str | None = None,
+    ) -> PoolingJob:
         check_priority(priority, limits.caps)
-        return cls(llm, renderer, limits, external_request_id(xid, body_id), priority, add_special_tokens,
-                   lora=lora_for(limits, model))
+        return cls(
+            llm,
+            renderer,
+            limits,
+            external_request_id(xid, body_id),
+            priority,
+            add_special_tokens,
+            lora=lora_for(limits, model),
+        )
 
     def check_count(self, count: int, param: str, documents: bool = False) -> None:
         """Inputs per request: --max-prompts-per-request, or --max-documents-per-request for /score and /rerank."""
         caps = self.limits.caps
         if documents:
-            too_many("Number of documents", count, caps.max_documents_per_request, "--max-documents-per-request",
-                     param)
+            too_many("Number of documents", count, caps.max_documents_per_request, "--max-documents-per-request", param)
         else:
             too_many("Number of inputs", count, caps.max_prompts_per_request, "--max-prompts-per-request", param)
 
@@ -140,8 +177,7 @@ class PoolingJob:
     def __enter__(self) -> PoolingJob:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
         if self.ticket is not None:
             self.ticket.release()
 
@@ -164,23 +200,41 @@ class PoolingJob:
                     ids = await self.renderer.encode_pair(item, pair, self.add_special_tokens)
         return self.add_ids(cut.apply(ids, k, what), k, cut.param, what)
 
-    def add_ids(self, ids: list[int], k: int, param: str, what: str = "input",
-                mm_inputs: list[ImageInput] | None = None) -> int:
+    def add_ids(
+        self, ids: list[int], k: int, param: str, what: str = "input", mm_inputs: list[ImageInput] | None = None
+    ) -> int:
         if not ids:
             raise bad_request(f"{what} {k} is empty after tokenization; send at least one token.", param)
         if len(ids) > self.limits.max_model_len:
             Truncation(self.limits.max_model_len, None, param).apply(ids, k, what)
         index = len(self.specs)
-        self.specs.append(GenerationSpec(
-            external_id=self.external, request_id=f"{unique_prefix()}-{self.external}", prompt_token_ids=ids,
-            params=_ONE, output_kind=OutputKind.FINAL_ONLY, priority=self.priority, arrival_time=time.time(),
-            index_offset=index, mm_inputs=mm_inputs, lora=self.lora))
+        self.specs.append(
+            GenerationSpec(
+                external_id=self.external,
+                request_id=f"{unique_prefix()}-{self.external}",
+                prompt_token_ids=ids,
+                params=_ONE,
+                output_kind=OutputKind.FINAL_ONLY,
+                priority=self.priority,
+                arrival_time=time.time(),
+                index_offset=index,
+                mm_inputs=mm_inputs,
+                lora=self.lora,
+            )
+        )
         return index
 
     async def respond(self, fmt: JSONBody, send: Send) -> None:
         """Run every input in one go (one engine batch) and answer `fmt`'s body."""
-        await respond(self.llm, self.specs, fmt, send, stream=False,
-                      headers=[(b"x-request-id", self.external.encode())], ticket=self.ticket)
+        await respond(
+            self.llm,
+            self.specs,
+            fmt,
+            send,
+            stream=False,
+            headers=[(b"x-request-id", self.external.encode())],
+            ticket=self.ticket,
+        )
 
 
 class JSONBody:

@@ -19,8 +19,11 @@ from server.pipeline.pooling.scoring import cosine, cross_score
 
 def check_scorer(info: PoolingInfo, path: str) -> None:
     if info.task == "classify" and len(info.labels) != 1:
-        raise bad_request(f"{path} needs a cross-encoder (a classifier with one label) or an embedding model; this "
-                          f"classifier has {len(info.labels)} labels: ask /classify.", None)
+        raise bad_request(
+            f"{path} needs a cross-encoder (a classifier with one label) or an embedding model; this "
+            f"classifier has {len(info.labels)} labels: ask /classify.",
+            None,
+        )
 
 
 class PairScorer:

@@ -19,8 +19,7 @@ from server.protocol.pooling import PoolingData, PoolingRequest, PoolingResponse
 
 
 class PoolingFormatter(JSONBody):
-    def __init__(self, job: PoolingJob, model: str, info: PoolingInfo, req: PoolingRequest,
-                 dims: int | None) -> None:
+    def __init__(self, job: PoolingJob, model: str, info: PoolingInfo, req: PoolingRequest, dims: int | None) -> None:
         self.job, self.model, self.info, self.req, self.dims = job, model, info, req, dims
 
     def final(self, outputs: list[Output], usage: Usage) -> bytes:
@@ -33,8 +32,15 @@ class PoolingFormatter(JSONBody):
             else:
                 v = embedding(out, self.dims, info.normalize if req.normalize is None else req.normalize)
             data.append(PoolingData(out.index, encode_vector(v, b64)))
-        return encoder.encode(PoolingResponse(f"pool-{self.job.external}", int(time.time()), self.model, data,
-                                              PoolingUsage(usage.prompt_tokens, usage.prompt_tokens)))
+        return encoder.encode(
+            PoolingResponse(
+                f"pool-{self.job.external}",
+                int(time.time()),
+                self.model,
+                data,
+                PoolingUsage(usage.prompt_tokens, usage.prompt_tokens),
+            )
+        )
 
 
 class PoolingRoute(PostRoute):
@@ -47,8 +53,9 @@ class PoolingRoute(PostRoute):
             raise bad_request("dimensions applies to embedding models; this server runs a classifier.", "dimensions")
         dims = check_dimensions(req.dimensions, info, "dimensions")
         items = input_items(req.input)
-        with PoolingJob.start(llm, renderer, limits, xid, req.request_id, req.priority, req.add_special_tokens,
-                              model=req.model) as job:
+        with PoolingJob.start(
+            llm, renderer, limits, xid, req.request_id, req.priority, req.add_special_tokens, model=req.model
+        ) as job:
             job.check_count(len(items), "input")
             cut = prompt_truncation(req.truncate_prompt_tokens, limits)
             await job.admit(items)

@@ -15,7 +15,13 @@ from server.pipeline.output_processor import Output
 from server.pipeline.pooling.scoring import rerank_order
 from server.protocol.openai import Usage, encoder
 from server.protocol.pooling import (
-    DocumentIn, PoolingUsage, RerankDocument, RerankRequest, RerankResponse, RerankResult, rerank_decoder,
+    DocumentIn,
+    PoolingUsage,
+    RerankDocument,
+    RerankRequest,
+    RerankResponse,
+    RerankResult,
+    rerank_decoder,
 )
 
 
@@ -24,29 +30,50 @@ def rerank_inputs(req: RerankRequest) -> tuple[str, list[str]]:
     if req.query is None:
         raise bad_request("query is required: the text the documents are ranked against.", "query")
     if not req.documents:
-        raise bad_request("documents must be a non-empty list of texts (or {\"text\": ...} objects).", "documents")
+        raise bad_request('documents must be a non-empty list of texts (or {"text": ...} objects).', "documents")
     if req.top_n is not None and req.top_n < 0:
         raise bad_request(f"top_n must be at least 0 (0 or none: every document), got {req.top_n}.", "top_n")
     if req.max_tokens_per_doc is not None and req.max_tokens_per_doc < 1:
-        raise bad_request(f"max_tokens_per_doc must be at least 1, got {req.max_tokens_per_doc}.",
-                          "max_tokens_per_doc")
+        raise bad_request(f"max_tokens_per_doc must be at least 1, got {req.max_tokens_per_doc}.", "max_tokens_per_doc")
     return req.query, [d.text if isinstance(d, DocumentIn) else d for d in req.documents]
 
 
 class RerankFormatter(JSONBody):
-    def __init__(self, job: PoolingJob, scorer: PairScorer, model: str, req: RerankRequest, documents: list[str],
-                 meta: dict[str, Any] | None) -> None:
-        self.job, self.scorer, self.model, self.req, self.documents, self.meta = job, scorer, model, req, documents, meta
+    def __init__(
+        self,
+        job: PoolingJob,
+        scorer: PairScorer,
+        model: str,
+        req: RerankRequest,
+        documents: list[str],
+        meta: dict[str, Any] | None,
+    ) -> None:
+        self.job, self.scorer, self.model, self.req, self.documents, self.meta = (
+            job,
+            scorer,
+            model,
+            req,
+            documents,
+            meta,
+        )
 
     def final(self, outputs: list[Output], usage: Usage) -> bytes:
         req = self.req
         use = req.use_activation if req.use_activation is not None else req.activation
         scores = self.scorer.scores(outputs, use)
-        results = [RerankResult(i, scores[i], RerankDocument(self.documents[i]) if req.return_documents else None)
-                   for i in rerank_order(scores, req.top_n)]
-        return encoder.encode(RerankResponse(f"rerank-{self.job.external}", self.model,
-                                             PoolingUsage(usage.prompt_tokens, usage.prompt_tokens), results,
-                                             self.meta))
+        results = [
+            RerankResult(i, scores[i], RerankDocument(self.documents[i]) if req.return_documents else None)
+            for i in rerank_order(scores, req.top_n)
+        ]
+        return encoder.encode(
+            RerankResponse(
+                f"rerank-{self.job.external}",
+                self.model,
+                PoolingUsage(usage.prompt_tokens, usage.prompt_tokens),
+                results,
+                self.meta,
+            )
+        )
 
 
 class RerankRoute(PostRoute):
@@ -58,8 +85,9 @@ class RerankRoute(PostRoute):
         info = require_task(llm, self.path, ("embed", "classify"))
         check_scorer(info, self.path)
         query, documents = rerank_inputs(req)
-        with PoolingJob.start(llm, renderer, limits, xid, req.request_id, req.priority, req.add_special_tokens,
-                              model=req.model) as job:
+        with PoolingJob.start(
+            llm, renderer, limits, xid, req.request_id, req.priority, req.add_special_tokens, model=req.model
+        ) as job:
             job.check_count(len(documents), "documents", documents=True)
             cut: Truncation = prompt_truncation(req.truncate_prompt_tokens, limits, "documents")
             await job.admit([query + d for d in documents])

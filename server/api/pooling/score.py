@@ -22,8 +22,11 @@ def score_sides(req: ScoreRequest) -> tuple[list[str], list[str], tuple[str, str
     """The one pair of fields the request uses, as lists, with their names (a 400 for none or several)."""
     given = [(a, b) for a, b in _NAMES if getattr(req, a) is not None or getattr(req, b) is not None]
     if len(given) != 1:
-        raise bad_request("Send queries and documents (or text_1 and text_2, or data_1 and data_2), one pair of "
-                          f"them{'; got ' + ', '.join(a + '/' + b for a, b in given) if given else ''}.", "queries")
+        raise bad_request(
+            "Send queries and documents (or text_1 and text_2, or data_1 and data_2), one pair of "
+            f"them{'; got ' + ', '.join(a + '/' + b for a, b in given) if given else ''}.",
+            "queries",
+        )
     names = given[0]
     sides: list[list[str]] = []
     for name in names:
@@ -40,9 +43,15 @@ class ScoreFormatter(JSONBody):
 
     def final(self, outputs: list[Output], usage: Usage) -> bytes:
         scores = self.scorer.scores(outputs, self.use_activation)
-        return encoder.encode(ScoreResponse(
-            f"score-{self.job.external}", int(time.time()), self.model,
-            [ScoreData(i, s) for i, s in enumerate(scores)], PoolingUsage(usage.prompt_tokens, usage.prompt_tokens)))
+        return encoder.encode(
+            ScoreResponse(
+                f"score-{self.job.external}",
+                int(time.time()),
+                self.model,
+                [ScoreData(i, s) for i, s in enumerate(scores)],
+                PoolingUsage(usage.prompt_tokens, usage.prompt_tokens),
+            )
+        )
 
 
 class ScoreRoute(PostRoute):
@@ -54,8 +63,9 @@ class ScoreRoute(PostRoute):
         check_scorer(info, "/score")
         queries, documents, names = score_sides(req)
         pairs = pair_up(queries, documents, names)
-        with PoolingJob.start(llm, renderer, limits, xid, req.request_id, req.priority, req.add_special_tokens,
-                              model=req.model) as job:
+        with PoolingJob.start(
+            llm, renderer, limits, xid, req.request_id, req.priority, req.add_special_tokens, model=req.model
+        ) as job:
             job.check_count(len(pairs), names[1], documents=True)
             cut = prompt_truncation(req.truncate_prompt_tokens, limits, names[1])
             await job.admit([q + d for q, d in pairs])

@@ -22,14 +22,14 @@ import msgspec
 
 from server.api.openai.logprobs import TokenTexts, chat_logprobs
 from server.api.serving import PostRoute
-from server.streaming.respond import respond
 from server.http import sse
 from server.http.asgi import Send
 from server.pipeline.input_processor import build_spec, check_prompt_ids, check_request, external_request_id
 from server.pipeline.output_processor import Output
 from server.pipeline.structured import structured_outputs
-from server.streaming.output_check import relaxed_headers
 from server.protocol.openai import CompletionRequest, Int64, StreamOptions, StructuredOutputsParams, Usage, encoder
+from server.streaming.output_check import relaxed_headers
+from server.streaming.respond import respond
 
 _enc = encoder.encode
 
@@ -89,8 +89,15 @@ _decoder = msgspec.json.Decoder(GenerateRequest)
 def as_completion_request(req: GenerateRequest) -> CompletionRequest:
     """The same request as /v1/completions with a token-id prompt, so it is validated the same way."""
     fields = {f: getattr(req.sampling_params, f) for f in req.sampling_params.__struct_fields__}
-    return CompletionRequest(prompt=req.token_ids, stream=req.stream, stream_options=req.stream_options,
-                             priority=req.priority, request_id=req.request_id, model=req.model, **fields)
+    return CompletionRequest(
+        prompt=req.token_ids,
+        stream=req.stream,
+        stream_options=req.stream_options,
+        priority=req.priority,
+        request_id=req.request_id,
+        model=req.model,
+        **fields,
+    )
 
 
 class GenerateFormatter:
@@ -101,9 +108,16 @@ class GenerateFormatter:
         self.texts = texts
 
     def _choices(self, outputs: list[Output]) -> list[GenerateChoice]:
-        return [GenerateChoice(o.index, o.token_ids, o.finish_reason, o.stop_reason,
-                               chat_logprobs(o.logprobs or [], self.texts) if self.texts is not None else None)
-                for o in outputs]
+        return [
+            GenerateChoice(
+                o.index,
+                o.token_ids,
+                o.finish_reason,
+                o.stop_reason,
+                chat_logprobs(o.logprobs or [], self.texts) if self.texts is not None else None,
+            )
+            for o in outputs
+        ]
 
     def stream_start(self) -> bytes | None:
         return None
@@ -128,11 +142,23 @@ class GenerateRoute(PostRoute):
         check_prompt_ids(raw.token_ids, limits.vocab_size, "token_ids")
         constraint = await structured_outputs(req, limits.caps, prefix="sampling_params.")
         external = external_request_id(xid, raw.request_id)
-        spec = build_spec(req, list(raw.token_ids), limits, external_id=external, stream=raw.stream,
-                          structured_outputs=constraint.so if constraint is not None else None)
+        spec = build_spec(
+            req,
+            list(raw.token_ids),
+            limits,
+            external_id=external,
+            stream=raw.stream,
+            structured_outputs=constraint.so if constraint is not None else None,
+        )
         texts = self.token_texts(renderer, req.logprobs is not None)
         opts = raw.stream_options
-        await respond(llm, [spec], GenerateFormatter(external, texts), send, stream=raw.stream,
-                      include_usage=bool(opts and opts.include_usage),
-                      keepalive=self.state.config.outputs.sse_keepalive,
-                      headers=[(b"x-request-id", external.encode()), *relaxed_headers(constraint, {})])
+        await respond(
+            llm,
+            [spec],
+            GenerateFormatter(external, texts),
+            send,
+            stream=raw.stream,
+            include_usage=bool(opts and opts.include_usage),
+            keepalive=self.state.config.outputs.sse_keepalive,
+            headers=[(b"x-request-id", external.encode()), *relaxed_headers(constraint, {})],
+        )

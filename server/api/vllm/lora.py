@@ -13,8 +13,8 @@ import anyio
 import msgspec
 
 from engine.lora.peft_files import AdapterError
-from server.api.serving import PostRoute
 from server.api.app_state import decode_body
+from server.api.serving import PostRoute
 from server.http.asgi import Send
 from server.http.errors import APIError, bad_request
 from server.lora.registry import LoRARegistry
@@ -37,9 +37,13 @@ _unload_decoder = msgspec.json.Decoder(UnloadLoRAAdapter)
 
 async def _send_text(send: Send, text: str) -> None:
     body = text.encode()
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"text/plain; charset=utf-8"),
-                            (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -58,8 +62,11 @@ class LoadLoRARoute(_LoRARoute):
         if not req.lora_name or not req.lora_path:
             raise bad_request("Both 'lora_name' and 'lora_path' must be provided.")
         if req.lora_name in registry.adapters and not req.load_inplace:
-            raise bad_request(f"The lora adapter '{req.lora_name}' has already been loaded. If you want to load "
-                              "the adapter in place, set 'load_inplace' to True.", "lora_name")
+            raise bad_request(
+                f"The lora adapter '{req.lora_name}' has already been loaded. If you want to load "
+                "the adapter in place, set 'load_inplace' to True.",
+                "lora_name",
+            )
         try:
             adapter = await anyio.to_thread.run_sync(registry.check, req.lora_name, req.lora_path)
         except AdapterError as e:

@@ -24,31 +24,48 @@ from server.api.prompt_tokens import chat_ids_with_images, fit_limits, require_m
 from server.api.serving import PostRoute
 from server.http.asgi import Send, send_json
 from server.pipeline.input_processor import (
-    GenerationSpec, build_spec, check_prompt_ids, check_request, completion_prompts, external_request_id,
+    GenerationSpec,
+    build_spec,
+    check_prompt_ids,
+    check_request,
+    completion_prompts,
+    external_request_id,
 )
 from server.protocol.openai import ChatCompletionRequest, CompletionRequest, chat_decoder, completion_decoder, encoder
 
 
-def generate_request(spec: GenerationSpec, model: str,
-                     req: CompletionRequest | ChatCompletionRequest) -> dict[str, Any]:
+def generate_request(
+    spec: GenerationSpec, model: str, req: CompletionRequest | ChatCompletionRequest
+) -> dict[str, Any]:
     """The /inference/v1/generate body that reproduces `spec`."""
     params = msgspec.to_builtins(spec.params)  # omit_defaults: only what differs from the engine's defaults
     params.pop("prompt_logprobs", None)
     bias = spec.params.logit_bias
     if bias:
         params["logit_bias"] = {str(k): v for k, v in bias.items()}
-    params.update(n=spec.n, stop=list(spec.stop), include_stop_str_in_output=spec.include_stop_str_in_output,
-                  skip_special_tokens=spec.skip_special_tokens,
-                  spaces_between_special_tokens=spec.spaces_between_special_tokens,
-                  temperature=spec.params.temperature, top_p=spec.params.top_p, top_k=spec.params.top_k,
-                  seed=spec.params.seed)
-    return {"request_id": spec.external_id, "token_ids": spec.prompt_token_ids, "sampling_params": params,
-            "model": model, "stream": req.stream, "stream_options": msgspec.to_builtins(req.stream_options),
-            "priority": spec.priority}
+    params.update(
+        n=spec.n,
+        stop=list(spec.stop),
+        include_stop_str_in_output=spec.include_stop_str_in_output,
+        skip_special_tokens=spec.skip_special_tokens,
+        spaces_between_special_tokens=spec.spaces_between_special_tokens,
+        temperature=spec.params.temperature,
+        top_p=spec.params.top_p,
+        top_k=spec.params.top_k,
+        seed=spec.params.seed,
+    )
+    return {
+        "request_id": spec.external_id,
+        "token_ids": spec.prompt_token_ids,
+        "sampling_params": params,
+        "model": model,
+        "stream": req.stream,
+        "stream_options": msgspec.to_builtins(req.stream_options),
+        "priority": spec.priority,
+    }
 
 
 class CompletionsRenderRoute(PostRoute):
-
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
         req, renderer, limits = self.state.decode_for_render(completion_decoder, body)
         check_request(req, limits)
@@ -60,14 +77,14 @@ class CompletionsRenderRoute(PostRoute):
             else:
                 check_prompt_ids(prompt, limits.vocab_size)
                 ids = prompt
-            spec = build_spec(req, ids, limits, external_id=external if k == 0 else f"{external}-{k}",
-                              stream=req.stream)
+            spec = build_spec(
+                req, ids, limits, external_id=external if k == 0 else f"{external}-{k}", stream=req.stream
+            )
             out.append(generate_request(spec, self.state.model_name, req))
         await send_json(send, 200, encoder.encode(out))
 
 
 class ChatRenderRoute(PostRoute):
-
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
         req, renderer, limits = self.state.decode_for_render(chat_decoder, body)
         require_messages(req)

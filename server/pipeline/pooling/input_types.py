@@ -37,5 +37,8 @@ def prompt_for(input_type: str | None, info: PoolingInfo) -> str:
         return prompts[name]
     if not prompts and input_type in COHERE_INPUT_TYPES:
         return ""
-    raise bad_request(f"input_type {input_type!r} is not supported by this model; supported: "
-                      f"{', '.join(supported_input_types(info))}.", "input_type")
+    raise bad_request(
+        f"input_type {input_type!r} is not supported by this model; supported: "
+        f"{', '.join(supported_input_types(info))}.",
+        "input_type",
+    )

@@ -49,10 +49,13 @@ def check_dimensions(requested: int | None, info: PoolingInfo, param: str) -> in
         return None
     allowed = info.matryoshka_dimensions
     if not info.is_matryoshka and allowed is None:
-        raise bad_request(f"This model does not support Matryoshka representation, so {param} cannot change the "
-                          f"embedding size; leave {param} out (a checkpoint declares it with config.json's "
-                          "matryoshka_dimensions, or the server with --pooler-config "
-                          "'{\"is_matryoshka\": true}').", param)
+        raise bad_request(
+            f"This model does not support Matryoshka representation, so {param} cannot change the "
+            f"embedding size; leave {param} out (a checkpoint declares it with config.json's "
+            "matryoshka_dimensions, or the server with --pooler-config "
+            "'{\"is_matryoshka\": true}').",
+            param,
+        )
     if not 1 <= requested <= info.hidden_size:
         raise bad_request(f"{param} must be between 1 and {info.hidden_size}, got {requested}.", param)
     if allowed is not None and requested not in allowed:

@@ -23,8 +23,9 @@ def pair_up(queries: Sequence[T], documents: Sequence[T], names: tuple[str, str]
     if len(queries) == 1:
         return [(queries[0], d) for d in documents]
     if len(queries) != len(documents):
-        raise bad_request(f"{names[0]} and {names[1]} must be 1:1, 1:N or N:N; got {len(queries)} and "
-                          f"{len(documents)}.", names[1])
+        raise bad_request(
+            f"{names[0]} and {names[1]} must be 1:1, 1:N or N:N; got {len(queries)} and {len(documents)}.", names[1]
+        )
     return list(zip(queries, documents))
 
 

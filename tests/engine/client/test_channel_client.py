@@ -14,12 +14,11 @@ import pytest
 
 from engine.client.channel_client import open_engine_channel
 from engine.client.process_client import EngineLoadError
-from engine.transport.ipc import FrameBuffer, FrameEncoder
 from engine.messages import AddRequest, Ready, SamplingParams, ToEngine
+from engine.transport.ipc import FrameBuffer, FrameEncoder
 
 pytestmark = pytest.mark.anyio
-READY = Ready(max_model_len=64, vocab_size=100, eos_token_ids=[1], num_blocks=4, block_size=16,
-              model_dtype="float32")
+READY = Ready(max_model_len=64, vocab_size=100, eos_token_ids=[1], num_blocks=4, block_size=16, model_dtype="float32")
 
 
 @pytest.fixture(params=["trio", "asyncio"])

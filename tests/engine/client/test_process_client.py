@@ -33,8 +33,9 @@ def config(ckpt: Path, **kw: object) -> EngineConfig:
 async def test_generate_then_heartbeats(qwen2_ckpt: Path) -> None:
     async with open_engine(config(qwen2_ckpt)) as engine:
         assert engine.ready.max_model_len > 0 and engine.ready.num_blocks == 128
-        engine.add_request(AddRequest("x", [1, 2, 3, 4], SamplingParams(
-            max_tokens=5, temperature=0.0, ignore_eos=True), time.time()))
+        engine.add_request(
+            AddRequest("x", [1, 2, 3, 4], SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True), time.time())
+        )
         got: list[int] = []
         finish = None
         with anyio.fail_after(60):
@@ -52,8 +53,9 @@ async def test_generate_then_heartbeats(qwen2_ckpt: Path) -> None:
 
 async def test_sigkill_of_engine_raises_dead_within_1s(qwen2_ckpt: Path) -> None:
     async with open_engine(config(qwen2_ckpt)) as engine:
-        engine.add_request(AddRequest("long", [1, 2, 3], SamplingParams(
-            max_tokens=100_000 // 100, ignore_eos=True), time.time()))
+        engine.add_request(
+            AddRequest("long", [1, 2, 3], SamplingParams(max_tokens=100_000 // 100, ignore_eos=True), time.time())
+        )
         await engine.receive()
         os.kill(engine.pid, signal.SIGKILL)
         t0 = time.monotonic()

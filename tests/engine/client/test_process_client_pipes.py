@@ -18,16 +18,25 @@ import pytest
 from anyio.streams.stapled import StapledByteStream
 
 from engine.client.process_client import EngineClient, OwnedEngine
-from engine.transport.ipc import FrameBuffer, FrameEncoder
 from engine.messages import (
-    AbortRequests, AddRequest, EngineStats, FromEngine, Heartbeat, Ready, RequestOutput, SamplingParams,
-    StepOutputs, ToEngine,
+    AbortRequests,
+    AddRequest,
+    EngineStats,
+    FromEngine,
+    Heartbeat,
+    Ready,
+    RequestOutput,
+    SamplingParams,
+    StepOutputs,
+    ToEngine,
 )
+from engine.transport.ipc import FrameBuffer, FrameEncoder
 
 pytestmark = pytest.mark.anyio
 STATS = EngineStats(0, 0, 0, 10, 0, 0, 0)
-READY = Ready(max_model_len=4096, vocab_size=151_646, eos_token_ids=[151645], num_blocks=10, block_size=16,
-              model_dtype="float32")
+READY = Ready(
+    max_model_len=4096, vocab_size=151_646, eos_token_ids=[151645], num_blocks=10, block_size=16, model_dtype="float32"
+)
 
 
 @pytest.fixture(params=["trio", "asyncio"])
@@ -93,10 +102,17 @@ class FakeProcess:
 
 
 @asynccontextmanager
-async def client(capacity: int = 1 << 20, heartbeat_timeout: float = 30.0) -> AsyncIterator[tuple[EngineClient, FakeProcess]]:
+async def client(
+    capacity: int = 1 << 20, heartbeat_timeout: float = 30.0
+) -> AsyncIterator[tuple[EngineClient, FakeProcess]]:
     proc = FakeProcess(capacity)
-    c = EngineClient(StapledByteStream(proc.stdin, proc.stdout), OwnedEngine(proc),  # type: ignore[arg-type]
-                     READY, FrameBuffer(FromEngine), heartbeat_timeout)
+    c = EngineClient(
+        StapledByteStream(proc.stdin, proc.stdout),
+        OwnedEngine(proc),  # type: ignore[arg-type]
+        READY,
+        FrameBuffer(FromEngine),
+        heartbeat_timeout,
+    )
     async with anyio.create_task_group() as tg:
         await tg.start(c._write_loop)
         yield c, proc
@@ -191,8 +207,14 @@ async def test_long_step_with_heartbeats_is_alive_and_a_hung_step_is_not() -> No
     from engine.client.process_client import EngineDeadError
 
     proc = FakeProcess(1 << 20)
-    c = EngineClient(StapledByteStream(proc.stdin, proc.stdout), OwnedEngine(proc),  # type: ignore[arg-type]
-                     READY, FrameBuffer(FromEngine), heartbeat_timeout=5.0, step_timeout=60.0)
+    c = EngineClient(
+        StapledByteStream(proc.stdin, proc.stdout),
+        OwnedEngine(proc),  # type: ignore[arg-type]
+        READY,
+        FrameBuffer(FromEngine),
+        heartbeat_timeout=5.0,
+        step_timeout=60.0,
+    )
     enc = FrameEncoder()
     now = time.time()
     async with anyio.create_task_group() as tg:
@@ -221,9 +243,14 @@ async def test_stop_strings_queue_200_aborts_while_both_pipes_are_full() -> None
             finished: list[str] = []
 
             async def one(i: int) -> None:
-                spec = GenerationSpec(external_id=f"s{i}", request_id=f"s{i}", prompt_token_ids=[1, 2, 3],
-                                      params=SamplingParams(max_tokens=100), stop=("STOP",),
-                                      output_kind=OutputKind.DELTA)
+                spec = GenerationSpec(
+                    external_id=f"s{i}",
+                    request_id=f"s{i}",
+                    prompt_token_ids=[1, 2, 3],
+                    params=SamplingParams(max_tokens=100),
+                    stop=("STOP",),
+                    output_kind=OutputKind.DELTA,
+                )
                 async with llm.generate([spec]) as outputs:
                     async for batch in outputs:
                         for out in batch:

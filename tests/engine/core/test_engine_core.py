@@ -55,8 +55,10 @@ def test_seeded_sample_is_batch_invariant(qwen2_ckpt: Path) -> None:
     ps = prompts(core.vocab_size, seed=5, lengths=[11] * 32)
     seeded = SamplingParams(max_tokens=10, temperature=1.0, top_p=0.9, seed=1234)
     alone = tokens(run(core, [("alone", ps[0], seeded, 0)])["alone"])
-    others = [(f"o{i}", p, SamplingParams(max_tokens=10, temperature=1.0, seed=i if i % 2 else None), 0)
-              for i, p in enumerate(ps[1:])]
+    others = [
+        (f"o{i}", p, SamplingParams(max_tokens=10, temperature=1.0, seed=i if i % 2 else None), 0)
+        for i, p in enumerate(ps[1:])
+    ]
     batch = run(core, [("in-batch", ps[0], seeded, 0)] + others)
     assert tokens(batch["in-batch"]) == alone
     assert len(alone) == 10
@@ -96,7 +98,7 @@ def test_stop_token_ids_min_tokens_and_eos(qwen2_ckpt: Path) -> None:
     stop_at = next(i for i in range(2, 8) if free[i] not in free[:i])
     params = SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=[free[stop_at]])
     outs = run(core, [("s", p, params, 0)])["s"]
-    assert tokens(outs) == free[:stop_at + 1]
+    assert tokens(outs) == free[: stop_at + 1]
     assert outs[-1].finish_reason == "stop" and outs[-1].stop_token_id == free[stop_at]
     # min_tokens holds the stop id back: generation goes past it
     held = SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=[free[0]], min_tokens=3)
@@ -104,14 +106,17 @@ def test_stop_token_ids_min_tokens_and_eos(qwen2_ckpt: Path) -> None:
     assert len(got) >= 3 and free[0] not in got[:3]
 
 
-@pytest.mark.parametrize("bad", [
-    dict(prompt=[], why="empty"),
-    dict(prompt=[10**9], why="vocabulary"),
-    dict(prompt=[-1], why="vocabulary"),
-    dict(params=SamplingParams(max_tokens=10**7), why="max"),
-    dict(params=SamplingParams(max_tokens=1, temperature=float("nan")), why="finite"),
-    dict(params=SamplingParams(max_tokens=1, stop_token_ids=[10**9]), why="vocabulary"),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(prompt=[], why="empty"),
+        dict(prompt=[10**9], why="vocabulary"),
+        dict(prompt=[-1], why="vocabulary"),
+        dict(params=SamplingParams(max_tokens=10**7), why="max"),
+        dict(params=SamplingParams(max_tokens=1, temperature=float("nan")), why="finite"),
+        dict(params=SamplingParams(max_tokens=1, stop_token_ids=[10**9]), why="vocabulary"),
+    ],
+)
 def test_impossible_requests_are_refused_not_crashes(qwen2_ckpt: Path, bad: dict) -> None:  # type: ignore[type-arg]
     core = make_core(qwen2_ckpt)
     prompt = bad.get("prompt", [1, 2, 3])

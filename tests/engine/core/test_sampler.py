@@ -10,15 +10,16 @@ import pytest
 import torch
 
 import engine.core.sampler as sampler_mod
-from engine.messages import SamplingParams
 from engine.core.sampler import Sampler
 from engine.core.sequence import Sequence
+from engine.messages import SamplingParams
 
 EOS = 3
 
 
-def seq(params: SamplingParams, prompt: list[int] | None = None, output: list[int] | None = None,
-        rid: str = "r") -> Sequence:
+def seq(
+    params: SamplingParams, prompt: list[int] | None = None, output: list[int] | None = None, rid: str = "r"
+) -> Sequence:
     s = Sequence.new(rid, prompt or [0], params, 0.0)
     s.token_ids += output or []
     return s
@@ -35,7 +36,7 @@ def reference_probs(logits: list[float], p: SamplingParams) -> list[float]:
     keep = probs >= p.min_p * probs.max()
     order = torch.argsort(probs, descending=True)
     if 0 < p.top_k < len(logits):
-        keep[order[p.top_k:]] = False
+        keep[order[p.top_k :]] = False
     probs = torch.where(keep, probs, 0.0)
     probs /= probs.sum()
     mass = 0.0
@@ -77,8 +78,7 @@ COMBOS = [
 
 @pytest.mark.parametrize("params", COMBOS, ids=lambda p: msgspec.json.encode(p).decode()[16:-1])
 @pytest.mark.parametrize("path", ["default", "blocked", "large-k", "fallback-candidates", "fallback-sort"])
-def test_distribution_matches_reference(params: SamplingParams, path: str,
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_distribution_matches_reference(params: SamplingParams, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if path == "blocked":  # the two-level inverse CDF, with a short last block (12 = 5 + 5 + 2)
         monkeypatch.setattr(sampler_mod, "ARGMAX_CHUNK", 5)
     if path == "large-k":  # top_k beyond the candidate limit: threshold mask on the full row
@@ -108,9 +108,14 @@ def test_greedy_is_argmax_and_mixed_batches_keep_it() -> None:
     greedy = SamplingParams(max_tokens=1, temperature=0.0)
     s = sampler(50)
     assert s.sample(logits, [seq(greedy)] * 6).token_ids == logits.argmax(-1).tolist()
-    mixed = [seq(greedy), seq(SamplingParams(max_tokens=1)), seq(greedy),
-             seq(SamplingParams(max_tokens=1, top_k=3)), seq(greedy),
-             seq(SamplingParams(max_tokens=1, top_p=0.5))]
+    mixed = [
+        seq(greedy),
+        seq(SamplingParams(max_tokens=1)),
+        seq(greedy),
+        seq(SamplingParams(max_tokens=1, top_k=3)),
+        seq(greedy),
+        seq(SamplingParams(max_tokens=1, top_p=0.5)),
+    ]
     out = s.sample(logits, mixed).token_ids
     assert [out[i] for i in (0, 2, 4)] == logits.argmax(-1)[[0, 2, 4]].tolist()
 
@@ -121,16 +126,15 @@ def test_blocked_argmax_equals_torch_argmax(V: int) -> None:
     torch.manual_seed(V)
     x = torch.randn(6, V)
     x[1, :] = 0.0  # all tied: column 0
-    x[2, V // 2:] = x[2].max() + 1  # tie spanning blocks: the first one wins
+    x[2, V // 2 :] = x[2].max() + 1  # tie spanning blocks: the first one wins
     x[3, -1] = 1e9  # in the short last block
     x[4, :] = -math.inf  # nothing finite: argmax says column 0
     x[4, V // 3] = -1e30
-    x[5, :V - 1] = -math.inf
+    x[5, : V - 1] = -math.inf
     assert sampler_mod._argmax(x).tolist() == x.argmax(-1).tolist()
     assert sampler_mod._argmax(x[::2]).tolist() == x[::2].argmax(-1).tolist()
     s = sampler(V)
-    assert s.sample(x, [seq(SamplingParams(max_tokens=1, temperature=0.0))] * 6).token_ids == \
-        x.argmax(-1).tolist()
+    assert s.sample(x, [seq(SamplingParams(max_tokens=1, temperature=0.0))] * 6).token_ids == x.argmax(-1).tolist()
 
 
 def reference_process(logits: list[float], s: Sequence, eos: list[int]) -> list[float]:
@@ -206,9 +210,13 @@ def test_seeded_request_is_reproducible_alone_and_in_a_batch() -> None:
     torch.manual_seed(5)
     steps = [torch.randn(32, V) for _ in range(6)]
     target = SamplingParams(max_tokens=6, seed=42, top_p=0.9, temperature=1.2)
-    others = [SamplingParams(max_tokens=6), SamplingParams(max_tokens=6, top_k=20),
-              SamplingParams(max_tokens=6, temperature=0.0), SamplingParams(max_tokens=6, seed=7),
-              SamplingParams(max_tokens=6, top_p=0.5, min_p=0.05)]
+    others = [
+        SamplingParams(max_tokens=6),
+        SamplingParams(max_tokens=6, top_k=20),
+        SamplingParams(max_tokens=6, temperature=0.0),
+        SamplingParams(max_tokens=6, seed=7),
+        SamplingParams(max_tokens=6, top_p=0.5, min_p=0.05),
+    ]
     alone, batched = seq(target, rid="a"), seq(target, rid="b")
     batch = [seq(others[i % 5], rid=str(i)) for i in range(31)]
     batch.insert(17, batched)
@@ -227,9 +235,11 @@ def test_logprobs_match_log_softmax_of_raw_logits() -> None:
     torch.manual_seed(6)
     V = 40
     logits = torch.randn(3, V) * 3
-    params = [SamplingParams(max_tokens=1, logprobs=5, presence_penalty=1.0),
-              SamplingParams(max_tokens=1, logprobs=0, temperature=0.0),
-              SamplingParams(max_tokens=1)]
+    params = [
+        SamplingParams(max_tokens=1, logprobs=5, presence_penalty=1.0),
+        SamplingParams(max_tokens=1, logprobs=0, temperature=0.0),
+        SamplingParams(max_tokens=1),
+    ]
     out = sampler(V).sample(logits, [seq(p, output=[1, 2]) for p in params])
     ref = torch.log_softmax(logits.double(), -1)
     for row in (0, 1):
@@ -265,8 +275,11 @@ def test_nan_and_inf_rows_do_not_crash() -> None:
     logits[2, 5] = math.inf  # +inf: always chosen
     logits[3] = -math.inf  # nothing finite
     s = sampler(V)
-    for params in (SamplingParams(max_tokens=1, temperature=0.0), SamplingParams(max_tokens=1),
-                   SamplingParams(max_tokens=1, top_p=0.5, logprobs=2)):
+    for params in (
+        SamplingParams(max_tokens=1, temperature=0.0),
+        SamplingParams(max_tokens=1),
+        SamplingParams(max_tokens=1, top_p=0.5, logprobs=2),
+    ):
         for _ in range(20):
             out = s.sample(logits, [seq(params)] * 4).token_ids
             assert all(0 <= t < V for t in out)
@@ -283,6 +296,7 @@ def test_greedy_rows_take_the_cpu_argmax_and_bad_rows_the_careful_path(monkeypat
         got = real(x, threads)
         calls.append(got is not None)
         return got
+
     monkeypatch.setattr(sampler_mod.cpu_argmax, "argmax", counted)
     V, greedy = 3000, SamplingParams(max_tokens=1, temperature=0.0)
     logits = torch.randn(5, V + 64)  # 64 padded columns past the vocabulary
@@ -300,8 +314,9 @@ def test_greedy_rows_take_the_cpu_argmax_and_bad_rows_the_careful_path(monkeypat
 def test_fast_path_does_not_modify_logits() -> None:
     logits = torch.randn(4, 20)
     before = logits.clone()
-    sampler(20).sample(logits, [seq(SamplingParams(max_tokens=1, top_p=0.7, min_p=0.1,
-                                                   presence_penalty=1.0), output=[1])] * 4)
+    sampler(20).sample(
+        logits, [seq(SamplingParams(max_tokens=1, top_p=0.7, min_p=0.1, presence_penalty=1.0), output=[1])] * 4
+    )
     assert torch.equal(logits, before)
 
 
@@ -324,11 +339,19 @@ def test_grammar_mask_survives_processing(temperature: float) -> None:
     bitmask = torch.zeros(4, (V + 31) // 32, dtype=torch.int32)
     bitmask[:, 3] = 0b1011  # tokens 96, 97, 99 allowed
     apply_token_bitmask_cpu(logits, bitmask, [0, 1, 2, 3])
-    cases = [SamplingParams(max_tokens=8, temperature=temperature, seed=1, logit_bias={5: 100.0}, logprobs=2),
-             SamplingParams(max_tokens=8, temperature=temperature, seed=2, repetition_penalty=0.5,
-                            frequency_penalty=-2.0, presence_penalty=-2.0),
-             SamplingParams(max_tokens=8, temperature=temperature, seed=3, allowed_token_ids=[5, 6]),  # disjoint
-             SamplingParams(max_tokens=8, temperature=temperature, seed=4, min_tokens=4, stop_token_ids=[97])]
+    cases = [
+        SamplingParams(max_tokens=8, temperature=temperature, seed=1, logit_bias={5: 100.0}, logprobs=2),
+        SamplingParams(
+            max_tokens=8,
+            temperature=temperature,
+            seed=2,
+            repetition_penalty=0.5,
+            frequency_penalty=-2.0,
+            presence_penalty=-2.0,
+        ),
+        SamplingParams(max_tokens=8, temperature=temperature, seed=3, allowed_token_ids=[5, 6]),  # disjoint
+        SamplingParams(max_tokens=8, temperature=temperature, seed=4, min_tokens=4, stop_token_ids=[97]),
+    ]
     seqs = [seq(p, prompt=[5, 6, 7], output=[8, 5]) for p in cases]
     out = sampler(V).sample(logits.clone(), seqs)
     assert all(t in (96, 97, 99) for t in out.token_ids), out.token_ids

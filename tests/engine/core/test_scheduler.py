@@ -13,24 +13,37 @@ import random
 import pytest
 
 from engine.core.block_manager import BlockManager
-from engine.messages import SamplingParams
 from engine.core.scheduler import RequestRefused, Scheduler
-from engine.core.sequence import ScheduledSeq, Sequence, SeqStatus
+from engine.core.sequence import ScheduledSeq, SeqStatus, Sequence
+from engine.messages import SamplingParams
 
 
 class FakeEngine:
-    def __init__(self, *, num_blocks: int, block_size: int = 4, max_num_seqs: int = 8,
-                 max_num_batched_tokens: int = 32, max_model_len: int = 1024,
-                 prefix_caching: bool = True, policy: str = "fcfs", window: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        num_blocks: int,
+        block_size: int = 4,
+        max_num_seqs: int = 8,
+        max_num_batched_tokens: int = 32,
+        max_model_len: int = 1024,
+        prefix_caching: bool = True,
+        policy: str = "fcfs",
+        window: int | None = None,
+    ) -> None:
         self.bm = BlockManager(num_blocks, block_size, prefix_caching, window=window)
-        self.sched = Scheduler(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                               max_model_len=max_model_len, block_manager=self.bm, policy=policy)
+        self.sched = Scheduler(
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+            block_manager=self.bm,
+            policy=policy,
+        )
         self.kv: dict[tuple[int, int], int] = {}  # (block, slot) -> token whose K/V is there
         self.batches: list[list[ScheduledSeq]] = []
         self.finished: list[Sequence] = []
 
-    def add(self, rid: str, prompt: list[int], max_tokens: int, priority: int = 0,
-            arrival: float = 0.0) -> Sequence:
+    def add(self, rid: str, prompt: list[int], max_tokens: int, priority: int = 0, arrival: float = 0.0) -> Sequence:
         seq = Sequence.new(rid, prompt, SamplingParams(max_tokens=max_tokens), arrival, priority)
         self.sched.add(seq)
         return seq
@@ -154,14 +167,15 @@ def test_shared_prefix_is_computed_once() -> None:
     assert [s.num_new_tokens for s in eng.batches[-1]] == [16]
 
 
-@pytest.mark.parametrize(("policy", "expected"), [("priority", ["high", "mid-a", "mid-b", "late-low"]),
-                                                  ("fcfs", ["late-low", "mid-a", "mid-b", "high"])])
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [("priority", ["high", "mid-a", "mid-b", "late-low"]), ("fcfs", ["late-low", "mid-a", "mid-b", "high"])],
+)
 def test_priority_then_arrival_order(policy: str, expected: list[str]) -> None:
     """--scheduling-policy priority: (priority, arrival); fcfs (the default): arrival only, priority ignored."""
     eng = FakeEngine(num_blocks=50, max_num_seqs=1, policy=policy)
     order = []
-    for rid, prio, arrival in [("late-low", 5, 1.0), ("high", 0, 3.0), ("mid-b", 2, 2.5),
-                               ("mid-a", 2, 2.0)]:
+    for rid, prio, arrival in [("late-low", 5, 1.0), ("high", 0, 3.0), ("mid-b", 2, 2.5), ("mid-a", 2, 2.0)]:
         eng.add(rid, [1, 2, 3], 2, priority=prio, arrival=arrival)
     while eng.sched.has_unfinished:
         for s in eng.step():
@@ -232,7 +246,6 @@ def test_prompt_logprobs_requests_skip_the_prefix_cache() -> None:
     eng.run()
     assert seq.num_cached_tokens == 0
     assert eng.add("c", list(range(20)), 1) and eng.sched.schedule()[0].start == 16
-
 
 
 def test_every_running_sequence_advances_every_step() -> None:

@@ -18,7 +18,7 @@ def hard_rows(n: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(9, n, generator=g)
     x[1] = 0.0  # all tied: column 0
-    x[2, n // 2:] = 5.0  # a tie from the middle on: its first column
+    x[2, n // 2 :] = 5.0  # a tie from the middle on: its first column
     x[3, -1] = 7.0  # the tail, past the unrolled loop
     x[4, 0] = 7.0  # the first column
     x[5, :] = -math.inf

@@ -43,6 +43,7 @@ class Fake:
         def run() -> None:
             self.calls += 1
             self.clock.t += self.cost(rows)
+
         return run
 
 
@@ -72,8 +73,7 @@ def test_a_second_call_times_nothing_and_a_restart_reads_the_cache(clock: FakeCl
 
 
 @pytest.mark.parametrize("change", ["shape", "kind", "candidates", "cpu", "torch", "library"])
-def test_it_measures_again_when_the_key_changes(clock: FakeClock, monkeypatch: pytest.MonkeyPatch,
-                                                change: str) -> None:
+def test_it_measures_again_when_the_key_changes(clock: FakeClock, monkeypatch: pytest.MonkeyPatch, change: str) -> None:
     a, b = Fake(clock, lambda rows: 2e-3), Fake(clock, lambda rows: 1e-3)
     chooser.choose("bf16", (8, 8), {"a": a, "b": b})
     chooser.forget()
@@ -99,6 +99,7 @@ def test_a_candidate_that_raises_is_skipped(clock: FakeClock) -> None:
     def broken(rows: int) -> Callable[[], object]:
         def run() -> None:
             raise RuntimeError("illegal instruction")
+
         return run
 
     def unbuildable(rows: int) -> Callable[[], object]:
@@ -158,22 +159,24 @@ def test_a_damaged_cache_is_measured_again(clock: FakeClock) -> None:
 
 
 def test_one_layout_held_where_the_winners_need_two(clock: FakeClock) -> None:
-    """"tiles" wins prefill only: the layout that wins more classes is kept, its candidates chosen again."""
+    """ "tiles" wins prefill only: the layout that wins more classes is kept, its candidates chosen again."""
     ours = Fake(clock, lambda rows: 5e-5 * rows)
     ours_unpacked = Fake(clock, lambda rows: 3e-3 + 1e-5 * rows)
     tiles = Fake(clock, lambda rows: 1e-3 + 1e-6 * rows)
     form_of = {"ours": "packed", "ours-unpacked": "packed", "tiles": "blocked"}
     chooser.choose("bf16", (8, 8), {"ours": ours, "ours-unpacked": ours_unpacked, "tiles": tiles})
     first = ours.calls + ours_unpacked.calls + tiles.calls
-    held, got = chooser.choose_held("bf16", (8, 8), {"ours": ours, "ours-unpacked": ours_unpacked, "tiles": tiles},
-                                    form_of)
+    held, got = chooser.choose_held(
+        "bf16", (8, 8), {"ours": ours, "ours-unpacked": ours_unpacked, "tiles": tiles}, form_of
+    )
     assert held == "packed" and got == ("ours", "ours", "ours", "ours", "ours-unpacked")
     assert chooser.choices_made() == [("bf16", (8, 8), got)]  # the choice in effect
     calls = ours.calls + ours_unpacked.calls + tiles.calls
     assert calls == first  # the second round took the first one's timings
     chooser.forget()  # a restart: both rounds come from the disk cache
-    assert chooser.choose_held("bf16", (8, 8), {"ours": ours, "ours-unpacked": ours_unpacked, "tiles": tiles},
-                               form_of) == (held, got)
+    assert chooser.choose_held(
+        "bf16", (8, 8), {"ours": ours, "ours-unpacked": ours_unpacked, "tiles": tiles}, form_of
+    ) == (held, got)
     assert ours.calls + ours_unpacked.calls + tiles.calls == calls
     # a smaller set timed first does not answer for a larger one
     chooser.forget()

@@ -9,18 +9,20 @@ import pytest
 import torch
 
 from engine.core.block_manager import PASSED
-from engine.execution.cpu_attention import DecodeSeqs, decode_attention
 from engine.cpu_kernels import decode_attention as kernel
+from engine.execution.cpu_attention import DecodeSeqs, decode_attention
 
-pytestmark = pytest.mark.skipif(not kernel.usable(torch.zeros(1, 2, 32, dtype=torch.bfloat16),
-                                                  torch.zeros(1, 4, 2, 32, dtype=torch.bfloat16)),
-                                reason="no AVX512-BF16 CPU kernel here (CPU or compiler)")
+pytestmark = pytest.mark.skipif(
+    not kernel.usable(torch.zeros(1, 2, 32, dtype=torch.bfloat16), torch.zeros(1, 4, 2, 32, dtype=torch.bfloat16)),
+    reason="no AVX512-BF16 CPU kernel here (CPU or compiler)",
+)
 BS = 4
 LENS = [BS + 1, 1, 37, BS, 70, 2 * BS, 9]  # block edges and longer contexts, jumbled
 
 
-def paged(lens: list[int], kv_heads: int, d: int, head_major: bool, seed: int = 0
-          ) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
+def paged(
+    lens: list[int], kv_heads: int, d: int, head_major: bool, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
     g = torch.Generator().manual_seed(seed)
     need = [-(-n // BS) for n in lens]
     blocks = list(range(sum(need) + 2))
@@ -28,14 +30,28 @@ def paged(lens: list[int], kv_heads: int, d: int, head_major: bool, seed: int = 
     tables = [[blocks.pop() for _ in range(n)] for n in need]
     nb = sum(need) + 2
     if head_major:  # the runner's CPU storage: [kv_heads, blocks, block_size, D] seen as [blocks, bs, kv_heads, D]
-        return (torch.randn(kv_heads, nb, BS, d, generator=g).bfloat16().permute(1, 2, 0, 3),
-                torch.randn(kv_heads, nb, BS, d, generator=g).bfloat16().permute(1, 2, 0, 3), tables)
-    return (torch.randn(nb, BS, kv_heads, d, generator=g).bfloat16(),
-            torch.randn(nb, BS, kv_heads, d, generator=g).bfloat16(), tables)
+        return (
+            torch.randn(kv_heads, nb, BS, d, generator=g).bfloat16().permute(1, 2, 0, 3),
+            torch.randn(kv_heads, nb, BS, d, generator=g).bfloat16().permute(1, 2, 0, 3),
+            tables,
+        )
+    return (
+        torch.randn(nb, BS, kv_heads, d, generator=g).bfloat16(),
+        torch.randn(nb, BS, kv_heads, d, generator=g).bfloat16(),
+        tables,
+    )
 
 
-def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: list[list[int]], lens: list[int],
-              window: int | None, softcap: float | None, scale: float) -> torch.Tensor:
+def reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    tables: list[list[int]],
+    lens: list[int],
+    window: int | None,
+    softcap: float | None,
+    scale: float,
+) -> torch.Tensor:
     out = torch.empty(q.shape, dtype=torch.float64)
     heads, kv_heads = q.shape[1], k.shape[2]
     for b, n in enumerate(lens):
@@ -57,12 +73,15 @@ def assert_rounded_once(got: torch.Tensor, want: torch.Tensor) -> None:
     assert bool((err <= half_ulp * 1.01 + 1e-5).all()), float((err - half_ulp).max())
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "d"), [(14, 2, 64), (4, 4, 32), (8, 1, 128), (4, 2, 256), (24, 1, 96),
-                                                   (12, 1, 64), (6, 2, 160), (10, 2, 224)])  # groups 1-24
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "d"),
+    [(14, 2, 64), (4, 4, 32), (8, 1, 128), (4, 2, 256), (24, 1, 96), (12, 1, 64), (6, 2, 160), (10, 2, 224)],
+)  # groups 1-24
 @pytest.mark.parametrize("head_major", [True, False])
 @pytest.mark.parametrize(("window", "softcap"), [(None, None), (5, None), (BS, None), (None, 2.0), (6, 2.0)])
-def test_matches_float64_softmax_attention(heads: int, kv_heads: int, d: int, head_major: bool, window: int | None,
-                                           softcap: float | None) -> None:
+def test_matches_float64_softmax_attention(
+    heads: int, kv_heads: int, d: int, head_major: bool, window: int | None, softcap: float | None
+) -> None:
     k, v, tables = paged(LENS, kv_heads, d, head_major)
     q = (torch.randn(len(LENS), heads, d, generator=torch.Generator().manual_seed(1)) * 2).bfloat16()
     seqs = DecodeSeqs(torch.arange(len(LENS)), LENS, tables, BS)
@@ -88,8 +107,9 @@ def test_window_never_reads_released_blocks() -> None:
     k, v, tables = paged(lens, 2, 32, True)
     q = torch.randn(3, 4, 32).bfloat16()  # (d 32: one pair of k per dot product)
     want = reference(q, k, v, tables, lens, window, None, 0.3)
-    released = [[PASSED if i < max(0, n - window) // BS else blk for i, blk in enumerate(t)]
-                for t, n in zip(tables, lens)]
+    released = [
+        [PASSED if i < max(0, n - window) // BS else blk for i, blk in enumerate(t)] for t, n in zip(tables, lens)
+    ]
     assert PASSED in released[0]
     got = kernel.attend(q, k, v, *DecodeSeqs(torch.arange(3), lens, released, BS).kernel_args(window), 0.3)
     assert_rounded_once(got, want)
@@ -106,11 +126,22 @@ def test_a_long_context_and_peaked_scores() -> None:
 def test_shapes_it_cannot_take_keep_the_torch_path() -> None:
     cache = torch.zeros(2, BS, 2, 32, dtype=torch.bfloat16)
     assert kernel.usable(torch.zeros(1, 4, 32, dtype=torch.bfloat16), cache)
-    assert not kernel.usable(torch.zeros(1, 4, 48, dtype=torch.bfloat16), torch.zeros(2, BS, 2, 48, dtype=torch.bfloat16))
-    assert not kernel.usable(torch.zeros(1, 4, 288, dtype=torch.bfloat16), torch.zeros(2, BS, 2, 288, dtype=torch.bfloat16))
+    assert not kernel.usable(
+        torch.zeros(1, 4, 48, dtype=torch.bfloat16), torch.zeros(2, BS, 2, 48, dtype=torch.bfloat16)
+    )
+    assert not kernel.usable(
+        torch.zeros(1, 4, 288, dtype=torch.bfloat16), torch.zeros(2, BS, 2, 288, dtype=torch.bfloat16)
+    )
     assert not kernel.usable(torch.zeros(1, 4, 32), cache.float())  # float32
     assert not kernel.usable(torch.zeros(1, 3, 32, dtype=torch.bfloat16), cache)  # heads not a multiple of kv heads
     with pytest.raises(ValueError, match="softcap"):
-        kernel.attend(torch.zeros(1, 4, 32, dtype=torch.bfloat16), cache, cache,
-                      torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32),
-                      torch.zeros(1, dtype=torch.int32), 1.0, softcap=float("nan"))
+        kernel.attend(
+            torch.zeros(1, 4, 32, dtype=torch.bfloat16),
+            cache,
+            cache,
+            torch.zeros(1, 1, dtype=torch.int32),
+            torch.ones(1, dtype=torch.int32),
+            torch.zeros(1, dtype=torch.int32),
+            1.0,
+            softcap=float("nan"),
+        )

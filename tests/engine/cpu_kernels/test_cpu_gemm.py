@@ -15,8 +15,11 @@ pytestmark = pytest.mark.skipif(not gemm.available(), reason="no AVX512-BF16 CPU
 
 def data(m: int, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(m, k, generator=g).bfloat16(), (torch.randn(n, k, generator=g) / k ** 0.5).bfloat16(),
-            torch.randn(n, generator=g).bfloat16())
+    return (
+        torch.randn(m, k, generator=g).bfloat16(),
+        (torch.randn(n, k, generator=g) / k**0.5).bfloat16(),
+        torch.randn(n, generator=g).bfloat16(),
+    )
 
 
 def fp32_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -49,7 +52,7 @@ def test_a_row_is_the_same_whatever_the_batch_around_it(k: int) -> None:
     packed = gemm.PackedWeight(w, b)
     whole = packed(x, threads=2)
     for r in (0, 7, 19, 39):
-        assert torch.equal(packed(x[r:r + 1], threads=1)[0], whole[r])
+        assert torch.equal(packed(x[r : r + 1], threads=1)[0], whole[r])
     assert torch.equal(packed(x[3:11], threads=1), whole[3:11])
     assert torch.equal(packed(x[:20], threads=2), whole[:20])
     assert torch.equal(packed(x[7:40], threads=1), whole[7:40])
@@ -132,7 +135,7 @@ def int8_data(m: int, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Te
     g = torch.Generator().manual_seed(seed)
     q = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
     q[0, :4] = torch.tensor([-127, 127, -1, 0], dtype=torch.int8)  # the ends of the grid
-    scale = torch.rand(n, generator=g) / (127 * k ** 0.5) + 1e-4
+    scale = torch.rand(n, generator=g) / (127 * k**0.5) + 1e-4
     return torch.randn(m, k, generator=g).bfloat16(), q, scale, torch.randn(n, generator=g).bfloat16()
 
 
@@ -152,7 +155,7 @@ def test_int8_equals_the_exact_dequantized_product_rounded_once(m: int, n: int, 
     out = torch.empty(m, n)
     assert torch.equal(packed(x, out=out), got.float())  # float32 out: the same product widened
     if m > 1:  # each row as it is alone, on one thread: bitwise
-        assert torch.equal(packed(x[m - 1:], threads=1)[0], got[m - 1])
+        assert torch.equal(packed(x[m - 1 :], threads=1)[0], got[m - 1])
 
 
 def test_int8_streams_half_the_bytes_of_bf16() -> None:

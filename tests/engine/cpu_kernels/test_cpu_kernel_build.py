@@ -14,8 +14,10 @@ from engine.cpu_kernels import build
 load = build.load.__wrapped__  # uncached: each test builds into its own cache folder
 # The build's mechanics, not its code, are tested here: unoptimised builds take a third of the time
 FLAGS = (*build.FLAGS, "-O0")
-needs_cpu = pytest.mark.skipif(not build.NEEDS <= build.cpu_flags() or build.compiler() is None,
-                               reason="this machine cannot build the AVX512-BF16 kernels")
+needs_cpu = pytest.mark.skipif(
+    not build.NEEDS <= build.cpu_flags() or build.compiler() is None,
+    reason="this machine cannot build the AVX512-BF16 kernels",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -48,6 +50,7 @@ def test_builders_at_once_leave_one_whole_library(_cache: Path) -> None:
             build._compile(build.compiler() or "g++", build.sources(), FLAGS, target)
         except BaseException as e:  # noqa: BLE001  # why: reported to the test thread
             errors.append(e)
+
     threads = [threading.Thread(target=builder) for _ in range(3)]
     for t in threads:
         t.start()
@@ -56,12 +59,14 @@ def test_builders_at_once_leave_one_whole_library(_cache: Path) -> None:
     assert not errors
     assert [p.name for p in target.parent.iterdir()] == [target.name]  # no temporary file left
     import ctypes
+
     assert ctypes.CDLL(str(target)).spindle_gemm_bf16_abi() > 0
 
 
 @pytest.mark.parametrize("case", ["switched off", "no compiler", "cpu lacks flags", "build fails"])
-def test_every_way_it_cannot_run_is_none(case: str, _cache: Path, monkeypatch: pytest.MonkeyPatch,
-                                        caplog: pytest.LogCaptureFixture) -> None:
+def test_every_way_it_cannot_run_is_none(
+    case: str, _cache: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     flags = build.FLAGS
     if case == "switched off":
         monkeypatch.setenv("SPINDLE_CPU_KERNELS", "0")

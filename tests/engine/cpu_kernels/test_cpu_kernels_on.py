@@ -8,8 +8,10 @@ import torch
 
 from engine.cpu_kernels import build, decode_attention, decoder_layer, gemm, layer_ops
 
-pytestmark = pytest.mark.skipif(not build.enabled() or not build.NEEDS <= build.cpu_flags()
-                                or build.compiler() is None, reason="this machine cannot build the kernels")
+pytestmark = pytest.mark.skipif(
+    not build.enabled() or not build.NEEDS <= build.cpu_flags() or build.compiler() is None,
+    reason="this machine cannot build the kernels",
+)
 
 
 def test_the_product_kernel_is_on() -> None:

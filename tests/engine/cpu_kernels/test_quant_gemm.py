@@ -33,9 +33,9 @@ def kernel_or_skip(ggml_type: int) -> None:
 def assert_close(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
     """got ~ x @ w.T within float32 summation error (and one bf16 rounding when got is bf16)."""
     exact = x.double() @ w.double().t()
-    bound = x.shape[1] * 2.0 ** -24 * (x.double().abs() @ w.double().abs().t())
+    bound = x.shape[1] * 2.0**-24 * (x.double().abs() @ w.double().abs().t())
     if got.dtype is torch.bfloat16:
-        bound = bound + 2.0 ** -8 * (exact.abs() + bound)
+        bound = bound + 2.0**-8 * (exact.abs() + bound)
     err = (got.double() - exact).abs()
     assert (err <= bound).all(), f"max error {err.max().item():.3g}, worst excess {(err - bound).max().item():.3g}"
 

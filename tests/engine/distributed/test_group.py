@@ -37,8 +37,9 @@ RANK1 = textwrap.dedent("""
 def pair() -> tuple[TPGroup, TCPStore, subprocess.Popen[bytes]]:
     store = TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=20), wait_for_workers=False)
     child = subprocess.Popen([sys.executable, "-c", RANK1, str(store.port)])
-    group = TPGroup(store, 0, EngineConfig(model="x", tensor_parallel_size=2, distributed_timeout=20),
-                    torch.device("cpu"))
+    group = TPGroup(
+        store, 0, EngineConfig(model="x", tensor_parallel_size=2, distributed_timeout=20), torch.device("cpu")
+    )
     return group, store, child
 
 

@@ -28,8 +28,16 @@ from engine.models.weights import ModelLoadError
 from tests.helpers.engine import hf_greedy, make_core, tokens
 from tests.helpers.engine import run as run_core
 
-TINY_KV1 = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=1, head_dim=16, intermediate_size=128,
-                max_position_embeddings=1024, seed=4321)
+TINY_KV1 = dict(
+    hidden_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=1,
+    head_dim=16,
+    intermediate_size=128,
+    max_position_embeddings=1024,
+    seed=4321,
+)
 REGIMES = {
     "batch": dict(),
     "chunked_prefill": dict(max_num_batched_tokens=16),  # the 33-token prompt runs in three chunks
@@ -41,8 +49,14 @@ REGIMES = {
 def llama_kv1_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from demo.checkpoints import write_random_checkpoint
 
-    return write_random_checkpoint(tmp_path_factory.mktemp("tp") / "llama-kv1", "llama", **TINY_KV1,  # type: ignore[arg-type]
-                                   vocab_size=32_000, tie_word_embeddings=False, rope_theta=10_000.0)
+    return write_random_checkpoint(
+        tmp_path_factory.mktemp("tp") / "llama-kv1",
+        "llama",
+        **TINY_KV1,  # type: ignore[arg-type]
+        vocab_size=32_000,
+        tie_word_embeddings=False,
+        rope_theta=10_000.0,
+    )
 
 
 def free_port() -> int:
@@ -76,8 +90,15 @@ def test_greedy_tp2_equals_tp1_and_transformers(request: pytest.FixtureRequest, 
     ckpt: Path = request.getfixturevalue(f"{arch}_ckpt")
     ps = prompts(32_000, seed=len(arch) + len(regime), lengths=[3, 33, 17, 9])
     n = 10
-    reqs = [(f"r{i}", p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True),
-             2 * i if regime == "chunked_prefill" else 0) for i, p in enumerate(ps)]
+    reqs = [
+        (
+            f"r{i}",
+            p,
+            SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True),
+            2 * i if regime == "chunked_prefill" else 0,
+        )
+        for i, p in enumerate(ps)
+    ]
     core = tp_core(ckpt, 2, **REGIMES[regime])
     tp2 = run(core, reqs)
     if regime == "preemption":
@@ -114,8 +135,23 @@ def test_logprobs_tp2_agree_with_tp1(qwen2_ckpt: Path, dtype: str, tol: float) -
 def test_two_nodes_on_one_machine(qwen2_ckpt: Path) -> None:
     """Node 1 runs headless (no server); node 0's engine core is rank 0."""
     port = free_port()
-    node1 = subprocess.Popen([sys.executable, "-m", "engine.distributed.rank_worker", "--nnodes", "2", "--node-rank", "1",
-                              "--master-addr", "127.0.0.1", "--master-port", str(port), "--timeout", "60"])
+    node1 = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "engine.distributed.rank_worker",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(port),
+            "--timeout",
+            "60",
+        ]
+    )
     try:
         reqs = [("a", prompts(32_000, 3, [12])[0], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True), 0)]
         two_nodes = run(tp_core(qwen2_ckpt, 2, nnodes=2, master_port=port), reqs)
@@ -129,9 +165,26 @@ def test_two_nodes_on_one_machine(qwen2_ckpt: Path) -> None:
 def test_a_node_that_cannot_join_names_itself_and_the_address() -> None:
     port = free_port()  # nobody listens there
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "engine.distributed.rank_worker", "--nnodes", "2", "--node-rank", "1",
-                          "--master-addr", "127.0.0.1", "--master-port", str(port), "--timeout", "2"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "engine.distributed.rank_worker",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(port),
+            "--timeout",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 1
     assert "node1 could not join the group at 127.0.0.1:" + str(port) in out.stderr
     assert time.monotonic() - t0 < 30
@@ -140,8 +193,16 @@ def test_a_node_that_cannot_join_names_itself_and_the_address() -> None:
 def test_rank0_fails_startup_when_a_node_never_joins(qwen2_ckpt: Path) -> None:
     port = free_port()
     with pytest.raises(JoinError, match=rf"rank 0: the group of 2 ranks at 127\.0\.0\.1:{port} did not form"):
-        EngineCore(EngineConfig(model=str(qwen2_ckpt), num_blocks=16, tensor_parallel_size=2, nnodes=2,
-                                master_port=port, distributed_timeout=2))
+        EngineCore(
+            EngineConfig(
+                model=str(qwen2_ckpt),
+                num_blocks=16,
+                tensor_parallel_size=2,
+                nnodes=2,
+                master_port=port,
+                distributed_timeout=2,
+            )
+        )
 
 
 def test_shards_hold_only_their_slices(qwen2_ckpt: Path, llama_kv1_ckpt: Path) -> None:
@@ -173,12 +234,15 @@ def test_unsplittable_model_is_refused(qwen2_ckpt: Path) -> None:
     assert Shard(1, 4).kv_heads(args) == (0, 1)  # 2 KV heads over 4 ranks: ranks 0, 1 share head 0
 
 
-@pytest.mark.parametrize("bad,why", [
-    (dict(tensor_parallel_size=0), "tensor-parallel-size"),
-    (dict(tensor_parallel_size=2, nnodes=3), "nnodes"),
-    (dict(tensor_parallel_size=2, nnodes=2, node_rank=2), "node-rank"),
-    (dict(tensor_parallel_size=2, nnodes=2), "master-port"),
-])
+@pytest.mark.parametrize(
+    "bad,why",
+    [
+        (dict(tensor_parallel_size=0), "tensor-parallel-size"),
+        (dict(tensor_parallel_size=2, nnodes=3), "nnodes"),
+        (dict(tensor_parallel_size=2, nnodes=2, node_rank=2), "node-rank"),
+        (dict(tensor_parallel_size=2, nnodes=2), "master-port"),
+    ],
+)
 def test_config_is_validated(bad: dict[str, int], why: str) -> None:
     with pytest.raises(ValueError, match=why):
         EngineConfig(model="x", **bad)  # type: ignore[arg-type]
@@ -194,8 +258,12 @@ def test_pooling_runner_tp2_equals_tp1(qwen2_ckpt: Path, pooling_type: str) -> N
     for rid, *_ in reqs:
         a, b = tp2[rid][-1].pooled, tp1[rid][-1].pooled
         assert a is not None and b is not None and a.shape == b.shape
-        torch.testing.assert_close(torch.frombuffer(bytearray(a.data), dtype=torch.float32),
-                                   torch.frombuffer(bytearray(b.data), dtype=torch.float32), atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            torch.frombuffer(bytearray(a.data), dtype=torch.float32),
+            torch.frombuffer(bytearray(b.data), dtype=torch.float32),
+            atol=1e-5,
+            rtol=0,
+        )
 
 
 def test_prefix_cache_stop_tokens_aborts_and_grammars_under_tp2(qwen2_ckpt: Path) -> None:
@@ -218,12 +286,19 @@ def test_prefix_cache_stop_tokens_aborts_and_grammars_under_tp2(qwen2_ckpt: Path
                     break
             first = tokens(outs["first"])
             stop = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, stop_token_ids=[first[2]])
-            choice = SamplingParams(max_tokens=16, temperature=0.0,
-                                    structured_outputs=StructuredOutputs("choice", '["yes", "no"]'))
+            choice = SamplingParams(
+                max_tokens=16, temperature=0.0, structured_outputs=StructuredOutputs("choice", '["yes", "no"]')
+            )
             core.add_request(AddRequest("cached", base + [7, 8], greedy, arrival_time=1.0))
             core.add_request(AddRequest("stop", base, stop, arrival_time=1.0))
-            core.add_request(AddRequest("aborted", base[:20], SamplingParams(max_tokens=50, temperature=0.0,
-                                                                              ignore_eos=True), arrival_time=1.0))
+            core.add_request(
+                AddRequest(
+                    "aborted",
+                    base[:20],
+                    SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True),
+                    arrival_time=1.0,
+                )
+            )
             core.add_request(AddRequest("choice", base[:9], choice, arrival_time=1.0))
             for step in range(200):
                 if step == 3:
@@ -245,4 +320,4 @@ def test_prefix_cache_stop_tokens_aborts_and_grammars_under_tp2(qwen2_ckpt: Path
     assert tp2 == tp1 and fin2 == fin1 == ["length", "stop", "abort", "stop"]
     assert hits2 == hits1 > 0
     first = tp2["first"]
-    assert tp2["stop"] == first[:first.index(first[2]) + 1] and len(tp2["aborted"]) < 50  # ends at the stop token
+    assert tp2["stop"] == first[: first.index(first[2]) + 1] and len(tp2["aborted"]) < 50  # ends at the stop token

@@ -7,10 +7,10 @@ import random
 import pytest
 import torch
 
-from engine.execution import cpu_attention
-from engine.execution.ops import AttnMetadata, paged_attention
 from engine.core.block_manager import PASSED
+from engine.execution import cpu_attention
 from engine.execution.cpu_attention import DecodeSeqs, PrefillChunk, decode_attention, prefill_attention
+from engine.execution.ops import AttnMetadata, paged_attention
 from engine.kernels.paged_common import attend_ref
 
 BS = 4
@@ -50,21 +50,23 @@ class Cache:
         return self.k.flatten(0, 1)[slots], self.v.flatten(0, 1)[slots]
 
 
-def decode_ref(q: torch.Tensor, cache: Cache, lens: list[int], window: int | None,
-               softcap: float | None) -> torch.Tensor:
+def decode_ref(
+    q: torch.Tensor, cache: Cache, lens: list[int], window: int | None, softcap: float | None
+) -> torch.Tensor:
     out = torch.empty(q.shape)
     for i, n in enumerate(lens):
         first = 0 if window is None else max(0, n - window)
         k, v = cache.context(i, first, n)
-        out[i] = attend_ref(q[i:i + 1], k, v, torch.tensor([n - 1]), 0.3, window, softcap, first)[0]
+        out[i] = attend_ref(q[i : i + 1], k, v, torch.tensor([n - 1]), 0.3, window, softcap, first)[0]
     return out
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("heads", "kv_heads", "d"), [(14, 2, 64), (4, 4, 16), (8, 1, 32)])
 @pytest.mark.parametrize("head_major", [True, False])
-def test_decode_matches_reference_across_mixed_lengths(dtype: torch.dtype, heads: int, kv_heads: int, d: int,
-                                                       head_major: bool) -> None:
+def test_decode_matches_reference_across_mixed_lengths(
+    dtype: torch.dtype, heads: int, kv_heads: int, d: int, head_major: bool
+) -> None:
     cache = Cache(MIXED, kv_heads, d, dtype, head_major)
     q = torch.randn(len(MIXED), heads, d).to(dtype)
     seqs = DecodeSeqs(torch.arange(len(MIXED)), MIXED, cache.tables, BS)
@@ -76,8 +78,9 @@ def test_decode_matches_reference_across_mixed_lengths(dtype: torch.dtype, heads
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("window", "softcap"), [(None, None), (5, None), (None, 2.0), (6, 2.0), (BS, None)])
-def test_tiles_with_online_softmax_windows_and_softcap(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype,
-                                                       window: int | None, softcap: float | None) -> None:
+def test_tiles_with_online_softmax_windows_and_softcap(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, window: int | None, softcap: float | None
+) -> None:
     cache = Cache(MIXED, 2, 16, dtype)
     q = (torch.randn(len(MIXED), 4, 16) * 3).to(dtype)  # large scores, so the softcap bites
     seqs = DecodeSeqs(torch.arange(len(MIXED)), MIXED, cache.tables, BS)
@@ -117,12 +120,17 @@ def test_window_never_reads_passed_blocks() -> None:
     torch.testing.assert_close(decode_attention(q, cache.k, cache.v, seqs, 0.3, window), ref, atol=1e-5, rtol=1e-5)
     qp = torch.randn(5, 4, 16)
     chunk = PrefillChunk(0, 5, 25, torch.tensor(passed(cache.tables[0], 25)))  # positions 25..29 see 20..29
-    torch.testing.assert_close(prefill_attention(qp, cache.k, cache.v, chunk, 0.3, window),
-                               prefill_ref(qp, cache, 0, 25, window, None), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        prefill_attention(qp, cache.k, cache.v, chunk, 0.3, window),
+        prefill_ref(qp, cache, 0, 25, window, None),
+        atol=1e-5,
+        rtol=1e-5,
+    )
 
 
-def prefill_ref(q: torch.Tensor, cache: Cache, i: int, start: int, window: int | None,
-                softcap: float | None) -> torch.Tensor:
+def prefill_ref(
+    q: torch.Tensor, cache: Cache, i: int, start: int, window: int | None, softcap: float | None
+) -> torch.Tensor:
     k, v = cache.context(i, 0, start + q.shape[0])
     return attend_ref(q, k, v, torch.arange(start, start + q.shape[0]), 0.3, window, softcap)
 
@@ -130,15 +138,16 @@ def prefill_ref(q: torch.Tensor, cache: Cache, i: int, start: int, window: int |
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("window", "softcap"), [(None, None), (3, None), (7, None), (None, 1.5), (5, 1.5)])
 @pytest.mark.parametrize("mask_elems", [1 << 21, 40])  # 40: sub-chunks of a few rows each
-def test_prefill_chunks_match_reference(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, window: int | None,
-                                        softcap: float | None, mask_elems: int) -> None:
+def test_prefill_chunks_match_reference(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, window: int | None, softcap: float | None, mask_elems: int
+) -> None:
     monkeypatch.setattr(cpu_attention, "MASK_ELEMS", mask_elems)
     cache = Cache([37], 2, 16, dtype)
     atol, rtol = TOL[dtype]
     # a fresh prompt, chunks after a cached prefix (mid-block and at a block edge), a chunk smaller than the window
     for start, n in [(0, 37), (0, 9), (13, 24), (BS * 3, 2), (30, 7)]:
         q = (torch.randn(n, 4, 16) * 2).to(dtype)
-        chunk = PrefillChunk(0, n, start, torch.tensor(cache.tables[0][:-(-(start + n) // BS)]))
+        chunk = PrefillChunk(0, n, start, torch.tensor(cache.tables[0][: -(-(start + n) // BS)]))
         out = prefill_attention(q, cache.k, cache.v, chunk, 0.3, window, softcap)
         torch.testing.assert_close(out.float(), prefill_ref(q, cache, 0, start, window, softcap), atol=atol, rtol=rtol)
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
+from engine.core.sequence import ScheduledSeq, Sequence
+from engine.execution.model_runner import ModelRunner
 from engine.layers.linear import Int8Linear, KernelLinear
 from engine.messages import SamplingParams
-from engine.execution.model_runner import ModelRunner
 from engine.models.weights import ModelLoadError
-from engine.core.sequence import ScheduledSeq, Sequence
 from tests.helpers.engine import hf_greedy, hf_model
 
 ARCHS = ["qwen2", "llama", "mistral"]
@@ -89,7 +89,7 @@ def test_chunked_prefill_matches_transformers(any_ckpt: Path) -> None:
     seq, blocks, done = new_seq("a", tokens, prompt_logprobs=0), Blocks(64, seed=3), 0
     for n in (7, 1, 9, 2, 4):  # a one-token chunk takes the decode path
         out = step(runner, blocks, [(seq, n)])
-        torch.testing.assert_close(out.prompt_logits[0], ref[done:done + n], atol=ATOL, rtol=0)
+        torch.testing.assert_close(out.prompt_logits[0], ref[done : done + n], atol=ATOL, rtol=0)
         done += n
         assert out.logits.shape[0] == (1 if done == len(tokens) else 0)
     torch.testing.assert_close(out.logits[0], ref[-1], atol=ATOL, rtol=0)
@@ -172,8 +172,9 @@ def test_a_padded_bf16_heads_logits_come_in_the_reused_buffer(tmp_path: Path) ->
     from tests.conftest import TINY
 
     # Qwen2's tokenizer has 151,665 tokens; a head of 151,936 rows (as Qwen2.5's) pads past them
-    path = write_random_checkpoint(tmp_path / "padded", "qwen2", **TINY, vocab_size=151_936, tie_word_embeddings=True,
-                                   rope_theta=1_000_000.0)
+    path = write_random_checkpoint(
+        tmp_path / "padded", "qwen2", **TINY, vocab_size=151_936, tie_word_embeddings=True, rope_theta=1_000_000.0
+    )
     runner = make_runner(path, dtype="bfloat16")  # its head always writes into the caller's buffer
     assert runner.model.head.vocab == 151_936 > runner.vocab_size
     blocks = Blocks(64, seed=14)
@@ -187,17 +188,20 @@ def test_a_padded_bf16_heads_logits_come_in_the_reused_buffer(tmp_path: Path) ->
     assert first.data_ptr() == second.data_ptr() and second.shape == (2, 151_936)
     hf = hf_model(path)
     ref = hf_logits(hf, seqs[0].token_ids)[-1]
-    assert int(second[0, :runner.vocab_size].argmax()) == int(ref[:runner.vocab_size].argmax())
+    assert int(second[0, : runner.vocab_size].argmax()) == int(ref[: runner.vocab_size].argmax())
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_int8_weights_run_close_to_transformers(llama_ckpt: Path, dtype: str) -> None:
     """--quantization int8: prefill and decode logits within the int8 grid's error of the float32 model."""
     runner = make_runner(llama_ckpt, dtype=dtype, quantization="int8")
+
     def int8(lin: object) -> bool:  # ATen's int8 kernel, or engine/cpu_kernels' gemm on int8 weights (bf16 only)
         return isinstance(lin, Int8Linear) or (isinstance(lin, KernelLinear) and lin.packed.scale is not None)
-    assert all(int8(lin) for layer in runner.model.layers
-               for lin in (layer.qkv, layer.o, layer.mlp.gate_up, layer.mlp.down))
+
+    assert all(
+        int8(lin) for layer in runner.model.layers for lin in (layer.qkv, layer.o, layer.mlp.gate_up, layer.mlp.down)
+    )
     hf = hf_model(llama_ckpt)
     tokens = prompt(12, seed=13)
     seq, blocks = new_seq("a", tokens, prompt_logprobs=0), Blocks(64, seed=14)
@@ -211,8 +215,7 @@ def test_int8_weights_run_close_to_transformers(llama_ckpt: Path, dtype: str) ->
 
 
 @pytest.mark.parametrize("dtype, threads", [("float32", 1), ("bfloat16", 1), ("float32", 2)])
-def test_wide_decode_batch_matches_transformers(qwen2_ckpt: Path, dtype: str,
-                                                threads: int) -> None:
+def test_wide_decode_batch_matches_transformers(qwen2_ckpt: Path, dtype: str, threads: int) -> None:
     """17 sequences decode in one step: the LM head's chunked path (>= 16 rows, several column chunks of
     a 151k vocabulary; with 2 threads, shared by a helper thread), against transformers in float32."""
     torch.set_num_threads(threads)  # the runner sizes its LM head workers from this
@@ -237,8 +240,12 @@ def test_wide_decode_batch_matches_transformers(qwen2_ckpt: Path, dtype: str,
     alone = seqs[0]  # one row: with 2 threads it still goes through the shared chunks
     alone.token_ids.append(7)
     out = step(runner, blocks, [(alone, 1)])
-    torch.testing.assert_close(out.logits[0], hf_logits(hf, alone.token_ids)[-1],
-                               atol=ATOL if dtype == "float32" else 0.25, rtol=0 if dtype == "float32" else 0.05)
+    torch.testing.assert_close(
+        out.logits[0],
+        hf_logits(hf, alone.token_ids)[-1],
+        atol=ATOL if dtype == "float32" else 0.25,
+        rtol=0 if dtype == "float32" else 0.05,
+    )
 
 
 def fixed_schedule(runner: ModelRunner) -> list[torch.Tensor]:
@@ -277,11 +284,19 @@ def test_triton_kernel_path_matches_transformers(any_ckpt: Path, tmp_path: Path)
 
     pytest.importorskip("triton")
     out = tmp_path / "logits.pt"
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_model_runner as t; "
-            f"t.kernel_path_child({str(any_ckpt)!r}, {str(out)!r})")
+    code = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_model_runner as t; "
+        f"t.kernel_path_child({str(any_ckpt)!r}, {str(out)!r})"
+    )
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240,
-                          cwd=Path(__file__).parents[3])
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=Path(__file__).parents[3],
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = torch.load(out)
     hf = hf_model(any_ckpt)

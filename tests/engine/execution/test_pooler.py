@@ -13,10 +13,9 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
+from engine.execution.pooler import Pooler
 from engine.messages import AddRequest, PooledData, RequestOutput, SamplingParams
 from engine.models.checkpoint_meta import ModelLoadError
-from engine.execution.pooler import Pooler
-
 
 _HF: dict[tuple[Path, str], object] = {}
 
@@ -90,8 +89,9 @@ def test_every_pooler_matches_transformers(qwen2_ckpt: Path, pooling: str, case:
         overrides["step_tag_id"] = step_tag
         for p in prompts:  # the tag at a few places in each prompt
             p[::3] = [step_tag] * len(p[::3])
-    core = EngineCore(EngineConfig(model=str(qwen2_ckpt), runner="pooling", pooler_config=overrides,
-                                   **{"num_blocks": 64, **kw}))  # type: ignore[arg-type]
+    core = EngineCore(
+        EngineConfig(model=str(qwen2_ckpt), runner="pooling", pooler_config=overrides, **{"num_blocks": 64, **kw})
+    )  # type: ignore[arg-type]
     for prompt, out in zip(prompts, run(core, prompts)):
         expected = reference(hf_hidden(qwen2_ckpt, prompt), prompt, pooling, step_tag)
         torch.testing.assert_close(pooled(out), expected, atol=1e-4, rtol=1e-4)
@@ -109,7 +109,7 @@ def test_classifier_logits_match_transformers(request: pytest.FixtureRequest, ar
     core = EngineCore(EngineConfig(model=str(ckpt), runner="pooling", num_blocks=64, **kw))  # type: ignore[arg-type]
     info = core.ready_message().pooling
     assert info is not None and info.task == "classify" and info.pooling_type == "LAST"
-    assert info.labels == ["label_a", "label_b", "label_c"][:3 if arch == "qwen2" else 2]
+    assert info.labels == ["label_a", "label_b", "label_c"][: 3 if arch == "qwen2" else 2]
     assert info.activation == "softmax"
     # no pad id in a prompt (Qwen2 151643, Llama 0): transformers pools at the last token that is not padding
     prompts = [[t or 1 for t in p] for p in make_prompts(151_643 if arch == "qwen2" else 32_000, lengths, seed=3)]
@@ -117,8 +117,9 @@ def test_classifier_logits_match_transformers(request: pytest.FixtureRequest, ar
         torch.testing.assert_close(pooled(out), hf_hidden(ckpt, prompt, classify=True), atol=1e-4, rtol=1e-4)
 
 
-def test_convert_embed_on_a_classifier_and_classify_refused_without_a_head(qwen2_cls_ckpt: Path,
-                                                                          qwen2_ckpt: Path) -> None:
+def test_convert_embed_on_a_classifier_and_classify_refused_without_a_head(
+    qwen2_cls_ckpt: Path, qwen2_ckpt: Path
+) -> None:
     core = EngineCore(EngineConfig(model=str(qwen2_cls_ckpt), runner="pooling", convert="embed", num_blocks=8))
     info = core.ready_message().pooling
     assert info is not None and info.task == "embed" and info.normalize
@@ -134,8 +135,7 @@ def test_sentence_transformers_layout(st_mean_ckpt: Path) -> None:
     """modules.json + 1_Pooling (mean) + Normalize + prompts, weights saved as Qwen2Model (no "model." prefix)."""
     from sentence_transformers import SentenceTransformer
 
-    core = EngineCore(EngineConfig(model=str(st_mean_ckpt), runner="pooling", num_blocks=64,
-                                   max_num_batched_tokens=8))
+    core = EngineCore(EngineConfig(model=str(st_mean_ckpt), runner="pooling", num_blocks=64, max_num_batched_tokens=8))
     info = core.ready_message().pooling
     assert info is not None and (info.task, info.pooling_type, info.normalize) == ("embed", "MEAN", True)
     assert info.prompts == {"query": "query: ", "document": "passage: "} and info.default_prompt_name is None
@@ -149,8 +149,11 @@ def test_sentence_transformers_layout(st_mean_ckpt: Path) -> None:
 
 
 def test_unnormalized_and_full_context(llama_ckpt: Path) -> None:
-    core = EngineCore(EngineConfig(model=str(llama_ckpt), runner="pooling", pooler_config={"normalize": False},
-                                   max_model_len=64, num_blocks=8))
+    core = EngineCore(
+        EngineConfig(
+            model=str(llama_ckpt), runner="pooling", pooler_config={"normalize": False}, max_model_len=64, num_blocks=8
+        )
+    )
     prompts = make_prompts(core.vocab_size, [64, 3])  # a prompt may fill the whole context: no output token
     for prompt, out in zip(prompts, run(core, prompts)):
         torch.testing.assert_close(pooled(out), hf_hidden(llama_ckpt, prompt)[-1], atol=1e-4, rtol=1e-4)
@@ -159,19 +162,38 @@ def test_unnormalized_and_full_context(llama_ckpt: Path) -> None:
 
 
 def test_returned_token_ids_pick_columns(qwen2_ckpt: Path) -> None:
-    core = EngineCore(EngineConfig(model=str(qwen2_ckpt), runner="pooling", num_blocks=8, pooler_config={
-        "pooling_type": "STEP", "returned_token_ids": [3, 0, 63]}))
+    core = EngineCore(
+        EngineConfig(
+            model=str(qwen2_ckpt),
+            runner="pooling",
+            num_blocks=8,
+            pooler_config={"pooling_type": "STEP", "returned_token_ids": [3, 0, 63]},
+        )
+    )
     (out,) = run(core, [[5, 6, 7]])
     torch.testing.assert_close(pooled(out), hf_hidden(qwen2_ckpt, [5, 6, 7])[:, [3, 0, 63]], atol=1e-4, rtol=1e-4)
     with pytest.raises(ModelLoadError, match="below the output width 64"):
-        EngineCore(EngineConfig(model=str(qwen2_ckpt), runner="pooling", num_blocks=8, pooler_config={
-            "pooling_type": "STEP", "returned_token_ids": [64]}))
+        EngineCore(
+            EngineConfig(
+                model=str(qwen2_ckpt),
+                runner="pooling",
+                num_blocks=8,
+                pooler_config={"pooling_type": "STEP", "returned_token_ids": [64]},
+            )
+        )
 
 
 @pytest.mark.parametrize("pooling", ["MEAN", "ALL"])
 def test_abort_mid_prompt_frees_everything(qwen2_ckpt: Path, pooling: str) -> None:
-    core = EngineCore(EngineConfig(model=str(qwen2_ckpt), runner="pooling", pooler_config={"pooling_type": pooling},
-                                   max_num_batched_tokens=8, num_blocks=64))
+    core = EngineCore(
+        EngineConfig(
+            model=str(qwen2_ckpt),
+            runner="pooling",
+            pooler_config={"pooling_type": pooling},
+            max_num_batched_tokens=8,
+            num_blocks=64,
+        )
+    )
     core.add_request(AddRequest("a", list(range(1, 40)), SamplingParams(max_tokens=1), arrival_time=0.0))
     core.step()
     assert core.pooler is not None and core.pooler.num_partial == 1
@@ -200,8 +222,9 @@ def _array(p: PooledData) -> list[list[float]]:
     return out
 
 
-@pytest.mark.parametrize("pooling, expected_a", [("MEAN", [4.5, 4.5]), ("CLS", [0.0, 0.0]),
-                                                  ("ALL", [[float(p)] * 2 for p in range(10)])])
+@pytest.mark.parametrize(
+    "pooling, expected_a", [("MEAN", [4.5, 4.5]), ("CLS", [0.0, 0.0]), ("ALL", [[float(p)] * 2 for p in range(10)])]
+)
 def test_pooling_survives_a_recompute_and_shares_steps(pooling: str, expected_a: list[object]) -> None:
     """Positions 0..n-1 are taken once each, even when a preempted prompt re-runs chunks already taken."""
     from engine.core.sequence import ScheduledSeq, Sequence

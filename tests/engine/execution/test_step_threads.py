@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.messages import SamplingParams
-from engine.execution.model_runner import ModelRunner, projection_macs, step_threads
 from engine.core.sequence import ScheduledSeq, Sequence
+from engine.execution.model_runner import ModelRunner, projection_macs, step_threads
+from engine.messages import SamplingParams
 
 
 def config_macs(path: Path) -> int:

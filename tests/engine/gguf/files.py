@@ -22,19 +22,29 @@ def _tensors(rng: np.random.Generator, tied: bool) -> dict[str, np.ndarray]:
         out["output.weight"] = rng.standard_normal((VOCAB, HIDDEN))
     for i in range(LAYERS):
         b = f"blk.{i}"
-        out |= {f"{b}.attn_norm.weight": rng.random(HIDDEN) + 0.5, f"{b}.ffn_norm.weight": rng.random(HIDDEN) + 0.5,
-                f"{b}.attn_q.weight": rng.standard_normal((HIDDEN, HIDDEN)),
-                f"{b}.attn_k.weight": rng.standard_normal((KV_HEADS * HEAD_DIM, HIDDEN)),
-                f"{b}.attn_v.weight": rng.standard_normal((KV_HEADS * HEAD_DIM, HIDDEN)),
-                f"{b}.attn_output.weight": rng.standard_normal((HIDDEN, HIDDEN)),
-                f"{b}.ffn_gate.weight": rng.standard_normal((FFN, HIDDEN)),
-                f"{b}.ffn_up.weight": rng.standard_normal((FFN, HIDDEN)),
-                f"{b}.ffn_down.weight": rng.standard_normal((HIDDEN, FFN))}
+        out |= {
+            f"{b}.attn_norm.weight": rng.random(HIDDEN) + 0.5,
+            f"{b}.ffn_norm.weight": rng.random(HIDDEN) + 0.5,
+            f"{b}.attn_q.weight": rng.standard_normal((HIDDEN, HIDDEN)),
+            f"{b}.attn_k.weight": rng.standard_normal((KV_HEADS * HEAD_DIM, HIDDEN)),
+            f"{b}.attn_v.weight": rng.standard_normal((KV_HEADS * HEAD_DIM, HIDDEN)),
+            f"{b}.attn_output.weight": rng.standard_normal((HIDDEN, HIDDEN)),
+            f"{b}.ffn_gate.weight": rng.standard_normal((FFN, HIDDEN)),
+            f"{b}.ffn_up.weight": rng.standard_normal((FFN, HIDDEN)),
+            f"{b}.ffn_down.weight": rng.standard_normal((HIDDEN, FFN)),
+        }
     return {k: (v * 0.1).astype(np.float32) for k, v in out.items()}
 
 
-def write_llama(path: Path, *, arch: str = "llama", qtype: gguf.GGMLQuantizationType | None = None,
-                tied: bool = True, seed: int = 0, split_max_tensors: int = 0) -> dict[str, np.ndarray]:
+def write_llama(
+    path: Path,
+    *,
+    arch: str = "llama",
+    qtype: gguf.GGMLQuantizationType | None = None,
+    tied: bool = True,
+    seed: int = 0,
+    split_max_tensors: int = 0,
+) -> dict[str, np.ndarray]:
     """A small llama-shaped GGUF file with a byte-level vocabulary (split_max_tensors > 0: split into parts
     `path-0000i-of-0000N.gguf` of that many tensors); returns the float tensors written (before any quantization),
     by GGUF name."""

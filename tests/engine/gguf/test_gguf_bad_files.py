@@ -24,7 +24,7 @@ def good(tmp_path: Path) -> Path:
 
 def _damaged(src: Path, dst: Path, at: int, value: bytes) -> Path:
     data = bytearray(src.read_bytes())
-    data[at:at + len(value)] = value
+    data[at : at + len(value)] = value
     dst.write_bytes(bytes(data))
     return dst
 
@@ -126,8 +126,7 @@ def test_an_unknown_tensor_type_number(good: Path, tmp_path: Path) -> None:
 def test_an_unsupported_tensor_type_is_named(tmp_path: Path) -> None:
     path = tmp_path / "iq.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
-    w.add_tensor("blk.0.attn_q.weight", np.zeros((4, 18), dtype=np.uint8),
-                 raw_dtype=gguf.GGMLQuantizationType.IQ4_NL)
+    w.add_tensor("blk.0.attn_q.weight", np.zeros((4, 18), dtype=np.uint8), raw_dtype=gguf.GGMLQuantizationType.IQ4_NL)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

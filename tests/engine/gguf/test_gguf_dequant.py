@@ -18,15 +18,12 @@ from tests.engine.gguf.files import gemma3_file, smollm2_file
 QUANTIZABLE = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1]  # gguf can quantize these
 BLOCK_TYPES = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
 # the worst error of a round trip through each type, relative to the row's largest magnitude
-TOLERANCE = {T.F32: 0.0, T.F16: 1e-3, T.BF16: 8e-3, T.Q8_0: 1e-2, T.Q4_0: 0.15, T.Q4_1: 0.1, T.Q5_0: 0.07,
-             T.Q5_1: 0.05}
+TOLERANCE = {T.F32: 0.0, T.F16: 1e-3, T.BF16: 8e-3, T.Q8_0: 1e-2, T.Q4_0: 0.15, T.Q4_1: 0.1, T.Q5_0: 0.07, T.Q5_1: 0.05}
 
 
 def _torch_reference(data: np.ndarray, qtype: T) -> torch.Tensor | None:
     try:
-        from transformers.integrations.gguf.dequant import (
-            dequantize as torch_dequantize,
-        )
+        from transformers.integrations.gguf.dequant import dequantize as torch_dequantize
     except ImportError:
         return None
     try:
@@ -58,8 +55,9 @@ def test_quantized_floats_come_back(qtype: T) -> None:
 @pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda t: t.name)
 def test_random_blocks_match_both_references(qtype: T) -> None:
     rows, width = 8, 512
-    blocks = np.random.default_rng(100 + int(qtype)).integers(0, 256, (rows, row_bytes(int(qtype), width)),
-                                                               dtype=np.uint8)
+    blocks = np.random.default_rng(100 + int(qtype)).integers(
+        0, 256, (rows, row_bytes(int(qtype), width)), dtype=np.uint8
+    )
     dense = _weight(qtype, blocks, width).dequantize(torch.float32)
     ref = torch.from_numpy(dequantize(blocks, qtype).astype(np.float32))
     assert torch.equal(torch.nan_to_num(dense), torch.nan_to_num(ref))

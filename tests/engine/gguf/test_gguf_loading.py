@@ -37,8 +37,9 @@ def test_the_derived_folder_and_the_served_name(q8_file: Path) -> None:
     assert ModelConfig(model=str(q8_file), served_model_name="mine").model_name == "mine"
 
 
-def test_blocks_kept_or_dequantized_give_the_same_logits(q8_file: Path, monkeypatch: pytest.MonkeyPatch,
-                                                         caplog: pytest.LogCaptureFixture) -> None:
+def test_blocks_kept_or_dequantized_give_the_same_logits(
+    q8_file: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     folder = resolve_model(str(q8_file))
     caplog.set_level(logging.INFO, logger="engine")
     monkeypatch.setenv("SPINDLE_GGUF_DEQUANTIZE", "1")

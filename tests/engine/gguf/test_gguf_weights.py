@@ -56,8 +56,11 @@ def test_quantized_weights_kept_as_blocks_hold_the_restored_rows(tmp_path: Path)
     write_llama(path, qtype=T.Q8_0)
     dense = GGUFWeights([path], torch.float32, CPU)
     kept = GGUFWeights([path], torch.float32, CPU, keep_quantized=True)
-    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
-                 "model.layers.1.mlp.gate_proj.weight"):
+    for name in (
+        "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.0.self_attn.k_proj.weight",
+        "model.layers.1.mlp.gate_proj.weight",
+    ):
         blocks = kept(name)
         assert isinstance(blocks, GGMLWeight) and blocks.ggml_type == T.Q8_0
         assert torch.equal(blocks.dequantize(torch.float32), dense(name))

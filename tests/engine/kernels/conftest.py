@@ -14,12 +14,25 @@ os.environ["TRITON_INTERPRET"] = "1"
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-_early = [m for m in ("rmsnorm", "rotary", "kv_cache_write", "paged_decode_attention", "paged_prefill_attention",
-                        "token_bitmask", "fused_moe", "lora")
-          if f"engine.kernels.{m}" in sys.modules]
+_early = [
+    m
+    for m in (
+        "rmsnorm",
+        "rotary",
+        "kv_cache_write",
+        "paged_decode_attention",
+        "paged_prefill_attention",
+        "token_bitmask",
+        "fused_moe",
+        "lora",
+    )
+    if f"engine.kernels.{m}" in sys.modules
+]
 if _early:
-    raise RuntimeError(f"engine.kernels modules {_early} were imported before TRITON_INTERPRET=1 was set; "
-                       "import them lazily (through engine.kernels' functions) outside the kernel tests")
+    raise RuntimeError(
+        f"engine.kernels modules {_early} were imported before TRITON_INTERPRET=1 was set; "
+        "import them lazily (through engine.kernels' functions) outside the kernel tests"
+    )
 
 # Tolerances (atol, rtol) per dtype: float32 close to exact; half precisions round inputs and outputs.
 TOL = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (3e-2, 3e-2), torch.float16: (5e-3, 5e-3)}

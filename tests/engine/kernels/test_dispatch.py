@@ -28,10 +28,10 @@ def test_functions_survive_kernel_module_imports() -> None:
 
 
 def test_build_paged_batch() -> None:
-    batch = K.build_paged_batch([[4, 2], [7], [1, 3, 5]], seq_lens=[20, 1, 33], query_lens=[3, 1, 33],
-                                block_size=16, device="cpu")
-    assert batch.block_tables.dtype == torch.int32 and batch.block_tables.tolist() == [[4, 2, 0], [7, 0, 0],
-                                                                                      [1, 3, 5]]
+    batch = K.build_paged_batch(
+        [[4, 2], [7], [1, 3, 5]], seq_lens=[20, 1, 33], query_lens=[3, 1, 33], block_size=16, device="cpu"
+    )
+    assert batch.block_tables.dtype == torch.int32 and batch.block_tables.tolist() == [[4, 2, 0], [7, 0, 0], [1, 3, 5]]
     assert batch.cu_seqlens_q.tolist() == [0, 3, 4, 37] and batch.seq_lens.tolist() == [20, 1, 33]
     assert (batch.max_query_len, batch.max_seq_len) == (33, 33)
 
@@ -69,10 +69,19 @@ def test_mixed_step_through_dispatch() -> None:
 
     q = torch.randn(6, 4, 32)
     out = K.prefill_attention(q, case.k_cache, case.v_cache, batch, 0.2)
-    ref = paged_prefill_attention_ref(q, case.k_cache, case.v_cache, batch.block_tables, batch.cu_seqlens_q,
-                                      batch.seq_lens, 0.2)
+    ref = paged_prefill_attention_ref(
+        q, case.k_cache, case.v_cache, batch.block_tables, batch.cu_seqlens_q, batch.seq_lens, 0.2
+    )
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
-    torch.testing.assert_close(K.decode_attention(q[5:], case.k_cache, case.v_cache,
-                                                  K.build_paged_batch([case.block_tables[1].tolist()], [17], [1],
-                                                                      16, "cpu"), 0.2), out[5:],
-                               atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(
+        K.decode_attention(
+            q[5:],
+            case.k_cache,
+            case.v_cache,
+            K.build_paged_batch([case.block_tables[1].tolist()], [17], [1], 16, "cpu"),
+            0.2,
+        ),
+        out[5:],
+        atol=2e-5,
+        rtol=2e-5,
+    )

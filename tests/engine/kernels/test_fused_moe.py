@@ -28,18 +28,19 @@ def test_align_groups_pairs_by_expert_in_whole_blocks() -> None:
     assert experts.tolist() == [0, 2, 5]  # idle experts get no block
     assert rows.tolist() == [1, 4, 6, 6, 0, 2, 5, 6, 3, 6, 6, 6]  # pair t * k + j; 6 pads
     for block, e in enumerate(experts.tolist()):
-        pairs = [r for r in rows[block * 4:(block + 1) * 4].tolist() if r < 6]
+        pairs = [r for r in rows[block * 4 : (block + 1) * 4].tolist() if r < 6]
         assert all(ids.flatten()[p] == e for p in pairs)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("activation", ["silu", "gelu_pytorch_tanh"])
 @pytest.mark.parametrize("t,k,weights_in_model_dtype", [(1, 2, False), (7, 2, True), (19, 3, False)])
-def test_fused_moe_matches_the_torch_path(dtype: torch.dtype, activation: str, t: int, k: int,
-                                          weights_in_model_dtype: bool) -> None:
+def test_fused_moe_matches_the_torch_path(
+    dtype: torch.dtype, activation: str, t: int, k: int, weights_in_model_dtype: bool
+) -> None:
     x = torch.randn(t, HIDDEN).to(dtype)
-    gate_up = (torch.randn(E, 2 * INTER, HIDDEN) / HIDDEN ** 0.5).to(dtype)
-    down = (torch.randn(E, HIDDEN, INTER) / INTER ** 0.5).to(dtype)
+    gate_up = (torch.randn(E, 2 * INTER, HIDDEN) / HIDDEN**0.5).to(dtype)
+    down = (torch.randn(E, HIDDEN, INTER) / INTER**0.5).to(dtype)
     weights, ids = routing(t, k)
     if weights_in_model_dtype:
         weights = weights.to(dtype)

@@ -8,12 +8,13 @@ from engine.kernels.kv_cache_write import write_kv_cache, write_kv_cache_ref
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("head_dim", [32, 128])
-def test_scatter_matches_reference(dtype: torch.dtype, head_dim: int,
-        tol: dict[torch.dtype, tuple[float, float]]) -> None:
+def test_scatter_matches_reference(
+    dtype: torch.dtype, head_dim: int, tol: dict[torch.dtype, tuple[float, float]]
+) -> None:
     blocks, block_size, kv_heads, t = 6, 16, 2, 10
     kv = torch.randn(t, 2 * kv_heads * head_dim).to(dtype)  # k and v as strided views of one buffer
-    k = kv[:, :kv_heads * head_dim].view(t, kv_heads, head_dim)
-    v = kv[:, kv_heads * head_dim:].view(t, kv_heads, head_dim)
+    k = kv[:, : kv_heads * head_dim].view(t, kv_heads, head_dim)
+    v = kv[:, kv_heads * head_dim :].view(t, kv_heads, head_dim)
     slots = torch.randperm(blocks * block_size)[:t]
     slots[3] = -1  # padding token: skipped
     caches = [torch.randn(blocks, block_size, kv_heads, head_dim).to(dtype) for _ in range(2)]

@@ -20,14 +20,15 @@ T = 49
 
 @pytest.mark.parametrize("rank", [8, 16, 64])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_shrink_expand_match_reference(rank: int, dtype: torch.dtype,
-                                       tol: dict[torch.dtype, tuple[float, float]]) -> None:
+def test_shrink_expand_match_reference(
+    rank: int, dtype: torch.dtype, tol: dict[torch.dtype, tuple[float, float]]
+) -> None:
     slots, k, out = 4, 72, 40
     m = build_mapping(SEQS, {s: rank for s in range(slots)}, torch.device("cpu"))
     assert m is not None and [s.slot for s in m.segments] == [0, 1, 2]
     assert sorted(m.rows.tolist()) == [r for f, n, s in SEQS if s >= 0 for r in range(f, f + n)]
     x = torch.randn(T, k).to(dtype)
-    a = torch.randn(slots, 64, k).to(dtype) / k ** 0.5
+    a = torch.randn(slots, 64, k).to(dtype) / k**0.5
     b = torch.randn(slots, out, 64).to(dtype)
     scaling = torch.tensor([0.5, 2.0, 1.0, 3.0])
     atol, rtol = tol[dtype]
@@ -52,12 +53,27 @@ def test_layer_triton_path_equals_torch_path(rank: int) -> None:
     hidden, q, kv = 48, 32, 16
     ctx = LoRAContext()
     base = Linear(torch.randn(q + 2 * kv, hidden))
-    lin = LoRALinear(base, [("q_proj", 0, q), ("k_proj", q, q + kv), ("v_proj", q + kv, q + 2 * kv)], 3, 64,
-                     torch.float32, torch.device("cpu"), ctx)
+    lin = LoRALinear(
+        base,
+        [("q_proj", 0, q), ("k_proj", q, q + kv), ("v_proj", q + kv, q + 2 * kv)],
+        3,
+        64,
+        torch.float32,
+        torch.device("cpu"),
+        ctx,
+    )
     for slot, names in ((0, ("q_proj", "v_proj")), (2, ("k_proj",))):
-        lin.load(slot, {n: ModuleWeights(torch.randn(rank, hidden), torch.randn(base.out_features if n == "x" else
-                                                                                (q if n == "q_proj" else kv), rank),
-                                         0.25 * (slot + 1)) for n in names})
+        lin.load(
+            slot,
+            {
+                n: ModuleWeights(
+                    torch.randn(rank, hidden),
+                    torch.randn(base.out_features if n == "x" else (q if n == "q_proj" else kv), rank),
+                    0.25 * (slot + 1),
+                )
+                for n in names
+            },
+        )
     x = torch.randn(20, hidden)
     ctx.mapping = build_mapping([(0, 6, 0), (6, 3, -1), (9, 11, 2)], {0: rank, 2: rank}, torch.device("cpu"))
     torch_out = lin(x)

@@ -4,8 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.kernels.paged_decode_attention import (choose_num_splits, paged_decode_attention,
-                                                   paged_decode_attention_ref)
+from engine.kernels.paged_decode_attention import choose_num_splits, paged_decode_attention, paged_decode_attention_ref
 from tests.engine.kernels.paged_case import make_case
 
 BS = 16
@@ -19,28 +18,39 @@ def test_reference_matches_sdpa() -> None:
     out = paged_decode_attention_ref(q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, 0.125)
     for b in range(2):
         k, v = case.context(b)
-        expect = F.scaled_dot_product_attention(q[b][:, None], k.transpose(0, 1), v.transpose(0, 1),
-                                                scale=0.125, enable_gqa=True)[:, 0]
+        expect = F.scaled_dot_product_attention(
+            q[b][:, None], k.transpose(0, 1), v.transpose(0, 1), scale=0.125, enable_gqa=True
+        )[:, 0]
         torch.testing.assert_close(out[b], expect, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize(("head_dim", "heads", "kv_heads", "dtype"), [
-    (16, 4, 2, torch.float32),  # the test checkpoints' head_dim
-    (32, 4, 4, torch.float32),  # no GQA
-    (64, 8, 2, torch.bfloat16),  # GQA group 4
-    (128, 8, 1, torch.float16),  # multi-query
-    (64, 6, 2, torch.float32),  # group 3: not a power of two
-])
+@pytest.mark.parametrize(
+    ("head_dim", "heads", "kv_heads", "dtype"),
+    [
+        (16, 4, 2, torch.float32),  # the test checkpoints' head_dim
+        (32, 4, 4, torch.float32),  # no GQA
+        (64, 8, 2, torch.bfloat16),  # GQA group 4
+        (128, 8, 1, torch.float16),  # multi-query
+        (64, 6, 2, torch.float32),  # group 3: not a power of two
+    ],
+)
 @pytest.mark.parametrize("num_splits", [1, 3])
-def test_decode_matches_reference(head_dim: int, heads: int, kv_heads: int, dtype: torch.dtype, num_splits: int,
-                                  tol: dict[torch.dtype, tuple[float, float]]) -> None:
+def test_decode_matches_reference(
+    head_dim: int,
+    heads: int,
+    kv_heads: int,
+    dtype: torch.dtype,
+    num_splits: int,
+    tol: dict[torch.dtype, tuple[float, float]],
+) -> None:
     case = make_case(EDGE_LENS, kv_heads, head_dim, dtype, block_size=BS)
     q = torch.randn(len(EDGE_LENS), heads, head_dim).to(dtype)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     args = (q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, scale)
     atol, rtol = tol[dtype]
-    torch.testing.assert_close(paged_decode_attention(*args, num_splits=num_splits),
-                               paged_decode_attention_ref(*args), atol=atol, rtol=rtol)
+    torch.testing.assert_close(
+        paged_decode_attention(*args, num_splits=num_splits), paged_decode_attention_ref(*args), atol=atol, rtol=rtol
+    )
 
 
 def test_sliding_window_and_flat_cache_layout() -> None:
@@ -63,7 +73,7 @@ def test_sliding_window_and_flat_cache_layout() -> None:
 def test_more_splits_than_keys_padding_rows_and_strided_query(num_splits: int) -> None:
     case = make_case([1, 0, 2, 70], kv_heads=1, head_dim=64, dtype=torch.float32)  # seq_len 0: a padding row
     qkv = torch.randn(4, 6 * 64)
-    q = qkv[:, :4 * 64].view(4, 4, 64)  # a view into a fused projection, row stride 384
+    q = qkv[:, : 4 * 64].view(4, 4, 64)  # a view into a fused projection, row stride 384
     args = (q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, 0.125)
     out = paged_decode_attention(*args, num_splits=num_splits)
     torch.testing.assert_close(out, paged_decode_attention_ref(*args), atol=2e-5, rtol=2e-5)
@@ -79,8 +89,13 @@ def test_split_heuristic() -> None:
 @pytest.mark.parametrize(("window", "softcap"), [(None, 2.0), (7, 2.0), (7, None)])
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_softcap_and_window(window: int | None, softcap: float | None, num_splits: int, dtype: torch.dtype,
-                            tol: dict[torch.dtype, tuple[float, float]]) -> None:
+def test_softcap_and_window(
+    window: int | None,
+    softcap: float | None,
+    num_splits: int,
+    dtype: torch.dtype,
+    tol: dict[torch.dtype, tuple[float, float]],
+) -> None:
     case = make_case(EDGE_LENS, kv_heads=2, head_dim=32, dtype=dtype, block_size=BS)
     q = (torch.randn(len(EDGE_LENS), 6, 32) * 3).to(dtype)  # large scores, so the cap bites
     # blocks before every window are released by the block manager: poison them, they must not be read

@@ -18,8 +18,7 @@ def test_reference_matches_transformers() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("hidden", [64, 100, 128])
-def test_rms_norm(dtype: torch.dtype, hidden: int,
-        tol: dict[torch.dtype, tuple[float, float]]) -> None:
+def test_rms_norm(dtype: torch.dtype, hidden: int, tol: dict[torch.dtype, tuple[float, float]]) -> None:
     x = torch.randn(7, hidden).to(dtype)
     w = (1 + 0.1 * torch.randn(hidden)).to(dtype)
     atol, rtol = tol[dtype]
@@ -27,8 +26,7 @@ def test_rms_norm(dtype: torch.dtype, hidden: int,
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_add_rms_norm(dtype: torch.dtype,
-        tol: dict[torch.dtype, tuple[float, float]]) -> None:
+def test_fused_add_rms_norm(dtype: torch.dtype, tol: dict[torch.dtype, tuple[float, float]]) -> None:
     x = torch.randn(2, 3, 96).to(dtype)  # any leading shape
     residual = torch.randn(2, 3, 96).to(dtype)
     w = torch.randn(96).to(dtype)
@@ -37,7 +35,7 @@ def test_fused_add_rms_norm(dtype: torch.dtype,
     atol, rtol = tol[dtype]
     # One rounding of the same sum; Triton's interpreter truncates float32 -> bfloat16 (GPUs round), so 1 ulp.
     exact = dtype == torch.float32
-    torch.testing.assert_close(res_out, ref_res, atol=0 if exact else atol, rtol=0 if exact else 2 ** -7)
+    torch.testing.assert_close(res_out, ref_res, atol=0 if exact else atol, rtol=0 if exact else 2**-7)
     torch.testing.assert_close(out, ref_out, atol=atol, rtol=rtol)
     assert out.shape == x.shape and res_out.shape == x.shape
 

@@ -19,8 +19,8 @@ def test_reference_matches_transformers() -> None:
     pos = torch.tensor([0, 1, 7, 8, 30, 49])
     q, k = torch.randn(t, heads, d), torch.randn(t, kv_heads, d)
     half = table[pos]
-    cos = torch.cat([half[:, :d // 2]] * 2, dim=-1)[None]  # HF's [batch, seq, D] duplicated halves
-    sin = torch.cat([half[:, d // 2:]] * 2, dim=-1)[None]
+    cos = torch.cat([half[:, : d // 2]] * 2, dim=-1)[None]  # HF's [batch, seq, D] duplicated halves
+    sin = torch.cat([half[:, d // 2 :]] * 2, dim=-1)[None]
     hf_q, hf_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
     ref_q, ref_k = rotary_embedding_ref(pos, q.clone(), k.clone(), table)
     torch.testing.assert_close(ref_q, hf_q[0].transpose(0, 1))
@@ -29,18 +29,19 @@ def test_reference_matches_transformers() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("head_dim", [32, 64, 128])
-def test_rotary_in_place_on_qkv_views(dtype: torch.dtype, head_dim: int,
-        tol: dict[torch.dtype, tuple[float, float]]) -> None:
+def test_rotary_in_place_on_qkv_views(
+    dtype: torch.dtype, head_dim: int, tol: dict[torch.dtype, tuple[float, float]]
+) -> None:
     t, heads, kv_heads = 9, 8, 2
     table = cos_sin_table(64, head_dim)
     pos = torch.randint(0, 64, (t,))
     # q and k as the model has them: strided views into one fused qkv projection output.
     qkv = torch.randn(t, (heads + 2 * kv_heads) * head_dim).to(dtype)
     expect = qkv.clone()
-    q = qkv[:, :heads * head_dim].view(t, heads, head_dim)
-    k = qkv[:, heads * head_dim:(heads + kv_heads) * head_dim].view(t, kv_heads, head_dim)
-    ref_q = expect[:, :heads * head_dim].view(t, heads, head_dim)
-    ref_k = expect[:, heads * head_dim:(heads + kv_heads) * head_dim].view(t, kv_heads, head_dim)
+    q = qkv[:, : heads * head_dim].view(t, heads, head_dim)
+    k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(t, kv_heads, head_dim)
+    ref_q = expect[:, : heads * head_dim].view(t, heads, head_dim)
+    ref_k = expect[:, heads * head_dim : (heads + kv_heads) * head_dim].view(t, kv_heads, head_dim)
     rotary_embedding(pos, q, k, table)
     rotary_embedding_ref(pos, ref_q, ref_k, table)
     atol, rtol = tol[dtype]

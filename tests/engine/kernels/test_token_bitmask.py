@@ -11,11 +11,11 @@ from engine.structured.bitmask import apply_token_bitmask_cpu, unpack_bitmask
 
 def random_bitmask(rows: int, vocab: int, gen: torch.Generator) -> torch.Tensor:
     words = (vocab + 31) // 32
-    return torch.randint(-2 ** 31, 2 ** 31, (rows, words), dtype=torch.int64, generator=gen).to(torch.int32)
+    return torch.randint(-(2**31), 2**31, (rows, words), dtype=torch.int64, generator=gen).to(torch.int32)
 
 
 def test_unpack_matches_bit_layout() -> None:
-    bm = torch.tensor([[1 - 2 ** 31, 0b110]], dtype=torch.int32)  # bits 0 and 31, then 33 and 34
+    bm = torch.tensor([[1 - 2**31, 0b110]], dtype=torch.int32)  # bits 0 and 31, then 33 and 34
     allowed = unpack_bitmask(bm, 64)[0].nonzero()[:, 0].tolist()
     assert allowed == [0, 31, 33, 34]
 
@@ -67,7 +67,7 @@ def test_cpu_path_sparse_rows_match_reference(dtype: torch.dtype, width: int) ->
     logits = torch.randn(5, width, generator=gen).to(dtype)
     bm = random_bitmask(4, 992, gen)
     bm[0] = 0
-    bm[0, 2] = -2 ** 31  # token 95 only: bit 31, the int32 sign
+    bm[0, 2] = -(2**31)  # token 95 only: bit 31, the int32 sign
     bm[2] = 0
     bm[2, [0, 30]] = torch.tensor([0b1011, -1], dtype=torch.int32)  # tokens 0, 1, 3 and 960..991 (past 980)
     bm[3] = 0  # nothing allowed

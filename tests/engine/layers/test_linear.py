@@ -12,8 +12,15 @@ import torch.nn.functional as F
 
 from engine.cpu_kernels import chooser, gemm
 from engine.layers import linear
-from engine.layers.linear import (Int8Linear, KernelLinear, Linear, PackedLinear, SplitLinear, cpu_packs_bf16,
-                                  make_linear)
+from engine.layers.linear import (
+    Int8Linear,
+    KernelLinear,
+    Linear,
+    PackedLinear,
+    SplitLinear,
+    cpu_packs_bf16,
+    make_linear,
+)
 from engine.layers.lm_head import LMHead, choose_head, head_forms
 from engine.layers.parallel import WORKERS
 
@@ -51,8 +58,7 @@ def _one_thread_one_worker() -> Iterator[None]:
 
 def weights(out: int, inp: int, dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return ((torch.randn(out, inp, generator=g) / inp ** 0.5).to(dtype),
-            (0.1 * torch.randn(out, generator=g)).to(dtype))
+    return ((torch.randn(out, inp, generator=g) / inp**0.5).to(dtype), (0.1 * torch.randn(out, generator=g)).to(dtype))
 
 
 def test_float32_stays_plain_f_linear() -> None:
@@ -79,10 +85,10 @@ def fake_choice(monkeypatch: pytest.MonkeyPatch, winners: tuple[str, ...]) -> li
     when asked again among fewer; returns the candidate sets it was asked about."""
     asked: list[tuple[str, ...]] = []
 
-    def choose(kind: str, shape: tuple[int, ...], candidates: dict[str, chooser.Bench]) -> tuple[tuple[str, ...],
-                                                                                               bool]:
+    def choose(kind: str, shape: tuple[int, ...], candidates: dict[str, chooser.Bench]) -> tuple[tuple[str, ...], bool]:
         asked.append(tuple(candidates))
         return tuple(w if w in candidates else next(iter(candidates)) for w in winners), True
+
     monkeypatch.setattr(chooser, "_choose", choose)
     return asked
 
@@ -93,8 +99,10 @@ def test_one_layout_is_held_and_each_row_class_takes_its_winner(monkeypatch: pyt
     w, b = weights(200, 96, torch.bfloat16)
     asked = fake_choice(monkeypatch, ("spindle", "spindle", "spindle-unpack", "spindle-unpack", "onednn"))
     lin = make_linear(w, b)  # "spindle"'s layout wins four classes of five: held, and chosen again among its own
-    assert type(lin) is KernelLinear and asked == [("spindle", "spindle-unpack", "onednn", "torch"),
-                                                   ("spindle", "spindle-unpack")]
+    assert type(lin) is KernelLinear and asked == [
+        ("spindle", "spindle-unpack", "onednn", "torch"),
+        ("spindle", "spindle-unpack"),
+    ]
     # asked again among the held layout's own, the prefill class takes its first candidate (fake_choice)
     assert isinstance(lin, KernelLinear) and lin.winners == ("spindle",) * 2 + ("spindle-unpack",) * 2 + ("spindle",)
     unpacked = monkeypatch_calls(monkeypatch, lin)
@@ -115,6 +123,7 @@ def monkeypatch_calls(monkeypatch: pytest.MonkeyPatch, lin: KernelLinear) -> lis
     def counted(x: torch.Tensor) -> torch.Tensor:
         calls.append(x.numel() // lin.in_features)
         return real(x)
+
     monkeypatch.setattr(lin, "unpacked", counted)
     return calls
 
@@ -135,6 +144,7 @@ def test_unpacked_tiles_equal_the_kernel_within_an_ulp(quantization: str | None)
 def test_the_chooser_failing_falls_back_to_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     def fail(*args: object) -> tuple[tuple[str, ...], bool]:
         raise chooser.ChooserError("nothing ran")
+
     monkeypatch.setattr(chooser, "_choose", fail)
     w, b = weights(48, 32, torch.bfloat16)
     assert type(make_linear(w, b)) is Linear and type(make_linear(w, b, "int8")) is Int8Linear
@@ -202,10 +212,11 @@ def int8_parts(lin: Linear) -> tuple[torch.Tensor, torch.Tensor]:
     return lin.weight, lin.scale.float()
 
 
-@pytest.mark.parametrize("dtype, kernel", [(torch.float32, False), (torch.bfloat16, False),
-                                           pytest.param(torch.bfloat16, True, marks=needs_kernel)])
-def test_int8_within_its_quantization_error(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype,
-                                            kernel: bool) -> None:
+@pytest.mark.parametrize(
+    "dtype, kernel",
+    [(torch.float32, False), (torch.bfloat16, False), pytest.param(torch.bfloat16, True, marks=needs_kernel)],
+)
+def test_int8_within_its_quantization_error(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, kernel: bool) -> None:
     force(monkeypatch, "spindle" if kernel else "int8pack")
     w, b = weights(300, 128, dtype, seed=5)
     w[7] = 0  # an all-zero row must not divide by zero
@@ -255,11 +266,13 @@ def test_unknown_quantization_is_refused() -> None:
         make_linear(w, None, "int4")
 
 
-@pytest.mark.parametrize("dtype, quantization", [(torch.float32, None), (torch.bfloat16, None),
-                                                 (torch.bfloat16, "int8")])
+@pytest.mark.parametrize(
+    "dtype, quantization", [(torch.float32, None), (torch.bfloat16, None), (torch.bfloat16, "int8")]
+)
 @pytest.mark.parametrize("rows, workers", [(1, 1), (20, 1), (20, 2), (3, 2)])
-def test_lm_head_forms_equal_the_plain_product(dtype: torch.dtype, quantization: str | None, rows: int,
-                                               workers: int) -> None:
+def test_lm_head_forms_equal_the_plain_product(
+    dtype: torch.dtype, quantization: str | None, rows: int, workers: int
+) -> None:
     vocab = 20_000  # several packed chunks and several transposed column chunks
     w, _ = weights(vocab, 64, dtype, seed=7)
     ref_w = Int8Linear(w).dense_weight() if quantization else w

@@ -13,12 +13,7 @@ from engine.cpu_kernels import chooser, quant_gemm
 from engine.gguf.tensor import GGMLWeight
 from engine.layers import quant_linear
 from engine.layers.linear import make_linear
-from engine.layers.quant_linear import (
-    QuantEmbedding,
-    QuantLinear,
-    QuantPartsLinear,
-    make_quant_linear,
-)
+from engine.layers.quant_linear import QuantEmbedding, QuantLinear, QuantPartsLinear, make_quant_linear
 
 T = gguf.GGMLQuantizationType
 
@@ -42,9 +37,11 @@ def assert_close(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torc
     """Within float32 summation error of the exact x @ w.T + bias, plus one rounding to got's dtype."""
     x2 = x.reshape(-1, x.shape[-1]).double()
     exact = x2 @ w.double().t() + (0 if bias is None else bias.double())
-    bound = (x2.shape[1] + 1) * 2.0 ** -24 * (x2.abs() @ w.double().abs().t() + (0 if bias is None else bias.double().abs()))
+    bound = (
+        (x2.shape[1] + 1) * 2.0**-24 * (x2.abs() @ w.double().abs().t() + (0 if bias is None else bias.double().abs()))
+    )
     if got.dtype is torch.bfloat16:
-        bound = bound + 2.0 ** -8 * (exact.abs() + bound)
+        bound = bound + 2.0**-8 * (exact.abs() + bound)
     err = (got.reshape(exact.shape).double() - exact).abs()
     assert (err <= bound).all(), f"max error {err.max().item():.3g}"
 

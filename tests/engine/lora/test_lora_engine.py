@@ -19,10 +19,24 @@ def adapters(qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     root = tmp_path_factory.mktemp("adapters")
     return {
         "attn8": write_adapter(qwen2_ckpt, root / "attn8", r=8, targets=["q_proj", "v_proj"], seed=1),
-        "all16": write_adapter(qwen2_ckpt, root / "all16", r=16, alpha=32, seed=2,
-                               targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
-        "mlp_rs": write_adapter(qwen2_ckpt, root / "mlp_rs", r=8, targets=["down_proj", "up_proj"], seed=3,
-                                use_rslora=True, rank_pattern={"down_proj": 4}, alpha_pattern={"up_proj": 4}),
+        "all16": write_adapter(
+            qwen2_ckpt,
+            root / "all16",
+            r=16,
+            alpha=32,
+            seed=2,
+            targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        ),
+        "mlp_rs": write_adapter(
+            qwen2_ckpt,
+            root / "mlp_rs",
+            r=8,
+            targets=["down_proj", "up_proj"],
+            seed=3,
+            use_rslora=True,
+            rank_pattern={"down_proj": 4},
+            alpha_pattern={"up_proj": 4},
+        ),
     }
 
 
@@ -44,8 +58,11 @@ def run_mixed(core: object, reqs: list[tuple[str, list[int], int, LoRARequest | 
     return outs
 
 
-REGIMES = {"together": {}, "chunked_prefill": {"max_num_batched_tokens": 16},
-           "preemption": {"num_blocks": 14, "block_size": 8}}
+REGIMES = {
+    "together": {},
+    "chunked_prefill": {"max_num_batched_tokens": 16},
+    "preemption": {"num_blocks": 14, "block_size": 8},
+}
 
 
 @pytest.mark.parametrize("regime", list(REGIMES))
@@ -54,8 +71,9 @@ def test_mixed_batch_equals_peft(qwen2_ckpt: Path, adapters: dict[str, Path], re
     rng = random.Random(7)
     names = [None, "attn8", "all16", "mlp_rs", None, "all16"]
     prompts = [[rng.randrange(1000) for _ in range(rng.randrange(5, 30))] for _ in names]
-    reqs = [(f"r{i}", p, 6, None if a is None else lora(a, adapters[a]))
-            for i, (p, a) in enumerate(zip(prompts, names))]
+    reqs = [
+        (f"r{i}", p, 6, None if a is None else lora(a, adapters[a])) for i, (p, a) in enumerate(zip(prompts, names))
+    ]
     outs = run_mixed(core, reqs)
     for (rid, p, n, _), a in zip(reqs, names):
         want = hf_greedy(qwen2_ckpt, p, n) if a is None else peft_greedy(qwen2_ckpt, adapters[a], p, n)
@@ -105,8 +123,7 @@ def test_bad_requests_are_refused(qwen2_ckpt: Path, adapters: dict[str, Path], t
     assert out.finish_reason == "error" and "--enable-lora" in (out.error or "")
     core = make_core(qwen2_ckpt, enable_lora=True, max_lora_rank=8)
     core.add_request(AddRequest("b", [1, 2], greedy(2), 0.0, lora=lora("x", adapters["all16"])))
-    core.add_request(AddRequest("c", [1, 2], greedy(2), 0.0,
-                                lora=LoRARequest("y", str(adapters["attn8"]), "0" * 64)))
+    core.add_request(AddRequest("c", [1, 2], greedy(2), 0.0, lora=LoRARequest("y", str(adapters["attn8"]), "0" * 64)))
     outs = {o.request_id: o for o in core.step()}
     assert "above --max-lora-rank 8" in (outs["b"].error or "")
     assert "changed since" in (outs["c"].error or "")

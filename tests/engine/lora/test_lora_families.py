@@ -55,8 +55,9 @@ def test_phi3_fused_targets_equal_merged_weights(tmp_path: Path) -> None:
     from safetensors.torch import load_file, save_file
 
     ckpt = build_family(tmp_path, "phi3")
-    adapter = write_adapter(ckpt, tmp_path / "adapter", r=8, targets=["qkv_proj", "o_proj", "gate_up_proj"],
-                            seed=3, alpha=8)
+    adapter = write_adapter(
+        ckpt, tmp_path / "adapter", r=8, targets=["qkv_proj", "o_proj", "gate_up_proj"], seed=3, alpha=8
+    )
     merged = Path(shutil.copytree(ckpt, tmp_path / "merged"))
     (weights_file,) = merged.glob("*.safetensors")
     weights = load_file(weights_file)

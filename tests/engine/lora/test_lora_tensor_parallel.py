@@ -18,13 +18,23 @@ EVERY = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_p
 
 @pytest.mark.parametrize("tp", [1, 2])
 def test_tp_with_adapters_equals_peft(qwen2_ckpt: Path, tmp_path: Path, tp: int) -> None:
-    adapters = {"a": write_adapter(qwen2_ckpt, tmp_path / "a", r=8, targets=EVERY, seed=21),
-                "b": write_adapter(qwen2_ckpt, tmp_path / "b", r=16, targets=["k_proj", "o_proj", "down_proj"],
-                                   seed=22)}
-    core = make_core(qwen2_ckpt, tensor_parallel_size=tp, distributed_timeout=30, enable_lora=True, max_loras=2,
-                     max_num_batched_tokens=16)
-    prompts = {"base": [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79, 50, 28],
-               "a": [27, 18, 28, 18, 28, 45, 90, 45], "b": [16, 18, 3, 39, 88, 74, 98, 94, 84, 77]}
+    adapters = {
+        "a": write_adapter(qwen2_ckpt, tmp_path / "a", r=8, targets=EVERY, seed=21),
+        "b": write_adapter(qwen2_ckpt, tmp_path / "b", r=16, targets=["k_proj", "o_proj", "down_proj"], seed=22),
+    }
+    core = make_core(
+        qwen2_ckpt,
+        tensor_parallel_size=tp,
+        distributed_timeout=30,
+        enable_lora=True,
+        max_loras=2,
+        max_num_batched_tokens=16,
+    )
+    prompts = {
+        "base": [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79, 50, 28],
+        "a": [27, 18, 28, 18, 28, 45, 90, 45],
+        "b": [16, 18, 3, 39, 88, 74, 98, 94, 84, 77],
+    }
     try:
         for i, (rid, prompt) in enumerate(prompts.items()):
             path = adapters.get(rid)

@@ -23,9 +23,17 @@ def base(qwen2_ckpt: Path) -> BaseDims:
 
 @pytest.fixture(scope="module")
 def good(qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_adapter(qwen2_ckpt, tmp_path_factory.mktemp("a") / "good", r=16, alpha=8, seed=1, use_rslora=True,
-                         targets=["q_proj", "v_proj", "down_proj"], rank_pattern={"v_proj": 8},
-                         alpha_pattern={"down_proj": 32})
+    return write_adapter(
+        qwen2_ckpt,
+        tmp_path_factory.mktemp("a") / "good",
+        r=16,
+        alpha=8,
+        seed=1,
+        use_rslora=True,
+        targets=["q_proj", "v_proj", "down_proj"],
+        rank_pattern={"v_proj": 8},
+        alpha_pattern={"down_proj": 32},
+    )
 
 
 def copy(good: Path, tmp_path: Path) -> Path:
@@ -56,16 +64,20 @@ def test_rank_limit(good: Path, base: BaseDims, max_rank: int, ok: bool) -> None
             read_adapter(str(good), base, max_rank)
 
 
-@pytest.mark.parametrize("changes, why", [
-    ({"use_dora": True}, "DoRA adapters"),
-    ({"bias": "all"}, "bias 'all' is not supported"),
-    ({"target_modules": ["q_proj", "lm_head"]}, r"unknown target modules \['lm_head'\]"),
-    ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
-    ({"peft_type": "IA3"}, "is not LoRA"),
-    ({"r": 0}, "r must be a positive integer"),
-])
-def test_unsupported_configs_are_refused(good: Path, base: BaseDims, tmp_path: Path, changes: dict[str, object],
-                                         why: str) -> None:
+@pytest.mark.parametrize(
+    "changes, why",
+    [
+        ({"use_dora": True}, "DoRA adapters"),
+        ({"bias": "all"}, "bias 'all' is not supported"),
+        ({"target_modules": ["q_proj", "lm_head"]}, r"unknown target modules \['lm_head'\]"),
+        ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
+        ({"peft_type": "IA3"}, "is not LoRA"),
+        ({"r": 0}, "r must be a positive integer"),
+    ],
+)
+def test_unsupported_configs_are_refused(
+    good: Path, base: BaseDims, tmp_path: Path, changes: dict[str, object], why: str
+) -> None:
     folder = copy(good, tmp_path)
     edit_config(folder, **changes)
     with pytest.raises(AdapterError, match=why):
@@ -89,16 +101,19 @@ def test_missing_and_truncated_files(good: Path, base: BaseDims, tmp_path: Path)
         read_adapter(str(folder), base, 16)
 
 
-def test_missing_half_and_unknown_keys_and_bad_shapes(qwen2_ckpt: Path, good: Path, base: BaseDims,
-                                                       tmp_path: Path) -> None:
+def test_missing_half_and_unknown_keys_and_bad_shapes(
+    qwen2_ckpt: Path, good: Path, base: BaseDims, tmp_path: Path
+) -> None:
     from safetensors.torch import load_file, save_file
 
     tensors = load_file(good / "adapter_model.safetensors")
     a_key = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
-    cases = [({k: v for k, v in tensors.items() if k != a_key}, "missing weights: model.layers.0.self_attn.q_proj"),
-             (tensors | {"base_model.model.lm_head.lora_A.weight": tensors[a_key].clone()}, "unknown target module"),
-             (tensors | {a_key: tensors[a_key][:, :-1].contiguous()}, "do not fit the base"),
-             ({k.replace("layers.1.", "layers.7."): v for k, v in tensors.items()}, "has only 2 layers")]
+    cases = [
+        ({k: v for k, v in tensors.items() if k != a_key}, "missing weights: model.layers.0.self_attn.q_proj"),
+        (tensors | {"base_model.model.lm_head.lora_A.weight": tensors[a_key].clone()}, "unknown target module"),
+        (tensors | {a_key: tensors[a_key][:, :-1].contiguous()}, "do not fit the base"),
+        ({k.replace("layers.1.", "layers.7."): v for k, v in tensors.items()}, "has only 2 layers"),
+    ]
     for i, (t, why) in enumerate(cases):
         folder = Path(shutil.copytree(good, tmp_path / f"c{i}"))
         save_file(t, folder / "adapter_model.safetensors")
@@ -114,8 +129,12 @@ def test_moe_bases_take_attention_adapters_only(good: Path) -> None:
 
 def test_flag_checks_and_lora_modules() -> None:
     check_lora_settings(1, 16, 1, "auto")
-    for args, why in [((0, 16, None, "auto"), "--max-loras"), ((1, 12, None, "auto"), "--max-lora-rank"),
-                      ((2, 16, 1, "auto"), "--max-cpu-loras"), ((1, 16, None, "int8"), "--lora-dtype")]:
+    for args, why in [
+        ((0, 16, None, "auto"), "--max-loras"),
+        ((1, 12, None, "auto"), "--max-lora-rank"),
+        ((2, 16, 1, "auto"), "--max-cpu-loras"),
+        ((1, 16, None, "int8"), "--lora-dtype"),
+    ]:
         with pytest.raises(ValueError, match=why):
             check_lora_settings(*args)  # type: ignore[arg-type]
     mods = parse_lora_modules(["a=/x", '{"name": "b", "path": "/y", "base_model_name": "m"}'])

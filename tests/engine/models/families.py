@@ -13,30 +13,71 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-BASE: dict[str, Any] = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
-                            intermediate_size=128, max_position_embeddings=1024, seed=2026)
+BASE: dict[str, Any] = dict(
+    hidden_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    intermediate_size=128,
+    max_position_embeddings=1024,
+    seed=2026,
+)
 ORIGINAL_ROPE_LENGTH = 32
 WINDOW = 8
 QWEN_VOCAB = 151_646
-LONGROPE = {"rope_type": "longrope", "original_max_position_embeddings": ORIGINAL_ROPE_LENGTH,
-            "short_factor": [1.0 + 0.1 * i for i in range(4)], "long_factor": [1.0 + 1.5 * i for i in range(4)]}
+LONGROPE = {
+    "rope_type": "longrope",
+    "original_max_position_embeddings": ORIGINAL_ROPE_LENGTH,
+    "short_factor": [1.0 + 0.1 * i for i in range(4)],
+    "long_factor": [1.0 + 1.5 * i for i in range(4)],
+}
 FAMILIES: dict[str, dict[str, Any]] = {
-    "qwen3": dict(head_dim=32, vocab_size=QWEN_VOCAB, tie_word_embeddings=True, rope_theta=1_000_000.0,
-                  rope_scaling={"rope_type": "yarn", "factor": 4.0,
-                                "original_max_position_embeddings": ORIGINAL_ROPE_LENGTH}),
-    "qwen3_moe": dict(vocab_size=QWEN_VOCAB, tie_word_embeddings=False, rope_theta=1_000_000.0,
-                      extra=dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
-                                 mlp_only_layers=[1])),
-    "mixtral": dict(vocab_size=32_000, tie_word_embeddings=False, rope_theta=1_000_000.0,
-                    extra=dict(num_local_experts=4, num_experts_per_tok=2)),
-    "gemma2": dict(vocab_size=QWEN_VOCAB, tie_word_embeddings=True, rope_theta=10_000.0, sliding_window=WINDOW,
-                   extra=dict(attn_logit_softcapping=3.0, final_logit_softcapping=5.0, query_pre_attn_scalar=24)),
-    "gemma3": dict(vocab_size=QWEN_VOCAB, tie_word_embeddings=True, rope_theta=1_000_000.0, sliding_window=WINDOW,
-                   rope_scaling={"rope_type": "linear", "factor": 4.0},
-                   extra=dict(query_pre_attn_scalar=24, layer_types=["sliding_attention", "full_attention"],
-                              rope_local_base_freq=100.0)),
-    "phi3": dict(vocab_size=32_000, tie_word_embeddings=False, rope_theta=10_000.0, rope_scaling=LONGROPE,
-                 extra=dict(partial_rotary_factor=0.5, original_max_position_embeddings=ORIGINAL_ROPE_LENGTH)),
+    "qwen3": dict(
+        head_dim=32,
+        vocab_size=QWEN_VOCAB,
+        tie_word_embeddings=True,
+        rope_theta=1_000_000.0,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL_ROPE_LENGTH},
+    ),
+    "qwen3_moe": dict(
+        vocab_size=QWEN_VOCAB,
+        tie_word_embeddings=False,
+        rope_theta=1_000_000.0,
+        extra=dict(
+            num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1]
+        ),
+    ),
+    "mixtral": dict(
+        vocab_size=32_000,
+        tie_word_embeddings=False,
+        rope_theta=1_000_000.0,
+        extra=dict(num_local_experts=4, num_experts_per_tok=2),
+    ),
+    "gemma2": dict(
+        vocab_size=QWEN_VOCAB,
+        tie_word_embeddings=True,
+        rope_theta=10_000.0,
+        sliding_window=WINDOW,
+        extra=dict(attn_logit_softcapping=3.0, final_logit_softcapping=5.0, query_pre_attn_scalar=24),
+    ),
+    "gemma3": dict(
+        vocab_size=QWEN_VOCAB,
+        tie_word_embeddings=True,
+        rope_theta=1_000_000.0,
+        sliding_window=WINDOW,
+        rope_scaling={"rope_type": "linear", "factor": 4.0},
+        extra=dict(
+            query_pre_attn_scalar=24, layer_types=["sliding_attention", "full_attention"], rope_local_base_freq=100.0
+        ),
+    ),
+    "phi3": dict(
+        vocab_size=32_000,
+        tie_word_embeddings=False,
+        rope_theta=10_000.0,
+        rope_scaling=LONGROPE,
+        extra=dict(partial_rotary_factor=0.5, original_max_position_embeddings=ORIGINAL_ROPE_LENGTH),
+    ),
 }
 
 

@@ -25,8 +25,8 @@ def _one_worker() -> Iterator[None]:
 
 def mlp(hidden: int, inter: int, quantization: str | None, seed: int = 0) -> GatedMLP:
     g = torch.Generator().manual_seed(seed)
-    gate_up = (torch.randn(2 * inter, hidden, generator=g) / hidden ** 0.5).bfloat16()
-    down = (torch.randn(hidden, inter, generator=g) / inter ** 0.5).bfloat16()
+    gate_up = (torch.randn(2 * inter, hidden, generator=g) / hidden**0.5).bfloat16()
+    down = (torch.randn(hidden, inter, generator=g) / inter**0.5).bfloat16()
     return GatedMLP(KernelLinear(gate_up, None, quantization), KernelLinear(down, None, quantization), F.silu)
 
 
@@ -38,6 +38,7 @@ def count_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     def counted(self: KernelLinear, x: torch.Tensor) -> torch.Tensor:
         calls.append(self.out_features)
         return real(self, x)
+
     monkeypatch.setattr(KernelLinear, "__call__", counted)
     return calls
 
@@ -45,8 +46,9 @@ def count_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 @needs_kernel
 @pytest.mark.parametrize("quantization", [None, "int8"])
 @pytest.mark.parametrize("rows,workers", [(1, 1), (7, 2), (16, 2), (20, 1), (32, 2)])
-def test_gated_mlp_takes_the_gated_product_up_to_32_rows(monkeypatch: pytest.MonkeyPatch, rows: int, workers: int,
-                                                          quantization: str | None) -> None:
+def test_gated_mlp_takes_the_gated_product_up_to_32_rows(
+    monkeypatch: pytest.MonkeyPatch, rows: int, workers: int, quantization: str | None
+) -> None:
     WORKERS.configure(workers)
     m = mlp(128, 96, quantization)
     x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows)).bfloat16()

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.models.loader import load_model
 from demo.checkpoints import FAMILY_DEMOS, make_demo_command
+from engine.models.loader import load_model
 from engine.models.registry import MODELS
 
 

@@ -16,11 +16,11 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
-from engine.messages import SamplingParams
 from engine.execution.model_runner import ModelRunner
+from engine.messages import SamplingParams
+from tests.engine.execution.test_model_runner import Blocks, new_seq, step
 from tests.engine.models.families import FAMILIES
 from tests.helpers.engine import run, tokens
-from tests.engine.execution.test_model_runner import Blocks, new_seq, step
 
 ATOL = 1e-4
 BLOCK = 4
@@ -48,9 +48,18 @@ def hf_greedy(ckpt: Path, prompt: list[int], dtype: str = "float32") -> list[int
     if key not in _GREEDY:
         with torch.no_grad():
             out = hf_model(ckpt, dtype).generate(
-                torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
-                repetition_penalty=1.0, top_k=None, top_p=None, temperature=None, eos_token_id=None, pad_token_id=0)
-        _GREEDY[key] = out[0, len(prompt):].tolist()
+                torch.tensor([prompt]),
+                max_new_tokens=NEW_TOKENS,
+                min_new_tokens=NEW_TOKENS,
+                do_sample=False,
+                repetition_penalty=1.0,
+                top_k=None,
+                top_p=None,
+                temperature=None,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+        _GREEDY[key] = out[0, len(prompt) :].tolist()
     return _GREEDY[key]
 
 
@@ -77,7 +86,7 @@ def test_prompt_logprobs_match_transformers_whole_and_chunked(family_ckpt: Path)
     chunked, blocks, done = new_seq("chunked", tokens_, prompt_logprobs=0), Blocks(64, seed=3), 0
     for n in (5, 1, 7, 3, len(tokens_) - 16):  # chunks cut through the windows; one token takes the decode path
         out = step(runner, blocks, [(chunked, n)])
-        torch.testing.assert_close(out.prompt_logits[0], ref[done:done + n], atol=ATOL, rtol=0)
+        torch.testing.assert_close(out.prompt_logits[0], ref[done : done + n], atol=ATOL, rtol=0)
         done += n
     torch.testing.assert_close(out.logits[0], ref[-1], atol=ATOL, rtol=0)
 
@@ -132,11 +141,19 @@ def test_triton_path_matches_transformers(family_ckpt: Path, tmp_path: Path) -> 
     from tests.engine.execution.test_model_runner import A_FULL, B_FULL
 
     out = tmp_path / "logits.pt"
-    code = ("from tests.engine.execution.test_model_runner import kernel_path_child; "
-            f"kernel_path_child({str(family_ckpt)!r}, {str(out)!r})")
+    code = (
+        "from tests.engine.execution.test_model_runner import kernel_path_child; "
+        f"kernel_path_child({str(family_ckpt)!r}, {str(out)!r})"
+    )
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
-                          cwd=Path(__file__).parents[3])
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=Path(__file__).parents[3],
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = torch.load(out)
     with torch.no_grad():
@@ -169,9 +186,10 @@ def test_longrope_within_the_original_length_uses_the_short_factors(family_ckpt:
     choice for every sequence that stays within it."""
     from tests.engine.models.families import ORIGINAL_ROPE_LENGTH
 
-    core = EngineCore(EngineConfig(model=str(family_ckpt), max_model_len=ORIGINAL_ROPE_LENGTH, num_blocks=64,
-                                   block_size=BLOCK))
-    prompt = PROMPTS[0][:ORIGINAL_ROPE_LENGTH - NEW_TOKENS]
+    core = EngineCore(
+        EngineConfig(model=str(family_ckpt), max_model_len=ORIGINAL_ROPE_LENGTH, num_blocks=64, block_size=BLOCK)
+    )
+    prompt = PROMPTS[0][: ORIGINAL_ROPE_LENGTH - NEW_TOKENS]
     outs = run(core, [("r", prompt, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True), 0)])
     assert tokens(outs["r"]) == hf_greedy(family_ckpt, prompt)
     long_core = EngineCore(EngineConfig(model=str(family_ckpt), num_blocks=64, block_size=BLOCK))

@@ -15,8 +15,8 @@ import torch
 
 from engine.config import EngineConfig
 from engine.execution.model_runner import ModelRunner
-from tests.engine.models.families import FAMILIES, ORIGINAL_ROPE_LENGTH
 from tests.engine.execution.test_model_runner import Blocks, hf_logits, new_seq, step
+from tests.engine.models.families import FAMILIES, ORIGINAL_ROPE_LENGTH
 from tests.helpers.engine import hf_greedy, hf_model
 
 ATOL = 1e-4
@@ -25,8 +25,11 @@ STEPS = 16
 # a 12-token prompt: with its 16 tokens it stays within 32; 16 tokens: exactly 32, the last length on short factors;
 # 33: one past the switch from the first step; 50: past it and past every window
 BASE = [5, 17, 42, 99, 7, 3, 250, 11, 3001, 29_999, 1234, 77, 900, 31_000, 64, 8]
-CASES = ([("phi3", ORIGINAL_ROPE_LENGTH, 12), ("phi3", ORIGINAL_ROPE_LENGTH, ORIGINAL_ROPE_LENGTH - STEPS),
-          ("phi3", None, ORIGINAL_ROPE_LENGTH + 1)] + [(arch, None, 50) for arch in FAMILIES])
+CASES = [
+    ("phi3", ORIGINAL_ROPE_LENGTH, 12),
+    ("phi3", ORIGINAL_ROPE_LENGTH, ORIGINAL_ROPE_LENGTH - STEPS),
+    ("phi3", None, ORIGINAL_ROPE_LENGTH + 1),
+] + [(arch, None, 50) for arch in FAMILIES]
 
 
 @pytest.fixture(autouse=True)
@@ -35,16 +38,18 @@ def _one_thread() -> None:
 
 
 @pytest.mark.parametrize(("family_ckpt", "max_model_len", "prompt_len"), CASES, indirect=["family_ckpt"])
-def test_each_greedy_step_matches_transformers_logits(family_ckpt: Path, max_model_len: int | None,
-                                                      prompt_len: int) -> None:
+def test_each_greedy_step_matches_transformers_logits(
+    family_ckpt: Path, max_model_len: int | None, prompt_len: int
+) -> None:
     prompt = (BASE * (prompt_len // len(BASE) + 1))[:prompt_len]
     generated = hf_greedy(family_ckpt, prompt, STEPS)
     ref = hf_logits(hf_model(family_ckpt), prompt + generated)
-    runner = ModelRunner(EngineConfig(model=str(family_ckpt), block_size=BLOCK, num_blocks=64,
-                                      max_model_len=max_model_len))
+    runner = ModelRunner(
+        EngineConfig(model=str(family_ckpt), block_size=BLOCK, num_blocks=64, max_model_len=max_model_len)
+    )
     seq, blocks = new_seq("s", prompt + generated, prompt_logprobs=0), Blocks(64)
     got = [step(runner, blocks, [(seq, prompt_len)]).prompt_logits[0]]
     got += [step(runner, blocks, [(seq, 1)]).prompt_logits[0] for _ in range(STEPS)]  # each alone: decode steps
     for i, logits in enumerate(torch.cat(got)):
         torch.testing.assert_close(logits, ref[i], atol=ATOL, rtol=0, msg=f"position {i}")
-    assert torch.cat(got)[prompt_len - 1:-1].argmax(-1).tolist() == generated
+    assert torch.cat(got)[prompt_len - 1 : -1].argmax(-1).tolist() == generated

@@ -55,9 +55,10 @@ def test_shards_split_experts_and_fused_tensors(family_ckpt: Path) -> None:
             assert torch.equal(get(dense), full[dense].chunk(2)[rank])
         else:
             qkv = full["model.layers.0.self_attn.qkv_proj.weight"]
-            parts = [qkv[:q].chunk(2)[rank], qkv[q:q + 2 * d].chunk(2)[rank], qkv[q + 2 * d:].chunk(2)[rank]]
+            parts = [qkv[:q].chunk(2)[rank], qkv[q : q + 2 * d].chunk(2)[rank], qkv[q + 2 * d :].chunk(2)[rank]]
             assert torch.equal(get("model.layers.0.self_attn.qkv_proj.weight"), torch.cat(parts))
             gate_up = full["model.layers.0.mlp.gate_up_proj.weight"]
             gate, up = gate_up.chunk(2)
-            assert torch.equal(get("model.layers.0.mlp.gate_up_proj.weight"),
-                               torch.cat([gate.chunk(2)[rank], up.chunk(2)[rank]]))
+            assert torch.equal(
+                get("model.layers.0.mlp.gate_up_proj.weight"), torch.cat([gate.chunk(2)[rank], up.chunk(2)[rank]])
+            )

@@ -12,19 +12,20 @@ from typing import Any, cast
 import pytest
 import torch
 
+from demo.checkpoints import write_random_checkpoint
 from engine.config import EngineConfig
+from engine.core.sequence import ScheduledSeq, Sequence
+from engine.execution.model_runner import ModelRunner
 from engine.execution.ops import AttnMetadata
 from engine.layers.linear import KernelLinear
 from engine.messages import SamplingParams
-from engine.execution.model_runner import ModelRunner
 from engine.models import fused_decode
 from engine.models.decoder import CausalLM
-from demo.checkpoints import write_random_checkpoint
-from engine.core.sequence import ScheduledSeq, Sequence
 from tests.engine.models.families import LONGROPE, build_family
 
-pytestmark = pytest.mark.skipif(not fused_decode.decoder_layer.available(),
-                                reason="no AVX512-BF16 CPU kernels here (CPU or compiler)")
+pytestmark = pytest.mark.skipif(
+    not fused_decode.decoder_layer.available(), reason="no AVX512-BF16 CPU kernels here (CPU or compiler)"
+)
 BLOCK = 4
 
 
@@ -32,6 +33,8 @@ BLOCK = 4
 def _our_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """The fused layer runs only where the kernel chooser gives our kernel the step's rows: force it."""
     monkeypatch.setenv("SPINDLE_KERNEL_CHOICE", "spindle")
+
+
 SHAPES: dict[str, dict[str, Any]] = {  # head_dim 32 or 64: what the fused attention takes
     "qwen2": dict(vocab_size=151_646, tie_word_embeddings=True),  # q|k|v bias
     "qwen3": dict(vocab_size=151_646, tie_word_embeddings=True),  # per-head q and k norms
@@ -43,26 +46,45 @@ SHAPES: dict[str, dict[str, Any]] = {  # head_dim 32 or 64: what the fused atten
 @pytest.fixture(scope="module", params=list(SHAPES))
 def ckpt(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     arch = str(request.param)
-    return write_random_checkpoint(tmp_path_factory.mktemp("fused") / arch, arch, hidden_size=128, num_layers=3,
-                                   num_heads=4, num_kv_heads=2, head_dim=32 if arch != "llama" else 64,
-                                   intermediate_size=192, rope_theta=10_000.0, max_position_embeddings=256, seed=7,
-                                   **SHAPES[arch])  # type: ignore[arg-type]
+    return write_random_checkpoint(
+        tmp_path_factory.mktemp("fused") / arch,
+        arch,
+        hidden_size=128,
+        num_layers=3,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32 if arch != "llama" else 64,
+        intermediate_size=192,
+        rope_theta=10_000.0,
+        max_position_embeddings=256,
+        seed=7,
+        **SHAPES[arch],
+    )  # type: ignore[arg-type]
 
 
-def decode_logits(path: Path, fused: bool, threads: int, monkeypatch: pytest.MonkeyPatch,
-                  quantization: str | None = None, count: int = 5) -> list[torch.Tensor]:
+def decode_logits(
+    path: Path,
+    fused: bool,
+    threads: int,
+    monkeypatch: pytest.MonkeyPatch,
+    quantization: str | None = None,
+    count: int = 5,
+) -> list[torch.Tensor]:
     """`count` sequences of jumbled lengths: a prefill step, then six decode steps; the logits of each decode step."""
     with monkeypatch.context() as m:
         if not fused:
             m.setattr(CausalLM, "fused_decode", lambda model: None)
         torch.set_num_threads(threads)
-        runner = ModelRunner(EngineConfig(model=str(path), dtype="bfloat16", block_size=BLOCK, num_blocks=512,
-                                          quantization=quantization))
+        runner = ModelRunner(
+            EngineConfig(model=str(path), dtype="bfloat16", block_size=BLOCK, num_blocks=512, quantization=quantization)
+        )
         free = list(range(512))
         random.Random(1).shuffle(free)
         rng = random.Random(2)
-        seqs = [Sequence.new(f"s{i}", [rng.randrange(3, 30_000) for _ in range(n)], SamplingParams(max_tokens=8), 0.0)
-                for i, n in enumerate(([5, 1, 13, 4, 9] * 8)[:count])]
+        seqs = [
+            Sequence.new(f"s{i}", [rng.randrange(3, 30_000) for _ in range(n)], SamplingParams(max_tokens=8), 0.0)
+            for i, n in enumerate(([5, 1, 13, 4, 9] * 8)[:count])
+        ]
         out: list[torch.Tensor] = []
         for step in range(7):
             batch = []
@@ -82,8 +104,9 @@ def decode_logits(path: Path, fused: bool, threads: int, monkeypatch: pytest.Mon
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_fused_decode_is_bitwise_the_layer_by_layer_path(ckpt: Path, threads: int,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fused_decode_is_bitwise_the_layer_by_layer_path(
+    ckpt: Path, threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fused = decode_logits(ckpt, True, threads, monkeypatch)
     plain = decode_logits(ckpt, False, threads, monkeypatch)
     for a, b in zip(fused, plain):
@@ -122,8 +145,9 @@ def test_models_it_cannot_take_build_none(arch: str, tmp_path: Path) -> None:
 def test_float32_and_lora_build_none(ckpt: Path) -> None:
     runner = ModelRunner(EngineConfig(model=str(ckpt), dtype="float32", block_size=BLOCK, num_blocks=16))
     assert runner.model.fused_decode() is None
-    lora = ModelRunner(EngineConfig(model=str(ckpt), dtype="bfloat16", block_size=BLOCK, num_blocks=16,
-                                    enable_lora=True))
+    lora = ModelRunner(
+        EngineConfig(model=str(ckpt), dtype="bfloat16", block_size=BLOCK, num_blocks=16, enable_lora=True)
+    )
     assert lora.model.fused_decode() is None
 
 
@@ -136,5 +160,6 @@ def test_a_decode_step_goes_fused_only_where_the_chooser_gave_our_kernel_its_row
 
     def meta(rows: int) -> AttnMetadata:
         return cast(AttnMetadata, SimpleNamespace(paged=None, decodes=[0] * rows, prefills=[]))
+
     assert fused.takes(meta(1), 1) and fused.takes(meta(4), 4)
     assert not fused.takes(meta(5), 5) and not fused.takes(meta(64), 64)

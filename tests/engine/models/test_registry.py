@@ -34,7 +34,7 @@ def test_each_family_parses_to_its_features(family_ckpt: Path) -> None:
         assert args.moe is not None and args.moe.expert_names == ("w1", "w3", "w2") and args.moe.top_k == 2
     if name == "gemma2":
         assert args.windows == (WINDOW, None) and args.attn_softcap == 3.0 and args.final_softcap == 5.0
-        assert args.attn_scale == pytest.approx(24 ** -0.5)
+        assert args.attn_scale == pytest.approx(24**-0.5)
     if name == "gemma3":
         assert args.windows == (WINDOW, None) and args.local_rope_theta == 100.0 and args.attn_softcap is None
         assert args.rope_scaling is not None and args.rope_scaling["rope_type"] == "linear"
@@ -61,20 +61,34 @@ def test_unsupported_architecture_names_it_and_lists_the_supported() -> None:
     assert all(arch in msg for arch in MODELS)
 
 
-@pytest.mark.parametrize("family_ckpt,change,field", [
-    ("gemma2", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
-    ("gemma3", {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
-                                    "sliding_attention": {"rope_type": "linear", "factor": 2.0}}},
-     "rope_parameters.sliding_attention.rope_type"),
-    ("qwen3", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e6}},
-     "rope_scaling.rope_type 'dynamic'"),
-    ("phi3", {"attention_bias": True}, "attention_bias"),
-    ("gemma2", {"layer_types": ["chunked_attention", "full_attention"]}, "layer_types"),
-    ("mixtral", {"hidden_act": "relu"}, "hidden_act 'relu'"),
-    ("qwen3_moe", {"num_experts_per_tok": 9}, "num_experts_per_tok 9"),
-    ("qwen3_moe", {"num_local_experts": None}, "num_experts"),
-    ("qwen3", {"num_attention_heads": 3}, "num_attention_heads 3"),
-], indirect=["family_ckpt"])
+@pytest.mark.parametrize(
+    "family_ckpt,change,field",
+    [
+        ("gemma2", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+        (
+            "gemma3",
+            {
+                "rope_parameters": {
+                    "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                    "sliding_attention": {"rope_type": "linear", "factor": 2.0},
+                }
+            },
+            "rope_parameters.sliding_attention.rope_type",
+        ),
+        (
+            "qwen3",
+            {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e6}},
+            "rope_scaling.rope_type 'dynamic'",
+        ),
+        ("phi3", {"attention_bias": True}, "attention_bias"),
+        ("gemma2", {"layer_types": ["chunked_attention", "full_attention"]}, "layer_types"),
+        ("mixtral", {"hidden_act": "relu"}, "hidden_act 'relu'"),
+        ("qwen3_moe", {"num_experts_per_tok": 9}, "num_experts_per_tok 9"),
+        ("qwen3_moe", {"num_local_experts": None}, "num_experts"),
+        ("qwen3", {"num_attention_heads": 3}, "num_attention_heads 3"),
+    ],
+    indirect=["family_ckpt"],
+)
 def test_unimplemented_feature_names_its_field(family_ckpt: Path, change: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         parse_config(config_of(family_ckpt) | change)

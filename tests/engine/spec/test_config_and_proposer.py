@@ -14,27 +14,34 @@ from engine.spec.config import MAX_SPECULATIVE_TOKENS, SpecConfig, parse_spec_co
 
 def test_ngram_config_and_defaults() -> None:
     assert parse_spec_config({}) is None
-    assert parse_spec_config({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4,
-                              "prompt_lookup_min": 2}) == SpecConfig("ngram", 3, 4, 2)
+    assert parse_spec_config(
+        {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    ) == SpecConfig("ngram", 3, 4, 2)
     assert parse_spec_config({"method": "ngram", "num_speculative_tokens": 1}) == SpecConfig("ngram", 1, 5, 5)
-    assert parse_spec_config({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
-                             ) == SpecConfig("ngram", 2, 3, 3)
+    assert parse_spec_config({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}) == SpecConfig(
+        "ngram", 2, 3, 3
+    )
     top = parse_spec_config({"method": "ngram", "num_speculative_tokens": MAX_SPECULATIVE_TOKENS})
     assert top is not None and top.num_speculative_tokens == MAX_SPECULATIVE_TOKENS
 
 
-@pytest.mark.parametrize("raw,words", [
-    ({"method": "ngram"}, "num_speculative_tokens must be 1..32, got None"),
-    ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens must be 1..32, got 0"),
-    ({"method": "ngram", "num_speculative_tokens": MAX_SPECULATIVE_TOKENS + 1}, "got 33"),
-    ({"method": "ngram", "num_speculative_tokens": "3"}, "must be an integer"),
-    ({"method": "medusa", "num_speculative_tokens": 3}, "method must be one of ngram, draft_model"),
-    ({"method": "ngram", "num_speculative_tokens": 3, "lookahead": 2}, "unknown key 'lookahead'"),
-    ({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
-     "prompt_lookup_min <= prompt_lookup_max"),
-    ({"method": "draft_model", "num_speculative_tokens": 3}, "needs \"model\""),
-    ({"model": "/nonexistent/draft", "num_speculative_tokens": 3}, "'/nonexistent/draft' does not exist"),
-])
+@pytest.mark.parametrize(
+    "raw,words",
+    [
+        ({"method": "ngram"}, "num_speculative_tokens must be 1..32, got None"),
+        ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens must be 1..32, got 0"),
+        ({"method": "ngram", "num_speculative_tokens": MAX_SPECULATIVE_TOKENS + 1}, "got 33"),
+        ({"method": "ngram", "num_speculative_tokens": "3"}, "must be an integer"),
+        ({"method": "medusa", "num_speculative_tokens": 3}, "method must be one of ngram, draft_model"),
+        ({"method": "ngram", "num_speculative_tokens": 3, "lookahead": 2}, "unknown key 'lookahead'"),
+        (
+            {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
+            "prompt_lookup_min <= prompt_lookup_max",
+        ),
+        ({"method": "draft_model", "num_speculative_tokens": 3}, 'needs "model"'),
+        ({"model": "/nonexistent/draft", "num_speculative_tokens": 3}, "'/nonexistent/draft' does not exist"),
+    ],
+)
 def test_bad_configs_name_the_problem(raw: dict[str, object], words: str) -> None:
     with pytest.raises(ValueError, match="--speculative-config") as e:
         parse_spec_config(raw)

@@ -37,18 +37,19 @@ def oracle(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[tuple[int, ...], li
     rng = random.Random(7)
 
     def propose(ids: list[int], k: int, n_max: int, n_min: int) -> list[int]:
-        ref = next((r for p, r in refs.items() if ids[:len(p)] == list(p) and ids == r[:len(ids)]), None)
+        ref = next((r for p, r in refs.items() if ids[: len(p)] == list(p) and ids == r[: len(ids)]), None)
         if ref is None:
             return []
-        draft = ref[len(ids):len(ids) + k]
+        draft = ref[len(ids) : len(ids) + k]
         return [t + 1 if rng.random() < 0.3 else t for t in draft]
 
     monkeypatch.setattr(speculator.ngram, "propose", propose)
     yield refs
 
 
-def reference(core: EngineCore, reqs: list[tuple[str, list[int], SamplingParams, int]],
-              refs: dict[tuple[int, ...], list[int]]) -> dict[str, list[int]]:
+def reference(
+    core: EngineCore, reqs: list[tuple[str, list[int], SamplingParams, int]], refs: dict[tuple[int, ...], list[int]]
+) -> dict[str, list[int]]:
     outs = {rid: tokens(o) for rid, o in run(core, reqs).items()}
     for rid, p, _, _ in reqs:
         refs[tuple(p)] = p + outs[rid]
@@ -57,8 +58,9 @@ def reference(core: EngineCore, reqs: list[tuple[str, list[int], SamplingParams,
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "mistral"])
 @pytest.mark.parametrize("regime", list(REGIMES))
-def test_greedy_identical(request: pytest.FixtureRequest, oracle: dict[tuple[int, ...], list[int]], arch: str,
-                          regime: str) -> None:
+def test_greedy_identical(
+    request: pytest.FixtureRequest, oracle: dict[tuple[int, ...], list[int]], arch: str, regime: str
+) -> None:
     ckpt: Path = request.getfixturevalue(f"{arch}_ckpt")
     plain = make_core(ckpt, **REGIMES[regime])
     ps = prompts(plain.vocab_size, seed=len(arch) + len(regime), lengths=[3, 17, 30, 9])
@@ -76,8 +78,7 @@ def test_greedy_identical(request: pytest.FixtureRequest, oracle: dict[tuple[int
     assert len(outs["r0"]) < 24  # several tokens per output: verification took more than one
 
 
-def test_prefix_cache_holds_only_accepted_tokens(qwen2_ckpt: Path,
-                                                 oracle: dict[tuple[int, ...], list[int]]) -> None:
+def test_prefix_cache_holds_only_accepted_tokens(qwen2_ckpt: Path, oracle: dict[tuple[int, ...], list[int]]) -> None:
     plain = make_core(qwen2_ckpt, block_size=4)
     ps = prompts(plain.vocab_size, seed=3, lengths=[6, 11])
     reqs = [(f"r{i}", p, greedy(30), 0) for i, p in enumerate(ps)]
@@ -87,7 +88,7 @@ def test_prefix_cache_holds_only_accepted_tokens(qwen2_ckpt: Path,
     bm = spec.block_manager
     texts = [tuple(p + want[rid]) for rid, p, _, _ in reqs]
     for key in bm._cache:  # every cached block is a block of some request's real tokens
-        i = next(i for i, t in enumerate(texts) for j in range(0, len(t), 4) if t[j:j + 4] == key[1])
+        i = next(i for i, t in enumerate(texts) for j in range(0, len(t), 4) if t[j : j + 4] == key[1])
         assert i >= 0
     # a request continuing one of them reads its cached blocks and still decodes exactly
     follow = [("f", list(texts[0][:-3]), greedy(8), 0)]
@@ -103,10 +104,18 @@ def test_max_tokens_and_stops_exact(llama_ckpt: Path, oracle: dict[tuple[int, ..
     first = want.index(stop)
     cases = {
         "max": (SamplingParams(max_tokens=7, temperature=0.0, ignore_eos=True), want[:7], "length"),
-        "stop": (SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, stop_token_ids=[stop]),
-                 want[:first + 1], "stop"),
-        "min": (SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, stop_token_ids=[stop],
-                               min_tokens=first + 2), None, None),
+        "stop": (
+            SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, stop_token_ids=[stop]),
+            want[: first + 1],
+            "stop",
+        ),
+        "min": (
+            SamplingParams(
+                max_tokens=40, temperature=0.0, ignore_eos=True, stop_token_ids=[stop], min_tokens=first + 2
+            ),
+            None,
+            None,
+        ),
     }
     spec = make_core(llama_ckpt, speculative_config=NGRAM)
     for name, (params, expect, reason) in cases.items():
@@ -118,14 +127,26 @@ def test_max_tokens_and_stops_exact(llama_ckpt: Path, oracle: dict[tuple[int, ..
         assert got[-1].finish_reason == reason, name
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(max_tokens=24, temperature=0.8, seed=5, ignore_eos=True),
-    SamplingParams(max_tokens=24, temperature=1.0, top_p=0.7, top_k=50, seed=9, ignore_eos=True),
-    SamplingParams(max_tokens=24, temperature=0.7, seed=3, ignore_eos=True, frequency_penalty=0.5,
-                   repetition_penalty=1.2, logit_bias={5: 3.0}, logprobs=2),
-])
-def test_seeded_sampling_identical(qwen2_ckpt: Path, oracle: dict[tuple[int, ...], list[int]],
-                                   params: SamplingParams) -> None:
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_tokens=24, temperature=0.8, seed=5, ignore_eos=True),
+        SamplingParams(max_tokens=24, temperature=1.0, top_p=0.7, top_k=50, seed=9, ignore_eos=True),
+        SamplingParams(
+            max_tokens=24,
+            temperature=0.7,
+            seed=3,
+            ignore_eos=True,
+            frequency_penalty=0.5,
+            repetition_penalty=1.2,
+            logit_bias={5: 3.0},
+            logprobs=2,
+        ),
+    ],
+)
+def test_seeded_sampling_identical(
+    qwen2_ckpt: Path, oracle: dict[tuple[int, ...], list[int]], params: SamplingParams
+) -> None:
     plain = make_core(qwen2_ckpt)
     ps = prompts(plain.vocab_size, seed=2, lengths=[5, 12])
     reqs = [(f"s{i}", p, params, 0) for i, p in enumerate(ps)]
@@ -163,8 +184,9 @@ def test_constrained_requests_share_the_step(qwen2_ckpt: Path, oracle: dict[tupl
     assert spec.stats().spec_num_accepted_tokens > 0
 
 
-def test_lora_adapters_apply_to_every_verified_row(qwen2_ckpt: Path, tmp_path: Path,
-                                                   oracle: dict[tuple[int, ...], list[int]]) -> None:
+def test_lora_adapters_apply_to_every_verified_row(
+    qwen2_ckpt: Path, tmp_path: Path, oracle: dict[tuple[int, ...], list[int]]
+) -> None:
     from engine.lora.peft_files import digest
     from engine.messages import AddRequest, LoRARequest
     from tests.helpers.lora import write_adapter

@@ -30,11 +30,14 @@ def target(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return torch.softmax(x, -1)
 
 
-@pytest.mark.parametrize("params,draft", [
-    (SamplingParams(max_tokens=8, temperature=1.0), 2),
-    (SamplingParams(max_tokens=8, temperature=0.6), 0),
-    (SamplingParams(max_tokens=8, temperature=1.3, top_k=4), 5),  # the draft lies outside top_k
-])
+@pytest.mark.parametrize(
+    "params,draft",
+    [
+        (SamplingParams(max_tokens=8, temperature=1.0), 2),
+        (SamplingParams(max_tokens=8, temperature=0.6), 0),
+        (SamplingParams(max_tokens=8, temperature=1.3, top_k=4), 5),  # the draft lies outside top_k
+    ],
+)
 def test_first_token_follows_target(params: SamplingParams, draft: int) -> None:
     torch.manual_seed(0)
     logits = torch.tensor([[1.0, 0.2, 1.5, -0.5, 0.7, 0.0], [0.3, 1.1, -0.2, 0.9, 0.0, 0.4]])

@@ -29,8 +29,9 @@ def make_core(ckpt: Path, backend: StructuredBackend | None = None, **kw: object
     return core
 
 
-def run(core: EngineCore, reqs: list[tuple[str, list[int], SamplingParams]],
-        max_steps: int = 2000) -> dict[str, list[RequestOutput]]:
+def run(
+    core: EngineCore, reqs: list[tuple[str, list[int], SamplingParams]], max_steps: int = 2000
+) -> dict[str, list[RequestOutput]]:
     outs: dict[str, list[RequestOutput]] = {rid: [] for rid, *_ in reqs}
     for rid, prompt, params in reqs:
         core.add_request(AddRequest(rid, prompt, params, arrival_time=0.0))

@@ -16,12 +16,18 @@ from tests.helpers.engine import tokens
 
 # Bounded parts (maxLength, ranges, enums): a random model finishes this by itself; free-form ones are finished
 # near max_tokens by engine/structured/forced_finish.py (tests/engine/structured/test_forced_finish.py).
-SCHEMA = {"type": "object", "additionalProperties": False,
-          "required": ["name", "age", "tags", "kind", "ok"],
-          "properties": {"name": {"type": "string", "maxLength": 8},
-                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
-                         "tags": {"type": "array", "items": {"type": "string", "maxLength": 4}, "maxItems": 3},
-                         "kind": {"enum": ["a", "b"]}, "ok": {"type": "boolean"}}}
+SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "age", "tags", "kind", "ok"],
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 4}, "maxItems": 3},
+        "kind": {"enum": ["a", "b"]},
+        "ok": {"type": "boolean"},
+    },
+}
 CHOICES = ["yes", "no", "maybe"]
 LARK = 'start: "(" expr ")"\nexpr: NUMBER ("+" NUMBER)*\nNUMBER: /[0-9]{1,3}/'
 CONSTRAINTS = {
@@ -67,8 +73,9 @@ def test_every_kind_parses_and_stops(core: EngineCore, sampling: str) -> None:
     reqs = []
     for kind, so in CONSTRAINTS.items():
         for seed in range(3 if sampling == "seeded" else 1):
-            params = SamplingParams(max_tokens=128, temperature=0.0 if sampling == "greedy" else 1.0, seed=seed,
-                                    structured_outputs=so)
+            params = SamplingParams(
+                max_tokens=128, temperature=0.0 if sampling == "greedy" else 1.0, seed=seed, structured_outputs=so
+            )
             reqs.append((f"{kind}-{seed}", PROMPT, params))
     outs = run(core, reqs)
     for rid, o in outs.items():
@@ -81,8 +88,10 @@ def test_every_kind_parses_and_stops(core: EngineCore, sampling: str) -> None:
 def test_n_children_each_get_a_matcher(core: EngineCore) -> None:
     so = CONSTRAINTS["json"]
     # the server's n > 1: children <id>-<i>, seeds seed + i, the same constraint (compiled once, copied each)
-    reqs = [(f"n-{i}", PROMPT, SamplingParams(max_tokens=128, temperature=1.0, seed=7 + i, structured_outputs=so))
-            for i in range(4)]
+    reqs = [
+        (f"n-{i}", PROMPT, SamplingParams(max_tokens=128, temperature=1.0, seed=7 + i, structured_outputs=so))
+        for i in range(4)
+    ]
     outs = run(core, reqs)
     texts = [text_of(core, tokens(o)) for o in outs.values()]
     for o, t in zip(outs.values(), texts):
@@ -95,8 +104,10 @@ def test_neighbours_greedy_output_unchanged(core: EngineCore) -> None:
     plain = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     neighbours = [(f"plain-{i}", [100 + i, 200, 300 + i], plain) for i in range(3)]
     alone = run(core, neighbours)
-    constrained = [(f"c-{k}", PROMPT, SamplingParams(max_tokens=64, temperature=0.0, structured_outputs=so))
-                   for k, so in CONSTRAINTS.items()]
+    constrained = [
+        (f"c-{k}", PROMPT, SamplingParams(max_tokens=64, temperature=0.0, structured_outputs=so))
+        for k, so in CONSTRAINTS.items()
+    ]
     mixed = run(core, [neighbours[0], *constrained, *neighbours[1:]])
     for rid, _, _ in neighbours:
         assert tokens(mixed[rid]) == tokens(alone[rid])
@@ -137,8 +148,10 @@ def test_reasoning_end_starts_the_constraint_after_it(core: EngineCore) -> None:
 def test_preemption_keeps_matchers_consistent(qwen2_ckpt: Path) -> None:
     core = make_core(qwen2_ckpt, num_blocks=10, block_size=8)
     so = CONSTRAINTS["json"]
-    reqs = [(f"p-{i}", PROMPT + [i] * 20, SamplingParams(max_tokens=48, temperature=1.0, seed=i, structured_outputs=so))
-            for i in range(4)]
+    reqs = [
+        (f"p-{i}", PROMPT + [i] * 20, SamplingParams(max_tokens=48, temperature=1.0, seed=i, structured_outputs=so))
+        for i in range(4)
+    ]
     outs = run(core, reqs)
     assert core.scheduler.num_preemptions > 0
     for o in outs.values():

@@ -14,31 +14,63 @@ import pytest
 
 from engine.core.engine_core import EngineCore
 from engine.messages import SamplingParams, StructuredOutputs
-from engine.structured.forced_finish import EVERY_STEP, MARGIN, advance, closing_token
-from engine.structured.finish_search import completion
-from engine.structured.relaxed_schema import relax
 from engine.structured.constraint_state import StructuredState
+from engine.structured.finish_search import completion
+from engine.structured.forced_finish import EVERY_STEP, MARGIN, advance, closing_token
+from engine.structured.relaxed_schema import relax
 from tests.engine.structured.conftest import finish, make_core, run, shared_backend
 from tests.helpers.engine import tokens
 
-PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
-                                           "tags": {"type": "array", "items": {"type": "string"}}},
-          "required": ["name", "age", "tags"]}
-FORMATS = {"type": "object", "required": ["when", "mail", "code", "score", "long"],
-           "properties": {"when": {"type": "string", "format": "date-time"},
-                          "mail": {"type": "string", "format": "email"},
-                          "code": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{3}$"},
-                          "score": {"type": "number"}, "long": {"type": "string", "minLength": 12}}}
-NESTED = {"type": "array", "minItems": 2, "items": {"type": "object", "required": ["id", "child"], "properties": {
-    "id": {"type": "integer"}, "child": {"type": "object", "properties": {"v": {"type": "string"}}, "required": ["v"]}}}}
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["name", "age", "tags"],
+}
+FORMATS = {
+    "type": "object",
+    "required": ["when", "mail", "code", "score", "long"],
+    "properties": {
+        "when": {"type": "string", "format": "date-time"},
+        "mail": {"type": "string", "format": "email"},
+        "code": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{3}$"},
+        "score": {"type": "number"},
+        "long": {"type": "string", "minLength": 12},
+    },
+}
+NESTED = {
+    "type": "array",
+    "minItems": 2,
+    "items": {
+        "type": "object",
+        "required": ["id", "child"],
+        "properties": {
+            "id": {"type": "integer"},
+            "child": {"type": "object", "properties": {"v": {"type": "string"}}, "required": ["v"]},
+        },
+    },
+}
 # strings whose way out is a text no single character reveals (engine/structured/pattern_samples.py)
-PATTERNS = {"type": "object", "required": ["icon", "ctx", "mail"],
-            "properties": {"icon": {"type": "string", "pattern": "\\.png$"},
-                           "ctx": {"type": "string", "pattern": "http://schema.org"},
-                           "mail": {"type": "string", "pattern": "^[\\S]+@[\\S]+\\.[\\S]{2,}$"}}}
-SCHEMAS = {"person": PERSON, "formats": FORMATS, "nested": NESTED, "patterns": PATTERNS,
-           "string": {"type": "string"},
-           "object": {"type": "object"}}
+PATTERNS = {
+    "type": "object",
+    "required": ["icon", "ctx", "mail"],
+    "properties": {
+        "icon": {"type": "string", "pattern": "\\.png$"},
+        "ctx": {"type": "string", "pattern": "http://schema.org"},
+        "mail": {"type": "string", "pattern": "^[\\S]+@[\\S]+\\.[\\S]{2,}$"},
+    },
+}
+SCHEMAS = {
+    "person": PERSON,
+    "formats": FORMATS,
+    "nested": NESTED,
+    "patterns": PATTERNS,
+    "string": {"type": "string"},
+    "object": {"type": "object"},
+}
 REGEXES = {"email": r"[a-z]+@[a-z]+\.com", "words": r"[a-z]+ [a-z]+", "digits": r"[0-9]+"}
 GRAMMAR = 'start: "(" start ")" | NAME\nNAME: /[a-z]+/'
 CORPUS = Path(__file__).resolve().parents[3] / "bench" / "schemas"
@@ -50,7 +82,8 @@ PROMPT = [9707, 11, 1879, 0, 1052, 2]
 
 def constraints() -> dict[str, tuple[StructuredOutputs, object]]:
     out: dict[str, tuple[StructuredOutputs, object]] = {
-        f"json:{k}": (StructuredOutputs("json", json.dumps(s)), s) for k, s in SCHEMAS.items()}
+        f"json:{k}": (StructuredOutputs("json", json.dumps(s)), s) for k, s in SCHEMAS.items()
+    }
     out |= {f"regex:{k}": (StructuredOutputs("regex", r), r) for k, r in REGEXES.items()}
     out["json_object"] = (StructuredOutputs("json_object"), {"type": "object"})
     out["grammar"] = (StructuredOutputs("grammar", GRAMMAR), None)
@@ -79,11 +112,17 @@ def core(qwen2_ckpt: Path) -> EngineCore:
 def test_free_form_constraints_finish_with_stop(core: EngineCore, max_tokens: int) -> None:
     reqs = []
     for key, (so, _) in constraints().items():
-        reqs.append((f"{key}|greedy", PROMPT, SamplingParams(max_tokens=max_tokens, temperature=0.0,
-                                                             structured_outputs=so)))
+        reqs.append(
+            (f"{key}|greedy", PROMPT, SamplingParams(max_tokens=max_tokens, temperature=0.0, structured_outputs=so))
+        )
         for seed in range(2):  # n > 1 as the server sends it: children with seeds seed + i
-            reqs.append((f"{key}|s{seed}", PROMPT, SamplingParams(max_tokens=max_tokens, temperature=1.0,
-                                                                  seed=seed, structured_outputs=so)))
+            reqs.append(
+                (
+                    f"{key}|s{seed}",
+                    PROMPT,
+                    SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=seed, structured_outputs=so),
+                )
+            )
     outs = run(core, reqs)
     refs = constraints()
     for rid, o in outs.items():
@@ -106,8 +145,13 @@ def test_the_finish_leaves_a_model_that_stops_alone_untouched(core: EngineCore) 
 
 def test_too_small_a_budget_gives_a_valid_prefix(core: EngineCore) -> None:
     so = StructuredOutputs("json", json.dumps(PERSON))
-    outs = run(core, [(f"t{n}", PROMPT, SamplingParams(max_tokens=n, temperature=1.0, seed=n, structured_outputs=so))
-                      for n in (1, 3, 6)])
+    outs = run(
+        core,
+        [
+            (f"t{n}", PROMPT, SamplingParams(max_tokens=n, temperature=1.0, seed=n, structured_outputs=so))
+            for n in (1, 3, 6)
+        ],
+    )
     for rid, o in outs.items():
         assert finish(o) == ("length", None)
         text = text_of(core, tokens(o))
@@ -117,9 +161,13 @@ def test_too_small_a_budget_gives_a_valid_prefix(core: EngineCore) -> None:
 def test_forced_eos_waits_for_min_tokens(core: EngineCore) -> None:
     # "[0-9]+" ends only by eos: forcing eos before min_tokens would be masked by the sampler (an empty row)
     so = StructuredOutputs("regex", REGEXES["digits"])
-    outs = run(core, [
-        ("m1", PROMPT, SamplingParams(max_tokens=30, min_tokens=20, temperature=0.0, structured_outputs=so)),
-        ("m2", PROMPT, SamplingParams(max_tokens=30, min_tokens=30, temperature=0.0, structured_outputs=so))])
+    outs = run(
+        core,
+        [
+            ("m1", PROMPT, SamplingParams(max_tokens=30, min_tokens=20, temperature=0.0, structured_outputs=so)),
+            ("m2", PROMPT, SamplingParams(max_tokens=30, min_tokens=30, temperature=0.0, structured_outputs=so)),
+        ],
+    )
     assert finish(outs["m1"]) == ("stop", None)
     assert 20 < len(tokens(outs["m1"])) <= 30
     assert finish(outs["m2"]) == ("length", None)  # eos is never allowed: a valid prefix, no error
@@ -132,8 +180,15 @@ def test_completion_finishes_the_grammar(core: EngineCore, key: str) -> None:
     backend = shared_backend(core)
     so, ref = constraints()[key]
     template = backend.compile(so)
-    for prefix in ([], *[tokens(o) for o in run(core, [("p", PROMPT, SamplingParams(
-            max_tokens=12, temperature=1.0, seed=3, structured_outputs=so))]).values()]):
+    for prefix in (
+        [],
+        *[
+            tokens(o)
+            for o in run(
+                core, [("p", PROMPT, SamplingParams(max_tokens=12, temperature=1.0, seed=3, structured_outputs=so))]
+            ).values()
+        ],
+    ):
         g = template.copy()
         assert g.accept_tokens(prefix[:7])
         path = g.completion(400)
@@ -193,9 +248,18 @@ def test_sentencepiece_vocabulary_finishes_too(llama_ckpt: Path) -> None:
     core = make_core(llama_ckpt)
     keys = ["json:person", "json:nested", "regex:email", "json_object"]
     refs = constraints()
-    outs = run(core, [(f"{k}|{seed}", [1, 450, 4996], SamplingParams(max_tokens=120, temperature=1.0, seed=seed,
-                                                                     structured_outputs=refs[k][0]))
-                      for k in keys for seed in range(2)])
+    outs = run(
+        core,
+        [
+            (
+                f"{k}|{seed}",
+                [1, 450, 4996],
+                SamplingParams(max_tokens=120, temperature=1.0, seed=seed, structured_outputs=refs[k][0]),
+            )
+            for k in keys
+            for seed in range(2)
+        ],
+    )
     for rid, o in outs.items():
         key = rid.split("|")[0]
         assert finish(o) == ("stop", None), (rid, text_of(core, tokens(o)))
@@ -206,8 +270,16 @@ def test_a_finish_token_the_sampler_would_ban_is_not_forced(core: EngineCore) ->
     """allowed_token_ids without the finish's tokens: the row is left to the grammar (no empty row, no error)."""
     so = StructuredOutputs("regex", r"[a-z]+@[a-z]+\.com")
     letters = [t for t in range(200) if shared_backend(core).decode_bytes([t]).isalpha()]
-    outs = run(core, [("a", PROMPT, SamplingParams(max_tokens=20, temperature=0.0, allowed_token_ids=letters,
-                                                   structured_outputs=so))])["a"]
+    outs = run(
+        core,
+        [
+            (
+                "a",
+                PROMPT,
+                SamplingParams(max_tokens=20, temperature=0.0, allowed_token_ids=letters, structured_outputs=so),
+            )
+        ],
+    )["a"]
     assert finish(outs) == ("length", None)
     text = text_of(core, tokens(outs))
     assert re.fullmatch("[a-z]*", text), text  # only letters: "@" was never forced past the ban
@@ -230,9 +302,16 @@ def test_a_failing_search_disables_the_finish_for_that_request_only(caplog: pyte
     assert Broken.calls == 1 and "looking for a finish failed" in caplog.text
 
 
-@pytest.mark.parametrize("name", ["openapi/openapi-v3.0", "schemastore/band-manifest",
-                                  "check-jsonschema/github-workflows", "schemastore/schema-org-place",
-                                  "check-jsonschema/citation-file-format"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "openapi/openapi-v3.0",
+        "schemastore/band-manifest",
+        "check-jsonschema/github-workflows",
+        "schemastore/schema-org-place",
+        "check-jsonschema/citation-file-format",
+    ],
+)
 def test_completion_finishes_real_schemas(core: EngineCore, name: str) -> None:
     """Real schemas whose finish a naive search misses: optional `x-` members added forever (a closing bracket
     comes first between members), strings only a pattern's text leaves (`\\.png$`, `http://schema.org`), every
@@ -250,8 +329,14 @@ def test_completion_finishes_real_schemas(core: EngineCore, name: str) -> None:
 def test_a_pattern_string_between_members_is_not_closed_by_brackets(core: EngineCore) -> None:
     """Inside a string whose pattern holds back the closing quote, a comma may come and a quote may not, as between
     members: the closing-bracket rule must not fire there (it wrote `}}` forever), the pattern's sample leads out."""
-    schema = {"type": "object", "required": ["env", "n"], "properties": {
-        "env": {"type": "string", "pattern": "^.*\\$\\{\\{(.|[\\r\\n])*\\}\\}.*$"}, "n": {"type": "integer"}}}
+    schema = {
+        "type": "object",
+        "required": ["env", "n"],
+        "properties": {
+            "env": {"type": "string", "pattern": "^.*\\$\\{\\{(.|[\\r\\n])*\\}\\}.*$"},
+            "n": {"type": "integer"},
+        },
+    }
     g = shared_backend(core).compile(StructuredOutputs("json", json.dumps(relax(schema, {}).schema)))
     assert g.accept_tokens(shared_backend(core).tokenizer.tokenize_str('{"env":"a,b'))
     path = g.completion(60)
@@ -261,10 +346,15 @@ def test_a_pattern_string_between_members_is_not_closed_by_brackets(core: Engine
 def test_the_finish_writes_the_required_key_not_the_optional_ones_before_it(core: EngineCore) -> None:
     """Properties come in the schema's order and the mask cannot tell an optional key from a required one: without
     the schema's required keys the search writes optional members ahead of `z`, with them it skips them."""
-    optional = {f"a{i:02}": {"type": "object", "properties": {"v": {"type": "string"}}, "required": ["v"]}
-                for i in range(40)}
-    schema = {"type": "object", "properties": {**optional, "z": {"type": "integer"}}, "required": ["z"],
-              "additionalProperties": False}
+    optional = {
+        f"a{i:02}": {"type": "object", "properties": {"v": {"type": "string"}}, "required": ["v"]} for i in range(40)
+    }
+    schema = {
+        "type": "object",
+        "properties": {**optional, "z": {"type": "integer"}},
+        "required": ["z"],
+        "additionalProperties": False,
+    }
     backend = shared_backend(core)
     g = backend.compile(StructuredOutputs("json", json.dumps(schema)))
     path = g.completion(384)
@@ -277,9 +367,14 @@ def test_the_finish_writes_the_required_key_not_the_optional_ones_before_it(core
 
 def test_required_keys_of_other_objects_do_not_loop_in_an_open_object(core: EngineCore) -> None:
     """`"z":` fits as an extra key of the open object `o` too: taken once per mask, then the search goes on."""
-    schema = {"type": "object", "required": ["o", "z"], "properties": {
-        "o": {"type": "object", "required": ["q"], "properties": {"q": {"type": "integer"}}},
-        "z": {"type": "integer"}}}
+    schema = {
+        "type": "object",
+        "required": ["o", "z"],
+        "properties": {
+            "o": {"type": "object", "required": ["q"], "properties": {"q": {"type": "integer"}}},
+            "z": {"type": "integer"},
+        },
+    }
     g = shared_backend(core).compile(StructuredOutputs("json", json.dumps(relax(schema, {}).schema)))
     path = g.completion(200)
     assert path is not None and g.accept_tokens(path)
@@ -290,14 +385,22 @@ def test_many_alike_members_do_not_use_up_the_search(core: EngineCore) -> None:
     """Forty required URL members (a GitHub webhook's repository has sixty): after the first, every option inside
     each URL string leads to a mask seen before, and trying them all at each step used up the search's tries before
     the object closed, so a budget the finish fits in was cut invalid. The option taken at such a mask is tried first."""
-    schema = {"type": "object", "required": [f"link_{i}" for i in range(40)],
-              "properties": {f"link_{i}": {"type": "string", "format": "uri"} for i in range(40)}}
+    schema = {
+        "type": "object",
+        "required": [f"link_{i}" for i in range(40)],
+        "properties": {f"link_{i}": {"type": "string", "format": "uri"} for i in range(40)},
+    }
     so = StructuredOutputs("json", json.dumps(relax(schema, {"whitespace_flexible": False}).schema))
     path = shared_backend(core).compile(so).completion(600)
     assert path is not None and len(path) < 480
     jsonschema.validate(json.loads(text_of(core, path)), schema)
-    outs = run(core, [(f"u{seed}", PROMPT, SamplingParams(max_tokens=480, temperature=1.0, seed=seed,
-                                                          structured_outputs=so)) for seed in range(2)])
+    outs = run(
+        core,
+        [
+            (f"u{seed}", PROMPT, SamplingParams(max_tokens=480, temperature=1.0, seed=seed, structured_outputs=so))
+            for seed in range(2)
+        ],
+    )
     for o in outs.values():
         assert finish(o) == ("stop", None), text_of(core, tokens(o))
         jsonschema.validate(json.loads(text_of(core, tokens(o))), schema)

@@ -24,8 +24,14 @@ PADDED_VOCAB = 32_070  # a Llama tokenizer's 32,000 tokens in a padded head; not
 def padded_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from demo.checkpoints import write_random_checkpoint
 
-    return write_random_checkpoint(tmp_path_factory.mktemp("padded") / "llama", "llama", **TINY,
-                                   vocab_size=PADDED_VOCAB, tie_word_embeddings=False, rope_theta=10_000.0)
+    return write_random_checkpoint(
+        tmp_path_factory.mktemp("padded") / "llama",
+        "llama",
+        **TINY,
+        vocab_size=PADDED_VOCAB,
+        tie_word_embeddings=False,
+        rope_theta=10_000.0,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +41,10 @@ def backend(padded_ckpt: Path) -> LLGuidanceBackend:
 
 def test_padded_rows_are_never_allowed(backend: LLGuidanceBackend) -> None:
     assert backend.vocab_size == PADDED_VOCAB
-    grammars = [backend.compile(StructuredOutputs(k, s)) for k, s in
-                [("json_object", ""), ("regex", ".*"), ("grammar", "start: /(.|\\n)*/")]]
+    grammars = [
+        backend.compile(StructuredOutputs(k, s))
+        for k, s in [("json_object", ""), ("regex", ".*"), ("grammar", "start: /(.|\\n)*/")]
+    ]
     bitmask = allocate_bitmask(len(grammars), PADDED_VOCAB)
     backend.fill_bitmasks([(g, i) for i, g in enumerate(grammars)], bitmask)
     allowed = unpack_bitmask(bitmask, bitmask.shape[1] * 32)
@@ -46,10 +54,24 @@ def test_padded_rows_are_never_allowed(backend: LLGuidanceBackend) -> None:
 
 def test_engine_output_on_padded_vocab(padded_ckpt: Path) -> None:
     core = make_core(padded_ckpt)
-    so = StructuredOutputs("json", json.dumps({"type": "object", "additionalProperties": False,
-                                               "required": ["n"], "properties": {"n": {"type": "integer"}}}))
-    outs = run(core, [(f"r{s}", [1, 450, 4996], SamplingParams(max_tokens=64, temperature=1.0, seed=s,
-                                                                  structured_outputs=so)) for s in range(4)])
+    so = StructuredOutputs(
+        "json",
+        json.dumps(
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["n"],
+                "properties": {"n": {"type": "integer"}},
+            }
+        ),
+    )
+    outs = run(
+        core,
+        [
+            (f"r{s}", [1, 450, 4996], SamplingParams(max_tokens=64, temperature=1.0, seed=s, structured_outputs=so))
+            for s in range(4)
+        ],
+    )
     for o in outs.values():
         assert o[-1].finish_reason == "stop"
         ids = [t for t in tokens(o) if t != 2]

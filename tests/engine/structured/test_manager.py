@@ -52,8 +52,9 @@ def gated(qwen2_ckpt: Path) -> tuple[EngineCore, GatedBackend]:
 
 def test_waiting_for_compile_does_not_block_others(gated: tuple[EngineCore, GatedBackend]) -> None:
     core, backend = gated
-    core.add_request(AddRequest("c", [1, 2, 3], SamplingParams(max_tokens=16, temperature=0.0,
-                                                               structured_outputs=CHOICE), 0.0))
+    core.add_request(
+        AddRequest("c", [1, 2, 3], SamplingParams(max_tokens=16, temperature=0.0, structured_outputs=CHOICE), 0.0)
+    )
     core.add_request(AddRequest("u", [4, 5, 6], SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True), 1.0))
     got: dict[str, list[int]] = {"c": [], "u": []}
     done: set[str] = set()
@@ -76,8 +77,13 @@ def test_compile_failure_finishes_with_error(gated: tuple[EngineCore, GatedBacke
     core, backend = gated
     backend.gate.set()
     bad = StructuredOutputs("regex", "[a-z]+")
-    outs = run(core, [("bad", [1, 2], SamplingParams(max_tokens=8, structured_outputs=bad)),
-                      ("ok", [1, 2], SamplingParams(max_tokens=8, temperature=0.0, structured_outputs=CHOICE))])
+    outs = run(
+        core,
+        [
+            ("bad", [1, 2], SamplingParams(max_tokens=8, structured_outputs=bad)),
+            ("ok", [1, 2], SamplingParams(max_tokens=8, temperature=0.0, structured_outputs=CHOICE)),
+        ],
+    )
     assert outs["bad"][-1].finish_reason == "error" and "no regexes today" in (outs["bad"][-1].error or "")
     assert not tokens(outs["bad"])
     assert outs["ok"][-1].finish_reason == "stop"
@@ -86,8 +92,13 @@ def test_compile_failure_finishes_with_error(gated: tuple[EngineCore, GatedBacke
 def test_children_share_one_compile(gated: tuple[EngineCore, GatedBackend]) -> None:
     core, backend = gated
     backend.gate.set()
-    outs = run(core, [(f"n-{i}", [1, 2], SamplingParams(max_tokens=8, temperature=1.0, seed=i,
-                                                          structured_outputs=CHOICE)) for i in range(3)])
+    outs = run(
+        core,
+        [
+            (f"n-{i}", [1, 2], SamplingParams(max_tokens=8, temperature=1.0, seed=i, structured_outputs=CHOICE))
+            for i in range(3)
+        ],
+    )
     assert backend.compiles == 1
     assert all(o[-1].finish_reason == "stop" for o in outs.values())
 

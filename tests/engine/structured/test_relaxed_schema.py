@@ -37,34 +37,51 @@ class _ByteTok:
         return list(s.encode() if isinstance(s, str) else s)
 
 
-@pytest.mark.parametrize("schema, keywords", [
-    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, ("uniqueItems",)),
-    ({"type": "object", "propertyNames": {"pattern": "^a"}}, ("propertyNames",)),
-    ({"type": "object", "dependencies": {"a": 3}}, ("dependencies",)),  # malformed: not rewritten (test_exact.py)
-    ({"not": {"type": "string"}}, ("not",)),
-    ({"if": {"type": "string"}, "then": {"minLength": 2}, "else": {"type": "integer"}}, ("else", "if", "then")),
-    ({"type": "object", "properties": {"a": {"type": "string"}}, "maxProperties": 1},
-     ("minProperties/maxProperties",)),
-    ({"type": "string", "format": "url"}, ("format:url",)),
-    ({"oneOf": [{"type": "object", "properties": {"a": {"type": "string"}}},
-                {"type": "object", "properties": {"b": {"type": "string"}}}]}, ("oneOf",)),
-    ({"type": "string", "pattern": "^(?!foo).*$"}, ("pattern",)),  # look-around: llguidance's regex has none
-    ({"type": "object", "patternProperties": {"^a": {"type": "string"}, "^ab": {"type": "integer"}}},
-     ("patternProperties",)),  # overlapping patterns: llguidance needs them disjoint
-    ({"properties": {"a": {"$ref": "#/definitions/missing"}}}, ("$ref",)),
-    ({"properties": {"a": {"$ref": "https://example.com/other.json#/x"}}}, ("$ref",)),  # never fetched
-])
+@pytest.mark.parametrize(
+    "schema, keywords",
+    [
+        ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, ("uniqueItems",)),
+        ({"type": "object", "propertyNames": {"pattern": "^a"}}, ("propertyNames",)),
+        ({"type": "object", "dependencies": {"a": 3}}, ("dependencies",)),  # malformed: not rewritten (test_exact.py)
+        ({"not": {"type": "string"}}, ("not",)),
+        ({"if": {"type": "string"}, "then": {"minLength": 2}, "else": {"type": "integer"}}, ("else", "if", "then")),
+        (
+            {"type": "object", "properties": {"a": {"type": "string"}}, "maxProperties": 1},
+            ("minProperties/maxProperties",),
+        ),
+        ({"type": "string", "format": "url"}, ("format:url",)),
+        (
+            {
+                "oneOf": [
+                    {"type": "object", "properties": {"a": {"type": "string"}}},
+                    {"type": "object", "properties": {"b": {"type": "string"}}},
+                ]
+            },
+            ("oneOf",),
+        ),
+        ({"type": "string", "pattern": "^(?!foo).*$"}, ("pattern",)),  # look-around: llguidance's regex has none
+        (
+            {"type": "object", "patternProperties": {"^a": {"type": "string"}, "^ab": {"type": "integer"}}},
+            ("patternProperties",),
+        ),  # overlapping patterns: llguidance needs them disjoint
+        ({"properties": {"a": {"$ref": "#/definitions/missing"}}}, ("$ref",)),
+        ({"properties": {"a": {"$ref": "https://example.com/other.json#/x"}}}, ("$ref",)),  # never fetched
+    ],
+)
 def test_each_relaxation_is_named(schema: dict[str, Any], keywords: tuple[str, ...]) -> None:
     out = relax(schema, STYLE)
     assert out.keywords == keywords
     assert out.schema["x-guidance"] == BEST_EFFORT and "x-guidance" not in schema  # the input is not changed
 
 
-@pytest.mark.parametrize("schema", [
-    {"type": "object", "properties": {"a": {"type": "string", "format": "email"}}, "required": ["a"]},
-    {"anyOf": [{"type": "string"}, {"type": "boolean"}]},
-    {"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"},
-])
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"a": {"type": "string", "format": "email"}}, "required": ["a"]},
+        {"anyOf": [{"type": "string"}, {"type": "boolean"}]},
+        {"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"},
+    ],
+)
 def test_what_is_enforced_whole_is_returned_as_is(schema: dict[str, Any]) -> None:
     out = relax(schema, STYLE)
     assert out.keywords == () and out.schema is schema
@@ -86,10 +103,18 @@ def test_exact_rewrites_relax_nothing() -> None:
 
 
 def test_what_is_not_relaxed_is_still_enforced() -> None:
-    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string", "maxLength": 1,
-                                                                                  "pattern": "^[ab]$"},
-                                                        "uniqueItems": True}},
-              "required": ["tags"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {
+            "tags": {
+                "type": "array",
+                "items": {"type": "string", "maxLength": 1, "pattern": "^[ab]$"},
+                "uniqueItems": True,
+            }
+        },
+        "required": ["tags"],
+        "additionalProperties": False,
+    }
     out = relax(schema, STYLE)
     assert out.keywords == ("uniqueItems",)
     assert accepts(out.schema, '{"tags":["a","a"]}')  # uniqueItems: relaxed
@@ -101,9 +126,15 @@ def test_what_is_not_relaxed_is_still_enforced() -> None:
 def test_an_optional_part_behind_a_missing_ref_is_left_out() -> None:
     """The output never reaches a schema nobody can read: optional properties and items behind a $ref to nowhere
     are `false`; a required one matches anything."""
-    schema = {"type": "object", "required": ["b"], "properties": {
-        "a": {"$ref": "#/definitions/missing"}, "b": {"$ref": "#/definitions/gone"},
-        "c": {"type": "array", "items": {"$ref": "other.json#/x"}}}}
+    schema = {
+        "type": "object",
+        "required": ["b"],
+        "properties": {
+            "a": {"$ref": "#/definitions/missing"},
+            "b": {"$ref": "#/definitions/gone"},
+            "c": {"type": "array", "items": {"$ref": "other.json#/x"}},
+        },
+    }
     out = relax(schema, STYLE)
     assert out.keywords == ("$ref",)
     assert accepts(out.schema, '{"b":[1]}') and accepts(out.schema, '{"b":1,"c":[]}')
@@ -114,9 +145,16 @@ def test_a_recursive_ref_with_siblings_is_folded_into_a_copy() -> None:
     """llguidance cannot intersect a recursive $ref with a sibling `type`: the $ref goes to a copy of the definition
     that holds the sibling (exact), and the document's definitions beside the root's $ref stay (dropping them left
     the whole schema matching anything)."""
-    schema = {"$ref": "#/definitions/node", "definitions": {"node": {
-        "type": "object", "required": ["kids"],
-        "properties": {"kids": {"type": "array", "items": {"$ref": "#/definitions/node", "minProperties": 1}}}}}}
+    schema = {
+        "$ref": "#/definitions/node",
+        "definitions": {
+            "node": {
+                "type": "object",
+                "required": ["kids"],
+                "properties": {"kids": {"type": "array", "items": {"$ref": "#/definitions/node", "minProperties": 1}}},
+            }
+        },
+    }
     out = relax(schema, STYLE)
     assert out.keywords == () and "definitions" in out.schema
     assert accepts(out.schema, '{"kids":[{"kids":[]}]}')
@@ -125,11 +163,14 @@ def test_a_recursive_ref_with_siblings_is_folded_into_a_copy() -> None:
     assert relax(dart, STYLE).keywords == ("oneOf",)
 
 
-@pytest.mark.parametrize("schema, needle", [
-    ({"type": "strin"}, "strin"),  # not a schema
-    ({"type": "integer", "minimum": 5, "maximum": 1}, "Unsatisfiable"),
-    ({"allOf": [{"type": "string"}, {"type": "integer"}]}, ""),  # nothing satisfies both
-])
+@pytest.mark.parametrize(
+    "schema, needle",
+    [
+        ({"type": "strin"}, "strin"),  # not a schema
+        ({"type": "integer", "minimum": 5, "maximum": 1}, "Unsatisfiable"),
+        ({"allOf": [{"type": "string"}, {"type": "integer"}]}, ""),  # nothing satisfies both
+    ],
+)
 def test_what_no_relaxation_fixes_stays_an_error(schema: dict[str, Any], needle: str) -> None:
     with pytest.raises(GrammarError) as e:
         relax(schema, STYLE)

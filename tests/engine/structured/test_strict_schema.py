@@ -12,18 +12,49 @@ from typing import Any
 import jsonschema
 import pytest
 
-from engine.structured.strict_schema import FORMATS, negate, other_strings, rewrite
 from engine.structured.relaxed_schema import relax
+from engine.structured.strict_schema import FORMATS, negate, other_strings, rewrite
 from tests.engine.structured.test_relaxed_schema import STYLE, accepts
 
 CORPUS = Path(__file__).resolve().parents[3] / "bench" / "schemas"
 DRAFT7 = "http://json-schema.org/draft-07/schema#"
 CHECKER = jsonschema.Draft202012Validator.FORMAT_CHECKER
-DATES = ["2024-02-29", "2023-02-29", "2000-02-29", "1900-02-29", "0400-02-29", "0000-01-01", "0001-01-01",
-         "9999-12-31", "2023-04-31", "2023-04-30", "2023-13-01", "2023-00-10", "2023-01-00", "2023-1-01",
-         "20230101", "2023-02-28", "1996-02-29", "2100-02-29", "2023-06-15x"]
-TIMES = ["23:59:59Z", "23:59:60Z", "24:00:00Z", "12:00:00z", "12:00:00+23:59", "12:00:00+24:00", "12:00:00-05:30",
-         "12:00:00.123456Z", "12:00:00.Z", "12:00:00", "12:60:00Z", "1:00:00Z", "12:00:00+0530"]
+DATES = [
+    "2024-02-29",
+    "2023-02-29",
+    "2000-02-29",
+    "1900-02-29",
+    "0400-02-29",
+    "0000-01-01",
+    "0001-01-01",
+    "9999-12-31",
+    "2023-04-31",
+    "2023-04-30",
+    "2023-13-01",
+    "2023-00-10",
+    "2023-01-00",
+    "2023-1-01",
+    "20230101",
+    "2023-02-28",
+    "1996-02-29",
+    "2100-02-29",
+    "2023-06-15x",
+]
+TIMES = [
+    "23:59:59Z",
+    "23:59:60Z",
+    "24:00:00Z",
+    "12:00:00z",
+    "12:00:00+23:59",
+    "12:00:00+24:00",
+    "12:00:00-05:30",
+    "12:00:00.123456Z",
+    "12:00:00.Z",
+    "12:00:00",
+    "12:60:00Z",
+    "1:00:00Z",
+    "12:00:00+0530",
+]
 
 
 def valid(instance: Any, schema: Any) -> bool:
@@ -32,10 +63,14 @@ def valid(instance: Any, schema: Any) -> bool:
     return bool(cls(schema, format_checker=CHECKER).is_valid(instance))
 
 
-@pytest.mark.parametrize("fmt, samples", [
-    ("date", DATES), ("time", TIMES),
-    ("date-time", [f"{d}{t}{z}" for d in DATES[:12] for t in ("T", "t", " ") for z in TIMES[:8]]),
-])
+@pytest.mark.parametrize(
+    "fmt, samples",
+    [
+        ("date", DATES),
+        ("time", TIMES),
+        ("date-time", [f"{d}{t}{z}" for d in DATES[:12] for t in ("T", "t", " ") for z in TIMES[:8]]),
+    ],
+)
 def test_format_patterns_equal_the_output_checks_format_checker(fmt: str, samples: list[str]) -> None:
     pattern = FORMATS[fmt]
     for s in samples:
@@ -62,22 +97,50 @@ def test_other_strings_is_every_string_but_the_words(words: list[str]) -> None:
             assert bool(regex.fullmatch(s)) == (s not in words), (words, s)
 
 
-INSTANCES = [None, True, False, 0, 1.5, "", "a", "upload", "text", [], ["upload"], {}, {"type": "upload"},
-             {"type": "text"}, {"type": 1}, {"type": None}, {"kind": "x"}, {"type": "upload", "kind": "x"},
-             {"runs": {"using": "composite"}}, {"runs": {"using": "node"}}, {"runs": 3}, {"runs": {}}]
+INSTANCES = [
+    None,
+    True,
+    False,
+    0,
+    1.5,
+    "",
+    "a",
+    "upload",
+    "text",
+    [],
+    ["upload"],
+    {},
+    {"type": "upload"},
+    {"type": "text"},
+    {"type": 1},
+    {"type": None},
+    {"kind": "x"},
+    {"type": "upload", "kind": "x"},
+    {"runs": {"using": "composite"}},
+    {"runs": {"using": "node"}},
+    {"runs": 3},
+    {"runs": {}},
+]
 
 
-@pytest.mark.parametrize("cond", [
-    True, False, {"const": "upload"}, {"enum": ["upload", "text", None, True]},
-    {"properties": {"type": {"const": "upload"}}},
-    {"properties": {"type": {"const": "upload"}}, "required": ["type"]},
-    {"type": "object", "properties": {"type": {"enum": ["upload", "text"]}}},
-    {"required": ["kind"]}, {"properties": {"kind": True}, "required": ["kind"]},
-    {"properties": {"runs": {"type": "object", "properties": {"using": {"const": "composite"}}}}},
-    {"anyOf": [{"required": ["type"]}, {"required": ["kind"]}]},
-    {"allOf": [{"required": ["type"]}, {"properties": {"type": {"const": "text"}}}]},
-    {"not": {"required": ["kind"]}},
-])
+@pytest.mark.parametrize(
+    "cond",
+    [
+        True,
+        False,
+        {"const": "upload"},
+        {"enum": ["upload", "text", None, True]},
+        {"properties": {"type": {"const": "upload"}}},
+        {"properties": {"type": {"const": "upload"}}, "required": ["type"]},
+        {"type": "object", "properties": {"type": {"enum": ["upload", "text"]}}},
+        {"required": ["kind"]},
+        {"properties": {"kind": True}, "required": ["kind"]},
+        {"properties": {"runs": {"type": "object", "properties": {"using": {"const": "composite"}}}}},
+        {"anyOf": [{"required": ["type"]}, {"required": ["kind"]}]},
+        {"allOf": [{"required": ["type"]}, {"properties": {"type": {"const": "text"}}}]},
+        {"not": {"required": ["kind"]}},
+    ],
+)
 def test_negate_holds_exactly_where_the_condition_fails(cond: Any) -> None:
     neg = negate(cond)
     assert neg is not None
@@ -85,26 +148,46 @@ def test_negate_holds_exactly_where_the_condition_fails(cond: Any) -> None:
         assert valid(instance, neg) == (not valid(instance, cond)), (cond, instance)
 
 
-@pytest.mark.parametrize("cond", [{"type": "string"}, {"const": 3}, {"minimum": 2}, {"$ref": "#/x"},
-                                  {"properties": {"a": {"pattern": "^x"}}}])
+@pytest.mark.parametrize(
+    "cond",
+    [{"type": "string"}, {"const": 3}, {"minimum": 2}, {"$ref": "#/x"}, {"properties": {"a": {"pattern": "^x"}}}],
+)
 def test_negate_refuses_what_it_cannot_write(cond: Any) -> None:
     assert negate(cond) is None
 
 
-FORM = {"type": "object", "additionalProperties": False, "required": ["type"],
-        "properties": {"type": {"enum": ["upload", "text", "other"]}, "attributes": {"type": "object"},
-                       "id": {"type": "string"}},
-        "allOf": [{"if": {"properties": {"type": {"const": "upload"}}}, "then": {"required": ["attributes"]}},
-                  {"if": {"properties": {"type": {"const": "text"}}}, "then": {"required": ["id"]},
-                   "else": {"properties": {"id": False}}}]}
+FORM = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["type"],
+    "properties": {
+        "type": {"enum": ["upload", "text", "other"]},
+        "attributes": {"type": "object"},
+        "id": {"type": "string"},
+    },
+    "allOf": [
+        {"if": {"properties": {"type": {"const": "upload"}}}, "then": {"required": ["attributes"]}},
+        {
+            "if": {"properties": {"type": {"const": "text"}}},
+            "then": {"required": ["id"]},
+            "else": {"properties": {"id": False}},
+        },
+    ],
+}
 
 
 def test_conditionals_on_one_property_become_one_switch() -> None:
     out = relax(FORM, STYLE)
     assert out.keywords == ()
-    for text in ['{"type":"upload","attributes":{}}', '{"type":"upload"}', '{"type":"text","id":"a"}',
-                 '{"type":"text"}', '{"type":"other"}', '{"type":"other","id":"a"}',
-                 '{"type":"upload","attributes":{},"id":"a"}']:
+    for text in [
+        '{"type":"upload","attributes":{}}',
+        '{"type":"upload"}',
+        '{"type":"text","id":"a"}',
+        '{"type":"text"}',
+        '{"type":"other"}',
+        '{"type":"other","id":"a"}',
+        '{"type":"upload","attributes":{},"id":"a"}',
+    ]:
         assert accepts(out.schema, text) == valid(json.loads(text), FORM), text
 
 
@@ -116,18 +199,31 @@ def test_a_conditional_outside_the_fragment_is_left_to_lenient_mode() -> None:
 
 def test_property_names_are_not_keywords() -> None:
     """A property named `if`, `format` or `dependencies` is data, not a keyword."""
-    schema = {"type": "object", "properties": {"if": {"type": "string"}, "then": {"type": "boolean"},
-                                               "format": {"const": "date"}, "dependencies": {"type": "object"}}}
+    schema = {
+        "type": "object",
+        "properties": {
+            "if": {"type": "string"},
+            "then": {"type": "boolean"},
+            "format": {"const": "date"},
+            "dependencies": {"type": "object"},
+        },
+    }
     assert rewrite(schema) is schema
 
 
-@pytest.mark.parametrize("schema", [
-    {"$schema": DRAFT7, "type": "object", "dependencies": {"a": ["b"]}},
-    {"type": "object", "dependentRequired": {"a": ["b"]}},
-    {"type": "object", "dependentSchemas": {"a": {"required": ["b"]}}},
-    {"$schema": DRAFT7, "type": "object",
-     "dependencies": {"a": {"properties": {"b": {"const": 1}}, "required": ["b"]}}},
-])
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$schema": DRAFT7, "type": "object", "dependencies": {"a": ["b"]}},
+        {"type": "object", "dependentRequired": {"a": ["b"]}},
+        {"type": "object", "dependentSchemas": {"a": {"required": ["b"]}}},
+        {
+            "$schema": DRAFT7,
+            "type": "object",
+            "dependencies": {"a": {"properties": {"b": {"const": 1}}, "required": ["b"]}},
+        },
+    ],
+)
 def test_dependencies_are_enforced(schema: dict[str, Any]) -> None:
     out = relax(schema, STYLE)
     assert out.keywords == ()
@@ -152,17 +248,31 @@ def test_an_open_integer_is_bounded_to_the_safe_range() -> None:
     assert accepts(low.schema, "5") and not accepts(low.schema, "4") and not accepts(low.schema, "1" * 17)
     past = {"type": "integer", "minimum": 2**60}  # past the range: the other side stays open
     assert rewrite(past) is past
-    assert rewrite({"type": "integer", "minimum": 0, "maximum": 10**30}) == {"type": "integer", "minimum": 0,
-                                                                             "maximum": 10**30}
+    assert rewrite({"type": "integer", "minimum": 0, "maximum": 10**30}) == {
+        "type": "integer",
+        "minimum": 0,
+        "maximum": 10**30,
+    }
 
 
 def test_unique_items_of_a_small_enum_are_listed() -> None:
-    schema = {"type": "array", "items": {"type": "string", "enum": ["http", "https", "ws", "wss", "http"]},
-              "uniqueItems": True, "minItems": 1}
+    schema = {
+        "type": "array",
+        "items": {"type": "string", "enum": ["http", "https", "ws", "wss", "http"]},
+        "uniqueItems": True,
+        "minItems": 1,
+    }
     out = relax(schema, STYLE)
     assert out.keywords == ()
-    for value in (["http"], ["http", "ws"], ["ws", "http"], ["http", "http"], [], ["x"],
-                  ["http", "https", "ws", "wss"]):
+    for value in (
+        ["http"],
+        ["http", "ws"],
+        ["ws", "http"],
+        ["http", "http"],
+        [],
+        ["x"],
+        ["http", "https", "ws", "wss"],
+    ):
         text = json.dumps(value, separators=(",", ":"))
         assert not accepts(out.schema, text) or valid(value, schema), value  # nothing the schema refuses
     assert accepts(out.schema, '["http","ws"]') and accepts(out.schema, '["http","https","ws","wss"]')
@@ -171,23 +281,39 @@ def test_unique_items_of_a_small_enum_are_listed() -> None:
 
 
 def test_one_of_is_exact_where_the_branches_exclude_each_other() -> None:
-    either = {"type": "object", "properties": {"author": {"type": "string"}, "authors": {"type": "array"}},
-              "oneOf": [{"required": ["author"]}, {"required": ["authors"]}]}
+    either = {
+        "type": "object",
+        "properties": {"author": {"type": "string"}, "authors": {"type": "array"}},
+        "oneOf": [{"required": ["author"]}, {"required": ["authors"]}],
+    }
     out = relax(either, STYLE)
     assert out.keywords == ()
     for text in ['{"author":"a"}', '{"authors":[]}', '{"author":"a","authors":[]}', "{}"]:
         assert accepts(out.schema, text) == valid(json.loads(text), either), text
-    tagged = {"oneOf": [{"type": "object", "required": ["k"], "properties": {"k": {"const": "a"}}},
-                        {"type": "object", "required": ["k"], "properties": {"k": {"const": "b"}}}, {"type": "string"}]}
+    tagged = {
+        "oneOf": [
+            {"type": "object", "required": ["k"], "properties": {"k": {"const": "a"}}},
+            {"type": "object", "required": ["k"], "properties": {"k": {"const": "b"}}},
+            {"type": "string"},
+        ]
+    }
     assert relax(tagged, STYLE).keywords == ()
     overlapping = {"oneOf": [{"type": "string", "minLength": 2}, {"type": "string", "maxLength": 4}]}
     assert relax(overlapping, STYLE).keywords == ("oneOf",)
 
 
 def test_a_keyword_a_ref_points_through_is_left_as_it_is() -> None:
-    schema = {"properties": {"a": {"oneOf": [{"required": ["x"]}, {"required": ["y"]}]},
-                             "b": {"$ref": "#/properties/a/oneOf/1"}}}
+    schema = {
+        "properties": {
+            "a": {"oneOf": [{"required": ["x"]}, {"required": ["y"]}]},
+            "b": {"$ref": "#/properties/a/oneOf/1"},
+        }
+    }
     assert rewrite(schema) is schema
-    named = {"definitions": {"if": {"type": "string"}}, "properties": {"a": {"$ref": "#/definitions/if"}},
-             "if": {"properties": {"a": {"const": "x"}}}, "then": {"required": ["a"]}}
+    named = {
+        "definitions": {"if": {"type": "string"}},
+        "properties": {"a": {"$ref": "#/definitions/if"}},
+        "if": {"properties": {"a": {"const": "x"}}},
+        "then": {"required": ["a"]},
+    }
     assert "if" not in rewrite(named)  # `if` there names a definition: the conditional is still rewritten

@@ -6,12 +6,19 @@ import socket
 import threading
 import time
 
+from engine.messages import (
+    AbortRequests,
+    AddRequest,
+    EngineStats,
+    FromEngine,
+    Heartbeat,
+    RequestOutput,
+    SamplingParams,
+    StepOutputs,
+)
 from engine.transport.channels import ChannelSet
 from engine.transport.ipc import FrameBuffer, FrameEncoder
 from engine.transport.loop import run
-from engine.messages import (
-    AbortRequests, AddRequest, EngineStats, FromEngine, Heartbeat, RequestOutput, SamplingParams, StepOutputs,
-)
 
 
 class CountingCore:

@@ -7,9 +7,18 @@ import time
 import msgspec
 import pytest
 
+from engine.messages import (
+    AbortRequests,
+    AddRequest,
+    EngineStats,
+    FromEngine,
+    Heartbeat,
+    RequestOutput,
+    SamplingParams,
+    StepOutputs,
+    ToEngine,
+)
 from engine.transport.ipc import MAX_FRAME, FrameBuffer, FrameEncoder, FrameError, FrameReader, FrameWriter
-from engine.messages import (AbortRequests, AddRequest, EngineStats, FromEngine, Heartbeat,
-                             RequestOutput, SamplingParams, StepOutputs, ToEngine)
 
 STATS = EngineStats(1, 2, 3, 4, 5, 6, 7)
 
@@ -29,7 +38,7 @@ def test_frames_survive_every_split() -> None:
         buf: FrameBuffer[ToEngine] = FrameBuffer(ToEngine)
         got: list[object] = []
         for i in range(0, len(data), step):
-            got.extend(buf.feed(data[i:i + step]))
+            got.extend(buf.feed(data[i : i + step]))
         assert got == messages()
 
 
@@ -37,7 +46,9 @@ def test_step_frame_round_trip() -> None:
     step = StepOutputs([RequestOutput("a", [5], finish_reason="stop", stop_token_id=5)], 3.5, STATS)
     buf: FrameBuffer[FromEngine] = FrameBuffer(FromEngine)
     assert buf.feed(FrameEncoder().encode(step) + FrameEncoder().encode(Heartbeat(1.0, STATS))) == [
-        step, Heartbeat(1.0, STATS)]
+        step,
+        Heartbeat(1.0, STATS),
+    ]
 
 
 def test_corrupt_stream_is_a_frame_error() -> None:
@@ -85,8 +96,10 @@ def test_reader_poll_none_waits_for_a_whole_frame() -> None:
     os.close(r)
 
 
-_SLEEPER = ("from engine.transport.ipc import die_with_parent; die_with_parent(); print('up', flush=True); "
-            "import time; time.sleep(60)")
+_SLEEPER = (
+    "from engine.transport.ipc import die_with_parent; die_with_parent(); print('up', flush=True); "
+    "import time; time.sleep(60)"
+)
 
 
 def _exits_within(proc: subprocess.Popen[str], seconds: float) -> bool:
@@ -101,8 +114,7 @@ def _exits_within(proc: subprocess.Popen[str], seconds: float) -> bool:
 
 def test_die_with_parent_exits_when_the_parent_end_of_stdin_closes() -> None:
     # the main thread is stuck (a step or a render that never returns): only the watchdog can end it
-    proc = subprocess.Popen([sys.executable, "-c", _SLEEPER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([sys.executable, "-c", _SLEEPER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdin is not None and proc.stdout is not None
     assert proc.stdout.readline() == "up\n"
     time.sleep(0.2)

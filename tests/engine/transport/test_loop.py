@@ -6,11 +6,18 @@ import os
 import threading
 import time
 
+from engine.messages import (
+    AddRequest,
+    EngineStats,
+    FromEngine,
+    Heartbeat,
+    RequestOutput,
+    SamplingParams,
+    StepOutputs,
+    ToEngine,
+)
 from engine.transport.ipc import FrameBuffer, FrameEncoder, FrameReader, FrameWriter
 from engine.transport.loop import Pipes, run
-from engine.messages import (
-    AddRequest, EngineStats, FromEngine, Heartbeat, RequestOutput, SamplingParams, StepOutputs, ToEngine,
-)
 
 STATS = EngineStats(1, 0, 1, 10, 0, 0, 0)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from fake_engine import FakeEngineClient
 
 from engine.messages import SamplingParams
-from fake_engine import FakeEngineClient
 from server.api.app_state import AppState
 from server.config import ServerConfig
 from server.http.errors import APIError
@@ -40,16 +40,22 @@ def test_require_refuses_with_503_and_retry_after() -> None:
     state.stopping.set()
     stopping = refusal(state.require)
     render_stopping = refusal(state.require_renderer)
-    for error, words in ((starting, "still starting"), (dead, "engine core exited with 1"),
-                         (stopping, "shutting down"), (render_stopping, "shutting down")):
+    for error, words in (
+        (starting, "still starting"),
+        (dead, "engine core exited with 1"),
+        (stopping, "shutting down"),
+        (render_stopping, "shutting down"),
+    ):
         assert (error.status, error.retry_after) == (503, 1) and words in error.message
 
 
 async def test_generate_refuses_like_require() -> None:
     _, llm = ready_state()
     spec = GenerationSpec(external_id="a", request_id="a", prompt_token_ids=[1], params=SamplingParams(max_tokens=1))
-    for setup, words in ((lambda: setattr(llm, "dead", "gone"), "engine is not running (gone)"),
-                         (lambda: (setattr(llm, "dead", None), llm.stopping.set()), "shutting down")):
+    for setup, words in (
+        (lambda: setattr(llm, "dead", "gone"), "engine is not running (gone)"),
+        (lambda: (setattr(llm, "dead", None), llm.stopping.set()), "shutting down"),
+    ):
         setup()
         with pytest.raises(APIError) as e:
             async with llm.generate([spec]):

@@ -9,9 +9,9 @@ from typing import Any
 import anyio
 import pytest
 
+from server.api.app_state import AppState
 from server.api.openai.responses_background import BackgroundResponses
 from server.api.openai.responses_store import ResponseStore, StoredResponse
-from server.api.app_state import AppState
 from server.config import ServerConfig
 from server.http.asgi import Message, Send
 from server.http.errors import APIError

@@ -80,9 +80,15 @@ async def test_a_last_turn_too_long_alone_is_left_for_the_chat_path_to_refuse() 
 
 
 def test_cuts_are_at_user_turns_after_the_system_ones() -> None:
-    messages = chat_messages("rules", [
-        {"role": "user", "content": "a"}, {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
-        {"type": "function_call_output", "call_id": "c", "output": "x"}, {"role": "user", "content": "b"}])
+    messages = chat_messages(
+        "rules",
+        [
+            {"role": "user", "content": "a"},
+            {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c", "output": "x"},
+            {"role": "user", "content": "b"},
+        ],
+    )
     assert cut_points(messages) == (1, [1, 4])  # the call's output never starts what is kept
 
 
@@ -95,24 +101,29 @@ def test_input_file_is_text_with_its_name() -> None:
     for data in (b64(text.encode()), f"data:text/markdown;base64,{b64(text.encode())}"):
         part = {"type": "input_file", "filename": "notes.md", "file_data": data}
         assert chat_messages(None, [{"role": "user", "content": [part]}]) == [
-            {"role": "user", "content": f"notes.md:\n{text}"}]
+            {"role": "user", "content": f"notes.md:\n{text}"}
+        ]
     nameless = {"type": "input_file", "file_data": b64(b"x")}
     assert chat_messages(None, [{"role": "user", "content": [{"type": "input_text", "text": "see"}, nameless]}]) == [
-        {"role": "user", "content": "see\nx"}]
+        {"role": "user", "content": "see\nx"}
+    ]
 
 
-@pytest.mark.parametrize("part, param, needle", [
-    ({"file_id": "file-1"}, "file_id", "no Files API"),
-    ({"file_url": "https://x/y.txt"}, "file_url", "no Files API"),
-    ({}, "file_data", "file_data is required"),
-    ({"file_data": "data:application/pdf;base64," + b64(b"x")}, "file_data", "PDF"),
-    ({"file_data": b64(b"%PDF-1.4\n")}, "file_data", "PDF"),
-    ({"file_data": b64(b"\xff\xfe")}, "file_data", "not UTF-8"),
-    ({"file_data": b64(b"a\x00b")}, "file_data", "binary"),
-    ({"file_data": "abc"}, "file_data", "not valid base64"),
-    ({"file_data": "data:text/plain,hello"}, "file_data", "must be base64"),
-    ({"file_data": b64(b"x"), "filename": 3}, "filename", "must be a string"),
-])
+@pytest.mark.parametrize(
+    "part, param, needle",
+    [
+        ({"file_id": "file-1"}, "file_id", "no Files API"),
+        ({"file_url": "https://x/y.txt"}, "file_url", "no Files API"),
+        ({}, "file_data", "file_data is required"),
+        ({"file_data": "data:application/pdf;base64," + b64(b"x")}, "file_data", "PDF"),
+        ({"file_data": b64(b"%PDF-1.4\n")}, "file_data", "PDF"),
+        ({"file_data": b64(b"\xff\xfe")}, "file_data", "not UTF-8"),
+        ({"file_data": b64(b"a\x00b")}, "file_data", "binary"),
+        ({"file_data": "abc"}, "file_data", "not valid base64"),
+        ({"file_data": "data:text/plain,hello"}, "file_data", "must be base64"),
+        ({"file_data": b64(b"x"), "filename": 3}, "filename", "must be a string"),
+    ],
+)
 def test_input_file_400s_name_the_field(part: dict[str, Any], param: str, needle: str) -> None:
     with pytest.raises(APIError) as e:
         chat_messages(None, [{"role": "user", "content": [{"type": "input_file", **part}]}])

@@ -19,9 +19,11 @@ from server.reasoning.parser import get_reasoning_parser
 from server.streaming.responses_formatter import ResponsesFormatter
 from server.tools.parser import HermesParser
 
-ANSWER = ('<think>Paris is a city.</think>Let me check.<tool_call>\n{"name": "get_weather", "arguments": '
-          '{"city": "Paris"}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}'
-          '\n</tool_call>')
+ANSWER = (
+    '<think>Paris is a city.</think>Let me check.<tool_call>\n{"name": "get_weather", "arguments": '
+    '{"city": "Paris"}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}'
+    "\n</tool_call>"
+)
 BASE: dict[str, Any] = {"id": "resp_x", "object": "response", "created_at": 1, "model": "tiny"}
 
 
@@ -29,8 +31,10 @@ def formatter(tools: bool = True, reasoning: bool = True) -> ResponsesFormatter:
     def new() -> ChoiceParser | None:
         if not (tools or reasoning):
             return None
-        return ChoiceParser(get_reasoning_parser("deepseek_r1")(None) if reasoning else None,
-                            HermesParser() if tools else None)
+        return ChoiceParser(
+            get_reasoning_parser("deepseek_r1")(None) if reasoning else None, HermesParser() if tools else None
+        )
+
     return ResponsesFormatter(dict(BASE), 7, new)
 
 
@@ -114,11 +118,18 @@ def test_the_final_response() -> None:
     assert body["output"][0]["content"] == [{"type": "reasoning_text", "text": "Paris is a city."}]
     assert body["output_text"] == "Let me check." and body["output"][1]["content"][0]["text"] == "Let me check."
     calls = body["output"][2:]
-    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [("get_weather", {"city": "Paris"}),
-                                                                        ("get_weather", {"city": "Rome"})]
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Paris"}),
+        ("get_weather", {"city": "Rome"}),
+    ]
     assert all(c["call_id"].startswith("call_") and c["id"].startswith("fc_") for c in calls)
-    assert body["usage"] == {"input_tokens": 7, "input_tokens_details": {"cached_tokens": 3}, "output_tokens": 9,
-                             "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 16}
+    assert body["usage"] == {
+        "input_tokens": 7,
+        "input_tokens_details": {"cached_tokens": 3},
+        "output_tokens": 9,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 16,
+    }
 
 
 @pytest.mark.parametrize("cut", range(1, len(ANSWER)))
@@ -159,12 +170,15 @@ def test_an_empty_answer_has_no_items() -> None:
 
 def test_logprobs_follow_the_text_whichever_way_it_came() -> None:
     tokens = ["Hel", "lo", " 你", "好", ""]  # the last: an end token, which writes no text
-    lp = [{"token": t, "logprob": -float(i), "bytes": list(t.encode()), "top_logprobs": []}
-          for i, t in enumerate(tokens)]
+    lp = [
+        {"token": t, "logprob": -float(i), "bytes": list(t.encode()), "top_logprobs": []} for i, t in enumerate(tokens)
+    ]
 
     def make() -> ResponsesFormatter:
-        return ResponsesFormatter(dict(BASE), 7, lambda: None, lambda out: lp[int(out.token_ids[0]):
-                                                                                   int(out.token_ids[-1]) + 1])
+        return ResponsesFormatter(
+            dict(BASE), 7, lambda: None, lambda out: lp[int(out.token_ids[0]) : int(out.token_ids[-1]) + 1]
+        )
+
     body = json.loads(make().final([Output(0, "".join(tokens), [0, 4], 5, "stop")], Usage(7, 5, 12)))
     assert body["output"][0]["content"][0]["logprobs"] == lp
     fmt = make()
@@ -180,5 +194,6 @@ def test_an_error_mid_stream_is_the_next_event() -> None:
     fmt = formatter(False, False)
     before = events(fmt.stream_start() + (fmt.stream_chunk([Output(0, "Hi", [1], 1)], None) or b""))
     error = events(framing(fmt).error(APIError("engine died", status=500)))
-    assert error == [{"type": "error", "code": "500", "message": "engine died", "param": None,
-                      "sequence_number": len(before)}]
+    assert error == [
+        {"type": "error", "code": "500", "message": "engine died", "param": None, "sequence_number": len(before)}
+    ]

@@ -15,8 +15,9 @@ pytestmark = pytest.mark.anyio
 
 
 def entry(i: int, status: str = "completed", items: list[object] | None = None) -> StoredResponse:
-    return StoredResponse({"id": f"resp_{i}", "status": status},
-                          [{"role": "user", "content": str(i)}] if items is None else items)
+    return StoredResponse(
+        {"id": f"resp_{i}", "status": status}, [{"role": "user", "content": str(i)}] if items is None else items
+    )
 
 
 @pytest.fixture(params=["memory", "file"])

@@ -41,8 +41,17 @@ async def test_page_at_root_and_ui(path: str) -> None:
     csp = r.headers["content-security-policy"]
     assert "default-src 'none'" in csp and "connect-src 'self'" in csp and "script-src 'self'" in csp
     assert 'data-vision="0"' in r.text  # a text model: no image attach
-    for testid in ("prompt", "send", "stop", "model-select", "api-key", "temperature", "max-tokens",
-                   "system-prompt", "error"):
+    for testid in (
+        "prompt",
+        "send",
+        "stop",
+        "model-select",
+        "api-key",
+        "temperature",
+        "max-tokens",
+        "system-prompt",
+        "error",
+    ):
         assert f'data-testid="{testid}"' in r.text, testid
 
 

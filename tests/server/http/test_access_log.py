@@ -34,7 +34,7 @@ async def test_control_characters_in_request_ids_and_paths_are_escaped(caplog: p
     (record,) = caplog.records
     line = record.getMessage()
     assert "\n" not in line and "\r" not in line and "\x1b" not in line and "\u2028" not in line
-    assert line.startswith(r'request_id=abc\nrequest_id=evil\x20route=\"GET\x20/\"\x20status=200\x1b[2J ')
+    assert line.startswith(r"request_id=abc\nrequest_id=evil\x20route=\"GET\x20/\"\x20status=200\x1b[2J ")
     assert r'route="GET /v1/x\r\ny\"z\u2028" status=200' in line
 
 

@@ -119,7 +119,7 @@ async def fetch(port: int, *, after: anyio.Event | None = None) -> bytes:
 
 
 async def test_chunks_go_direct_and_arrive_framed_in_order(installed: None, serve: Any) -> None:
-    chunks = [b"data: {\"n\":%d}\n\n" % i for i in range(200)]
+    chunks = [b'data: {"n":%d}\n\n' % i for i in range(200)]
     app = App(chunks)
     port = await serve(app)
     assert await fetch(port) == b"".join(chunks) + b"end"
@@ -188,7 +188,8 @@ class _NoProtocol:
 
 
 def test_a_server_without_an_expected_attribute_declines_and_warns_once(
-        fresh: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    fresh: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     import trio
 
     run_module: Any = hypercorn_trio_run
@@ -213,7 +214,8 @@ def test_a_server_without_an_expected_attribute_declines_and_warns_once(
 
 
 def test_a_server_missing_what_the_writer_needs_at_start_gets_no_writer(
-        fresh: None, caplog: pytest.LogCaptureFixture) -> None:
+    fresh: None, caplog: pytest.LogCaptureFixture
+) -> None:
     token = direct_body._connection.set((direct_body._AsyncioBody, object()))  # no send_lock, no writer
     try:
         with caplog.at_level("WARNING", logger="spindle.server"):
@@ -286,8 +288,7 @@ def test_a_chunk_before_the_writer_ran_writes_the_last_one_first(fresh: None) ->
     assert full.writes == [b"3\r\nabc\r\n"] and full.pending == b"abc\r\n"
 
 
-async def test_the_writer_task_writes_once_the_producer_yields_and_a_route_writes_its_own_first(
-        fresh: None) -> None:
+async def test_the_writer_task_writes_once_the_producer_yields_and_a_route_writes_its_own_first(fresh: None) -> None:
     batch = direct_body.WriteBatch()
     a, b = Recorder(batch), Recorder(batch)
 
@@ -335,8 +336,9 @@ def test_spindle_direct_write_0_installs_nothing(monkeypatch: pytest.MonkeyPatch
     assert run_module.TCPServer is before
 
 
-def test_install_declines_when_a_private_module_is_missing(monkeypatch: pytest.MonkeyPatch,
-                                                           caplog: pytest.LogCaptureFixture) -> None:
+def test_install_declines_when_a_private_module_is_missing(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     import sys
 
     monkeypatch.setitem(sys.modules, "h11._writers", None)  # import fails, as if h11 moved it

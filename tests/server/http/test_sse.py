@@ -34,6 +34,7 @@ def test_frames_and_done() -> None:
 def test_error_event() -> None:
     err = APIError("engine core died", status=503)
     events = parse(sse.error_frame(err) + sse.DONE)
-    assert json.loads(events[0]) == {"error": {"message": "engine core died", "type": "ServiceUnavailableError",
-                                               "param": None, "code": 503}}
+    assert json.loads(events[0]) == {
+        "error": {"message": "engine core died", "type": "ServiceUnavailableError", "param": None, "code": 503}
+    }
     assert events[1] == "[DONE]"

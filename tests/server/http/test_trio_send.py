@@ -47,7 +47,7 @@ async def read_exactly(peer: trio.SocketStream, n: int) -> bytes:
 
 async def test_small_sends_arrive_in_order_without_yielding() -> None:
     server, peer, _ = make_server()
-    payloads = [b"data: {\"n\":%d}\n\n" % i for i in range(50)]
+    payloads = [b'data: {"n":%d}\n\n' % i for i in range(50)]
     with trio.testing.assert_no_checkpoints():  # the fast path: one syscall, no trip through the scheduler
         for p in payloads:
             await server.protocol_send(RawData(data=p))
@@ -93,4 +93,3 @@ async def test_a_broken_connection_is_reported_to_the_protocol() -> None:
     await peer.aclose()
     await server.protocol_send(RawData(data=b"data: x\n\n"))
     assert any(isinstance(e, Closed) for e in protocol.events)
-

@@ -34,8 +34,9 @@ def test_static_adapters_and_names(qwen2_ckpt: Path, adapter: Path) -> None:
 
 
 def test_two_processes_share_one_set(qwen2_ckpt: Path, adapter: Path, tmp_path: Path) -> None:
-    one, two = (LoRARegistry.from_files(str(qwen2_ckpt), 16, "tiny", (LoRAModule("a", str(adapter)),))
-                for _ in range(2))
+    one, two = (
+        LoRARegistry.from_files(str(qwen2_ckpt), 16, "tiny", (LoRAModule("a", str(adapter)),)) for _ in range(2)
+    )
     one.shared, two.shared = SharedAdapters(str(tmp_path)), SharedAdapters(str(tmp_path))
     one.add(one.check("x", str(adapter)))
     assert set(two.adapters) == {"a", "x"}

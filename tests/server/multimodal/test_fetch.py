@@ -24,9 +24,14 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         port = self.server.server_address[1]
-        routes = {"/img": (200, BODY, None), "/missing": (404, b"", None),
-                  "/to-img": (302, b"", "/img"), "/to-localhost": (302, b"", f"http://localhost:{port}/img"),
-                  "/loop": (302, b"", "/loop"), "/big": (200, b"x" * 2048, None)}
+        routes = {
+            "/img": (200, BODY, None),
+            "/missing": (404, b"", None),
+            "/to-img": (302, b"", "/img"),
+            "/to-localhost": (302, b"", f"http://localhost:{port}/img"),
+            "/loop": (302, b"", "/loop"),
+            "/big": (200, b"x" * 2048, None),
+        }
         if self.path == "/hang":
             RELEASE.wait(30)
             return

@@ -37,17 +37,17 @@ async def test_worker_process_cache_and_replacement(qwen2_vl_ckpt: Path) -> None
     async with open_image_worker(support, 64 << 20) as pool:
         (pid,) = pool.pids
         assert pid != os.getpid()
-        a, = await process_images(support, [data_url(1, 60, 90)], (), None, pool)
+        (a,) = await process_images(support, [data_url(1, 60, 90)], (), None, pool)
         assert not a.cached and a.num_tokens > 0
         # the same pixels re-encoded (lossless WebP): the processor cache holds them, same result
-        b, = await process_images(support, [data_url(1, 60, 90, "WEBP")], (), None, pool)
+        (b,) = await process_images(support, [data_url(1, 60, 90, "WEBP")], (), None, pool)
         assert b.cached and (b.hash, b.data) == (a.hash, a.data)
-        c, = await process_images(support, [data_url(1, 60, 90)], (), {"max_pixels": 56 * 56}, pool)
+        (c,) = await process_images(support, [data_url(1, 60, 90)], (), {"max_pixels": 56 * 56}, pool)
         assert not c.cached and c.hash != a.hash  # other processor settings: another entry
         with pytest.raises(APIError, match="longer than 0.5 s") as hung:
             await call_image_worker(pool, ["hang"], timeout=0.5)
         assert hung.value.status == 500
-        again, = await process_images(support, [data_url(1, 60, 90)], (), None, pool)  # a fresh worker
+        (again,) = await process_images(support, [data_url(1, 60, 90)], (), None, pool)  # a fresh worker
         assert again.hash == a.hash and pool.pids != [pid]
         pid2 = pool.pids[0]
         with pytest.raises(APIError, match="image worker failed") as died:

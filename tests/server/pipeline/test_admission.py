@@ -160,8 +160,6 @@ def _tok(family: str) -> tuple[tokenizers.Tokenizer, int]:
     return _TOKENIZERS[family]
 
 
-
-
 def _nfc_keeps_length(c: str) -> bool:
     return len(unicodedata.normalize("NFC", c).encode()) <= len(c.encode())
 
@@ -182,8 +180,13 @@ def test_token_bounds_hold_for_real_tokenizers(family: str, text: str) -> None:
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
 def test_token_bounds_on_prose_code_and_cjk(family: str) -> None:
     tok, max_token_bytes = _tok(family)
-    texts = ["Hello, world! " * 50, "def f(x):\n    return x ** 2\n" * 30, "数据科学是一门学科。" * 40, " " * 300,
-             "\x00" * 9]
+    texts = [
+        "Hello, world! " * 50,
+        "def f(x):\n    return x ** 2\n" * 30,
+        "数据科学是一门学科。" * 40,
+        " " * 300,
+        "\x00" * 9,
+    ]
     for text in texts:
         n = len(tok.encode(text, add_special_tokens=True).ids)
         assert min_tokens(text, max_token_bytes) <= n <= estimate_tokens(text), text[:20]

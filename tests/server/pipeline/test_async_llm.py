@@ -9,19 +9,18 @@ from typing import Any
 
 import anyio
 import pytest
-
+from fake_engine import FakeEngineClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.messages import AddRequest, EngineStats, SamplingParams
 from demo.tokenizers import load_tokenizer
-from server.pipeline.admission import Admission
+from engine.messages import AddRequest, EngineStats, SamplingParams
 from server.app import detokenizer_factory
-from server.pipeline.async_llm import AsyncLLM
 from server.http.errors import APIError
+from server.metrics.prometheus import ServerMetrics
+from server.pipeline.admission import Admission
+from server.pipeline.async_llm import AsyncLLM
 from server.pipeline.input_processor import GenerationSpec
 from server.pipeline.output_processor import OutputKind
-from server.metrics.prometheus import ServerMetrics
-from fake_engine import FakeEngineClient
 
 pytestmark = pytest.mark.anyio
 TOK = load_tokenizer("qwen2")
@@ -35,10 +34,24 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def spec(rid: str, *, n: int = 1, stop: tuple[str, ...] = (), kind: OutputKind = OutputKind.DELTA,
-         seed: int | None = None, max_tokens: int = 100) -> GenerationSpec:
-    return GenerationSpec(external_id=rid, request_id=rid, prompt_token_ids=PROMPT,
-                          params=SamplingParams(max_tokens=max_tokens, seed=seed), n=n, stop=stop, output_kind=kind)
+def spec(
+    rid: str,
+    *,
+    n: int = 1,
+    stop: tuple[str, ...] = (),
+    kind: OutputKind = OutputKind.DELTA,
+    seed: int | None = None,
+    max_tokens: int = 100,
+) -> GenerationSpec:
+    return GenerationSpec(
+        external_id=rid,
+        request_id=rid,
+        prompt_token_ids=PROMPT,
+        params=SamplingParams(max_tokens=max_tokens, seed=seed),
+        n=n,
+        stop=stop,
+        output_kind=kind,
+    )
 
 
 @asynccontextmanager
@@ -87,7 +100,7 @@ async def test_stop_string_aborts_once_and_stops_the_stream() -> None:
     async with running(fake) as llm:
         got = await collect(llm, [spec("s", stop=("lazy",))])
         await anyio.wait_all_tasks_blocked()
-    assert "".join(o.text for o in got[0]) == TEXT[:TEXT.index("lazy")]
+    assert "".join(o.text for o in got[0]) == TEXT[: TEXT.index("lazy")]
     assert (got[0][-1].finish_reason, got[0][-1].stop_reason) == ("stop", "lazy")
     assert fake.aborted == ["s"]
 
@@ -196,8 +209,12 @@ async def test_registered_before_sent() -> None:
 
 def samples(metrics: ServerMetrics) -> dict[str, float]:
     """name -> value of every sample in the /metrics text (one model, so names are unique enough here)."""
-    return {s.name: s.value for family in text_string_to_metric_families(metrics.render().decode())
-            for s in family.samples if "finished_reason" not in s.labels and "reason" not in s.labels}
+    return {
+        s.name: s.value
+        for family in text_string_to_metric_families(metrics.render().decode())
+        for s in family.samples
+        if "finished_reason" not in s.labels and "reason" not in s.labels
+    }
 
 
 async def test_heartbeats_update_stats_and_leave_outputs_alone() -> None:
@@ -205,15 +222,25 @@ async def test_heartbeats_update_stats_and_leave_outputs_alone() -> None:
     metrics = ServerMetrics("tiny")
     async with running(fake, metrics=metrics) as llm:
         # Idle: only heartbeats arrive, and they carry the engine's stats into the metrics.
-        fake.stats = EngineStats(num_running=3, num_waiting=2, num_used_blocks=25, num_total_blocks=100,
-                                 num_preemptions=4, prefix_cache_queries=50, prefix_cache_hits=20)
+        fake.stats = EngineStats(
+            num_running=3,
+            num_waiting=2,
+            num_used_blocks=25,
+            num_total_blocks=100,
+            num_preemptions=4,
+            prefix_cache_queries=50,
+            prefix_cache_hits=20,
+        )
         await fake.wait_heartbeats(fake.heartbeats_sent + 1)
         assert fake.steps == 0
         got = samples(metrics)
         assert (got["spindle_num_requests_running"], got["spindle_num_requests_waiting"]) == (3, 2)
         assert got["spindle_kv_cache_usage_perc"] == 0.25
-        assert (got["spindle_num_preemptions_total"], got["spindle_prefix_cache_queries_total"],
-                got["spindle_prefix_cache_hits_total"]) == (4, 50, 20)
+        assert (
+            got["spindle_num_preemptions_total"],
+            got["spindle_prefix_cache_queries_total"],
+            got["spindle_prefix_cache_hits_total"],
+        ) == (4, 50, 20)
         # The same cumulative counts again count nothing again; newer ones add only the difference.
         await fake.wait_heartbeats(fake.heartbeats_sent + 2)
         assert samples(metrics)["spindle_num_preemptions_total"] == 4
@@ -221,8 +248,11 @@ async def test_heartbeats_update_stats_and_leave_outputs_alone() -> None:
         await fake.wait_heartbeats(fake.heartbeats_sent + 1)
         got = samples(metrics)
         assert (got["spindle_num_requests_running"], got["spindle_num_requests_waiting"]) == (1, 0)
-        assert (got["spindle_num_preemptions_total"], got["spindle_prefix_cache_queries_total"],
-                got["spindle_prefix_cache_hits_total"]) == (5, 80, 30)
+        assert (
+            got["spindle_num_preemptions_total"],
+            got["spindle_prefix_cache_queries_total"],
+            got["spindle_prefix_cache_hits_total"],
+        ) == (5, 80, 30)
 
         # A running request that the engine does not step: heartbeats reach no consumer.
         async with llm.generate([spec("g")]) as outputs:
@@ -266,8 +296,10 @@ async def test_images_cross_the_pipe_once_and_an_engine_miss_is_resent() -> None
         await collect(llm, [with_image("b")])
         engine_has.clear()  # ...and evicted it: the mirror has drifted
         got = await collect(llm, [with_image("c")])
-    assert [(r.request_id, r.mm_inputs[0].data is not None) for r in fake.added  # type: ignore[index]
-            ] == [("a", True), ("b", False), ("c", False), ("c", True)]  # pixels crossed once, and on the miss
+    assert [
+        (r.request_id, r.mm_inputs[0].data is not None)
+        for r in fake.added  # type: ignore[index]
+    ] == [("a", True), ("b", False), ("c", False), ("c", True)]  # pixels crossed once, and on the miss
     assert got[0][-1].error is None and "".join(o.text for o in got[0]) == TOK.decode(GEN[:3])
     counts = samples(metrics)
     assert (counts["spindle_mm_engine_cache_hits_total"], counts["spindle_mm_engine_cache_misses_total"]) == (2, 1)

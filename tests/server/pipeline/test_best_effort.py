@@ -23,14 +23,20 @@ from server.protocol.openai import ChatCompletionRequest
 from server.streaming.output_check import OutputCheck, invalid_reason, relaxed_check, relaxed_headers
 
 CAPS = RequestCaps()
-UNIQUE = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"},
-                                                    "uniqueItems": True},
-                                           "link": {"type": "string", "format": "url"}}, "required": ["tags"]}
+UNIQUE = {
+    "type": "object",
+    "properties": {
+        "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+        "link": {"type": "string", "format": "url"},
+    },
+    "required": ["tags"],
+}
 
 
 def chat(**fields: Any) -> ChatCompletionRequest:
-    return msgspec.json.decode(msgspec.json.encode({"messages": [{"role": "user", "content": "x"}], **fields}),
-                               type=ChatCompletionRequest)
+    return msgspec.json.decode(
+        msgspec.json.encode({"messages": [{"role": "user", "content": "x"}], **fields}), type=ChatCompletionRequest
+    )
 
 
 def json_schema(schema: Any, strict: bool | None = None) -> dict[str, Any]:
@@ -48,13 +54,16 @@ def fresh_cache() -> Iterator[None]:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("fields", [
-    {"response_format": json_schema(UNIQUE)},
-    {"response_format": json_schema(UNIQUE, strict=False)},
-    {"structured_outputs": {"json": UNIQUE}},
-    {"structured_outputs": {"json": json.dumps(UNIQUE), "disable_any_whitespace": True}},
-    {"guided_json": UNIQUE},
-])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"response_format": json_schema(UNIQUE)},
+        {"response_format": json_schema(UNIQUE, strict=False)},
+        {"structured_outputs": {"json": UNIQUE}},
+        {"structured_outputs": {"json": json.dumps(UNIQUE), "disable_any_whitespace": True}},
+        {"guided_json": UNIQUE},
+    ],
+)
 async def test_without_strict_the_schema_is_relaxed_and_says_what(fields: dict[str, Any]) -> None:
     found = await structured_outputs(chat(**fields), CAPS)
     assert found is not None and found.relaxed is not None
@@ -99,6 +108,7 @@ async def test_relaxed_results_are_cached_per_mode() -> None:
     def counting(schema: Any, style: Any) -> Any:
         calls.append(schema)
         return real(schema, style)
+
     structured.backend_relax = counting
     try:
         for _ in range(2):
@@ -158,19 +168,22 @@ async def test_relaxed_headers_name_response_format_and_tools() -> None:
     assert relaxed_headers(whole, {}) == [] and relaxed_check(None, whole, {}) is None
 
 
-@pytest.mark.parametrize("value, schema, reason", [
-    ({"tags": ["a", "b"]}, UNIQUE, None),
-    ({"tags": ["a", "a"]}, UNIQUE, "uniqueItems"),
-    ({}, UNIQUE, "required"),
-    ("x", {"not": {"type": "string"}}, "not"),
-    ({"a": 1}, {"if": {"required": ["a"]}, "then": {"required": ["b"]}}, "if"),  # under then: the conditional
-    (1, {"oneOf": [{"type": "integer"}, {"type": "number"}]}, "oneOf"),
-    ({"Ab": 1}, {"propertyNames": {"pattern": "^[a-z]+$"}}, "propertyNames"),
-    ("not an email", {"type": "string", "format": "email"}, "format"),
-    ([1], {"contains": {"type": "string"}}, "contains"),
-    ({"a": 1}, {"minProperties": 2}, "minProperties"),
-    (1, {"multipleOf": 2}, "other"),
-])
+@pytest.mark.parametrize(
+    "value, schema, reason",
+    [
+        ({"tags": ["a", "b"]}, UNIQUE, None),
+        ({"tags": ["a", "a"]}, UNIQUE, "uniqueItems"),
+        ({}, UNIQUE, "required"),
+        ("x", {"not": {"type": "string"}}, "not"),
+        ({"a": 1}, {"if": {"required": ["a"]}, "then": {"required": ["b"]}}, "if"),  # under then: the conditional
+        (1, {"oneOf": [{"type": "integer"}, {"type": "number"}]}, "oneOf"),
+        ({"Ab": 1}, {"propertyNames": {"pattern": "^[a-z]+$"}}, "propertyNames"),
+        ("not an email", {"type": "string", "format": "email"}, "format"),
+        ([1], {"contains": {"type": "string"}}, "contains"),
+        ({"a": 1}, {"minProperties": 2}, "minProperties"),
+        (1, {"multipleOf": 2}, "other"),
+    ],
+)
 def test_invalid_reason_names_the_keyword(value: Any, schema: Any, reason: str | None) -> None:
     assert invalid_reason(value, schema) == reason
     assert reason is None or reason in STRUCTURED_INVALID_REASONS
@@ -211,8 +224,10 @@ async def test_output_check_of_tool_calls_checks_relaxed_functions_arguments() -
     _, relaxed = await relax_tools(tools, CAPS)
     metrics = _Metrics()
     check = OutputCheck(metrics, ChoiceParsers(plan, None, "prompt"), tools=relaxed)
-    text = ('<tool_call>\n{"name": "f", "arguments": {"tags": ["x", "x"]}}\n</tool_call>'
-            '<tool_call>\n{"name": "g", "arguments": {"z": 1}}\n</tool_call>')
+    text = (
+        '<tool_call>\n{"name": "f", "arguments": {"tags": ["x", "x"]}}\n</tool_call>'
+        '<tool_call>\n{"name": "g", "arguments": {"z": 1}}\n</tool_call>'
+    )
     check.take([_out(0, text, "stop")])
     await check.finish()
     assert metrics.seen == ["uniqueItems"]  # g is enforced whole: not checked

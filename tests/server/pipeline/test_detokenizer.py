@@ -116,7 +116,7 @@ def test_held_back_text_is_at_most_longest_stop_minus_one() -> None:
 
 
 def test_earliest_match_wins_even_if_a_later_one_completes_first() -> None:
-    """"c" is complete before "abcd" can be, but "abcd" starts earlier: wait for it."""
+    """ "c" is complete before "abcd" can be, but "abcd" starts earlier: wait for it."""
     tok = load_tokenizer("qwen2")
     gen = [tok.token_to_id(c) for c in "xabcdy"]
     for step in (1, 6):
@@ -140,7 +140,9 @@ def test_min_tokens_protects_early_text_from_stops() -> None:
 def test_regression_stops_ignored_when_fewer_than_min_tokens() -> None:
     """Found by fuzz: the request finished before min_tokens tokens, so no stop string applies."""
     tok = load_tokenizer("llama")
-    deltas, d, reason = stream(tok, [1, 28705, 29142, 29119], [2, 2, 3], stop=["\x00"], min_tokens=4, skip_special_tokens=False)
+    deltas, d, reason = stream(
+        tok, [1, 28705, 29142, 29119], [2, 2, 3], stop=["\x00"], min_tokens=4, skip_special_tokens=False
+    )
     assert reason is None and d.output_text == "</s></s>\x00" == "".join(deltas)
 
 

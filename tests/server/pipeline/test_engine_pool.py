@@ -14,7 +14,12 @@ from engine.client.process_client import EngineDeadError
 from engine.messages import AddRequest, EngineStats, SamplingParams, StepOutputs
 from server.config import ServerConfig
 from server.pipeline.engine_pool import (
-    EngineChooser, EnginePool, open_engine_pool, open_engines, prefix_hashes, sum_stats,
+    EngineChooser,
+    EnginePool,
+    open_engine_pool,
+    open_engines,
+    prefix_hashes,
+    sum_stats,
 )
 from tests.server.fake_engine import FakeEngineClient
 
@@ -28,6 +33,7 @@ def stats(running: int = 0, waiting: int = 0) -> EngineStats:
 
 
 # ---- the policy ---------------------------------------------------------------------------------
+
 
 def test_prefix_hashes_cover_full_blocks_before_the_last_token() -> None:
     assert prefix_hashes(list(range(BS)), BS, 32) == []  # the last token is always computed
@@ -98,6 +104,7 @@ def test_sum_stats() -> None:
 
 
 # ---- the pool over fake engines ---------------------------------------------------------------------
+
 
 def add(rid: str, prompt: list[int], max_tokens: int = 3) -> AddRequest:
     return AddRequest(rid, prompt, SamplingParams(max_tokens=max_tokens), 0.0)
@@ -227,6 +234,7 @@ async def test_open_nth_opens_each_engine_by_index_and_routed_counts_can_be_shar
         return open_one(i)
 
     config = ServerConfig.from_settings(data_parallel_size=2, data_parallel_policy="affinity", served_model_name="tiny")
+
     class Shared:
         def __init__(self) -> None:
             self.value = 10.0  # what the other processes sent there
@@ -255,8 +263,10 @@ def test_config_checks_the_data_parallel_flags() -> None:
     assert (config.parallel.data_parallel_size, config.parallel.data_parallel_policy) == (2, "round_robin")
     config = config_from_args(["--data-parallel-size", "2", "--api-server-count", "3"])  # N API processes x M engines
     assert (config.parallel.data_parallel_size, config.parallel.api_server_count) == (2, 3)
-    for argv, words in ((["--data-parallel-size", "0"], "at least 1"),
-                        (["--data-parallel-policy", "random"], "affinity or round_robin"),
-                        (["--data-parallel-size", "2", "--master-port", "29500"], "this node only")):
+    for argv, words in (
+        (["--data-parallel-size", "0"], "at least 1"),
+        (["--data-parallel-policy", "random"], "affinity or round_robin"),
+        (["--data-parallel-size", "2", "--master-port", "29500"], "this node only"),
+    ):
         with pytest.raises(ValueError, match=words):
             config_from_args(argv)

@@ -11,13 +11,19 @@ import pytest
 from server.config import RequestCaps, ServerConfig
 from server.http.errors import APIError, from_decode_error
 from server.pipeline.input_processor import (
-    ModelLimits, build_spec, check_prompt_ids, check_request, completion_prompts, external_request_id,
+    ModelLimits,
+    build_spec,
+    check_prompt_ids,
+    check_request,
+    completion_prompts,
+    external_request_id,
     num_prompts,
 )
 from server.protocol.openai import ChatCompletionRequest, CompletionRequest
 
-LIMITS = ModelLimits(max_model_len=100, vocab_size=1000, max_logprobs=5,
-                     generation_defaults={"temperature": 0.7, "top_k": 20})
+LIMITS = ModelLimits(
+    max_model_len=100, vocab_size=1000, max_logprobs=5, generation_defaults={"temperature": 0.7, "top_k": 20}
+)
 
 
 def completion(**fields: Any) -> CompletionRequest:
@@ -25,8 +31,9 @@ def completion(**fields: Any) -> CompletionRequest:
 
 
 def chat(**fields: Any) -> ChatCompletionRequest:
-    return msgspec.json.decode(msgspec.json.encode({"messages": [{"role": "user", "content": "x"}], **fields}),
-                               type=ChatCompletionRequest)
+    return msgspec.json.decode(
+        msgspec.json.encode({"messages": [{"role": "user", "content": "x"}], **fields}), type=ChatCompletionRequest
+    )
 
 
 def refused(fn: Any, *args: Any, **kw: Any) -> APIError:
@@ -57,23 +64,26 @@ def test_prompt_plus_max_tokens() -> None:
     refused(spec, chat(max_tokens=5, max_completion_tokens=61), 40)
 
 
-@pytest.mark.parametrize(("field", "ok", "bad"), [
-    ("temperature", [0, 2.0], [-0.01, 2.01]),
-    ("top_p", [1e-9, 1.0], [0.0, 1.01]),
-    ("min_p", [0.0, 1.0], [-0.1, 1.1]),
-    ("presence_penalty", [-2.0, 2.0], [-2.1, 2.1]),
-    ("frequency_penalty", [-2.0, 2.0], [-2.1, 2.1]),
-    ("repetition_penalty", [0.01, 2.0], [0.0, 2.1]),
-    ("top_k", [-1, 0, 50], [-2]),
-    ("n", [1, 128], [0, 129]),
-    ("max_tokens", [1], [0, -1]),
-    ("logprobs", [0, 5], [-1, 6]),
-    ("seed", [-(1 << 63), (1 << 63) - 1], []),  # beyond int64: refused at decode (test_int_fields_are_int64)
-    ("stop_token_ids", [[0, 999]], [[1000], [-1]]),
-    ("logit_bias", [{"999": 100}, {"0": -100}], [{"1000": 1}, {"5": 100.5}, {"x": 1}]),
-    ("stop", ["a", ["a", "b"]], [[""]]),
-    ("truncate_prompt_tokens", [-1, 1], [0, -2]),
-])
+@pytest.mark.parametrize(
+    ("field", "ok", "bad"),
+    [
+        ("temperature", [0, 2.0], [-0.01, 2.01]),
+        ("top_p", [1e-9, 1.0], [0.0, 1.01]),
+        ("min_p", [0.0, 1.0], [-0.1, 1.1]),
+        ("presence_penalty", [-2.0, 2.0], [-2.1, 2.1]),
+        ("frequency_penalty", [-2.0, 2.0], [-2.1, 2.1]),
+        ("repetition_penalty", [0.01, 2.0], [0.0, 2.1]),
+        ("top_k", [-1, 0, 50], [-2]),
+        ("n", [1, 128], [0, 129]),
+        ("max_tokens", [1], [0, -1]),
+        ("logprobs", [0, 5], [-1, 6]),
+        ("seed", [-(1 << 63), (1 << 63) - 1], []),  # beyond int64: refused at decode (test_int_fields_are_int64)
+        ("stop_token_ids", [[0, 999]], [[1000], [-1]]),
+        ("logit_bias", [{"999": 100}, {"0": -100}], [{"1000": 1}, {"5": 100.5}, {"x": 1}]),
+        ("stop", ["a", ["a", "b"]], [[""]]),
+        ("truncate_prompt_tokens", [-1, 1], [0, -2]),
+    ],
+)
 def test_sampling_fields(field: str, ok: list[Any], bad: list[Any]) -> None:
     for value in ok:
         check_request(completion(**{field: value}), LIMITS)
@@ -114,8 +124,11 @@ def test_prompt_shapes() -> None:
 
 
 def test_params_request_id_and_defaults() -> None:
-    s = spec(completion(top_p=0.5, stop="##", ignore_eos=True, seed=3, n=2, priority=-1,
-                        logit_bias={"7": 1.5}), 10, index_offset=4)
+    s = spec(
+        completion(top_p=0.5, stop="##", ignore_eos=True, seed=3, n=2, priority=-1, logit_bias={"7": 1.5}),
+        10,
+        index_offset=4,
+    )
     assert re.fullmatch(r"[0-9a-f]+-ext", s.request_id)
     assert s.child_ids() == [f"{s.request_id}-0", f"{s.request_id}-1"]
     assert [s.child_params(i).seed for i in range(2)] == [3, 4]
@@ -135,8 +148,15 @@ def test_stream_options_need_stream() -> None:
 
 # ---- bounds on the work of one request (issue "Reliability", item 6) ----------------------------------------
 
-CAPS = RequestCaps(max_prompts_per_request=3, max_choices_per_request=4, max_stop_strings=2, max_stop_string_length=5,
-                   max_stop_token_ids=2, max_logit_bias=2, max_allowed_token_ids=3)
+CAPS = RequestCaps(
+    max_prompts_per_request=3,
+    max_choices_per_request=4,
+    max_stop_strings=2,
+    max_stop_string_length=5,
+    max_stop_token_ids=2,
+    max_logit_bias=2,
+    max_allowed_token_ids=3,
+)
 CAPPED = ModelLimits(max_model_len=100, vocab_size=1000, caps=CAPS)
 
 
@@ -147,16 +167,22 @@ def test_defaults_match_server_config() -> None:
     assert caps.priority_scheduling and caps.max_stop_strings == 7
 
 
-@pytest.mark.parametrize(("field", "ok", "bad", "flag"), [
-    # prompt lists: strings and token-id lists count one each; a flat token-id list is one prompt
-    ("prompt", [["a"] * 3, [[1]] * 3, [[1], [2]], list(range(50)), "x"], [["a"] * 4, [[1]] * 4],
-     "--max-prompts-per-request"),
-    ("stop", [["a", "b"], "abcde", ["abcde", "x"]], [["a", "b", "c"], "abcdef", ["a", "abcdef"]],
-     "--max-stop-"),
-    ("stop_token_ids", [[1, 2], [1, 1]], [[1, 2, 3], [1] * 3], "--max-stop-token-ids"),
-    ("allowed_token_ids", [[1, 2, 3], [5] * 3], [[1, 2, 3, 4], [5] * 4], "--max-allowed-token-ids"),
-    ("logit_bias", [{"1": 1, "2": 1}], [{"1": 1, "2": 1, "3": 1}], "--max-logit-bias"),
-])
+@pytest.mark.parametrize(
+    ("field", "ok", "bad", "flag"),
+    [
+        # prompt lists: strings and token-id lists count one each; a flat token-id list is one prompt
+        (
+            "prompt",
+            [["a"] * 3, [[1]] * 3, [[1], [2]], list(range(50)), "x"],
+            [["a"] * 4, [[1]] * 4],
+            "--max-prompts-per-request",
+        ),
+        ("stop", [["a", "b"], "abcde", ["abcde", "x"]], [["a", "b", "c"], "abcdef", ["a", "abcdef"]], "--max-stop-"),
+        ("stop_token_ids", [[1, 2], [1, 1]], [[1, 2, 3], [1] * 3], "--max-stop-token-ids"),
+        ("allowed_token_ids", [[1, 2, 3], [5] * 3], [[1, 2, 3, 4], [5] * 4], "--max-allowed-token-ids"),
+        ("logit_bias", [{"1": 1, "2": 1}], [{"1": 1, "2": 1, "3": 1}], "--max-logit-bias"),
+    ],
+)
 def test_request_caps_at_under_and_over(field: str, ok: list[Any], bad: list[Any], flag: str) -> None:
     for value in ok:
         check_request(completion(**{field: value}), CAPPED)
@@ -185,7 +211,9 @@ def test_choices_are_n_times_prompts() -> None:
 def test_default_caps_at_and_over() -> None:
     caps = RequestCaps()
     check_request(completion(prompt=["a"] * caps.max_prompts_per_request), LIMITS)
-    assert refused(check_request, completion(prompt=["a"] * (caps.max_prompts_per_request + 1)), LIMITS).param == "prompt"
+    assert (
+        refused(check_request, completion(prompt=["a"] * (caps.max_prompts_per_request + 1)), LIMITS).param == "prompt"
+    )
     check_request(completion(prompt=["a"] * 32, n=128), LIMITS)  # 4096 choices
     assert refused(check_request, completion(prompt=["a"] * 33, n=128), LIMITS).param == "n"
     check_request(completion(stop=["s"] * 64), LIMITS)
@@ -195,8 +223,10 @@ def test_default_caps_at_and_over() -> None:
     check_request(completion(stop_token_ids=[1] * 1024, logit_bias={str(i): 1 for i in range(1000)}), LIMITS)
     assert refused(check_request, completion(stop_token_ids=[1] * 1025), LIMITS).param == "stop_token_ids"
     check_request(completion(allowed_token_ids=[1] * caps.max_allowed_token_ids), LIMITS)
-    assert refused(check_request, completion(allowed_token_ids=[1] * (caps.max_allowed_token_ids + 1)),
-                   LIMITS).param == "allowed_token_ids"
+    assert (
+        refused(check_request, completion(allowed_token_ids=[1] * (caps.max_allowed_token_ids + 1)), LIMITS).param
+        == "allowed_token_ids"
+    )
     big = ModelLimits(max_model_len=100, vocab_size=5000)
     check_request(completion(logit_bias={str(i): 1 for i in range(1024)}), big)
     assert refused(check_request, completion(logit_bias={str(i): 1 for i in range(1025)}), big).param == "logit_bias"
@@ -207,6 +237,7 @@ def test_num_prompts() -> None:
 
 
 # ---- priority needs --scheduling-policy priority (as vLLM) ------------------------------------------------
+
 
 def test_priority_is_refused_under_fcfs() -> None:
     check_request(completion(priority=0), LIMITS)
@@ -266,10 +297,21 @@ def test_int_fields_beyond_int64_are_a_400_naming_the_field(struct: str) -> None
     decoder = msgspec.json.Decoder(cls)
     base: dict[str, Any] = {"token_ids": [1]} if struct == "GenerateRequest" else {}
     paths = _int_paths(cls)
-    expected = {"max_tokens", "n", "seed", "top_k", "min_tokens", "stop_token_ids", "allowed_token_ids", "priority",
-                *{"CompletionRequest": ["logprobs", "truncate_prompt_tokens"],
-                  "ChatCompletionRequest": ["top_logprobs", "max_completion_tokens", "truncate_prompt_tokens"],
-                  "GenerateRequest": ["logprobs", "token_ids"]}[struct]}
+    expected = {
+        "max_tokens",
+        "n",
+        "seed",
+        "top_k",
+        "min_tokens",
+        "stop_token_ids",
+        "allowed_token_ids",
+        "priority",
+        *{
+            "CompletionRequest": ["logprobs", "truncate_prompt_tokens"],
+            "ChatCompletionRequest": ["top_logprobs", "max_completion_tokens", "truncate_prompt_tokens"],
+            "GenerateRequest": ["logprobs", "token_ids"],
+        }[struct],
+    }
     names = {p.rsplit(".", 1)[-1] for p, _, _ in paths}
     assert expected <= names, names
     for path, is_list, _ in paths:

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.messages import EngineStats, RequestOutput, StepOutputs
 from demo.tokenizers import load_tokenizer
+from engine.messages import EngineStats, RequestOutput, StepOutputs
 from server.pipeline.detokenizer import IncrementalDetokenizer
 from server.pipeline.output_processor import Collector, Output, OutputKind, OutputProcessor, RequestState
 
@@ -30,11 +30,17 @@ def tok():  # type: ignore[no-untyped-def]
 
 
 def reference(tok, prompt: list[int], gen: list[int]) -> str:  # type: ignore[no-untyped-def]
-    return tok.decode(prompt + gen)[len(tok.decode(prompt)):]
+    return tok.decode(prompt + gen)[len(tok.decode(prompt)) :]
 
 
-def make(tok, kind: OutputKind, *, stop: tuple[str, ...] = (), interval: int = 1,  # type: ignore[no-untyped-def]
-         prompt: list[int] | None = None) -> tuple[OutputProcessor, RequestState, Collector]:
+def make(
+    tok,
+    kind: OutputKind,
+    *,
+    stop: tuple[str, ...] = (),
+    interval: int = 1,  # type: ignore[no-untyped-def]
+    prompt: list[int] | None = None,
+) -> tuple[OutputProcessor, RequestState, Collector]:
     prompt = prompt if prompt is not None else tok.encode("Say:").ids
     proc = OutputProcessor(stream_interval=interval)
     collector = Collector(kind)
@@ -134,8 +140,9 @@ async def test_slow_reader_merge_keeps_every_token_and_owns_its_lists(tok) -> No
     lps = [TokenLogprobs(t, -1.0, 1, [], []) for t in gen]
     first_ids = None
     for i, tid in enumerate(gen):
-        await proc.process_outputs(step(RequestOutput("r", [tid], "length" if i == len(gen) - 1 else None,
-                                                      logprobs=[lps[i]])))
+        await proc.process_outputs(
+            step(RequestOutput("r", [tid], "length" if i == len(gen) - 1 else None, logprobs=[lps[i]]))
+        )
         if first_ids is None and collector._batch is not None:
             first_ids = collector._batch[0].token_ids
     (batch,) = drain(collector)
@@ -154,8 +161,9 @@ async def test_final_only_logprobs_accumulate_in_one_list(tok) -> None:  # type:
     lists = []
     for i, tid in enumerate(gen):
         last = i == len(gen) - 1
-        await proc.process_outputs(step(RequestOutput("r", [tid], "length" if last else None,
-                                                      logprobs=[TokenLogprobs(tid, -0.5, 1, [], [])])))
+        await proc.process_outputs(
+            step(RequestOutput("r", [tid], "length" if last else None, logprobs=[TokenLogprobs(tid, -0.5, 1, [], [])]))
+        )
         if not last:
             lists.append(state.logprobs)
     assert all(lst is lists[0] for lst in lists)  # extended in place, never rebuilt per token
@@ -200,7 +208,7 @@ async def test_stop_string_ends_and_asks_for_abort(tok) -> None:  # type: ignore
             finish = (batch[-1].finish_reason, batch[-1].stop_reason)
         if state.finished:
             break
-    assert "".join(texts) == TEXT[:TEXT.index("lazy")]
+    assert "".join(texts) == TEXT[: TEXT.index("lazy")]
     assert finish == ("stop", "lazy")
     assert aborts == ["r"]  # the engine did not finish it: it must be aborted, once
     assert await proc.process_outputs(step(RequestOutput("r", [gen[-1]]))) == []  # later news is ignored
@@ -238,6 +246,7 @@ async def test_own_waiters_are_woken_in_the_handlers_task_before_other_tasks_run
     events: list[str] = []
     proc = OutputProcessor(chunk_size=3)
     prompt = tok.encode("x").ids
+
     class Logged(Taking):
         def wake(self) -> None:
             events.append(f"take {self.collector.poll()[0].text}")  # type: ignore[index]
@@ -258,19 +267,26 @@ async def test_own_waiters_are_woken_in_the_handlers_task_before_other_tasks_run
     assert events.index("other") in (3, 6)  # between chunks, never inside one
 
 
-SAMPLES = ["Grüße, 世界! The quick brown fox jumps over the lazy dog. 🦊🐶 done",
-           "a\n\nb  c\t🦊🦊 ü ü <|im_end|> tail", "数字 1234567 and émoji 👩‍👩‍👧 end."]
+SAMPLES = [
+    "Grüße, 世界! The quick brown fox jumps over the lazy dog. 🦊🐶 done",
+    "a\n\nb  c\t🦊🦊 ü ü <|im_end|> tail",
+    "数字 1234567 and émoji 👩‍👩‍👧 end.",
+]
 
 
 @settings(max_examples=60, deadline=None)
-@given(text=st.sampled_from(SAMPLES), seed=st.integers(0, 10**6), interval=st.integers(1, 4),
-       use_stop=st.booleans())
-def test_delta_with_any_pacing_equals_final_only(tok, text: str, seed: int, interval: int,  # type: ignore[no-untyped-def]
-                                                 use_stop: bool) -> None:
+@given(text=st.sampled_from(SAMPLES), seed=st.integers(0, 10**6), interval=st.integers(1, 4), use_stop=st.booleans())
+def test_delta_with_any_pacing_equals_final_only(
+    tok,
+    text: str,
+    seed: int,
+    interval: int,  # type: ignore[no-untyped-def]
+    use_stop: bool,
+) -> None:
     """Whatever the step sizes, the reader's pace and --stream-interval: DELTA pieces add up to FINAL_ONLY's text."""
     rng = random.Random(seed)
     gen = tok.encode(text).ids
-    stop = (text[rng.randrange(5, len(text) - 3):][:rng.randrange(1, 4)],) if use_stop else ()
+    stop = (text[rng.randrange(5, len(text) - 3) :][: rng.randrange(1, 4)],) if use_stop else ()
     results = []
     for kind in (OutputKind.DELTA, OutputKind.FINAL_ONLY):
         step_rng = random.Random(seed)  # the same step sizes for both kinds
@@ -279,7 +295,7 @@ def test_delta_with_any_pacing_equals_final_only(tok, text: str, seed: int, inte
         pos = 0
         while not state.finished and pos < len(gen):
             n = step_rng.randint(1, 3)
-            new, pos = gen[pos:pos + n], pos + n
+            new, pos = gen[pos : pos + n], pos + n
             anyio.run(proc.process_outputs, step(RequestOutput("r", new, "length" if pos >= len(gen) else None)))
             if step_rng.random() < 0.5 or state.finished:  # a reader that sometimes falls behind
                 for batch in drain(collector):
@@ -292,7 +308,7 @@ def test_delta_with_any_pacing_equals_final_only(tok, text: str, seed: int, inte
     if not stop or stop[0] not in full:
         assert results[0][0] == full and results[0][2] == "length"
     else:
-        assert results[0][0] == full[:full.index(stop[0])] and results[0][2] == "stop"
+        assert results[0][0] == full[: full.index(stop[0])] and results[0][2] == "stop"
 
 
 async def test_a_fault_in_one_request_fails_that_request_only(tok) -> None:  # type: ignore[no-untyped-def]

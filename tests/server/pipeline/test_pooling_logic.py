@@ -70,8 +70,15 @@ def test_cosine_and_order() -> None:
     assert rerank_order([0.1, 0.9, 0.5, 0.9], 2) == [1, 3] and rerank_order([0.2], 0) == [0]
 
 
-@pytest.mark.parametrize("name, ref", [("softmax", lambda t: torch.softmax(t, -1)), ("sigmoid", torch.sigmoid),
-                                       ("tanh", torch.tanh), ("identity", lambda t: t)])
+@pytest.mark.parametrize(
+    "name, ref",
+    [
+        ("softmax", lambda t: torch.softmax(t, -1)),
+        ("sigmoid", torch.sigmoid),
+        ("tanh", torch.tanh),
+        ("identity", lambda t: t),
+    ],
+)
 def test_activations(name: str, ref: object) -> None:
     x = np.random.default_rng(1).standard_normal((4, 3)).astype(np.float32) * 5
     np.testing.assert_allclose(activate(x, name), ref(torch.tensor(x)).numpy(), atol=1e-6)  # type: ignore[operator]

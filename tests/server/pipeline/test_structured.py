@@ -27,8 +27,9 @@ SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required
 
 
 def chat(**fields: Any) -> ChatCompletionRequest:
-    return msgspec.json.decode(msgspec.json.encode({"messages": [{"role": "user", "content": "x"}], **fields}),
-                               type=ChatCompletionRequest)
+    return msgspec.json.decode(
+        msgspec.json.encode({"messages": [{"role": "user", "content": "x"}], **fields}), type=ChatCompletionRequest
+    )
 
 
 def completion(**fields: Any) -> CompletionRequest:
@@ -59,22 +60,43 @@ async def refused_async(req: Any, caps: RequestCaps = CAPS, **kw: Any) -> APIErr
 # ------------------------------------------------------------------------------- which field, which kind
 
 
-@pytest.mark.parametrize(("fields", "kind", "spec", "param"), [
-    ({"response_format": {"type": "json_object"}}, "json_object", "", "response_format"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA, "strict": True}}},
-     "json", json.dumps(SCHEMA, separators=(",", ":")), "response_format.json_schema.schema"),
-    ({"structured_outputs": {"json": SCHEMA}}, "json", json.dumps(SCHEMA, separators=(",", ":")),
-     "structured_outputs.json"),
-    ({"structured_outputs": {"json": '{"type": "string"}'}}, "json", '{"type": "string"}', "structured_outputs.json"),
-    ({"structured_outputs": {"regex": "[ab]+"}}, "regex", "[ab]+", "structured_outputs.regex"),
-    ({"structured_outputs": {"choice": ["yes", "no"]}}, "choice", '["yes","no"]', "structured_outputs.choice"),
-    ({"structured_outputs": {"grammar": 'start: "a"'}}, "grammar", 'start: "a"', "structured_outputs.grammar"),
-    ({"structured_outputs": {"json_object": True}}, "json_object", "", "structured_outputs.json_object"),
-    ({"guided_json": SCHEMA}, "json", json.dumps(SCHEMA, separators=(",", ":")), "guided_json"),
-    ({"guided_regex": "a+"}, "regex", "a+", "guided_regex"),
-    ({"guided_choice": ["a"]}, "choice", '["a"]', "guided_choice"),
-    ({"guided_grammar": 'root ::= "a"'}, "grammar", 'root ::= "a"', "guided_grammar"),
-])
+@pytest.mark.parametrize(
+    ("fields", "kind", "spec", "param"),
+    [
+        ({"response_format": {"type": "json_object"}}, "json_object", "", "response_format"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": SCHEMA, "strict": True},
+                }
+            },
+            "json",
+            json.dumps(SCHEMA, separators=(",", ":")),
+            "response_format.json_schema.schema",
+        ),
+        (
+            {"structured_outputs": {"json": SCHEMA}},
+            "json",
+            json.dumps(SCHEMA, separators=(",", ":")),
+            "structured_outputs.json",
+        ),
+        (
+            {"structured_outputs": {"json": '{"type": "string"}'}},
+            "json",
+            '{"type": "string"}',
+            "structured_outputs.json",
+        ),
+        ({"structured_outputs": {"regex": "[ab]+"}}, "regex", "[ab]+", "structured_outputs.regex"),
+        ({"structured_outputs": {"choice": ["yes", "no"]}}, "choice", '["yes","no"]', "structured_outputs.choice"),
+        ({"structured_outputs": {"grammar": 'start: "a"'}}, "grammar", 'start: "a"', "structured_outputs.grammar"),
+        ({"structured_outputs": {"json_object": True}}, "json_object", "", "structured_outputs.json_object"),
+        ({"guided_json": SCHEMA}, "json", json.dumps(SCHEMA, separators=(",", ":")), "guided_json"),
+        ({"guided_regex": "a+"}, "regex", "a+", "guided_regex"),
+        ({"guided_choice": ["a"]}, "choice", '["a"]', "guided_choice"),
+        ({"guided_grammar": 'root ::= "a"'}, "grammar", 'root ::= "a"', "guided_grammar"),
+    ],
+)
 def test_each_field_becomes_its_constraint(fields: dict[str, Any], kind: str, spec: str, param: str) -> None:
     for req in (chat(**fields), completion(**fields)):  # vLLM takes all of them on both routes
         found = requested_constraint(req)
@@ -83,11 +105,16 @@ def test_each_field_becomes_its_constraint(fields: dict[str, Any], kind: str, sp
         assert found.constraint.reasoning_end is None  # the reasoning parser's to set
 
 
-@pytest.mark.parametrize("fields", [
-    {}, {"response_format": {"type": "text"}}, {"structured_outputs": {"json_object": False}},
-    {"structured_outputs": {"disable_any_whitespace": True, "disable_fallback": True}},
-    {"guided_decoding_backend": "xgrammar"},
-])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"response_format": {"type": "text"}},
+        {"structured_outputs": {"json_object": False}},
+        {"structured_outputs": {"disable_any_whitespace": True, "disable_fallback": True}},
+        {"guided_decoding_backend": "xgrammar"},
+    ],
+)
 def test_no_constraint(fields: dict[str, Any]) -> None:
     assert requested_constraint(chat(**fields)) is None
 
@@ -102,50 +129,91 @@ def _must_not_run(so: StructuredOutputs) -> str | None:
     raise AssertionError("compiled")
 
 
-@pytest.mark.parametrize(("fields", "first", "second"), [
-    ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},
-     "response_format", "structured_outputs.regex"),
-    ({"structured_outputs": {"json": SCHEMA, "choice": ["a"]}}, "structured_outputs.json", "structured_outputs.choice"),
-    ({"structured_outputs": {"regex": "a"}, "guided_regex": "b"}, "structured_outputs.regex", "guided_regex"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}},
-      "guided_json": SCHEMA}, "response_format.json_schema.schema", "guided_json"),
-    ({"structured_outputs": {"grammar": "start: a", "json_object": True}},
-     "structured_outputs.grammar", "structured_outputs.json_object"),
-])
+@pytest.mark.parametrize(
+    ("fields", "first", "second"),
+    [
+        (
+            {"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},
+            "response_format",
+            "structured_outputs.regex",
+        ),
+        (
+            {"structured_outputs": {"json": SCHEMA, "choice": ["a"]}},
+            "structured_outputs.json",
+            "structured_outputs.choice",
+        ),
+        ({"structured_outputs": {"regex": "a"}, "guided_regex": "b"}, "structured_outputs.regex", "guided_regex"),
+        (
+            {
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}},
+                "guided_json": SCHEMA,
+            },
+            "response_format.json_schema.schema",
+            "guided_json",
+        ),
+        (
+            {"structured_outputs": {"grammar": "start: a", "json_object": True}},
+            "structured_outputs.grammar",
+            "structured_outputs.json_object",
+        ),
+    ],
+)
 def test_two_constraints_are_a_400_naming_both(fields: dict[str, Any], first: str, second: str) -> None:
     err = refused(requested_constraint, chat(**fields))
     assert first in err.message and second in err.message and err.param == second
 
 
-@pytest.mark.parametrize(("fields", "param"), [
-    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format.json_schema.schema"),
-    ({"structured_outputs": {"choice": []}}, "structured_outputs.choice"),
-    ({"guided_choice": []}, "guided_choice"),
-    ({"structured_outputs": {"regex": "a", "whitespace_pattern": " *"}}, "structured_outputs.whitespace_pattern"),
-    ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag"),
-    ({"guided_regex": "a+", "guided_whitespace_pattern": " "}, "guided_whitespace_pattern"),
-    ({"structured_outputs": {"whitespace_pattern": " "}}, "structured_outputs.whitespace_pattern"),  # nothing to apply to
-    ({"guided_json": SCHEMA, "guided_whitespace_pattern": " ", "structured_outputs": {"whitespace_pattern": "\n"}},
-     "structured_outputs.whitespace_pattern"),  # two that differ
-])
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+            "response_format.json_schema.schema",
+        ),
+        ({"structured_outputs": {"choice": []}}, "structured_outputs.choice"),
+        ({"guided_choice": []}, "guided_choice"),
+        ({"structured_outputs": {"regex": "a", "whitespace_pattern": " *"}}, "structured_outputs.whitespace_pattern"),
+        ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag"),
+        ({"guided_regex": "a+", "guided_whitespace_pattern": " "}, "guided_whitespace_pattern"),
+        (
+            {"structured_outputs": {"whitespace_pattern": " "}},
+            "structured_outputs.whitespace_pattern",
+        ),  # nothing to apply to
+        (
+            {
+                "guided_json": SCHEMA,
+                "guided_whitespace_pattern": " ",
+                "structured_outputs": {"whitespace_pattern": "\n"},
+            },
+            "structured_outputs.whitespace_pattern",
+        ),  # two that differ
+    ],
+)
 def test_missing_or_unsupported_parts_are_a_400(fields: dict[str, Any], param: str) -> None:
     err = refused(requested_constraint, chat(**fields))
     assert err.param == param and param.rsplit(".", 1)[-1] in err.message
 
 
 def test_whitespace_pattern_goes_with_a_json_constraint() -> None:
-    for fields in ({"guided_json": SCHEMA, "guided_whitespace_pattern": "[ ]?"},
-                   {"structured_outputs": {"json_object": True, "whitespace_pattern": "[ ]?"}},
-                   {"response_format": {"type": "json_object"}, "structured_outputs": {"whitespace_pattern": "[ ]?"}}):
+    for fields in (
+        {"guided_json": SCHEMA, "guided_whitespace_pattern": "[ ]?"},
+        {"structured_outputs": {"json_object": True, "whitespace_pattern": "[ ]?"}},
+        {"response_format": {"type": "json_object"}, "structured_outputs": {"whitespace_pattern": "[ ]?"}},
+    ):
         found = requested_constraint(chat(**fields))
         assert found is not None and found.constraint.whitespace_pattern == "[ ]?", fields
         assert found.pattern_param is not None and found.pattern_param.endswith("whitespace_pattern")
 
 
 def test_disable_additional_properties_closes_every_object_schema() -> None:
-    nested = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "string"}}},
-                                               "c": {"type": "object", "additionalProperties": True}}}
+    nested = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "object", "properties": {"b": {"type": "string"}}},
+            "c": {"type": "object", "additionalProperties": True},
+        },
+    }
     for value in (nested, json.dumps(nested)):
         found = requested_constraint(chat(structured_outputs={"json": value, "disable_additional_properties": True}))
         assert found is not None
@@ -158,8 +226,9 @@ def test_disable_additional_properties_closes_every_object_schema() -> None:
 
 
 def test_generate_prefix_names_the_nested_field() -> None:
-    err = refused(requested_constraint, completion(structured_outputs={"regex": "a", "choice": ["b"]}),
-                  prefix="sampling_params.")
+    err = refused(
+        requested_constraint, completion(structured_outputs={"regex": "a", "choice": ["b"]}), prefix="sampling_params."
+    )
     assert err.param == "sampling_params.structured_outputs.choice"
     assert "sampling_params.structured_outputs.regex" in err.message
 
@@ -168,25 +237,46 @@ def test_generate_prefix_names_the_nested_field() -> None:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize(("fields", "param", "needle"), [
-    ({"structured_outputs": {"json": "{not json"}}, "structured_outputs.json", "not valid JSON"),
-    ({"structured_outputs": {"json": [1, 2]}}, None, None),  # wrong type: msgspec's 400 (see the protocol tests)
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}},
-     "response_format.json_schema.schema", "strin"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": True,
-                                                                 "schema": {"type": "string", "format": "bogus"}}}},
-     "response_format.json_schema.schema", "Unknown format: bogus"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": True,
-                                                                 "schema": {"$ref": "#/definitions/missing"}}}},
-     "response_format.json_schema.schema", "missing"),
-    ({"guided_json": {"type": "integer", "minimum": 5, "maximum": 1}}, "guided_json", "minimum"),
-    ({"structured_outputs": {"regex": "a(b"}}, "structured_outputs.regex", "unclosed group"),
-    ({"structured_outputs": {"grammar": "start: undefined_rule"}}, "structured_outputs.grammar", "undefined_rule"),
-    ({"structured_outputs": {"grammar": "root ::= ("}}, "structured_outputs.grammar", "invalid grammar"),
-    ({"guided_json": SCHEMA, "guided_whitespace_pattern": "[ "}, "guided_whitespace_pattern", "unclosed"),
-])
-async def test_what_the_backend_cannot_enforce_is_a_400(fields: dict[str, Any], param: str | None,
-                                                        needle: str | None) -> None:
+@pytest.mark.parametrize(
+    ("fields", "param", "needle"),
+    [
+        ({"structured_outputs": {"json": "{not json"}}, "structured_outputs.json", "not valid JSON"),
+        ({"structured_outputs": {"json": [1, 2]}}, None, None),  # wrong type: msgspec's 400 (see the protocol tests)
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}},
+            "response_format.json_schema.schema",
+            "strin",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "strict": True, "schema": {"type": "string", "format": "bogus"}},
+                }
+            },
+            "response_format.json_schema.schema",
+            "Unknown format: bogus",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "strict": True, "schema": {"$ref": "#/definitions/missing"}},
+                }
+            },
+            "response_format.json_schema.schema",
+            "missing",
+        ),
+        ({"guided_json": {"type": "integer", "minimum": 5, "maximum": 1}}, "guided_json", "minimum"),
+        ({"structured_outputs": {"regex": "a(b"}}, "structured_outputs.regex", "unclosed group"),
+        ({"structured_outputs": {"grammar": "start: undefined_rule"}}, "structured_outputs.grammar", "undefined_rule"),
+        ({"structured_outputs": {"grammar": "root ::= ("}}, "structured_outputs.grammar", "invalid grammar"),
+        ({"guided_json": SCHEMA, "guided_whitespace_pattern": "[ "}, "guided_whitespace_pattern", "unclosed"),
+    ],
+)
+async def test_what_the_backend_cannot_enforce_is_a_400(
+    fields: dict[str, Any], param: str | None, needle: str | None
+) -> None:
     if param is None:
         with pytest.raises(msgspec.ValidationError):
             chat(**fields)
@@ -196,15 +286,18 @@ async def test_what_the_backend_cannot_enforce_is_a_400(fields: dict[str, Any], 
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("fields", [
-    {"response_format": {"type": "json_object"}},
-    {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}},
-    {"structured_outputs": {"json": {"type": "string", "format": "email"}}},
-    {"structured_outputs": {"regex": "[0-9]{3}-[a-z]+"}},
-    {"structured_outputs": {"choice": ["red", "green", "blue"]}},
-    {"structured_outputs": {"grammar": 'start: "yes" | "no"'}},
-    {"structured_outputs": {"grammar": 'root ::= "yes" | "no"'}},  # GBNF
-])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"response_format": {"type": "json_object"}},
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}},
+        {"structured_outputs": {"json": {"type": "string", "format": "email"}}},
+        {"structured_outputs": {"regex": "[0-9]{3}-[a-z]+"}},
+        {"structured_outputs": {"choice": ["red", "green", "blue"]}},
+        {"structured_outputs": {"grammar": 'start: "yes" | "no"'}},
+        {"structured_outputs": {"grammar": 'root ::= "yes" | "no"'}},  # GBNF
+    ],
+)
 async def test_valid_constraints_pass_the_real_backend(fields: dict[str, Any]) -> None:
     found = await structured_outputs(chat(**fields), CAPS)
     assert found is not None and found.relaxed is None and grammar.validate(found.so) is None
@@ -214,6 +307,7 @@ async def test_valid_constraints_pass_the_real_backend(fields: dict[str, Any]) -
 async def test_a_backend_exception_is_a_400_not_a_500(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(so: StructuredOutputs) -> str | None:
         raise RuntimeError("backend exploded")
+
     monkeypatch.setattr(structured, "backend_validate", boom)
     err = await refused_async(chat(guided_regex="a"))
     assert err.param == "guided_regex" and "backend exploded" in err.message
@@ -224,13 +318,15 @@ async def test_a_backend_exception_is_a_400_not_a_500(monkeypatch: pytest.Monkey
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("over", [-1, 0, 1])
-async def test_spec_size_at_just_under_and_just_over_the_default_cap(over: int,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_spec_size_at_just_under_and_just_over_the_default_cap(
+    over: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     seen: list[int] = []
 
     def stand_in(so: StructuredOutputs) -> str | None:
         seen.append(len(so.spec))
         return None
+
     monkeypatch.setattr(structured, "backend_validate", stand_in)
     cap = CAPS.max_structured_output_size
     assert cap == 256 * 1024
@@ -251,8 +347,9 @@ async def test_size_counts_utf8_bytes_of_the_spec_the_engine_gets() -> None:
     err = await refused_async(chat(guided_choice=["éééé"]), caps)  # 12 bytes, 8 characters
     assert "12 bytes" in err.message and err.param == "guided_choice"
     schema = {"enum": ["abcdefghijklmnop"]}  # an object schema counts as its compact JSON text
-    err = await refused_async(chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}),
-                              caps)
+    err = await refused_async(
+        chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}), caps
+    )
     assert f"{len(json.dumps(schema, separators=(',', ':')))} bytes" in err.message
     # a whitespace_pattern counts with its constraint: "{}" (2 bytes, the schema) + 8 at the cap, + 9 over it
     assert await structured_outputs(chat(guided_json={}, guided_whitespace_pattern="[ ]{0,3}"), caps) is not None
@@ -272,6 +369,7 @@ async def test_a_blocked_compile_does_not_stall_another_request(monkeypatch: pyt
             entered.set()
             assert release.wait(30)
         return None
+
     monkeypatch.setattr(structured, "backend_validate", stand_in)
     slow_done = anyio.Event()
 
@@ -297,6 +395,7 @@ async def test_compiles_are_bounded_and_a_cached_result_needs_no_thread(monkeypa
         calls.append(so.spec)
         assert release.wait(30)
         return "no good" if so.spec == "bad" else None
+
     monkeypatch.setattr(structured, "backend_validate", stand_in)
     specs = [f"s{i}" for i in range(structured.MAX_CONCURRENT_COMPILES + 1)]
     async with anyio.create_task_group() as tg:
@@ -334,8 +433,9 @@ async def test_check_constraint_for_constraints_built_elsewhere() -> None:
         await check_constraint(StructuredOutputs("json", '{"type": "nope"}'), "tools", CAPS)
     assert e.value.param == "tools" and "nope" in e.value.message
     with pytest.raises(APIError) as e:
-        await check_constraint(StructuredOutputs("json", json.dumps(SCHEMA)), "tools",
-                               RequestCaps(max_structured_output_size=10))
+        await check_constraint(
+            StructuredOutputs("json", json.dumps(SCHEMA)), "tools", RequestCaps(max_structured_output_size=10)
+        )
     assert "--max-structured-output-size" in e.value.message
 
 

@@ -6,23 +6,26 @@ import msgspec
 import pytest
 
 from engine.messages import StructuredOutputs
-from server.pipeline.parsing import request_constraint
 from server.config import ServerConfig
+from server.pipeline.parsing import request_constraint
 from server.reasoning.parser import DeepSeekR1Parser, Qwen3Parser, prompt_in_reasoning
 
 
-@pytest.mark.parametrize("cls, text, in_prompt, want", [
-    (Qwen3Parser, "<think>hmm</think>\n\nHi", None, ("hmm", "Hi")),
-    (Qwen3Parser, "Hi there", None, (None, "Hi there")),  # thinking off: all answer
-    (Qwen3Parser, "  <think>a</think>b", None, ("a", "b")),
-    (Qwen3Parser, "plan</think>Hi", True, ("plan", "Hi")),  # the template opened <think>
-    (Qwen3Parser, "<think>cut", None, ("cut", None)),
-    (Qwen3Parser, "<thi", None, (None, "<thi")),
-    (DeepSeekR1Parser, "plan</think>Hi", None, ("plan", "Hi")),
-    (DeepSeekR1Parser, "all thinking", None, ("all thinking", None)),
-    (DeepSeekR1Parser, "<think>x</think>y", None, ("x", "y")),
-    (DeepSeekR1Parser, "answer", False, (None, "answer")),  # the prompt closed reasoning
-])
+@pytest.mark.parametrize(
+    "cls, text, in_prompt, want",
+    [
+        (Qwen3Parser, "<think>hmm</think>\n\nHi", None, ("hmm", "Hi")),
+        (Qwen3Parser, "Hi there", None, (None, "Hi there")),  # thinking off: all answer
+        (Qwen3Parser, "  <think>a</think>b", None, ("a", "b")),
+        (Qwen3Parser, "plan</think>Hi", True, ("plan", "Hi")),  # the template opened <think>
+        (Qwen3Parser, "<think>cut", None, ("cut", None)),
+        (Qwen3Parser, "<thi", None, (None, "<thi")),
+        (DeepSeekR1Parser, "plan</think>Hi", None, ("plan", "Hi")),
+        (DeepSeekR1Parser, "all thinking", None, ("all thinking", None)),
+        (DeepSeekR1Parser, "<think>x</think>y", None, ("x", "y")),
+        (DeepSeekR1Parser, "answer", False, (None, "answer")),  # the prompt closed reasoning
+    ],
+)
 def test_extract(cls: type, text: str, in_prompt: bool | None, want: tuple[str | None, str | None]) -> None:
     assert cls.extract(text, in_prompt) == want
 

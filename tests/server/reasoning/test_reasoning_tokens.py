@@ -54,15 +54,15 @@ def test_open_reasoning_is_every_token_and_none_is_zero(tok: tokenizers.Tokenize
     closed = "<think>a b</think>c"
     ids = tok.encode(closed, add_special_tokens=False).ids
     n = reasoning_tokens(fed(Qwen3Parser(None), closed, 1), ids, tok.decode)
-    assert "</think>" in tok.decode(ids[:n]) and "</think>" not in tok.decode(ids[:n - 1])  # ">c" is one token
+    assert "</think>" in tok.decode(ids[:n]) and "</think>" not in tok.decode(ids[: n - 1])  # ">c" is one token
 
 
 def _outputs(tok: tokenizers.Tokenizer, ids: list[int]) -> list[Output]:
     """One output per token, its text the decoded difference (as the incremental detokenizer writes it)."""
     outs, prev = [], ""
     for k in range(len(ids)):
-        text = tok.decode(ids[:k + 1])
-        outs.append(Output(0, text[len(prev):], [ids[k]], k + 1, "stop" if k == len(ids) - 1 else None))
+        text = tok.decode(ids[: k + 1])
+        outs.append(Output(0, text[len(prev) :], [ids[k]], k + 1, "stop" if k == len(ids) - 1 else None))
         prev = text
     return outs
 
@@ -72,16 +72,18 @@ def test_chat_and_responses_usage_count_them_streamed_and_not(tok: tokenizers.To
     ids = tok.encode(text, add_special_tokens=False).ids
     want = reasoning_tokens(fed(DeepSeekR1Parser(None), text, 0), ids, tok.decode)
     usage = Usage(5, len(ids), 5 + len(ids))
-    chat = ParsedChatFormatter("c", 0, "m", 1, None, False, tools=None, reasoning="deepseek_r1", prompt="",
-                               decode=tok.decode)
+    chat = ParsedChatFormatter(
+        "c", 0, "m", 1, None, False, tools=None, reasoning="deepseek_r1", prompt="", decode=tok.decode
+    )
     body = json.loads(chat.final([Output(0, text, ids, len(ids), "stop")], usage))
     assert body["usage"]["completion_tokens_details"] == {"reasoning_tokens": want}
     assert body["choices"][0]["message"]["content"] == "The answer is 42."
-    streamed = ParsedChatFormatter("c", 0, "m", 1, None, False, tools=None, reasoning="deepseek_r1", prompt="",
-                                   decode=tok.decode)
+    streamed = ParsedChatFormatter(
+        "c", 0, "m", 1, None, False, tools=None, reasoning="deepseek_r1", prompt="", decode=tok.decode
+    )
     for out in _outputs(tok, ids):
         streamed.stream_chunk([out], None)
-    last = json.loads(streamed.usage_chunk(usage)[len(b"data: "):])
+    last = json.loads(streamed.usage_chunk(usage)[len(b"data: ") :])
     assert last["usage"]["completion_tokens_details"] == {"reasoning_tokens": want}
 
     def parser() -> ChoiceParser:
@@ -89,7 +91,8 @@ def test_chat_and_responses_usage_count_them_streamed_and_not(tok: tokenizers.To
 
     whole = ResponsesFormatter({"id": "resp_1"}, 5, parser, decode=tok.decode)
     assert json.loads(whole.final([Output(0, text, ids, len(ids), "stop")], usage))["usage"][
-        "output_tokens_details"] == {"reasoning_tokens": want}
+        "output_tokens_details"
+    ] == {"reasoning_tokens": want}
     fmt = ResponsesFormatter({"id": "resp_1"}, 5, parser, decode=tok.decode)
     fmt.stream_start()
     for out in _outputs(tok, ids):

@@ -33,8 +33,12 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="module")
 async def qwen(anyio_backend: str) -> AsyncIterator[Renderer]:
     async with Renderer.open(
-        tokenizer_dir("qwen2"), num_workers=2, render_timeout=TIMEOUT, trust_request_chat_template=True,
-        default_chat_template_kwargs={"greeting": "default"}, memory_limit=256 << 20,
+        tokenizer_dir("qwen2"),
+        num_workers=2,
+        render_timeout=TIMEOUT,
+        trust_request_chat_template=True,
+        default_chat_template_kwargs={"greeting": "default"},
+        memory_limit=256 << 20,
     ) as r:
         yield r
 
@@ -91,24 +95,39 @@ async def test_request_templates_kwargs_tools_documents_match_transformers(qwen:
     )
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     documents = [{"title": "t", "text": "über"}]
-    got = await qwen.render_chat(chat, chat_template=template, tools=tools, documents=documents,
-                                 chat_template_kwargs={"greeting": "hi"})
-    want = hf("qwen2").apply_chat_template(chat, chat_template=template, tools=tools, documents=documents,
-                                           tokenize=False, add_generation_prompt=True, greeting="hi")
+    got = await qwen.render_chat(
+        chat, chat_template=template, tools=tools, documents=documents, chat_template_kwargs={"greeting": "hi"}
+    )
+    want = hf("qwen2").apply_chat_template(
+        chat,
+        chat_template=template,
+        tools=tools,
+        documents=documents,
+        tokenize=False,
+        add_generation_prompt=True,
+        greeting="hi",
+    )
     assert got == want and got.startswith("hi||<|im_end|>|")
     assert (await qwen.render_chat(chat, chat_template="{{ greeting }}")) == "default"
     # Keys set to None are dropped and reasoning is aliased, as transformers does.
-    chat = [{"role": "user", "content": "q", "name": None},
-            {"role": "assistant", "content": "a", "reasoning": "think", "tool_calls": None}]
-    template = ("{% for m in messages %}{{ m.role }}|{{ m.reasoning_content }}|{{ m.thinking }}|"
-                "{{ m.tool_calls is defined }}|{{ m.name is defined }};{% endfor %}")
+    chat = [
+        {"role": "user", "content": "q", "name": None},
+        {"role": "assistant", "content": "a", "reasoning": "think", "tool_calls": None},
+    ]
+    template = (
+        "{% for m in messages %}{{ m.role }}|{{ m.reasoning_content }}|{{ m.thinking }}|"
+        "{{ m.tool_calls is defined }}|{{ m.name is defined }};{% endfor %}"
+    )
     want = hf("qwen2").apply_chat_template(chat, chat_template=template, tokenize=False)
     assert await qwen.render_chat(chat, chat_template=template, add_generation_prompt=False) == want
     assert "think|think|False" in want
     # Mistral's template, with bos/eos from the llama folder's tokenizer.
     want = hf("llama").apply_chat_template(CHATS[2], chat_template=MISTRAL_CHAT_TEMPLATE, tokenize=False)
-    mistral = await qwen.render_chat(CHATS[2], chat_template=MISTRAL_CHAT_TEMPLATE.replace("bos_token", "'<s>'")
-                                     .replace("eos_token", "'</s>'"), add_generation_prompt=False)
+    mistral = await qwen.render_chat(
+        CHATS[2],
+        chat_template=MISTRAL_CHAT_TEMPLATE.replace("bos_token", "'<s>'").replace("eos_token", "'</s>'"),
+        add_generation_prompt=False,
+    )
     assert mistral == want
 
 
@@ -174,8 +193,9 @@ async def test_giant_values_fail_fast(qwen: Renderer) -> None:
         with anyio.fail_after(TIMEOUT):  # refused before the render time limit
             with pytest.raises(RenderError, match="limit|exponent"):
                 await qwen.render_chat(CHATS[0], chat_template=template)
-    assert await qwen.render_chat(CHATS[0]) == hf("qwen2").apply_chat_template(CHATS[0], tokenize=False,
-                                                                               add_generation_prompt=True)
+    assert await qwen.render_chat(CHATS[0]) == hf("qwen2").apply_chat_template(
+        CHATS[0], tokenize=False, add_generation_prompt=True
+    )
 
 
 async def _all_workers_up(renderer: Renderer, n: int) -> None:
@@ -235,7 +255,8 @@ async def test_runaway_template_is_killed_while_others_render(qwen: Renderer) ->
     assert not os.path.exists(f"/proc/{killed.pop()}")  # killed and reaped: it burns no CPU
     # A fresh worker takes the slot.
     assert await qwen.render_chat(CHATS[0], add_generation_prompt=False) == hf("qwen2").apply_chat_template(
-        CHATS[0], tokenize=False)
+        CHATS[0], tokenize=False
+    )
     await _all_workers_up(qwen, 2)
 
 
@@ -266,9 +287,15 @@ async def test_cancelled_requests_leave_workers_in_sync(qwen: Renderer) -> None:
 async def test_encode_decode_match_tokenizer(family: str, qwen: Renderer, llama: Renderer) -> None:
     renderer = qwen if family == "qwen2" else llama
     ref = fast(family)
-    texts = ["Hello world", " leading space", "数据科学 ü é\u0301", "<|im_start|>user\nhi<|im_end|>",
-             "<s>[INST] x [/INST]",
-             "", "long " * 30000]
+    texts = [
+        "Hello world",
+        " leading space",
+        "数据科学 ü é\u0301",
+        "<|im_start|>user\nhi<|im_end|>",
+        "<s>[INST] x [/INST]",
+        "",
+        "long " * 30000,
+    ]
     for text in texts:
         for special in (True, False):
             ids = ref.encode(text, add_special_tokens=special).ids
@@ -312,8 +339,13 @@ async def test_waiting_queue_is_bounded(tmp_path: Path, anyio_backend: str) -> N
     from server.render.renderer import RendererOverloaded
 
     bare = _tiny_tokenizer_dir(tmp_path / "tiny")
-    async with Renderer.open(bare, chat_template="{{ messages[0].content }}", render_timeout=1.0,
-                             trust_request_chat_template=True, max_waiting=1) as r:
+    async with Renderer.open(
+        bare,
+        chat_template="{{ messages[0].content }}",
+        render_timeout=1.0,
+        trust_request_chat_template=True,
+        max_waiting=1,
+    ) as r:
         outcomes: list[str] = []
 
         async def render(template: str | None) -> None:
@@ -362,8 +394,9 @@ def test_workers_exit_when_the_server_is_killed(tmp_path: Path, anyio_backend: s
     import time
 
     tiny = _tiny_tokenizer_dir(tmp_path / "tiny")
-    proc = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT, str(tiny), RUNAWAY, anyio_backend],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _ORPHAN_SCRIPT, str(tiny), RUNAWAY, anyio_backend], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout is not None
         pids = [int(p) for p in proc.stdout.readline().split()]
@@ -443,8 +476,9 @@ async def test_template_sources(tmp_path: Path, anyio_backend: str) -> None:
     assert load_chat_template(None, bare) is None
     llama_dir = tokenizer_dir("llama")
     assert load_chat_template(None, llama_dir) == (llama_dir / "chat_template.jinja").read_text()
-    (bare / "tokenizer_config.json").write_text('{"chat_template": [{"name": "tool_use", "template": "T"},'
-                                                 ' {"name": "default", "template": "D"}]}')
+    (bare / "tokenizer_config.json").write_text(
+        '{"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]}'
+    )
     assert load_chat_template(None, bare) == "D"
     (bare / "tokenizer_config.json").unlink()
     async with Renderer.open(bare) as r:

@@ -23,9 +23,15 @@ from server.render.worker_pool import worker_env
 
 REPO = Path(__file__).resolve().parents[3]
 SECRETS = {
-    "HF_TOKEN": "hf_s3cret1", "HUGGING_FACE_HUB_TOKEN": "hf_s3cret2", "SPINDLE_API_KEY": "sk-s3cret3",
-    "SPINDLE_API_KEYS": "sk-s3cret4,sk-s3cret5", "OPENAI_API_KEY": "sk-s3cret6", "AWS_SECRET_ACCESS_KEY": "s3cret7",
-    "DATABASE_PASSWORD": "s3cret8", "GITHUB_TOKEN": "s3cret9", "SOME_SERVICE_KEY": "s3cret10",
+    "HF_TOKEN": "hf_s3cret1",
+    "HUGGING_FACE_HUB_TOKEN": "hf_s3cret2",
+    "SPINDLE_API_KEY": "sk-s3cret3",
+    "SPINDLE_API_KEYS": "sk-s3cret4,sk-s3cret5",
+    "OPENAI_API_KEY": "sk-s3cret6",
+    "AWS_SECRET_ACCESS_KEY": "s3cret7",
+    "DATABASE_PASSWORD": "s3cret8",
+    "GITHUB_TOKEN": "s3cret9",
+    "SOME_SERVICE_KEY": "s3cret10",
 }
 BIG = "数据 hello world, " * 150_000  # ~3 MB: seconds and hundreds of MB to tokenize
 
@@ -46,8 +52,19 @@ def _environ(pid: int) -> dict[str, str]:
 
 
 def test_worker_env_keeps_only_what_python_needs() -> None:
-    env = worker_env({"PATH": "/bin", "HOME": "/h", "LANG": "C.UTF-8", "LC_CTYPE": "C", "PYTHONPATH": "/p",
-                      "TMPDIR": "/t", "HF_HOME": "/hf", "TOKENIZERS_PARALLELISM": "true", **SECRETS})
+    env = worker_env(
+        {
+            "PATH": "/bin",
+            "HOME": "/h",
+            "LANG": "C.UTF-8",
+            "LC_CTYPE": "C",
+            "PYTHONPATH": "/p",
+            "TMPDIR": "/t",
+            "HF_HOME": "/hf",
+            "TOKENIZERS_PARALLELISM": "true",
+            **SECRETS,
+        }
+    )
     assert env == {"PATH": "/bin", "HOME": "/h", "LANG": "C.UTF-8", "LC_CTYPE": "C", "PYTHONPATH": "/p", "TMPDIR": "/t"}
 
 

@@ -61,9 +61,21 @@ def test_any_cut_equals_the_whole(text: str) -> None:
     assert (content, key(calls)) == want
 
 
-TOOLS: Any = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"],
-    "additionalProperties": False}}}, {"type": "function", "function": {"name": "noop"}}]
+TOOLS: Any = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 8}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {"type": "function", "function": {"name": "noop"}},
+]
 V11_IDS = {"[TOOL_CALLS]": 5, "[ARGS]": 32}.get
 
 
@@ -98,7 +110,17 @@ def byte_tokenizer(specials: dict[int, str]) -> llguidance.LLTokenizer:
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tk.decoder = decoders.ByteLevel()
     data = json.loads(tk.to_str())
-    data["added_tokens"] = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
-                             "normalized": False, "special": True} for i, t in specials.items()]
+    data["added_tokens"] = [
+        {
+            "id": i,
+            "content": t,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for i, t in specials.items()
+    ]
     data["model"]["vocab"].update({t: i for i, t in specials.items()})
     return llguidance.LLTokenizer(json.dumps(data))

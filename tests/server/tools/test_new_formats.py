@@ -21,21 +21,33 @@ from server.tools.registry import template_fits
 from tests.server.tools.test_mistral_args import byte_tokenizer
 from tests.server.tools.test_tool_calls import assemble_sdk, qwen25, run_stream  # noqa: F401 - a fixture
 
-PARAMS = {"type": "object", "properties": {"city": {"type": "string"}, "n": {"type": "integer"},
-                                           "hot": {"type": "boolean"}}, "required": ["city"]}
-TOOLS: Any = [{"type": "function", "function": {"name": "get_weather", "parameters": PARAMS}},
-              {"type": "function", "function": {"name": "noop"}}]
+PARAMS = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "n": {"type": "integer"}, "hot": {"type": "boolean"}},
+    "required": ["city"],
+}
+TOOLS: Any = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": PARAMS}},
+    {"type": "function", "function": {"name": "noop"}},
+]
 FUNCTIONS = {"get_weather": PARAMS, "noop": {"type": "object", "properties": {}}}
-PARSERS: dict[str, Any] = {"llama3_json": Llama3JsonParser, "pythonic": PythonicParser,
-                           "qwen3_coder": Qwen3CoderParser.factory(FUNCTIONS)}
+PARSERS: dict[str, Any] = {
+    "llama3_json": Llama3JsonParser,
+    "pythonic": PythonicParser,
+    "qwen3_coder": Qwen3CoderParser.factory(FUNCTIONS),
+}
 WEATHER = ("get_weather", {"city": 'Zü"rich', "n": 3})
 
 # name -> [(text, content, [(name, arguments)])]
 CASES: dict[str, list[tuple[str, str | None, list[tuple[str, Any]]]]] = {
     "llama3_json": [
         ('{"name": "get_weather", "parameters": {"city": "Zü\\"rich", "n": 3}}', None, [WEATHER]),
-        ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Zü\\"rich", "n": 3}}; '
-         '{"name": "noop", "parameters": {}}', None, [WEATHER, ("noop", {})]),
+        (
+            '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Zü\\"rich", "n": 3}}; '
+            '{"name": "noop", "parameters": {}}',
+            None,
+            [WEATHER, ("noop", {})],
+        ),
         ('{"name": "noop", "arguments": {}}', None, [("noop", {})]),
         ('{"name": "noop"}', None, [("noop", {})]),
         ("Plain text {with braces}.", "Plain text {with braces}.", []),
@@ -45,20 +57,34 @@ CASES: dict[str, list[tuple[str, str | None, list[tuple[str, Any]]]]] = {
     "pythonic": [
         ("[get_weather(city='Zü\"rich', n=3)]", None, [WEATHER]),
         ('[get_weather(city="Zü\\"rich", n=3), noop()]', None, [WEATHER, ("noop", {})]),
-        ("<|python_start|>[get_weather(city='x', n=-1, hot=True, more=[1, None, {'a': false}])]<|python_end|>",
-         None, [("get_weather", {"city": "x", "n": -1, "hot": True, "more": [1, None, {"a": False}]})]),
+        (
+            "<|python_start|>[get_weather(city='x', n=-1, hot=True, more=[1, None, {'a': false}])]<|python_end|>",
+            None,
+            [("get_weather", {"city": "x", "n": -1, "hot": True, "more": [1, None, {"a": False}]})],
+        ),
         ("[link](https://example.com) is a link.", "[link](https://example.com) is a link.", []),
         ("[1, 2, 3]", "[1, 2, 3]", []),
         ("No calls here.", "No calls here.", []),
     ],
     "qwen3_coder": [
-        ("Let me check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nZü\"rich\n</parameter>\n"
-         "<parameter=n>\n3\n</parameter>\n</function>\n</tool_call>", "Let me check.", [WEATHER]),
-        ("<tool_call>\n<function=get_weather>\n<parameter=city>\n42\n</parameter>\n<parameter=hot>\nfalse\n"
-         "</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=noop>\n</function>\n</tool_call>",
-         None, [("get_weather", {"city": "42", "hot": False}), ("noop", {})]),
-        ("<tool_call>\n<function=get_weather>\n<parameter=city>\nline one\nline two\n\n</parameter>\n</function>"
-         "\n</tool_call>", None, [("get_weather", {"city": "line one\nline two\n"})]),
+        (
+            'Let me check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nZü"rich\n</parameter>\n'
+            "<parameter=n>\n3\n</parameter>\n</function>\n</tool_call>",
+            "Let me check.",
+            [WEATHER],
+        ),
+        (
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\n42\n</parameter>\n<parameter=hot>\nfalse\n"
+            "</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=noop>\n</function>\n</tool_call>",
+            None,
+            [("get_weather", {"city": "42", "hot": False}), ("noop", {})],
+        ),
+        (
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\nline one\nline two\n\n</parameter>\n</function>"
+            "\n</tool_call>",
+            None,
+            [("get_weather", {"city": "line one\nline two\n"})],
+        ),
         ("<tool_call>not a function</tool_call> ok", "<tool_call>not a function</tool_call> ok", []),
         ("x < y and <tool text", "x < y and <tool text", []),
     ],
@@ -81,8 +107,9 @@ def key(calls: list[ToolCall]) -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("name, text, content, calls", ALL)
-def test_whole_text_and_every_split_point(name: str, text: str, content: str | None,
-                                          calls: list[tuple[str, Any]]) -> None:
+def test_whole_text_and_every_split_point(
+    name: str, text: str, content: str | None, calls: list[tuple[str, Any]]
+) -> None:
     whole = streamed(name, [text])
     assert (whole[0] or None) == content
     assert [(c.name, json.loads(c.arguments)) for c in whole[1]] == calls
@@ -97,14 +124,16 @@ def test_whole_text_and_every_split_point(name: str, text: str, content: str | N
 def test_cut_by_max_tokens_keeps_what_was_written() -> None:
     assert key(streamed("pythonic", ["[get_weather(city='Zür"])[1]) == [("get_weather", '{"city": "Zür')]
     assert key(streamed("qwen3_coder", ["<tool_call>\n<function=get_weather>\n<parameter=city>\nRo"])[1]) == [
-        ("get_weather", '{"city": "Ro')]
+        ("get_weather", '{"city": "Ro')
+    ]
     assert key(streamed("llama3_json", ['{"name": "noop", "parameters": {"a": [1, '])[1]) == [("noop", '{"a": [1, ')]
 
 
 @pytest.mark.parametrize("name, text, content, calls", [c for c in ALL if c[3]])
 @pytest.mark.parametrize("step", [1, 2, 5])
-def test_stream_intervals_assemble_to_the_final_message(qwen25: Any, name: str, text: str, content: str | None,
-                                                        calls: list[tuple[str, Any]], step: int) -> None:
+def test_stream_intervals_assemble_to_the_final_message(
+    qwen25: Any, name: str, text: str, content: str | None, calls: list[tuple[str, Any]], step: int
+) -> None:
     tool_plan = plan_tools(TOOLS, "auto", parser_name=name, enable_auto=True, token_id=lambda t: None)
     ids = qwen25.encode(text, add_special_tokens=False).ids
     chunks, final = run_stream(qwen25, ids, step, tool_plan)
@@ -123,13 +152,17 @@ def test_forced_grammar_accepts_what_the_parser_reads(name: str, choice: Any) ->
     tool_plan = plan_tools(TOOLS, choice, parser_name=name, enable_auto=True, token_id=tags.get)
     so = tool_plan.constraint
     assert so is not None and validate(so) is None, so.spec
-    written = {"llama3_json": '{"name": "get_weather", "parameters": {"city": "Rome", "n": 2}}',
-               "pythonic": '[get_weather(city="Rome", n=2)]',
-               "qwen3_coder": "<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n"
-                              "<parameter=n>\n2\n</parameter>\n</function>\n</tool_call>"}[name]
+    written = {
+        "llama3_json": '{"name": "get_weather", "parameters": {"city": "Rome", "n": 2}}',
+        "pythonic": '[get_weather(city="Rome", n=2)]',
+        "qwen3_coder": "<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n"
+        "<parameter=n>\n2\n</parameter>\n</function>\n</tool_call>",
+    }[name]
     tok = byte_tokenizer({i: t for t, i in tags.items()})
     ids: list[int] = []
-    for piece in written.replace("</tool_call>", "\0</tool_call>\0").replace("<tool_call>", "\0<tool_call>\0").split("\0"):
+    for piece in (
+        written.replace("</tool_call>", "\0</tool_call>\0").replace("<tool_call>", "\0<tool_call>\0").split("\0")
+    ):
         ids += [tags[piece]] if piece in tags else tok.tokenize_str(piece)
     matcher = llguidance.LLMatcher(tok, to_grammar(so), log_level=0)
     assert matcher.consume_tokens(ids), matcher.get_error()
@@ -137,20 +170,27 @@ def test_forced_grammar_accepts_what_the_parser_reads(name: str, choice: Any) ->
     calls = assemble(tool_plan.parser().feed(written, final=True).calls)
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Rome", "n": 2})]
     if choice == "required":  # two calls where parallel calls are allowed
-        two = {"llama3_json": written + "; " + '{"name": "noop", "parameters": {}}',
-               "pythonic": '[get_weather(city="Rome", n=2), noop()]',
-               "qwen3_coder": written + "\n<tool_call>\n<function=noop>\n</function>\n</tool_call>"}[name]
+        two = {
+            "llama3_json": written + "; " + '{"name": "noop", "parameters": {}}',
+            "pythonic": '[get_weather(city="Rome", n=2), noop()]',
+            "qwen3_coder": written + "\n<tool_call>\n<function=noop>\n</function>\n</tool_call>",
+        }[name]
         matcher = llguidance.LLMatcher(tok, to_grammar(so), log_level=0)
         ids = []
-        for piece in two.replace("</tool_call>", "\0</tool_call>\0").replace("<tool_call>", "\0<tool_call>\0").split("\0"):
+        for piece in (
+            two.replace("</tool_call>", "\0</tool_call>\0").replace("<tool_call>", "\0<tool_call>\0").split("\0")
+        ):
             ids += [tags[piece]] if piece in tags else tok.tokenize_str(piece)
         assert matcher.consume_tokens(ids), matcher.get_error()
 
 
-@pytest.mark.parametrize("name, fits", [("hermes", True), ("qwen3_coder", False), ("pythonic", False),
-                                        ("llama3_json", False), ("mistral", False)])
-def test_a_parser_the_template_does_not_teach_is_warned_about(name: str, fits: bool, tmp_path: Any,
-                                                              caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize(
+    "name, fits",
+    [("hermes", True), ("qwen3_coder", False), ("pythonic", False), ("llama3_json", False), ("mistral", False)],
+)
+def test_a_parser_the_template_does_not_teach_is_warned_about(
+    name: str, fits: bool, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     """One log line at start-up when none of the parser's markers is in the chat template (Qwen2.5's here)."""
     from demo.tokenizers import tokenizer_dir
     from server.app import _warn_tool_parser_misfit
@@ -159,7 +199,9 @@ def test_a_parser_the_template_does_not_teach_is_warned_about(name: str, fits: b
     template = json.loads((tokenizer_dir("qwen2.5") / "tokenizer_config.json").read_text())["chat_template"]
     (tmp_path / "t.jinja").write_text(template)
     config = dataclasses.replace(ServerConfig(), outputs=OutputConfig(tool_call_parser=name))
-    config = dataclasses.replace(config, model=dataclasses.replace(config.model, chat_template=str(tmp_path / "t.jinja")))
+    config = dataclasses.replace(
+        config, model=dataclasses.replace(config.model, chat_template=str(tmp_path / "t.jinja"))
+    )
     with caplog.at_level(logging.WARNING, "spindle.server"):
         _warn_tool_parser_misfit(config)
     lines = [r for r in caplog.records if "tool-call markers" in r.getMessage()]

@@ -10,18 +10,19 @@ import pytest
 
 from engine.structured.grammar import validate
 from server.api.openai.chat_format import ParsedChatFormatter
-from server.pipeline.parsing import added_token_ids
 from server.http.errors import APIError
 from server.pipeline.detokenizer import IncrementalDetokenizer
 from server.pipeline.output_processor import Output
+from server.pipeline.parsing import added_token_ids
 from server.protocol.openai import Usage
 from server.tools.choice import AUTO_NEEDS_FLAGS, plan_tools
 from server.tools.parser import HermesParser, JsonListParser, MistralParser, NamedArgsParser
 
-PARAMS = {"type": "object", "properties": {"city": {"type": "string"}, "n": {"type": "integer"}},
-          "required": ["city"]}
-TOOLS: Any = [{"type": "function", "function": {"name": "get_weather", "parameters": PARAMS}},
-              {"type": "function", "function": {"name": "noop"}}]
+PARAMS = {"type": "object", "properties": {"city": {"type": "string"}, "n": {"type": "integer"}}, "required": ["city"]}
+TOOLS: Any = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": PARAMS}},
+    {"type": "function", "function": {"name": "noop"}},
+]
 IDS = {"<tool_call>": 151657, "</tool_call>": 151658}.get
 
 
@@ -32,16 +33,19 @@ def plan(tool_choice: Any, parser: str | None = "hermes", auto: bool = True, too
 # ------------------------------------------------------------------------------------------------- plans
 
 
-@pytest.mark.parametrize("tools, choice, parser, auto, needle", [
-    (None, "required", "hermes", True, "`tools` must be set"),
-    (None, {"type": "function", "function": {"name": "x"}}, None, False, "`tools` must be set"),
-    (TOOLS, {"type": "function", "function": {"name": "nope"}}, "hermes", True, "does not match any"),
-    (TOOLS, "auto", None, False, AUTO_NEEDS_FLAGS),
-    (TOOLS, "auto", "hermes", False, AUTO_NEEDS_FLAGS),
-    (TOOLS, "whenever", "hermes", True, "tool_choice must be"),
-    (TOOLS, {"type": "function"}, "hermes", True, "tool_choice must be"),
-    ([{"type": "function", "function": {"parameters": {}}}], "required", "hermes", True, "name must be"),
-])
+@pytest.mark.parametrize(
+    "tools, choice, parser, auto, needle",
+    [
+        (None, "required", "hermes", True, "`tools` must be set"),
+        (None, {"type": "function", "function": {"name": "x"}}, None, False, "`tools` must be set"),
+        (TOOLS, {"type": "function", "function": {"name": "nope"}}, "hermes", True, "does not match any"),
+        (TOOLS, "auto", None, False, AUTO_NEEDS_FLAGS),
+        (TOOLS, "auto", "hermes", False, AUTO_NEEDS_FLAGS),
+        (TOOLS, "whenever", "hermes", True, "tool_choice must be"),
+        (TOOLS, {"type": "function"}, "hermes", True, "tool_choice must be"),
+        ([{"type": "function", "function": {"parameters": {}}}], "required", "hermes", True, "name must be"),
+    ],
+)
 def test_400s(tools: Any, choice: Any, parser: str | None, auto: bool, needle: str) -> None:
     with pytest.raises(APIError) as e:
         plan(choice, parser, auto, tools)
@@ -87,24 +91,31 @@ def test_named_without_parser_streams_the_whole_output_as_arguments() -> None:
 
 
 def test_hermes_content_calls_and_odd_blocks() -> None:
-    text = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "a}\\"b", "n": 2}}\n'
-            '</tool_call>\n<tool_call>\n{"name": "noop", "arguments": {}}\n</tool_call>')
+    text = (
+        'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "a}\\"b", "n": 2}}\n'
+        '</tool_call>\n<tool_call>\n{"name": "noop", "arguments": {}}\n</tool_call>'
+    )
     content, calls = HermesParser.extract(text)
     assert content == "Let me check."
-    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": 'a}"b', "n": 2}),
-                                                                  ("noop", {})]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": 'a}"b', "n": 2}),
+        ("noop", {}),
+    ]
     assert HermesParser.extract("<tool_call>not json</tool_call> hi") == ("<tool_call>not json</tool_call> hi", [])
     assert HermesParser.extract("plain text") == ("plain text", [])
     truncated = HermesParser.extract('<tool_call>\n{"name": "f", "arguments": {"a": [1, ')
     assert [(c.name, c.arguments) for c in truncated[1]] == [("f", '{"a": [1, ')]  # cut: kept as far as it got
     assert HermesParser.extract('<tool_call>{"name": "f"}</tool_call>')[1][0].arguments == "{}"
-    assert HermesParser.extract('<tool_call>{"arguments": {"x": 1}, "name": "f"}</tool_call>')[1][0].arguments \
-        == '{"x": 1}'  # arguments before the name
+    assert (
+        HermesParser.extract('<tool_call>{"arguments": {"x": 1}, "name": "f"}</tool_call>')[1][0].arguments
+        == '{"x": 1}'
+    )  # arguments before the name
 
 
 def test_mistral_ids_and_list() -> None:
-    content, calls = MistralParser.extract('[TOOL_CALLS][{"name": "a", "arguments": {"x": 1}}, '
-                                           '{"name": "b", "arguments": {}}]')
+    content, calls = MistralParser.extract(
+        '[TOOL_CALLS][{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}]'
+    )
     assert content is None and [c.name for c in calls] == ["a", "b"]
     assert all(len(c.id) == 9 and c.id.isalnum() for c in calls)
 
@@ -127,14 +138,15 @@ def sse_json(chunk: bytes | None) -> list[dict[str, Any]]:
     return [json.loads(line[6:]) for line in chunk.decode().split("\n\n") if line.startswith("data: {")]
 
 
-def run_stream(tok: Any, ids: list[int], step: int, tools: Any, reasoning: str | None = None,
-               prompt: str = "") -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def run_stream(
+    tok: Any, ids: list[int], step: int, tools: Any, reasoning: str | None = None, prompt: str = ""
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Feed `ids` `step` at a time through the detokenizer and the formatter: (stream deltas, final message)."""
     detok = IncrementalDetokenizer(tok, [])
     fmt = ParsedChatFormatter("chatcmpl-x", 0, "m", 1, None, False, tools=tools, reasoning=reasoning, prompt=prompt)
     chunks: list[dict[str, Any]] = []
     for start in range(0, len(ids), step):
-        part = ids[start:start + step]
+        part = ids[start : start + step]
         last = start + step >= len(ids)
         if last:
             detok.update(part, True)
@@ -144,8 +156,9 @@ def run_stream(tok: Any, ids: list[int], step: int, tools: Any, reasoning: str |
         out = Output(0, text, part, start + len(part), "stop" if last else None)
         chunks += sse_json(fmt.stream_chunk([out], None))
     fmt2 = ParsedChatFormatter("chatcmpl-x", 0, "m", 1, None, False, tools=tools, reasoning=reasoning, prompt=prompt)
-    final = json.loads(fmt2.final([Output(0, tok.decode(ids, skip_special_tokens=True), ids, len(ids), "stop")],
-                                  Usage(1, 1, 2)))
+    final = json.loads(
+        fmt2.final([Output(0, tok.decode(ids, skip_special_tokens=True), ids, len(ids), "stop")], Usage(1, 1, 2))
+    )
     return chunks, final
 
 
@@ -168,8 +181,12 @@ def assemble_sdk(chunks: list[dict[str, Any]]) -> dict[str, Any]:
                 call["name"] = tc["function"]["name"]
             call["arguments"] += tc["function"]["arguments"]
         finish = choice["finish_reason"] or finish
-    return {"content": content or None, "reasoning": reasoning or None,
-            "calls": [(calls[i]["name"], calls[i]["arguments"]) for i in sorted(calls)], "finish": finish}
+    return {
+        "content": content or None,
+        "reasoning": reasoning or None,
+        "calls": [(calls[i]["name"], calls[i]["arguments"]) for i in sorted(calls)],
+        "finish": finish,
+    }
 
 
 OUTPUTS = [
@@ -206,8 +223,11 @@ def test_reasoning_then_tool_call(qwen25: Any) -> None:
         message = final["choices"][0]["message"]
         assert message["reasoning"] == message["reasoning_content"] == got["reasoning"] == "I should look."
         assert message["content"] is None and got["content"] is None
-        assert got["calls"] == [("noop", "{}")] == [(c["function"]["name"], c["function"]["arguments"])
-                                                   for c in message["tool_calls"]]
+        assert (
+            got["calls"]
+            == [("noop", "{}")]
+            == [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]]
+        )
 
 
 def test_added_token_ids(qwen25: Any) -> None:
