@@ -14,17 +14,20 @@ from typing import Any
 
 import msgspec
 
-from server.api.app_state import AppState
+from server.api.app_state import AppState, Renderer
 from server.api.openai.logprobs import chat_logprobs
 from server.api.openai.responses_background import BackgroundResponses
-from server.api.openai.responses_context import fit_prompt, resolve_references
+from server.api.openai.responses_context import Prompt, fit_prompt, resolve_references
 from server.api.openai.responses_store import ResponseStore, StoredResponse
 from server.api.prompt_tokens import chat_prompt
 from server.api.serving import PostRoute
+from server.config import ServerConfig
 from server.http.asgi import Receive, Scope, Send, send_error, send_json
 from server.http.errors import APIError
 from server.multimodal.images import image_support
-from server.pipeline.input_processor import build_spec, check_request, external_request_id
+from server.pipeline.admission import AdmissionTicket
+from server.pipeline.async_llm import AsyncLLM
+from server.pipeline.input_processor import GenerationSpec, ModelLimits, build_spec, check_request, external_request_id
 from server.pipeline.output_processor import Output
 from server.pipeline.parsing import (
     ChoiceParser,
@@ -35,6 +38,7 @@ from server.pipeline.parsing import (
 )
 from server.pipeline.responses_items import LOGPROBS, chat_request, input_items, responses_error
 from server.pipeline.structured import structured_outputs
+from server.protocol.openai import ChatCompletionRequest
 from server.protocol.responses import ResponsesRequest, encoder, responses_decoder
 from server.streaming.formatter import StreamFraming
 from server.streaming.output_check import checked, relaxed_check, relaxed_headers
@@ -42,6 +46,7 @@ from server.streaming.reasoning_tokens import decoder
 from server.streaming.respond import respond
 from server.streaming.responses_events import new_id
 from server.streaming.responses_formatter import ResponsesFormatter
+from server.tools.choice import ToolPlan
 
 _enc = encoder.encode
 
@@ -108,10 +113,7 @@ class ResponsesRoute(PostRoute):
     async def _respond(self, body: bytes, xid: str | None, send: Send) -> None:
         req, llm, renderer, limits = self.state.decode_for_model(responses_decoder, body)
         config = self.state.config
-        history = [] if req.previous_response_id is None else await self.store.history(req.previous_response_id)
-        images = config.model.model is not None and image_support(config.model.model_path) is not None
-        given = await resolve_references(input_items(req), self.store)
-        chat = chat_request(req, history, images=images, given=given)
+        history, given, chat = await self._chat(req)
         check_request(chat, limits)
         constraint = await structured_outputs(chat, limits.caps)
         plan, relaxed_tools = await plan_constrained_tools(chat, config, renderer.tokenizer, limits.caps, "tool_choice")
@@ -119,47 +121,16 @@ class ResponsesRoute(PostRoute):
             constraint = None
         external = external_request_id(xid, None)
         with llm.admit(1, 1) as ticket:  # the request's one ticket: a 503 now when the queue is surely full
-            if req.truncation == "auto":  # the longest conversation suffix that fits (responses_context.py)
-                text, ids, mm_inputs = await fit_prompt(  # candidates: generate settles the ticket at the exact count
-                    chat, limits, lambda c: chat_prompt(self.state, llm, renderer, c, None, None, "input")
-                )
-            else:
-                text, ids, mm_inputs = await chat_prompt(self.state, llm, renderer, chat, ticket, limits, "input")
+            text, ids, mm_inputs = await self._prompt(req, chat, llm, renderer, limits, ticket)
             so = request_constraint(plan, constraint.so if constraint is not None else None, config, text)
             spec = build_spec(chat, ids, limits, external_id=external, stream=chat.stream, structured_outputs=so)
             spec.mm_inputs = mm_inputs
-            parsed = (plan is not None and plan.parser is not None) or config.outputs.reasoning_parser is not None
-
-            def new_parser() -> ChoiceParser | None:
-                tools = plan.parser() if plan is not None and plan.parser is not None else None
-                return ChoiceParser(reasoning_parser(config, text), tools) if parsed else None
-
-            if chat.logprobs and parsed:
-                raise APIError(
-                    f"include {LOGPROBS!r} is not supported yet with a tool call or reasoning parser at "
-                    "work (tools or --reasoning-parser).",
-                    status=400,
-                    param="include",
-                )
-            texts = self.token_texts(renderer, chat.logprobs)
-
-            def logprobs(out: Output) -> list[dict[str, Any]]:
-                assert texts is not None
-                return [msgspec.to_builtins(lp) for lp in chat_logprobs(out.logprobs or [], texts).content or []]
-
-            decode = decoder(renderer.tokenizer, spec.skip_special_tokens) if config.outputs.reasoning_parser else None
-            fmt = ResponsesFormatter(
-                response_base(req, new_id("resp"), self.state.shown_model(req.model)),
-                len(spec.prompt_token_ids),
-                new_parser,
-                logprobs if texts is not None else None,
-                decode,
-            )
+            fmt = self._formatter(req, chat, spec, renderer, plan, text)
             check = relaxed_check(
                 llm.metrics,
                 constraint,
                 relaxed_tools,
-                ChoiceParsers(plan, config.outputs.reasoning_parser, text) if parsed else None,
+                ChoiceParsers(plan, config.outputs.reasoning_parser, text) if _parsed(plan, config) else None,
             )
             headers = [(b"x-request-id", external.encode()), *relaxed_headers(constraint, relaxed_tools)]
 
@@ -184,6 +155,75 @@ class ResponsesRoute(PostRoute):
                 )
 
             await (self.background.start(fmt.base, run, send, ticket) if req.background else run(send))
+
+    async def _chat(self, req: ResponsesRequest) -> tuple[list[Any], list[Any], ChatCompletionRequest]:
+        """The previous response's items, this request's input items (references resolved) and the chat request
+        made of both."""
+        config = self.state.config
+        history = [] if req.previous_response_id is None else await self.store.history(req.previous_response_id)
+        images = config.model.model is not None and image_support(config.model.model_path) is not None
+        given = await resolve_references(input_items(req), self.store)
+        return history, given, chat_request(req, history, images=images, given=given)
+
+    async def _prompt(
+        self,
+        req: ResponsesRequest,
+        chat: ChatCompletionRequest,
+        llm: AsyncLLM,
+        renderer: Renderer,
+        limits: ModelLimits,
+        ticket: AdmissionTicket,
+    ) -> Prompt:
+        """The rendered prompt; with truncation "auto" that of the longest conversation suffix that fits."""
+        if req.truncation == "auto":  # (responses_context.py)
+            return await fit_prompt(  # candidates: generate settles the ticket at the exact count
+                chat, limits, lambda c: chat_prompt(self.state, llm, renderer, c, None, None, "input")
+            )
+        return await chat_prompt(self.state, llm, renderer, chat, ticket, limits, "input")
+
+    def _formatter(
+        self,
+        req: ResponsesRequest,
+        chat: ChatCompletionRequest,
+        spec: GenerationSpec,
+        renderer: Renderer,
+        plan: ToolPlan | None,
+        text: str,
+    ) -> ResponsesFormatter:
+        """The wire format of this response: its parsers (tool calls, reasoning) and logprobs writer."""
+        config = self.state.config
+        parsed = _parsed(plan, config)
+
+        def new_parser() -> ChoiceParser | None:
+            tools = plan.parser() if plan is not None and plan.parser is not None else None
+            return ChoiceParser(reasoning_parser(config, text), tools) if parsed else None
+
+        if chat.logprobs and parsed:
+            raise APIError(
+                f"include {LOGPROBS!r} is not supported yet with a tool call or reasoning parser at "
+                "work (tools or --reasoning-parser).",
+                status=400,
+                param="include",
+            )
+        texts = self.token_texts(renderer, chat.logprobs)
+
+        def logprobs(out: Output) -> list[dict[str, Any]]:
+            assert texts is not None
+            return [msgspec.to_builtins(lp) for lp in chat_logprobs(out.logprobs or [], texts).content or []]
+
+        decode = decoder(renderer.tokenizer, spec.skip_special_tokens) if config.outputs.reasoning_parser else None
+        return ResponsesFormatter(
+            response_base(req, new_id("resp"), self.state.shown_model(req.model)),
+            len(spec.prompt_token_ids),
+            new_parser,
+            logprobs if texts is not None else None,
+            decode,
+        )
+
+
+def _parsed(plan: ToolPlan | None, config: ServerConfig) -> bool:
+    """Whether a tool call parser or a reasoning parser reads the output."""
+    return (plan is not None and plan.parser is not None) or config.outputs.reasoning_parser is not None
 
 
 class StoredResponseRoute:
