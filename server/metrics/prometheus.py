@@ -284,7 +284,21 @@ class ServerMetrics:
         self.registry.register(self._histograms)
         self._counters = _Counters(time.time())
         self.registry.register(self._counters)
-        hist, counter = self._histogram, self._counter
+        self._latency_histograms()
+        self._request_counters()
+        self._engine_counters()
+        self._image_counters()
+        self._spec_counters()
+        self._rejected_counters()
+        self._structured_counters()
+        self._engine_gauges()
+        self._last = EngineStats(0, 0, 0, 1, 0, 0, 0)
+        self.engine_heard = time.monotonic()  # when the last engine frame's stats came (record_stats)
+        self.lora: LoRAMetrics | None = None  # --enable-lora (enable_lora)
+
+    def _latency_histograms(self) -> None:
+        """Per-request latencies, from arrival to finish."""
+        hist = self._histogram
         self.ttft = hist("spindle_time_to_first_token_seconds", "Arrival to first token.")
         self.itl = hist("spindle_inter_token_latency_seconds", "Time between engine steps' tokens.")
         self.tpot = hist("spindle_time_per_output_token_seconds", "Decode time per output token.")
@@ -292,6 +306,10 @@ class ServerMetrics:
         self.queue = hist("spindle_request_queue_time_seconds", "Arrival to first schedule.")
         self.prefill = hist("spindle_request_prefill_time_seconds", "First schedule to first token.")
         self.decode = hist("spindle_request_decode_time_seconds", "First token to finish.")
+
+    def _request_counters(self) -> None:
+        """Finished requests' tokens, and the requests by finish reason."""
+        counter = self._counter
         self.prompt_tokens = counter("spindle_prompt_tokens", "Prompt tokens of finished requests.")
         self.generation_tokens = counter("spindle_generation_tokens", "Generated tokens.")
         self.finished = dict(
@@ -305,9 +323,17 @@ class ServerMetrics:
                 ),
             )
         )
+
+    def _engine_counters(self) -> None:
+        """The engine's preemptions and prefix-cache lookups."""
+        counter = self._counter
         self.preemptions = counter("spindle_num_preemptions", "Preemptions in the engine.", engine=True)
         self.cache_queries = counter("spindle_prefix_cache_queries", "Prompt tokens looked up.", engine=True)
         self.cache_hits = counter("spindle_prefix_cache_hits", "Prompt tokens found cached.", engine=True)
+
+    def _image_counters(self) -> None:
+        """Image (and Whisper audio) caches of a multimodal model."""
+        counter = self._counter
         # images (a vision model): the image worker's processor cache, the API's mirror of the engine's encoder
         # cache (images sent by hash; misses resent with pixels) and the engine's own encoder-cache hits
         self.mm_processor_cache_hits = counter(
@@ -324,39 +350,6 @@ class ServerMetrics:
             "Images (or Whisper audio windows) whose encoder output the engine had cached.",
             engine=True,
         )
-        self._spec_counters()
-        self._rejected = dict(
-            zip(
-                REJECT_REASONS,
-                self._family(  # exported at 0 from the start
-                    "spindle_requests_rejected",
-                    "Requests refused with 503 before reaching the engine.",
-                    ["model_name", "reason"],
-                    REJECT_REASONS,
-                ),
-            )
-        )
-        self.structured_checked_answers = counter(
-            "spindle_structured_output_checked",
-            "Answers of best-effort (relaxed) structured-output constraints validated against their whole schema.",
-        )
-        self._structured_invalid = dict(
-            zip(
-                STRUCTURED_INVALID_REASONS,
-                self._family(
-                    "spindle_structured_output_invalid",
-                    "Best-effort structured answers that failed their whole schema, by the keyword that failed.",
-                    ["model_name", "reason"],
-                    STRUCTURED_INVALID_REASONS,
-                ),
-            )
-        )
-        self.running = self._gauge("spindle_num_requests_running", "Requests in the engine's running set.")
-        self.waiting = self._gauge("spindle_num_requests_waiting", "Requests waiting in the engine.")
-        self.kv_usage = self._gauge("spindle_kv_cache_usage_perc", "Fraction of KV blocks held by requests (0..1).")
-        self._last = EngineStats(0, 0, 0, 1, 0, 0, 0)
-        self.engine_heard = time.monotonic()  # when the last engine frame's stats came (record_stats)
-        self.lora: LoRAMetrics | None = None  # --enable-lora (enable_lora)
 
     def _spec_counters(self) -> None:
         """--speculative-config (engine/spec/): verifications, draft tokens, accepted ones, accepted per position."""
@@ -374,6 +367,45 @@ class ServerMetrics:
             ["model_name", "position"],
         )
         self._counters.families.append(self._spec_per_pos)
+
+    def _rejected_counters(self) -> None:
+        """Requests refused before reaching the engine, by reason."""
+        self._rejected = dict(
+            zip(
+                REJECT_REASONS,
+                self._family(  # exported at 0 from the start
+                    "spindle_requests_rejected",
+                    "Requests refused with 503 before reaching the engine.",
+                    ["model_name", "reason"],
+                    REJECT_REASONS,
+                ),
+            )
+        )
+
+    def _structured_counters(self) -> None:
+        """Best-effort structured-output answers checked against their whole schema."""
+        counter = self._counter
+        self.structured_checked_answers = counter(
+            "spindle_structured_output_checked",
+            "Answers of best-effort (relaxed) structured-output constraints validated against their whole schema.",
+        )
+        self._structured_invalid = dict(
+            zip(
+                STRUCTURED_INVALID_REASONS,
+                self._family(
+                    "spindle_structured_output_invalid",
+                    "Best-effort structured answers that failed their whole schema, by the keyword that failed.",
+                    ["model_name", "reason"],
+                    STRUCTURED_INVALID_REASONS,
+                ),
+            )
+        )
+
+    def _engine_gauges(self) -> None:
+        """The engine's running and waiting requests and KV-cache use."""
+        self.running = self._gauge("spindle_num_requests_running", "Requests in the engine's running set.")
+        self.waiting = self._gauge("spindle_num_requests_waiting", "Requests waiting in the engine.")
+        self.kv_usage = self._gauge("spindle_kv_cache_usage_perc", "Fraction of KV blocks held by requests (0..1).")
 
     def enable_lora(self, max_loras: int) -> None:
         self.lora = LoRAMetrics(self.model_name, max_loras)
