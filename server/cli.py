@@ -100,7 +100,8 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
         "--pooler-config",
         "pooler_config",
         str,
-        'with --runner pooling, JSON over the checkpoint\'s own (sentence-transformers files): {"pooling_type": "LAST" | '
+        "with --runner pooling, JSON over the checkpoint's own (sentence-transformers files): "
+        '{"pooling_type": "LAST" | '
         '"CLS" | "MEAN" | "ALL" | "STEP", "normalize": true, "use_activation": true, "step_tag_id": id, '
         '"returned_token_ids": [...], "is_matryoshka": false, "matryoshka_dimensions": [...]}',
     ),
@@ -210,6 +211,27 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
 ]
 
 
+# Switches that set their ServerConfig field to True: flag -> (field, help).
+_SWITCHES: list[tuple[str, str, str]] = [
+    ("--metrics-public", "metrics_public", "with --api-key: leave /metrics open"),
+    (
+        "--log-requests",
+        "log_requests",
+        "put request bodies and output text in the access log (off by default: privacy)",
+    ),
+    ("--trust-request-chat-template", "trust_request_chat_template", "let requests bring their own chat_template"),
+    ("--enable-auto-tool-choice", "enable_auto_tool_choice", 'allow tool_choice "auto" (needs --tool-call-parser)'),
+    ("--headless", "headless", "a node other than 0: run its tensor-parallel ranks only, no API server"),
+    ("--allow-credentials", "allow_credentials", "CORS: allow cookies and Authorization from browsers"),
+    ("--disable-ui", "disable_ui", "serve no chat page at / and /ui"),
+    (
+        "--enable-lora",
+        "enable_lora",
+        "serve LoRA adapters: a request's model names one (--lora-modules, /v1/load_lora_adapter)",
+    ),
+]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="spindle",
@@ -218,6 +240,14 @@ def build_parser() -> argparse.ArgumentParser:
         "`spindle make-demo [--vision | --whisper | --arch NAME | --shape NAME] PATH` "
         "writes a demo checkpoint.",
     )
+    _add_value_flags(parser)
+    _add_switches(parser)
+    _add_lora_and_cache_flags(parser)
+    return parser
+
+
+def _add_value_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of _FLAGS, then --api-key (repeatable)."""
     for flag, dest, typ, text in _FLAGS:
         parser.add_argument(flag, dest=dest, type=typ, default=None, help=text)
     parser.add_argument(
@@ -227,70 +257,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="require this bearer key on every route but /health (repeatable; or SPINDLE_API_KEY)",
     )
-    parser.add_argument(
-        "--metrics-public",
-        dest="metrics_public",
-        action="store_const",
-        const=True,
-        default=None,
-        help="with --api-key: leave /metrics open",
-    )
-    parser.add_argument(
-        "--log-requests",
-        dest="log_requests",
-        action="store_const",
-        const=True,
-        default=None,
-        help="put request bodies and output text in the access log (off by default: privacy)",
-    )
-    parser.add_argument(
-        "--trust-request-chat-template",
-        dest="trust_request_chat_template",
-        action="store_const",
-        const=True,
-        default=None,
-        help="let requests bring their own chat_template",
-    )
-    parser.add_argument(
-        "--enable-auto-tool-choice",
-        dest="enable_auto_tool_choice",
-        action="store_const",
-        const=True,
-        default=None,
-        help='allow tool_choice "auto" (needs --tool-call-parser)',
-    )
-    parser.add_argument(
-        "--headless",
-        dest="headless",
-        action="store_const",
-        const=True,
-        default=None,
-        help="a node other than 0: run its tensor-parallel ranks only, no API server",
-    )
-    parser.add_argument(
-        "--allow-credentials",
-        dest="allow_credentials",
-        action="store_const",
-        const=True,
-        default=None,
-        help="CORS: allow cookies and Authorization from browsers",
-    )
-    parser.add_argument(
-        "--disable-ui",
-        dest="disable_ui",
-        action="store_const",
-        const=True,
-        default=None,
-        help="serve no chat page at / and /ui",
-    )
-    parser.add_argument(
-        "--enable-lora",
-        dest="enable_lora",
-        action="store_const",
-        const=True,
-        default=None,
-        help="serve LoRA adapters: a request's model names one (--lora-modules, /v1/load_lora_adapter)",
-    )
+
+
+def _add_switches(parser: argparse.ArgumentParser) -> None:
+    """The switches of _SWITCHES; unset they stay None so env vars and defaults can fill them."""
+    for flag, dest, text in _SWITCHES:
+        parser.add_argument(flag, dest=dest, action="store_const", const=True, default=None, help=text)
+
+
+def _add_lora_and_cache_flags(parser: argparse.ArgumentParser) -> None:
+    """--lora-modules, and the prefix cache's off switch (--enable-prefix-caching: accepted, hidden)."""
     parser.add_argument(
         "--lora-modules",
         dest="lora_modules",
@@ -313,7 +289,6 @@ def build_parser() -> argparse.ArgumentParser:
         const=True,
         help=argparse.SUPPRESS,
     )
-    return parser
 
 
 def config_from_args(argv: Sequence[str], *, render_only: bool = False) -> ServerConfig:
