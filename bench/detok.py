@@ -3,7 +3,8 @@
 Feeds ~2000-token generations one token per step (the server's worst case) through
 server.pipeline.detokenizer, with and without a 20-char stop string, beside the quadratic baseline of
 re-decoding the whole generation every step, and tokenizers' DecodeStream alone (no stop strings, no
-finish flush) as a floor measured under the same machine load. Times are process CPU time. vLLM 0.32 reference: 1.9 µs/token (qwen2, no stop),
+finish flush) as a floor measured under the same machine load. Times are process CPU time. vLLM 0.32 reference: 1.9
+µs/token (qwen2, no stop),
 2.6 µs/token (one 20-char stop).
 """
 

@@ -2,9 +2,11 @@
 
     SPINDLE_ENGINE_COMMAND="python -m bench.fake_engine_process" spindle --model DEMO_DIR [--api-server-count N]
 
-`engine/client/process_client.py` `engine_command` starts this instead of `python -m engine` when SPINDLE_ENGINE_COMMAND says
+`engine/client/process_client.py` `engine_command` starts this instead of `python -m engine` when SPINDLE_ENGINE_COMMAND
+says
 so, with the same arguments (`--config JSON`, and `--channels fd,...` under `--api-server-count`). It speaks
-the real protocol by running the real loop around a fake core: `engine/transport/loop.py` `run` on stdin / stdout (`Pipes`)
+the real protocol by running the real loop around a fake core: `engine/transport/loop.py` `run` on stdin / stdout
+(`Pipes`)
 or on the launcher's socketpairs (`engine/transport/channels.py` `ChannelSet`), so the frames, the one `StepOutputs` per
 step (per channel), the heartbeats and the lifeline are exactly the real engine's. `Ready` comes from the model
 folder's config.json (vocabulary, context length, eos ids). Every step gives each running request one token (ids

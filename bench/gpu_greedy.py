@@ -38,9 +38,10 @@ def main() -> None:
     got = greedy(a.model, a.device, "float32", prompts, a.tokens)
     bf16 = greedy(a.model, a.device, "bfloat16", prompts, a.tokens)
     equal = sum(r == g for r, g in zip(ref, got))
+    shared = sum(x == y for r, b in zip(ref, bf16) for x, y in zip(r, b))
     print(
         f"greedy, {a.prompts} prompts x {a.tokens} tokens: {a.device} float32 equals cpu float32 on "
-        f"{equal}/{a.prompts}; {a.device} bfloat16 shares {sum(x == y for r, b in zip(ref, bf16) for x, y in zip(r, b))}"
+        f"{equal}/{a.prompts}; {a.device} bfloat16 shares {shared}"
         f"/{a.prompts * a.tokens} tokens with it"
     )
     for i, (r, g) in enumerate(zip(ref, got)):

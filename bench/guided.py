@@ -44,7 +44,7 @@ def decode(core: EngineCore, batch: int, new: int, so: StructuredOutputs | None)
     """(tok/s over the decode steps, tok/s of the median full step)."""
     rng = random.Random(batch)
     params = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=so is None, structured_outputs=so)
-    for i in range(batch):
+    for _ in range(batch):
         prompt = [rng.randrange(core.vocab_size) for _ in range(32)]
         core.add_request(AddRequest(f"g{next(_IDS)}", prompt, params, 0.0))
     started = 0

@@ -3,7 +3,8 @@ a cold and a warm cache, on the vision demo (`spindle make-demo --vision PATH`).
 
     python -m bench.images [--model DIR] [--size 448] [--images 16] [--requests 5] [--port 8431]
 
-1. preprocess: --images distinct --size x --size PNGs through the image worker process (server/multimodal/image_worker.py,
+1. preprocess: --images distinct --size x --size PNGs through the image worker process
+(server/multimodal/image_worker.py,
    one process, its processor cache off), one request each, then the same ones again with the cache on (hits).
 2. ttft: a real server (`python -m server --model DIR`); per round a new image (cold: the processor cache, the
    engine's encoder cache and its prefix cache all miss), then the same image again (warm: only the hash crosses

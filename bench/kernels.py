@@ -144,7 +144,9 @@ def main() -> None:
         row(
             f"decode attn B{b} ctx{ctx}, {splits} splits",
             lambda: decode_torch(qd, k_flat, v_flat, slots, scale),
-            lambda: decode_mod.paged_decode_attention(qd, k_cache, v_cache, tables, seq_lens, scale, num_splits=splits),
+            lambda splits=splits: decode_mod.paged_decode_attention(
+                qd, k_cache, v_cache, tables, seq_lens, scale, num_splits=splits
+            ),
         )
     q1 = qd[:1]
     row(

@@ -7,7 +7,8 @@ Qwen2.5-0.5B's), random bfloat16 weights, for each form: `F.linear` on the [out,
 spindle's own kernel (engine/cpu_kernels, what bfloat16 uses on CPU where it builds) on bf16 and on int8
 weights, oneDNN with the weight pre-packed (the fallback), ATen's weight-only int8 (`--quantization int8`
 without the kernel), float32 `F.linear`, and "chosen": what make_linear holds on this machine (the form
-engine/cpu_kernels/chooser.py measures fastest; each call takes its row class's winner). Times are the process's CPU time, best of --tries, the forms interleaved, so a
+engine/cpu_kernels/chooser.py measures fastest; each call takes its row class's winner). Times are the process's CPU
+time, best of --tries, the forms interleaved, so a
 machine shared with other work still gives fair ratios. Also: GB/s over the bf16 weight bytes, GFLOP/s.
 """
 

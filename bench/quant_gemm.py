@@ -9,7 +9,8 @@ in registers, engine/cpu_kernels/quant_gemm.py), "dequant" (a tile of rows dequa
 GEMM: engine/layers/quant_linear.py), and the winner engine/cpu_kernels/chooser.py picks per row class (its
 timing is cached), against bf16 weights through spindle's bf16 kernel (engine/layers/linear.py's KernelLinear).
 Where a type's block does not divide a projection's input (K-quants' 256 into 576 or 640), that projection holds
-Q5_0 instead, as the real Q4_K_M file does (so "Q4_K" on these shapes is a mix; the bytes counted are the mix's). Activations
+Q5_0 instead, as the real Q4_K_M file does (so "Q4_K" on these shapes is a mix; the bytes counted are the mix's).
+Activations
 are bf16. Times are the process's CPU time per step, best of --tries, the forms interleaved (a shared machine
 still gives fair ratios); GB/s is over the bytes each form streams (the blocks, or the bf16 weights).
 """

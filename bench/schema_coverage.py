@@ -5,7 +5,8 @@ response_format json_schema; per source: accepted, valid + stop, relaxed, refuse
 
 "valid + stop" is finish_reason "stop" with content that validates against the whole schema (jsonschema, formats
 checked where jsonschema can), as a share of all schemas and of those the judge can read ("unjudged": answers
-jsonschema cannot check, e.g. a $ref to a document outside the schema). "relaxed" counts answers whose X-Structured-Output-Relaxed header names what the
+jsonschema cannot check, e.g. a $ref to a document outside the schema). "relaxed" counts answers whose
+X-Structured-Output-Relaxed header names what the
 server could not enforce; "invalid" splits by relaxed or not (a non-relaxed invalid output is a bug). Bounded: one
 request per schema, `--concurrency` at once, `--timeout` seconds each.
 """

@@ -1,1 +1,2 @@
-"""Demo checkpoints and offline tokenizers: random-weight models with real vocabularies, for the demo, tests and benchmarks."""
+"""Demo checkpoints and offline tokenizers: random-weight models with real vocabularies, for the demo, tests and
+benchmarks."""

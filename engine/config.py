@@ -38,8 +38,8 @@ class EngineConfig:
     # on the busy 2-core box it cost ~20% more CPU for no wall time (bench/README.md, "Projection forms")
     split_projections: bool = False
     # CPU: a step of at least this many FLOPs (projections) runs on all of torch's threads, a smaller one on one
-    # thread (each op's barrier would wait for a core another process holds: engine/execution/model_runner.py); 0: always
-    # all, inf: always one (bench/README.md, "Threads per step")
+    # thread (each op's barrier would wait for a core another process holds: engine/execution/model_runner.py); 0:
+    # always all, inf: always one (bench/README.md, "Threads per step")
     threaded_step_flops: float = 4e9
     max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings
     max_num_seqs: int = 256

@@ -3,7 +3,8 @@
 One shared memory file (a memfd the launcher makes and every API process maps, `SharedRegion`) holds, per
 API process, its own slot: its queued requests and prompt tokens (`SharedAdmission`) and the values of its
 request counters and histograms (`share_metrics`; server/metrics/prometheus.py `MetricSlots`). Each slot has exactly
-one writer, its process, and is read by all: totals are sums over the slots. No locks between processes, so no process ever waits on
+one writer, its process, and is read by all: totals are sums over the slots. No locks between processes, so no process
+ever waits on
 another (a stopped or slow process cannot stall the others' event loops).
 
 Admission is reserve-then-check (Dekker's pattern): a process adds the request to its own slot first, then

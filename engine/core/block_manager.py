@@ -173,7 +173,7 @@ class BlockManager:
         chain = self._chain.get(seq)
         if chain is None or not self.enable_prefix_caching:
             return
-        bs, ids, table = self.block_size, seq.token_ids, seq.block_table
+        bs, table = self.block_size, seq.block_table
         done, parent = chain
         computed = seq.num_computed_tokens if upto is None else upto
         full = min(computed // bs, len(table))

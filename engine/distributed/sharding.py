@@ -3,7 +3,8 @@
 Megatron's split: q/k/v and gate/up by output rows (columns of the activation), o and down by input
 columns (their partial sums are all-reduced), embedding and LM head by vocabulary rows (padded so every
 rank holds as many). Each MoE expert splits its intermediate dimension the same way (the router is whole);
-fused q|k|v and gate|up tensors (Phi-3) are read as the concatenation of each part's slice. With fewer KV heads than ranks each KV head is replicated on size / num_kv_heads
+fused q|k|v and gate|up tensors (Phi-3) are read as the concatenation of each part's slice. With fewer KV heads than
+ranks each KV head is replicated on size / num_kv_heads
 ranks: rank r's query heads all belong to KV head r * num_kv_heads // size, so it keeps only that one.
 A rank reads its slices with `get_slice`, so no rank ever holds the whole model.
 """

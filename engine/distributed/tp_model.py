@@ -1,6 +1,7 @@
 """The decoder of engine/models/decoder.py on one tensor-parallel rank: its heads, its MLP columns, its vocabulary rows.
 
-The layers run unchanged on local shapes (engine/distributed/sharding.py `Shard.local_args`); the three places ranks meet are the
+The layers run unchanged on local shapes (engine/distributed/sharding.py `Shard.local_args`); the three places ranks
+meet are the
 row-parallel projections' all-reduce (`all_reduce`), the vocabulary-parallel embedding (each rank looks up
 the ids it holds, zeros elsewhere, then an all-reduce) and the LM head (each rank's columns of the
 logits, gathered to rank 0, the only one that samples).

@@ -8,7 +8,8 @@ One decoder layer on CUDA (T flat tokens, each sequence's rows contiguous, in ba
     batch = build_paged_batch(block_tables, seq_lens=[start + n], query_lens=[n], block_size, device)  # per step
     h, x = fused_add_rms_norm(prev_out, x, ln1, eps)        # layer 0: h = rms_norm(x, ln1, eps)
     q, k, v = qkv.split(...); q = q.view(T, H, D); k = k.view(T, KH, D); v = v.view(T, KH, D)
-    rotary_embedding(positions, q, k, cos_sin)              # in place; cos_sin = engine/models/rope.py's rope_table, int64 positions
+    rotary_embedding(positions, q, k, cos_sin)              # in place; cos_sin = engine/models/rope.py's rope_table,
+                                                            # int64 positions
     write_kv_cache(k, v, k_cache, v_cache, slot_mapping)    # caches [num_blocks, block_size, KH, D]
     attn = (decode_attention if batch.max_query_len == 1 else prefill_attention)(q, k_cache, v_cache, batch, scale)
 """
@@ -25,8 +26,8 @@ import torch
 
 from engine.kernels.metadata import PagedBatch, build_paged_batch
 
-__all__ = ["PagedBatch", "apply_token_bitmask", "build_paged_batch", "decode_attention", "fused_add_rms_norm", "lora_expand",
-           "lora_shrink", "prefill_attention",
+__all__ = ["PagedBatch", "apply_token_bitmask", "build_paged_batch", "decode_attention", "fused_add_rms_norm",
+           "lora_expand", "lora_shrink", "prefill_attention",
            "rms_norm", "rotary_embedding", "triton_available", "use_triton", "write_kv_cache"]
 # No function here may share a kernel module's name: importing engine.kernels.X rebinds engine.kernels.X.
 

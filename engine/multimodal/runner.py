@@ -3,7 +3,8 @@
 A request's images arrive as `ImageInput`s (engine/messages.py): pixel values (bytes + shape + dtype, as the
 API's Qwen2-VL image processor made them), the grid (t, h, w) in patches, the content hash, and where the
 image's placeholder tokens sit in the prompt. `SeqImages` (on `Sequence.mm`; engine/multimodal/image_state.py) holds
-them with the prompt's M-RoPE positions and the position delta later tokens use. `ImageRunner` (one per ModelRunner of a vision
+them with the prompt's M-RoPE positions and the position delta later tokens use. `ImageRunner` (one per ModelRunner of a
+vision
 model) splices the encoder's output over the placeholder rows of each step; the encoder runs once per image
 content (`EncoderCache`, by hash), so chunked prefill cutting through an image, preemption and a second request
 with the same image reuse it. Prefix-cache keys of blocks holding image tokens carry the image hash and

@@ -1,4 +1,5 @@
-"""A sequence's constraint state (`Sequence.structured`): a leaf, so engine/core/sequence.py imports nothing that imports it back.
+"""A sequence's constraint state (`Sequence.structured`): a leaf, so engine/core/sequence.py imports nothing that
+imports it back.
 
 engine/structured/manager.py creates it and feeds it tokens; engine/structured/forced_finish.py moves its finish.
 """

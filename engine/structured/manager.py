@@ -207,7 +207,8 @@ class StructuredOutputManager:
                 state.active = True
             return None
         if not state.grammar.accept_tokens([token]):
-            return f"structured output: token {token} was rejected by the grammar: {state.grammar.error() or 'not allowed'}"
+            error = state.grammar.error() or "not allowed"
+            return f"structured output: token {token} was rejected by the grammar: {error}"
         advance(state, token)
         return "stop" if state.grammar.is_terminated() else None
 

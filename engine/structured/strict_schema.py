@@ -1,4 +1,5 @@
-"""Rewrites that let llguidance enforce what its lenient mode would only relax (before engine/structured/relaxed_schema.py).
+"""Rewrites that let llguidance enforce what its lenient mode would only relax (before
+engine/structured/relaxed_schema.py).
 
 Each rewrite gives a schema whose valid values are the original's or fewer (never more), so what it enforces
 needs no check afterwards:

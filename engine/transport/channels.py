@@ -1,7 +1,8 @@
 """The engine's side of several API-server processes (`--api-server-count N`): one socket per API process.
 
 Each API server process has its own channel to this engine core: a Unix socketpair whose other end only that
-process holds (`server/runtime/launcher.py` makes them). The engine loop (engine/transport/loop.py `run`, the same loop as
+process holds (`server/runtime/launcher.py` makes them). The engine loop (engine/transport/loop.py `run`, the same loop
+as
 over one server's pipes) reads frames from every channel between steps; `ChannelSet` remembers which channel
 added each request, and after a step sends each channel that has outputs ONE `StepOutputs` frame with the
 outputs of its own requests (never one frame per request). `Ready` and

@@ -160,7 +160,8 @@ class AsyncLLM:
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """The reader and the output handler; returns when the engine is dead, or runs until cancelled.
 
-        Neither waits on the engine's stdin: the engine client's own writer task owns it (engine/client/process_client.py).
+        Neither waits on the engine's stdin: the engine client's own writer task owns it
+        (engine/client/process_client.py).
         """
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._read)

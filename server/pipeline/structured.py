@@ -17,7 +17,8 @@ kept in a small LRU keyed by a digest of (kind, spec), and a hit needs no thread
 Strict or best effort, as OpenAI defines it: a JSON schema with `json_schema.strict: true` is enforced whole or
 refused (a 400 naming what the backend cannot enforce). Without it (OpenAI's default; vLLM's structured_outputs.json
 and guided_json; tool parameters, server/pipeline/tool_schemas.py) the schema goes through
-engine/structured/relaxed_schema.py: what the grammar can enforce is enforced, the rest (oneOf as anyOf, unknown formats,
+engine/structured/relaxed_schema.py: what the grammar can enforce is enforced, the rest (oneOf as anyOf, unknown
+formats,
 uniqueItems, not, if/then/else, ...) is relaxed; the Constraint names it (the route's response header, a debug
 log line) and keeps the full schema, so the output is validated against it afterwards
 (server/streaming/output_check.py).

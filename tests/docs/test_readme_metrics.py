@@ -1,4 +1,5 @@
-"""docs/operations.md's metrics table against what /metrics exports: every family listed, nothing listed that is not exported.
+"""docs/operations.md's metrics table against what /metrics exports: every family listed, nothing listed that is not
+exported.
 
 The app is the real one (routes, lifespan, metrics registry) over real HTTP, with fake engines, as
 tests/server/test_app.py serves it; two engines (--data-parallel-size 2) so the per-engine families exist too,

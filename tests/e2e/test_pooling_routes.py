@@ -1,4 +1,5 @@
-"""vLLM's pooling routes on real servers, with httpx: /classify against transformers' AutoModelForSequenceClassification,
+"""vLLM's pooling routes on real servers, with httpx: /classify against transformers'
+AutoModelForSequenceClassification,
 /score and /rerank (+ /v1) against sentence-transformers' CrossEncoder (a one-label classifier) and against
 SentenceTransformer's cosine (an embedding model), /pooling's raw output (ALL: one row per token); the
 documents-per-request limit at, under and over it; the refusals (400s naming the field)."""

@@ -18,7 +18,8 @@ from server.render_app import checkpoint_limits
 
 def test_render_server_modules_import_no_torch() -> None:
     code = (
-        "import sys, server.cli, server.app, server.render_app, server.render.render_worker, server.metrics.vllm_names, "
+        "import sys, server.cli, server.app, server.render_app, server.render.render_worker, "
+        "server.metrics.vllm_names, "
         "server.http.deploy; bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton')); "
         "assert not bad, bad"
     )

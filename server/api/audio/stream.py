@@ -1,5 +1,6 @@
 """A streamed transcription: OpenAI's `transcript.text.delta` events, then one `transcript.text.done` with the
-whole text and the usage (unless stream_include_usage is false) (the `openai` SDK's TranscriptionTextDeltaEvent / TranscriptionTextDoneEvent).
+whole text and the usage (unless stream_include_usage is false) (the `openai` SDK's TranscriptionTextDeltaEvent /
+TranscriptionTextDoneEvent).
 
 Windows run at once in the engine but their text streams in order: a later window's text is held until every
 earlier window finished. The deltas add up to exactly the non-streamed text: each window's text stripped, the

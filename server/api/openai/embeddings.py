@@ -1,6 +1,7 @@
 """POST /v1/embeddings (OpenAI's shape, vLLM's extras) on a `--runner pooling` embedding server.
 
-The engine pools (engine/execution/pooler.py: `--pooler-config`, a sentence-transformers layout) and reports each input's
+The engine pools (engine/execution/pooler.py: `--pooler-config`, a sentence-transformers layout) and reports each
+input's
 raw vector once; this route shapes the answer: the Matryoshka cut (`dimensions`, where the model declares it),
 L2 normalization (the model's default, or the request's `normalize`), floats or base64 (little-endian float32,
 as OpenAI), `truncate_prompt_tokens` (keep the last k tokens).

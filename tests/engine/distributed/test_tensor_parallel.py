@@ -104,7 +104,7 @@ def test_greedy_tp2_equals_tp1_and_transformers(request: pytest.FixtureRequest, 
     if regime == "preemption":
         assert core.stats().num_preemptions > 0, "the tiny cache should have forced preemption"
     tp1 = run(tp_core(ckpt, 1, **REGIMES[regime]), reqs)
-    for rid, p, _, _ in reqs:
+    for rid, _, _, _ in reqs:
         assert tokens(tp2[rid]) == tokens(tp1[rid]), (rid, regime)
     assert tokens(tp2["r1"]) == hf_greedy(ckpt, ps[1], n)  # the chunked / preempted long prompt
 

@@ -1,4 +1,5 @@
-"""The CPU attention path (decode tiles, chunked prefill) against the float32 reference, windows and softcap included."""
+"""The CPU attention path (decode tiles, chunked prefill) against the float32 reference, windows and softcap
+included."""
 
 from __future__ import annotations
 

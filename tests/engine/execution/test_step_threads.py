@@ -1,4 +1,5 @@
-"""engine/execution/model_runner.py step_threads and projection_macs: a CPU step runs on all of torch's threads only when
+"""engine/execution/model_runner.py step_threads and projection_macs: a CPU step runs on all of torch's threads only
+when
 its projections' FLOPs reach EngineConfig.threaded_step_flops (at, under and over), else on one."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Tiny random-weight engines with constrained decoding; one LLTokenizer per checkpoint for the session (~1.5 s each)."""
+"""Tiny random-weight engines with constrained decoding; one LLTokenizer per checkpoint for the session (~1.5 s
+each)."""
 
 from __future__ import annotations
 

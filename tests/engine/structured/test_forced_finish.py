@@ -1,4 +1,5 @@
-"""Free-form constraints on a random-weight model end with "stop" inside max_tokens (engine/structured/forced_finish.py).
+"""Free-form constraints on a random-weight model end with "stop" inside max_tokens
+(engine/structured/forced_finish.py).
 
 The model never closes a free string or stops an unbounded number by itself: only the forced finish does.
 """
@@ -384,7 +385,8 @@ def test_required_keys_of_other_objects_do_not_loop_in_an_open_object(core: Engi
 def test_many_alike_members_do_not_use_up_the_search(core: EngineCore) -> None:
     """Forty required URL members (a GitHub webhook's repository has sixty): after the first, every option inside
     each URL string leads to a mask seen before, and trying them all at each step used up the search's tries before
-    the object closed, so a budget the finish fits in was cut invalid. The option taken at such a mask is tried first."""
+    the object closed, so a budget the finish fits in was cut invalid. The option taken at such a mask is tried
+    first."""
     schema = {
         "type": "object",
         "required": [f"link_{i}" for i in range(40)],

@@ -1,4 +1,5 @@
-"""Short matches of a schema's patterns (engine/structured/pattern_samples.py): the finish search's ways out of strings."""
+"""Short matches of a schema's patterns (engine/structured/pattern_samples.py): the finish search's ways out of
+strings."""
 
 from __future__ import annotations
 

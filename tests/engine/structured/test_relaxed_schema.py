@@ -1,4 +1,5 @@
-"""Best effort for JSON schemas (engine/structured/relaxed_schema.py): each relaxation names what it left out, the relaxed
+"""Best effort for JSON schemas (engine/structured/relaxed_schema.py): each relaxation names what it left out, the
+relaxed
 grammar still enforces the rest, exact rewrites relax nothing, and what no relaxation can fix stays an error."""
 
 from __future__ import annotations

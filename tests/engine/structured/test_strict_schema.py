@@ -1,4 +1,5 @@
-"""Exact rewrites before lenient mode (engine/structured/strict_schema.py): each keeps the schema's valid values or fewer,
+"""Exact rewrites before lenient mode (engine/structured/strict_schema.py): each keeps the schema's valid values or
+fewer,
 checked against jsonschema (the output check's judge) on many instances, and llguidance enforces the result."""
 
 from __future__ import annotations

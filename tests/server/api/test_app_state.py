@@ -1,4 +1,5 @@
-"""AppState.require and AsyncLLM.generate: every "not now" is a 503 with Retry-After (server/pipeline/unavailable.py)."""
+"""AppState.require and AsyncLLM.generate: every "not now" is a 503 with Retry-After
+(server/pipeline/unavailable.py)."""
 
 from __future__ import annotations
 

@@ -132,7 +132,12 @@ def test_cut_by_max_tokens_keeps_what_was_written() -> None:
 @pytest.mark.parametrize("name, text, content, calls", [c for c in ALL if c[3]])
 @pytest.mark.parametrize("step", [1, 2, 5])
 def test_stream_intervals_assemble_to_the_final_message(
-    qwen25: Any, name: str, text: str, content: str | None, calls: list[tuple[str, Any]], step: int
+    qwen25: Any,  # noqa: F811 - the fixture imported from test_tool_calls
+    name: str,
+    text: str,
+    content: str | None,
+    calls: list[tuple[str, Any]],
+    step: int,
 ) -> None:
     tool_plan = plan_tools(TOOLS, "auto", parser_name=name, enable_auto=True, token_id=lambda t: None)
     ids = qwen25.encode(text, add_special_tokens=False).ids
