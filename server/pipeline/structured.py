@@ -103,32 +103,11 @@ def requested_constraint(req: CompletionRequest | ChatCompletionRequest, *, pref
     400 (param named) for two constraints at once, json_schema without a schema, an empty choice list, and the
     options the backend cannot honour. `prefix` goes in front of every param (/generate: "sampling_params.").
     """
-    found = _response_format(req.response_format)  # (param, kind, value)
     rf = req.response_format
     strict = rf is not None and rf.json_schema is not None and rf.json_schema.strict is True
     so = req.structured_outputs
-    if so is not None:
-        _refuse_options(so, prefix + "structured_outputs.")
-        for name, kind in (("json", "json"), ("regex", "regex"), ("choice", "choice"), ("grammar", "grammar")):
-            value = getattr(so, name)
-            if value is not None:
-                found.append((f"structured_outputs.{name}", kind, value))
-        if so.json_object:
-            found.append(("structured_outputs.json_object", "json_object", ""))
-    given = (
-        ("structured_outputs.whitespace_pattern", so.whitespace_pattern if so is not None else None),
-        ("guided_whitespace_pattern", req.guided_whitespace_pattern),
-    )
-    patterns = [(p, v) for p, v in given if v is not None]
-    for name, kind in (
-        ("guided_json", "json"),
-        ("guided_regex", "regex"),
-        ("guided_choice", "choice"),
-        ("guided_grammar", "grammar"),
-    ):
-        value = getattr(req, name)
-        if value is not None:
-            found.append((name, kind, value))
+    found = _asked(req, prefix)
+    patterns = _whitespace_patterns(req)
     if not found:
         if patterns:
             raise bad_request(
@@ -151,6 +130,47 @@ def requested_constraint(req: CompletionRequest | ChatCompletionRequest, *, pref
     strict = strict or kind != "json"
     if not patterns:
         return Requested(constraint, param, strict=strict)
+    return _with_pattern(Requested(constraint, param, strict=strict), patterns, prefix)
+
+
+def _asked(req: CompletionRequest | ChatCompletionRequest, prefix: str) -> list[tuple[str, str, Any]]:
+    """Every constraint the request names, as (param, kind, value): response_format, structured_outputs (its
+    unsupported options refused), then the guided_* fields."""
+    found = _response_format(req.response_format)
+    so = req.structured_outputs
+    if so is not None:
+        _refuse_options(so, prefix + "structured_outputs.")
+        for name, kind in (("json", "json"), ("regex", "regex"), ("choice", "choice"), ("grammar", "grammar")):
+            value = getattr(so, name)
+            if value is not None:
+                found.append((f"structured_outputs.{name}", kind, value))
+        if so.json_object:
+            found.append(("structured_outputs.json_object", "json_object", ""))
+    for name, kind in (
+        ("guided_json", "json"),
+        ("guided_regex", "regex"),
+        ("guided_choice", "choice"),
+        ("guided_grammar", "grammar"),
+    ):
+        value = getattr(req, name)
+        if value is not None:
+            found.append((name, kind, value))
+    return found
+
+
+def _whitespace_patterns(req: CompletionRequest | ChatCompletionRequest) -> list[tuple[str, str]]:
+    """The whitespace patterns given, as (param, pattern)."""
+    so = req.structured_outputs
+    given = (
+        ("structured_outputs.whitespace_pattern", so.whitespace_pattern if so is not None else None),
+        ("guided_whitespace_pattern", req.guided_whitespace_pattern),
+    )
+    return [(p, v) for p, v in given if v is not None]
+
+
+def _with_pattern(requested: Requested, patterns: list[tuple[str, str]], prefix: str) -> Requested:
+    """`requested` with the whitespace pattern; 400 when two patterns differ or the constraint is not JSON."""
+    param, kind = requested.param, requested.constraint.kind
     pattern_param, pattern = prefix + patterns[0][0], str(patterns[0][1])
     if len(patterns) > 1 and patterns[1][1] != pattern:
         raise bad_request(f"{pattern_param} and {prefix + patterns[1][0]} differ; send one of them.", pattern_param)
@@ -159,7 +179,8 @@ def requested_constraint(req: CompletionRequest | ChatCompletionRequest, *, pref
             f"{pattern_param} applies to JSON constraints (json_schema, json, json_object), not to {param}.",
             pattern_param,
         )
-    return Requested(msgspec.structs.replace(constraint, whitespace_pattern=pattern), param, pattern_param, strict)
+    constraint = msgspec.structs.replace(requested.constraint, whitespace_pattern=pattern)
+    return Requested(constraint, param, pattern_param, requested.strict)
 
 
 def _response_format(rf: ResponseFormat | None) -> list[tuple[str, str, Any]]:
