@@ -10,7 +10,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -170,13 +170,7 @@ def load_model(
     dtype_name = pick_dtype(dtype, cfg.get("torch_dtype") or cfg.get("dtype"), device)
     positions = max_positions or args.max_position_embeddings
     num_kv_heads = args.num_kv_heads
-    if shard is not None and not family.tensor_parallel:
-        raise ModelLoadError(f"{arch} checkpoints do not run tensor parallel here; pass --tensor-parallel-size 1")
-    if quantization is not None and device.type != "cpu":
-        raise ModelLoadError(f"--quantization {quantization} runs on CPU only here; drop it or pass --device cpu")
-    ggufs = gguf_files(folder)
-    if ggufs is not None and shard is not None:
-        raise ModelLoadError("a GGUF model does not run tensor parallel here; pass --tensor-parallel-size 1")
+    ggufs = _gguf_files_if_runnable(folder, arch, family.tensor_parallel, device, shard, quantization)
     weights: Weights
     with torch.inference_mode():
         if ggufs is not None:
@@ -195,11 +189,35 @@ def load_model(
             model = shard.build(args, weights, "lm_head.weight" in weights, positions, quantization)
             num_kv_heads = model.args.num_kv_heads  # this rank's own (maybe replicated) KV heads
     weights.progress.close()
+    return model, _model_info(folder, cfg, args, dtype_name, num_kv_heads)
 
+
+def _gguf_files_if_runnable(
+    folder: Path,
+    arch: str,
+    tensor_parallel: bool,
+    device: torch.device,
+    shard: ModelShard | None,
+    quantization: str | None,
+) -> list[Path] | None:
+    """The folder's GGUF files (None: none), once the placement asked for is known to run here (else a
+    ModelLoadError saying which flag to change)."""
+    if shard is not None and not tensor_parallel:
+        raise ModelLoadError(f"{arch} checkpoints do not run tensor parallel here; pass --tensor-parallel-size 1")
+    if quantization is not None and device.type != "cpu":
+        raise ModelLoadError(f"--quantization {quantization} runs on CPU only here; drop it or pass --device cpu")
+    ggufs = gguf_files(folder)
+    if ggufs is not None and shard is not None:
+        raise ModelLoadError("a GGUF model does not run tensor parallel here; pass --tensor-parallel-size 1")
+    return ggufs
+
+
+def _model_info(folder: Path, cfg: dict[str, Any], args: ModelArgs, dtype_name: str, num_kv_heads: int) -> ModelInfo:
+    """What the engine needs to know of the loaded model; `num_kv_heads`: this rank's own."""
     gen = read_generation_config(folder)
     eos, defaults = eos_token_ids(cfg, gen), generation_defaults(gen)
     tokens = tokenizer_token_count(folder)
-    info = ModelInfo(
+    return ModelInfo(
         vocab_size=min(args.vocab_size, tokens) if tokens else args.vocab_size,
         max_position_embeddings=args.max_position_embeddings,
         eos_token_ids=eos,
@@ -209,4 +227,3 @@ def load_model(
         num_kv_heads=num_kv_heads,
         head_dim=args.head_dim,
     )
-    return model, info
