@@ -12,6 +12,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -175,9 +176,7 @@ def write_random_checkpoint(
     tokens and tool-calling template). extra: more config fields (experts, layer_types, soft-caps ...)."""
     import transformers  # why late: the engine imports this module, only builders need transformers
 
-    path = Path(path)
-    if path.exists():
-        raise FileExistsError(f"{path} already exists; pick a new folder or delete it first")
+    path = _fresh(path)
     config_cls, model_cls = (getattr(transformers, n) for n in _CLASSES[arch])
     tok = tokenizer_family or TOKENIZERS[arch]
     bos, eos = (151643, [151645, 151643]) if tok in _QWEN_TOKENS else (1, [2])
@@ -196,31 +195,62 @@ def write_random_checkpoint(
         eos_token_id=eos[0],
         architectures=[model_cls.__name__],
     )
-    if arch in ("gemma2", "gemma3", "phi3"):  # their default pad id may lie outside a small vocabulary
-        kwargs["pad_token_id"] = 0
-    if rope_scaling is not None:
-        kwargs["rope_scaling"] = rope_scaling
-    if sliding_window is not None or arch in ("mistral", "gemma2", "gemma3"):
-        kwargs["sliding_window"] = sliding_window
+    kwargs.update(_arch_fields(arch, rope_scaling, sliding_window))
     config = config_cls(**kwargs, **(extra or {}))
+    model = _seeded(model_cls, config, seed, _reinit, hidden_size).to(getattr(torch, dtype))
+    gen = {"bos_token_id": bos, "eos_token_id": eos, "do_sample": True, **_SAMPLING.get(arch, {})}
+    if tok in _QWEN_TOKENS:
+        gen["pad_token_id"] = 151643
+    return _write_atomically(path, lambda tmp: _save(tmp, model, shards, gen, tok if tokenizer else None))
+
+
+def _arch_fields(arch: Arch, rope_scaling: dict[str, Any] | None, sliding_window: int | None) -> dict[str, Any]:
+    """Config fields only some families or shapes carry."""
+    fields: dict[str, Any] = {}
+    if arch in ("gemma2", "gemma3", "phi3"):  # their default pad id may lie outside a small vocabulary
+        fields["pad_token_id"] = 0
+    if rope_scaling is not None:
+        fields["rope_scaling"] = rope_scaling
+    if sliding_window is not None or arch in ("mistral", "gemma2", "gemma3"):
+        fields["sliding_window"] = sliding_window
+    return fields
+
+
+def _seeded(
+    model_cls: Any, config: Any, seed: int, reinit: Callable[[torch.nn.Module, int, int], None], hidden_size: int
+) -> Any:
+    """`model_cls(config)` built under `seed`, its weights then rescaled by `reinit`."""
     torch.manual_seed(seed)
     model = model_cls(config)
-    _reinit(model, hidden_size, seed)
-    model = model.to(getattr(torch, dtype))
+    reinit(model, hidden_size, seed)
+    return model
 
+
+def _save(tmp: Path, model: Any, shards: int, gen: dict[str, Any], tokenizer_family: str | None) -> None:
+    """The weights in `shards` safetensors files, generation_config.json and (named) the tokenizer's files."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    shard_size = max(1, math.ceil(total / shards) + 1) if shards > 1 else "50GB"
+    model.save_pretrained(tmp, max_shard_size=shard_size)
+    (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    if tokenizer_family is not None:
+        write_tokenizer(tokenizer_family, tmp)  # type: ignore[arg-type]
+
+
+def _fresh(path: str | Path) -> Path:
+    """`path` as a Path; FileExistsError when something is there already."""
+    path = Path(path)
+    if path.exists():
+        raise FileExistsError(f"{path} already exists; pick a new folder or delete it first")
+    return path
+
+
+def _write_atomically(path: Path, fill: Callable[[Path], None]) -> Path:
+    """`fill` a temporary folder beside `path`, then rename it to `path`: readers see no folder or a whole one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
-        total = sum(p.numel() * p.element_size() for p in model.parameters())
-        shard_size = max(1, math.ceil(total / shards) + 1) if shards > 1 else "50GB"
-        model.save_pretrained(tmp, max_shard_size=shard_size)
-        gen = {"bos_token_id": bos, "eos_token_id": eos, "do_sample": True, **_SAMPLING.get(arch, {})}
-        if tok in _QWEN_TOKENS:
-            gen["pad_token_id"] = 151643
-        (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
-        if tokenizer:
-            write_tokenizer(tok, tmp)  # type: ignore[arg-type]
-        os.rename(tmp, path)  # atomic: readers see no folder or a whole checkpoint
+        fill(tmp)
+        os.rename(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -335,14 +365,8 @@ def write_random_vl_checkpoint(
     Qwen2-VL's chat template, and preprocessor_config.json for the Qwen2-VL image processor."""
     import transformers  # why late: the engine imports this module, only builders need transformers
 
-    path = Path(path)
-    if path.exists():
-        raise FileExistsError(f"{path} already exists; pick a new folder or delete it first")
-    section = mrope_section or [
-        head_dim // 8,
-        (head_dim // 2 - head_dim // 8) // 2,
-        head_dim // 2 - head_dim // 8 - (head_dim // 2 - head_dim // 8) // 2,
-    ]
+    path = _fresh(path)
+    section = mrope_section or _mrope_section(head_dim)
     config = transformers.Qwen2VLConfig(
         text_config=dict(
             hidden_size=hidden_size,
@@ -358,16 +382,7 @@ def write_random_vl_checkpoint(
             bos_token_id=151643,
             eos_token_id=151645,
         ),
-        vision_config=dict(
-            depth=vision_depth,
-            embed_dim=vision_embed_dim,
-            num_heads=vision_num_heads,
-            mlp_ratio=2,
-            hidden_size=hidden_size,
-            patch_size=14,
-            temporal_patch_size=2,
-            spatial_merge_size=2,
-        ),
+        vision_config=_vision_config(vision_depth, vision_embed_dim, vision_num_heads, hidden_size),
         image_token_id=151655,
         video_token_id=151656,
         vision_start_token_id=151652,
@@ -375,35 +390,52 @@ def write_random_vl_checkpoint(
         tie_word_embeddings=True,
         architectures=["Qwen2VLForConditionalGeneration"],
     )
-    torch.manual_seed(seed)
-    model = transformers.Qwen2VLForConditionalGeneration(config)
-    _reinit_vl(model, hidden_size, seed)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        model.save_pretrained(tmp)
-        gen = {
-            "bos_token_id": 151643,
-            "eos_token_id": [151645, 151643],
-            "pad_token_id": 151643,
-            "do_sample": True,
-            **_SAMPLING["qwen2"],
-        }
-        (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
-        write_tokenizer("qwen2.5", tmp)
-        tok_cfg = json.loads((tmp / "tokenizer_config.json").read_text())
-        tok_cfg["chat_template"] = QWEN2_VL_CHAT_TEMPLATE
-        (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
-        if (tmp / "chat_template.jinja").exists():
-            (tmp / "chat_template.jinja").write_text(QWEN2_VL_CHAT_TEMPLATE)
-        (tmp / "preprocessor_config.json").write_text(
-            json.dumps({**VL_PREPROCESSOR, "max_pixels": max_pixels}, indent=2)
-        )
-        os.rename(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return path
+    model = _seeded(transformers.Qwen2VLForConditionalGeneration, config, seed, _reinit_vl, hidden_size)
+    return _write_atomically(path, lambda tmp: _save_vl(tmp, model, max_pixels))
+
+
+def _mrope_section(head_dim: int) -> list[int]:
+    """M-RoPE's (temporal, height, width) split of head_dim // 2 rotary pairs."""
+    return [
+        head_dim // 8,
+        (head_dim // 2 - head_dim // 8) // 2,
+        head_dim // 2 - head_dim // 8 - (head_dim // 2 - head_dim // 8) // 2,
+    ]
+
+
+def _vision_config(depth: int, embed_dim: int, num_heads: int, hidden_size: int) -> dict[str, Any]:
+    """Qwen2-VL's vision tower: 14-pixel patches, 2 frames a patch, 2x2 patches merged into one token."""
+    return dict(
+        depth=depth,
+        embed_dim=embed_dim,
+        num_heads=num_heads,
+        mlp_ratio=2,
+        hidden_size=hidden_size,
+        patch_size=14,
+        temporal_patch_size=2,
+        spatial_merge_size=2,
+    )
+
+
+def _save_vl(tmp: Path, model: Any, max_pixels: int) -> None:
+    """The weights, generation_config.json, Qwen2.5's tokenizer with Qwen2-VL's chat template, and the image
+    processor's preprocessor_config.json."""
+    model.save_pretrained(tmp)
+    gen = {
+        "bos_token_id": 151643,
+        "eos_token_id": [151645, 151643],
+        "pad_token_id": 151643,
+        "do_sample": True,
+        **_SAMPLING["qwen2"],
+    }
+    (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    write_tokenizer("qwen2.5", tmp)
+    tok_cfg = json.loads((tmp / "tokenizer_config.json").read_text())
+    tok_cfg["chat_template"] = QWEN2_VL_CHAT_TEMPLATE
+    (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
+    if (tmp / "chat_template.jinja").exists():
+        (tmp / "chat_template.jinja").write_text(QWEN2_VL_CHAT_TEMPLATE)
+    (tmp / "preprocessor_config.json").write_text(json.dumps({**VL_PREPROCESSOR, "max_pixels": max_pixels}, indent=2))
 
 
 def make_vision_demo(path: str | Path) -> Path:
