@@ -3,7 +3,7 @@
 The kernel that wins on one CPU loses on another (on AMX machines oneDNN's tiles win prefill by far; on Zen 4
 our AVX512-BF16 kernel wins decode), so no CPU flag decides: `choose(kind, shape, candidates)` times every
 candidate at a representative row count of each class, interleaved (a busy core slows all alike), takes the
-median of repeats, and caches the winners in the spindle cache under a key of the CPU model, the library
+fastest of repeats, and caches the winners in the spindle cache under a key of the CPU model, the library
 versions, the shape and the candidate names, so a restart times nothing. SPINDLE_KERNEL_CHOICE=name forces one.
 """
 
@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import platform
-import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -29,6 +28,7 @@ log = logging.getLogger(__name__)
 ROW_CLASSES: tuple[tuple[int, int], ...] = ((1, 1), (2, 4), (5, 16), (17, 64), (65, 1 << 30))  # last: prefill
 TIMED_ROWS = (1, 4, 16, 64, 256)  # the row count timed for each class (its largest that a step often has)
 SAMPLES = 5  # timed samples per candidate and class, interleaved
+METHOD = "fastest-of-samples"  # part of the cache key: a change of how choices are timed times them again
 LONG_SAMPLES, LONG_CALL_S = 3, 10e-3  # fewer where every candidate's first call took this long
 SAMPLE_S = 2e-3  # each sample repeats the call until it lasts about this long
 MAX_REPEATS = 64
@@ -70,9 +70,10 @@ def _library_hash() -> str:
 
 
 def cache_key(kind: str, shape: tuple[int, ...], names: tuple[str, ...]) -> str:
-    """What a cached choice is valid for: CPU model, torch and kernel library versions, threads, kind, shape,
-    candidates."""
+    """What a cached choice is valid for: how it was timed, CPU model, torch and kernel library versions, threads,
+    kind, shape, candidates."""
     parts = [
+        METHOD,
         cpu_model(),
         torch.__version__,
         _library_hash(),
@@ -121,7 +122,8 @@ def _sample(call: Callable[[], object], repeats: int) -> float:
 
 
 def _time_class(rows: int, candidates: Mapping[str, Bench]) -> dict[str, float]:
-    """The median time of each candidate that runs at `rows` rows. One untimed call each first (it also
+    """The fastest sample of each candidate that runs at `rows` rows: the one least held up by other processes
+    on a busy machine (a median follows the load; the minimum follows the kernel). One untimed call each first (it also
     sets how often a sample repeats the call); a candidate that raises is left out."""
     calls: dict[str, tuple[Callable[[], object], int]] = {}
     first_s: dict[str, float] = {}
@@ -140,7 +142,7 @@ def _time_class(rows: int, candidates: Mapping[str, Bench]) -> dict[str, float]:
     for _ in range(LONG_SAMPLES if long else SAMPLES):
         for name, (call, repeats) in calls.items():
             times[name].append(_sample(call, repeats))
-    return {name: statistics.median(t) for name, t in times.items()}
+    return {name: min(t) for name, t in times.items()}
 
 
 def _fastest(medians: Mapping[str, float], names: Iterable[str]) -> str | None:
@@ -163,7 +165,7 @@ def _measure(candidates: Mapping[str, Bench]) -> tuple[tuple[str, ...], list[dic
 
 def choose(kind: str, shape: tuple[int, ...], candidates: Mapping[str, Bench]) -> tuple[str, ...]:
     """Per row class, the name of the fastest candidate (timed on this machine at a representative row count of
-    each class, interleaved, median of repeats), cached in the spindle cache under a key of the CPU model name,
+    each class, interleaved, fastest of repeats), cached in the spindle cache under a key of the CPU model name,
     torch version, the kernel library's build hash, kind, shape and the candidate names, so a restart times
     nothing. A candidate that raises (or is absent) is skipped; if all fail, raises ChooserError (a single
     candidate is taken untimed). SPINDLE_KERNEL_CHOICE=name forces one candidate where present (for tests and
