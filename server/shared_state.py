@@ -26,7 +26,8 @@ import mmap
 import os
 import threading
 
-from server.metrics.prometheus import LoopCounter, MetricSlots, ServerMetrics
+from server.metrics.prometheus import ServerMetrics
+from server.metrics.slots import LoopCounter, MetricSlots
 from server.pipeline.admission import Admission
 
 ADMISSION_SLOT = 64  # bytes per process: two int64 (requests, tokens), a cache line each process owns

@@ -39,7 +39,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from engine.client.process_client import EngineDeadError
 from engine.messages import AddRequest, EngineStats, Heartbeat, Ready, StepOutputs
 from server.config import ServerConfig
-from server.metrics.prometheus import LoopCounter
+from server.metrics.slots import LoopCounter
 
 Policy = Literal["affinity", "round_robin"]
 POLICIES: tuple[Policy, ...] = ("affinity", "round_robin")

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from server.metrics.prometheus import LATENCY_BUCKETS, ServerMetrics
+from server.metrics.prometheus import ServerMetrics
+from server.metrics.slots import LATENCY_BUCKETS
 
 VALUES = [0.0, 0.001, 0.0010001, 0.02, 0.019999, 0.5, 7.5, 640.0, 640.5, 1e9, 0.06, 0.06]
 
