@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -23,11 +24,14 @@ from engine.models.loader import ModelLoadError, read_config, resolve_model
 from engine.models.pooling_archs import check_runner, load_score_head
 from engine.multimodal.audio import AudioRunner
 from engine.pooling_config import pooling_info
-from engine.spec.config import parse_spec_config
+from engine.spec.config import SpecConfig, parse_spec_config
 from engine.spec.speculator import Speculator
 from engine.spec.verify import sampled_rows, verify
 from engine.structured.backend import StructuredBackend
 from engine.structured.manager import StructuredOutputManager
+
+if TYPE_CHECKING:
+    from engine.spec.draft_model import DraftModel
 
 COMPILE_WAIT = 0.05  # seconds a step with nothing to run waits for a grammar compile (new frames wait as long)
 
@@ -71,8 +75,18 @@ class EngineCore:
         self.structured = StructuredOutputManager(self._grammar_backend, self.runner.device, self.eos_token_ids)
         self._pending: list[RequestOutput] = []  # refusals and aborts, reported with the next step
         spec = parse_spec_config(config.speculative_config)  # --speculative-config (engine/spec/)
-        self.spec = Speculator(spec, self.max_model_len) if spec is not None and self.pooler is None else None
+        self.spec: Speculator | None = None
+        if spec is not None and self.pooler is None:
+            self.spec = Speculator(spec, self.max_model_len, self._drafter(spec))
         self._prompt_logprobs: dict[str, list[TokenLogprobs | None]] = {}
+
+    def _drafter(self, spec: SpecConfig) -> DraftModel | None:
+        """method draft_model: the draft checkpoint, loaded beside the target (engine/spec/draft_model.py)."""
+        if spec.method != "draft_model":
+            return None
+        from engine.spec.draft_model import DraftModel  # why late: only a draft model's engine needs it
+
+        return DraftModel(spec, self.config, self.runner)
 
     def _grammar_backend(self) -> StructuredBackend:
         """Built by the first constrained request, in the compile thread (the LLTokenizer takes ~1.5 s)."""

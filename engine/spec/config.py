@@ -60,7 +60,4 @@ def _draft_model(raw: dict[str, Any], k: int) -> SpecConfig:
         raise ValueError(f'{FLAG}: method draft_model needs "model": the draft\'s folder or GGUF file')
     if not Path(model).exists():
         raise ValueError(f"{FLAG}: draft model {model!r} does not exist")
-    # why refused: a draft model needs its own KV cache and step in the engine, which it has not
-    raise ValueError(
-        f'{FLAG}: draft models are not supported; use {{"method": "ngram", "num_speculative_tokens": {k}}}'
-    )
+    return SpecConfig("draft_model", k, model=model)

@@ -3,12 +3,17 @@ verification after it, and the counters behind vLLM's spec_decode_* metrics."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from engine.core.sequence import SeqStatus, Sequence
 from engine.spec import ngram
 from engine.spec.adaptive import StepCost, draft_length
 from engine.spec.config import SpecConfig
+
+if TYPE_CHECKING:
+    from engine.spec.draft_model import DraftModel
 
 
 def can_speculate(seq: Sequence) -> bool:
@@ -18,8 +23,10 @@ def can_speculate(seq: Sequence) -> bool:
 
 
 class Speculator:
-    def __init__(self, config: SpecConfig, max_model_len: int) -> None:
+    def __init__(self, config: SpecConfig, max_model_len: int, drafter: DraftModel | None = None) -> None:
         self.config = config
+        self.drafter = drafter  # method draft_model: proposes for every speculating sequence in one batch
+        self.draft_seconds = 0.0  # the draft model's CPU time for the coming step's proposals
         self.max_model_len = max_model_len
         self.cost = StepCost()
         self.num_drafts = 0  # verifications
@@ -37,6 +44,7 @@ class Speculator:
         c = self.config
         cost = self.cost.relative(len(decoding))
         gain, drafted = 0.0, 0
+        wanted: list[tuple[Sequence, int]] = []  # a draft model's (sequence, k), proposed once the step pays
         for seq in decoding:
             if not can_speculate(seq):
                 continue
@@ -44,13 +52,25 @@ class Speculator:
             room = min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1
             k = draft_length(seq.spec, cost, min(c.num_speculative_tokens, room))
             if k:
-                seq.draft = ngram.propose(seq.token_ids, k, c.prompt_lookup_max, c.prompt_lookup_min)
+                if self.drafter is None:
+                    seq.draft = ngram.propose(seq.token_ids, k, c.prompt_lookup_max, c.prompt_lookup_min)
+                else:
+                    wanted.append((seq, k))
+                n = k if self.drafter is not None else len(seq.draft)
                 a = seq.spec.acceptance
-                gain += sum(a**j for j in range(1, len(seq.draft) + 1))  # expected accepted tokens
-                drafted += len(seq.draft)
+                gain += sum(a**j for j in range(1, n + 1))  # expected accepted tokens
+                drafted += n
         if drafted and not self.cost.pays(len(decoding), gain, drafted):
             for seq in decoding:  # the step's verification would cost the batch more than it gains
                 seq.draft = []
+            wanted = []
+        self.draft_seconds = 0.0
+        if self.drafter is not None:
+            self.drafter.retain(set(decoding))  # finished, aborted, preempted: their draft blocks go back
+            if wanted:
+                began = time.process_time()
+                self.drafter.propose(wanted)
+                self.draft_seconds = time.process_time() - began
 
     def record(self, seq: Sequence, drafted: int, accepted: int) -> None:
         seq.spec.record(drafted, accepted)
@@ -62,4 +82,5 @@ class Speculator:
 
     def record_step(self, tokens: int, drafted: bool, seconds: float) -> None:
         """A decode-only step's size, whether it verified a draft, and its time (engine/spec/adaptive.py)."""
-        self.cost.record(tokens, drafted, seconds)
+        # a draft model's proposals are part of what drafting costs
+        self.cost.record(tokens, drafted, seconds + (self.draft_seconds if drafted else 0.0))

@@ -48,9 +48,10 @@ def test_bad_configs_name_the_problem(raw: dict[str, object], words: str) -> Non
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
-def test_draft_models_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="draft models are not supported"):
-        parse_spec_config({"model": str(tmp_path), "num_speculative_tokens": 3})
+def test_draft_model_config(tmp_path: Path) -> None:
+    want = SpecConfig("draft_model", 3, model=str(tmp_path))
+    assert parse_spec_config({"model": str(tmp_path), "num_speculative_tokens": 3}) == want
+    assert parse_spec_config({"method": "draft_model", "model": str(tmp_path), "num_speculative_tokens": 3}) == want
 
 
 def test_engine_config_checks_it() -> None:
