@@ -189,6 +189,7 @@ def create_app(
     renderer_factory: RendererFactory | None = None,
     load_in_background: bool = False,
     wrap: bool = True,
+    responses_store: ResponseStore | None = None,
 ) -> Any:
     """The ASGI app. `on_fatal(why)` is called once if the engine dies (the CLI exits non-zero).
 
@@ -197,6 +198,7 @@ def create_app(
     so /health answers 503 while loading); otherwise startup waits for the engine, and a failed load
     fails startup.
     wrap: False gives the bare router (one model behind --models-dir, whose front app does auth and logging).
+    responses_store: the Responses store to use (--models-dir keeps each model's across its loads).
     """
     if config is None:  # plain `hypercorn 'server.app:create_app()'`: one engine per worker process
         _refuse_several_hypercorn_workers()
@@ -219,7 +221,7 @@ def create_app(
         Route("/inference/v1/generate", GenerateRoute(state), methods=["POST"]),
         Route("/v1/messages", MessagesRoute(state), methods=["POST"]),
         Route("/v1/messages/count_tokens", CountTokensRoute(state), methods=["POST"]),
-        *_responses_routes(state, worker),
+        *_responses_routes(state, worker, responses_store),
         *(_lora_routes(state) if config.lora.allow_runtime_lora_updating else []),
         *_common_routes(state, metrics),
         *([] if config.http.disable_ui else _ui_routes(state)),
@@ -228,11 +230,12 @@ def create_app(
     return _asgi(state, routes, _lifespan(state, load.run, fatal, load_in_background), _not_found, public, wrap)
 
 
-def _responses_routes(state: AppState, worker: WorkerContext | None) -> list[Route]:
+def _responses_routes(state: AppState, worker: WorkerContext | None, store: ResponseStore | None) -> list[Route]:
     # one store for all API processes (a file in the launcher's directory); a single server's in memory
-    store = ResponseStore(
-        state.config.outputs.responses_store_size, worker.responses_dir if worker is not None else None
-    )
+    if store is None:
+        store = ResponseStore(
+            state.config.outputs.responses_store_size, worker.responses_dir if worker is not None else None
+        )
     background = BackgroundResponses(state, store)
     return [
         Route("/v1/responses", ResponsesRoute(state, store, background), methods=["POST"]),

@@ -8,18 +8,10 @@ heartbeat interval, and the reader marks it dead after --engine-heartbeat-timeou
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
-
 from server.api.app_state import AppState
-from server.http.asgi import Receive, Scope, Send, send_error, send_json
+from server.http.asgi import Receive, Scope, Send, send_error
 from server.http.errors import APIError
-
-
-def _version() -> str:
-    try:
-        return version("spindle")
-    except PackageNotFoundError:
-        return "0.0.0"
+from server.http.version import send_version
 
 
 class HealthRoute:
@@ -38,4 +30,4 @@ class HealthRoute:
 
 class VersionRoute:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send_json(send, 200, b'{"version":"%s"}' % _version().encode())
+        await send_version(scope, receive, send)

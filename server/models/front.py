@@ -24,7 +24,6 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from starlette.routing import Route, Router
 
-from server.api.health import VersionRoute
 from server.app import EngineFactory, create_app
 from server.config import ServerConfig
 from server.http.asgi import (
@@ -39,11 +38,13 @@ from server.http.asgi import (
     send_json,
 )
 from server.http.deploy import wrap_app
-from server.http.errors import APIError
+from server.http.errors import APIError, anthropic_error_body
+from server.http.version import send_version
 from server.metrics.prometheus import CONTENT_TYPE
 from server.models.catalog import scan
 from server.models.registry import Loaded, ModelRegistry, ModelSlot, RegistryMetrics
 from server.models.routing import replay, routing_of
+from server.models.stored import ModelStores, unknown
 from server.pipeline import unavailable
 
 log = logging.getLogger("spindle.server")
@@ -68,16 +69,30 @@ class ModelList(msgspec.Struct):
 _encoder = msgspec.json.Encoder()
 
 
-def model_not_found(name: str | None, served: list[str]) -> bytes:
-    """OpenAI's 404 for an unknown model (code `model_not_found`)."""
+def _anthropic(scope: Scope) -> bool:
+    """Anthropic's routes answer errors in Anthropic's shape, as the model's own routes do."""
+    return "/v1/messages" in scope["path"]
+
+
+def model_not_found(scope: Scope, name: str | None, served: list[str]) -> bytes:
+    """OpenAI's 404 for an unknown model (code `model_not_found`); Anthropic's `not_found_error` on its routes."""
     message = (
         f"The model `{name}` does not exist; this server serves: {', '.join(served)}."
         if name is not None
         else f"The request names no `model`; this server serves: {', '.join(served)}."
     )
+    if _anthropic(scope):
+        return anthropic_error_body(404, message)
     return _encoder.encode(
         {"error": {"message": message, "type": "invalid_request_error", "param": "model", "code": "model_not_found"}}
     )
+
+
+async def _refuse(scope: Scope, send: Send, error: APIError) -> None:
+    if _anthropic(scope):
+        await send_json(send, error.status, anthropic_error_body(error.status, error.message))
+    else:
+        await send_error(send, error)
 
 
 class _PerModel(Collector):
@@ -124,6 +139,8 @@ class ModelsFront:
             config, scan(config.models.models_dir), self._make_app, RegistryMetrics(self.prometheus)
         )
         self.prometheus.register(_PerModel(self.registry.slots))
+        entries = {name: slot.entry for name, slot in self.registry.slots.items()}
+        self.stores = ModelStores(entries, config.outputs.responses_store_size)
         self.created = int(time.time())
         self.limit = max(config.http.max_request_body, int(config.media.max_audio_filesize_mb * 1e6) + (1 << 20))
 
@@ -133,7 +150,10 @@ class ModelsFront:
         return self.registry
 
     def _make_app(self, config: ServerConfig, on_fatal: Callable[[str], None]) -> Loaded:
-        app = create_app(config, on_fatal=on_fatal, engine_factory=self.engine_factory, wrap=False)
+        store = self.stores.stores[config.model.model_name]
+        app = create_app(
+            config, on_fatal=on_fatal, engine_factory=self.engine_factory, wrap=False, responses_store=store
+        )
         return Loaded(app, app.state_holder, _metrics_of(app))
 
     async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -146,12 +166,33 @@ class ModelsFront:
         except ClientGone:
             return
         except APIError as e:
-            await send_error(send, e)
+            await _refuse(scope, send, e)
             return
         slot = self.registry.slots.get(name) if name is not None else None
         if slot is None:
-            await send_json(send, 404, model_not_found(name, sorted(self.registry.slots)))
+            await send_json(send, 404, model_not_found(scope, name, sorted(self.registry.slots)))
             return
+        await self._forward(slot, scope, body, receive, send, stream)
+
+    async def stored(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """GET / DELETE /v1/responses/{id} (from the store that holds it) and POST .../cancel (to its model)."""
+        response_id = scope["path_params"]["response_id"]
+        try:
+            name = await self.stores.owner(response_id)
+        except APIError as e:
+            await send_error(send, e)
+            return
+        if name is None:
+            await send_error(send, unknown(response_id))
+        elif scope["path"].endswith("/cancel"):
+            await self._forward(self.registry.slots[name], scope, b"", receive, send, False)
+        else:
+            await self.stores.answer(name, scope, receive, send)
+
+    async def _forward(
+        self, slot: ModelSlot, scope: Scope, body: bytes, receive: Receive, send: Send, stream: bool
+    ) -> None:
+        """To the model's app, once loaded. A client that leaves while it loads stops waiting (the load goes on)."""
         if slot.status != "loaded" and stream:
             await self._stream_after_load(slot, scope, replay(body, receive), send)
             return
@@ -172,7 +213,7 @@ class ModelsFront:
                 self.registry.release(slot)
             return
         if error is not None:
-            await send_error(send, error)
+            await _refuse(scope, send, error)
             return
         try:
             await app(scope, replay(body, receive), send)
@@ -209,10 +250,11 @@ class ModelsFront:
             finally:
                 done.set()
         if error is not None:
-            await send({"type": "http.response.body", "body": b"data: " + error.body() + b"\n\n"})
+            body = anthropic_error_body(error.status, error.message) if _anthropic(scope) else error.body()
+            await send({"type": "http.response.body", "body": _sse_error(scope) + body + b"\n\n"})
             return
         try:
-            await app(scope, receive, _continue_stream(send))
+            await app(scope, receive, _continue_stream(send, _sse_error(scope)))
         finally:
             self.registry.release(slot)
 
@@ -263,7 +305,12 @@ class ModelsFront:
                 tg.cancel_scope.cancel()
 
 
-def _continue_stream(send: Send) -> Send:
+def _sse_error(scope: Scope) -> bytes:
+    """How an error event starts in the route's stream: Anthropic's names its event."""
+    return b"event: error\ndata: " if _anthropic(scope) else b"data: "
+
+
+def _continue_stream(send: Send, prefix: bytes) -> Send:
     """The model's own response after the front sent the SSE headers: its start is dropped; a non-200 answer's
     body (an error) is sent as one SSE event."""
     status = 200
@@ -276,7 +323,7 @@ def _continue_stream(send: Send) -> Send:
         if message["type"] == "http.response.body" and status != 200:
             message = {
                 "type": "http.response.body",
-                "body": b"data: " + bytes(message.get("body", b"")) + b"\n\n",
+                "body": prefix + bytes(message.get("body", b"")) + b"\n\n",
                 "more_body": message.get("more_body", False),
             }
         await send(message)
@@ -291,8 +338,10 @@ def create_models_app(config: ServerConfig, *, engine_factory: EngineFactory | N
     routes = [
         Route("/v1/models", _Endpoint(front.models), methods=["GET"]),
         Route("/health", _Endpoint(front.health), methods=["GET"]),
-        Route("/version", VersionRoute(), methods=["GET"]),
+        Route("/version", _Endpoint(send_version), methods=["GET"]),
         Route("/metrics", _Endpoint(front.metrics), methods=["GET"]),
+        Route("/v1/responses/{response_id}", _Endpoint(front.stored), methods=["GET", "DELETE"]),
+        Route("/v1/responses/{response_id}/cancel", _Endpoint(front.stored), methods=["POST"]),
     ]
     app: Any = wrap_app(Router(routes=routes, lifespan=front.lifespan, default=front.dispatch), config)
     app.state_holder = front

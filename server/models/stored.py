@@ -1,0 +1,55 @@
+"""GET / DELETE /v1/responses/{id} and POST /v1/responses/{id}/cancel behind --models-dir: these name no model, so
+the front finds the model whose Responses store holds the id. Each model's store is kept here, by model name, for
+the server's life: a model's stored responses outlive its unload (its app is given the same store at each load)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from server.api.openai.responses_store import ResponseStore, not_found
+from server.http.asgi import Receive, Scope, Send, send_error, send_json
+from server.http.errors import APIError
+from server.models.catalog import ModelEntry
+
+_encoder = msgspec.json.Encoder()
+
+
+class ModelStores:
+    def __init__(self, entries: dict[str, ModelEntry], size: int) -> None:
+        self.stores = {
+            name: ResponseStore(int(entry.settings.get("responses_store_size", size)))
+            for name, entry in entries.items()
+        }
+
+    async def owner(self, response_id: str) -> str | None:
+        """The model whose store holds `response_id` (None: no store does)."""
+        for name, store in self.stores.items():
+            try:
+                await store.get(response_id)
+            except APIError as e:
+                if e.status != 404:
+                    raise
+                continue
+            return name
+        return None
+
+    async def answer(self, name: str, scope: Scope, receive: Receive, send: Send) -> None:
+        """GET or DELETE of a stored response from its model's store (no engine needed: the model may be unloaded)."""
+        store, response_id = self.stores[name], scope["path_params"]["response_id"]
+        try:
+            if scope["method"] == "DELETE":
+                await store.delete(response_id)
+                body: Any = {"id": response_id, "object": "response.deleted", "deleted": True}
+            else:
+                body = (await store.get(response_id)).response
+        except APIError as e:
+            await send_error(send, e)
+            return
+        await send_json(send, 200, _encoder.encode(body))
+
+
+def unknown(response_id: str) -> APIError:
+    """No model's store holds it: the 404 a single server gives."""
+    return not_found(response_id)

@@ -1,0 +1,96 @@
+"""`--models-dir` routes every route family by the request's model, against real engine subprocesses: Anthropic's
+/v1/messages (and count_tokens), the Responses API (GET and DELETE of a stored response find the model whose store
+holds it, loaded or not), embeddings on a pooling model, /tokenize and /detokenize."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import Server
+from tests.e2e.test_models_dir import loaded, start
+
+MSGS = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def served(qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """chat (generation) and embed (the same checkpoint as a pooling model), one loaded at a time."""
+    tmp = tmp_path_factory.mktemp("routes")
+    root = tmp / "dir"
+    root.mkdir()
+    for name in ("chat", "embed"):
+        (root / name).symlink_to(qwen2_ckpt)
+    (root / "models.yaml").write_text("embed:\n  runner: pooling\n  max-model-len: 128\n")
+    server = start(root, tmp)
+    yield server
+    server.stop()
+
+
+def post(server: Server, path: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{server.url}{path}", json=body, timeout=180)
+
+
+def test_anthropic_messages_and_count_tokens(served: Server) -> None:
+    r = post(served, "/v1/messages", {"model": "chat", "max_tokens": 4, "messages": MSGS})
+    assert r.status_code == 200, r.text
+    assert r.json()["type"] == "message" and r.json()["model"] == "chat"
+    counted = post(served, "/v1/messages/count_tokens", {"model": "chat", "messages": MSGS})
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 0
+    streamed = post(served, "/v1/messages", {"model": "chat", "max_tokens": 4, "messages": MSGS, "stream": True})
+    assert streamed.status_code == 200
+    assert streamed.text.endswith('event: message_stop\ndata: {"type":"message_stop"}\n\n')
+    missing = post(served, "/v1/messages", {"model": "nope", "max_tokens": 4, "messages": MSGS})
+    assert missing.status_code == 404
+    assert missing.json()["type"] == "error" and missing.json()["error"]["type"] == "not_found_error"
+
+
+def test_a_stored_response_is_found_by_id_loaded_or_not(served: Server) -> None:
+    r = post(served, "/v1/responses", {"model": "chat", "input": "hi", "max_output_tokens": 4, "store": True})
+    assert r.status_code == 200, r.text
+    response_id = r.json()["id"]
+    got = httpx.get(f"{served.url}/v1/responses/{response_id}", timeout=30)
+    assert got.status_code == 200 and got.json()["id"] == response_id and got.json()["model"] == "chat"
+    # embed's load unloads chat (one loaded at a time): chat's stored responses stay
+    assert post(served, "/v1/embeddings", {"model": "embed", "input": "hi"}).status_code == 200
+    assert loaded(served) == {"chat": False, "embed": True}
+    got = httpx.get(f"{served.url}/v1/responses/{response_id}", timeout=30)
+    assert got.status_code == 200 and got.json()["id"] == response_id
+    assert loaded(served) == {"chat": False, "embed": True}  # read from the store: no load
+    # continued after chat loads again: the conversation is chat's
+    body = {"model": "chat", "input": "more", "max_output_tokens": 4, "previous_response_id": response_id}
+    assert post(served, "/v1/responses", body).status_code == 200
+    deleted = httpx.delete(f"{served.url}/v1/responses/{response_id}", timeout=30)
+    assert deleted.json() == {"id": response_id, "object": "response.deleted", "deleted": True}
+    for gone in (response_id, "resp_unknown"):
+        r = httpx.get(f"{served.url}/v1/responses/{gone}", timeout=30)
+        assert r.status_code == 404 and r.json()["error"]["message"] == f"Response with id '{gone}' not found."
+    assert httpx.delete(f"{served.url}/v1/responses/{response_id}", timeout=30).status_code == 404
+    cancel = httpx.post(f"{served.url}/v1/responses/resp_unknown/cancel", timeout=30)
+    assert cancel.status_code == 404 and cancel.json()["error"]["code"] == 404
+
+
+def test_embeddings_on_the_pooling_model_only(served: Server) -> None:
+    r = post(served, "/v1/embeddings", {"model": "embed", "input": ["a", "b"]})
+    assert r.status_code == 200, r.text
+    assert [d["index"] for d in r.json()["data"]] == [0, 1] and r.json()["model"] == "embed"
+    assert len(r.json()["data"][0]["embedding"]) > 1
+    refused = post(served, "/v1/embeddings", {"model": "chat", "input": "a"})  # a generation model: its own 400
+    assert refused.status_code == 400 and "pooling" in refused.json()["error"]["message"]
+
+
+def test_tokenize_and_detokenize_by_model(served: Server) -> None:
+    ids = {}
+    for model in ("chat", "embed"):
+        r = post(served, "/tokenize", {"model": model, "prompt": "Hello world"})
+        assert r.status_code == 200, r.text
+        ids[model] = r.json()["tokens"]
+        back = post(served, "/detokenize", {"model": model, "tokens": ids[model]})
+        assert back.status_code == 200 and back.json()["prompt"] == "Hello world"
+    assert ids["chat"] == ids["embed"]  # one tokenizer behind both names
+    r = post(served, "/tokenize", {"prompt": "Hello"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
