@@ -192,10 +192,23 @@ class ModelsFront:
     async def _forward(
         self, slot: ModelSlot, scope: Scope, body: bytes, receive: Receive, send: Send, stream: bool
     ) -> None:
-        """To the model's app, once loaded. A client that leaves while it loads stops waiting (the load goes on)."""
+        """To the model's app, once loaded."""
         if slot.status != "loaded" and stream:
-            await self._stream_after_load(slot, scope, replay(body, receive), send)
+            await self._stream_after_load(slot, scope, body, receive, send)
             return
+        app, error = await self._acquire(slot, receive)
+        if error is not None:
+            await _refuse(scope, send, error)
+        if app is None:
+            return
+        try:
+            await app(scope, replay(body, receive), send)
+        finally:
+            self.registry.release(slot)
+
+    async def _acquire(self, slot: ModelSlot, receive: Receive) -> tuple[Any, APIError | None]:
+        """(the model's app, None) once loaded; (None, why) when it fails to load; (None, None) when the client
+        left while it loaded: it stops waiting (the load goes on, and the model stays loaded, idle)."""
         app: Any = None
         error: APIError | None = None
 
@@ -211,16 +224,12 @@ class ModelsFront:
         elif not await run_until_disconnect(receive, wait):
             if app is not None:  # loaded as the client left
                 self.registry.release(slot)
-            return
-        if error is not None:
-            await _refuse(scope, send, error)
-            return
-        try:
-            await app(scope, replay(body, receive), send)
-        finally:
-            self.registry.release(slot)
+            return None, None
+        return app, error
 
-    async def _stream_after_load(self, slot: ModelSlot, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _stream_after_load(
+        self, slot: ModelSlot, scope: Scope, body: bytes, receive: Receive, send: Send
+    ) -> None:
         await send(
             {
                 "type": "http.response.start",
@@ -239,22 +248,19 @@ class ModelsFront:
                 with anyio.move_on_after(interval):
                     await done.wait()
 
-        app: Any = None
-        error: APIError | None = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(keep_alive)
             try:
-                app = await self.registry.acquire(slot)
-            except APIError as e:
-                error = e
+                app, error = await self._acquire(slot, receive)
             finally:
                 done.set()
         if error is not None:
-            body = anthropic_error_body(error.status, error.message) if _anthropic(scope) else error.body()
-            await send({"type": "http.response.body", "body": _sse_error(scope) + body + b"\n\n"})
+            error_body = anthropic_error_body(error.status, error.message) if _anthropic(scope) else error.body()
+            await send({"type": "http.response.body", "body": _sse_error(scope) + error_body + b"\n\n"})
+        if app is None:
             return
         try:
-            await app(scope, receive, _continue_stream(send, _sse_error(scope)))
+            await app(scope, replay(body, receive), _continue_stream(send, _sse_error(scope)))
         finally:
             self.registry.release(slot)
 
