@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
 import time
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 ROW_CLASSES: tuple[tuple[int, int], ...] = ((1, 1), (2, 4), (5, 16), (17, 64), (65, 1 << 30))  # last: prefill
 TIMED_ROWS = (1, 4, 16, 64, 256)  # the row count timed for each class (its largest that a step often has)
 SAMPLES = 5  # timed samples per candidate and class, interleaved
-METHOD = "fastest-of-samples"  # part of the cache key: a change of how choices are timed times them again
+METHOD = "fastest-of-samples-2"  # part of the cache key: a change of how choices are timed or kept times them again
 LONG_SAMPLES, LONG_CALL_S = 3, 10e-3  # fewer where every candidate's first call took this long
 SAMPLE_S = 2e-3  # each sample repeats the call until it lasts about this long
 MAX_REPEATS = 64
@@ -89,26 +90,34 @@ def _cache_file(key: str) -> Path:
     return cache_root() / "kernel_choice" / f"{key}.json"
 
 
-def _read_cache(key: str, names: tuple[str, ...]) -> tuple[str, ...] | None:
+def _read_cache(key: str, names: tuple[str, ...]) -> tuple[tuple[str, ...], list[dict[str, float]]] | None:
+    """The cached winners per class and the times they were chosen from, or None (absent, damaged or from
+    another candidate set: measure again)."""
     try:
         got = json.loads(_cache_file(key).read_text())
-    except (OSError, ValueError):
+        winners, times = got["winners"], got["times"]
+    except (OSError, ValueError, TypeError, KeyError):
         return None
     if (
-        not isinstance(got, list)
-        or len(got) != len(ROW_CLASSES)
-        or not all(isinstance(n, str) and n in names for n in got)
+        not isinstance(winners, list)
+        or len(winners) != len(ROW_CLASSES)
+        or not all(isinstance(n, str) and n in names for n in winners)
+        or not isinstance(times, list)
+        or len(times) != len(ROW_CLASSES)
+        or not all(
+            isinstance(m, dict) and all(n in names and isinstance(t, (int, float)) for n, t in m.items()) for m in times
+        )
     ):
-        return None  # damaged or from another candidate set: measure again
-    return tuple(got)
+        return None
+    return tuple(winners), [{n: float(t) for n, t in m.items()} for m in times]
 
 
-def _write_cache(key: str, winners: tuple[str, ...]) -> None:
+def _write_cache(key: str, winners: tuple[str, ...], times: list[dict[str, float]]) -> None:
     path = _cache_file(key)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(list(winners)))
+        tmp.write_text(json.dumps({"winners": list(winners), "times": times}))
         os.replace(tmp, path)  # engines starting at once never read a half-written file
     except OSError as e:
         log.warning("kernel choice not cached (%s): it is measured again at the next start", e)
@@ -195,38 +204,54 @@ def _choose(kind: str, shape: tuple[int, ...], candidates: Mapping[str, Bench]) 
         key = cache_key(kind, tuple(shape), names)
         cached = _read_cache(key, names)
         if cached is not None:
-            winners = cached
+            winners, medians = cached
         elif (fewer := _from_timed(kind, tuple(shape), names)) is not None:
-            winners = fewer
-            _write_cache(key, winners)
+            winners, medians = fewer
+            _write_cache(key, winners, medians)
         else:
             winners, medians = _measure(candidates)
+            _write_cache(key, winners, medians)
+        if (kind, tuple(shape)) not in _timed or frozenset(names) > _timed[(kind, tuple(shape))][0]:
             _timed[(kind, tuple(shape))] = frozenset(names), medians
-            _write_cache(key, winners)
     new = _made.get(memo) != winners
     _made[memo] = winners
     return winners, new
 
 
-def _from_timed(kind: str, shape: tuple[int, ...], names: tuple[str, ...]) -> tuple[str, ...] | None:
-    """The winners among `names` from this process's timing of a larger set of the same kind and shape (what
-    choose_held asks second), or None where that timing did not cover every class."""
+def _from_timed(
+    kind: str, shape: tuple[int, ...], names: tuple[str, ...]
+) -> tuple[tuple[str, ...], list[dict[str, float]]] | None:
+    """The winners among `names` (and their times) from this process's timing of a larger set of the same kind
+    and shape (what choose_held asks second), or None where that timing did not cover every class."""
     timed, medians = _timed.get((kind, shape), (frozenset(), []))
     if not medians or not timed >= set(names):
         return None
     winners = tuple(_fastest(m, names) for m in medians)
-    return None if None in winners else tuple(w for w in winners if w is not None)
+    if None in winners:
+        return None
+    return tuple(w for w in winners if w is not None), [{n: t for n, t in m.items() if n in names} for m in medians]
 
 
 def choose_held(
     kind: str, shape: tuple[int, ...], candidates: Mapping[str, Bench], form_of: Mapping[str, str]
 ) -> tuple[str, tuple[str, ...]]:
     """Where candidates need different weight layouts (`form_of`: candidate -> layout) and only one is held:
-    (the layout held, the winner per class among its candidates). The layout held is the one whose candidates
-    win the most classes (ties: the one that wins a decode step's single row), then chosen again among them."""
+    (the layout held, the winner per class among its candidates). The layout held is the one whose best candidate
+    loses least to the best of all, summed over the classes as log slowdowns (a layout 1.2x slower at decode but
+    3x faster at prefill is kept over the other; ties: the one that wins a decode step's single row), then the
+    classes are chosen again among its candidates."""
     winners, new = _choose(kind, shape, candidates)
     wins = [form_of[w] for w in winners]
-    held = max(dict.fromkeys(wins), key=lambda form: (wins.count(form), form == wins[0]))
+    _, times = _timed.get((kind, tuple(shape)), (frozenset(), []))
+
+    def cost(form: str) -> tuple[float, int, bool]:
+        loss = 0.0
+        for m in times:
+            mine = [t for n, t in m.items() if form_of.get(n) == form]
+            loss += math.log(min(mine) / min(m.values())) if mine and min(m.values()) > 0 else math.inf
+        return loss, -wins.count(form), form != wins[0]
+
+    held = min(dict.fromkeys(wins), key=cost)
     if len(set(wins)) > 1:
         winners, again = _choose(kind, shape, {n: b for n, b in candidates.items() if form_of[n] == held})
         new = new or again
