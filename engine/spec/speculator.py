@@ -11,15 +11,16 @@ from engine.core.sequence import SeqStatus, Sequence
 from engine.spec import ngram
 from engine.spec.adaptive import StepCost, draft_length
 from engine.spec.config import SpecConfig
+from engine.structured.drafts import allowed_prefix, draft_room
 
 if TYPE_CHECKING:
     from engine.spec.draft_model import DraftModel
 
 
 def can_speculate(seq: Sequence) -> bool:
-    """Plain text decoding only: a grammar advances one token at a time, images and audio have their own
+    """Text decoding, constrained or not (engine/structured/drafts.py): images and audio have their own
     positions and cross-attention."""
-    return seq.structured is None and seq.mm is None and seq.audio is None
+    return seq.mm is None and seq.audio is None
 
 
 class Speculator:
@@ -50,6 +51,8 @@ class Speculator:
                 continue
             # never past max_tokens or the context: every draft token accepted plus the bonus must fit
             room = min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1
+            if seq.structured is not None:  # the forced finish must not act inside a verification
+                room = min(room, draft_room(seq.structured, seq.params.max_tokens - seq.num_output_tokens))
             k = draft_length(seq.spec, cost, min(c.num_speculative_tokens, room))
             if k:
                 if self.drafter is None:
@@ -71,6 +74,9 @@ class Speculator:
                 began = time.process_time()
                 self.drafter.propose(wanted)
                 self.draft_seconds = time.process_time() - began
+        for seq in decoding:  # a token its grammar forbids ends a constrained sequence's draft
+            if seq.structured is not None and seq.draft:
+                seq.draft = allowed_prefix(seq.structured, seq.draft)
 
     def record(self, seq: Sequence, drafted: int, accepted: int) -> None:
         seq.spec.record(drafted, accepted)

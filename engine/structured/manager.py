@@ -22,6 +22,7 @@ from engine.messages import StructuredOutputs
 from engine.structured.backend import StructuredBackend, StructuredGrammar, allocate_bitmask
 from engine.structured.bitmask import allow_only, apply_token_bitmask
 from engine.structured.constraint_state import StructuredState
+from engine.structured.drafts import row_grammar
 from engine.structured.forced_finish import advance, closing_token
 
 log = logging.getLogger("engine")
@@ -148,21 +149,27 @@ class StructuredOutputManager:
     # ---- the step ------------------------------------------------------------------------------
     def start_masks(self, seqs: list[Sequence]) -> PendingMasks | None:
         """Fill the bitmask rows of seqs' active grammars in a thread, overlapping the forward pass
-        (the matchers do not move until the sampled tokens come back); None when none is constrained."""
-        items = [
-            (s.structured, i, s.params.max_tokens - s.num_output_tokens, self._banned(s))
-            for i, s in enumerate(seqs)
-            if s.structured is not None and s.structured.active and s.structured.grammar is not None
-        ]
+        (the matchers do not move until the sampled tokens come back); None when none is constrained.
+        A verification's rows share the sequence's state; a later row is masked by the grammar after the
+        draft tokens before it (engine/structured/drafts.py)."""
+        items: list[tuple[StructuredState, int, int, SamplerBans, int | None]] = []
+        firsts: dict[int, int] = {}  # id(state) -> the token count of its sequence's first row
+        for i, s in enumerate(seqs):
+            st = s.structured
+            if st is None or not st.active or st.grammar is None:
+                continue
+            first = firsts.setdefault(id(st), s.num_tokens)
+            drafted = s.token_ids[-1] if s.num_tokens > first else None  # the draft token before this row
+            items.append((st, i, s.params.max_tokens - s.num_output_tokens, self._banned(s), drafted))
         if not items:
             return None
         backend = self.backend()
         bitmask = self._bitmask_rows(len(items), backend.vocab_size)
-        rows = [(st, budget, banned) for st, _, budget, banned in items]
+        rows = [(st, budget, banned, drafted) for st, _, budget, banned, drafted in items]
         if self._filler is None:
             self._filler = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
         fut = self._filler.submit(self._fill, backend, rows, bitmask)
-        return PendingMasks(fut, bitmask, [i for _, i, _, _ in items])
+        return PendingMasks(fut, bitmask, [i for _, i, _, _, _ in items])
 
     def _banned(self, seq: Sequence) -> SamplerBans:
         """What the sampler masks at this step whatever the grammar says."""
@@ -172,10 +179,22 @@ class StructuredOutputManager:
 
     @staticmethod
     def _fill(
-        backend: StructuredBackend, rows: list[tuple[StructuredState, int, SamplerBans]], bitmask: torch.Tensor
+        backend: StructuredBackend,
+        rows: list[tuple[StructuredState, int, SamplerBans, int | None]],
+        bitmask: torch.Tensor,
     ) -> None:
         plain: list[tuple[StructuredGrammar, int]] = []
-        for row, (state, budget, banned) in enumerate(rows):
+        last: dict[int, StructuredGrammar | None] = {}  # id(state) -> the grammar of its previous row
+        for row, (state, budget, banned, drafted) in enumerate(rows):
+            if drafted is not None:  # a verification's later row: no forced finish there (drafts.draft_room)
+                prev = last.get(id(state))
+                g = last[id(state)] = row_grammar(prev, drafted) if prev is not None else None
+                if g is None:
+                    bitmask[row] = -1  # never read: the draft token before it was rejected
+                else:
+                    plain.append((g, row))
+                continue
+            last[id(state)] = state.grammar
             token = closing_token(state, budget, banned)
             if token is not None:
                 allow_only(bitmask, row, token)
