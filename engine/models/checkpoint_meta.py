@@ -94,3 +94,18 @@ def eos_token_ids(cfg: dict[str, Any], gen: dict[str, Any]) -> list[int]:
 def generation_defaults(gen: dict[str, Any]) -> dict[str, float | int]:
     """The sampling parameters generation_config.json sets (SAMPLING_KEYS with numeric values)."""
     return {k: gen[k] for k in SAMPLING_KEYS if isinstance(gen.get(k), (int, float))}
+
+
+def tokenizer_token_count(folder: Path) -> int | None:
+    """How many ids the folder's tokenizer.json defines (None: no readable tokenizer.json).
+
+    Checkpoints pad the embedding beyond the tokenizer (Qwen2.5: 151,936 rows, 151,665 tokens); ids past the
+    tokenizer are not tokens, so the engine never samples them."""
+    try:
+        data = json.loads((folder / "tokenizer.json").read_text())
+        vocab = data["model"]["vocab"]
+        top = (max(vocab.values(), default=-1) + 1) if isinstance(vocab, dict) else len(vocab)
+        added = max((int(t["id"]) + 1 for t in data.get("added_tokens") or ()), default=0)
+        return max(top, added) or None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None

@@ -6,7 +6,6 @@ loading needs little more memory than the model itself.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from engine.models.args import ConfigError, ModelArgs
 from engine.models.checkpoint_meta import ModelLoadError as ModelLoadError
 from engine.models.checkpoint_meta import eos_token_ids, generation_defaults, read_generation_config
 from engine.models.checkpoint_meta import read_config as read_config
+from engine.models.checkpoint_meta import tokenizer_token_count as tokenizer_token_count
 from engine.models.decoder import CausalLM
 from engine.models.pooling_archs import as_decoder_config, decoder_weights
 from engine.models.registry import family_of, parse_config
@@ -82,21 +82,6 @@ def resolve_model(model: str) -> Path:
             f"--model {model!r} is not a local folder and could not be downloaded from the Hugging Face "
             f"hub ({type(e).__name__}: {why}); pass the path of a local checkpoint folder instead"
         ) from e
-
-
-def tokenizer_token_count(folder: Path) -> int | None:
-    """How many ids the folder's tokenizer.json defines (None: no readable tokenizer.json).
-
-    Checkpoints pad the embedding beyond the tokenizer (Qwen2.5: 151,936 rows, 151,665 tokens); ids past the
-    tokenizer are not tokens, so the engine never samples them."""
-    try:
-        data = json.loads((folder / "tokenizer.json").read_text())
-        vocab = data["model"]["vocab"]
-        top = (max(vocab.values(), default=-1) + 1) if isinstance(vocab, dict) else len(vocab)
-        added = max((int(t["id"]) + 1 for t in data.get("added_tokens") or ()), default=0)
-        return max(top, added) or None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
 
 
 def pick_dtype(requested: str, checkpoint_dtype: str | None, device: torch.device) -> str:

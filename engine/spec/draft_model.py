@@ -10,8 +10,6 @@ proposals make the draft distribution one-hot, which verification already handle
 from __future__ import annotations
 
 import dataclasses
-import json
-from pathlib import Path
 
 import torch
 
@@ -20,38 +18,12 @@ from engine.core.sequence import ScheduledSeq, Sequence
 from engine.execution.model_runner import ModelRunner, step_threads
 from engine.messages import SamplingParams
 from engine.models.checkpoint_meta import max_model_len
-from engine.models.loader import read_config, resolve_model, tokenizer_token_count
+from engine.models.loader import read_config, resolve_model
 from engine.models.weights import ModelLoadError
 from engine.spec.config import FLAG, SpecConfig
+from engine.spec.vocab import MISMATCH, vocab_mismatch
 
 _PARAMS = SamplingParams(max_tokens=1, temperature=0.0)  # shadows sample nothing themselves: argmax here
-
-
-def special_tokens(folder: Path) -> dict[str, int]:
-    """tokenizer.json's special added tokens, text -> id (empty: no readable tokenizer.json)."""
-    try:
-        data = json.loads((folder / "tokenizer.json").read_text())
-        return {str(t["content"]): int(t["id"]) for t in data.get("added_tokens") or () if t.get("special")}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return {}
-
-
-def vocab_mismatch(target: Path, draft: Path, target_eos: list[int], draft_eos: list[int]) -> str | None:
-    """Why the draft's token ids do not mean the target's (None: they do): the tokenizers' sizes, their
-    special tokens' ids, the eos ids."""
-    sizes = tokenizer_token_count(target), tokenizer_token_count(draft)
-    if sizes[0] != sizes[1]:
-        return f"the target's tokenizer has {sizes[0]} tokens, the draft's {sizes[1]}"
-    ours, theirs = special_tokens(target), special_tokens(draft)
-    for text, tid in sorted(ours.items(), key=lambda t: t[1]):
-        if theirs.get(text) != tid:
-            return f"special token {text!r} is id {tid} in the target, {theirs.get(text)} in the draft"
-    extra = sorted(set(theirs) - set(ours))
-    if extra:
-        return f"the draft has special token {extra[0]!r} (id {theirs[extra[0]]}), the target has not"
-    if sorted(set(target_eos)) != sorted(set(draft_eos)):
-        return f"eos token ids {sorted(set(target_eos))} in the target, {sorted(set(draft_eos))} in the draft"
-    return None
 
 
 class DraftModel:
@@ -65,6 +37,8 @@ class DraftModel:
             path = resolve_model(spec.model)
         except ModelLoadError as e:
             raise ModelLoadError(f"{FLAG}: draft model: {e}") from e
+        if (why := vocab_mismatch(resolve_model(config.model), path)) is not None:  # before loading the weights
+            raise ModelLoadError(f"{FLAG}: {MISMATCH}: {why}")
         limit = min(max_model_len(read_config(path), None), target.max_model_len)
         draft_config = dataclasses.replace(
             config,
@@ -79,12 +53,9 @@ class DraftModel:
         self.runner = ModelRunner(draft_config, use_triton=target.use_triton)
         if self.runner.images is not None or self.runner.audio is not None:
             raise ModelLoadError(f"{FLAG}: the draft model must be a text-only decoder; {spec.model} is not")
-        target_path = resolve_model(config.model)
-        why = vocab_mismatch(target_path, path, list(target.eos_token_ids), list(self.runner.eos_token_ids))
-        if why is None and self.runner.vocab_size != target.vocab_size:
+        if self.runner.vocab_size != target.vocab_size:
             why = f"vocab_size {target.vocab_size} in the target, {self.runner.vocab_size} in the draft"
-        if why is not None:
-            raise ModelLoadError(f"{FLAG}: the draft model's vocabulary does not match the target's: {why}")
+            raise ModelLoadError(f"{FLAG}: {MISMATCH}: {why}")
         self.max_model_len = limit
         self.vocab_size = target.vocab_size
         self.free: list[int] = list(range(self.runner.num_blocks))

@@ -12,6 +12,7 @@ from typing import Any, get_type_hints
 
 from engine.config import EngineConfig
 from engine.lora.config import check_lora_serving
+from engine.spec.vocab import check_draft_vocab
 from server.config.engine_core import EngineCoreConfig
 from server.config.http import HttpConfig
 from server.config.lora import LoRAConfig
@@ -60,6 +61,7 @@ class ServerConfig:
         lora = self.lora
         check_lora_serving(lora.enable_lora, lora.lora_modules, self.model.model_name, lora.allow_runtime_lora_updating)
         self._engine_config(self.model.model or "<demo>")  # the engine's own checks (dtype, sizes) fail at startup
+        check_draft_vocab(self.model.model, self.engine.speculative_config)  # a draft's ids must mean the target's
         if self.parallel.render_only and self.model.model is None:  # the demo build needs torch
             raise ValueError(RENDER_NEEDS_MODEL)
         self._check_models_dir()

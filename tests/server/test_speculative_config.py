@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from server.cli import config_from_args, main
@@ -39,3 +42,15 @@ def test_bad_config_stops_start_up_with_one_line(text: str, words: str, capsys: 
     assert main(["--speculative-config", text]) == 2
     err = capsys.readouterr().err
     assert words in err and err.count("\n") == 1, err
+
+
+def test_draft_vocabulary_mismatch_stops_start_up(
+    qwen2_ckpt: Path, llama_ckpt: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Checked in the API process before any engine starts: exit status 2 and one line naming the mismatch."""
+    spec = json.dumps({"model": str(llama_ckpt), "num_speculative_tokens": 2})
+    assert main(["--model", str(qwen2_ckpt), "--speculative-config", spec]) == 2
+    err = capsys.readouterr().err
+    assert "vocabulary does not match" in err and "151646 tokens, the draft's 32000" in err and err.count("\n") == 1
+    same = json.dumps({"model": str(qwen2_ckpt), "num_speculative_tokens": 2})
+    assert config_from_args(["--model", str(qwen2_ckpt), "--speculative-config", same]).engine.speculative_config
