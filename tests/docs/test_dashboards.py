@@ -30,6 +30,8 @@ REQUIRED = {
     "spindle_engine_num_requests_running",
     "spindle_engine_kv_cache_usage_perc",
     "spindle_engine_requests_routed_total",
+    "spec_decode_num_accepted_tokens_total",  # issue 48: the acceptance rate
+    "spec_decode_num_draft_tokens_total",
 }
 
 

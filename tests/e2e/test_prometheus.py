@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import subprocess
 import time
@@ -29,6 +30,8 @@ from tests.e2e.conftest import Server, free_port, start_server
 from tests.helpers.lora import write_adapter
 
 MODEL = "tiny"
+# the draft acceptance panel: one-token lookups find a match in any prompt that repeats a token
+SPEC = '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2, "prompt_lookup_min": 1}'
 ADAPTER = "tiny-lora"
 T = TypeVar("T")
 
@@ -79,6 +82,8 @@ def spindle(qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         "--enable-lora",
         "--lora-modules",
         f"{ADAPTER}={adapter}",
+        "--speculative-config",
+        SPEC,
     )
     yield s
     s.stop()
@@ -155,6 +160,12 @@ def traffic(server: Server) -> None:
         json={"model": ADAPTER, "prompt": "hello", "max_tokens": 2, "ignore_eos": True},
     )
     assert r.status_code == 200, r.text
+    r = httpx.post(
+        f"{server.url}/v1/completions",
+        timeout=120,
+        json={"model": MODEL, "prompt": "one two three " * 8, "max_tokens": 8, "ignore_eos": True, "temperature": 0},
+    )
+    assert r.status_code == 200, r.text
     for _ in range(2):
         r = httpx.post(
             f"{server.url}/v1/completions",
@@ -190,6 +201,24 @@ def test_every_dashboard_expression_returns_data(spindle: Server, prometheus: Pr
     for path in DASHBOARDS:
         _check_variables(prometheus, load(path), failures)
     assert failures == {}
+
+
+def test_every_metric_a_dashboard_names_is_exported(spindle: Server) -> None:
+    """Each name a query reads (both values of the prefix variable) is a family in /metrics, e.g. the draft
+    acceptance rate's spec_decode_num_accepted_tokens_total and spec_decode_num_draft_tokens_total."""
+    traffic(spindle)
+    text = httpx.get(f"{spindle.url}/metrics", timeout=10).text
+    exported = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
+    named = {
+        name
+        for path in DASHBOARDS
+        for _, expr in expressions(load(path))
+        for prefix in prefixes(expr)
+        for name in re.findall(r"([A-Za-z_:][\w:]*)\{", fill(expr, prefix=prefix, model=MODEL))  # selectors
+    }
+    assert {"spindle_spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total"} <= named
+    assert named - exported == set()
+    assert spindle.metric("spindle_spec_decode_num_draft_tokens_total") > 0  # the traffic drafted
 
 
 def _evaluate(prom: Prometheus, pending: dict[str, str], timeout: float = 30) -> dict[str, str]:
