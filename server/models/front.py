@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 import msgspec
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector
 from starlette.routing import Route, Router
 
 from server.app import EngineFactory, create_app
@@ -42,6 +40,7 @@ from server.http.errors import APIError, anthropic_error_body
 from server.http.version import send_version
 from server.metrics.prometheus import CONTENT_TYPE
 from server.models.catalog import scan
+from server.models.metrics import PerModelMetrics
 from server.models.registry import Loaded, ModelRegistry, ModelSlot, RegistryMetrics
 from server.models.routing import replay, routing_of
 from server.models.stored import ModelStores, unknown
@@ -95,25 +94,6 @@ async def _refuse(scope: Scope, send: Send, error: APIError) -> None:
         await send_error(send, error)
 
 
-class _PerModel(Collector):
-    """Every loaded model's metrics (each labelled by its model_name) as one family per name."""
-
-    def __init__(self, slots: dict[str, ModelSlot]) -> None:
-        self.slots = slots
-
-    def collect(self) -> Iterator[Metric]:
-        merged: dict[str, Metric] = {}
-        for slot in self.slots.values():
-            if slot.loaded is None or slot.loaded.metrics is None:
-                continue
-            for family in slot.loaded.metrics.registry.collect():
-                into = merged.get(family.name)
-                if into is None:
-                    into = merged[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
-                into.samples.extend(family.samples)
-        yield from merged.values()
-
-
 class _Endpoint:
     """A method as an ASGI endpoint (Starlette would call a bare method with a Request)."""
 
@@ -138,7 +118,9 @@ class ModelsFront:
         self.registry = ModelRegistry(
             config, scan(config.models.models_dir), self._make_app, RegistryMetrics(self.prometheus)
         )
-        self.prometheus.register(_PerModel(self.registry.slots))
+        self.per_model = PerModelMetrics(self.registry.slots)
+        self.prometheus.register(self.per_model)
+        self.registry.on_gone = self.per_model.keep
         entries = {name: slot.entry for name, slot in self.registry.slots.items()}
         self.stores = ModelStores(entries, config.outputs.responses_store_size)
         self.created = int(time.time())

@@ -100,6 +100,7 @@ class ModelRegistry:
         self.stopping = False
         self._changed = anyio.Event()  # replaced at each change; waiters take the current one before looking
         self._tg: anyio.abc.TaskGroup | None = None
+        self.on_gone: Callable[[ModelSlot], None] = lambda slot: None  # at each unload, before its parts go
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Own every load task (and the idle timer) until cancelled: cancelling unloads every model."""
@@ -212,6 +213,7 @@ class ModelRegistry:
         self._notify()
 
     def _gone(self, slot: ModelSlot) -> None:
+        self.on_gone(slot)
         slot.status, slot.loaded = "unloaded", None
         gc.unfreeze()  # each load freezes what it built (server/app.py): the unloaded model's cycles collectable
         self.metrics.unloads.labels(slot.name).inc()

@@ -1,7 +1,7 @@
 """`--models-dir` against real engine subprocesses: load on first request (streams get keep-alive comments), one load
 for concurrent first requests, a request in flight survives another model's load, per-model settings from
-models.yaml, a broken model answers 503 for itself only, the idle timeout, an engine's death unloads its model only,
-SIGTERM drains every engine."""
+models.yaml, a broken model answers 503 for itself only, a model's counters outlive its unload, the idle timeout, an
+engine's death unloads its model only, SIGTERM drains every engine."""
 
 from __future__ import annotations
 
@@ -129,6 +129,21 @@ def test_per_model_settings_from_models_yaml(served: Server) -> None:
     assert r.status_code == 400 and "64" in r.json()["error"]["message"]
     assert served.metric("spindle_models_loaded") == 1
     assert served.metric("spindle_request_success_total", 'model_name="beta"') >= 1
+
+
+def test_a_models_counters_outlive_its_unload(served: Server) -> None:
+    """alpha was unloaded for beta: its counters stay on /metrics and grow on from there when it loads again; beta's
+    stay when it is unloaded in turn (Prometheus counters never go down)."""
+    assert loaded(served) == {"alpha": False, "beta": True, "broken": False}
+    alpha = served.metric("spindle_request_success_total", 'model_name="alpha"')
+    latencies = served.metric("spindle_e2e_request_latency_seconds_count", 'model_name="alpha"')
+    beta = served.metric("spindle_request_success_total", 'model_name="beta"')
+    assert alpha == 4 and latencies == 4 and beta >= 1
+    assert complete(served, "alpha").status_code == 200
+    assert loaded(served) == {"alpha": True, "beta": False, "broken": False}
+    assert served.metric("spindle_request_success_total", 'model_name="alpha"') == alpha + 1
+    assert served.metric("spindle_e2e_request_latency_seconds_count", 'model_name="alpha"') == latencies + 1
+    assert served.metric("spindle_request_success_total", 'model_name="beta"') == beta
 
 
 def streamed_while(server: Server, model: str, max_tokens: int, action: Callable[[], None]) -> list[str]:
