@@ -1,5 +1,7 @@
 // One decoder layer of a decode step in one call: the kernels of this package in the order the model runs them
-// (engine/models/decoder.py), without a trip through Python between them. Dense layers only: fused q|k|v,
+// (engine/models/decoder.py), without a trip through Python between them. Projections are packed bf16 weights
+// (gemm_bf16.cpp) or a GGUF file's blocks (quant_gemm.cpp, called through the step's pointer to it, which keeps
+// the two libraries apart). Dense layers only: fused q|k|v,
 // optional per-head q/k norms, rotary over the whole head, SiLU-gated MLP. Each step rounds as the separate
 // calls do, so the result is bitwise theirs (tests/engine/models/test_fused_decode.py).
 // Built and loaded by engine/cpu_kernels/build.py; called through engine/cpu_kernels/decoder_layer.py.
@@ -29,12 +31,18 @@ void spindle_decode_attention(const uint16_t* q, long q_sb, long q_sh, int batch
 
 namespace {
 
-struct Projection {  // a PackedWeight: w packed as gemm_bf16.cpp says, n outputs, k inputs
+struct Projection {  // a PackedWeight (w packed as gemm_bf16.cpp says) or GGUF blocks; n outputs, k inputs
     const void* w;
     const float* scale;  // int8 weights' scales, else null
     const uint16_t* bias;
     int n, k;
+    int ggml_type;   // -1: packed bf16; else w holds rows of this ggml type's blocks, row_bytes a row
+    long row_bytes;
 };
+
+// quant_gemm.cpp's spindle_quant_gemm
+using QuantGemm = int (*)(int type, const void* x, int x_bf16, long ldx, int M, int K, const uint8_t* w, long rb,
+                          int N, void* y, int y_bf16, long ldy, int threads);
 
 }  // namespace
 
@@ -65,9 +73,10 @@ struct SpindleStep {  // per step
     int block_size;
     int threads;           // the step's threads for products big enough (engine/layers/parallel.py's rule)
     long parallel_macs, parallel_bytes;
+    QuantGemm quant_gemm;  // for projections of GGUF blocks; null where there are none
 };
 
-int spindle_decoder_layer_abi() { return 2; }
+int spindle_decoder_layer_abi() { return 3; }
 
 }  // extern "C"
 
@@ -78,11 +87,40 @@ int pick(const SpindleStep& s, long macs, long bytes) {
 }
 
 int threads_for(const SpindleStep& s, const Projection& p) {
-    return pick(s, (long)s.tokens * p.n * p.k, (p.scale ? 1L : 2L) * p.n * p.k);
+    const long bytes = p.ggml_type >= 0 ? p.row_bytes * p.n : (p.scale ? 1L : 2L) * p.n * p.k;
+    return pick(s, (long)s.tokens * p.n * p.k, bytes);
+}
+
+float widen(uint16_t b) {
+    const uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t round_bf16(float f) {  // to nearest even, as torch's float32 -> bfloat16 copy (a NaN stays a NaN)
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
 }
 
 void project(const SpindleStep& s, const Projection& p, const uint16_t* x, uint16_t* y) {
-    spindle_gemm_bf16(x, p.k, s.tokens, p.k, p.w, p.scale, p.n, p.bias, y, p.n, nullptr, 0, threads_for(s, p));
+    if (p.ggml_type < 0) {
+        spindle_gemm_bf16(x, p.k, s.tokens, p.k, p.w, p.scale, p.n, p.bias, y, p.n, nullptr, 0, threads_for(s, p));
+        return;
+    }
+    const uint8_t* w = (const uint8_t*)p.w;
+    if (!p.bias) {  // the kernel rounds its float32 sums to bf16 itself
+        s.quant_gemm(p.ggml_type, x, 1, p.k, s.tokens, p.k, w, p.row_bytes, p.n, y, 1, p.n, threads_for(s, p));
+        return;
+    }
+    // float32 sums, the bias added, one rounding: as engine/layers/quant_linear.py's path with a bias
+    static thread_local std::vector<float> wide_buf;
+    float* wide = spindle::grow(wide_buf, (long)s.tokens * p.n);
+    s.quant_gemm(p.ggml_type, x, 1, p.k, s.tokens, p.k, w, p.row_bytes, p.n, wide, 0, p.n, threads_for(s, p));
+    for (long t = 0; t < s.tokens; ++t)
+        for (int i = 0; i < p.n; ++i) y[t * p.n + i] = round_bf16(wide[t * p.n + i] + widen(p.bias[i]));
 }
 
 }  // namespace
@@ -128,7 +166,8 @@ extern "C" void spindle_decoder_layer(const SpindleLayer* L, const SpindleStep* 
     project(s, l.o, attn, h);
     spindle_add_rms_norm(x, l.hidden, h, l.hidden, l.ln2, x, l.hidden, normed, l.hidden, t_n, l.hidden, l.eps, small);
     const Projection& g = l.gate_up;
-    if (!spindle_gemm_bf16_silu(normed, g.k, t_n, g.k, g.w, g.scale, g.n, g.bias, act, inter, threads_for(s, g))) {
+    if (g.ggml_type >= 0 ||
+        !spindle_gemm_bf16_silu(normed, g.k, t_n, g.k, g.w, g.scale, g.n, g.bias, act, inter, threads_for(s, g))) {
         project(s, g, normed, gu);  // too many rows for the one call
         spindle_silu_mul(gu, g.n, act, inter, t_n, inter, pick(s, 0, 3L * t_n * g.n));
     }
@@ -139,12 +178,5 @@ extern "C" void spindle_decoder_layer(const SpindleLayer* L, const SpindleStep* 
         return;
     }
     // the last layer: x + h alone, rounded once as torch's bf16 add
-    for (long i = 0; i < (long)t_n * l.hidden; ++i) {
-        union { float f; uint32_t u; } a, b, r;
-        a.u = (uint32_t)x[i] << 16;
-        b.u = (uint32_t)h[i] << 16;
-        r.f = a.f + b.f;
-        const uint32_t lsb = (r.u >> 16) & 1;  // round to nearest even (a NaN stays a NaN: its top bits survive)
-        x[i] = (r.u & 0x7fffffff) > 0x7f800000 ? (uint16_t)((r.u >> 16) | 0x40) : (uint16_t)((r.u + 0x7fff + lsb) >> 16);
-    }
+    for (long i = 0; i < (long)t_n * l.hidden; ++i) x[i] = round_bf16(widen(x[i]) + widen(h[i]));
 }

@@ -12,12 +12,13 @@ from typing import Any
 
 from engine.cpu_kernels.build import kernel
 
-ABI = 2
+ABI = 3
 _P, _L, _I, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
 
 
 class Projection(ctypes.Structure):
-    _fields_ = [("w", _P), ("scale", _P), ("bias", _P), ("n", _I), ("k", _I)]
+    # ggml_type -1: w is a packed bf16 weight; else w holds rows of that ggml type's blocks, row_bytes a row
+    _fields_ = [("w", _P), ("scale", _P), ("bias", _P), ("n", _I), ("k", _I), ("ggml_type", _I), ("row_bytes", _L)]
 
 
 class Layer(ctypes.Structure):
@@ -59,6 +60,7 @@ class Step(ctypes.Structure):
         ("threads", _I),
         ("parallel_macs", _L),
         ("parallel_bytes", _L),
+        ("quant_gemm", _P),  # quant_gemm.cpp's product, for projections of blocks
     ]
 
 

@@ -143,6 +143,10 @@ class QuantLinear(Linear):
             self.into(x2.reshape(-1, self.in_features), out)
         return out if x.dim() == 2 else out.view(*x.shape[:-1], self.out_features)
 
+    def runs_kernel(self, rows: int) -> bool:
+        """Whether a bf16 call of `rows` rows runs the block kernel (engine/models/fused_decode.py asks)."""
+        return self._raw is not None and 0 < rows <= GGML_MOST_ROWS and self._ggml_at(torch.bfloat16)[rows]
+
     def _ggml_at(self, dtype: torch.dtype) -> list[bool]:
         got = self._ggml_rows.get(dtype)
         if got is None:

@@ -24,7 +24,7 @@ from engine.layers.lm_head import LMHead, choose_head
 from engine.layers.moe import ACTIVATIONS, Activation, SparseMoE
 from engine.layers.parallel import WORKERS
 from engine.models.args import ModelArgs
-from engine.models.fused_decode import FusedDecode, kernels_take
+from engine.models.fused_decode import FUSED_LINEARS, FusedDecode, kernels_take
 from engine.models.rope import rope_table
 
 if TYPE_CHECKING:
@@ -238,7 +238,7 @@ class CausalLM:
     def fused_decode(self) -> FusedDecode | None:
         """A FusedDecode for this model, or None when some part of it is not what the fused layer runs: another ops
         path or dtype, tensor parallel (all_reduce), LoRA or projections the kernel doesn't run, MoE, another
-        activation, Gemma's norms, partial rotary. (int8 projections through the kernel it takes.)"""
+        activation, Gemma's norms, partial rotary. (int8 projections and GGUF blocks through the kernels it takes.)"""
         ok = (
             self.ops is TorchOps
             and self.dtype == torch.bfloat16
@@ -250,12 +250,10 @@ class CausalLM:
         for layer in self.layers if ok else []:
             mlp = layer.mlp
             ok = ok and (
-                type(layer.qkv) is KernelLinear
-                and type(layer.o) is KernelLinear
+                all(type(p) in FUSED_LINEARS for p in (layer.qkv, layer.o, getattr(mlp, "gate_up", None)))
                 and isinstance(mlp, GatedMLP)
                 and mlp.act is F.silu
-                and type(mlp.gate_up) is KernelLinear
-                and type(mlp.down) is KernelLinear
+                and type(mlp.down) in FUSED_LINEARS
                 and layer.post_attn_norm is None
                 and layer.post_ff_norm is None
                 and all(

@@ -4,21 +4,26 @@ A decode step runs about ten kernels per layer; called one by one from Python, t
 small ones themselves (bench/README.md, "One call per decoder layer"). Here `CausalLM.forward` hands a pure
 decode step (one new token per sequence) to `FusedDecode.run`, which calls the same kernels from C++, in the
 same order, rounding the same: the result is bitwise the layer-by-layer path's. Weight-only int8 projections run
-through the same kernel. Models it cannot take (another ops path, LoRA, tensor parallel, Gemma's norms, partial
-rotary, MoE, another activation) never build one.
+through the same kernel, a GGUF model's blocks through the block kernel (engine/cpu_kernels/quant_gemm.cpp).
+Models it cannot take (another ops path, LoRA, tensor parallel, Gemma's norms, partial rotary, MoE, another
+activation) never build one.
 """
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any, Protocol
 
 import torch
 
-from engine.cpu_kernels import decode_attention, decoder_layer, layer_ops
+from engine.cpu_kernels import decode_attention, decoder_layer, layer_ops, quant_gemm
 from engine.execution.ops import AttnMetadata, rope_halves
 from engine.layers.linear import KernelLinear
 from engine.layers.parallel import KERNEL_PARALLEL_BYTES, KERNEL_PARALLEL_MACS, WORKERS
+from engine.layers.quant_linear import QuantLinear
 from engine.models.args import ModelArgs
+
+FUSED_LINEARS = (KernelLinear, QuantLinear)  # the projections the fused layer runs
 
 
 class DenseModel(Protocol):
@@ -48,10 +53,18 @@ def kernels_take(args: ModelArgs) -> bool:
     )
 
 
-def _projection(lin: object) -> decoder_layer.Projection:
+def _projection(lin: object, keep: list[torch.Tensor]) -> decoder_layer.Projection:
+    """The kernel's view of a projection (KernelLinear or QuantLinear); tensors it points into go to `keep`."""
+    if isinstance(lin, QuantLinear):
+        bias = None if lin.bias is None else lin.bias.to(torch.bfloat16).contiguous()
+        keep += [lin.ggml.data] + ([] if bias is None else [bias])
+        data = lin.ggml.data
+        return decoder_layer.Projection(
+            data.data_ptr(), None, _ptr(bias), lin.out_features, lin.in_features, lin.ggml.ggml_type, data.stride(0)
+        )
     assert isinstance(lin, KernelLinear)
     p = lin.packed
-    return decoder_layer.Projection(p.w_ptr, p.scale_ptr, p.bias_ptr, p.n, p.k)
+    return decoder_layer.Projection(p.w_ptr, p.scale_ptr, p.bias_ptr, p.n, p.k, -1, 0)
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -64,11 +77,13 @@ class FusedDecode:
         self.model = model
         a = model.args
         self.layers: list[decoder_layer.Layer] = []
-        self.keep: list[torch.Tensor] = []  # the norms' weights, contiguous, alive as long as the structs
+        self.keep: list[torch.Tensor] = []  # what the structs point into, alive as long as they are
+        raw = quant_gemm.raw_product()
+        self.quant_gemm = None if raw is None else ctypes.cast(raw, ctypes.c_void_p).value
         first = model.layers[0]
         # every layer's projection of a kind has its shape, so the chooser's decision (which rows the kernel
         # takes: engine/cpu_kernels/chooser.py) is the first layer's
-        self.projections: list[KernelLinear] = [
+        self.projections: list[KernelLinear | QuantLinear] = [
             first.qkv,
             first.o,
             getattr(first.mlp, "gate_up"),
@@ -88,10 +103,10 @@ class FusedDecode:
             mlp = layer.mlp
             self.layers.append(
                 decoder_layer.Layer(
-                    _projection(layer.qkv),
-                    _projection(layer.o),
-                    _projection(getattr(mlp, "gate_up")),
-                    _projection(getattr(mlp, "down")),
+                    _projection(layer.qkv, self.keep),
+                    _projection(layer.o, self.keep),
+                    _projection(getattr(mlp, "gate_up"), self.keep),
+                    _projection(getattr(mlp, "down"), self.keep),
                     *map(_ptr, norms),
                     None,
                     None,
@@ -149,6 +164,7 @@ class FusedDecode:
             WORKERS.n,
             KERNEL_PARALLEL_MACS,
             KERNEL_PARALLEL_BYTES,
+            self.quant_gemm,
         )
         xp, np_ = x.data_ptr(), normed.data_ptr()
         for layer, (k_cache, v_cache), window in zip(self.layers, kv_caches, model.layer_windows):

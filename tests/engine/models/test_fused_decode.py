@@ -21,6 +21,7 @@ from engine.layers.linear import KernelLinear
 from engine.messages import SamplingParams
 from engine.models import fused_decode
 from engine.models.decoder import CausalLM
+from tests.engine.gguf.files import smollm2_file
 from tests.engine.models.families import LONGROPE, build_family
 
 pytestmark = pytest.mark.skipif(
@@ -163,3 +164,16 @@ def test_a_decode_step_goes_fused_only_where_the_chooser_gave_our_kernel_its_row
 
     assert fused.takes(meta(1), 1) and fused.takes(meta(4), 4)
     assert not fused.takes(meta(5), 5) and not fused.takes(meta(64), 64)
+
+
+@pytest.mark.parametrize("count", [1, 5])
+def test_fused_decode_over_gguf_blocks_is_bitwise_the_layer_by_layer_path(
+    count: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SmolLM2's Q4_1 blocks (Q8_0 embeddings) through the block kernel from C++: bitwise the Python path's."""
+    monkeypatch.setenv("SPINDLE_KERNEL_CHOICE", "ggml")
+    path = smollm2_file()
+    fused = decode_logits(path, True, 2, monkeypatch, count=count)
+    plain = decode_logits(path, False, 2, monkeypatch, count=count)
+    for a, b in zip(fused, plain):
+        assert torch.equal(a, b)
