@@ -404,9 +404,22 @@ def _common_routes(state: AppState, metrics: ServerMetrics) -> list[Route]:
 def _ui_routes(state: AppState) -> list[Route]:
     """The chat page at / and /ui, and its assets (server/api/ui.py); a full server's only."""
     model = state.config.model.model
-    page = PageRoute(state, vision=model is not None and image_support(model) is not None)
+    return _page_routes(state, vision=model is not None and image_support(model) is not None)
+
+
+def _page_routes(state: AppState, vision: bool) -> list[Route]:
+    page = PageRoute(state, vision=vision)
     assets = [Route(f"/ui/{name}", AssetRoute(name), methods=["GET"]) for name in ASSETS]
     return [Route("/", page, methods=["GET"]), Route("/ui", page, methods=["GET"]), *assets]
+
+
+def front_page_routes(config: ServerConfig, models: list[str]) -> tuple[list[Route], tuple[str, ...]]:
+    """--models-dir: the chat page's routes (its picker lists every model from the front's /v1/models; the image
+    button where any model in `models`, checkpoint paths, takes images) and the paths open without an API key."""
+    if config.http.disable_ui:
+        return [], ()
+    vision = any(image_support(path) is not None for path in models)
+    return _page_routes(AppState(config=config, model_name=""), vision), PUBLIC_PATHS
 
 
 def _asgi(

@@ -32,7 +32,7 @@ class ModelEntry:
     settings: dict[str, Any] = field(default_factory=dict)  # this model's settings over the server's
 
     def config(self, base: ServerConfig) -> ServerConfig:
-        """This model's own ServerConfig: the server's flags, its settings, no chat page (the front serves none).
+        """This model's own ServerConfig: the server's flags, its settings, no chat page (the front serves it).
         Raises ValueError (a bad setting, a broken .gguf file): the model fails to load, the others serve."""
         groups: dict[str, dict[str, Any]] = {
             "model": {"model": str(self.path), "served_model_name": self.name},

@@ -22,7 +22,7 @@ import msgspec
 from prometheus_client import CollectorRegistry, generate_latest
 from starlette.routing import Route, Router
 
-from server.app import EngineFactory, create_app
+from server.app import EngineFactory, create_app, front_page_routes
 from server.config import ServerConfig
 from server.http.asgi import (
     ClientGone,
@@ -331,6 +331,8 @@ def create_models_app(config: ServerConfig, *, engine_factory: EngineFactory | N
         Route("/v1/responses/{response_id}", _Endpoint(front.stored), methods=["GET", "DELETE"]),
         Route("/v1/responses/{response_id}/cancel", _Endpoint(front.stored), methods=["POST"]),
     ]
-    app: Any = wrap_app(Router(routes=routes, lifespan=front.lifespan, default=front.dispatch), config)
+    page, public = front_page_routes(config, [str(slot.entry.path) for slot in front.registry.slots.values()])
+    router = Router(routes=[*routes, *page], lifespan=front.lifespan, default=front.dispatch)
+    app: Any = wrap_app(router, config, public)
     app.state_holder = front
     return app

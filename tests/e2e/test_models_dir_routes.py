@@ -1,6 +1,7 @@
 """`--models-dir` routes every route family by the request's model, against real engine subprocesses: Anthropic's
 /v1/messages (and count_tokens), the Responses API (GET and DELETE of a stored response find the model whose store
-holds it, loaded or not), embeddings on a pooling model, /tokenize and /detokenize."""
+holds it, loaded or not), embeddings on a pooling model, /tokenize and /detokenize; the chat page, whose picker
+lists every model of the folder."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.e2e.browser import launch
 from tests.e2e.conftest import Server
 from tests.e2e.test_models_dir import loaded, start
+from tests.e2e.test_ui import Page
 
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -94,3 +97,27 @@ def test_tokenize_and_detokenize_by_model(served: Server) -> None:
     assert ids["chat"] == ids["embed"]  # one tokenizer behind both names
     r = post(served, "/tokenize", {"prompt": "Hello"})
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+def test_the_chat_page_lists_every_model_and_chats_with_the_chosen_one(served: Server) -> None:
+    page = httpx.get(f"{served.url}/", timeout=30)
+    assert page.status_code == 200 and 'data-testid="model-select"' in page.text
+    assert httpx.get(f"{served.url}/ui/app.js", timeout=30).status_code == 200
+    assert loaded(served) == {"chat": False, "embed": True}  # the page's reply loads chat (keep-alives first)
+    with launch() as browser:
+        tab = Page(browser, served)
+        try:
+            tab.open("/", key=None)
+            tab.page.wait_for_function("document.querySelectorAll('[data-testid=model-select] option').length > 0")
+            picker = tab.page.eval_on_selector_all("[data-testid=model-select] option", "os => os.map(o => o.value)")
+            assert picker == ["chat", "embed"]  # every model of the folder, loaded or not
+            tab.page.select_option("[data-testid=model-select]", "chat")
+            tab.settings(temperature="0", max_tokens="8")
+            tab.send("hi")
+            raw = tab.reply(0).get_attribute("data-raw")
+            assert tab.page.get_by_test_id("error").is_hidden()
+        finally:
+            tab.close()
+    assert tab.errors == [], "the page threw or opened a dialog"
+    body = {"model": "chat", "messages": MSGS, "temperature": 0, "top_p": 1, "max_tokens": 8}
+    assert raw == post(served, "/v1/chat/completions", body).json()["choices"][0]["message"]["content"]
