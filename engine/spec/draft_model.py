@@ -1,5 +1,6 @@
 """A draft model for speculative decoding: a smaller checkpoint (or the target itself) in the engine process,
-with its own KV cache, proposing k greedy tokens per speculating sequence, batched across them.
+with its own KV cache, proposing k greedy tokens per speculating sequence, batched across them. A proposal is
+the argmax after the request's penalties, logit bias and bans, as the target's greedy row would pick it.
 
 Each sequence has a shadow Sequence over the draft's cache: its tokens, how many of them have K/V there, and
 its own block table. Before a proposal the shadow catches up from the longest prefix it still shares with the
@@ -11,19 +12,18 @@ from __future__ import annotations
 
 import dataclasses
 
+import msgspec
 import torch
 
 from engine.config import EngineConfig
+from engine.core.sampler import Sampler
 from engine.core.sequence import ScheduledSeq, Sequence
 from engine.execution.model_runner import ModelRunner, step_threads
-from engine.messages import SamplingParams
 from engine.models.checkpoint_meta import max_model_len
 from engine.models.loader import read_config, resolve_model
 from engine.models.weights import ModelLoadError
 from engine.spec.config import FLAG, SpecConfig
 from engine.spec.vocab import MISMATCH, vocab_mismatch
-
-_PARAMS = SamplingParams(max_tokens=1, temperature=0.0)  # shadows sample nothing themselves: argmax here
 
 
 class DraftModel:
@@ -57,7 +57,7 @@ class DraftModel:
             why = f"vocab_size {target.vocab_size} in the target, {self.runner.vocab_size} in the draft"
             raise ModelLoadError(f"{FLAG}: {MISMATCH}: {why}")
         self.max_model_len = limit
-        self.vocab_size = target.vocab_size
+        self.sampler = Sampler(target.vocab_size, list(target.eos_token_ids), target.device)
         self.free: list[int] = list(range(self.runner.num_blocks))
         self.shadows: dict[Sequence, Sequence] = {}
 
@@ -77,7 +77,9 @@ class DraftModel:
             return None
         shadow = self.shadows.get(seq)
         if shadow is None:
-            shadow = self.shadows[seq] = Sequence.new(seq.request_id, [], _PARAMS, 0.0)
+            params = msgspec.structs.replace(seq.params, temperature=0.0, logprobs=None, prompt_logprobs=None)
+            shadow = self.shadows[seq] = Sequence.new(seq.request_id, [], params, 0.0)
+            shadow.num_prompt_tokens = seq.num_prompt_tokens  # penalties count the output tokens
         bs = self.runner.block_size
         need = -(-(n + k - 1) // bs) - len(shadow.block_table)  # positions 0 .. n + k - 2 are written
         if need > len(self.free):
@@ -106,7 +108,8 @@ class DraftModel:
             batch = [ScheduledSeq(sh, sh.num_tokens - sh.num_computed_tokens) for _, sh, _ in todo]
             with step_threads(self.runner, batch):
                 logits = self.runner.execute(batch).logits
-            proposed = logits[:, : self.vocab_size].argmax(dim=-1).tolist()
+            # the target's greedy row applies the request's penalties, bias and bans: the draft's pick does too
+            proposed = self.sampler.sample(logits, [s.seq for s in batch], scratch=True).token_ids
             for s, token in zip(batch, proposed):
                 s.seq.num_computed_tokens += s.num_new_tokens
                 s.seq.token_ids.append(token)

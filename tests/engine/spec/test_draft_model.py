@@ -74,7 +74,17 @@ def test_greedy_identical_with_a_noisy_draft(qwen2_ckpt: Path, noisy_draft: Path
 
 
 def test_self_draft_accepts_nearly_every_token(qwen2_ckpt: Path) -> None:
+    """Penalties and logit bias apply to the draft's pick as to the target's greedy row."""
+    penalized = SamplingParams(
+        max_tokens=32,
+        temperature=0.0,
+        ignore_eos=True,
+        repetition_penalty=1.3,
+        frequency_penalty=0.4,
+        logit_bias={9: 4.0},
+    )
     reqs = [(f"r{i}", p, greedy(32), 0) for i, p in enumerate(prompts(5, [4, 11, 23]))]
+    reqs.append(("pen", prompts(6, [9])[0], penalized, 0))
     want = {rid: tokens(o) for rid, o in run(make_core(qwen2_ckpt), reqs).items()}
     spec = make_core(qwen2_ckpt, speculative_config=draft_config(qwen2_ckpt, 5))
     outs = run(spec, reqs)
