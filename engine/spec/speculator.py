@@ -43,7 +43,7 @@ class Speculator:
             if seq.status is SeqStatus.RUNNING and seq.num_tokens - seq.num_computed_tokens == 1:
                 decoding.append(seq)
         c = self.config
-        cost = self.cost.relative(len(decoding))
+        cost, jump = self.cost.relative(len(decoding)), self.cost.jump_share(len(decoding))
         gain, drafted = 0.0, 0
         wanted: list[tuple[Sequence, int]] = []  # a draft model's (sequence, k), proposed once the step pays
         for seq in decoding:
@@ -53,7 +53,7 @@ class Speculator:
             room = min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1
             if seq.structured is not None:  # the forced finish must not act inside a verification
                 room = min(room, draft_room(seq.structured, seq.params.max_tokens - seq.num_output_tokens))
-            k = draft_length(seq.spec, cost, min(c.num_speculative_tokens, room))
+            k = draft_length(seq.spec, cost, min(c.num_speculative_tokens, room), jump)
             if k:
                 if self.drafter is None:
                     seq.draft = ngram.propose(seq.token_ids, k, c.prompt_lookup_max, c.prompt_lookup_min)
@@ -65,8 +65,9 @@ class Speculator:
                 drafted += n
         if drafted and not self.cost.pays(len(decoding), gain, drafted):
             for seq in decoding:  # the step's verification would cost the batch more than it gains
-                seq.draft = []
-            wanted = []
+                if not seq.spec.probing:  # a probe is what finds out whether drafting pays again
+                    seq.draft = []
+            wanted = [(seq, k) for seq, k in wanted if seq.spec.probing]
         self.draft_seconds = 0.0
         if self.drafter is not None:
             self.drafter.retain(set(decoding))  # finished, aborted, preempted: their draft blocks go back

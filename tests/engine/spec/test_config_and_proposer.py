@@ -1,4 +1,4 @@
-"""--speculative-config's checks, the n-gram proposer and the adaptive draft length."""
+"""--speculative-config's checks and the n-gram proposer (the adaptive draft length: test_adaptive.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.spec import ngram
-from engine.spec.adaptive import DEFAULT_COST, PROBE_EVERY, DraftState, StepCost, draft_length
 from engine.spec.config import MAX_SPECULATIVE_TOKENS, SpecConfig, parse_spec_config
 
 
@@ -75,35 +74,3 @@ def test_ngram_proposes_what_followed_the_latest_match() -> None:
     assert ngram.propose(text, 0, 3, 1) == []
     assert ngram.propose([7] * 6, 3, 2, 2) == [7, 7, 7]  # a run: a full draft, not the one token after the last
     assert ngram.propose([1, 2, 9, 1, 2, 8, 1, 2], 4, 2, 2) == [9, 1, 2, 8]  # the latest is too short: the earliest
-
-
-def test_draft_length_follows_acceptance() -> None:
-    fresh = DraftState()
-    assert draft_length(fresh, DEFAULT_COST, 5) == 5  # optimistic before any trial
-    assert draft_length(DraftState(), DEFAULT_COST, 2) == 2  # never above the room left
-    poor = DraftState()
-    for _ in range(20):
-        poor.record(4, 0)
-    assert poor.acceptance < DEFAULT_COST
-    lengths = [draft_length(poor, DEFAULT_COST, 4) for _ in range(2 * PROBE_EVERY)]
-    assert lengths.count(1) == 2 and set(lengths) == {0, 1}  # off, but probed now and then
-    good = DraftState()
-    for _ in range(20):
-        good.record(4, 4)
-    assert draft_length(good, DEFAULT_COST, 4) == 4
-    assert draft_length(good, 1.0, 4) == 0  # a token costing a whole step never pays
-
-
-def test_step_cost_fit() -> None:
-    cost = StepCost()
-    assert cost.relative(1) == DEFAULT_COST and cost.pays(1, 0.0, 5)  # nothing measured: try
-    for tokens in [1, 2, 3, 4, 5, 6, 7, 8] * 2:
-        cost.record(tokens, False, 0.010 + 0.001 * tokens)  # base 10 ms, 1 ms a token
-    assert cost.relative(1) == pytest.approx(0.001 / 0.011)
-    assert cost.relative(8) == pytest.approx(0.008 / 0.018)
-    for tokens in [2, 6, 7, 12] * 2:
-        cost.record(tokens, True, 0.015 + 0.001 * tokens)  # a verification costs the step 5 ms more
-    fit = cost.fit()
-    assert fit is not None and fit == pytest.approx((0.010, 0.001, 0.005))
-    # one sequence: a plain step is 11 ms; 4 draft tokens cost 9 ms, so 0.8 expected tokens do not pay, 0.9 do
-    assert not cost.pays(1, 0.8, 4) and cost.pays(1, 0.9, 4)
