@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import json
 import sys
 import time
@@ -54,6 +55,10 @@ def main() -> int:
         schema = json.loads((CORPUS / f"{name}.json").read_text())
         so = StructuredOutputs("json", json.dumps(relax(schema, {"whitespace_flexible": False}).schema))
         finish = backend.compile(so)._finish_with
+        # an earlier search has no tokenizer argument (its finish is the walk's tokens)
+        extra = (
+            {"tokenizer": backend.tokenizer} if "tokenizer" in inspect.signature(search.completion).parameters else {}
+        )
         t0 = time.perf_counter()
         path = search.completion(
             backend.compile(so).matcher,
@@ -63,6 +68,7 @@ def main() -> int:
             finish.hints,
             finish.marks,
             finish.keys,
+            **extra,
         )
         print(f"| {name} | {'none' if path is None else len(path)} | {time.perf_counter() - t0:.2f} |")
     return 0

@@ -4,7 +4,9 @@ llguidance tells which tokens may come next but not how far the end is. The sear
 copy of the matcher: forced tokens as they come (keys, literals), else the first allowed token of a fixed
 preference list (PREFERENCE) that leads somewhere new, judged by the next-token mask: a string's `"`
 changes the mask, its letters do not. Greedy, so short rather than shortest; bounded by a token limit and
-a number of tries, so one search costs a few ms.
+a number of tries, so one search costs a few ms. The walk goes token by token (`":`, `""`, `,`, `"`); the
+finish found is then written as the tokenizer writes its bytes (`":"","`), when the grammar takes that whole:
+a webhook object of 64 required members closes in 289 tokens instead of 475.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ PREFERENCE = (
     + list("([{<")
 )
 MAX_TRIES = 1500  # candidate steps per search (~25 µs each)
+WALK_SLACK = 2  # the walk may take this many times the limit: written as the tokenizer writes it, it may fit
 CLOSERS = ("}}", "]}", "}]", "}", "]")
 _Step = tuple[list[int], llguidance.LLMatcher, bytes | None]  # tokens, the matcher after them, its mask if known
 
@@ -87,6 +90,7 @@ def completion(
     hints: Sequence[Sequence[int]] = (),
     structural: Marks | None = None,
     keys: Sequence[Sequence[int]] = (),
+    tokenizer: llguidance.LLTokenizer | None = None,
 ) -> list[int] | None:
     """Tokens that take `matcher`'s state to the grammar's end (an eos last where the grammar needs one),
     at most `limit` of them; None when none was found within the limit and the tries. matcher is not moved.
@@ -97,7 +101,46 @@ def completion(
     mask (a string whose regex needs a particular text: engine/structured/pattern_samples.py). keys: the schema's
     required keys as `"name":` and `name":`, tried first wherever one fits whole (once per mask): the
     mask cannot tell an optional key from a required one, and properties come in the schema's order, so the
-    search would otherwise write every optional key before the required one."""
+    search would otherwise write every optional key before the required one. tokenizer: the finish's bytes are
+    retokenized with it (fewer tokens), and the walk may then go past `limit` (WALK_SLACK times)."""
+    if tokenizer is None:
+        return _walk(matcher, preferred, eos, limit, hints, structural, keys)
+    path = _walk(matcher, preferred, eos, limit * WALK_SLACK, hints, structural, keys)
+    if path is not None:
+        path = _retokenized(matcher, path, tokenizer, eos) or path
+    return path if path is not None and len(path) <= limit else None
+
+
+def _retokenized(
+    matcher: llguidance.LLMatcher, path: list[int], tokenizer: llguidance.LLTokenizer, eos: Sequence[int]
+) -> list[int] | None:
+    """`path`'s bytes as the tokenizer writes them, an eos after where the grammar needs one, when that is shorter
+    and the grammar takes it whole to its end; else None. The walk takes one token per mask change, so its finish
+    is split where BPE merges (`":` `""` `,` against `":"","`)."""
+    body = path[:-1] if path and path[-1] in eos else path
+    if not body:
+        return None
+    toks = [int(t) for t in tokenizer.tokenize_bytes(tokenizer.decode_bytes(body))]
+    if len(toks) >= len(body) or matcher.validate_tokens(toks) != len(toks):
+        return None
+    m = matcher.deep_copy()
+    m.consume_tokens(toks)
+    if m.is_stopped():
+        return toks
+    end = next((t for t in eos if m.is_accepting() and m.validate_tokens([t]) == 1), None)
+    return None if end is None else toks + [end]
+
+
+def _walk(
+    matcher: llguidance.LLMatcher,
+    preferred: np.ndarray,
+    eos: Sequence[int],
+    limit: int,
+    hints: Sequence[Sequence[int]],
+    structural: Marks | None,
+    keys: Sequence[Sequence[int]],
+) -> list[int] | None:
+    """completion()'s greedy walk, token by token."""
     m = matcher.deep_copy()
     path: list[int] = []
     seen: set[bytes] = set()

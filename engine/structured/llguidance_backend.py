@@ -63,9 +63,10 @@ class Finish:
     marks: Marks
     hints: tuple[list[int], ...] = ()  # ways out of the schema's pattern strings (engine/structured/pattern_samples.py)
     keys: tuple[list[int], ...] = ()  # the schema's required keys, `"name":` and `name":`
+    tokenizer: llguidance.LLTokenizer | None = None  # the finish's bytes are retokenized with it (fewer tokens)
 
     def search(self, matcher: llguidance.LLMatcher, limit: int) -> list[int] | None:
-        return completion(matcher, self.preferred, self.eos, limit, self.hints, self.marks, self.keys)
+        return completion(matcher, self.preferred, self.eos, limit, self.hints, self.marks, self.keys, self.tokenizer)
 
 
 class LLGuidanceGrammar:
@@ -122,7 +123,10 @@ class LLGuidanceBackend:
         self.tokenizer = tokenizer
         self.vocab_size = int(tokenizer.vocab_size)
         self._finish_with = Finish(
-            preferred_tokens(tokenizer), [int(t) for t in tokenizer.eos_tokens], structural_marks(tokenizer)
+            preferred_tokens(tokenizer),
+            [int(t) for t in tokenizer.eos_tokens],
+            structural_marks(tokenizer),
+            tokenizer=tokenizer,
         )
         self._executor: llguidance.LLExecutor | None = None
 
