@@ -22,7 +22,8 @@ import msgspec
 from prometheus_client import CollectorRegistry, generate_latest
 from starlette.routing import Route, Router
 
-from server.app import EngineFactory, create_app, front_page_routes
+from server.app import create_app, front_page_routes
+from server.app_load import EngineFactory
 from server.config import ServerConfig
 from server.http.asgi import (
     ClientGone,

@@ -18,7 +18,8 @@ from hypercorn.asyncio import serve as hypercorn_asyncio_serve
 from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_trio_serve
 
-from server.app import EngineFactory, create_app
+from server.app import create_app
+from server.app_load import EngineFactory
 from server.config import ServerConfig
 from server.http import direct_body
 from server.http.errors import describe_exception

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from demo.tokenizers import load_tokenizer
 from engine.messages import AddRequest, EngineStats, SamplingParams
-from server.app import detokenizer_factory
+from server.app_load import detokenizer_factory
 from server.http.errors import APIError
 from server.metrics.prometheus import ServerMetrics
 from server.pipeline.admission import Admission

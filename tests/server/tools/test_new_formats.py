@@ -198,7 +198,7 @@ def test_a_parser_the_template_does_not_teach_is_warned_about(
 ) -> None:
     """One log line at start-up when none of the parser's markers is in the chat template (Qwen2.5's here)."""
     from demo.tokenizers import tokenizer_dir
-    from server.app import _warn_tool_parser_misfit
+    from server.app_load import _warn_tool_parser_misfit
     from server.config import OutputConfig, ServerConfig
 
     template = json.loads((tokenizer_dir("qwen2.5") / "tokenizer_config.json").read_text())["chat_template"]
