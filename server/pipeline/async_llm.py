@@ -26,14 +26,8 @@ from server.pipeline import unavailable
 from server.pipeline.admission import AdmissionLike, AdmissionTicket
 from server.pipeline.image_sends import ImageMetrics, ImageMirror, ImageSends
 from server.pipeline.input_processor import GenerationSpec
-from server.pipeline.output_processor import (
-    Collector,
-    Counter,
-    OutputKind,
-    OutputMetrics,
-    OutputProcessor,
-    RequestState,
-)
+from server.pipeline.output_processor import Counter, OutputMetrics, OutputProcessor, RequestState
+from server.pipeline.outputs import Collector, OutputKind
 from server.pipeline.request_stream import RequestStream
 
 log = logging.getLogger("spindle.server")

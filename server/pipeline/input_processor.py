@@ -17,7 +17,7 @@ from engine.messages import AudioInput, ImageInput, LoRARequest, Ready, Sampling
 from server.config import RequestCaps, ServerConfig
 from server.http.errors import APIError, bad_request
 from server.lora.registry import LoRARegistry
-from server.pipeline.output_processor import OutputKind
+from server.pipeline.outputs import OutputKind
 from server.protocol.openai import ChatCompletionRequest, CompletionRequest
 
 MAX_N = 128

@@ -8,7 +8,8 @@ import anyio
 
 from server.http.access_log import RequestRecord
 from server.http.wakeup import Waiter
-from server.pipeline.output_processor import Collector, Output, OutputKind, RequestState
+from server.pipeline.output_processor import RequestState
+from server.pipeline.outputs import Collector, Output, OutputKind
 
 
 class RequestStream:

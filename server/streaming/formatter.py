@@ -12,7 +12,7 @@ from server.http.errors import APIError
 from server.pipeline import unavailable
 from server.pipeline.async_llm import AsyncLLM
 from server.pipeline.input_processor import GenerationSpec
-from server.pipeline.output_processor import Output
+from server.pipeline.outputs import Output
 from server.protocol.openai import PromptTokensDetails, Usage
 
 

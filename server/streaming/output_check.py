@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import anyio.to_thread
 
 from server.metrics.prometheus import STRUCTURED_INVALID_REASONS as INVALID_REASONS
-from server.pipeline.output_processor import Output
+from server.pipeline.outputs import Output
 from server.pipeline.parsing import ChoiceParsers
 from server.pipeline.structured import RELAXED_HEADER, Constraint, Relaxation
 from server.protocol.openai import Usage

@@ -13,7 +13,7 @@ from server.http.wakeup import InlineWaiter
 from server.pipeline.admission import AdmissionTicket
 from server.pipeline.async_llm import AsyncLLM
 from server.pipeline.input_processor import GenerationSpec
-from server.pipeline.output_processor import Output
+from server.pipeline.outputs import Output
 from server.pipeline.request_stream import RequestStream
 from server.protocol.openai import Usage
 from server.streaming.formatter import OPENAI_FRAMING, Formatter, StreamFraming, UsageCounter, output_error

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from server.pipeline.output_processor import Output
+from server.pipeline.outputs import Output
 from server.pipeline.parsing import ChoiceParser
 from server.protocol.openai import Usage
 from server.protocol.responses import encoder

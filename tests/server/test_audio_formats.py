@@ -20,7 +20,7 @@ from server.api.audio.formats import (
 )
 from server.api.audio.stream import TranscriptStream
 from server.multimodal.audio import SpeechSupport, Window
-from server.pipeline.output_processor import Output
+from server.pipeline.outputs import Output
 
 SUPPORT = SpeechSupport(
     sot=50258,

@@ -16,7 +16,7 @@ import string
 from typing import Any
 
 from server.api.anthropic.translate import stop_reason
-from server.pipeline.output_processor import Output
+from server.pipeline.outputs import Output
 from server.pipeline.parsing import ChoiceParser
 from server.protocol.anthropic import (
     MessageResponse,

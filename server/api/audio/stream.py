@@ -12,7 +12,7 @@ from __future__ import annotations
 import msgspec
 
 from server.api.audio.formats import usage
-from server.pipeline.output_processor import Output
+from server.pipeline.outputs import Output
 from server.protocol.openai import Usage
 
 

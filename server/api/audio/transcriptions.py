@@ -40,7 +40,7 @@ from server.pipeline.input_processor import (
     max_tokens_for,
     unique_prefix,
 )
-from server.pipeline.output_processor import Output, OutputKind
+from server.pipeline.outputs import Output, OutputKind
 from server.streaming.formatter import output_error
 from server.streaming.respond import respond
 

@@ -21,7 +21,7 @@ from server.api.serving import PostRoute
 from server.http.asgi import Send
 from server.http.errors import APIError, bad_request
 from server.pipeline.input_processor import ModelLimits
-from server.pipeline.output_processor import Output
+from server.pipeline.outputs import Output
 from server.pipeline.pooling.input_types import prompt_for
 from server.pipeline.pooling.outputs import check_dimensions, embedding
 from server.pipeline.pooling.quantize import EMBEDDING_TYPES, quantize

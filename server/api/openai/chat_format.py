@@ -9,7 +9,7 @@ from typing import Any
 
 from server.api.openai.logprobs import TokenTexts, chat_logprobs
 from server.http import sse
-from server.pipeline.output_processor import Output
+from server.pipeline.outputs import Output
 from server.pipeline.parsing import ChoiceParser, ChoiceParsers
 from server.protocol.openai import (
     ChatChoice,

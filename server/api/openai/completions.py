@@ -20,7 +20,7 @@ from server.pipeline.input_processor import (
     completion_prompts,
     external_request_id,
 )
-from server.pipeline.output_processor import Output
+from server.pipeline.outputs import Output
 from server.pipeline.structured import Constraint, structured_outputs
 from server.protocol.openai import (
     CompletionChoice,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from server.api.pooling.inputs import JSONBody, PoolingJob, input_items, prompt_truncation, require_task
 from server.api.serving import PostRoute
 from server.http.asgi import Send
-from server.pipeline.output_processor import Output
+from server.pipeline.outputs import Output
 from server.pipeline.pooling.outputs import check_dimensions, embedding, encode_vector
 from server.protocol.openai import EmbeddingData, EmbeddingResponse, EmbeddingUsage, Usage, embedding_decoder, encoder
 

@@ -28,7 +28,7 @@ from server.multimodal.images import image_support
 from server.pipeline.admission import AdmissionTicket
 from server.pipeline.async_llm import AsyncLLM
 from server.pipeline.input_processor import GenerationSpec, ModelLimits, build_spec, check_request, external_request_id
-from server.pipeline.output_processor import Output
+from server.pipeline.outputs import Output
 from server.pipeline.parsing import (
     ChoiceParser,
     ChoiceParsers,

@@ -12,7 +12,7 @@ from engine.messages import PoolingInfo
 from server.api.pooling.inputs import JSONBody, PoolingJob, input_items, prompt_truncation, require_task
 from server.api.serving import PostRoute
 from server.http.asgi import Send
-from server.pipeline.output_processor import Output
+from server.pipeline.outputs import Output
 from server.pipeline.pooling.outputs import class_scores
 from server.protocol.openai import Usage, encoder
 from server.protocol.pooling import ClassificationData, ClassificationResponse, PoolingUsage, classify_decoder

@@ -30,7 +30,7 @@ from server.pipeline.input_processor import (
     too_many,
     unique_prefix,
 )
-from server.pipeline.output_processor import Output, OutputKind
+from server.pipeline.outputs import Output, OutputKind
 from server.protocol.openai import Usage
 from server.streaming.respond import respond
 

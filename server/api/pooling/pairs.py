@@ -12,7 +12,7 @@ from __future__ import annotations
 from engine.messages import PoolingInfo
 from server.api.pooling.inputs import PoolingJob, Truncation
 from server.http.errors import bad_request
-from server.pipeline.output_processor import Output
+from server.pipeline.outputs import Output
 from server.pipeline.pooling.outputs import as_array
 from server.pipeline.pooling.scoring import cosine, cross_score
 

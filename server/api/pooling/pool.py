@@ -12,7 +12,7 @@ from server.api.pooling.inputs import JSONBody, PoolingJob, input_items, prompt_
 from server.api.serving import PostRoute
 from server.http.asgi import Send
 from server.http.errors import bad_request
-from server.pipeline.output_processor import Output
+from server.pipeline.outputs import Output
 from server.pipeline.pooling.outputs import check_dimensions, class_scores, embedding, encode_vector
 from server.protocol.openai import Usage, encoder
 from server.protocol.pooling import PoolingData, PoolingRequest, PoolingResponse, PoolingUsage, pooling_decoder

@@ -10,7 +10,7 @@ from server.api.pooling.pairs import PairScorer, check_scorer
 from server.api.serving import PostRoute
 from server.http.asgi import Send
 from server.http.errors import bad_request
-from server.pipeline.output_processor import Output
+from server.pipeline.outputs import Output
 from server.pipeline.pooling.scoring import pair_up
 from server.protocol.openai import Usage, encoder
 from server.protocol.pooling import PoolingUsage, ScoreData, ScoreRequest, ScoreResponse, TextList, score_decoder

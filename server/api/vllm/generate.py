@@ -25,7 +25,7 @@ from server.api.serving import PostRoute
 from server.http import sse
 from server.http.asgi import Send
 from server.pipeline.input_processor import build_spec, check_prompt_ids, check_request, external_request_id
-from server.pipeline.output_processor import Output
+from server.pipeline.outputs import Output
 from server.pipeline.structured import structured_outputs
 from server.protocol.openai import CompletionRequest, Int64, StreamOptions, StructuredOutputsParams, Usage, encoder
 from server.streaming.output_check import relaxed_headers

@@ -10,7 +10,7 @@ import numpy as np
 
 from engine.messages import PooledData, PoolingInfo
 from server.http.errors import APIError, bad_request
-from server.pipeline.output_processor import Output
+from server.pipeline.outputs import Output
 
 EPS = 1e-12  # torch.nn.functional.normalize's
 

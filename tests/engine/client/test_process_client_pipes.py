@@ -232,7 +232,7 @@ async def test_stop_strings_queue_200_aborts_while_both_pipes_are_full() -> None
     from server.app_load import detokenizer_factory
     from server.pipeline.async_llm import AsyncLLM
     from server.pipeline.input_processor import GenerationSpec
-    from server.pipeline.output_processor import OutputKind
+    from server.pipeline.outputs import OutputKind
 
     tok = load_tokenizer("qwen2")
     stop_ids = tok.encode(" STOP here").ids

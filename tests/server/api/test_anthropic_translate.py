@@ -14,7 +14,7 @@ from server.api.anthropic.translate import chat_request, decode_error, stop_reas
 from server.http.errors import APIError
 from server.http.errors import anthropic_error_body as error_body
 from server.http.errors import anthropic_error_type as error_type
-from server.pipeline.output_processor import Output
+from server.pipeline.outputs import Output
 from server.pipeline.parsing import ChoiceParser
 from server.protocol.anthropic import count_tokens_decoder, messages_decoder
 from server.protocol.openai import Usage

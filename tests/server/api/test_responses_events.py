@@ -12,7 +12,7 @@ import pytest
 
 from server.api.openai.responses import framing
 from server.http.errors import APIError
-from server.pipeline.output_processor import Output
+from server.pipeline.outputs import Output
 from server.pipeline.parsing import ChoiceParser
 from server.protocol.openai import PromptTokensDetails, Usage
 from server.reasoning.parser import get_reasoning_parser

@@ -20,7 +20,7 @@ from server.metrics.prometheus import ServerMetrics
 from server.pipeline.admission import Admission
 from server.pipeline.async_llm import AsyncLLM
 from server.pipeline.input_processor import GenerationSpec
-from server.pipeline.output_processor import OutputKind
+from server.pipeline.outputs import OutputKind
 
 pytestmark = pytest.mark.anyio
 TOK = load_tokenizer("qwen2")

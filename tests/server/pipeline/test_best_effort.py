@@ -16,7 +16,7 @@ from server.config import RequestCaps
 from server.http.errors import APIError
 from server.metrics.prometheus import STRUCTURED_INVALID_REASONS
 from server.pipeline import structured
-from server.pipeline.output_processor import Output
+from server.pipeline.outputs import Output
 from server.pipeline.structured import RELAXED_HEADER, relax_schema, structured_outputs
 from server.pipeline.tool_schemas import relax_tools
 from server.protocol.openai import ChatCompletionRequest

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from demo.tokenizers import load_tokenizer
 from engine.messages import EngineStats, RequestOutput, StepOutputs
 from server.pipeline.detokenizer import IncrementalDetokenizer
-from server.pipeline.output_processor import Collector, Output, OutputKind, OutputProcessor, RequestState
+from server.pipeline.output_processor import OutputProcessor, RequestState
+from server.pipeline.outputs import Collector, Output, OutputKind
 
 pytestmark = pytest.mark.anyio
 STATS = EngineStats(0, 0, 0, 1, 0, 0, 0)

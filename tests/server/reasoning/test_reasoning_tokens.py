@@ -11,7 +11,7 @@ import tokenizers
 
 from demo.tokenizers import load_tokenizer
 from server.api.openai.chat_format import ParsedChatFormatter
-from server.pipeline.output_processor import Output
+from server.pipeline.outputs import Output
 from server.pipeline.parsing import ChoiceParser
 from server.protocol.openai import Usage
 from server.reasoning.parser import DeepSeekR1Parser, Qwen3Parser, ReasoningParser

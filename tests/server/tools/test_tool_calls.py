@@ -12,7 +12,7 @@ from engine.structured.grammar import validate
 from server.api.openai.chat_format import ParsedChatFormatter
 from server.http.errors import APIError
 from server.pipeline.detokenizer import IncrementalDetokenizer
-from server.pipeline.output_processor import Output
+from server.pipeline.outputs import Output
 from server.pipeline.parsing import added_token_ids
 from server.protocol.openai import Usage
 from server.tools.choice import AUTO_NEEDS_FLAGS, plan_tools
