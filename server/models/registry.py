@@ -155,8 +155,9 @@ class ModelRegistry:
         if limit is not None and slot.waiting >= limit:
             raise unavailable.overloaded(f"{slot.waiting} requests already wait for `{slot.name}` to load")
 
-    def release(self, slot: ModelSlot) -> None:
-        slot.active -= 1
+    def release(self, slot: ModelSlot, count: int = 1) -> None:
+        """A request left the model's app (`count` 0: work of one that outlived it ended)."""
+        slot.active -= count
         slot.last_used = anyio.current_time()
         self._notify()
 
@@ -223,6 +224,8 @@ class ModelRegistry:
         self._notify()
 
     async def _serve(self, slot: ModelSlot, loaded: Loaded) -> None:
+        if loaded.state.llm is not None:  # its last request's work ending (maybe after the request): it may unload
+            loaded.state.llm.on_idle(lambda: self.release(slot, 0))
         slot.loaded, slot.status, slot.last_used = loaded, "loaded", anyio.current_time()
         self.metrics.loads.labels(slot.name).inc()
         self.metrics.loaded.inc()

@@ -79,14 +79,18 @@ class InFlight:
     def __init__(self) -> None:
         self.count = 0
         self._idle: anyio.Event | None = None  # set when the count drops to 0 while a drain waits
+        self.on_idle: Callable[[], None] | None = None  # told each time the count drops to 0
 
     def __enter__(self) -> None:
         self.count += 1
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
         self.count -= 1
-        if self.count == 0 and self._idle is not None:
-            self._idle.set()
+        if self.count == 0:
+            if self._idle is not None:
+                self._idle.set()
+            if self.on_idle is not None:
+                self.on_idle()
 
     async def wait_idle(self) -> None:
         while self.count:
@@ -146,6 +150,11 @@ class AsyncLLM:
     def num_active(self) -> int:
         """`generate` calls in flight (HTTP requests holding engine requests)."""
         return self._in_flight.count
+
+    def on_idle(self, callback: Callable[[], None]) -> None:
+        """Call `callback` each time the last `generate` call in flight ends (--models-dir: work that outlives its
+        HTTP request, a background response, keeps its model busy until then)."""
+        self._in_flight.on_idle = callback
 
     @property
     def ready(self) -> Ready:

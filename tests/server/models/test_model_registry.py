@@ -29,6 +29,7 @@ class Models:
     def __init__(self) -> None:
         self.log: list[tuple[str, str]] = []
         self.gates: dict[str, anyio.Event] = {}
+        self.llms: dict[str, Any] = {}  # a model's stand-in AsyncLLM (none: no engine side)
 
     def make_app(self, config: ServerConfig, on_fatal: Callable[[str], None]) -> Loaded:
         name = config.model.model_name
@@ -47,7 +48,7 @@ class Models:
                 finally:
                     models.log.append(("unload", name))
 
-        return Loaded(App(), SimpleNamespace(llm=None, limits=None), None)
+        return Loaded(App(), SimpleNamespace(llm=models.llms.get(name), limits=None), None)
 
 
 def registry(tmp_path: Path, models: Models, **settings: Any) -> ModelRegistry:
@@ -171,3 +172,42 @@ async def test_requests_waiting_for_a_load_count_against_the_queue_limit(tmp_pat
             models.gates["a"].set()
         await use(reg, "a")  # loaded: the model's own admission decides from here
         tg.cancel_scope.cancel()
+
+
+class BackgroundLLM:
+    """A model's AsyncLLM with work that outlives its HTTP request (a background response)."""
+
+    def __init__(self) -> None:
+        self.num_active = 0
+        self.idle: Callable[[], None] | None = None
+
+    def on_idle(self, callback: Callable[[], None]) -> None:
+        self.idle = callback
+
+    def finish(self) -> None:
+        self.num_active = 0
+        assert self.idle is not None
+        self.idle()
+
+
+async def test_a_load_waits_for_work_that_outlives_its_request(tmp_path: Path) -> None:
+    """a's request ended but its background work goes on: b's load waits, and goes on as soon as that work ends (no
+    other request needed to look again)."""
+    models = Models()
+    llm = models.llms["a"] = BackgroundLLM()
+    reg = registry(tmp_path, models)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(reg.run)
+            a = reg.slots["a"]
+            await reg.acquire(a)
+            llm.num_active = 1
+            reg.release(a)  # the request is over, its work is not
+            async with anyio.create_task_group() as requests:
+                requests.start_soon(use, reg, "b")
+                await reg.until(lambda: reg.slots["b"].status == "queued")
+                await anyio.wait_all_tasks_blocked()
+                assert models.log == [("load", "a")] and a.busy
+                llm.finish()
+            assert models.log == [("load", "a"), ("unload", "a"), ("load", "b")]
+            tg.cancel_scope.cancel()
