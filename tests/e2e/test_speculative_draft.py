@@ -93,7 +93,7 @@ def test_self_draft_accepts_nearly_every_token(servers: tuple[Server, Server, Se
     drafted = selfdraft.metric("spindle_spec_decode_num_draft_tokens_total")
     accepted = selfdraft.metric("spindle_spec_decode_num_accepted_tokens_total")
     assert drafted >= 20 and accepted / drafted >= 0.9, (accepted, drafted)
-    assert selfdraft.metric("vllm:spec_decode_num_accepted_tokens_per_pos", 'position="0"') > 0
+    assert selfdraft.metric("spindle_spec_decode_num_accepted_tokens_per_pos_total", 'position="0"') > 0
 
 
 def start_fails(*args: str) -> str:
