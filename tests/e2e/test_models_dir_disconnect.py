@@ -4,6 +4,7 @@ no error is logged, and the next request is served."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -25,12 +26,13 @@ def anyio_backend() -> str:
     return "trio"
 
 
-async def until(condition: object, what: str, timeout: float = 60) -> None:
-    """Poll another process's state (nothing to wait on) until `condition()` holds."""
-    with anyio.fail_after(timeout):
-        while not condition():  # type: ignore[operator]
+async def until(condition: Callable[[], bool], what: str, timeout: float = 180) -> None:
+    """Poll another process's state (nothing to wait on) until `condition()` holds (a load on a busy machine may
+    take a minute)."""
+    with anyio.move_on_after(timeout):
+        while not condition():
             await anyio.sleep(0.05)
-    assert condition(), what  # type: ignore[operator]
+    assert condition(), f"not within {timeout} s: {what}"
 
 
 def counted(server: Server, name: str) -> float:
