@@ -1,1 +1,2 @@
-"""Speculative decoding: the config, the n-gram proposer, the per-sequence draft length, verification."""
+"""Speculative decoding: the config, the n-gram proposer, the draft model, the per-sequence draft length,
+verification."""
