@@ -99,6 +99,20 @@ def test_tokenize_and_detokenize_by_model(served: Server) -> None:
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
 
 
+def test_background_responses_cancel_through_the_front_and_keep_their_model_busy(served: Server) -> None:
+    body = {"model": "chat", "input": "hi", "max_output_tokens": 900, "background": True}
+    long = post(served, "/v1/responses", body).json()
+    cancelled = httpx.post(f"{served.url}/v1/responses/{long['id']}/cancel", timeout=30)
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    running = post(served, "/v1/responses", {**body, "max_output_tokens": 600}).json()
+    assert running["status"] in ("queued", "in_progress")
+    # embed's load waits for chat's background work (its HTTP request long over), and goes on when that ends
+    assert post(served, "/v1/embeddings", {"model": "embed", "input": "hi"}).status_code == 200
+    assert loaded(served) == {"chat": False, "embed": True}
+    got = httpx.get(f"{served.url}/v1/responses/{running['id']}", timeout=30).json()
+    assert got["status"] in ("completed", "incomplete") and got["output"]
+
+
 def test_the_chat_page_lists_every_model_and_chats_with_the_chosen_one(served: Server) -> None:
     page = httpx.get(f"{served.url}/", timeout=30)
     assert page.status_code == 200 and 'data-testid="model-select"' in page.text
