@@ -49,6 +49,7 @@ from engine.messages import StructuredOutputs
 from engine.structured import grammar, relaxed_schema
 from server.config import RequestCaps
 from server.http.errors import bad_request
+from server.pipeline.answer_budget import check_answer_fits
 from server.protocol.openai import ChatCompletionRequest, CompletionRequest, ResponseFormat, StructuredOutputsParams
 
 MAX_CONCURRENT_COMPILES = 2  # worker threads compiling at once (per event loop); the rest wait their turn
@@ -266,11 +267,12 @@ async def check_constraint(so: StructuredOutputs, param: str, caps: RequestCaps)
 
 
 async def structured_outputs(
-    req: CompletionRequest | ChatCompletionRequest, caps: RequestCaps, *, prefix: str = ""
+    req: CompletionRequest | ChatCompletionRequest, caps: RequestCaps, *, prefix: str = "", tokenizer: Any = None
 ) -> Constraint | None:
     """The request's validated constraint for SamplingParams.structured_outputs, or None; every problem a 400.
 
-    `reasoning_end` is left None (the reasoning parser sets it). Call after check_request, before rendering.
+    `reasoning_end` is left None (the reasoning parser sets it). Call after check_request, before rendering. With
+    the model's tokenizer, a JSON schema no answer of which fits max_tokens is a 400 too (answer_budget.py).
     """
     found = requested_constraint(req, prefix=prefix)
     if found is None:
@@ -280,8 +282,18 @@ async def structured_outputs(
         await check_constraint(StructuredOutputs("regex", pattern), found.pattern_param, caps)
     if found.strict:
         await check_constraint(found.constraint, found.param, caps)
-        return Constraint(found.constraint)
-    return await relax_constraint(found.constraint, found.param, caps)
+        constraint = Constraint(found.constraint)
+    else:
+        constraint = await relax_constraint(found.constraint, found.param, caps)
+    completion = getattr(req, "max_completion_tokens", None)
+    await check_answer_fits(
+        constraint.so,
+        req.max_tokens if completion is None else completion,
+        prefix + ("max_tokens" if completion is None else "max_completion_tokens"),
+        found.param,
+        tokenizer,
+    )
+    return constraint
 
 
 async def relax_constraint(so: StructuredOutputs, param: str, caps: RequestCaps) -> Constraint:

@@ -104,7 +104,7 @@ class MessagesRoute(_AnthropicRoute):
         config = self.state.config
         chat = chat_request(req, reasoning=config.outputs.reasoning_parser is not None, images=_takes_images(config))
         check_request(chat, limits)
-        constraint = await structured_outputs(chat, limits.caps)
+        constraint = await structured_outputs(chat, limits.caps, tokenizer=renderer.tokenizer)
         plan, relaxed_tools = await plan_constrained_tools(chat, config, renderer.tokenizer, limits.caps, "tool_choice")
         external = external_request_id(xid, None)
         with llm.admit(1, 1) as ticket:  # the request's one ticket: a 503 now when the queue is surely full

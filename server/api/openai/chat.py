@@ -24,7 +24,7 @@ class ChatRoute(PostRoute):
         req, llm, renderer, limits = self.state.decode_for_model(chat_decoder, body)
         require_messages(req)
         check_request(req, limits)
-        constraint = await structured_outputs(req, limits.caps)
+        constraint = await structured_outputs(req, limits.caps, tokenizer=renderer.tokenizer)
         config = self.state.config
         tooling = req.tools is not None or req.tool_choice is not None or config.outputs.reasoning_parser is not None
         plan, parsed, relaxed_tools = None, False, dict[str, Relaxation]()

@@ -132,7 +132,7 @@ class CompletionsRoute(PostRoute):
         check_request(req, limits)
         if req.echo and req.stream and req.logprobs is not None:
             raise bad_request("echo with logprobs is not supported when streaming; drop one of them.", "echo")
-        constraint = await structured_outputs(req, limits.caps)
+        constraint = await structured_outputs(req, limits.caps, tokenizer=renderer.tokenizer)
         external = external_request_id(xid, req.request_id)
         prompts = completion_prompts(req.prompt)
         # the request's one admission ticket, at a lower bound of its prompts: a 503 now when the queue is surely full

@@ -115,7 +115,7 @@ class ResponsesRoute(PostRoute):
         config = self.state.config
         history, given, chat = await self._chat(req)
         check_request(chat, limits)
-        constraint = await structured_outputs(chat, limits.caps)
+        constraint = await structured_outputs(chat, limits.caps, tokenizer=renderer.tokenizer)
         plan, relaxed_tools = await plan_constrained_tools(chat, config, renderer.tokenizer, limits.caps, "tool_choice")
         if plan is not None and plan.constraint is not None:  # a forced call writes no text: text.format is moot
             constraint = None

@@ -140,7 +140,7 @@ class GenerateRoute(PostRoute):
         req = as_completion_request(raw)
         check_request(req, limits)
         check_prompt_ids(raw.token_ids, limits.vocab_size, "token_ids")
-        constraint = await structured_outputs(req, limits.caps, prefix="sampling_params.")
+        constraint = await structured_outputs(req, limits.caps, prefix="sampling_params.", tokenizer=renderer.tokenizer)
         external = external_request_id(xid, raw.request_id)
         spec = build_spec(
             req,
