@@ -9,11 +9,13 @@ measurement (engine/cpu_kernels/chooser.py), per shape and row-count class, amon
   torch's GEMM on output tiles unpacked one at a time (no second copy of the weight).
 - "onednn": bfloat16 through oneDNN, the weight pre-packed into its blocked layout once (`PackedLinear`; AMX
   tiles where the CPU has them). Plain `F.linear` re-lays the weight out on every call; bitwise F.linear.
+- "amx": bfloat16 through AMX tiles of our own (`AmxLinear`, engine/cpu_kernels/gemm_amx.py), where the CPU and
+  Linux give tiles: one straight stream of packed tiles per thread.
 - "int8pack": weight-only int8, one symmetric scale per output channel, through ATen's `_weight_int8pack_mm`
   (`Int8Linear`).
 - "torch": `F.linear` on the weight as loaded (GPU, float32, and where nothing else runs).
-One layout is held per weight: where the winners need two, the one that wins more row classes is kept and the
-classes are chosen again among its candidates (chooser.choose_held).
+One layout is held per weight: where the winners need two, the one that loses least over all row classes is kept
+and the classes are chosen again among its candidates (chooser.choose_held).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.cpu_kernels import chooser, gemm
+from engine.cpu_kernels import chooser, gemm, gemm_amx
 from engine.layers.parallel import WORKERS
 
 QUANTIZATIONS = ("int8",)
@@ -66,6 +68,27 @@ class PackedLinear(Linear):
 
     def dense_weight(self) -> torch.Tensor:
         return self.weight.to_dense()
+
+
+class AmxLinear(Linear):
+    """bfloat16 on CPU through AMX tiles of our own (engine/cpu_kernels/gemm_amx.py), the weight packed once."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__(weight, bias)
+        self.weight = gemm_amx.pack(weight)  # flat: only dense_weight() gives [out, in] back
+        self.bias = None if bias is None else bias.to(torch.bfloat16).contiguous()
+        self._macs, self._bytes = self.out_features * self.in_features, 2 * self.out_features * self.in_features
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features)
+        if x2.stride(1) != 1:
+            x2 = x2.contiguous()
+        threads = WORKERS.threads_for(x2.shape[0] * self._macs, self._bytes)
+        y = gemm_amx.matmul(x2, self.weight, self.out_features, self.bias, threads)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def dense_weight(self) -> torch.Tensor:
+        return gemm_amx.unpack(self.weight, self.out_features, self.in_features)
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -219,6 +242,7 @@ FORM_OF = {
     "spindle": "spindle",
     "spindle-unpack": "spindle",
     "onednn": "onednn",
+    "amx": "amx",
     "int8pack": "int8pack",
     "torch": "torch",
 }
@@ -236,6 +260,8 @@ def candidate_forms(
         forms["int8pack"] = lambda: Int8Linear(weight, bias)
     elif weight.dtype == torch.bfloat16 and cpu_packs_bf16():
         forms["onednn"] = lambda: PackedLinear(weight, bias)
+    if quantization is None and gemm_amx.takes(weight):
+        forms["amx"] = lambda: AmxLinear(weight, bias)
     if quantization is None:
         forms["torch"] = lambda: Linear(weight, bias)
     return forms
@@ -249,7 +275,7 @@ def _bench(lin: Linear, name: str) -> chooser.Bench:
         x = torch.randn(rows, lin.in_features, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
         if isinstance(lin, KernelLinear) and name == "spindle-unpack":
             return lambda: lin.unpacked(x)
-        threads = 1 if rows == 1 and not isinstance(lin, KernelLinear) else torch.get_num_threads()
+        threads = 1 if rows == 1 and not isinstance(lin, (KernelLinear, AmxLinear)) else torch.get_num_threads()
 
         def call() -> object:
             before = torch.get_num_threads()

@@ -7,6 +7,7 @@
   writes the widened float32 logits straight into `out`, its threads sharing the vocabulary.
   "onednn" ("int8pack" with int8): the vocabulary in column chunks, each pre-packed for oneDNN (weight-only int8
   through ATen's kernel), engine/layers/linear.py says why packing pays; the embedding table is kept beside it.
+  "amx": AMX tiles of our own (engine/cpu_kernels/gemm_amx.py), the float32 logits written straight into `out`.
   "torch": the weight transposed to [hidden, vocab], which makes the small-batch product faster; a tied
   embedding reads its rows from the head's columns, so the table is stored once.
 - CPU otherwise (float32): the "torch" form.
@@ -25,8 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.nn.functional as F
 
-from engine.cpu_kernels import chooser, gemm
-from engine.layers.linear import Int8Linear, Linear, PackedLinear, cpu_packs_bf16, packed_weight
+from engine.cpu_kernels import chooser, gemm, gemm_amx
+from engine.layers.linear import AmxLinear, Int8Linear, Linear, PackedLinear, cpu_packs_bf16, packed_weight
 from engine.layers.parallel import WORKERS
 
 LOGIT_CHUNK_BYTES = 1 << 19  # one LM head chunk's float32 logits: half of this CPU's per-core L2
@@ -41,6 +42,8 @@ def head_forms(weight: torch.Tensor, quantization: str | None) -> tuple[str, ...
         forms.append("int8pack")
     elif weight.dtype == torch.bfloat16 and cpu_packs_bf16():
         forms.append("onednn")
+    if quantization is None and gemm_amx.takes(weight):
+        forms.append("amx")
     if quantization is None:
         forms.append("torch")
     return tuple(forms)
@@ -93,8 +96,11 @@ class LMHead:
         self.transposed: torch.Tensor | None = None  # [hidden, vocab] (CPU, unpacked)
         self.weight: torch.Tensor | None = None  # [vocab, hidden] (GPU)
         self.packed: gemm.PackedWeight | None = None  # (CPU kernel)
+        self.amx: AmxLinear | None = None  # (AMX tiles of our own)
         if form == "spindle":
             self.packed = packed_weight(weight, None, quantization)
+        elif form == "amx":
+            self.amx = AmxLinear(weight)
         elif form in ("onednn", "int8pack"):
             make: Callable[[torch.Tensor], Linear] = Int8Linear if quantization else PackedLinear
             self.chunks = [
@@ -132,6 +138,10 @@ class LMHead:
                 out = torch.empty(n, self.vocab, dtype=torch.float32)
             k = h.shape[-1]
             return self.packed(h, WORKERS.threads_for(n * self.vocab * k, self.packed.nbytes), out)
+        if self.amx is not None:
+            out = torch.empty(n, self.vocab, dtype=torch.float32) if out is None else out[:n]
+            threads = WORKERS.threads_for(n * self.vocab * h.shape[-1], 2 * self.vocab * h.shape[-1])
+            return gemm_amx.matmul(h.contiguous(), self.amx.weight, self.vocab, None, threads, out)
         if out is None or (n < LOGIT_CHUNK_MIN_ROWS and pool is None and not self.chunks):
             if self.transposed is not None:
                 return (h @ self.transposed).float()

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.cpu_kernels import chooser, gemm
+from engine.cpu_kernels import chooser, gemm, gemm_amx
 from engine.layers import linear
 from engine.layers.linear import (
     Int8Linear,
@@ -99,8 +99,9 @@ def test_one_layout_is_held_and_each_row_class_takes_its_winner(monkeypatch: pyt
     w, b = weights(200, 96, torch.bfloat16)
     asked = fake_choice(monkeypatch, ("spindle", "spindle", "spindle-unpack", "spindle-unpack", "onednn"))
     lin = make_linear(w, b)  # "spindle"'s layout wins four classes of five: held, and chosen again among its own
+    amx = ("amx",) if gemm_amx.takes(w) else ()  # AMX tiles of our own: a candidate where the CPU has them
     assert type(lin) is KernelLinear and asked == [
-        ("spindle", "spindle-unpack", "onednn", "torch"),
+        ("spindle", "spindle-unpack", "onednn", *amx, "torch"),
         ("spindle", "spindle-unpack"),
     ]
     # asked again among the held layout's own, the prefill class takes its first candidate (fake_choice)
