@@ -197,3 +197,21 @@ def test_catch_up_proposes_as_a_fresh_draft(qwen2_ckpt: Path, noisy_draft: Path)
             assert seq.draft == again.draft, accepted
         cached.retain(set())
     assert cached.num_free_blocks == cached.runner.num_blocks
+
+
+def test_gguf_target_and_draft(tmp_path: Path) -> None:
+    """GGUF files load as target and draft: a Q8_0 copy drafting for its float original."""
+    import gguf
+
+    from tests.engine.gguf.files import write_llama
+
+    write_llama(tmp_path / "f32.gguf")
+    write_llama(tmp_path / "q8.gguf", qtype=gguf.GGMLQuantizationType.Q8_0)
+    target = tmp_path / "f32.gguf"
+    rng = random.Random(4)
+    reqs = [(f"r{i}", [rng.randrange(90) for _ in range(n)], greedy(24), 0) for i, n in enumerate([5, 12])]
+    want = {rid: tokens(o) for rid, o in run(make_core(target), reqs).items()}
+    spec = make_core(target, speculative_config=draft_config(tmp_path / "q8.gguf"))
+    assert {rid: tokens(o) for rid, o in run(spec, reqs).items()} == want
+    st = spec.stats()
+    assert st.spec_num_accepted_tokens / max(st.spec_num_draft_tokens, 1) >= 0.5, st
