@@ -19,6 +19,7 @@ namespace {
 
 constexpr int kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
 constexpr int kTileRows = 16;  // rows of x per tile (a C tile's rows)
+constexpr long kChunkBytes = 1L << 20;  // rows of x taken at a time: about half of a core's L2
 
 bool tiles_permitted() {
     static thread_local int ok = -1;
@@ -45,19 +46,7 @@ __attribute__((target("amx-tile,amx-bf16"))) void configure(int m) {
     _tile_loadconfig(&c);
 }
 
-inline float widen(uint16_t b) {
-    const uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-inline uint16_t round_bf16(float f) {  // to nearest even, as torch rounds (a NaN stays a NaN)
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
+inline __m512 widen16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
 
 struct Out {
     const uint16_t* bias;
@@ -66,19 +55,20 @@ struct Out {
     float* yf;
     long ldyf;
     int N;
-    // c: the two column blocks' sums for m rows from row m0, columns from 32p
+    // c: the two column blocks' sums for m rows from row m0, columns from 32p; + bias, rounded to bf16 (to nearest
+    // even), stored (or widened and stored) 16 columns at a time
     void put(const float (*c)[kTileRows * 16], int m0, int m, int p) const {
-        for (int b = 0; b < 2; ++b)
-            for (int i = 0; i < 16; ++i) {
-                const int n = 32 * p + 16 * b + i;
-                if (n >= N) return;
-                const float add = bias ? widen(bias[n]) : 0.0f;
-                for (int r = 0; r < m; ++r) {
-                    const uint16_t v = round_bf16(c[b][r * 16 + i] + add);
-                    if (yf) yf[(long)(m0 + r) * ldyf + n] = widen(v);
-                    else y[(long)(m0 + r) * ldy + n] = v;
-                }
+        for (int b = 0; b < 2; ++b) {
+            const int n0 = 32 * p + 16 * b;
+            if (n0 >= N) return;
+            const __mmask16 mask = N - n0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (N - n0)) - 1);
+            const __m512 add = bias ? widen16(_mm256_maskz_loadu_epi16(mask, bias + n0)) : _mm512_setzero_ps();
+            for (int r = 0; r < m; ++r) {
+                const __m256i v = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_load_ps(c[b] + r * 16), add));
+                if (yf) _mm512_mask_storeu_ps(yf + (long)(m0 + r) * ldyf + n0, mask, widen16(v));
+                else _mm256_mask_storeu_epi16(y + (long)(m0 + r) * ldy + n0, mask, v);
             }
+        }
     }
 };
 
@@ -161,10 +151,14 @@ __attribute__((target("amx-tile,amx-bf16"))) int spindle_gemm_amx(const uint16_t
         } else {
             const int nt = omp_get_num_threads(), id = omp_get_thread_num();
             const int p0 = (int)((long)np * id / nt), p1 = (int)((long)np * (id + 1) / nt);
+            // rows in chunks whose x stays in L2 while the thread's pairs pass (each chunk reads the weight once)
+            const int chunk = (int)(kChunkBytes / (2L * K)) / (2 * kTileRows) * (2 * kTileRows);
+            const int step = chunk > 2 * kTileRows ? chunk : 2 * kTileRows;
             const int full = M / kTileRows, rest = M % kTileRows;
-            if (full) {
-                configure(kTileRows);
-                pairs(x, ldx, 0, full, kTileRows, K, w, o, p0, p1);
+            if (full) configure(kTileRows);
+            for (int b0 = 0; b0 < full; b0 += step / kTileRows) {
+                const int blocks = full - b0 < step / kTileRows ? full - b0 : step / kTileRows;
+                pairs(x, ldx, b0 * kTileRows, blocks, kTileRows, K, w, o, p0, p1);
             }
             if (rest) {
                 configure(rest);
