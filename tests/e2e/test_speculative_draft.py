@@ -116,3 +116,16 @@ def test_bad_drafts_stop_start_up(tmp_path: Path) -> None:
     assert "vocabulary does not match" in line and "151665 tokens, the draft's 32000" in line
     line = start_fails("--model", model, "--speculative-config", spec(tmp_path / "none"))
     assert "--speculative-config" in line and "does not exist" in line
+
+
+def test_client_gone_mid_stream(servers: tuple[Server, Server, Server]) -> None:
+    """Streams closed after a few chunks (their requests aborted between verifications); the server answers on."""
+    plain, selfdraft, _ = servers
+    body = {"model": "tiny", "prompt": TEXT, "max_tokens": 200, "temperature": 0, "stream": True, "ignore_eos": True}
+    for _ in range(3):
+        with httpx.stream("POST", f"{selfdraft.url}/v1/completions", json=body, timeout=120) as r:
+            for n, _event in enumerate(events(r)):
+                if n == 3:
+                    break
+    short = {"prompt": TEXT, "max_tokens": 40, "temperature": 0}
+    assert streamed(selfdraft, short) == streamed(plain, short)
