@@ -85,10 +85,11 @@ def streamed(server: Server, body: dict[str, Any]) -> tuple[str, str, str | None
 def test_constrained_answers_identical_with_drafts(servers: tuple[Server, Server], kind: str) -> None:
     plain, spec = servers
     body = BODIES[0] if kind == "json_schema" else BODIES[1]
-    accepted = spec.metric("spindle_spec_decode_num_accepted_tokens_total")
+    drafts = spec.metric("spindle_spec_decode_num_drafts_total")
     want = answer(plain, body)
     assert answer(spec, body) == want
-    assert spec.metric("spindle_spec_decode_num_accepted_tokens_total") > accepted  # constrained rows verified
+    # constrained rows verified (how many the adaptive length drafts depends on the step costs it measures)
+    assert spec.metric("spindle_spec_decode_num_drafts_total") > drafts
     if kind == "json_schema":
         assert want[2] == "stop" and set(json.loads(want[0])) == {"note", "count"}
     else:
