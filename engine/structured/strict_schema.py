@@ -14,6 +14,10 @@ needs no check afterwards:
 - an `integer` with an open side gets the bound of I-JSON's safe range (+-(2**53 - 1), RFC 7493): a number
   past it loses digits in most JSON parsers (JavaScript's, and any float), and a random model under no bound
   writes digits until max_tokens.
+- a `properties` entry of a branch (allOf / anyOf / oneOf member, if / then / else / not) that restates the
+  node's own (the same schema, or a $ref to it) or says nothing goes, where that branch closes no keys: the node
+  already holds it (llguidance intersects the two, over its size limit where the schema has conditionals of its
+  own: Dependabot's `schedule`; negate() cannot write a $ref's negation: its `directory` / `directories` oneOf).
 - `uniqueItems` over a small enum (or const) of items becomes the enum of the arrays it allows, each set of values
   once, in the enum's order.
 - `date-time`, `date` and `time` get the pattern of what the output check's format checker (jsonschema with
@@ -26,7 +30,9 @@ No torch, no llguidance.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 MAX_CONDITIONALS = 8  # if/then/else rewritten two ways per object: each doubles what llguidance intersects there
@@ -56,7 +62,9 @@ def rewrite(schema: dict[str, Any], *, conditionals: bool = True) -> dict[str, A
     pointed: set[str] = set()
     for n in nodes:
         pointed |= _keywords_in(n["$ref"]) if isinstance(n.get("$ref"), str) else frozenset()
-    steps = [_format, _safe_integer]
+    steps: list[Callable[[dict[str, Any]], bool]] = []
+    steps += [] if pointed & _BRANCH_KEYS else [functools.partial(_restated, root=work)]
+    steps += [_format, _safe_integer]
     steps += [] if "enum" in pointed else [_unique_enum]
     steps += [] if pointed & {"dependencies", "dependentRequired", "dependentSchemas"} else [_dependencies]
     steps += [] if "oneOf" in pointed else [_one_of]
@@ -72,6 +80,49 @@ def _keywords_in(ref: str) -> frozenset[str]:
     """The keywords a JSON pointer passes through (not the names under definitions, properties, ...)."""
     parts = ref.partition("#")[2].split("/")
     return frozenset(p for prev, p in zip(parts, parts[1:]) if prev not in _NAMED)
+
+
+def _restated(node: dict[str, Any], root: dict[str, Any]) -> bool:
+    """Drop the entries of the node's branches' `properties` that restate the node's own or say nothing (exact:
+    the value meets the node's `properties` anyway); not in a branch with additionalProperties or
+    unevaluatedProperties, where an entry also says which keys are not additional."""
+    own = node.get("properties")
+    if not isinstance(own, dict):
+        return False
+    members = [m for m in node["allOf"] if isinstance(m, dict)] if isinstance(node.get("allOf"), list) else []
+    branches: list[dict[str, Any]] = list(members)
+    for holder in [node, *members]:
+        branches += [holder[k] for k in ("if", "then", "else", "not") if isinstance(holder.get(k), dict)]
+        for key in ("anyOf", "oneOf"):
+            if isinstance(holder.get(key), list):
+                branches += [b for b in holder[key] if isinstance(b, dict)]
+    changed = False
+    for branch in branches:
+        props = branch.get("properties")
+        if not isinstance(props, dict) or {"additionalProperties", "unevaluatedProperties"} & set(branch):
+            continue
+        for key in [k for k, v in props.items() if v is True or v == {} or (k in own and _same(v, own[k], root))]:
+            del props[key]
+            changed = True
+        if not props:
+            del branch["properties"]
+    return changed
+
+
+def _same(schema: Any, own: Any, root: dict[str, Any]) -> bool:
+    """`schema` is `own`, written again or as a `#/...` $ref to it."""
+    if schema == own:
+        return True
+    ref = schema.get("$ref") if isinstance(schema, dict) and set(schema) - _ANNOTATIONS == {"$ref"} else None
+    if not isinstance(ref, str) or not ref.startswith("#/"):
+        return False
+    node: Any = root
+    for part in ref[2:].split("/"):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return node is own
 
 
 def _format(node: dict[str, Any]) -> bool:
@@ -365,6 +416,7 @@ _ONE = (
 )
 _MANY = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
 _NAMED = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies")
+_BRANCH_KEYS = frozenset({"allOf", "anyOf", "oneOf", "if", "then", "else", "not"})  # a $ref through one: no _restated
 
 
 def _nodes(schema: Any) -> list[dict[str, Any]]:

@@ -235,9 +235,24 @@ def test_dependencies_are_enforced(schema: dict[str, Any]) -> None:
 
 
 def test_what_llguidance_cannot_take_falls_back_to_lenient_mode() -> None:
-    """Dependabot's conditionals multiply past llguidance's schema size: relaxed as before, formats still exact."""
+    """Eight conditionals on one object of 38 members multiply past llguidance's schema size: relaxed as before.
+    Dependabot's, once too large, compile since its restated `schedule` goes: only `not` and `uniqueItems` are left
+    to lenient mode."""
+    props: dict[str, Any] = {
+        f"p{i}": {"type": "object", "properties": {f"q{j}": {"type": "string"} for j in range(10)}} for i in range(30)
+    }
+    props |= {f"b{i}": {"type": "boolean"} for i in range(8)}
+    conds = [
+        {
+            "if": {"properties": {f"b{i}": {"const": True}}, "required": [f"b{i}"]},
+            "then": {"required": [f"p{i}"]},
+            "else": {"required": [f"p{i + 10}"]},
+        }
+        for i in range(8)
+    ]
+    assert relax({"type": "object", "properties": props, "allOf": conds}, STYLE).keywords == ("else", "if", "then")
     schema = json.loads((CORPUS / "check-jsonschema" / "dependabot.json").read_text())
-    assert "if" in relax(schema, STYLE).keywords
+    assert relax(schema, STYLE).keywords == ("not", "uniqueItems")
 
 
 def test_an_open_integer_is_bounded_to_the_safe_range() -> None:
@@ -318,3 +333,78 @@ def test_a_keyword_a_ref_points_through_is_left_as_it_is() -> None:
         "then": {"required": ["a"]},
     }
     assert "if" not in rewrite(named)  # `if` there names a definition: the conditional is still rewritten
+
+
+# Dependabot's update entry, cut down: a branch restates a property of the object it sits in (through a $ref)
+RESTATED = {
+    "definitions": {
+        "update": {
+            "type": "object",
+            "properties": {
+                "schedule": {
+                    "type": "object",
+                    "properties": {"interval": {"enum": ["daily", "cron"]}, "cronjob": {"type": "string"}},
+                    "required": ["interval"],
+                    "allOf": [
+                        {"if": {"properties": {"interval": {"const": "cron"}}}, "then": {"required": ["cronjob"]}}
+                    ],
+                },
+                "directory": {"type": "string"},
+                "directories": {"type": "array", "items": {"type": "string"}},
+                "group": {"type": "string"},
+            },
+            "allOf": [
+                {
+                    "if": {"not": {"properties": {"group": {}}, "required": ["group"]}},
+                    "then": {
+                        "properties": {"schedule": {"$ref": "#/definitions/update/properties/schedule"}},
+                        "required": ["schedule"],
+                    },
+                },
+                {
+                    "oneOf": [
+                        {
+                            "properties": {"directory": {"$ref": "#/definitions/update/properties/directory"}},
+                            "required": ["directory"],
+                        },
+                        {
+                            "properties": {"directories": {"$ref": "#/definitions/update/properties/directories"}},
+                            "required": ["directories"],
+                        },
+                    ]
+                },
+            ],
+        }
+    },
+    "type": "array",
+    "items": {"$ref": "#/definitions/update"},
+}
+
+
+def test_a_branch_restating_the_objects_own_property_is_enforced() -> None:
+    """The restated $ref goes (exact), so the conditional and the oneOf are rewritten and enforced: none is relaxed,
+    and the grammar agrees with jsonschema on each instance."""
+    out = relax(RESTATED, STYLE)
+    assert out.keywords == ()
+    sched = '"schedule":{"interval":"daily"}'
+    for text in [
+        f'[{{{sched},"directory":"a"}}]',
+        '[{"directory":"a"}]',  # no schedule, no group
+        '[{"directory":"a","group":"g"}]',
+        f'[{{{sched},"directory":"a","directories":[]}}]',  # both: oneOf fails
+        '[{"schedule":{"interval":"cron"},"directories":[]}]',  # cron without cronjob
+        '[{"schedule":{"interval":"cron","cronjob":"x"},"directories":[]}]',
+    ]:
+        assert accepts(out.schema, text) == valid(json.loads(text), RESTATED), text
+
+
+def test_an_entry_that_also_closes_keys_stays() -> None:
+    """With additionalProperties beside it, a branch's entry also says `k` is not an additional key: kept."""
+    schema = {
+        "type": "object",
+        "properties": {"k": {"type": "string"}},
+        "anyOf": [{"properties": {"k": {"type": "string"}}, "additionalProperties": False}, {"required": ["k"]}],
+    }
+    assert rewrite(schema) is schema
+    loose = {**schema, "anyOf": [{"properties": {"k": {"type": "string"}, "j": {}}}, {"required": ["k"]}]}
+    assert rewrite(loose)["anyOf"][0] == {}
