@@ -1,6 +1,6 @@
 // One decoder layer of a decode step in one call: the kernels of this package in the order the model runs them
 // (engine/models/decoder.py), without a trip through Python between them. Projections are packed bf16 weights
-// (gemm_bf16.cpp) or a GGUF file's blocks (quant_gemm.cpp, called through the step's pointer to it, which keeps
+// (gemm_bf16.cpp, or gemm_amx.cpp's tiles) or a GGUF file's blocks (quant_gemm.cpp, called through the step's pointer to it, which keeps
 // the two libraries apart). Dense layers only: fused q|k|v,
 // optional per-head q/k norms, rotary over the whole head, SiLU-gated MLP. Each step rounds as the separate
 // calls do, so the result is bitwise theirs (tests/engine/models/test_fused_decode.py).
@@ -21,6 +21,8 @@ void spindle_add_rms_norm(const uint16_t* x, long ldx, const uint16_t* h, long l
                           uint16_t* x_out, long ldxo, uint16_t* norm, long ldn, int rows, int n, float eps, int threads);
 void spindle_rope(uint16_t* x, long st, long sh, int tokens, int heads, int d, const uint16_t* cos,
                   const uint16_t* sin, long lc, int threads);
+int spindle_gemm_amx(const uint16_t* x, long ldx, int M, int K, const uint16_t* w, int N, const uint16_t* bias,
+                     uint16_t* y, long ldy, float* yf, long ldyf, int threads);
 void spindle_silu_mul(const uint16_t* gu, long ldg, uint16_t* out, long ldo, int rows, int n, int threads);
 void spindle_decode_attention(const uint16_t* q, long q_sb, long q_sh, int batch, int heads, int kv_heads, int d,
                               const uint16_t* k, const uint16_t* v, long c_sblock, long c_stok, long c_shead,
@@ -36,7 +38,7 @@ struct Projection {  // a PackedWeight (w packed as gemm_bf16.cpp says) or GGUF 
     const float* scale;  // int8 weights' scales, else null
     const uint16_t* bias;
     int n, k;
-    int ggml_type;   // -1: packed bf16; else w holds rows of this ggml type's blocks, row_bytes a row
+    int ggml_type;   // -1: packed bf16; -2: packed for AMX tiles (gemm_amx.cpp); else rows of ggml blocks
     long row_bytes;
 };
 
@@ -82,12 +84,14 @@ int spindle_decoder_layer_abi() { return 3; }
 
 namespace {
 
+constexpr int kAmx = -2;
+
 int pick(const SpindleStep& s, long macs, long bytes) {
     return macs >= s.parallel_macs || bytes >= s.parallel_bytes ? s.threads : 1;
 }
 
 int threads_for(const SpindleStep& s, const Projection& p) {
-    const long bytes = p.ggml_type >= 0 ? p.row_bytes * p.n : (p.scale ? 1L : 2L) * p.n * p.k;
+    const long bytes = p.ggml_type >= 0 ? p.row_bytes * p.n : (p.scale ? 1L : 2L) * p.n * p.k;  // AMX: bf16
     return pick(s, (long)s.tokens * p.n * p.k, bytes);
 }
 
@@ -106,6 +110,11 @@ uint16_t round_bf16(float f) {  // to nearest even, as torch's float32 -> bfloat
 }
 
 void project(const SpindleStep& s, const Projection& p, const uint16_t* x, uint16_t* y) {
+    if (p.ggml_type == kAmx) {  // its tiles were granted when the layer was built (FusedDecode checks)
+        spindle_gemm_amx(x, p.k, s.tokens, p.k, (const uint16_t*)p.w, p.n, p.bias, y, p.n, nullptr, 0,
+                         threads_for(s, p));
+        return;
+    }
     if (p.ggml_type < 0) {
         spindle_gemm_bf16(x, p.k, s.tokens, p.k, p.w, p.scale, p.n, p.bias, y, p.n, nullptr, 0, threads_for(s, p));
         return;
@@ -166,7 +175,7 @@ extern "C" void spindle_decoder_layer(const SpindleLayer* L, const SpindleStep* 
     project(s, l.o, attn, h);
     spindle_add_rms_norm(x, l.hidden, h, l.hidden, l.ln2, x, l.hidden, normed, l.hidden, t_n, l.hidden, l.eps, small);
     const Projection& g = l.gate_up;
-    if (g.ggml_type >= 0 ||
+    if (g.ggml_type != -1 ||
         !spindle_gemm_bf16_silu(normed, g.k, t_n, g.k, g.w, g.scale, g.n, g.bias, act, inter, threads_for(s, g))) {
         project(s, g, normed, gu);  // too many rows for the one call
         spindle_silu_mul(gu, g.n, act, inter, t_n, inter, pick(s, 0, 3L * t_n * g.n));

@@ -4,7 +4,8 @@ A decode step runs about ten kernels per layer; called one by one from Python, t
 small ones themselves (bench/README.md, "One call per decoder layer"). Here `CausalLM.forward` hands a pure
 decode step (one new token per sequence) to `FusedDecode.run`, which calls the same kernels from C++, in the
 same order, rounding the same: the result is bitwise the layer-by-layer path's. Weight-only int8 projections run
-through the same kernel, a GGUF model's blocks through the block kernel (engine/cpu_kernels/quant_gemm.cpp).
+through the same kernel, AMX-packed ones through gemm_amx.cpp, a GGUF model's blocks through the block kernel
+(engine/cpu_kernels/quant_gemm.cpp).
 Models it cannot take (another ops path, LoRA, tensor parallel, Gemma's norms, partial rotary, MoE, another
 activation) never build one.
 """
@@ -18,12 +19,13 @@ import torch
 
 from engine.cpu_kernels import decode_attention, decoder_layer, layer_ops, quant_gemm
 from engine.execution.ops import AttnMetadata, rope_halves
-from engine.layers.linear import KernelLinear
+from engine.layers.linear import AmxLinear, KernelLinear
 from engine.layers.parallel import KERNEL_PARALLEL_BYTES, KERNEL_PARALLEL_MACS, WORKERS
 from engine.layers.quant_linear import QuantLinear
 from engine.models.args import ModelArgs
 
-FUSED_LINEARS = (KernelLinear, QuantLinear)  # the projections the fused layer runs
+AMX = -2  # decoder_layer.cpp's mark of a projection packed for AMX tiles
+FUSED_LINEARS = (KernelLinear, AmxLinear, QuantLinear)  # the projections the fused layer runs
 
 
 class DenseModel(Protocol):
@@ -54,7 +56,12 @@ def kernels_take(args: ModelArgs) -> bool:
 
 
 def _projection(lin: object, keep: list[torch.Tensor]) -> decoder_layer.Projection:
-    """The kernel's view of a projection (KernelLinear or QuantLinear); tensors it points into go to `keep`."""
+    """The kernel's view of a projection (KernelLinear, AmxLinear or QuantLinear); tensors it points into go to
+    `keep`."""
+    if isinstance(lin, AmxLinear):
+        return decoder_layer.Projection(
+            lin.weight.data_ptr(), None, _ptr(lin.bias), lin.out_features, lin.in_features, AMX, 0
+        )
     if isinstance(lin, QuantLinear):
         bias = None if lin.bias is None else lin.bias.to(torch.bfloat16).contiguous()
         keep += [lin.ggml.data] + ([] if bias is None else [bias])
@@ -83,7 +90,7 @@ class FusedDecode:
         first = model.layers[0]
         # every layer's projection of a kind has its shape, so the chooser's decision (which rows the kernel
         # takes: engine/cpu_kernels/chooser.py) is the first layer's
-        self.projections: list[KernelLinear | QuantLinear] = [
+        self.projections: list[KernelLinear | AmxLinear | QuantLinear] = [
             first.qkv,
             first.o,
             getattr(first.mlp, "gate_up"),

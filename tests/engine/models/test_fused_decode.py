@@ -15,6 +15,7 @@ import torch
 from demo.checkpoints import write_random_checkpoint
 from engine.config import EngineConfig
 from engine.core.sequence import ScheduledSeq, Sequence
+from engine.cpu_kernels import gemm_amx
 from engine.execution.model_runner import ModelRunner
 from engine.execution.ops import AttnMetadata
 from engine.layers.linear import KernelLinear
@@ -175,5 +176,17 @@ def test_fused_decode_over_gguf_blocks_is_bitwise_the_layer_by_layer_path(
     path = smollm2_file()
     fused = decode_logits(path, True, 2, monkeypatch, count=count)
     plain = decode_logits(path, False, 2, monkeypatch, count=count)
+    for a, b in zip(fused, plain):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not gemm_amx.available(), reason="no AMX tiles on this CPU")
+@pytest.mark.parametrize("count", [1, 20])
+def test_fused_decode_over_amx_tiles_is_bitwise_the_layer_by_layer_path(
+    ckpt: Path, count: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPINDLE_KERNEL_CHOICE", "amx")
+    fused = decode_logits(ckpt, True, 2, monkeypatch, count=count)
+    plain = decode_logits(ckpt, False, 2, monkeypatch, count=count)
     for a, b in zip(fused, plain):
         assert torch.equal(a, b)
