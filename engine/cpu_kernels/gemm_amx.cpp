@@ -19,7 +19,11 @@ namespace {
 
 constexpr int kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
 constexpr int kTileRows = 16;  // rows of x per tile (a C tile's rows)
-constexpr long kChunkBytes = 1L << 20;  // rows of x taken at a time: about half of a core's L2
+// rows of x taken at a time: half of this core's L2 as Linux reports it (1 MiB where it does not)
+long chunk_bytes() {
+    static const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return l2 > 0 ? l2 / 2 : 1L << 20;
+}
 
 bool tiles_permitted() {
     static thread_local int ok = -1;
@@ -152,7 +156,7 @@ __attribute__((target("amx-tile,amx-bf16"))) int spindle_gemm_amx(const uint16_t
             const int nt = omp_get_num_threads(), id = omp_get_thread_num();
             const int p0 = (int)((long)np * id / nt), p1 = (int)((long)np * (id + 1) / nt);
             // rows in chunks whose x stays in L2 while the thread's pairs pass (each chunk reads the weight once)
-            const int chunk = (int)(kChunkBytes / (2L * K)) / (2 * kTileRows) * (2 * kTileRows);
+            const int chunk = (int)(chunk_bytes() / (2L * K)) / (2 * kTileRows) * (2 * kTileRows);
             const int step = chunk > 2 * kTileRows ? chunk : 2 * kTileRows;
             const int full = M / kTileRows, rest = M % kTileRows;
             if (full) configure(kTileRows);
