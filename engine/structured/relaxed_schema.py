@@ -166,8 +166,6 @@ def _circular(work: dict[str, Any], target: str, fold: bool) -> tuple[dict[str, 
     else what sits beside a $ref to `target` (in its node or its allOf) goes."""
     if _strip_ref_siblings(work, only_annotations=True):
         return work, None
-    if _ref_siblings_ignored(work) and _strip_ref_siblings(work, only_annotations=False):
-        return work, None  # the dialect's validators ignore them (and the output check reads the same dialect)
     if fold and _fold(work, target):
         return work, None
     if _strip_ref_siblings(work, only_annotations=False, target=target):
@@ -181,12 +179,6 @@ def _circular(work: dict[str, Any], target: str, fold: bool) -> tuple[dict[str, 
                 del node["allOf"]
             dropped = True
     return (work, "allOf") if dropped else None
-
-
-def _ref_siblings_ignored(work: dict[str, Any]) -> bool:
-    """Drafts 3 to 7 ignore every keyword beside a $ref: dropping them there is exact."""
-    dialect = work.get("$schema")
-    return isinstance(dialect, str) and any(f"draft-0{n}/" in dialect for n in (3, 4, 6, 7))
 
 
 def _fold(work: dict[str, Any], target: str) -> bool:

@@ -183,14 +183,3 @@ def test_warning_keywords() -> None:
     assert warning_keywords("Unknown format: uri-template") == ["format:uri-template"]
     assert warning_keywords("oneOf not fully supported, falling back to anyOf.") == ["oneOf"]
     assert warning_keywords("something new\x00 <here>") == ["something new here"]  # header-safe
-
-
-def test_a_refs_siblings_go_where_the_dialect_ignores_them() -> None:
-    """Minecraft's item modifiers (draft-07) write `type` beside recursive $refs, which draft-07 validators ignore:
-    dropped (exact), the rewritten conditionals compile and nothing is relaxed. Folding them into copies instead
-    exceeded llguidance's intersection depth, and the conditionals were relaxed."""
-    schema = json.loads((CORPUS / "schemastore" / "minecraft-item-modifier.json").read_text())
-    assert schema["$schema"].startswith("http://json-schema.org/draft-07/")
-    assert relax(schema, STYLE).keywords == ()
-    later = {**schema, "$schema": "https://json-schema.org/draft/2020-12/schema"}  # siblings apply: not exact
-    assert relax(later, STYLE).keywords != ()
