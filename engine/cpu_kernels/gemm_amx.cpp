@@ -15,7 +15,14 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "simd.h"
+
 namespace {
+
+using spindle::first_lanes;
+using spindle::load_bf16_n;
+using spindle::narrow;
+using spindle::widen;
 
 constexpr int kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
 constexpr int kTileRows = 16;  // rows of x per tile (a C tile's rows)
@@ -50,8 +57,6 @@ __attribute__((target("amx-tile,amx-bf16"))) void configure(int m) {
     _tile_loadconfig(&c);
 }
 
-inline __m512 widen16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
-
 struct Out {
     const uint16_t* bias;
     uint16_t* y;
@@ -65,11 +70,11 @@ struct Out {
         for (int b = 0; b < 2; ++b) {
             const int n0 = 32 * p + 16 * b;
             if (n0 >= N) return;
-            const __mmask16 mask = N - n0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (N - n0)) - 1);
-            const __m512 add = bias ? widen16(_mm256_maskz_loadu_epi16(mask, bias + n0)) : _mm512_setzero_ps();
+            const __mmask16 mask = first_lanes(N - n0);
+            const __m512 add = bias ? load_bf16_n(bias + n0, mask) : _mm512_setzero_ps();
             for (int r = 0; r < m; ++r) {
-                const __m256i v = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_load_ps(c[b] + r * 16), add));
-                if (yf) _mm512_mask_storeu_ps(yf + (long)(m0 + r) * ldyf + n0, mask, widen16(v));
+                const __m256i v = narrow(_mm512_add_ps(_mm512_load_ps(c[b] + r * 16), add));
+                if (yf) _mm512_mask_storeu_ps(yf + (long)(m0 + r) * ldyf + n0, mask, widen(v));
                 else _mm256_mask_storeu_epi16(y + (long)(m0 + r) * ldy + n0, mask, v);
             }
         }
