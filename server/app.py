@@ -21,7 +21,6 @@ from hypercorn.config import Config as HypercornConfig
 from starlette.routing import Route, Router
 
 from server.api.anthropic.messages import CountTokensRoute, MessagesRoute
-from server.api.app_state import AppState
 from server.api.audio.transcriptions import AudioRoute
 from server.api.cohere.embed import CohereEmbedRoute
 from server.api.cohere.rerank import CohereRerankRoute
@@ -33,7 +32,6 @@ from server.api.openai.embeddings import EmbeddingsRoute
 from server.api.openai.models import ModelsRoute
 from server.api.openai.responses import ResponsesRoute, StoredResponseRoute
 from server.api.openai.responses_background import BackgroundResponses
-from server.api.openai.responses_store import ResponseStore
 from server.api.pooling.classify import ClassifyRoute
 from server.api.pooling.pool import PoolingRoute
 from server.api.pooling.rerank import RerankRoute
@@ -53,12 +51,14 @@ from server.app_load import (
     open_model_renderer,
     server_metrics,
 )
+from server.app_state import AppState
 from server.config import ServerConfig
 from server.http.asgi import Receive, Scope, Send, send_error
 from server.http.deploy import wrap_app
 from server.http.errors import APIError, describe_exception
 from server.metrics.prometheus import ServerMetrics
 from server.multimodal.images import image_support
+from server.pipeline.responses_store import ResponseStore
 from server.render_app import checkpoint_limits
 from server.runtime.api_role import WorkerContext
 

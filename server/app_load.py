@@ -17,7 +17,7 @@ import anyio
 
 from engine.client.process_client import open_engine as open_engine_process
 from engine.multimodal.processing import ENCODER_CACHE_BYTES
-from server.api.app_state import AppState
+from server.app_state import AppState
 from server.config import ServerConfig
 from server.lora.registry import LoRARegistry
 from server.lora.shared import SharedAdapters

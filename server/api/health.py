@@ -8,7 +8,7 @@ heartbeat interval, and the reader marks it dead after --engine-heartbeat-timeou
 
 from __future__ import annotations
 
-from server.api.app_state import AppState
+from server.app_state import AppState
 from server.http.asgi import Receive, Scope, Send, send_error
 from server.http.errors import APIError
 from server.http.version import send_version

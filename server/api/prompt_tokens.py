@@ -13,7 +13,7 @@ import msgspec
 import tokenizers
 
 from engine.messages import ImageInput
-from server.api.app_state import AppState, Renderer
+from server.app_state import AppState, Renderer
 from server.http.errors import bad_request
 from server.multimodal.images import expand_for_model, has_images, prepare_images
 from server.pipeline import unavailable

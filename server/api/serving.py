@@ -3,8 +3,8 @@ routes in server/streaming/."""
 
 from __future__ import annotations
 
-from server.api.app_state import AppState, Renderer
 from server.api.openai.logprobs import TokenTexts
+from server.app_state import AppState, Renderer
 from server.http.asgi import Receive, Scope, Send, header, serve_json_post
 from server.http.errors import APIError
 from server.multimodal.audio import speech_support

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from importlib.resources import files
 
-from server.api.app_state import AppState
+from server.app_state import AppState
 from server.http.asgi import Receive, Scope, Send
 
 PAGE_PATHS = ("/", "/ui")

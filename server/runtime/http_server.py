@@ -46,7 +46,7 @@ class _Shutdown:
         self.config, self.hc = config, hc
         self.stop = anyio.Event()  # Hypercorn's shutdown trigger
         self.code = 0
-        self.state: _Serving | None = None  # the app's state (server/api/app_state.py AppState), once built
+        self.state: _Serving | None = None  # the app's state (server/app_state.py AppState), once built
         self.listening = anyio.CancelScope()  # the signal watcher's own scope: cancelling it touches nothing else
 
     def fatal(self, why: str) -> None:

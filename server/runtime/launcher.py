@@ -8,7 +8,7 @@ The process the user starts becomes the launcher (`run_api_servers`); it serves 
    exactly once, before any process starts;
 2. makes one shared memory file (`server/shared_state.py`: admission counts and metrics, one slot per process)
    and one private directory for the stored /v1/responses (one SQLite file all API processes open,
-   server/api/openai/responses_store.py), removed when the launcher exits;
+   server/pipeline/responses_store.py), removed when the launcher exits;
 3. makes one Unix socketpair per API process and engine core, and starts each engine core (one, or M with
    `--data-parallel-size M`) with its engine ends (`python -m engine --channels ...`, `engine/transport/channels.py`);
    an engine's stdin is only the launcher's lifeline;

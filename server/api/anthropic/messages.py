@@ -14,9 +14,9 @@ import msgspec
 
 from server.api.anthropic.formatter import PING, MessagesFormatter, event
 from server.api.anthropic.translate import chat_request, decode_error
-from server.api.app_state import AppState, Renderer
 from server.api.prompt_tokens import chat_ids_with_images, chat_prompt
 from server.api.serving import PostRoute
+from server.app_state import AppState, Renderer
 from server.config import ServerConfig
 from server.http.asgi import ClientGone, Receive, Scope, Send, header, read_json_body, run_until_disconnect, send_json
 from server.http.errors import APIError

@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 
 from engine.messages import AudioInput, SamplingParams
-from server.api.app_state import AppState, Renderer
 from server.api.audio.formats import (
     TIMESTAMPED,
     Segment,
@@ -27,6 +26,7 @@ from server.api.audio.formats import (
 from server.api.audio.multipart import read_form
 from server.api.audio.request import AudioRequest, form_error, parse_form
 from server.api.audio.stream import TranscriptStream
+from server.app_state import AppState, Renderer
 from server.http.asgi import ClientGone, Receive, Scope, Send, header, run_until_disconnect, send_error
 from server.http.errors import APIError, bad_request
 from server.multimodal.audio import SpeechSupport, Window, decode_audio, speech_support

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
-from server.api.app_state import Renderer
 from server.api.openai.logprobs import TokenTexts, completion_logprobs
 from server.api.prompt_tokens import admit_prompts, fit_limits, render_errors, text_prompt_ids
 from server.api.serving import PostRoute
+from server.app_state import Renderer
 from server.http import sse
 from server.http.asgi import Send
 from server.http.errors import bad_request

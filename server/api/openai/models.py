@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from server.api.app_state import AppState
+from server.app_state import AppState
 from server.http.asgi import Receive, Scope, Send, send_json
 from server.protocol.openai import ModelCard, ModelList, encoder
 

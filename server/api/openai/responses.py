@@ -14,13 +14,12 @@ from typing import Any
 
 import msgspec
 
-from server.api.app_state import AppState, Renderer
 from server.api.openai.logprobs import chat_logprobs
 from server.api.openai.responses_background import BackgroundResponses
 from server.api.openai.responses_context import Prompt, fit_prompt, resolve_references
-from server.api.openai.responses_store import ResponseStore, StoredResponse
 from server.api.prompt_tokens import chat_prompt
 from server.api.serving import PostRoute
+from server.app_state import AppState, Renderer
 from server.config import ServerConfig
 from server.http.asgi import Receive, Scope, Send, send_error, send_json
 from server.http.errors import APIError
@@ -37,6 +36,7 @@ from server.pipeline.parsing import (
     request_constraint,
 )
 from server.pipeline.responses_items import LOGPROBS, chat_request, input_items, responses_error
+from server.pipeline.responses_store import ResponseStore, StoredResponse
 from server.pipeline.structured import structured_outputs
 from server.protocol.openai import ChatCompletionRequest
 from server.protocol.responses import ResponsesRequest, encoder, responses_decoder

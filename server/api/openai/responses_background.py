@@ -15,12 +15,12 @@ from typing import Any
 
 import anyio
 
-from server.api.app_state import AppState
-from server.api.openai.responses_store import ResponseStore, StoredResponse
+from server.app_state import AppState
 from server.http.asgi import Message, Send, send_json
 from server.http.errors import APIError
 from server.pipeline import unavailable
 from server.pipeline.admission import AdmissionTicket
+from server.pipeline.responses_store import ResponseStore, StoredResponse
 from server.protocol.responses import encoder
 
 Run = Callable[[Send], Awaitable[None]]

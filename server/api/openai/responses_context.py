@@ -16,9 +16,9 @@ from typing import Any
 
 import msgspec
 
-from server.api.openai.responses_store import ResponseStore
 from server.http.errors import bad_request
 from server.pipeline.input_processor import ModelLimits
+from server.pipeline.responses_store import ResponseStore
 from server.protocol.openai import ChatCompletionRequest
 
 Prompt = tuple[str, list[int], Any]  # (rendered text, token ids, images' engine inputs)

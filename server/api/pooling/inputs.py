@@ -14,8 +14,8 @@ from types import TracebackType
 from typing import Any
 
 from engine.messages import ImageInput, LoRARequest, PoolingInfo, SamplingParams
-from server.api.app_state import Renderer
 from server.api.prompt_tokens import admit_prompts, prompts_lower_bound, render_errors
+from server.app_state import Renderer
 from server.http.asgi import Send
 from server.http.errors import bad_request
 from server.pipeline.admission import AdmissionTicket

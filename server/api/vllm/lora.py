@@ -13,8 +13,8 @@ import anyio
 import msgspec
 
 from engine.lora.peft_files import AdapterError
-from server.api.app_state import decode_body
 from server.api.serving import PostRoute
+from server.app_state import decode_body
 from server.http.asgi import Send
 from server.http.errors import APIError, bad_request
 from server.lora.registry import LoRARegistry

@@ -9,13 +9,13 @@ from typing import Any
 import anyio
 import pytest
 
-from server.api.app_state import AppState
 from server.api.openai.responses_background import BackgroundResponses
-from server.api.openai.responses_store import ResponseStore, StoredResponse
+from server.app_state import AppState
 from server.config import ServerConfig
 from server.http.asgi import Message, Send
 from server.http.errors import APIError
 from server.pipeline.admission import Admission, AdmissionTicket
+from server.pipeline.responses_store import ResponseStore, StoredResponse
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""The stored responses (server/api/openai/responses_store.py): the LRU bound at, under and over the size, in
+"""The stored responses (server/pipeline/responses_store.py): the LRU bound at, under and over the size, in
 memory and in a file several processes share; cancel marks; items by id."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from server.api.openai.responses_store import ResponseStore, StoredResponse, SyncStore, connect
 from server.http.errors import APIError
+from server.pipeline.responses_store import ResponseStore, StoredResponse, SyncStore, connect
 
 pytestmark = pytest.mark.anyio
 

@@ -9,7 +9,7 @@ import pytest
 from fake_engine import FakeEngineClient
 
 from engine.messages import SamplingParams
-from server.api.app_state import AppState
+from server.app_state import AppState
 from server.config import ServerConfig
 from server.http.errors import APIError
 from server.pipeline.async_llm import AsyncLLM
