@@ -20,6 +20,8 @@ needs no check afterwards:
   own: Dependabot's `schedule`; negate() cannot write a $ref's negation: its `directory` / `directories` oneOf).
 - `uniqueItems` over a small enum (or const) of items becomes the enum of the arrays it allows, each set of values
   once, in the enum's order.
+- `unevaluatedProperties` becomes `additionalProperties` where the evaluated keys are known without the value
+  (engine/structured/unevaluated.py; first, before the rewrites below move keywords into branches).
 - `date-time`, `date` and `time` get the pattern of what the output check's format checker (jsonschema with
   rfc3339-validator) accepts: llguidance's own regexes let through a 60th second, year 0 and 29 February of any
   year.
@@ -34,6 +36,8 @@ import functools
 import itertools
 from collections.abc import Callable
 from typing import Any
+
+from engine.structured.unevaluated import rewrite_unevaluated
 
 MAX_CONDITIONALS = 8  # if/then/else rewritten two ways per object: each doubles what llguidance intersects there
 SAFE_INTEGER = 2**53 - 1
@@ -69,7 +73,7 @@ def rewrite(schema: dict[str, Any], *, conditionals: bool = True) -> dict[str, A
     steps += [] if pointed & {"dependencies", "dependentRequired", "dependentSchemas"} else [_dependencies]
     steps += [] if "oneOf" in pointed else [_one_of]
     steps += [_conditionals] if conditionals and not pointed & {"if", "then", "else"} else []
-    changed = False
+    changed = "unevaluatedProperties" not in pointed and rewrite_unevaluated(work, nodes)
     for node in nodes:
         for step in steps:
             changed = step(node) | changed
