@@ -1,7 +1,7 @@
 """How a running server handles real-world JSON schemas: each schema of bench/schemas/ sent once as
 response_format json_schema; per source: accepted, valid + stop, relaxed, refused, and what went wrong.
 
-    python -m bench.schema_coverage URL [--concurrency 4] [--max-tokens 384] [--strict] [--source NAME]
+    python -m bench.schema_coverage URL [--concurrency 4] [--max-tokens 384] [--strict] [--source S] [--name N]
 
 "valid + stop" is finish_reason "stop" with content that validates against the whole schema (jsonschema, formats
 checked where jsonschema can), as a share of all schemas and of those the judge can read ("unjudged": answers
@@ -51,13 +51,17 @@ class Result:
     seconds: float = 0.0
 
 
-def corpus(root: Path, only: list[str] | None) -> list[tuple[str, str, Any]]:
+def corpus(
+    root: Path, only: list[str] | None, names: list[str] | None = None
+) -> list[tuple[int, tuple[str, str, Any]]]:
+    """(seed, (source, name, schema)) of the schemas asked for; the seed is the schema's place in the whole corpus,
+    so a run of a few draws what a run of all drew for them."""
     found = []
-    for path in sorted(root.glob("*/*.json")):
+    for seed, path in enumerate(sorted(root.glob("*/*.json"))):
         source = path.parent.name
-        if only and source not in only:
+        if (only and source not in only) or (names and path.stem not in names):
             continue
-        found.append((source, path.stem, json.loads(path.read_text())))
+        found.append((seed, (source, path.stem, json.loads(path.read_text()))))
     return found
 
 
@@ -158,6 +162,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
     ap.add_argument("--strict", action="store_true", help="send json_schema.strict: true")
     ap.add_argument("--source", action="append", help="only this source (repeatable)")
+    ap.add_argument("--name", action="append", help="only the schema of this file name, no .json (repeatable)")
     ap.add_argument("--limit", type=int, default=0, help="at most this many schemas (0: all)")
     ap.add_argument("--details", type=Path, help="write one JSON line per schema here")
     ap.add_argument(
@@ -180,14 +185,14 @@ def main() -> int:
         print(causes(results))
         return 0
     url = args.url.rstrip("/")
-    items = corpus(CORPUS, args.source)
+    items = corpus(CORPUS, args.source, args.name)
     if args.limit:
         items = items[: args.limit]
     with httpx.Client() as client:
         model = client.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
         t0 = time.perf_counter()
         with ThreadPoolExecutor(args.concurrency) as pool:
-            results = list(pool.map(lambda p: run_one(client, url, model, p[1], args, p[0]), enumerate(items)))
+            results = list(pool.map(lambda p: run_one(client, url, model, p[1], args, p[0]), items))
     took = time.perf_counter() - t0
     if args.details:
         args.details.write_text("".join(json.dumps(r.__dict__) + "\n" for r in results))

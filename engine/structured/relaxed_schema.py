@@ -188,8 +188,10 @@ def _fold(work: dict[str, Any], target: str) -> bool:
     parent, _, name = target.partition("#")[2].rpartition("/")
     container = _resolve(work, parent)
     body = container.get(name) if isinstance(container, dict) else None
-    if not isinstance(body, dict) or {"$ref", "$id", "id", "$anchor", "$dynamicAnchor"} & set(body):
+    if not isinstance(body, dict) or {"$id", "id", "$anchor", "$dynamicAnchor"} & set(body):
         return False  # a copy of an id or anchor would be a second resource of that name
+    if not set(body) - {"$ref"} - ANNOTATIONS:
+        return False  # only a $ref: the copy would meet the same recursion with siblings
     folded = 0
     for node in _nodes(work):
         extra = {k: v for k, v in node.items() if k not in _KEEP and k not in ANNOTATIONS}

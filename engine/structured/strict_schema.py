@@ -73,7 +73,7 @@ def rewrite(schema: dict[str, Any], *, conditionals: bool = True) -> dict[str, A
     steps += [] if pointed & {"dependencies", "dependentRequired", "dependentSchemas"} else [_dependencies]
     steps += [] if "oneOf" in pointed else [_one_of]
     steps += [_conditionals] if conditionals and not pointed & {"if", "then", "else"} else []
-    changed = "unevaluatedProperties" not in pointed and rewrite_unevaluated(work, nodes)
+    changed = "unevaluatedProperties" not in pointed and rewrite_unevaluated(work, nodes, _nodes)
     for node in nodes:
         for step in steps:
             changed = step(node) | changed

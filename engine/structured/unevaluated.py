@@ -17,6 +17,7 @@ No torch, no llguidance.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,11 +40,15 @@ class _Found:
     cond_patterns: set[str] = field(default_factory=set)
 
 
-def rewrite_unevaluated(root: dict[str, Any], nodes: list[dict[str, Any]]) -> bool:
-    """Rewrite, in place, every node of `nodes` (the subschemas of `root`) whose `unevaluatedProperties` can be
-    written exactly as above; True when one was. All are read before any changes."""
+def rewrite_unevaluated(
+    root: dict[str, Any], nodes: list[dict[str, Any]], walk: Callable[[Any], list[dict[str, Any]]]
+) -> bool:
+    """Rewrite, in place, every node of `nodes` (the subschemas of `root`, as `walk` finds them) and of the local
+    $refs' targets (`#/$defs/group/name`: a schema `walk` cannot tell from a folder of them) whose
+    `unevaluatedProperties` can be written exactly as above; True when one was. All are read before any changes."""
     if any("$id" in n for n in nodes if n is not root):
         return False  # a "#/..." $ref under an embedded resource points into that resource, not the root
+    nodes = _with_targets(root, nodes, walk)
     plans = []
     for node in nodes:
         shapes_ok = all(isinstance(node.get(k, {}), dict) for k in ("properties", "patternProperties"))
@@ -68,6 +73,25 @@ def rewrite_unevaluated(root: dict[str, Any], nodes: list[dict[str, Any]]) -> bo
                 patterns[pattern] = True
         node["additionalProperties"] = rest
     return bool(plans)
+
+
+def _with_targets(
+    root: dict[str, Any], nodes: list[dict[str, Any]], walk: Callable[[Any], list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    known = {id(n) for n in nodes}
+    found, queue = list(nodes), list(nodes)
+    while queue:
+        ref = queue.pop().get("$ref")
+        try:
+            target = _target(root, ref) if isinstance(ref, str) else None
+        except _Unknown:
+            continue
+        if isinstance(target, dict) and id(target) not in known:
+            more = [n for n in walk(target) if id(n) not in known]
+            known.update(id(n) for n in more)
+            found += more
+            queue += more
+    return found
 
 
 def _covered(found: _Found) -> bool:

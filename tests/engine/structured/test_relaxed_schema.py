@@ -164,6 +164,31 @@ def test_a_recursive_ref_with_siblings_is_folded_into_a_copy() -> None:
     assert relax(dart, STYLE).keywords == ("oneOf",)
 
 
+def test_a_definition_with_a_ref_of_its_own_is_folded_too() -> None:
+    """OpenAPI 3.1's path item: a recursive definition beside its own `$ref` (to the `x-` extensions) met through a
+    branch holding more; folded into a copy (exact) rather than its sibling dropped (relaxed, the branch open)."""
+    schema = {
+        "$ref": "#/definitions/node",
+        "definitions": {
+            "named": {"properties": {"name": {"type": "string"}}},
+            "node": {
+                "type": "object",
+                "$ref": "#/definitions/named",
+                "required": ["kids"],
+                "properties": {
+                    "kids": {"type": "array", "items": {"$ref": "#/definitions/node", "required": ["name"]}}
+                },
+            },
+        },
+    }
+    out = relax(schema, STYLE)
+    assert out.keywords == ()
+    assert accepts(out.schema, '{"kids":[{"name":"a","kids":[]}]}') and accepts(out.schema, '{"kids":[]}')
+    assert not accepts(out.schema, '{"kids":[{"kids":[]}]}') and not accepts(
+        out.schema, '{"kids":[{"name":1,"kids":[]}]}'
+    )
+
+
 @pytest.mark.parametrize(
     "schema, needle",
     [

@@ -45,7 +45,7 @@ def same_documents(a: dict[str, Any], b: dict[str, Any]) -> None:
 def only_this(schema: dict[str, Any]) -> dict[str, Any]:
     """The schema after this rewrite alone (the others leave fewer documents valid, not the same)."""
     work = copy.deepcopy(schema)
-    rewrite_unevaluated(work, _nodes(work))
+    rewrite_unevaluated(work, _nodes(work), _nodes)
     return work
 
 
@@ -86,6 +86,13 @@ REWRITTEN = [
             "unevaluatedProperties": False,
         },
         id="conditional-name-matched-by-pattern",
+    ),
+    pytest.param(
+        {
+            "$defs": {"group": {"a": {"properties": {"foo": True}, "unevaluatedProperties": False}}},
+            "$ref": "#/$defs/group/a",
+        },
+        id="in-a-folder-of-definitions",  # meltano's "#/$defs/plugins/..."
     ),
     pytest.param({"additionalProperties": {"type": "string"}, "unevaluatedProperties": False}, id="additional-beside"),
     pytest.param(
