@@ -75,11 +75,12 @@ class ServerConfig:
                 "--models-dir serves every model in the folder: leave --model and --served-model-name unset"
             )
         p = self.parallel
-        if p.api_server_count > 1 or p.render_only or p.headless or p.tensor_parallel_size > 1:
+        if p.render_only or p.headless or p.tensor_parallel_size > 1:
             raise ValueError(
-                "--models-dir runs in one API process with one engine per model: not with "
-                "--api-server-count, --tensor-parallel-size, --headless or spindle render"
+                "--models-dir runs one engine per model: not with --tensor-parallel-size, --headless or spindle render"
             )
+        if p.api_server_count > 1 and p.data_parallel_size > 1:
+            raise ValueError("--models-dir with --api-server-count runs one engine per model: not --data-parallel-size")
 
     def engine_config(self) -> EngineConfig:
         return self._engine_config(self.model.model_path)

@@ -41,11 +41,14 @@ from server.http.errors import APIError, anthropic_error_body
 from server.http.version import send_version
 from server.metrics.prometheus import CONTENT_TYPE
 from server.models.catalog import scan
+from server.models.follower import FollowerRegistry
 from server.models.metrics import PerModelMetrics
+from server.models.owner import ModelOwner
 from server.models.registry import Loaded, ModelRegistry, ModelSlot, RegistryMetrics
 from server.models.routing import replay, routing_of
 from server.models.stored import ModelStores, unknown
 from server.pipeline import unavailable
+from server.runtime.api_role import WorkerContext
 
 log = logging.getLogger("spindle.server")
 KEEPALIVE = b": loading model\n\n"
@@ -111,19 +114,28 @@ def _metrics_of(app: Any) -> Any:
 
 
 class ModelsFront:
-    def __init__(self, config: ServerConfig, engine_factory: EngineFactory | None = None) -> None:
+    def __init__(
+        self, config: ServerConfig, engine_factory: EngineFactory | None = None, worker: WorkerContext | None = None
+    ) -> None:
         assert config.models.models_dir is not None
         self.config = config
         self.prometheus = CollectorRegistry()
         self.engine_factory = engine_factory
-        self.registry = ModelRegistry(
-            config, scan(config.models.models_dir), self._make_app, RegistryMetrics(self.prometheus)
-        )
+        found = scan(config.models.models_dir)
+        metrics = RegistryMetrics(self.prometheus)
+        self.owner: ModelOwner | None = None
+        if worker is not None and worker.models_fd is not None:  # one of --api-server-count's processes
+            self.registry: ModelRegistry = FollowerRegistry(config, found, self._make_app, metrics, worker.models_fd)
+            if worker.models_owner_fds:  # process 0: the owner of the loaded set (server/models/owner.py)
+                self.owner = ModelOwner(config, found, worker.models_owner_fds)
+        else:
+            self.registry = ModelRegistry(config, found, self._make_app, metrics)
         self.per_model = PerModelMetrics(self.registry.slots)
         self.prometheus.register(self.per_model)
         self.registry.on_gone = self.per_model.keep
         entries = {name: slot.entry for name, slot in self.registry.slots.items()}
-        self.stores = ModelStores(entries, config.outputs.responses_store_size)
+        shared = worker.responses_dir if worker is not None else None  # the launcher's folder: one file per model
+        self.stores = ModelStores(entries, config.outputs.responses_store_size, shared)
         self.created = int(time.time())
         self.limit = max(config.http.max_request_body, int(config.media.max_audio_filesize_mb * 1e6) + (1 << 20))
 
@@ -132,11 +144,12 @@ class ModelsFront:
         """What SIGTERM drains (server/runtime/http_server.py): every loaded model's requests."""
         return self.registry
 
-    def _make_app(self, config: ServerConfig, on_fatal: Callable[[str], None]) -> Loaded:
+    def _make_app(
+        self, config: ServerConfig, on_fatal: Callable[[str], None], engine_factory: EngineFactory | None
+    ) -> Loaded:
         store = self.stores.stores[config.model.model_name]
-        app = create_app(
-            config, on_fatal=on_fatal, engine_factory=self.engine_factory, wrap=False, responses_store=store
-        )
+        engine = engine_factory or self.engine_factory
+        app = create_app(config, on_fatal=on_fatal, engine_factory=engine, wrap=False, responses_store=store)
         return Loaded(app, app.state_holder, _metrics_of(app))
 
     async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -248,6 +261,11 @@ class ModelsFront:
             self.registry.release(slot)
 
     async def models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        registry = self.registry
+        if isinstance(registry, FollowerRegistry):  # the owner's answer: the same in every API process
+            names = await registry.loaded_names()
+        else:
+            names = {name for name, slot in registry.slots.items() if slot.status == "loaded"}
         cards = []
         for name, slot in sorted(self.registry.slots.items()):
             limits = slot.loaded.state.limits if slot.loaded is not None else None
@@ -259,7 +277,7 @@ class ModelsFront:
                     owned_by="spindle",
                     root=str(slot.entry.path),
                     max_model_len=max_len,
-                    loaded=slot.status == "loaded",
+                    loaded=name in names,
                 )
             )
         await send_json(send, 200, _encoder.encode(ModelList(cards)))
@@ -279,19 +297,26 @@ class ModelsFront:
 
     @asynccontextmanager
     async def lifespan(self, app: Any) -> AsyncIterator[None]:
-        async with anyio.create_task_group() as tg:
-            await tg.start(self.registry.run)
-            log.info(
-                "serving %d models from %s (up to %d loaded at once)",
-                len(self.registry.slots),
-                self.config.models.models_dir,
-                self.registry.max_loaded,
-            )
-            try:
-                yield
-            finally:
-                self.registry.stopping = True
-                tg.cancel_scope.cancel()
+        async with anyio.create_task_group() as owning:
+            if self.owner is not None:
+                await owning.start(self.owner.run)
+            async with anyio.create_task_group() as tg:
+                await tg.start(self.registry.run)
+                log.info(
+                    "serving %d models from %s (up to %d loaded at once)",
+                    len(self.registry.slots),
+                    self.config.models.models_dir,
+                    self.registry.max_loaded,
+                )
+                try:
+                    yield
+                finally:
+                    self.registry.stopping = True
+                    tg.cancel_scope.cancel()
+            if self.owner is not None:  # this process's models are closed: the engines go once the others exited
+                with anyio.CancelScope(shield=True):
+                    await self.owner.shutdown()
+            owning.cancel_scope.cancel()
 
 
 def _sse_error(scope: Scope) -> bytes:
@@ -320,10 +345,12 @@ def _continue_stream(send: Send, prefix: bytes) -> Send:
     return forward
 
 
-def create_models_app(config: ServerConfig, *, engine_factory: EngineFactory | None = None, **_: Any) -> Any:
+def create_models_app(
+    config: ServerConfig, *, engine_factory: EngineFactory | None = None, worker: WorkerContext | None = None, **_: Any
+) -> Any:
     """The --models-dir app (create_app's keyword arguments are accepted; a model's engine death unloads that model
-    instead of stopping the server)."""
-    front = ModelsFront(config, engine_factory)
+    instead of stopping the server). worker: this process's place under --api-server-count (server/models/owner.py)."""
+    front = ModelsFront(config, engine_factory, worker)
     routes = [
         Route("/v1/models", _Endpoint(front.models), methods=["GET"]),
         Route("/health", _Endpoint(front.health), methods=["GET"]),

@@ -28,7 +28,8 @@ from server.pipeline import unavailable
 
 log = logging.getLogger("spindle.server")
 
-Status = Literal["unloaded", "queued", "loading", "loaded", "unloading"]
+# quiet: several API processes only (server/models/follower.py): idle, admitting none until the owner decides
+Status = Literal["unloaded", "queued", "loading", "loaded", "quiet", "unloading"]
 _HOLDS_ENGINE = ("loading", "loaded", "unloading")  # counted against --max-loaded-models
 
 
@@ -41,8 +42,8 @@ class Loaded:
     metrics: Any
 
 
-# config -> (its app, not yet started); on_fatal(why) when its engine dies
-MakeApp = Callable[[ServerConfig, Callable[[str], None]], Loaded]
+# (config, on_fatal(why) when its engine dies, its engine factory or None) -> its app, not yet started
+MakeApp = Callable[[ServerConfig, Callable[[str], None], Any], Loaded]
 
 
 class ModelSlot:
@@ -191,7 +192,7 @@ class ModelRegistry:
         try:
             # its settings checked (a .gguf file read) before another model is unloaded to make room for it
             config = await anyio.to_thread.run_sync(slot.entry.config, self.config)
-            loaded = self.make_app(config, lambda why: self._died(slot, why))
+            loaded = self.make_app(config, lambda why: self._died(slot, why), None)
             await self._make_room(slot)
             log.info("loading model %s", slot.name)
             async with loaded.app.lifespan_context(loaded.app):

@@ -4,6 +4,7 @@ the server's life: a model's stored responses outlive its unload (its app is giv
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -17,9 +18,11 @@ _encoder = msgspec.json.Encoder()
 
 
 class ModelStores:
-    def __init__(self, entries: dict[str, ModelEntry], size: int) -> None:
+    def __init__(self, entries: dict[str, ModelEntry], size: int, shared: str | None = None) -> None:
+        """shared: --api-server-count's folder (server/runtime/launcher.py): each model's store is a file in a
+        folder of its own there, one for all API processes; None: in memory."""
         self.stores = {
-            name: ResponseStore(int(entry.settings.get("responses_store_size", size)))
+            name: ResponseStore(int(entry.settings.get("responses_store_size", size)), _folder(shared, name))
             for name, entry in entries.items()
         }
 
@@ -48,6 +51,14 @@ class ModelStores:
             await send_error(send, e)
             return
         await send_json(send, 200, _encoder.encode(body))
+
+
+def _folder(shared: str | None, name: str) -> str | None:
+    if shared is None:
+        return None
+    folder = Path(shared) / name
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return str(folder)
 
 
 def unknown(response_id: str) -> APIError:

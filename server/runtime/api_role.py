@@ -14,7 +14,7 @@ import json
 import os
 import pickle
 from contextlib import AbstractAsyncContextManager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from engine.client.channel_client import open_engine_channel
@@ -37,6 +37,9 @@ class WorkerContext:
     engine_pids: list[int]
     shared_fd: int  # the shared memory file (server/shared_state.py)
     responses_dir: str | None = None  # the launcher's directory of the stored /v1/responses, shared by all
+    # --models-dir: this process's end of its control socket to the owner of the loaded set (server/models/owner.py)
+    models_fd: int | None = None
+    models_owner_fds: list[int] = field(default_factory=list)  # process 0 only: the owner's end of each one
 
     @functools.cached_property
     def region(self) -> SharedRegion:

@@ -11,7 +11,9 @@ The process the user starts becomes the launcher (`run_api_servers`); it serves 
    server/pipeline/responses_store.py), removed when the launcher exits;
 3. makes one Unix socketpair per API process and engine core, and starts each engine core (one, or M with
    `--data-parallel-size M`) with its engine ends (`python -m engine --channels ...`, `engine/transport/channels.py`);
-   an engine's stdin is only the launcher's lifeline;
+   an engine's stdin is only the launcher's lifeline. With `--models-dir` it starts no engine: it makes one control
+   socketpair per API process instead, whose other ends all go to API process 0, the owner of the loaded set, which
+   starts each model's engine and hands every process its channel (server/models/owner.py);
 4. starts the N API processes (`python -m server.runtime.api_process`), each with its WorkerContext
    (server/runtime/api_role.py: the listening socket, its own channel end to every engine and the shared
    file), in a session of their own (a terminal's Ctrl-C or a group SIGTERM reaches only the launcher,
@@ -51,7 +53,8 @@ def run_api_servers(config: ServerConfig) -> int:
     """The launcher (module docstring). Returns the exit code: 0 after a clean stop, 1 on any failure."""
     setup_logging(config.outputs.log_level)
     try:
-        cfg = config.resolved()  # builds the demo checkpoint once, here, not in N processes at once
+        # builds the demo checkpoint once, here, not in N processes at once (--models-dir: no checkpoint of its own)
+        cfg = config.resolved() if config.models.models_dir is None else config
         listener = listen(cfg)
     except Exception as e:  # noqa: BLE001 - e.g. the port is taken
         log.error("server failed: %s", e)
@@ -63,12 +66,13 @@ def run_api_servers(config: ServerConfig) -> int:
 def _serve(cfg: ServerConfig, listener: socket.socket, responses_dir: str) -> int:
     fleet = _start(cfg, listener, responses_dir)
     log.info(
-        "%d API servers on %s:%d, %d engine core(s) (pid %s)",
+        "%d API servers on %s:%d, %s",
         cfg.parallel.api_server_count,
         cfg.http.host,
         cfg.http.port,
-        cfg.parallel.data_parallel_size,
-        ", ".join(map(str, fleet.engines)),
+        f"{len(fleet.engines)} engine core(s) (pid {', '.join(map(str, fleet.engines))})"
+        if fleet.engines
+        else f"the models of {cfg.models.models_dir}, loaded by API process 0",
     )
     code = fleet.wait()
     fleet.stop_engines()
@@ -78,9 +82,13 @@ def _serve(cfg: ServerConfig, listener: socket.socket, responses_dir: str) -> in
 def _start(cfg: ServerConfig, listener: socket.socket, responses_dir: str) -> _Fleet:
     """The engine cores and the API processes, each with its ends of the channels; the parent's copies closed."""
     n, m = cfg.parallel.api_server_count, cfg.parallel.data_parallel_size
+    models = cfg.models.models_dir is not None
+    m = 0 if models else m  # API process 0 starts each model's engine
     shared_fd, _ = SharedRegion.create(n)
     # pairs[e][i]: engine e's channel to API process i (the engine keeps [0], the API process [1])
     pairs = [[socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(n)] for _ in range(m)]
+    # --models-dir: controls[i]: API process i's control socket to the owner (process 0 keeps every [0], i its [1])
+    controls = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(n if models else 0)]
     engines = {engine.pid: engine for engine in (_start_engine(cfg, [a for a, _ in channels]) for channels in pairs)}
     fleet = _Fleet(engines, {})
     # The API processes start with SIGINT / SIGTERM blocked (the mask survives exec) and unblock them once they
@@ -103,11 +111,18 @@ def _start(cfg: ServerConfig, listener: socket.socket, responses_dir: str) -> _F
                 engine_pids=list(engines),
                 shared_fd=shared_fd,
                 responses_dir=responses_dir,
+                models_fd=controls[i][1].fileno() if models else None,
+                models_owner_fds=[a.fileno() for a, _ in controls] if models and i == 0 else [],
             )
             proc = _start_api_process(cfg, context)
             fleet.add_api(proc)
             for b in ends:
                 b.close()
+            if models:
+                controls[i][1].close()
+                if i == 0:
+                    for a, _ in controls:
+                        a.close()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
     listener.close()
@@ -133,7 +148,13 @@ def _start_api_process(cfg: ServerConfig, context: WorkerContext) -> subprocess.
     return subprocess.Popen(
         [sys.executable, "-m", API_PROCESS_MODULE],
         env={**os.environ, ENV: context.encode(cfg)},
-        pass_fds=(context.listen_fd, context.shared_fd, *context.engine_fds),
+        pass_fds=(
+            context.listen_fd,
+            context.shared_fd,
+            *context.engine_fds,
+            *([context.models_fd] if context.models_fd is not None else []),
+            *context.models_owner_fds,
+        ),
         start_new_session=True,
     )
 

@@ -50,7 +50,8 @@ def start(root: Path, log_dir: Path, *args: str) -> Server:
         *args,
     ]
     env = {**os.environ, "SPINDLE_LOG_LEVEL": "INFO", "SPINDLE_STRUCTURED_OUTPUTS_WARMUP": "0"}
-    server = Server(subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env), port, log)
+    popen = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
+    server = Server(popen, port, log, list(args))  # with --api-server-count: healthy in every process
     wait_healthy(server)
     return server
 

@@ -63,7 +63,9 @@ def test_bad_models_yaml_stops_start_up(tmp_path: Path, text: str, error: str) -
         scan(tmp_path)
 
 
-@pytest.mark.parametrize("settings", [{"api_server_count": 2}, {"model": "/x"}, {"tensor_parallel_size": 2}])
+@pytest.mark.parametrize(
+    "settings", [{"api_server_count": 2, "data_parallel_size": 2}, {"model": "/x"}, {"tensor_parallel_size": 2}]
+)
 def test_models_dir_refuses_what_it_does_not_combine_with(settings: dict[str, object]) -> None:
     with pytest.raises(ValueError, match="--models-dir"):
         ServerConfig.from_settings(models_dir="/tmp", **settings)

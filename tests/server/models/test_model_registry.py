@@ -31,7 +31,7 @@ class Models:
         self.gates: dict[str, anyio.Event] = {}
         self.llms: dict[str, Any] = {}  # a model's stand-in AsyncLLM (none: no engine side)
 
-    def make_app(self, config: ServerConfig, on_fatal: Callable[[str], None]) -> Loaded:
+    def make_app(self, config: ServerConfig, on_fatal: Callable[[str], None], engine: Any = None) -> Loaded:
         name = config.model.model_name
         models = self
 
