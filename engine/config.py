@@ -110,8 +110,6 @@ class EngineConfig:
     def _check_speculative(self) -> None:
         if parse_spec_config(self.speculative_config) is None:
             return
-        if self.tensor_parallel_size > 1:
-            raise ValueError("--speculative-config: not supported with --tensor-parallel-size above 1")
         if self.runner != "generate":
             raise ValueError("--speculative-config applies to --runner generate only")
 

@@ -11,6 +11,7 @@ proposals make the draft distribution one-hot, which verification already handle
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import msgspec
 import torch
@@ -96,8 +97,11 @@ class DraftModel:
         return shadow
 
     @torch.inference_mode()
-    def propose(self, wanted: list[tuple[Sequence, int]]) -> None:
-        """Set seq.draft to k greedy draft tokens for each (seq, k); a sequence without room drafts nothing."""
+    def propose(self, wanted: list[tuple[Sequence, int]]) -> list[tuple[float, int, int]]:
+        """Set seq.draft to k greedy draft tokens for each (seq, k); a sequence without room drafts nothing.
+        Returns each forward's CPU seconds (its sampling included), longest chunk and tokens
+        (engine/spec/adaptive.py DraftCost)."""
+        forwards: list[tuple[float, int, int]] = []
         todo: list[tuple[Sequence, Sequence, int]] = []
         for seq, k in wanted:
             shadow = self._shadow(seq, k)
@@ -106,10 +110,13 @@ class DraftModel:
                 todo.append((seq, shadow, k))
         while todo:
             batch = [ScheduledSeq(sh, sh.num_tokens - sh.num_computed_tokens) for _, sh, _ in todo]
+            began = time.process_time()  # the clock of the target's step cost fit
             with step_threads(self.runner, batch):
                 logits = self.runner.execute(batch).logits
             # the target's greedy row applies the request's penalties, bias and bans: the draft's pick does too
             proposed = self.sampler.sample(logits, [s.seq for s in batch], scratch=True).token_ids
+            sizes = [s.num_new_tokens for s in batch]
+            forwards.append((time.process_time() - began, max(sizes), sum(sizes)))
             for s, token in zip(batch, proposed):
                 s.seq.num_computed_tokens += s.num_new_tokens
                 s.seq.token_ids.append(token)
@@ -119,3 +126,4 @@ class DraftModel:
         for seq, _ in wanted:  # the last proposal was never run: it is not in the cache
             if (shadow := self.shadows.get(seq)) is not None and shadow.num_tokens > shadow.num_computed_tokens:
                 shadow.token_ids.pop()
+        return forwards

@@ -45,8 +45,9 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, 
     tmp = tmp_path_factory.mktemp("draft")
     noisy = noisy_copy(model, tmp / "noisy")
     plain = start_server(model, tmp)
-    selfdraft = start_server(model, tmp, "--speculative-config", spec(model))
-    other = start_server(model, tmp, "--speculative-config", spec(noisy, 3))
+    free = {"SPINDLE_SPEC_DRAFT_COST": "0"}  # the demo's draft costs what it does: draft anyway, to check the path
+    selfdraft = start_server(model, tmp, "--speculative-config", spec(model), env=free)
+    other = start_server(model, tmp, "--speculative-config", spec(noisy, 3), env=free)
     yield plain, selfdraft, other
     for s in (plain, selfdraft, other):
         s.stop()

@@ -7,14 +7,12 @@ accepts and rejects draft tokens whatever the random checkpoint writes.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from engine.core.engine_core import EngineCore
 from engine.messages import SamplingParams
-from engine.spec import speculator
 from tests.helpers.engine import greedy, make_core, run, tokens
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
@@ -28,23 +26,6 @@ REGIMES = {
 def prompts(vocab: int, seed: int, lengths: list[int]) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(vocab) for _ in range(n)] for n in lengths]
-
-
-@pytest.fixture
-def oracle(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[tuple[int, ...], list[int]]]:
-    """Drafts read from references (prompt -> prompt + output), every third draft token off by one."""
-    refs: dict[tuple[int, ...], list[int]] = {}
-    rng = random.Random(7)
-
-    def propose(ids: list[int], k: int, n_max: int, n_min: int) -> list[int]:
-        ref = next((r for p, r in refs.items() if ids[: len(p)] == list(p) and ids == r[: len(ids)]), None)
-        if ref is None:
-            return []
-        draft = ref[len(ids) : len(ids) + k]
-        return [t + 1 if rng.random() < 0.3 else t for t in draft]
-
-    monkeypatch.setattr(speculator.ngram, "propose", propose)
-    yield refs
 
 
 def reference(

@@ -15,12 +15,10 @@ from engine.spec import speculator
 from engine.structured.backend import allocate_bitmask
 from engine.structured.constraint_state import StructuredState
 from engine.structured.drafts import allowed_prefix, draft_room
-from tests.engine.spec.test_spec_engine import NGRAM, oracle
+from tests.engine.spec.test_spec_engine import NGRAM
 from tests.engine.structured.conftest import make_core, run, shared_backend
 from tests.engine.structured.test_engine import CONSTRAINTS, PROMPT, SCHEMA
 from tests.helpers.engine import tokens
-
-__all__ = ["oracle"]  # the fixture: drafts read from the plain run's output, some tokens off by one
 
 FREE = {
     "type": "object",
