@@ -46,6 +46,9 @@ def rewrite_unevaluated(
     """Rewrite, in place, every node of `nodes` (the subschemas of `root`, as `walk` finds them) and of the local
     $refs' targets (`#/$defs/group/name`: a schema `walk` cannot tell from a folder of them) whose
     `unevaluatedProperties` can be written exactly as above; True when one was. All are read before any changes."""
+    dialect = root.get("$schema")
+    if isinstance(dialect, str) and "json-schema.org/draft-0" in dialect:
+        return False  # drafts 3 to 7 have no unevaluatedProperties (it constrains nothing there)
     if any("$id" in n for n in nodes if n is not root):
         return False  # a "#/..." $ref under an embedded resource points into that resource, not the root
     nodes = _with_targets(root, nodes, walk)

@@ -219,3 +219,14 @@ def test_forced_there_the_rewrite_would_change_the_documents(
     monkeypatch.setattr(unevaluated, "_covered", lambda found: True)
     with pytest.raises(AssertionError):
         same_documents(schema, only_this(schema))
+
+
+def test_a_draft_without_the_keyword_is_left_alone() -> None:
+    """Drafts 3 to 7 have no unevaluatedProperties: closing the object there would refuse documents they accept."""
+    schema = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "properties": {"a": True},
+        "unevaluatedProperties": False,
+    }
+    assert not closed(schema)
+    assert accepts(relax(schema, STYLE).schema, '{"a":1,"b":2}')
