@@ -90,9 +90,11 @@ int pick(const SpindleStep& s, long macs, long bytes) {
     return macs >= s.parallel_macs || bytes >= s.parallel_bytes ? s.threads : 1;
 }
 
+constexpr long kQuantWork = 16;  // engine/layers/parallel.py's QUANT_WORK: blocks decode in registers
+
 int threads_for(const SpindleStep& s, const Projection& p) {
     const long bytes = p.ggml_type >= 0 ? p.row_bytes * p.n : (p.scale ? 1L : 2L) * p.n * p.k;  // AMX: bf16
-    return pick(s, (long)s.tokens * p.n * p.k, bytes);
+    return pick(s, (long)s.tokens * p.n * p.k * (p.ggml_type >= 0 ? kQuantWork : 1), bytes);
 }
 
 float widen(uint16_t b) {

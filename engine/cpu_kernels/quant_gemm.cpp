@@ -204,7 +204,9 @@ void tile(const float* x, long ldx, const uint8_t* w, long rb, int nblocks, floa
     __m512 acc[R][NB][2];
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < NB; ++c) acc[r][c][0] = acc[r][c][1] = _mm512_setzero_ps();
+    constexpr int ahead = 1024 / T::BYTES + 1;  // blocks fetched ahead: the hardware alone leaves each row waiting
     for (int blk = 0; blk < nblocks; ++blk) {
+        for (int c = 0; c < NB; ++c) _mm_prefetch((const char*)(w + c * rb + (long)(blk + ahead) * T::BYTES), _MM_HINT_T0);
         for (int j = 0; j < T::QK / 32; ++j) {
             const long k = (long)blk * T::QK + 32 * j;
             for (int c = 0; c < NB; ++c) {
@@ -334,9 +336,17 @@ extern "C" int spindle_quant_gemm_abi() { return 1; }
 
 // y [M, N] (float32 when y_bf16 is 0, else bf16; row stride ldy) = x [M, K] (float32 or bf16 per x_bf16, row
 // stride ldx) @ W^T, W [N, K] as rows of `type` blocks (rb bytes a row). K must be a multiple of the type's
-// block. Returns nonzero, with nothing written, for a type not computed here.
+// block. Returns nonzero, with nothing written, for a type not computed here. Type 1024 + t: W packed by
+// quant_dot.cpp (rb unused), x bf16.
+extern "C" int spindle_quant_dot_gemm(int type, const uint16_t* x, long ldx, int M, int K, const uint8_t* packed,
+                                      int N, void* y, int y_bf16, long ldy, int threads);
+constexpr int kPacked = 1024;  // type kPacked + t: W in quant_dot.cpp's packed form of type t (bf16 x only)
+
 extern "C" int spindle_quant_gemm(int type, const void* x, int x_bf16, long ldx, int M, int K, const uint8_t* w,
                                   long rb, int N, void* y, int y_bf16, long ldy, int threads) {
+    if (type >= kPacked)
+        return x_bf16 ? spindle_quant_dot_gemm(type - kPacked, (const uint16_t*)x, ldx, M, K, w, N, y, y_bf16, ldy, threads)
+                      : 1;
     static thread_local std::vector<float> xf;
     const float* xs = (const float*)x;
     long ld = ldx;

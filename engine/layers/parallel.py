@@ -15,6 +15,9 @@ import torch
 
 KERNEL_PARALLEL_MACS = 1 << 22  # engine/cpu_kernels: smaller products on one thread (a team's fork and join
 KERNEL_PARALLEL_BYTES = 1 << 20  # cost more than they save), unless they stream this much from memory
+# a product over quantized blocks decodes them in registers: a team pays for itself from products this many times
+# smaller (decoder_layer.cpp's kQuantWork is the same)
+QUANT_WORK = 16
 
 
 def _one_thread() -> None:

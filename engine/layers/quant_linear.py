@@ -8,6 +8,9 @@ by measurement (engine/cpu_kernels/chooser.py):
 - "dequant": a tile of output rows at a time is dequantized to the activations' dtype and multiplied by torch
   (oneDNN: AMX tiles for a prefill's many rows); the tiles are shared over the step's threads. Never a dense copy
   of the whole weight. It is the only way for a type the kernel refuses (gguf's dequantizer then makes the tiles).
+- "dot" and "dot_dequant" (4-bit blocks, bfloat16 activations): the same two over the blocks repacked for bf16
+  dot products (engine/cpu_kernels/quant_dot.py; the same bytes). Only one layout is held: the chooser keeps the
+  one whose candidates lose least over all row classes (chooser.choose_held).
 Neither quantizes the activations: sums are float32, so with float32 activations the result is the
 dequantized model's up to summation order (with bfloat16 ones, "dequant" rounds a tile's weights to bfloat16 for
 torch's GEMM, where "ggml" keeps them float32). Off CPU, the weight is dequantized at load.
@@ -20,11 +23,11 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from engine.cpu_kernels import chooser, quant_gemm
+from engine.cpu_kernels import chooser, quant_dot, quant_gemm
 from engine.gguf.header import type_name
 from engine.gguf.tensor import GGMLWeight, dequantize_blocks
 from engine.layers.linear import QUANTIZED_MAKERS, Linear
-from engine.layers.parallel import WORKERS
+from engine.layers.parallel import QUANT_WORK, WORKERS
 
 DEQUANT_TILE_BYTES = 512 << 10  # a dequantized tile stays in L2 while torch's GEMM reads it
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
@@ -33,6 +36,8 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 # at one row dequantizing alone is the kernel's whole product, so only noise could pick it.
 GGML_MOST_ROWS = 64
 CHOOSER_BYTES = 4 << 20  # the chooser times about this much of a weight's blocks
+FORM_OF = {"ggml": "blocks", "dequant": "blocks", "dot": "packed", "dot_dequant": "packed"}
+IN_REGISTERS = ("ggml", "dot")  # the candidates that read the blocks in the product itself
 
 
 def dequantize_rows(weight: GGMLWeight, start: int, end: int, dtype: torch.dtype) -> torch.Tensor:
@@ -55,6 +60,7 @@ class QuantLinear(Linear):
         self.out_features, self.in_features = weight.shape
         self.kernel = quant_gemm.supports(weight.ggml_type)
         self.nbytes = weight.nbytes
+        self.packed: torch.Tensor | None = None  # quant_dot's form of the blocks, where it is the layout held
         self._choices: dict[torch.dtype, tuple[str, ...]] = {}
         # the per-step path (a decode step makes ~100 of these calls): the C function and its fixed arguments
         self._raw = quant_gemm.raw_product() if self.kernel else None
@@ -72,8 +78,8 @@ class QuantLinear(Linear):
         return got
 
     def _choose(self, dtype: torch.dtype) -> tuple[str, ...]:
-        if not self.kernel or dtype not in KERNEL_DTYPES:
-            return ("dequant",) * len(chooser.ROW_CLASSES)
+        if not self.kernel or dtype not in KERNEL_DTYPES or self.packed is not None:
+            return ("dequant",) * len(chooser.ROW_CLASSES)  # (packed by bf16's choice: its rows dequantized)
         kind = f"ggml_{type_name(self.ggml.ggml_type)}_{str(dtype).removeprefix('torch.')}"
         # timed on about CHOOSER_BYTES of blocks, past L2 as a step streams its weights: a big weight (an LM head)
         # on its first rows, a small one repeated (both candidates' costs scale with the rows)
@@ -83,14 +89,45 @@ class QuantLinear(Linear):
         elif self.nbytes < CHOOSER_BYTES // 2:
             data = data.repeat(CHOOSER_BYTES // self.nbytes, 1)
         probe = QuantLinear(GGMLWeight(self.ggml.ggml_type, (data.shape[0], self.in_features), data), None)
-        return chooser.choose(
-            kind,
-            (self.out_features, self.in_features),
-            {
-                "ggml": probe.bench(probe.ggml_into, dtype, rows_range=(1, GGML_MOST_ROWS)),
-                "dequant": probe.bench(probe.dequant_into, dtype, rows_range=(2, 1 << 30)),
-            },
-        )
+        shape = (self.out_features, self.in_features)
+        blocks = {
+            "ggml": probe.bench(probe.ggml_into, dtype, rows_range=(1, GGML_MOST_ROWS)),
+            "dequant": probe.bench(probe.dequant_into, dtype, rows_range=(2, 1 << 30)),
+        }
+        if dtype is not torch.bfloat16 or not quant_dot.supports(self.ggml.ggml_type):
+            return chooser.choose(kind, shape, blocks)
+        packed = QuantLinear(GGMLWeight(self.ggml.ggml_type, (data.shape[0], self.in_features), data), None)
+        packed.pack()
+        dots = {
+            "dot": packed.bench(packed.ggml_into, dtype, rows_range=(1, GGML_MOST_ROWS)),
+            "dot_dequant": packed.bench(packed.dequant_into, dtype, rows_range=(2, 1 << 30)),
+        }
+        held, winners = chooser.choose_held(kind, shape, blocks | dots, FORM_OF)
+        if held == "packed":
+            self.pack()
+        return winners
+
+    def pack(self) -> None:
+        """Hold quant_dot's packed form of the blocks instead of the file's (the same bytes): "dot" and
+        "dot_dequant" compute from it, the file's form is let go."""
+        if self.packed is None:
+            t = self.ggml.ggml_type
+            self.packed = quant_dot.pack(self.ggml.data, t, self.in_features)
+            rb = self.ggml.data.shape[1]  # the file's form let go: no rows of blocks left
+            self.ggml = GGMLWeight(t, (0, self.in_features), torch.empty(0, rb, dtype=torch.uint8))
+            self._raw = quant_gemm.raw_product()
+            self._args = (
+                quant_dot.PACKED + t,
+                self.packed.data_ptr(),
+                self.packed.numel() // max(1, self.out_features),
+                self.out_features,
+            )
+
+    def kernel_view(self) -> tuple[int, torch.Tensor, int]:
+        """(type code, bytes, row bytes) for spindle_quant_gemm: the file's blocks, or quant_dot.PACKED + type and
+        the packed form (its row bytes only a size hint)."""
+        code, _, row_bytes, _ = self._args
+        return code, (self.ggml.data if self.packed is None else self.packed), row_bytes
 
     def bench(
         self, run: Callable[[torch.Tensor, torch.Tensor], None], dtype: torch.dtype, rows_range: tuple[int, int]
@@ -135,7 +172,7 @@ class QuantLinear(Linear):
                 out.data_ptr(),
                 bf16,
                 n,
-                WORKERS.threads_for(m * self._macs, self.nbytes),
+                WORKERS.threads_for(QUANT_WORK * m * self._macs, self.nbytes),
             ):
                 raise ValueError(f"the quantized kernel refused {type_name(ggml_type)}")
         else:
@@ -151,13 +188,14 @@ class QuantLinear(Linear):
         got = self._ggml_rows.get(dtype)
         if got is None:
             picked = self.choice(dtype)
-            got = self._ggml_rows[dtype] = [picked[chooser.row_class(r)] == "ggml" for r in range(GGML_MOST_ROWS + 1)]
+            got = [picked[chooser.row_class(r)] in IN_REGISTERS for r in range(GGML_MOST_ROWS + 1)]
+            self._ggml_rows[dtype] = got
         return got
 
     def into(self, x2: torch.Tensor, out: torch.Tensor) -> None:
         """out [M, out_features] (a view with unit column stride may do) = x2 [M, in_features] @ W.T + bias, in
         x2's dtype: float32 sums, the bias added, one rounding."""
-        if self.choice(x2.dtype)[chooser.row_class(x2.shape[0])] != "ggml":
+        if self.choice(x2.dtype)[chooser.row_class(x2.shape[0])] not in IN_REGISTERS:
             self.dequant_into(x2, out, self.bias)
         elif self.bias is None:
             self.ggml_into(x2, out)
@@ -172,8 +210,11 @@ class QuantLinear(Linear):
     def ggml_into(self, x2: torch.Tensor, out: torch.Tensor) -> None:
         if x2.stride(1) != 1:
             x2 = x2.contiguous()
-        threads = WORKERS.threads_for(x2.shape[0] * self.out_features * self.in_features, self.nbytes)
-        quant_gemm.matmul(x2, self.ggml.data, self.ggml.ggml_type, out, threads)
+        threads = WORKERS.threads_for(QUANT_WORK * x2.shape[0] * self._macs, self.nbytes)
+        if self.packed is not None:
+            quant_dot.matmul(x2, self.packed, self.ggml.ggml_type, self.out_features, out, threads)
+        else:
+            quant_gemm.matmul(x2, self.ggml.data, self.ggml.ggml_type, out, threads)
 
     def dequant_into(self, x2: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         """A tile of output rows at a time: dequantized to x's dtype, multiplied by torch, on every thread."""
@@ -184,14 +225,23 @@ class QuantLinear(Linear):
         def work() -> None:
             for start in tiles:
                 end = min(start + tile, self.out_features)
-                w = dequantize_rows(self.ggml, start, end, x2.dtype)
+                w = self.rows(start, end, x2.dtype)
                 out[:, start:end] = F.linear(x2, w, None if b is None else b[start:end])
 
         if x2.shape[0]:
             WORKERS.run(work)
 
+    def rows(self, start: int, end: int, dtype: torch.dtype) -> torch.Tensor:
+        """Rows [start, end) of the weight, dense in `dtype`, from whichever form is held."""
+        if self.packed is None:
+            return dequantize_rows(self.ggml, start, end, dtype)
+        t, n = self.ggml.ggml_type, self.out_features
+        if dtype in KERNEL_DTYPES:
+            return quant_dot.dequantize(self.packed, t, n, self.in_features, start, end, dtype)
+        return quant_dot.dequantize(self.packed, t, n, self.in_features, start, end, torch.float32).to(dtype)
+
     def dense_weight(self) -> torch.Tensor:
-        return dequantize_rows(self.ggml, 0, self.out_features, self.dtype)
+        return self.rows(0, self.out_features, self.dtype)
 
 
 class QuantPartsLinear(Linear):

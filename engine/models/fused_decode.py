@@ -64,10 +64,11 @@ def _projection(lin: object, keep: list[torch.Tensor]) -> decoder_layer.Projecti
         )
     if isinstance(lin, QuantLinear):
         bias = None if lin.bias is None else lin.bias.to(torch.bfloat16).contiguous()
-        keep += [lin.ggml.data] + ([] if bias is None else [bias])
-        data = lin.ggml.data
+        lin.choice(torch.bfloat16)  # first: the choice may pack the blocks, which moves them
+        code, data, row_bytes = lin.kernel_view()
+        keep += [data] + ([] if bias is None else [bias])
         return decoder_layer.Projection(
-            data.data_ptr(), None, _ptr(bias), lin.out_features, lin.in_features, lin.ggml.ggml_type, data.stride(0)
+            data.data_ptr(), None, _ptr(bias), lin.out_features, lin.in_features, code, row_bytes
         )
     assert isinstance(lin, KernelLinear)
     p = lin.packed

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.cpu_kernels import chooser, quant_gemm
+from engine.cpu_kernels import chooser, quant_dot, quant_gemm
 from engine.gguf.tensor import GGMLWeight
 from engine.layers import quant_linear
 from engine.layers.linear import make_linear
@@ -133,11 +133,18 @@ def test_the_chooser_decides_per_row_class(monkeypatch: pytest.MonkeyPatch, tmp_
     assert any(kind == "ggml_Q4_1_float32" for kind, _, _ in chooser.choices_made())
     # a weight past CHOOSER_BYTES is timed on its first rows, its choice filed under its whole shape
     monkeypatch.setattr(quant_linear, "CHOOSER_BYTES", 64 * 40)
-    big = make_quant_linear(weight(T.Q4_1, 200, 64, 16), None, torch.bfloat16)
-    assert isinstance(big, QuantLinear) and big.choice(torch.bfloat16)[0] == "ggml"
+    w = weight(T.Q4_1, 200, 64, 16)
+    big = make_quant_linear(w, None, torch.bfloat16)
+    assert isinstance(big, QuantLinear)
+    first = big.choice(torch.bfloat16)[0]
+    # at one row only the products in registers are candidates; the layout held is that of the winners
+    assert first in quant_linear.IN_REGISTERS
+    held = {quant_linear.FORM_OF[c] for c in big.choice(torch.bfloat16)}
+    assert held == {"packed" if big.packed is not None else "blocks"}
     assert ("ggml_Q4_1_bfloat16", (200, 64)) in [(kind, shape) for kind, shape, _ in chooser.choices_made()]
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(21)).bfloat16()
-    assert_close(big(x), x, weights_used(big.ggml, big.choice(torch.bfloat16)[chooser.row_class(3)], torch.bfloat16))
+    used = "ggml" if big.choice(torch.bfloat16)[chooser.row_class(3)] in quant_linear.IN_REGISTERS else "dequant"
+    assert_close(big(x), x, weights_used(w, used, torch.bfloat16))
     chooser.forget()
 
 
@@ -177,3 +184,29 @@ def test_input_shapes_and_strides(candidate: str) -> None:
     assert_close(lin(x1), x1[None], weights_used(w, candidate, torch.bfloat16))
     strided = torch.randn(64, 5, generator=g).bfloat16().t()  # rows 64 elements apart, columns 5 apart
     assert_close(lin(strided), strided, weights_used(w, candidate, torch.bfloat16))
+
+
+@pytest.mark.parametrize("ggml_type", [T.Q4_0, T.Q4_1], ids=lambda t: t.name)
+@pytest.mark.parametrize("forced", ["dot", "dot_dequant"])
+@pytest.mark.parametrize("rows", [1, 3, 6, 17])
+def test_packed_candidates_against_the_reference(
+    ggml_type: int, forced: str, rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not quant_dot.supports(int(ggml_type)):
+        pytest.skip("the bf16 dot-product kernel does not run on this machine")
+    monkeypatch.setenv(chooser.FORCE_ENV, forced)
+    w = weight(ggml_type, 37, 96, 5)  # 37 columns: the last group of 4 padded
+    bias = torch.randn(37, generator=torch.Generator().manual_seed(6)).bfloat16()
+    lin = QuantLinear(w, bias, torch.bfloat16)
+    # the packed form is all that is held: the file's blocks are let go
+    assert lin.packed is not None and lin.ggml.nbytes == 0
+    assert lin.packed.numel() == 40 * w.nbytes // 37
+    x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)).bfloat16()
+    used = weights_used(w, "ggml" if forced == "dot" else "dequant", torch.bfloat16)
+    assert_close(lin(x), x, used, bias.float())
+    assert torch.equal(lin.dense_weight(), reference(w).to(torch.bfloat16))
+    assert torch.equal(lin.rows(5, 11, torch.float32), reference(w)[5:11])
+    # float32 activations after the bf16 choice packed it: its rows dequantized, float32 sums
+    x32 = x.float()
+    assert lin.choice(torch.float32) == ("dequant",) * len(chooser.ROW_CLASSES)
+    assert_close(lin(x32), x32, reference(w), bias.float())
