@@ -5,7 +5,7 @@
 // than a decode step's streaming of the blocks). Here a 4-bit value n is OR-ed into bf16's mantissa, giving the
 // exact bf16 of 1 + n/16; the products with x are exact in float32, and sum_j (1 + n_j/16) x_j = A gives
 // sum_j n_j x_j = 16 (A - sx), sx the block's sum of x. A block's weights are d n_j + m (Q4_1) or d (n_j - 8)
-// (Q4_0), so its share of y is 16 d (A - sx) + m sx: the reference's weights up to float32 rounding, never a
+// (Q4_0), so its share of y is 16 d A + (m - 16 d) sx: the reference's weights up to float32 rounding, never a
 // quantized activation.
 //
 // Layout (the same bytes as the file's): columns in groups of 4 (the last padded with zero scales), per group
@@ -82,15 +82,16 @@ void group_rows(const Packed& p, int g, const uint16_t* x, long ldx, const float
         const __m512bh w2 = (__m512bh)slot<2>(w), w3 = (__m512bh)slot<3>(w);
         __m512 d, m;
         scales<TYPE>(p.scales(g, b), d, m);
+        // y = 16 sum_b d A + sum_b (m - 16 d) sx: the block's sum of x taken out through the second sum
+        const __m512 m16 = _mm512_fnmadd_ps(d, _mm512_set1_ps(16.0f), m);
         for (int r = 0; r < R; ++r) {
             const uint16_t* xb = x + r * ldx + b * QK;
             __m512 a = _mm512_dpbf16_ps(_mm512_setzero_ps(), w0, bcast_x(xb));
-            __m512 a2 = _mm512_dpbf16_ps(_mm512_setzero_ps(), w1, bcast_x(xb + 8));
+            a = _mm512_dpbf16_ps(a, w1, bcast_x(xb + 8));
             a = _mm512_dpbf16_ps(a, w2, bcast_x(xb + 16));
-            a2 = _mm512_dpbf16_ps(a2, w3, bcast_x(xb + 24));
-            const __m512 s = _mm512_set1_ps(sx[r * p.nb + b]);
-            ta[r] = _mm512_fmadd_ps(d, _mm512_sub_ps(_mm512_add_ps(a, a2), s), ta[r]);
-            tm[r] = _mm512_fmadd_ps(m, s, tm[r]);
+            a = _mm512_dpbf16_ps(a, w3, bcast_x(xb + 24));
+            ta[r] = _mm512_fmadd_ps(d, a, ta[r]);
+            tm[r] = _mm512_fmadd_ps(m16, _mm512_set1_ps(sx[r * p.nb + b]), tm[r]);
         }
     }
     for (int r = 0; r < R; ++r) {
@@ -115,13 +116,17 @@ void gemm(const Packed& p, const uint16_t* x, long ldx, int M, const float* sx, 
     const int groups = (N + GROUP - 1) / GROUP;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int g = 0; g < groups; ++g) {
-        float part[4 * GROUP];
+        float part[8 * GROUP];
         const int cols = N - g * GROUP < GROUP ? N - g * GROUP : GROUP;
-        for (int m0 = 0; m0 < M; m0 += 4) {
-            const int rows = M - m0 < 4 ? M - m0 : 4;
+        for (int m0 = 0; m0 < M; m0 += 8) {
+            const int rows = M - m0 < 8 ? M - m0 : 8;
             const uint16_t* xr = x + (long)m0 * ldx;
             const float* sr = sx + (long)m0 * p.nb;
             switch (rows) {
+                case 8: group_rows<TYPE, 8>(p, g, xr, ldx, sr, part); break;
+                case 7: group_rows<TYPE, 7>(p, g, xr, ldx, sr, part); break;
+                case 6: group_rows<TYPE, 6>(p, g, xr, ldx, sr, part); break;
+                case 5: group_rows<TYPE, 5>(p, g, xr, ldx, sr, part); break;
                 case 4: group_rows<TYPE, 4>(p, g, xr, ldx, sr, part); break;
                 case 3: group_rows<TYPE, 3>(p, g, xr, ldx, sr, part); break;
                 case 2: group_rows<TYPE, 2>(p, g, xr, ldx, sr, part); break;
