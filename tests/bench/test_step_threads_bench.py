@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,9 @@ def test_the_bench_prints_both_cores_for_prefill_and_each_batch(qwen2_ckpt: Path
         text=True,
         timeout=300,
         check=True,
+        # huge pages off: their faults cost ~10 s of system time on this tiny checkpoint, and the re-exec that sets
+        # them is tests/engine/test_hugepages.py's
+        env={**os.environ, "GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"},
     ).stdout.splitlines()
     assert [line.split(":")[0] for line in out] == [
         "prefill 2x8 round 0 one thread",
