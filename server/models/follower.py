@@ -124,7 +124,8 @@ class FollowerRegistry(ModelRegistry):
         while (got := await self.control.receive()) is not None:
             msg, fd = got
             if isinstance(msg, Listing):
-                self._listings[msg.ticket] = msg.loaded
+                if msg.ticket in self._listings:  # (its asker may have left)
+                    self._listings[msg.ticket] = msg.loaded
                 self._notify()
                 continue
             slot = self.slots.get(msg.model)

@@ -126,6 +126,15 @@ def test_the_lru_unload_waits_for_the_other_processes_stream(served: Server) -> 
     assert loads_logged(served, "beta") == 1
 
 
+def test_a_stored_response_is_read_through_the_other_process(served: Server) -> None:
+    a, b = (per[0] for per in pinned(served))
+    r = a.post("/v1/responses", json={"model": "beta", "input": "Hello", "max_output_tokens": 4})
+    assert r.status_code == 200, r.text
+    stored = b.get(f"/v1/responses/{r.json()['id']}")
+    assert stored.status_code == 200 and stored.json()["id"] == r.json()["id"]
+    assert answered_by(served, a, r) != answered_by(served, b, stored)
+
+
 def test_sigterm_drains_every_process(served: Server) -> None:
     """A beta stream in each process when SIGTERM comes: both finish whole, then every process and engine exits."""
     clients = [per[0] for per in pinned(served)]

@@ -1,0 +1,138 @@
+"""server/models/owner.py against two stand-in API processes (their control sockets driven by hand) and the fake
+engine process (bench/fake_engine_process.py): Wants from both load once and each gets its own channel; the unload
+handshake keeps a model that one process answers busy for, resumes the quiet one, and unloads once both are quiet;
+every process must close its channel before the engine goes; a failed load is Failed to both; ListModels."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from server.config import ServerConfig
+from server.models.catalog import scan
+from server.models.control import (
+    Activity,
+    Closed,
+    Control,
+    Failed,
+    FromOwner,
+    Listing,
+    ListModels,
+    Loaded,
+    Quiesce,
+    Reply,
+    Resume,
+    Unload,
+    Want,
+)
+from server.models.owner import ModelOwner
+from tests.helpers.processes import alive
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(autouse=True)
+def fake_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPINDLE_ENGINE_COMMAND", "python -m bench.fake_engine_process")
+
+
+def folder(tmp_path: Path) -> Path:
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text('{"vocab_size": 100, "max_position_embeddings": 64}')
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{}")
+    (tmp_path / "models.yaml").write_text("broken:\n  dtype: float64\n")  # refused by the engine's config
+    return tmp_path
+
+
+class Api:
+    """A stand-in API process: its control socket, and the engine channels it was given (by model)."""
+
+    def __init__(self, control: Control) -> None:
+        self.control = control
+        self.channels: dict[str, socket.socket] = {}
+
+    async def next(self) -> Any:
+        got = await self.control.receive()
+        assert got is not None
+        msg, fd = got
+        if isinstance(msg, Loaded):
+            assert fd is not None
+            self.channels[msg.model] = socket.socket(fileno=fd)
+        return msg
+
+    def close_channel(self, model: str) -> None:
+        self.channels.pop(model).close()
+        self.control.post(Closed(model))
+
+
+@asynccontextmanager
+async def owner_and_apis(tmp_path: Path) -> AsyncIterator[tuple[ModelOwner, list[Api]]]:
+    root = folder(tmp_path)
+    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(2)]
+    config = ServerConfig.from_settings(models_dir=str(root), max_loaded_models=1, api_server_count=2)
+    owner = ModelOwner(config, scan(root), [a.detach() for a, _ in pairs])
+    apis = [Api(Control(b.detach(), FromOwner)) for _, b in pairs]
+    async with anyio.create_task_group() as tg:
+        for api in apis:
+            tg.start_soon(api.control.run_writer)
+        await tg.start(owner.run)
+        with anyio.fail_after(60):
+            yield owner, apis
+        for api in apis:
+            for sock in api.channels.values():
+                sock.close()
+            api.control.close()
+        await owner.shutdown()
+        tg.cancel_scope.cancel()
+
+
+async def test_one_load_a_busy_answer_keeps_it_and_every_channel_closes_first(tmp_path: Path) -> None:
+    async with owner_and_apis(tmp_path) as (owner, (p, q)):
+        p.control.post(Want("a"))
+        q.control.post(Want("a"))
+        loaded = await p.next()
+        assert loaded == await q.next()  # one Loaded each, one engine
+        engine = loaded.pid
+        assert owner.models["a"].status == "loaded"
+
+        p.control.post(ListModels(7))
+        assert await p.next() == Listing(7, ["a"])
+
+        # b is wanted while a is busy in p: nothing happens until p says idle
+        p.control.post(Activity("a", True))
+        q.control.post(Want("b"))
+        p.control.post(Activity("a", False))
+        assert await p.next() == Quiesce("a") and await q.next() == Quiesce("a")
+        p.control.post(Reply("a", True))
+        q.control.post(Reply("a", False))  # a request came in q meanwhile
+        assert await p.next() == Resume("a")  # p admits again; a stays
+        q.control.post(Activity("a", False))  # q's request ended
+        assert await p.next() == Quiesce("a") and await q.next() == Quiesce("a")
+        p.control.post(Reply("a", True))
+        q.control.post(Reply("a", True))
+        assert await p.next() == Unload("a") and await q.next() == Unload("a")
+        p.close_channel("a")
+        await owner.until(lambda: owner.models["a"].closed == {0})
+        assert alive(engine) and str(owner.models["a"].status) == "unloading"  # q still holds its channel
+        q.close_channel("a")
+        loaded_b = await p.next()
+        assert loaded_b == await q.next() and loaded_b.model == "b"
+        assert not alive(engine)
+
+
+async def test_a_failed_load_is_failed_to_every_process_and_tried_again(tmp_path: Path) -> None:
+    async with owner_and_apis(tmp_path) as (owner, (p, q)):
+        for _ in range(2):  # each Want tries the load again
+            p.control.post(Want("broken"))
+            failed = await p.next()
+            assert isinstance(failed, Failed) and "float64" in failed.why, failed
+            assert await q.next() == failed
+            await owner.until(lambda: owner.models["broken"].status == "unloaded")
