@@ -1,6 +1,7 @@
 """--models-dir with --api-server-count 2 against real engine subprocesses (server/models/owner.py): both models
 through both API processes, one load for concurrent first requests from both, a failed load is a 503 in each and is
-tried again, an LRU unload waits for the other process's stream, /v1/models agrees, SIGTERM drains every process.
+tried again, an LRU unload waits for the other process's stream, /v1/models agrees, a stored response is read through
+the other process, an engine's death unloads its model everywhere, SIGTERM drains every process.
 
 Which process answers is forced: each client holds one kept-alive connection, and /proc says which API process
 accepted it (tests/helpers/processes.py connection_owner)."""
@@ -8,6 +9,7 @@ accepted it (tests/helpers/processes.py connection_owner)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -19,7 +21,7 @@ import pytest
 
 from tests.e2e.conftest import API_PROCESS, Server
 from tests.e2e.test_models_dir import start
-from tests.helpers.processes import children, connection_owner, wait_gone
+from tests.helpers.processes import children, connection_owner, wait_gone, wait_until
 
 BODY = {"prompt": "Hello", "max_tokens": 4}
 
@@ -133,6 +135,18 @@ def test_a_stored_response_is_read_through_the_other_process(served: Server) -> 
     stored = b.get(f"/v1/responses/{r.json()['id']}")
     assert stored.status_code == 200 and stored.json()["id"] == r.json()["id"]
     assert answered_by(served, a, r) != answered_by(served, b, stored)
+
+
+def test_an_engine_death_unloads_it_everywhere_and_the_next_request_loads_it(served: Server) -> None:
+    engines = [e for api in children(served.proc.pid, API_PROCESS) for e in children(api, "engine")]
+    assert len(engines) == 1, engines
+    os.kill(engines[0], signal.SIGKILL)
+    clients = [per[0] for per in pinned(served)]
+    every = {"alpha": False, "beta": False, "broken": False}
+    wait_until(lambda: [loaded(c) for c in clients] == [every] * 2, 30, "beta unloaded in both processes")
+    assert clients[1].post("/v1/completions", json={"model": "beta", **BODY}).status_code == 200
+    assert loads_logged(served, "beta") == 2
+    assert [loaded(c) for c in clients] == [{**every, "beta": True}] * 2
 
 
 def test_sigterm_drains_every_process(served: Server) -> None:
