@@ -1,7 +1,8 @@
 """server/models/owner.py against two stand-in API processes (their control sockets driven by hand) and the fake
 engine process (bench/fake_engine_process.py): Wants from both load once and each gets its own channel; the unload
 handshake keeps a model that one process answers busy for, resumes the quiet one, and unloads once both are quiet;
-every process must close its channel before the engine goes; a failed load is Failed to both; ListModels."""
+every process must close its channel before the engine goes; a failed load is Failed to both; ListModels; the idle
+timeout unloads through the handshake; a process that lost its channel gets the model loaded again."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from server.models.control import (
     Listing,
     ListModels,
     Loaded,
+    Lost,
     Quiesce,
     Reply,
     Resume,
@@ -74,10 +76,10 @@ class Api:
 
 
 @asynccontextmanager
-async def owner_and_apis(tmp_path: Path) -> AsyncIterator[tuple[ModelOwner, list[Api]]]:
+async def owner_and_apis(tmp_path: Path, **settings: Any) -> AsyncIterator[tuple[ModelOwner, list[Api]]]:
     root = folder(tmp_path)
     pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(2)]
-    config = ServerConfig.from_settings(models_dir=str(root), max_loaded_models=1, api_server_count=2)
+    config = ServerConfig.from_settings(models_dir=str(root), max_loaded_models=1, api_server_count=2, **settings)
     owner = ModelOwner(config, scan(root), [a.detach() for a, _ in pairs])
     apis = [Api(Control(b.detach(), FromOwner)) for _, b in pairs]
     async with anyio.create_task_group() as tg:
@@ -136,3 +138,48 @@ async def test_a_failed_load_is_failed_to_every_process_and_tried_again(tmp_path
             assert isinstance(failed, Failed) and "float64" in failed.why, failed
             assert await q.next() == failed
             await owner.until(lambda: owner.models["broken"].status == "unloaded")
+
+
+async def unload_both(p: Api, q: Api, model: str) -> None:
+    """The handshake answered quiet by both, then both channels closed."""
+    assert await p.next() == Quiesce(model) and await q.next() == Quiesce(model)
+    p.control.post(Reply(model, True))
+    q.control.post(Reply(model, True))
+    assert await p.next() == Unload(model) and await q.next() == Unload(model)
+    p.close_channel(model)
+    q.close_channel(model)
+
+
+async def test_the_idle_timeout_unloads_through_the_handshake(tmp_path: Path) -> None:
+    async with owner_and_apis(tmp_path, model_idle_timeout=0.3) as (owner, (p, q)):
+        p.control.post(Want("a"))
+        assert isinstance(await p.next(), Loaded) and isinstance(await q.next(), Loaded)
+        p.control.post(Activity("a", True))
+        await owner.until(lambda: owner.models["a"].busy == {0})
+        p.control.post(Activity("a", False))
+        await unload_both(p, q, "a")
+        await owner.until(lambda: owner.models["a"].status == "unloaded")
+        assert not owner.models["a"].wanted  # nobody asked: it stays unloaded
+
+
+async def test_a_process_that_lost_its_channel_gets_the_model_back(tmp_path: Path) -> None:
+    """q's own open failed: the model is unloaded once idle everywhere and loaded again for q's request."""
+    async with owner_and_apis(tmp_path) as (owner, (p, q)):
+        p.control.post(Want("a"))
+        first = await p.next()
+        assert first == await q.next()
+        q.channels.pop("a").close()
+        q.control.post(Lost("a", "its renderer failed"))
+        q.control.post(Want("a"))  # a request there waits
+        await unload_both_but_q_closed(p, q, "a")
+        again = await p.next()
+        assert again == await q.next() and isinstance(again, Loaded) and again.pid != first.pid
+
+
+async def unload_both_but_q_closed(p: Api, q: Api, model: str) -> None:
+    assert await p.next() == Quiesce(model) and await q.next() == Quiesce(model)
+    p.control.post(Reply(model, True))
+    q.control.post(Reply(model, True))  # nothing open there: quiet
+    assert await p.next() == Unload(model) and await q.next() == Unload(model)
+    p.close_channel(model)
+    q.control.post(Closed(model))
