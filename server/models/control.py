@@ -113,11 +113,14 @@ class Control:
 
     def post(self, msg: Any, fd: int | None = None) -> None:
         """Queue `msg` (with `fd`, sent as SCM_RIGHTS and then closed here); dropped once the other end is gone."""
-        if self.eof:
+        try:
+            if self.eof:
+                raise anyio.ClosedResourceError
+            self._send.send_nowait((self._encoder.encode(msg), fd))
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):  # gone, or its writer ended (shutdown)
+            self.eof = True
             if fd is not None:
                 os.close(fd)
-            return
-        self._send.send_nowait((self._encoder.encode(msg), fd))
 
     async def run_writer(self) -> None:
         """Send what is posted, in order, until cancelled or the other end is gone."""

@@ -63,3 +63,18 @@ async def test_frames_split_at_any_byte() -> None:
     a.close()
     assert await api.receive() is None
     api.close()
+
+
+@pytest.mark.anyio
+async def test_a_post_after_the_writer_ended_is_dropped() -> None:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    control = Control(a.detach(), ToOwner)
+    with anyio.move_on_after(0.01):  # the writer task ends (as at shutdown), its queue closed
+        await control.run_writer()
+    left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    control.post(Want("a"))  # no error: a clean-up at shutdown may still report
+    control.post(Loaded("a", 1), right.detach())
+    assert control.eof
+    left.close()
+    control.close()
+    b.close()
