@@ -162,10 +162,13 @@ def _repair(schema: dict[str, Any], error: str, fold: bool = True) -> tuple[dict
 
 
 def _circular(work: dict[str, Any], target: str, fold: bool) -> tuple[dict[str, Any], str | None] | None:
-    """llguidance cannot intersect a recursive $ref with other keywords: annotations beside a $ref go (exact),
-    else what sits beside a $ref to `target` (in its node or its allOf) goes."""
+    """llguidance cannot intersect a recursive $ref with other keywords: annotations beside a $ref go (exact), in
+    drafts 3 to 7 all that sits beside a $ref to `target` (exact), else what sits beside one (in its node or its
+    allOf) goes."""
     if _strip_ref_siblings(work, only_annotations=True):
         return work, None
+    if _ref_siblings_ignored(work) and _strip_ref_siblings(work, only_annotations=False, target=target):
+        return work, None  # drafts 3 to 7 ignore them, as the output check (jsonschema) does
     if fold and _fold(work, target):
         return work, None
     if _strip_ref_siblings(work, only_annotations=False, target=target):
@@ -179,6 +182,12 @@ def _circular(work: dict[str, Any], target: str, fold: bool) -> tuple[dict[str, 
                 del node["allOf"]
             dropped = True
     return (work, "allOf") if dropped else None
+
+
+def _ref_siblings_ignored(work: dict[str, Any]) -> bool:
+    """Drafts 3 to 7: every keyword beside a $ref is ignored, so dropping them there is exact."""
+    dialect = work.get("$schema")
+    return isinstance(dialect, str) and any(f"json-schema.org/draft-0{n}/" in dialect for n in (3, 4, 6, 7))
 
 
 def _fold(work: dict[str, Any], target: str) -> bool:

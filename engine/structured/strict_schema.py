@@ -297,7 +297,8 @@ def _discriminator(cond: Any) -> tuple[str, list[Any]] | None:
 
 def _switch(key: str, conds: list[tuple[list[Any], Any, Any]]) -> dict[str, Any] | None:
     """One anyOf for conditionals on `key`'s value: each value with the then/else branches it picks, and every
-    other value with the else branches. The property is required (an object without it is left out)."""
+    other value with the else branches. The property is required (an object without it is left out); a value
+    that is no object meets every `if` (they test properties only), so it takes every then branch."""
     values: list[Any] = []
     for vals, _, _ in conds:
         values += [v for v in vals if v not in values]
@@ -307,10 +308,13 @@ def _switch(key: str, conds: list[tuple[list[Any], Any, Any]]) -> dict[str, Any]
     cases = []
     for value in [*({"const": v} for v in values), rest]:
         picked = [then if "const" in value and value["const"] in vals else other for vals, then, other in conds]
-        case: dict[str, Any] = {"required": [key], "properties": {key: value}}
+        case: dict[str, Any] = {"type": "object", "required": [key], "properties": {key: value}}
         if any(p is not True for p in picked):
             case["allOf"] = [p for p in picked if p is not True]
         cases.append(case)
+    thens = [then for _, then, _ in conds if then is not True]
+    if not any(t is False or (isinstance(t, dict) and (_types(t) or {"x"}) <= {"object"}) for t in thens):
+        cases.append({"type": ["array", "string", "number", "boolean", "null"], **({"allOf": thens} if thens else {})})
     return {"anyOf": cases}
 
 

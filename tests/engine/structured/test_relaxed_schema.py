@@ -208,3 +208,27 @@ def test_warning_keywords() -> None:
     assert warning_keywords("Unknown format: uri-template") == ["format:uri-template"]
     assert warning_keywords("oneOf not fully supported, falling back to anyOf.") == ["oneOf"]
     assert warning_keywords("something new\x00 <here>") == ["something new here"]  # header-safe
+
+
+@pytest.mark.parametrize(
+    "dialect, kept",
+    [("http://json-schema.org/draft-07/schema#", False), ("https://json-schema.org/draft/2020-12/schema", True)],
+)
+def test_beside_a_recursive_ref_drafts_up_to_7_ignore_what_later_ones_fold(dialect: str, kept: bool) -> None:
+    """Drafts 3 to 7 ignore a $ref's siblings (so does the output check): dropped there, exact; folded later."""
+    schema = {
+        "$schema": dialect,
+        "$ref": "#/definitions/node",
+        "definitions": {
+            "node": {
+                "type": "object",
+                "properties": {
+                    "kids": {"type": "array", "items": {"$ref": "#/definitions/node", "required": ["kids"]}}
+                },
+            }
+        },
+    }
+    out = relax(schema, STYLE)
+    assert out.keywords == ()
+    assert accepts(out.schema, '{"kids":[{"kids":[]}]}')
+    assert accepts(out.schema, '{"kids":[{}]}') is not kept

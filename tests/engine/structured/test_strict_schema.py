@@ -408,3 +408,38 @@ def test_an_entry_that_also_closes_keys_stays() -> None:
     assert rewrite(schema) is schema
     loose = {**schema, "anyOf": [{"properties": {"k": {"type": "string"}, "j": {}}}, {"required": ["k"]}]}
     assert rewrite(loose)["anyOf"][0] == {}
+
+
+UNTYPED = {  # Minecraft's item modifier, cut down: no `type` where the conditionals sit
+    "properties": {"function": {"enum": ["a", "b"]}},
+    "allOf": [
+        {"if": {"properties": {"function": {"const": "a"}}}, "then": {"properties": {"n": {"type": "integer"}}}},
+        {"if": {"properties": {"function": {"const": "b"}}}, "then": {"required": ["m"]}},
+    ],
+}
+
+
+@pytest.mark.parametrize("then_type", [None, "object"])
+def test_a_switch_takes_no_value_the_conditionals_refuse(then_type: str | None) -> None:
+    """A value that is no object meets every `if`, so it must meet every `then`: a string met none of a `then` of
+    type object, yet the switch let it through (the answer broke `type`, nothing relaxed)."""
+    schema = json.loads(json.dumps(UNTYPED))
+    if then_type:
+        schema["allOf"][0]["then"]["type"] = then_type
+    out = rewrite(schema)
+    assert "if" not in json.dumps(out)
+    for value in [
+        "s",
+        1,
+        None,
+        [],
+        {},
+        {"function": "a", "n": 1},
+        {"function": "a", "n": "x"},
+        {"function": "b"},
+        {"function": "b", "m": 1},
+        {"function": "c"},
+    ]:
+        if isinstance(value, dict) and "function" not in value:
+            continue  # the switch leaves out an object without the property (fewer, never more)
+        assert valid(value, out) == valid(value, schema), value
