@@ -4,7 +4,8 @@ The kernel that wins on one CPU loses on another (on AMX machines oneDNN's tiles
 our AVX512-BF16 kernel wins decode), so no CPU flag decides: `choose(kind, shape, candidates)` times every
 candidate at a representative row count of each class, interleaved (a busy core slows all alike), takes the
 fastest of repeats, and caches the winners in the spindle cache under a key of the CPU model, the library
-versions, the shape and the candidate names, so a restart times nothing. SPINDLE_KERNEL_CHOICE=name forces one.
+versions, the shape and the candidate names, so a restart times nothing. SPINDLE_KERNEL_CHOICE=name forces one (a
+comma-separated list: the first that is a candidate).
 """
 
 from __future__ import annotations
@@ -195,7 +196,8 @@ def _choose(kind: str, shape: tuple[int, ...], candidates: Mapping[str, Bench]) 
     if not names:
         raise ChooserError(f"no candidate for {kind} {shape}")
     memo = (kind, tuple(shape), tuple(sorted(names)))
-    forced = os.environ.get(FORCE_ENV, "").strip()
+    # the first of a comma-separated list that is a candidate here (e.g. "dot,ggml": packed 4-bit, else blocks)
+    forced = next((f for f in map(str.strip, os.environ.get(FORCE_ENV, "").split(",")) if f in candidates), "")
     if forced in candidates or len(names) == 1:  # forced, or nothing to choose between: nothing timed
         winners: tuple[str, ...] = (forced if forced in candidates else names[0],) * len(ROW_CLASSES)
     elif memo in _made:

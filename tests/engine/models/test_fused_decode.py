@@ -19,6 +19,7 @@ from engine.cpu_kernels import gemm_amx
 from engine.execution.model_runner import ModelRunner
 from engine.execution.ops import AttnMetadata
 from engine.layers.linear import KernelLinear
+from engine.layers.quant_linear import QuantLinear
 from engine.messages import SamplingParams
 from engine.models import fused_decode
 from engine.models.decoder import CausalLM
@@ -167,17 +168,23 @@ def test_a_decode_step_goes_fused_only_where_the_chooser_gave_our_kernel_its_row
     assert not fused.takes(meta(5), 5) and not fused.takes(meta(64), 64)
 
 
-@pytest.mark.parametrize("count", [1, 5])
+@pytest.mark.parametrize(("choice", "count"), [("ggml", 1), ("dot,ggml", 5)])
 def test_fused_decode_over_gguf_blocks_is_bitwise_the_layer_by_layer_path(
-    count: int, monkeypatch: pytest.MonkeyPatch
+    choice: str, count: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """SmolLM2's Q4_1 blocks (Q8_0 embeddings) through the block kernel from C++: bitwise the Python path's."""
-    monkeypatch.setenv("SPINDLE_KERNEL_CHOICE", "ggml")
+    """SmolLM2's Q4_1 blocks (Q8_0 embeddings) through the block kernel from C++, the file's blocks or (dot) the
+    Q4_1 ones packed for bf16 dot products: bitwise the Python path's."""
+    monkeypatch.setenv("SPINDLE_KERNEL_CHOICE", choice)
+    packed: list[int] = []
+    pack = QuantLinear.pack
+    monkeypatch.setattr(QuantLinear, "pack", lambda lin: (packed.append(lin.out_features), pack(lin))[1])
     path = smollm2_file()
     fused = decode_logits(path, True, 2, monkeypatch, count=count)
     plain = decode_logits(path, False, 2, monkeypatch, count=count)
     for a, b in zip(fused, plain):
         assert torch.equal(a, b)
+    # the packed layout really held: every Q4_1 projection of both models (4 per layer, 30 layers)
+    assert len(packed) == (2 * 4 * 30 if choice.startswith("dot") else 0)
 
 
 @pytest.mark.skipif(not gemm_amx.available(), reason="no AMX tiles on this CPU")
