@@ -112,8 +112,12 @@ class FollowerRegistry(ModelRegistry):
                         or self._failures[slot.name] != failures
                     )
                 )
-            finally:
+            except BaseException:
                 slot.waiting -= 1
+                self._notify()
+                raise
+            slot.waiting -= 1
+            if not _is_open(slot):  # (open: it enters at once, and is reported busy without a blip of idle)
                 self._notify()
         slot.active += 1
         self._notify()
@@ -220,6 +224,17 @@ class FollowerRegistry(ModelRegistry):
             return {name for name, slot in self.slots.items() if slot.status == "loaded"}
         return set(found)
 
+    async def drain(self, timeout: float) -> int:
+        """SIGTERM: as one process's registry, and the requests waiting for a load get their 503 at once."""
+        self.stopping = True
+        self._notify()
+        return await super().drain(timeout)
+
+    def cut(self, message: str) -> int:
+        self.stopping = True
+        self._notify()
+        return super().cut(message)
+
     async def _unload_idle(self, timeout: float) -> None:
         """The owner times idle models out: nothing here."""
 
@@ -230,8 +245,13 @@ class FollowerRegistry(ModelRegistry):
             self._unload(slot, why)
 
 
+def _is_open(slot: ModelSlot) -> bool:
+    return slot.status == "loaded"
+
+
 def _engaged(slot: ModelSlot) -> bool:
     """Holding the model's engine here: requests inside its app (or their work), or its app opening. Requests waiting
     while it is not open here hold nothing (in one process they count, as they wait for its load)."""
     llm = slot.loaded.state.llm if slot.loaded is not None else None
-    return bool(slot.active or (llm is not None and llm.num_active) or slot.status == "loading")
+    entering = slot.status == "loaded" and slot.waiting  # woken by its open, not yet inside
+    return bool(slot.active or (llm is not None and llm.num_active) or slot.status == "loading" or entering)
