@@ -308,7 +308,7 @@ class ModelOwner:
         """Start the unload handshake (module docstring)."""
         assert self._tg is not None
         m.status, m.replies = "quiescing", {}
-        log.info("unloading model %s (%s)?", m.name, why)
+        log.info("model %s: %s; asking every API process whether it is idle there", m.name, why)
         for i in sorted(self.live):
             self.controls[i].post(Quiesce(m.name))
         self._tg.start_soon(self._settle, m)
