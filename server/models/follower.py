@@ -235,9 +235,6 @@ class FollowerRegistry(ModelRegistry):
         self._notify()
         return super().cut(message)
 
-    async def _unload_idle(self, timeout: float) -> None:
-        """The owner times idle models out: nothing here."""
-
     def _died(self, slot: ModelSlot, why: str) -> None:
         """Its channel died (the engine died, most likely): unload here; the owner sees the engine's end too."""
         super()._died(slot, why)
