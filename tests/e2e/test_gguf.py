@@ -4,6 +4,9 @@ model token for token; /tokenize equals transformers' GGUF tokenizer; bad files 
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,6 +18,7 @@ import httpx
 import pytest
 import torch
 
+from engine.cache_root import cache_root
 from tests.e2e.conftest import Server, start_server
 from tests.engine.gguf.files import gemma3_file, smollm2_file, write_llama
 
@@ -27,21 +31,43 @@ MULTILINGUAL = [
 NEW_TOKENS = 16
 
 
-class Reference:
-    """transformers' model and tokenizer loaded from the same GGUF file, float32."""
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 
-    def __init__(self, path: Path) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        self.model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+def _reference(path: Path) -> dict[str, Any]:
+    """transformers' answers from the same GGUF file, float32: every text's token ids, the greedy continuation of
+    the first prompts, the chat template's tokens. Kept in the spindle cache under the file's digest and the library
+    versions: loading a file (its tokenizer converted, its weights dequantized) costs about a minute of CPU."""
+    import transformers
 
-    def greedy(self, ids: list[int]) -> list[int]:
+    with path.open("rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    key = json.dumps([digest, transformers.__version__, torch.__version__, PROMPTS, MULTILINGUAL, NEW_TOKENS, CHAT])
+    cached = cache_root() / "gguf-reference" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+    if cached.exists():
+        return json.loads(cached.read_text())  # type: ignore[no-any-return]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    )
+    ids = {text: tokenizer(text)["input_ids"] for text in MULTILINGUAL + PROMPTS}
+    greedy = {}
+    for text in PROMPTS[:2]:  # transformers' generate is the slow part here
         with torch.no_grad():
-            out = self.model.generate(
-                torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0
+            out = model.generate(
+                torch.tensor([ids[text]]), max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0
             )
-        return [int(t) for t in out[0, len(ids) :]]
+        greedy[text] = [int(t) for t in out[0, len(ids[text]) :]]
+    chat = None
+    if tokenizer.chat_template:
+        applied = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
+        chat = tokenizer(applied, add_special_tokens=False)["input_ids"]
+    answers = {"ids": ids, "greedy": greedy, "chat": chat}
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(answers))
+    os.replace(tmp, cached)  # two runs at once never read a half-written file
+    return answers
 
 
 def _serve(path: Path, tmp: Path) -> Iterator[Server]:
@@ -51,17 +77,17 @@ def _serve(path: Path, tmp: Path) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Reference]]:
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, dict[str, Any]]]:
     path = smollm2_file()
     for server in _serve(path, tmp_path_factory.mktemp("smollm2")):
-        yield server, Reference(path)
+        yield server, _reference(path)
 
 
 @pytest.fixture(scope="module")
-def gemma3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Reference]]:
+def gemma3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, dict[str, Any]]]:
     path = gemma3_file()
     for server in _serve(path, tmp_path_factory.mktemp("gemma3")):
-        yield server, Reference(path)
+        yield server, _reference(path)
 
 
 def _completion_ids(server: Server, prompt: list[int]) -> list[int]:
@@ -78,36 +104,29 @@ def _completion_ids(server: Server, prompt: list[int]) -> list[int]:
     return [int(t) for t in r.json()["choices"][0]["token_ids"]]
 
 
-def _check_greedy_and_tokenizer(server: Server, ref: Reference) -> None:
-    for text in PROMPTS[:2]:  # transformers' generate is the slow part here
-        ids = ref.tokenizer(text)["input_ids"]
-        assert _completion_ids(server, ids) == ref.greedy(ids), text
+def _check_greedy_and_tokenizer(server: Server, ref: dict[str, Any]) -> None:
+    for text, want in ref["greedy"].items():
+        assert _completion_ids(server, ref["ids"][text]) == want, text
     for text in MULTILINGUAL + PROMPTS:
         r = httpx.post(f"{server.url}/tokenize", json={"model": "tiny", "prompt": text}, timeout=30)
         assert r.status_code == 200, r.text
-        assert r.json()["tokens"] == ref.tokenizer(text)["input_ids"], text
+        assert r.json()["tokens"] == ref["ids"][text], text
 
 
 @pytest.mark.timeout(900)
-def test_smollm2_greedy_tokenizer_and_chat_template(smollm2: tuple[Server, Reference]) -> None:
+def test_smollm2_greedy_tokenizer_and_chat_template(smollm2: tuple[Server, dict[str, Any]]) -> None:
     server, ref = smollm2
     _check_greedy_and_tokenizer(server, ref)
-    chat = {
-        "model": "tiny",
-        "messages": [{"role": "user", "content": "What is the capital of France?"}],
-        "max_tokens": 20,
-        "temperature": 0,
-    }
+    chat = {"model": "tiny", "messages": CHAT, "max_tokens": 20, "temperature": 0}
     r = httpx.post(f"{server.url}/v1/chat/completions", json=chat, timeout=120)
     assert r.status_code == 200, r.text
     assert "Paris" in r.json()["choices"][0]["message"]["content"]
-    applied = ref.tokenizer.apply_chat_template(chat["messages"], add_generation_prompt=True, tokenize=False)
-    r = httpx.post(f"{server.url}/tokenize", json={"model": "tiny", "messages": chat["messages"]}, timeout=30)
-    assert r.json()["tokens"] == ref.tokenizer(applied, add_special_tokens=False)["input_ids"]
+    r = httpx.post(f"{server.url}/tokenize", json={"model": "tiny", "messages": CHAT}, timeout=30)
+    assert ref["chat"] is not None and r.json()["tokens"] == ref["chat"]
 
 
 @pytest.mark.timeout(900)
-def test_gemma3_greedy_tokenizer_and_no_chat_template(gemma3: tuple[Server, Reference]) -> None:
+def test_gemma3_greedy_tokenizer_and_no_chat_template(gemma3: tuple[Server, dict[str, Any]]) -> None:
     server, ref = gemma3
     _check_greedy_and_tokenizer(server, ref)
     chat = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}

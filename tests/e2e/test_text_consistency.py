@@ -23,14 +23,9 @@ def random_prompt(rng: random.Random) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(rng.randrange(1, 12)))
 
 
-@pytest.fixture(scope="module", params=[1, 7], ids=["interval1", "interval7"])
-def srv(
-    request: pytest.FixtureRequest, server: Server, qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Server]:
-    if request.param == 1:
-        yield server
-        return
-    s = start_server(qwen2_ckpt, tmp_path_factory.mktemp("i7"), "--stream-interval", str(request.param))
+@pytest.fixture(scope="module")
+def interval7(qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = start_server(qwen2_ckpt, tmp_path_factory.mktemp("i7"), "--stream-interval", "7")
     yield s
     s.stop()
 
@@ -56,7 +51,17 @@ def stream(client: httpx.Client, prompt: str, **kw: object) -> tuple[list[str], 
     return chunks, finish, stop_reason
 
 
-def test_stream_equals_nonstream_equals_reference(srv: Server, qwen2_ckpt: Path) -> None:
+def test_stream_equals_nonstream_equals_reference(server: Server, qwen2_ckpt: Path) -> None:
+    """One event per token, on each worker class (the shared server's parameters)."""
+    check_consistency(server, qwen2_ckpt)
+
+
+def test_stream_interval_7_equals_nonstream_equals_reference(interval7: Server, qwen2_ckpt: Path) -> None:
+    """Tokens sent 7 to an event (--stream-interval 7), on the default worker class."""
+    check_consistency(interval7, qwen2_ckpt)
+
+
+def check_consistency(srv: Server, qwen2_ckpt: Path) -> None:
     tok = Tokenizer.from_file(str(qwen2_ckpt / "tokenizer.json"))
     rng = random.Random(1234)
     cases = 50
