@@ -40,6 +40,7 @@ class WorkerContext:
     # --models-dir: this process's end of its control socket to the owner of the loaded set (server/models/owner.py)
     models_fd: int | None = None
     models_owner_fds: list[int] = field(default_factory=list)  # process 0 only: the owner's end of each one
+    launcher_fd: int | None = None  # --models-dir: the read end of a pipe only the launcher writes (its lifeline)
 
     @functools.cached_property
     def region(self) -> SharedRegion:

@@ -23,7 +23,9 @@ The process the user starts becomes the launcher (`run_api_servers`); it serves 
 5. waits. SIGTERM / SIGINT are forwarded to the API processes (each drains or stops as a single server
    does); when they have all exited, the engines' lifelines are closed and the engines stop. If an engine
    dies, every API process sees its channel close, fails its requests at once and exits 1; the launcher
-   exits 1. If an API process fails, the others are stopped and the launcher exits 1.
+   exits 1. If an API process fails, the others are stopped and the launcher exits 1. With `--models-dir` the API
+   processes watch a pipe only the launcher holds open instead (no engine hangs on its lifeline): a SIGKILLed
+   launcher is a SIGTERM to each of them (server/runtime/api_process.py).
 """
 
 from __future__ import annotations
@@ -89,6 +91,9 @@ def _start(cfg: ServerConfig, listener: socket.socket, responses_dir: str) -> _F
     pairs = [[socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(n)] for _ in range(m)]
     # --models-dir: controls[i]: API process i's control socket to the owner (process 0 keeps every [0], i its [1])
     controls = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(n if models else 0)]
+    # --models-dir: no engine holds the launcher's lifeline, so each API process watches this pipe's read end; the
+    # write end stays open in the launcher until it exits
+    lifeline = os.pipe() if models else None
     engines = {engine.pid: engine for engine in (_start_engine(cfg, [a for a, _ in channels]) for channels in pairs)}
     fleet = _Fleet(engines, {})
     # The API processes start with SIGINT / SIGTERM blocked (the mask survives exec) and unblock them once they
@@ -113,6 +118,7 @@ def _start(cfg: ServerConfig, listener: socket.socket, responses_dir: str) -> _F
                 responses_dir=responses_dir,
                 models_fd=controls[i][1].fileno() if models else None,
                 models_owner_fds=[a.fileno() for a, _ in controls] if models and i == 0 else [],
+                launcher_fd=lifeline[0] if lifeline is not None else None,
             )
             proc = _start_api_process(cfg, context)
             fleet.add_api(proc)
@@ -127,6 +133,9 @@ def _start(cfg: ServerConfig, listener: socket.socket, responses_dir: str) -> _F
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
     listener.close()
     os.close(shared_fd)
+    if lifeline is not None:
+        os.close(lifeline[0])
+        fleet.lifeline = lifeline[1]
     return fleet
 
 
@@ -154,6 +163,7 @@ def _start_api_process(cfg: ServerConfig, context: WorkerContext) -> subprocess.
             *context.engine_fds,
             *([context.models_fd] if context.models_fd is not None else []),
             *context.models_owner_fds,
+            *([context.launcher_fd] if context.launcher_fd is not None else []),
         ),
         start_new_session=True,
     )
@@ -165,6 +175,7 @@ class _Fleet:
     def __init__(self, engines: dict[int, subprocess.Popen[bytes]], apis: dict[int, subprocess.Popen[bytes]]) -> None:
         self.engines, self.apis = engines, apis
         self.running = set(apis)  # API processes not reaped yet
+        self.lifeline: int | None = None  # --models-dir: the write end of the API processes' lifeline
 
     def add_api(self, proc: subprocess.Popen[bytes]) -> None:
         self.apis[proc.pid] = proc

@@ -1,7 +1,8 @@
 """--models-dir with --api-server-count 2 against real engine subprocesses (server/models/owner.py): both models
 through both API processes, one load for concurrent first requests from both, a failed load is a 503 in each and is
 tried again, an LRU unload waits for the other process's stream, /v1/models agrees, a stored response is read through
-the other process, an engine's death unloads its model everywhere, SIGTERM drains every process.
+the other process, an engine's death unloads its model everywhere, SIGTERM drains every process, a SIGKILLed launcher
+takes every process.
 
 Which process answers is forced: each client holds one kept-alive connection, and /proc says which API process
 accepted it (tests/helpers/processes.py connection_owner)."""
@@ -21,7 +22,7 @@ import pytest
 
 from tests.e2e.conftest import API_PROCESS, Server
 from tests.e2e.test_models_dir import start
-from tests.helpers.processes import children, connection_owner, wait_gone, wait_until
+from tests.helpers.processes import children, connection_owner, process_tree, wait_gone, wait_until
 
 BODY = {"prompt": "Hello", "max_tokens": 4}
 
@@ -178,3 +179,23 @@ def test_sigterm_drains_every_process(served: Server) -> None:
         assert lines[-1] == "data: [DONE]"
         assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] == "length"
     wait_gone(engines, 30)
+
+
+def test_a_killed_launcher_takes_every_process_and_engine(qwen2_ckpt: Path, tmp_path: Path) -> None:
+    """No engine hangs on the launcher's lifeline here: the API processes watch a pipe of its own."""
+    root = tmp_path / "dir"
+    root.mkdir()
+    (root / "only").symlink_to(qwen2_ckpt)
+    server = start(root, tmp_path, "--api-server-count", "2")
+    try:
+        assert (
+            httpx.post(f"{server.url}/v1/completions", json={"model": "only", **BODY}, timeout=180).status_code == 200
+        )
+        tree = process_tree(server.proc.pid)
+        assert len([p for p in tree if p in children(server.proc.pid, API_PROCESS)]) == 2
+        assert any(children(api, "engine") for api in children(server.proc.pid, API_PROCESS))
+        server.proc.kill()
+        server.proc.wait()
+        wait_gone(tree, 30)
+    finally:
+        server.stop()
