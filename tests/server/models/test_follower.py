@@ -76,43 +76,46 @@ async def test_want_failed_loaded_and_the_activity_reports(tmp_path: Path) -> No
     async with follower(tmp_path) as (reg, owner), anyio.create_task_group() as tg:
         slot = reg.slots["a"]
         errors: list[APIError] = []
+        failed, entered = anyio.Event(), anyio.Event()
 
         async def request() -> None:
             try:
                 await reg.acquire(slot)
             except APIError as e:
                 errors.append(e)
+            failed.set()
 
         tg.start_soon(request)
         assert await said(owner) == Want("a")
         owner.post(Failed("a", "no weights"))
-        await reg.until(lambda: bool(errors))
+        await failed.wait()
         assert errors[0].status == 503 and "no weights" in errors[0].message
 
-        got: list[Any] = []
-
         async def served() -> None:
-            got.append(await reg.acquire(slot))
+            await reg.acquire(slot)
+            entered.set()
 
         tg.start_soon(served)
         assert await said(owner) == Want("a")  # the next request tries again
         owner.post(Loaded("a", 1), channel_end())
         assert await said(owner) == Activity("a", True)  # opening here
-        await reg.until(lambda: bool(got))
+        await entered.wait()
         reg.release(slot)
         assert await said(owner) == Activity("a", False)
 
         owner.post(Listing(99, []))  # a stray listing (its asker gone) is ignored
         names: list[set[str]] = []
+        listed = anyio.Event()
 
         async def listing() -> None:
             names.append(await reg.loaded_names())
+            listed.set()
 
         tg.start_soon(listing)
         asked = await said(owner)
         assert isinstance(asked, ListModels), asked
         owner.post(Listing(asked.ticket, ["a"]))
-        await reg.until(lambda: bool(names))
+        await listed.wait()
         assert names == [{"a"}]
 
 
@@ -160,15 +163,17 @@ async def test_quiesce_holds_new_requests_and_unload_closes(tmp_path: Path) -> N
 async def test_the_drain_ends_a_request_waiting_for_a_load(tmp_path: Path) -> None:
     async with follower(tmp_path) as (reg, owner), anyio.create_task_group() as tg:
         errors: list[APIError] = []
+        failed = anyio.Event()
 
         async def request() -> None:
             try:
                 await reg.acquire(reg.slots["b"])
             except APIError as e:
                 errors.append(e)
+            failed.set()
 
         tg.start_soon(request)
         assert await said(owner) == Want("b")
         assert await reg.drain(5) == 0
-        await reg.until(lambda: bool(errors))
+        await failed.wait()
         assert errors[0].status == 503
