@@ -18,6 +18,7 @@ torch's GEMM, where "ggml" keeps them float32). Off CPU, the weight is dequantiz
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -81,36 +82,35 @@ class QuantLinear(Linear):
         if not self.kernel or dtype not in KERNEL_DTYPES or self.packed is not None:
             return ("dequant",) * len(chooser.ROW_CLASSES)  # (packed by bf16's choice: its rows dequantized)
         kind = f"ggml_{type_name(self.ggml.ggml_type)}_{str(dtype).removeprefix('torch.')}"
-        # timed on about CHOOSER_BYTES of blocks, past L2 as a step streams its weights: a big weight (an LM head)
-        # on its first rows, a small one repeated (both candidates' costs scale with the rows)
-        data = self.ggml.data
-        if self.nbytes > CHOOSER_BYTES:
-            data = data[: max(64, CHOOSER_BYTES // data.shape[1])]
-        elif self.nbytes < CHOOSER_BYTES // 2:
-            data = data.repeat(CHOOSER_BYTES // self.nbytes, 1)
-        probe = QuantLinear(GGMLWeight(self.ggml.ggml_type, (data.shape[0], self.in_features), data), None)
         shape = (self.out_features, self.in_features)
-        blocks = {
-            "ggml": probe.bench(probe.ggml_into, dtype, rows_range=(1, GGML_MOST_ROWS)),
-            "dequant": probe.bench(probe.dequant_into, dtype, rows_range=(2, 1 << 30)),
-        }
+
+        @functools.cache
+        def probe(packed: bool) -> QuantLinear:
+            # about CHOOSER_BYTES of blocks, past L2 as a step streams its weights: a big weight (an LM head) on its
+            # first rows, a small one repeated (the candidates' costs scale with the rows); made when first timed,
+            # so a forced or cached choice copies nothing
+            data = self.ggml.data
+            if self.nbytes > CHOOSER_BYTES:
+                data = data[: max(64, CHOOSER_BYTES // data.shape[1])]
+            elif self.nbytes < CHOOSER_BYTES // 2:
+                data = data.repeat(CHOOSER_BYTES // self.nbytes, 1)
+            lin = QuantLinear(GGMLWeight(self.ggml.ggml_type, (data.shape[0], self.in_features), data), None)
+            if packed:
+                lin.pack()
+            return lin
+
+        def timed(candidate: str, rows_range: tuple[int, int]) -> chooser.Bench:
+            def at(rows: int) -> Callable[[], object]:
+                lin = probe(FORM_OF[candidate] == "packed")
+                run = lin.ggml_into if candidate in IN_REGISTERS else lin.dequant_into
+                return lin.bench(run, dtype, rows_range)(rows)
+
+            return at
+
+        blocks = {"ggml": timed("ggml", (1, GGML_MOST_ROWS)), "dequant": timed("dequant", (2, 1 << 30))}
         if dtype is not torch.bfloat16 or not quant_dot.supports(self.ggml.ggml_type):
             return chooser.choose(kind, shape, blocks)
-        packed = QuantLinear(GGMLWeight(self.ggml.ggml_type, (data.shape[0], self.in_features), data), None)
-
-        def packed_first(
-            run: Callable[[torch.Tensor, torch.Tensor], None],
-        ) -> Callable[[torch.Tensor, torch.Tensor], None]:
-            def call(x2: torch.Tensor, out: torch.Tensor) -> None:
-                packed.pack()  # at its first timing: a forced or cached choice packs no probe
-                run(x2, out)
-
-            return call
-
-        dots = {
-            "dot": packed.bench(packed_first(packed.ggml_into), dtype, rows_range=(1, GGML_MOST_ROWS)),
-            "dot_dequant": packed.bench(packed_first(packed.dequant_into), dtype, rows_range=(2, 1 << 30)),
-        }
+        dots = {"dot": timed("dot", (1, GGML_MOST_ROWS)), "dot_dequant": timed("dot_dequant", (2, 1 << 30))}
         held, winners = chooser.choose_held(kind, shape, blocks | dots, FORM_OF)
         if held == "packed":
             self.pack()
