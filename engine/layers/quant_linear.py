@@ -33,9 +33,12 @@ from engine.layers.parallel import QUANT_WORK, WORKERS
 DEQUANT_TILE_BYTES = 512 << 10  # a dequantized tile stays in L2 while torch's GEMM reads it
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 # "ggml" is a candidate up to this many rows: above, its tiles of 16 rows dequantize every block again and again
-# (6x torch's GEMM on a dequantized tile at 256 rows), and timing it would cost seconds at load. "dequant" from 2:
-# at one row dequantizing alone is the kernel's whole product, so only noise could pick it.
+# (6x torch's GEMM on a dequantized tile at 256 rows), and timing it would cost seconds at load. "dequant" from
+# DEQUANT_FEWEST_ROWS: below, it dequantizes the whole weight for a few rows, which the products in registers
+# already cost at one row; timed under load (its chunks dodge a busy core, an OpenMP team waits for it) it won
+# classes of 2-16 rows and made a speculative verification of 6 rows twice as slow (bench/README.md).
 GGML_MOST_ROWS = 64
+DEQUANT_FEWEST_ROWS = 17
 CHOOSER_BYTES = 4 << 20  # the chooser times about this much of a weight's blocks
 FORM_OF = {"ggml": "blocks", "dequant": "blocks", "dot": "packed", "dot_dequant": "packed"}
 IN_REGISTERS = ("ggml", "dot")  # the candidates that read the blocks in the product itself
@@ -107,10 +110,16 @@ class QuantLinear(Linear):
 
             return at
 
-        blocks = {"ggml": timed("ggml", (1, GGML_MOST_ROWS)), "dequant": timed("dequant", (2, 1 << 30))}
+        blocks = {
+            "ggml": timed("ggml", (1, GGML_MOST_ROWS)),
+            "dequant": timed("dequant", (DEQUANT_FEWEST_ROWS, 1 << 30)),
+        }
         if dtype is not torch.bfloat16 or not quant_dot.supports(self.ggml.ggml_type):
             return chooser.choose(kind, shape, blocks)
-        dots = {"dot": timed("dot", (1, GGML_MOST_ROWS)), "dot_dequant": timed("dot_dequant", (2, 1 << 30))}
+        dots = {
+            "dot": timed("dot", (1, GGML_MOST_ROWS)),
+            "dot_dequant": timed("dot_dequant", (DEQUANT_FEWEST_ROWS, 1 << 30)),
+        }
         held, winners = chooser.choose_held(kind, shape, blocks | dots, FORM_OF)
         if held == "packed":
             self.pack()
