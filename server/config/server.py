@@ -39,6 +39,7 @@ _NOT_CONFIG = frozenset(
         "cpu_kernels",  # read by the engine (engine/cpu_kernels/build.py)
         "kernel_choice",  # read by the engine (engine/cpu_kernels/chooser.py)
         "gguf_dequantize",  # read by the engine (engine/models/loader.py)
+        "spec_draft_cost",  # read by the engine (engine/spec/speculator.py)
         "chromium",
         "update_screenshot",
     }
