@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ from engine.gguf.source import ARCHITECTURES, GGUFModel, gguf_file_of, open_mode
 MARKER = "gguf.json"
 _FORMAT = 1  # bump when the derived files change shape
 log = logging.getLogger(__name__)
+# transformers' lazy top-level module is not thread-safe on a first import, and --models-dir derives from threads
+_IMPORT_LOCK = threading.Lock()
 
 
 def gguf_files(folder: Path) -> list[Path] | None:
@@ -39,11 +42,17 @@ def _key(files: tuple[Path, ...]) -> str:
     return hashlib.sha256(json.dumps([_FORMAT, stats]).encode()).hexdigest()[:16]
 
 
+def _auto_classes() -> tuple[Any, Any]:
+    """transformers' AutoConfig and AutoTokenizer, imported under the lock (two threads at once: an ImportError)."""
+    with _IMPORT_LOCK:
+        from transformers import AutoConfig, AutoTokenizer  # why late: only a first start on a GGUF file needs it
+    return AutoConfig, AutoTokenizer
+
+
 def _config(model: GGUFModel, folder: str, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """config.json and generation_config.json from transformers' reading of the file's metadata."""
-    from transformers import AutoConfig  # why late: only a first start on a GGUF file needs it
-
-    cfg: dict[str, Any] = AutoConfig.from_pretrained(folder, gguf_file=name).to_dict()
+    auto_config, _ = _auto_classes()
+    cfg: dict[str, Any] = auto_config.from_pretrained(folder, gguf_file=name).to_dict()
     arch = model.architecture
     hf_arch = ARCHITECTURES[arch]
     if arch == "llama" and "mistral" in str(model.metadata.get("general.name", "")).lower():
@@ -56,13 +65,12 @@ def _config(model: GGUFModel, folder: str, name: str) -> tuple[dict[str, Any], d
 
 
 def _write(model: GGUFModel, out: Path) -> None:
-    from transformers import AutoTokenizer  # why late: as in _config
-
+    _, auto_tokenizer = _auto_classes()
     first = model.files[0]
     cfg, gen = _config(model, str(first.parent), first.name)
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
-    AutoTokenizer.from_pretrained(str(first.parent), gguf_file=first.name).save_pretrained(str(out))
+    auto_tokenizer.from_pretrained(str(first.parent), gguf_file=first.name).save_pretrained(str(out))
     marker = {
         "files": [str(f.resolve()) for f in model.files],
         "architecture": model.architecture,
