@@ -41,6 +41,9 @@ class EngineConfig:
     # thread (each op's barrier would wait for a core another process holds: engine/execution/model_runner.py); 0:
     # always all, inf: always one (bench/README.md, "Threads per step")
     threaded_step_flops: float = 4e9
+    # CPU: intra-op threads (torch's and the C++ kernels' OpenMP teams); None: the fewest of the affinity mask,
+    # the cgroup CPU quota and the physical cores (engine/cpu_threads.py)
+    cpu_threads: int | None = None
     max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
@@ -103,6 +106,8 @@ class EngineConfig:
             raise ValueError("heartbeat_interval must be positive")
         if not self.threaded_step_flops >= 0:  # NaN too
             raise ValueError(f"threaded_step_flops must be 0 or more, got {self.threaded_step_flops}")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ValueError(f"--cpu-threads must be at least 1, got {self.cpu_threads}")
         self._check_parallel()
         check_lora_settings(self.max_loras, self.max_lora_rank, self.max_cpu_loras, self.lora_dtype)
         self._check_speculative()

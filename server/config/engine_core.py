@@ -23,6 +23,7 @@ class EngineCoreConfig:
     engine_heartbeat_timeout: float = 10.0  # seconds without any frame: the engine is stopped or gone
     engine_step_timeout: float = 600.0  # seconds one step may run before the engine counts as hung; 0: off
     speculative_config: dict[str, Any] = field(default_factory=dict)  # JSON, vLLM's keys: engine/spec/config.py
+    cpu_threads: int | None = None  # None: fitted to the affinity mask, CPU quota and cores (engine/cpu_threads.py)
 
     def __post_init__(self) -> None:
         check_at_least_one(self, ("block_size", "kv_cache_memory"))
