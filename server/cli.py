@@ -13,7 +13,6 @@ from typing import Any
 
 from engine.lora.config import parse_lora_modules
 from server.config import (
-    DEFAULT_MODEL,
     JSON_FIELDS,
     JSON_LIST_FIELDS,
     SIZE_FIELDS,
@@ -299,9 +298,8 @@ def _add_lora_and_cache_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def config_from_args(argv: Sequence[str], *, render_only: bool = False, default_model: bool = False) -> ServerConfig:
-    """Flags over SPINDLE_* env vars over defaults. render_only: `spindle render` (server/config/ checks it).
-    default_model: with no model named, serve DEFAULT_MODEL (fetched once if need be) rather than the demo."""
+def config_from_args(argv: Sequence[str], *, render_only: bool = False) -> ServerConfig:
+    """Flags over SPINDLE_* env vars over defaults. render_only: `spindle render` (server/config/ checks it)."""
     args = build_parser().parse_args(list(argv))
     given = {k: v for k, v in vars(args).items() if v is not None}
     for name in SIZE_FIELDS:  # "2GiB", "512MiB", plain bytes: read as the SPINDLE_* variable is
@@ -319,10 +317,7 @@ def config_from_args(argv: Sequence[str], *, render_only: bool = False, default_
         given["api_keys"] = tuple(given["api_keys"])
     if render_only:
         given["render_only"] = True
-    config = ServerConfig.from_env(**given)
-    if default_model and config.model.unset and config.models.models_dir is None and not render_only:
-        config = ServerConfig.from_env(**given, model=DEFAULT_MODEL)
-    return config
+    return ServerConfig.from_env(**given)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -333,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] in ("serve", "render"):
         argv = argv[1:]
     try:
-        config = config_from_args(argv, render_only=render_only, default_model=True)
+        config = config_from_args(argv, render_only=render_only)
         if config.models.models_dir is not None:  # the folder and its models.yaml are checked before serving
             scan(config.models.models_dir)
     except ValueError as e:
