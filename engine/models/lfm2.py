@@ -1,0 +1,107 @@
+"""LFM2: short gated convolutions (engine/models/recurrent/short_conv.py) mixed with GQA attention layers.
+
+config.json: `layer_types` ("conv" / "full_attention"; older files give `full_attn_idxs`), `conv_L_cache` (the
+kernel size L: the state per conv layer is its last L - 1 inputs), `conv_bias`, `norm_eps`. Attention normalises
+each head of q and k (q_layernorm / k_layernorm) and turns whole heads; the MLP is w2(silu(w1 x) * w3 x).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.layers.linear import make_linear
+from engine.layers.moe import ACTIVATIONS
+from engine.models.args import ConfigError, ModelArgs, common_fields, refuse, rope_settings
+from engine.models.decoder import GatedMLP, WeightSource, fused_rows
+from engine.models.hybrid import AttnBlock, Block, Ends, HybridLM, RecurrentBlock
+from engine.models.recurrent.short_conv import ShortConv
+
+ARCHITECTURE = "Lfm2ForCausalLM"
+LAYER_TYPES = ("conv", "full_attention")
+
+
+def layer_types(cfg: dict[str, Any]) -> list[str]:
+    n = int(cfg["num_hidden_layers"])
+    types = cfg.get("layer_types")
+    if types is None:
+        if cfg.get("full_attn_idxs") is None:
+            raise ConfigError(f"{ARCHITECTURE} config.json has neither layer_types nor full_attn_idxs")
+        full = {int(i) for i in cfg["full_attn_idxs"]}
+        types = ["full_attention" if i in full else "conv" for i in range(n)]
+    unknown = sorted(set(types) - set(LAYER_TYPES))
+    if unknown:
+        raise ConfigError(f"layer_types {unknown} are not supported; supported: {', '.join(LAYER_TYPES)}")
+    if len(types) != n:
+        raise ConfigError(f"layer_types names {len(types)} layers, num_hidden_layers {n}")
+    return [str(t) for t in types]
+
+
+def parse(cfg: dict[str, Any], arch: str) -> ModelArgs:
+    refuse(cfg, attention_bias=False)
+    if "conv_L_cache" not in cfg or int(cfg["conv_L_cache"]) < 1:
+        raise ConfigError(f"{arch} config.json lacks conv_L_cache (the convolution's state length)")
+    cfg = dict(cfg, intermediate_size=cfg.get("intermediate_size") or cfg.get("block_ff_dim"))
+    theta, scaling = rope_settings(cfg, ())
+    types = layer_types(cfg)
+    tie = cfg.get("tie_word_embeddings", cfg.get("tie_embedding"))
+    return ModelArgs(
+        architecture=arch,
+        **dict(common_fields(cfg), rms_norm_eps=float(cfg.get("norm_eps", 1e-5)), tie_word_embeddings=tie),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        qkv_bias=False,
+        o_bias=False,
+        mlp_bias=False,
+        sliding_window=None,
+        qk_norm=True,
+        extra={"layer_types": tuple(types), "conv_bias": bool(cfg.get("conv_bias"))},
+    )
+
+
+class Lfm2LM(HybridLM):
+    @classmethod
+    def load(
+        cls,
+        cfg: dict[str, Any],
+        args: ModelArgs,
+        weights: WeightSource,
+        has_lm_head: bool,
+        max_positions: int,
+        quantization: str | None = None,
+    ) -> Lfm2LM:
+        blocks = [_block(args, i, weights, quantization) for i in range(args.num_layers)]
+        tied = args.tie_word_embeddings if args.tie_word_embeddings is not None else not has_lm_head
+        head = None if tied else weights("lm_head.weight")
+        ends = Ends(weights("model.embed_tokens.weight"), weights("model.embedding_norm.weight"), head)
+        return cls(args, blocks, ends, max_positions, quantization)
+
+
+def _block(args: ModelArgs, i: int, get: WeightSource, qz: str | None) -> Block:
+    p = f"model.layers.{i}"
+    mlp = GatedMLP(
+        make_linear(fused_rows([get(f"{p}.feed_forward.w1.weight"), get(f"{p}.feed_forward.w3.weight")]), None, qz),
+        make_linear(get(f"{p}.feed_forward.w2.weight"), None, qz),
+        ACTIVATIONS[args.hidden_act],
+    )
+    ln1, ln2 = get(f"{p}.operator_norm.weight"), get(f"{p}.ffn_norm.weight")
+    if args.extra["layer_types"][i] == "full_attention":
+        a = f"{p}.self_attn"
+        qkv = fused_rows([get(f"{a}.{n}_proj.weight") for n in "qkv"])
+        return AttnBlock(
+            make_linear(qkv, None, qz),
+            make_linear(get(f"{a}.out_proj.weight"), None, qz),
+            get(f"{a}.q_layernorm.weight"),
+            get(f"{a}.k_layernorm.weight"),
+            None,
+            ln1,
+            ln2,
+            mlp,
+        )
+    c, bias = f"{p}.conv", args.extra["conv_bias"]
+    conv = ShortConv(
+        make_linear(get(f"{c}.in_proj.weight"), get(f"{c}.in_proj.bias") if bias else None, qz),
+        make_linear(get(f"{c}.out_proj.weight"), get(f"{c}.out_proj.bias") if bias else None, qz),
+        get(f"{c}.conv.weight").squeeze(1),
+        get(f"{c}.conv.bias") if bias else None,
+    )
+    return RecurrentBlock(conv, ln1, ln2, mlp)

@@ -1,0 +1,73 @@
+"""Tiny random checkpoints of the hybrid families (transformers' own classes, saved with save_pretrained).
+
+LFM2: conv and attention layers interleaved (conv first), a kernel of 3, biased convolutions. Qwen3.5: three
+Gated DeltaNet layers before a gated full-attention layer with partial rotary, two key heads serving four value
+heads. Each has Qwen2.5's tokenizer, so the real server can run it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+HYBRIDS: dict[str, dict[str, Any]] = {
+    "lfm2": dict(
+        config="Lfm2Config",
+        model="Lfm2ForCausalLM",
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        layer_types=["conv", "full_attention", "conv", "conv"],
+        conv_L_cache=3,
+        conv_bias=True,
+        block_auto_adjust_ff_dim=False,
+        tie_word_embeddings=True,
+        max_position_embeddings=1024,
+    ),
+    "qwen3_5": dict(
+        config="Qwen3_5TextConfig",
+        model="Qwen3_5ForCausalLM",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=8,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        tie_word_embeddings=False,
+        max_position_embeddings=1024,
+    ),
+}
+VOCAB = 151_646
+SEED = 2026
+
+
+def build_hybrid(root: Path, family: str, **overrides: Any) -> Path:
+    """The family's checkpoint in root/family (built once: an existing folder is returned as is)."""
+    import torch
+    import transformers
+
+    from demo.checkpoints import _reinit, _save, _seeded, _write_atomically
+
+    path = root / (family + "".join(f"-{k}{v}" for k, v in sorted(overrides.items())))
+    if path.is_dir():
+        return path
+    kw = dict(HYBRIDS[family], **overrides)
+    config_cls, model_cls = getattr(transformers, kw.pop("config")), getattr(transformers, kw.pop("model"))
+    config = config_cls(
+        vocab_size=VOCAB,
+        bos_token_id=151643,
+        eos_token_id=151645,
+        pad_token_id=0,
+        architectures=[model_cls.__name__],
+        **kw,
+    )
+    model = _seeded(model_cls, config, SEED, _reinit, int(kw["hidden_size"])).to(torch.float32)
+    gen = {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}
+    return _write_atomically(path, lambda tmp: _save(tmp, model, 1, gen, "qwen2.5"))
