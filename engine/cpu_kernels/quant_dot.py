@@ -1,6 +1,7 @@
-"""y = x @ W.T for bfloat16 x and W of 4-bit GGUF blocks (Q4_0, Q4_1) through quant_dot.cpp: the blocks are
-repacked once (`pack`, the same bytes as the file's) so that AVX512-BF16 dot products take 32 weights per
-instruction; the activations are not quantized (the reference's weights up to float32 rounding). Also
+"""y = x @ W.T for bfloat16 x and W of GGUF blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) through
+quant_dot.cpp: the blocks are repacked once (`pack`: the file's bytes, up to 3% more for K-quants' unpacked 6-bit
+scales) so that AVX512-BF16 dot products take 32 weights per instruction, up to 16 rows sharing each decoded chunk;
+the activations are not quantized (the reference's weights up to float32 rounding). Also
 `dequantize`: rows of the packed form to float32 or bfloat16, each weight as gguf's dequantizer computes it.
 Checked against gguf.quants.dequantize at first use; `supports(t)` is False where the kernel cannot run or the
 check failed (engine/layers/quant_linear.py then keeps the file's blocks and quant_gemm.py's kernel).
@@ -21,8 +22,9 @@ from engine.cpu_kernels.build import kernel
 
 log = logging.getLogger(__name__)
 
-ABI = 1
-TYPES = frozenset({int(GGMLQuantizationType.Q4_0), int(GGMLQuantizationType.Q4_1)})
+ABI = 2
+_T = GGMLQuantizationType
+TYPES = frozenset(int(t) for t in (_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0, _T.Q4_K, _T.Q5_K, _T.Q6_K))
 # quant_gemm.cpp's spindle_quant_gemm takes the packed form of type t as type PACKED + t (the fused decode
 # layer calls that one function for every GGUF projection)
 PACKED = 1024
@@ -62,8 +64,9 @@ def pack(data: torch.Tensor, ggml_type: int, in_features: int) -> torch.Tensor:
     blocks, contiguous rows)."""
     k = _need()
     n = data.shape[0]
-    if data.stride(1) != 1 or in_features % 32:
-        raise ValueError("data rows must be contiguous and in_features a multiple of 32")
+    block, _ = quant_gemm.block_shape(ggml_type)
+    if data.stride(1) != 1 or in_features % block:
+        raise ValueError(f"data rows must be contiguous and in_features a multiple of {block}")
     out = torch.empty(int(k["bytes"](ggml_type, n, in_features)), dtype=torch.uint8)
     if k["pack"](ggml_type, data.data_ptr(), data.stride(0), n, in_features, out.data_ptr()):
         raise ValueError(f"type {ggml_type} is not packed here")

@@ -1,0 +1,167 @@
+// The packed forms of GGUF blocks for bf16 dot products (quant_dot.cpp multiplies them, quant_dot_pack.cpp makes
+// them): one descriptor per ggml type saying how its weights decode in registers to exact bf16 values and how its
+// scales become one float32 multiplier D (and an additive M) per sub-block and column.
+//
+// Layout: output columns in groups of GROUP = 4; per group, records of SB weights per column, end to end (a
+// thread's groups are one stream). A record holds SB / 32 chunks, then the record's scales. A chunk is 32 weights
+// of each of the 4 columns as 32 16-bit words: word w belongs to column w / 8 and, in slot s (0..3), to weight
+// 8 s + w % 8 of the chunk, so slot s of all words pairs with x[8s, 8s + 8) repeated per 128-bit lane (one 16-byte
+// broadcast of x, no reordered copy of the activations).
+// - BITS 4..6: 64 bytes with bits 4s..4s+3 of word w the low 4 bits of slot s's weight, then BITS - 4 masks of 32
+//   bits per slot (bit w: the weight's bit 4 + b). The weight q decodes to the bf16 of 1 + q / 2^BITS by a shift,
+//   one logic op and a masked add per high bit: exact, and sum q x = 2^BITS (A - sum x) for A = sum (1 + q/2^BITS) x.
+// - BITS 8 (Q8_0): per slot 32 signed bytes in word order, widened to float32 and converted to bf16 (exact).
+// A weight is D (q - OFF) + M, D and M per column and SUB weights, as gguf.quants.dequantize computes them.
+#pragma once
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+namespace spindle {
+namespace qdot {
+
+constexpr int GROUP = 4, QK = 32, NIB = 64;
+
+// lanes 4c..4c+3 belong to column c
+inline __m512i by_column() { return _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0); }
+
+// 4 float16 (one per column) -> each column's value in its 4 lanes
+inline __m512 lanes4(const uint8_t* h) {
+    const __m512 v = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i*)h)));
+    return _mm512_permutexvar_ps(by_column(), v);
+}
+
+// 16 bytes [e][c] (4 sub-blocks e of 4 columns c), unsigned or signed -> float32 per (e, c)
+template <bool SIGNED>
+inline __m512 bytes16(const uint8_t* p) {
+    const __m128i b = _mm_loadu_si128((const __m128i*)p);
+    return _mm512_cvtepi32_ps(SIGNED ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b));
+}
+
+// sub-block e (0..3) of a bytes16 vector in each column's lanes
+inline __m512 pick(const __m512 v, int e) {
+    return _mm512_permutexvar_ps(_mm512_add_epi32(by_column(), _mm512_set1_epi32(4 * e)), v);
+}
+
+inline __m512 negate(__m512 v) { return _mm512_xor_ps(v, _mm512_set1_ps(-0.0f)); }
+
+struct Base {
+    static constexpr int SB = 32, SUB = 32, OFF = 0;
+    static constexpr bool HAS_M = false;
+};
+
+// d per column (Q4_0, Q5_0, Q8_0): weight d (q - OFF)
+struct DOnly : Base {
+    static constexpr int SCALES = 8;
+    static void scales(const uint8_t* s, __m512* d, __m512*) { d[0] = lanes4(s); }
+};
+
+// d and m per column (Q4_1, Q5_1): weight d q + m
+struct DAndM : Base {
+    static constexpr int SCALES = 16;
+    static constexpr bool HAS_M = true;
+    static void scales(const uint8_t* s, __m512* d, __m512* m) {
+        d[0] = lanes4(s);
+        m[0] = lanes4(s + 8);
+    }
+};
+
+struct Q4_0 : DOnly {
+    static constexpr int TYPE = 2, BITS = 4, OFF = 8, FILE = 18;
+};
+struct Q4_1 : DAndM {
+    static constexpr int TYPE = 3, BITS = 4, FILE = 20;
+};
+struct Q5_0 : DOnly {
+    static constexpr int TYPE = 6, BITS = 5, OFF = 16, FILE = 22;
+};
+struct Q5_1 : DAndM {
+    static constexpr int TYPE = 7, BITS = 5, FILE = 24;
+};
+struct Q8_0 : DOnly {
+    static constexpr int TYPE = 8, BITS = 8, FILE = 34;
+};
+
+// Q4_K, Q5_K: d, dmin per column (8 bytes each), then 6-bit scale and min per sub-block of 32 as bytes [e][c]:
+// weight (d sc) q - (dmin m)
+struct KScaleMin : Base {
+    static constexpr int SB = 256, SCALES = 16 + 32 + 32;
+    static constexpr bool HAS_M = true;
+    static void scales(const uint8_t* s, __m512* d, __m512* m) {
+        const __m512 dd = lanes4(s), dm = lanes4(s + 8);
+        for (int h = 0; h < 2; ++h) {
+            const __m512 sc = bytes16<false>(s + 16 + 16 * h), mn = bytes16<false>(s + 48 + 16 * h);
+            for (int e = 0; e < 4; ++e) {
+                d[4 * h + e] = _mm512_mul_ps(dd, pick(sc, e));
+                m[4 * h + e] = negate(_mm512_mul_ps(dm, pick(mn, e)));
+            }
+        }
+    }
+};
+struct Q4_K : KScaleMin {
+    static constexpr int TYPE = 12, BITS = 4, FILE = 144;
+};
+struct Q5_K : KScaleMin {
+    static constexpr int TYPE = 13, BITS = 5, FILE = 176;
+};
+
+// Q6_K: d per column, then a signed 8-bit scale per sub-block of 16 as bytes [e][c]: weight (d sc) (q - 32)
+struct Q6_K : Base {
+    static constexpr int TYPE = 14, BITS = 6, SB = 256, SUB = 16, OFF = 32, SCALES = 8 + 64, FILE = 210;
+    static void scales(const uint8_t* s, __m512* d, __m512*) {
+        const __m512 dd = lanes4(s);
+        for (int h = 0; h < 4; ++h) {
+            const __m512 sc = bytes16<true>(s + 8 + 16 * h);
+            for (int e = 0; e < 4; ++e) d[4 * h + e] = _mm512_mul_ps(dd, pick(sc, e));
+        }
+    }
+};
+
+template <class F>
+struct Layout {
+    static constexpr int CHUNK = F::BITS == 8 ? 128 : NIB + 16 * (F::BITS - 4);  // bytes per 32 weights x 4 columns
+    static constexpr int CHUNKS = F::SB / QK, NS = F::SB / F::SUB;                // chunks, scales per record
+    static constexpr int REC = CHUNKS * CHUNK + F::SCALES;                        // bytes per record
+    static constexpr bool SX = F::BITS < 8 || F::OFF != 0 || F::HAS_M;            // needs the sums of x
+};
+
+// slot S of a chunk as 32 bf16 words
+template <int BITS, int S>
+inline __m512i slot(const uint8_t* c) {
+    if constexpr (BITS == 8) {
+        const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(c + 32 * S))));
+        const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(c + 32 * S + 16))));
+        return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+    } else {
+        constexpr int at = 7 - BITS;  // the low 4 bits land at mantissa bits at..at+3, the high bits above them
+        const __m512i w = _mm512_loadu_si512(c);
+        const __m512i sh = 4 * S >= at ? _mm512_srli_epi16(w, 4 * S - at) : _mm512_slli_epi16(w, at - 4 * S);
+        __m512i v = _mm512_ternarylogic_epi32(sh, _mm512_set1_epi16(0xF << at), _mm512_set1_epi16(0x3F80), 0xEA);
+        for (int b = 0; b < BITS - 4; ++b) {
+            uint32_t bits;
+            memcpy(&bits, c + NIB + 4 * (S * (BITS - 4) + b), 4);
+            v = _mm512_mask_add_epi16(v, _cvtu32_mask32(bits), v, _mm512_set1_epi16((short)(1 << (at + 4 + b))));
+        }
+        return v;
+    }
+}
+
+// The ggml type numbers packed here; F returns nonzero for any other.
+template <class G>
+int by_format(int type, G&& g) {
+    switch (type) {
+        case Q4_0::TYPE: g(Q4_0{}); return 0;
+        case Q4_1::TYPE: g(Q4_1{}); return 0;
+        case Q5_0::TYPE: g(Q5_0{}); return 0;
+        case Q5_1::TYPE: g(Q5_1{}); return 0;
+        case Q8_0::TYPE: g(Q8_0{}); return 0;
+        case Q4_K::TYPE: g(Q4_K{}); return 0;
+        case Q5_K::TYPE: g(Q5_K{}); return 0;
+        case Q6_K::TYPE: g(Q6_K{}); return 0;
+        default: return 1;
+    }
+}
+
+}  // namespace qdot
+}  // namespace spindle
