@@ -136,8 +136,8 @@ class EngineLoad:
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Load, publish, then serve until cancelled."""
         cfg = self.state.config
-        if cfg.model.model is None and self.engine_factory is None:
-            cfg = await anyio.to_thread.run_sync(cfg.resolved)  # builds the demo checkpoint on first use
+        if self.engine_factory is None:  # builds the demo, or derives a GGUF model's folder, on first use
+            cfg = await anyio.to_thread.run_sync(cfg.resolved)
         self.state.config = cfg
         async with AsyncExitStack() as stack:
             renderer = await stack.enter_async_context(self.open_renderer(cfg))

@@ -112,7 +112,7 @@ class AppState:
         loras = self.limits.loras if self.limits is not None else None
         if loras is not None and loras.get(model) is not None:
             return
-        if model is not None and model != self.model_name and model != self.config.model.model:
+        if model is not None and model != self.model_name and model not in self.config.model.names():
             raise APIError(
                 f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
                 status=404,

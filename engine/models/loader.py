@@ -16,6 +16,7 @@ import torch
 from engine.gguf.folder import gguf_files, resolve_gguf
 from engine.gguf.header import GGUFError
 from engine.gguf.weights import GGUFWeights
+from engine.models.auto_dtype import auto_dtype
 from engine.models.args import ConfigError, ModelArgs
 
 # config.json / generation_config.json reading is torch-free, shared with the render-only server; the error
@@ -84,15 +85,16 @@ def resolve_model(model: str) -> Path:
         ) from e
 
 
-def pick_dtype(requested: str, checkpoint_dtype: str | None, device: torch.device) -> str:
-    """auto: the checkpoint's dtype on GPU, float32 on CPU (half precision matmuls are slow there)."""
+def pick_dtype(
+    requested: str, checkpoint_dtype: str | None, device: torch.device, packed_gguf: list[Path] | None = None
+) -> str:
+    """--dtype as given, or for auto the fastest path here (engine/models/auto_dtype.py). packed_gguf: the files of
+    a GGUF model whose blocks stay packed on CPU."""
     if requested != "auto":
         if requested not in _DTYPES:
             raise ModelLoadError(f"dtype {requested!r} is not supported; use one of auto, {', '.join(_DTYPES)}")
         return requested
-    if device.type == "cpu":
-        return "float32"
-    return checkpoint_dtype if checkpoint_dtype in _DTYPES else "float32"
+    return auto_dtype(checkpoint_dtype, device, packed_gguf)
 
 
 def slow_half_precision(dtype: str, device: torch.device) -> str | None:
@@ -152,16 +154,15 @@ def load_model(
         args = parse_config(cfg)
     except ConfigError as e:
         raise ModelLoadError(f"{folder / 'config.json'}: {e}") from e
-    dtype_name = pick_dtype(dtype, cfg.get("torch_dtype") or cfg.get("dtype"), device)
+    ggufs = _gguf_files_if_runnable(folder, arch, family.tensor_parallel, device, shard, quantization)
+    packed = ggufs is not None and keep_gguf_blocks(device, quantization)
+    dtype_name = pick_dtype(dtype, cfg.get("torch_dtype") or cfg.get("dtype"), device, ggufs if packed else None)
     positions = max_positions or args.max_position_embeddings
     num_kv_heads = args.num_kv_heads
-    ggufs = _gguf_files_if_runnable(folder, arch, family.tensor_parallel, device, shard, quantization)
     weights: Weights
     with torch.inference_mode():
         if ggufs is not None:
-            weights = from_file = GGUFWeights(
-                ggufs, _DTYPES[dtype_name], device, keep_quantized=keep_gguf_blocks(device, quantization)
-            )
+            weights = from_file = GGUFWeights(ggufs, _DTYPES[dtype_name], device, keep_quantized=packed)
             model = family.model.load(cfg, args, weights, "lm_head.weight" in weights, positions, quantization)
             from_file.log_held()
         elif shard is None:

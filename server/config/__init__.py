@@ -9,7 +9,7 @@ from server.config.engine_core import EngineCoreConfig
 from server.config.http import HttpConfig, WorkerClass
 from server.config.lora import LoRAConfig
 from server.config.media import MediaConfig
-from server.config.model import ModelConfig, Runner
+from server.config.model import DEFAULT_MODEL, ModelConfig, Runner, check_model_exists
 from server.config.models_dir import ModelsDirConfig
 from server.config.outputs import REASONING_PARSER_NAMES, TOOL_CALL_PARSER_NAMES, LogLevel, MetricsCompat, OutputConfig
 from server.config.parallel import DataParallelPolicy, ParallelConfig
@@ -25,6 +25,7 @@ from server.config.values import (
 )
 
 __all__ = [
+    "DEFAULT_MODEL",
     "ENV_PREFIX",
     "JSON_FIELDS",
     "JSON_LIST_FIELDS",
@@ -51,6 +52,7 @@ __all__ = [
     "SchedulingPolicy",
     "ServerConfig",
     "WorkerClass",
+    "check_model_exists",
     "parse_json_list",
     "parse_json_object",
     "parse_size",

@@ -3,20 +3,27 @@ the template, dtype, and the runner (generation or pooling)."""
 
 from __future__ import annotations
 
+import difflib
+import functools
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, get_args
 
-from engine.gguf.folder import resolve_gguf
+from engine.gguf.folder import derived_folder
+from engine.gguf.source import INSTALLED, gguf_file_of, open_model
 from engine.pooling_config import CONVERTS, check_pooler_overrides
 from server.config.values import check_at_least_one, check_positive
 
 Runner = Literal["generate", "pooling"]
+DEFAULT_MODEL = "smollm2"  # what `spindle serve` serves with no --model (engine/gguf/source.py INSTALLED)
+DEMO = "demo"  # --model demo: the built-in random-weight checkpoint (tests, benchmarks)
+DEMO_NAME = "demo"
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    model: str | None = None  # None: the built-in demo checkpoint
-    served_model_name: str | None = None  # None: the --model value (a GGUF model: the file's name)
+    model: str | None = None  # None (or "demo"): the built-in random demo checkpoint; the CLI's default is smollm2
+    served_model_name: str | None = None  # None: the --model value (a GGUF model: the file's name, no .gguf)
     tokenizer: str | None = None  # None: the model folder
     max_model_len: int | None = None  # None: the checkpoint's limit
     dtype: str = "auto"
@@ -29,13 +36,18 @@ class ModelConfig:
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     renderer_num_workers: int = 1
     chat_template_render_timeout: float = 5.0
+    # other names requests may give for the model: the one --model named it by (`smollm2`) once start-up has put
+    # the served folder in `model` (resolved()); not a setting
+    model_aliases: tuple[str, ...] = field(default=(), metadata={"setting": False})
 
     def __post_init__(self) -> None:
         check_at_least_one(self, ("renderer_num_workers",))
-        gguf = resolve_gguf(self.model) if self.model is not None else None  # GGUFError (a ValueError) on a bad file
-        if gguf is not None:  # a .gguf file (or a folder of one) is served from its derived HF-shaped folder
-            object.__setattr__(self, "model", str(gguf[0]))
-            object.__setattr__(self, "served_model_name", self.served_model_name or gguf[1])
+        if self.model == DEMO and not (Path(DEMO) / "config.json").is_file():  # (the source tree has a demo/ too)
+            object.__setattr__(self, "model", None)
+            object.__setattr__(self, "model_aliases", tuple(dict.fromkeys((*self.model_aliases, DEMO))))
+        name = gguf_name(self.model) if self.model is not None else None  # GGUFError (a ValueError) on a bad file
+        if name is not None:  # a .gguf file, a folder of one or a name like smollm2: served under the file's name
+            object.__setattr__(self, "served_model_name", self.served_model_name or name)
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"--max-model-len must be at least 2, got {self.max_model_len}")
         check_positive(self, ("chat_template_render_timeout",))
@@ -51,8 +63,10 @@ class ModelConfig:
 
     @property
     def model_path(self) -> str:
+        """The checkpoint folder served: --model's, a GGUF model's derived folder (written on first use), or the
+        demo's (built on first use)."""
         if self.model is not None:
-            return self.model
+            return served_folder(self.model)
         from demo.checkpoints import demo_checkpoint_path  # why here: it imports torch
 
         return str(demo_checkpoint_path())
@@ -60,7 +74,16 @@ class ModelConfig:
     @property
     def model_name(self) -> str:
         """The name responses show and requests may ask for."""
-        return self.served_model_name or self.model or "spindle-demo"
+        return self.served_model_name or self.model or DEMO_NAME
+
+    @property
+    def unset(self) -> bool:
+        """No model named (neither --model nor SPINDLE_MODEL): the CLI then serves DEFAULT_MODEL."""
+        return self.model is None and DEMO not in self.model_aliases
+
+    def names(self) -> tuple[str, ...]:
+        """Every name a request may give for the model: the served name, --model as given, its aliases."""
+        return tuple(dict.fromkeys([self.model_name, *([self.model] if self.model else []), *self.model_aliases]))
 
     @property
     def tokenizer_path(self) -> str:
@@ -69,3 +92,36 @@ class ModelConfig:
     def engine_pooler_config(self) -> dict[str, Any]:
         """--pooler-config as the engine reads it (pooling_type in upper case)."""
         return {k: str(v).upper() if k == "pooling_type" else v for k, v in self.pooler_config.items()}
+
+
+def check_model_exists(model: str) -> None:
+    """A --model that names nothing stops start-up in one line (checked when a server starts, not when a config is
+    built): a path that is not there, or a bare name that is neither a known model nor a hub id (`org/name`)."""
+    path = Path(model).expanduser()
+    if path.exists() or model in INSTALLED or model == DEMO:
+        return
+    if model.startswith(("/", ".", "~")) or model.count("/") > 1 or path.suffix == ".gguf":
+        raise ValueError(f"no such file or folder: {model}")
+    if "/" not in model:
+        known = sorted({*INSTALLED, DEMO})
+        close = difflib.get_close_matches(model, known, n=1, cutoff=0.5)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise ValueError(
+            f"--model {model}: no such file or folder, and not a known model name (known: {', '.join(known)}, or "
+            f"a Hugging Face id such as org/name){hint}"
+        )
+
+
+@functools.cache
+def gguf_name(model: str) -> str | None:
+    """The served name of the GGUF model `model` names (a file, a folder of one, a name such as smollm2: fetched
+    once when not installed), its header checked; None for anything else."""
+    file = gguf_file_of(model)
+    return None if file is None else open_model(file).name
+
+
+@functools.cache
+def served_folder(model: str) -> str:
+    """The folder the server and engine read: a GGUF model's derived one (written once), else `model` itself."""
+    file = gguf_file_of(model)
+    return model if file is None else str(derived_folder(open_model(file)))

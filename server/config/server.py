@@ -122,10 +122,14 @@ class ServerConfig:
         )
 
     def resolved(self) -> ServerConfig:
-        """The same config with the demo checkpoint path filled in (done at startup, not at validation)."""
+        """The same config with the served folder in `model` (done at startup, not at validation: the demo is
+        built, a GGUF model's folder derived, on first use); the name --model gave stays a name requests may use."""
         m = self.model
-        name = m.served_model_name or (m.model if m.model is not None else "spindle-demo")
-        return dataclasses.replace(self, model=dataclasses.replace(m, model=m.model_path, served_model_name=name))
+        path = m.model_path
+        aliases = m.model_aliases if m.model in (None, path) else (*m.model_aliases, m.model)
+        return dataclasses.replace(
+            self, model=dataclasses.replace(m, model=path, served_model_name=m.model_name, model_aliases=aliases)
+        )
 
     @classmethod
     def from_settings(cls, **settings: Any) -> ServerConfig:
@@ -163,6 +167,11 @@ class ServerConfig:
 # ServerConfig's field -> its sub-config class, in the order they are built (and checked).
 _GROUPS: dict[str, Any] = {f.name: f.default_factory for f in dataclasses.fields(ServerConfig)}
 # Every setting (a flag's dest, a SPINDLE_* variable's lower-case name) -> the ServerConfig field holding it.
-SETTINGS: dict[str, str] = {f.name: group for group, sub in _GROUPS.items() for f in dataclasses.fields(sub)}
+SETTINGS: dict[str, str] = {
+    f.name: group
+    for group, sub in _GROUPS.items()
+    for f in dataclasses.fields(sub)
+    if f.metadata.get("setting", True)  # model_aliases: set at start-up, never by a flag or variable
+}
 # Every setting's type, for reading SPINDLE_* text.
 _HINTS: dict[str, Any] = {name: hint for sub in _GROUPS.values() for name, hint in get_type_hints(sub).items()}

@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from demo.checkpoints import write_random_checkpoint
 from engine.config import EngineConfig
+from engine.cpu_kernels import gemm
 from engine.layers.linear import Int8Linear
 from engine.models.loader import load_model, pick_dtype, resolve_model, slow_half_precision
 from engine.models.weights import ModelLoadError
@@ -101,12 +102,18 @@ def test_int8_quantization_is_cpu_only_and_validated(small: Path) -> None:
         EngineConfig(model=str(small), quantization="int4")
 
 
-def test_auto_dtype_is_float32_on_cpu_and_the_checkpoints_on_gpu(tmp_path: Path) -> None:
+def test_auto_dtype_is_the_fastest_that_runs_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto: a bf16 checkpoint in bf16 where the bf16 kernels built and passed their self-check (else float32);
+    the checkpoint's dtype on GPU; float32 whenever asked."""
     folder = write_random_checkpoint(tmp_path / "bf16", "llama", tie_word_embeddings=False, dtype="bfloat16", **SMALL)  # type: ignore[arg-type]
     model, info = load_model(folder, "auto", "cpu")
     stored = load_file(folder / "model.safetensors")["model.norm.weight"]
-    assert info.dtype == "float32" and stored.dtype == torch.bfloat16
-    assert torch.equal(model.norm, stored.float())
+    assert info.dtype == ("bfloat16" if gemm.available() else "float32") and stored.dtype == torch.bfloat16
+    model, info = load_model(folder, "float32", "cpu")
+    assert info.dtype == "float32" and torch.equal(model.norm, stored.float())
+    monkeypatch.setattr(gemm, "available", lambda: False)  # no bf16 kernel here: float32
+    assert pick_dtype("auto", "bfloat16", torch.device("cpu")) == "float32"
+    assert pick_dtype("auto", "float32", torch.device("cpu")) == "float32"
     assert pick_dtype("auto", "bfloat16", torch.device("cuda")) == "bfloat16"
     assert pick_dtype("auto", None, torch.device("cuda")) == "float32"
     with pytest.raises(ModelLoadError, match="float64"):

