@@ -11,7 +11,9 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -27,6 +29,8 @@ _FORMAT = 1  # bump when the derived files change shape
 log = logging.getLogger(__name__)
 # transformers' lazy top-level module is not thread-safe on a first import, and --models-dir derives from threads
 _IMPORT_LOCK = threading.Lock()
+_OWNED = re.compile(r"^\.derive-(?P<host>.+)-(?P<pid>\d+)-[^-]+$")  # _derive_dir's names: host, process id, random
+_UNOWNED_STALE_S = 86400.0
 
 
 def gguf_files(folder: Path) -> list[Path] | None:
@@ -80,15 +84,52 @@ def _write(model: GGUFModel, out: Path) -> None:
     (out / MARKER).write_text(json.dumps(marker, indent=2))
 
 
+def _derive_dir(root: Path) -> Path:
+    """A fresh folder for one derivation, named after its owner (host and process id) for _remove_stale."""
+    return Path(tempfile.mkdtemp(prefix=f".derive-{socket.gethostname()}-{os.getpid()}-", dir=root))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _stale(tmp: Path, host: str) -> bool:
+    owned = _OWNED.match(tmp.name)
+    if owned:
+        return owned["host"] == host and not _alive(int(owned["pid"]))
+    try:
+        return time.time() - tmp.stat().st_mtime > _UNOWNED_STALE_S
+    except OSError:  # removed meanwhile
+        return False
+
+
+def _remove_stale(root: Path) -> None:
+    """Removes the folders of killed derivations: those whose owner on this host is gone (a folder named without
+    its owner only after a day: a derivation takes minutes)."""
+    host = socket.gethostname()
+    for tmp in root.glob(".derive-*"):
+        if _stale(tmp, host):
+            log.info("GGUF: removing %s, left by a derivation that was killed", tmp)
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def derived_folder(model: GGUFModel) -> Path:
     """The model's HF-shaped folder in the spindle cache, written on first use (atomically: a rename)."""
     root = cache_root() / "gguf"
     folder = root / f"{model.files[0].stem}-{_key(model.files)}"
+    if root.is_dir():
+        _remove_stale(root)
     if (folder / MARKER).is_file():
         return folder
     root.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    tmp = Path(tempfile.mkdtemp(prefix=".derive-", dir=root))
+    tmp = _derive_dir(root)
     try:
         _write(model, tmp)
         try:

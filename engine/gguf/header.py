@@ -7,6 +7,7 @@ one line naming the problem on a damaged file.
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ from typing import Any
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from engine.gguf import limits
 
 MAGIC = b"GGUF"
 # The tensor types spindle loads: the float types and the block quantizations with a dequantizer.
@@ -105,17 +108,28 @@ class Header:
 
 
 class _Cursor:
-    """Sequential little-endian reads over the file's bytes; running past the end raises GGUFError."""
+    """Sequential little-endian reads over the file's bytes; running past the end (or past `end`, the limit on the
+    header) raises GGUFError."""
 
     def __init__(self, buf: mmap.mmap | bytes, path: Path) -> None:
         self.buf, self.pos, self.path = buf, 0, path
+        self.end = len(buf)
 
-    def take(self, n: int, what: str) -> int:
+    def room(self, n: int, what: str) -> None:
+        """GGUFError unless `n` more bytes are there to read."""
         if n < 0 or self.pos + n > len(self.buf):
             raise GGUFError(
                 f"{self.path}: {what} runs past the end of the file (at byte {self.pos}, "
                 f"{n} bytes wanted, file is {len(self.buf)} bytes): truncated or damaged"
             )
+        if self.pos + n > self.end:
+            raise GGUFError(
+                f"{self.path}: {what} passes the limit of {limits.MAX_HEADER_BYTES >> 20} MiB on the header "
+                f"(metadata and tensor table; at byte {self.pos}, {n} bytes wanted)"
+            )
+
+    def take(self, n: int, what: str) -> int:
+        self.room(n, what)
         start, self.pos = self.pos, self.pos + n
         return start
 
@@ -134,21 +148,41 @@ class _Cursor:
         start = self.take(n, what)
         return bytes(self.buf[start : start + n]).decode("utf-8", errors="replace")
 
-    def value(self, vtype: int, key: str) -> Any:
+    def value(self, vtype: int, key: str, depth: int = 0) -> Any:
         if vtype in _SCALARS:
             return self.scalar(vtype, f"metadata {key!r}")
         if vtype == _STRING:
             return self.string(f"metadata {key!r}")
         if vtype == _ARRAY:
             item, count = self.u32(f"metadata {key!r}"), self.u64(f"metadata {key!r}")
+            _check_array(self.path, key, count, depth)
+            what = f"metadata {key!r} ({count} items)"
             if item in _NUMPY:
-                start = self.take(count * _SCALARS[item][1], f"metadata {key!r} ({count} items)")
+                start = self.take(count * _SCALARS[item][1], what)
                 return np.frombuffer(self.buf, dtype=_NUMPY[item], count=count, offset=start).copy()
             if item == _STRING:
+                self.room(count * 8, what)  # every string's length at least: a huge count fails before the list
                 return [self.string(f"metadata {key!r} item {i}") for i in range(count)]
             if item == _ARRAY:
-                return [self.value(_ARRAY, key) for _ in range(count)]
+                self.room(count * 12, what)  # every array's item type and count at least
+                return [self.value(_ARRAY, key, depth + 1) for _ in range(count)]
         raise GGUFError(f"{self.path}: metadata {key!r} has an unknown value type {vtype}: damaged file")
+
+
+def _check_array(path: Path, key: str, count: int, depth: int) -> None:
+    """The limits on a metadata array, checked before any of its items is read."""
+    if key in limits.VOCABULARY_KEYS and count > limits.MAX_VOCABULARY:
+        raise GGUFError(
+            f"{path}: metadata {key!r} holds a vocabulary of {count} tokens, over the limit of {limits.MAX_VOCABULARY}"
+        )
+    if count > limits.MAX_ARRAY_LENGTH:
+        raise GGUFError(
+            f"{path}: metadata {key!r} is an array of {count} items, over the limit of {limits.MAX_ARRAY_LENGTH}"
+        )
+    if depth >= limits.MAX_ARRAY_DEPTH:
+        raise GGUFError(
+            f"{path}: metadata {key!r} nests arrays deeper than the limit of {limits.MAX_ARRAY_DEPTH} levels"
+        )
 
 
 def _tensor_info(cur: _Cursor) -> tuple[str, tuple[int, ...], int, int]:
@@ -164,11 +198,31 @@ def _nbytes(path: Path, name: str, shape: tuple[int, ...], ggml_type: int) -> in
     try:
         block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
     except (ValueError, KeyError):
-        raise GGUFError(f"{path}: tensor {name!r} has an unknown type {type_name(ggml_type)}") from None
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        raise GGUFError(f"{path}: tensor {name!r} has an unknown {type_name(ggml_type)}") from None
+    count = math.prod(shape)  # Python integers: a product past 2^64 stays huge (and past the end), never wraps
     if shape and shape[-1] % block:
         raise GGUFError(f"{path}: tensor {name!r} rows of {shape[-1]} are not whole {block}-weight blocks")
     return count // block * size
+
+
+def _alignment(path: Path, metadata: dict[str, Any]) -> int:
+    align = metadata.get("general.alignment", 32)
+    if isinstance(align, bool) or not isinstance(align, int):
+        shown = repr(align[:40]) if isinstance(align, str) else f"a {type(align).__name__}"
+        raise GGUFError(f"{path}: metadata 'general.alignment' is {shown}, not an integer: damaged file")
+    if align <= 0 or align & (align - 1):
+        raise GGUFError(f"{path}: metadata 'general.alignment' is {align}, not a power of two: damaged file")
+    return align
+
+
+def _read_metadata(cur: _Cursor, count: int) -> dict[str, Any]:
+    if count > limits.MAX_METADATA_KEYS:
+        raise GGUFError(f"{cur.path}: {count} metadata keys, over the limit of {limits.MAX_METADATA_KEYS}")
+    metadata: dict[str, Any] = {}
+    for _ in range(count):
+        key = cur.string("a metadata key")
+        metadata[key] = cur.value(cur.u32(f"metadata {key!r}"), key)
+    return metadata
 
 
 def _parse(buf: mmap.mmap | bytes, path: Path) -> Header:
@@ -182,12 +236,13 @@ def _parse(buf: mmap.mmap | bytes, path: Path) -> Header:
             f"{path}: GGUF version {version} is not supported (2 and 3 are; a big-endian file reads as a huge version)"
         )
     n_tensors, n_kv = cur.u64("the tensor count"), cur.u64("the metadata count")
-    metadata: dict[str, Any] = {}
-    for _ in range(n_kv):
-        key = cur.string("a metadata key")
-        metadata[key] = cur.value(cur.u32(f"metadata {key!r}"), key)
+    if n_tensors > limits.MAX_TENSORS:
+        raise GGUFError(f"{path}: {n_tensors} tensors, over the limit of {limits.MAX_TENSORS}")
+    cur.end = limits.MAX_HEADER_BYTES
+    metadata = _read_metadata(cur, n_kv)
     infos = [_tensor_info(cur) for _ in range(n_tensors)]
-    align = int(metadata.get("general.alignment", 32)) or 32
+    cur.end = len(buf)
+    align = _alignment(path, metadata)
     data_start = -(-cur.pos // align) * align
     tensors: dict[str, TensorInfo] = {}
     for name, shape, ggml_type, offset in infos:

@@ -21,6 +21,7 @@ import torch
 from engine.cache_root import cache_root
 from tests.e2e.conftest import Server, start_server
 from tests.engine.gguf.files import gemma3_file, smollm2_file, write_llama
+from tests.engine.gguf.hostile import HOSTILE, hostile_file
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
 MULTILINGUAL = [
@@ -193,3 +194,26 @@ def test_bad_files_stop_the_start_in_one_line(tmp_path: Path) -> None:
     bert = tmp_path / "bert.gguf"
     write_llama(bert, arch="bert")
     assert "architecture 'bert' is not supported; supported: llama" in _start_fails(bert)
+
+
+# Runs `spindle serve` and prints its exit status, stderr's lines and its peak resident memory (KiB) as JSON.
+_PEAK = """
+import json, resource, subprocess, sys
+out = subprocess.run([sys.executable, "-m", "server", "--model", sys.argv[1], "--port", "1"], capture_output=True,
+                     text=True, timeout=60)
+peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+print(json.dumps({"rc": out.returncode, "lines": out.stderr.strip().splitlines(), "peak_kib": peak}))
+"""
+
+
+@pytest.mark.parametrize("what", HOSTILE)
+def test_a_hostile_file_stops_the_start_in_one_line_within_bounds(what: str, tmp_path: Path) -> None:
+    """Each file past a limit of docs/gguf.md: exit status 2, one line naming the file and the limit, within 60 s,
+    the process under 2 GiB."""
+    path, words = hostile_file(tmp_path, what)
+    run = subprocess.run([sys.executable, "-c", _PEAK, str(path)], capture_output=True, text=True, timeout=90)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout)
+    assert got["rc"] == 2 and len(got["lines"]) == 1, got["lines"][-20:]
+    assert str(path) in got["lines"][0] and words in got["lines"][0], got["lines"][0]
+    assert got["peak_kib"] < 2 << 20, got["peak_kib"]

@@ -13,6 +13,7 @@ import pytest
 from engine.gguf.header import GGUFError, read_header
 from engine.gguf.source import gguf_file_of, open_model, split_parts
 from tests.engine.gguf.files import write_llama
+from tests.engine.gguf.hostile import HOSTILE, hostile_file
 
 
 @pytest.fixture
@@ -98,10 +99,10 @@ def test_a_huge_array_count_fails_at_once(good: Path, tmp_path: Path) -> None:
     data = good.read_bytes()
     key = data.index(b"tokenizer.ggml.tokens")
     at = key + len(b"tokenizer.ggml.tokens") + 4 + 4  # value type (array), item type (string), then the count
-    bad = _damaged(good, tmp_path / "bad.gguf", at, struct.pack("<Q", 1 << 62))
+    bad = _damaged(good, tmp_path / "bad.gguf", at, struct.pack("<Q", 400_000))  # within the limits: past the end
     with pytest.raises(GGUFError) as e:
         read_header(bad)
-    assert "past the end" in _one_line(e)
+    assert "metadata 'tokenizer.ggml.tokens' (400000 items) runs past the end" in _one_line(e)
 
 
 def test_a_tensor_offset_past_the_end(good: Path, tmp_path: Path) -> None:
@@ -120,7 +121,7 @@ def test_an_unknown_tensor_type_number(good: Path, tmp_path: Path) -> None:
     bad = _damaged(good, tmp_path / "bad.gguf", name + len(b"blk.0.attn_q.weight") + 4 + 16, struct.pack("<I", 99))
     with pytest.raises(GGUFError) as e:
         read_header(bad)
-    assert "tensor 'blk.0.attn_q.weight' has an unknown type type 99" in _one_line(e)
+    assert "tensor 'blk.0.attn_q.weight' has an unknown type 99" in _one_line(e)
 
 
 def test_an_unsupported_tensor_type_is_named(tmp_path: Path) -> None:
@@ -177,3 +178,12 @@ def test_a_folder_of_two_models_asks_which(tmp_path: Path) -> None:
     with pytest.raises(GGUFError) as e:
         gguf_file_of(tmp_path)
     assert "several GGUF models (a.gguf, b.gguf)" in _one_line(e)
+
+
+@pytest.mark.parametrize("what", HOSTILE)
+def test_a_hostile_file_ends_in_one_line_naming_the_limit(what: str, tmp_path: Path) -> None:
+    path, words = hostile_file(tmp_path, what)
+    with pytest.raises(GGUFError) as e:
+        read_header(path)
+    line = _one_line(e)
+    assert line.startswith(str(path)) and words in line, line
