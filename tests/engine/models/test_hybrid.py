@@ -1,0 +1,136 @@
+"""Hybrid recurrent families (LFM2, Qwen3.5) against transformers on tiny random checkpoints, in float32: greedy
+tokens through the engine with concurrent sequences, chunked prefill through the recurrent layers (prompts longer
+than --max-num-batched-tokens), n = 2 siblings, preemption under a small cache, and an abort mid-prefill that
+leaves the state pool empty and a zeroed slot for the next request."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.core.engine_core import EngineCore
+from engine.messages import AddRequest
+from engine.models.loader import ModelLoadError
+from tests.engine.models.hybrid_families import HYBRIDS, build_hybrid
+from tests.helpers.engine import greedy, hf_greedy, run, tokens
+
+NEW = 8
+_rng = random.Random(5)
+PROMPTS = [[_rng.randrange(3, 30_000) for _ in range(n)] for n in (50, 36, 9, 42)]
+FAMILIES = list(HYBRIDS)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def ckpt(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_hybrid(tmp_path_factory.getbasetemp() / "hybrids", str(request.param))
+
+
+def core_for(ckpt: Path, **kw: Any) -> EngineCore:
+    return EngineCore(EngineConfig(model=str(ckpt), **(dict(num_blocks=128, block_size=4) | kw)))
+
+
+def pool_empty(core: EngineCore) -> bool:
+    bm = core.block_manager
+    return bm.state is not None and bm.state.num_used == 0 and bm.num_used_blocks == 0
+
+
+REGIMES: dict[str, dict[str, Any]] = {
+    "concurrent": dict(),
+    "chunked_prefill": dict(max_num_batched_tokens=8),  # every prompt but one runs in several chunks
+    "preemption": dict(num_blocks=12),  # four 10-token prompts admitted at once outgrow 12 blocks
+}
+
+
+@pytest.mark.parametrize("regime", list(REGIMES))
+def test_greedy_matches_transformers(ckpt: Path, regime: str) -> None:
+    core = core_for(ckpt, **REGIMES[regime])
+    prompts = [p[:10] for p in PROMPTS] if regime == "preemption" else PROMPTS
+    outs = run(core, [(f"r{i}", p, greedy(NEW), 0) for i, p in enumerate(prompts)])
+    for i, p in enumerate(prompts):
+        assert tokens(outs[f"r{i}"]) == hf_greedy(ckpt, p, NEW), (regime, i)
+    if regime == "preemption":
+        assert core.stats().num_preemptions > 0, "the small cache should have forced preemption"
+    assert pool_empty(core)
+    assert core.stats().prefix_cache_queries == 0  # no prefix hits without the state at that point
+
+
+def test_n2_siblings_each_get_the_reference(ckpt: Path) -> None:
+    """n = 2 arrives as two requests with the same prompt in one step: each its own slot, each exact."""
+    core = core_for(ckpt, max_num_batched_tokens=16)
+    outs = run(core, [("a", PROMPTS[0], greedy(NEW), 0), ("b", PROMPTS[0], greedy(NEW), 0)])
+    ref = hf_greedy(ckpt, PROMPTS[0], NEW)
+    assert tokens(outs["a"]) == ref and tokens(outs["b"]) == ref
+    assert pool_empty(core)
+
+
+def test_abort_mid_prefill_frees_the_slot_and_the_next_request_starts_clean(ckpt: Path) -> None:
+    core = core_for(ckpt, max_num_batched_tokens=8, max_num_seqs=1)
+    pool = core.block_manager.state
+    assert pool is not None and pool.num_slots == 1  # --num-blocks given: one slot per --max-num-seqs
+    core.add_request(AddRequest("x", PROMPTS[3], greedy(NEW), arrival_time=0.0))
+    core.step()
+    core.step()  # two chunks of the prompt: the slot holds a state mid-prompt
+    assert pool.num_used == 1
+    core.abort(["x"])
+    assert pool_empty(core)
+    assert [o.finish_reason for o in core.step()] == ["abort"]
+    outs = run(core, [("y", PROMPTS[1], greedy(NEW), 0)])  # the same slot again, from a zeroed state
+    assert tokens(outs["y"]) == hf_greedy(ckpt, PROMPTS[1], NEW)
+    assert pool_empty(core)
+
+
+def test_state_pool_comes_out_of_the_kv_budget(ckpt: Path) -> None:
+    memory = 1 << 22
+    core = core_for(ckpt, num_blocks=None, kv_cache_memory=memory, max_num_seqs=4)
+    runner = core.runner
+    assert runner.states is not None
+    state_bytes = sum(t.numel() * t.element_size() for layer in runner.states.layers for t in layer)
+    kv_bytes = runner.kv_cache.numel() * runner.kv_cache.element_size()
+    assert runner.states.num_slots == 4 and state_bytes + kv_bytes <= memory
+    stats = core.stats()  # the metric's total counts the pool, weighed in blocks
+    assert stats.num_total_blocks == runner.num_blocks + 4 * runner.states.slot_blocks
+    core.add_request(AddRequest("x", PROMPTS[2], greedy(2), arrival_time=0.0))
+    core.step()
+    assert core.stats().num_used_blocks == core.block_manager.num_used_blocks + runner.states.slot_blocks
+
+
+def test_speculative_decoding_is_refused_in_one_line(ckpt: Path) -> None:
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    with pytest.raises(ModelLoadError) as e:
+        core_for(ckpt, speculative_config=spec)
+    assert "--speculative-config is not supported on hybrid" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("family", "change", "named"),
+    [
+        ("lfm2", {"layer_types": ["conv", "mamba", "conv", "conv"]}, "layer_types ['mamba']"),
+        ("lfm2", {"conv_L_cache": None}, "conv_L_cache"),
+        ("qwen3_5", {"linear_key_head_dim": None}, "linear_key_head_dim"),
+        ("qwen3_5", {"attention_bias": True}, "attention_bias=True"),
+    ],
+)
+def test_a_checkpoint_served_inexactly_is_refused_naming_the_key(
+    family: str, change: dict[str, Any], named: str, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    src = build_hybrid(tmp_path_factory.getbasetemp() / "hybrids", family)
+    bad = tmp_path / family
+    shutil.copytree(src, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg.update(change)
+    (bad / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if v is not None}))
+    with pytest.raises(ModelLoadError) as e:
+        core_for(bad)
+    assert named in str(e.value) and "\n" not in str(e.value)
