@@ -22,7 +22,21 @@ from demo.shapes import SHAPES, write_shaped_checkpoint
 from demo.tokenizers import write_tokenizer
 from engine.cache_root import cache_root
 
-Arch = Literal["qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "gemma2", "gemma3", "phi3", "mixtral"]
+Arch = Literal[
+    "qwen2",
+    "llama",
+    "mistral",
+    "qwen3",
+    "qwen3_moe",
+    "gemma2",
+    "gemma3",
+    "phi3",
+    "mixtral",
+    "smollm3",
+    "olmo2",
+    "olmo3",
+    "gemma4",
+]
 
 _CLASSES = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
@@ -34,6 +48,10 @@ _CLASSES = {
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
     "phi3": ("Phi3Config", "Phi3ForCausalLM"),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM"),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
+    "olmo3": ("Olmo3Config", "Olmo3ForCausalLM"),
+    "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM"),
 }
 # The tokenizer each family's checkpoint gets. Gemma's own (SentencePiece, 256k) is not available offline:
 # Gemma checkpoints get Qwen2.5's; Phi-3 gets the Llama/Mistral SentencePiece one (32,000 ids, as Phi-3's).
@@ -47,6 +65,10 @@ TOKENIZERS = {
     "gemma3": "qwen2.5",
     "phi3": "llama",
     "mixtral": "mistral",
+    "smollm3": "qwen2.5",
+    "olmo2": "qwen2.5",
+    "olmo3": "qwen2.5",
+    "gemma4": "qwen2.5",
 }
 _QWEN_TOKENS = ("qwen2", "qwen2.5")
 # Sampling defaults in the style of each family's instruct generation_config.json.
@@ -207,7 +229,7 @@ def write_random_checkpoint(
 def _arch_fields(arch: Arch, rope_scaling: dict[str, Any] | None, sliding_window: int | None) -> dict[str, Any]:
     """Config fields only some families or shapes carry."""
     fields: dict[str, Any] = {}
-    if arch in ("gemma2", "gemma3", "phi3"):  # their default pad id may lie outside a small vocabulary
+    if arch in ("gemma2", "gemma3", "phi3", "olmo2", "olmo3", "gemma4"):  # default pad ids may lie past the vocabulary
         fields["pad_token_id"] = 0
     if rope_scaling is not None:
         fields["rope_scaling"] = rope_scaling

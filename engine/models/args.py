@@ -1,8 +1,9 @@
 """What a checkpoint's config.json says about its decoder: one frozen `ModelArgs` for every family.
 
 The families differ only in these fields (engine/models/decoder.py runs them all): per-head q/k norms
-(Qwen3, Gemma 3), Gemma's (1 + w) norms around both sub-blocks, its embedding scale and soft-capping,
-fused q|k|v and gate|up weights (Phi-3), per-layer sliding windows and rope bases, sparse MoE blocks.
+(Qwen3, Gemma 3) or q/k norms over all heads (OLMo 2), Gemma's (1 + w) norms around both sub-blocks, OLMo's
+norms closing them only, Gemma's embedding scale and soft-capping, fused q|k|v and gate|up weights (Phi-3),
+per-layer sliding windows, rope bases and layers without rope (SmolLM3), sparse MoE blocks.
 Each family module turns its config.json into these fields (engine/models/registry.py lists them).
 """
 
@@ -70,6 +71,10 @@ class ModelArgs:
     layer_windows: tuple[int | None, ...] = ()
     local_rope_theta: float | None = None  # Gemma 3: the windowed layers' rope base (plain rope)
     moe: MoEArgs | None = None
+    # per layer: True where q and k are not turned (SmolLM3's NoPE layers); () means rope on every layer
+    nope_layers: tuple[bool, ...] = ()
+    olmo_norms: bool = False  # OLMo 2: no input norms, a norm closes each sub-block; weights multiply in float32
+    qk_norm_across_heads: bool = False  # OLMo 2: q and k normed over all heads at once, not per head
     extra: dict[str, Any] = field(default_factory=dict, compare=False)  # family-only settings (Qwen2-VL)
 
     def __post_init__(self) -> None:
@@ -88,6 +93,10 @@ class ModelArgs:
                 f"partial_rotary_factor {self.partial_rotary_factor} gives an odd or empty rotary "
                 f"dimension for head_dim {self.head_dim}"
             )
+        if self.nope_layers and len(self.nope_layers) != self.num_layers:
+            raise ConfigError(
+                f"no_rope_layers names {len(self.nope_layers)} layers, num_hidden_layers {self.num_layers}"
+            )
         if self.moe is not None and len(self.moe.sparse_layers) != self.num_layers:
             raise ConfigError("the MoE layer pattern does not cover num_hidden_layers")
 
@@ -101,11 +110,13 @@ class ModelArgs:
         return self.layer_windows or (self.sliding_window,) * self.num_layers
 
 
-def rope_settings(cfg: dict[str, Any], supported: tuple[str, ...]) -> tuple[float, dict[str, Any] | None]:
+def rope_settings(
+    cfg: dict[str, Any], supported: tuple[str, ...], default_theta: float = 10000.0
+) -> tuple[float, dict[str, Any] | None]:
     """(rope_theta, rope_scaling or None) from either config style: transformers 5 nests them under
     rope_parameters, older configs keep rope_theta / rope_scaling at the top level."""
     rope = dict(cfg.get("rope_parameters") or {})
-    theta = float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0)
+    theta = float(cfg.get("rope_theta") or rope.get("rope_theta") or default_theta)
     scaling = dict(cfg.get("rope_scaling") or rope or {})
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type == "default":

@@ -86,7 +86,7 @@ class Layer:
 
         def norm(name: str) -> torch.Tensor:
             w = get(f"{p}.{name}.weight")
-            return 1.0 + w.float() if args.gemma_norms else w
+            return 1.0 + w.float() if args.gemma_norms else w.float() if args.olmo_norms else w
 
         attn = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
         qkv_w = get(f"{p}.self_attn.qkv_proj.weight") if args.fused_qkv else cat(*(f"{n}.weight" for n in attn))
@@ -96,10 +96,15 @@ class Layer:
         )
         self.q_norm = norm("self_attn.q_norm") if args.qk_norm else None
         self.k_norm = norm("self_attn.k_norm") if args.qk_norm else None
-        self.ln1 = norm("input_layernorm")
-        self.post_attn_norm = norm("post_attention_layernorm") if args.gemma_norms else None
-        self.ln2 = norm("pre_feedforward_layernorm" if args.gemma_norms else "post_attention_layernorm")
-        self.post_ff_norm = norm("post_feedforward_layernorm") if args.gemma_norms else None
+        closing = args.gemma_norms or args.olmo_norms  # a norm closes each sub-block
+        self.ln1 = None if args.olmo_norms else norm("input_layernorm")
+        self.post_attn_norm = norm("post_attention_layernorm") if closing else None
+        self.ln2 = (
+            None
+            if args.olmo_norms
+            else norm("pre_feedforward_layernorm" if args.gemma_norms else "post_attention_layernorm")
+        )
+        self.post_ff_norm = norm("post_feedforward_layernorm") if closing else None
         self.mlp: GatedMLP | SparseMoE = (
             _moe(args, p, get)
             if args.moe is not None and args.moe.sparse_layers[index]
@@ -168,7 +173,7 @@ class CausalLM:
         final = get("model.norm.weight")  # always dense, in the model's dtype (a GGUF embedding may be blocks)
         self.dtype, self.device = final.dtype, final.device
         self.layers = [Layer(args, i, get, quantization) for i in range(args.num_layers)]
-        self.norm = 1.0 + final.float() if args.gemma_norms else final
+        self.norm = 1.0 + final.float() if args.gemma_norms else final.float() if args.olmo_norms else final
         self.tied = args.tie_word_embeddings if args.tie_word_embeddings is not None else not has_lm_head
         head_weight = embed if self.tied else get("lm_head.weight")
         self.head: LMHead
@@ -193,7 +198,11 @@ class CausalLM:
         self.rope_tables = [self.cos_sin]
         if args.local_rope_theta is not None:  # Gemma 3: windowed layers turn with their own (plain) base
             self.rope_tables.append(table(args.local_rope_theta, None))
+        # each layer's rope table; -1: none (a NoPE layer)
         self.layer_rope = [1 if w is not None and args.local_rope_theta is not None else 0 for w in self.layer_windows]
+        self.layer_rope = [
+            -1 if i < len(args.nope_layers) and args.nope_layers[i] else r for i, r in enumerate(self.layer_rope)
+        ]
         self.scale = args.attn_scale if args.attn_scale is not None else args.head_dim**-0.5
         self.q_size = args.num_heads * args.head_dim
         self.kv_size = args.num_kv_heads * args.head_dim
@@ -285,7 +294,7 @@ class CausalLM:
         return lambda q, k, i: self.ops.rope(positions, q, k, self.rope_tables[i])
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        if self.args.gemma_norms:
+        if self.args.gemma_norms or self.args.olmo_norms:
             return gemma_rms_norm(x, weight, self.args.rms_norm_eps)
         return self.ops.rms_norm(x, weight, self.args.rms_norm_eps)
 
@@ -295,7 +304,7 @@ class CausalLM:
         """The decoder layers over embeddings x [T, hidden]; `rope(q, k, i)` rotates [T, heads, dims] views by
         rope table i (plain positions here, M-RoPE in engine/models/qwen2_vl.py)."""
         layers = self.layers
-        normed = self.rms_norm(x, layers[0].ln1) if layers else x
+        normed = self.rms_norm(x, layers[0].ln1) if layers and layers[0].ln1 is not None else x
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(layers, kv_caches)):
             h = self.attention(i, layer, normed, k_cache, v_cache, meta, rope)
             x, normed = self.add_norm(x, h, layer.post_attn_norm, layer.ln2)
@@ -306,14 +315,14 @@ class CausalLM:
     def add_norm(
         self, x: torch.Tensor, h: torch.Tensor, post: torch.Tensor | None, then: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x + h, that sum normed by `then`), h first normed by `post` (Gemma's sandwich norms); `then` None:
-        the sum twice (the last layer's: the final norm runs on the rows that sample only)."""
+        """(x + h, that sum normed by `then`), h first normed by `post` (Gemma's and OLMo's closing norms); `then`
+        None: the sum twice (the last layer's, whose final norm runs on the rows that sample only, or OLMo's)."""
         if post is not None:
             h = self.rms_norm(h, post)
         if then is None:
             s = x + h
             return s, s
-        if self.args.gemma_norms:
+        if self.args.gemma_norms or self.args.olmo_norms:
             s = x + h
             return s, self.rms_norm(s, then)
         return self.ops.add_rms_norm(x, h, then, self.args.rms_norm_eps)
@@ -331,11 +340,15 @@ class CausalLM:
         """One layer's attention sub-block on normed h [T, hidden] -> its output projection (all-reduced)."""
         a, t = self.args, h.shape[0]
         q, k, v = torch.split(layer.qkv(h), [self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if a.qk_norm_across_heads and layer.q_norm is not None and layer.k_norm is not None:
+            q, k = self.rms_norm(q, layer.q_norm), self.rms_norm(k, layer.k_norm)
         q, k = q.view(t, a.num_heads, a.head_dim), k.view(t, a.num_kv_heads, a.head_dim)
-        if layer.q_norm is not None and layer.k_norm is not None:
+        if not a.qk_norm_across_heads and layer.q_norm is not None and layer.k_norm is not None:
             q, k = self.rms_norm(q, layer.q_norm), self.rms_norm(k, layer.k_norm)
         table = self.layer_rope[i]
-        if a.rotary_dim == a.head_dim:
+        if table < 0:  # a NoPE layer: q and k as projected
+            pass
+        elif a.rotary_dim == a.head_dim:
             q, k = rope(q, k, table)
         else:  # partial rotary: the rest of each head passes through
             r = a.rotary_dim

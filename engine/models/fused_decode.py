@@ -6,8 +6,8 @@ decode step (one new token per sequence) to `FusedDecode.run`, which calls the s
 same order, rounding the same: the result is bitwise the layer-by-layer path's. Weight-only int8 projections run
 through the same kernel, AMX-packed ones through gemm_amx.cpp, a GGUF model's blocks through the block kernel
 (engine/cpu_kernels/quant_gemm.cpp).
-Models it cannot take (another ops path, LoRA, tensor parallel, Gemma's norms, partial rotary, MoE, another
-activation) never build one.
+Models it cannot take (another ops path, LoRA, tensor parallel, Gemma's or OLMo's norms, partial rotary, NoPE
+layers, MoE, another activation) never build one.
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ def kernels_take(args: ModelArgs) -> bool:
     """Whether the fused layer's kernels run here and take this decoder's shape (the model checks its layers)."""
     return (
         not args.gemma_norms
+        and not args.olmo_norms
+        and not any(args.nope_layers)
         and args.rotary_dim == args.head_dim
         and args.local_rope_theta is None
         and args.head_dim % 32 == 0

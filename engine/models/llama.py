@@ -1,14 +1,24 @@
-"""Llama, Qwen2 and Mistral (and Qwen3, the same with per-head q/k norms) on the plain decoder.
+"""Llama, Qwen2 and Mistral (and Qwen3, the same with per-head q/k norms; SmolLM3, Llama with NoPE layers) on
+the plain decoder.
 
 They differ only in config: Qwen2 has q/k/v biases, Mistral may use a sliding window, Llama 3 scales its
-rotary frequencies, Qwen3 normalises each head of q and k and sets head_dim apart from hidden / heads.
+rotary frequencies, Qwen3 normalises each head of q and k and sets head_dim apart from hidden / heads,
+SmolLM3 leaves q and k unturned on the layers `no_rope_layers` marks 0 (every 4th by default).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from engine.models.args import ModelArgs, common_fields, qwen_windows, rope_settings, window_fields
+from engine.models.args import (
+    ConfigError,
+    ModelArgs,
+    common_fields,
+    layer_windows,
+    qwen_windows,
+    rope_settings,
+    window_fields,
+)
 
 LLAMA_ROPE = ("linear", "llama3", "yarn")
 
@@ -31,5 +41,38 @@ def parse(cfg: dict[str, Any], arch: str) -> ModelArgs:
         o_bias=biased,
         mlp_bias=arch == "LlamaForCausalLM" and bool(cfg.get("mlp_bias")),
         qk_norm=arch == "Qwen3ForCausalLM",
+        **window_fields(windows),
+    )
+
+
+def parse_smollm3(cfg: dict[str, Any], arch: str) -> ModelArgs:
+    """config.json of a SmolLM3ForCausalLM: Llama whose `no_rope_layers` (1: rope, 0: NoPE; by default a 0 every
+    `no_rope_layer_interval` layers) say which layers turn q and k; windows only with use_sliding_window."""
+    n = int(cfg["num_hidden_layers"])
+    flags = cfg.get("no_rope_layers")
+    if flags is None:
+        interval = int(cfg.get("no_rope_layer_interval") or 4)
+        flags = [int((i + 1) % interval != 0) for i in range(n)]
+    if len(flags) < n or any(f not in (0, 1) for f in flags):
+        raise ConfigError(f"no_rope_layers {flags!r} must hold a 0 or 1 for each of the {n} layers")
+    windows: tuple[int | None, ...] = (None,) * n
+    if cfg.get("use_sliding_window") and cfg.get("sliding_window"):
+        default = ["full_attention" if flags[i] else "sliding_attention" for i in range(n)]
+        windows = layer_windows(cfg, default)
+    elif "sliding_attention" in (cfg.get("layer_types") or []):  # transformers' masks and flash kernels disagree
+        raise ConfigError(
+            f"{arch} with layer_types naming sliding_attention and use_sliding_window off is not supported"
+        )
+    theta, scaling = rope_settings(cfg, LLAMA_ROPE, default_theta=2_000_000.0)  # SmolLM3Config's default
+    biased = bool(cfg.get("attention_bias"))
+    return ModelArgs(
+        architecture=arch,
+        **common_fields(cfg),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        qkv_bias=biased,
+        o_bias=biased,
+        mlp_bias=bool(cfg.get("mlp_bias")),
+        nope_layers=tuple(not flags[i] for i in range(n)),
         **window_fields(windows),
     )

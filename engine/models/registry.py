@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.models import gemma, llama, moe_families, phi3, qwen2_vl, whisper
+from engine.models import gemma, llama, moe_families, olmo, phi3, qwen2_vl, whisper
 from engine.models.args import ConfigError, ModelArgs
 from engine.models.decoder import CausalLM
 
@@ -31,6 +31,10 @@ MODELS: dict[str, Family] = {
     "Gemma2ForCausalLM": Family(gemma.parse_gemma2),
     "Gemma3ForCausalLM": Family(gemma.parse_gemma3),
     "Phi3ForCausalLM": Family(phi3.parse),
+    "SmolLM3ForCausalLM": Family(llama.parse_smollm3),
+    # q and k normed over all heads at once: a rank would need every head
+    "Olmo2ForCausalLM": Family(olmo.parse_olmo2, tensor_parallel=False),
+    "Olmo3ForCausalLM": Family(olmo.parse_olmo3, tensor_parallel=False),
     qwen2_vl.ARCHITECTURE: Family(qwen2_vl.parse, qwen2_vl.Qwen2VLCausalLM, tensor_parallel=False),
     whisper.ARCHITECTURE: Family(whisper.parse, whisper.WhisperModel, tensor_parallel=False),
 }

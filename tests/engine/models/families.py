@@ -4,7 +4,8 @@ Each has what makes its family differ, at a size where it shows: Qwen3's head_di
 Qwen3-MoE with 8 experts, top-2, one dense layer (mlp_only_layers); Mixtral's w1/w2/w3 experts; Gemma 2's
 alternating windows of 8, soft-caps small enough to bite and query_pre_attn_scalar apart from head_dim;
 Gemma 3 with a local rope base and linear scaling on its global layer; Phi-3 with longrope past 32 positions
-and partial rotary. Prompts in the tests run past the windows and the original rope length.
+and partial rotary; SmolLM3 with a NoPE layer every second one; OLMo 2 with biases, OLMo 3 with windows on
+every other layer and yarn on its full ones. Prompts in the tests run past the windows and the original rope length.
 """
 
 from __future__ import annotations
@@ -70,6 +71,25 @@ FAMILIES: dict[str, dict[str, Any]] = {
         extra=dict(
             query_pre_attn_scalar=24, layer_types=["sliding_attention", "full_attention"], rope_local_base_freq=100.0
         ),
+    ),
+    "smollm3": dict(
+        vocab_size=QWEN_VOCAB,
+        tie_word_embeddings=True,
+        rope_theta=2_000_000.0,
+        num_layers=4,
+        extra=dict(no_rope_layer_interval=2, attention_bias=True),
+    ),
+    "olmo2": dict(
+        vocab_size=QWEN_VOCAB, tie_word_embeddings=False, rope_theta=500_000.0, extra=dict(attention_bias=True)
+    ),
+    "olmo3": dict(
+        vocab_size=QWEN_VOCAB,
+        tie_word_embeddings=False,
+        rope_theta=500_000.0,
+        num_layers=4,
+        sliding_window=WINDOW,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL_ROPE_LENGTH},
+        extra=dict(layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"]),
     ),
     "phi3": dict(
         vocab_size=32_000,

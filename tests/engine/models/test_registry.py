@@ -23,7 +23,7 @@ def test_each_family_parses_to_its_features(family_ckpt: Path) -> None:
     args = parse_config(config_of(family_ckpt))
     assert args.architecture in MODELS
     name = family_ckpt.name
-    assert args.qk_norm == (name in ("qwen3", "qwen3_moe", "gemma3"))
+    assert args.qk_norm == (name in ("qwen3", "qwen3_moe", "gemma3", "olmo2", "olmo3"))
     assert args.gemma_norms == args.embed_scale == name.startswith("gemma")
     assert (args.moe is not None) == (name in ("qwen3_moe", "mixtral"))
     if name == "qwen3":
@@ -38,6 +38,11 @@ def test_each_family_parses_to_its_features(family_ckpt: Path) -> None:
     if name == "gemma3":
         assert args.windows == (WINDOW, None) and args.local_rope_theta == 100.0 and args.attn_softcap is None
         assert args.rope_scaling is not None and args.rope_scaling["rope_type"] == "linear"
+    assert args.nope_layers == ((False, True, False, True) if name == "smollm3" else ())  # a NoPE layer every 2nd
+    assert args.olmo_norms == args.qk_norm_across_heads == name.startswith("olmo")
+    if name == "olmo3":  # plain rope on the windowed layers, yarn on the full ones
+        assert args.windows == (WINDOW, None, WINDOW, None) and args.local_rope_theta == 500_000.0
+        assert args.rope_scaling is not None and args.rope_scaling["rope_type"] == "yarn"
     if name == "phi3":
         assert args.fused_qkv and args.rotary_dim == 8 and args.rope_scaling is not None
         assert args.rope_scaling["rope_type"] == "longrope"
@@ -51,6 +56,14 @@ def test_qwen3_moe_layer_pattern(family_ckpt: Path) -> None:
     assert moe is not None and moe.sparse_layers == (False, True, False, True)  # (i + 1) % step == 0
     moe = parse_config(cfg | {"mlp_only_layers": [3]}).moe
     assert moe is not None and moe.sparse_layers == (False, True, False, False)
+
+
+@pytest.mark.parametrize("family_ckpt", ["smollm3"], indirect=True)
+def test_smollm3_windows_only_with_use_sliding_window(family_ckpt: Path) -> None:
+    """transformers' default layer types window the NoPE layers, and only under use_sliding_window."""
+    cfg = config_of(family_ckpt) | {"layer_types": None, "sliding_window": WINDOW}
+    assert parse_config(cfg).windows == (None,) * 4
+    assert parse_config(cfg | {"use_sliding_window": True}).windows == (None, WINDOW, None, WINDOW)
 
 
 def test_unsupported_architecture_names_it_and_lists_the_supported() -> None:
@@ -86,6 +99,20 @@ def test_unsupported_architecture_names_it_and_lists_the_supported() -> None:
         ("qwen3_moe", {"num_experts_per_tok": 9}, "num_experts_per_tok 9"),
         ("qwen3_moe", {"num_local_experts": None}, "num_experts"),
         ("qwen3", {"num_attention_heads": 3}, "num_attention_heads 3"),
+        ("smollm3", {"no_rope_layers": [1, 0]}, "no_rope_layers"),
+        ("smollm3", {"layer_types": ["sliding_attention"] * 4, "sliding_window": 8}, "use_sliding_window"),
+        ("olmo3", {"layer_types": ["chunked_attention"] * 4}, "layer_types"),
+        (
+            "olmo3",
+            {
+                "rope_parameters": {
+                    "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                    "sliding_attention": {"rope_type": "linear", "factor": 2.0},
+                }
+            },
+            "rope_parameters.sliding_attention.rope_type",
+        ),
+        ("olmo3", {"rope_parameters": None, "rope_scaling": {"rope_type": "dynamic"}}, "rope_type 'dynamic'"),
     ],
     indirect=["family_ckpt"],
 )
