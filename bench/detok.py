@@ -1,7 +1,7 @@
 """Detokenizer cost per token: `python -m bench.detok`.
 
 Feeds ~2000-token generations one token per step (the server's worst case) through
-server.pipeline.detokenizer, with and without a 20-char stop string, beside the quadratic baseline of
+server.request.detokenizer, with and without a 20-char stop string, beside the quadratic baseline of
 re-decoding the whole generation every step, and tokenizers' DecodeStream alone (no stop strings, no
 finish flush) as a floor measured under the same machine load. Times are process CPU time. vLLM 0.32 reference: 1.9
 µs/token (qwen2, no stop),
@@ -17,7 +17,7 @@ import tokenizers
 from tokenizers.decoders import DecodeStream
 
 from demo.tokenizers import load_tokenizer
-from server.pipeline.detokenizer import IncrementalDetokenizer
+from server.request.detokenizer import IncrementalDetokenizer
 
 PARAGRAPH = (
     "The engine produces token ids; the server turns them back into text, one step at a time. "

@@ -64,7 +64,7 @@ class ImageInput(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 # The error text (prefix) of a request whose image was sent by hash only and is not in the engine's cache: the
-# API resends the request with the pixels (server/pipeline/async_llm.py).
+# API resends the request with the pixels (server/request/async_llm.py).
 IMAGE_CACHE_MISS = "ImageCacheMiss:"
 
 
@@ -130,7 +130,7 @@ class TokenLogprobs(msgspec.Struct, frozen=True, array_like=True):
 class PooledData(msgspec.Struct, frozen=True, array_like=True):
     """A pooling request's raw output (engine/execution/pooler.py): float32, little-endian, C order, of `shape`:
     [D] for LAST / CLS / MEAN, [tokens, D] for ALL / STEP; D is the hidden size (embed) or the labels (classify).
-    Raw: the server normalizes and applies activations per request (server/pipeline/pooling/)."""
+    Raw: the server normalizes and applies activations per request (server/families/pooling/)."""
 
     data: bytes
     shape: list[int]

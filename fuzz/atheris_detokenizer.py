@@ -1,4 +1,4 @@
-"""Coverage-guided fuzzing of server/pipeline/detokenizer.py (atheris / libFuzzer).
+"""Coverage-guided fuzzing of server/request/detokenizer.py (atheris / libFuzzer).
 
     python fuzz/atheris_detokenizer.py -atheris_runs=20000
     python fuzz/atheris_detokenizer.py -max_total_time=600 corpus_dir/
@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import atheris  # noqa: E402
 
 with atheris.instrument_imports(include=["server"]):
-    from server.pipeline.detokenizer import DetokenizeError  # noqa: E402
+    from server.request.detokenizer import DetokenizeError  # noqa: E402
 
 from detok_support import FRAGMENTS, FUZZ_FAMILIES, expected_output, run_stream, tokenizer  # noqa: E402
 

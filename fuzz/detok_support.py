@@ -1,7 +1,7 @@
 """Reference model of the detokenizer's contract, shared by the hypothesis properties and atheris.
 
 Everything here is computed from `tokenizer.decode` on whole sequences, independently of
-server/pipeline/detokenizer.py's incremental algorithm.
+server/request/detokenizer.py's incremental algorithm.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import tokenizers
 
 from demo.tokenizers import load_tokenizer
-from server.pipeline.detokenizer import SETTLE_TOKENS, IncrementalDetokenizer
+from server.request.detokenizer import SETTLE_TOKENS, IncrementalDetokenizer
 
 FUZZ_FAMILIES = ("qwen2", "llama", "tekken")
 

@@ -1,4 +1,4 @@
-"""Property-based tests of server/pipeline/detokenizer.py on real tokenizers (qwen2, llama, tekken).
+"""Property-based tests of server/request/detokenizer.py on real tokenizers (qwen2, llama, tekken).
 
 Bounded for CI; raise SPINDLE_FUZZ_EXAMPLES (examples per property) for a longer run.
 """
@@ -23,7 +23,7 @@ from detok_support import (
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from server.pipeline.detokenizer import DetokenizeError, IncrementalDetokenizer
+from server.request.detokenizer import DetokenizeError, IncrementalDetokenizer
 
 EXAMPLES = int(os.environ.get("SPINDLE_FUZZ_EXAMPLES", "80"))
 FUZZ = settings(

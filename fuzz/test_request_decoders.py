@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server.protocol.openai import (
+from server.request.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     chat_decoder,

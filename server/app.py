@@ -20,29 +20,6 @@ import anyio
 from hypercorn.config import Config as HypercornConfig
 from starlette.routing import Route, Router
 
-from server.api.anthropic.messages import CountTokensRoute, MessagesRoute
-from server.api.audio.transcriptions import AudioRoute
-from server.api.cohere.embed import CohereEmbedRoute
-from server.api.cohere.rerank import CohereRerankRoute
-from server.api.health import HealthRoute, VersionRoute
-from server.api.metrics import MetricsRoute
-from server.api.openai.chat import ChatRoute
-from server.api.openai.completions import CompletionsRoute
-from server.api.openai.embeddings import EmbeddingsRoute
-from server.api.openai.models import ModelsRoute
-from server.api.openai.responses import ResponsesRoute, StoredResponseRoute
-from server.api.openai.responses_background import BackgroundResponses
-from server.api.pooling.classify import ClassifyRoute
-from server.api.pooling.pool import PoolingRoute
-from server.api.pooling.rerank import RerankRoute
-from server.api.pooling.score import ScoreRoute
-from server.api.render_only import GENERATION_ROUTES, NotHereRoute
-from server.api.render_only import not_found as render_not_found
-from server.api.ui import ASSETS, PUBLIC_PATHS, AssetRoute, PageRoute
-from server.api.vllm.generate import GenerateRoute
-from server.api.vllm.lora import LoadLoRARoute, UnloadLoRARoute
-from server.api.vllm.render import ChatRenderRoute, CompletionsRenderRoute
-from server.api.vllm.tokenize import DetokenizeRoute, TokenizeRoute
 from server.app_load import (
     EngineFactory,
     EngineLoad,
@@ -53,13 +30,36 @@ from server.app_load import (
 )
 from server.app_state import AppState
 from server.config import ServerConfig
+from server.families.anthropic.messages import CountTokensRoute, MessagesRoute
+from server.families.audio.transcriptions import AudioRoute
+from server.families.cohere.embed import CohereEmbedRoute
+from server.families.cohere.rerank import CohereRerankRoute
+from server.families.openai.chat import ChatRoute
+from server.families.openai.completions import CompletionsRoute
+from server.families.openai.embeddings import EmbeddingsRoute
+from server.families.openai.model_list import ModelsRoute
+from server.families.pooling.classify import ClassifyRoute
+from server.families.pooling.pool import PoolingRoute
+from server.families.pooling.rerank import RerankRoute
+from server.families.pooling.score import ScoreRoute
+from server.families.responses.background import BackgroundResponses
+from server.families.responses.routes import ResponsesRoute, StoredResponseRoute
+from server.families.responses.store import ResponseStore
+from server.families.vllm.generate import GenerateRoute
+from server.families.vllm.lora import LoadLoRARoute, UnloadLoRARoute
+from server.families.vllm.render import ChatRenderRoute, CompletionsRenderRoute
+from server.families.vllm.tokenize import DetokenizeRoute, TokenizeRoute
 from server.http.asgi import Receive, Scope, Send, send_error
 from server.http.deploy import wrap_app
 from server.http.errors import APIError, describe_exception
 from server.metrics.prometheus import ServerMetrics
 from server.multimodal.images import image_support
-from server.pipeline.responses_store import ResponseStore
 from server.render_app import checkpoint_limits
+from server.routes.health import HealthRoute, VersionRoute
+from server.routes.metrics_route import MetricsRoute
+from server.routes.render_only import GENERATION_ROUTES, NotHereRoute
+from server.routes.render_only import not_found as render_not_found
+from server.routes.ui import ASSETS, PUBLIC_PATHS, AssetRoute, PageRoute
 from server.runtime.api_role import WorkerContext
 
 log = logging.getLogger("spindle.server")
@@ -208,7 +208,7 @@ def _common_routes(state: AppState, metrics: ServerMetrics) -> list[Route]:
 
 
 def _ui_routes(state: AppState) -> list[Route]:
-    """The chat page at / and /ui, and its assets (server/api/ui.py); a full server's only."""
+    """The chat page at / and /ui, and its assets (server/routes/ui.py); a full server's only."""
     model = state.config.model.model
     return _page_routes(state, vision=model is not None and image_support(model) is not None)
 

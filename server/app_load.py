@@ -19,6 +19,7 @@ from engine.client.process_client import open_engine as open_engine_process
 from engine.multimodal.processing import ENCODER_CACHE_BYTES
 from server.app_state import AppState
 from server.config import ServerConfig
+from server.engine_pool import EnginePool, open_engines
 from server.lora.registry import LoRARegistry
 from server.lora.shared import SharedAdapters
 from server.metrics.prometheus import ServerMetrics
@@ -26,12 +27,11 @@ from server.metrics.vllm_names import export_vllm_names
 from server.multimodal.audio import open_audio_worker, speech_support
 from server.multimodal.images import image_support, open_image_worker
 from server.multimodal.mirror import EngineImageMirror
-from server.pipeline.admission import Admission
-from server.pipeline.async_llm import AsyncLLM
-from server.pipeline.detokenizer import IncrementalDetokenizer, prepare
-from server.pipeline.engine_pool import EnginePool, open_engines
-from server.pipeline.input_processor import GenerationSpec, limits_for
 from server.render.renderer import Renderer, load_chat_template
+from server.request.admission import Admission
+from server.request.async_llm import AsyncLLM
+from server.request.detokenizer import IncrementalDetokenizer, prepare
+from server.request.input_processor import GenerationSpec, limits_for
 from server.runtime.api_role import WorkerContext
 from server.tools.registry import get_tool_parser, template_fits
 
@@ -163,6 +163,8 @@ class EngineLoad:
                 state.renderer, state.limits, state.llm = renderer, limits, llm
                 state.tasks = tg
                 log.info("serving %s (max_model_len %d)", state.model_name, state.limits.max_model_len)
+                defaults, source = cfg.model.sampling_defaults(dict(client.ready.generation_defaults))
+                log.info("sampling defaults for fields a request leaves out: %s, from %s", defaults or "none", source)
                 # What startup built (tokenizer, templates, modules) lives for the process: keep full
                 # collections from walking it again (bench/README.md, "gc.freeze after start-up").
                 gc.collect()

@@ -11,12 +11,12 @@ import msgspec
 import tokenizers
 
 from server.config import ServerConfig
+from server.http import unavailable
 from server.http.errors import APIError, from_decode_error
 from server.multimodal.images import ImagePool
-from server.pipeline import unavailable
-from server.pipeline.async_llm import AsyncLLM, Stopping
-from server.pipeline.input_processor import ModelLimits
-from server.protocol.openai import decode_request
+from server.request.async_llm import AsyncLLM, Stopping
+from server.request.input_processor import ModelLimits
+from server.request.openai_protocol import decode_request
 
 
 class _NamesModel(Protocol):

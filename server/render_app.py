@@ -19,7 +19,7 @@ from typing import Any
 from engine.messages import Ready
 from engine.models import checkpoint_meta
 from server.config import ServerConfig
-from server.pipeline.input_processor import ModelLimits, limits_for
+from server.request.input_processor import ModelLimits, limits_for
 
 
 def checkpoint_limits(config: ServerConfig, tokenizer: Any) -> ModelLimits:

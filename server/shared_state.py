@@ -28,7 +28,7 @@ import threading
 
 from server.metrics.prometheus import ServerMetrics
 from server.metrics.slots import LoopCounter, MetricSlots
-from server.pipeline.admission import Admission
+from server.request.admission import Admission
 
 ADMISSION_SLOT = 64  # bytes per process: two int64 (requests, tokens), a cache line each process owns
 METRICS_SLOT = 64 << 10  # bytes per process: 8192 doubles, far more than the counters and histograms need

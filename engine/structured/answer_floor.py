@@ -2,7 +2,7 @@
 
 A schema can need more tokens than max_tokens allows (a GitHub webhook's pull request: 1,894 tokens at the least,
 asked with max_tokens 384); no finish can then close the answer, and it would be cut invalid. The server refuses
-such a request up front where this bound proves it (server/pipeline/answer_budget.py).
+such a request up front where this bound proves it (server/structured/answer_budget.py).
 
 Why it is a lower bound. Written compactly (the grammar allows no free whitespace), every required member's name
 K appears in the answer as `"K":`, once per required object, each occurrence at its own bytes. The tokens that

@@ -8,7 +8,7 @@ What it still refuses is repaired here, a few rounds at most: a pattern whose re
 back-references) is dropped, and a $ref it cannot resolve (another document, a missing pointer) matches anything.
 Anything else (an invalid schema, an unsatisfiable one, one over the limits) stays an error.
 
-No torch: the API server runs this for its 400s (server/pipeline/structured.py), off its event loop.
+No torch: the API server runs this for its 400s (server/structured/constraint.py), off its event loop.
 """
 
 from __future__ import annotations

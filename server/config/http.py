@@ -24,7 +24,7 @@ class HttpConfig:
     socket_send_buffer: int = 16 << 10
     api_keys: tuple[str, ...] = ()  # also SPINDLE_API_KEY (one key, or several separated by commas)
     metrics_public: bool = False  # with api_keys: /metrics stays open for scrapers
-    disable_ui: bool = False  # no chat page at / and /ui (server/api/ui.py); `spindle render` never has one
+    disable_ui: bool = False  # no chat page at / and /ui (server/routes/ui.py); `spindle render` never has one
     # Deployment (server/http/deploy.py): TLS through Hypercorn, CORS (vLLM's flags, JSON lists), a proxy's path prefix
     ssl_keyfile: str | None = None
     ssl_certfile: str | None = None

@@ -1,5 +1,5 @@
 """Images and audio: how many images a prompt may carry, whose image URLs are fetched, the image cache, and the
-largest audio a speech model's routes take (server/multimodal/, server/api/audio/)."""
+largest audio a speech model's routes take (server/multimodal/, server/families/audio/)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Parallelism and the processes one command starts: tensor-parallel ranks over nodes (engine/distributed/), data
-parallel engine cores (server/pipeline/engine_pool.py), API processes (server/runtime/launcher.py), and the roles
+parallel engine cores (server/engine_pool.py), API processes (server/runtime/launcher.py), and the roles
 that run no API server (--headless) or no engine (`spindle render`)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ class ParallelConfig:
     master_port: int = 0  # 0: a free port (one node only)
     headless: bool = False  # this node only runs engine ranks, no API server (node_rank > 0)
     distributed_timeout: float = 120.0  # seconds to join the group, and the longest one collective may wait
-    # Data parallel (server/pipeline/engine_pool.py): engine cores, each with its own KV cache and max_num_seqs
+    # Data parallel (server/engine_pool.py): engine cores, each with its own KV cache and max_num_seqs
     data_parallel_size: int = 1
     data_parallel_policy: DataParallelPolicy = "affinity"  # "round_robin": no load or prefix look (benchmarks)
     api_server_count: int = 1  # API processes sharing one listening socket and one engine (server/runtime/launcher.py)

@@ -22,7 +22,7 @@ class RequestCaps:
     max_stop_token_ids: int = 1024
     max_logit_bias: int = 1024
     max_allowed_token_ids: int = 262144
-    max_structured_output_size: int = 256 << 10  # bytes of a constraint's spec (server/pipeline/structured.py)
+    max_structured_output_size: int = 256 << 10  # bytes of a constraint's spec (server/structured/constraint.py)
     max_documents_per_request: int = 1000  # /score and /rerank documents (one engine batch)
     priority_scheduling: bool = False  # --scheduling-policy priority: else a non-zero priority is refused
 

@@ -26,7 +26,7 @@ from server.metrics.slots import LATENCY_BUCKETS, LoopCounter, LoopHistogram, Me
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 FINISH_REASONS = ("stop", "length", "abort", "error")
 REJECT_REASONS = ("queue_full", "shutting_down")  # 503s from admission control and from a draining server
-# Why a best-effort structured answer failed its whole schema (server/streaming/output_check.py): the keyword that
+# Why a best-effort structured answer failed its whole schema (server/structured/output_check.py): the keyword that
 # failed (the relaxed one it sits under, where there is one); "not_json": not JSON at all; "other": any other keyword.
 STRUCTURED_INVALID_REASONS = (
     "not_json",

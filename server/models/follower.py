@@ -23,6 +23,7 @@ import anyio.abc
 
 from engine.client.channel_client import open_engine_channel
 from server.config import ServerConfig
+from server.http import unavailable
 from server.http.errors import describe_exception
 from server.models.catalog import ModelEntry
 from server.models.control import (
@@ -42,7 +43,6 @@ from server.models.control import (
     Want,
 )
 from server.models.registry import MakeApp, ModelRegistry, ModelSlot, RegistryMetrics
-from server.pipeline import unavailable
 
 log = logging.getLogger("spindle.server")
 

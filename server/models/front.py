@@ -25,6 +25,7 @@ from starlette.routing import Route, Router
 from server.app import create_app, front_page_routes
 from server.app_load import EngineFactory
 from server.config import ServerConfig
+from server.http import unavailable
 from server.http.asgi import (
     ClientGone,
     Message,
@@ -47,7 +48,6 @@ from server.models.owner import ModelOwner
 from server.models.registry import Loaded, ModelRegistry, ModelSlot, RegistryMetrics
 from server.models.routing import replay, routing_of
 from server.models.stored import ModelStores, unknown
-from server.pipeline import unavailable
 from server.runtime.api_role import WorkerContext
 
 log = logging.getLogger("spindle.server")

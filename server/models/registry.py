@@ -22,9 +22,9 @@ import anyio.abc
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from server.config import ServerConfig
+from server.http import unavailable
 from server.http.errors import describe_exception
 from server.models.catalog import ModelEntry
-from server.pipeline import unavailable
 
 log = logging.getLogger("spindle.server")
 

@@ -27,9 +27,8 @@ import anyio
 from engine.messages import ImageInput
 from engine.multimodal.processing import expand_placeholders, read_preprocessor_config
 from server.config import ServerConfig
+from server.http import unavailable
 from server.http.errors import APIError, bad_request
-from server.pipeline import unavailable
-from server.pipeline.async_llm import AsyncLLM
 from server.render.worker_pool import PoolOverloaded, WorkerCrashed, WorkerPool, WorkerTimeout, WorkerUserError
 
 MAX_IMAGE_BYTES = 20 << 20  # one encoded image, from a data: URL or a fetch
@@ -44,6 +43,22 @@ class ImagePool(Protocol):
     async def call(self, request: list[Any], timeout: float | None = None) -> Any: ...
 
 
+class _CacheHits(Protocol):
+    def inc(self, amount: float = 1) -> None: ...
+
+
+class _ImageCacheMetrics(Protocol):
+    @property
+    def mm_processor_cache_hits(self) -> _CacheHits: ...
+
+
+class _MetricsHolder(Protocol):
+    """The AsyncLLM, as far as image preparation counts its cache hits."""
+
+    @property
+    def metrics(self) -> _ImageCacheMetrics | None: ...
+
+
 class ImageContext(Protocol):
     """What `prepare_images` needs of the routes' AppState."""
 
@@ -52,7 +67,7 @@ class ImageContext(Protocol):
     @property
     def mm_pool(self) -> ImagePool | None: ...
     @property
-    def llm(self) -> AsyncLLM | None: ...
+    def llm(self) -> _MetricsHolder | None: ...
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ engine (committed), never when a request failed before. The two can still drift 
 encoder runs, not when the request arrives; a request aborted before its prefill never gets encoded; with
 several engines each has its own cache), so the engine's miss is the safety net: a request sent by hash that the
 engine no longer holds is refused with "ImageCacheMiss:", and AsyncLLM resends it with pixels, once, before
-the client sees anything (server/pipeline/async_llm.py).
+the client sees anything (server/request/async_llm.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Whisper's special tokens and languages, without torch: the demo builder (demo/whisper.py), the
-engine's logits rules and the API's audio routes (server/api/audio/) all read them.
+engine's logits rules and the API's audio routes (server/families/audio/) all read them.
 
 Whisper's multilingual vocabulary is GPT-2-style byte-level BPE (50,257 ranks, `multilingual.tiktoken` in the
 `openai-whisper` package), then the special tokens in this order: <|endoftext|> 50257, <|startoftranscript|>

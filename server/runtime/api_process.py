@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 
-from server.pipeline import input_processor
+from server.request import input_processor
 from server.runtime.api_role import from_environment
 from server.runtime.http_server import run_server
 

@@ -24,7 +24,7 @@ from server.config import ServerConfig
 from server.http import direct_body
 from server.http.errors import describe_exception
 from server.models.front import create_models_app
-from server.pipeline.async_llm import AsyncLLM
+from server.request.async_llm import AsyncLLM
 from server.runtime.api_role import WorkerContext
 from server.runtime.hypercorn_config import hypercorn_config
 from server.runtime.logs import setup_logging

@@ -8,7 +8,7 @@ The process the user starts becomes the launcher (`run_api_servers`); it serves 
    exactly once, before any process starts;
 2. makes one shared memory file (`server/shared_state.py`: admission counts and metrics, one slot per process)
    and one private directory for the stored /v1/responses (one SQLite file all API processes open,
-   server/pipeline/responses_store.py), removed when the launcher exits;
+   server/families/responses/store.py), removed when the launcher exits;
 3. makes one Unix socketpair per API process and engine core, and starts each engine core (one, or M with
    `--data-parallel-size M`) with its engine ends (`python -m engine --channels ...`, `engine/transport/channels.py`);
    an engine's stdin is only the launcher's lifeline. With `--models-dir` it starts no engine: it makes one control
@@ -18,7 +18,7 @@ The process the user starts becomes the launcher (`run_api_servers`); it serves 
    (server/runtime/api_role.py: the listening socket, its own channel end to every engine and the shared
    file), in a session of their own (a terminal's Ctrl-C or a group SIGTERM reaches only the launcher,
    which forwards it once). With M engines each API process puts its M channels in an `EnginePool`
-   (server/pipeline/engine_pool.py) and chooses per request as a single server does (the engines report
+   (server/engine_pool.py) and chooses per request as a single server does (the engines report
    the same stats to every process);
 5. waits. SIGTERM / SIGINT are forwarded to the API processes (each drains or stops as a single server
    does); when they have all exited, the engines' lifelines are closed and the engines stop. If an engine

@@ -76,7 +76,7 @@ def test_embed_floats_equal_sentence_transformers(
 def test_every_embedding_type(embed_server: Server) -> None:
     from sentence_transformers.util.quantization import quantize_embeddings
 
-    from server.pipeline.pooling.quantize import ranges
+    from server.families.cohere.quantize import ranges
 
     types = ["float", "int8", "uint8", "binary", "ubinary", "base64"]
     res = client(embed_server).embed(model="tiny", texts=TEXTS[:2], input_type="search_document", embedding_types=types)

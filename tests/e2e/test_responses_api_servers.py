@@ -1,5 +1,5 @@
 """/v1/responses with --api-server-count 2: a response stored by one API process is read, continued, deleted
-and cancelled through the other (the shared store, server/pipeline/responses_store.py).
+and cancelled through the other (the shared store, server/families/responses/store.py).
 
 Each client holds one kept-alive connection, and which process accepted it is read from /proc (the kernel hands
 a new connection to whichever process accepts first): every answer is checked to come from the process meant.
@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from server.pipeline.responses_store import DB_NAME
+from server.families.responses.store import DB_NAME
 from tests.e2e.conftest import API_PROCESS, Server, start_server
 from tests.helpers.processes import children, connection_owner, wait_until
 

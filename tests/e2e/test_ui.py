@@ -24,9 +24,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from server.http import sse
+from server.http import sse, unavailable
 from server.http.errors import APIError
-from server.pipeline import unavailable
 from tests.e2e.browser import launch
 from tests.e2e.conftest import Server, start_server
 
@@ -83,7 +82,7 @@ class Page:
     def __init__(self, browser: Any, server: Server) -> None:
         self.server = server
         # without the page's Content-Security-Policy: the page must be safe and stay on its origin by itself (CSP
-        # is a second line, checked in tests/server/api/test_ui_route.py), and Playwright's waits evaluate strings
+        # is a second line, checked in tests/server/routes/test_ui_route.py), and Playwright's waits evaluate strings
         self.context = browser.new_context(viewport={"width": 960, "height": 600}, bypass_csp=True)
         self.page = self.context.new_page()
         self.requested: list[str] = []

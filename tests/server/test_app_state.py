@@ -1,5 +1,5 @@
 """AppState.require and AsyncLLM.generate: every "not now" is a 503 with Retry-After
-(server/pipeline/unavailable.py)."""
+(server/http/unavailable.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from engine.messages import SamplingParams
 from server.app_state import AppState
 from server.config import ServerConfig
 from server.http.errors import APIError
-from server.pipeline.async_llm import AsyncLLM
-from server.pipeline.input_processor import GenerationSpec, ModelLimits
+from server.request.async_llm import AsyncLLM
+from server.request.input_processor import GenerationSpec, ModelLimits
 
 pytestmark = pytest.mark.anyio
 

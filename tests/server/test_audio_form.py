@@ -1,4 +1,4 @@
-"""server/api/audio/multipart.py and request.py: the multipart form read under the size cap (at, under, over),
+"""server/families/audio/multipart.py and request.py: the multipart form read under the size cap (at, under, over),
 malformed bodies, and the fields' checks: vLLM's sampling fields at, under and over the chat route's bounds."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import httpx
 import pytest
 
 from engine.messages import SamplingParams
-from server.api.audio.multipart import Form, read_form
-from server.api.audio.request import form_error, parse_form
-from server.api.audio.transcriptions import audio_params
+from server.families.audio.multipart import Form, read_form
+from server.families.audio.request import form_error, parse_form
+from server.families.audio.transcriptions import audio_params
 from server.http.errors import APIError
-from server.pipeline.input_processor import ModelLimits, check_request
+from server.request.input_processor import ModelLimits, check_request
 
 
 def _multipart(files: dict[str, Any] | None, data: dict[str, Any] | None) -> tuple[str, bytes]:

@@ -1,4 +1,4 @@
-"""server/api/audio/formats.py and stream.py: segments from Whisper's timestamp tokens, srt / vtt, the joined
+"""server/families/audio/formats.py and stream.py: segments from Whisper's timestamp tokens, srt / vtt, the joined
 text, usage; a stream's deltas add up to the non-streamed text whatever the order windows finish in."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from server.api.audio.formats import (
+from server.families.audio.formats import (
     body,
     compression_ratio,
     join_texts,
@@ -18,9 +18,9 @@ from server.api.audio.formats import (
     verbose_json,
     vtt,
 )
-from server.api.audio.stream import TranscriptStream
+from server.families.audio.stream import TranscriptStream
 from server.multimodal.audio import SpeechSupport, Window
-from server.pipeline.outputs import Output
+from server.request.collector import Output
 
 SUPPORT = SpeechSupport(
     sot=50258,

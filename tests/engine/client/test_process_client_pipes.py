@@ -230,9 +230,9 @@ async def test_stop_strings_queue_200_aborts_while_both_pipes_are_full() -> None
     full, yet the output handler finishes every request that a stop string ended and queues its abort."""
     from demo.tokenizers import load_tokenizer
     from server.app_load import detokenizer_factory
-    from server.pipeline.async_llm import AsyncLLM
-    from server.pipeline.input_processor import GenerationSpec
-    from server.pipeline.outputs import OutputKind
+    from server.request.async_llm import AsyncLLM
+    from server.request.collector import OutputKind
+    from server.request.input_processor import GenerationSpec
 
     tok = load_tokenizer("qwen2")
     stop_ids = tok.encode(" STOP here").ids

@@ -68,7 +68,7 @@ def test_zero_without_speculation() -> None:
 
 
 def test_data_parallel_sums_positions() -> None:
-    from server.pipeline.engine_pool import sum_stats
+    from server.engine_pool import sum_stats
 
     a = EngineStats(1, 0, 0, 10, 0, 0, 0, lora_running=["b"], spec_num_drafts=2, spec_accepted_per_pos=[2, 1])
     b = EngineStats(1, 0, 0, 10, 0, 0, 0, lora_running=["a", "b"], spec_num_drafts=3, spec_accepted_per_pos=[3, 2, 1])

@@ -7,8 +7,8 @@ import pytest
 
 from engine.messages import StructuredOutputs
 from server.config import ServerConfig
-from server.pipeline.parsing import request_constraint
 from server.reasoning.parser import DeepSeekR1Parser, Qwen3Parser, prompt_in_reasoning
+from server.structured.parsing import request_constraint
 
 
 @pytest.mark.parametrize(

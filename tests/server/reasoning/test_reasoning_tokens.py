@@ -1,4 +1,4 @@
-"""reasoning_tokens (server/streaming/reasoning_tokens.py) against the tokenizer's own offsets: the tokens that
+"""reasoning_tokens (server/reasoning/token_count.py) against the tokenizer's own offsets: the tokens that
 wrote the text through the first end tag, for every way the parser was fed."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import pytest
 import tokenizers
 
 from demo.tokenizers import load_tokenizer
-from server.api.openai.chat_format import ParsedChatFormatter
-from server.pipeline.outputs import Output
-from server.pipeline.parsing import ChoiceParser
-from server.protocol.openai import Usage
+from server.families.openai.formatter import ParsedChatFormatter
+from server.families.responses.formatter import ResponsesFormatter
 from server.reasoning.parser import DeepSeekR1Parser, Qwen3Parser, ReasoningParser
-from server.streaming.reasoning_tokens import reasoning_tokens
-from server.streaming.responses_formatter import ResponsesFormatter
+from server.reasoning.token_count import reasoning_tokens
+from server.request.collector import Output
+from server.request.openai_protocol import Usage
+from server.structured.parsing import ChoiceParser
 
 
 @pytest.fixture(scope="module")

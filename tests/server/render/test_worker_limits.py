@@ -1,5 +1,5 @@
 """The render workers' guards: a scrubbed environment, (de)tokenizing under the templates' time limit and
-memory cap, and the max_model_len bound checked before a text is tokenized (server/api/prompt_tokens.py).
+memory cap, and the max_model_len bound checked before a text is tokenized (server/request/prompt_tokens.py).
 
 Real tokenizers and real worker processes, on Trio and asyncio.
 """
@@ -15,11 +15,11 @@ import pytest
 import tokenizers
 
 from demo.tokenizers import tokenizer_dir
-from server.api.prompt_tokens import text_prompt_ids
 from server.http.errors import APIError
-from server.pipeline.input_processor import ModelLimits, check_fits, max_token_bytes
 from server.render.renderer import Renderer, RenderError
 from server.render.worker_pool import worker_env
+from server.request.input_processor import ModelLimits, check_fits, max_token_bytes
+from server.request.prompt_tokens import text_prompt_ids
 
 REPO = Path(__file__).resolve().parents[3]
 SECRETS = {

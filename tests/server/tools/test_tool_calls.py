@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 
 from engine.structured.grammar import validate
-from server.api.openai.chat_format import ParsedChatFormatter
+from server.families.openai.formatter import ParsedChatFormatter
 from server.http.errors import APIError
-from server.pipeline.detokenizer import IncrementalDetokenizer
-from server.pipeline.outputs import Output
-from server.pipeline.parsing import added_token_ids
-from server.protocol.openai import Usage
+from server.request.collector import Output
+from server.request.detokenizer import IncrementalDetokenizer
+from server.request.openai_protocol import Usage
+from server.structured.parsing import added_token_ids
 from server.tools.choice import AUTO_NEEDS_FLAGS, plan_tools
 from server.tools.parser import HermesParser, JsonListParser, MistralParser, NamedArgsParser
 

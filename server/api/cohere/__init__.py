@@ -1,2 +1,0 @@
-"""Cohere's v2 API on a pooling server: /v2/embed (embed.py) and /v2/rerank (rerank.py), as the official `cohere`
-SDK's ClientV2 calls them."""

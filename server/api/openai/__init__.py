@@ -1,1 +1,0 @@
-"""OpenAI's routes: /v1/completions, /v1/chat/completions, /v1/models."""

@@ -1,1 +1,0 @@
-"""Wire formats: msgspec Structs for each API family's request and response bodies (no behaviour)."""
