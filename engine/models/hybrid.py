@@ -19,9 +19,13 @@ from engine.layers.linear import Linear
 from engine.layers.lm_head import choose_head
 from engine.layers.ops import AttnMetadata, TorchOps
 from engine.models.args import ModelArgs
-from engine.models.decoder import CausalLM, GatedMLP, Rope, gemma_rms_norm
+from engine.models.decoder import CausalLM, Rope, gemma_rms_norm
 from engine.models.recurrent.state import StateBatch, StateShape
 from engine.models.rope import rope_table
+
+
+class MLP(Protocol):
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
 class Mixer(Protocol):
@@ -39,7 +43,7 @@ class AttnBlock:
     gate: Linear | None  # output gate: attention output times sigmoid(gate(h)) before o (Qwen3.5)
     ln1: torch.Tensor
     ln2: torch.Tensor
-    mlp: GatedMLP
+    mlp: MLP
 
 
 @dataclass
@@ -47,7 +51,7 @@ class RecurrentBlock:
     mixer: Mixer
     ln1: torch.Tensor
     ln2: torch.Tensor
-    mlp: GatedMLP
+    mlp: MLP
 
 
 Block = AttnBlock | RecurrentBlock
@@ -91,6 +95,10 @@ class HybridLM(CausalLM):
         self.q_size = args.num_heads * args.head_dim
         self.kv_size = args.num_kv_heads * args.head_dim
         self.fused, self.fused_checked = None, True
+        self.residual_scale = 1.0  # each sub-block's output times this before the residual add (Granite)
+        self.embedding_multiplier = 1.0  # Granite's multipliers (engine/models/granite_hybrid.py)
+        self.logits_scaling = 1.0
+        self.turns = True  # rope on the attention layers (Granite 4.0-H may leave positions to its Mamba layers)
 
     @property
     def num_kv_layers(self) -> int:
@@ -132,10 +140,13 @@ class HybridLM(CausalLM):
                 h = self.attend(i, b, normed, kv_caches[self.kv_index[i]], meta, rope)
             else:
                 h = b.mixer(normed, states.layers[self.state_index[i]], states)
-            x = x + h
-            x = x + b.mlp(self.rms_norm(x, b.ln2))
+            x = self.residual(x, h)
+            x = self.residual(x, b.mlp(self.rms_norm(x, b.ln2)))
             normed = self.rms_norm(x, blocks[i + 1].ln1) if i + 1 < len(blocks) else x
         return x
+
+    def residual(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        return x + h if self.residual_scale == 1.0 else x + h * self.residual_scale
 
     def attend(
         self,
@@ -153,7 +164,9 @@ class HybridLM(CausalLM):
         if b.q_norm is not None and b.k_norm is not None:
             q, k = self.rms_norm(q, b.q_norm), self.rms_norm(k, b.k_norm)
         r = a.rotary_dim
-        if r == a.head_dim:
+        if not self.turns:
+            pass
+        elif r == a.head_dim:
             q, k = rope(q, k, 0)
         else:  # partial rotary: the rest of each head passes through
             q_rot, k_rot = rope(q[..., :r], k[..., :r], 0)

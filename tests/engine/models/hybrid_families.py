@@ -2,7 +2,9 @@
 
 LFM2: conv and attention layers interleaved (conv first), a kernel of 3, biased convolutions. Qwen3.5: three
 Gated DeltaNet layers before a gated full-attention layer with partial rotary, two key heads serving four value
-heads. Each has Qwen2.5's tokenizer, so the real server can run it.
+heads. Granite 4.0-H: Mamba-2 layers around one attention layer, two groups, SSD chunks of 8 (prompts cross
+them), every multiplier apart from 1, with experts and rope, or dense without rope. Each has Qwen2.5's
+tokenizer, so the real server can run it.
 """
 
 from __future__ import annotations
@@ -43,7 +45,35 @@ HYBRIDS: dict[str, dict[str, Any]] = {
         tie_word_embeddings=False,
         max_position_embeddings=1024,
     ),
+    "granite_h": dict(
+        config="GraniteMoeHybridConfig",
+        model="GraniteMoeHybridForCausalLM",
+        hidden_size=64,
+        intermediate_size=32,
+        shared_intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+        mamba_n_heads=4,
+        mamba_d_head=32,
+        mamba_d_state=16,
+        mamba_n_groups=2,
+        mamba_d_conv=4,
+        mamba_chunk_size=8,
+        position_embedding_type="rope",
+        embedding_multiplier=2.0,
+        residual_multiplier=0.5,
+        attention_multiplier=0.3,
+        logits_scaling=4.0,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        tie_word_embeddings=False,
+        max_position_embeddings=1024,
+    ),
 }
+# Granite 4.0-H without experts and without rope (its attention layers see no positions)
+HYBRIDS["granite_h_dense"] = dict(HYBRIDS["granite_h"], num_local_experts=0, position_embedding_type=None)
 VOCAB = 151_646
 SEED = 2026
 

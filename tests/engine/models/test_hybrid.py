@@ -1,7 +1,8 @@
-"""Hybrid recurrent families (LFM2, Qwen3.5) against transformers on tiny random checkpoints, in float32: greedy
-tokens through the engine with concurrent sequences, chunked prefill through the recurrent layers (prompts longer
-than --max-num-batched-tokens), n = 2 siblings, preemption under a small cache, and an abort mid-prefill that
-leaves the state pool empty and a zeroed slot for the next request."""
+"""Hybrid recurrent families (LFM2, Qwen3.5, Granite 4.0-H with and without experts) against transformers on tiny
+random checkpoints, in float32: greedy tokens through the engine with concurrent sequences, chunked prefill through
+the recurrent layers (prompts longer than --max-num-batched-tokens), n = 2 siblings, preemption under a small
+cache, and an abort mid-prefill that leaves the state pool empty and a zeroed slot for the next request; the pool's
+share of the KV budget; refusals in one line naming the key."""
 
 from __future__ import annotations
 
@@ -120,6 +121,8 @@ def test_speculative_decoding_is_refused_in_one_line(ckpt: Path) -> None:
         ("lfm2", {"conv_L_cache": None}, "conv_L_cache"),
         ("qwen3_5", {"linear_key_head_dim": None}, "linear_key_head_dim"),
         ("qwen3_5", {"attention_bias": True}, "attention_bias=True"),
+        ("granite_h", {"position_embedding_type": "alibi"}, "position_embedding_type='alibi'"),
+        ("granite_h", {"mamba_d_state": None}, "mamba_d_state"),
     ],
 )
 def test_a_checkpoint_served_inexactly_is_refused_naming_the_key(
