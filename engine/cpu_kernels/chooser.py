@@ -6,6 +6,11 @@ candidate at a representative row count of each class, interleaved (a busy core 
 fastest of repeats, and caches the winners in the spindle cache under a key of the CPU model, the library
 versions, the shape and the candidate names, so a restart times nothing. SPINDLE_KERNEL_CHOICE=name forces one (a
 comma-separated list: the first that is a candidate).
+
+A timing taken while other processes held the cores is not cached: this process's threads waited for a CPU (the
+kernel's run-queue delay; where unreadable, the timing thread's CPU time fell short of the wall time), or the
+samples spread far above their fastest (`under_load`). Such a choice serves this run only and
+is timed again at the next start, so a busy first start cannot keep a slow kernel for good.
 """
 
 from __future__ import annotations
@@ -30,17 +35,42 @@ log = logging.getLogger(__name__)
 ROW_CLASSES: tuple[tuple[int, int], ...] = ((1, 1), (2, 4), (5, 16), (17, 64), (65, 1 << 30))  # last: prefill
 TIMED_ROWS = (1, 4, 16, 64, 256)  # the row count timed for each class (its largest that a step often has)
 SAMPLES = 5  # timed samples per candidate and class, interleaved
-METHOD = "fastest-of-samples-3"  # part of the cache key: a change of how choices are timed or kept times them again
+METHOD = "quiet-fastest-of-samples-4"  # in the cache key: a change of how choices are timed or kept times them again
 LONG_SAMPLES, LONG_CALL_S = 3, 10e-3  # fewer where every candidate's first call took this long
 SAMPLE_S = 2e-3  # each sample repeats the call until it lasts about this long
 MAX_REPEATS = 64
 FORCE_ENV = "SPINDLE_KERNEL_CHOICE"
+# under load: this process's threads together waited on a run queue this share of the timing's wall time ...
+BUSY_WAIT_SHARE = 0.2
+# ... (where that is unreadable: the timing thread ran less than this share of the wall time) ...
+BUSY_CPU_SHARE = 0.8
+# ... or the typical sample (the median over candidates and classes of each one's median / fastest) was this much
+# slower than the fastest: on a quiet core repeated samples agree within a few per cent
+BUSY_SPREAD = 1.3
 
 Bench = Callable[[int], Callable[[], object]]  # rows -> a zero-argument call that runs one product of that many rows
 clock: Callable[[], float] = time.perf_counter  # tests put a fake clock here
+cpu_clock: Callable[[], float] = time.thread_time  # the timing thread's CPU seconds (tests fake it with `clock`)
+
+
+def threads_run_delay() -> float | None:
+    """Seconds this process's threads have spent runnable but waiting for a CPU (the second field of each
+    /proc/self/task/*/schedstat), or None where the kernel does not say."""
+    total = 0
+    try:
+        for task in os.scandir("/proc/self/task"):
+            with open(f"{task.path}/schedstat") as f:
+                total += int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return total / 1e9
+
+
+run_delay: Callable[[], float | None] = threads_run_delay  # tests fake it
 _made: dict[tuple[str, tuple[int, ...], tuple[str, ...]], tuple[str, ...]] = {}
 # (kind, shape) -> the candidates timed and their medians per class
 _timed: dict[tuple[str, tuple[int, ...]], tuple[frozenset[str], list[dict[str, float]]]] = {}
+_loaded: set[tuple[str, tuple[int, ...]]] = set()  # (kind, shape) whose timing here was taken under load
 
 
 class ChooserError(RuntimeError):
@@ -131,10 +161,10 @@ def _sample(call: Callable[[], object], repeats: int) -> float:
     return (clock() - t0) / repeats
 
 
-def _time_class(rows: int, candidates: Mapping[str, Bench]) -> dict[str, float]:
-    """The fastest sample of each candidate that runs at `rows` rows: the one least held up by other processes
-    on a busy machine (a median follows the load; the minimum follows the kernel). One untimed call each first (it also
-    sets how often a sample repeats the call); a candidate that raises is left out."""
+def _time_class(rows: int, candidates: Mapping[str, Bench]) -> dict[str, list[float]]:
+    """The samples of each candidate that runs at `rows` rows (the caller keeps the fastest: the one least held up
+    by other processes on a busy machine; a median follows the load, the minimum the kernel). One untimed call each
+    first (it also sets how often a sample repeats the call); a candidate that raises is left out."""
     calls: dict[str, tuple[Callable[[], object], int]] = {}
     first_s: dict[str, float] = {}
     for name, bench in candidates.items():
@@ -152,7 +182,7 @@ def _time_class(rows: int, candidates: Mapping[str, Bench]) -> dict[str, float]:
     for _ in range(LONG_SAMPLES if long else SAMPLES):
         for name, (call, repeats) in calls.items():
             times[name].append(_sample(call, repeats))
-    return {name: min(t) for name, t in times.items()}
+    return times
 
 
 def _fastest(medians: Mapping[str, float], names: Iterable[str]) -> str | None:
@@ -160,17 +190,38 @@ def _fastest(medians: Mapping[str, float], names: Iterable[str]) -> str | None:
     return min(among, key=lambda n: (medians[n], n)) if among else None
 
 
-def _measure(candidates: Mapping[str, Bench]) -> tuple[tuple[str, ...], list[dict[str, float]]]:
-    """The winner per row class, and each class's medians (choose_held picks among fewer from them)."""
+def under_load(cpu_s: float, wall_s: float, samples: Iterable[list[float]], waited_s: float | None) -> str | None:
+    """Why a timing looks held up by other processes (None: it does not): the time this process's threads waited
+    for a CPU (None: unknown; then the timing thread's CPU time against the wall time), and how far the typical
+    sample sits above its candidate's fastest."""
+    if waited_s is not None and wall_s > 0 and waited_s > BUSY_WAIT_SHARE * wall_s:
+        return f"threads waited {waited_s:.2f} s for a CPU in {wall_s:.2f} s"
+    if waited_s is None and wall_s > 0 and cpu_s < BUSY_CPU_SHARE * wall_s:
+        return f"the timing thread ran {cpu_s / wall_s:.0%} of the wall time"
+    spreads = sorted(sorted(t)[len(t) // 2] / min(t) for t in samples if t and min(t) > 0)
+    if spreads and (typical := spreads[len(spreads) // 2]) > BUSY_SPREAD:
+        return f"the typical sample {typical:.2f}x its fastest"
+    return None
+
+
+def _measure(candidates: Mapping[str, Bench]) -> tuple[tuple[str, ...], list[dict[str, float]], str | None]:
+    """The winner per row class, each class's fastest samples (choose_held picks among fewer from them), and why
+    the timing looks taken under load (None: it does not)."""
     winners: list[str] = []
-    medians: list[dict[str, float]] = []
+    fastest: list[dict[str, float]] = []
+    samples: list[list[float]] = []
+    cpu0, wall0, waited0 = cpu_clock(), clock(), run_delay()
     for (lo, hi), rows in zip(ROW_CLASSES, TIMED_ROWS):
-        medians.append(_time_class(rows, candidates))
-        best = _fastest(medians[-1], candidates)
+        times = _time_class(rows, candidates)
+        samples += times.values()
+        fastest.append({name: min(t) for name, t in times.items()})
+        best = _fastest(fastest[-1], candidates)
         if best is None:
             raise ChooserError(f"no candidate of {', '.join(candidates) or '(none)'} runs at {lo}-{hi} rows")
         winners.append(best)
-    return tuple(winners), medians
+    waited1 = run_delay()
+    waited = None if waited0 is None or waited1 is None else waited1 - waited0
+    return tuple(winners), fastest, under_load(cpu_clock() - cpu0, clock() - wall0, samples, waited)
 
 
 def choose(kind: str, shape: tuple[int, ...], candidates: Mapping[str, Bench]) -> tuple[str, ...]:
@@ -209,15 +260,37 @@ def _choose(kind: str, shape: tuple[int, ...], candidates: Mapping[str, Bench]) 
             winners, medians = cached
         elif (fewer := _from_timed(kind, tuple(shape), names)) is not None:
             winners, medians = fewer
-            _write_cache(key, winners, medians)
+            if (kind, tuple(shape)) not in _loaded:
+                _write_cache(key, winners, medians)
         else:
-            winners, medians = _measure(candidates)
-            _write_cache(key, winners, medians)
+            winners, medians, load = _measure(candidates)
+            _keep(key, kind, tuple(shape), winners, medians, load)
         if (kind, tuple(shape)) not in _timed or frozenset(names) > _timed[(kind, tuple(shape))][0]:
             _timed[(kind, tuple(shape))] = frozenset(names), medians
     new = _made.get(memo) != winners
     _made[memo] = winners
     return winners, new
+
+
+def _keep(
+    key: str,
+    kind: str,
+    shape: tuple[int, ...],
+    winners: tuple[str, ...],
+    times: list[dict[str, float]],
+    load: str | None,
+) -> None:
+    """Cache a quiet timing; one taken under load serves this run only (the next start times again)."""
+    if load is None:
+        _write_cache(key, winners, times)
+        return
+    _loaded.add((kind, shape))
+    log.info(
+        "kernels for %s %s timed under load (%s): kept for this run only, timed again at the next start",
+        kind,
+        "x".join(map(str, shape)),
+        load,
+    )
 
 
 def _from_timed(
@@ -278,3 +351,4 @@ def forget() -> None:
     """Drop this process's memory of its choices (tests; the disk cache stays)."""
     _made.clear()
     _timed.clear()
+    _loaded.clear()

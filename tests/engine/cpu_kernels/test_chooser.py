@@ -25,6 +25,8 @@ class FakeClock:
 def clock(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeClock]:
     fake = FakeClock()
     monkeypatch.setattr(chooser, "clock", fake)
+    monkeypatch.setattr(chooser, "cpu_clock", fake)  # the timing thread ran all the wall time: a quiet machine
+    monkeypatch.setattr(chooser, "run_delay", lambda: None)  # the kernel's run-queue delay unknown
     monkeypatch.setattr(chooser, "_library_hash", lambda: "built")  # no kernel build in a fresh cache per test
     monkeypatch.setenv("SPINDLE_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv(chooser.FORCE_ENV, raising=False)
@@ -214,3 +216,67 @@ def test_the_layout_held_loses_least_over_all_classes(clock: FakeClock) -> None:
     calls = ours.calls + tiles.calls
     assert chooser.choose_held("bf16", (8, 8), {"ours": ours, "tiles": tiles}, form_of) == (held, got)
     assert ours.calls + tiles.calls == calls
+
+
+class HeldClock:
+    """The timing thread's CPU clock on a machine where other processes hold its core part of the time: it runs at
+    `share` of the wall clock's pace."""
+
+    def __init__(self, wall: FakeClock, share: float) -> None:
+        self.wall, self.share = wall, share
+
+    def __call__(self) -> float:
+        return self.wall.t * self.share
+
+
+def test_the_load_detector_reads_cpu_share_and_spread() -> None:
+    steady = [[1.0, 1.02, 1.01, 1.0, 1.03]] * 4
+    assert chooser.under_load(9.5, 10.0, steady, None) is None
+    assert "ran 50% of the wall time" in str(chooser.under_load(5.0, 10.0, steady, None))
+    # with the run-queue delay known it decides (a thread asleep at a barrier is not load)
+    assert chooser.under_load(5.0, 10.0, steady, 0.5) is None
+    assert "waited 3.00 s for a CPU in 10.00 s" in str(chooser.under_load(10.0, 10.0, steady, 3.0))
+    held = [[1.0, 1.6, 1.7, 1.5, 2.0]] * 3 + steady[:2]  # most candidates' samples held up, the CPU time not told
+    assert "1.60x its fastest" in str(chooser.under_load(10.0, 10.0, held, 0.0))
+    one_hiccup = [[1.0, 9.0, 1.0, 1.0, 1.0]] + steady  # one held-up sample is not load
+    assert chooser.under_load(10.0, 10.0, one_hiccup, None) is None
+
+
+def test_a_timing_under_load_serves_this_run_only(clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Timed while the CPU clock ran at half the wall's pace: the choice is used but not cached, so the next start
+    times again, on a quiet machine, and keeps that choice."""
+    a, b = Fake(clock, lambda rows: 2e-3), Fake(clock, lambda rows: 1e-3)
+    monkeypatch.setattr(chooser, "cpu_clock", HeldClock(clock, 0.5))
+    assert chooser.choose("bf16", (8, 8), {"a": a, "b": b}) == ("b",) * 5
+    calls = a.calls + b.calls
+    assert chooser.choose("bf16", (8, 8), {"a": a, "b": b}) == ("b",) * 5  # this run remembers it
+    assert a.calls + b.calls == calls
+    assert not list((cache_root() / "kernel_choice").glob("*.json"))
+    chooser.forget()  # the next start, now quiet: timed again, and cached
+    monkeypatch.setattr(chooser, "cpu_clock", clock)
+    assert chooser.choose("bf16", (8, 8), {"a": a, "b": b}) == ("b",) * 5
+    assert a.calls + b.calls > calls
+    assert len(list((cache_root() / "kernel_choice").glob("*.json"))) == 1
+
+
+def test_run_queue_waits_mark_a_timing_loaded(clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU clock keeps pace, but the process's threads waited for a CPU for half the timing: not cached."""
+    monkeypatch.setattr(chooser, "run_delay", lambda: clock.t / 2)
+    chooser.choose("bf16", (8, 8), {"a": Fake(clock, lambda rows: 2e-3), "b": Fake(clock, lambda rows: 1e-3)})
+    assert not list((cache_root() / "kernel_choice").glob("*.json"))
+
+
+def test_the_run_queue_delay_of_this_process_reads() -> None:
+    waited = chooser.threads_run_delay()
+    assert waited is None or waited >= 0.0
+
+
+def test_a_held_layout_from_a_loaded_timing_is_not_cached_either(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """choose_held's second round (among the held layout's candidates) reuses the loaded timing: not cached."""
+    ours = Fake(clock, lambda rows: 1e-3 * rows if rows <= 16 else 4e-3 * rows)
+    tiles = Fake(clock, lambda rows: 1.1e-3 * rows if rows <= 16 else 1e-3 * rows)
+    monkeypatch.setattr(chooser, "cpu_clock", HeldClock(clock, 0.6))
+    chooser.choose_held("bf16", (8, 8), {"ours": ours, "tiles": tiles}, {"ours": "packed", "tiles": "blocked"})
+    assert not list((cache_root() / "kernel_choice").glob("*.json"))
