@@ -30,36 +30,16 @@ from server.app_load import (
 )
 from server.app_state import AppState
 from server.config import ServerConfig
-from server.families.anthropic.messages import CountTokensRoute, MessagesRoute
-from server.families.audio.transcriptions import AudioRoute
-from server.families.cohere.embed import CohereEmbedRoute
-from server.families.cohere.rerank import CohereRerankRoute
-from server.families.openai.chat import ChatRoute
-from server.families.openai.completions import CompletionsRoute
-from server.families.openai.embeddings import EmbeddingsRoute
-from server.families.openai.model_list import ModelsRoute
-from server.families.pooling.classify import ClassifyRoute
-from server.families.pooling.pool import PoolingRoute
-from server.families.pooling.rerank import RerankRoute
-from server.families.pooling.score import ScoreRoute
-from server.families.responses.background import BackgroundResponses
-from server.families.responses.routes import ResponsesRoute, StoredResponseRoute
 from server.families.responses.store import ResponseStore
-from server.families.vllm.generate import GenerateRoute
-from server.families.vllm.lora import LoadLoRARoute, UnloadLoRARoute
-from server.families.vllm.render import ChatRenderRoute, CompletionsRenderRoute
-from server.families.vllm.tokenize import DetokenizeRoute, TokenizeRoute
 from server.http.asgi import Receive, Scope, Send, send_error
 from server.http.deploy import wrap_app
 from server.http.errors import APIError, describe_exception
 from server.metrics.prometheus import ServerMetrics
 from server.multimodal.images import image_support
 from server.render_app import checkpoint_limits
-from server.routes.health import HealthRoute, VersionRoute
-from server.routes.metrics_route import MetricsRoute
-from server.routes.render_only import GENERATION_ROUTES, NotHereRoute
 from server.routes.render_only import not_found as render_not_found
-from server.routes.ui import ASSETS, PUBLIC_PATHS, AssetRoute, PageRoute
+from server.routes.table import RouteContext, full_routes, page_routes, render_only_routes
+from server.routes.ui import PUBLIC_PATHS
 from server.runtime.api_role import WorkerContext
 
 log = logging.getLogger("spindle.server")
@@ -70,7 +50,7 @@ def _default_on_fatal(why: str) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:
+async def not_found(scope: Scope, receive: Receive, send: Send) -> None:
     if scope["type"] != "http":
         return
     await send_error(
@@ -133,90 +113,9 @@ def create_app(
         return _render_only_app(state, metrics, open_renderer, fatal, load_in_background)
     metrics.watch_engine()
     load = EngineLoad(state, metrics, worker, engine_factory, open_renderer, fatal)
-    routes = [
-        Route("/v1/completions", CompletionsRoute(state), methods=["POST"]),
-        Route("/v1/chat/completions", ChatRoute(state), methods=["POST"]),
-        Route("/v1/embeddings", EmbeddingsRoute(state), methods=["POST"]),
-        Route("/v1/audio/transcriptions", AudioRoute(state, "transcribe"), methods=["POST"]),
-        Route("/v1/audio/translations", AudioRoute(state, "translate"), methods=["POST"]),
-        *_pooling_routes(state),
-        Route("/inference/v1/generate", GenerateRoute(state), methods=["POST"]),
-        Route("/v1/messages", MessagesRoute(state), methods=["POST"]),
-        Route("/v1/messages/count_tokens", CountTokensRoute(state), methods=["POST"]),
-        *_responses_routes(state, worker, responses_store),
-        *(_lora_routes(state) if config.lora.allow_runtime_lora_updating else []),
-        *_common_routes(state, metrics),
-        *([] if config.http.disable_ui else _ui_routes(state)),
-    ]
+    routes = full_routes(RouteContext(state, metrics, worker=worker, responses_store=responses_store))
     public = () if config.http.disable_ui else PUBLIC_PATHS
-    return _asgi(state, routes, _lifespan(state, load.run, fatal, load_in_background), _not_found, public, wrap)
-
-
-def _responses_routes(state: AppState, worker: WorkerContext | None, store: ResponseStore | None) -> list[Route]:
-    # one store for all API processes (a file in the launcher's directory); a single server's in memory
-    if store is None:
-        store = ResponseStore(
-            state.config.outputs.responses_store_size, worker.responses_dir if worker is not None else None
-        )
-    background = BackgroundResponses(state, store)
-    return [
-        Route("/v1/responses", ResponsesRoute(state, store, background), methods=["POST"]),
-        Route("/v1/responses/{response_id}", StoredResponseRoute(store), methods=["GET", "DELETE"]),
-        Route("/v1/responses/{response_id}/cancel", StoredResponseRoute(store, background), methods=["POST"]),
-    ]
-
-
-def _lora_routes(state: AppState) -> list[Route]:
-    """vLLM's runtime adapter routes (SPINDLE_ALLOW_RUNTIME_LORA_UPDATING=1 only, as vLLM)."""
-    log.warning(
-        "runtime LoRA updating is on (SPINDLE_ALLOW_RUNTIME_LORA_UPDATING=1): any client may load adapters "
-        "from this machine's files with /v1/load_lora_adapter"
-    )
-    return [
-        Route("/v1/load_lora_adapter", LoadLoRARoute(state), methods=["POST"]),
-        Route("/v1/unload_lora_adapter", UnloadLoRARoute(state), methods=["POST"]),
-    ]
-
-
-def _pooling_routes(state: AppState) -> list[Route]:
-    """vLLM's pooling family and Cohere's v2 (a --runner pooling server; elsewhere a 400 naming the flag)."""
-    score, rerank = ScoreRoute(state), RerankRoute(state)
-    return [
-        Route("/classify", ClassifyRoute(state), methods=["POST"]),
-        Route("/score", score, methods=["POST"]),
-        Route("/v1/score", score, methods=["POST"]),
-        Route("/rerank", rerank, methods=["POST"]),
-        Route("/v1/rerank", rerank, methods=["POST"]),
-        Route("/v2/rerank", CohereRerankRoute(state), methods=["POST"]),
-        Route("/pooling", PoolingRoute(state), methods=["POST"]),
-        Route("/v2/embed", CohereEmbedRoute(state), methods=["POST"]),
-    ]
-
-
-def _common_routes(state: AppState, metrics: ServerMetrics) -> list[Route]:
-    """What `spindle serve` and `spindle render` both answer."""
-    return [
-        Route("/v1/models", ModelsRoute(state), methods=["GET"]),
-        Route("/health", HealthRoute(state), methods=["GET"]),
-        Route("/version", VersionRoute(), methods=["GET"]),
-        Route("/metrics", MetricsRoute(metrics), methods=["GET"]),
-        Route("/tokenize", TokenizeRoute(state), methods=["POST"]),
-        Route("/detokenize", DetokenizeRoute(state), methods=["POST"]),
-        Route("/v1/completions/render", CompletionsRenderRoute(state), methods=["POST"]),
-        Route("/v1/chat/completions/render", ChatRenderRoute(state), methods=["POST"]),
-    ]
-
-
-def _ui_routes(state: AppState) -> list[Route]:
-    """The chat page at / and /ui, and its assets (server/routes/ui.py); a full server's only."""
-    model = state.config.model.model
-    return _page_routes(state, vision=model is not None and image_support(model) is not None)
-
-
-def _page_routes(state: AppState, vision: bool) -> list[Route]:
-    page = PageRoute(state, vision=vision)
-    assets = [Route(f"/ui/{name}", AssetRoute(name), methods=["GET"]) for name in ASSETS]
-    return [Route("/", page, methods=["GET"]), Route("/ui", page, methods=["GET"]), *assets]
+    return _asgi(state, routes, _lifespan(state, load.run, fatal, load_in_background), not_found, public, wrap)
 
 
 def front_page_routes(config: ServerConfig, models: list[str]) -> tuple[list[Route], tuple[str, ...]]:
@@ -225,7 +124,7 @@ def front_page_routes(config: ServerConfig, models: list[str]) -> tuple[list[Rou
     if config.http.disable_ui:
         return [], ()
     vision = any(image_support(path) is not None for path in models)
-    return _page_routes(AppState(config=config, model_name=""), vision), PUBLIC_PATHS
+    return page_routes(RouteContext(AppState(config=config, model_name=""), vision=vision)), PUBLIC_PATHS
 
 
 def _asgi(
@@ -285,9 +184,9 @@ def _render_only_app(
             limits = await anyio.to_thread.run_sync(checkpoint_limits, config, getattr(renderer, "tokenizer", None))
             state.renderer, state.limits, state.mm_pool = renderer, limits, mm_pool
             log.info("rendering for %s (max_model_len %d); no engine", state.model_name, limits.max_model_len)
+            state.mark_ready()
             task_status.started()
             await anyio.sleep_forever()
 
-    not_here = NotHereRoute()
-    routes = [*_common_routes(state, metrics), *(Route(path, not_here) for path in GENERATION_ROUTES)]
+    routes = render_only_routes(RouteContext(state, metrics))
     return _asgi(state, routes, _lifespan(state, run_renderer, fatal, load_in_background), render_not_found)

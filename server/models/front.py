@@ -1,6 +1,7 @@
 """`--models-dir`: the app in front of every model. It answers /v1/models (every model in the folder, loaded or not),
-/health, /version and /metrics (each loaded model's, labelled by model_name, and the registry's), and hands every
-other request to the app of the model its body names (server/models/routing.py), loaded first if need be
+/health, /version and /metrics (each loaded model's, labelled by model_name, and the registry's), and hands each
+of the route table's model-named paths (server/routes/table.py) to the app of the model its body names
+(server/models/routing.py), loaded first if need be
 (server/models/registry.py). Each model's app is the single-model app (server/app.py create_app, unwrapped):
 its own AsyncLLM, engine, renderer, admission, Responses store and metrics.
 
@@ -22,9 +23,11 @@ import msgspec
 from prometheus_client import CollectorRegistry, generate_latest
 from starlette.routing import Route, Router
 
-from server.app import create_app, front_page_routes
+from server.app import create_app, front_page_routes, not_found
 from server.app_load import EngineFactory
 from server.config import ServerConfig
+from server.families import ErrorShape, Family
+from server.families.responses import FAMILY as RESPONSES
 from server.http import unavailable
 from server.http.asgi import (
     ClientGone,
@@ -38,7 +41,7 @@ from server.http.asgi import (
     send_json,
 )
 from server.http.deploy import wrap_app
-from server.http.errors import APIError, anthropic_error_body
+from server.http.errors import APIError
 from server.http.version import send_version
 from server.metrics.prometheus import CONTENT_TYPE
 from server.models.catalog import scan
@@ -48,6 +51,7 @@ from server.models.owner import ModelOwner
 from server.models.registry import Loaded, ModelRegistry, ModelSlot, RegistryMetrics
 from server.models.routing import replay, routing_of
 from server.models.stored import ModelStores, unknown
+from server.routes.table import enabled
 from server.runtime.api_role import WorkerContext
 
 log = logging.getLogger("spindle.server")
@@ -72,30 +76,18 @@ class ModelList(msgspec.Struct):
 _encoder = msgspec.json.Encoder()
 
 
-def _anthropic(scope: Scope) -> bool:
-    """Anthropic's routes answer errors in Anthropic's shape, as the model's own routes do."""
-    return "/v1/messages" in scope["path"]
-
-
-def model_not_found(scope: Scope, name: str | None, served: list[str]) -> bytes:
+def model_not_found(errors: ErrorShape, name: str | None, served: list[str]) -> bytes:
     """OpenAI's 404 for an unknown model (code `model_not_found`); Anthropic's `not_found_error` on its routes."""
     message = (
         f"The model `{name}` does not exist; this server serves: {', '.join(served)}."
         if name is not None
         else f"The request names no `model`; this server serves: {', '.join(served)}."
     )
-    if _anthropic(scope):
-        return anthropic_error_body(404, message)
+    if errors is not ErrorShape.OPENAI:
+        return errors.body(APIError(message, status=404))
     return _encoder.encode(
         {"error": {"message": message, "type": "invalid_request_error", "param": "model", "code": "model_not_found"}}
     )
-
-
-async def _refuse(scope: Scope, send: Send, error: APIError) -> None:
-    if _anthropic(scope):
-        await send_json(send, error.status, anthropic_error_body(error.status, error.message))
-    else:
-        await send_error(send, error)
 
 
 class _Endpoint:
@@ -106,6 +98,16 @@ class _Endpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.handle(scope, receive, send)
+
+
+class _ByModel:
+    """A model-named path of the route table: to the model's app, errors in the shape of the path's family."""
+
+    def __init__(self, front: ModelsFront, family: Family) -> None:
+        self.front, self.errors = front, family.errors
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.front.dispatch(scope, receive, send, self.errors)
 
 
 def _metrics_of(app: Any) -> Any:
@@ -152,8 +154,8 @@ class ModelsFront:
         app = create_app(config, on_fatal=on_fatal, engine_factory=engine, wrap=False, responses_store=store)
         return Loaded(app, app.state_holder, _metrics_of(app))
 
-    async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Any route but the front's own: to the app of the model the body names."""
+    async def dispatch(self, scope: Scope, receive: Receive, send: Send, errors: ErrorShape) -> None:
+        """A model-named route: to the app of the model the body names."""
         if scope["type"] != "http":
             return
         try:
@@ -162,13 +164,13 @@ class ModelsFront:
         except ClientGone:
             return
         except APIError as e:
-            await _refuse(scope, send, e)
+            await errors.send(send, e)
             return
         slot = self.registry.slots.get(name) if name is not None else None
         if slot is None:
-            await send_json(send, 404, model_not_found(scope, name, sorted(self.registry.slots)))
+            await send_json(send, 404, model_not_found(errors, name, sorted(self.registry.slots)))
             return
-        await self._forward(slot, scope, body, receive, send, stream)
+        await self._forward(slot, scope, body, receive, send, stream, errors)
 
     async def stored(self, scope: Scope, receive: Receive, send: Send) -> None:
         """GET / DELETE /v1/responses/{id} (from the store that holds it) and POST .../cancel (to its model)."""
@@ -181,20 +183,20 @@ class ModelsFront:
         if name is None:
             await send_error(send, unknown(response_id))
         elif scope["path"].endswith("/cancel"):
-            await self._forward(self.registry.slots[name], scope, b"", receive, send, False)
+            await self._forward(self.registry.slots[name], scope, b"", receive, send, False, RESPONSES.errors)
         else:
             await self.stores.answer(name, scope, receive, send)
 
     async def _forward(
-        self, slot: ModelSlot, scope: Scope, body: bytes, receive: Receive, send: Send, stream: bool
+        self, slot: ModelSlot, scope: Scope, body: bytes, receive: Receive, send: Send, stream: bool, errors: ErrorShape
     ) -> None:
         """To the model's app, once loaded."""
         if slot.status != "loaded" and stream:
-            await self._stream_after_load(slot, scope, body, receive, send)
+            await self._stream_after_load(slot, scope, body, receive, send, errors)
             return
         app, error = await self._acquire(slot, receive)
         if error is not None:
-            await _refuse(scope, send, error)
+            await errors.send(send, error)
         if app is None:
             return
         try:
@@ -224,7 +226,7 @@ class ModelsFront:
         return app, error
 
     async def _stream_after_load(
-        self, slot: ModelSlot, scope: Scope, body: bytes, receive: Receive, send: Send
+        self, slot: ModelSlot, scope: Scope, body: bytes, receive: Receive, send: Send, errors: ErrorShape
     ) -> None:
         await send(
             {
@@ -251,12 +253,12 @@ class ModelsFront:
             finally:
                 done.set()
         if error is not None:
-            error_body = anthropic_error_body(error.status, error.message) if _anthropic(scope) else error.body()
-            await send({"type": "http.response.body", "body": _sse_error(scope) + error_body + b"\n\n"})
+            event = errors.sse_error_prefix + errors.body(error) + b"\n\n"
+            await send({"type": "http.response.body", "body": event})
         if app is None:
             return
         try:
-            await app(scope, replay(body, receive), _continue_stream(send, _sse_error(scope)))
+            await app(scope, replay(body, receive), _continue_stream(send, errors.sse_error_prefix))
         finally:
             self.registry.release(slot)
 
@@ -319,11 +321,6 @@ class ModelsFront:
             owning.cancel_scope.cancel()
 
 
-def _sse_error(scope: Scope) -> bytes:
-    """How an error event starts in the route's stream: Anthropic's names its event."""
-    return b"event: error\ndata: " if _anthropic(scope) else b"data: "
-
-
 def _continue_stream(send: Send, prefix: bytes) -> Send:
     """The model's own response after the front sent the SSE headers: its start is dropped; a non-200 answer's
     body (an error) is sent as one SSE event."""
@@ -359,8 +356,13 @@ def create_models_app(
         Route("/v1/responses/{response_id}", _Endpoint(front.stored), methods=["GET", "DELETE"]),
         Route("/v1/responses/{response_id}/cancel", _Endpoint(front.stored), methods=["POST"]),
     ]
+    by_model = [
+        Route(spec.path, _ByModel(front, spec.family), methods=list(spec.methods))
+        for spec in enabled(config)
+        if spec.model_named
+    ]
     page, public = front_page_routes(config, [str(slot.entry.path) for slot in front.registry.slots.values()])
-    router = Router(routes=[*routes, *page], lifespan=front.lifespan, default=front.dispatch)
+    router = Router(routes=[*routes, *by_model, *page], lifespan=front.lifespan, default=not_found)
     app: Any = wrap_app(router, config, public)
     app.state_holder = front
     return app

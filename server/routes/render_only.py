@@ -1,29 +1,10 @@
-"""What `spindle render` answers where the full server would generate: a 404 naming `spindle serve`."""
+"""What `spindle render` answers where the full server would generate: a 404 naming `spindle serve` (the paths
+are the route table's that need an engine, server/routes/table.py)."""
 
 from __future__ import annotations
 
 from server.http.asgi import Receive, Scope, Send, send_error
 from server.http.errors import APIError
-
-GENERATION_ROUTES = (
-    "/v1/completions",
-    "/v1/chat/completions",
-    "/v1/embeddings",
-    "/v1/messages",
-    "/v1/messages/count_tokens",
-    "/inference/v1/generate",
-    "/classify",
-    "/score",
-    "/v1/score",
-    "/rerank",
-    "/v1/rerank",
-    "/v2/rerank",
-    "/pooling",
-    "/v2/embed",
-    "/v1/responses",
-    "/v1/audio/transcriptions",
-    "/v1/audio/translations",
-)
 
 
 class NotHereRoute:
