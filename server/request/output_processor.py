@@ -263,8 +263,33 @@ class OutputProcessor:
         if not new and not finished:
             return None
         state.detok_done = len(state.unsent)
+        if len(new) > 1 and state.has_stops:
+            return self._feed_each(state, new, finished)
         matched: str | None = state.detok.update(new, finished)
         return matched
+
+    def _feed_each(self, state: RequestState, new: list[int], finished: bool) -> str | None:
+        """A step's several ids (speculation) fed one at a time, as steps of one token would be: a stop string
+        ends the request at the token that completes it, and the ids after it are dropped, so the text, usage
+        and logprobs equal decoding without speculation."""
+        last = len(new) - 1
+        for j, token in enumerate(new):
+            matched: str | None = state.detok.update([token], finished and j == last)
+            if matched is not None:
+                self._drop(state, last - j)
+                return matched
+        return None
+
+    @staticmethod
+    def _drop(state: RequestState, k: int) -> None:
+        """Forget the request's last `k` ids, delivered past the stop string that ended it."""
+        if k <= 0:
+            return
+        del state.unsent[-k:]
+        state.detok_done = len(state.unsent)
+        state.num_output_tokens -= k
+        if state.logprobs:  # one per id when asked for
+            del state.logprobs[-k:]
 
     def _finish(
         self, state: RequestState, finish: str, stop_reason: int | str | None, ro: RequestOutput, now: float

@@ -81,3 +81,44 @@ def test_same_answers_with_and_without(servers: tuple[Server, Server]) -> None:
     assert streamed(spec, body) == streamed(plain, body)
     assert spec.metric("spindle_spec_decode_num_accepted_tokens_total") > 0
     assert spec.metric("spindle_spec_decode_num_drafts_total") > 0
+
+
+def streamed_usage(server: Server, path: str, body: dict[str, object]) -> tuple[str, object, object]:
+    """A stream's text, its last finish_reason and its usage chunk (stream_options.include_usage)."""
+    text, finish, usage = "", None, None
+    full = {"model": "tiny", "stream": True, "stream_options": {"include_usage": True}, **body}
+    with httpx.stream("POST", f"{server.url}{path}", json=full, timeout=120) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            for c in chunk["choices"]:
+                text += c.get("text") or (c.get("delta") or {}).get("content") or ""
+                finish = c.get("finish_reason") or finish
+    return text, finish, usage
+
+
+def test_a_stop_string_inside_an_accepted_draft_ends_the_run_there(servers: tuple[Server, Server]) -> None:
+    """Stop strings that end at several places of the plain answer (its prefixes: each ends where it is cut),
+    most of them inside a step of several accepted tokens: the same text, usage, logprobs and finish with
+    speculation, streamed or not, chat and completions, n > 1."""
+    plain, spec = servers
+    chat = {"messages": [{"role": "user", "content": TEXT}], "max_tokens": 30, "temperature": 0}
+    shapes = [
+        ("/v1/completions", {"prompt": TEXT, "max_tokens": 40, "temperature": 0, "logprobs": 2}),
+        ("/v1/completions", {"prompt": TEXT, "max_tokens": 40, "temperature": 0, "n": 2}),
+        ("/v1/chat/completions", {**chat, "logprobs": True, "top_logprobs": 2}),
+    ]
+    stopped_early = 0
+    for path, body in shapes:
+        choice = post(plain, path, body)["choices"][0]  # type: ignore[index]
+        text = str(choice.get("text") or choice["message"]["content"])
+        for cut in range(len(text) // 4, len(text), max(len(text) // 5, 1)):
+            stopped = {**body, "stop": [text[:cut]]}
+            want, got = post(plain, path, stopped), post(spec, path, stopped)
+            assert close(answers(got), answers(want)), (path, cut)
+            assert got["usage"] == want["usage"], (path, cut)
+            assert streamed_usage(spec, path, stopped) == streamed_usage(plain, path, stopped), (path, cut)
+            stopped_early += want["choices"][0]["finish_reason"] == "stop"  # type: ignore[index]
+    assert stopped_early >= 6
