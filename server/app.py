@@ -104,7 +104,8 @@ def create_app(
     """
     if config is None:  # plain `hypercorn 'server.app:create_app()'`: one engine per worker process
         _refuse_several_hypercorn_workers()
-        config = ServerConfig.from_env()  # SPINDLE_RENDER_ONLY=1 is checked there as `spindle render` is
+        # SPINDLE_RENDER_ONLY=1 is checked there as `spindle render` is; no SPINDLE_MODEL: the default model
+        config = ServerConfig.from_env(default_model=True)
     state = AppState(config=config, model_name=config.model.model_name)
     metrics = server_metrics(config, worker)
     fatal = on_fatal or _default_on_fatal

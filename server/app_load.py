@@ -33,6 +33,8 @@ from server.request.async_llm import AsyncLLM
 from server.request.detokenizer import IncrementalDetokenizer, prepare
 from server.request.input_processor import GenerationSpec, limits_for
 from server.runtime.api_role import WorkerContext
+from server.startup_stage import enter as stage
+from server.startup_stage import report_stages
 from server.tools.registry import get_tool_parser, template_fits
 
 log = logging.getLogger("spindle.server")
@@ -134,14 +136,21 @@ class EngineLoad:
         self.engine_factory, self.open_renderer, self.fatal = engine_factory, open_renderer, fatal
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Load, publish, then serve until cancelled."""
+        """Load, publish, then serve until cancelled; the log says which stage runs until then."""
+        async with anyio.create_task_group() as reporting:
+            reporting.start_soon(report_stages, self.state)
+            await self._load_and_serve(task_status)
+
+    async def _load_and_serve(self, task_status: anyio.abc.TaskStatus[None]) -> None:
         cfg = self.state.config
         if self.engine_factory is None:  # builds the demo, or derives a GGUF model's folder, on first use
             cfg = await anyio.to_thread.run_sync(cfg.resolved)
         self.state.config = cfg
+            stage(self.state, "preparing the model's files (a GGUF file's config and tokenizer are derived once)")
         async with AsyncExitStack() as stack:
             renderer = await stack.enter_async_context(self.open_renderer(cfg))
             self.state.mm_pool = await stack.enter_async_context(open_image_worker_for(cfg))
+            stage(self.state, "starting the chat-template renderer")
             loras = None
             if cfg.lora.enable_lora:  # the static adapters, checked before the engine loads: a bad one stops start-up
                 loras = await anyio.to_thread.run_sync(
@@ -155,6 +164,7 @@ class EngineLoad:
                     loras.shared = SharedAdapters(self.worker.responses_dir)
             client = await stack.enter_async_context(self._open_engines(cfg))
             tokenizer = getattr(renderer, "tokenizer", None)
+            stage(self.state, "loading the model in the engine (its log lines give the fraction read)")
             llm = self._make_llm(cfg, client, tokenizer)
             async with anyio.create_task_group() as tg:
                 await tg.start(llm.run)
@@ -171,6 +181,7 @@ class EngineLoad:
                 gc.freeze()
                 task_status.started()
                 await anyio.sleep_forever()
+                state.mark_ready()
 
     def _open_engines(self, cfg: ServerConfig) -> AbstractAsyncContextManager[Any]:
         """A test's stand-in; an API process's channels to the launcher's engines; or the engine process(es)."""

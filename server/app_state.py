@@ -73,13 +73,21 @@ class AppState:
     created: int = field(default_factory=lambda: int(time.time()))
     stopping: Stopping = field(default_factory=Stopping)  # the one draining flag; AsyncLLM is given it
     tasks: Any = None  # an anyio TaskGroup for work that outlives its request (background responses)
+    stage: str = "starting"  # what start-up is doing now: /health's 503 says it (server/app_load.py sets it)
+    on_ready: list[Callable[[], None]] = field(default_factory=list)  # run once the model serves
+
+    def mark_ready(self) -> None:
+        """Start-up is over: the model serves (the hooks: e.g. the "Running on" line, server/runtime/)."""
+        self.stage = "ready"
+        for hook in self.on_ready:
+            hook()
 
     def require(self, *, count: bool = True) -> tuple[AsyncLLM, Renderer, ModelLimits]:
         """The running parts, or a 503 saying why requests cannot be served now (AsyncLLM.check_open: a
         refusal while draining is counted unless `count` is False)."""
         llm, renderer, limits = self.llm, self.renderer, self.limits
         if llm is None or renderer is None or limits is None:
-            raise unavailable.starting()
+            raise unavailable.starting(self.stage)
         llm.check_open(count=count)
         return llm, renderer, limits
 
@@ -90,7 +98,7 @@ class AppState:
             _llm, renderer, limits = self.require(count=count)
             return renderer, limits
         if self.renderer is None or self.limits is None:
-            raise unavailable.starting()
+            raise unavailable.starting(self.stage)
         if self.stopping.is_set():
             raise unavailable.shutting_down()
         return self.renderer, self.limits

@@ -7,13 +7,14 @@ This module only turns argv into a ServerConfig and hands it to the process's st
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from engine.lora.config import parse_lora_modules
+from server.cli_help import MODEL_HELP, group_for, make_parser, metavar
 from server.config import (
-    DEFAULT_MODEL,
     JSON_FIELDS,
     JSON_LIST_FIELDS,
     SIZE_FIELDS,
@@ -32,7 +33,7 @@ from server.runtime.launcher import run_api_servers
 _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--host", "host", str, "address to listen on"),
     ("--port", "port", int, "port to listen on"),
-    ("--model", "model", str, "local HF-format checkpoint folder (default: the built-in demo checkpoint)"),
+    ("--model", "model", str, MODEL_HELP),
     (
         "--models-dir",
         "models_dir",
@@ -63,7 +64,20 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--chat-template", "chat_template", str, "chat template file or text"),
     ("--renderer-num-workers", "renderer_num_workers", int, "template/tokenizer worker processes"),
     ("--seed", "seed", int, "engine seed"),
-    ("--dtype", "dtype", str, "auto, float32, bfloat16 or float16"),
+    (
+        "--dtype",
+        "dtype",
+        str,
+        "auto (default: the fastest path that passes its self-checks here, e.g. bf16 over a GGUF file's blocks on "
+        "AVX512-BF16), float32, bfloat16 or float16",
+    ),
+    (
+        "--generation-config",
+        "generation_config",
+        str,
+        "sampling defaults for fields a request leaves out: auto (default: the model's; a GGUF file's "
+        "general.sampling.*, else llama.cpp's), vllm (the API's plain ones) or a folder with generation_config.json",
+    ),
     ("--quantization", "quantization", str, "int8: weight-only int8 weights, per output channel (CPU; off by default)"),
     ("--shutdown-timeout", "shutdown_timeout", float, "seconds to finish in-flight requests on shutdown"),
     ("--worker-class", "worker_class", str, "trio (default), asyncio or uvloop"),
@@ -242,48 +256,50 @@ _SWITCHES: list[tuple[str, str, str]] = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="spindle",
-        description="OpenAI-compatible LLM server. "
-        "`spindle render --model M`: render routes only, no engine. "
-        "`spindle make-demo [--vision | --whisper | --arch NAME | --shape NAME] PATH` "
-        "writes a demo checkpoint.",
+    parser, groups = make_parser(
+        "An OpenAI-compatible LLM server (also Anthropic's, Cohere's and vLLM's routes). With no flags it serves "
+        "SmolLM2-135M-Instruct on http://127.0.0.1:8000."
     )
-    _add_value_flags(parser)
-    _add_switches(parser)
-    _add_lora_and_cache_flags(parser)
+    _add_value_flags(groups)
+    _add_switches(groups)
+    _add_lora_and_cache_flags(groups)
     return parser
 
 
-def _add_value_flags(parser: argparse.ArgumentParser) -> None:
+def _add_value_flags(groups: dict[str, argparse._ArgumentGroup]) -> None:
     """The flags of _FLAGS, then --api-key (repeatable)."""
     for flag, dest, typ, text in _FLAGS:
-        parser.add_argument(flag, dest=dest, type=typ, default=None, help=text)
-    parser.add_argument(
+        group_for(groups, flag).add_argument(
+            flag, dest=dest, type=typ, default=None, help=text, metavar=metavar(flag, typ)
+        )
+    group_for(groups, "--api-key").add_argument(
         "--api-key",
         dest="api_keys",
         action="append",
         default=None,
+        metavar="KEY",
         help="require this bearer key on every route but /health (repeatable; or SPINDLE_API_KEY)",
     )
 
 
-def _add_switches(parser: argparse.ArgumentParser) -> None:
+def _add_switches(groups: dict[str, argparse._ArgumentGroup]) -> None:
     """The switches of _SWITCHES; unset they stay None so env vars and defaults can fill them."""
     for flag, dest, text in _SWITCHES:
-        parser.add_argument(flag, dest=dest, action="store_const", const=True, default=None, help=text)
+        group_for(groups, flag).add_argument(flag, dest=dest, action="store_const", const=True, default=None, help=text)
 
 
-def _add_lora_and_cache_flags(parser: argparse.ArgumentParser) -> None:
+def _add_lora_and_cache_flags(groups: dict[str, argparse._ArgumentGroup]) -> None:
     """--lora-modules, and the prefix cache's off switch (--enable-prefix-caching: accepted, hidden)."""
-    parser.add_argument(
+    group_for(groups, "--lora-modules").add_argument(
         "--lora-modules",
         dest="lora_modules",
         nargs="+",
         default=None,
+        metavar="ADAPTER",
         help='adapters to serve: name=path items, or JSON {"name", "path", "base_model_name"}',
     )
-    parser.add_argument(
+    cache = group_for(groups, "--no-enable-prefix-caching")
+    cache.add_argument(
         "--no-enable-prefix-caching",
         dest="enable_prefix_caching",
         action="store_const",
@@ -291,7 +307,7 @@ def _add_lora_and_cache_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="turn the prefix cache off",
     )
-    parser.add_argument(
+    cache.add_argument(
         "--enable-prefix-caching",
         dest="enable_prefix_caching",
         action="store_const",
@@ -320,10 +336,7 @@ def config_from_args(argv: Sequence[str], *, render_only: bool = False, default_
         given["api_keys"] = tuple(given["api_keys"])
     if render_only:
         given["render_only"] = True
-    config = ServerConfig.from_env(**given)
-    if default_model and config.model.unset and config.models.models_dir is None and not render_only:
-        config = ServerConfig.from_env(**given, model=DEFAULT_MODEL)
-    return config
+    return ServerConfig.from_env(default_model=default_model, **given)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -339,10 +352,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_model_exists(config.model.model)
         if config.models.models_dir is not None:  # the folder and its models.yaml are checked before serving
             scan(config.models.models_dir)
+        if not config.parallel.headless:
+            check_port_free(config.http.host, config.http.port)
     except ValueError as e:
         print(f"spindle: {e}", file=sys.stderr)
         return 2
     return run(config)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """The address is taken (another server?): say so before any model loads (ValueError), not after."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Hypercorn binds: a TIME_WAIT port is free
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}; pass --host / --port") from e
 
 
 def run(config: ServerConfig) -> int:

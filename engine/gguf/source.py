@@ -165,3 +165,24 @@ def open_model(file: Path) -> GGUFModel:
                     f"supported; supported: {', '.join(sorted(type_name(x) for x in SUPPORTED_TYPES))}"
                 )
     return model
+
+
+# general.sampling.* (gguf.Keys.General.SAMPLING_*) -> the sampling parameter it sets
+SAMPLING_KEYS: dict[str, str] = {
+    "general.sampling.temp": "temperature",
+    "general.sampling.top_k": "top_k",
+    "general.sampling.top_p": "top_p",
+    "general.sampling.min_p": "min_p",
+    "general.sampling.penalty_repeat": "repetition_penalty",
+}
+# llama.cpp's server defaults, for a file that names none of its own
+LLAMA_CPP_SAMPLING: dict[str, float | int] = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
+
+
+def sampling_defaults(metadata: dict[str, Any]) -> tuple[dict[str, float | int], str]:
+    """A GGUF file's sampling defaults and where they come from: its general.sampling.* keys where it has any,
+    else llama.cpp's server defaults."""
+    found = {p: v for k, p in SAMPLING_KEYS.items() if isinstance(v := metadata.get(k), (int, float))}
+    if found:
+        return found, "the file's general.sampling"
+    return dict(LLAMA_CPP_SAMPLING), "llama.cpp's defaults (the file names none)"

@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from engine.gguf.folder import derived_folder
-from engine.gguf.source import INSTALLED, gguf_file_of, open_model
+from engine.gguf.folder import derived_folder, gguf_files
+from engine.gguf.header import read_header
+from engine.gguf.source import INSTALLED, gguf_file_of, open_model, sampling_defaults
+from engine.models.checkpoint_meta import generation_defaults, read_generation_config
 from engine.pooling_config import CONVERTS, check_pooler_overrides
 from server.config.values import check_at_least_one, check_positive
 
@@ -36,6 +38,9 @@ class ModelConfig:
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     renderer_num_workers: int = 1
     chat_template_render_timeout: float = 5.0
+    # sampling defaults for fields a request leaves out (vLLM's flag): auto, the model's; vllm, the API's plain
+    # ones; or a folder holding a generation_config.json
+    generation_config: str = "auto"
     # other names requests may give for the model: the one --model named it by (`smollm2`) once start-up has put
     # the served folder in `model` (resolved()); not a setting
     model_aliases: tuple[str, ...] = field(default=(), metadata={"setting": False})
@@ -60,6 +65,11 @@ class ModelConfig:
                 f"--{'pooler-config' if self.pooler_config else 'convert'} applies to --runner pooling only"
             )
         check_pooler_overrides(self.pooler_config)
+        if self.generation_config not in ("auto", "vllm") and not Path(self.generation_config).is_dir():
+            raise ValueError(
+                f"--generation-config must be auto, vllm or a folder holding generation_config.json; "
+                f"got {self.generation_config!r}"
+            )
 
     @property
     def model_path(self) -> str:
@@ -80,6 +90,21 @@ class ModelConfig:
     def unset(self) -> bool:
         """No model named (neither --model nor SPINDLE_MODEL): the CLI then serves DEFAULT_MODEL."""
         return self.model is None and DEMO not in self.model_aliases
+
+    def sampling_defaults(self, checkpoint: dict[str, float | int]) -> tuple[dict[str, float | int], str]:
+        """The defaults for sampling fields a request leaves out, and where they come from. `checkpoint`: what the
+        engine read from the served folder's generation_config.json. auto: a GGUF file's general.sampling.*, else
+        llama.cpp's defaults; a folder's generation_config.json; vllm: none (the API's plain defaults)."""
+        if self.generation_config == "vllm":
+            return {}, "the API's own (--generation-config vllm)"
+        if self.generation_config != "auto":
+            folder = Path(self.generation_config)
+            return generation_defaults(read_generation_config(folder)), str(folder / "generation_config.json")
+        file = served_gguf(self.model) if self.model is not None else None
+        if file is not None:
+            found, source = sampling_defaults(read_header(file).metadata)
+            return {**checkpoint, **found}, source
+        return checkpoint, "generation_config.json" if checkpoint else "the API's own (no generation_config.json)"
 
     def names(self) -> tuple[str, ...]:
         """Every name a request may give for the model: the served name, --model as given, its aliases."""
@@ -125,3 +150,9 @@ def served_folder(model: str) -> str:
     """The folder the server and engine read: a GGUF model's derived one (written once), else `model` itself."""
     file = gguf_file_of(model)
     return model if file is None else str(derived_folder(open_model(file)))
+
+
+def served_gguf(model: str) -> Path | None:
+    """The (first) GGUF file behind `model`: a derived folder's, or the file a path or name gives; else None."""
+    files = gguf_files(Path(model))
+    return files[0] if files else gguf_file_of(model)

@@ -17,7 +17,7 @@ from server.config.engine_core import EngineCoreConfig
 from server.config.http import HttpConfig
 from server.config.lora import LoRAConfig
 from server.config.media import MediaConfig
-from server.config.model import ModelConfig
+from server.config.model import DEFAULT_MODEL, ModelConfig
 from server.config.models_dir import ModelsDirConfig
 from server.config.outputs import OutputConfig
 from server.config.parallel import ParallelConfig
@@ -143,9 +143,12 @@ class ServerConfig:
         return cls(**{group: _GROUPS[group](**values) for group, values in groups.items()})
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> ServerConfig:
+    def from_env(
+        cls, environ: dict[str, str] | None = None, *, default_model: bool = False, **overrides: Any
+    ) -> ServerConfig:
         """Read SPINDLE_<FIELD> (upper case) for every setting; `overrides` (flat settings) win. Unknown SPINDLE_
-        vars are logged."""
+        vars are logged. default_model: a server that starts (not a config built in code) serves DEFAULT_MODEL
+        when no model is named (the demo only as `demo`)."""
         env = dict(os.environ if environ is None else environ)
         values: dict[str, Any] = {}
         for key, raw in env.items():
@@ -161,7 +164,15 @@ class ServerConfig:
         if "api_keys" not in values and env.get(ENV_PREFIX + "API_KEY", "").strip():  # vLLM's VLLM_API_KEY twin
             values["api_keys"] = parse_setting("api_keys", tuple, env[ENV_PREFIX + "API_KEY"], ENV_PREFIX + "API_KEY")
         values.update(overrides)
-        return cls.from_settings(**values)
+        config = cls.from_settings(**values)
+        if (
+            default_model
+            and config.model.unset
+            and config.models.models_dir is None
+            and not config.parallel.render_only
+        ):
+            return cls.from_settings(**{**values, "model": DEFAULT_MODEL})
+        return config
 
 
 # ServerConfig's field -> its sub-config class, in the order they are built (and checked).

@@ -11,8 +11,9 @@ def unavailable(message: str) -> APIError:
     return APIError(message, status=503, retry_after=RETRY_AFTER)
 
 
-def starting() -> APIError:
-    return unavailable("The server is still starting; retry in a moment.")
+def starting(stage: str = "") -> APIError:
+    """stage: what start-up is doing (server/app_state.py AppState.stage)."""
+    return unavailable(f"The server is still starting{f' ({stage})' if stage else ''}; retry in a moment.")
 
 
 def shutting_down() -> APIError:

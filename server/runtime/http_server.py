@@ -92,16 +92,31 @@ class _Shutdown:
                             return
 
 
-class _NoRunningOnAfterFailure(logging.Filter):
-    """Hypercorn logs "Running on ..." once its listener is up, which is after the lifespan started: a load
-    that already failed by then ("startup failed") must not be followed by it."""
+class _RunningOnWhenReady(logging.Filter):
+    """Hypercorn logs "Running on ..." once its listener is up, while the model may still be loading (/health
+    answers 503 with the stage then): the line is held until the app serves, and dropped if the start failed."""
 
     def __init__(self, shutdown: _Shutdown) -> None:
         super().__init__()
         self.shutdown = shutdown
+        self.ready = False
+        self.held: list[logging.LogRecord] = []
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (self.shutdown.code and str(record.msg).startswith("Running on"))
+        if not str(record.msg).startswith("Running on"):
+            return True
+        if self.shutdown.code:
+            return False
+        if not self.ready:
+            self.held.append(record)
+        return self.ready
+
+    def release(self) -> None:
+        """The app serves: the held line now (an AppState.on_ready hook)."""
+        self.ready = True
+        held, self.held = self.held, []
+        for record in held:
+            logging.getLogger(record.name).handle(record)
 
 
 async def _hypercorn_serve(
@@ -128,7 +143,12 @@ async def serve(
         config, worker=worker, on_fatal=shutdown.fatal, load_in_background=True, engine_factory=engine_factory
     )
     shutdown.state = app.state_holder
-    quiet, error_log = _NoRunningOnAfterFailure(shutdown), logging.getLogger("hypercorn.error")  # hc.errorlog
+    quiet, error_log = _RunningOnWhenReady(shutdown), logging.getLogger("hypercorn.error")  # hc.errorlog
+    hooks = getattr(app.state_holder, "on_ready", None)  # --models-dir's front serves at once: nothing to wait for
+    if hooks is None:
+        quiet.ready = True
+    else:
+        hooks.append(quiet.release)
     error_log.addFilter(quiet)
     writes = direct_body.WriteBatch()  # the direct write path's writer task runs beside Hypercorn
     async with anyio.create_task_group() as tg:
