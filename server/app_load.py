@@ -144,13 +144,13 @@ class EngineLoad:
     async def _load_and_serve(self, task_status: anyio.abc.TaskStatus[None]) -> None:
         cfg = self.state.config
         if self.engine_factory is None:  # builds the demo, or derives a GGUF model's folder, on first use
+            stage(self.state, "preparing the model's files (a GGUF file's config and tokenizer are derived once)")
             cfg = await anyio.to_thread.run_sync(cfg.resolved)
         self.state.config = cfg
-            stage(self.state, "preparing the model's files (a GGUF file's config and tokenizer are derived once)")
         async with AsyncExitStack() as stack:
+            stage(self.state, "starting the chat-template renderer")
             renderer = await stack.enter_async_context(self.open_renderer(cfg))
             self.state.mm_pool = await stack.enter_async_context(open_image_worker_for(cfg))
-            stage(self.state, "starting the chat-template renderer")
             loras = None
             if cfg.lora.enable_lora:  # the static adapters, checked before the engine loads: a bad one stops start-up
                 loras = await anyio.to_thread.run_sync(
@@ -162,9 +162,9 @@ class EngineLoad:
                 )
                 if self.worker is not None and self.worker.responses_dir is not None:  # the launcher's shared folder
                     loras.shared = SharedAdapters(self.worker.responses_dir)
+            stage(self.state, "loading the model in the engine (its log lines give the fraction read)")
             client = await stack.enter_async_context(self._open_engines(cfg))
             tokenizer = getattr(renderer, "tokenizer", None)
-            stage(self.state, "loading the model in the engine (its log lines give the fraction read)")
             llm = self._make_llm(cfg, client, tokenizer)
             async with anyio.create_task_group() as tg:
                 await tg.start(llm.run)
@@ -179,9 +179,9 @@ class EngineLoad:
                 # collections from walking it again (bench/README.md, "gc.freeze after start-up").
                 gc.collect()
                 gc.freeze()
+                state.mark_ready()
                 task_status.started()
                 await anyio.sleep_forever()
-                state.mark_ready()
 
     def _open_engines(self, cfg: ServerConfig) -> AbstractAsyncContextManager[Any]:
         """A test's stand-in; an API process's channels to the launcher's engines; or the engine process(es)."""
