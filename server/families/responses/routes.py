@@ -138,7 +138,8 @@ class ResponsesRoute(PostRoute):
                 if check is not None:
                     await check.finish()
                 if req.store and fmt.done is not None:
-                    await self.store.put(StoredResponse(fmt.done, [*history, *given, *fmt.done["output"]]))
+                    items = [*history, *given, *fmt.done["output"]]  # history: stored once, with the previous
+                    await self.store.put(StoredResponse(fmt.done, items, req.previous_response_id, len(history)))
 
             async def run(to: Send) -> None:
                 await respond(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from server.families.responses.store import ResponseStore, StoredResponse, SyncStore, connect
@@ -127,3 +128,70 @@ def test_two_processes_writing_at_once_share_one_bounded_store(tmp_path: Path) -
     assert store.put(entry(2000)) and other.get("resp_2000") is not None and other.delete("resp_2000")
     assert store.get("resp_2000") is None
     assert store.put(entry(7)) and other.get("resp_7") is not None
+
+
+TURN = "x" * 13_000  # a 13 KB user turn
+
+
+def chain(store: SyncStore, turns: int, first: int = 0) -> list[object]:
+    """`turns` responses, each continuing the one before as the route stores them (the previous response's
+    conversation, this input, this output); the last one's conversation."""
+    history: list[object] = []
+    for i in range(first, first + turns):
+        previous = f"resp_{i - 1}" if i > first else None
+        given = [{"role": "user", "content": f"{i}{TURN}"}]
+        output = [{"id": f"msg_{i}", "type": "message", "content": [{"type": "output_text", "text": f"ok {i}"}]}]
+        items = [*history, *given, *output]
+        assert store.put(StoredResponse({"id": f"resp_{i}", "status": "completed"}, items, previous, len(history)))
+        history = items
+    return history
+
+
+def held_bytes(store: SyncStore) -> int:
+    """What the database takes: its pages (in memory, or the file's)."""
+    pages = store.db.execute("PRAGMA page_count").fetchone()[0]
+    return int(pages * store.db.execute("PRAGMA page_size").fetchone()[0])
+
+
+@pytest.mark.parametrize("where", ["memory", "file"])
+def test_a_chain_of_turns_stores_each_item_once(where: str, tmp_path: Path) -> None:
+    store = SyncStore(":memory:" if where == "memory" else str(tmp_path / "r.sqlite3"), 4096)
+    conversation = chain(store, 100)
+    sent = len(msgspec.json.encode(conversation))  # every turn's bytes once: what the clients sent and got
+    per_turn = held_bytes(store) / 100
+    assert per_turn < 2 * sent / 100, (per_turn, sent / 100)  # was the whole conversation per turn: 50x at turn 100
+    assert store.stored_bytes() < 1.2 * sent
+    got = store.get("resp_99")
+    assert got is not None and got.items == conversation
+    got = store.get("resp_49")
+    assert got is not None and got.items == conversation[:100]
+
+
+def test_an_evicted_turn_keeps_its_items_while_a_later_turn_needs_them() -> None:
+    store = SyncStore(":memory:", 3)
+    conversation = chain(store, 10)  # the size keeps the last 3: the first 7 are hidden, their items kept
+    assert len(store) == 3 and store.get("resp_6") is None and store.get("resp_7") is not None
+    got = store.get("resp_9")
+    assert got is not None and got.items == conversation
+    assert store.item("msg_0") == conversation[1]  # an item of an evicted turn that a stored one holds
+    for i in (7, 8, 9):
+        assert store.delete(f"resp_{i}")
+    assert store.stored_bytes() == 0 and store.db.execute("SELECT COUNT(*) FROM responses").fetchone()[0] == 0
+    assert store.item("msg_0") is None
+    chain(store, 3, first=20)
+    assert store.delete("resp_20") and store.get("resp_22") is not None  # the middle of a chain: hidden, not lost
+    assert store.get("resp_20") is None and not store.delete("resp_20")
+
+
+def test_the_bytes_cap_evicts_the_least_recent_and_refuses_a_conversation_over_it() -> None:
+    store = SyncStore(":memory:", 100, max_bytes=60_000)
+    chain(store, 3)  # about 40 KB
+    chain(store, 2, first=10)  # over 60 KB: the least recent go, their chain with them
+    assert store.stored_bytes() <= 60_000
+    assert store.get("resp_0") is None and store.get("resp_11") is not None
+    before = store.stored_bytes()
+    big = StoredResponse({"id": "resp_big", "status": "completed"}, [{"role": "user", "content": "y" * 70_000}])
+    with pytest.raises(APIError) as e:
+        store.put(big)
+    assert e.value.status == 400 and "--responses-store-max-bytes (60000)" in e.value.message
+    assert store.get("resp_big") is None and store.stored_bytes() == before  # nothing stored, nothing evicted
