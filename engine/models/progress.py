@@ -8,6 +8,7 @@ import time
 from typing import TextIO
 
 log = logging.getLogger("engine")
+LOG_EVERY_S = 10.0  # the longest a load goes without a line in a log file
 
 
 class LoadProgress:
@@ -35,6 +36,7 @@ class LoadProgress:
         self.start = time.monotonic()
         self._last_draw = 0.0
         self._last_pct = -1
+        self._last_log = self.start
         self._closed = False
         if not self.tty and not quiet:
             log.info("%s: %d tensors", label, total)
@@ -51,8 +53,10 @@ class LoadProgress:
             return
         pct = self.done * 100 // self.total
         mark = pct - pct % self.step_pct
-        if mark > self._last_pct and mark < 100:  # 100 % is the closing line
-            self._last_pct = mark
+        now = time.monotonic()
+        # a line per step_pct, and one at least every LOG_EVERY_S however slowly the tensors come (a big model)
+        if (mark > self._last_pct or now - self._last_log >= LOG_EVERY_S) and pct < 100:  # 100 %: the closing line
+            self._last_pct, self._last_log = max(mark, self._last_pct), now
             log.info("%s: %d/%d tensors (%d%%)", self.label, self.done, self.total, pct)
 
     def _draw(self) -> None:
