@@ -372,9 +372,10 @@ def test_api_key_and_admission() -> None:
         gen.close()
 
 
-def test_plain_hypercorn_with_several_workers_is_refused() -> None:
+def test_plain_hypercorn_with_several_workers_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """`hypercorn -w 2 'server.app:create_app()'`: Hypercorn's worker function, whose `config` local is
     its Config, loads the app; here this test's frame plays that part."""
+    monkeypatch.setenv("SPINDLE_MODEL", "demo")  # not the default model (it may not be installed)
     config = Config()
     config.workers = 2
     with pytest.raises(SystemExit, match="--api-server-count 2"):
