@@ -2,7 +2,7 @@
 
 `hypercorn 'server.app:create_app()' -k trio` works too: with no config, SPINDLE_* env vars are read. The
 process's role comes in as an argument: `worker` is an --api-server-count API process's WorkerContext
-(server/runtime/api_role.py), whose engine channels, admission and metrics are shared with the other API
+(server/worker_context.py), whose engine channels, admission and metrics are shared with the other API
 processes; None (a single server, or plain Hypercorn) opens its own engine.
 """
 
@@ -40,7 +40,7 @@ from server.render_app import checkpoint_limits
 from server.routes.render_only import not_found as render_not_found
 from server.routes.table import RouteContext, full_routes, page_routes, render_only_routes
 from server.routes.ui import PUBLIC_PATHS
-from server.runtime.api_role import WorkerContext
+from server.worker_context import WorkerContext
 
 log = logging.getLogger("spindle.server")
 

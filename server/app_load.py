@@ -20,7 +20,7 @@ from engine.multimodal.processing import ENCODER_CACHE_BYTES
 from server.app_state import AppState
 from server.config import ServerConfig
 from server.engine_pool import EnginePool, open_engines
-from server.lora.registry import LoRARegistry
+from server.lora.adapters import LoRARegistry
 from server.lora.shared import SharedAdapters
 from server.metrics.prometheus import ServerMetrics
 from server.metrics.vllm_names import export_vllm_names
@@ -32,10 +32,10 @@ from server.request.admission import Admission
 from server.request.async_llm import AsyncLLM
 from server.request.detokenizer import IncrementalDetokenizer, prepare
 from server.request.input_processor import GenerationSpec, limits_for
-from server.runtime.api_role import WorkerContext
 from server.startup_stage import enter as stage
 from server.startup_stage import report_stages
-from server.tools.registry import get_tool_parser, template_fits
+from server.tools.parser_names import get_tool_parser, template_fits
+from server.worker_context import WorkerContext
 
 log = logging.getLogger("spindle.server")
 

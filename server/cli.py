@@ -24,7 +24,7 @@ from server.config import (
     parse_json_object,
     parse_size,
 )
-from server.models.catalog import scan
+from server.fleet.catalog import scan
 from server.runtime.headless import run_headless
 from server.runtime.http_server import run_server
 from server.runtime.launcher import run_api_servers

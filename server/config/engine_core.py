@@ -1,5 +1,5 @@
 """The engine-core process: its device, seed and KV cache, and how long the API process waits on it before it
-counts as failed, gone or hung (server/app.py, server/runtime/api_role.py)."""
+counts as failed, gone or hung (server/app.py, server/worker_context.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Several models behind one server (server/models/): the folder they are found in, how many stay loaded, and how
+"""Several models behind one server (server/fleet/): the folder they are found in, how many stay loaded, and how
 long an idle one stays."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 /v1/responses, /metrics names, and what the log says.
 
 The parser names are constants this package owns (it imports nothing else from the server): the keys of
-server/tools/registry.py TOOL_PARSERS and server/reasoning/parser.py REASONING_PARSERS, in their order, which
+server/tools/parser_names.py TOOL_PARSERS and server/reasoning/parser.py REASONING_PARSERS, in their order, which
 tests/server/test_config.py holds equal."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-Entries = dict[str, dict[str, Any]]  # adapter name -> its fields (server/lora/registry.py Adapter)
+Entries = dict[str, dict[str, Any]]  # adapter name -> its fields (server/lora/adapters.py Adapter)
 
 
 class SharedAdapters:

@@ -20,7 +20,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from engine.messages import EngineStats
-from server.lora.metrics import LoRAMetrics
+from server.lora.adapter_metrics import LoRAMetrics
 from server.metrics.slots import LATENCY_BUCKETS, LoopCounter, LoopHistogram, MetricSlots, Placed
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST

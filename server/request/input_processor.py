@@ -16,7 +16,7 @@ import msgspec
 from engine.messages import AudioInput, ImageInput, LoRARequest, Ready, SamplingParams, StructuredOutputs
 from server.config import RequestCaps, ServerConfig
 from server.http.errors import APIError, bad_request
-from server.lora.registry import LoRARegistry
+from server.lora.adapters import LoRARegistry
 from server.request.collector import OutputKind
 from server.request.openai_protocol import ChatCompletionRequest, CompletionRequest
 

@@ -2,7 +2,7 @@
 tokenizer only, or the server itself), whether its body names the model, and its family (whose property is the
 shape of its errors). Every app is derived from it: the full server (server/app.py create_app), the render-only
 server (`spindle render`: what needs an engine answers a 404 naming `spindle serve`) and the --models-dir front
-(server/models/front.py: each model-named path goes to the app of the model the body names)."""
+(server/fleet/front.py: each model-named path goes to the app of the model the body names)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ from server.routes.health import HealthRoute, VersionRoute
 from server.routes.metrics_route import MetricsRoute
 from server.routes.render_only import NotHereRoute
 from server.routes.ui import ASSETS, AssetRoute, PageRoute
-from server.runtime.api_role import WorkerContext
+from server.worker_context import WorkerContext
 
 log = logging.getLogger("spindle.server")
 

@@ -1,6 +1,6 @@
 """`python -m server.runtime.api_process`: one API process of --api-server-count, started by the launcher.
 
-It reads its WorkerContext and the launcher's config from its environment (server/runtime/api_role.py) and
+It reads its WorkerContext and the launcher's config from its environment (server/worker_context.py) and
 runs a single server's `run_server` with that context: on the shared socket, over its channels to the
 launcher's engines, with the admission counts and metrics shared with the other API processes.
 """
@@ -15,8 +15,8 @@ import sys
 import threading
 
 from server.request import input_processor
-from server.runtime.api_role import from_environment
 from server.runtime.http_server import run_server
+from server.worker_context import from_environment
 
 
 def main() -> int:

@@ -21,13 +21,13 @@ from hypercorn.trio import serve as hypercorn_trio_serve
 from server.app import create_app
 from server.app_load import EngineFactory
 from server.config import ServerConfig
+from server.fleet.front import create_models_app
 from server.http import direct_body
 from server.http.errors import describe_exception
-from server.models.front import create_models_app
 from server.request.async_llm import AsyncLLM
-from server.runtime.api_role import WorkerContext
 from server.runtime.hypercorn_config import hypercorn_config
 from server.runtime.logs import setup_logging
+from server.worker_context import WorkerContext
 
 log = logging.getLogger("spindle.server")
 

@@ -7,8 +7,8 @@ import logging
 from hypercorn.config import Config, Sockets
 
 from server.config import ServerConfig
-from server.runtime.api_role import WorkerContext
 from server.runtime.sockets import set_send_buffer
+from server.worker_context import WorkerContext
 
 
 class _Config(Config):

@@ -13,9 +13,9 @@ The process the user starts becomes the launcher (`run_api_servers`); it serves 
    `--data-parallel-size M`) with its engine ends (`python -m engine --channels ...`, `engine/transport/channels.py`);
    an engine's stdin is only the launcher's lifeline. With `--models-dir` it starts no engine: it makes one control
    socketpair per API process instead, whose other ends all go to API process 0, the owner of the loaded set, which
-   starts each model's engine and hands every process its channel (server/models/owner.py);
+   starts each model's engine and hands every process its channel (server/fleet/owner.py);
 4. starts the N API processes (`python -m server.runtime.api_process`), each with its WorkerContext
-   (server/runtime/api_role.py: the listening socket, its own channel end to every engine and the shared
+   (server/worker_context.py: the listening socket, its own channel end to every engine and the shared
    file), in a session of their own (a terminal's Ctrl-C or a group SIGTERM reaches only the launcher,
    which forwards it once). With M engines each API process puts its M channels in an `EnginePool`
    (server/engine_pool.py) and chooses per request as a single server does (the engines report
@@ -42,10 +42,10 @@ from types import FrameType
 
 from engine.client.process_client import engine_command
 from server.config import ServerConfig
-from server.runtime.api_role import ENV, WorkerContext
 from server.runtime.logs import setup_logging
 from server.runtime.sockets import listen
 from server.shared_state import SharedRegion
+from server.worker_context import ENV, WorkerContext
 
 log = logging.getLogger("spindle.server")
 API_PROCESS_MODULE = "server.runtime.api_process"  # `python -m` this: one API process

@@ -20,7 +20,7 @@ from engine.messages import StructuredOutputs
 from server.http.errors import APIError
 from server.tools.grammar import call_schema, with_style
 from server.tools.parser import JsonListParser, NamedArgsParser, ToolParser
-from server.tools.registry import get_tool_parser
+from server.tools.parser_names import get_tool_parser
 
 AUTO_NEEDS_FLAGS = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
 

@@ -1,4 +1,4 @@
-"""--models-dir with --api-server-count 2 against real engine subprocesses (server/models/owner.py): both models
+"""--models-dir with --api-server-count 2 against real engine subprocesses (server/fleet/owner.py): both models
 through both API processes, one load for concurrent first requests from both, a failed load is a 503 in each and is
 tried again, an LRU unload waits for the other process's stream, /v1/models agrees, a stored response is read through
 the other process, an engine's death unloads its model everywhere, SIGTERM drains every process, a SIGKILLed launcher

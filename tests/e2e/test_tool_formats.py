@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from server.tools.registry import get_tool_parser
+from server.tools.parser_names import get_tool_parser
 from tests.e2e.conftest import Server, start_server
 from tests.e2e.test_tools_reasoning import MSGS, NAMED, TOOLS, check_args, streamed_calls
 

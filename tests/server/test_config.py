@@ -11,7 +11,7 @@ import server.config
 from server.cli import config_from_args
 from server.config import REASONING_PARSER_NAMES, TOOL_CALL_PARSER_NAMES, ServerConfig
 from server.reasoning.parser import REASONING_PARSERS
-from server.tools.registry import TOOL_PARSERS
+from server.tools.parser_names import TOOL_PARSERS
 
 
 def test_env_vars_are_typed() -> None:
@@ -177,6 +177,16 @@ def test_max_structured_output_size_takes_sizes() -> None:
     )
     with pytest.raises(ValueError, match="--max-structured-output-size"):
         ServerConfig.from_env({"SPINDLE_MAX_STRUCTURED_OUTPUT_SIZE": "0"})
+
+
+def test_responses_store_max_bytes_takes_sizes() -> None:
+    assert ServerConfig().outputs.responses_store_max_bytes == 256 << 20
+    assert config_from_args(["--responses-store-max-bytes", "2MiB"]).outputs.responses_store_max_bytes == 2 << 20
+    assert (
+        ServerConfig.from_env({"SPINDLE_RESPONSES_STORE_MAX_BYTES": "1000"}).outputs.responses_store_max_bytes == 1000
+    )
+    with pytest.raises(ValueError, match="--responses-store-max-bytes"):
+        ServerConfig.from_env({"SPINDLE_RESPONSES_STORE_MAX_BYTES": "0"})
 
 
 def test_the_parser_names_config_checks_are_the_registries_keys() -> None:

@@ -16,7 +16,7 @@ from engine.lora.peft_files import AdapterError
 from server.app_state import decode_body
 from server.http.asgi import Send
 from server.http.errors import APIError, bad_request
-from server.lora.registry import LoRARegistry
+from server.lora.adapters import LoRARegistry
 from server.request.post_route import PostRoute
 
 

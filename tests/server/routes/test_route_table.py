@@ -16,7 +16,7 @@ from demo.tokenizers import tokenizer_dir
 from server.app import create_app
 from server.config import ServerConfig
 from server.families import ErrorShape
-from server.models.front import create_models_app
+from server.fleet.front import create_models_app
 from server.routes.table import TABLE, Needs, RouteSpec, enabled
 
 pytestmark = pytest.mark.anyio

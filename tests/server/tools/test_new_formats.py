@@ -15,9 +15,9 @@ from engine.structured.grammar import to_grammar, validate
 from server.tools.choice import plan_tools
 from server.tools.llama3 import Llama3JsonParser
 from server.tools.parser import ToolCall, ToolParser, assemble
+from server.tools.parser_names import template_fits
 from server.tools.pythonic import PythonicParser
 from server.tools.qwen3_coder import Qwen3CoderParser
-from server.tools.registry import template_fits
 from tests.server.tools.test_mistral_args import byte_tokenizer
 from tests.server.tools.test_tool_calls import assemble_sdk, qwen25, run_stream  # noqa: F401 - a fixture
 

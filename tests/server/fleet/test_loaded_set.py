@@ -1,4 +1,4 @@
-"""server/models/registry.py with stand-in model apps (no engine): one load for concurrent first requests, LRU
+"""server/fleet/loaded_set.py with stand-in model apps (no engine): one load for concurrent first requests, LRU
 order, a busy model never unloaded, a failed load retried, the idle timeout. tests/e2e/test_models_dir.py runs the
 same paths against real engines."""
 
@@ -16,9 +16,9 @@ import trio.testing
 from prometheus_client import CollectorRegistry
 
 from server.config import ServerConfig
+from server.fleet.catalog import scan
+from server.fleet.loaded_set import Loaded, ModelRegistry, RegistryMetrics
 from server.http.errors import APIError
-from server.models.catalog import scan
-from server.models.registry import Loaded, ModelRegistry, RegistryMetrics
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""server/models/catalog.py and routing.py: what a models folder serves and under which names, models.yaml's
+"""server/fleet/catalog.py and routing.py: what a models folder serves and under which names, models.yaml's
 settings (checked at start-up), the flags --models-dir refuses, and the model a request body names."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from server.config import ServerConfig
+from server.fleet.catalog import scan
+from server.fleet.routing import routing_of
 from server.http.errors import APIError
-from server.models.catalog import scan
-from server.models.routing import routing_of
 
 
 def folder(tmp_path: Path) -> Path:

@@ -1,4 +1,4 @@
-"""server/models/owner.py against two stand-in API processes (their control sockets driven by hand) and the fake
+"""server/fleet/owner.py against two stand-in API processes (their control sockets driven by hand) and the fake
 engine process (bench/fake_engine_process.py): Wants from both load once and each gets its own channel; the unload
 handshake keeps a model that one process answers busy for, resumes the quiet one, and unloads once both are quiet;
 every process must close its channel before the engine goes; a failed load is Failed to both; ListModels; the idle
@@ -16,8 +16,8 @@ import anyio
 import pytest
 
 from server.config import ServerConfig
-from server.models.catalog import scan
-from server.models.control import (
+from server.fleet.catalog import scan
+from server.fleet.control import (
     Activity,
     Closed,
     Control,
@@ -33,7 +33,7 @@ from server.models.control import (
     Unload,
     Want,
 )
-from server.models.owner import ModelOwner
+from server.fleet.owner import ModelOwner
 from tests.helpers.processes import alive
 
 pytestmark = pytest.mark.anyio

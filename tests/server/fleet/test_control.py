@@ -1,4 +1,4 @@
-"""server/models/control.py: the owner <-> API process socket keeps frames in order, passes a Loaded frame's
+"""server/fleet/control.py: the owner <-> API process socket keeps frames in order, passes a Loaded frame's
 descriptor with it (SCM_RIGHTS), survives any split of the byte stream, and reports the other end's exit as None."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from engine.transport.ipc import FrameEncoder
-from server.models.control import Activity, Control, FromOwner, Loaded, Quiesce, ToOwner, Want
+from server.fleet.control import Activity, Control, FromOwner, Loaded, Quiesce, ToOwner, Want
 
 
 async def frame(control: Control) -> tuple[Any, int | None]:

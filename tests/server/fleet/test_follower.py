@@ -1,4 +1,4 @@
-"""server/models/follower.py with stand-in model apps and a hand-driven owner on its control socket: a request sends
+"""server/fleet/follower.py with stand-in model apps and a hand-driven owner on its control socket: a request sends
 Want and waits; Failed is its 503; Loaded opens the app; busy / idle reported; Quiesce answered from the state here
 (quiet holds new requests until Resume); Unload closes the app, then Closed; SIGTERM's drain ends a waiting request
 at once; /v1/models asks the owner."""
@@ -16,9 +16,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from server.config import ServerConfig
-from server.http.errors import APIError
-from server.models.catalog import scan
-from server.models.control import (
+from server.fleet.catalog import scan
+from server.fleet.control import (
     Activity,
     Closed,
     Control,
@@ -33,9 +32,10 @@ from server.models.control import (
     Unload,
     Want,
 )
-from server.models.follower import FollowerRegistry
-from server.models.registry import RegistryMetrics
-from tests.server.models.test_model_registry import Models
+from server.fleet.follower import FollowerRegistry
+from server.fleet.loaded_set import RegistryMetrics
+from server.http.errors import APIError
+from tests.server.fleet.test_loaded_set import Models
 
 pytestmark = pytest.mark.anyio
 

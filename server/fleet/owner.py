@@ -1,7 +1,7 @@
 """--models-dir with --api-server-count N: the one owner of the loaded set, a task in API process 0.
 
 Every API process (process 0 included, over a socket like the others) keeps its own registry of its side of each
-model (server/models/follower.py) and talks to this owner over its control socket (server/models/control.py). The
+model (server/fleet/follower.py) and talks to this owner over its control socket (server/fleet/control.py). The
 owner alone decides loads and unloads, and holds --max-loaded-models, the LRU order and --model-idle-timeout:
 
 - **Load.** A request for a model with no engine makes its process send Want; the owner loads once however many
@@ -38,9 +38,8 @@ from anyio.abc import Process
 
 from engine.client.process_client import EngineDeadError, connect, engine_command
 from server.config import ServerConfig
-from server.http.errors import describe_exception
-from server.models.catalog import ModelEntry
-from server.models.control import (
+from server.fleet.catalog import ModelEntry
+from server.fleet.control import (
     Activity,
     Closed,
     Control,
@@ -56,6 +55,7 @@ from server.models.control import (
     Unload,
     Want,
 )
+from server.http.errors import describe_exception
 
 log = logging.getLogger("spindle.server")
 

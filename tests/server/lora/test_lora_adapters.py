@@ -9,7 +9,7 @@ import pytest
 
 from engine.lora.config import LoRAModule
 from engine.lora.peft_files import AdapterError
-from server.lora.registry import LoRARegistry
+from server.lora.adapters import LoRARegistry
 from server.lora.shared import SharedAdapters
 from tests.helpers.lora import write_adapter
 

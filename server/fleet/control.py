@@ -1,5 +1,5 @@
-"""--models-dir with --api-server-count N: the messages between the owner of the loaded set (server/models/owner.py,
-in API process 0) and each API process's registry (server/models/follower.py), and the Unix socket they travel on.
+"""--models-dir with --api-server-count N: the messages between the owner of the loaded set (server/fleet/owner.py,
+in API process 0) and each API process's registry (server/fleet/follower.py), and the Unix socket they travel on.
 
 Frames are length-prefixed msgpack (engine/transport/ipc.py's codec). `Loaded` carries one file descriptor, the API
 process's end of its channel to the new engine, as SCM_RIGHTS ancillary data on the frame's first byte: the reader

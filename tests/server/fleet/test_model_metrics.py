@@ -1,5 +1,5 @@
-"""server/models/metrics.py: a model's counters and histograms outlive its unload and grow on from there at its next
-load (Prometheus counters never go down); its gauges go with its engine."""
+"""server/fleet/model_metrics.py: a model's counters and histograms outlive its unload and grow on from there at its
+next load (Prometheus counters never go down); its gauges go with its engine."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from server.fleet.model_metrics import PerModelMetrics
 from server.metrics.prometheus import ServerMetrics
-from server.models.metrics import PerModelMetrics
 
 
 def finished(metrics: ServerMetrics, n: int) -> None:

@@ -1,5 +1,5 @@
 """--models-dir with --api-server-count N: one API process's registry, which loads and unloads only as the owner says
-(server/models/owner.py; the messages: server/models/control.py).
+(server/fleet/owner.py; the messages: server/fleet/control.py).
 
 A request for a model not loaded here sends Want and waits (its streamed answer gets keep-alives, as in one
 process); the owner's Loaded brings this process's channel to the model's new engine, and the model's app is opened
@@ -23,10 +23,8 @@ import anyio.abc
 
 from engine.client.channel_client import open_engine_channel
 from server.config import ServerConfig
-from server.http import unavailable
-from server.http.errors import describe_exception
-from server.models.catalog import ModelEntry
-from server.models.control import (
+from server.fleet.catalog import ModelEntry
+from server.fleet.control import (
     Activity,
     Closed,
     Control,
@@ -42,7 +40,9 @@ from server.models.control import (
     Unload,
     Want,
 )
-from server.models.registry import MakeApp, ModelRegistry, ModelSlot, RegistryMetrics
+from server.fleet.loaded_set import MakeApp, ModelRegistry, ModelSlot, RegistryMetrics
+from server.http import unavailable
+from server.http.errors import describe_exception
 
 log = logging.getLogger("spindle.server")
 

@@ -37,7 +37,7 @@ class WorkerContext:
     engine_pids: list[int]
     shared_fd: int  # the shared memory file (server/shared_state.py)
     responses_dir: str | None = None  # the launcher's directory of the stored /v1/responses, shared by all
-    # --models-dir: this process's end of its control socket to the owner of the loaded set (server/models/owner.py)
+    # --models-dir: this process's end of its control socket to the owner of the loaded set (server/fleet/owner.py)
     models_fd: int | None = None
     models_owner_fds: list[int] = field(default_factory=list)  # process 0 only: the owner's end of each one
     launcher_fd: int | None = None  # --models-dir: the read end of a pipe only the launcher writes (its lifeline)

@@ -10,9 +10,9 @@ from typing import Any
 import msgspec
 
 from server.families.responses.store import ResponseStore, not_found
+from server.fleet.catalog import ModelEntry
 from server.http.asgi import Receive, Scope, Send, send_error, send_json
 from server.http.errors import APIError
-from server.models.catalog import ModelEntry
 
 _encoder = msgspec.json.Encoder()
 

@@ -1,8 +1,8 @@
 """`--models-dir`: the app in front of every model. It answers /v1/models (every model in the folder, loaded or not),
 /health, /version and /metrics (each loaded model's, labelled by model_name, and the registry's), and hands each
 of the route table's model-named paths (server/routes/table.py) to the app of the model its body names
-(server/models/routing.py), loaded first if need be
-(server/models/registry.py). Each model's app is the single-model app (server/app.py create_app, unwrapped):
+(server/fleet/routing.py), loaded first if need be
+(server/fleet/loaded_set.py). Each model's app is the single-model app (server/app.py create_app, unwrapped):
 its own AsyncLLM, engine, renderer, admission, Responses store and metrics.
 
 A streamed request whose model is not loaded gets its SSE headers at once and keep-alive comments while the model
@@ -28,6 +28,13 @@ from server.app_load import EngineFactory
 from server.config import ServerConfig
 from server.families import ErrorShape, Family
 from server.families.responses import FAMILY as RESPONSES
+from server.fleet.catalog import scan
+from server.fleet.follower import FollowerRegistry
+from server.fleet.loaded_set import Loaded, ModelRegistry, ModelSlot, RegistryMetrics
+from server.fleet.model_metrics import PerModelMetrics
+from server.fleet.owner import ModelOwner
+from server.fleet.routing import replay, routing_of
+from server.fleet.stored import ModelStores, unknown
 from server.http import unavailable
 from server.http.asgi import (
     ClientGone,
@@ -44,15 +51,8 @@ from server.http.deploy import wrap_app
 from server.http.errors import APIError
 from server.http.version import send_version
 from server.metrics.prometheus import CONTENT_TYPE
-from server.models.catalog import scan
-from server.models.follower import FollowerRegistry
-from server.models.metrics import PerModelMetrics
-from server.models.owner import ModelOwner
-from server.models.registry import Loaded, ModelRegistry, ModelSlot, RegistryMetrics
-from server.models.routing import replay, routing_of
-from server.models.stored import ModelStores, unknown
 from server.routes.table import enabled
-from server.runtime.api_role import WorkerContext
+from server.worker_context import WorkerContext
 
 log = logging.getLogger("spindle.server")
 KEEPALIVE = b": loading model\n\n"
@@ -128,7 +128,7 @@ class ModelsFront:
         self.owner: ModelOwner | None = None
         if worker is not None and worker.models_fd is not None:  # one of --api-server-count's processes
             self.registry: ModelRegistry = FollowerRegistry(config, found, self._make_app, metrics, worker.models_fd)
-            if worker.models_owner_fds:  # process 0: the owner of the loaded set (server/models/owner.py)
+            if worker.models_owner_fds:  # process 0: the owner of the loaded set (server/fleet/owner.py)
                 self.owner = ModelOwner(config, found, worker.models_owner_fds)
         else:
             self.registry = ModelRegistry(config, found, self._make_app, metrics)
@@ -346,7 +346,7 @@ def create_models_app(
     config: ServerConfig, *, engine_factory: EngineFactory | None = None, worker: WorkerContext | None = None, **_: Any
 ) -> Any:
     """The --models-dir app (create_app's keyword arguments are accepted; a model's engine death unloads that model
-    instead of stopping the server). worker: this process's place under --api-server-count (server/models/owner.py)."""
+    instead of stopping the server). worker: this process's place under --api-server-count (server/fleet/owner.py)."""
     front = ModelsFront(config, engine_factory, worker)
     routes = [
         Route("/v1/models", _Endpoint(front.models), methods=["GET"]),

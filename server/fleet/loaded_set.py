@@ -22,13 +22,13 @@ import anyio.abc
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from server.config import ServerConfig
+from server.fleet.catalog import ModelEntry
 from server.http import unavailable
 from server.http.errors import describe_exception
-from server.models.catalog import ModelEntry
 
 log = logging.getLogger("spindle.server")
 
-# quiet: several API processes only (server/models/follower.py): idle, admitting none until the owner decides
+# quiet: several API processes only (server/fleet/follower.py): idle, admitting none until the owner decides
 Status = Literal["unloaded", "queued", "loading", "loaded", "quiet", "unloading"]
 _HOLDS_ENGINE = ("loading", "loaded", "unloading")  # counted against --max-loaded-models
 
