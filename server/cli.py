@@ -88,6 +88,12 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--chat-template-render-timeout", "chat_template_render_timeout", float, "seconds a template may render"),
     ("--sse-keepalive", "sse_keepalive", float, "seconds of stream silence before a keep-alive comment (0: off)"),
     ("--responses-store-size", "responses_store_size", int, "stored /v1/responses, all API processes (LRU; 0: none)"),
+    (
+        "--responses-store-max-bytes",
+        "responses_store_max_bytes",
+        str,
+        "bytes the stored /v1/responses may hold, e.g. 256MiB (the default; LRU past it)",
+    ),
     ("--log-level", "log_level", str, "debug, info, warning, error"),
     ("--device", "device", str, "auto, cpu or cuda"),
     (

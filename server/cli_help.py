@@ -39,8 +39,8 @@ _FLAG_GROUPS: dict[str, list[str]] = {
     ).split(),
     "api": (
         "--max-logprobs --renderer-num-workers --chat-template-render-timeout --responses-store-size "
-        "--max-prompts-per-request --max-documents-per-request --max-choices-per-request --max-stop-strings "
-        "--max-stop-string-length --max-stop-token-ids --max-logit-bias --max-allowed-token-ids "
+        "--responses-store-max-bytes --max-prompts-per-request --max-documents-per-request --max-choices-per-request "
+        "--max-stop-strings --max-stop-string-length --max-stop-token-ids --max-logit-bias --max-allowed-token-ids "
         "--max-structured-output-size --tool-call-parser --enable-auto-tool-choice --reasoning-parser "
         "--limit-mm-per-prompt --allowed-media-domains --mm-processor-cache-gb --max-audio-filesize-mb "
         "--max-audio-duration-s"

@@ -26,6 +26,7 @@ class OutputConfig:
     tool_call_parser: str | None = None  # one of TOOL_CALL_PARSER_NAMES: reads tool calls out of the model's text
     reasoning_parser: str | None = None  # "deepseek_r1" | "qwen3": splits <think>...</think> into `reasoning`
     responses_store_size: int = 4096  # stored /v1/responses, all API processes together (LRU); 0: store none
+    responses_store_max_bytes: int = 256 << 20  # what they may hold together (LRU past it), each item once
     # "vllm": /metrics also under vLLM's names (server/metrics/vllm_names.py)
     metrics_compat: MetricsCompat | None = None
     log_level: LogLevel = "info"
@@ -40,6 +41,7 @@ class OutputConfig:
             raise ValueError(
                 f"--responses-store-size must be 0 (store none) or positive, got {self.responses_store_size}"
             )
+        check_at_least_one(self, ("responses_store_max_bytes",))
         if self.log_level not in get_args(LogLevel):
             raise ValueError(f"--log-level must be one of {', '.join(get_args(LogLevel))}; got {self.log_level!r}")
         self._check_parsers()

@@ -98,7 +98,8 @@ class RouteContext:
         if self._store is not None:
             return self._store
         shared = self.worker.responses_dir if self.worker is not None else None
-        return ResponseStore(self.state.config.outputs.responses_store_size, shared)
+        outputs = self.state.config.outputs
+        return ResponseStore(outputs.responses_store_size, shared, outputs.responses_store_max_bytes)
 
     @functools.cached_property
     def background(self) -> BackgroundResponses:

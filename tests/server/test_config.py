@@ -179,6 +179,16 @@ def test_max_structured_output_size_takes_sizes() -> None:
         ServerConfig.from_env({"SPINDLE_MAX_STRUCTURED_OUTPUT_SIZE": "0"})
 
 
+def test_responses_store_max_bytes_takes_sizes() -> None:
+    assert ServerConfig().outputs.responses_store_max_bytes == 256 << 20
+    assert config_from_args(["--responses-store-max-bytes", "2MiB"]).outputs.responses_store_max_bytes == 2 << 20
+    assert (
+        ServerConfig.from_env({"SPINDLE_RESPONSES_STORE_MAX_BYTES": "1000"}).outputs.responses_store_max_bytes == 1000
+    )
+    with pytest.raises(ValueError, match="--responses-store-max-bytes"):
+        ServerConfig.from_env({"SPINDLE_RESPONSES_STORE_MAX_BYTES": "0"})
+
+
 def test_the_parser_names_config_checks_are_the_registries_keys() -> None:
     """config.py owns the names (it imports nothing else from the server): they must not drift from the parsers."""
     assert TOOL_CALL_PARSER_NAMES == tuple(TOOL_PARSERS)
