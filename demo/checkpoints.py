@@ -10,6 +10,7 @@ import json
 import math
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -290,16 +291,17 @@ def make_demo(path: str | Path, arch: str = "qwen2") -> Path:
 
 
 def demo_checkpoint_path() -> Path:
-    """The demo checkpoint in the cache, built on first use (about 80 MB, a few seconds)."""
+    """The demo checkpoint in the cache, built on first use (about 80 MB, a few seconds) in a child process:
+    transformers' model classes import torch._dynamo and with it triton, whose nanobind extension prints a wall of
+    "nanobind: leaked ..." when the interpreter that imported it exits; the caller (the API server) stays clear
+    of them, and the child leaves with os._exit once the folder is written."""
     path = cache_root() / _DEMO_NAME
     if path.is_dir():
         return path
-    try:
-        return make_demo(path)
-    except OSError:
-        if path.is_dir():  # another process finished it first
-            return path
-        raise
+    done = subprocess.run([sys.executable, "-m", "demo.checkpoints", str(path)], stdout=subprocess.DEVNULL)
+    if path.is_dir():  # built, or another process finished it first
+        return path
+    raise OSError(f"building the demo checkpoint into {path} failed (exit status {done.returncode}; see above)")
 
 
 # Qwen2-VL's own chat template: image parts render as <|vision_start|><|image_pad|><|vision_end|>, which the
@@ -494,3 +496,13 @@ def make_demo_command(args: list[str]) -> int:
         return 0
     print(MAKE_DEMO_USAGE, file=sys.stderr)
     return 2
+
+
+if __name__ == "__main__":  # demo_checkpoint_path's child: build, then leave without the interpreter's teardown
+    try:
+        make_demo(sys.argv[1])
+    except OSError as e:
+        print(f"demo checkpoint: {e}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if Path(sys.argv[1]).is_dir() else 1)

@@ -4,11 +4,13 @@ bindings use, reports their "leaks" at exit), and a start that failed is not fol
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.e2e.conftest import free_port, start_server
+from tests.e2e.conftest import Server, free_port, start_server, wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -59,6 +61,31 @@ def test_stop_on_cpu_leaves_no_nanobind_leak_report(qwen2_ckpt: Path, tmp_path: 
     assert "nanobind: leaked" not in log, log
 
 
+def test_a_first_start_stopped_by_sigterm_leaves_no_nanobind_leak_report(tmp_path: Path) -> None:
+    """An empty cache: the server builds the demo checkpoint (transformers' model classes import triton) before
+    serving; SIGTERM then stops it with nothing from nanobind on stderr. The CPU kernels are off: their build (a
+    minute or two on a busy machine) loads no nanobind extension."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    port = free_port()
+    cmd = [sys.executable, "-m", "server", "--model", "demo", "--host", "127.0.0.1", "--port", str(port)]
+    env = {**os.environ, "SPINDLE_CACHE_DIR": str(cache), "SPINDLE_CPU_KERNELS": "0", "SPINDLE_LOG_LEVEL": "INFO"}
+    log = tmp_path / "server.log"
+    with log.open("wb") as out, (tmp_path / "stderr").open("wb") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=tmp_path)
+    server = Server(proc, port, log)
+    try:
+        wait_healthy(server, timeout=600)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        server.stop()
+    stderr = (tmp_path / "stderr").read_text(errors="replace")
+    assert (cache / "demo-qwen2.5-v2" / "config.json").is_file(), stderr[-3000:]  # this start built the demo
+    assert "SIGTERM" in stderr, stderr[-3000:]
+    assert "nanobind" not in stderr, stderr[-3000:]
+
+
 def test_failed_start_prints_no_running_on(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     cmd = [
@@ -66,7 +93,7 @@ def test_failed_start_prints_no_running_on(tmp_path: Path) -> None:
         "-m",
         "server",
         "--model",
-        str(tmp_path),  # a folder with no checkpoint in it: the load fails once the listener is up
+        str(tmp_path / "missing"),
         "--host",
         "127.0.0.1",
         "--port",
@@ -80,5 +107,6 @@ def test_failed_start_prints_no_running_on(tmp_path: Path) -> None:
     assert code != 0
     failed = text.find("startup failed")
     assert failed >= 0, text
-    # the listener comes up while the load runs, but "Running on" is said only once the model serves
-    assert "Running on" not in text, text
+    # the listener may come up while the load is still running (then "Running on" comes first, rightly),
+    # but never after the start failed: the log must not end as if the server were serving
+    assert "Running on" not in text[failed:], text

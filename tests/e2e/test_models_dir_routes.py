@@ -117,7 +117,9 @@ def test_the_chat_page_lists_every_model_and_chats_with_the_chosen_one(served: S
     page = httpx.get(f"{served.url}/", timeout=30)
     assert page.status_code == 200 and 'data-testid="model-select"' in page.text
     assert httpx.get(f"{served.url}/ui/app.js", timeout=30).status_code == 200
-    assert loaded(served) == {"chat": False, "embed": True}  # the page's reply loads chat (keep-alives first)
+    # embed loaded, chat not (whatever ran before): the page lists both, and its reply must load chat
+    assert post(served, "/v1/embeddings", {"model": "embed", "input": "hi"}).status_code == 200
+    assert loaded(served) == {"chat": False, "embed": True}
     with launch() as browser:
         tab = Page(browser, served)
         try:
@@ -133,5 +135,6 @@ def test_the_chat_page_lists_every_model_and_chats_with_the_chosen_one(served: S
         finally:
             tab.close()
     assert tab.errors == [], "the page threw or opened a dialog"
+    assert loaded(served) == {"chat": True, "embed": False}  # the page's reply loaded the model it chose
     body = {"model": "chat", "messages": MSGS, "temperature": 0, "top_p": 1, "max_tokens": 8}
     assert raw == post(served, "/v1/chat/completions", body).json()["choices"][0]["message"]["content"]
