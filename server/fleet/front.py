@@ -137,7 +137,8 @@ class ModelsFront:
         self.registry.on_gone = self.per_model.keep
         entries = {name: slot.entry for name, slot in self.registry.slots.items()}
         shared = worker.responses_dir if worker is not None else None  # the launcher's folder: one file per model
-        self.stores = ModelStores(entries, config.outputs.responses_store_size, shared)
+        outputs = config.outputs
+        self.stores = ModelStores(entries, outputs.responses_store_size, shared, outputs.responses_store_max_bytes)
         self.created = int(time.time())
         self.limit = max(config.http.max_request_body, int(config.media.max_audio_filesize_mb * 1e6) + (1 << 20))
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from server.families.responses.store import ResponseStore, not_found
+from server.families.responses.store import DEFAULT_MAX_BYTES, ResponseStore, not_found
 from server.fleet.catalog import ModelEntry
 from server.http.asgi import Receive, Scope, Send, send_error, send_json
 from server.http.errors import APIError
@@ -18,11 +18,18 @@ _encoder = msgspec.json.Encoder()
 
 
 class ModelStores:
-    def __init__(self, entries: dict[str, ModelEntry], size: int, shared: str | None = None) -> None:
+    def __init__(
+        self, entries: dict[str, ModelEntry], size: int, shared: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES
+    ) -> None:
         """shared: --api-server-count's folder (server/runtime/launcher.py): each model's store is a file in a
-        folder of its own there, one for all API processes; None: in memory."""
+        folder of its own there, one for all API processes; None: in memory. size and max_bytes: each model's
+        own unless models.yaml gives it others."""
         self.stores = {
-            name: ResponseStore(int(entry.settings.get("responses_store_size", size)), _folder(shared, name))
+            name: ResponseStore(
+                int(entry.settings.get("responses_store_size", size)),
+                _folder(shared, name),
+                int(entry.settings.get("responses_store_max_bytes", max_bytes)),
+            )
             for name, entry in entries.items()
         }
 

@@ -10,6 +10,8 @@ import msgspec
 import pytest
 
 from server.families.responses.store import ResponseStore, StoredResponse, SyncStore, connect
+from server.fleet.catalog import scan
+from server.fleet.stored import ModelStores
 from server.http.errors import APIError
 
 pytestmark = pytest.mark.anyio
@@ -195,3 +197,13 @@ def test_the_bytes_cap_evicts_the_least_recent_and_refuses_a_conversation_over_i
         store.put(big)
     assert e.value.status == 400 and "--responses-store-max-bytes (60000)" in e.value.message
     assert store.get("resp_big") is None and store.stored_bytes() == before  # nothing stored, nothing evicted
+
+
+def test_each_models_store_takes_the_servers_byte_cap_or_its_own(tmp_path: Path) -> None:
+    """--models-dir: every model's store gets --responses-store-max-bytes, unless models.yaml gives it one."""
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{}")
+    (tmp_path / "models.yaml").write_text("b:\n  responses-store-max-bytes: 1KiB\n")
+    stores = ModelStores(scan(tmp_path), 5, None, 2000).stores
+    assert (stores["a"].max_bytes, stores["b"].max_bytes) == (2000, 1024)
