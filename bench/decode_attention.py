@@ -13,7 +13,7 @@ one at ctx). Variants, each checked against a float32 reference before it is tim
            with an additive mask (torch picks its tiled flash kernel, even for one query token)
   padded   one gather of whole blocks padded to the longest, a batched matmul per KV head, length mask
   per_seq  a loop over sequences: k_cache[blocks] of that sequence, two bmm over the KV heads
-  engine   engine/execution/cpu_attention.py: the bf16 kernel (engine/cpu_kernels/decode_attention.cpp) where it runs,
+  engine   engine/layers/cpu_attention.py: the bf16 kernel (engine/cpu_kernels/decode_attention.cpp) where it runs,
            else head-major cache, tiles of blocks, rows dropping out as they end
 Rounds interleave the variants (this machine is shared); each figure is the best round. The step runs
 on one intra-op thread in the engine (engine/execution/model_runner.py one_intra_op_thread), hence --threads 1;
@@ -36,11 +36,11 @@ import torch.nn.functional as F
 from bench.profile_step import add_batch
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
-from engine.execution import cpu_attention
-from engine.execution.cpu_attention import DecodeSeqs, decode_attention
-from engine.execution.ops import TorchOps
 from engine.hugepages import reexec_with_huge_pages
 from engine.kernels.paged_common import attend_ref
+from engine.layers import cpu_attention
+from engine.layers.cpu_attention import DecodeSeqs, decode_attention
+from engine.layers.ops import TorchOps
 from engine.layers.parallel import WORKERS
 from engine.messages import SamplingParams
 

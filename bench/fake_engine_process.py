@@ -5,7 +5,7 @@
 `engine/client/process_client.py` `engine_command` starts this instead of `python -m engine` when SPINDLE_ENGINE_COMMAND
 says
 so, with the same arguments (`--config JSON`, and `--channels fd,...` under `--api-server-count`). It speaks
-the real protocol by running the real loop around a fake core: `engine/transport/loop.py` `run` on stdin / stdout
+the real protocol by running the real loop around a fake core: `engine/core/loop.py` `run` on stdin / stdout
 (`Pipes`)
 or on the launcher's socketpairs (`engine/transport/channels.py` `ChannelSet`), so the frames, the one `StepOutputs` per
 step (per channel), the heartbeats and the lifeline are exactly the real engine's. `Ready` comes from the model
@@ -29,10 +29,10 @@ from typing import Any
 
 from engine.__main__ import run_below_server
 from engine.config import EngineConfig
+from engine.core.loop import Links, Pipes, run
 from engine.messages import AddRequest, EngineStats, LoadFailed, Ready, RequestOutput, ToEngine
 from engine.transport.channels import ChannelSet, wait_for_lifeline
 from engine.transport.ipc import FrameReader, FrameWriter, die_with_parent
-from engine.transport.loop import Links, Pipes, run
 
 _TEXT = (
     "The quick brown fox jumps over the lazy dog, and then, as if nothing had happened, it sits down by the "
@@ -56,7 +56,7 @@ class _Running:
 
 
 class FakeCore:
-    """What engine/transport/loop.py's `Core` protocol asks, without a model: one token per running request per step."""
+    """What engine/core/loop.py's `Core` protocol asks, without a model: one token per running request per step."""
 
     def __init__(self, config: EngineConfig) -> None:
         folder = Path(config.model)

@@ -183,7 +183,7 @@ def main() -> None:
             **extra,
         )
     )
-    gc.freeze()  # as engine/transport/loop.py does once the model is loaded
+    gc.freeze()  # as engine/core/loop.py does once the model is loaded
     gpu = core.runner.device.type == "cuda"
     params = SamplingParams(
         max_tokens=args.steps * args.repeat + 16,

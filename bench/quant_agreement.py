@@ -20,9 +20,9 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
-from engine.core.sequence import ScheduledSeq, Sequence
 from engine.execution.model_runner import ModelRunner
 from engine.messages import AddRequest, SamplingParams
+from engine.types.sequence import ScheduledSeq, Sequence
 
 PAIRS = {"bf16-int8": (("bfloat16", None), ("bfloat16", "int8")), "fp32-bf16": (("float32", None), ("bfloat16", None))}
 

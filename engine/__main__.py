@@ -16,10 +16,10 @@ if __name__ == "__main__":  # before torch loads: glibc reads its malloc tunable
     reexec_for_model(sys.argv[1:])
 
 from engine.config import EngineConfig
+from engine.core.loop import Links, Pipes, serve
 from engine.messages import LoadFailed, ToEngine
 from engine.transport.channels import ChannelSet, wait_for_lifeline
 from engine.transport.ipc import FrameReader, FrameWriter, die_with_parent
-from engine.transport.loop import Links, Pipes, serve
 
 # The engine runs this much nicer than the API server that started it (relative: a server started under
 # `nice` keeps the gap). The render workers use the same value (server/render/render_worker.py).

@@ -51,6 +51,11 @@ class EngineConfig:
     kv_cache_memory: int = 1 << 30  # bytes for the KV cache
     num_blocks: int | None = None  # overrides kv_cache_memory
     enable_prefix_caching: bool = True
+    # hybrid models (engine/core/state_pool.py): recurrent-state snapshots every this many tokens (rounded up to
+    # whole blocks) let prefix-cache hits resume there; 0: no snapshots, no prefix hits on hybrid models
+    state_snapshot_interval: int = 256
+    # bytes of those snapshots, out of kv_cache_memory (None: an eighth of it)
+    state_snapshot_memory: int | None = None
     seed: int = 0
     heartbeat_interval: float = 0.5  # seconds between heartbeats while idle
     # build the grammar backend before saying Ready (~1 s holding the GIL for a 150k vocabulary), not at the
@@ -95,6 +100,8 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError(f"num_blocks must be at least 1, got {self.num_blocks}")
+        if self.state_snapshot_interval < 0 or (self.state_snapshot_memory or 0) < 0:
+            raise ValueError("state_snapshot_interval and state_snapshot_memory must not be negative")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"--scheduling-policy must be fcfs or priority, not {self.scheduling_policy!r}")
         if self.runner not in RUNNERS:

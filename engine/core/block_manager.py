@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from engine.core.sequence import Sequence
+from engine.core.state_pool import StatePool
+from engine.types.sequence import Sequence
 
 # (parent content id, the block's token ids[, the images in it: (hash, offset in the image) each])
 _CacheKey = tuple[Any, ...]
@@ -39,8 +40,14 @@ def _block_key(seq: Sequence, parent: int, i: int, bs: int) -> _CacheKey:
 
 class BlockManager:
     def __init__(
-        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, window: int | None = None
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        window: int | None = None,
+        state: StatePool | None = None,
     ) -> None:
+        """state: a hybrid model's recurrent-state slots, taken with a sequence's first blocks, freed with them."""
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be at least 1")
         if window is not None and window < 1:
@@ -49,6 +56,9 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.window = window  # every layer's window is at most this; None: some layer reads everything
+        if state is not None and enable_prefix_caching and not state.interval:
+            raise ValueError("prefix caching without state snapshots would restore KV without its recurrent state")
+        self.state = state
         self._ref = [0] * num_blocks  # how many sequences hold each block
         self._key: list[_CacheKey | None] = [None] * num_blocks  # registered under this key
         self._cid = [_ROOT] * num_blocks  # content id while registered
@@ -71,6 +81,14 @@ class BlockManager:
     @property
     def num_used_blocks(self) -> int:
         return self.num_total_blocks - self.num_free_blocks
+
+    @property
+    def usage(self) -> tuple[int, int]:
+        """(used, total) for the KV-usage metric: blocks, plus the state pool weighed in blocks (slots held, all)."""
+        if self.state is None:
+            return self.num_used_blocks, self.num_total_blocks
+        w = self.state.slot_blocks
+        return self.num_used_blocks + w * self.state.num_used, self.num_total_blocks + w * self.state.num_slots
 
     @property
     def num_cached_blocks(self) -> int:
@@ -111,6 +129,8 @@ class BlockManager:
                 break
             hits.append(block)
             parent = self._cid[block]
+        if self.state is not None:  # a hybrid model: only as far as a snapshot of the state at that point
+            return hits[: self.state.usable_hits(len(hits), self._cid, hits, bs)]
         return hits
 
     def allocate(self, seq: Sequence, num_new_tokens: int, hits: list[int] | None = None) -> bool:
@@ -132,6 +152,8 @@ class BlockManager:
         need = self.blocks_needed(computed + num_new_tokens) - len(table) - (len(hits) if hits else 0)
         if need > self.num_free_blocks - reused:
             return False
+        if not table and self.state is not None and not self.state.take(seq):
+            return False  # no recurrent-state slot free: waits as for blocks
         if not table:
             self.prefix_cache_queries += seq.num_tokens if self.enable_prefix_caching else 0
             self._chain[seq] = [0, _ROOT]
@@ -144,6 +166,8 @@ class BlockManager:
             self._passed[seq] = skip
             self._chain[seq] = [len(hits), self._cid[hits[-1]]]
             self.prefix_cache_hits += computed
+            if self.state is not None:
+                self.state.restore_from(seq, self._cid[hits[-1]])
         for _ in range(need):
             table.append(self._pop_free())
         return True
@@ -155,6 +179,8 @@ class BlockManager:
             b, _ = self._free_cached.popitem(last=False)  # evict the least recently freed
             key = self._key[b]
             if key is not None:
+                if self.state is not None:
+                    self.state.drop(self._cid[b])  # the snapshot at this block's end goes with its KV
                 del self._cache[key]
                 self._key[b] = None
                 self._cid[b] = _ROOT
@@ -188,6 +214,8 @@ class BlockManager:
                 self._next_cid += 1
             else:  # another sequence computed the same block: chain on through its content id
                 parent = self._cid[existing]
+            if self.state is not None:
+                self.state.bind(seq, (i + 1) * bs, parent)  # a snapshot of the state at this block's end
         chain[0], chain[1] = max(done, full), parent
 
     def release_passed(self, seq: Sequence) -> None:
@@ -214,6 +242,8 @@ class BlockManager:
         """Release seq's blocks; registered ones stay cached, the tail's evicted before the head."""
         self._chain.pop(seq, None)
         self._passed.pop(seq, None)
+        if self.state is not None:
+            self.state.release(seq)  # a preempted sequence recomputes its state with its KV
         for b in reversed(seq.block_table):
             if b != PASSED:
                 self._unref(b)

@@ -1,6 +1,6 @@
 """The engine core's step: drain aborts, schedule, run the model, sample, report. Knows no text, no HTTP.
 
-`EngineCore` is usable in-process (tests, benchmarks); engine/transport/loop.py runs it in the subprocess.
+`EngineCore` is usable in-process (tests, benchmarks); engine/core/loop.py runs it in the subprocess.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import msgspec
 from engine.config import EngineConfig
 from engine.core.block_manager import BlockManager
 from engine.core.params import validate_params
-from engine.core.sampler import Sampler
 from engine.core.scheduler import RequestRefused, Scheduler
-from engine.core.sequence import ScheduledSeq, SeqStatus, Sequence
+from engine.core.state_pool import hybrid_pool
 from engine.distributed.runner import TPModelRunner
 from engine.execution.model_runner import ModelRunner, step_threads
 from engine.execution.pooler import Pooler
+from engine.execution.sampler import Sampler
 from engine.messages import AddRequest, EngineStats, PoolingInfo, Ready, RequestOutput, TokenLogprobs
 from engine.models.loader import ModelLoadError, read_config, resolve_model
 from engine.models.pooling_archs import check_runner, load_score_head
@@ -29,6 +29,7 @@ from engine.spec.speculator import Speculator
 from engine.spec.verify import sampled_rows, verify
 from engine.structured.backend import StructuredBackend
 from engine.structured.manager import StructuredOutputManager
+from engine.types.sequence import ScheduledSeq, SeqStatus, Sequence
 
 if TYPE_CHECKING:
     from engine.spec.draft_model import DraftModel
@@ -58,8 +59,14 @@ class EngineCore:
         caching = config.enable_prefix_caching and not (self.pooler is not None and self.pooler.needs_all_rows)
         # Whisper: a decoder block's K/V depend on the audio (cross-attention), not only on its tokens (as vLLM)
         caching = caching and getattr(self.runner, "audio", None) is None
+        # a hybrid model's recurrent state: a slot per sequence, prefix hits only where a snapshot is, no drafts
+        state = hybrid_pool(self.runner.states, config.speculative_config)
         self.block_manager = BlockManager(
-            self.runner.num_blocks, self.runner.block_size, caching, window=self.runner.kv_window
+            self.runner.num_blocks,
+            self.runner.block_size,
+            caching and (state is None or state.interval > 0),
+            window=self.runner.kv_window,
+            state=state,
         )
         self.scheduler = Scheduler(
             max_num_seqs=config.max_num_seqs,

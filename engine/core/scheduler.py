@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Iterable
 
 from engine.core.block_manager import BlockManager
-from engine.core.sequence import ScheduledSeq, SeqStatus, Sequence
 from engine.messages import EngineStats
+from engine.types.sequence import ScheduledSeq, SeqStatus, Sequence
 
 
 class RequestRefused(ValueError):
@@ -259,11 +259,12 @@ class Scheduler:
         return bool(self._by_id)
 
     def stats(self) -> EngineStats:
+        used, total = self.bm.usage  # a hybrid model's state slots count as the blocks they weigh
         return EngineStats(
             self.num_running,
             self.num_waiting,
-            self.bm.num_used_blocks,
-            self.bm.num_total_blocks,
+            used,
+            total,
             self.num_preemptions,
             self.bm.prefix_cache_queries,
             self.bm.prefix_cache_hits,

@@ -1,6 +1,6 @@
 """The greedy sampler's argmax over float32 logits on CPU, through argmax.cpp: one AVX-512 pass giving
 torch.argmax's answer (each row's first maximal column). `argmax(x)` is None where the kernel does not run here
-or a row holds a NaN or +inf or no finite value: the sampler's careful path then decides (engine/core/sampler.py).
+or a row holds a NaN or +inf or no finite value: the sampler's careful path then decides (engine/execution/sampler.py).
 """
 
 from __future__ import annotations

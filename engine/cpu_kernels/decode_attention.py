@@ -2,7 +2,7 @@
 
 `attend(q, k_cache, v_cache, tables, lens, los, scale, softcap)`: the sequences' keys are read in place, block by
 block; scores, softmax and the weighted sum of values are float32, the output rounded once to bfloat16.
-`usable(...)` is False where it cannot run (engine/cpu_kernels); callers then keep engine/execution/cpu_attention.py's
+`usable(...)` is False where it cannot run (engine/cpu_kernels); callers then keep engine/layers/cpu_attention.py's
 path.
 """
 

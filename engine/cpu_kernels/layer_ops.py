@@ -72,7 +72,7 @@ def _fns() -> dict[str, Any]:
 def add_rms_norm(
     x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tensor, eps: float, threads: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + h, weight * rms_norm(x + h)) for rows [T, n] in bf16, as `x + h` then engine/execution/ops.py's rms_norm
+    """(x + h, weight * rms_norm(x + h)) for rows [T, n] in bf16, as `x + h` then engine/layers/ops.py's rms_norm
     round them; h None: (x, weight * rms_norm(x))."""
     return _add_rms_norm(_fns(), x, h, weight, eps, threads)
 

@@ -16,8 +16,8 @@ from typing import cast
 
 import msgspec
 
-from engine.core.sequence import ScheduledSeq, Sequence
 from engine.messages import LoRARequest
+from engine.types.sequence import ScheduledSeq, Sequence
 
 GENERATE, POOL, TICK, STOP = 0, 1, 2, 3  # plan kinds: a generate step, a pooling step, rank 0 alive, shut down
 

@@ -20,7 +20,6 @@ import torch
 from torch._C._distributed_c10d import Store
 
 from engine.config import EngineConfig
-from engine.core.sequence import ScheduledSeq
 from engine.distributed.group import CollectiveError, TPGroup, master_store
 from engine.distributed.launch import LocalRanks, _fatal
 from engine.distributed.plan import GENERATE, POOL, STOP, TICK, StepPlan, batch_of, plan_of
@@ -34,6 +33,7 @@ from engine.models.decoder import CausalLM
 from engine.models.loader import ModelInfo, ModelLoadError, load_model, read_config, resolve_model
 from engine.models.pooling_archs import as_decoder_config
 from engine.models.registry import parse_config
+from engine.types.sequence import ScheduledSeq
 
 log = logging.getLogger("engine")
 

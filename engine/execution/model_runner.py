@@ -11,12 +11,11 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
-from engine.core.sequence import ScheduledSeq
 from engine.cpu_threads import choose_threads
-from engine.execution.cpu_attention import DecodeSeqs, PrefillChunk
-from engine.execution.ops import AttnMetadata
 from engine.kernels import build_paged_batch, triton_available
+from engine.layers.cpu_attention import DecodeSeqs, PrefillChunk
 from engine.layers.linear import Linear
+from engine.layers.ops import AttnMetadata
 from engine.layers.parallel import WORKERS
 from engine.lora.manager import LoRAManager
 from engine.models.checkpoint_meta import max_model_len, read_generation_config
@@ -27,6 +26,7 @@ from engine.models.weights import ModelLoadError
 from engine.models.whisper import WhisperModel
 from engine.multimodal.audio import AudioRunner
 from engine.multimodal.runner import ImageRunner
+from engine.types.sequence import ScheduledSeq
 
 log = logging.getLogger("engine")
 
@@ -179,7 +179,7 @@ class ModelRunner:
     def _allocate_kv_cache(self, info: ModelInfo, block_size: int) -> torch.Tensor:
         """[layers, 2 (K, V), num_blocks, block_size, kv_heads, head_dim], zeroed: padded key positions read
         real blocks with weight 0, and 0 * NaN would poison a row. Head-major storage for the torch path, so a
-        gather of blocks is contiguous per kv head (engine/execution/cpu_attention.py); Triton reads it block-major."""
+        gather of blocks is contiguous per kv head (engine/layers/cpu_attention.py); Triton reads it block-major."""
         dims = (info.num_layers, 2, self.num_blocks, block_size, info.num_kv_heads, info.head_dim)
         if self.use_triton:
             return torch.zeros(dims, dtype=self.dtype, device=self.device)

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from engine.core.sequence import ScheduledSeq, Sequence
 from engine.messages import PooledData
 from engine.pooling_config import POOLING_TYPES
+from engine.types.sequence import ScheduledSeq, Sequence
 
 
 @dataclass

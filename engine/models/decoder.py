@@ -17,11 +17,11 @@ import torch
 import torch.nn.functional as F
 
 from engine.cpu_kernels import layer_ops
-from engine.execution.ops import AttnMetadata, TorchOps, TritonOps, rope_factors, rope_halves, rotate
 from engine.gguf.tensor import GGMLWeight, concat_rows
 from engine.layers.linear import KernelLinear, Linear, make_linear
 from engine.layers.lm_head import LMHead, choose_head
 from engine.layers.moe import ACTIVATIONS, Activation, SparseMoE
+from engine.layers.ops import AttnMetadata, TorchOps, TritonOps, rope_factors, rope_halves, rotate
 from engine.layers.parallel import WORKERS
 from engine.models.args import ModelArgs
 from engine.models.fused_decode import FUSED_LINEARS, FusedDecode, kernels_take
@@ -154,7 +154,7 @@ def _quantized_ends(
     embed: Any, head: Any, dtype: torch.dtype, quantization: str | None
 ) -> tuple[LMHead, torch.Tensor | QuantEmbedding]:
     """The LM head and embedding table where either is a GGUF model's blocks: each kept as blocks, or dense."""
-    from engine.gguf.quant_head import QuantHead, quant_embedding  # why late: only GGUF models kept quantized
+    from engine.layers.quant_head import QuantHead, quant_embedding  # why late: only GGUF models kept quantized
 
     lm_head = QuantHead(head, dtype) if isinstance(head, GGMLWeight) else choose_head(head, quantization)
     return lm_head, quant_embedding(embed, dtype) if isinstance(embed, GGMLWeight) else embed

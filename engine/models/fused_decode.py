@@ -18,8 +18,8 @@ from typing import Any, Protocol
 import torch
 
 from engine.cpu_kernels import decode_attention, decoder_layer, layer_ops, quant_gemm
-from engine.execution.ops import AttnMetadata, rope_halves
 from engine.layers.linear import AmxLinear, KernelLinear
+from engine.layers.ops import AttnMetadata, rope_halves
 from engine.layers.parallel import KERNEL_PARALLEL_BYTES, KERNEL_PARALLEL_MACS, WORKERS
 from engine.layers.quant_linear import QuantLinear
 from engine.models.args import ModelArgs

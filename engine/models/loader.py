@@ -15,9 +15,8 @@ import torch
 
 from engine.gguf.folder import gguf_files, resolve_gguf
 from engine.gguf.header import GGUFError
-from engine.gguf.weights import GGUFWeights
-from engine.models.auto_dtype import auto_dtype
 from engine.models.args import ConfigError, ModelArgs
+from engine.models.auto_dtype import auto_dtype
 
 # config.json / generation_config.json reading is torch-free, shared with the render-only server; the error
 # and read_config stay importable from here, as the engine's modules do
@@ -26,6 +25,7 @@ from engine.models.checkpoint_meta import eos_token_ids, generation_defaults, re
 from engine.models.checkpoint_meta import read_config as read_config
 from engine.models.checkpoint_meta import tokenizer_token_count as tokenizer_token_count
 from engine.models.decoder import CausalLM
+from engine.models.gguf_weights import GGUFWeights
 from engine.models.pooling_archs import as_decoder_config, decoder_weights
 from engine.models.registry import family_of, parse_config
 from engine.models.weights import Weights

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.execution.ops import AttnMetadata, apply_rope
 from engine.layers.linear import Linear, make_linear
+from engine.layers.ops import AttnMetadata, apply_rope
 from engine.models import llama
 from engine.models.args import ConfigError, ModelArgs
 from engine.models.decoder import CausalLM, WeightGetter, WeightSource

@@ -2,7 +2,7 @@
 
 Each computes what transformers' ROPE_INIT_FUNCTIONS do: inverse frequencies over the rotary dims and an
 attention factor that scales cos and sin (yarn, longrope). The table is [positions, rotary_dim] float32,
-cos in the first half and sin in the second, as `engine.execution.ops.apply_rope` and the Triton kernel read it.
+cos in the first half and sin in the second, as `engine.layers.ops.apply_rope` and the Triton kernel read it.
 
 longrope picks its short or long factors once per model, as vLLM does: long when the served length
 (max_positions) exceeds original_max_position_embeddings. transformers switches per forward call on the

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.execution.ops import AttnMetadata, TorchOps, TritonOps
 from engine.layers.linear import Linear, make_linear
 from engine.layers.lm_head import LMHead
+from engine.layers.ops import AttnMetadata, TorchOps, TritonOps
 from engine.models.args import ConfigError, ModelArgs
 from engine.models.decoder import CausalLM, WeightGetter, WeightSource
 

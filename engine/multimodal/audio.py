@@ -18,12 +18,12 @@ from typing import Any
 
 import torch
 
-from engine.core.sequence import ScheduledSeq, Sequence
 from engine.messages import AudioInput
 from engine.models.whisper import CrossBatch, WhisperModel
-from engine.multimodal.image_state import SeqAudio
 from engine.multimodal.processing import ENCODER_CACHE_BYTES
 from engine.multimodal.runner import EncoderCache
+from engine.types.image_state import SeqAudio
+from engine.types.sequence import ScheduledSeq, Sequence
 
 ENCODE_BATCH = 8  # windows per encoder call: a large model's attention over 1500 frames is big per window
 

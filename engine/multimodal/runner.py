@@ -2,7 +2,7 @@
 
 A request's images arrive as `ImageInput`s (engine/messages.py): pixel values (bytes + shape + dtype, as the
 API's Qwen2-VL image processor made them), the grid (t, h, w) in patches, the content hash, and where the
-image's placeholder tokens sit in the prompt. `SeqImages` (on `Sequence.mm`; engine/multimodal/image_state.py) holds
+image's placeholder tokens sit in the prompt. `SeqImages` (on `Sequence.mm`; engine/types/image_state.py) holds
 them with the prompt's M-RoPE positions and the position delta later tokens use. `ImageRunner` (one per ModelRunner of a
 vision
 model) splices the encoder's output over the placeholder rows of each step; the encoder runs once per image
@@ -17,11 +17,11 @@ from collections import OrderedDict
 
 import torch
 
-from engine.core.sequence import ScheduledSeq
 from engine.messages import IMAGE_CACHE_MISS, ImageInput
 from engine.models.qwen2_vl import Qwen2VLCausalLM, mrope_positions
-from engine.multimodal.image_state import Image, SeqImages
 from engine.multimodal.processing import ENCODER_CACHE_BYTES
+from engine.types.image_state import Image, SeqImages
+from engine.types.sequence import ScheduledSeq
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -7,41 +7,17 @@ counts down), and one draft token as the probe at its end, unless no acceptance 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 
-DECAY = 0.8  # weight of the past in a sequence's acceptance counts per verification (about the last 5)
-PRIOR_HITS, PRIOR_TRIALS = 1.0, 1.5  # 2 in 3, light: a new sequence tries drafting, 3-4 misses outweigh it
-BACKOFF_MIN = 16  # decode steps without drafting once it stops paying, before one token is tried again
+from engine.types.draft_state import BACKOFF_MIN, DraftState
+
 BACKOFF_MAX = 512  # the longest back-off (a probe that fails doubles it)
 DEFAULT_COST = 0.1  # one more token's share of a decode step, until steps have been timed
 COST_SAMPLES = 64  # decode steps kept for the cost fit
 FIT_EVERY = 8  # steps recorded between two fits (a least-squares fit every step costs more than it changes)
 DRAFT_DECAY = 0.7  # weight of the past in a draft model's cost per drafted token
 PROBE_SHARE = 0.02  # a draft model's probe catches up over its back-off: only if that costs at most this share
-
-
-@dataclass(slots=True)
-class DraftState:
-    """One sequence's acceptance (decayed counts of draft tokens accepted and of accept/reject trials) and its
-    back-off."""
-
-    hits: float = PRIOR_HITS
-    trials: float = PRIOR_TRIALS
-    wait: int = 0  # decode steps left in the back-off
-    backoff: int = BACKOFF_MIN  # the next back-off's length
-    probing: bool = False  # this step's draft is the probe at a back-off's end (the step gate lets it through)
-
-    @property
-    def acceptance(self) -> float:
-        """The chance the next draft token is accepted."""
-        return self.hits / self.trials
-
-    def record(self, drafted: int, accepted: int) -> None:
-        trials = accepted + (1 if accepted < drafted else 0)  # the first rejection ends the run
-        self.hits = self.hits * DECAY + accepted
-        self.trials = self.trials * DECAY + trials
 
 
 def hopeless(cost: float, most: int, jump: float) -> bool:

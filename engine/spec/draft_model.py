@@ -17,14 +17,14 @@ import msgspec
 import torch
 
 from engine.config import EngineConfig
-from engine.core.sampler import Sampler
-from engine.core.sequence import ScheduledSeq, Sequence
 from engine.execution.model_runner import ModelRunner, step_threads
+from engine.execution.sampler import Sampler
 from engine.models.checkpoint_meta import max_model_len
 from engine.models.loader import read_config, resolve_model
 from engine.models.weights import ModelLoadError
 from engine.spec.config import FLAG, SpecConfig
 from engine.spec.vocab import MISMATCH, vocab_mismatch
+from engine.types.sequence import ScheduledSeq, Sequence
 
 
 class DraftModel:

@@ -7,11 +7,11 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from engine.core.sequence import SeqStatus, Sequence
 from engine.spec import ngram
 from engine.spec.adaptive import DraftCost, StepCost, draft_length
 from engine.spec.config import SpecConfig
 from engine.structured.drafts import allowed_prefix, draft_room
+from engine.types.sequence import SeqStatus, Sequence
 
 if TYPE_CHECKING:
     from engine.spec.draft_model import DraftModel

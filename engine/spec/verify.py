@@ -14,9 +14,9 @@ import dataclasses
 
 import torch
 
-from engine.core.sampler import Sampler
-from engine.core.sequence import ScheduledSeq, Sequence
+from engine.execution.sampler import Sampler
 from engine.messages import TokenLogprobs
+from engine.types.sequence import ScheduledSeq, Sequence
 
 
 @dataclasses.dataclass(slots=True)

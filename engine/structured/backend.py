@@ -13,43 +13,7 @@ from typing import Protocol
 import torch
 
 from engine.messages import StructuredOutputs
-
-
-class StructuredGrammar(Protocol):
-    """One request's matcher: which tokens may come next, given the tokens accepted so far."""
-
-    def accept_tokens(self, token_ids: Sequence[int]) -> bool:
-        """Advance over the tokens; False (and `error()` says why) when one is not allowed."""
-        ...
-
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        """Write the next token's allowed set into bitmask[row] (int32 words, bit j of word w = token 32w + j)."""
-        ...
-
-    def rollback(self, num_tokens: int) -> None:
-        """Undo the last num_tokens accepted (speculative decoding; a recompute that drops output)."""
-        ...
-
-    def is_terminated(self) -> bool:
-        """The grammar is complete and admits no more tokens (or it consumed an EOS)."""
-        ...
-
-    def error(self) -> str:
-        """Why the matcher failed; "" while it is fine."""
-        ...
-
-    def completion(self, limit: int) -> list[int] | None:
-        """Tokens (at most limit) that finish the grammar from here, short rather than shortest; None when
-        none is found. Does not move the matcher (engine/structured/forced_finish.py forces them near max_tokens)."""
-        ...
-
-    def finishes(self, token_ids: Sequence[int]) -> bool:
-        """These tokens, from here, complete the grammar (a finish found earlier, checked again: cheap)."""
-        ...
-
-    def copy(self) -> StructuredGrammar:
-        """An independent matcher in the same state (the cached compiled grammar -> one per request)."""
-        ...
+from engine.types.constraint_state import StructuredGrammar
 
 
 class StructuredBackend(Protocol):

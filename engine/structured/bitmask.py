@@ -14,19 +14,8 @@ import torch
 
 from engine import kernels
 
-_SHIFTS: dict[torch.device, torch.Tensor] = {}
 _LANES = np.arange(32, dtype=np.int64)
 SPARSE_WORDS = 4  # a row with under 1/4 of its words non-zero is applied by keeping its allowed tokens
-
-
-def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[rows, words] int32 -> [rows, vocab] bool (True: allowed); any device, plain torch."""
-    dev = bitmask.device
-    shifts = _SHIFTS.get(dev)
-    if shifts is None:
-        shifts = _SHIFTS[dev] = torch.arange(8, dtype=torch.uint8, device=dev)
-    b = bitmask.contiguous().view(torch.uint8)  # little-endian: byte k of word w holds tokens 32w + 8k ..
-    return ((b[:, :, None] >> shifts) & 1).view(bitmask.shape[0], -1)[:, :vocab].bool()
 
 
 def allow_only(bitmask: torch.Tensor, row: int, token: int) -> None:
@@ -36,19 +25,11 @@ def allow_only(bitmask: torch.Tensor, row: int, token: int) -> None:
     bitmask[row, token >> 5] = word - (1 << 32) if word >= 1 << 31 else word  # bit 31 is the int32 sign
 
 
-def apply_token_bitmask_ref(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
-    """In place: logits[rows[i], t] = -inf where bitmask[i] disallows t; columns past the mask too."""
-    covered = min(logits.shape[1], bitmask.shape[1] * 32)
-    allowed = unpack_bitmask(bitmask, covered)
-    for i, r in enumerate(rows.tolist()):
-        logits[r, :covered].masked_fill_(~allowed[i], -math.inf)
-        logits[r, covered:] = -math.inf
-
-
 def apply_token_bitmask_cpu(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
-    """apply_token_bitmask_ref for CPU tensors. A row whose mask allows few words (a structural position:
-    `,` or `}` or digits) keeps its allowed logits and fills the rest; the others (inside a string, most
-    tokens allowed) go through numpy's unpackbits, ~20x faster than the shifts above."""
+    """engine/kernels/token_bitmask_ref.py's apply_token_bitmask_ref for CPU tensors. A row whose mask allows
+    few words (a structural position: `,` or `}` or digits) keeps its allowed logits and fills the rest; the
+    others (inside a string, most tokens allowed) go through numpy's unpackbits, ~20x faster than the
+    reference's shifts."""
     covered = min(logits.shape[1], bitmask.shape[1] * 32)
     words = bitmask.contiguous().numpy()
     dense: list[int] = []

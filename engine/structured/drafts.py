@@ -10,8 +10,7 @@ once per token; drafts stop short of where it may act, so it never has to run fo
 
 from __future__ import annotations
 
-from engine.structured.backend import StructuredGrammar
-from engine.structured.constraint_state import StructuredState
+from engine.types.constraint_state import StructuredGrammar, StructuredState
 
 
 def draft_room(state: StructuredState, budget: int) -> int:

@@ -16,8 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Container
 
-from engine.structured.backend import StructuredGrammar
-from engine.structured.constraint_state import StructuredState
+from engine.types.constraint_state import StructuredGrammar, StructuredState
 
 log = logging.getLogger("engine")
 

@@ -12,10 +12,10 @@ import numpy as np
 import torch
 
 from engine.messages import StructuredOutputs
-from engine.structured.backend import StructuredGrammar
 from engine.structured.finish_search import Marks, completion, preferred_tokens, structural_marks
 from engine.structured.grammar import LIMITS, GrammarError, to_grammar
 from engine.structured.pattern_samples import required_keys, schema_samples
+from engine.types.constraint_state import StructuredGrammar
 
 INITIAL_MEMO = 64  # max_tokens values whose first finish is kept per compiled grammar
 PAR_MIN_ROWS = 4  # from this many rows the LLExecutor's threads beat filling one row after another

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.core.sequence import Sequence
 from engine.messages import StructuredOutputs
-from engine.structured.backend import StructuredBackend, StructuredGrammar, allocate_bitmask
+from engine.structured.backend import StructuredBackend, allocate_bitmask
 from engine.structured.bitmask import allow_only, apply_token_bitmask
-from engine.structured.constraint_state import StructuredState
 from engine.structured.drafts import row_grammar
 from engine.structured.forced_finish import advance, closing_token
+from engine.types.constraint_state import StructuredGrammar, StructuredState
+from engine.types.sequence import Sequence
 
 log = logging.getLogger("engine")
 CACHE_SIZE = 256  # compiled grammars kept; a request copies its grammar, so eviction frees only the template

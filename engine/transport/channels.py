@@ -1,7 +1,7 @@
 """The engine's side of several API-server processes (`--api-server-count N`): one socket per API process.
 
 Each API server process has its own channel to this engine core: a Unix socketpair whose other end only that
-process holds (`server/runtime/launcher.py` makes them). The engine loop (engine/transport/loop.py `run`, the same loop
+process holds (`server/runtime/launcher.py` makes them). The engine loop (engine/core/loop.py `run`, the same loop
 as
 over one server's pipes) reads frames from every channel between steps; `ChannelSet` remembers which channel
 added each request, and after a step sends each channel that has outputs ONE `StepOutputs` frame with the
@@ -79,7 +79,7 @@ class Channel:
 
 
 class ChannelSet:
-    """All the API processes' channels: the engine loop's `Links` (engine/transport/loop.py) when there are several.
+    """All the API processes' channels: the engine loop's `Links` (engine/core/loop.py) when there are several.
 
     Remembers which channel added each request, so a step's outputs go only to their channel and a channel's
     requests are aborted when it closes."""

@@ -78,9 +78,9 @@ def test_a_shaped_checkpoint_loads_in_both_implementations(
         ref = hf(ids).logits[0]
     # the engine's prefill of the same ids (the runner's paths are covered elsewhere; here only the weights)
     from engine.config import EngineConfig
-    from engine.core.sequence import ScheduledSeq, Sequence
     from engine.execution.model_runner import ModelRunner
     from engine.messages import SamplingParams
+    from engine.types.sequence import ScheduledSeq, Sequence
 
     runner = ModelRunner(EngineConfig(model=str(path), dtype="float32", num_blocks=8, block_size=4))
     seq = Sequence.new("a", ids[0].tolist(), SamplingParams(max_tokens=1, prompt_logprobs=0), 0.0)

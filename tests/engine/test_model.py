@@ -13,7 +13,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
-from engine.execution.ops import apply_rope, rms_norm, rope_factors, rotate
+from engine.layers.ops import apply_rope, rms_norm, rope_factors, rotate
 from engine.models.args import ConfigError
 from engine.models.registry import parse_config
 from engine.models.rope import inv_freq, rope_table

@@ -102,7 +102,7 @@ def test_text_only_prompt_is_plain_qwen2(qwen2_vl_ckpt: Path, tmp_path: Path) ->
     save_file({k: v for k, v in weights.items() if not k.startswith("visual.")}, qwen2 / "model.safetensors")
     prompt = TEXT * 3
     vl, plain = make_core(qwen2_vl_ckpt), make_core(qwen2)
-    from engine.core.sequence import ScheduledSeq, Sequence
+    from engine.types.sequence import ScheduledSeq, Sequence
 
     logits = []
     for core in (vl, plain):

@@ -229,8 +229,7 @@ async def test_stop_strings_queue_200_aborts_while_both_pipes_are_full() -> None
     """No cycle of waits: the engine blocks writing its output and reads nothing, the client's stdin is
     full, yet the output handler finishes every request that a stop string ended and queues its abort."""
     from demo.tokenizers import load_tokenizer
-    from server.app_load import detokenizer_factory
-    from server.request.async_llm import AsyncLLM
+    from server.request.async_llm import AsyncLLM, detokenizer_factory
     from server.request.collector import OutputKind
     from server.request.input_processor import GenerationSpec
 

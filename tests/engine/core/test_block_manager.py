@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 
 from engine.core.block_manager import _ROOT, PASSED, BlockManager
-from engine.core.sequence import Sequence
 from engine.messages import SamplingParams
+from engine.types.sequence import Sequence
 
 PARAMS = SamplingParams(max_tokens=16)
 

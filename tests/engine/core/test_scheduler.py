@@ -14,8 +14,8 @@ import pytest
 
 from engine.core.block_manager import BlockManager
 from engine.core.scheduler import RequestRefused, Scheduler
-from engine.core.sequence import ScheduledSeq, SeqStatus, Sequence
 from engine.messages import SamplingParams
+from engine.types.sequence import ScheduledSeq, SeqStatus, Sequence
 
 
 class FakeEngine:

@@ -10,7 +10,7 @@ import torch
 
 from engine.core.block_manager import PASSED
 from engine.cpu_kernels import decode_attention as kernel
-from engine.execution.cpu_attention import DecodeSeqs, decode_attention
+from engine.layers.cpu_attention import DecodeSeqs, decode_attention
 
 pytestmark = pytest.mark.skipif(
     not kernel.usable(torch.zeros(1, 2, 32, dtype=torch.bfloat16), torch.zeros(1, 4, 2, 32, dtype=torch.bfloat16)),

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.core.sequence import ScheduledSeq, Sequence
 from engine.execution.model_runner import ModelRunner
 from engine.layers.linear import Int8Linear, KernelLinear
 from engine.messages import SamplingParams
 from engine.models.weights import ModelLoadError
+from engine.types.sequence import ScheduledSeq, Sequence
 from tests.helpers.engine import hf_greedy, hf_model
 
 ARCHS = ["qwen2", "llama", "mistral"]

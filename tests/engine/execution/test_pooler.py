@@ -227,7 +227,7 @@ def _array(p: PooledData) -> list[list[float]]:
 )
 def test_pooling_survives_a_recompute_and_shares_steps(pooling: str, expected_a: list[object]) -> None:
     """Positions 0..n-1 are taken once each, even when a preempted prompt re-runs chunks already taken."""
-    from engine.core.sequence import ScheduledSeq, Sequence
+    from engine.types.sequence import ScheduledSeq, Sequence
 
     pooler = Pooler(pooling)
     a = Sequence.new("a", list(range(10)), SamplingParams(max_tokens=0), 0.0)

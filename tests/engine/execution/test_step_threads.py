@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.core.sequence import ScheduledSeq, Sequence
 from engine.execution.model_runner import ModelRunner, projection_macs, step_threads
 from engine.messages import SamplingParams
+from engine.types.sequence import ScheduledSeq, Sequence
 
 
 def config_macs(path: Path) -> int:

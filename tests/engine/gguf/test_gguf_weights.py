@@ -1,4 +1,4 @@
-"""GGUF tensors by Hugging Face name (engine/gguf/weights.py): the name table, llama's Q/K row order, Gemma's
+"""GGUF tensors by Hugging Face name (engine/models/gguf_weights.py): the name table, llama's Q/K row order, Gemma's
 norm offset, MoE experts sliced from their stacked tensor, and quantized weights kept as the file's blocks."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 from engine.gguf.tensor import GGMLWeight
-from engine.gguf.weights import GGUFWeights, _rotary_rows
 from engine.models.checkpoint_meta import ModelLoadError
+from engine.models.gguf_weights import GGUFWeights, _rotary_rows
 from tests.engine.gguf.files import HEADS, KV_HEADS, write_llama
 
 CPU = torch.device("cpu")

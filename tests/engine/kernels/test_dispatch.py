@@ -1,5 +1,5 @@
 """The dispatch API the model calls: it picks the kernels under the interpreter, and its tensors match
-the layout engine/execution/ops.py (the model's torch path) uses."""
+the layout engine/layers/ops.py (the model's torch path) uses."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import engine.kernels as K
-from engine.execution.ops import apply_rope, rms_norm, write_kv
 from engine.kernels.paged_prefill_attention import paged_prefill_attention_ref
+from engine.layers.ops import apply_rope, rms_norm, write_kv
 from tests.engine.kernels.paged_case import make_case
 
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from engine.kernels.token_bitmask import BLOCK, apply_token_bitmask, apply_token_bitmask_ref
-from engine.structured.bitmask import apply_token_bitmask_cpu, unpack_bitmask
+from engine.kernels.token_bitmask_ref import unpack_bitmask
+from engine.structured.bitmask import apply_token_bitmask_cpu
 
 
 def random_bitmask(rows: int, vocab: int, gen: torch.Generator) -> torch.Tensor:

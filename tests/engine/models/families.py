@@ -91,6 +91,28 @@ FAMILIES: dict[str, dict[str, Any]] = {
         rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL_ROPE_LENGTH},
         extra=dict(layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"]),
     ),
+    "gemma4": dict(
+        vocab_size=QWEN_VOCAB,
+        tie_word_embeddings=True,
+        rope_theta=10_000.0,
+        num_layers=6,
+        sliding_window=WINDOW,
+        extra=dict(
+            layer_types=["sliding_attention", "full_attention"] * 3,
+            global_head_dim=32,
+            attention_k_eq_v=True,
+            num_global_key_value_heads=1,
+            num_kv_shared_layers=2,
+            hidden_size_per_layer_input=8,
+            vocab_size_per_layer_input=QWEN_VOCAB,
+            use_double_wide_mlp=True,
+            final_logit_softcapping=5.0,
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.5, "rope_theta": 1e6},
+            },
+        ),
+    ),
     "phi3": dict(
         vocab_size=32_000,
         tie_word_embeddings=False,

@@ -14,15 +14,15 @@ import torch
 
 from demo.checkpoints import write_random_checkpoint
 from engine.config import EngineConfig
-from engine.core.sequence import ScheduledSeq, Sequence
 from engine.cpu_kernels import gemm_amx
 from engine.execution.model_runner import ModelRunner
-from engine.execution.ops import AttnMetadata
 from engine.layers.linear import KernelLinear
+from engine.layers.ops import AttnMetadata
 from engine.layers.quant_linear import QuantLinear
 from engine.messages import SamplingParams
 from engine.models import fused_decode
 from engine.models.decoder import CausalLM
+from engine.types.sequence import ScheduledSeq, Sequence
 from tests.engine.gguf.files import smollm2_file
 from tests.engine.models.families import LONGROPE, build_family
 

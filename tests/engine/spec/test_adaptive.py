@@ -9,12 +9,13 @@ import random
 
 import pytest
 
-from engine.core.sequence import SeqStatus, Sequence
 from engine.messages import SamplingParams
 from engine.spec import speculator
-from engine.spec.adaptive import BACKOFF_MAX, BACKOFF_MIN, DEFAULT_COST, DraftState, StepCost, draft_length
+from engine.spec.adaptive import BACKOFF_MAX, DEFAULT_COST, StepCost, draft_length
 from engine.spec.config import SpecConfig
 from engine.spec.speculator import Speculator
+from engine.types.draft_state import BACKOFF_MIN, DraftState
+from engine.types.sequence import SeqStatus, Sequence
 
 PLAIN, JUMP, PER_TOKEN = 1.0, 0.3, 0.05  # made-up step seconds: a verification's chunk costs the step 30% more
 

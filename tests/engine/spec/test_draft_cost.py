@@ -8,11 +8,12 @@ import random
 
 import pytest
 
-from engine.core.sequence import SeqStatus, Sequence
 from engine.messages import SamplingParams
-from engine.spec.adaptive import BACKOFF_MIN, DraftCost, DraftState, StepCost, draft_length, hopeless
+from engine.spec.adaptive import DraftCost, StepCost, draft_length, hopeless
 from engine.spec.config import SpecConfig
 from engine.spec.speculator import Speculator
+from engine.types.draft_state import BACKOFF_MIN, DraftState
+from engine.types.sequence import SeqStatus, Sequence
 
 PLAIN, JUMP, PER_TOKEN = 1.0, 0.3, 0.05  # made-up seconds of the target's step, as in test_adaptive.py
 

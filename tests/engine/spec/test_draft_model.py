@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from engine.core.engine_core import EngineCore
-from engine.core.sampler import Sampler
-from engine.core.sequence import ScheduledSeq, Sequence
+from engine.execution.sampler import Sampler
 from engine.messages import AddRequest, SamplingParams
 from engine.models.weights import ModelLoadError
 from engine.spec.draft_model import DraftModel
 from engine.spec.verify import sampled_rows, verify
+from engine.types.sequence import ScheduledSeq, Sequence
 from tests.helpers.engine import greedy, make_core, run, tokens
 
 pytestmark = pytest.mark.usefixtures("free_draft")  # these check what the draft path emits, not its cost

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from engine.core.sequence import Sequence
 from engine.messages import SamplingParams, StructuredOutputs
 from engine.spec import speculator
 from engine.structured.backend import allocate_bitmask
-from engine.structured.constraint_state import StructuredState
 from engine.structured.drafts import allowed_prefix, draft_room
+from engine.types.constraint_state import StructuredState
+from engine.types.sequence import Sequence
 from tests.engine.spec.test_spec_engine import NGRAM
 from tests.engine.structured.conftest import make_core, run, shared_backend
 from tests.engine.structured.test_engine import CONSTRAINTS, PROMPT, SCHEMA

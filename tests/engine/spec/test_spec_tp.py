@@ -17,7 +17,7 @@ from tests.helpers.engine import greedy, make_core, tokens
 
 
 def test_the_plan_carries_a_verification() -> None:
-    from engine.core.sequence import ScheduledSeq, Sequence
+    from engine.types.sequence import ScheduledSeq, Sequence
 
     seq = Sequence.new("s", [5, 6, 7, 8], greedy(10), 0.0)
     seq.num_computed_tokens, seq.block_table, seq.draft = 3, [4, 9], [11, 12, 13]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from engine.core.block_manager import BlockManager
 from engine.core.scheduler import Scheduler
-from engine.core.sequence import Sequence
 from engine.messages import SamplingParams
+from engine.types.sequence import Sequence
 
 
 def test_rejected_positions_release_their_blocks() -> None:

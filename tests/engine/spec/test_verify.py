@@ -8,10 +8,10 @@ from collections import Counter
 import pytest
 import torch
 
-from engine.core.sampler import Sampler
-from engine.core.sequence import ScheduledSeq, Sequence
+from engine.execution.sampler import Sampler
 from engine.messages import SamplingParams
 from engine.spec.verify import sampled_rows, verify
+from engine.types.sequence import ScheduledSeq, Sequence
 
 V = 6
 DRAWS = 6000

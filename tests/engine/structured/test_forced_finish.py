@@ -15,10 +15,10 @@ import pytest
 
 from engine.core.engine_core import EngineCore
 from engine.messages import SamplingParams, StructuredOutputs
-from engine.structured.constraint_state import StructuredState
 from engine.structured.finish_search import completion
 from engine.structured.forced_finish import EVERY_STEP, MARGIN, advance, closing_token
 from engine.structured.relaxed_schema import relax
+from engine.types.constraint_state import StructuredState
 from tests.engine.structured.conftest import finish, make_core, run, shared_backend
 from tests.helpers.engine import tokens
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.kernels.token_bitmask_ref import unpack_bitmask
 from engine.messages import SamplingParams, StructuredOutputs
 from engine.structured.backend import allocate_bitmask
-from engine.structured.bitmask import unpack_bitmask
 from engine.structured.grammar import GrammarError
 from engine.structured.llguidance_backend import LLGuidanceBackend
 from tests.conftest import TINY

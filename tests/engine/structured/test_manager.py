@@ -11,9 +11,9 @@ import torch
 
 from engine.core.engine_core import EngineCore
 from engine.messages import AddRequest, SamplingParams, StructuredOutputs
-from engine.structured.backend import StructuredGrammar
 from engine.structured.grammar import GrammarError
 from engine.structured.llguidance_backend import LLGuidanceBackend
+from engine.types.constraint_state import StructuredGrammar
 from tests.engine.structured.conftest import make_core, run, shared_backend
 from tests.helpers.engine import tokens
 

@@ -6,6 +6,7 @@ import socket
 import threading
 import time
 
+from engine.core.loop import run
 from engine.messages import (
     AbortRequests,
     AddRequest,
@@ -18,7 +19,6 @@ from engine.messages import (
 )
 from engine.transport.channels import ChannelSet
 from engine.transport.ipc import FrameBuffer, FrameEncoder
-from engine.transport.loop import run
 
 
 class CountingCore:

@@ -9,10 +9,10 @@ import msgspec
 import pytest
 import torch
 
-import engine.core.sampler as sampler_mod
-from engine.core.sampler import Sampler
-from engine.core.sequence import Sequence
+import engine.execution.sampler as sampler_mod
+from engine.execution.sampler import Sampler
 from engine.messages import SamplingParams
+from engine.types.sequence import Sequence
 
 EOS = 3
 

@@ -6,6 +6,7 @@ import os
 import threading
 import time
 
+from engine.core.loop import Pipes, run
 from engine.messages import (
     AddRequest,
     EngineStats,
@@ -17,7 +18,6 @@ from engine.messages import (
     ToEngine,
 )
 from engine.transport.ipc import FrameBuffer, FrameEncoder, FrameReader, FrameWriter
-from engine.transport.loop import Pipes, run
 
 STATS = EngineStats(1, 0, 1, 10, 0, 0, 0)
 

@@ -7,13 +7,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engine.messages import LoRARequest, SamplingParams
-from engine.spec.adaptive import DraftState
+from engine.types.draft_state import DraftState
 
 if TYPE_CHECKING:
     import torch
 
-    from engine.multimodal.image_state import SeqAudio, SeqImages
-    from engine.structured.constraint_state import StructuredState
+    from engine.types.constraint_state import StructuredState
+    from engine.types.image_state import SeqAudio, SeqImages
 
 
 class SeqStatus(enum.Enum):

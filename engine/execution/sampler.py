@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.core.sequence import Sequence
 from engine.cpu_kernels import argmax as cpu_argmax
 from engine.messages import SamplingParams, TokenLogprobs
+from engine.types.sequence import Sequence
 
 GREEDY_EPS = 1e-5  # temperatures below this are greedy, as in vLLM
 MAX_CANDIDATES = 1024  # top_k up to this runs on the topk candidates only

@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from engine.gguf.tensor import GGMLWeight
 from engine.layers.lm_head import LMHead
-from engine.layers.quant_linear import QuantEmbedding, make_quant_linear
+from engine.layers.quant_linear import QuantEmbedding, QuantLinear, make_quant_linear
+
+# heads by id of the blocks they were made from, while they live: a tied embedding made from the same blocks reads
+# its rows from the head's packed form (engine/cpu_kernels/quant_dot.py) rather than keeping the blocks twice
+_HEADS: weakref.WeakValueDictionary[int, QuantLinear] = weakref.WeakValueDictionary()
 
 
 class QuantHead(LMHead):
@@ -19,6 +24,9 @@ class QuantHead(LMHead):
         self.vocab = weight.shape[0]
         self.dtype = dtype
         self.linear = make_quant_linear(weight, None, dtype)
+        if isinstance(self.linear, QuantLinear):
+            self.linear.made_from = weakref.ref(weight.data)
+            _HEADS[id(weight.data)] = self.linear
         self.transposed = None  # a tied embedding is never read from this head's columns
         self.fills_out = True
         self.form, self.chunks, self.packed, self.weight = "ggml", [], None, None
@@ -38,4 +46,8 @@ class QuantHead(LMHead):
 
 
 def quant_embedding(weight: GGMLWeight, dtype: torch.dtype) -> QuantEmbedding:
+    """The table of `weight`: from a live head's packed form where that head was made from these very blocks."""
+    head = _HEADS.get(id(weight.data))
+    if head is not None and head.made_from is not None and head.made_from() is weight.data:
+        return QuantEmbedding(weight, dtype, head)
     return QuantEmbedding(weight, dtype)

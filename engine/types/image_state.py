@@ -1,4 +1,4 @@
-"""A request's images inside the engine (`Sequence.mm`): a leaf, so engine/core/sequence.py imports nothing that
+"""A request's images inside the engine (`Sequence.mm`): a leaf, so engine/types/sequence.py imports nothing that
 imports it back. engine/multimodal/runner.py builds them (`ImageRunner.seq_images`) and reads them each step."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The model's swappable pieces: RMSNorm, rotary embedding, paged KV writes and paged attention.
 
-`TorchOps` bundles the plain torch versions (CPU; attention in engine/execution/cpu_attention.py); `TritonOps` routes
+`TorchOps` bundles the plain torch versions (CPU; attention in engine/layers/cpu_attention.py); `TritonOps` routes
 the same calls to `engine.kernels` (GPU). The model only calls `ops.rms_norm / rope / write_kv / attention`,
 so the two swap per runner. The KV cache of one layer is a pair of tensors [num_blocks, block_size,
 num_kv_heads, head_dim] (on CPU a view of head-major storage); a token at position p of a sequence lives in
@@ -15,8 +15,8 @@ import torch
 
 from engine import kernels
 from engine.cpu_kernels import layer_ops
-from engine.execution.cpu_attention import DecodeSeqs, PrefillChunk, decode_attention, prefill_attention
 from engine.kernels import PagedBatch
+from engine.layers.cpu_attention import DecodeSeqs, PrefillChunk, decode_attention, prefill_attention
 from engine.layers.parallel import WORKERS
 
 
@@ -105,7 +105,7 @@ def paged_attention(
     window: int | None = None,
     softcap: float | None = None,
 ) -> torch.Tensor:
-    """q [T, heads, D] for the flat batch -> attention output [T, heads, D] (engine/execution/cpu_attention.py).
+    """q [T, heads, D] for the flat batch -> attention output [T, heads, D] (engine/layers/cpu_attention.py).
 
     window: a query at position p sees keys (p - window, p]; softcap: scores become softcap * tanh(s / softcap)."""
     decodes = meta.decodes
