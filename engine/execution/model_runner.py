@@ -5,13 +5,14 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from engine.config import EngineConfig
 from engine.cpu_threads import choose_threads
+from engine.execution.recurrent_state import make_states
 from engine.kernels import build_paged_batch, triton_available
 from engine.layers.cpu_attention import DecodeSeqs, PrefillChunk
 from engine.layers.linear import Linear
@@ -141,8 +142,11 @@ class ModelRunner:
         self.block_size = config.block_size
         self.dtype = dtype = self.model.dtype
         # K and V, every layer, one block of block_size tokens.
+        # a hybrid model: only its attention layers hold KV; its recurrent state pool comes out of the KV budget
+        info = replace(info, num_layers=getattr(self.model, "num_kv_layers", info.num_layers))
         bytes_per_block = 2 * info.num_layers * config.block_size * info.num_kv_heads * info.head_dim * dtype.itemsize
-        self.num_blocks = config.num_blocks or config.kv_cache_memory // bytes_per_block
+        self.states, state_bytes = make_states(self.model, config, bytes_per_block, self.device)
+        self.num_blocks = config.num_blocks or (config.kv_cache_memory - state_bytes) // bytes_per_block
         if self.num_blocks < 1:
             raise ModelLoadError(
                 f"kv_cache_memory {config.kv_cache_memory} bytes holds no block of "
@@ -296,6 +300,12 @@ class ModelRunner:
             self.lora.ctx.mapping = None
 
     def _run_model(self, batch: list[ScheduledSeq], inputs: StepInputs) -> torch.Tensor:
+        if self.states is not None:  # a hybrid model: its recurrent layers read and advance each slot's state
+            hidden = self.model.forward(
+                inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, states=self.states.step(batch)
+            )  # type: ignore[call-arg]
+            self.states.finish()
+            return hidden
         if self.audio is not None:
             return self.model.forward(
                 inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, cross=self.audio.cross_batch(batch)

@@ -1,11 +1,12 @@
 """A hybrid model's recurrent state in memory, and each step's view of it.
 
-`RecurrentStates` holds one tensor per (recurrent layer, state kind), [slots, ...] each; a sequence's slot
-number comes from the block manager's pool (engine/core/state_pool.py). `step` makes the `StateBatch` the
-mixers read: which slot each sequence of the flat batch uses, its single-token rows (batched: the state is
-updated in place at those slots) and its longer chunks (one chunked form each, from its slot's state). A
-sequence whose chunk starts at position 0 starts from a zeroed state: a new request, or one recomputing after
-preemption.
+`RecurrentStates` holds one tensor per (recurrent layer, state kind), [slots, ...] each, and as many snapshot
+tensors, [snapshots, ...]; a sequence's slot number and the snapshot slots come from the block manager's pool
+(engine/core/state_pool.py). `step` makes the `StateBatch` the mixers read: which slot each sequence of the flat
+batch uses, its single-token rows (batched: the state is updated in place at those slots) and its longer chunks
+(the chunked forms, from its slot's state), cut where a snapshot is taken. A sequence whose chunk starts at
+position 0 starts from a zeroed state (a new request, or one recomputing after preemption); one admitted with
+prefix-cache hits starts from the snapshot at the end of its last hit.
 """
 
 from __future__ import annotations
@@ -24,51 +25,105 @@ from engine.types.sequence import ScheduledSeq, Sequence
 class Slots(Protocol):
     """The block manager's state pool (engine/core/state_pool.py), as the runner reads it."""
 
+    interval: int
+
     def slot(self, seq: Sequence) -> int: ...
+
+    def pop_restore(self, seq: Sequence) -> int | None: ...
+
+    def begin_step(self) -> None: ...
+
+    def take_snapshot(self, seq: Sequence, position: int) -> int | None: ...
 
 
 class RecurrentStates:
-    def __init__(self, shapes: list[list[StateShape]], num_slots: int, device: torch.device) -> None:
+    def __init__(
+        self, shapes: list[list[StateShape]], num_slots: int, device: torch.device, num_snapshots: int = 0
+    ) -> None:
         """shapes: per recurrent layer, its state tensors' per-slot shapes (the model's `state_shapes`)."""
-        self.num_slots = num_slots
-        self.layers = [
-            tuple(torch.zeros((num_slots, *shape), dtype=dtype, device=device) for shape, dtype in layer)
-            for layer in shapes
-        ]
+        self.num_slots, self.num_snapshots = num_slots, num_snapshots
+        self.layers = [_zeros(num_slots, layer, device) for layer in shapes]
+        self.snapshots = [_zeros(num_snapshots, layer, device) for layer in shapes]
+        self.snapshot_of = {id(t): s for lt, ls in zip(self.layers, self.snapshots) for t, s in zip(lt, ls)}
         self.device = device
         self.slot_blocks = 1  # one slot's weight in KV blocks (the usage metric)
+        self.interval = 0  # tokens between snapshot points (0: none)
         self.pool: Slots | None = None  # the block manager's, set by the engine core
 
     def step(self, batch: list[ScheduledSeq]) -> StateBatch:
-        """The step's view; zeroes the slots of sequences that start from their first token."""
-        assert self.pool is not None, "the engine core links the block manager's state pool first"
+        """The step's view: slots zeroed or filled from their snapshot first, snapshot slots taken."""
+        pool = self.pool
+        assert pool is not None, "the engine core links the block manager's state pool first"
+        pool.begin_step()
+        self._prepare(batch, pool)
         chunks: list[Chunk] = []
         rows: list[int] = []
         slots: list[int] = []
-        fresh: list[int] = []
+        self.decode_snaps: list[tuple[int, int]] = []  # (slot, snapshot slot) copied after the forward
         row = 0
         for s in batch:
-            slot = self.pool.slot(s.seq)
-            if s.start == 0:
-                fresh.append(slot)
-            if s.num_new_tokens == 1:
+            slot, start, n = pool.slot(s.seq), s.start, s.num_new_tokens
+            if n == 1:
                 rows.append(row)
                 slots.append(slot)
+                if self.interval and (start + 1) % self.interval == 0:
+                    snap = pool.take_snapshot(s.seq, start + 1)
+                    if snap is not None:
+                        self.decode_snaps.append((slot, snap))
             else:
-                chunks.append(Chunk(row, s.num_new_tokens, slot))
-            row += s.num_new_tokens
-        if fresh:
-            index = torch.tensor(fresh, dtype=torch.long, device=self.device)
-            for layer in self.layers:
-                for t in layer:
-                    t.index_fill_(0, index, 0)
+                chunks += self._pieces(s, row, slot, pool)
+            row += n
         dev = self.device
         return StateBatch(
             self.layers,
             chunks,
             torch.tensor(rows, dtype=torch.long, device=dev) if rows else None,
             torch.tensor(slots, dtype=torch.long, device=dev) if slots else None,
+            self.snapshot_of,
         )
+
+    def _prepare(self, batch: list[ScheduledSeq], pool: Slots) -> None:
+        """Zero the slots of sequences starting at position 0; fill those resuming from a snapshot."""
+        fresh: list[int] = []
+        for s in batch:
+            slot = pool.slot(s.seq)
+            if s.start == 0:
+                fresh.append(slot)
+            elif (snap := pool.pop_restore(s.seq)) is not None:
+                for lt, ls in zip(self.layers, self.snapshots):
+                    for t, saved in zip(lt, ls):
+                        t[slot] = saved[snap]
+        if fresh:
+            index = torch.tensor(fresh, dtype=torch.long, device=self.device)
+            for layer in self.layers:
+                for t in layer:
+                    t.index_fill_(0, index, 0)
+
+    def _pieces(self, s: ScheduledSeq, row: int, slot: int, pool: Slots) -> list[Chunk]:
+        """s's chunk, cut after each snapshot point it passes (each piece then saves the state at its end)."""
+        start, end = s.start, s.start + s.num_new_tokens
+        pieces, at = [], start
+        points = range((start // self.interval + 1) * self.interval, end + 1, self.interval) if self.interval else ()
+        for p in points:
+            snap = pool.take_snapshot(s.seq, p)
+            if snap is not None:
+                pieces.append(Chunk(row + at - start, p - at, slot, snap))
+                at = p
+        if at < end:
+            pieces.append(Chunk(row + at - start, end - at, slot))
+        return pieces
+
+    def finish(self) -> None:
+        """After the forward: the snapshots of single-token sequences that reached a snapshot point."""
+        for slot, snap in self.decode_snaps:
+            for lt, ls in zip(self.layers, self.snapshots):
+                for t, saved in zip(lt, ls):
+                    saved[snap] = t[slot]
+        self.decode_snaps = []
+
+
+def _zeros(n: int, layer: list[StateShape], device: torch.device) -> tuple[torch.Tensor, ...]:
+    return tuple(torch.zeros((n, *shape), dtype=dtype, device=device) for shape, dtype in layer)
 
 
 def slot_count(per_slot: int, kv_cache_memory: int, max_num_seqs: int, fixed_blocks: bool) -> int:
@@ -79,6 +134,18 @@ def slot_count(per_slot: int, kv_cache_memory: int, max_num_seqs: int, fixed_blo
     return max(1, min(max_num_seqs, kv_cache_memory // 2 // max(per_slot, 1)))
 
 
+def snapshot_plan(config: EngineConfig, per_slot: int) -> tuple[int, int]:
+    """(snapshots, interval in tokens): state_snapshot_memory (default an eighth of kv_cache_memory) over one slot's
+    bytes, every state_snapshot_interval tokens rounded up to whole blocks; none without prefix caching."""
+    bs = config.block_size
+    interval = -(-config.state_snapshot_interval // bs) * bs
+    memory = config.state_snapshot_memory if config.state_snapshot_memory is not None else config.kv_cache_memory // 8
+    if not interval or not config.enable_prefix_caching or config.runner == "pooling":
+        return 0, 0
+    count = memory // max(per_slot, 1)
+    return count, interval if count else 0
+
+
 def make_states(
     model: object, config: EngineConfig, bytes_per_block: int, device: torch.device
 ) -> tuple[RecurrentStates | None, int]:
@@ -87,10 +154,11 @@ def make_states(
     if shapes_of is None:
         return None, 0
     if config.enable_lora:
-        raise ModelLoadError("--enable-lora is not supported on hybrid recurrent models (LFM2, Qwen3.5); drop it")
+        raise ModelLoadError("--enable-lora is not supported on hybrid recurrent models; drop it")
     shapes: list[list[StateShape]] = shapes_of()
     per_slot = slot_bytes(shapes)
     slots = slot_count(per_slot, config.kv_cache_memory, config.max_num_seqs, config.num_blocks is not None)
-    states = RecurrentStates(shapes, slots, device)
-    states.slot_blocks = max(1, math.ceil(per_slot / bytes_per_block))
-    return states, 0 if config.num_blocks is not None else slots * per_slot
+    snapshots, interval = snapshot_plan(config, per_slot)
+    states = RecurrentStates(shapes, slots, device, snapshots)
+    states.slot_blocks, states.interval = max(1, math.ceil(per_slot / bytes_per_block)), interval
+    return states, 0 if config.num_blocks is not None else (slots + snapshots) * per_slot

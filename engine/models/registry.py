@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.models import gemma, llama, moe_families, olmo, phi3, qwen2_vl, whisper
+from engine.models import gemma, granite_hybrid, lfm2, llama, moe_families, olmo, phi3, qwen2_vl, qwen3_5, whisper
 from engine.models.args import ConfigError, ModelArgs
 from engine.models.decoder import CausalLM
 
@@ -37,6 +37,10 @@ MODELS: dict[str, Family] = {
     "Olmo3ForCausalLM": Family(olmo.parse_olmo3, tensor_parallel=False),
     qwen2_vl.ARCHITECTURE: Family(qwen2_vl.parse, qwen2_vl.Qwen2VLCausalLM, tensor_parallel=False),
     whisper.ARCHITECTURE: Family(whisper.parse, whisper.WhisperModel, tensor_parallel=False),
+    # hybrids: recurrent layers with a state per sequence beside attention (engine/models/hybrid.py)
+    lfm2.ARCHITECTURE: Family(lfm2.parse, lfm2.Lfm2LM, tensor_parallel=False),
+    qwen3_5.ARCHITECTURE: Family(qwen3_5.parse, qwen3_5.Qwen35LM, tensor_parallel=False),
+    granite_hybrid.ARCHITECTURE: Family(granite_hybrid.parse, granite_hybrid.GraniteHybridLM, tensor_parallel=False),
 }
 
 

@@ -37,6 +37,7 @@ def causal_conv(
         inp = torch.cat([windows[c.slot], x[c.row : c.row + c.n].t().to(windows.dtype)], dim=-1)
         y = _conv(inp.unsqueeze(0).to(weight.dtype), weight, bias)[0].t()
         windows[c.slot] = inp[:, inp.shape[-1] - keep :]
+        sb.save(c, windows)
         out[c.row : c.row + c.n] = y if act is None else act(y)
     if sb.decode_rows is not None and sb.decode_slots is not None:
         slots = sb.decode_slots

@@ -117,6 +117,7 @@ class GatedDeltaNet:
             out[r] = o[0]
             assert final is not None
             states[c.slot] = final[0]
+            sb.save(c, states)
         if sb.decode_rows is not None and sb.decode_slots is not None:
             rows, slots = sb.decode_rows, sb.decode_slots
             o, final = self.recurrent(

@@ -98,6 +98,7 @@ class Mamba2:
             )
             out[r] = y.reshape(n, d.inner)
             ssm[ch.slot] = final[0]
+            sb.save(ch, ssm)
         if sb.decode_rows is not None and sb.decode_slots is not None:
             rows, slots, m = sb.decode_rows, sb.decode_slots, sb.decode_rows.shape[0]
             held = ssm[slots]  # a copy: the update writes into it, then it goes back to the slots

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -15,14 +15,22 @@ class Chunk:
     row: int  # first row in the flat batch
     n: int
     slot: int
+    snap: int = -1  # after this chunk, copy the slot's state to this snapshot slot (-1: none)
 
 
 @dataclass(frozen=True)
 class StateBatch:
     layers: list[tuple[torch.Tensor, ...]]  # per recurrent layer (model order): its state tensors [slots, ...]
-    chunks: list[Chunk]  # sequences running more than one token
+    chunks: list[Chunk]  # sequences running more than one token, in order (cut where snapshots are taken)
     decode_rows: torch.Tensor | None  # [B] rows of single-token sequences (None: there are none)
     decode_slots: torch.Tensor | None  # [B] their slots
+    # a state tensor's id -> its snapshot tensor [snapshots, ...] (prefix caching, engine/core/state_pool.py)
+    snapshot_of: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def save(self, chunk: Chunk, state: torch.Tensor) -> None:
+        """After a mixer ran `chunk`: keep its slot's state of `state` in the chunk's snapshot slot, if it has one."""
+        if chunk.snap >= 0:
+            self.snapshot_of[id(state)][chunk.snap] = state[chunk.slot]
 
 
 def slot_bytes(shapes: list[list[StateShape]]) -> int:

@@ -64,7 +64,40 @@ def test_greedy_matches_transformers(ckpt: Path, regime: str) -> None:
     if regime == "preemption":
         assert core.stats().num_preemptions > 0, "the small cache should have forced preemption"
     assert pool_empty(core)
-    assert core.stats().prefix_cache_queries == 0  # no prefix hits without the state at that point
+
+
+SHARED = PROMPTS[0][:37]
+PREFIXED = [SHARED + PROMPTS[1][:5], SHARED + PROMPTS[3][:9], SHARED, SHARED[:20]]
+
+
+def test_prefix_hits_resume_from_state_snapshots(ckpt: Path) -> None:
+    """Snapshots every 8 tokens (two blocks): later prompts sharing 37 tokens resume at 32 (16 for a 20-token
+    prompt: its last token is always computed), chunks cut at 7 tokens so that snapshot points fall inside them."""
+    core = core_for(ckpt, max_num_batched_tokens=7, state_snapshot_interval=8)
+    pool = core.block_manager.state
+    assert pool is not None and pool.interval == 8
+    outs = run(core, [(f"r{i}", p, greedy(NEW), 12 * i) for i, p in enumerate(PREFIXED)])
+    for i, p in enumerate(PREFIXED):
+        assert tokens(outs[f"r{i}"]) == hf_greedy(ckpt, p, NEW), i
+    assert [outs[f"r{i}"][-1].num_cached_tokens for i in range(len(PREFIXED))] == [0, 32, 32, 16]
+    assert pool_empty(core)
+
+
+def test_one_snapshot_keeps_the_latest(ckpt: Path) -> None:
+    """Room for one snapshot: each new one evicts the last (least recently used), so a 33-token prompt leaves its
+    snapshot at 32, which a longer prompt sharing those tokens resumes from; too little room for one: none."""
+    assert core_for(ckpt, state_snapshot_memory=1).block_manager.state.interval == 0  # type: ignore[union-attr]
+    states = core_for(ckpt).runner.states
+    assert states is not None
+    per_slot = sum(t[0].numel() * t.element_size() for layer in states.layers for t in layer)
+    core = core_for(ckpt, max_num_batched_tokens=7, state_snapshot_interval=8, state_snapshot_memory=per_slot)
+    pool = core.block_manager.state
+    assert pool is not None and pool.num_snapshots == 1
+    longer = SHARED + PROMPTS[1][:5]
+    outs = run(core, [("a", SHARED[:33], greedy(1), 0), ("b", longer, greedy(NEW), 12)])
+    assert tokens(outs["a"]) == hf_greedy(ckpt, SHARED[:33], 1)
+    assert tokens(outs["b"]) == hf_greedy(ckpt, longer, NEW) and outs["b"][-1].num_cached_tokens == 32
+    assert pool.num_bound_snapshots == 1 and pool_empty(core)
 
 
 def test_n2_siblings_each_get_the_reference(ckpt: Path) -> None:
@@ -97,9 +130,11 @@ def test_state_pool_comes_out_of_the_kv_budget(ckpt: Path) -> None:
     core = core_for(ckpt, num_blocks=None, kv_cache_memory=memory, max_num_seqs=4)
     runner = core.runner
     assert runner.states is not None
-    state_bytes = sum(t.numel() * t.element_size() for layer in runner.states.layers for t in layer)
+    states = runner.states.layers + runner.states.snapshots  # the snapshots: an eighth of the budget by default
+    state_bytes = sum(t.numel() * t.element_size() for layer in states for t in layer)
     kv_bytes = runner.kv_cache.numel() * runner.kv_cache.element_size()
-    assert runner.states.num_slots == 4 and state_bytes + kv_bytes <= memory
+    assert runner.states.num_slots == 4 and runner.states.num_snapshots > 0
+    assert state_bytes + kv_bytes <= memory
     stats = core.stats()  # the metric's total counts the pool, weighed in blocks
     assert stats.num_total_blocks == runner.num_blocks + 4 * runner.states.slot_blocks
     core.add_request(AddRequest("x", PROMPTS[2], greedy(2), arrival_time=0.0))
