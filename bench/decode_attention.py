@@ -37,12 +37,12 @@ from bench.profile_step import add_batch
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.hugepages import reexec_with_huge_pages
-from engine.kernels.paged_common import attend_ref
 from engine.layers import cpu_attention
 from engine.layers.cpu_attention import DecodeSeqs, decode_attention
 from engine.layers.ops import TorchOps
 from engine.layers.parallel import WORKERS
 from engine.messages import SamplingParams
+from engine.triton_kernels.paged_common import attend_ref
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 14, 2, 64, 16
 COPIES = 1  # --cold: the engine's calls rotate over this many copies of the caches, as a step's layers do

@@ -54,7 +54,7 @@ step checkpoint 300 "$PY" -m demo.shapes --shape qwen2.5-0.5b "${LAYERS[@]}" --n
 
 if [[ $DEVICE == cuda ]]; then
   # every kernel compiled by this machine's Triton for sm_90 (the CPU suite does it with the Triton installed there)
-  step kernels-compile 240 env -u TRITON_INTERPRET "$PY" -m engine.kernels.compile_check --quick
+  step kernels-compile 240 env -u TRITON_INTERPRET "$PY" -m engine.triton_kernels.compile_check --quick
 fi
 step greedy 420 "$PY" -m bench.gpu_greedy --model "$CKPT" --device "$DEVICE" --prompts 8 --tokens "$TOKENS"
 for b in "${BATCHES[@]}"; do

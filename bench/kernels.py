@@ -59,9 +59,9 @@ def main() -> None:
         print("bench.kernels needs a CUDA GPU (the Triton kernels run only there); nothing to measure here.")
         sys.exit(0)
 
-    from engine.kernels import kv_cache_write, rmsnorm, rotary
-    from engine.kernels import paged_decode_attention as decode_mod
-    from engine.kernels import paged_prefill_attention as prefill_mod
+    from engine.triton_kernels import kv_cache_write, rmsnorm, rotary
+    from engine.triton_kernels import paged_decode_attention as decode_mod
+    from engine.triton_kernels import paged_prefill_attention as prefill_mod
 
     torch.manual_seed(0)
     dt = torch.bfloat16

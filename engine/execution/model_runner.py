@@ -13,7 +13,6 @@ import torch
 from engine.config import EngineConfig
 from engine.cpu_threads import choose_threads
 from engine.execution.recurrent_state import make_states
-from engine.kernels import build_paged_batch, triton_available
 from engine.layers.cpu_attention import DecodeSeqs, PrefillChunk
 from engine.layers.linear import Linear
 from engine.layers.ops import AttnMetadata
@@ -27,6 +26,7 @@ from engine.models.weights import ModelLoadError
 from engine.models.whisper import WhisperModel
 from engine.multimodal.audio import AudioRunner
 from engine.multimodal.runner import ImageRunner
+from engine.triton_kernels import build_paged_batch, triton_available
 from engine.types.sequence import ScheduledSeq
 
 log = logging.getLogger("engine")

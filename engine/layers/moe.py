@@ -1,7 +1,7 @@
 """A sparse MoE block: a router picks top-k experts per token, each a gated MLP; outputs are summed by weight.
 
 On CPU the tokens are grouped by expert (one sort, one gather, two matmuls per expert that got tokens, one
-sum per token back), never a loop over tokens. On GPU the experts run in engine/kernels/fused_moe.py's Triton
+sum per token back), never a loop over tokens. On GPU the experts run in engine/triton_kernels/fused_moe.py's Triton
 kernels. Under tensor parallelism each rank holds a slice of every expert's intermediate dimension, so
 `moe(x)` returns that rank's partial sum and the caller all-reduces it, as after a dense MLP.
 """
@@ -61,7 +61,7 @@ class SparseMoE:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
         if self.use_triton:
-            from engine.kernels.fused_moe import fused_moe  # late: triton is imported on the GPU path only
+            from engine.triton_kernels.fused_moe import fused_moe  # late: triton is imported on the GPU path only
 
             return fused_moe(x, self.gate_up, self.down, weights, ids, self.activation)
         return grouped_experts(x, self.gate_up, self.down, weights, ids, self.act)

@@ -1,7 +1,7 @@
 """The model's swappable pieces: RMSNorm, rotary embedding, paged KV writes and paged attention.
 
 `TorchOps` bundles the plain torch versions (CPU; attention in engine/layers/cpu_attention.py); `TritonOps` routes
-the same calls to `engine.kernels` (GPU). The model only calls `ops.rms_norm / rope / write_kv / attention`,
+the same calls to `engine.triton_kernels` (GPU). The model only calls `ops.rms_norm / rope / write_kv / attention`,
 so the two swap per runner. The KV cache of one layer is a pair of tensors [num_blocks, block_size,
 num_kv_heads, head_dim] (on CPU a view of head-major storage); a token at position p of a sequence lives in
 slot block_table[p // block_size] * block_size + p % block_size.
@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine import kernels
+from engine import triton_kernels
 from engine.cpu_kernels import layer_ops
-from engine.kernels import PagedBatch
 from engine.layers.cpu_attention import DecodeSeqs, PrefillChunk, decode_attention, prefill_attention
 from engine.layers.parallel import WORKERS
+from engine.triton_kernels import PagedBatch
 
 
 def _cpu_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -146,30 +146,30 @@ class TorchOps:
 
 
 class TritonOps:
-    """engine.kernels' Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1); metadata must carry `paged`."""
+    """engine.triton_kernels' Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1); metadata must carry `paged`."""
 
     @staticmethod
     def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        return kernels.rms_norm(x, weight, eps)
+        return triton_kernels.rms_norm(x, weight, eps)
 
     @staticmethod
     def add_rms_norm(
         x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
         s = x + h
-        return s, kernels.rms_norm(s, weight, eps)
+        return s, triton_kernels.rms_norm(s, weight, eps)
 
     @staticmethod
     def rope(
         positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return kernels.rotary_embedding(positions, q, k, cos_sin)  # in place
+        return triton_kernels.rotary_embedding(positions, q, k, cos_sin)  # in place
 
     @staticmethod
     def write_kv(
         k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
     ) -> None:
-        kernels.write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+        triton_kernels.write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
 
     @staticmethod
     def attention(
@@ -183,5 +183,5 @@ class TritonOps:
         softcap: float | None = None,
     ) -> torch.Tensor:
         assert meta.paged is not None, "the runner builds `paged` metadata for the Triton path"
-        fn = kernels.decode_attention if meta.paged.max_query_len == 1 else kernels.prefill_attention
+        fn = triton_kernels.decode_attention if meta.paged.max_query_len == 1 else triton_kernels.prefill_attention
         return fn(q, k_cache, v_cache, meta.paged, scale, sliding_window=window, softcap=softcap)

@@ -101,8 +101,8 @@ class LoRALinear(Linear):
                 y2.index_add_(0, seg.rows, delta)
 
     def _apply_triton(self, x2: torch.Tensor, y2: torch.Tensor, mapping: LoRAMapping) -> None:
-        """The same through engine/kernels/lora.py: one shrink and one expand launch per adapted member."""
-        from engine.kernels import lora_expand, lora_shrink  # why late: kernel modules read TRITON_INTERPRET
+        """The same through engine/triton_kernels/lora.py: one shrink and one expand launch per adapted member."""
+        from engine.triton_kernels import lora_expand, lora_shrink  # why late: kernel modules read TRITON_INTERPRET
 
         for j, (_name, c0, c1) in enumerate(self.members):
             if not any(self.has[j][seg.slot] for seg in mapping.segments):

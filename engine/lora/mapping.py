@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-TILE = 16  # rows per Triton program (engine/kernels/lora.py): tl.dot's smallest side
+TILE = 16  # rows per Triton program (engine/triton_kernels/lora.py): tl.dot's smallest side
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Bitmask layout (llguidance's and xgrammar's): [rows, ceil(V / 32)] int32, bit j of word w = token 32w + j.
 On CPU a plain-torch / numpy path (llguidance.torch.apply_token_bitmask_inplace is torch.compile'd: a
-C++ build on CPU); on CUDA the Triton kernel in engine/kernels/token_bitmask.py.
+C++ build on CPU); on CUDA the Triton kernel in engine/triton_kernels/token_bitmask.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import math
 import numpy as np
 import torch
 
-from engine import kernels
+from engine import triton_kernels
 
 _LANES = np.arange(32, dtype=np.int64)
 SPARSE_WORDS = 4  # a row with under 1/4 of its words non-zero is applied by keeping its allowed tokens
@@ -26,7 +26,7 @@ def allow_only(bitmask: torch.Tensor, row: int, token: int) -> None:
 
 
 def apply_token_bitmask_cpu(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
-    """engine/kernels/token_bitmask_ref.py's apply_token_bitmask_ref for CPU tensors. A row whose mask allows
+    """engine/triton_kernels/token_bitmask_ref.py's apply_token_bitmask_ref for CPU tensors. A row whose mask allows
     few words (a structural position: `,` or `}` or digits) keeps its allowed logits and fills the rest; the
     others (inside a string, most tokens allowed) go through numpy's unpackbits, ~20x faster than the
     reference's shifts."""
@@ -63,6 +63,6 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[
         apply_token_bitmask_cpu(logits, bitmask, rows)
         return
     dev = logits.device
-    kernels.apply_token_bitmask(
+    triton_kernels.apply_token_bitmask(
         logits, bitmask.to(dev, non_blocking=True), torch.tensor(rows, dtype=torch.long).to(dev, non_blocking=True)
     )

@@ -276,7 +276,7 @@ def kernel_path_child(ckpt: str, out: str) -> None:
 
 @pytest.mark.parametrize("any_ckpt", ["mistral"], indirect=True)  # its sliding window runs in-kernel
 def test_triton_kernel_path_matches_transformers(any_ckpt: Path, tmp_path: Path) -> None:
-    """The GPU path (engine.kernels through TritonOps), run on CPU by Triton's interpreter in a fresh process
+    """The GPU path (engine.triton_kernels through TritonOps), run on CPU by Triton's interpreter in a fresh process
     (TRITON_INTERPRET is read when triton is imported, which this process has done long ago)."""
     import os
     import subprocess

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from engine.core.block_manager import PASSED
-from engine.kernels.paged_common import attend_ref
 from engine.layers import cpu_attention
 from engine.layers.cpu_attention import DecodeSeqs, PrefillChunk, decode_attention, prefill_attention
 from engine.layers.ops import AttnMetadata, paged_attention
+from engine.triton_kernels.paged_common import attend_ref
 
 BS = 4
 # Context lengths at the block edges (1, block_size, block_size + 1) and longer ones, in a jumbled order.

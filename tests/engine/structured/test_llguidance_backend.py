@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.kernels.token_bitmask_ref import unpack_bitmask
 from engine.messages import SamplingParams, StructuredOutputs
 from engine.structured.backend import allocate_bitmask
 from engine.structured.grammar import GrammarError
 from engine.structured.llguidance_backend import LLGuidanceBackend
+from engine.triton_kernels.token_bitmask_ref import unpack_bitmask
 from tests.conftest import TINY
 from tests.engine.structured.conftest import make_core, run
 from tests.helpers.engine import tokens

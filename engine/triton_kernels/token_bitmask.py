@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.token_bitmask_ref import apply_token_bitmask_ref
+from engine.triton_kernels.token_bitmask_ref import apply_token_bitmask_ref
 
 __all__ = ["apply_token_bitmask", "apply_token_bitmask_ref"]
 

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.paged_common import (
+from engine.triton_kernels.paged_common import (
     attend_ref,
     context_slots,
     first_visible,

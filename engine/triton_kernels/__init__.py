@@ -24,12 +24,12 @@ from typing import Any
 
 import torch
 
-from engine.kernels.metadata import PagedBatch, build_paged_batch
+from engine.triton_kernels.metadata import PagedBatch, build_paged_batch
 
 __all__ = ["PagedBatch", "apply_token_bitmask", "build_paged_batch", "decode_attention", "fused_add_rms_norm",
            "lora_expand", "lora_shrink", "prefill_attention",
            "rms_norm", "rotary_embedding", "triton_available", "use_triton", "write_kv_cache"]
-# No function here may share a kernel module's name: importing engine.kernels.X rebinds engine.kernels.X.
+# No function here may share a kernel module's name: importing engine.triton_kernels.X rebinds engine.triton_kernels.X.
 
 
 @functools.cache
@@ -53,7 +53,7 @@ def use_triton(device: torch.device | str) -> bool:
 
 
 def _module(name: str) -> ModuleType:
-    return importlib.import_module(f"engine.kernels.{name}")
+    return importlib.import_module(f"engine.triton_kernels.{name}")
 
 
 def _pick(module: str, fn: str, device: torch.device) -> Any:
@@ -109,11 +109,11 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch
 
 
 def lora_shrink(x: torch.Tensor, a: torch.Tensor, rows: torch.Tensor, tiles: torch.Tensor, rank: int) -> torch.Tensor:
-    """h [N, rank] float32 = x[rows] @ A[slot].T per tile of engine/lora/mapping.py (engine/kernels/lora.py)."""
+    """h [N, rank] float32 = x[rows] @ A[slot].T per tile of engine/lora/mapping.py (engine/triton_kernels/lora.py)."""
     return _pick("lora", "lora_shrink", x.device)(x, a, rows, tiles, rank)  # type: ignore[no-any-return]
 
 
 def lora_expand(h: torch.Tensor, b: torch.Tensor, scaling: torch.Tensor, y: torch.Tensor, rows: torch.Tensor,
                 tiles: torch.Tensor) -> None:
-    """In place: y[rows] += (h @ B[slot].T) * scaling[slot] per tile (engine/kernels/lora.py)."""
+    """In place: y[rows] += (h @ B[slot].T) * scaling[slot] per tile (engine/triton_kernels/lora.py)."""
     _pick("lora", "lora_expand", h.device)(h, b, scaling, y, rows, tiles)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from engine.kernels.rotary import rotary_embedding, rotary_embedding_ref
+from engine.triton_kernels.rotary import rotary_embedding, rotary_embedding_ref
 
 
 def cos_sin_table(max_pos: int, rotary_dim: int, theta: float = 10000.0) -> torch.Tensor:

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.paged_common import (
+from engine.triton_kernels.paged_common import (
     attend_ref,
     context_slots,
     first_visible,
@@ -20,7 +20,7 @@ from engine.kernels.paged_common import (
     interpreter_dot_upcast,
     softcap_arg,
 )
-from engine.kernels.paged_decode_attention import tanh
+from engine.triton_kernels.paged_decode_attention import tanh
 
 
 def paged_prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels.lora import lora_expand, lora_expand_ref, lora_shrink, lora_shrink_ref
 from engine.layers.linear import Linear
 from engine.lora.adapter import ModuleWeights
 from engine.lora.layer import LoRALinear
 from engine.lora.mapping import LoRAContext, build_mapping
+from engine.triton_kernels.lora import lora_expand, lora_expand_ref, lora_shrink, lora_shrink_ref
 
 # (first row, rows, slot) per sequence: slot 1 has 37 rows over two sequences (3 tiles), slot 2 one row,
 # slot 3 none (a segment of length 0), -1 rows are the base's

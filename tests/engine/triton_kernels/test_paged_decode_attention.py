@@ -4,8 +4,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.kernels.paged_decode_attention import choose_num_splits, paged_decode_attention, paged_decode_attention_ref
-from tests.engine.kernels.paged_case import make_case
+from engine.triton_kernels.paged_decode_attention import (
+    choose_num_splits,
+    paged_decode_attention,
+    paged_decode_attention_ref,
+)
+from tests.engine.triton_kernels.paged_case import make_case
 
 BS = 16
 # Context lengths at the block boundaries: 1, block_size - 1, block_size, block_size + 1, several blocks.

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels.fused_moe import align, fused_moe
 from engine.layers.moe import ACTIVATIONS, SparseMoE, grouped_experts
+from engine.triton_kernels.fused_moe import align, fused_moe
 
 E, HIDDEN, INTER = 6, 48, 40
 IDLE = (1, 4)  # experts no token is routed to

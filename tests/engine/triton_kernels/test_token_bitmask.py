@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from engine.kernels.token_bitmask import BLOCK, apply_token_bitmask, apply_token_bitmask_ref
-from engine.kernels.token_bitmask_ref import unpack_bitmask
 from engine.structured.bitmask import apply_token_bitmask_cpu
+from engine.triton_kernels.token_bitmask import BLOCK, apply_token_bitmask, apply_token_bitmask_ref
+from engine.triton_kernels.token_bitmask_ref import unpack_bitmask
 
 
 def random_bitmask(rows: int, vocab: int, gen: torch.Generator) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.paged_common import interpreter_dot_upcast
+from engine.triton_kernels.paged_common import interpreter_dot_upcast
 
 BLOCK_M = 16  # engine/lora/mapping.py TILE
 

@@ -26,12 +26,12 @@ _early = [
         "fused_moe",
         "lora",
     )
-    if f"engine.kernels.{m}" in sys.modules
+    if f"engine.triton_kernels.{m}" in sys.modules
 ]
 if _early:
     raise RuntimeError(
-        f"engine.kernels modules {_early} were imported before TRITON_INTERPRET=1 was set; "
-        "import them lazily (through engine.kernels' functions) outside the kernel tests"
+        f"engine.triton_kernels modules {_early} were imported before TRITON_INTERPRET=1 was set; "
+        "import them lazily (through engine.triton_kernels' functions) outside the kernel tests"
     )
 
 # Tolerances (atol, rtol) per dtype: float32 close to exact; half precisions round inputs and outputs.

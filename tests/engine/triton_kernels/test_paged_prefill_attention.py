@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.kernels.paged_decode_attention import paged_decode_attention
-from engine.kernels.paged_prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
-from tests.engine.kernels.paged_case import make_case
+from engine.triton_kernels.paged_decode_attention import paged_decode_attention
+from engine.triton_kernels.paged_prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
+from tests.engine.triton_kernels.paged_case import make_case
 
 BS = 16
 # (cached prefix, query chunk) per sequence: fresh prompts, prefix hits at and around block boundaries,

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels.kv_cache_write import write_kv_cache, write_kv_cache_ref
+from engine.triton_kernels.kv_cache_write import write_kv_cache, write_kv_cache_ref
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,7 +1,7 @@
 """Compile every kernel for a CUDA GPU without one (Triton ships ptxas), so type and shape errors that the
 CPU interpreter lets through are caught on any machine.
 
-    python -m engine.kernels.compile_check [--arch 90] [--quick]    (needs TRITON_INTERPRET unset)
+    python -m engine.triton_kernels.compile_check [--arch 90] [--quick]    (needs TRITON_INTERPRET unset)
 
 Prints each variant's registers and spill stack as ptxas allotted them (cuobjdump --dump-resource-usage).
 """
@@ -33,8 +33,8 @@ class Variant:
 
 def variants(quick: bool = False) -> list[Variant]:
     """Every kernel in each dtype at head_dim 64 and 128; quick: bfloat16 at head_dim 128 only."""
-    from engine.kernels.paged_decode_attention import decode_num_warps  # why late: @triton.jit reads main's env
-    from engine.kernels.paged_prefill_attention import prefill_num_warps  # why late: as above
+    from engine.triton_kernels.paged_decode_attention import decode_num_warps  # why late: @triton.jit reads main's env
+    from engine.triton_kernels.paged_prefill_attention import prefill_num_warps  # why late: as above
 
     out: list[Variant] = []
     for dt in (["bf16"] if quick else DTYPES.values()):
@@ -85,7 +85,7 @@ def compile_variant(v: Variant, arch: int) -> dict[str, Any]:
     from triton.backends.compiler import GPUTarget  # why late: as above
     from triton.compiler import ASTSource  # why late: as above
 
-    fn = getattr(importlib.import_module(f"engine.kernels.{v.module}"), v.kernel)
+    fn = getattr(importlib.import_module(f"engine.triton_kernels.{v.module}"), v.kernel)
     sig: dict[str, str] = {}
     for name in fn.arg_names:
         if name in v.constexprs:

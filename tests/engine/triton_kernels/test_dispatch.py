@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import engine.kernels as K
-from engine.kernels.paged_prefill_attention import paged_prefill_attention_ref
+import engine.triton_kernels as K
 from engine.layers.ops import apply_rope, rms_norm, write_kv
-from tests.engine.kernels.paged_case import make_case
+from engine.triton_kernels.paged_prefill_attention import paged_prefill_attention_ref
+from tests.engine.triton_kernels.paged_case import make_case
 
 
 def test_use_triton(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -21,8 +21,8 @@ def test_use_triton(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_functions_survive_kernel_module_imports() -> None:
-    import engine.kernels.paged_decode_attention  # noqa: F401  (rebinds engine.kernels.<module name>)
-    import engine.kernels.paged_prefill_attention  # noqa: F401
+    import engine.triton_kernels.paged_decode_attention  # noqa: F401  (rebinds engine.triton_kernels.<module name>)
+    import engine.triton_kernels.paged_prefill_attention  # noqa: F401
 
     assert callable(K.decode_attention) and callable(K.prefill_attention) and callable(K.rms_norm)
 

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_kernels_compile_for_hopper() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
-        [sys.executable, "-m", "engine.kernels.compile_check", "--quick", "--arch", "90"],
+        [sys.executable, "-m", "engine.triton_kernels.compile_check", "--quick", "--arch", "90"],
         cwd=ROOT,
         env=env,
         capture_output=True,
