@@ -168,6 +168,9 @@ def _reinit(model: torch.nn.Module, hidden_size: int, seed: int) -> None:
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
             else:  # fan-in is the last dim, also of transformers 5's stacked experts [E, out, in]
                 p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
+        for name, b in model.named_buffers():  # Gemma 4's per-layer output scale, saved but not a parameter
+            if name.endswith("layer_scalar"):
+                b.copy_(1.0 + 0.1 * torch.randn(b.shape, generator=g))
 
 
 def write_random_checkpoint(

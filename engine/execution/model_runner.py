@@ -115,13 +115,9 @@ def pick_device(requested: str) -> torch.device:
 
 
 class ModelRunner:
-    fits_cpu_threads = True  # a tensor-parallel rank runs one thread: the ranks are the parallelism
-
     def __init__(self, config: EngineConfig, *, use_triton: bool | None = None) -> None:
         """use_triton None: the Triton kernels on CUDA when triton imports, the torch reference elsewhere."""
         self.device = pick_device(config.device)
-        if self.fits_cpu_threads:
-            fit_cpu_threads(config.cpu_threads)
         path = resolve_model(config.model)
         # Read the limit before loading, so the rotary table is sized for max_model_len only.
         self.max_model_len = max_model_len(read_config(path), config.max_model_len)
@@ -144,7 +140,9 @@ class ModelRunner:
         # K and V, every layer, one block of block_size tokens.
         # a hybrid model: only its attention layers hold KV; its recurrent state pool comes out of the KV budget
         info = replace(info, num_layers=getattr(self.model, "num_kv_layers", info.num_layers))
-        bytes_per_block = 2 * info.num_layers * config.block_size * info.num_kv_heads * info.head_dim * dtype.itemsize
+        # per KV cache (kv heads, head dim): a model whose layers differ or share caches (Gemma 4) lists its own
+        shapes = getattr(self.model, "kv_shapes", None) or [(info.num_kv_heads, info.head_dim)] * info.num_layers
+        bytes_per_block = 2 * config.block_size * sum(h * d for h, d in shapes) * dtype.itemsize
         self.states, state_bytes = make_states(self.model, config, bytes_per_block, self.device)
         self.num_blocks = config.num_blocks or (config.kv_cache_memory - state_bytes) // bytes_per_block
         if self.num_blocks < 1:
@@ -155,8 +153,7 @@ class ModelRunner:
         if use_triton is None:
             use_triton = self.device.type == "cuda" and triton_available()
         self.use_triton = use_triton
-        self.kv_cache = self._allocate_kv_cache(info, config.block_size)
-        self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(info.num_layers)]
+        self.kv_cache, self.kv_caches = self._allocate_kv_caches(shapes, config.block_size)
         self._logits: torch.Tensor | None = None
         if use_triton:
             self.model.use_triton()
@@ -180,11 +177,26 @@ class ModelRunner:
         windows = self.model.layer_windows
         return None if not windows or None in windows else max(w for w in windows if w is not None)
 
-    def _allocate_kv_cache(self, info: ModelInfo, block_size: int) -> torch.Tensor:
+    def _allocate_kv_caches(
+        self, shapes: list[tuple[int, int]], block_size: int
+    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """(the first tensor, each cache's (K, V)): one tensor per distinct (kv_heads, head_dim) of `shapes`, so a
+        model whose caches all agree gets one [layers, 2 (K, V), num_blocks, block_size, kv_heads, head_dim]."""
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, shape in enumerate(shapes):
+            groups.setdefault(shape, []).append(i)
+        caches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        tensors = []
+        for (heads, dim), members in groups.items():
+            tensors.append(self._allocate_kv_cache(len(members), block_size, heads, dim))
+            caches.update({i: (tensors[-1][j, 0], tensors[-1][j, 1]) for j, i in enumerate(members)})
+        return tensors[0], [caches[i] for i in range(len(shapes))]
+
+    def _allocate_kv_cache(self, layers: int, block_size: int, heads: int, dim: int) -> torch.Tensor:
         """[layers, 2 (K, V), num_blocks, block_size, kv_heads, head_dim], zeroed: padded key positions read
         real blocks with weight 0, and 0 * NaN would poison a row. Head-major storage for the torch path, so a
         gather of blocks is contiguous per kv head (engine/layers/cpu_attention.py); Triton reads it block-major."""
-        dims = (info.num_layers, 2, self.num_blocks, block_size, info.num_kv_heads, info.head_dim)
+        dims = (layers, 2, self.num_blocks, block_size, heads, dim)
         if self.use_triton:
             return torch.zeros(dims, dtype=self.dtype, device=self.device)
         store = torch.zeros(dims[:2] + (dims[4], dims[2], dims[3], dims[5]), dtype=self.dtype, device=self.device)
@@ -198,7 +210,7 @@ class ModelRunner:
         return LoRAManager(self.model, config.max_loras, config.max_lora_rank, config.max_cpu_loras, dtype)
 
     def _load(self, path: Path, config: EngineConfig) -> tuple[CausalLM, ModelInfo]:
-        """The whole model (a tensor-parallel runner loads its shard: engine/distributed/runner.py)."""
+        """The whole model (a tensor-parallel runner loads its shard: engine/distributed/tp_runner.py)."""
         return load_model(
             path, config.dtype, self.device, max_positions=self.max_model_len, quantization=config.quantization
         )

@@ -61,6 +61,7 @@ class ModelArgs:
     hidden_act: str = "silu"
     qk_norm: bool = False  # RMSNorm over each head of q and k before rope (Qwen3, Gemma 3)
     gemma_norms: bool = False  # norms scale by (1 + w) in float32, and also close each sub-block's output
+    norm_offset: float = 1.0  # Gemma's norms scale by (norm_offset + w): 1, or 0 for Gemma 4
     embed_scale: bool = False  # embeddings times sqrt(hidden_size), rounded to the model dtype (Gemma)
     attn_scale: float | None = None  # softmax scale; None: head_dim ** -0.5
     attn_softcap: float | None = None  # attention logits -> cap * tanh(logits / cap)

@@ -163,6 +163,10 @@ def _quantized_ends(
 class CausalLM:
     """Weights plus forward; holds no per-request state (that is the KV cache the runner owns)."""
 
+    layer_class: type[Layer] = Layer  # a family whose layers load otherwise (Gemma 4) names its own
+    # per KV cache (kv heads, head dim) where layers differ or share caches (Gemma 4); None: one per layer, all alike
+    kv_shapes: list[tuple[int, int]] | None = None
+
     def __init__(
         self, args: ModelArgs, get: WeightGetter, has_lm_head: bool, max_positions: int, quantization: str | None = None
     ) -> None:

@@ -10,6 +10,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.models import gemma, granite_hybrid, lfm2, llama, moe_families, olmo, phi3, qwen2_vl, qwen3_5, whisper
+from engine.models import (
+    gemma,
+    gemma4,
+    granite_hybrid,
+    llama,
+    moe_families,
+    olmo,
+    phi3,
+    qwen2_vl,
+    whisper,
+)
 from engine.models.args import ConfigError, ModelArgs
 from engine.models.decoder import CausalLM
 
@@ -35,6 +46,9 @@ MODELS: dict[str, Family] = {
     # q and k normed over all heads at once: a rank would need every head
     "Olmo2ForCausalLM": Family(olmo.parse_olmo2, tensor_parallel=False),
     "Olmo3ForCausalLM": Family(olmo.parse_olmo3, tensor_parallel=False),
+    "Gemma4ForCausalLM": Family(gemma4.parse, gemma4.Gemma4CausalLM, tensor_parallel=False),
+    # its text part: images and audio are not served
+    "Gemma4ForConditionalGeneration": Family(gemma4.parse, gemma4.Gemma4CausalLM, tensor_parallel=False),
     qwen2_vl.ARCHITECTURE: Family(qwen2_vl.parse, qwen2_vl.Qwen2VLCausalLM, tensor_parallel=False),
     whisper.ARCHITECTURE: Family(whisper.parse, whisper.WhisperModel, tensor_parallel=False),
     # hybrids: recurrent layers with a state per sequence beside attention (engine/models/hybrid.py)

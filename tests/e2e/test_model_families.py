@@ -1,7 +1,7 @@
 """The real server on the new families: a MoE one (Qwen3-MoE), a sliding-window one with soft-caps (Gemma 2), one
-with NoPE layers (SmolLM3) and one with OLMo's closing norms and windows (OLMo 3) answer completions, streams and
-chat with transformers' greedy tokens; an unsupported architecture stops start-up with one line naming it and the
-supported ones, and no stack trace."""
+with NoPE layers (SmolLM3), one with OLMo's closing norms and windows (OLMo 3) and Gemma 4 (per-layer inputs, layers
+sharing K/V) answer completions, streams and chat with transformers' greedy tokens; an unsupported architecture
+stops start-up with one line naming it and the supported ones, and no stack trace."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ PROMPT = [(7919 * i) % 30_000 + 100 for i in range(40)]  # longer than Gemma 2's
 NEW = 8
 
 
-@pytest.fixture(scope="module", params=["qwen3_moe", "gemma2", "smollm3", "olmo3"])
+@pytest.fixture(scope="module", params=["qwen3_moe", "gemma2", "smollm3", "olmo3", "gemma4"])
 def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Server]]:
     ckpt = build_family(tmp_path_factory.mktemp("fam"), str(request.param))
     srv = start_server(ckpt, tmp_path_factory.mktemp("srv"), "--dtype", "float32")  # token for token: float32

@@ -23,7 +23,7 @@ def test_each_family_parses_to_its_features(family_ckpt: Path) -> None:
     args = parse_config(config_of(family_ckpt))
     assert args.architecture in MODELS
     name = family_ckpt.name
-    assert args.qk_norm == (name in ("qwen3", "qwen3_moe", "gemma3", "olmo2", "olmo3"))
+    assert args.qk_norm == (name in ("qwen3", "qwen3_moe", "gemma3", "gemma4", "olmo2", "olmo3"))
     assert args.gemma_norms == args.embed_scale == name.startswith("gemma")
     assert (args.moe is not None) == (name in ("qwen3_moe", "mixtral"))
     if name == "qwen3":
@@ -43,6 +43,10 @@ def test_each_family_parses_to_its_features(family_ckpt: Path) -> None:
     if name == "olmo3":  # plain rope on the windowed layers, yarn on the full ones
         assert args.windows == (WINDOW, None, WINDOW, None) and args.local_rope_theta == 500_000.0
         assert args.rope_scaling is not None and args.rope_scaling["rope_type"] == "yarn"
+    if name == "gemma4":  # full layers: head_dim 32, one KV head (v = k); the last two layers read 2's and 3's K/V
+        assert args.norm_offset == 0.0 and args.attn_scale == 1.0 and args.final_softcap == 5.0
+        assert args.extra["shapes"] == [(2, 16), (1, 32)] * 3 and args.extra["kv_sources"] == [0, 1, 2, 3, 2, 3]
+        assert args.extra["k_eq_v"] == [False, True] * 3 and args.windows == (WINDOW, None) * 3
     if name == "phi3":
         assert args.fused_qkv and args.rotary_dim == 8 and args.rope_scaling is not None
         assert args.rope_scaling["rope_type"] == "longrope"
@@ -113,6 +117,23 @@ def test_unsupported_architecture_names_it_and_lists_the_supported() -> None:
             "rope_parameters.sliding_attention.rope_type",
         ),
         ("olmo3", {"rope_parameters": None, "rope_scaling": {"rope_type": "dynamic"}}, "rope_type 'dynamic'"),
+        ("gemma4", {"enable_moe_block": True}, "enable_moe_block"),
+        ("gemma4", {"use_bidirectional_attention": "vision"}, "use_bidirectional_attention"),
+        ("gemma4", {"attention_bias": True}, "attention_bias"),
+        ("gemma4", {"num_kv_shared_layers": 6}, "num_kv_shared_layers 6"),
+        ("gemma4", {"num_kv_shared_layers": 5}, "num_kv_shared_layers 5"),  # no full layer left to hold K/V
+        ("gemma4", {"per_layer_config": {"1": {"sliding_window": 4}}}, "per_layer_config.1"),
+        ("gemma4", {"vocab_size_per_layer_input": 1000}, "vocab_size_per_layer_input 1000"),
+        (
+            "gemma4",
+            {"rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2.0}}},
+            "rope_parameters.sliding_attention.rope_type",
+        ),
+        (
+            "gemma4",
+            {"rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": 2.0}}},
+            "rope_parameters.full_attention.rope_type",
+        ),
     ],
     indirect=["family_ckpt"],
 )
