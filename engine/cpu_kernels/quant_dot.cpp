@@ -53,6 +53,7 @@ void group_rows(const uint8_t* packed, int nrec, int g, const uint16_t* x, long 
                 float* out) {
     using L = Layout<F>;
     __m512 t[R];
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) t[r] = _mm512_setzero_ps();
     for (int rc = 0; rc < nrec; ++rc) {
         const uint8_t* rec = record<F>(packed, nrec, g, rc);
@@ -64,7 +65,8 @@ void group_rows(const uint8_t* packed, int nrec, int g, const uint16_t* x, long 
             const __m512bh w0 = (__m512bh)slot<F::BITS, 0>(c), w1 = (__m512bh)slot<F::BITS, 1>(c);
             const __m512bh w2 = (__m512bh)slot<F::BITS, 2>(c), w3 = (__m512bh)slot<F::BITS, 3>(c);
             const long k = ((long)rc * L::CHUNKS + j) * QK;
-            for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+            for (int r = 0; r < R; ++r) {  // unrolled: the sums stay in registers
                 const uint16_t* xb = x + r * ldx + k;
                 const float* s = sx + (long)r * nsx + k / F::SUB;
                 if constexpr (F::SUB == 32) {
@@ -241,6 +243,21 @@ extern "C" int spindle_quant_dot_dequant(int type, const uint8_t* packed, int N,
             const long row = first - n0;
             dequant_group<F>(packed, K / F::SB, g, first - g * GROUP, last - g * GROUP, yf ? yf + row * ldy : nullptr,
                              yb ? yb + row * ldy : nullptr, ldy);
+        }
+    });
+}
+
+// Rows ids[0, n) of W from its packed form (an embedding table's lookup), dense as spindle_quant_dot_dequant's.
+extern "C" int spindle_quant_dot_rows(int type, const uint8_t* packed, int K, const int64_t* ids, int n, void* y,
+                                      int y_bf16, long ldy, int threads) {
+    float* yf = y_bf16 ? nullptr : (float*)y;
+    uint16_t* yb = y_bf16 ? (uint16_t*)y : nullptr;
+    return by_format(type, [&](auto f) {
+        using F = decltype(f);
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int i = 0; i < n; ++i) {
+            const int g = (int)(ids[i] / GROUP), c = (int)(ids[i] % GROUP);
+            dequant_group<F>(packed, K / F::SB, g, c, c + 1, yf ? yf + i * ldy : nullptr, yb ? yb + i * ldy : nullptr, ldy);
         }
     });
 }

@@ -45,6 +45,9 @@ def _kernels() -> dict[str, Any] | None:
         "dequant": kernel(
             "quant_dot", ABI, [_I, _P, _I, _I, _I, _I, _P, _I, _L, _I], symbol="spindle_quant_dot_dequant", restype=_I
         ),
+        "rows": kernel(
+            "quant_dot", ABI, [_I, _P, _I, _P, _I, _P, _I, _L, _I], symbol="spindle_quant_dot_rows", restype=_I
+        ),
     }
 
 
@@ -122,6 +125,32 @@ def dequantize(
         int(dtype is torch.bfloat16),
         in_features,
         threads,
+    ):
+        raise ValueError(f"type {ggml_type} is not packed here")
+    return out
+
+
+def gather(
+    packed: torch.Tensor, ggml_type: int, n: int, in_features: int, ids: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """Rows `ids` (int64, each in [0, n)) of W [n, in_features] from its packed form, dense in float32 or bfloat16,
+    as `dequantize` gives them (an embedding table's lookup)."""
+    flat = ids.reshape(-1).to(torch.int64).contiguous()
+    if dtype not in (torch.float32, torch.bfloat16) or (
+        flat.numel() and not 0 <= int(flat.min()) <= int(flat.max()) < n
+    ):
+        raise ValueError(f"rows of {n} in {dtype} cannot be gathered here")
+    out = torch.empty(flat.numel(), in_features, dtype=dtype)
+    if flat.numel() and _need()["rows"](
+        ggml_type,
+        packed.data_ptr(),
+        in_features,
+        flat.data_ptr(),
+        flat.numel(),
+        out.data_ptr(),
+        int(dtype is torch.bfloat16),
+        in_features,
+        1,
     ):
         raise ValueError(f"type {ggml_type} is not packed here")
     return out

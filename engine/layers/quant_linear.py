@@ -19,6 +19,7 @@ torch's GEMM, where "ggml" keeps them float32). Off CPU, the weight is dequantiz
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable, Sequence
 
 import torch
@@ -65,6 +66,7 @@ class QuantLinear(Linear):
         self.kernel = quant_gemm.supports(weight.ggml_type)
         self.nbytes = weight.nbytes
         self.packed: torch.Tensor | None = None  # quant_dot's form of the blocks, where it is the layout held
+        self.made_from: weakref.ref[torch.Tensor] | None = None  # the file's blocks, where a tied table shares them
         self._choices: dict[torch.dtype, tuple[str, ...]] = {}
         # the per-step path (a decode step makes ~100 of these calls): the C function and its fixed arguments
         self._raw = quant_gemm.raw_product() if self.kernel else None
@@ -313,22 +315,38 @@ QUANTIZED_MAKERS.append(_from_make_linear)  # engine/layers/linear.py's make_lin
 
 class QuantEmbedding:
     """An embedding table kept as blocks: `emb(ids)` gives the rows of `ids` dequantized to `dtype` (exactly
-    gguf's weights, rounded once to `dtype`); only the rows asked for are dequantized."""
+    gguf's weights, rounded once to `dtype`); only the rows asked for are dequantized. With `source`, a tied LM
+    head's QuantLinear holding the table packed (quant_dot), the rows come from that form and the file's blocks are
+    not kept a second time."""
 
-    def __init__(self, weight: GGMLWeight, dtype: torch.dtype) -> None:
-        self.weight, self.dtype = weight, dtype
+    def __init__(self, weight: GGMLWeight, dtype: torch.dtype, source: QuantLinear | None = None) -> None:
+        self.dtype = dtype
         self.num_embeddings, self.embedding_dim = weight.shape
-        self.nbytes = weight.nbytes
+        self.source = source if source is not None and source.packed is not None else None
+        self.weight: GGMLWeight | None = weight if self.source is None else None
+        self.nbytes = weight.nbytes if self.source is None else 0  # (the head counts the packed table)
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1).to(torch.long)
         if flat.numel() and not (0 <= int(flat.min()) and int(flat.max()) < self.num_embeddings):
             raise IndexError(f"token id out of range [0, {self.num_embeddings})")
         unique, inverse = torch.unique(flat, return_inverse=True)
-        rows = self.weight.data.index_select(0, unique.to(self.weight.data.device)).cpu().contiguous()
-        part = GGMLWeight(self.weight.ggml_type, (rows.shape[0], self.embedding_dim), rows)
-        dense = dequantize_rows(part, 0, rows.shape[0], self.dtype).to(ids.device)
+        dense = self._rows(unique.cpu()).to(ids.device)
         return dense.index_select(0, inverse.to(dense.device)).view(*ids.shape, self.embedding_dim)
 
+    def _rows(self, unique: torch.Tensor) -> torch.Tensor:
+        packed = None if self.source is None else self.source.packed
+        if self.source is not None and packed is not None:
+            t, n = self.source.ggml.ggml_type, self.source.out_features
+            if self.dtype in KERNEL_DTYPES:
+                return quant_dot.gather(packed, t, n, self.embedding_dim, unique, self.dtype)
+            return quant_dot.gather(packed, t, n, self.embedding_dim, unique, torch.float32).to(self.dtype)
+        assert self.weight is not None
+        rows = self.weight.data.index_select(0, unique.to(self.weight.data.device)).cpu().contiguous()
+        part = GGMLWeight(self.weight.ggml_type, (rows.shape[0], self.embedding_dim), rows)
+        return dequantize_rows(part, 0, rows.shape[0], self.dtype)
+
     def dense_weight(self) -> torch.Tensor:
+        if self.weight is None:
+            return self._rows(torch.arange(self.num_embeddings))
         return dequantize_rows(self.weight, 0, self.num_embeddings, self.dtype)

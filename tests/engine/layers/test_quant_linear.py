@@ -1,6 +1,7 @@
-"""engine/layers/quant_linear: projections and embeddings over GGUF blocks, both candidates ("ggml", "dequant")
-against gguf's dequantized weights, fused parts of mixed types, the bias's single rounding, make_linear's dispatch,
-a type the kernel refuses, and embedding rows equal to the reference exactly."""
+"""engine/layers/quant_linear: projections and embeddings over GGUF blocks, the candidates ("ggml", "dequant", and
+the packed "dot", "dot_dequant" of every packed type) against gguf's dequantized weights, fused parts of mixed
+types, the bias's single rounding, make_linear's dispatch, a type the kernel refuses, embedding rows equal to the
+reference exactly, and a tied table read from its packed LM head."""
 
 from __future__ import annotations
 
@@ -186,22 +187,26 @@ def test_input_shapes_and_strides(candidate: str) -> None:
     assert_close(lin(strided), strided, weights_used(w, candidate, torch.bfloat16))
 
 
-@pytest.mark.parametrize("ggml_type", [T.Q4_0, T.Q4_1], ids=lambda t: t.name)
+PACKED_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
+
+
+@pytest.mark.parametrize("ggml_type", PACKED_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("forced", ["dot", "dot_dequant"])
-@pytest.mark.parametrize("rows", [1, 3, 6, 17])
+@pytest.mark.parametrize("rows", [1, 3, 6, 16, 17, 33])
 def test_packed_candidates_against_the_reference(
     ggml_type: int, forced: str, rows: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if not quant_dot.supports(int(ggml_type)):
         pytest.skip("the bf16 dot-product kernel does not run on this machine")
     monkeypatch.setenv(chooser.FORCE_ENV, forced)
-    w = weight(ggml_type, 37, 96, 5)  # 37 columns: the last group of 4 padded
+    k = 3 * quant_gemm.block_shape(ggml_type)[0]
+    w = weight(ggml_type, 37, k, 5)  # 37 columns: the last group of 4 padded
     bias = torch.randn(37, generator=torch.Generator().manual_seed(6)).bfloat16()
     lin = QuantLinear(w, bias, torch.bfloat16)
-    # the packed form is all that is held: the file's blocks are let go
+    # the packed form is all that is held: the file's blocks are let go (K-quants' scales unpacked: < 3% more)
     assert lin.packed is not None and lin.ggml.nbytes == 0
-    assert lin.packed.numel() == 40 * w.nbytes // 37
-    x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)).bfloat16()
+    assert 40 * w.nbytes // 37 <= lin.packed.numel() <= 1.03 * 40 * w.nbytes // 37
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).bfloat16()
     used = weights_used(w, "ggml" if forced == "dot" else "dequant", torch.bfloat16)
     assert_close(lin(x), x, used, bias.float())
     assert torch.equal(lin.dense_weight(), reference(w).to(torch.bfloat16))
@@ -210,3 +215,28 @@ def test_packed_candidates_against_the_reference(
     x32 = x.float()
     assert lin.choice(torch.float32) == ("dequant",) * len(chooser.ROW_CLASSES)
     assert_close(lin(x32), x32, reference(w), bias.float())
+
+
+@pytest.mark.parametrize("ggml_type", [T.Q8_0, T.Q6_K], ids=lambda t: t.name)
+def test_a_tied_table_reads_the_packed_head(ggml_type: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gemma's tied Q8_0 table: the head holds it packed, the embedding reads its rows from there (exactly the
+    reference's) and keeps no second copy of the blocks."""
+    if not quant_dot.supports(int(ggml_type)):
+        pytest.skip("the bf16 dot-product kernel does not run on this machine")
+    from engine.layers.quant_head import QuantHead, quant_embedding
+
+    monkeypatch.setenv(chooser.FORCE_ENV, "dot")
+    w = weight(ggml_type, 50, 2 * quant_gemm.block_shape(ggml_type)[0], 21)
+    head = QuantHead(w, torch.bfloat16)
+    emb = quant_embedding(w, torch.bfloat16)
+    assert emb.source is head.linear and emb.weight is None and emb.nbytes == 0
+    ids = torch.tensor([[3, 49, 3], [0, 17, 17]])
+    assert torch.equal(emb(ids), reference(w).to(torch.bfloat16)[ids])
+    assert torch.equal(emb.dense_weight(), reference(w).to(torch.bfloat16))
+    with pytest.raises(IndexError):
+        emb(torch.tensor([50]))
+    h = torch.randn(3, w.shape[1], generator=torch.Generator().manual_seed(22)).bfloat16()
+    assert_close(head(h).bfloat16(), h, reference(w))  # (logits rounded to bf16, then widened)
+    # another weight's table keeps its own blocks
+    other = weight(ggml_type, 50, w.shape[1], 23)
+    assert quant_embedding(other, torch.bfloat16).weight is other
