@@ -115,9 +115,13 @@ def pick_device(requested: str) -> torch.device:
 
 
 class ModelRunner:
+    fits_cpu_threads = True  # a tensor-parallel rank runs one thread: the ranks are the parallelism
+
     def __init__(self, config: EngineConfig, *, use_triton: bool | None = None) -> None:
         """use_triton None: the Triton kernels on CUDA when triton imports, the torch reference elsewhere."""
         self.device = pick_device(config.device)
+        if self.fits_cpu_threads:
+            fit_cpu_threads(config.cpu_threads)
         path = resolve_model(config.model)
         # Read the limit before loading, so the rotary table is sized for max_model_len only.
         self.max_model_len = max_model_len(read_config(path), config.max_model_len)
@@ -210,7 +214,7 @@ class ModelRunner:
         return LoRAManager(self.model, config.max_loras, config.max_lora_rank, config.max_cpu_loras, dtype)
 
     def _load(self, path: Path, config: EngineConfig) -> tuple[CausalLM, ModelInfo]:
-        """The whole model (a tensor-parallel runner loads its shard: engine/distributed/tp_runner.py)."""
+        """The whole model (a tensor-parallel runner loads its shard: engine/distributed/runner.py)."""
         return load_model(
             path, config.dtype, self.device, max_positions=self.max_model_len, quantization=config.quantization
         )

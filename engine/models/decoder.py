@@ -86,7 +86,7 @@ class Layer:
 
         def norm(name: str) -> torch.Tensor:
             w = get(f"{p}.{name}.weight")
-            return 1.0 + w.float() if args.gemma_norms else w.float() if args.olmo_norms else w
+            return args.norm_offset + w.float() if args.gemma_norms else w.float() if args.olmo_norms else w
 
         attn = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
         qkv_w = get(f"{p}.self_attn.qkv_proj.weight") if args.fused_qkv else cat(*(f"{n}.weight" for n in attn))
@@ -176,8 +176,10 @@ class CausalLM:
         embed = get("model.embed_tokens.weight")
         final = get("model.norm.weight")  # always dense, in the model's dtype (a GGUF embedding may be blocks)
         self.dtype, self.device = final.dtype, final.device
-        self.layers = [Layer(args, i, get, quantization) for i in range(args.num_layers)]
-        self.norm = 1.0 + final.float() if args.gemma_norms else final.float() if args.olmo_norms else final
+        self.layers = [self.layer_class(args, i, get, quantization) for i in range(args.num_layers)]
+        self.norm = (
+            args.norm_offset + final.float() if args.gemma_norms else final.float() if args.olmo_norms else final
+        )
         self.tied = args.tie_word_embeddings if args.tie_word_embeddings is not None else not has_lm_head
         head_weight = embed if self.tied else get("lm_head.weight")
         self.head: LMHead

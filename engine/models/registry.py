@@ -9,16 +9,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.models import gemma, granite_hybrid, lfm2, llama, moe_families, olmo, phi3, qwen2_vl, qwen3_5, whisper
 from engine.models import (
     gemma,
     gemma4,
     granite_hybrid,
+    lfm2,
     llama,
     moe_families,
     olmo,
     phi3,
     qwen2_vl,
+    qwen3_5,
     whisper,
 )
 from engine.models.args import ConfigError, ModelArgs
