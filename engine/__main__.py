@@ -17,6 +17,7 @@ if __name__ == "__main__":  # before torch loads: glibc reads its malloc tunable
 
 from engine.config import EngineConfig
 from engine.core.loop import Links, Pipes, serve
+from engine.cpu_threads import fit_cpu_threads
 from engine.messages import LoadFailed, ToEngine
 from engine.transport.channels import ChannelSet, wait_for_lifeline
 from engine.transport.ipc import FrameReader, FrameWriter, die_with_parent
@@ -75,6 +76,7 @@ def main() -> None:
     except Exception as e:  # noqa: BLE001 - any load failure is reported to the parent, then we exit
         links.broadcast(LoadFailed(f"{type(e).__name__}: {e}"))
         sys.exit(1)
+    fit_cpu_threads(config.cpu_threads)  # before torch's thread pool starts (a tensor-parallel rank then runs one)
     try:
         serve(config, links)
     except (BrokenPipeError, KeyboardInterrupt):

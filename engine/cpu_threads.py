@@ -1,6 +1,8 @@
 """How many CPU threads the engine's intra-op work may use: the fewest of the CPUs this process may run on (its
 affinity mask), its container's CPU quota (cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us / cpu.cfs_period_us`,
-rounded up) and the physical cores among those CPUs; `--cpu-threads` overrides it.
+rounded up) and the physical cores among those CPUs; `--cpu-threads` overrides it, and so does OMP_NUM_THREADS
+where set. The engine process applies it at start (engine/__main__.py); code that builds an engine in its own
+process (benchmarks, tests) keeps the thread count it set.
 
 torch's own default follows the affinity mask but not a quota: on a host of 64 cores with a quota of 4, every
 parallel region of 64 threads ends at a barrier waiting for threads the quota has throttled. The quota is read from
@@ -11,11 +13,13 @@ fake tree. Torch-free.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+log = logging.getLogger("engine")
 V1_MOUNT_FALLBACKS = ("sys/fs/cgroup/cpu", "sys/fs/cgroup/cpu,cpuacct")  # when mountinfo is unreadable
 V2_MOUNT_FALLBACK = "sys/fs/cgroup"
 
@@ -132,9 +136,11 @@ def cgroup_quota(root: Path = Path("/")) -> Quota | None:
     return min(found, key=lambda q: q.cpus) if found else None
 
 
-def choose_threads(requested: int | None = None, cpus: list[int] | None = None, root: Path = Path("/")) -> ThreadChoice:
-    """`requested` (--cpu-threads) when given, else the fewest of affinity (`cpus`: this process's mask when None),
-    quota and physical cores."""
+def choose_threads(
+    requested: int | None = None, cpus: list[int] | None = None, root: Path = Path("/"), omp: str | None = None
+) -> ThreadChoice:
+    """`requested` (--cpu-threads) when given, else `omp` (OMP_NUM_THREADS's text) when a positive count, else the
+    fewest of affinity (`cpus`: this process's mask when None), quota and physical cores."""
     cpus = affinity_cpus() if cpus is None else cpus
     quota = cgroup_quota(root)
     cores = physical_cores(cpus, root)
@@ -143,8 +149,21 @@ def choose_threads(requested: int | None = None, cpus: list[int] | None = None, 
     detail = ", ".join(bounds)
     if requested is not None:
         return ThreadChoice(requested, "--cpu-threads", detail)
+    if omp is not None and omp.strip().isdigit() and int(omp) > 0:
+        return ThreadChoice(int(omp), "OMP_NUM_THREADS", detail)
     options = [(len(cpus), "the affinity mask"), (cores, "the physical cores")]
     if quota is not None:
         options.append((quota.threads, "the cgroup CPU quota"))
     threads, source = min(options, key=lambda o: o[0])  # ties: the first (affinity, then cores)
     return ThreadChoice(max(1, threads), source, detail)
+
+
+def fit_cpu_threads(requested: int | None) -> ThreadChoice:
+    """Set torch's intra-op threads (the C++ kernels' teams follow them: engine/layers/parallel.py) to
+    choose_threads' count, and log it with its source."""
+    import torch  # why late: the rest of this module is read without torch (tests, tools)
+
+    choice = choose_threads(requested, omp=os.environ.get("OMP_NUM_THREADS"))
+    torch.set_num_threads(choice.threads)
+    log.info("%s", choice.describe())
+    return choice

@@ -39,8 +39,6 @@ log = logging.getLogger("engine")
 
 
 class TPModelRunner(ModelRunner):
-    fits_cpu_threads = False  # one thread per rank (set below)
-
     def __init__(
         self, config: EngineConfig, *, rank: int = 0, store: Store | None = None, use_triton: bool | None = None
     ) -> None:

@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
-from engine.cpu_threads import choose_threads
 from engine.execution.recurrent_state import make_states
 from engine.layers.cpu_attention import DecodeSeqs, PrefillChunk
 from engine.layers.linear import Linear
@@ -100,14 +99,6 @@ def step_threads(runner: ModelRunner, batch: list[ScheduledSeq]) -> contextlib.A
     return one_intra_op_thread()
 
 
-def fit_cpu_threads(requested: int | None) -> None:
-    """torch's intra-op threads (and so the C++ kernels' teams, engine/layers/parallel.py) to what this process may
-    really run: torch's default counts the CPUs it sees, not a container's CPU quota (engine/cpu_threads.py)."""
-    choice = choose_threads(requested)
-    torch.set_num_threads(choice.threads)
-    log.info("%s", choice.describe())
-
-
 def pick_device(requested: str) -> torch.device:
     if requested == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -115,13 +106,9 @@ def pick_device(requested: str) -> torch.device:
 
 
 class ModelRunner:
-    fits_cpu_threads = True  # a tensor-parallel rank runs one thread: the ranks are the parallelism
-
     def __init__(self, config: EngineConfig, *, use_triton: bool | None = None) -> None:
         """use_triton None: the Triton kernels on CUDA when triton imports, the torch reference elsewhere."""
         self.device = pick_device(config.device)
-        if self.fits_cpu_threads:
-            fit_cpu_threads(config.cpu_threads)
         path = resolve_model(config.model)
         # Read the limit before loading, so the rotary table is sized for max_model_len only.
         self.max_model_len = max_model_len(read_config(path), config.max_model_len)

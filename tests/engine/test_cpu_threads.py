@@ -112,3 +112,12 @@ def test_the_flag_wins_and_must_be_positive(tmp_path: Path) -> None:
     assert (choice.threads, choice.source) == (6, "--cpu-threads")
     with pytest.raises(ValueError, match="--cpu-threads must be at least 1"):
         EngineConfig(model="m", cpu_threads=0)
+
+
+def test_omp_num_threads_counts_as_the_users_choice(tmp_path: Path) -> None:
+    _v2_tree(tmp_path, "/", {"": "100000 100000\n"})
+    choice = choose_threads(cpus=list(range(8)), root=tmp_path, omp="3")
+    assert (choice.threads, choice.source) == (3, "OMP_NUM_THREADS")
+    assert choose_threads(5, cpus=list(range(8)), root=tmp_path, omp="3").threads == 5  # the flag first
+    for unusable in ("", "0", "4,2", "many"):  # not one positive count: the fitted one
+        assert choose_threads(cpus=list(range(8)), root=tmp_path, omp=unusable).threads == 1
