@@ -15,14 +15,14 @@ from engine.core.block_manager import BlockManager
 from engine.core.params import validate_params
 from engine.core.scheduler import RequestRefused, Scheduler
 from engine.core.state_pool import hybrid_pool
-from engine.distributed.runner import TPModelRunner
+from engine.distributed.tp_runner import TPModelRunner
 from engine.execution.model_runner import ModelRunner, step_threads
 from engine.execution.pooler import Pooler
 from engine.execution.sampler import Sampler
 from engine.messages import AddRequest, EngineStats, PoolingInfo, Ready, RequestOutput, TokenLogprobs
 from engine.models.loader import ModelLoadError, read_config, resolve_model
 from engine.models.pooling_archs import check_runner, load_score_head
-from engine.multimodal.audio import AudioRunner
+from engine.multimodal.audio_runner import AudioRunner
 from engine.pooling_config import pooling_info
 from engine.spec.config import SpecConfig, parse_spec_config
 from engine.spec.speculator import Speculator

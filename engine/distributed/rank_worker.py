@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     # why late (torch): the lifeline watch and signal handling are set up before a seconds-long import
     from engine.distributed.group import JoinError, join_store
     from engine.distributed.launch import LocalRanks  # why late: as above
-    from engine.distributed.runner import TPModelRunner  # why late: as above
+    from engine.distributed.tp_runner import TPModelRunner  # why late: as above
 
     local: LocalRanks | None = None
     try:

@@ -23,8 +23,8 @@ from engine.models.loader import ModelInfo, load_model, read_config, resolve_mod
 from engine.models.qwen2_vl import Qwen2VLCausalLM
 from engine.models.weights import ModelLoadError
 from engine.models.whisper import WhisperModel
-from engine.multimodal.audio import AudioRunner
-from engine.multimodal.runner import ImageRunner
+from engine.multimodal.audio_runner import AudioRunner
+from engine.multimodal.image_runner import ImageRunner
 from engine.triton_kernels import build_paged_batch, triton_available
 from engine.types.sequence import ScheduledSeq
 
@@ -156,7 +156,7 @@ class ModelRunner:
         if config.enable_lora:
             self.lora = self._make_lora(config)
             self.lora.ctx.use_triton = use_triton
-        # a speech model's audio half (engine/multimodal/audio.py): encoder, cross-attention K/V, Whisper's rules
+        # a speech model's audio half (engine/multimodal/audio_runner.py): encoder, cross-attention K/V, Whisper's rules
         self.audio: AudioRunner | None = None
         if isinstance(self.model, WhisperModel):
             self.audio = AudioRunner(self.model, read_generation_config(path), self.eos_token_ids[0])
@@ -201,7 +201,7 @@ class ModelRunner:
         return LoRAManager(self.model, config.max_loras, config.max_lora_rank, config.max_cpu_loras, dtype)
 
     def _load(self, path: Path, config: EngineConfig) -> tuple[CausalLM, ModelInfo]:
-        """The whole model (a tensor-parallel runner loads its shard: engine/distributed/runner.py)."""
+        """The whole model (a tensor-parallel runner loads its shard: engine/distributed/tp_runner.py)."""
         return load_model(
             path, config.dtype, self.device, max_positions=self.max_model_len, quantization=config.quantization
         )

@@ -83,7 +83,7 @@ class LoRAManager:
     ) -> None:
         """live_digests: the adapters of the engine's live requests (kept on CPU whatever the LRU says).
         Tensor parallel: `base` the whole model's sizes (adapters are checked against them) and `slicer` cuts
-        each module's A / B to this rank's part (engine/distributed/runner.py)."""
+        each module's A / B to this rank's part (engine/distributed/tp_runner.py)."""
         self.live_digests = live_digests
         self.ctx = LoRAContext()
         self.model, self.max_rank, self.dtype, self.slicer = model, max_rank, dtype, slicer

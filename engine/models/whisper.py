@@ -1,7 +1,7 @@
 """Whisper (`WhisperForConditionalGeneration`): the audio encoder and the decoder with cross-attention.
 
 The encoder (two convolutions, sinusoidal-position layers, pre-LayerNorm) turns log-mel features [mels, 3000] of
-one 30 s window into 1500 frames; it runs once per request (engine/multimodal/audio.py caches its output by the
+one 30 s window into 1500 frames; it runs once per request (engine/multimodal/audio_runner.py caches its output by the
 features' hash). Each decoder layer's cross-attention K/V over those frames are computed once per request and
 kept on the request's `SeqAudio`; the decoder's self-attention runs over the paged KV cache like any decoder's,
 so Whisper requests batch with each other under the same scheduler. Learned absolute positions (up to

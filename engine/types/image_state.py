@@ -1,5 +1,5 @@
 """A request's images inside the engine (`Sequence.mm`): a leaf, so engine/types/sequence.py imports nothing that
-imports it back. engine/multimodal/runner.py builds them (`ImageRunner.seq_images`) and reads them each step."""
+imports it back. engine/multimodal/image_runner.py builds them (`ImageRunner.seq_images`) and reads them each step."""
 
 from __future__ import annotations
 

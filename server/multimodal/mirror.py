@@ -1,7 +1,7 @@
 """The API's mirror of the engine's vision-encoder cache: which image hashes the engine holds, so an image sent
 again crosses the pipe as its hash only.
 
-The engine (engine/multimodal/runner.py `EncoderCache`) keeps encoder outputs by hash, LRU within
+The engine (engine/multimodal/image_runner.py `EncoderCache`) keeps encoder outputs by hash, LRU within
 ENCODER_CACHE_BYTES; the mirror keeps the same budget with each entry sized as the engine sizes it (the image's
 tokens x hidden size x the model dtype's bytes). An entry is recorded only when its request was handed to the
 engine (committed), never when a request failed before. The two can still drift (the engine inserts when the

@@ -20,8 +20,8 @@ import torch
 
 from engine.messages import AudioInput
 from engine.models.whisper import CrossBatch, WhisperModel
+from engine.multimodal.image_runner import EncoderCache
 from engine.multimodal.processing import ENCODER_CACHE_BYTES
-from engine.multimodal.runner import EncoderCache
 from engine.types.image_state import SeqAudio
 from engine.types.sequence import ScheduledSeq, Sequence
 
