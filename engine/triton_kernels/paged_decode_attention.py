@@ -19,6 +19,7 @@ from engine.triton_kernels.paged_common import (
     interpreter_dot_upcast,
     softcap_arg,
 )
+from engine.triton_kernels.paged_online_softmax import attend_block
 
 TARGET_PROGRAMS = 264  # about two waves on a 132-SM H100/H200
 MIN_SPLIT_LEN = 256  # below this many keys per split the merge costs more than it saves
@@ -40,14 +41,6 @@ def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
         out[b] = attend_ref(q[b:b + 1], kf[slots], vf[slots], q_pos, scale, sliding_window, softcap,
                             first)[0].to(q.dtype)
     return out
-
-
-@triton.jit
-def tanh(x):
-    """tanh from exp, so one formula serves CUDA and the interpreter; e^(-2|x|) <= 1 never overflows."""
-    e = tl.exp(-2.0 * tl.abs(x))
-    t = (1.0 - e) / (1.0 + e)
-    return tl.where(x >= 0, t, -t)
 
 
 @triton.jit
@@ -81,25 +74,9 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_lens_ptr, out_ptr, part_pt
     for n0 in range(lo, hi, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         p_mask = pos < hi
-        blk = tl.load(bt_ptr + b * bt_stride + pos // block_size, mask=p_mask, other=0).to(tl.int64)
-        kv_off = (blk * block_size + pos % block_size)[:, None] * c_stride_s + kvh * c_stride_h + offs_d[None, :]
-        kv_mask = p_mask[:, None] & d_mask[None, :]
-        k = tl.load(kc_ptr + kv_off, mask=kv_mask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
-        if SOFTCAP:
-            s = softcap * tanh(s / softcap)
-        s = tl.where(p_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(vc_ptr + kv_off, mask=kv_mask, other=0.0)
-        if UPCAST:
-            v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        acc, m_i, l_i = attend_block(q, acc, m_i, l_i, kc_ptr, vc_ptr, bt_ptr + b * bt_stride, pos, p_mask,
+                                     p_mask[None, :], kvh, offs_d, d_mask, c_stride_s, c_stride_h, block_size, scale,
+                                     softcap, DOT_PRECISION, UPCAST, SOFTCAP)
     l_safe = tl.where(l_i > 0, l_i, 1.0)  # an empty split: output 0 with weight exp(-inf) = 0
     out = acc / l_safe[:, None]
     o_mask = g_mask[:, None] & d_mask[None, :]

@@ -20,7 +20,7 @@ from engine.triton_kernels.paged_common import (
     interpreter_dot_upcast,
     softcap_arg,
 )
-from engine.triton_kernels.paged_decode_attention import tanh
+from engine.triton_kernels.paged_online_softmax import attend_block
 
 
 def paged_prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -75,29 +75,11 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_q_ptr, seq_lens_ptr, out_p
         for n0 in range(lo, hi, BLOCK_N):
             pos = n0 + tl.arange(0, BLOCK_N)
             p_mask = pos < hi
-            blk = tl.load(bt_ptr + b * bt_stride + pos // block_size, mask=p_mask, other=0).to(tl.int64)
-            kv_off = (blk * block_size + pos % block_size)[:, None] * c_stride_s + kvh * c_stride_h + offs_d[None, :]
-            kv_mask = p_mask[:, None] & d_mask[None, :]
-            k = tl.load(kc_ptr + kv_off, mask=kv_mask, other=0.0)
-            if UPCAST:
-                k = k.to(tl.float32)
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
-            if SOFTCAP:
-                s = softcap * tanh(s / softcap)
             allowed = p_mask[None, :] & (pos[None, :] <= q_pos[:, None])
             allowed = allowed & ((window <= 0) | (q_pos[:, None] - pos[None, :] < window))
-            s = tl.where(allowed, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            # A row with nothing visible yet keeps m = -inf; subtract 0 there instead of -inf (no NaN).
-            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp(s - m_sub[:, None])
-            alpha = tl.exp(m_i - m_sub)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(vc_ptr + kv_off, mask=kv_mask, other=0.0)
-            if UPCAST:
-                v = v.to(tl.float32)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-            m_i = m_new
+            acc, m_i, l_i = attend_block(q, acc, m_i, l_i, kc_ptr, vc_ptr, bt_ptr + b * bt_stride, pos, p_mask,
+                                         allowed, kvh, offs_d, d_mask, c_stride_s, c_stride_h, block_size, scale,
+                                         softcap, DOT_PRECISION, UPCAST, SOFTCAP)
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(out_ptr + rows[:, None] * o_stride_t + h * o_stride_h + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
