@@ -128,7 +128,9 @@ def test_bfloat16_greedy_matches_transformers(family_ckpt: Path) -> None:
         assert tokens(outs[f"r{i}"]) == hf_greedy(family_ckpt, p, "bfloat16"), i
 
 
-@pytest.mark.parametrize("family_ckpt", ["qwen3", "qwen3_moe", "gemma2", "gemma3"], indirect=True)
+@pytest.mark.parametrize(
+    "family_ckpt", ["qwen3", "qwen3_moe", "gemma2", "gemma3", "smollm3", "olmo3", "gemma4"], indirect=True
+)
 def test_triton_path_matches_transformers(family_ckpt: Path, tmp_path: Path) -> None:
     """The GPU path (Triton attention with per-layer windows and soft-caps, norms, rope, the fused MoE kernel),
     run by Triton's interpreter in a fresh process (TRITON_INTERPRET is read when triton is imported), against
