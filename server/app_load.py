@@ -29,9 +29,8 @@ from server.multimodal.images import image_support, open_image_worker
 from server.multimodal.mirror import EngineImageMirror
 from server.render.renderer import Renderer, load_chat_template
 from server.request.admission import Admission
-from server.request.async_llm import AsyncLLM
-from server.request.detokenizer import IncrementalDetokenizer, prepare
-from server.request.input_processor import GenerationSpec, limits_for
+from server.request.async_llm import AsyncLLM, detokenizer_factory
+from server.request.input_processor import limits_for
 from server.startup_stage import enter as stage
 from server.startup_stage import report_stages
 from server.tools.parser_names import get_tool_parser, template_fits
@@ -89,24 +88,6 @@ def open_model_renderer(config: ServerConfig) -> AbstractAsyncContextManager[Any
         default_chat_template_kwargs=config.model.default_chat_template_kwargs,
         trust_request_chat_template=config.model.trust_request_chat_template,
     )
-
-
-def detokenizer_factory(tokenizer: Any) -> Callable[[GenerationSpec], Any]:
-    if tokenizer is not None:
-        prepare(tokenizer)
-
-    def make(spec: GenerationSpec) -> Any:
-        return IncrementalDetokenizer(
-            tokenizer,
-            spec.prompt_token_ids,
-            skip_special_tokens=spec.skip_special_tokens,
-            spaces_between_special_tokens=spec.spaces_between_special_tokens,
-            stop=spec.stop,
-            include_stop_str_in_output=spec.include_stop_str_in_output,
-            min_tokens=spec.params.min_tokens,
-        )
-
-    return make
 
 
 def server_metrics(config: ServerConfig, worker: WorkerContext | None) -> ServerMetrics:

@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import msgspec
-import tokenizers
 
 from server.config import ServerConfig
 from server.http import unavailable
 from server.http.errors import APIError, from_decode_error
 from server.multimodal.images import ImagePool
+from server.render.renderer import Renderer  # the concrete class, so the routes' calls lead to it
 from server.request.async_llm import AsyncLLM, Stopping
 from server.request.input_processor import ModelLimits
 from server.request.openai_protocol import decode_request
@@ -38,28 +38,6 @@ def decode_body(
         return decode_request(decoder, body)
     except msgspec.DecodeError as e:
         raise on_decode_error(e) from None
-
-
-class Renderer(Protocol):
-    """What the routes use of server.render.renderer.Renderer (tests may stand in with the same methods)."""
-
-    @property
-    def tokenizer(self) -> tokenizers.Tokenizer: ...
-
-    async def render_chat(
-        self,
-        messages: list[dict[str, Any]],
-        *,
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-        chat_template: str | None = None,
-        chat_template_kwargs: dict[str, Any] | None = None,
-        tools: list[Any] | None = None,
-        documents: list[Any] | None = None,
-    ) -> str: ...
-    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
-    async def encode_pair(self, text: str, pair: str, add_special_tokens: bool = True) -> list[int]: ...
-    async def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
 
 @dataclass

@@ -23,11 +23,11 @@ from engine.messages import AddRequest, EngineStats, Heartbeat, Ready, StepOutpu
 from server.http import access_log, unavailable
 from server.http.errors import APIError
 from server.request.admission import AdmissionLike, AdmissionTicket
-from server.request.collector import Collector, OutputKind
+from server.request.collector import Collector, OutputKind, RequestStream
+from server.request.detokenizer import IncrementalDetokenizer, prepare
 from server.request.image_sends import ImageMetrics, ImageMirror, ImageSends
 from server.request.input_processor import GenerationSpec
 from server.request.output_processor import Counter, OutputMetrics, OutputProcessor, RequestState
-from server.request.request_stream import RequestStream
 
 log = logging.getLogger("spindle.server")
 
@@ -53,7 +53,26 @@ class LLMMetrics(OutputMetrics, ImageMetrics, Protocol):
     def lora_request(self, name: str, n: int) -> None: ...  # n engine requests under an adapter
 
 
-DetokenizerFactory = Callable[[GenerationSpec], Any]  # spec -> a fresh IncrementalDetokenizer
+DetokenizerFactory = Callable[[GenerationSpec], IncrementalDetokenizer]  # spec -> a fresh one
+
+
+def detokenizer_factory(tokenizer: Any) -> DetokenizerFactory:
+    """Each request's IncrementalDetokenizer over the served tokenizer."""
+    if tokenizer is not None:
+        prepare(tokenizer)
+
+    def make(spec: GenerationSpec) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(
+            tokenizer,
+            spec.prompt_token_ids,
+            skip_special_tokens=spec.skip_special_tokens,
+            spaces_between_special_tokens=spec.spaces_between_special_tokens,
+            stop=spec.stop,
+            include_stop_str_in_output=spec.include_stop_str_in_output,
+            min_tokens=spec.params.min_tokens,
+        )
+
+    return make
 
 
 class Stopping:

@@ -1,12 +1,19 @@
 """What the output side hands the routes: each choice's Output (its news since the last hand-over, or its whole
 state), and the Collector, the one-slot mailbox between server/request/output_processor.py and a request's route
-that merges a newer output into the one not yet taken."""
+that merges a newer output into the one not yet taken; the RequestStream a route takes one `generate` call's
+outputs from."""
 
 from __future__ import annotations
 
 import enum
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+import anyio
 
 from engine.messages import PooledData, TokenLogprobs
+from server.http.access_log import RequestRecord
 from server.http.wakeup import Waiter, waiter_class
 
 
@@ -179,3 +186,85 @@ class Collector:
     def close(self) -> None:
         self.closed = True
         self._batch = None
+
+
+class ChoiceTotals(Protocol):
+    """What the access log reads of each choice's state (server/request/output_processor.py RequestState)."""
+
+    @property
+    def num_output_tokens(self) -> int: ...
+    @property
+    def finish_reason(self) -> str | None: ...
+
+
+class RequestStream:
+    """The outputs of one `generate` call: batches of `Output`, until every choice has finished."""
+
+    def __init__(
+        self, collector: Collector, states: Sequence[ChoiceTotals], record: RequestRecord | None = None
+    ) -> None:
+        self._collector = collector
+        self.states = states
+        self.remaining = len(states)
+        self._record = record  # the access log's record of this HTTP request, if it logs
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> list[Output]:
+        if not self.remaining:
+            raise StopAsyncIteration
+        batch = self.poll()
+        return batch if batch is not None else await self.wait()
+
+    def poll(self) -> list[Output] | None:
+        """The waiting batch, if any, without a checkpoint (the engine is ahead of the client)."""
+        batch = self._collector.poll()
+        if batch is not None:
+            self._count(batch)
+        return batch
+
+    async def wait(self) -> list[Output]:
+        batch = await self._collector.wait()
+        self._count(batch)
+        return batch
+
+    def use_waiter(self, waiter: Waiter | None) -> None:
+        """Wake the consumer through `waiter`, whose wake-up may take the news at once (`poll`) in the
+        output handler's task (the direct write path, server/http/direct_body.py); None: the default waiter."""
+        self._collector.use_waiter(waiter)
+
+    def peek(self) -> list[Output] | None:
+        """The waiting batch, left for `poll` or `wait`."""
+        return self._collector.peek()
+
+    async def next_within(self, timeout: float) -> list[Output] | None:
+        """The next batch, or None after `timeout` seconds of silence (for SSE keep-alives)."""
+        batch = self.poll()
+        if batch is not None:
+            return batch
+        with anyio.move_on_after(timeout):
+            return await self.wait()
+        return None
+
+    def close(self) -> None:
+        """The consumer left: the collector drops whatever still comes (closed first, so nothing more is
+        delivered), and the access log's record gets the request's totals."""
+        self._collector.close()
+        record = self._record
+        if record is not None:
+            record.completion_tokens = sum(s.num_output_tokens for s in self.states)
+            record.finish_reasons = [s.finish_reason or "abort" for s in self.states]
+
+    def _count(self, batch: list[Output]) -> None:
+        for out in batch:
+            if out.finish_reason is not None:
+                self.remaining -= 1
+        record = self._record
+        if record is not None:
+            if not record.first_token:
+                record.first_token = time.monotonic()
+            if record.log_text:  # --log-requests only: keep the text for the access log
+                delta = self._collector.kind == OutputKind.DELTA
+                for out in batch:
+                    record.texts[out.index] = record.texts.get(out.index, "") + out.text if delta else out.text

@@ -11,12 +11,13 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Protocol
 
 import anyio.lowlevel
 
 from engine.messages import RequestOutput, StepOutputs, TokenLogprobs
 from server.request.collector import Collector, Output, OutputKind
+from server.request.detokenizer import IncrementalDetokenizer
 
 log = logging.getLogger("spindle.server")
 
@@ -88,7 +89,7 @@ class RequestState:
         request_id: str,
         index: int,
         collector: Collector,
-        detok: Any,
+        detok: IncrementalDetokenizer,
         kind: OutputKind,
         has_stops: bool,
         num_prompt_tokens: int,
@@ -98,7 +99,7 @@ class RequestState:
         self.request_id = request_id
         self.index = index
         self.collector = collector
-        self.detok = detok  # IncrementalDetokenizer
+        self.detok = detok
         self.kind = kind
         self.has_stops = has_stops
         self.unsent: list[int] = []  # ids not yet handed over (DELTA) / all ids (FINAL_ONLY)

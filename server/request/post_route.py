@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
-from server.app_state import AppState, Renderer
+from server.app_state import AppState
 from server.http.asgi import Receive, Scope, Send, header, serve_json_post
 from server.http.errors import APIError
 from server.multimodal.audio import speech_support
+from server.render.renderer import Renderer
 from server.request.logprobs import TokenTexts
 
 

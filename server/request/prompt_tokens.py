@@ -13,11 +13,11 @@ import msgspec
 import tokenizers
 
 from engine.messages import ImageInput
-from server.app_state import AppState, Renderer
+from server.app_state import AppState
 from server.http import unavailable
 from server.http.errors import bad_request
 from server.multimodal.images import expand_for_model, has_images, prepare_images
-from server.render.renderer import RendererOverloaded, RenderError
+from server.render.renderer import Renderer, RendererOverloaded, RenderError
 from server.request.admission import AdmissionTicket, min_tokens
 from server.request.async_llm import AsyncLLM
 from server.request.input_processor import ModelLimits, check_fits, max_token_bytes

@@ -12,11 +12,10 @@ from server.http.direct_body import DirectBody
 from server.http.wakeup import InlineWaiter
 from server.request.admission import AdmissionTicket
 from server.request.async_llm import AsyncLLM
-from server.request.collector import Output
+from server.request.collector import Output, RequestStream
 from server.request.formatter import OPENAI_FRAMING, Formatter, StreamFraming, UsageCounter, output_error
 from server.request.input_processor import GenerationSpec
 from server.request.openai_protocol import Usage
-from server.request.request_stream import RequestStream
 
 Headers = list[tuple[bytes, bytes]]
 BeforeEnd = Callable[[], Awaitable[None]] | None  # runs after the last output, before the response's last bytes

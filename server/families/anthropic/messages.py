@@ -12,7 +12,7 @@ from typing import TypeVar
 
 import msgspec
 
-from server.app_state import AppState, Renderer
+from server.app_state import AppState
 from server.config import ServerConfig
 from server.families.anthropic.formatter import PING, MessagesFormatter, event
 from server.families.anthropic.protocol import (
@@ -27,6 +27,7 @@ from server.http.asgi import ClientGone, Receive, Scope, Send, header, read_json
 from server.http.errors import APIError
 from server.http.errors import anthropic_error_body as error_body
 from server.multimodal.images import image_support
+from server.render.renderer import Renderer
 from server.request.async_llm import AsyncLLM
 from server.request.formatter import StreamFraming
 from server.request.input_processor import ModelLimits, build_spec, check_request, external_request_id

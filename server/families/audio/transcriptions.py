@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from engine.messages import AudioInput, SamplingParams
-from server.app_state import AppState, Renderer
+from server.app_state import AppState
 from server.families.audio.formats import (
     TIMESTAMPED,
     Segment,
@@ -31,6 +31,7 @@ from server.http.asgi import ClientGone, Receive, Scope, Send, header, run_until
 from server.http.errors import APIError, bad_request
 from server.multimodal.audio import SpeechSupport, Window, decode_audio, speech_support
 from server.multimodal.whisper_tokens import LANGUAGES
+from server.render.renderer import Renderer
 from server.request.async_llm import AsyncLLM
 from server.request.collector import Output, OutputKind
 from server.request.formatter import output_error

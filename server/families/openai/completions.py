@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
-from server.app_state import Renderer
 from server.http import sse
 from server.http.asgi import Send
 from server.http.errors import bad_request
+from server.render.renderer import Renderer
 from server.request.collector import Output
 from server.request.input_processor import (
     GenerationSpec,

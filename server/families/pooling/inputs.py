@@ -14,9 +14,9 @@ from types import TracebackType
 from typing import Any
 
 from engine.messages import ImageInput, LoRARequest, PoolingInfo, SamplingParams
-from server.app_state import Renderer
 from server.http.asgi import Send
 from server.http.errors import bad_request
+from server.render.renderer import Renderer
 from server.request.admission import AdmissionTicket
 from server.request.async_llm import AsyncLLM
 from server.request.collector import Output, OutputKind

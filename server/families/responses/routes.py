@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from server.app_state import AppState, Renderer
+from server.app_state import AppState
 from server.config import ServerConfig
 from server.families.responses.background import BackgroundResponses
 from server.families.responses.context import Prompt, fit_prompt, resolve_references
@@ -27,6 +27,7 @@ from server.http.asgi import Receive, Scope, Send, send_error, send_json
 from server.http.errors import APIError
 from server.multimodal.images import image_support
 from server.reasoning.token_count import decoder
+from server.render.renderer import Renderer
 from server.request.admission import AdmissionTicket
 from server.request.async_llm import AsyncLLM
 from server.request.collector import Output

@@ -14,11 +14,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from demo.tokenizers import load_tokenizer
 from engine.messages import AddRequest, EngineStats, SamplingParams
-from server.app_load import detokenizer_factory
 from server.http.errors import APIError
 from server.metrics.prometheus import ServerMetrics
 from server.request.admission import Admission
-from server.request.async_llm import AsyncLLM
+from server.request.async_llm import AsyncLLM, detokenizer_factory
 from server.request.collector import OutputKind
 from server.request.input_processor import GenerationSpec
 
