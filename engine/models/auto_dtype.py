@@ -27,15 +27,23 @@ _DTYPES = ("float32", "bfloat16", "float16")
 def auto_dtype(checkpoint_dtype: str | None, device: torch.device, packed_gguf: list[Path] | None) -> str:
     """The dtype --dtype auto runs (module docstring). packed_gguf: the GGUF files of a model whose blocks stay
     packed on CPU (None: a safetensors checkpoint, or blocks dequantized at load)."""
+    dtype, why = _choose(checkpoint_dtype, device, packed_gguf)
+    log.info("--dtype auto: %s (%s)", dtype, why)
+    return dtype
+
+
+def _choose(checkpoint_dtype: str | None, device: torch.device, packed_gguf: list[Path] | None) -> tuple[str, str]:
     if device.type != "cpu":
-        return checkpoint_dtype if checkpoint_dtype in _DTYPES else "float32"
+        return (checkpoint_dtype, "the checkpoint's") if checkpoint_dtype in _DTYPES else ("float32", "no dtype named")
     if packed_gguf is not None:
-        return "bfloat16" if _bf16_blocks_run(packed_gguf) else "float32"
+        if _bf16_blocks_run(packed_gguf):
+            return "bfloat16", "bf16 activations over the file's packed blocks"
+        return "float32", "no self-checked bf16 block kernel here"
     if checkpoint_dtype == "bfloat16" and _bf16_gemm_runs():
-        return "bfloat16"
+        return "bfloat16", "the checkpoint's, with the self-checked bf16 GEMM kernel"
     if checkpoint_dtype == "float16" and getattr(torch.cpu, "_is_amx_fp16_supported", lambda: False)():
-        return "float16"
-    return "float32"
+        return "float16", "the checkpoint's, with AMX-FP16"
+    return "float32", "no native half-precision product for this checkpoint here"
 
 
 def _bf16_gemm_runs() -> bool:
