@@ -27,13 +27,15 @@ from server.app import create_app, front_page_routes, not_found
 from server.app_load import EngineFactory
 from server.config import ServerConfig
 from server.families import ErrorShape, Family
+from server.families.ollama.protocol import unloads
 from server.families.responses import FAMILY as RESPONSES
 from server.fleet.catalog import scan
 from server.fleet.follower import FollowerRegistry
 from server.fleet.loaded_set import Loaded, ModelRegistry, ModelSlot, RegistryMetrics
 from server.fleet.model_metrics import PerModelMetrics
+from server.fleet.ollama_front import ollama_routes
 from server.fleet.owner import ModelOwner
-from server.fleet.routing import replay, routing_of
+from server.fleet.routing import keep_alive_of, replay, routing_of
 from server.fleet.stored import ModelStores, unknown
 from server.http import unavailable
 from server.http.asgi import (
@@ -172,6 +174,8 @@ class ModelsFront:
             await send_json(send, 404, model_not_found(errors, name, sorted(self.registry.slots)))
             return
         await self._forward(slot, scope, body, receive, send, stream, errors)
+        if errors is ErrorShape.OLLAMA and unloads(keep_alive_of(body)):
+            self.registry.unload_soon(slot)
 
     async def stored(self, scope: Scope, receive: Receive, send: Send) -> None:
         """GET / DELETE /v1/responses/{id} (from the store that holds it) and POST .../cancel (to its model)."""
@@ -356,6 +360,7 @@ def create_models_app(
         Route("/metrics", _Endpoint(front.metrics), methods=["GET"]),
         Route("/v1/responses/{response_id}", _Endpoint(front.stored), methods=["GET", "DELETE"]),
         Route("/v1/responses/{response_id}/cancel", _Endpoint(front.stored), methods=["POST"]),
+        *ollama_routes(front.registry),
     ]
     by_model = [
         Route(spec.path, _ByModel(front, spec.family), methods=list(spec.methods))

@@ -56,6 +56,7 @@ class ModelSlot:
         self.release = anyio.Event()  # set: leave the lifespan (unload)
         self.gone = anyio.Event()  # the unload ended
         self.active = 0  # requests inside the model's app
+        self.unload_when_idle = False  # a request asked for it (Ollama's keep_alive 0): unloaded once idle
         self.waiting = 0  # requests waiting for its load
         self.last_used = 0.0
 
@@ -160,7 +161,15 @@ class ModelRegistry:
         """A request left the model's app (`count` 0: work of one that outlived it ended)."""
         slot.active -= count
         slot.last_used = anyio.current_time()
+        if slot.unload_when_idle and slot.status == "loaded" and not slot.busy:
+            slot.unload_when_idle = False
+            self._unload(slot, "a request's keep_alive 0")
         self._notify()
+
+    def unload_soon(self, slot: ModelSlot) -> None:
+        """Unload the model once its requests are done (Ollama's keep_alive 0), at once when it is idle."""
+        slot.unload_when_idle = True
+        self.release(slot, 0)
 
     def _start_load(self, slot: ModelSlot) -> None:
         assert self._tg is not None, "the registry is not running"

@@ -14,6 +14,14 @@ from server.http.errors import APIError
 class _Routing(msgspec.Struct):
     model: str | None = None
     stream: bool | None = None
+    keep_alive: float | str | None = None  # Ollama's: 0 unloads the model after the request
+
+
+def keep_alive_of(body: bytes) -> float | str | None:
+    try:
+        return _decoder.decode(body).keep_alive if body else None
+    except msgspec.DecodeError:
+        return None
 
 
 _decoder = msgspec.json.Decoder(_Routing)

@@ -93,6 +93,11 @@ def anthropic_error_body(status: int, message: str) -> bytes:
     return _encoder.encode(AnthropicErrorResponse(AnthropicErrorDetail(anthropic_error_type(status), message)))
 
 
+def ollama_error_body(message: str) -> bytes:
+    """Ollama's `{"error": "message"}`: the HTTP body and a stream's last line alike."""
+    return _encoder.encode({"error": message})
+
+
 def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(message, status=400, param=param)
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from server.http import sse, unavailable
+from server.http.asgi import SSE_HEADERS
 from server.http.errors import APIError
 from server.request.async_llm import AsyncLLM
 from server.request.collector import Output
@@ -35,6 +36,7 @@ class StreamFraming:
     done: bytes = sse.DONE  # ends the stream
     keepalive: bytes = sse.KEEPALIVE  # sent on silence before the first token
     error: Callable[[APIError], bytes] = sse.error_frame  # an error after the response started
+    headers: tuple[tuple[bytes, bytes], ...] = tuple(SSE_HEADERS)  # the stream's content type (Ollama's: NDJSON)
 
 
 OPENAI_FRAMING = StreamFraming()

@@ -103,6 +103,7 @@ class CompletionRequest(_GenerationRequest, kw_only=True):
     logprobs: Int64 | None = None
     echo: bool = False
     add_special_tokens: bool = True
+    suffix: str | None = None  # fill-in-the-middle: the text after the gap (server/request/fim.py)
 
 
 class ChatCompletionRequest(_GenerationRequest, kw_only=True):

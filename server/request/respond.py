@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from server.http import direct_body
-from server.http.asgi import SSE_HEADERS, Send, send_json
+from server.http.asgi import Send, send_json
 from server.http.direct_body import DirectBody
 from server.http.wakeup import InlineWaiter
 from server.request.admission import AdmissionTicket
@@ -112,7 +112,8 @@ class SseResponder:
         self.direct: DirectBody | None = direct_body.for_current_request() if direct_ok else None
 
     async def run(self, include_usage: bool, headers: Headers | None, before_end: BeforeEnd = None) -> None:
-        await self.send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + (headers or [])})
+        start_headers = [*self.framing.headers, *(headers or [])]
+        await self.send({"type": "http.response.start", "status": 200, "headers": start_headers})
         start = self.fmt.stream_start()
         if start is not None:
             await self.send({"type": "http.response.body", "body": start, "more_body": True})

@@ -25,6 +25,14 @@ from server.families.audio.transcriptions import AudioRoute
 from server.families.cohere import FAMILY as COHERE
 from server.families.cohere.embed import CohereEmbedRoute
 from server.families.cohere.rerank import CohereRerankRoute
+from server.families.llamacpp import FAMILY as LLAMACPP
+from server.families.llamacpp.infill import InfillRoute
+from server.families.ollama import FAMILY as OLLAMA
+from server.families.ollama.embed import EmbeddingsRoute as OllamaEmbeddingsRoute
+from server.families.ollama.embed import EmbedRoute as OllamaEmbedRoute
+from server.families.ollama.info import OllamaVersionRoute, PsRoute, ShowRoute, TagsRoute
+from server.families.ollama.routes import ChatRoute as OllamaChatRoute
+from server.families.ollama.routes import GenerateRoute as OllamaGenerateRoute
 from server.families.openai import FAMILY as OPENAI
 from server.families.openai.chat import ChatRoute
 from server.families.openai.completions import CompletionsRoute
@@ -163,6 +171,22 @@ def _generation() -> tuple[RouteSpec, ...]:
         RouteSpec("/inference/v1/generate", POST, lambda c: GenerateRoute(c.state), E, VLLM),
         RouteSpec("/v1/messages", POST, lambda c: MessagesRoute(c.state), E, ANTHROPIC),
         RouteSpec("/v1/messages/count_tokens", POST, lambda c: CountTokensRoute(c.state), E, ANTHROPIC),
+        RouteSpec("/infill", POST, lambda c: InfillRoute(c.state), E, LLAMACPP),
+    )
+
+
+def _ollama() -> tuple[RouteSpec, ...]:
+    """Ollama's API on the same port (server/families/ollama/). Its clients' liveness probe, HEAD /, is the chat
+    page's (a GET route answers HEAD too)."""
+    return (
+        RouteSpec("/api/chat", POST, lambda c: OllamaChatRoute(c.state), E, OLLAMA),
+        RouteSpec("/api/generate", POST, lambda c: OllamaGenerateRoute(c.state), E, OLLAMA),
+        RouteSpec("/api/embed", POST, lambda c: OllamaEmbedRoute(c.state), E, OLLAMA),
+        RouteSpec("/api/embeddings", POST, lambda c: OllamaEmbeddingsRoute(c.state), E, OLLAMA),
+        RouteSpec("/api/show", POST, lambda c: ShowRoute(c.state), T, OLLAMA),
+        RouteSpec("/api/tags", GET, lambda c: TagsRoute(c.state), S, OLLAMA, False),
+        RouteSpec("/api/ps", GET, lambda c: PsRoute(c.state), S, OLLAMA, False),
+        RouteSpec("/api/version", GET, lambda c: OllamaVersionRoute(), S, OLLAMA, False),
     )
 
 
@@ -211,7 +235,7 @@ def _asset(name: str, context: RouteContext) -> AssetRoute:
     return AssetRoute(name)
 
 
-TABLE: tuple[RouteSpec, ...] = _generation() + _responses() + _lora() + _common() + _page()
+TABLE: tuple[RouteSpec, ...] = _generation() + _ollama() + _responses() + _lora() + _common() + _page()
 
 
 def enabled(config: ServerConfig) -> list[RouteSpec]:

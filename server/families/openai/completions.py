@@ -9,6 +9,7 @@ from server.http.asgi import Send
 from server.http.errors import bad_request
 from server.render.renderer import Renderer
 from server.request.collector import Output
+from server.request.fim import fim_prompt_ids, require_fim
 from server.request.input_processor import (
     GenerationSpec,
     ModelLimits,
@@ -124,6 +125,14 @@ class CompletionFormatter:
         return _enc(CompletionResponse(self.id, self.created, self.model, choices, usage))
 
 
+async def suffix_prompt_ids(renderer: Renderer, prompt: str | list[int], suffix: str) -> list[int]:
+    """`prompt` + `suffix` as a fill-in-the-middle prompt in the model's FIM tokens (400 without them)."""
+    tokens = require_fim(renderer.tokenizer, "suffix")
+    if not isinstance(prompt, str):
+        raise bad_request("suffix takes a text prompt, not token ids.", "suffix")
+    return await fim_prompt_ids(renderer, tokens, prompt, suffix)  # build_spec checks its length
+
+
 class CompletionsRoute(PostRoute):
     runner = "generate"
 
@@ -179,7 +188,9 @@ class CompletionsRoute(PostRoute):
         prompt_ids: dict[int, list[int]] = {}
         with render_errors("prompt"):
             for k, prompt in enumerate(prompts):
-                if isinstance(prompt, str):
+                if req.suffix is not None:
+                    ids = await suffix_prompt_ids(renderer, prompt, req.suffix)
+                elif isinstance(prompt, str):
                     ids = await text_prompt_ids(
                         renderer, prompt, req.add_special_tokens, limits=fit_limits(req, limits)
                     )

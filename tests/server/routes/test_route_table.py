@@ -47,7 +47,9 @@ def test_every_path_is_listed_once_with_a_family() -> None:
     assert len(keys) == len(set(keys))
     assert all(spec.family.name for spec in TABLE)
     assert {spec.family.errors for spec in TABLE if spec.path.startswith("/v1/messages")} == {ErrorShape.ANTHROPIC}
-    assert {spec.family.errors for spec in TABLE if not spec.path.startswith("/v1/messages")} == {ErrorShape.OPENAI}
+    assert {spec.family.errors for spec in TABLE if spec.path.startswith("/api/")} == {ErrorShape.OLLAMA}
+    rest = {spec.family.errors for spec in TABLE if not spec.path.startswith(("/v1/messages", "/api/"))}
+    assert rest == {ErrorShape.OPENAI}
 
 
 def test_the_full_app_serves_the_enabled_table() -> None:
@@ -109,6 +111,8 @@ async def test_the_front_refuses_in_the_family_shape(tmp_path: Path) -> None:
         for r in (unknown, not_json):
             if spec.family.errors is ErrorShape.ANTHROPIC:
                 assert r.json()["type"] == "error" and "message" in r.json()["error"], spec.path
+            elif spec.family.errors is ErrorShape.OLLAMA:
+                assert set(r.json()) == {"error"} and isinstance(r.json()["error"], str), spec.path
             else:
                 assert "message" in r.json()["error"] and "type" not in r.json(), spec.path
         if spec.family.errors is ErrorShape.OPENAI:

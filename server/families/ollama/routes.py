@@ -1,0 +1,161 @@
+"""POST /api/chat and POST /api/generate: Ollama's generation routes over the chat and completions paths (the same
+checks, admission, renderer, engine request and output processor as /v1/chat/completions and /v1/completions),
+answered by OllamaFormatter. Every error, as a body or as a stream's last line, is `{"error": "..."}`."""
+
+from __future__ import annotations
+
+from server.app_state import AppState
+from server.families.ollama import FAMILY
+from server.families.ollama.formatter import FRAMING, OllamaFormatter, created_at
+from server.families.ollama.protocol import chat_decoder, encoder, generate_decoder, unloads
+from server.families.ollama.translate import chat_request, decode_error, generate_chat, generate_text
+from server.families.openai.completions import suffix_prompt_ids
+from server.http.asgi import ClientGone, Receive, Scope, Send, header, read_body, run_until_disconnect, send_json
+from server.http.errors import APIError
+from server.multimodal.images import image_support
+from server.render.renderer import Renderer
+from server.request.async_llm import AsyncLLM
+from server.request.input_processor import ModelLimits, build_spec, check_request, external_request_id
+from server.request.openai_protocol import ChatCompletionRequest, CompletionRequest
+from server.request.post_route import PostRoute
+from server.request.prompt_tokens import admit_prompts, chat_prompt, fit_limits, render_errors, text_prompt_ids
+from server.request.respond import respond
+from server.structured.constraint import structured_outputs
+from server.structured.output_check import checked, relaxed_check
+from server.structured.parsing import (
+    ChoiceParser,
+    ChoiceParsers,
+    plan_constrained_tools,
+    reasoning_parser,
+    request_constraint,
+)
+
+
+class OllamaRoute(PostRoute):
+    """PostRoute's front (body limit, disconnect, runner) with Ollama's errors; any Content-Type, as Ollama."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        xid = header(scope, b"x-request-id")
+        try:
+            body = await read_body(receive, self.state.config.http.max_request_body)
+        except ClientGone:
+            return
+        except APIError as e:
+            await FAMILY.errors.send(send, e)
+            return
+
+        async def guarded() -> None:
+            try:
+                self.check_runner(str(scope.get("path", "")))
+                await self._work(body, xid, send)
+            except APIError as e:
+                await FAMILY.errors.send(send, e)
+
+        await run_until_disconnect(receive, guarded)
+
+
+def takes_images(state: AppState) -> bool:
+    model = state.config.model
+    return model.model is not None and image_support(model.model_path) is not None
+
+
+async def _loaded(send: Send, model: str, chat: bool, unload: bool) -> None:
+    """Ollama's answer to a request with nothing to generate: the model is loaded (or, keep_alive 0, unloaded)."""
+    answer = {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
+    reason = "unload" if unload else "load"
+    body = {"model": model, "created_at": created_at(), **answer, "done": True, "done_reason": reason}
+    await send_json(send, 200, encoder.encode(body))
+
+
+Parts = tuple[AsyncLLM, Renderer, ModelLimits]
+
+
+class ChatRoute(OllamaRoute):
+    runner = "generate"
+
+    async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
+        req, llm, renderer, limits = self.state.decode_for_model(chat_decoder, body, decode_error)
+        if not req.messages:
+            await _loaded(send, self.state.shown_model(req.model), True, unloads(req.keep_alive))
+            return
+        chat = chat_request(req, limits, images=takes_images(self.state))
+        await answer_chat(self.state, (llm, renderer, limits), chat, xid, send, chat_shape=True)
+
+
+class GenerateRoute(OllamaRoute):
+    runner = "generate"
+
+    async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
+        req, llm, renderer, limits = self.state.decode_for_model(generate_decoder, body, decode_error)
+        if not req.prompt and not req.suffix:
+            await _loaded(send, self.state.shown_model(req.model), False, unloads(req.keep_alive))
+            return
+        if req.raw or req.suffix:
+            await answer_text(self.state, (llm, renderer, limits), generate_text(req, limits), xid, send)
+            return
+        chat = generate_chat(req, limits, images=takes_images(self.state))
+        await answer_chat(self.state, (llm, renderer, limits), chat, xid, send, chat_shape=False)
+
+
+async def answer_chat(
+    state: AppState, parts: Parts, chat: ChatCompletionRequest, xid: str | None, send: Send, *, chat_shape: bool
+) -> None:
+    """The chat path (as /v1/chat/completions and /v1/messages take it), answered in Ollama's shape."""
+    llm, renderer, limits = parts
+    config = state.config
+    check_request(chat, limits)
+    constraint = await structured_outputs(chat, limits.caps, tokenizer=renderer.tokenizer)
+    plan, relaxed_tools = await plan_constrained_tools(chat, config, renderer.tokenizer, limits.caps, "tools")
+    external = external_request_id(xid, None)
+    with llm.admit(1, 1) as ticket:  # the request's one ticket: a 503 now when the queue is surely full
+        text, ids, mm_inputs = await chat_prompt(state, llm, renderer, chat, ticket, fit_limits(chat, limits))
+        so = request_constraint(plan, constraint.so if constraint is not None else None, config, text)
+        spec = build_spec(chat, ids, limits, external_id=external, stream=chat.stream, structured_outputs=so)
+        spec.mm_inputs = mm_inputs
+        tools = plan.parser() if plan is not None and plan.parser is not None else None
+        reasoning = reasoning_parser(config, text)
+        parser = ChoiceParser(reasoning, tools) if tools is not None or reasoning is not None else None
+        fmt = OllamaFormatter(state.shown_model(chat.model), len(spec.prompt_token_ids), parser, chat=chat_shape)
+        parsers = ChoiceParsers(plan, config.outputs.reasoning_parser, text) if parser is not None else None
+        check = relaxed_check(llm.metrics, constraint, relaxed_tools, parsers)
+        await respond(
+            llm,
+            [spec],
+            checked(fmt, check),
+            send,
+            stream=chat.stream,
+            headers=[(b"x-request-id", external.encode())],
+            framing=FRAMING,
+            before_end=check.finish if check is not None else None,
+            ticket=ticket,
+        )
+
+
+async def answer_text(state: AppState, parts: Parts, req: CompletionRequest, xid: str | None, send: Send) -> None:
+    """The completions path (a raw prompt, or fill-in-the-middle with `suffix`), answered in Ollama's shape."""
+    llm, renderer, limits = parts
+    check_request(req, limits)
+    constraint = await structured_outputs(req, limits.caps, tokenizer=renderer.tokenizer)
+    external = external_request_id(xid, None)
+    prompt = req.prompt if isinstance(req.prompt, str) else ""
+    with await admit_prompts(llm, 1, [prompt], renderer.tokenizer) as ticket:
+        with render_errors("prompt"):
+            if req.suffix is not None:
+                ids = await suffix_prompt_ids(renderer, prompt, req.suffix)
+            else:
+                ids = await text_prompt_ids(renderer, prompt, req.add_special_tokens, limits=fit_limits(req, limits))
+        so = constraint.so if constraint is not None else None
+        spec = build_spec(req, ids, limits, external_id=external, stream=req.stream, structured_outputs=so)
+        fmt = OllamaFormatter(state.shown_model(req.model), len(spec.prompt_token_ids), None, chat=False)
+        check = relaxed_check(llm.metrics, constraint, {})
+        await respond(
+            llm,
+            [spec],
+            checked(fmt, check),
+            send,
+            stream=req.stream,
+            headers=[(b"x-request-id", external.encode())],
+            framing=FRAMING,
+            before_end=check.finish if check is not None else None,
+            ticket=ticket,
+        )
