@@ -67,7 +67,7 @@ def _message(i: int, m: Message, images: bool) -> dict[str, Any]:
     if m.images:
         if not images:
             raise bad_request(f"messages[{i}].images: {NO_IMAGES}.", f"messages[{i}].images")
-        out["content"] = [{"type": "text", "text": m.content}, *(image_url(b) for b in m.images)]
+        out["content"] = [*(image_url(b) for b in m.images), {"type": "text", "text": m.content}]  # images first
     if m.tool_calls:
         out["tool_calls"] = [
             {

@@ -211,3 +211,24 @@ async def test_a_load_waits_for_work_that_outlives_its_request(tmp_path: Path) -
                 llm.finish()
             assert models.log == [("load", "a"), ("unload", "a"), ("load", "b")]
             tg.cancel_scope.cancel()
+
+
+async def test_unload_soon_waits_for_the_models_requests_then_unloads(tmp_path: Path) -> None:
+    """Ollama's keep_alive 0: the model goes once its last request is done, and its next request loads it."""
+    models = Models()
+    reg = registry(tmp_path, models)
+    async with anyio.create_task_group() as tg:
+        await tg.start(reg.run)
+        a = reg.slots["a"]
+        await reg.acquire(a)
+        await reg.acquire(a)  # two requests in flight
+        reg.unload_soon(a)
+        reg.release(a)
+        assert a.status == "loaded"  # one still runs
+        gone = a.gone
+        reg.release(a)
+        await gone.wait()
+        await use(reg, "a")
+        assert models.log == [("load", "a"), ("unload", "a"), ("load", "a")]
+        assert a.unload_when_idle is False
+        tg.cancel_scope.cancel()
