@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from engine.cpu_kernels import decode_attention as decode_kernel
 from engine.layers.parallel import WORKERS
+from engine.layers.softcap import soft_cap_
 
 TILE_BYTES = 2 << 20  # one decode tile's gathered K (or V): stays in cache; a fresh big gather page-faults
 MASK_ELEMS = 1 << 21  # rows x keys of one prefill sub-chunk: bounds its mask (and softcap's scores per head)
@@ -155,7 +156,7 @@ def _scores(
     k = _gather(k_hm, view.tables, tile)
     s = torch.matmul(qh[:, r0:r1], k.transpose(2, 3)).float().mul_(scale)
     if softcap is not None:
-        s = torch.tanh(s.div_(softcap)).mul_(softcap)
+        s = soft_cap_(s, softcap)
     return s.add_(view.bias[r0:r1, j0 * bs : j1 * bs][None, :, None, :])
 
 
@@ -285,6 +286,6 @@ def _attend(
     kv_heads = k.shape[0]
     qg = q.reshape(kv_heads, -1, rows, q.shape[2]).float()  # [kv_heads, group, rows, D]
     s = torch.matmul(qg, k.float()[:, None].transpose(2, 3)).mul_(scale)
-    s = torch.tanh(s.div_(softcap)).mul_(softcap).masked_fill_(~allowed, float("-inf"))
+    s = soft_cap_(s, softcap).masked_fill_(~allowed, float("-inf"))
     out = torch.matmul(torch.softmax(s, dim=-1), v.float()[:, None])
     return out.reshape(q.shape).to(q.dtype)

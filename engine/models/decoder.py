@@ -23,6 +23,7 @@ from engine.layers.lm_head import LMHead, choose_head
 from engine.layers.moe import ACTIVATIONS, Activation, SparseMoE
 from engine.layers.ops import AttnMetadata, TorchOps, TritonOps, rope_factors, rope_halves, rotate
 from engine.layers.parallel import WORKERS
+from engine.layers.softcap import soft_cap_
 from engine.models.args import ModelArgs
 from engine.models.fused_decode import FUSED_LINEARS, FusedDecode, kernels_take
 from engine.models.rope import rope_table
@@ -403,6 +404,6 @@ class CausalLM:
         if cap is None:
             return logits
         if self.dtype == torch.float32:
-            return logits.div_(cap).tanh_().mul_(cap)
+            return soft_cap_(logits, cap)
         # in the model's dtype, as transformers caps its logits: the same roundings, so the same ties
-        return logits.copy_(logits.to(self.dtype).div_(cap).tanh_().mul_(cap))
+        return logits.copy_(soft_cap_(logits.to(self.dtype), cap))
