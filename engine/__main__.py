@@ -15,7 +15,7 @@ from engine.hugepages import reexec_for_model
 if __name__ == "__main__":  # before torch loads: glibc reads its malloc tunables only at start
     reexec_for_model(sys.argv[1:])
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, EngineEnv
 from engine.core.loop import Links, Pipes, serve
 from engine.cpu_threads import fit_cpu_threads
 from engine.messages import LoadFailed, ToEngine
@@ -68,9 +68,7 @@ def main() -> None:
         links = ChannelSet([int(fd) for fd in args.channels.split(",")])
     else:
         links = Pipes(FrameReader(0, ToEngine), FrameWriter(out_fd))
-    logging.basicConfig(
-        level=os.environ.get("SPINDLE_LOG_LEVEL", "INFO").upper(), format="%(asctime)s engine %(levelname)s %(message)s"
-    )
+    logging.basicConfig(level=EngineEnv.read().log_level, format="%(asctime)s engine %(levelname)s %(message)s")
     try:
         config = EngineConfig(**json.loads(args.config))
     except Exception as e:  # noqa: BLE001 - any load failure is reported to the parent, then we exit

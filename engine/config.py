@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -142,3 +144,41 @@ class EngineConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _seconds(name: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds, not {text!r}") from None
+
+
+@dataclass(frozen=True)
+class EngineEnv:
+    """The engine's settings that come from SPINDLE_* environment variables (docs/serving.md lists them). `read`
+    takes one snapshot; each part reads it as it starts (a test's monkeypatch.setenv holds for what starts next)."""
+
+    cpu_kernels: bool = True  # SPINDLE_CPU_KERNELS=0 (false, no, off): torch's path everywhere, for comparisons
+    kernel_choice: str = ""  # SPINDLE_KERNEL_CHOICE: names the chooser forces where offered (engine/cpu_kernels)
+    spec_draft_cost: bool = True  # SPINDLE_SPEC_DRAFT_COST=0: a draft model's own cost is not weighed
+    gguf_dequantize: bool = False  # SPINDLE_GGUF_DEQUANTIZE=1: GGUF weights dequantized at load, not kept as blocks
+    distributed_timeout: float = 120.0  # SPINDLE_DISTRIBUTED_TIMEOUT: seconds a started rank waits to join
+    log_level: str = "INFO"  # SPINDLE_LOG_LEVEL
+    engine_command: str = ""  # SPINDLE_ENGINE_COMMAND: the engine program the client starts (a fake one in tests)
+
+    def __post_init__(self) -> None:
+        if not self.distributed_timeout > 0:
+            raise ValueError(f"SPINDLE_DISTRIBUTED_TIMEOUT must be positive, got {self.distributed_timeout}")
+
+    @classmethod
+    def read(cls, environ: Mapping[str, str] | None = None) -> EngineEnv:
+        env = os.environ if environ is None else environ
+        return cls(
+            cpu_kernels=env.get("SPINDLE_CPU_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off"),
+            kernel_choice=env.get("SPINDLE_KERNEL_CHOICE", ""),
+            spec_draft_cost=env.get("SPINDLE_SPEC_DRAFT_COST", "1") != "0",
+            gguf_dequantize=env.get("SPINDLE_GGUF_DEQUANTIZE", "0") not in ("", "0"),
+            distributed_timeout=_seconds("SPINDLE_DISTRIBUTED_TIMEOUT", env.get("SPINDLE_DISTRIBUTED_TIMEOUT", "120")),
+            log_level=env.get("SPINDLE_LOG_LEVEL", "INFO").upper(),
+            engine_command=env.get("SPINDLE_ENGINE_COMMAND", ""),
+        )

@@ -10,7 +10,6 @@ without a thread. Engine death (EOF, exit, silence past the heartbeat timeout) i
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import anyio.abc
 from anyio.abc import ByteStream, Process
 from anyio.streams.stapled import StapledByteStream
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, EngineEnv
 from engine.messages import (
     AbortRequests,
     AddRequest,
@@ -248,7 +247,7 @@ def engine_command(config: EngineConfig) -> list[str]:
     command, e.g. `python -m bench.fake_engine_process`) replaces `python -m engine` with another program
     that speaks the same frames; it gets the same arguments (`--config JSON`, and `--channels` from the
     `--api-server-count` launcher)."""
-    program = shlex.split(os.environ.get(ENGINE_COMMAND_ENV, "")) or [sys.executable, "-m", "engine"]
+    program = shlex.split(EngineEnv.read().engine_command) or [sys.executable, "-m", "engine"]
     return [*program, "--config", json.dumps(config.to_dict())]
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch  # noqa: F401  # why: loaded before any kernel, so the kernel's libgomp is torch's
 
 from engine.cache_root import cache_root
+from engine.config import EngineEnv
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ NEEDS = frozenset({"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "a
 
 def enabled() -> bool:
     """SPINDLE_CPU_KERNELS=0 keeps torch's path everywhere (for comparisons)."""
-    return os.environ.get("SPINDLE_CPU_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off")
+    return EngineEnv.read().cpu_kernels
 
 
 @functools.cache

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from engine.cache_root import cache_root
+from engine.config import EngineEnv
 from engine.cpu_kernels import build
 
 log = logging.getLogger(__name__)
@@ -248,7 +249,7 @@ def _choose(kind: str, shape: tuple[int, ...], candidates: Mapping[str, Bench]) 
         raise ChooserError(f"no candidate for {kind} {shape}")
     memo = (kind, tuple(shape), tuple(sorted(names)))
     # the first of a comma-separated list that is a candidate here (e.g. "dot,ggml": packed 4-bit, else blocks)
-    forced = next((f for f in map(str.strip, os.environ.get(FORCE_ENV, "").split(",")) if f in candidates), "")
+    forced = next((f for f in map(str.strip, EngineEnv.read().kernel_choice.split(",")) if f in candidates), "")
     if forced in candidates or len(names) == 1:  # forced, or nothing to choose between: nothing timed
         winners: tuple[str, ...] = (forced if forced in candidates else names[0],) * len(ROW_CLASSES)
     elif memo in _made:

@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 
+from engine.config import EngineEnv
 from engine.hugepages import reexec_with_huge_pages
 from engine.transport.ipc import die_with_parent
 
@@ -32,7 +33,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument(
         "--timeout",
         type=float,
-        default=float(os.environ.get("SPINDLE_DISTRIBUTED_TIMEOUT", 120)),
+        default=EngineEnv.read().distributed_timeout,
         help="seconds to join the group (the group's own timeout is rank 0's)",
     )
     args = ap.parse_args(argv)
@@ -51,10 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops the engine; we follow it
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     name = f"rank{args.rank}" if started else f"node{args.node_rank}"
-    logging.basicConfig(
-        level=os.environ.get("SPINDLE_LOG_LEVEL", "INFO").upper(),
-        format=f"%(asctime)s engine {name} %(levelname)s %(message)s",
-    )
+    logging.basicConfig(level=EngineEnv.read().log_level, format=f"%(asctime)s engine {name} %(levelname)s %(message)s")
     # why late (torch): the lifeline watch and signal handling are set up before a seconds-long import
     from engine.distributed.group import JoinError, join_store
     from engine.distributed.launch import LocalRanks  # why late: as above

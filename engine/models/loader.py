@@ -6,13 +6,13 @@ loading needs little more memory than the model itself.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
+from engine.config import EngineEnv
 from engine.gguf.folder import gguf_files, resolve_gguf
 from engine.gguf.header import GGUFError
 from engine.models.args import ConfigError, ModelArgs
@@ -120,11 +120,7 @@ def slow_half_precision(dtype: str, device: torch.device) -> str | None:
 def keep_gguf_blocks(device: torch.device, quantization: str | None) -> bool:
     """Whether a GGUF model's quantized weights stay the file's blocks (CPU, no --quantization, the quantized
     kernels present, SPINDLE_GGUF_DEQUANTIZE unset or 0); otherwise they are dequantized at load."""
-    if (
-        device.type != "cpu"
-        or quantization is not None
-        or os.environ.get("SPINDLE_GGUF_DEQUANTIZE", "0") not in ("", "0")
-    ):
+    if device.type != "cpu" or quantization is not None or EngineEnv.read().gguf_dequantize:
         return False
     try:
         import engine.layers.quant_linear  # noqa: F401 - registers make_linear's maker for blocks

@@ -3,10 +3,10 @@ verification after it, and the counters behind vLLM's spec_decode_* metrics."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from engine.config import EngineEnv
 from engine.spec import ngram
 from engine.spec.adaptive import DraftCost, StepCost, draft_length
 from engine.spec.config import SpecConfig
@@ -31,7 +31,7 @@ class Speculator:
         self.cost = StepCost()
         self.draft_cost = DraftCost(config.num_speculative_tokens)  # a draft model's forwards per drafted token
         # 0: a draft model's own cost is not weighed (acceptance checks, tests of the draft path on tiny models)
-        self.weigh_draft = os.environ.get("SPINDLE_SPEC_DRAFT_COST", "1") != "0"
+        self.weigh_draft = EngineEnv.read().spec_draft_cost
         self.num_drafts = 0  # verifications
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
