@@ -101,6 +101,14 @@ def parse(cfg: dict[str, Any], arch: str) -> ModelArgs:
     )
 
 
+class TopKMoE(SparseMoE):
+    """Granite's router: a softmax over the top k logits (float32), the weights in the model dtype."""
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        top, ids = torch.topk(self.router(x).float(), self.top_k, dim=-1)
+        return torch.softmax(top, dim=-1).to(x.dtype), ids
+
+
 class SharedMoE:
     """The experts' sum plus the shared MLP's, as Granite adds them."""
 
@@ -162,12 +170,12 @@ def _mlp(args: ModelArgs, p: str, get: WeightSource, qz: str | None) -> MLP:
         return shared
     m = f"{p}.block_sparse_moe"
     new = f"{m}.experts.gate_up_proj" in get  # transformers 5's names; older files: input_linear / router.layer
-    moe = SparseMoE(
+    moe = TopKMoE(
         get(f"{m}.router.weight" if new else f"{m}.router.layer.weight"),
         get(f"{m}.experts.gate_up_proj" if new else f"{m}.input_linear.weight"),
         get(f"{m}.experts.down_proj" if new else f"{m}.output_linear.weight"),
         top_k=top_k,
-        norm_topk_prob=True,  # a softmax over the top k logits: the top k of the softmax, renormalised
+        norm_topk_prob=True,
         weights_in_model_dtype=True,
         activation=args.hidden_act,
     )

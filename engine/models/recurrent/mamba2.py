@@ -71,8 +71,11 @@ class Mamba2:
         gate, xbc, dt = torch.split(self.in_proj(h), [d.inner, d.conv_dim, d.num_heads], dim=-1)
         xbc = causal_conv(xbc, self.conv, self.conv_bias, state[0], sb, F.silu)
         x, b, c = torch.split(xbc, [d.inner, d.groups * d.state_size, d.groups * d.state_size], dim=-1)
-        y = self._scan(x, b, c, dt, state[1], sb)
-        return self.out_proj(self._gated_norm(y, gate).to(h.dtype))
+        normed = self._gated_norm(self._scan(x, b, c, dt, state[1], sb), gate)
+        out = (self.norm_weight.float() * normed).to(h.dtype)
+        if sb.decode_rows is not None and h.dtype != torch.float32:  # a single step's output is in the model dtype
+            out[sb.decode_rows] = self.norm_weight * normed[sb.decode_rows].to(h.dtype)  # there, rounded first
+        return self.out_proj(out)
 
     def _scan(
         self, x: torch.Tensor, b: torch.Tensor, c: torch.Tensor, dt: torch.Tensor, ssm: torch.Tensor, sb: StateBatch
@@ -119,8 +122,8 @@ class Mamba2:
         return out
 
     def _gated_norm(self, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        """y * silu(gate) in float32, RMS-normed per group of inner / groups channels, times the weight."""
+        """y * silu(gate) in float32, RMS-normed per group of inner / groups channels (float32; the caller applies
+        the weight as transformers does for each kind of row)."""
         d = self.dims
         g = (y.float() * F.silu(gate.float())).view(y.shape[0], d.groups, -1)
-        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + d.eps)
-        return self.norm_weight * g.view(y.shape).to(y.dtype)
+        return (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + d.eps)).view(y.shape)
