@@ -19,6 +19,7 @@ from engine.lora.layer import LoRALinear
 from engine.lora.mapping import LoRAContext, LoRAMapping, build_mapping
 from engine.lora.peft_files import BaseDims
 from engine.lora.request import LoRARequest
+from engine.models.checkpoint_meta import ModelLoadError
 from engine.models.decoder import CausalLM, GatedMLP
 
 log = logging.getLogger("engine")
@@ -34,6 +35,10 @@ def sliced(adapter: LoadedAdapter, slicer: Slicer) -> LoadedAdapter:
 
 def install(model: CausalLM, max_loras: int, max_rank: int, dtype: torch.dtype, ctx: LoRAContext) -> BaseDims:
     """Wrap every layer's q|k|v, o, gate|up and down in a LoRALinear; the base dims adapters must fit."""
+    if getattr(model, "kv_shapes", None) is not None:  # Gemma 4: two head shapes, layers without k / v
+        raise ModelLoadError(
+            f"--enable-lora serves models whose layers share one attention shape; {model.args.architecture} does not"
+        )
     q, kv = model.q_size, model.kv_size
     dev = model.device
     # a MoE model's MLPs take no adapter, its dense layers neither (as engine/lora/peft_files.py BaseDims says)

@@ -1,6 +1,6 @@
 """Gemma 4 beyond the family tests (tests/engine/models/test_families.py): the text part of a
 Gemma4ForConditionalGeneration checkpoint (config under text_config, weights under model.language_model) gives
-transformers' logits; the layers that share K/V hold no cache of their own."""
+transformers' logits; the layers that share K/V hold no cache of their own; LoRA is refused in one line."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.execution.model_runner import ModelRunner
+from engine.models.checkpoint_meta import ModelLoadError
 from tests.engine.execution.test_model_runner import Blocks, new_seq, step
 from tests.engine.models.test_families import ATOL, BLOCK, PROMPTS
 
@@ -49,3 +50,9 @@ def test_sharing_layers_hold_no_cache(family_ckpt: Path) -> None:
     assert len(runner.kv_caches) == 4
     assert [tuple(k.shape[-2:]) for k, _ in runner.kv_caches] == [(2, 16), (1, 32), (2, 16), (1, 32)]
     assert sum(k.numel() + v.numel() for k, v in runner.kv_caches) == 32 * BLOCK * 2 * 2 * (32 + 32)
+
+
+@pytest.mark.parametrize("family_ckpt", ["gemma4"], indirect=True)
+def test_lora_is_refused_in_one_line(family_ckpt: Path) -> None:
+    with pytest.raises(ModelLoadError, match="--enable-lora serves models whose layers share one attention shape"):
+        ModelRunner(EngineConfig(model=str(family_ckpt), block_size=BLOCK, num_blocks=8, enable_lora=True))
