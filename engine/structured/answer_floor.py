@@ -22,6 +22,8 @@ import urllib.parse
 from collections.abc import Iterable
 from typing import Any
 
+from engine.structured.json_pointer import MISSING, walk
+
 MAX_DEPTH = 64  # nested schemas followed ($refs included); deeper ones count 0
 _DATA = ("enum", "const", "default", "examples")  # keywords whose values are instances, not schemas
 
@@ -135,16 +137,8 @@ class _Walk:
         """A `#/...` pointer into the root; None for anything else (another document, an anchor)."""
         if not self.plain_refs or not isinstance(ref, str) or not ref.startswith("#"):
             return None
-        node: Any = self.root
-        for part in filter(None, urllib.parse.unquote(ref[1:]).split("/")):
-            part = part.replace("~1", "/").replace("~0", "~")
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            else:
-                return None
-        return node
+        node = walk(self.root, filter(None, urllib.parse.unquote(ref[1:]).split("/")))
+        return None if node is MISSING else node
 
 
 def _plain_name(key: str) -> bytes:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import llguidance
 
 from engine.structured.grammar import LIMITS, GrammarError
+from engine.structured.json_pointer import MISSING, walk
 from engine.structured.strict_schema import rewrite
 
 if TYPE_CHECKING:
@@ -276,16 +277,7 @@ def _strip_ref_siblings(schema: Any, *, only_annotations: bool, target: str | No
 
 def _pointer(root: Any, fragment: str) -> bool:
     """The JSON pointer `fragment` resolves in `root`."""
-    node = root
-    for part in fragment.split("/")[1:]:
-        part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return False
-    return True
+    return walk(root, fragment.split("/")[1:]) is not MISSING
 
 
 def _drop_unresolvable_refs(schema: dict[str, Any]) -> bool:

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.structured.json_pointer import MISSING, walk
+
 _CONDITIONAL_ONE = ("if", "then", "else")
 _CONDITIONAL_MANY = ("anyOf", "oneOf")
 _OPEN = ("additionalProperties", "unevaluatedProperties")  # evaluate every key their node's others leave
@@ -159,13 +161,7 @@ def _target(root: dict[str, Any], ref: str) -> Any:
         return root
     if not ref.startswith("#/"):
         raise _Unknown
-    node: Any = root
-    for part in ref[2:].split("/"):
-        part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            raise _Unknown
+    node = walk(root, ref[2:].split("/"))
+    if node is MISSING:
+        raise _Unknown
     return node
