@@ -132,3 +132,26 @@ def test_same_image_twice_crosses_once_and_every_route_counts_it(vl_server: Serv
     assert out["usage"]["input_tokens"] == n, out
     count = httpx.post(f"{vl_server.url}/v1/messages/count_tokens", json=msg, timeout=60).json()
     assert count["input_tokens"] == n
+
+
+def test_ollama_images_equal_the_openai_answer(vl_server: Server) -> None:
+    """The official ollama client's base64 `images` (chat and templated generate) take the image path: the same
+    answer and prompt tokens as the OpenAI request with the image first; on a text turn they are a 400 nowhere."""
+    import ollama  # the only test here that needs it
+
+    url = data_url(1, 60, 90)
+    raw = url.split(",", 1)[1]
+    client = openai.OpenAI(base_url=f"{vl_server.url}/v1", api_key="none")
+    want = client.chat.completions.create(model="tiny", messages=ask(url), max_tokens=8, temperature=0)  # type: ignore[arg-type]
+    ol = ollama.Client(host=vl_server.url, timeout=60)
+    options = {"temperature": 0, "num_predict": 8}
+    got = ol.chat(
+        model="tiny",
+        messages=[{"role": "user", "content": "What is in the picture?", "images": [raw]}],
+        options=options,
+    )
+    assert got.message.content == want.choices[0].message.content
+    assert want.usage is not None and got.prompt_eval_count == want.usage.prompt_tokens
+    gen = ol.generate(model="tiny", prompt="What is in the picture?", images=[raw], options=options)
+    assert gen.response == want.choices[0].message.content and gen.prompt_eval_count == want.usage.prompt_tokens
+    assert "vision" in (ol.show("tiny").capabilities or [])
