@@ -14,11 +14,14 @@ from server.fleet.loaded_set import ModelRegistry
 from server.http.asgi import Receive, Scope, Send, send_json
 
 
-def _endpoint(handle: Callable[[Send], Awaitable[None]]) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
-    async def endpoint(scope: Scope, receive: Receive, send: Send) -> None:
-        await handle(send)
+class _Endpoint:
+    """A raw ASGI endpoint (an instance: Starlette calls a plain function with a Request)."""
 
-    return endpoint
+    def __init__(self, handle: Callable[[Send], Awaitable[None]]) -> None:
+        self.handle = handle
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.handle(send)
 
 
 def ollama_routes(registry: ModelRegistry) -> list[Route]:
@@ -35,7 +38,7 @@ def ollama_routes(registry: ModelRegistry) -> list[Route]:
         await send_json(send, 200, encoder.encode({"models": models}))
 
     return [
-        Route("/api/tags", _endpoint(tags), methods=["GET"]),
-        Route("/api/ps", _endpoint(ps), methods=["GET"]),
+        Route("/api/tags", _Endpoint(tags), methods=["GET"]),
+        Route("/api/ps", _Endpoint(ps), methods=["GET"]),
         Route("/api/version", OllamaVersionRoute(), methods=["GET"]),
     ]

@@ -117,3 +117,12 @@ async def test_the_front_refuses_in_the_family_shape(tmp_path: Path) -> None:
                 assert "message" in r.json()["error"] and "type" not in r.json(), spec.path
         if spec.family.errors is ErrorShape.OPENAI:
             assert unknown.json()["error"]["code"] == "model_not_found"
+
+
+async def test_the_front_lists_every_model_for_ollama(tmp_path: Path) -> None:
+    """/api/tags lists the --models-dir catalog (loaded or not); /api/ps the loaded ones (none yet)."""
+    front = _front(tmp_path)
+    tags = await _call(front, "GET", "/api/tags")
+    assert [m["name"] for m in tags.json()["models"]] == ["a", "b"]
+    assert (await _call(front, "GET", "/api/ps")).json() == {"models": []}
+    assert (await _call(front, "GET", "/api/version")).json()["version"]
