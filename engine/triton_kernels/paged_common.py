@@ -19,6 +19,18 @@ def flat_cache(cache: torch.Tensor, block_size: int | None) -> tuple[torch.Tenso
     return cache, block_size
 
 
+def launch_caches(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  block_size: int | None) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(flat K, flat V, block_size) for a kernel launch, checked: the kernels index q's head dim with unit stride and
+    read K and V through one set of strides; each query head reads kv head h // (heads // kv_heads)."""
+    kf, bs = flat_cache(k_cache, block_size)
+    vf, _ = flat_cache(v_cache, block_size)
+    if q.shape[1] % kf.shape[1] or q.stride(-1) != 1 or kf.stride() != vf.stride():
+        raise ValueError("heads must be a multiple of kv heads; q needs a unit-stride head dim; "
+                         "K and V caches must share one layout")
+    return kf, vf, bs
+
+
 def context_slots(block_table: torch.Tensor, seq_len: int, block_size: int, first: int = 0) -> torch.Tensor:
     """Slots of positions first..seq_len-1 of one sequence (int64); blocks before `first`'s are never read
     (a sliding window's block manager may have freed them)."""

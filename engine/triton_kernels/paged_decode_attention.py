@@ -17,6 +17,7 @@ from engine.triton_kernels.paged_common import (
     first_visible,
     flat_cache,
     interpreter_dot_upcast,
+    launch_caches,
     softcap_arg,
 )
 from engine.triton_kernels.paged_online_softmax import attend_block
@@ -130,13 +131,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     """Triton version of paged_decode_attention_ref. block_tables int32 [B, max_blocks], seq_lens int32 [B]
     (context length including the query token; 0 marks a padding row, whose output is 0).
     max_seq_len only sizes the split (no device sync); it defaults to the block table's capacity."""
-    kf, bs = flat_cache(k_cache, block_size)
-    vf, _ = flat_cache(v_cache, block_size)
+    kf, vf, bs = launch_caches(q, k_cache, v_cache, block_size)
     n_seqs, n_heads, d = q.shape
     n_kv = kf.shape[1]
-    if n_heads % n_kv or q.stride(-1) != 1 or kf.stride() != vf.stride():
-        raise ValueError("heads must be a multiple of kv heads; q needs a unit-stride head dim; "
-                         "K and V caches must share one layout")
     out = torch.empty_like(q) if out is None else out
     if n_seqs == 0:
         return out

@@ -18,6 +18,7 @@ from engine.triton_kernels.paged_common import (
     first_visible,
     flat_cache,
     interpreter_dot_upcast,
+    launch_caches,
     softcap_arg,
 )
 from engine.triton_kernels.paged_online_softmax import attend_block
@@ -98,13 +99,9 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             block_m: int = 64, block_n: int = 32) -> torch.Tensor:
     """Triton version of paged_prefill_attention_ref. max_query_len (a host int the scheduler knows)
     sizes the grid, so the launch needs no device sync."""
-    kf, bs = flat_cache(k_cache, block_size)
-    vf, _ = flat_cache(v_cache, block_size)
+    kf, vf, bs = launch_caches(q, k_cache, v_cache, block_size)
     t, n_heads, d = q.shape
     n_kv = kf.shape[1]
-    if n_heads % n_kv or q.stride(-1) != 1 or kf.stride() != vf.stride():
-        raise ValueError("heads must be a multiple of kv heads; q needs a unit-stride head dim; "
-                         "K and V caches must share one layout")
     out = torch.empty_like(q) if out is None else out
     n_seqs = seq_lens.shape[0]
     if t == 0 or n_seqs == 0:
