@@ -1,2 +1,2 @@
-"""The engine core: the step loop, the scheduler, the KV block manager, a sequence's state, parameter checks, the
-sampler."""
+"""The engine core: the step and the read/step loop that drives it, the scheduler, the KV block manager, parameter
+checks."""

@@ -1,2 +1,1 @@
-"""Running a scheduled step: the model runner, the op set (norms, rotary, paged KV writes, attention), CPU attention,
-pooling."""
+"""Running a scheduled step: the model runner, the sampler, pooling."""

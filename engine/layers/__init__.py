@@ -1,1 +1,2 @@
-"""Layer objects the models are built from: built once at load, called per step (linear, MoE)."""
+"""Layer objects the models are built from: built once at load, called per step (the op set with the attention
+dispatcher and CPU attention, linear, LM heads, MoE)."""

@@ -1,1 +1,1 @@
-"""The engine subprocess's side of the pipes and sockets: frames, the read/step loop, several API servers' channels."""
+"""The engine subprocess's side of the pipes and sockets: frames, several API servers' channels."""

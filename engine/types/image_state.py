@@ -1,5 +1,5 @@
-"""A request's images inside the engine (`Sequence.mm`): a leaf, so engine/types/sequence.py imports nothing that
-imports it back. engine/multimodal/image_runner.py builds them (`ImageRunner.seq_images`) and reads them each step."""
+"""A request's images and audio inside the engine (`Sequence.mm`, `Sequence.audio`). engine/multimodal/image_runner.py
+builds the images (`ImageRunner.seq_images`) and reads them each step; audio_runner.py does the same for audio."""
 
 from __future__ import annotations
 
