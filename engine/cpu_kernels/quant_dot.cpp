@@ -186,15 +186,22 @@ void dequant_group(const uint8_t* p, int nrec, int g, int c0, int c1, float* yf,
         const uint8_t* rec = record<F>(p, nrec, g, rc);
         __m512 d[L::NS], m[L::NS];
         F::scales(rec + L::CHUNKS * L::CHUNK, d, m);
-        for (int j = 0; j < L::CHUNKS; ++j)
+        for (int j = 0; j < L::CHUNKS; ++j) {
+            __m512 dh[2], mh[2];  // D and M of columns 0, 1 (words 0-15) and 2, 3 (words 16-31)
             for (int s = 0; s < 4; ++s) {
+                if (s == 0 || (F::SUB == 16 && s == 2)) {
+                    const int e = F::SUB == 32 ? j : 2 * j + s / 2;
+                    for (int h = 0; h < 2; ++h) {
+                        dh[h] = _mm512_permutexvar_ps(halves[h], d[e]);
+                        mh[h] = F::HAS_M ? _mm512_permutexvar_ps(halves[h], m[e]) : _mm512_setzero_ps();
+                    }
+                }
                 __m512 q[2];
                 slot_q<F>(rec + j * L::CHUNK, s, q[0], q[1]);
-                const int e = F::SUB == 32 ? j : 2 * j + s / 2;
                 for (int h = 0; h < 2; ++h) {  // columns 2h and 2h + 1
-                    __m512 v = _mm512_sub_ps(q[h], _mm512_set1_ps((float)F::OFF));
-                    v = _mm512_mul_ps(_mm512_permutexvar_ps(halves[h], d[e]), v);
-                    if (F::HAS_M) v = _mm512_add_ps(v, _mm512_permutexvar_ps(halves[h], m[e]));
+                    __m512 v = F::OFF ? _mm512_sub_ps(q[h], _mm512_set1_ps((float)F::OFF)) : q[h];
+                    v = _mm512_mul_ps(dh[h], v);
+                    if (F::HAS_M) v = _mm512_add_ps(v, mh[h]);
                     for (int k = 0; k < 2; ++k) {
                         const int c = 2 * h + k;
                         if (c < c0 || c >= c1) continue;
@@ -205,6 +212,7 @@ void dequant_group(const uint8_t* p, int nrec, int g, int c0, int c1, float* yf,
                     }
                 }
             }
+        }
     }
 }
 
