@@ -8,9 +8,10 @@ by measurement (engine/cpu_kernels/chooser.py):
 - "dequant": a tile of output rows at a time is dequantized to the activations' dtype and multiplied by torch
   (oneDNN: AMX tiles for a prefill's many rows); the tiles are shared over the step's threads. Never a dense copy
   of the whole weight. It is the only way for a type the kernel refuses (gguf's dequantizer then makes the tiles).
-- "dot" and "dot_dequant" (4-bit blocks, bfloat16 activations): the same two over the blocks repacked for bf16
-  dot products (engine/cpu_kernels/quant_dot.py; the same bytes). Only one layout is held: the chooser keeps the
-  one whose candidates lose least over all row classes (chooser.choose_held).
+- "dot" and "dot_dequant" (Q4_0/1, Q5_0/1, Q8_0, Q4_K, Q5_K, Q6_K blocks, bfloat16 activations): the same two over
+  the blocks repacked for bf16 dot products (engine/cpu_kernels/quant_dot.py; the file's bytes, K-quants up to 3%
+  more). Only one layout is held: the chooser keeps the one whose candidates lose least over all row classes
+  (chooser.choose_held).
 Neither quantizes the activations: sums are float32, so with float32 activations the result is the
 dequantized model's up to summation order (with bfloat16 ones, "dequant" rounds a tile's weights to bfloat16 for
 torch's GEMM, where "ggml" keeps them float32). Off CPU, the weight is dequantized at load.
@@ -128,7 +129,7 @@ class QuantLinear(Linear):
         return winners
 
     def pack(self) -> None:
-        """Hold quant_dot's packed form of the blocks instead of the file's (the same bytes): "dot" and
+        """Hold quant_dot's packed form of the blocks instead of the file's (their bytes): "dot" and
         "dot_dequant" compute from it, the file's form is let go."""
         if self.packed is None:
             t = self.ggml.ggml_type
