@@ -173,6 +173,8 @@ class ModelsFront:
         if slot is None:
             await send_json(send, 404, model_not_found(errors, name, sorted(self.registry.slots)))
             return
+        if errors is ErrorShape.OLLAMA:  # NDJSON has no keep-alive line: the stream starts once the model is loaded
+            stream = False
         await self._forward(slot, scope, body, receive, send, stream, errors)
         if errors is ErrorShape.OLLAMA and unloads(keep_alive_of(body)):
             self.registry.unload_soon(slot)

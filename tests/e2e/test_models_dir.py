@@ -147,6 +147,22 @@ def test_a_models_counters_outlive_its_unload(served: Server) -> None:
     assert served.metric("spindle_request_success_total", 'model_name="beta"') == beta
 
 
+def test_ollama_clients_list_every_model_and_keep_alive_0_unloads(served: Server) -> None:
+    """Ollama's model list is the catalog; `keep_alive: 0` unloads the model once its request is done, and a stream
+    that waits for the load is NDJSON from its first line (no SSE keep-alive comment)."""
+    import ollama  # only this test speaks Ollama's API
+
+    client = ollama.Client(host=served.url, timeout=180)
+    assert sorted(m.model or "" for m in client.list().models) == ["alpha", "beta", "broken"]
+    client.generate(model="beta", prompt="", keep_alive=0)  # Ollama's unload request (it loads first)
+    wait_until(lambda: not loaded(served)["beta"], 60, "beta unloaded")
+    assert [m.model for m in client.ps().models if m.model == "beta"] == []
+    messages = [{"role": "user", "content": "Hi"}]
+    chunks = list(client.chat(model="beta", messages=messages, options={"num_predict": 3}, stream=True, keep_alive=0))
+    assert chunks[-1].done and chunks[-1].eval_count == 3
+    wait_until(lambda: not loaded(served)["beta"], 60, "beta unloaded after its request")
+
+
 def streamed_while(server: Server, model: str, max_tokens: int, action: Callable[[], None]) -> list[str]:
     """A stream's `data:` lines, `action()` run once its first event arrived (the model busy meanwhile)."""
     body = {"model": model, "prompt": "Hello", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
