@@ -5,6 +5,7 @@
 // optional per-head q/k norms, rotary over the whole head, SiLU-gated MLP. Each step rounds as the separate
 // calls do, so the result is bitwise theirs (tests/engine/models/test_fused_decode.py).
 // Built and loaded by engine/cpu_kernels/build.py; called through engine/cpu_kernels/decoder_layer.py.
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -79,6 +80,16 @@ struct SpindleStep {  // per step
 };
 
 int spindle_decoder_layer_abi() { return 3; }
+
+// The structs' sizes and last fields' offsets: decoder_layer.py checks its ctypes mirror against them at load.
+void spindle_decoder_layer_layout(long* out) {
+    out[0] = sizeof(Projection);
+    out[1] = offsetof(Projection, row_bytes);
+    out[2] = sizeof(SpindleLayer);
+    out[3] = offsetof(SpindleLayer, softcap);
+    out[4] = sizeof(SpindleStep);
+    out[5] = offsetof(SpindleStep, quant_gemm);
+}
 
 }  // extern "C"
 

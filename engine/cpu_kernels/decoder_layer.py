@@ -1,4 +1,5 @@
-"""One decoder layer of a decode step in one call, through decoder_layer.cpp: the structs it reads, mirrored.
+"""One decoder layer of a decode step in one call, through decoder_layer.cpp: the structs it reads, mirrored (and
+checked against the C++ layout at load).
 
 engine/models/fused_decode.py fills a `Layer` per decoder layer at load and a `Step` per step, then calls
 `run_layer(layer, step, x, normed)` for each layer in turn.
@@ -64,9 +65,32 @@ class Step(ctypes.Structure):
     ]
 
 
+def _mirrored() -> list[int]:
+    """What spindle_decoder_layer_layout reports, as these ctypes structs lay themselves out."""
+    return [
+        ctypes.sizeof(Projection),
+        Projection.row_bytes.offset,
+        ctypes.sizeof(Layer),
+        Layer.softcap.offset,
+        ctypes.sizeof(Step),
+        Step.quant_gemm.offset,
+    ]
+
+
+def _layout_fault(_: Any) -> str | None:
+    """A struct here that no longer mirrors decoder_layer.cpp's (a field added on one side only) reads garbage."""
+    layout = kernel("decoder_layer", ABI, [ctypes.POINTER(_L)], symbol="spindle_decoder_layer_layout")
+    want = _mirrored()
+    got = (_L * len(want))()
+    layout(got)
+    if list(got) == want:
+        return None
+    return f"its structs lay out as {list(got)} in decoder_layer.cpp but as {want} in decoder_layer.py"
+
+
 @functools.cache
 def _kernel() -> Any:
-    return kernel("decoder_layer", ABI, [ctypes.POINTER(Layer), ctypes.POINTER(Step), _P, _P])
+    return kernel("decoder_layer", ABI, [ctypes.POINTER(Layer), ctypes.POINTER(Step), _P, _P], check=_layout_fault)
 
 
 def available() -> bool:
