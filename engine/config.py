@@ -53,6 +53,10 @@ class EngineConfig:
     kv_cache_memory: int = 1 << 30  # bytes for the KV cache
     num_blocks: int | None = None  # overrides kv_cache_memory
     enable_prefix_caching: bool = True
+    # --kv-disk-cache-size: bytes of full KV blocks kept on disk past the pool and restarts (0: off;
+    # docs/subsystems/kv-disk-cache.md); the folder: kv_disk_cache_dir, else <cache root>/kv_blocks
+    kv_disk_cache_size: int = 0
+    kv_disk_cache_dir: str = ""
     # hybrid models (engine/core/state_pool.py): recurrent-state snapshots every this many tokens (rounded up to
     # whole blocks) let prefix-cache hits resume there; 0: no snapshots, no prefix hits on hybrid models
     state_snapshot_interval: int = 256
@@ -104,6 +108,8 @@ class EngineConfig:
             raise ValueError(f"num_blocks must be at least 1, got {self.num_blocks}")
         if self.state_snapshot_interval < 0 or (self.state_snapshot_memory or 0) < 0:
             raise ValueError("state_snapshot_interval and state_snapshot_memory must not be negative")
+        if self.kv_disk_cache_size < 0:
+            raise ValueError(f"--kv-disk-cache-size must not be negative, got {self.kv_disk_cache_size}")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"--scheduling-policy must be fcfs or priority, not {self.scheduling_policy!r}")
         if self.runner not in RUNNERS:

@@ -16,9 +16,12 @@ all. Attention never reads a PASSED entry: it starts each query's keys at its wi
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict
 from typing import Any
 
+from engine.core.kv_offload import KVOffload
 from engine.core.state_pool import StatePool
 from engine.types.sequence import Sequence
 
@@ -38,6 +41,18 @@ def _block_key(seq: Sequence, parent: int, i: int, bs: int) -> _CacheKey:
     return key
 
 
+def block_hash(seq: Sequence, parent: str, i: int, bs: int) -> str:
+    """Block i's stable name for the disk store: a hash chained on its parent's, over what `_block_key` holds
+    (the adapter's digest at the chain's root, the token ids, the images' hashes), the same in every process."""
+    h = hashlib.sha256(parent.encode())
+    if i == 0 and seq.lora is not None:
+        h.update(b"lora:" + seq.lora.digest.encode())
+    h.update(array("q", seq.token_ids[i * bs : (i + 1) * bs]).tobytes())
+    if seq.mm is not None and (extra := seq.mm.block_extra(i * bs, (i + 1) * bs)):
+        h.update(repr(extra).encode())
+    return h.hexdigest()
+
+
 class BlockManager:
     def __init__(
         self,
@@ -46,8 +61,12 @@ class BlockManager:
         enable_prefix_caching: bool = True,
         window: int | None = None,
         state: StatePool | None = None,
+        disk: KVOffload | None = None,
+        disk_blocks_per_step: int = 256,
     ) -> None:
-        """state: a hybrid model's recurrent-state slots, taken with a sequence's first blocks, freed with them."""
+        """state: a hybrid model's recurrent-state slots, taken with a sequence's first blocks, freed with them.
+        disk: full blocks leaving the pool go there and come back on a later lookup (never for a hybrid model:
+        its state snapshots are not on disk), at most disk_blocks_per_step read back per step."""
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be at least 1")
         if window is not None and window < 1:
@@ -59,6 +78,12 @@ class BlockManager:
         if state is not None and enable_prefix_caching and not state.interval:
             raise ValueError("prefix caching without state snapshots would restore KV without its recurrent state")
         self.state = state
+        self.disk = disk if enable_prefix_caching and state is None else None
+        self.disk_blocks_per_step = disk_blocks_per_step
+        self._disk_budget = disk_blocks_per_step
+        self.disk_pending = False  # the last lookup stopped at the step's read budget with more on disk
+        self._hash: list[str] = [""] * num_blocks  # a registered block's disk name (with a disk store)
+        self._chain_hash: dict[Sequence, str] = {}  # per held sequence: the hash of its last registered block
         self._ref = [0] * num_blocks  # how many sequences hold each block
         self._key: list[_CacheKey | None] = [None] * num_blocks  # registered under this key
         self._cid = [_ROOT] * num_blocks  # content id while registered
@@ -112,26 +137,64 @@ class BlockManager:
         return max(0, num_computed - self.window + 1) // self.block_size
 
     # ---- prefix lookup + allocation ---------------------------------------------------------
+    def begin_step(self) -> None:
+        """A new step: its budget of blocks read back from the disk store."""
+        self._disk_budget = self.disk_blocks_per_step
+
     def lookup(self, seq: Sequence) -> list[int]:
-        """Cached blocks matching the start of seq.token_ids; no side effects.
+        """Cached blocks matching the start of seq.token_ids.
 
         At most (num_tokens - 1) // block_size blocks: the last token is always computed, so
-        the step that schedules it yields logits.
+        the step that schedules it yields logits. With a disk store, the blocks past the pool's hits
+        are read back into free blocks and registered (free but cached) as if computed, within the
+        step's budget; `disk_pending` then says whether the chain goes on past it.
         """
+        self.disk_pending = False
         if not self.enable_prefix_caching:
             return []
         bs, ids = self.block_size, seq.token_ids
         hits: list[int] = []
         parent = _ROOT
-        for i in range((len(ids) - 1) // bs):
+        limit = (len(ids) - 1) // bs
+        for i in range(limit):
             block = self._cache.get(_block_key(seq, parent, i, bs))
             if block is None:
                 break
             hits.append(block)
             parent = self._cid[block]
+        if self.disk is not None and len(hits) < limit:
+            self._read_back(seq, hits, limit)
         if self.state is not None:  # a hybrid model: only as far as a snapshot of the state at that point
             return hits[: self.state.usable_hits(len(hits), self._cid, hits, bs)]
         return hits
+
+    def _read_back(self, seq: Sequence, hits: list[int], limit: int) -> None:
+        """Extend hits with the blocks the disk store holds next in seq's chain, read into free blocks."""
+        assert self.disk is not None
+        bs = self.block_size
+        for b in hits:  # the pool's hits are never evicted to make room for the rest
+            if b in self._free_cached:
+                self._free_cached.move_to_end(b)
+        spare = self.num_free_blocks - sum(1 for b in hits if self._ref[b] == 0)
+        parent = self._cid[hits[-1]] if hits else _ROOT
+        h = self._hash[hits[-1]] if hits else ""
+        for i in range(len(hits), limit):
+            h = block_hash(seq, h, i, bs)
+            if not self.disk.has(h):
+                return
+            if self._disk_budget <= 0 or spare <= 0:
+                self.disk_pending = self._disk_budget <= 0  # the next step reads on; a full pool: compute
+                return
+            b = self._pop_free()
+            if not self.disk.load(b, h):  # damaged on disk (deleted there): compute from here
+                self._ref[b] = 0
+                self._free_plain.append(b)
+                return
+            self._disk_budget -= 1
+            spare -= 1
+            parent = self._register(b, _block_key(seq, parent, i, bs), h)
+            self._unref(b)  # free but cached, most recently used
+            hits.append(b)
 
     def allocate(self, seq: Sequence, num_new_tokens: int, hits: list[int] | None = None) -> bool:
         """Make room for seq's next `num_new_tokens` tokens; False (and no change) if blocks run out.
@@ -157,6 +220,7 @@ class BlockManager:
         if not table:
             self.prefix_cache_queries += seq.num_tokens if self.enable_prefix_caching else 0
             self._chain[seq] = [0, _ROOT]
+            self._chain_hash[seq] = self._hash[hits[-1]] if hits else ""
         if hits:
             for b in hits[skip:]:
                 if self._ref[b] == 0:
@@ -183,6 +247,7 @@ class BlockManager:
                     self.state.drop(self._cid[b])  # the snapshot at this block's end goes with its KV
                 del self._cache[key]
                 self._key[b] = None
+                self._hash[b] = ""
                 self._cid[b] = _ROOT
         self._ref[b] = 1
         return b
@@ -203,20 +268,28 @@ class BlockManager:
         done, parent = chain
         computed = seq.num_computed_tokens if upto is None else upto
         full = min(computed // bs, len(table))
+        h = self._chain_hash.get(seq, "")
         for i in range(done, full):
             key = _block_key(seq, parent, i, bs)
+            h = block_hash(seq, h, i, bs) if self.disk is not None else ""
             existing = self._cache.get(key)
             if existing is None:  # new content: register this block
-                b = table[i]
-                self._cache[key] = b
-                self._key[b] = key
-                self._cid[b] = parent = self._next_cid
-                self._next_cid += 1
+                parent = self._register(table[i], key, h)
             else:  # another sequence computed the same block: chain on through its content id
                 parent = self._cid[existing]
             if self.state is not None:
                 self.state.bind(seq, (i + 1) * bs, parent)  # a snapshot of the state at this block's end
         chain[0], chain[1] = max(done, full), parent
+        self._chain_hash[seq] = h
+
+    def _register(self, b: int, key: _CacheKey, h: str) -> int:
+        """Enter block b into the prefix cache under key (and h, its disk name); its new content id."""
+        self._cache[key] = b
+        self._key[b] = key
+        self._hash[b] = h
+        self._cid[b] = cid = self._next_cid
+        self._next_cid += 1
+        return cid
 
     def release_passed(self, seq: Sequence) -> None:
         """Release the blocks every layer's window has passed, after a step computed seq's tokens
@@ -241,6 +314,7 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Release seq's blocks; registered ones stay cached, the tail's evicted before the head."""
         self._chain.pop(seq, None)
+        self._chain_hash.pop(seq, None)
         self._passed.pop(seq, None)
         if self.state is not None:
             self.state.release(seq)  # a preempted sequence recomputes its state with its KV
@@ -254,5 +328,7 @@ class BlockManager:
         if self._ref[b] == 0:
             if self._key[b] is not None:
                 self._free_cached[b] = None
+                if self.disk is not None:  # leaving the pool's hold: kept on disk past eviction and restarts
+                    self.disk.save(b, self._hash[b])
             else:
                 self._free_plain.append(b)

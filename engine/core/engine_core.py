@@ -6,12 +6,15 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
 
 from engine.config import EngineConfig
 from engine.core.block_manager import BlockManager
+from engine.core.kv_disk_store import KVDiskStore
+from engine.core.kv_offload import KVOffload, default_folder, model_digest
 from engine.core.params import validate_params
 from engine.core.scheduler import RequestRefused, Scheduler
 from engine.core.state_pool import hybrid_pool
@@ -67,6 +70,7 @@ class EngineCore:
             caching and (state is None or state.interval > 0),
             window=self.runner.kv_window,
             state=state,
+            disk=self._disk_store() if state is None else None,  # a hybrid model's state is not on disk
         )
         self.scheduler = Scheduler(
             max_num_seqs=config.max_num_seqs,
@@ -86,6 +90,15 @@ class EngineCore:
         if spec is not None and self.pooler is None:
             self.spec = Speculator(spec, self.max_model_len, self._drafter(spec))
         self._prompt_logprobs: dict[str, list[TokenLogprobs | None]] = {}
+
+    def _disk_store(self) -> KVOffload | None:
+        """--kv-disk-cache-size: full blocks leaving the pool kept on disk (one process's caches: not under TP)."""
+        c = self.config
+        if c.kv_disk_cache_size == 0 or c.tensor_parallel_size > 1:
+            return None
+        folder = Path(c.kv_disk_cache_dir) if c.kv_disk_cache_dir else default_folder()
+        digest = model_digest(resolve_model(c.model), c.quantization)
+        return KVOffload(KVDiskStore(folder, c.kv_disk_cache_size), self.runner.kv_caches, digest)
 
     def _drafter(self, spec: SpecConfig) -> DraftModel | None:
         """method draft_model: the draft checkpoint, loaded beside the target (engine/spec/draft_model.py)."""

@@ -123,6 +123,7 @@ class Scheduler:
     # ---- the step ------------------------------------------------------------------------
     def schedule(self) -> list[ScheduledSeq]:
         budget = self.max_num_batched_tokens
+        self.bm.begin_step()
         chosen: dict[Sequence, int] = {}  # insertion order is the batch order
         running = [s for s in self.running if s.status is SeqStatus.RUNNING]
         self.running = running
@@ -179,6 +180,8 @@ class Scheduler:
                 continue
             # prompt logprobs need every prompt position's logits: no cache hits for those
             hits = bm.lookup(seq) if seq.params.prompt_logprobs is None else []
+            if bm.disk_pending:
+                break  # the rest of its prefix is read back from disk in the next steps: it waits for that
             computed = len(hits) * bm.block_size
             n = min(seq.num_tokens - computed, budget)
             if not bm.allocate(seq, n, hits):
