@@ -31,9 +31,9 @@ from server.app_load import (
 from server.app_state import AppState
 from server.config import ServerConfig
 from server.families.responses.store import ResponseStore
-from server.http.asgi import Receive, Scope, Send, send_error
+from server.http.asgi import no_route
 from server.http.deploy import wrap_app
-from server.http.errors import APIError, describe_exception
+from server.http.errors import describe_exception
 from server.metrics.prometheus import ServerMetrics
 from server.multimodal.images import image_support
 from server.render_app import checkpoint_limits
@@ -50,16 +50,7 @@ def _default_on_fatal(why: str) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-async def not_found(scope: Scope, receive: Receive, send: Send) -> None:
-    if scope["type"] != "http":
-        return
-    await send_error(
-        send,
-        APIError(
-            f"No route {scope.get('method')} {scope['path']}; see /v1/models, /v1/completions, /v1/chat/completions.",
-            status=404,
-        ),
-    )
+not_found = no_route("; see /v1/models, /v1/completions, /v1/chat/completions.")
 
 
 def _refuse_several_hypercorn_workers() -> None:

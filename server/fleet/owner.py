@@ -36,7 +36,7 @@ import anyio
 import anyio.abc
 from anyio.abc import Process
 
-from engine.client.process_client import EngineDeadError, connect, engine_command
+from engine.client.process_client import EngineDeadError, OwnedEngine, connect, engine_command
 from server.config import ServerConfig
 from server.fleet.catalog import ModelEntry
 from server.fleet.control import (
@@ -80,31 +80,14 @@ class OwnedModel:
         return self.entry.name
 
 
-class _Engine:
+class _Engine(OwnedEngine):
     """The engine the owner started: its stdin is only its lifeline (it exits at EOF there once every channel is
     closed); a kill after `grace`."""
 
-    def __init__(self, process: Process) -> None:
-        self.process = process
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    async def exited(self) -> str:
-        return f"the engine exited with code {await self.process.wait()}"
-
     async def stop(self, grace: float) -> None:
-        process = self.process
-        if process.stdin is not None:
-            await process.stdin.aclose()
-        if grace > 0 and process.returncode is None:
-            with anyio.move_on_after(grace):
-                await process.wait()
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-        await process.aclose()
+        if self.process.stdin is not None:
+            await self.process.stdin.aclose()
+        await super().stop(grace)
 
 
 class ModelOwner:

@@ -94,6 +94,17 @@ async def send_error(send: Send, error: APIError, headers: list[tuple[bytes, byt
     await send_json(send, error.status, error.body(), extra)
 
 
+def no_route(see: str) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+    """A router's default endpoint: 404 naming the method and path, then `see` (where to look instead)."""
+
+    async def not_found(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        await send_error(send, APIError(f"No route {scope.get('method')} {scope['path']}{see}", status=404))
+
+    return not_found
+
+
 async def run_until_disconnect(receive: Receive, body: Callable[[], Awaitable[None]]) -> bool:
     """Run `body` in a task group that a client disconnect cancels. Returns False when the client left."""
     left = False

@@ -311,34 +311,25 @@ class AsyncLLM:
         for spec in specs:
             if spec.lora is not None and self.metrics is not None:
                 self.metrics.lora_request(spec.lora.name, spec.n)
+            reqs = [
+                AddRequest(
+                    child_id,
+                    spec.prompt_token_ids,
+                    spec.child_params(i),
+                    spec.arrival_time,
+                    spec.priority,
+                    mm_inputs=spec.mm_inputs or None,
+                    lora=spec.lora,
+                    audio=spec.audio,
+                )
+                for i, child_id in enumerate(spec.child_ids())
+            ]
             if spec.mm_inputs:
-                reqs = [
-                    AddRequest(
-                        child_id,
-                        spec.prompt_token_ids,
-                        spec.child_params(i),
-                        spec.arrival_time,
-                        spec.priority,
-                        mm_inputs=spec.mm_inputs,
-                        lora=spec.lora,
-                    )
-                    for i, child_id in enumerate(spec.child_ids())
-                ]
                 self._images.send(reqs)  # raises only when the engine is dead: nothing to abort then
                 engine.sent += len(reqs)
                 continue
-            for i, child_id in enumerate(spec.child_ids()):
-                self._send(
-                    AddRequest(
-                        child_id,
-                        spec.prompt_token_ids,
-                        spec.child_params(i),
-                        spec.arrival_time,
-                        spec.priority,
-                        audio=spec.audio,
-                        lora=spec.lora,
-                    )
-                )
+            for req in reqs:
+                self._send(req)
                 engine.sent += 1
 
     def _abort_unfinished(self, engine: EngineRequests) -> None:

@@ -3,7 +3,7 @@ are the route table's that need an engine, server/routes/table.py)."""
 
 from __future__ import annotations
 
-from server.http.asgi import Receive, Scope, Send, send_error
+from server.http.asgi import Receive, Scope, Send, no_route, send_error
 from server.http.errors import APIError
 
 
@@ -22,14 +22,7 @@ class NotHereRoute:
         )
 
 
-async def not_found(scope: Scope, receive: Receive, send: Send) -> None:
-    if scope["type"] != "http":
-        return
-    await send_error(
-        send,
-        APIError(
-            f"No route {scope.get('method')} {scope['path']} on this render-only server; see /tokenize, /detokenize, "
-            "/v1/completions/render, /v1/chat/completions/render, /v1/models.",
-            status=404,
-        ),
-    )
+not_found = no_route(
+    " on this render-only server; see /tokenize, /detokenize, /v1/completions/render, /v1/chat/completions/render, "
+    "/v1/models."
+)

@@ -18,10 +18,15 @@ from typing import Any, Protocol
 
 import anyio.to_thread
 
+from server.http.asgi import Send
 from server.metrics.prometheus import STRUCTURED_INVALID_REASONS as INVALID_REASONS
+from server.request.admission import AdmissionTicket
+from server.request.async_llm import AsyncLLM
 from server.request.collector import Output
 from server.request.formatter import Formatter
-from server.request.openai_protocol import Usage
+from server.request.input_processor import GenerationSpec
+from server.request.openai_protocol import ChatCompletionRequest, CompletionRequest, Usage
+from server.request.respond import Headers, respond
 from server.structured.constraint import RELAXED_HEADER, Constraint, Relaxation
 from server.structured.parsing import ChoiceParsers
 from server.tools.parser import assemble
@@ -169,3 +174,31 @@ def relaxed_headers(constraint: Constraint | None, tools: dict[str, Relaxation])
 
 def checked(fmt: Formatter, check: OutputCheck | None) -> Formatter:
     return fmt if check is None else CheckedFormatter(fmt, check)
+
+
+async def respond_openai(
+    llm: AsyncLLM,
+    specs: list[GenerationSpec],
+    fmt: Formatter,
+    check: OutputCheck | None,
+    send: Send,
+    req: ChatCompletionRequest | CompletionRequest,
+    keepalive: float,
+    headers: Headers,
+    ticket: AdmissionTicket,
+) -> None:
+    """`respond` for OpenAI's chat and completions: usage as `stream_options` asks, the relaxed answers checked."""
+    options = req.stream_options
+    await respond(
+        llm,
+        specs,
+        checked(fmt, check),
+        send,
+        stream=req.stream,
+        include_usage=bool(options and options.include_usage),
+        continuous_usage=bool(options and options.include_usage and options.continuous_usage_stats),
+        keepalive=keepalive,
+        headers=headers,
+        before_end=check.finish if check is not None else None,
+        ticket=ticket,
+    )

@@ -11,9 +11,8 @@ from server.request.input_processor import build_spec, check_request, external_r
 from server.request.openai_protocol import chat_decoder
 from server.request.post_route import PostRoute
 from server.request.prompt_tokens import chat_prompt, fit_limits, require_messages
-from server.request.respond import respond
 from server.structured.constraint import Relaxation, structured_outputs
-from server.structured.output_check import checked, relaxed_check, relaxed_headers
+from server.structured.output_check import relaxed_check, relaxed_headers, respond_openai
 from server.structured.parsing import ChoiceParsers, plan_constrained_tools, request_constraint
 
 
@@ -65,18 +64,6 @@ class ChatRoute(PostRoute):
                 relaxed_tools,
                 ChoiceParsers(plan, config.outputs.reasoning_parser, text) if parsed else None,
             )
-            opts = req.stream_options
             headers = [(b"x-request-id", external.encode()), *relaxed_headers(constraint, relaxed_tools)]
-            await respond(
-                llm,
-                [spec],
-                checked(fmt, check),
-                send,
-                stream=req.stream,
-                include_usage=bool(opts and opts.include_usage),
-                continuous_usage=bool(opts and opts.include_usage and opts.continuous_usage_stats),
-                keepalive=self.state.config.outputs.sse_keepalive,
-                headers=headers,
-                before_end=check.finish if check is not None else None,
-                ticket=ticket,
-            )
+            keepalive = self.state.config.outputs.sse_keepalive
+            await respond_openai(llm, [spec], fmt, check, send, req, keepalive, headers, ticket)

@@ -33,9 +33,8 @@ from server.request.openai_protocol import (
 )
 from server.request.post_route import PostRoute
 from server.request.prompt_tokens import admit_prompts, fit_limits, render_errors, text_prompt_ids
-from server.request.respond import respond
 from server.structured.constraint import Constraint, structured_outputs
-from server.structured.output_check import checked, relaxed_check, relaxed_headers
+from server.structured.output_check import relaxed_check, relaxed_headers, respond_openai
 
 _enc = encoder.encode
 
@@ -157,22 +156,10 @@ class CompletionsRoute(PostRoute):
                 first_prompt_ids=first_ids,
                 prompt_ids=prompt_ids if req.return_token_ids else None,
             )
-            opts = req.stream_options
             headers = [(b"x-request-id", external.encode()), *relaxed_headers(constraint, {})]
             check = relaxed_check(llm.metrics, constraint, {})
-            await respond(
-                llm,
-                specs,
-                checked(fmt, check),
-                send,
-                stream=req.stream,
-                include_usage=bool(opts and opts.include_usage),
-                continuous_usage=bool(opts and opts.include_usage and opts.continuous_usage_stats),
-                keepalive=self.state.config.outputs.sse_keepalive,
-                headers=headers,
-                before_end=check.finish if check is not None else None,
-                ticket=ticket,
-            )
+            keepalive = self.state.config.outputs.sse_keepalive
+            await respond_openai(llm, specs, fmt, check, send, req, keepalive, headers, ticket)
 
     async def _specs(
         self,

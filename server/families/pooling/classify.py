@@ -10,7 +10,7 @@ import numpy as np
 
 from engine.messages import PoolingInfo
 from server.families.pooling.finishing import class_scores
-from server.families.pooling.inputs import JSONBody, PoolingJob, input_items, prompt_truncation, require_task
+from server.families.pooling.inputs import JSONBody, PoolingJob, input_items, require_task
 from server.families.pooling.protocol import ClassificationData, ClassificationResponse, PoolingUsage, classify_decoder
 from server.http.asgi import Send
 from server.request.collector import Output
@@ -49,10 +49,6 @@ class ClassifyRoute(PostRoute):
         with PoolingJob.start(
             llm, renderer, limits, xid, req.request_id, req.priority, req.add_special_tokens, model=req.model
         ) as job:
-            job.check_count(len(items), "input")
-            cut = prompt_truncation(req.truncate_prompt_tokens, limits)
-            await job.admit(items)
-            for k, item in enumerate(items):
-                await job.add(item, k, cut)
+            await job.add_inputs(items, req.truncate_prompt_tokens)
             use = req.use_activation if req.use_activation is not None else req.activation
             await job.respond(ClassifyFormatter(job, self.state.model_name, info, use), send)

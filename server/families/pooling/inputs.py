@@ -174,6 +174,14 @@ class PoolingJob:
         surely has no room (held until the job's `with` ends; `respond` settles it at the exact count)."""
         self.ticket = await admit_prompts(self.llm, 1, items, self.renderer.tokenizer, self.ticket)
 
+    async def add_inputs(self, items: list[Item], truncate_prompt_tokens: int | None) -> None:
+        """A list of inputs, each its own output: counted, admitted at their lower bound, then tokenized and queued."""
+        self.check_count(len(items), "input")
+        cut = prompt_truncation(truncate_prompt_tokens, self.limits)
+        await self.admit(items)
+        for k, item in enumerate(items):
+            await self.add(item, k, cut)
+
     def __enter__(self) -> PoolingJob:
         return self
 

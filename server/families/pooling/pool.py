@@ -9,7 +9,7 @@ import time
 
 from engine.messages import PoolingInfo
 from server.families.pooling.finishing import check_dimensions, class_scores, embedding, encode_vector
-from server.families.pooling.inputs import JSONBody, PoolingJob, input_items, prompt_truncation, require_task
+from server.families.pooling.inputs import JSONBody, PoolingJob, input_items, require_task
 from server.families.pooling.protocol import PoolingData, PoolingRequest, PoolingResponse, PoolingUsage, pooling_decoder
 from server.http.asgi import Send
 from server.http.errors import bad_request
@@ -56,9 +56,5 @@ class PoolingRoute(PostRoute):
         with PoolingJob.start(
             llm, renderer, limits, xid, req.request_id, req.priority, req.add_special_tokens, model=req.model
         ) as job:
-            job.check_count(len(items), "input")
-            cut = prompt_truncation(req.truncate_prompt_tokens, limits)
-            await job.admit(items)
-            for k, item in enumerate(items):
-                await job.add(item, k, cut)
+            await job.add_inputs(items, req.truncate_prompt_tokens)
             await job.respond(PoolingFormatter(job, self.state.model_name, info, req, dims), send)
