@@ -29,7 +29,7 @@ class FimTokens:
     file_sep: int | None = None
 
 
-# (prefix, suffix, middle, repository names, file separator): Qwen2.5-Coder's, then StarCoder's (and SmolLM2's)
+# (prefix, suffix, middle, repository names, file separator): Qwen2.5-Coder's, then StarCoder's (1 and 2)
 _SPELLINGS = (
     ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", ("<|repo_name|>",), "<|file_sep|>"),
     ("<fim_prefix>", "<fim_suffix>", "<fim_middle>", ("<repo_name>", "<reponame>"), "<file_sep>"),
