@@ -50,7 +50,7 @@ class KVOffload:
         return self.key(block_hash) in self.store
 
     def save(self, block: int, block_hash: str) -> None:
-        """Queue block's KV for writing (a copy now: the block may be reused at once); dropped when the queue is full."""
+        """Queue block's KV for writing (copied now: the block may be reused at once); dropped on a full queue."""
         key = self.key(block_hash)
         if not self.store.can_take() or key in self.store:
             return
