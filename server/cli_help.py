@@ -35,7 +35,8 @@ _FLAG_GROUPS: dict[str, list[str]] = {
     ).split(),
     "scheduling": (
         "--max-num-seqs --max-num-batched-tokens --max-num-queued-reqs --max-num-queued-tokens --scheduling-policy "
-        "--block-size --kv-cache-memory --num-blocks --no-enable-prefix-caching --stream-interval --seed --cpu-threads"
+        "--block-size --kv-cache-memory --num-blocks --no-enable-prefix-caching --stream-interval --seed --cpu-threads "
+        "--kv-disk-cache-size"
     ).split(),
     "api": (
         "--max-logprobs --renderer-num-workers --chat-template-render-timeout --responses-store-size "

@@ -18,6 +18,7 @@ class EngineCoreConfig:
     num_blocks: int | None = None
     block_size: int = 16
     enable_prefix_caching: bool = True
+    kv_disk_cache_size: float = 0.0  # GiB of full KV blocks kept on disk past the pool and restarts; 0: off
     structured_outputs_warmup: bool = True  # the engine builds its grammar backend before it says Ready
     engine_ready_timeout: float = 600.0
     engine_heartbeat_timeout: float = 10.0  # seconds without any frame: the engine is stopped or gone
@@ -29,6 +30,8 @@ class EngineCoreConfig:
         check_at_least_one(self, ("block_size", "kv_cache_memory"))
         check_unset_or_at_least_one(self, ("num_blocks",))
         check_positive(self, ("engine_ready_timeout", "engine_heartbeat_timeout"))
+        if self.kv_disk_cache_size < 0:
+            raise ValueError(f"--kv-disk-cache-size must be 0 (off) or more GiB, got {self.kv_disk_cache_size}")
         if self.engine_step_timeout < 0:
             raise ValueError(f"SPINDLE_ENGINE_STEP_TIMEOUT must be 0 (off) or positive, got {self.engine_step_timeout}")
         parse_spec_config(self.speculative_config)  # a bad one stops start-up, naming --speculative-config

@@ -99,6 +99,7 @@ class ServerConfig:
             kv_cache_memory=e.kv_cache_memory,
             num_blocks=e.num_blocks,
             enable_prefix_caching=e.enable_prefix_caching,
+            kv_disk_cache_size=int(e.kv_disk_cache_size * (1 << 30)),
             seed=e.seed,
             device=e.device,
             scheduling_policy=s.scheduling_policy,
