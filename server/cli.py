@@ -95,6 +95,9 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
         str,
         "bytes the stored /v1/responses may hold, e.g. 256MiB (the default; LRU past it)",
     ),
+    ("--batch-dir", "batch_dir", str, "folder of /v1/files uploads and /v1/batches state (default: spindle's cache)"),
+    ("--batch-max-file-bytes", "batch_max_file_bytes", str, "largest /v1/files upload, e.g. 200MiB (the default)"),
+    ("--batch-max-in-flight", "batch_max_in_flight", int, "batch lines in the engine at once (default 4)"),
     ("--log-level", "log_level", str, "debug, info, warning, error"),
     ("--device", "device", str, "auto, cpu or cuda"),
     (

@@ -13,6 +13,7 @@ from typing import Any, get_type_hints
 from engine.config import EngineConfig
 from engine.lora.config import check_lora_serving
 from engine.spec.vocab import check_draft_vocab
+from server.config.batch import BatchConfig
 from server.config.engine_core import EngineCoreConfig
 from server.config.http import HttpConfig
 from server.config.lora import LoRAConfig
@@ -57,6 +58,7 @@ class ServerConfig:
     outputs: OutputConfig = field(default_factory=OutputConfig)
     media: MediaConfig = field(default_factory=MediaConfig)
     models: ModelsDirConfig = field(default_factory=ModelsDirConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
 
     def __post_init__(self) -> None:
         lora = self.lora

@@ -12,7 +12,13 @@ from engine.config import parse_bytes
 from engine.lora.config import parse_lora_modules
 
 # Byte sizes: written "2GiB", "512MiB", "1.5G" or plain bytes, as env vars and as flags.
-SIZE_FIELDS = ("kv_cache_memory", "max_request_body", "max_structured_output_size", "responses_store_max_bytes")
+SIZE_FIELDS = (
+    "kv_cache_memory",
+    "max_request_body",
+    "max_structured_output_size",
+    "responses_store_max_bytes",
+    "batch_max_file_bytes",
+)
 # JSON objects: written as JSON text, as env vars and as flags.
 JSON_FIELDS = ("default_chat_template_kwargs", "pooler_config", "limit_mm_per_prompt", "speculative_config")
 # Lists of strings: written as a JSON list ('["https://a.example"]', vLLM's format), as env vars and as flags.

@@ -27,6 +27,7 @@ from server.app import create_app, front_page_routes, not_found
 from server.app_load import EngineFactory
 from server.config import ServerConfig
 from server.families import ErrorShape, Family
+from server.families.batch import FAMILY as BATCH
 from server.families.ollama.protocol import unloads
 from server.families.responses import FAMILY as RESPONSES
 from server.fleet.catalog import scan
@@ -349,6 +350,11 @@ def _continue_stream(send: Send, prefix: bytes) -> Send:
     return forward
 
 
+async def _no_batches(scope: Scope, receive: Receive, send: Send) -> None:
+    message = "The Batch API (/v1/files, /v1/batches) is served by a single-model server (--model), not --models-dir."
+    await send_error(send, APIError(message, status=404))
+
+
 def create_models_app(
     config: ServerConfig, *, engine_factory: EngineFactory | None = None, worker: WorkerContext | None = None, **_: Any
 ) -> Any:
@@ -363,6 +369,11 @@ def create_models_app(
         Route("/v1/responses/{response_id}", _Endpoint(front.stored), methods=["GET", "DELETE"]),
         Route("/v1/responses/{response_id}/cancel", _Endpoint(front.stored), methods=["POST"]),
         *ollama_routes(front.registry),
+        *(
+            Route(spec.path, _no_batches, methods=list(spec.methods))
+            for spec in enabled(config)
+            if spec.family is BATCH
+        ),
     ]
     by_model = [
         Route(spec.path, _ByModel(front, spec.family), methods=list(spec.methods))

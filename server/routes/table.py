@@ -22,6 +22,11 @@ from server.families.anthropic import FAMILY as ANTHROPIC
 from server.families.anthropic.messages import CountTokensRoute, MessagesRoute
 from server.families.audio import FAMILY as AUDIO
 from server.families.audio.transcriptions import AudioRoute
+from server.families.batch import FAMILY as BATCH
+from server.families.batch.disk import batch_root
+from server.families.batch.lines import ENDPOINTS as BATCH_ENDPOINTS
+from server.families.batch.routes import BatchesRoute, BatchRoute, FileRoute, FilesRoute
+from server.families.batch.runner import BatchRunner
 from server.families.cohere import FAMILY as COHERE
 from server.families.cohere.embed import CohereEmbedRoute
 from server.families.cohere.rerank import CohereRerankRoute
@@ -114,6 +119,12 @@ class RouteContext:
         return BackgroundResponses(self.state, self.store)
 
     @functools.cached_property
+    def batches(self) -> BatchRunner:
+        # a batch line takes the online route's endpoint: the same checks, path and answer
+        endpoints = {spec.path: spec.make(self) for spec in TABLE if spec.path in BATCH_ENDPOINTS}
+        return BatchRunner(self.state, batch_root(self.state.config), endpoints)
+
+    @functools.cached_property
     def page(self) -> PageRoute:
         vision = self._vision
         if vision is None:  # a single model's page offers images when its checkpoint takes them
@@ -200,6 +211,19 @@ def _responses() -> tuple[RouteSpec, ...]:
     )
 
 
+def _batch() -> tuple[RouteSpec, ...]:
+    """OpenAI's Batch API (server/families/batch/): files and batches are found by id, not by a model."""
+    file, batch = "/v1/files/{file_id}", "/v1/batches/{batch_id}"
+    return (
+        RouteSpec("/v1/files", ("GET", "POST"), lambda c: FilesRoute(c.batches), E, BATCH, False),
+        RouteSpec(file, ("GET", "DELETE"), lambda c: FileRoute(c.batches), E, BATCH, False),
+        RouteSpec(file + "/content", GET, lambda c: FileRoute(c.batches, content=True), E, BATCH, False),
+        RouteSpec("/v1/batches", ("GET", "POST"), lambda c: BatchesRoute(c.batches), E, BATCH, False),
+        RouteSpec(batch, GET, lambda c: BatchRoute(c.batches), E, BATCH, False),
+        RouteSpec(batch + "/cancel", POST, lambda c: BatchRoute(c.batches, cancel=True), E, BATCH, False),
+    )
+
+
 def _lora() -> tuple[RouteSpec, ...]:
     """vLLM's runtime adapter routes (SPINDLE_ALLOW_RUNTIME_LORA_UPDATING=1 only, as vLLM)."""
     return (
@@ -235,7 +259,7 @@ def _asset(name: str, context: RouteContext) -> AssetRoute:
     return AssetRoute(name)
 
 
-TABLE: tuple[RouteSpec, ...] = _generation() + _ollama() + _responses() + _lora() + _common() + _page()
+TABLE: tuple[RouteSpec, ...] = _generation() + _ollama() + _responses() + _batch() + _lora() + _common() + _page()
 
 
 def enabled(config: ServerConfig) -> list[RouteSpec]:
