@@ -13,6 +13,7 @@ from server.config.model import DEFAULT_MODEL, ModelConfig, Runner, check_model_
 from server.config.models_dir import ModelsDirConfig
 from server.config.outputs import REASONING_PARSER_NAMES, TOOL_CALL_PARSER_NAMES, LogLevel, MetricsCompat, OutputConfig
 from server.config.parallel import DataParallelPolicy, ParallelConfig
+from server.config.process_env import ServerEnv
 from server.config.scheduling import RequestCaps, SchedulingConfig, SchedulingPolicy
 from server.config.server import _NOT_CONFIG, ENV_PREFIX, RENDER_NEEDS_MODEL, SETTINGS, ServerConfig
 from server.config.values import (
@@ -51,6 +52,7 @@ __all__ = [
     "SchedulingConfig",
     "SchedulingPolicy",
     "ServerConfig",
+    "ServerEnv",
     "WorkerClass",
     "check_model_exists",
     "parse_json_list",

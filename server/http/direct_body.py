@@ -40,20 +40,19 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import os
 from typing import Any
 
 import anyio
 import h11
 import trio
 
+from server.config import ServerEnv
 from server.http.direct_switch import decline, is_active
 from server.http.wakeup import Waiter, waiter_class
 
 log = logging.getLogger("spindle.server")
 
 _connection: contextvars.ContextVar[Any] = contextvars.ContextVar("spindle_connection", default=None)
-_OFF = ("0", "false", "no", "off")
 
 
 class _Layout:
@@ -320,7 +319,7 @@ def install(worker_class: str, writes: WriteBatch | None = None) -> bool:
     against (then nothing changes). `writes`: the batch `for_current_request()` uses by default; the
     caller runs its writer task."""
     global _layout, _writes
-    if os.environ.get("SPINDLE_DIRECT_WRITE", "1").strip().lower() in _OFF:
+    if not ServerEnv.read().direct_write:
         log.info("SPINDLE_DIRECT_WRITE=0: streaming through ASGI only")
         return False
     try:

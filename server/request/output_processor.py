@@ -8,7 +8,6 @@ merged into the waiting one, so a slow client gets bigger, rarer chunks and memo
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
@@ -16,13 +15,14 @@ from typing import Protocol
 import anyio.lowlevel
 
 from engine.messages import RequestOutput, StepOutputs, TokenLogprobs
+from server.config import ServerEnv
 from server.request.collector import Collector, Output, OutputKind
 from server.request.detokenizer import IncrementalDetokenizer
 
 log = logging.getLogger("spindle.server")
 
 
-CHUNK = int(os.environ.get("SPINDLE_OUTPUT_CHUNK", "128"))
+CHUNK = ServerEnv.read().output_chunk
 _DELTA = OutputKind.DELTA
 _FINAL = OutputKind.FINAL_ONLY
 

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 from pathlib import Path
 
+import pytest
+
+from engine.config import EngineEnv
 from server.cli import build_parser, config_from_args
-from server.config import _NOT_CONFIG, ENV_PREFIX, SETTINGS, ServerConfig
+from server.config import _NOT_CONFIG, ENV_PREFIX, SETTINGS, ServerConfig, ServerEnv
 
 SERVING = Path(__file__).resolve().parents[2] / "docs" / "serving.md"
 _FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
@@ -70,3 +74,20 @@ def test_size_settings_read_sizes_as_flags_and_variables() -> None:
     assert config_from_args(["--max-request-body", "1MiB"]).http.max_request_body == 1 << 20
     assert config_from_args(["--max-request-body", "4096"]).http.max_request_body == 4096
     assert ServerConfig.from_env({"SPINDLE_MAX_REQUEST_BODY": "32MiB"}).http.max_request_body == 32 << 20
+
+
+def test_env_only_knobs_are_in_the_readme_and_not_settings() -> None:
+    """ServerEnv's and EngineEnv's variables are written down and never mistaken for unknown settings."""
+    named = set(_ENV.findall(SERVING.read_text()))
+    for env_class in (ServerEnv, EngineEnv):
+        for f in dataclasses.fields(env_class):
+            assert f"{ENV_PREFIX}{f.name.upper()}" in named, f"docs/serving.md does not list {f.name.upper()}"
+            assert f.name in _NOT_CONFIG or f.name in SETTINGS, f"{f.name}: neither a setting nor in _NOT_CONFIG"
+
+
+def test_server_env_reads_its_variables() -> None:
+    assert ServerEnv.read({}) == ServerEnv()
+    env = ServerEnv.read({"SPINDLE_OUTPUT_CHUNK": "64", "SPINDLE_DIRECT_WRITE": "off"})
+    assert (env.output_chunk, env.direct_write) == (64, False)
+    with pytest.raises(ValueError, match="SPINDLE_OUTPUT_CHUNK"):
+        ServerEnv.read({"SPINDLE_OUTPUT_CHUNK": "x"})
