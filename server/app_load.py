@@ -143,7 +143,7 @@ class EngineLoad:
                 )
                 if self.worker is not None and self.worker.responses_dir is not None:  # the launcher's shared folder
                     loras.shared = SharedAdapters(self.worker.responses_dir)
-            stage(self.state, "loading the model in the engine (its log lines give the fraction read)")
+            stage(self.state, "loading the model and timing its kernels in the engine (its log lines say how far)")
             client = await stack.enter_async_context(self._open_engines(cfg))
             tokenizer = getattr(renderer, "tokenizer", None)
             llm = self._make_llm(cfg, client, tokenizer)

@@ -72,6 +72,7 @@ _made: dict[tuple[str, tuple[int, ...], tuple[str, ...]], tuple[str, ...]] = {}
 # (kind, shape) -> the candidates timed and their medians per class
 _timed: dict[tuple[str, tuple[int, ...]], tuple[frozenset[str], list[dict[str, float]]]] = {}
 _loaded: set[tuple[str, tuple[int, ...]]] = set()  # (kind, shape) whose timing here was taken under load
+_measured: list[tuple[str, tuple[int, ...]]] = []  # every (kind, shape) this process timed, in order
 
 
 class ChooserError(RuntimeError):
@@ -265,6 +266,7 @@ def _choose(kind: str, shape: tuple[int, ...], candidates: Mapping[str, Bench]) 
                 _write_cache(key, winners, medians)
         else:
             winners, medians, load = _measure(candidates)
+            _measured.append((kind, tuple(shape)))
             _keep(key, kind, tuple(shape), winners, medians, load)
         if (kind, tuple(shape)) not in _timed or frozenset(names) > _timed[(kind, tuple(shape))][0]:
             _timed[(kind, tuple(shape))] = frozenset(names), medians
@@ -348,8 +350,14 @@ def choices_made() -> list[tuple[str, tuple[int, ...], tuple[str, ...]]]:
     return [(kind, shape, winners) for (kind, shape), winners in last.items()]
 
 
+def measured() -> list[tuple[str, tuple[int, ...]]]:
+    """Every (kind, shape) this process timed (not read from the cache), in the order timed."""
+    return list(_measured)
+
+
 def forget() -> None:
     """Drop this process's memory of its choices (tests; the disk cache stays)."""
     _made.clear()
+    _measured.clear()
     _timed.clear()
     _loaded.clear()

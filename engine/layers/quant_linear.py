@@ -302,9 +302,21 @@ def make_quant_linear(
         to = dtype or (bias.dtype if bias is not None else torch.float32)
         dense = torch.cat([p.dequantize(to).to(p.data.device) for p in parts])
         return Linear(dense, None if bias is None else bias.to(dense.device, to))
-    if len(parts) == 1:
-        return QuantLinear(parts[0], bias, dtype)
-    return QuantPartsLinear(parts, bias, dtype)
+    lin: QuantLinear | QuantPartsLinear = (
+        QuantLinear(parts[0], bias, dtype) if len(parts) == 1 else QuantPartsLinear(parts, bias, dtype)
+    )
+    if dtype is None:  # chosen before the engine says Ready (unchosen()), not by the first request's step
+        _UNCHOSEN.update([lin] if isinstance(lin, QuantLinear) else [q for _, _, q in lin.parts])
+    return lin
+
+
+_UNCHOSEN: weakref.WeakSet[QuantLinear] = weakref.WeakSet()  # made without an activation dtype
+
+
+def unchosen(dtype: torch.dtype) -> list[QuantLinear]:
+    """The live projections whose kernels for activations of `dtype` are not chosen yet (make_quant_linear's
+    without a dtype: a GGUF model's, chosen at their first product unless start-up asks first)."""
+    return [lin for lin in list(_UNCHOSEN) if dtype not in lin._choices]
 
 
 def _from_make_linear(weight: GGMLWeight | Sequence[GGMLWeight], bias: torch.Tensor | None) -> Linear:
