@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.e2e.conftest import Server, start_server
+from tests.helpers.processes import wait_until
 
 _HF: dict[Path, object] = {}
 
@@ -37,9 +38,12 @@ def hf_embedding(ckpt: Path, ids: list[int], pooling: str = "LAST", dims: int | 
 @pytest.fixture(scope="module")
 def pooling_server(qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     # 32 tokens a step: the long inputs below take several chunked-prefill steps
+    tmp = tmp_path_factory.mktemp("emb")
     s = start_server(
         qwen2_ckpt,
-        tmp_path_factory.mktemp("emb"),
+        tmp,
+        "--batch-dir",
+        str(tmp / "batches"),
         "--runner",
         "pooling",
         "--max-num-batched-tokens",
@@ -223,3 +227,22 @@ def test_embeddings_refused_on_a_classifier(qwen2_cls_ckpt: Path, tmp_path: Path
         assert ok.status_code == 200 and len(ok.json()["data"][0]["probs"]) == 3
     finally:
         s.stop()
+
+
+def test_an_embeddings_batch_equals_the_online_answers(pooling_server: Server) -> None:
+    client = openai.OpenAI(base_url=f"{pooling_server.url}/v1", api_key="none", max_retries=0)
+    bodies = [{"model": "tiny", "input": text} for text in ("hello", "a batch of embeddings", "third")]
+    lines = [{"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings", "body": b} for i, b in enumerate(bodies)]
+    upload = client.files.create(file=("e.jsonl", "\n".join(map(json.dumps, lines)).encode()), purpose="batch")
+    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/embeddings", completion_window="24h")
+    wait_until(lambda: client.batches.retrieve(batch.id).status == "completed", 120, "the embeddings batch completed")
+    done = client.batches.retrieve(batch.id)
+    assert done.output_file_id is not None and done.request_counts.completed == 3
+    for raw in client.files.content(done.output_file_id).text.splitlines():
+        item = json.loads(raw)
+        online = httpx.post(
+            f"{pooling_server.url}/v1/embeddings", json=bodies[int(item["custom_id"][1:])], timeout=60
+        ).json()
+        answer = item["response"]["body"]
+        assert item["response"]["status_code"] == 200 and len(answer["data"]) == 1
+        np.testing.assert_allclose(answer["data"][0]["embedding"], online["data"][0]["embedding"], rtol=0, atol=1e-6)
