@@ -19,7 +19,7 @@ from engine.core.params import validate_params
 from engine.core.scheduler import RequestRefused, Scheduler
 from engine.core.state_pool import hybrid_pool
 from engine.distributed.tp_runner import TPModelRunner
-from engine.execution.kernel_warmup import time_kernels
+from engine.execution.kernel_warmup import prepare_kernels
 from engine.execution.model_runner import ModelRunner, step_threads
 from engine.execution.pooler import Pooler
 from engine.execution.sampler import Sampler
@@ -91,8 +91,8 @@ class EngineCore:
         if spec is not None and self.pooler is None:
             self.spec = Speculator(spec, self.max_model_len, self._drafter(spec))
         self._prompt_logprobs: dict[str, list[TokenLogprobs | None]] = {}
-        if self.runner.device.type == "cpu":  # before Ready: the first request's step times no kernel
-            time_kernels(self.runner.dtype)
+        if self.runner.device.type == "cpu":  # before Ready: the first request's step builds and times no kernel
+            prepare_kernels(self.runner.dtype)
 
     def _disk_store(self) -> KVOffload | None:
         """--kv-disk-cache-size: full blocks leaving the pool kept on disk (one process's caches: not under TP)."""

@@ -82,6 +82,7 @@ def load(flags: tuple[str, ...], needs: frozenset[str]) -> ctypes.CDLL | None:
     files = sources()
     target = cache_root() / "cpu_kernels" / f"spindle-{_digest(cxx, flags)}.so"
     if not target.exists():
+        log.info("building the CPU kernels into %s (once per change of their sources)", target.name)
         try:
             _compile(cxx, files, flags, target)
         except (OSError, subprocess.SubprocessError) as e:

@@ -1,5 +1,6 @@
-"""A GGUF model's projection kernels are timed while the engine starts, before it could say Ready: the first
-request's steps (a prefill and one-row decodes) time nothing."""
+"""The CPU kernels are made ready while the engine starts, before it could say Ready: the kernel library is loaded
+(built where its sources changed) even for a model whose first kernel call is inside a step, and a GGUF model's
+projection kernels are timed; the first request's steps (a prefill and one-row decodes) build and time nothing."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from engine.cache_root import cache_root
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
-from engine.cpu_kernels import chooser
+from engine.cpu_kernels import build, chooser
 from engine.layers.quant_linear import unchosen
 from engine.messages import AddRequest, SamplingParams
 from engine.models.loader import resolve_model
@@ -51,3 +52,14 @@ def test_kernels_are_timed_at_start_not_by_the_first_request(q4_folder: Path, ca
     assert any(r.getMessage().startswith("timing kernels: done") for r in caplog.records)
     assert len(serve_one(core)) == 4
     assert chooser.measured() == at_start  # the first request's prefill and decodes timed nothing
+
+
+def test_the_kernel_library_is_loaded_before_the_first_step(qwen2_ckpt: Path) -> None:
+    """A float32 model calls its first kernel in the sampler: the library (a compile when its sources changed)
+    must not wait for the first request."""
+    build.load.cache_clear()  # as in a fresh engine process
+    core = EngineCore(EngineConfig(model=str(qwen2_ckpt), dtype="float32", num_blocks=32, block_size=16))
+    assert build.load.cache_info().currsize == 1  # loaded (or found off) during start-up
+    loads = build.load.cache_info().misses
+    assert len(serve_one(core)) == 4
+    assert build.load.cache_info().misses == loads
