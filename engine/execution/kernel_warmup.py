@@ -1,4 +1,6 @@
-"""The CPU kernels made ready at start-up, before the engine says Ready, so the first request's step waits for none:
+"""The CPU kernels made ready at start-up, before the engine says Ready, so that the first request's step waits for
+none.
+
 - the C++ kernel library (engine/cpu_kernels/build.py) is loaded, and built where its sources changed since the
   cached build (minutes of g++ on a busy machine): a float32 model calls its first kernel (the sampler's argmax)
   only inside a step, so a request could wait on the compiler while the server had said it was ready;
