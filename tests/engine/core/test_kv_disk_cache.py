@@ -87,3 +87,14 @@ def test_lora_blocks_never_cross_adapters(qwen2_ckpt: Path, tmp_path: Path) -> N
     assert outs2[0].num_cached_tokens == 48 and tokens(outs2) == tokens(outs)
     back = run(again, [("base2", p, greedy(3), 0)])["base2"]
     assert back[0].num_cached_tokens == 48 and tokens(back) == tokens(base)
+
+
+def test_hybrid_models_keep_no_disk_store(tmp_path: Path) -> None:
+    """A hybrid model's prefix hit also restores a recurrent-state snapshot the store does not hold: no store."""
+    from tests.engine.models.hybrid_families import build_hybrid
+
+    ckpt = build_hybrid(tmp_path / "hybrids", "lfm2")
+    core = disk_core(ckpt, tmp_path / "kv", num_blocks=64, block_size=8)
+    assert core.block_manager.disk is None
+    run(core, [("a", prompt(core.vocab_size, 11, 40), greedy(2), 0)])
+    assert not any((tmp_path / "kv").glob("*.kvb"))
