@@ -166,6 +166,8 @@ def serve(config: EngineConfig, links: Links) -> None:
         run(core, config.heartbeat_interval, links)
     finally:
         close_runner(core)
+        if core.block_manager.disk is not None:  # the queued KV blocks reach the disk before the process ends
+            core.block_manager.disk.store.close()
 
 
 def close_runner(core: object) -> None:
