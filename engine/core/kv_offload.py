@@ -16,13 +16,15 @@ import torch
 
 from engine.cache_root import cache_root
 from engine.core.kv_disk_store import KVDiskStore
+from engine.gguf.folder import gguf_files
 
-_WEIGHTS = ("*.safetensors", "*.bin", "*.gguf", "*.pt", "config.json", ".gguf-source.json")
+_WEIGHTS = ("*.safetensors", "*.bin", "*.gguf", "*.pt", "config.json")
 
 
 def model_digest(folder: Path, quantization: str | None) -> str:
     """The checkpoint's identity, as the GGUF derivation keys its files: paths, sizes and mtimes of what loads."""
     files = sorted({p for pattern in _WEIGHTS for p in folder.glob(pattern) if p.is_file()})
+    files += gguf_files(folder) or []  # a folder derived from GGUF files: the files themselves name the weights
     stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
     return hashlib.sha256(json.dumps([stats, quantization]).encode()).hexdigest()[:24]
 
