@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.cache_root import cache_root
+from engine.gguf.arch_config import derived_config
 from engine.gguf.header import GGUFError
 from engine.gguf.source import ARCHITECTURES, GGUFModel, gguf_file_of, open_model
 
@@ -54,7 +55,16 @@ def _auto_classes() -> tuple[Any, Any]:
 
 
 def _config(model: GGUFModel, folder: str, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """config.json and generation_config.json from transformers' reading of the file's metadata."""
+    """config.json and generation_config.json from the file's metadata: ours where transformers' GGUF reader lacks
+    the architecture (engine/gguf/arch_config.py), else that reader's."""
+    cfg = derived_config(model) or _transformers_config(model, folder, name)
+    gen: dict[str, Any] = {
+        k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if cfg.get(k) is not None
+    }
+    return cfg, gen
+
+
+def _transformers_config(model: GGUFModel, folder: str, name: str) -> dict[str, Any]:
     auto_config, _ = _auto_classes()
     cfg: dict[str, Any] = auto_config.from_pretrained(folder, gguf_file=name).to_dict()
     arch = model.architecture
@@ -64,8 +74,7 @@ def _config(model: GGUFModel, folder: str, name: str) -> tuple[dict[str, Any], d
     cfg["architectures"] = [hf_arch]
     cfg.pop("_name_or_path", None)
     cfg.pop("dtype", None)  # the tensors are quantized: no checkpoint dtype; auto picks float32 on CPU
-    gen = {k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if cfg.get(k) is not None}
-    return cfg, gen
+    return cfg
 
 
 def _write(model: GGUFModel, out: Path) -> None:
@@ -74,6 +83,9 @@ def _write(model: GGUFModel, out: Path) -> None:
     cfg, gen = _config(model, str(first.parent), first.name)
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    if derived_config(model) is not None:  # AutoTokenizer would read the config through transformers' reader first
+        with _IMPORT_LOCK:
+            from transformers import PreTrainedTokenizerFast as auto_tokenizer  # noqa: N813
     auto_tokenizer.from_pretrained(str(first.parent), gguf_file=first.name).save_pretrained(str(out))
     marker = {
         "files": [str(f.resolve()) for f in model.files],

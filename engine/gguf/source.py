@@ -25,6 +25,8 @@ ARCHITECTURES: dict[str, str] = {
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",  # OLMo 3 as well: engine/gguf/arch_config.py tells them apart
 }
 
 

@@ -25,7 +25,7 @@ from engine.models.weights import Weights
 
 log = logging.getLogger("engine")
 _EXPERT = re.compile(r"^(?P<block>.*\.experts)\.(?P<e>\d+)\.(?P<w>\w+)$")
-_ROW_PERMUTED = {"llama"}  # llama.cpp's converter permutes Q/K rows for these (its rotary layout)
+_ROW_PERMUTED = {"llama", "smollm3"}  # llama.cpp's converter permutes Q/K rows for these (its rotary layout)
 _NORM_PLUS_ONE = {"gemma2", "gemma3"}
 _KEPT = ("proj.weight", "model.embed_tokens.weight", "lm_head.weight")  # projections, embedding, head
 _FLOATS = {int(gguf.GGMLQuantizationType.F32), int(gguf.GGMLQuantizationType.F16), int(gguf.GGMLQuantizationType.BF16)}

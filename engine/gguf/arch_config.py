@@ -1,0 +1,86 @@
+"""config.json from GGUF metadata for the architectures transformers' GGUF reader lacks (SmolLM3, OLMo 2 / 3).
+
+Keys are llama.cpp's (`{arch}.block_count`, `{arch}.attention.sliding_window_pattern`, ...), as its converter
+writes them; what llama.cpp fixes in code rather than the file (SmolLM3's NoPE layer every 4th) is fixed here too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.gguf.source import GGUFModel
+
+
+def _common(model: GGUFModel) -> dict[str, Any]:
+    """The fields every decoder-only file states, under transformers' names."""
+    meta, arch = model.metadata, model.architecture
+    heads = int(meta[f"{arch}.attention.head_count"])
+    hidden = int(meta[f"{arch}.embedding_length"])
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+    cfg: dict[str, Any] = {
+        "hidden_size": hidden,
+        "num_hidden_layers": int(meta[f"{arch}.block_count"]),
+        "intermediate_size": int(meta[f"{arch}.feed_forward_length"]),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(meta.get(f"{arch}.attention.head_count_kv", heads)),
+        "head_dim": int(meta.get(f"{arch}.attention.key_length", hidden // heads)),
+        "max_position_embeddings": int(meta.get(f"{arch}.context_length", 4096)),
+        "rms_norm_eps": float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        "vocab_size": int(meta.get(f"{arch}.vocab_size", len(tokens))),
+        "tie_word_embeddings": "output.weight" not in model.tensors(),
+    }
+    for key in ("bos_token_id", "eos_token_id", "padding_token_id"):
+        if (value := meta.get(f"tokenizer.ggml.{key}")) is not None:
+            cfg[key.replace("padding", "pad")] = int(value)
+    return cfg
+
+
+def _rope_scaling(model: GGUFModel) -> dict[str, Any] | None:
+    meta, arch = model.metadata, model.architecture
+    kind = meta.get(f"{arch}.rope.scaling.type")
+    if kind in (None, "none"):
+        return None
+    scaling: dict[str, Any] = {"rope_type": str(kind), "factor": float(meta[f"{arch}.rope.scaling.factor"])}
+    if (original := meta.get(f"{arch}.rope.scaling.original_context_length")) is not None:
+        scaling["original_max_position_embeddings"] = int(original)
+    return scaling
+
+
+def _smollm3(model: GGUFModel) -> dict[str, Any]:
+    # llama.cpp's SmolLM3 has no key for it: a NoPE layer every 4th (n_no_rope_layer_step), HF's default as well
+    return _common(model) | {
+        "model_type": "smollm3",
+        "no_rope_layer_interval": 4,
+        "architectures": ["SmolLM3ForCausalLM"],
+    }
+
+
+def _olmo2(model: GGUFModel) -> dict[str, Any]:
+    """OLMo 2, or OLMo 3 (filed as olmo2) where the file states a sliding window and its per-layer pattern."""
+    meta, arch = model.metadata, model.architecture
+    cfg = _common(model) | {"model_type": "olmo2", "architectures": ["Olmo2ForCausalLM"]}
+    cfg["attention_bias"] = "blk.0.attn_q.bias" in model.tensors()
+    if (scaling := _rope_scaling(model)) is not None:
+        cfg["rope_scaling"] = scaling
+    window = meta.get(f"{arch}.attention.sliding_window")
+    if window:
+        n = cfg["num_hidden_layers"]
+        stated: Any = meta.get(f"{arch}.attention.sliding_window_pattern")
+        pattern = [bool(p) for p in stated] if hasattr(stated, "__len__") and len(stated) == n else []
+        if not pattern:  # a period (or nothing: llama.cpp's OLMo 3 default of 4): every period-th layer is full
+            period = int(stated) if isinstance(stated, (int, float)) and stated else 4
+            pattern = [(i + 1) % period != 0 for i in range(n)]
+        cfg |= {"model_type": "olmo3", "architectures": ["Olmo3ForCausalLM"], "sliding_window": int(window)}
+        cfg["layer_types"] = ["sliding_attention" if bool(p) else "full_attention" for p in pattern]
+    return cfg
+
+
+# GGUF architecture -> its config.json, for those transformers' GGUF reader does not know
+DERIVED = {"smollm3": _smollm3, "olmo2": _olmo2}
+
+
+def derived_config(model: GGUFModel) -> dict[str, Any] | None:
+    """config.json for the file, or None where transformers' reader serves its architecture."""
+    build = DERIVED.get(model.architecture)
+    return None if build is None else build(model)

@@ -1,0 +1,104 @@
+"""A tiny Hugging Face checkpoint written as llama.cpp's converter (convert_hf_to_gguf.py) lays it out: its metadata
+keys, gguf's tensor names, llama's Q/K rows permuted for its rotary layout, 2-D weights optionally quantized."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+from safetensors.numpy import load_file
+
+from tests.engine.gguf.files import TOKENS
+
+# HF model_type -> (GGUF architecture, whether llama.cpp permutes Q/K rows for it)
+GGUF_ARCH = {"smollm3": ("smollm3", True), "olmo2": ("olmo2", False), "olmo3": ("olmo2", False)}
+
+
+def _permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's LlamaModel.permute."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _metadata(w: gguf.GGUFWriter, cfg: dict[str, Any]) -> None:
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    rope = cfg.get("rope_parameters") or {}
+    rope = rope.get("full_attention", rope)  # OLMo 3: one per layer type; llama.cpp writes the full layers'
+    w.add_rope_freq_base(float(rope.get("rope_theta") or cfg.get("rope_theta")))
+    scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+    if scaling and scaling.get("rope_type") == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(scaling["factor"])
+        w.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+    if cfg.get("sliding_window") and cfg.get("layer_types"):  # OLMo 3, as Olmo2Model writes it
+        w.add_sliding_window(cfg["sliding_window"])
+        w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
+    w.add_vocab_size(cfg["vocab_size"])
+
+
+def _tokenizer(w: gguf.GGUFWriter, vocab: int) -> None:
+    tokens = TOKENS[: vocab - 2] + TOKENS[-2:]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * (vocab - 2) + [3, 3])
+    w.add_token_merges(["a b"])
+    w.add_bos_token_id(vocab - 2)
+    w.add_eos_token_id(vocab - 1)
+
+
+def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
+    return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_tensors(ckpt: Path) -> dict[str, tuple[str, np.ndarray, int]]:
+    """GGUF name -> (HF name, the tensor as llama.cpp's converter writes it (float32), the heads its rows were
+    permuted over or 0)."""
+    cfg = json.loads((ckpt / "config.json").read_text())
+    arch, permuted = GGUF_ARCH[cfg["model_type"]]
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], cfg["num_hidden_layers"])
+    out: dict[str, tuple[str, np.ndarray, int]] = {}
+    for name, value in load_file(str(ckpt / "model.safetensors")).items():
+        stem, _, suffix = name.rpartition(".")
+        mapped = names.get_name(stem)
+        assert mapped is not None, name
+        value, heads = value.astype(np.float32), 0
+        if permuted and mapped.endswith(("attn_q", "attn_k")) and suffix == "weight":
+            heads = cfg["num_attention_heads"] if mapped.endswith("attn_q") else cfg["num_key_value_heads"]
+            value = _permute(value, heads)
+        out[f"{mapped}.{suffix}"] = (name, value, heads)
+    return out
+
+
+def write_gguf(ckpt: Path, path: Path, qtype: gguf.GGMLQuantizationType | None = None) -> dict[str, np.ndarray]:
+    """Writes the checkpoint as a GGUF file; returns what the file holds by HF name, in HF's layout (float32,
+    quantized tensors dequantized back): the weights a reference model loads."""
+    cfg = json.loads((ckpt / "config.json").read_text())
+    w = gguf.GGUFWriter(str(path), GGUF_ARCH[cfg["model_type"]][0])
+    _metadata(w, cfg)
+    _tokenizer(w, cfg["vocab_size"])
+    held: dict[str, np.ndarray] = {}
+    for name, (hf_name, value, heads) in gguf_tensors(ckpt).items():
+        stored = value
+        if qtype is not None and value.ndim == 2:
+            blocks = gguf.quants.quantize(value, qtype)
+            w.add_tensor(name, blocks, raw_dtype=qtype)
+            stored = gguf.quants.dequantize(blocks, qtype).reshape(value.shape)
+        else:
+            w.add_tensor(name, value)
+        held[hf_name] = _unpermute(stored, heads) if heads else stored
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return held
