@@ -100,7 +100,10 @@ def api_server_count(args: list[str]) -> int:
     return 1
 
 
-def wait_healthy(server: Server, timeout: float = 120) -> None:
+STARTUP_S = 300  # start-up includes building the CPU kernels where their sources changed (g++: up to 120 s)
+
+
+def wait_healthy(server: Server, timeout: float = STARTUP_S) -> None:
     """/health 200 from the server; with several API processes, from every one of them (each answers 503
     until its own engine connection is up, and the kernel may hand the next connection to any)."""
     _wait_one_healthy(server, timeout)
@@ -108,7 +111,7 @@ def wait_healthy(server: Server, timeout: float = 120) -> None:
         wait_all_healthy(server, count, timeout)
 
 
-def wait_all_healthy(server: Server, count: int, timeout: float = 120) -> None:
+def wait_all_healthy(server: Server, count: int, timeout: float = STARTUP_S) -> None:
     """Every API process has answered /health with 200 (which one accepted each connection is read from /proc:
     the kernel hands a new connection to whichever process accepts first)."""
     apis = children(server.proc.pid, API_PROCESS)
