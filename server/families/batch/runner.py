@@ -114,7 +114,11 @@ class BatchRunner:
         )
 
     async def _run_lines(self, batch_id: str, endpoint: str, lines: list[Line]) -> None:
-        done, _completed, _failed = await anyio.to_thread.run_sync(self.store.answered, batch_id)
+        done, completed, failed = await anyio.to_thread.run_sync(self.store.answered, batch_id)
+        async with self.lock:  # the results are the truth: a stop between an append and its count left it behind
+            batch = await self._read(batch_id)
+            batch["request_counts"].update(completed=completed, failed=failed)
+            await anyio.to_thread.run_sync(self.store.save, batch)
         async with anyio.create_task_group() as tg:
             for line in lines:
                 if line.custom_id in done:
