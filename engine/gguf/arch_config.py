@@ -1,4 +1,5 @@
-"""config.json from GGUF metadata for the architectures transformers' GGUF reader lacks (SmolLM3, OLMo 2 / 3).
+"""config.json from GGUF metadata for the architectures transformers' GGUF reader lacks or reads short (SmolLM3,
+OLMo 2 / 3, LFM2).
 
 Keys are llama.cpp's (`{arch}.block_count`, `{arch}.attention.sliding_window_pattern`, ...), as its converter
 writes them; what llama.cpp fixes in code rather than the file (SmolLM3's NoPE layer every 4th) is fixed here too.
@@ -15,6 +16,8 @@ def _common(model: GGUFModel) -> dict[str, Any]:
     """The fields every decoder-only file states, under transformers' names."""
     meta, arch = model.metadata, model.architecture
     heads = int(meta[f"{arch}.attention.head_count"])
+    kv: Any = meta.get(f"{arch}.attention.head_count_kv", heads)
+    kv = max(int(k) for k in kv) if hasattr(kv, "__len__") else int(kv)  # per layer (0: no attention) in hybrids
     hidden = int(meta[f"{arch}.embedding_length"])
     tokens = meta.get("tokenizer.ggml.tokens") or []
     cfg: dict[str, Any] = {
@@ -22,7 +25,7 @@ def _common(model: GGUFModel) -> dict[str, Any]:
         "num_hidden_layers": int(meta[f"{arch}.block_count"]),
         "intermediate_size": int(meta[f"{arch}.feed_forward_length"]),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(meta.get(f"{arch}.attention.head_count_kv", heads)),
+        "num_key_value_heads": kv,
         "head_dim": int(meta.get(f"{arch}.attention.key_length", hidden // heads)),
         "max_position_embeddings": int(meta.get(f"{arch}.context_length", 4096)),
         "rms_norm_eps": float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
@@ -76,8 +79,27 @@ def _olmo2(model: GGUFModel) -> dict[str, Any]:
     return cfg
 
 
-# GGUF architecture -> its config.json, for those transformers' GGUF reader does not know
-DERIVED = {"smollm3": _smollm3, "olmo2": _olmo2}
+def _lfm2(model: GGUFModel) -> dict[str, Any]:
+    """LFM2: the layers whose KV head count is 0 are short convolutions; the file's FFN width is the adjusted one."""
+    meta, arch = model.metadata, model.architecture
+    cfg = _common(model)
+    per_layer: Any = meta[f"{arch}.attention.head_count_kv"]
+    kinds = ["full_attention" if int(k) else "conv" for k in per_layer] if hasattr(per_layer, "__len__") else None
+    cfg |= {
+        "model_type": "lfm2",
+        "architectures": ["Lfm2ForCausalLM"],
+        "layer_types": kinds or ["full_attention"] * cfg["num_hidden_layers"],
+        "conv_L_cache": int(meta[f"{arch}.shortconv.l_cache"]),
+        "conv_bias": any(name.endswith("shortconv.conv.bias") for name in model.tensors()),
+        "norm_eps": cfg["rms_norm_eps"],
+        "block_ff_dim": cfg["intermediate_size"],
+        "block_auto_adjust_ff_dim": False,
+    }
+    return cfg
+
+
+# GGUF architecture -> its config.json, for those transformers' GGUF reader does not know or reads short
+DERIVED = {"smollm3": _smollm3, "olmo2": _olmo2, "lfm2": _lfm2}
 
 
 def derived_config(model: GGUFModel) -> dict[str, Any] | None:

@@ -15,11 +15,12 @@ from typing import Protocol
 
 import torch
 
+from engine.gguf.tensor import GGMLWeight
 from engine.layers.linear import Linear
 from engine.layers.lm_head import choose_head
 from engine.layers.ops import AttnMetadata, TorchOps
 from engine.models.args import ModelArgs
-from engine.models.decoder import CausalLM, Rope, gemma_rms_norm
+from engine.models.decoder import CausalLM, Rope, _quantized_ends, gemma_rms_norm
 from engine.models.recurrent.state import StateBatch, StateShape
 from engine.models.rope import rope_table
 
@@ -74,7 +75,7 @@ class HybridLM(CausalLM):
     ) -> None:
         self.args = args
         self.ops = TorchOps
-        self.dtype, self.device = ends.embed.dtype, ends.embed.device
+        self.dtype, self.device = ends.norm.dtype, ends.norm.device  # the norm: always dense (a GGUF table: blocks)
         self.blocks = blocks
         self.layers = []  # the plain decoder's layers: none (no fused decode, no LoRA)
         self.kv_index = {i: n for n, i in enumerate(i for i, b in enumerate(blocks) if isinstance(b, AttnBlock))}
@@ -82,8 +83,12 @@ class HybridLM(CausalLM):
         self.state_index = {i: n for n, i in enumerate(recurrent)}
         self.norm = ends.norm
         self.tied = ends.head is None
-        self.head = choose_head(ends.embed if ends.head is None else ends.head, quantization)
-        self.embed = None if self.tied and self.head.transposed is not None else ends.embed
+        head = ends.embed if ends.head is None else ends.head
+        if isinstance(head, GGMLWeight) or isinstance(ends.embed, GGMLWeight):  # a GGUF file's blocks
+            self.head, self.embed = _quantized_ends(ends.embed, head, self.dtype, quantization)
+        else:
+            self.head = choose_head(head, quantization)
+            self.embed = None if self.tied and self.head.transposed is not None else ends.embed
         self.embed_scale = None
         self.layer_windows = [None] * args.num_layers
         self.cos_sin = rope_table(

@@ -14,7 +14,12 @@ from safetensors.numpy import load_file
 from tests.engine.gguf.files import TOKENS
 
 # HF model_type -> (GGUF architecture, whether llama.cpp permutes Q/K rows for it)
-GGUF_ARCH = {"smollm3": ("smollm3", True), "olmo2": ("olmo2", False), "olmo3": ("olmo2", False)}
+GGUF_ARCH = {
+    "smollm3": ("smollm3", True),
+    "olmo2": ("olmo2", False),
+    "olmo3": ("olmo2", False),
+    "lfm2": ("lfm2", False),
+}
 
 
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -28,10 +33,15 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict[str, Any]) -> None:
     w.add_embedding_length(cfg["hidden_size"])
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_key_length(cfg["head_dim"])
-    w.add_value_length(cfg["head_dim"])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    kv = cfg["num_key_value_heads"]
+    if cfg["model_type"] == "lfm2":  # LFM2Model: KV heads per layer, 0 on the convolutions
+        kv = [kv if t == "full_attention" else 0 for t in cfg["layer_types"]]
+        w.add_shortconv_l_cache(cfg["conv_L_cache"])
+    w.add_head_count_kv(kv)
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps") or cfg["norm_eps"])
     rope = cfg.get("rope_parameters") or {}
     rope = rope.get("full_attention", rope)  # OLMo 3: one per layer type; llama.cpp writes the full layers'
     w.add_rope_freq_base(float(rope.get("rope_theta") or cfg.get("rope_theta")))
@@ -73,6 +83,8 @@ def gguf_tensors(ckpt: Path) -> dict[str, tuple[str, np.ndarray, int]]:
         mapped = names.get_name(stem)
         assert mapped is not None, name
         value, heads = value.astype(np.float32), 0
+        if mapped.endswith("shortconv.conv") and suffix == "weight":
+            value = value.squeeze(1)  # LFM2Model: the convolution as [channels, kernel]
         if permuted and mapped.endswith(("attn_q", "attn_k")) and suffix == "weight":
             heads = cfg["num_attention_heads"] if mapped.endswith("attn_q") else cfg["num_key_value_heads"]
             value = _permute(value, heads)
@@ -90,7 +102,7 @@ def write_gguf(ckpt: Path, path: Path, qtype: gguf.GGMLQuantizationType | None =
     held: dict[str, np.ndarray] = {}
     for name, (hf_name, value, heads) in gguf_tensors(ckpt).items():
         stored = value
-        if qtype is not None and value.ndim == 2:
+        if qtype is not None and value.ndim == 2 and value.shape[1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0:
             blocks = gguf.quants.quantize(value, qtype)
             w.add_tensor(name, blocks, raw_dtype=qtype)
             stored = gguf.quants.dequantize(blocks, qtype).reshape(value.shape)

@@ -1,4 +1,4 @@
-"""GGUF files of the 2026 families (SmolLM3, OLMo 2, OLMo 3 filed as olmo2), written from a tiny random checkpoint as
+"""GGUF files of the 2026 families (SmolLM3, OLMo 2, OLMo 3 filed as olmo2, LFM2), written from a random checkpoint as
 llama.cpp's converter lays them out: config derived from the metadata (engine/gguf/arch_config.py), tensors by HF name,
 and greedy through the engine equal to transformers on the checkpoint (float32 and F16 tensors; Q8_0 blocks against
 transformers on the dequantized weights)."""
@@ -15,10 +15,12 @@ from gguf import GGMLQuantizationType as T
 
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
+from engine.gguf.header import open_mapped, read_header
 from engine.messages import SamplingParams
 from engine.models.loader import resolve_model
 from tests.engine.gguf.hf_to_gguf import write_gguf
 from tests.engine.models.families import build_family
+from tests.engine.models.hybrid_families import HYBRIDS, build_hybrid
 from tests.helpers.engine import run, tokens
 
 VOCAB = 96
@@ -28,6 +30,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {  # llama.cpp's SmolLM3: a NoPE layer ev
     "smollm3": dict(tokenizer=False, extra=dict(pad_token_id=0, no_rope_layer_interval=4, attention_bias=False)),
     "olmo2": dict(tokenizer=False, extra=dict(attention_bias=False)),
     "olmo3": dict(tokenizer=False),
+    "lfm2": {},
 }
 
 
@@ -42,7 +45,8 @@ def _reference(ckpt: Path, prompt: list[int], weights: dict[str, Any] | None) ->
 
     model: Any = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
     if weights is not None:  # the file's dequantized blocks
-        model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()}, strict=False)
+        shapes = {k: v.shape for k, v in model.state_dict().items()}  # LFM2's convolution: [channels, 1, kernel]
+        model.load_state_dict({k: torch.from_numpy(v).reshape(shapes[k]) for k, v in weights.items()}, strict=False)
     with torch.no_grad():
         out = model.generate(
             torch.tensor([prompt]),
@@ -69,9 +73,12 @@ def _engine(path: Path) -> dict[str, list[int]]:
 @pytest.mark.parametrize("qtype", [None, T.F16, T.Q8_0], ids=["f32", "f16", "q8_0"])
 @pytest.mark.parametrize("family", list(OVERRIDES))
 def test_greedy_equals_transformers(family: str, qtype: T | None, tmp_path: Path) -> None:
-    ckpt = build_family(tmp_path / "hf", family, vocab_size=VOCAB, **OVERRIDES[family])
+    build = build_hybrid if family in HYBRIDS else build_family
+    ckpt = build(tmp_path / "hf", family, vocab_size=VOCAB, **OVERRIDES[family])
     path = tmp_path / f"{family}.gguf"
     held = write_gguf(ckpt, path, qtype)
+    if qtype == T.Q8_0:  # the projections are blocks: a test of the block kernels, not of F32 passed through
+        assert any(t.ggml_type == T.Q8_0 for t in read_header(path, open_mapped(path)).tensors.values())
     folder = resolve_model(str(path))
     derived = json.loads((folder / "config.json").read_text())
     assert derived["architectures"] == json.loads((ckpt / "config.json").read_text())["architectures"]

@@ -91,7 +91,7 @@ def build_hybrid(root: Path, family: str, **overrides: Any) -> Path:
     kw = dict(HYBRIDS[family], **overrides)
     config_cls, model_cls = getattr(transformers, kw.pop("config")), getattr(transformers, kw.pop("model"))
     config = config_cls(
-        vocab_size=VOCAB,
+        vocab_size=kw.pop("vocab_size", VOCAB),
         bos_token_id=151643,
         eos_token_id=151645,
         pad_token_id=0,
