@@ -102,7 +102,7 @@ class ModelConfig:
             return generation_defaults(read_generation_config(folder)), str(folder / "generation_config.json")
         file = served_gguf(self.model) if self.model is not None else None
         if file is not None:
-            found, source = sampling_defaults(read_header(file).metadata)
+            found, source = sampling_defaults(read_header(file).metadata, Path(file))
             return {**checkpoint, **found}, source
         return checkpoint, "generation_config.json" if checkpoint else "the API's own (no generation_config.json)"
 

