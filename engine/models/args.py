@@ -54,10 +54,10 @@ class ModelArgs:
     rope_scaling: dict[str, Any] | None  # with rope_type; None: plain rope
     max_position_embeddings: int
     tie_word_embeddings: bool | None  # None: config.json does not say
-    qkv_bias: bool
-    o_bias: bool
-    mlp_bias: bool
-    sliding_window: int | None  # one window for every layer, or None (per-layer windows: layer_windows)
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    sliding_window: int | None = None  # one window for every layer, or None (per-layer windows: layer_windows)
     hidden_act: str = "silu"
     qk_norm: bool = False  # RMSNorm over each head of q and k before rope (Qwen3, Gemma 3)
     gemma_norms: bool = False  # norms scale by (1 + w) in float32, and also close each sub-block's output
@@ -159,6 +159,17 @@ def common_fields(cfg: dict[str, Any]) -> dict[str, Any]:
         hidden_act=str(cfg.get("hidden_act") or cfg.get("hidden_activation") or "silu"),
         partial_rotary_factor=float(cfg.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or 1.0),
     )
+
+
+def checked_layer_types(types: list[Any], n: int, supported: tuple[str, ...], named: str = "") -> list[str]:
+    """A hybrid config's `layer_types`: every one of `supported`, one per layer (ConfigError naming what is off).
+    named: how the error lists the supported types (default: all of them)."""
+    unknown = sorted(set(types) - set(supported))
+    if unknown:
+        raise ConfigError(f"layer_types {unknown} are not supported; supported: {named or ', '.join(supported)}")
+    if len(types) != n:
+        raise ConfigError(f"layer_types names {len(types)} layers, num_hidden_layers {n}")
+    return [str(t) for t in types]
 
 
 def layer_windows(cfg: dict[str, Any], default_types: list[str] | None = None) -> tuple[int | None, ...]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -49,6 +50,25 @@ class WeightSource(Protocol):
     def __call__(self, name: str) -> torch.Tensor: ...
 
     def __contains__(self, name: str) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What a family's `load` builds its model from: the config, its parsed args, the weights and the loader's
+    choices (the rotary table's length, the quantization)."""
+
+    cfg: dict[str, Any]
+    args: ModelArgs
+    weights: WeightSource
+    has_lm_head: bool
+    max_positions: int
+    quantization: str | None = None
+
+    def lm_head(self) -> torch.Tensor | None:
+        """The LM head's own weight, or None where the embedding serves (tie_word_embeddings, else no lm_head)."""
+        tie = self.args.tie_word_embeddings
+        tied = tie if tie is not None else not self.has_lm_head
+        return None if tied else self.weights("lm_head.weight")
 
 
 class GatedMLP:
@@ -217,17 +237,9 @@ class CausalLM:
         self.fused_checked = False
 
     @classmethod
-    def load(
-        cls,
-        cfg: dict[str, Any],
-        args: ModelArgs,
-        weights: WeightSource,
-        has_lm_head: bool,
-        max_positions: int,
-        quantization: str | None = None,
-    ) -> CausalLM:
+    def load(cls, ck: Checkpoint) -> CausalLM:
         """The model from its config.json and weights (a family with its own layout overrides this)."""
-        return cls(args, weights, has_lm_head, max_positions, quantization)
+        return cls(ck.args, ck.weights, ck.has_lm_head, ck.max_positions, ck.quantization)
 
     def use_triton(self) -> None:
         """The GPU path: Triton attention / norm / rope kernels and the fused MoE kernel."""

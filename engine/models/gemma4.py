@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from engine.layers.linear import Linear, make_linear
 from engine.layers.moe import ACTIVATIONS
 from engine.models.args import ConfigError, ModelArgs, arch_of, common_fields, layer_windows, refuse, window_fields
-from engine.models.decoder import CausalLM, GatedMLP, Layer, Rope, WeightGetter, WeightSource, gemma_rms_norm
+from engine.models.decoder import CausalLM, Checkpoint, GatedMLP, Layer, Rope, WeightGetter, gemma_rms_norm
 from engine.models.rope import rope_table
 
 if TYPE_CHECKING:
@@ -110,9 +110,6 @@ def parse(cfg: dict[str, Any], arch: str) -> ModelArgs:
         **fields,
         rope_theta=float(full.get("rope_theta") or 1_000_000.0),
         rope_scaling=None,
-        qkv_bias=False,
-        o_bias=False,
-        mlp_bias=False,
         qk_norm=True,
         gemma_norms=True,
         norm_offset=0.0,
@@ -183,22 +180,14 @@ class Gemma4CausalLM(CausalLM):
     layer_class = Gemma4Layer
 
     @classmethod
-    def load(
-        cls,
-        cfg: dict[str, Any],
-        args: ModelArgs,
-        weights: WeightSource,
-        has_lm_head: bool,
-        max_positions: int,
-        quantization: str | None = None,
-    ) -> CausalLM:
+    def load(cls, ck: Checkpoint) -> CausalLM:
         """A Gemma4ForConditionalGeneration checkpoint keeps the text model under model.language_model."""
 
         def get(name: str) -> torch.Tensor:
             nested = "model.language_model." + name.removeprefix("model.")
-            return weights(nested if name not in weights and nested in weights else name)
+            return ck.weights(nested if name not in ck.weights and nested in ck.weights else name)
 
-        return cls(args, get, has_lm_head, max_positions, quantization)
+        return cls(ck.args, get, ck.has_lm_head, ck.max_positions, ck.quantization)
 
     def __init__(
         self, args: ModelArgs, get: WeightGetter, has_lm_head: bool, max_positions: int, quantization: str | None = None

@@ -17,8 +17,8 @@ import torch
 
 from engine.layers.linear import make_linear
 from engine.layers.moe import ACTIVATIONS, SparseMoE
-from engine.models.args import ConfigError, ModelArgs, common_fields, rope_settings
-from engine.models.decoder import GatedMLP, WeightSource, fused_rows
+from engine.models.args import ConfigError, ModelArgs, checked_layer_types, common_fields, rope_settings
+from engine.models.decoder import Checkpoint, GatedMLP, WeightSource, fused_rows
 from engine.models.hybrid import MLP, AttnBlock, Block, Ends, HybridLM, RecurrentBlock
 from engine.models.recurrent.mamba2 import Mamba2, SSDDims
 
@@ -30,12 +30,7 @@ _SSD = ("mamba_n_heads", "mamba_d_state", "mamba_n_groups", "mamba_d_conv")
 def layer_types(cfg: dict[str, Any]) -> list[str]:
     n = int(cfg["num_hidden_layers"])
     types = cfg.get("layer_types") or cfg.get("layers_block_type") or ["mamba"] * n
-    unknown = sorted(set(types) - set(_TYPES))
-    if unknown:
-        raise ConfigError(f"layer_types {unknown} are not supported; supported: mamba, attention")
-    if len(types) != n:
-        raise ConfigError(f"layer_types names {len(types)} layers, num_hidden_layers {n}")
-    return [_TYPES[str(t)] for t in types]
+    return [_TYPES[t] for t in checked_layer_types(types, n, tuple(_TYPES), "mamba, attention")]
 
 
 def _number(v: Any) -> float:
@@ -89,15 +84,7 @@ def parse(cfg: dict[str, Any], arch: str) -> ModelArgs:
         "mamba_conv_bias": bool(cfg.get("mamba_conv_bias", True)),
     }
     return ModelArgs(
-        architecture=arch,
-        **fields,
-        rope_theta=theta,
-        rope_scaling=scaling,
-        qkv_bias=biased,
-        o_bias=biased,
-        mlp_bias=False,
-        sliding_window=None,
-        extra=extra,
+        architecture=arch, **fields, rope_theta=theta, rope_scaling=scaling, qkv_bias=biased, o_bias=biased, extra=extra
     )
 
 
@@ -121,28 +108,14 @@ class SharedMoE:
 
 class GraniteHybridLM(HybridLM):
     @classmethod
-    def load(
-        cls,
-        cfg: dict[str, Any],
-        args: ModelArgs,
-        weights: WeightSource,
-        has_lm_head: bool,
-        max_positions: int,
-        quantization: str | None = None,
-    ) -> GraniteHybridLM:
-        blocks = [_block(args, i, weights, quantization) for i in range(args.num_layers)]
-        tied = args.tie_word_embeddings if args.tie_word_embeddings is not None else not has_lm_head
-        head = None if tied else weights("lm_head.weight")
-        model = cls(
-            args,
-            blocks,
-            Ends(weights("model.embed_tokens.weight"), weights("model.norm.weight"), head),
-            max_positions,
-            quantization,
-        )
-        embed, residual, attention, logits = args.extra["multipliers"]
+    def load(cls, ck: Checkpoint) -> GraniteHybridLM:
+        weights = ck.weights
+        blocks = [_block(ck.args, i, weights, ck.quantization) for i in range(ck.args.num_layers)]
+        ends = Ends(weights("model.embed_tokens.weight"), weights("model.norm.weight"), ck.lm_head())
+        model = cls(ck.args, blocks, ends, ck.max_positions, ck.quantization)
+        embed, residual, attention, logits = ck.args.extra["multipliers"]
         model.embedding_multiplier, model.residual_scale, model.scale = embed, residual, attention
-        model.logits_scaling, model.turns = logits, args.extra["rope"]
+        model.logits_scaling, model.turns = logits, ck.args.extra["rope"]
         return model
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -11,8 +11,8 @@ from typing import Any
 
 from engine.layers.linear import make_linear
 from engine.layers.moe import ACTIVATIONS
-from engine.models.args import ConfigError, ModelArgs, common_fields, refuse, rope_settings
-from engine.models.decoder import GatedMLP, WeightSource, fused_rows
+from engine.models.args import ConfigError, ModelArgs, checked_layer_types, common_fields, refuse, rope_settings
+from engine.models.decoder import Checkpoint, GatedMLP, WeightSource, fused_rows
 from engine.models.hybrid import AttnBlock, Block, Ends, HybridLM, RecurrentBlock
 from engine.models.recurrent.short_conv import ShortConv
 
@@ -28,12 +28,7 @@ def layer_types(cfg: dict[str, Any]) -> list[str]:
             raise ConfigError(f"{ARCHITECTURE} config.json has neither layer_types nor full_attn_idxs")
         full = {int(i) for i in cfg["full_attn_idxs"]}
         types = ["full_attention" if i in full else "conv" for i in range(n)]
-    unknown = sorted(set(types) - set(LAYER_TYPES))
-    if unknown:
-        raise ConfigError(f"layer_types {unknown} are not supported; supported: {', '.join(LAYER_TYPES)}")
-    if len(types) != n:
-        raise ConfigError(f"layer_types names {len(types)} layers, num_hidden_layers {n}")
-    return [str(t) for t in types]
+    return checked_layer_types(types, n, tuple(LAYER_TYPES))
 
 
 def parse(cfg: dict[str, Any], arch: str) -> ModelArgs:
@@ -49,10 +44,6 @@ def parse(cfg: dict[str, Any], arch: str) -> ModelArgs:
         **dict(common_fields(cfg), rms_norm_eps=float(cfg.get("norm_eps", 1e-5)), tie_word_embeddings=tie),
         rope_theta=theta,
         rope_scaling=scaling,
-        qkv_bias=False,
-        o_bias=False,
-        mlp_bias=False,
-        sliding_window=None,
         qk_norm=True,
         extra={"layer_types": tuple(types), "conv_bias": bool(cfg.get("conv_bias"))},
     )
@@ -60,20 +51,11 @@ def parse(cfg: dict[str, Any], arch: str) -> ModelArgs:
 
 class Lfm2LM(HybridLM):
     @classmethod
-    def load(
-        cls,
-        cfg: dict[str, Any],
-        args: ModelArgs,
-        weights: WeightSource,
-        has_lm_head: bool,
-        max_positions: int,
-        quantization: str | None = None,
-    ) -> Lfm2LM:
-        blocks = [_block(args, i, weights, quantization) for i in range(args.num_layers)]
-        tied = args.tie_word_embeddings if args.tie_word_embeddings is not None else not has_lm_head
-        head = None if tied else weights("lm_head.weight")
-        ends = Ends(weights("model.embed_tokens.weight"), weights("model.embedding_norm.weight"), head)
-        return cls(args, blocks, ends, max_positions, quantization)
+    def load(cls, ck: Checkpoint) -> Lfm2LM:
+        weights = ck.weights
+        blocks = [_block(ck.args, i, weights, ck.quantization) for i in range(ck.args.num_layers)]
+        ends = Ends(weights("model.embed_tokens.weight"), weights("model.embedding_norm.weight"), ck.lm_head())
+        return cls(ck.args, blocks, ends, ck.max_positions, ck.quantization)
 
 
 def _block(args: ModelArgs, i: int, get: WeightSource, qz: str | None) -> Block:

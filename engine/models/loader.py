@@ -24,7 +24,7 @@ from engine.models.checkpoint_meta import ModelLoadError as ModelLoadError
 from engine.models.checkpoint_meta import eos_token_ids, generation_defaults, read_generation_config
 from engine.models.checkpoint_meta import read_config as read_config
 from engine.models.checkpoint_meta import tokenizer_token_count as tokenizer_token_count
-from engine.models.decoder import CausalLM
+from engine.models.decoder import CausalLM, Checkpoint
 from engine.models.gguf_weights import GGUFWeights
 from engine.models.pooling_archs import as_decoder_config, decoder_weights
 from engine.models.registry import family_of, parse_config
@@ -159,12 +159,15 @@ def load_model(
     with torch.inference_mode():
         if ggufs is not None:
             weights = from_file = GGUFWeights(ggufs, _DTYPES[dtype_name], device, keep_quantized=packed)
-            model = family.model.load(cfg, args, weights, "lm_head.weight" in weights, positions, quantization)
+            model = family.model.load(
+                Checkpoint(cfg, args, weights, "lm_head.weight" in weights, positions, quantization)
+            )
             from_file.log_held()
         elif shard is None:
             weights = Weights(folder, _DTYPES[dtype_name], device)
+            source = decoder_weights(weights)
             model = family.model.load(
-                cfg, args, decoder_weights(weights), "lm_head.weight" in weights, positions, quantization
+                Checkpoint(cfg, args, source, "lm_head.weight" in weights, positions, quantization)
             )
         else:
             weights = shard.weights(folder, args, _DTYPES[dtype_name], device)

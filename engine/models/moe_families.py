@@ -55,7 +55,6 @@ def parse_qwen3_moe(cfg: dict[str, Any], arch: str) -> ModelArgs:
         rope_scaling=scaling,
         qkv_bias=biased,
         o_bias=biased,
-        mlp_bias=False,
         qk_norm=True,
         moe=moe,
         **window_fields(windows),
@@ -81,9 +80,6 @@ def parse_mixtral(cfg: dict[str, Any], arch: str) -> ModelArgs:
         **common_fields(cfg),
         rope_theta=theta,
         rope_scaling=scaling,
-        qkv_bias=False,
-        o_bias=False,
-        mlp_bias=False,
         moe=moe,
         **window_fields((int(window) if window else None,) * n),
     )

@@ -27,9 +27,6 @@ def parse(cfg: dict[str, Any], arch: str) -> ModelArgs:
         **common_fields(cfg),
         rope_theta=theta,
         rope_scaling=scaling,
-        qkv_bias=False,
-        o_bias=False,
-        mlp_bias=False,
         fused_qkv=True,
         **window_fields((int(window) if window else None,) * n),
     )

@@ -21,7 +21,7 @@ from engine.layers.linear import Linear, make_linear
 from engine.layers.ops import AttnMetadata, apply_rope
 from engine.models import llama
 from engine.models.args import ConfigError, ModelArgs
-from engine.models.decoder import CausalLM, WeightGetter, WeightSource
+from engine.models.decoder import CausalLM, Checkpoint, WeightGetter
 
 ARCHITECTURE = "Qwen2VLForConditionalGeneration"
 IMAGE_TOKEN_ID = 151655  # <|image_pad|>, the default when config.json does not say
@@ -223,17 +223,10 @@ class Qwen2VLCausalLM(CausalLM):
         self._axis_cols = torch.cat([axis, axis]).to(self.device)  # table column -> the axis that drives it
 
     @classmethod
-    def load(
-        cls,
-        cfg: dict[str, Any],
-        args: ModelArgs,
-        weights: WeightSource,
-        has_lm_head: bool,
-        max_positions: int,
-        quantization: str | None = None,
-    ) -> CausalLM:
+    def load(cls, ck: Checkpoint) -> CausalLM:
         """Both weight layouts (the original and transformers 5's), the vision tower from vision_config."""
-        return cls(parse_vl_config(cfg), vl_weight_getter(weights, weights), has_lm_head, max_positions, quantization)
+        vl = parse_vl_config(ck.cfg)
+        return cls(vl, vl_weight_getter(ck.weights, ck.weights), ck.has_lm_head, ck.max_positions, ck.quantization)
 
     def mrope_rows(self, positions: torch.Tensor) -> torch.Tensor:
         """positions [3, T] -> the rotary rows [T, head_dim]: each frequency from its section's axis."""

@@ -16,8 +16,8 @@ import torch
 
 from engine.layers.linear import make_linear
 from engine.layers.moe import ACTIVATIONS
-from engine.models.args import ConfigError, ModelArgs, common_fields, refuse, rope_settings
-from engine.models.decoder import GatedMLP, WeightSource, fused_rows
+from engine.models.args import ConfigError, ModelArgs, checked_layer_types, common_fields, refuse, rope_settings
+from engine.models.decoder import Checkpoint, GatedMLP, WeightSource, fused_rows
 from engine.models.hybrid import AttnBlock, Block, Ends, HybridLM, RecurrentBlock
 from engine.models.recurrent.gated_deltanet import DeltaNetDims, GatedDeltaNet
 
@@ -32,12 +32,7 @@ def layer_types(cfg: dict[str, Any]) -> list[str]:
     if types is None:
         every = int(cfg.get("full_attention_interval") or 4)
         types = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n)]
-    unknown = sorted(set(types) - set(LAYER_TYPES))
-    if unknown:
-        raise ConfigError(f"layer_types {unknown} are not supported; supported: {', '.join(LAYER_TYPES)}")
-    if len(types) != n:
-        raise ConfigError(f"layer_types names {len(types)} layers, num_hidden_layers {n}")
-    return [str(t) for t in types]
+    return checked_layer_types(types, n, tuple(LAYER_TYPES))
 
 
 def parse(cfg: dict[str, Any], arch: str) -> ModelArgs:
@@ -59,10 +54,6 @@ def parse(cfg: dict[str, Any], arch: str) -> ModelArgs:
         **fields,
         rope_theta=theta,
         rope_scaling=scaling,
-        qkv_bias=False,
-        o_bias=False,
-        mlp_bias=False,
-        sliding_window=None,
         qk_norm=True,
         gemma_norms=True,  # (1 + w) norms in float32 (engine/models/hybrid.py HybridLM.rms_norm)
         extra={"layer_types": tuple(layer_types(cfg)), "deltanet": dims},
@@ -71,20 +62,11 @@ def parse(cfg: dict[str, Any], arch: str) -> ModelArgs:
 
 class Qwen35LM(HybridLM):
     @classmethod
-    def load(
-        cls,
-        cfg: dict[str, Any],
-        args: ModelArgs,
-        weights: WeightSource,
-        has_lm_head: bool,
-        max_positions: int,
-        quantization: str | None = None,
-    ) -> Qwen35LM:
-        blocks = [_block(args, i, weights, quantization) for i in range(args.num_layers)]
-        tied = args.tie_word_embeddings if args.tie_word_embeddings is not None else not has_lm_head
-        head = None if tied else weights("lm_head.weight")
-        ends = Ends(weights("model.embed_tokens.weight"), _norm(weights("model.norm.weight")), head)
-        return cls(args, blocks, ends, max_positions, quantization)
+    def load(cls, ck: Checkpoint) -> Qwen35LM:
+        weights = ck.weights
+        blocks = [_block(ck.args, i, weights, ck.quantization) for i in range(ck.args.num_layers)]
+        ends = Ends(weights("model.embed_tokens.weight"), _norm(weights("model.norm.weight")), ck.lm_head())
+        return cls(ck.args, blocks, ends, ck.max_positions, ck.quantization)
 
 
 def _norm(w: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ from engine.layers.linear import Linear, make_linear
 from engine.layers.lm_head import LMHead
 from engine.layers.ops import AttnMetadata, TorchOps, TritonOps
 from engine.models.args import ConfigError, ModelArgs
-from engine.models.decoder import CausalLM, WeightGetter, WeightSource
+from engine.models.decoder import CausalLM, Checkpoint, WeightGetter
 
 ARCHITECTURE = "WhisperForConditionalGeneration"
 _EPS = 1e-5
@@ -83,7 +83,6 @@ def parse(cfg: dict[str, Any], arch: str) -> ModelArgs:
         qkv_bias=True,
         o_bias=True,
         mlp_bias=True,
-        sliding_window=None,
     )
 
 
@@ -164,18 +163,10 @@ class WhisperModel(CausalLM):
         self.enc_norm = (get("model.encoder.layer_norm.weight"), get("model.encoder.layer_norm.bias"))
 
     @classmethod
-    def load(
-        cls,
-        cfg: dict[str, Any],
-        args: ModelArgs,
-        weights: WeightSource,
-        has_lm_head: bool,
-        max_positions: int,
-        quantization: str | None = None,
-    ) -> CausalLM:
-        if quantization is not None:
-            raise ConfigError(f"--quantization {quantization} is not supported for Whisper checkpoints")
-        return cls(WhisperArgs.from_hf_config(cfg), args, weights)
+    def load(cls, ck: Checkpoint) -> CausalLM:
+        if ck.quantization is not None:
+            raise ConfigError(f"--quantization {ck.quantization} is not supported for Whisper checkpoints")
+        return cls(WhisperArgs.from_hf_config(ck.cfg), ck.args, ck.weights)
 
     def use_triton(self) -> None:
         """The decoder's self-attention through the Triton paged kernels (the rest is plain torch)."""
