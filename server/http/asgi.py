@@ -8,11 +8,13 @@ is read; a request with no Content-Type at all is read as JSON (curl-style clien
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
 from server.http.errors import APIError
+
+T = TypeVar("T")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -135,18 +137,35 @@ async def serve_json_post(
 
     An APIError raised by `work` before it sent a response becomes the error response (with `headers`).
     """
+
+    async def error(send: Send, e: APIError) -> None:
+        await send_error(send, e, headers)
+
+    await serve_post(receive, send, lambda: read_json_body(scope, receive, limit), work, error)
+
+
+async def serve_post(
+    receive: Receive,
+    send: Send,
+    read: Callable[[], Awaitable[T]],
+    work: Callable[[T], Awaitable[None]],
+    error: Callable[[Send, APIError], Awaitable[None]],
+) -> None:
+    """`read()` the request (its APIError answered by `error`; a client gone ends it), then run `work` on what it
+    read until it ends or the client leaves; an APIError `work` raises before it sent a response goes to `error`
+    (each API family answers errors in its own shape)."""
     try:
-        body = await read_json_body(scope, receive, limit)
+        got = await read()
     except ClientGone:
         return
     except APIError as e:
-        await send_error(send, e, headers)
+        await error(send, e)
         return
 
     async def guarded() -> None:
         try:
-            await work(body)
+            await work(got)
         except APIError as e:
-            await send_error(send, e, headers)
+            await error(send, e)
 
     await run_until_disconnect(receive, guarded)

@@ -23,7 +23,7 @@ from server.families.anthropic.protocol import (
     messages_decoder,
 )
 from server.families.anthropic.translate import chat_request, decode_error
-from server.http.asgi import ClientGone, Receive, Scope, Send, header, read_json_body, run_until_disconnect, send_json
+from server.http.asgi import Receive, Scope, Send, header, read_json_body, send_json, serve_post
 from server.http.errors import APIError
 from server.http.errors import anthropic_error_body as error_body
 from server.multimodal.images import image_support
@@ -65,22 +65,16 @@ class _AnthropicRoute(PostRoute):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         xid = header(scope, b"x-request-id")
         headers = [(b"x-request-id", xid.encode())] if xid else []
-        try:
-            body = await read_json_body(scope, receive, self.state.config.http.max_request_body)
-        except ClientGone:
-            return
-        except APIError as e:
+        limit = self.state.config.http.max_request_body
+
+        async def work(body: bytes) -> None:
+            self.check_runner(str(scope.get("path", "")))
+            await self._work(body, xid, send)
+
+        async def error(send: Send, e: APIError) -> None:
             await send_anthropic_error(send, e, headers)
-            return
 
-        async def guarded() -> None:
-            try:
-                self.check_runner(str(scope.get("path", "")))
-                await self._work(body, xid, send)
-            except APIError as e:
-                await send_anthropic_error(send, e, headers)
-
-        await run_until_disconnect(receive, guarded)
+        await serve_post(receive, send, lambda: read_json_body(scope, receive, limit), work, error)
 
 
 def _takes_images(config: ServerConfig) -> bool:

@@ -24,10 +24,10 @@ from server.families.audio.formats import (
     verbose_json,
     vtt,
 )
-from server.families.audio.multipart import read_form
+from server.families.audio.multipart import Form, read_form
 from server.families.audio.request import AudioRequest, form_error, parse_form
 from server.families.audio.stream import TranscriptStream
-from server.http.asgi import ClientGone, Receive, Scope, Send, header, run_until_disconnect, send_error
+from server.http.asgi import Receive, Scope, Send, header, send_error, serve_post
 from server.http.errors import APIError, bad_request
 from server.multimodal.audio import SpeechSupport, Window, decode_audio, speech_support
 from server.multimodal.whisper_tokens import LANGUAGES
@@ -62,28 +62,22 @@ class AudioRoute:
         xid = header(scope, b"x-request-id")
         headers = [(b"x-request-id", xid.encode())] if xid else []
         path = str(scope.get("path", ""))
-        try:
-            model = (
-                self.state.config.model.model
-            )  # None: the built-in demo, a text model (model_path would import torch)
-            support = speech_support(model) if model is not None else None
+        model = self.state.config.model.model  # None: the built-in demo, a text model (model_path would import torch)
+        support = speech_support(model) if model is not None else None
+
+        async def read() -> tuple[SpeechSupport, Form]:
             if support is None:
                 raise not_speech_error(path)
             self.state.require()
-            form = await read_form(scope, receive, self.state.config.media.max_audio_filesize_mb)
-        except ClientGone:
-            return
-        except APIError as e:
+            return support, await read_form(scope, receive, self.state.config.media.max_audio_filesize_mb)
+
+        async def work(got: tuple[SpeechSupport, Form]) -> None:
+            await self._work(parse_form(got[1]), got[0], xid, send)
+
+        async def error(send: Send, e: APIError) -> None:
             await send_error(send, e, headers)
-            return
 
-        async def guarded() -> None:
-            try:
-                await self._work(parse_form(form), support, xid, send)
-            except APIError as e:
-                await send_error(send, e, headers)
-
-        await run_until_disconnect(receive, guarded)
+        await serve_post(receive, send, read, work, error)
 
     async def _work(self, req: AudioRequest, support: SpeechSupport, xid: str | None, send: Send) -> None:
         llm, renderer, limits = self.state.require()

@@ -10,8 +10,7 @@ from server.families.ollama.formatter import FRAMING, OllamaFormatter, created_a
 from server.families.ollama.protocol import chat_decoder, encoder, generate_decoder, unloads
 from server.families.ollama.translate import chat_request, decode_error, generate_chat, generate_text
 from server.families.openai.completions import suffix_prompt_ids
-from server.http.asgi import ClientGone, Receive, Scope, Send, header, read_body, run_until_disconnect, send_json
-from server.http.errors import APIError
+from server.http.asgi import Receive, Scope, Send, header, read_body, send_json, serve_post
 from server.multimodal.images import image_support
 from server.render.renderer import Renderer
 from server.request.async_llm import AsyncLLM
@@ -36,22 +35,13 @@ class OllamaRoute(PostRoute):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         xid = header(scope, b"x-request-id")
-        try:
-            body = await read_body(receive, self.state.config.http.max_request_body)
-        except ClientGone:
-            return
-        except APIError as e:
-            await FAMILY.errors.send(send, e)
-            return
+        limit = self.state.config.http.max_request_body
 
-        async def guarded() -> None:
-            try:
-                self.check_runner(str(scope.get("path", "")))
-                await self._work(body, xid, send)
-            except APIError as e:
-                await FAMILY.errors.send(send, e)
+        async def work(body: bytes) -> None:
+            self.check_runner(str(scope.get("path", "")))
+            await self._work(body, xid, send)
 
-        await run_until_disconnect(receive, guarded)
+        await serve_post(receive, send, lambda: read_body(receive, limit), work, FAMILY.errors.send)
 
 
 def takes_images(state: AppState) -> bool:
