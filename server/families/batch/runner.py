@@ -1,7 +1,8 @@
 """Running batches: one task per batch in the serving task group (AppState.tasks), started at create and, for the
 batches a restart left unfinished, once the model serves. Its lines go through the online routes' endpoints
-(call.py) at the lowest priority, at most --batch-max-in-flight at once over all batches, so that interactive
-requests keep their latency. Each answer is appended to the batch's results before the next count is saved, so a
+(call.py) at the lowest priority, at most --batch-max-in-flight at once over all batches, and a new line starts
+only while no interactive request is in flight (batches use the idle time), so that interactive requests keep
+their latency. Each answer is appended to the batch's results before the next count is saved, so a
 restart runs only the lines not answered yet. A cancel stops the batch's task; what was answered is kept.
 
 One process runs a folder's batches: the first to take its lock (disk.py claim) once its model serves. Other API
@@ -28,6 +29,7 @@ from server.http.errors import APIError
 
 BATCH_PRIORITY = 1 << 30  # the engine runs lower values first (--scheduling-policy priority): batch lines last
 WATCH_S = 1.0  # how often the folder's owner looks for batches other processes created or cancelled
+QUIET_S = 0.05  # how often a line waiting for the interactive requests to end looks again
 
 
 class BatchRunner:
@@ -36,6 +38,7 @@ class BatchRunner:
         self.files, self.store = FileStore(root), BatchStore(root)
         self.endpoints = endpoints
         self.slots = anyio.Semaphore(state.config.batch.batch_max_in_flight)
+        self.running = 0  # this runner's lines inside the online endpoints now
         self.lock = anyio.Lock()  # one read-modify-write of a batch object at a time
         self.scopes: dict[str, anyio.CancelScope] = {}  # this process's running batches by id
         self.root, self.owner = root, False  # owner: this process holds the folder's lock and runs its batches
@@ -124,12 +127,22 @@ class BatchRunner:
                 if line.custom_id in done:
                     continue
                 await self.slots.acquire()
+                await self._wait_for_quiet()
                 if self.state.stopping.is_set():  # shutting down: the rest runs after the restart
                     self.slots.release()
                     break
                 tg.start_soon(self._line, batch_id, endpoint, line)
 
+    async def _wait_for_quiet(self) -> None:
+        """Until no interactive request is in flight: every generate call in flight beyond this runner's lines is
+        one (a line already running goes on; a new one waits)."""
+        while (llm := self.state.llm) is not None and llm.num_active > self.running:
+            if self.state.stopping.is_set():
+                return
+            await anyio.sleep(QUIET_S)
+
     async def _line(self, batch_id: str, endpoint: str, line: Line) -> None:
+        self.running += 1
         try:
             body = line.body
             if self.state.config.scheduling.scheduling_policy == "priority" and "priority" not in body:
@@ -137,6 +150,7 @@ class BatchRunner:
             request_id = new_id("batch_req_")
             status, answer = await call(self.endpoints[endpoint], endpoint, json.dumps(body).encode(), request_id)
         finally:
+            self.running -= 1
             self.slots.release()
         if status != 200 and self.state.stopping.is_set():  # cut by the shutdown: it runs again after the restart
             return
