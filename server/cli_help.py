@@ -44,7 +44,7 @@ _FLAG_GROUPS: dict[str, list[str]] = {
         "--max-stop-strings --max-stop-string-length --max-stop-token-ids --max-logit-bias --max-allowed-token-ids "
         "--max-structured-output-size --tool-call-parser --enable-auto-tool-choice --reasoning-parser "
         "--limit-mm-per-prompt --allowed-media-domains --mm-processor-cache-gb --max-audio-filesize-mb "
-        "--max-audio-duration-s"
+        "--max-audio-duration-s --batch-dir --batch-max-file-bytes --batch-max-in-flight"
     ).split(),
     "parallel": (
         "--tensor-parallel-size --nnodes --node-rank --master-addr --master-port --headless --api-server-count "

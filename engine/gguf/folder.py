@@ -50,6 +50,9 @@ def _key(files: tuple[Path, ...]) -> str:
 def _auto_classes() -> tuple[Any, Any]:
     """transformers' AutoConfig and AutoTokenizer, imported under the lock (two threads at once: an ImportError)."""
     with _IMPORT_LOCK:
+        # what their gguf_file= paths import lazily, here once (transformers.integrations.gguf races the same way)
+        import transformers.integrations.gguf  # noqa: F401
+        import transformers.modeling_gguf_pytorch_utils  # noqa: F401
         from transformers import AutoConfig, AutoTokenizer  # why late: only a first start on a GGUF file needs it
     return AutoConfig, AutoTokenizer
 
