@@ -5,7 +5,9 @@ sequences (`max_num_seqs`). Running decodes go first (one token each), then runn
 prefills, then waiting requests in arrival order ((priority, arrival) under the "priority"
 policy), each getting min(remaining, budget left) tokens: chunked prefill, so a long prompt never
 stalls running decodes. When KV blocks run out, the running sequence last in that order (the
-newest; under "priority" the lowest-priority one) is preempted by recompute.
+newest; under "priority" the lowest-priority one) is preempted by recompute. Under "priority", while a
+request waits or prefills, the running sequences ranked below it sit out the step (paused, their KV kept), so
+a high-priority prompt's first token never shares a step with lower-priority decodes (batch lines).
 """
 
 from __future__ import annotations
@@ -125,14 +127,45 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         self.bm.begin_step()
         chosen: dict[Sequence, int] = {}  # insertion order is the batch order
+        drafts: dict[Sequence, int] = {}
         running = [s for s in self.running if s.status is SeqStatus.RUNNING]
         self.running = running
         # decodes first, then partial prefills, each in scheduling order
         order = [s for s in running if s.num_tokens - s.num_computed_tokens == 1]
         if len(order) < len(running):
             order += [s for s in running if s.num_tokens - s.num_computed_tokens != 1]
+        paused = self._paused(order)
+        if paused:
+            order = [s for s in order if s not in paused]
+        budget, preempted = self._schedule_running(order, budget, chosen, drafts)
+        if not preempted:  # blocks are short: admitting more would only thrash
+            budget = self._admit(budget, chosen)
+        if paused and not any(s.num_tokens - s.num_computed_tokens > 1 for s in chosen):
+            # no prompt of a higher rank got in after all (blocks or seats short): the paused ones run
+            self._schedule_running([s for s in paused if s.status is SeqStatus.RUNNING], budget, chosen, drafts)
+        return [ScheduledSeq(s, n, drafts.get(s, 0)) for s, n in chosen.items()]
+
+    def _paused(self, order: list[Sequence]) -> set[Sequence]:
+        """Under "priority": the running sequences ranked below a waiting or prefilling one sit out this step,
+        so that its prompt runs alone (bench/README.md, "Interactive latency beside a running batch")."""
+        if not self.by_priority or not order:
+            return set()
+        ranks = [self._rank(s) for s in order if s.num_tokens - s.num_computed_tokens > 1]
+        if self._waiting:
+            head = self._waiting[0]
+            if head[3].status is SeqStatus.WAITING and head[2] == self._order.get(head[3]):
+                ranks.append(head[0])
+        if not ranks:
+            return set()
+        urgent = min(ranks)
+        return {s for s in order if self._rank(s) > urgent}
+
+    def _schedule_running(
+        self, order: list[Sequence], budget: int, chosen: dict[Sequence, int], drafts: dict[Sequence, int]
+    ) -> tuple[int, bool]:
+        """Running sequences in `order` into the step, preempting by recompute when blocks run out:
+        (the budget left, whether one was preempted)."""
         preempted = False
-        drafts: dict[Sequence, int] = {}
         for seq in order:
             if budget == 0:
                 break
@@ -159,9 +192,7 @@ class Scheduler:
                 if k:
                     drafts[seq] = k
                 budget -= n
-        if not preempted:  # blocks are short: admitting more would only thrash
-            budget = self._admit(budget, chosen)
-        return [ScheduledSeq(s, n, drafts.get(s, 0)) for s, n in chosen.items()]
+        return budget, preempted
 
     def _admit(self, budget: int, chosen: dict[Sequence, int]) -> int:
         heap, bm = self._waiting, self.bm

@@ -276,6 +276,40 @@ def test_low_priority_is_preempted_first(policy: str) -> None:
     eng.run()
 
 
+@pytest.mark.parametrize("policy", ["priority", "fcfs"])
+def test_lower_priority_decodes_sit_out_a_higher_prompt(policy: str) -> None:
+    """Under priority, a running low-priority decode sits out the steps of a higher-priority prompt's prefill
+    (its KV kept, not preempted) and runs again beside that request's decode; fcfs never pauses."""
+    eng = FakeEngine(num_blocks=200, max_num_batched_tokens=16, policy=policy)
+    rng = random.Random(3)
+    low = [eng.add(f"low{i}", prompt(rng, 3), 40, priority=9) for i in range(3)]
+    eng.step()
+    eng.step()  # the low ones decode
+    high = eng.add("high", prompt(rng, 40), 4, priority=0, arrival=1.0)
+    prefill_steps = []
+    while high.num_computed_tokens < 40:
+        prefill_steps.append({s.seq.request_id for s in eng.step()})
+    assert len(prefill_steps) == (3 if policy == "priority" else 4)  # 16 tokens a step, alone or beside 3
+    for ids in prefill_steps:
+        assert "high" in ids and (ids == {"high"} if policy == "priority" else len(ids) == 4)
+    assert {s.seq.request_id for s in eng.step()} == {"high", "low0", "low1", "low2"}  # its decode: all run
+    assert all(s.num_preemptions == 0 for s in low) and eng.bm.num_used_blocks > 0
+    eng.run()
+    assert all(s.num_output_tokens == 40 for s in low)
+
+
+def test_paused_decodes_run_when_the_higher_prompt_cannot_start() -> None:
+    """A waiting high-priority prompt that finds no blocks pauses nobody: the low decodes go on (no empty step)."""
+    eng = FakeEngine(num_blocks=6, block_size=4, max_num_batched_tokens=64, policy="priority")
+    low = eng.add("low", list(range(8)), 8, priority=9)
+    eng.step()
+    high = eng.add("high", list(range(100, 120)), 4, priority=0, arrival=1.0)  # 5+ blocks: not while low runs
+    batch = eng.step()
+    assert [s.seq.request_id for s in batch] == ["low"] and high.status is SeqStatus.WAITING
+    eng.run()
+    assert low.num_output_tokens == 8 and high.num_output_tokens == 4
+
+
 def test_aborting_most_of_a_long_queue_keeps_order_and_memory() -> None:
     eng = FakeEngine(num_blocks=100, max_num_seqs=2)
     seqs = [eng.add(str(i), [i % 50 + 1, 2], 2, arrival=float(i)) for i in range(300)]
