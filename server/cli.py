@@ -84,7 +84,12 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--block-size", "block_size", int, "KV-cache block size in tokens"),
     ("--kv-cache-memory", "kv_cache_memory", str, "KV-cache size, e.g. 2GiB"),
     ("--num-blocks", "num_blocks", int, "KV-cache blocks (overrides --kv-cache-memory)"),
-    ("--kv-disk-cache-size", "kv_disk_cache_size", float, "GiB of KV blocks kept on disk past eviction and restarts"),
+    (
+        "--kv-disk-cache-size",
+        "kv_disk_cache_size",
+        float,
+        "GiB of KV blocks kept on disk past eviction and restarts (default 4, at most a tenth of free disk; 0: off)",
+    ),
     ("--max-logprobs", "max_logprobs", int, "most top logprobs a request may ask for"),
     ("--chat-template-render-timeout", "chat_template_render_timeout", float, "seconds a template may render"),
     ("--sse-keepalive", "sse_keepalive", float, "seconds of stream silence before a keep-alive comment (0: off)"),

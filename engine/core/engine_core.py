@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,7 +15,7 @@ import msgspec
 from engine.config import EngineConfig
 from engine.core.block_manager import BlockManager
 from engine.core.kv_disk_store import KVDiskStore
-from engine.core.kv_offload import KVOffload, default_folder, model_digest
+from engine.core.kv_offload import KVOffload, default_folder, fitted_bound, model_digest
 from engine.core.params import validate_params
 from engine.core.scheduler import RequestRefused, Scheduler
 from engine.core.state_pool import hybrid_pool
@@ -37,6 +38,8 @@ from engine.types.sequence import ScheduledSeq, SeqStatus, Sequence
 
 if TYPE_CHECKING:
     from engine.spec.draft_model import DraftModel
+
+log = logging.getLogger("engine")
 
 COMPILE_WAIT = 0.05  # seconds a step with nothing to run waits for a grammar compile (new frames wait as long)
 
@@ -63,8 +66,8 @@ class EngineCore:
         caching = config.enable_prefix_caching and not (self.pooler is not None and self.pooler.needs_all_rows)
         # Whisper: a decoder block's K/V depend on the audio (cross-attention), not only on its tokens (as vLLM)
         caching = caching and getattr(self.runner, "audio", None) is None
-        # a hybrid model's recurrent state: a slot per sequence, prefix hits only where a snapshot is, no drafts
-        state = hybrid_pool(self.runner.states, config.speculative_config)
+        # a hybrid model's recurrent state: a slot per sequence, prefix hits only where a snapshot is
+        state = hybrid_pool(self.runner.states)
         self.block_manager = BlockManager(
             self.runner.num_blocks,
             self.runner.block_size,
@@ -101,7 +104,9 @@ class EngineCore:
             return None
         folder = Path(c.kv_disk_cache_dir) if c.kv_disk_cache_dir else default_folder()
         digest = model_digest(resolve_model(c.model), c.quantization)
-        return KVOffload(KVDiskStore(folder, c.kv_disk_cache_size), self.runner.kv_caches, digest)
+        bound = fitted_bound(folder, c.kv_disk_cache_size)
+        log.info("KV disk store: %s, at most %.2f GiB (--kv-disk-cache-size)", folder, bound / (1 << 30))
+        return KVOffload(KVDiskStore(folder, bound), self.runner.kv_caches, digest)
 
     def _drafter(self, spec: SpecConfig) -> DraftModel | None:
         """method draft_model: the draft checkpoint, loaded beside the target (engine/spec/draft_model.py)."""
@@ -297,6 +302,8 @@ class EngineCore:
                     break
             if (s := drafted.get(seq)) is not None and self.spec is not None:
                 self.spec.record(seq, s.num_draft, len(tokens) - 1)
+                if self.runner.states is not None:  # a hybrid's state: back to its last accepted position
+                    self.runner.states.accept(seq, len(tokens) - 1)
                 s.num_new_tokens -= s.num_draft - (len(tokens) - 1)  # only accepted positions' K/V count
             if seq.finish_reason is not None:
                 finished.append(seq)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -19,6 +20,16 @@ from engine.core.kv_disk_store import KVDiskStore
 from engine.gguf.folder import gguf_files
 
 _WEIGHTS = ("*.safetensors", "*.bin", "*.gguf", "*.pt", "config.json")
+
+
+DISK_SHARE = 10  # the store takes at most a tenth of the free space it finds (with what it already holds)
+
+
+def fitted_bound(folder: Path, asked: int) -> int:
+    """--kv-disk-cache-size fitted to the disk: never more than a tenth of the free space plus the store's own files."""
+    folder.mkdir(parents=True, exist_ok=True)
+    held = sum(p.stat().st_size for p in folder.glob("*.kvb") if p.is_file())
+    return min(asked, (shutil.disk_usage(folder).free + held) // DISK_SHARE)
 
 
 def model_digest(folder: Path, quantization: str | None) -> str:

@@ -18,7 +18,8 @@ class EngineCoreConfig:
     num_blocks: int | None = None
     block_size: int = 16
     enable_prefix_caching: bool = True
-    kv_disk_cache_size: float = 0.0  # GiB of full KV blocks kept on disk past the pool and restarts; 0: off
+    kv_disk_cache_size: float = 4.0  # GiB of full KV blocks kept on disk past the pool and restarts (at most a tenth
+    # of the free disk: engine/core/kv_offload.py fitted_bound); 0: off
     structured_outputs_warmup: bool = True  # the engine builds its grammar backend before it says Ready
     engine_ready_timeout: float = 600.0
     engine_heartbeat_timeout: float = 10.0  # seconds without any frame: the engine is stopped or gone

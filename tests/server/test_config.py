@@ -265,3 +265,8 @@ def test_pooling_flags() -> None:
     ):
         with pytest.raises(ValueError, match=why):
             config_from_args(argv)
+
+
+@pytest.mark.parametrize(("args", "size"), [([], 4 << 30), (["--kv-disk-cache-size", "0"], 0)])
+def test_kv_blocks_go_to_disk_by_default(args: list[str], size: int) -> None:
+    assert config_from_args(["--model", "demo", *args]).engine_config().kv_disk_cache_size == size

@@ -4,10 +4,15 @@ from its thread while another thread reads."""
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 from pathlib import Path
 
+import pytest
+
+from engine.core import kv_offload
 from engine.core.kv_disk_store import _HEADER, KVDiskStore, file_name
+from engine.core.kv_offload import fitted_bound
 
 PAYLOAD = 1000
 
@@ -89,3 +94,16 @@ def test_writes_and_reads_at_once(tmp_path: Path) -> None:
     assert written + store.dropped == 100 and store.num_bytes <= store.max_bytes
     assert len(list(tmp_path.glob("*.tmp"))) == 0
     store.close()
+
+
+def test_the_bound_is_fitted_to_a_tenth_of_the_free_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a.kvb").write_bytes(b"x" * 500)  # the store's own files count as room it may keep
+    (tmp_path / "other").write_bytes(b"x" * 9000)  # anything else does not
+    usage = shutil.disk_usage(tmp_path)._replace(free=9_500)
+    monkeypatch.setattr(kv_offload.shutil, "disk_usage", lambda _: usage)
+    assert fitted_bound(tmp_path, 999) == 999  # under a tenth of (free + held) = 1000: as asked
+    assert fitted_bound(tmp_path, 1000) == 1000  # at it
+    assert fitted_bound(tmp_path, 1001) == 1000  # over it: the tenth
+    assert fitted_bound(tmp_path, 0) == 0  # off stays off
+    assert fitted_bound(tmp_path / "new", 4 << 30) == 950  # a folder made on first use
+
