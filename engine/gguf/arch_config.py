@@ -1,5 +1,5 @@
 """config.json from GGUF metadata for the architectures transformers' GGUF reader lacks or reads short (SmolLM3,
-OLMo 2 / 3, LFM2).
+OLMo 2 / 3, LFM2; Qwen3.5, Granite 4.0-H and Gemma 4 in engine/gguf/hybrid_config.py).
 
 Keys are llama.cpp's (`{arch}.block_count`, `{arch}.attention.sliding_window_pattern`, ...), as its converter
 writes them; what llama.cpp fixes in code rather than the file (SmolLM3's NoPE layer every 4th) is fixed here too.
@@ -9,45 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.gguf.config_fields import common as _common
+from engine.gguf.config_fields import rope_scaling as _rope_scaling
+from engine.gguf.hybrid_config import HYBRID
 from engine.gguf.source import GGUFModel
-
-
-def _common(model: GGUFModel) -> dict[str, Any]:
-    """The fields every decoder-only file states, under transformers' names."""
-    meta, arch = model.metadata, model.architecture
-    heads = int(meta[f"{arch}.attention.head_count"])
-    kv: Any = meta.get(f"{arch}.attention.head_count_kv", heads)
-    kv = max(int(k) for k in kv) if hasattr(kv, "__len__") else int(kv)  # per layer (0: no attention) in hybrids
-    hidden = int(meta[f"{arch}.embedding_length"])
-    tokens = meta.get("tokenizer.ggml.tokens") or []
-    cfg: dict[str, Any] = {
-        "hidden_size": hidden,
-        "num_hidden_layers": int(meta[f"{arch}.block_count"]),
-        "intermediate_size": int(meta[f"{arch}.feed_forward_length"]),
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv,
-        "head_dim": int(meta.get(f"{arch}.attention.key_length", hidden // heads)),
-        "max_position_embeddings": int(meta.get(f"{arch}.context_length", 4096)),
-        "rms_norm_eps": float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-        "rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
-        "vocab_size": int(meta.get(f"{arch}.vocab_size", len(tokens))),
-        "tie_word_embeddings": "output.weight" not in model.tensors(),
-    }
-    for key in ("bos_token_id", "eos_token_id", "padding_token_id"):
-        if (value := meta.get(f"tokenizer.ggml.{key}")) is not None:
-            cfg[key.replace("padding", "pad")] = int(value)
-    return cfg
-
-
-def _rope_scaling(model: GGUFModel) -> dict[str, Any] | None:
-    meta, arch = model.metadata, model.architecture
-    kind = meta.get(f"{arch}.rope.scaling.type")
-    if kind in (None, "none"):
-        return None
-    scaling: dict[str, Any] = {"rope_type": str(kind), "factor": float(meta[f"{arch}.rope.scaling.factor"])}
-    if (original := meta.get(f"{arch}.rope.scaling.original_context_length")) is not None:
-        scaling["original_max_position_embeddings"] = int(original)
-    return scaling
 
 
 def _smollm3(model: GGUFModel) -> dict[str, Any]:
@@ -99,7 +64,7 @@ def _lfm2(model: GGUFModel) -> dict[str, Any]:
 
 
 # GGUF architecture -> its config.json, for those transformers' GGUF reader does not know or reads short
-DERIVED = {"smollm3": _smollm3, "olmo2": _olmo2, "lfm2": _lfm2}
+DERIVED = {"smollm3": _smollm3, "olmo2": _olmo2, "lfm2": _lfm2, **HYBRID}
 
 
 def derived_config(model: GGUFModel) -> dict[str, Any] | None:

@@ -28,6 +28,9 @@ ARCHITECTURES: dict[str, str] = {
     "smollm3": "SmolLM3ForCausalLM",
     "olmo2": "Olmo2ForCausalLM",  # OLMo 3 as well: engine/gguf/arch_config.py tells them apart
     "lfm2": "Lfm2ForCausalLM",
+    "qwen35": "Qwen3_5ForCausalLM",  # these three: config and tensors by engine/gguf/hybrid_config.py
+    "granitehybrid": "GraniteMoeHybridForCausalLM",
+    "gemma4": "Gemma4ForCausalLM",
 }
 
 

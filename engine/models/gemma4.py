@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from engine.layers.linear import Linear, make_linear
 from engine.layers.moe import ACTIVATIONS
 from engine.models.args import ConfigError, ModelArgs, arch_of, common_fields, layer_windows, refuse, window_fields
-from engine.models.decoder import CausalLM, Checkpoint, GatedMLP, Layer, Rope, WeightGetter, gemma_rms_norm
+from engine.models.decoder import CausalLM, Checkpoint, GatedMLP, Layer, Rope, WeightGetter, fused_rows, gemma_rms_norm
 from engine.models.rope import rope_table
 
 if TYPE_CHECKING:
@@ -156,14 +156,14 @@ class Gemma4Layer(Layer):
         names = (
             ["q_proj"] + (["k_proj"] if self.owns_kv else []) + (["v_proj"] if self.owns_kv and not self.k_eq_v else [])
         )
-        self.qkv = make_linear(torch.cat([get(f"{p}.self_attn.{n}.weight") for n in names]), None, qz)
+        self.qkv = make_linear(fused_rows([get(f"{p}.self_attn.{n}.weight") for n in names]), None, qz)
         self.o = make_linear(get(f"{p}.self_attn.o_proj.weight"), None, qz)
         self.q_norm = norm("self_attn.q_norm")
         self.k_norm = norm("self_attn.k_norm") if self.owns_kv else None
         self.v_scale = torch.ones(self.head_dim, device=self.q_norm.device)  # v's norm has no weight
         self.ln1, self.post_attn_norm = norm("input_layernorm"), norm("post_attention_layernorm")
         self.ln2, self.post_ff_norm = norm("pre_feedforward_layernorm"), norm("post_feedforward_layernorm")
-        gate_up = torch.cat([get(f"{p}.mlp.gate_proj.weight"), get(f"{p}.mlp.up_proj.weight")])
+        gate_up = fused_rows([get(f"{p}.mlp.gate_proj.weight"), get(f"{p}.mlp.up_proj.weight")])  # GGUF: blocks
         act = ACTIVATIONS[args.hidden_act]
         self.mlp = GatedMLP(
             make_linear(gate_up, None, qz), make_linear(get(f"{p}.mlp.down_proj.weight"), None, qz), act

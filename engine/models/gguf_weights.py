@@ -18,8 +18,9 @@ import numpy as np
 import torch
 
 from engine.gguf.header import TensorInfo, open_mapped, read_header
-from engine.gguf.tensor import GGMLWeight, dequantize_blocks
+from engine.gguf.tensor import GGMLWeight, concat_rows, dequantize_blocks
 from engine.models.checkpoint_meta import ModelLoadError
+from engine.models.gguf_layouts import Recipe, layout, rotary_rows
 from engine.models.progress import LoadProgress
 from engine.models.weights import Weights
 
@@ -29,11 +30,6 @@ _ROW_PERMUTED = {"llama", "smollm3"}  # llama.cpp's converter permutes Q/K rows 
 _NORM_PLUS_ONE = {"gemma2", "gemma3"}
 _KEPT = ("proj.weight", "model.embed_tokens.weight", "lm_head.weight")  # projections, embedding, head
 _FLOATS = {int(gguf.GGMLQuantizationType.F32), int(gguf.GGMLQuantizationType.F16), int(gguf.GGMLQuantizationType.BF16)}
-
-
-def _rotary_rows(rows: int, heads: int) -> torch.Tensor:
-    """The row order that undoes llama.cpp's Q/K permutation: HF row (h, j, d) is GGUF row (h, d, j)."""
-    return torch.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(1, 2).reshape(-1)
 
 
 class GGUFWeights(Weights):
@@ -58,6 +54,7 @@ class GGUFWeights(Weights):
         self._names = gguf.get_tensor_name_map(
             next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == self.arch), blocks
         )
+        self._layout = layout(self.arch, self.metadata)  # Qwen3.5, Granite 4.0-H, Gemma 4: recipes
         self.held_bytes = 0
         self.progress = LoadProgress(len(self.tensors))
 
@@ -72,7 +69,13 @@ class GGUFWeights(Weights):
             return None
         return f"{mapped}.{suffix}", expert
 
+    def _recipe(self, name: str) -> Recipe | None:
+        recipe = self._layout(name) if self._layout is not None else None
+        return recipe if recipe is not None and all(p in self.tensors for p in recipe.parts) else None
+
     def __contains__(self, name: str) -> bool:
+        if self._layout is not None:
+            return self._recipe(name) is not None
         return self._gguf_name(name) is not None
 
     def _blocks(self, info: TensorInfo, index: int, expert: int | None) -> tuple[np.ndarray, tuple[int, ...]]:
@@ -87,6 +90,8 @@ class GGUFWeights(Weights):
         return data, tuple(shape)
 
     def __call__(self, name: str) -> torch.Tensor:
+        if self._layout is not None:
+            return self._from_recipe(name)
         found = self._gguf_name(name)
         if found is None:
             raise ModelLoadError(f"weight {name!r} has no tensor in the GGUF file ({self.arch})")
@@ -117,13 +122,59 @@ class GGUFWeights(Weights):
         self.progress.advance()
         return tensor
 
+    def _from_recipe(self, name: str) -> torch.Tensor:
+        """An HF weight through its architecture's recipe (engine/models/gguf_layouts.py)."""
+        recipe = self._recipe(name)
+        if recipe is None:
+            raise ModelLoadError(f"weight {name!r} has no tensor in the GGUF file ({self.arch})")
+        parts = [
+            self._blocks(self.tensors[p][1], self.tensors[p][0], None) + (self.tensors[p][1],) for p in recipe.parts
+        ]
+        if self.keep_quantized and recipe.keep and recipe.dim == 0:
+            held = self._held_blocks(parts, recipe.rows)
+            if held is not None:
+                self.held_bytes += held.nbytes
+                self.progress.advance(len(parts))
+                return held  # type: ignore[return-value]  # the quantized linears take it
+        dense = torch.cat(
+            [dequantize_blocks(d, i.ggml_type, torch.float32).reshape(shape) for d, shape, i in parts], dim=recipe.dim
+        )
+        if recipe.rows is not None:
+            dense = dense[recipe.rows]
+        if recipe.cols is not None:
+            dense = dense[..., recipe.cols]
+        if recipe.value is not None:
+            dense = recipe.value(dense)
+        if recipe.shape is not None:
+            dense = dense.reshape(recipe.shape)
+        tensor = dense.to(device=self.device, dtype=self.dtype).contiguous()
+        self.held_bytes += tensor.numel() * tensor.element_size()
+        self.progress.advance(len(parts))
+        return tensor
+
+    @staticmethod
+    def _held_blocks(
+        parts: list[tuple[np.ndarray, tuple[int, ...], TensorInfo]], rows: torch.Tensor | None
+    ) -> GGMLWeight | None:
+        """The parts as one weight of the file's blocks (rows concatenated, then reordered), or None where one is
+        not a 2-D quantized tensor or their types differ."""
+        if any(len(shape) != 2 or info.ggml_type in _FLOATS for _, shape, info in parts):
+            return None
+        weights = [GGMLWeight(i.ggml_type, (s[0], s[1]), torch.from_numpy(np.array(d))) for d, s, i in parts]
+        joined = concat_rows(weights)
+        if not isinstance(joined, GGMLWeight):
+            return None
+        if rows is None:
+            return joined
+        return GGMLWeight(joined.ggml_type, joined.shape, joined.data[rows].contiguous())
+
     def _row_order(self, gguf_name: str, shape: tuple[int, ...]) -> torch.Tensor | None:
         if self.arch not in _ROW_PERMUTED or not gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
             return None
         heads = int(self.metadata[f"{self.arch}.attention.head_count"])
         if ".attn_k." in gguf_name:
             heads = int(self.metadata.get(f"{self.arch}.attention.head_count_kv", heads))
-        return _rotary_rows(shape[0], heads)
+        return rotary_rows(shape[0], heads)
 
     def log_held(self) -> None:
         """The start-up line: weight bytes held against the file's tensor bytes."""

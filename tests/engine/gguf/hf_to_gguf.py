@@ -11,6 +11,7 @@ import gguf
 import numpy as np
 from safetensors.numpy import load_file
 
+from tests.engine.gguf import hf_to_gguf_hybrid as hybrid
 from tests.engine.gguf.files import TOKENS
 
 # HF model_type -> (GGUF architecture, whether llama.cpp permutes Q/K rows for it)
@@ -92,10 +93,53 @@ def gguf_tensors(ckpt: Path) -> dict[str, tuple[str, np.ndarray, int]]:
     return out
 
 
+def _quantizable(name: str, value: np.ndarray, qtype: gguf.GGMLQuantizationType | None) -> bool:
+    """What llama.cpp quantizes: weights of 2+ dimensions, not norms or the SSM convolution, whole blocks a row."""
+    if qtype is None or value.ndim < 2 or value.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0]:
+        return False
+    return name.endswith(".weight") and "norm" not in name and "conv1d" not in name
+
+
+def _write(
+    path: Path, arch: str, meta: Any, vocab: int, tensors: dict[str, np.ndarray], qtype: Any
+) -> dict[str, np.ndarray]:
+    """Writes the file; returns what it holds by GGUF name (float32, quantized tensors dequantized back)."""
+    w = gguf.GGUFWriter(str(path), arch)
+    meta(w)
+    _tokenizer(w, vocab)
+    stored: dict[str, np.ndarray] = {}
+    for name, value in tensors.items():
+        stored[name] = value
+        if _quantizable(name, value, qtype):
+            blocks = gguf.quants.quantize(value, qtype)
+            w.add_tensor(name, blocks, raw_dtype=qtype)
+            stored[name] = gguf.quants.dequantize(blocks, qtype).reshape(value.shape)
+        else:
+            w.add_tensor(name, value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return stored
+
+
+def _write_hybrid(ckpt: Path, path: Path, qtype: Any) -> dict[str, np.ndarray]:
+    """Qwen3.5, Granite 4.0-H, Gemma 4 (tests/engine/gguf/hf_to_gguf_hybrid.py): the file's tensors in HF's layout,
+    the inverse first checked against the checkpoint."""
+    cfg = json.loads((ckpt / "config.json").read_text())
+    hf = load_file(str(ckpt / "model.safetensors"))
+    arch, meta, tensors = hybrid.convert(cfg, hf)
+    for name, value in hybrid.back(cfg, tensors, hf).items():
+        assert np.allclose(value.reshape(hf[name].shape), hf[name], rtol=1e-5, atol=1e-6), name
+    return hybrid.back(cfg, _write(path, arch, meta, cfg["vocab_size"], tensors, qtype), hf)
+
+
 def write_gguf(ckpt: Path, path: Path, qtype: gguf.GGMLQuantizationType | None = None) -> dict[str, np.ndarray]:
     """Writes the checkpoint as a GGUF file; returns what the file holds by HF name, in HF's layout (float32,
     quantized tensors dequantized back): the weights a reference model loads."""
     cfg = json.loads((ckpt / "config.json").read_text())
+    if cfg["model_type"] in hybrid.KINDS:
+        return _write_hybrid(ckpt, path, qtype)
     w = gguf.GGUFWriter(str(path), GGUF_ARCH[cfg["model_type"]][0])
     _metadata(w, cfg)
     _tokenizer(w, cfg["vocab_size"])

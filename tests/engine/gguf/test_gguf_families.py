@@ -1,14 +1,19 @@
-"""GGUF files of the 2026 families (SmolLM3, OLMo 2, OLMo 3 filed as olmo2, LFM2), written from a random checkpoint as
-llama.cpp's converter lays them out: config derived from the metadata (engine/gguf/arch_config.py), tensors by HF name,
-and greedy through the engine equal to transformers on the checkpoint (float32 and F16 tensors; Q8_0 blocks against
-transformers on the dequantized weights)."""
+"""GGUF files of the 2026 families (SmolLM3, OLMo 2, OLMo 3 filed as olmo2, LFM2; Qwen3.5, Granite 4.0-H, Gemma 4),
+written from a random checkpoint as llama.cpp's converter lays them out: config derived from the metadata
+(engine/gguf/arch_config.py, engine/gguf/hybrid_config.py), tensors by HF name, and greedy through the engine equal
+to transformers on the checkpoint (float32 and F16 tensors; Q8_0 blocks against transformers on the dequantized
+weights)."""
 
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import gguf
+import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as T
@@ -17,9 +22,10 @@ from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.gguf.header import open_mapped, read_header
 from engine.messages import SamplingParams
+from engine.models.checkpoint_meta import ModelLoadError
 from engine.models.loader import resolve_model
 from tests.engine.gguf.hf_to_gguf import write_gguf
-from tests.engine.models.families import build_family
+from tests.engine.models.families import FAMILIES, build_family
 from tests.engine.models.hybrid_families import HYBRIDS, build_hybrid
 from tests.helpers.engine import run, tokens
 
@@ -85,3 +91,96 @@ def test_greedy_equals_transformers(family: str, qtype: T | None, tmp_path: Path
     got = _engine(path)
     for i, prompt in enumerate(PROMPTS):
         assert got[f"r{i}"] == _reference(ckpt, prompt, held if qtype is not None else None), (family, i)
+
+
+# Qwen3.5, Granite 4.0-H (with experts, and dense) and Gemma 4 as llama.cpp's converter writes them
+# (tests/engine/gguf/hf_to_gguf_hybrid.py); llama.cpp's Granite 4.0-H files turn no rope (rope.scaling.finetuned
+# false), so the checkpoints have none; Gemma 4's per-layer embedding table sized to the vocabulary
+HYBRID_FILES: dict[str, tuple[Callable[..., Path], str, dict[str, Any]]] = {
+    "qwen35": (build_hybrid, "qwen3_5", {}),
+    "granitehybrid": (build_hybrid, "granite_h", dict(position_embedding_type=None)),
+    "granitehybrid-dense": (build_hybrid, "granite_h_dense", {}),
+    "gemma4": (
+        build_family,
+        "gemma4",
+        dict(tokenizer=False, extra=dict(FAMILIES["gemma4"]["extra"], vocab_size_per_layer_input=VOCAB)),
+    ),
+}
+
+
+@pytest.mark.parametrize("qtype", [None, T.Q8_0], ids=["f32", "q8_0"])
+@pytest.mark.parametrize("name", list(HYBRID_FILES))
+def test_hybrid_greedy_equals_transformers(
+    name: str, qtype: T | None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Greedy through the engine equals transformers on what the file holds (the checkpoint's weights after the
+    converter's transforms and back: Qwen3.5's +1 norms and A = -exp(A_log) round in float32); Q8_0 projections
+    stay the file's blocks on CPU."""
+    build, family, overrides = HYBRID_FILES[name]
+    ckpt = build(tmp_path / "hf", family, vocab_size=VOCAB, **overrides)
+    path = tmp_path / f"{name}.gguf"
+    held = write_gguf(ckpt, path, qtype)
+    header = read_header(path, open_mapped(path))
+    assert header.architecture == name.split("-")[0]
+    folder = resolve_model(str(path))
+    derived = json.loads((folder / "config.json").read_text())
+    assert derived["architectures"] == json.loads((ckpt / "config.json").read_text())["architectures"]
+    with caplog.at_level(logging.INFO, logger="engine"):
+        got = _engine(path)
+    if qtype == T.Q8_0:
+        assert sum(t.ggml_type == T.Q8_0 for t in header.tensors.values()) >= 4
+        assert any("quantized blocks kept" in r.getMessage() for r in caplog.records)
+    for i, prompt in enumerate(PROMPTS):
+        assert got[f"r{i}"] == _reference(ckpt, prompt, held), (name, i)
+
+
+@pytest.mark.parametrize(
+    ("name", "extra", "named"),
+    [
+        ("gemma4", {"gemma4.expert_count": 4}, "gemma4.expert_count"),
+        ("qwen35", {"qwen35.rope.scaling.type": "yarn"}, "qwen35.rope.scaling.type"),
+        ("granitehybrid", {"granitehybrid.rope.dimension_count": 8}, "granitehybrid.rope.dimension_count"),
+    ],
+)
+def test_hybrid_unserved_key_refused(name: str, extra: dict[str, Any], named: str, tmp_path: Path) -> None:
+    build, family, overrides = HYBRID_FILES[name]
+    ckpt = build(tmp_path / "hf", family, vocab_size=VOCAB, **overrides)
+    plain, path = tmp_path / "plain.gguf", tmp_path / f"{name}.gguf"
+    write_gguf(ckpt, plain)
+    _rewrite(plain, path, extra, {})
+    with pytest.raises(ModelLoadError) as e:
+        resolve_model(str(path))
+    assert named in str(e.value) and "\n" not in str(e.value)
+
+
+def test_hybrid_unserved_tensor_refused(tmp_path: Path) -> None:
+    build, family, overrides = HYBRID_FILES["qwen35"]
+    ckpt = build(tmp_path / "hf", family, vocab_size=VOCAB, **overrides)
+    plain, path = tmp_path / "plain.gguf", tmp_path / "qwen35.gguf"
+    write_gguf(ckpt, plain)
+    _rewrite(plain, path, {}, {"blk.3.attn_q.bias": np.zeros(128, dtype=np.float32)})
+    with pytest.raises(ModelLoadError, match="tensor 'blk.3.attn_q.bias' is not served"):
+        resolve_model(str(path))
+
+
+def _rewrite(src: Path, dst: Path, keys: dict[str, Any], tensors: dict[str, np.ndarray]) -> None:
+    """The file again with keys set (or replaced) and tensors added."""
+    reader = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), str(reader.fields["general.architecture"].contents()))
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture" or field.name in keys:
+            continue
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
+    for key, value in keys.items():
+        w.add_key_value(key, value, gguf.GGUFValueType.STRING if isinstance(value, str) else gguf.GGUFValueType.UINT32)
+    for t in reader.tensors:
+        w.add_tensor(
+            t.name, np.array(t.data), raw_shape=tuple(reversed([int(d) for d in t.shape])), raw_dtype=t.tensor_type
+        )
+    for name, value in tensors.items():
+        w.add_tensor(name, value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
