@@ -24,6 +24,7 @@ using namespace spindle::qdot;
 using spindle::grow;
 
 constexpr int kAheadBytes = 2048;  // fetched ahead of the product: the hardware alone leaves the stream waiting
+constexpr int kTilesShift = 8;  // spindle_quant_dot_gemm's type: the ggml type in the low bits, tiles from rows above
 constexpr int kMaxRows = 16;       // rows sharing each decoded chunk: 16 sums and the chunk fill the registers
 
 inline __m512bh bcast_x(const uint16_t* x) { return (__m512bh)_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)x)); }
@@ -31,20 +32,6 @@ inline __m512bh bcast_x(const uint16_t* x) { return (__m512bh)_mm512_broadcast_i
 template <class F>
 const uint8_t* record(const uint8_t* packed, int nrec, int g, int r) {
     return packed + ((long)g * nrec + r) * Layout<F>::REC;
-}
-
-// the record's multipliers of A and of sx per sub-block (see the top of the file)
-template <class F>
-inline void product_scales(const uint8_t* rec, __m512* dp, __m512* mp) {
-    using L = Layout<F>;
-    __m512 d[L::NS], m[L::NS];
-    F::scales(rec + L::CHUNKS * L::CHUNK, d, m);
-    constexpr float unit = F::BITS == 8 ? 1.0f : (float)(1 << F::BITS);
-    for (int e = 0; e < L::NS; ++e) {
-        dp[e] = _mm512_mul_ps(d[e], _mm512_set1_ps(unit));
-        const __m512 add = F::HAS_M ? m[e] : _mm512_setzero_ps();
-        mp[e] = _mm512_fnmadd_ps(d[e], _mm512_set1_ps((float)F::OFF + (F::BITS == 8 ? 0.0f : unit)), add);
-    }
 }
 
 // R rows (x bf16, stride ldx; sx a quarter of their sub-block sums, stride nsx) times group g -> out[R][4]
@@ -122,26 +109,32 @@ int tile(const uint8_t* p, int nrec, int g, const uint16_t* x, long ldx, const f
     }
 }
 
+// column group g for every row of x (tiles of up to 16 rows sharing each decoded chunk)
+template <class F>
+void columns(const uint8_t* p, const uint16_t* x, long ldx, int M, int K, const float* sx, int N, float* yf,
+             uint16_t* yb, long ldy, int g) {
+    const int nrec = K / F::SB, nsx = K / F::SUB;
+    float part[kMaxRows * GROUP];
+    const int cols = N - g * GROUP < GROUP ? N - g * GROUP : GROUP;
+    for (int m0 = 0; m0 < M;) {
+        const int left = M - m0 < kMaxRows ? M - m0 : kMaxRows;
+        const int rows = tile<F>(p, nrec, g, x + (long)m0 * ldx, ldx, sx + (long)m0 * nsx, nsx, left, part);
+        for (int r = 0; r < rows; ++r)
+            for (int c = 0; c < cols; ++c) {
+                const long at = (long)(m0 + r) * ldy + g * GROUP + c;
+                if (yf) yf[at] = part[4 * r + c];
+                else yb[at] = to_bf16(part[4 * r + c]);
+            }
+        m0 += rows;
+    }
+}
+
 template <class F>
 void gemm(const uint8_t* p, const uint16_t* x, long ldx, int M, int K, const float* sx, int N, float* yf, uint16_t* yb,
           long ldy, int threads) {
-    const int groups = (N + GROUP - 1) / GROUP, nrec = K / F::SB, nsx = K / F::SUB;
+    const int groups = (N + GROUP - 1) / GROUP;
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int g = 0; g < groups; ++g) {
-        float part[kMaxRows * GROUP];
-        const int cols = N - g * GROUP < GROUP ? N - g * GROUP : GROUP;
-        for (int m0 = 0; m0 < M;) {
-            const int left = M - m0 < kMaxRows ? M - m0 : kMaxRows;
-            const int rows = tile<F>(p, nrec, g, x + (long)m0 * ldx, ldx, sx + (long)m0 * nsx, nsx, left, part);
-            for (int r = 0; r < rows; ++r)
-                for (int c = 0; c < cols; ++c) {
-                    const long at = (long)(m0 + r) * ldy + g * GROUP + c;
-                    if (yf) yf[at] = part[4 * r + c];
-                    else yb[at] = to_bf16(part[4 * r + c]);
-                }
-            m0 += rows;
-        }
-    }
+    for (int g = 0; g < groups; ++g) columns<F>(p, x, ldx, M, K, sx, N, yf, yb, ldy, g);
 }
 
 // a quarter of each sub-block's sum of x (each of a column's 4 lanes takes one quarter), float32
@@ -218,20 +211,37 @@ void dequant_group(const uint8_t* p, int nrec, int g, int c0, int c1, float* yf,
 
 }  // namespace
 
-extern "C" int spindle_quant_dot_abi() { return 2; }
+// spindle_quant_dot_tiles (quant_dot_amx.cpp): the product through AMX tiles; a thread refused them runs
+// spindle_quant_dot_groups on its columns
+int spindle_quant_dot_tiles(int type, const uint8_t* p, const uint16_t* x, long ldx, int M, int K, const float* sx,
+                            int N, float* yf, uint16_t* yb, long ldy, int threads);
+
+void spindle_quant_dot_groups(int type, const uint8_t* p, const uint16_t* x, long ldx, int M, int K, const float* sx,
+                              int N, float* yf, uint16_t* yb, long ldy, int g0, int g1) {
+    by_format(type, [&](auto f) {
+        for (int g = g0; g < g1; ++g) columns<decltype(f)>(p, x, ldx, M, K, sx, N, yf, yb, ldy, g);
+    });
+}
+
+extern "C" int spindle_quant_dot_abi() { return 3; }
 
 // y [M, N] (float32 when y_bf16 is 0, else bf16 rounded to nearest even; row stride ldy) = x [M, K] (bf16, row
-// stride ldx) @ W^T with W packed by spindle_quant_dot_pack. Nonzero, nothing written, for a type not packed here.
+// stride ldx) @ W^T with W packed by spindle_quant_dot_pack. type: the ggml type t, plus (R << kTilesShift) to run
+// products of R rows or more through AMX tiles (quant_dot_amx.cpp; R = 0: never). Nonzero, nothing written, for a
+// type not packed here.
 extern "C" int spindle_quant_dot_gemm(int type, const uint16_t* x, long ldx, int M, int K, const uint8_t* packed,
                                       int N, void* y, int y_bf16, long ldy, int threads) {
     static thread_local std::vector<float> scratch;
     float* yf = y_bf16 ? nullptr : (float*)y;
     uint16_t* yb = y_bf16 ? (uint16_t*)y : nullptr;
+    const int tiles_from = type >> kTilesShift;
+    type &= (1 << kTilesShift) - 1;
     return by_format(type, [&](auto f) {
         using F = decltype(f);
         float* sx = grow(scratch, (size_t)M * (K / F::SUB) + 1);
         if (Layout<F>::SX) sums(x, ldx, M, K, F::SUB, sx);
-        gemm<F>(packed, x, ldx, M, K, sx, N, yf, yb, ldy, threads);
+        if (tiles_from > 0 && M >= tiles_from) spindle_quant_dot_tiles(type, packed, x, ldx, M, K, sx, N, yf, yb, ldy, threads);
+        else gemm<F>(packed, x, ldx, M, K, sx, N, yf, yb, ldy, threads);
     });
 }
 

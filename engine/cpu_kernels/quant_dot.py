@@ -18,16 +18,19 @@ import torch
 from gguf import GGMLQuantizationType
 
 from engine.cpu_kernels import quant_gemm
-from engine.cpu_kernels.build import kernel
+from engine.cpu_kernels.build import cpu_flags, kernel
 
 log = logging.getLogger(__name__)
 
-ABI = 2
+ABI = 3
 _T = GGMLQuantizationType
 TYPES = frozenset(int(t) for t in (_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0, _T.Q4_K, _T.Q5_K, _T.Q6_K))
 # quant_gemm.cpp's spindle_quant_gemm takes the packed form of type t as type PACKED + t (the fused decode
 # layer calls that one function for every GGUF projection)
 PACKED = 1024
+# type + (R << TILES_SHIFT): products of R rows or more through AMX tiles (quant_dot_amx.cpp; where Linux refuses
+# a thread the tiles, that thread's columns go through the AVX-512 path)
+TILES_SHIFT = 8
 _P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
 
 
@@ -48,7 +51,16 @@ def _kernels() -> dict[str, Any] | None:
         "rows": kernel(
             "quant_dot", ABI, [_I, _P, _I, _P, _I, _P, _I, _L, _I], symbol="spindle_quant_dot_rows", restype=_I
         ),
+        "amx": kernel("quant_dot", ABI, [], symbol="spindle_quant_dot_amx_usable", restype=_I),
     }
+
+
+@functools.cache
+def tiles_usable() -> bool:
+    """Whether the product can run through AMX tiles here (the CPU has them and Linux grants this process the
+    tile state); the chooser still times it against the AVX-512 path."""
+    k = _kernels()
+    return k is not None and "amx_tile" in cpu_flags() and "amx_bf16" in cpu_flags() and bool(k["amx"]())
 
 
 @functools.cache
@@ -76,15 +88,24 @@ def pack(data: torch.Tensor, ggml_type: int, in_features: int) -> torch.Tensor:
     return out
 
 
-def matmul(x2: torch.Tensor, packed: torch.Tensor, ggml_type: int, n: int, out: torch.Tensor, threads: int = 1) -> None:
-    """out [M, n] (float32 or bfloat16, unit column stride) = x2 [M, K] (bfloat16, unit column stride) @ W.T."""
+def matmul(
+    x2: torch.Tensor,
+    packed: torch.Tensor,
+    ggml_type: int,
+    n: int,
+    out: torch.Tensor,
+    threads: int = 1,
+    tiles_from: int = 0,
+) -> None:
+    """out [M, n] (float32 or bfloat16, unit column stride) = x2 [M, K] (bfloat16, unit column stride) @ W.T;
+    through AMX tiles where M >= tiles_from > 0 (`tiles_usable()`)."""
     m, k_in = x2.shape
     if x2.dtype is not torch.bfloat16 or x2.stride(1) != 1:
         raise TypeError(f"x must be bfloat16 with unit column stride, got {x2.dtype}")
     if out.shape != (m, n) or out.stride(1) != 1 or out.dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"out must be [{m}, {n}] float32 or bfloat16 with unit column stride")
     if m and _need()["gemm"](
-        ggml_type,
+        ggml_type + (tiles_from << TILES_SHIFT),
         x2.data_ptr(),
         x2.stride(0),
         m,
@@ -173,11 +194,11 @@ def _self_check(ggml_type: int) -> str | None:
     packed = pack(data, ggml_type, k)
     if not torch.equal(dequantize(packed, ggml_type, n, k, 0, n, torch.float32), want):
         return "its dequantization differs from gguf's"
-    for rows in (1, 3, 13):
+    for rows, tiles_from in ((1, 0), (3, 0), (13, 0), (19, 1 if tiles_usable() else 0)):
         for dtype in (torch.float32, torch.bfloat16):
             x = torch.randn(rows, k, generator=g).to(torch.bfloat16)
             y = torch.empty(rows, n, dtype=dtype)
-            matmul(x, packed, ggml_type, n, y, 2)
+            matmul(x, packed, ggml_type, n, y, 2, tiles_from)
             exact = x.double() @ want.double().t()
             # float32 sums of exact products, and the block sums taken out again: 64 ulps of the |products|
             bound = 64 * 2.0**-24 * (x.double().abs() @ want.double().abs().t())

@@ -147,6 +147,21 @@ inline __m512i slot(const uint8_t* c) {
     }
 }
 
+// A record's multipliers per sub-block, per column's lanes: of A = sum (1 + q / 2^BITS) x (Q8_0: sum q x), 2^BITS D,
+// and of the sub-block's sum of x, M - (OFF + 2^BITS) D (quant_dot.cpp's top says why)
+template <class F>
+inline void product_scales(const uint8_t* rec, __m512* dp, __m512* mp) {
+    using L = Layout<F>;
+    __m512 d[L::NS], m[L::NS];
+    F::scales(rec + L::CHUNKS * L::CHUNK, d, m);
+    constexpr float unit = F::BITS == 8 ? 1.0f : (float)(1 << F::BITS);
+    for (int e = 0; e < L::NS; ++e) {
+        dp[e] = _mm512_mul_ps(d[e], _mm512_set1_ps(unit));
+        const __m512 add = F::HAS_M ? m[e] : _mm512_setzero_ps();
+        mp[e] = _mm512_fnmadd_ps(d[e], _mm512_set1_ps((float)F::OFF + (F::BITS == 8 ? 0.0f : unit)), add);
+    }
+}
+
 // The ggml type numbers packed here; F returns nonzero for any other.
 template <class G>
 int by_format(int type, G&& g) {

@@ -97,6 +97,43 @@ def test_products_of_bf16_rows_against_the_reference(ggml_type: int, rows: int) 
     assert (wide_y[:, n:] == 7).all()
 
 
+@pytest.mark.skipif(not quant_dot.tiles_usable(), reason="no AMX tiles here")
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [1, 7, 16, 17, 33, 64, 70])
+def test_products_through_tiles_against_the_reference(ggml_type: int, rows: int) -> None:
+    # 37 columns: a last block of 16 with 5; rows past a tile of 16 and past the 64 of one pass
+    k = width(ggml_type, 3)
+    data = blocks(ggml_type, 37, k, rows)
+    want = quant_gemm.reference(data, int(ggml_type))
+    packed = quant_dot.pack(data, int(ggml_type), k)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
+    for threads in (1, 2):
+        for dtype in (torch.float32, torch.bfloat16):
+            y = torch.full((rows, 37), float("nan"), dtype=dtype)
+            quant_dot.matmul(x, packed, int(ggml_type), 37, y, threads, tiles_from=1)
+            within_rounding(y, x, want)
+    wide = torch.full((rows, 40), -1.0)  # a row stride past the columns: only [:, :37] written
+    quant_dot.matmul(x, packed, int(ggml_type), 37, wide[:, :37], 2, tiles_from=1)
+    within_rounding(wide[:, :37], x, want)
+    assert (wide[:, 37:] == -1.0).all()
+
+
+def test_tiles_from_a_row_count_by_the_type_code() -> None:
+    # the type code's rows from which tiles run: below them the AVX-512 path, bit for bit
+    t, k = int(T.Q4_K), 256
+    data = blocks(t, 20, k, 5)
+    packed = quant_dot.pack(data, t, k)
+    x = torch.randn(8, k, generator=torch.Generator().manual_seed(6)).bfloat16()
+    plain, below, tiled, always = (torch.empty(8, 20) for _ in range(4))
+    quant_dot.matmul(x, packed, t, 20, plain, 1)
+    quant_dot.matmul(x, packed, t, 20, below, 1, tiles_from=9)
+    from_rows = 8 if quant_dot.tiles_usable() else 0
+    quant_dot.matmul(x, packed, t, 20, tiled, 1, tiles_from=from_rows)
+    quant_dot.matmul(x, packed, t, 20, always, 1, tiles_from=from_rows and 1)
+    assert torch.equal(plain, below) and torch.equal(tiled, always)
+    within_rounding(tiled, x, quant_gemm.reference(data, t))
+
+
 @pytest.mark.parametrize("ggml_type", [T.Q8_0, T.Q6_K], ids=lambda t: t.name)
 def test_quant_gemm_takes_the_packed_form_by_its_type_code(ggml_type: int) -> None:
     n, k, t = 9, width(ggml_type, 1), int(ggml_type)
