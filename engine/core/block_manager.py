@@ -165,7 +165,7 @@ class BlockManager:
         if self.disk is not None and len(hits) < limit:
             self._read_back(seq, hits, limit)
         if self.state is not None:  # a hybrid model: only as far as a snapshot of the state at that point
-            return hits[: self.state.usable_hits(len(hits), self._cid, hits, bs)]
+            return hits[: self.state.usable_hits(seq, len(hits), self._cid, hits, bs)]
         return hits
 
     def _read_back(self, seq: Sequence, hits: list[int], limit: int) -> None:

@@ -52,6 +52,8 @@ class DraftModel:
             speculative_config={},
         )
         self.runner = ModelRunner(draft_config, use_triton=target.use_triton)
+        if self.runner.states is not None:  # its recurrent state would need a pool and rollback of its own
+            raise ModelLoadError(f"{FLAG}: the draft model must not be a hybrid recurrent model; {spec.model} is")
         if self.runner.images is not None or self.runner.audio is not None:
             raise ModelLoadError(f"{FLAG}: the draft model must be a text-only decoder; {spec.model} is not")
         if self.runner.vocab_size != target.vocab_size:

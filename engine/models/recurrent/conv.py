@@ -2,7 +2,8 @@
 
 A sequence's window holds its last K - 1 inputs (K: the kernel size); a chunk runs the convolution over
 [window | chunk] (zeros before position 0, as the reference's left padding) and keeps the new last K - 1; the
-step's single-token sequences go together, their windows updated in place at their slots.
+step's single-token rows go together, round after round (engine/models/recurrent/state.py Round), their
+windows updated in place at their slots.
 """
 
 from __future__ import annotations
@@ -39,10 +40,10 @@ def causal_conv(
         windows[c.slot] = inp[:, inp.shape[-1] - keep :]
         sb.save(c, windows)
         out[c.row : c.row + c.n] = y if act is None else act(y)
-    if sb.decode_rows is not None and sb.decode_slots is not None:
-        slots = sb.decode_slots
-        inp = torch.cat([windows[slots], x[sb.decode_rows].unsqueeze(-1).to(windows.dtype)], dim=-1)
-        windows[slots] = inp[:, :, 1:]
+    for rnd in sb.rounds:
+        inp = torch.cat([windows[rnd.slots], x[rnd.rows].unsqueeze(-1).to(windows.dtype)], dim=-1)
+        windows[rnd.slots] = inp[:, :, 1:]
+        sb.keep(rnd, windows)
         y = _conv(inp.to(weight.dtype), weight, bias)[..., -1]
-        out[sb.decode_rows] = y if act is None else act(y)
+        out[rnd.rows] = y if act is None else act(y)
     return out

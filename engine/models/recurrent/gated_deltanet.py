@@ -118,8 +118,8 @@ class GatedDeltaNet:
             assert final is not None
             states[c.slot] = final[0]
             sb.save(c, states)
-        if sb.decode_rows is not None and sb.decode_slots is not None:
-            rows, slots = sb.decode_rows, sb.decode_slots
+        for rnd in sb.rounds:
+            rows, slots = rnd.rows, rnd.slots
             o, final = self.recurrent(
                 q[rows, None], k[rows, None], v[rows, None], g=g[rows, None], beta=beta[rows, None],
                 initial_state=states[slots], **kw,
@@ -127,4 +127,5 @@ class GatedDeltaNet:
             out[rows] = o[:, 0]
             assert final is not None
             states[slots] = final
+            sb.keep(rnd, states)
         return out

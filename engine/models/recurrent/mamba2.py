@@ -73,8 +73,9 @@ class Mamba2:
         x, b, c = torch.split(xbc, [d.inner, d.groups * d.state_size, d.groups * d.state_size], dim=-1)
         normed = self._gated_norm(self._scan(x, b, c, dt, state[1], sb), gate)
         out = (self.norm_weight.float() * normed).to(h.dtype)
-        if sb.decode_rows is not None and h.dtype != torch.float32:  # a single step's output is in the model dtype
-            out[sb.decode_rows] = self.norm_weight * normed[sb.decode_rows].to(h.dtype)  # there, rounded first
+        rows = sb.single_rows
+        if rows is not None and h.dtype != torch.float32:  # a single step's output is in the model dtype
+            out[rows] = self.norm_weight * normed[rows].to(h.dtype)  # there, rounded first
         return self.out_proj(out)
 
     def _scan(
@@ -102,8 +103,8 @@ class Mamba2:
             out[r] = y.reshape(n, d.inner)
             ssm[ch.slot] = final[0]
             sb.save(ch, ssm)
-        if sb.decode_rows is not None and sb.decode_slots is not None:
-            rows, slots, m = sb.decode_rows, sb.decode_slots, sb.decode_rows.shape[0]
+        for rnd in sb.rounds:
+            rows, slots, m = rnd.rows, rnd.slots, rnd.rows.shape[0]
             held = ssm[slots]  # a copy: the update writes into it, then it goes back to the slots
             y = self.step(
                 held,
@@ -118,6 +119,7 @@ class Mamba2:
                 dt_softplus=True,
             )
             ssm[slots] = held
+            sb.keep(rnd, ssm)
             out[rows] = y.reshape(m, d.inner).float()
         return out
 

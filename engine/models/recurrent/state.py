@@ -19,18 +19,37 @@ class Chunk:
 
 
 @dataclass(frozen=True)
+class Round:
+    """Single-token rows run together by the recurrent forms, their states updated in place at their slots: a
+    step's decodes, and position j of every verification (a decode carrying draft tokens, one round per position)."""
+
+    rows: torch.Tensor  # [B] rows of the flat batch
+    slots: torch.Tensor  # [B] their slots
+    # after the round: the states of these slots are kept at these speculation slots (a verification's position j)
+    keep_slots: torch.Tensor | None = None
+    keep_into: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
 class StateBatch:
     layers: list[tuple[torch.Tensor, ...]]  # per recurrent layer (model order): its state tensors [slots, ...]
     chunks: list[Chunk]  # sequences running more than one token, in order (cut where snapshots are taken)
-    decode_rows: torch.Tensor | None  # [B] rows of single-token sequences (None: there are none)
-    decode_slots: torch.Tensor | None  # [B] their slots
+    rounds: list[Round]  # single-token rows, round after round
     # a state tensor's id -> its snapshot tensor [snapshots, ...] (prefix caching, engine/core/state_pool.py)
     snapshot_of: dict[int, torch.Tensor] = field(default_factory=dict)
+    # a state tensor's id -> its speculation tensor [slots * draft tokens, ...] (per-position states of a verification)
+    spec_of: dict[int, torch.Tensor] = field(default_factory=dict)
+    single_rows: torch.Tensor | None = None  # every round's rows (None: there are none)
 
     def save(self, chunk: Chunk, state: torch.Tensor) -> None:
         """After a mixer ran `chunk`: keep its slot's state of `state` in the chunk's snapshot slot, if it has one."""
         if chunk.snap >= 0:
             self.snapshot_of[id(state)][chunk.snap] = state[chunk.slot]
+
+    def keep(self, rnd: Round, state: torch.Tensor) -> None:
+        """After a mixer ran `rnd`: keep the verifications' states of `state` at their speculation slots."""
+        if rnd.keep_slots is not None and rnd.keep_into is not None:
+            self.spec_of[id(state)][rnd.keep_into] = state[rnd.keep_slots]
 
 
 def slot_bytes(shapes: list[list[StateShape]]) -> int:

@@ -19,6 +19,7 @@ from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.messages import AddRequest
 from engine.models.loader import ModelLoadError
+from engine.spec import ngram
 from tests.engine.models.hybrid_families import HYBRIDS, build_hybrid
 from tests.helpers.engine import greedy, hf_greedy, run, tokens
 
@@ -142,11 +143,43 @@ def test_state_pool_comes_out_of_the_kv_budget(ckpt: Path) -> None:
     assert core.stats().num_used_blocks == core.block_manager.num_used_blocks + runner.states.slot_blocks
 
 
-def test_speculative_decoding_is_refused_in_one_line(ckpt: Path) -> None:
-    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+
+
+@pytest.mark.parametrize("regime", ["concurrent", "chunked_prefill"])
+def test_speculative_decoding_rolls_the_state_back(ckpt: Path, regime: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """n-gram speculation whose drafts come from transformers' own output with every third token or so off by one
+    (so that verifications both accept and reject): the tokens are transformers' greedy ones, snapshots taken
+    inside verifications (every 8 tokens) resume a later prompt exactly, and the pool empties."""
+    refs = {tuple(p): p + hf_greedy(ckpt, p, 24) for p in PROMPTS}
+    rng = random.Random(7)
+
+    def propose(ids: list[int], k: int, n_max: int, n_min: int) -> list[int]:
+        ref = next((r for p, r in refs.items() if ids[: len(p)] == list(p) and ids == r[: len(ids)]), None)
+        draft = ref[len(ids) : len(ids) + k] if ref is not None else []
+        return [t + 1 if rng.random() < 0.3 else t for t in draft]
+
+    monkeypatch.setattr(ngram, "propose", propose)
+    core = core_for(ckpt, speculative_config=NGRAM, state_snapshot_interval=8, **REGIMES[regime])
+    outs = run(core, [(f"r{i}", p, greedy(24), 2 * i) for i, p in enumerate(PROMPTS)])
+    for i, p in enumerate(PROMPTS):
+        assert tokens(outs[f"r{i}"]) == refs[tuple(p)][len(p) :], i
+    st = core.stats()
+    assert 0 < st.spec_num_accepted_tokens < st.spec_num_draft_tokens  # drafts accepted and rejected
+    assert len(outs["r0"]) < 24  # verifications emitted several tokens at once
+    assert pool_empty(core)
+    # prompt + output: a later turn resumes from a snapshot taken after a verification (at 72 = 50 + 24 - 2)
+    turn = refs[tuple(PROMPTS[0])] + PROMPTS[2]
+    again = run(core, [("t", turn, greedy(4), 0)])
+    assert tokens(again["t"]) == hf_greedy(ckpt, turn, 4) and again["t"][-1].num_cached_tokens == 72
+    assert pool_empty(core)
+
+
+def test_a_hybrid_draft_model_is_refused_in_one_line(ckpt: Path) -> None:
+    spec = {"method": "draft_model", "model": str(ckpt), "num_speculative_tokens": 3}
     with pytest.raises(ModelLoadError) as e:
         core_for(ckpt, speculative_config=spec)
-    assert "--speculative-config is not supported on hybrid" in str(e.value) and "\n" not in str(e.value)
+    assert "the draft model must not be a hybrid recurrent model" in str(e.value) and "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize(
