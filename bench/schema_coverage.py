@@ -2,6 +2,10 @@
 response_format json_schema; per source: accepted, valid + stop, relaxed, refused, and what went wrong.
 
     python -m bench.schema_coverage URL [--concurrency 4] [--max-tokens 384] [--strict] [--source S] [--name N]
+    python -m bench.schema_coverage URL --corpus jsonschemabench --sample 8 --offset 0 [--temperature 0]
+
+`--corpus jsonschemabench` runs JSONSchemaBench (bench/jsonschemabench.py) instead: every `--sample`-th schema of
+each category from `--offset`, its categories as sources.
 
 "valid + stop" is finish_reason "stop" with content that validates against the whole schema (jsonschema, formats
 checked where jsonschema can), as a share of all schemas and of those the judge can read ("unjudged": answers
@@ -65,6 +69,16 @@ def corpus(
     return found
 
 
+def selected(args: argparse.Namespace) -> list[tuple[int, tuple[str, str, Any]]]:
+    """(seed, item) of the schemas the flags name: the local corpus, or a JSONSchemaBench sample seeded by place."""
+    if args.corpus == "local":
+        return corpus(CORPUS, args.source, args.name)
+    from bench import jsonschemabench  # why late: only this corpus needs the cache
+
+    items = jsonschemabench.sample(jsonschemabench.data_dir(), args.sample, args.offset, args.source)
+    return [(i, item) for i, item in enumerate(items) if not args.name or item[1] in args.name]
+
+
 def check(schema: Any, text: str) -> str | None:
     """None when `text` is JSON that satisfies `schema`, else why not (first error)."""
     import jsonschema  # why late: only the judging needs it
@@ -89,7 +103,7 @@ def run_one(
         "model": model,
         "max_tokens": args.max_tokens,
         "seed": seed,
-        "temperature": 1.0,
+        "temperature": args.temperature,
         "messages": [{"role": "user", "content": f"Write a JSON value for the schema {name}."}],
         "response_format": {"type": "json_schema", "json_schema": fmt},
     }
@@ -164,6 +178,12 @@ def main() -> int:
     ap.add_argument("--source", action="append", help="only this source (repeatable)")
     ap.add_argument("--name", action="append", help="only the schema of this file name, no .json (repeatable)")
     ap.add_argument("--limit", type=int, default=0, help="at most this many schemas (0: all)")
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument(
+        "--corpus", choices=("local", "jsonschemabench"), default="local", help="bench/schemas or JSONSchemaBench"
+    )
+    ap.add_argument("--sample", type=int, default=8, help="jsonschemabench: every K-th schema of each category")
+    ap.add_argument("--offset", type=int, default=0, help="jsonschemabench: from this index of each category")
     ap.add_argument("--details", type=Path, help="write one JSON line per schema here")
     ap.add_argument(
         "--tables-from",
@@ -180,12 +200,13 @@ def main() -> int:
                 res = Result(**json.loads(line))
                 merged[(res.source, res.name)] = res
         present = {(p.parent.name, p.stem) for p in CORPUS.glob("*/*.json")}
-        results = [r for key, r in sorted(merged.items()) if key in present]
+        local = args.corpus == "local"  # why: a schema since dropped from bench/schemas leaves the table
+        results = [r for key, r in sorted(merged.items()) if key in present or not local]
         print(table(results))
         print(causes(results))
         return 0
     url = args.url.rstrip("/")
-    items = corpus(CORPUS, args.source, args.name)
+    items = selected(args)
     if args.limit:
         items = items[: args.limit]
     with httpx.Client() as client:
