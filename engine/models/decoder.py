@@ -187,6 +187,7 @@ class CausalLM:
     layer_class: type[Layer] = Layer  # a family whose layers load otherwise (Gemma 4) names its own
     # per KV cache (kv heads, head dim) where layers differ or share caches (Gemma 4); None: one per layer, all alike
     kv_shapes: list[tuple[int, int]] | None = None
+    logits_scaling = 1.0  # the logits divided by this (Granite's logits_scaling)
 
     def __init__(
         self, args: ModelArgs, get: WeightGetter, has_lm_head: bool, max_positions: int, quantization: str | None = None
@@ -414,7 +415,7 @@ class CausalLM:
         logits = self.head(self.final_norm(hidden), out, pool, workers)
         cap = self.args.final_softcap
         if cap is None:
-            return logits
+            return logits if self.logits_scaling == 1.0 else logits.div_(self.logits_scaling)
         if self.dtype == torch.float32:
             return soft_cap_(logits, cap)
         # in the model's dtype, as transformers caps its logits: the same roundings, so the same ties

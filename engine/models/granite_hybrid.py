@@ -10,7 +10,6 @@ the `mamba_*` dimensions.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -19,7 +18,7 @@ from engine.layers.linear import make_linear
 from engine.layers.moe import ACTIVATIONS, SparseMoE
 from engine.models.args import ConfigError, ModelArgs, checked_layer_types, common_fields, rope_settings
 from engine.models.decoder import Checkpoint, GatedMLP, WeightSource, fused_rows
-from engine.models.hybrid import MLP, AttnBlock, Block, Ends, HybridLM, RecurrentBlock
+from engine.models.hybrid import MLP, AttnBlock, Block, HybridLM, RecurrentBlock
 from engine.models.recurrent.mamba2 import Mamba2, SSDDims
 
 ARCHITECTURE = "GraniteMoeHybridForCausalLM"
@@ -109,10 +108,7 @@ class SharedMoE:
 class GraniteHybridLM(HybridLM):
     @classmethod
     def load(cls, ck: Checkpoint) -> GraniteHybridLM:
-        weights = ck.weights
-        blocks = [_block(ck.args, i, weights, ck.quantization) for i in range(ck.args.num_layers)]
-        ends = Ends(weights("model.embed_tokens.weight"), weights("model.norm.weight"), ck.lm_head())
-        model = cls(ck.args, blocks, ends, ck.max_positions, ck.quantization)
+        model = cls.from_blocks(ck, _block, "model.norm.weight")
         embed, residual, attention, logits = ck.args.extra["multipliers"]
         model.embedding_multiplier, model.residual_scale, model.scale = embed, residual, attention
         model.logits_scaling, model.turns = logits, ck.args.extra["rope"]
@@ -120,16 +116,6 @@ class GraniteHybridLM(HybridLM):
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         return super().embed_tokens(input_ids) * self.embedding_multiplier
-
-    def compute_logits(
-        self,
-        hidden: torch.Tensor,
-        out: torch.Tensor | None = None,
-        pool: ThreadPoolExecutor | None = None,
-        workers: int = 1,
-    ) -> torch.Tensor:
-        logits = super().compute_logits(hidden, out, pool, workers)
-        return logits if self.logits_scaling == 1.0 else logits.div_(self.logits_scaling)
 
 
 def _mlp(args: ModelArgs, p: str, get: WeightSource, qz: str | None) -> MLP:

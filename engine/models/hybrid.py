@@ -10,17 +10,28 @@ checkpoint's names (engine/models/lfm2.py, engine/models/qwen3_5.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, Self
 
 import torch
 
 from engine.gguf.tensor import GGMLWeight
-from engine.layers.linear import Linear
+from engine.layers.linear import Linear, make_linear
 from engine.layers.lm_head import choose_head
+from engine.layers.moe import ACTIVATIONS
 from engine.layers.ops import AttnMetadata, TorchOps
 from engine.models.args import ModelArgs
-from engine.models.decoder import CausalLM, Rope, _quantized_ends, gemma_rms_norm
+from engine.models.decoder import (
+    CausalLM,
+    Checkpoint,
+    GatedMLP,
+    Rope,
+    WeightSource,
+    _quantized_ends,
+    fused_rows,
+    gemma_rms_norm,
+)
 from engine.models.recurrent.state import StateBatch, StateShape
 from engine.models.rope import rope_table
 
@@ -67,6 +78,18 @@ class Ends:
     head: torch.Tensor | None
 
 
+BlockLoader = Callable[[ModelArgs, int, WeightSource, str | None], Block]  # (args, layer index, weights, quantization)
+
+
+def gated_mlp(args: ModelArgs, get: WeightSource, qz: str | None, gate: str, up: str, down: str) -> GatedMLP:
+    """A bias-free gated MLP from its projections' weight names (gate and up fused into one product)."""
+    return GatedMLP(
+        make_linear(fused_rows([get(gate), get(up)]), None, qz),
+        make_linear(get(down), None, qz),
+        ACTIVATIONS[args.hidden_act],
+    )
+
+
 class HybridLM(CausalLM):
     """Subclasses give `load`; norms (1 + w) in float32 where args.gemma_norms (Qwen3.5), else plain."""
 
@@ -102,8 +125,22 @@ class HybridLM(CausalLM):
         self.fused, self.fused_checked = None, True
         self.residual_scale = 1.0  # each sub-block's output times this before the residual add (Granite)
         self.embedding_multiplier = 1.0  # Granite's multipliers (engine/models/granite_hybrid.py)
-        self.logits_scaling = 1.0
         self.turns = True  # rope on the attention layers (Granite 4.0-H may leave positions to its Mamba layers)
+
+    @classmethod
+    def from_blocks(
+        cls,
+        ck: Checkpoint,
+        block: BlockLoader,
+        norm_name: str,
+        norm: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> Self:
+        """The model from a family's block loader and its final norm's weight name (`norm`: how it is stored)."""
+        weights = ck.weights
+        blocks = [block(ck.args, i, weights, ck.quantization) for i in range(ck.args.num_layers)]
+        embed, final = weights("model.embed_tokens.weight"), weights(norm_name)
+        ends = Ends(embed, final if norm is None else norm(final), ck.lm_head())
+        return cls(ck.args, blocks, ends, ck.max_positions, ck.quantization)
 
     @property
     def num_kv_layers(self) -> int:

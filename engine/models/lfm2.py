@@ -10,10 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from engine.layers.linear import make_linear
-from engine.layers.moe import ACTIVATIONS
 from engine.models.args import ConfigError, ModelArgs, checked_layer_types, common_fields, refuse, rope_settings
-from engine.models.decoder import Checkpoint, GatedMLP, WeightSource, fused_rows
-from engine.models.hybrid import AttnBlock, Block, Ends, HybridLM, RecurrentBlock
+from engine.models.decoder import Checkpoint, WeightSource, fused_rows
+from engine.models.hybrid import AttnBlock, Block, HybridLM, RecurrentBlock, gated_mlp
 from engine.models.recurrent.short_conv import ShortConv
 
 ARCHITECTURE = "Lfm2ForCausalLM"
@@ -52,19 +51,12 @@ def parse(cfg: dict[str, Any], arch: str) -> ModelArgs:
 class Lfm2LM(HybridLM):
     @classmethod
     def load(cls, ck: Checkpoint) -> Lfm2LM:
-        weights = ck.weights
-        blocks = [_block(ck.args, i, weights, ck.quantization) for i in range(ck.args.num_layers)]
-        ends = Ends(weights("model.embed_tokens.weight"), weights("model.embedding_norm.weight"), ck.lm_head())
-        return cls(ck.args, blocks, ends, ck.max_positions, ck.quantization)
+        return cls.from_blocks(ck, _block, "model.embedding_norm.weight")
 
 
 def _block(args: ModelArgs, i: int, get: WeightSource, qz: str | None) -> Block:
     p = f"model.layers.{i}"
-    mlp = GatedMLP(
-        make_linear(fused_rows([get(f"{p}.feed_forward.w1.weight"), get(f"{p}.feed_forward.w3.weight")]), None, qz),
-        make_linear(get(f"{p}.feed_forward.w2.weight"), None, qz),
-        ACTIVATIONS[args.hidden_act],
-    )
+    mlp = gated_mlp(args, get, qz, *(f"{p}.feed_forward.{w}.weight" for w in ("w1", "w3", "w2")))
     ln1, ln2 = get(f"{p}.operator_norm.weight"), get(f"{p}.ffn_norm.weight")
     if args.extra["layer_types"][i] == "full_attention":
         a = f"{p}.self_attn"

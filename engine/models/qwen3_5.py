@@ -15,10 +15,9 @@ from typing import Any
 import torch
 
 from engine.layers.linear import make_linear
-from engine.layers.moe import ACTIVATIONS
 from engine.models.args import ConfigError, ModelArgs, checked_layer_types, common_fields, refuse, rope_settings
-from engine.models.decoder import Checkpoint, GatedMLP, WeightSource, fused_rows
-from engine.models.hybrid import AttnBlock, Block, Ends, HybridLM, RecurrentBlock
+from engine.models.decoder import Checkpoint, WeightSource, fused_rows
+from engine.models.hybrid import AttnBlock, Block, HybridLM, RecurrentBlock, gated_mlp
 from engine.models.recurrent.gated_deltanet import DeltaNetDims, GatedDeltaNet
 
 ARCHITECTURE = "Qwen3_5ForCausalLM"
@@ -63,10 +62,7 @@ def parse(cfg: dict[str, Any], arch: str) -> ModelArgs:
 class Qwen35LM(HybridLM):
     @classmethod
     def load(cls, ck: Checkpoint) -> Qwen35LM:
-        weights = ck.weights
-        blocks = [_block(ck.args, i, weights, ck.quantization) for i in range(ck.args.num_layers)]
-        ends = Ends(weights("model.embed_tokens.weight"), _norm(weights("model.norm.weight")), ck.lm_head())
-        return cls(ck.args, blocks, ends, ck.max_positions, ck.quantization)
+        return cls.from_blocks(ck, _block, "model.norm.weight", _norm)
 
 
 def _norm(w: torch.Tensor) -> torch.Tensor:
@@ -75,11 +71,7 @@ def _norm(w: torch.Tensor) -> torch.Tensor:
 
 def _block(args: ModelArgs, i: int, get: WeightSource, qz: str | None) -> Block:
     p = f"model.layers.{i}"
-    mlp = GatedMLP(
-        make_linear(fused_rows([get(f"{p}.mlp.gate_proj.weight"), get(f"{p}.mlp.up_proj.weight")]), None, qz),
-        make_linear(get(f"{p}.mlp.down_proj.weight"), None, qz),
-        ACTIVATIONS[args.hidden_act],
-    )
+    mlp = gated_mlp(args, get, qz, *(f"{p}.mlp.{w}_proj.weight" for w in ("gate", "up", "down")))
     ln1, ln2 = _norm(get(f"{p}.input_layernorm.weight")), _norm(get(f"{p}.post_attention_layernorm.weight"))
     if args.extra["layer_types"][i] == "full_attention":
         a = f"{p}.self_attn"
