@@ -11,16 +11,9 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.triton_kernels.paged_common import (
-    attend_ref,
-    context_slots,
-    first_visible,
-    flat_cache,
-    interpreter_dot_upcast,
-    launch_caches,
-    softcap_arg,
-)
+from engine.triton_kernels.paged_common import interpreter_dot_upcast, launch_caches, softcap_arg
 from engine.triton_kernels.paged_online_softmax import attend_block
+from engine.triton_kernels.paged_prefill_attention import paged_prefill_attention_ref
 
 TARGET_PROGRAMS = 264  # about two waves on a 132-SM H100/H200
 MIN_SPLIT_LEN = 256  # below this many keys per split the merge costs more than it saves
@@ -30,18 +23,11 @@ def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
                                block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, *,
                                block_size: int | None = None, sliding_window: int | None = None,
                                softcap: float | None = None) -> torch.Tensor:
-    """q [B, heads, D]: sequence b's token at position seq_lens[b] - 1 attends to its context (or window)."""
-    kf, bs = flat_cache(k_cache, block_size)
-    vf, _ = flat_cache(v_cache, block_size)
-    out = torch.empty_like(q)
-    for b in range(q.shape[0]):
-        n = int(seq_lens[b])
-        first = first_visible(n - 1, sliding_window)
-        slots = context_slots(block_tables[b], n, bs, first)
-        q_pos = torch.tensor([n - 1], device=q.device)
-        out[b] = attend_ref(q[b:b + 1], kf[slots], vf[slots], q_pos, scale, sliding_window, softcap,
-                            first)[0].to(q.dtype)
-    return out
+    """q [B, heads, D]: sequence b's token at position seq_lens[b] - 1 attends to its context (or window): the
+    prefill reference with one query row per sequence."""
+    cu_seqlens_q = torch.arange(q.shape[0] + 1, device=q.device)
+    return paged_prefill_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale,
+                                       block_size=block_size, sliding_window=sliding_window, softcap=softcap)
 
 
 @triton.jit
