@@ -47,25 +47,38 @@ def _dot(a: tl.tensor, b: tl.tensor, PRECISION: tl.constexpr, UPCAST: tl.constex
 
 
 @triton.jit
+def _block(rows_ptr, experts_ptr, num_pairs, n_limit, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's block: its pair rows, which of them are real (not padding), their expert, and its output
+    columns with their mask."""
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    rows = tl.load(rows_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = rows < num_pairs
+    e = tl.load(experts_ptr + pid_m).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return rows, valid, e, offs_n, offs_n < n_limit
+
+
+@triton.jit
+def _k_slice(ptr, rows, stride, valid, k0, k_limit, BLOCK_K: tl.constexpr):
+    """Columns k0.. of the given rows (zeros past k_limit and on padding rows), their offsets and mask."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    k_ok = offs_k < k_limit
+    a = tl.load(ptr + rows[:, None] * stride + offs_k[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
+    return a, offs_k, k_ok
+
+
+@triton.jit
 def _gate_up_kernel(
         x_ptr, w_ptr, out_ptr, rows_ptr, experts_ptr, num_pairs, top_k, hidden, inter, stride_x, stride_we, stride_wn,
         stride_out, ACT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[pair, n] = act(x[token] . W[e, n]) * (x[token] . W[e, inter + n]) for one block of one expert's pairs."""
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    rows = tl.load(rows_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = rows < num_pairs
+    rows, valid, e, offs_n, n_ok = _block(rows_ptr, experts_ptr, num_pairs, inter, BLOCK_M, BLOCK_N)
     tokens = rows // top_k
-    e = tl.load(experts_ptr + pid_m).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < inter
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, hidden, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = offs_k < hidden
-        a = tl.load(x_ptr + tokens[:, None] * stride_x + offs_k[None, :], mask=valid[:, None] & k_ok[None, :],
-                    other=0.0)
+        a, offs_k, k_ok = _k_slice(x_ptr, tokens, stride_x, valid, k0, hidden, BLOCK_K)
         w = w_ptr + e * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None]
         wg = tl.load(w, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
         wu = tl.load(w + inter * stride_wn, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
@@ -83,18 +96,10 @@ def _down_kernel(
         stride_wn, stride_out, PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[pair, n] = (h[pair] . W[e, n]) * routing weight[pair], in float32 (summed over a token's pairs later)."""
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    rows = tl.load(rows_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = rows < num_pairs
-    e = tl.load(experts_ptr + pid_m).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < hidden
+    rows, valid, e, offs_n, n_ok = _block(rows_ptr, experts_ptr, num_pairs, hidden, BLOCK_M, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, inter, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = offs_k < inter
-        a = tl.load(h_ptr + rows[:, None] * stride_h + offs_k[None, :], mask=valid[:, None] & k_ok[None, :],
-                    other=0.0)
+        a, offs_k, k_ok = _k_slice(h_ptr, rows, stride_h, valid, k0, inter, BLOCK_K)
         w = tl.load(w_ptr + e * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None],
                     mask=n_ok[None, :] & k_ok[:, None], other=0.0)
         acc += _dot(a, w, PRECISION, UPCAST)
