@@ -53,12 +53,21 @@ class AppState:
     tasks: Any = None  # an anyio TaskGroup for work that outlives its request (background responses)
     stage: str = "starting"  # what start-up is doing now: /health's 503 says it (server/app_load.py sets it)
     on_ready: list[Callable[[], None]] = field(default_factory=list)  # run once the model serves
+    load_started_ns: int = field(default_factory=time.monotonic_ns)
+    load_ns: int = 0  # how long the model took to load, until the first generation after it reports it
+    keep_until: float | None = None  # Ollama's keep_alive: the wall-clock time a client asked it to stay until
 
     def mark_ready(self) -> None:
         """Start-up is over: the model serves (the hooks: e.g. the "Running on" line, server/runtime/)."""
         self.stage = "ready"
+        self.load_ns = time.monotonic_ns() - self.load_started_ns
         for hook in self.on_ready:
             hook()
+
+    def take_load_ns(self) -> int:
+        """The model's load time, once: Ollama reports it with the first request after a load, 0 after that."""
+        load, self.load_ns = self.load_ns, 0
+        return load
 
     def require(self, *, count: bool = True) -> tuple[AsyncLLM, Renderer, ModelLimits]:
         """The running parts, or a 503 saying why requests cannot be served now (AsyncLLM.check_open: a

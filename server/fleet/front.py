@@ -12,6 +12,7 @@ error from it becomes one SSE `data:` event with the error body).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -28,7 +29,7 @@ from server.app_load import EngineFactory
 from server.config import ServerConfig
 from server.families import ErrorShape, Family
 from server.families.batch import FAMILY as BATCH
-from server.families.ollama.protocol import unloads
+from server.families.ollama.keep_alive import KEEPS_LOADED, keep_alive_seconds
 from server.families.responses import FAMILY as RESPONSES
 from server.fleet.catalog import scan
 from server.fleet.follower import FollowerRegistry
@@ -54,6 +55,7 @@ from server.http.deploy import wrap_app
 from server.http.errors import APIError
 from server.http.version import send_version
 from server.metrics.prometheus import CONTENT_TYPE
+from server.request.openai_protocol import ModelCardBase
 from server.routes.table import enabled
 from server.worker_context import WorkerContext
 
@@ -61,12 +63,7 @@ log = logging.getLogger("spindle.server")
 KEEPALIVE = b": loading model\n\n"
 
 
-class ModelCard(msgspec.Struct):
-    id: str
-    created: int
-    owned_by: str
-    root: str
-    max_model_len: int
+class ModelCard(ModelCardBase):
     loaded: bool
     object: str = "model"
 
@@ -177,8 +174,9 @@ class ModelsFront:
         if errors is ErrorShape.OLLAMA:  # NDJSON has no keep-alive line: the stream starts once the model is loaded
             stream = False
         await self._forward(slot, scope, body, receive, send, stream, errors)
-        if errors is ErrorShape.OLLAMA and unloads(keep_alive_of(body)):
-            self.registry.unload_soon(slot)
+        if scope["path"] in KEEPS_LOADED:  # its keep_alive: how long the model stays loaded now (a bad one: a 400)
+            with contextlib.suppress(APIError):
+                self.registry.keep(slot, keep_alive_seconds(keep_alive_of(body)))
 
     async def stored(self, scope: Scope, receive: Receive, send: Send) -> None:
         """GET / DELETE /v1/responses/{id} (from the store that holds it) and POST .../cancel (to its model)."""

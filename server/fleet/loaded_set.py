@@ -57,6 +57,7 @@ class ModelSlot:
         self.gone = anyio.Event()  # the unload ended
         self.active = 0  # requests inside the model's app
         self.unload_when_idle = False  # a request asked for it (Ollama's keep_alive 0): unloaded once idle
+        self.keep_alive: float | None = None  # Ollama's keep_alive: seconds idle before the unload (None: the flag's)
         self.waiting = 0  # requests waiting for its load
         self.last_used = 0.0
 
@@ -108,8 +109,7 @@ class ModelRegistry:
         """Own every load task (and the idle timer) until cancelled: cancelling unloads every model."""
         async with anyio.create_task_group() as tg:
             self._tg = tg
-            if self.idle_timeout is not None:
-                tg.start_soon(self._unload_idle, self.idle_timeout)
+            tg.start_soon(self._unload_idle)
             task_status.started()
             try:
                 await anyio.sleep_forever()
@@ -170,6 +170,20 @@ class ModelRegistry:
         """Unload the model once its requests are done (Ollama's keep_alive 0), at once when it is idle."""
         slot.unload_when_idle = True
         self.release(slot, 0)
+
+    def keep(self, slot: ModelSlot, seconds: float | None) -> None:
+        """Ollama's keep_alive: unload the model `seconds` after its last request (0: once idle; inf: never by
+        idleness; None: after --model-idle-timeout, if set)."""
+        if seconds == 0:
+            self.unload_soon(slot)
+            return
+        slot.keep_alive = seconds
+        self._notify()
+
+    def idle_limit(self, slot: ModelSlot) -> float | None:
+        """Seconds idle before the model unloads (None: never by idleness)."""
+        limit = slot.keep_alive if slot.keep_alive is not None else self.idle_timeout
+        return None if limit is None or limit == float("inf") else limit
 
     def _start_load(self, slot: ModelSlot) -> None:
         assert self._tg is not None, "the registry is not running"
@@ -255,12 +269,14 @@ class ModelRegistry:
         if slot.status == "loaded":
             self._unload(slot, why)
 
-    async def _unload_idle(self, timeout: float) -> None:
-        """--model-idle-timeout: unload each loaded model `timeout` seconds after its last request ended."""
+    async def _unload_idle(self) -> None:
+        """--model-idle-timeout (or the model's keep_alive): unload each loaded model that many seconds after its
+        last request ended."""
         while True:
             now, next_due = anyio.current_time(), float("inf")
             for slot in self.slots.values():
-                if slot.status != "loaded" or slot.busy:
+                timeout = self.idle_limit(slot)
+                if slot.status != "loaded" or slot.busy or timeout is None:
                     continue
                 due = slot.last_used + timeout
                 if due <= now:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -134,6 +135,65 @@ def test_generate_templated_raw_and_system(srv: Server) -> None:
     assert raw.response == plain.choices[0].text and raw.done_reason == "length"
     streamed = list(ol.generate(model=model, prompt="The sea is", raw=True, options=GREEDY, stream=True))
     assert "".join(c.response for c in streamed) == raw.response and streamed[-1].done
+
+
+def tokens(srv: Server, **body: object) -> list[int]:
+    return list(httpx.post(f"{srv.url}/tokenize", json=body).json()["tokens"])
+
+
+def test_generate_context_continues_the_conversation(srv: Server) -> None:
+    """A templated /api/generate ends with `context`: its prompt's ids and its answer's; sent back, the next prompt
+    continues it (the same tokens as /v1/completions with those ids before the new templated prompt)."""
+    ol, oa = clients(srv)
+    model = model_of(srv)
+    first = ol.generate(model=model, prompt="The sea", options=GREEDY)
+    turn = tokens(srv, messages=[{"role": "user", "content": "The sea"}], add_generation_prompt=True)
+    assert first.context is not None and first.eval_count is not None
+    context = list(first.context)
+    assert context[: len(turn)] == turn and len(context) == len(turn) + first.eval_count
+    detok = httpx.post(f"{srv.url}/detokenize", json={"tokens": context[len(turn) :]}).json()["prompt"]
+    assert detok.startswith(first.response)  # the answer's ids (with its stop token, when it stopped)
+    streamed = list(ol.generate(model=model, prompt="The sea", options=GREEDY, stream=True))
+    assert streamed[-1].context == context and all(c.context is None for c in streamed[:-1])
+
+    second = ol.generate(model=model, prompt="And the sky?", context=context, options=GREEDY)
+    turn2 = tokens(srv, messages=[{"role": "user", "content": "And the sky?"}], add_generation_prompt=True)
+    want = oa.completions.create(model=model, prompt=context + turn2, max_tokens=12, temperature=0)
+    assert second.response == want.choices[0].text
+    assert second.prompt_eval_count == len(context) + len(turn2)
+    assert second.context is not None and list(second.context[: len(context)]) == context
+
+    raw = ol.generate(model=model, prompt="The sea is", raw=True, options=GREEDY)
+    assert raw.context is None  # as Ollama: raw mode gives no context, and takes none
+    for body, word in (
+        ({"raw": True, "context": context}, "raw"),
+        ({"context": [-1]}, "context[0]"),
+        ({"context": [1, 10**9]}, "context[1]"),
+        ({"context": [1] * 5000}, "max_model_len"),
+    ):
+        r = httpx.post(f"{srv.url}/api/generate", json={"model": model, "prompt": "x", "stream": False, **body})
+        assert r.status_code == 400 and set(r.json()) == {"error"} and word in r.json()["error"], r.text
+
+
+def test_keep_alive_is_reported_by_ps(srv: Server) -> None:
+    """A single model never unloads: /api/ps's expires_at says what the last request's keep_alive asked for."""
+    ol, _ = clients(srv)
+    model = model_of(srv)
+    before = datetime.now(UTC)
+    ol.generate(model=model, prompt="Hi", options={"num_predict": 1}, keep_alive="10m")
+    expires = ol.ps().models[0].expires_at
+    assert expires is not None and timedelta(minutes=9) < expires - before < timedelta(minutes=11)
+    ol.chat(model=model, messages=MSGS, options={"num_predict": 1}, keep_alive=90)
+    expires = ol.ps().models[0].expires_at
+    assert expires is not None and timedelta(seconds=80) < expires - before < timedelta(seconds=100)
+    ol.generate(model=model, prompt="Hi", options={"num_predict": 1}, keep_alive=-1)
+    assert ol.ps().models[0].expires_at == datetime(2318, 8, 24, tzinfo=UTC)  # forever
+    with pytest.raises(ollama.ResponseError) as e:
+        ol.generate(model=model, prompt="Hi", keep_alive="soon")
+    assert e.value.status_code == 400 and "keep_alive" in str(e.value)
+    again = ol.generate(model=model, prompt="Hi", options={"num_predict": 1})
+    assert again.load_duration == 0  # only the first request after the load reports it
+    assert again.total_duration is not None and again.total_duration > 0
 
 
 def test_model_routes(srv: Server) -> None:

@@ -41,14 +41,28 @@ def _arguments(text: str) -> dict[str, Any] | None:
 
 class OllamaFormatter:
     """One request's answer (Ollama has no n). `chat`: /api/chat's `message`, else /api/generate's `response`.
-    `parser`: None when nothing is parsed (the text as it comes)."""
+    `parser`: None when nothing is parsed (the text as it comes). `load_ns`: the model's load time, reported by
+    the first request after a load. `context`: the prompt's ids, when the last line gives /api/generate's
+    `context` (the prompt's and the answer's ids, for the next request to continue)."""
 
-    def __init__(self, model: str, prompt_tokens: int, parser: ChoiceParser | None, *, chat: bool) -> None:
+    def __init__(
+        self,
+        model: str,
+        prompt_tokens: int,
+        parser: ChoiceParser | None,
+        *,
+        chat: bool,
+        load_ns: int = 0,
+        context: list[int] | None = None,
+    ) -> None:
         self.model = model
         self.prompt_tokens = prompt_tokens
         self.parser = parser
         self.chat = chat
-        self.direct_ok = parser is None  # a parser holds state: each output must be formatted exactly once
+        self.load_ns = load_ns
+        self.context = None if context is None else list(context)  # grows by each output's ids
+        # a parser or the context's ids hold state: each output must be formatted exactly once
+        self.direct_ok = parser is None and context is None
         self._start = time.monotonic_ns()
         self._first: int | None = None  # when the first output came: the prompt's evaluation ended
         self._calls: list[ToolCallDelta] = []
@@ -86,16 +100,23 @@ class OllamaFormatter:
     def _done(self, out: Output) -> dict[str, Any]:
         end = time.monotonic_ns()
         first = self._first if self._first is not None else end
-        return {
+        done = {
             "done": True,
             "done_reason": done_reason(out.finish_reason),
-            "total_duration": end - self._start,
-            "load_duration": 0,
+            "total_duration": end - self._start + self.load_ns,  # as Ollama's: the load is part of the total
+            "load_duration": self.load_ns,
             "prompt_eval_count": self.prompt_tokens,
             "prompt_eval_duration": first - self._start,
             "eval_count": out.num_output_tokens,
             "eval_duration": end - first,
         }
+        if self.context is not None:
+            done["context"] = self.context
+        return done
+
+    def _ids(self, out: Output) -> None:
+        if self.context is not None:
+            self.context += out.token_ids
 
     def stream_start(self) -> bytes | None:
         return None
@@ -104,6 +125,7 @@ class OllamaFormatter:
         out = batch[-1]  # one choice: a batch holds its one (merged) output
         if self._first is None:
             self._first = time.monotonic_ns()
+        self._ids(out)
         final = out.finish_reason is not None
         content, thinking, calls = self._parse(out, final)
         self._calls += calls
@@ -119,5 +141,6 @@ class OllamaFormatter:
     def final(self, outputs: list[Output], usage: Usage) -> bytes:
         out = outputs[0]
         self._first = self._start  # not streamed: the prompt's share of the time is not seen apart
+        self._ids(out)
         content, thinking, calls = self._parse(out, True)
         return self._line({**self._answer(content, thinking, calls), **self._done(out)})[:-1]

@@ -14,6 +14,7 @@ import msgspec
 
 from server.app_state import AppState
 from server.families.ollama import API_VERSION, FAMILY
+from server.families.ollama.keep_alive import expires_at
 from server.families.ollama.protocol import encoder, show_decoder
 from server.families.ollama.translate import decode_error
 from server.http.asgi import ClientGone, Receive, Scope, Send, read_body, send_json
@@ -62,10 +63,10 @@ async def listed(name: str, folder: str) -> dict[str, Any]:
     }
 
 
-def running(entry: dict[str, Any], context_length: int) -> dict[str, Any]:
-    """A listed model as /api/ps shows a loaded one (never expiring: a single model stays loaded)."""
+def running(entry: dict[str, Any], context_length: int, until: float | None) -> dict[str, Any]:
+    """A listed model as /api/ps shows a loaded one, `expires_at` the wall-clock time `until` (None: never)."""
     out = {k: v for k, v in entry.items() if k != "modified_at"}
-    return {**out, "expires_at": "2318-08-24T00:00:00Z", "size_vram": 0, "context_length": context_length}
+    return {**out, "expires_at": expires_at(until), "size_vram": 0, "context_length": context_length}
 
 
 async def model_entry(state: AppState) -> dict[str, Any]:
@@ -81,7 +82,8 @@ class TagsRoute:
 
 
 class PsRoute:
-    """The loaded model: this server's one, once it serves (a single model never unloads)."""
+    """The loaded model: this server's one, once it serves (a single model never unloads: `expires_at` says what
+    the last request's keep_alive asked for)."""
 
     def __init__(self, state: AppState) -> None:
         self.state = state
@@ -91,7 +93,7 @@ class PsRoute:
         if limits is None:
             await send_json(send, 200, b'{"models":[]}')
             return
-        entry = running(await model_entry(self.state), limits.max_model_len)
+        entry = running(await model_entry(self.state), limits.max_model_len, self.state.keep_until)
         await send_json(send, 200, _enc({"models": [entry]}))
 
 

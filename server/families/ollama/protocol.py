@@ -7,14 +7,8 @@ from typing import Any
 
 import msgspec
 
+from server.families.ollama.keep_alive import KeepAlive
 from server.request.openai_protocol import Int64
-
-KeepAlive = float | str | None  # seconds, or a duration string ("5m", "0s"); 0 unloads (--models-dir)
-
-
-def unloads(keep_alive: KeepAlive) -> bool:
-    """keep_alive 0 (a number or a duration string): unload the model once the request is done."""
-    return keep_alive is not None and str(keep_alive).strip().rstrip("smh") in ("0", "0.0")
 
 
 class Options(msgspec.Struct, kw_only=True):
@@ -70,7 +64,7 @@ class GenerateRequest(_Generation, kw_only=True):
     suffix: str | None = None
     system: str | None = None
     template: str | None = None  # a Go template: refused unless empty
-    context: list[Int64] | None = None  # the older conversation memory: refused when not empty
+    context: list[Int64] | None = None  # a previous answer's `context` (token ids): the prompt continues it
     raw: bool = False
     images: list[str] | None = None
 

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 from server.app_state import AppState
 from server.families.ollama import FAMILY
+from server.families.ollama.context import checked_context, continued
 from server.families.ollama.formatter import FRAMING, OllamaFormatter, created_at
-from server.families.ollama.protocol import chat_decoder, encoder, generate_decoder, unloads
+from server.families.ollama.keep_alive import note_keep_alive, unloads
+from server.families.ollama.protocol import chat_decoder, encoder, generate_decoder
 from server.families.ollama.translate import chat_request, decode_error, generate_chat, generate_text
 from server.families.openai.completions import suffix_prompt_ids
 from server.http.asgi import Receive, Scope, Send, header, read_body, send_json, serve_post
 from server.multimodal.images import image_support
 from server.render.renderer import Renderer
 from server.request.async_llm import AsyncLLM
-from server.request.input_processor import ModelLimits, build_spec, check_request, external_request_id
+from server.request.input_processor import GenerationSpec, ModelLimits, build_spec, check_request, external_request_id
 from server.request.openai_protocol import ChatCompletionRequest, CompletionRequest
 from server.request.post_route import PostRoute
 from server.request.prompt_tokens import admit_prompts, chat_prompt, fit_limits, render_errors, text_prompt_ids
@@ -65,6 +67,7 @@ class ChatRoute(OllamaRoute):
 
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
         req, llm, renderer, limits = self.state.decode_for_model(chat_decoder, body, decode_error)
+        note_keep_alive(self.state, req.keep_alive)
         if not req.messages:
             await _loaded(send, self.state.shown_model(req.model), True, unloads(req.keep_alive))
             return
@@ -77,20 +80,31 @@ class GenerateRoute(OllamaRoute):
 
     async def _work(self, body: bytes, xid: str | None, send: Send) -> None:
         req, llm, renderer, limits = self.state.decode_for_model(generate_decoder, body, decode_error)
+        note_keep_alive(self.state, req.keep_alive)
         if not req.prompt and not req.suffix:
             await _loaded(send, self.state.shown_model(req.model), False, unloads(req.keep_alive))
             return
+        context = checked_context(req.context, req.raw, limits)
         if req.raw or req.suffix:
-            await answer_text(self.state, (llm, renderer, limits), generate_text(req, limits), xid, send)
+            text = generate_text(req, limits)
+            await answer_text(self.state, (llm, renderer, limits), text, xid, send, context, give_context=not req.raw)
             return
         chat = generate_chat(req, limits, images=takes_images(self.state))
-        await answer_chat(self.state, (llm, renderer, limits), chat, xid, send, chat_shape=False)
+        await answer_chat(self.state, (llm, renderer, limits), chat, xid, send, chat_shape=False, context=context)
 
 
 async def answer_chat(
-    state: AppState, parts: Parts, chat: ChatCompletionRequest, xid: str | None, send: Send, *, chat_shape: bool
+    state: AppState,
+    parts: Parts,
+    chat: ChatCompletionRequest,
+    xid: str | None,
+    send: Send,
+    *,
+    chat_shape: bool,
+    context: list[int] | None = None,
 ) -> None:
-    """The chat path (as /v1/chat/completions and /v1/messages take it), answered in Ollama's shape."""
+    """The chat path (as /v1/chat/completions and /v1/messages take it), answered in Ollama's shape. /api/generate
+    (not `chat_shape`): the prompt continues `context`, and the answer ends with the new one."""
     llm, renderer, limits = parts
     config = state.config
     check_request(chat, limits)
@@ -100,12 +114,13 @@ async def answer_chat(
     with llm.admit(1, 1) as ticket:  # the request's one ticket: a 503 now when the queue is surely full
         text, ids, mm_inputs = await chat_prompt(state, llm, renderer, chat, ticket, fit_limits(chat, limits))
         so = request_constraint(plan, constraint.so if constraint is not None else None, config, text)
+        ids = continued(context, ids, renderer.tokenizer)
         spec = build_spec(chat, ids, limits, external_id=external, stream=chat.stream, structured_outputs=so)
         spec.mm_inputs = mm_inputs
         tools = plan.parser() if plan is not None and plan.parser is not None else None
         reasoning = reasoning_parser(config, text)
         parser = ChoiceParser(reasoning, tools) if tools is not None or reasoning is not None else None
-        fmt = OllamaFormatter(state.shown_model(chat.model), len(spec.prompt_token_ids), parser, chat=chat_shape)
+        fmt = _formatter(state, chat.model, spec, parser, chat_shape=chat_shape, give_context=not chat_shape)
         parsers = ChoiceParsers(plan, config.outputs.reasoning_parser, text) if parser is not None else None
         check = relaxed_check(llm.metrics, constraint, relaxed_tools, parsers)
         await respond(
@@ -121,8 +136,18 @@ async def answer_chat(
         )
 
 
-async def answer_text(state: AppState, parts: Parts, req: CompletionRequest, xid: str | None, send: Send) -> None:
-    """The completions path (a raw prompt, or fill-in-the-middle with `suffix`), answered in Ollama's shape."""
+async def answer_text(
+    state: AppState,
+    parts: Parts,
+    req: CompletionRequest,
+    xid: str | None,
+    send: Send,
+    context: list[int] | None = None,
+    *,
+    give_context: bool = False,
+) -> None:
+    """The completions path (a raw prompt, or fill-in-the-middle with `suffix`), answered in Ollama's shape; the
+    prompt continues `context`, and with `give_context` the answer ends with the new one."""
     llm, renderer, limits = parts
     check_request(req, limits)
     constraint = await structured_outputs(req, limits.caps, tokenizer=renderer.tokenizer)
@@ -135,8 +160,9 @@ async def answer_text(state: AppState, parts: Parts, req: CompletionRequest, xid
             else:
                 ids = await text_prompt_ids(renderer, prompt, req.add_special_tokens, limits=fit_limits(req, limits))
         so = constraint.so if constraint is not None else None
+        ids = continued(context, ids, renderer.tokenizer)
         spec = build_spec(req, ids, limits, external_id=external, stream=req.stream, structured_outputs=so)
-        fmt = OllamaFormatter(state.shown_model(req.model), len(spec.prompt_token_ids), None, chat=False)
+        fmt = _formatter(state, req.model, spec, None, chat_shape=False, give_context=give_context)
         check = relaxed_check(llm.metrics, constraint, {})
         await respond(
             llm,
@@ -149,3 +175,24 @@ async def answer_text(state: AppState, parts: Parts, req: CompletionRequest, xid
             before_end=check.finish if check is not None else None,
             ticket=ticket,
         )
+
+
+def _formatter(
+    state: AppState,
+    model: str | None,
+    spec: GenerationSpec,
+    parser: ChoiceParser | None,
+    *,
+    chat_shape: bool,
+    give_context: bool,
+) -> OllamaFormatter:
+    """The request's formatter: the model's load time when it is the first since a load, the context's ids."""
+    prompt = spec.prompt_token_ids
+    return OllamaFormatter(
+        state.shown_model(model),
+        len(prompt),
+        parser,
+        chat=chat_shape,
+        load_ns=state.take_load_ns(),
+        context=prompt if give_context else None,
+    )

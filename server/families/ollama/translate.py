@@ -108,8 +108,6 @@ def chat_request(req: ChatRequest, limits: ModelLimits, *, images: bool) -> Chat
 def _check_generate(req: GenerateRequest) -> None:
     if req.template:
         raise bad_request("template (a Go template) is not supported: the model's chat template is used.", "template")
-    if req.context:
-        raise bad_request("context is not supported: send the conversation's messages to /api/chat.", "context")
 
 
 def generate_chat(req: GenerateRequest, limits: ModelLimits, *, images: bool) -> ChatCompletionRequest:
