@@ -55,7 +55,6 @@ from server.http.deploy import wrap_app
 from server.http.errors import APIError
 from server.http.version import send_version
 from server.metrics.prometheus import CONTENT_TYPE
-from server.request.openai_protocol import ModelCardBase
 from server.routes.table import enabled
 from server.worker_context import WorkerContext
 
@@ -63,7 +62,12 @@ log = logging.getLogger("spindle.server")
 KEEPALIVE = b": loading model\n\n"
 
 
-class ModelCard(ModelCardBase):
+class ModelCard(msgspec.Struct):
+    id: str
+    created: int
+    owned_by: str
+    root: str
+    max_model_len: int
     loaded: bool
     object: str = "model"
 
