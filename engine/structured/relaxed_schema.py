@@ -24,6 +24,7 @@ import llguidance
 
 from engine.structured.grammar import LIMITS, GrammarError
 from engine.structured.json_pointer import MISSING, walk
+from engine.structured.ref_intersections import distribute_siblings, unshadow_properties
 from engine.structured.strict_schema import rewrite
 
 if TYPE_CHECKING:
@@ -172,6 +173,8 @@ def _circular(work: dict[str, Any], target: str, fold: bool) -> tuple[dict[str, 
         return work, None  # drafts 3 to 7 ignore them, as the output check (jsonschema) does
     if fold and _fold(work, target):
         return work, None
+    if fold and (unshadow_properties(_nodes(work)) or distribute_siblings(_nodes(work), target, _KEEP | ANNOTATIONS)):
+        return work, None  # exact: the next round folds the allOf it left
     if _strip_ref_siblings(work, only_annotations=False, target=target):
         return work, "$ref"
     dropped = False

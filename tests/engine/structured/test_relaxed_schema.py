@@ -232,3 +232,46 @@ def test_beside_a_recursive_ref_drafts_up_to_7_ignore_what_later_ones_fold(diale
     assert out.keywords == ()
     assert accepts(out.schema, '{"kids":[{"kids":[]}]}')
     assert accepts(out.schema, '{"kids":[{}]}') is not kept
+
+
+def test_an_any_of_beside_a_recursive_ref_takes_its_siblings_into_its_branches() -> None:
+    """JSONSchemaBench's Washington Post schemas: `{"anyOf": [{"$ref": T}, ...], "type": "object"}` inside T was a
+    refusal (llguidance cannot intersect the recursion with `type`); the siblings go into each branch and the
+    branch to T is folded: exact, nothing relaxed."""
+    schema = {
+        "$schema": "http://json-schema.org/draft-04/schema#",
+        "$ref": "#/definitions/node",
+        "definitions": {
+            "node": {
+                "type": "object",
+                "properties": {
+                    "kid": {"anyOf": [{"$ref": "#/definitions/node"}, {"type": "string"}], "required": ["kid"]}
+                },
+            }
+        },
+    }
+    out = relax(schema, STYLE)
+    assert out.keywords == ()
+    assert accepts(out.schema, '{"kid":{"kid":"b"}}') and accepts(out.schema, '{"kid":"a"}')
+    assert not accepts(out.schema, '{"kid":{}}') and not accepts(out.schema, '{"kid":1}')
+
+
+def test_a_property_a_pattern_also_governs_is_dropped_or_closed_beside_a_recursive_ref() -> None:
+    """A `properties` entry whose name a `patternProperties` regex matches is intersected with the pattern's schema:
+    with a recursive $ref inside that was a refusal. The same schema as the pattern's goes (exact); an optional one
+    that differs becomes `false` (fewer answers, all valid); nothing relaxed."""
+    branch = {"anyOf": [{"$ref": "#/definitions/node"}, {"type": "string"}]}
+    schema = {
+        "$ref": "#/definitions/node",
+        "definitions": {
+            "node": {
+                "type": "object",
+                "patternProperties": {"^[a-z]*": branch},
+                "properties": {"same": branch, "by": {"type": "string", "maxLength": 3}},
+            }
+        },
+    }
+    out = relax(schema, STYLE)
+    assert out.keywords == ()
+    assert accepts(out.schema, '{"same":{"x":"a"}}') and accepts(out.schema, '{"x":{"same":"b"}}')
+    assert not accepts(out.schema, '{"by":"a"}') and not accepts(out.schema, '{"same":1}')
