@@ -60,3 +60,24 @@ def ordered_params(params: dict[str, Any]) -> list[tuple[str, Any]]:
     """A function's parameters as (name, schema) in the schema's order (none: a free-form object)."""
     props = params.get("properties")
     return list(props.items()) if isinstance(props, dict) else []
+
+
+ParamRef = tuple[str, str]  # a parameter's name and its value's rule
+
+
+def function_rules(
+    functions: dict[str, dict[str, Any]],
+    value: Callable[[Any], str],
+    body: Callable[[str, dict[str, Any], list[ParamRef]], str],
+) -> str:
+    """The grammar's `fn` rule and one `fn_F` rule per function for call formats that spell each parameter apart:
+    `v_F_P: value(schema)` per parameter, and the function's `body(name, params, [(key, "v_F_P"), ...])`."""
+    rules: list[str] = []
+    for f, (name, params) in enumerate(functions.items()):
+        refs = []
+        for p, (key, schema) in enumerate(ordered_params(params)):
+            rules.append(f"v_{f}_{p}: {value(schema)}")
+            refs.append((key, f"v_{f}_{p}"))
+        rules.append(f"fn_{f}: {body(name, params, refs)}")
+    fns = " | ".join(f"fn_{f}" for f in range(len(functions)))
+    return f"fn: {fns}\n" + "\n".join(rules) + "\n"

@@ -162,31 +162,23 @@ class JsonCallParser(ToolParser):
             if self.end is not None:
                 pos = self._buf.find(self.end)
                 if pos >= 0:
-                    out.extend(self._finish_region(self._buf[:pos], self.end, final))
-                    self._buf = self._buf[pos + len(self.end) :]
-                    self._inside = False
+                    self._close_region(out, pos, self.end, final)
                     continue
                 if final:
-                    out.extend(self._finish_region(self._buf, "", final))
-                    self._buf = ""
+                    self._close_region(out, len(self._buf), "", final)
                     break
                 self._progress(self._buf[: len(self._buf) - held(self._buf, self.end)], out)
                 break
             i = skip_ws(self._buf, 0)
             end = value_end(self._buf, i) if i < len(self._buf) and self._buf[i] in "[{" else None
             if i < len(self._buf) and self._buf[i] not in "[{":  # not a call: the region is content
-                out.extend(self._finish_region(self._buf, "", final))
-                self._buf = ""
-                self._inside = False
+                self._close_region(out, len(self._buf), "", final)
                 break
             if end is not None:
-                out.extend(self._finish_region(self._buf[:end], "", final))
-                self._buf = self._buf[end:]
-                self._inside = False
+                self._close_region(out, end, "", final)
                 continue
             if final:
-                out.extend(self._finish_region(self._buf, "", final))
-                self._buf = ""
+                self._close_region(out, len(self._buf), "", final)
                 break
             self._progress(self._buf, out)
             break
@@ -252,6 +244,12 @@ class JsonCallParser(ToolParser):
                 if piece:
                     state.args_sent += len(piece)
                     out.calls.append(ToolCallDelta(state.index, arguments=piece))
+
+    def _close_region(self, out: ParsedDelta, cut: int, closing: str, final: bool) -> None:
+        """The region is the buffer's first `cut` characters, then its closing tag `closing`: finish it."""
+        out.extend(self._finish_region(self._buf[:cut], closing, final))
+        self._buf = self._buf[cut + len(closing) :]
+        self._inside = False
 
     def _finish_region(self, text: str, closing: str, final: bool) -> ParsedDelta:
         out = ParsedDelta()

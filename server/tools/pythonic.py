@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.messages import StructuredOutputs
-from server.tools.grammar import lark_json, ordered_params
+from server.tools.grammar import ParamRef, function_rules, lark_json, ordered_params
 from server.tools.prefix import WS, PrefixParser, Reading, dumps, string_part
 from server.tools.scan import skip_ws
 
@@ -176,19 +176,19 @@ class PythonicParser(PrefixParser):
     def constraint(
         cls, functions: dict[str, dict[str, Any]], multiple: bool, token_id: Callable[[str], int | None]
     ) -> StructuredOutputs:
-        rules: list[str] = []
-        for f, (name, params) in enumerate(functions.items()):
-            kvs = []
-            for p, (key, schema) in enumerate(ordered_params(params)):
-                boolean = isinstance(schema, dict) and schema.get("type") == "boolean" and "enum" not in schema
-                value = '"True" | "False"' if boolean else lark_json(schema if isinstance(schema, dict) else {})
-                rules.append(f"v_{f}_{p}: {value}")
-                kvs.append(f"{json.dumps(key + '=')} v_{f}_{p}")
-            body = " ".join(x for x in (json.dumps(name + "("), _kwargs(kvs, params), '")"') if x)
-            rules.append(f"fn_{f}: {body}")
-        fns = " | ".join(f"fn_{f}" for f in range(len(functions)))
         start = 'start: "[" fn ("," " " fn)* "]"' if multiple else 'start: "[" fn "]"'
-        return StructuredOutputs("grammar", f"{start}\nfn: {fns}\n" + "\n".join(rules) + "\n")
+        return StructuredOutputs("grammar", f"{start}\n" + function_rules(functions, _value_rule, _call_rule))
+
+
+def _value_rule(schema: Any) -> str:
+    """A keyword argument's value as Python writes it: a boolean True / False; else its JSON."""
+    boolean = isinstance(schema, dict) and schema.get("type") == "boolean" and "enum" not in schema
+    return '"True" | "False"' if boolean else lark_json(schema if isinstance(schema, dict) else {})
+
+
+def _call_rule(name: str, params: dict[str, Any], refs: list[ParamRef]) -> str:
+    kvs = [f"{json.dumps(key + '=')} {ref}" for key, ref in refs]
+    return " ".join(x for x in (json.dumps(name + "("), _kwargs(kvs, params), '")"') if x)
 
 
 def _kwargs(kvs: list[str], params: dict[str, Any]) -> str:

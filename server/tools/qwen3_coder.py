@@ -12,7 +12,7 @@ from functools import partial
 from typing import Any
 
 from engine.messages import StructuredOutputs
-from server.tools.grammar import lark_json, lark_tag, ordered_params
+from server.tools.grammar import ParamRef, function_rules, lark_json, lark_tag, ordered_params
 from server.tools.prefix import WS, PrefixParser, Reading, dumps, string_part
 from server.tools.scan import held, skip_ws
 
@@ -130,23 +130,19 @@ class Qwen3CoderParser(PrefixParser):
     def constraint(
         cls, functions: dict[str, dict[str, Any]], multiple: bool, token_id: Callable[[str], int | None]
     ) -> StructuredOutputs:
-        rules: list[str] = []
-        for f, (name, params) in enumerate(functions.items()):
-            required = set(params.get("required") or ())
-            seq = []
-            for p, (key, schema) in enumerate(ordered_params(params)):
-                rules.append(f"v_{f}_{p}: {_value_rule(schema)}")
-                item = (
-                    f"{json.dumps(PARAM + key + '>' + chr(10))} v_{f}_{p} {json.dumps(chr(10) + PARAM_END + chr(10))}"
-                )
-                seq.append(item if key in required else f"({item})?")
-            rules.append(
-                f"fn_{f}: {json.dumps(FUNCTION + name + '>' + chr(10))} {' '.join(seq)} {json.dumps(FUNCTION_END)}"
-            )
-        fns = " | ".join(f"fn_{f}" for f in range(len(functions)))
         call = f'call: {lark_tag(START, token_id)} "\\n" fn "\\n" {lark_tag(END, token_id)}'
         start = 'start: call ("\\n" call)*' if multiple else "start: call"
-        return StructuredOutputs("grammar", f"{start}\n{call}\nfn: {fns}\n" + "\n".join(rules) + "\n")
+        return StructuredOutputs("grammar", f"{start}\n{call}\n" + function_rules(functions, _value_rule, _call_rule))
+
+
+def _call_rule(name: str, params: dict[str, Any], refs: list[ParamRef]) -> str:
+    """<function=name> then each parameter as <parameter=key>, its value, </parameter> (an optional one or not)."""
+    required = set(params.get("required") or ())
+    seq = []
+    for key, ref in refs:
+        item = f"{json.dumps(PARAM + key + '>' + chr(10))} {ref} {json.dumps(chr(10) + PARAM_END + chr(10))}"
+        seq.append(item if key in required else f"({item})?")
+    return f"{json.dumps(FUNCTION + name + '>' + chr(10))} {' '.join(seq)} {json.dumps(FUNCTION_END)}"
 
 
 def _value_rule(schema: Any) -> str:
