@@ -147,7 +147,7 @@ class Scheduler:
 
     def _paused(self, order: list[Sequence]) -> set[Sequence]:
         """Under "priority": the running sequences ranked below a waiting or prefilling one sit out this step,
-        so that its prompt runs alone (bench/README.md, "Interactive latency beside a running batch")."""
+        so that its prompt runs alone (bench/README.md, "Batches beside interactive requests")."""
         if not self.by_priority or not order:
             return set()
         ranks = [self._rank(s) for s in order if s.num_tokens - s.num_computed_tokens > 1]
