@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 BEST_EFFORT: dict[str, Any] = {"lenient": True, "coerce_one_of": True}
 MAX_REPAIRS = 8  # rounds of "compile, repair what the message names"
+FLOAT_BOUND = 1e18  # the widest bound llguidance writes a float range's regex for (1e19 fails)
 _UNIMPLEMENTED = re.compile(r"Unimplemented keys: (\[.*?\])")
 _FORMAT = re.compile(r"Unknown format: (\S+)")
 _POINTER = re.compile(r"Pointer '([^']*)' does not exist")
@@ -66,6 +67,7 @@ ANNOTATIONS = frozenset(
 )
 
 
+_BOUNDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
 _KEEP = frozenset({"$ref", "definitions", "$defs", "$schema", "$id", "id", "x-guidance"})  # no constraints
 
 
@@ -150,6 +152,8 @@ def _repair(schema: dict[str, Any], error: str, fold: bool = True) -> tuple[dict
     disjoint = _NOT_DISJOINT.search(error)
     if disjoint is not None:
         return (work, "patternProperties") if _drop_overlap(work, disjoint.group(2)) else None
+    if "regex for float range" in error:  # a bound past ~1e19: llguidance cannot write the range's regex
+        return (work, None) if _narrow_float_bounds(work) else None
     if "regex" in error or "look-around" in error or "backreference" in error.lower():
         return (work, "pattern") if _drop_bad_patterns(work) else None
     if "circular references with sibling keys" in error:
@@ -345,3 +349,22 @@ def _drop_bad_patterns(schema: Any) -> bool:
                 del props[key]
                 dropped = True
     return dropped
+
+
+def _narrow_float_bounds(schema: Any) -> bool:
+    """A numeric bound past +-FLOAT_BOUND becomes +-FLOAT_BOUND (of the same kind, inclusive or exclusive) where
+    the other side allows it: fewer values, each one valid, instead of a refusal (llguidance cannot write the
+    regex of a range that wide)."""
+    changed = False
+    for node in _nodes(schema):
+        bounds = {
+            k: v for k, v in node.items() if k in _BOUNDS and isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        lows = {k: v for k, v in bounds.items() if k.endswith("inimum")}
+        highs = {k: v for k, v in bounds.items() if k.endswith("aximum")}
+        for near, far, sign in ((lows, highs, 1), (highs, lows, -1)):
+            past = [k for k, v in far.items() if sign * v > FLOAT_BOUND]
+            if past and all(sign * v < FLOAT_BOUND for v in near.values()):
+                node.update({k: sign * FLOAT_BOUND for k in past})
+                changed = True
+    return changed

@@ -275,3 +275,18 @@ def test_a_property_a_pattern_also_governs_is_dropped_or_closed_beside_a_recursi
     assert out.keywords == ()
     assert accepts(out.schema, '{"same":{"x":"a"}}') and accepts(out.schema, '{"x":{"same":"b"}}')
     assert not accepts(out.schema, '{"by":"a"}') and not accepts(out.schema, '{"same":1}')
+
+
+def test_a_number_bounded_past_1e19_is_narrowed_not_refused() -> None:
+    """SchemaStore's venvironment: `maximum: 1.7976931348623157e308` (the largest double) was a refusal
+    (llguidance cannot write that float range's regex); the bound becomes 1e18: fewer values, all valid."""
+    schema = {
+        "type": "object",
+        "properties": {"step": {"type": "number", "minimum": 0, "maximum": 1.7976931348623157e308}},
+    }
+    out = relax(schema, STYLE)
+    assert out.keywords == ()
+    assert accepts(out.schema, '{"step":2.5}') and accepts(out.schema, '{"step":1000000}')
+    assert not accepts(out.schema, '{"step":-1}')
+    low = relax({"type": "number", "exclusiveMinimum": -1e300, "exclusiveMaximum": 3}, STYLE).schema
+    assert accepts(low, "-5") and not accepts(low, "3")
