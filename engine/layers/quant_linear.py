@@ -12,6 +12,9 @@ by measurement (engine/cpu_kernels/chooser.py):
   the blocks repacked for bf16 dot products (engine/cpu_kernels/quant_dot.py; the file's bytes, K-quants up to 3%
   more). Only one layout is held: the chooser keeps the one whose candidates lose least over all row classes
   (chooser.choose_held).
+- "dot_tiles" (where AMX tiles run): "dot"'s packed blocks through AMX tiles, each decoded chunk shared by every
+  row of the batch. Tiles run from the fewest rows of a class it won (`tiles_from`, in the kernel's type code, so
+  the fused decode layer runs what the layer-by-layer path runs).
 Neither quantizes the activations: sums are float32, so with float32 activations the result is the
 dequantized model's up to summation order (with bfloat16 ones, "dequant" rounds a tile's weights to bfloat16 for
 torch's GEMM, where "ggml" keeps them float32). Off CPU, the weight is dequantized at load.
@@ -42,8 +45,8 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 GGML_MOST_ROWS = 64
 DEQUANT_FEWEST_ROWS = 17
 CHOOSER_BYTES = 4 << 20  # the chooser times about this much of a weight's blocks
-FORM_OF = {"ggml": "blocks", "dequant": "blocks", "dot": "packed", "dot_dequant": "packed"}
-IN_REGISTERS = ("ggml", "dot")  # the candidates that read the blocks in the product itself
+FORM_OF = {"ggml": "blocks", "dequant": "blocks", "dot": "packed", "dot_tiles": "packed", "dot_dequant": "packed"}
+IN_REGISTERS = ("ggml", "dot", "dot_tiles")  # the candidates that read the blocks in the product itself
 
 
 def dequantize_rows(weight: GGMLWeight, start: int, end: int, dtype: torch.dtype) -> torch.Tensor:
@@ -68,6 +71,7 @@ class QuantLinear(Linear):
         self.nbytes = weight.nbytes
         self.packed: torch.Tensor | None = None  # quant_dot's form of the blocks, where it is the layout held
         self.made_from: weakref.ref[torch.Tensor] | None = None  # the file's blocks, where a tied table shares them
+        self.tiles_from = 0  # bf16 products of this many rows or more run through AMX tiles (0: none)
         self._choices: dict[torch.dtype, tuple[str, ...]] = {}
         # the per-step path (a decode step makes ~100 of these calls): the C function and its fixed arguments
         self._raw = quant_gemm.raw_product() if self.kernel else None
@@ -108,7 +112,9 @@ class QuantLinear(Linear):
         def timed(candidate: str, rows_range: tuple[int, int]) -> chooser.Bench:
             def at(rows: int) -> Callable[[], object]:
                 lin = probe(FORM_OF[candidate] == "packed")
-                run = lin.ggml_into if candidate in IN_REGISTERS else lin.dequant_into
+                run = {"dot_tiles": lin.tiles_into, "ggml": lin.ggml_into, "dot": lin.ggml_into}.get(
+                    candidate, lin.dequant_into
+                )
                 return lin.bench(run, dtype, rows_range)(rows)
 
             return at
@@ -123,9 +129,16 @@ class QuantLinear(Linear):
             "dot": timed("dot", (1, GGML_MOST_ROWS)),
             "dot_dequant": timed("dot_dequant", (DEQUANT_FEWEST_ROWS, 1 << 30)),
         }
+        if quant_dot.tiles_usable():
+            dots["dot_tiles"] = timed("dot_tiles", (1, GGML_MOST_ROWS))
         held, winners = chooser.choose_held(kind, shape, blocks | dots, FORM_OF)
         if held == "packed":
             self.pack()
+            tiled = [lo for (lo, _), w in zip(chooser.ROW_CLASSES, winners, strict=True) if w == "dot_tiles"]
+            self.tiles_from = tiled[0] if tiled else 0
+            self._args = (quant_dot.PACKED + self.ggml.ggml_type + (self.tiles_from << quant_dot.TILES_SHIFT),) + (
+                self._args[1:]
+            )
         return winners
 
     def pack(self) -> None:
@@ -233,9 +246,15 @@ class QuantLinear(Linear):
             x2 = x2.contiguous()
         threads = WORKERS.threads_for(QUANT_WORK * x2.shape[0] * self._macs, self.nbytes)
         if self.packed is not None:
-            quant_dot.matmul(x2, self.packed, self.ggml.ggml_type, self.out_features, out, threads)
+            quant_dot.matmul(x2, self.packed, self.ggml.ggml_type, self.out_features, out, threads, self.tiles_from)
         else:
             quant_gemm.matmul(x2, self.ggml.data, self.ggml.ggml_type, out, threads)
+
+    def tiles_into(self, x2: torch.Tensor, out: torch.Tensor) -> None:
+        """The packed blocks' product through AMX tiles at any row count (the chooser times it so)."""
+        assert self.packed is not None
+        threads = WORKERS.threads_for(QUANT_WORK * x2.shape[0] * self._macs, self.nbytes)
+        quant_dot.matmul(x2.contiguous(), self.packed, self.ggml.ggml_type, self.out_features, out, threads, 1)
 
     def dequant_into(self, x2: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         """A tile of output rows at a time: dequantized to x's dtype, multiplied by torch, on every thread."""

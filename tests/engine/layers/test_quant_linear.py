@@ -1,7 +1,7 @@
 """engine/layers/quant_linear: projections and embeddings over GGUF blocks, the candidates ("ggml", "dequant", and
-the packed "dot", "dot_dequant" of every packed type) against gguf's dequantized weights, fused parts of mixed
-types, the bias's single rounding, make_linear's dispatch, a type the kernel refuses, embedding rows equal to the
-reference exactly, and a tied table read from its packed LM head."""
+the packed "dot", "dot_tiles", "dot_dequant" of every packed type) against gguf's dequantized weights, fused
+parts of mixed types, the bias's single rounding, make_linear's dispatch, a type the kernel refuses, embedding
+rows equal to the reference exactly, and a tied table read from its packed LM head."""
 
 from __future__ import annotations
 
@@ -191,13 +191,15 @@ PACKED_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
 
 
 @pytest.mark.parametrize("ggml_type", PACKED_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("forced", ["dot", "dot_dequant"])
+@pytest.mark.parametrize("forced", ["dot", "dot_tiles", "dot_dequant"])
 @pytest.mark.parametrize("rows", [1, 3, 6, 16, 17, 33])
 def test_packed_candidates_against_the_reference(
     ggml_type: int, forced: str, rows: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if not quant_dot.supports(int(ggml_type)):
         pytest.skip("the bf16 dot-product kernel does not run on this machine")
+    if forced == "dot_tiles" and not quant_dot.tiles_usable():
+        pytest.skip("no AMX tiles on this machine")
     monkeypatch.setenv(chooser.FORCE_ENV, forced)
     k = 3 * quant_gemm.block_shape(ggml_type)[0]
     w = weight(ggml_type, 37, k, 5)  # 37 columns: the last group of 4 padded
@@ -207,8 +209,10 @@ def test_packed_candidates_against_the_reference(
     assert lin.packed is not None and lin.ggml.nbytes == 0
     assert 40 * w.nbytes // 37 <= lin.packed.numel() <= 1.03 * 40 * w.nbytes // 37
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).bfloat16()
-    used = weights_used(w, "ggml" if forced == "dot" else "dequant", torch.bfloat16)
+    used = weights_used(w, "dequant" if forced == "dot_dequant" else "ggml", torch.bfloat16)
     assert_close(lin(x), x, used, bias.float())
+    assert lin.tiles_from == (1 if forced == "dot_tiles" else 0)  # in the type code the fused layer takes too
+    assert lin.kernel_view()[0] == quant_dot.PACKED + int(ggml_type) + (lin.tiles_from << quant_dot.TILES_SHIFT)
     assert torch.equal(lin.dense_weight(), reference(w).to(torch.bfloat16))
     assert torch.equal(lin.rows(5, 11, torch.float32), reference(w)[5:11])
     # float32 activations after the bf16 choice packed it: its rows dequantized, float32 sums
