@@ -36,6 +36,7 @@ FLOAT_BOUND = 1e18  # the widest bound llguidance writes a float range's regex f
 _UNIMPLEMENTED = re.compile(r"Unimplemented keys: (\[.*?\])")
 _FORMAT = re.compile(r"Unknown format: (\S+)")
 _POINTER = re.compile(r"Pointer '([^']*)' does not exist")
+_INCOMPATIBLE = re.compile(r"Unsatisfiable schema: incompatible types\s+while processing \S*#(/\S+)")
 _RESOURCE = re.compile(r"Resource '([^']*)' is not present")
 _NOT_DISJOINT = re.compile(r"patternProperty regexes /(.*)/ and /(.*)/ are not disjoint")
 _COUNTS = (
@@ -158,6 +159,9 @@ def _repair(schema: dict[str, Any], error: str, fold: bool = True) -> tuple[dict
         return (work, "pattern") if _drop_bad_patterns(work) else None
     if "circular references with sibling keys" in error:
         return _circular(work, "#" + error.rpartition("#")[2].strip(), fold)
+    unsatisfiable = _INCOMPATIBLE.search(error)
+    if unsatisfiable is not None:  # a subschema no value meets (`type: object` and a oneOf of strings) is `false`
+        return (work, None) if _falsify(work, unsatisfiable.group(1)) else None
     pointer, resource = _POINTER.search(error), _RESOURCE.search(error)
     if pointer is None and resource is None:
         return None
@@ -368,3 +372,35 @@ def _narrow_float_bounds(schema: Any) -> bool:
                 node.update({k: sign * FLOAT_BOUND for k in past})
                 changed = True
     return changed
+
+
+def _falsify(schema: dict[str, Any], pointer: str) -> bool:
+    """Every `$ref` to the subschema at `pointer` (and it, unless a definition: llguidance refuses a reference to
+    `false`) becomes `false`: exact where no value meets that subschema."""
+    target, changed = "#" + pointer, False
+    for node in [schema, *_containers(schema)]:
+        keys = range(len(node)) if isinstance(node, list) else list(node)
+        for key in keys:
+            child = node[key]
+            if isinstance(child, dict) and child.get("$ref") == target:
+                node[key] = False
+                changed = True
+    parent, _, name = pointer.rpartition("/")
+    container = _resolve(schema, parent) if parent not in ("", "/definitions", "/$defs") else None
+    if isinstance(container, dict) and isinstance(container.get(name), dict):
+        container[name] = False
+        changed = True
+    return changed
+
+
+def _containers(schema: Any) -> list[Any]:
+    """Every object and array in the document."""
+    found, stack = [], [schema]
+    while stack:
+        node = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        for child in children:
+            if isinstance(child, (dict, list)):
+                found.append(child)
+                stack.append(child)
+    return found

@@ -290,3 +290,21 @@ def test_a_number_bounded_past_1e19_is_narrowed_not_refused() -> None:
     assert not accepts(out.schema, '{"step":-1}')
     low = relax({"type": "number", "exclusiveMinimum": -1e300, "exclusiveMaximum": 3}, STYLE).schema
     assert accepts(low, "-5") and not accepts(low, "3")
+
+
+def test_an_unsatisfiable_definition_behind_an_optional_member_is_false_not_a_refusal() -> None:
+    """JSONSchemaBench's Atom feed schemas: a definition of `type: object` whose oneOf holds only strings meets no
+    value, and llguidance refused the whole schema; its $refs become `false` (exact), so the optional member that
+    reaches it is left out and the rest is enforced."""
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "kind": {"$ref": "#/definitions/never"}},
+        "required": ["name"],
+        "definitions": {"never": {"type": "object", "oneOf": [{"type": "string"}, {"enum": ["a", "b"]}]}},
+    }
+    out = relax(schema, STYLE)
+    assert out.keywords == ()
+    assert accepts(out.schema, '{"name":"x"}')
+    assert not accepts(out.schema, '{"name":"x","kind":{}}') and not accepts(out.schema, '{"name":"x","kind":"a"}')
+    with pytest.raises(GrammarError):
+        relax({**schema, "required": ["name", "kind"]}, STYLE)
