@@ -4,22 +4,13 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "ggml_scales.h"
 #include "quant_dot_formats.h"
 
 namespace {
 
 using namespace spindle::qdot;
-
-// Q4_K and Q5_K: eight 6-bit scales and mins packed in 12 bytes (ggml's get_scale_min_k4)
-void scale_min_k4(const uint8_t* q, int j, uint8_t& sc, uint8_t& m) {
-    if (j < 4) {
-        sc = q[j] & 63;
-        m = q[j + 4] & 63;
-    } else {
-        sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
+using spindle::scale_min_k4;
 
 // weight j (0..31) of a 32-weight block's 16 bytes of nibbles: j < 16 low nibbles
 inline int nibble(const uint8_t* qs, int j) { return j < 16 ? qs[j] & 0xF : qs[j - 16] >> 4; }

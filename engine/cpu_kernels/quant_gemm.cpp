@@ -18,6 +18,7 @@
 
 #include <vector>
 
+#include "ggml_scales.h"
 #include "scratch.h"
 
 namespace {
@@ -100,23 +101,19 @@ struct Q5_1 {
     }
 };
 
-// Q4_K and Q5_K: eight 6-bit scales and mins packed in 12 bytes (ggml's get_scale_min_k4)
-inline void scale_min_k4(const uint8_t* q, int j, int& sc, int& m) {
-    if (j < 4) {
-        sc = q[j] & 63;
-        m = q[j + 4] & 63;
-    } else {
-        sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
+// Q4_K and Q5_K: sub-block j's scale d * sc and min dmin * m
+inline void k4_scale_min(const uint8_t* b, int j, float& d, float& m) {
+    int sc, mn;
+    spindle::scale_min_k4(b + 4, j, sc, mn);
+    d = half(b) * (float)sc;
+    m = half(b + 2) * (float)mn;
 }
 
 struct Q4_K {
     static constexpr int QK = 256, BYTES = 144;
     static void chunk(const uint8_t* b, int j, __m512& lo, __m512& hi) {
-        int sc, mn;
-        scale_min_k4(b + 4, j, sc, mn);
-        const float d = half(b) * (float)sc, m = half(b + 2) * (float)mn;
+        float d, m;
+        k4_scale_min(b, j, d, m);
         const uint8_t* q = b + 16 + 32 * (j / 2);
         const int s = 4 * (j & 1);
         lo = _mm512_sub_ps(mul(d, low(shr(bytes16(q), s), 4)), _mm512_set1_ps(m));
@@ -127,9 +124,8 @@ struct Q4_K {
 struct Q5_K {
     static constexpr int QK = 256, BYTES = 176;
     static void chunk(const uint8_t* b, int j, __m512& lo, __m512& hi) {
-        int sc, mn;
-        scale_min_k4(b + 4, j, sc, mn);
-        const float d = half(b) * (float)sc, m = half(b + 2) * (float)mn;
+        float d, m;
+        k4_scale_min(b, j, d, m);
         const uint8_t *qh = b + 16, *q = b + 48 + 32 * (j / 2);
         const int s = 4 * (j & 1);
         const __m512i h0 = _mm512_slli_epi32(low(shr(bytes16(qh), j), 1), 4);
