@@ -29,6 +29,8 @@ from typing import Any
 
 import httpx
 
+from bench.judge import check
+
 CORPUS = Path(__file__).resolve().parent / "schemas"
 RELAXED_HEADER = "x-structured-output-relaxed"
 COLUMNS = (
@@ -77,19 +79,6 @@ def selected(args: argparse.Namespace) -> list[tuple[int, tuple[str, str, Any]]]
 
     items = jsonschemabench.sample(jsonschemabench.data_dir(), args.sample, args.offset, args.source)
     return [(i, item) for i, item in enumerate(items) if not args.name or item[1] in args.name]
-
-
-def check(schema: Any, text: str) -> str | None:
-    """None when `text` is JSON that satisfies `schema`, else why not (first error)."""
-    import jsonschema  # why late: only the judging needs it
-
-    try:
-        value = json.loads(text)
-    except ValueError as e:
-        return f"not JSON: {e}"
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    error = jsonschema.exceptions.best_match(cls(schema, format_checker=cls.FORMAT_CHECKER).iter_errors(value))
-    return None if error is None else f"{error.validator}: {error.message[:120]}"
 
 
 def run_one(
