@@ -6,10 +6,15 @@ vocabularies are the real tokenizers' so text round-trips through the model's id
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+# Before any test module is imported: triton decorates its own @jit helpers (tl.sum, tl.cdiv) when first imported,
+# interpreted only if this is set then, and any module may import it first (transformers does, via torch._dynamo).
+os.environ["TRITON_INTERPRET"] = "1"
 
 TINY: dict[str, Any] = dict(
     hidden_size=64,
