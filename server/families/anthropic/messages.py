@@ -30,19 +30,11 @@ from server.multimodal.images import image_support
 from server.render.renderer import Renderer
 from server.request.async_llm import AsyncLLM
 from server.request.formatter import StreamFraming
-from server.request.input_processor import ModelLimits, build_spec, check_request, external_request_id
+from server.request.input_processor import ModelLimits, external_request_id
 from server.request.post_route import PostRoute
 from server.request.prompt_tokens import chat_ids_with_images, chat_prompt
-from server.request.respond import respond
-from server.structured.constraint import structured_outputs
-from server.structured.output_check import checked, relaxed_check, relaxed_headers
-from server.structured.parsing import (
-    ChoiceParser,
-    ChoiceParsers,
-    plan_constrained_tools,
-    reasoning_parser,
-    request_constraint,
-)
+from server.structured.chat_plan import plan_chat
+from server.structured.output_check import respond_checked
 
 _enc = encoder.encode
 FRAMING = StreamFraming(
@@ -98,44 +90,19 @@ class MessagesRoute(_AnthropicRoute):
         req, llm, renderer, limits = _decode(self.state, messages_decoder, body)
         config = self.state.config
         chat = chat_request(req, reasoning=config.outputs.reasoning_parser is not None, images=_takes_images(config))
-        check_request(chat, limits)
-        constraint = await structured_outputs(chat, limits.caps, tokenizer=renderer.tokenizer)
-        plan, relaxed_tools = await plan_constrained_tools(chat, config, renderer.tokenizer, limits.caps, "tool_choice")
+        plan = await plan_chat(chat, config, renderer.tokenizer, limits, "tool_choice")
         external = external_request_id(xid, None)
         with llm.admit(1, 1) as ticket:  # the request's one ticket: a 503 now when the queue is surely full
             text, ids, mm_inputs = await chat_prompt(self.state, llm, renderer, chat, ticket, limits)
-            so = request_constraint(plan, constraint.so if constraint is not None else None, config, text)
-            spec = build_spec(chat, ids, limits, external_id=external, stream=chat.stream, structured_outputs=so)
-            spec.mm_inputs = mm_inputs
-            tools = plan.parser() if plan is not None and plan.parser is not None else None
-            reasoning = reasoning_parser(config, text)
-            parser = ChoiceParser(reasoning, tools) if tools is not None or reasoning is not None else None
-            fmt = MessagesFormatter(
-                f"msg_{external}", self.state.shown_model(req.model), len(spec.prompt_token_ids), parser
-            )
+            spec = plan.spec(chat, ids, limits, external, text, mm_inputs)
+            shown = self.state.shown_model(req.model)
+            fmt = MessagesFormatter(f"msg_{external}", shown, len(spec.prompt_token_ids), plan.parser(text))
             ids_header = external.encode()
-            check = relaxed_check(
-                llm.metrics,
-                constraint,
-                relaxed_tools,
-                ChoiceParsers(plan, config.outputs.reasoning_parser, text) if parser is not None else None,
-            )
-            headers = [
-                (b"x-request-id", ids_header),
-                (b"request-id", ids_header),
-                *relaxed_headers(constraint, relaxed_tools),
-            ]
-            await respond(
-                llm,
-                [spec],
-                checked(fmt, check),
-                send,
-                stream=chat.stream,
-                keepalive=self.state.config.outputs.sse_keepalive,
-                headers=headers,
-                framing=FRAMING,
-                before_end=check.finish if check is not None else None,
-                ticket=ticket,
+            headers = [(b"x-request-id", ids_header), (b"request-id", ids_header), *plan.headers()]
+            keepalive = config.outputs.sse_keepalive
+            check = plan.check(llm.metrics, text)
+            await respond_checked(
+                llm, [spec], fmt, check, send, chat, headers, ticket, framing=FRAMING, keepalive=keepalive
             )
 
 

@@ -15,21 +15,17 @@ from server.families.openai.completions import suffix_prompt_ids
 from server.http.asgi import Receive, Scope, Send, header, read_body, send_json, serve_post
 from server.multimodal.images import image_support
 from server.render.renderer import Renderer
+from server.request.admission import AdmissionTicket
 from server.request.async_llm import AsyncLLM
+from server.request.formatter import Formatter
 from server.request.input_processor import GenerationSpec, ModelLimits, build_spec, check_request, external_request_id
 from server.request.openai_protocol import ChatCompletionRequest, CompletionRequest
 from server.request.post_route import PostRoute
 from server.request.prompt_tokens import admit_prompts, chat_prompt, fit_limits, render_errors, text_prompt_ids
-from server.request.respond import respond
+from server.structured.chat_plan import plan_chat
 from server.structured.constraint import structured_outputs
-from server.structured.output_check import checked, relaxed_check
-from server.structured.parsing import (
-    ChoiceParser,
-    ChoiceParsers,
-    plan_constrained_tools,
-    reasoning_parser,
-    request_constraint,
-)
+from server.structured.output_check import OutputCheck, relaxed_check, respond_checked
+from server.structured.parsing import ChoiceParser
 
 
 class OllamaRoute(PostRoute):
@@ -106,34 +102,15 @@ async def answer_chat(
     """The chat path (as /v1/chat/completions and /v1/messages take it), answered in Ollama's shape. /api/generate
     (not `chat_shape`): the prompt continues `context`, and the answer ends with the new one."""
     llm, renderer, limits = parts
-    config = state.config
-    check_request(chat, limits)
-    constraint = await structured_outputs(chat, limits.caps, tokenizer=renderer.tokenizer)
-    plan, relaxed_tools = await plan_constrained_tools(chat, config, renderer.tokenizer, limits.caps, "tools")
+    plan = await plan_chat(chat, state.config, renderer.tokenizer, limits, "tools")
     external = external_request_id(xid, None)
     with llm.admit(1, 1) as ticket:  # the request's one ticket: a 503 now when the queue is surely full
         text, ids, mm_inputs = await chat_prompt(state, llm, renderer, chat, ticket, fit_limits(chat, limits))
-        so = request_constraint(plan, constraint.so if constraint is not None else None, config, text)
-        ids = continued(context, ids, renderer.tokenizer)
-        spec = build_spec(chat, ids, limits, external_id=external, stream=chat.stream, structured_outputs=so)
-        spec.mm_inputs = mm_inputs
-        tools = plan.parser() if plan is not None and plan.parser is not None else None
-        reasoning = reasoning_parser(config, text)
-        parser = ChoiceParser(reasoning, tools) if tools is not None or reasoning is not None else None
+        spec = plan.spec(chat, continued(context, ids, renderer.tokenizer), limits, external, text, mm_inputs)
+        parser = plan.parser(text)
         fmt = _formatter(state, chat.model, spec, parser, chat_shape=chat_shape, give_context=not chat_shape)
-        parsers = ChoiceParsers(plan, config.outputs.reasoning_parser, text) if parser is not None else None
-        check = relaxed_check(llm.metrics, constraint, relaxed_tools, parsers)
-        await respond(
-            llm,
-            [spec],
-            checked(fmt, check),
-            send,
-            stream=chat.stream,
-            headers=[(b"x-request-id", external.encode())],
-            framing=FRAMING,
-            before_end=check.finish if check is not None else None,
-            ticket=ticket,
-        )
+        check = plan.check(llm.metrics, text)
+        await _respond(llm, spec, fmt, check, send, chat, external, ticket)
 
 
 async def answer_text(
@@ -164,17 +141,7 @@ async def answer_text(
         spec = build_spec(req, ids, limits, external_id=external, stream=req.stream, structured_outputs=so)
         fmt = _formatter(state, req.model, spec, None, chat_shape=False, give_context=give_context)
         check = relaxed_check(llm.metrics, constraint, {})
-        await respond(
-            llm,
-            [spec],
-            checked(fmt, check),
-            send,
-            stream=req.stream,
-            headers=[(b"x-request-id", external.encode())],
-            framing=FRAMING,
-            before_end=check.finish if check is not None else None,
-            ticket=ticket,
-        )
+        await _respond(llm, spec, fmt, check, send, req, external, ticket)
 
 
 def _formatter(
@@ -196,3 +163,18 @@ def _formatter(
         load_ns=state.take_load_ns(),
         context=prompt if give_context else None,
     )
+
+
+async def _respond(
+    llm: AsyncLLM,
+    spec: GenerationSpec,
+    fmt: Formatter,
+    check: OutputCheck | None,
+    send: Send,
+    req: ChatCompletionRequest | CompletionRequest,
+    external: str,
+    ticket: AdmissionTicket,
+) -> None:
+    """The answer in Ollama's framing, its id in X-Request-ID."""
+    headers = [(b"x-request-id", external.encode())]
+    await respond_checked(llm, [spec], fmt, check, send, req, headers, ticket, framing=FRAMING)

@@ -34,7 +34,7 @@ from server.request.openai_protocol import (
 from server.request.post_route import PostRoute
 from server.request.prompt_tokens import admit_prompts, fit_limits, render_errors, text_prompt_ids
 from server.structured.constraint import Constraint, structured_outputs
-from server.structured.output_check import relaxed_check, relaxed_headers, respond_openai
+from server.structured.output_check import relaxed_check, relaxed_headers, respond_checked
 
 _enc = encoder.encode
 
@@ -159,7 +159,7 @@ class CompletionsRoute(PostRoute):
             headers = [(b"x-request-id", external.encode()), *relaxed_headers(constraint, {})]
             check = relaxed_check(llm.metrics, constraint, {})
             keepalive = self.state.config.outputs.sse_keepalive
-            await respond_openai(llm, specs, fmt, check, send, req, keepalive, headers, ticket)
+            await respond_checked(llm, specs, fmt, check, send, req, headers, ticket, keepalive=keepalive)
 
     async def _specs(
         self,

@@ -15,7 +15,6 @@ from typing import Any
 import msgspec
 
 from server.app_state import AppState
-from server.config import ServerConfig
 from server.families.responses.background import BackgroundResponses
 from server.families.responses.context import Prompt, fit_prompt, resolve_references
 from server.families.responses.events import new_id
@@ -32,22 +31,13 @@ from server.request.admission import AdmissionTicket
 from server.request.async_llm import AsyncLLM
 from server.request.collector import Output
 from server.request.formatter import StreamFraming
-from server.request.input_processor import GenerationSpec, ModelLimits, build_spec, check_request, external_request_id
+from server.request.input_processor import GenerationSpec, ModelLimits, external_request_id
 from server.request.logprobs import chat_logprobs
 from server.request.openai_protocol import ChatCompletionRequest
 from server.request.post_route import PostRoute
 from server.request.prompt_tokens import chat_prompt
-from server.request.respond import respond
-from server.structured.constraint import structured_outputs
-from server.structured.output_check import checked, relaxed_check, relaxed_headers
-from server.structured.parsing import (
-    ChoiceParser,
-    ChoiceParsers,
-    plan_constrained_tools,
-    reasoning_parser,
-    request_constraint,
-)
-from server.tools.choice import ToolPlan
+from server.structured.chat_plan import ChatPlan, plan_chat
+from server.structured.output_check import respond_checked
 
 _enc = encoder.encode
 
@@ -115,25 +105,16 @@ class ResponsesRoute(PostRoute):
         req, llm, renderer, limits = self.state.decode_for_model(responses_decoder, body)
         config = self.state.config
         history, given, chat = await self._chat(req)
-        check_request(chat, limits)
-        constraint = await structured_outputs(chat, limits.caps, tokenizer=renderer.tokenizer)
-        plan, relaxed_tools = await plan_constrained_tools(chat, config, renderer.tokenizer, limits.caps, "tool_choice")
-        if plan is not None and plan.constraint is not None:  # a forced call writes no text: text.format is moot
-            constraint = None
+        plan = await plan_chat(chat, config, renderer.tokenizer, limits, "tool_choice")
+        if plan.tools is not None and plan.tools.constraint is not None:  # a forced call writes no text: format moot
+            plan = plan.without_format()
         external = external_request_id(xid, None)
         with llm.admit(1, 1) as ticket:  # the request's one ticket: a 503 now when the queue is surely full
             text, ids, mm_inputs = await self._prompt(req, chat, llm, renderer, limits, ticket)
-            so = request_constraint(plan, constraint.so if constraint is not None else None, config, text)
-            spec = build_spec(chat, ids, limits, external_id=external, stream=chat.stream, structured_outputs=so)
-            spec.mm_inputs = mm_inputs
+            spec = plan.spec(chat, ids, limits, external, text, mm_inputs)
             fmt = self._formatter(req, chat, spec, renderer, plan, text)
-            check = relaxed_check(
-                llm.metrics,
-                constraint,
-                relaxed_tools,
-                ChoiceParsers(plan, config.outputs.reasoning_parser, text) if _parsed(plan, config) else None,
-            )
-            headers = [(b"x-request-id", external.encode()), *relaxed_headers(constraint, relaxed_tools)]
+            check = plan.check(llm.metrics, text)
+            headers = [(b"x-request-id", external.encode()), *plan.headers()]
 
             async def before_end() -> None:  # stored before the client sees the end: its next request may use it
                 if check is not None:
@@ -143,17 +124,19 @@ class ResponsesRoute(PostRoute):
                     await self.store.put(StoredResponse(fmt.done, items, req.previous_response_id, len(history)))
 
             async def run(to: Send) -> None:
-                await respond(
+                keepalive = config.outputs.sse_keepalive
+                await respond_checked(
                     llm,
                     [spec],
-                    checked(fmt, check),
+                    fmt,
+                    check,
                     to,
-                    stream=chat.stream,
-                    keepalive=config.outputs.sse_keepalive,
-                    headers=headers,
+                    chat,
+                    headers,
+                    ticket,
                     framing=framing(fmt),
+                    keepalive=keepalive,
                     before_end=before_end,
-                    ticket=ticket,
                 )
 
             await (self.background.start(fmt.base, run, send, ticket) if req.background else run(send))
@@ -189,18 +172,12 @@ class ResponsesRoute(PostRoute):
         chat: ChatCompletionRequest,
         spec: GenerationSpec,
         renderer: Renderer,
-        plan: ToolPlan | None,
+        plan: ChatPlan,
         text: str,
     ) -> ResponsesFormatter:
         """The wire format of this response: its parsers (tool calls, reasoning) and logprobs writer."""
         config = self.state.config
-        parsed = _parsed(plan, config)
-
-        def new_parser() -> ChoiceParser | None:
-            tools = plan.parser() if plan is not None and plan.parser is not None else None
-            return ChoiceParser(reasoning_parser(config, text), tools) if parsed else None
-
-        if chat.logprobs and parsed:
+        if chat.logprobs and plan.parsed:
             raise APIError(
                 f"include {LOGPROBS!r} is not supported yet with a tool call or reasoning parser at "
                 "work (tools or --reasoning-parser).",
@@ -217,15 +194,10 @@ class ResponsesRoute(PostRoute):
         return ResponsesFormatter(
             response_base(req, new_id("resp"), self.state.shown_model(req.model)),
             len(spec.prompt_token_ids),
-            new_parser,
+            lambda: plan.parser(text),
             logprobs if texts is not None else None,
             decode,
         )
-
-
-def _parsed(plan: ToolPlan | None, config: ServerConfig) -> bool:
-    """Whether a tool call parser or a reasoning parser reads the output."""
-    return (plan is not None and plan.parser is not None) or config.outputs.reasoning_parser is not None
 
 
 class StoredResponseRoute:
