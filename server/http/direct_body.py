@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -55,20 +56,17 @@ log = logging.getLogger("spindle.server")
 _connection: contextvars.ContextVar[Any] = contextvars.ContextVar("spindle_connection", default=None)
 
 
+@dataclass(frozen=True, slots=True)
 class _Layout:
     """The Hypercorn, h11 and Trio classes the fast path checks against, found by `install()`."""
 
-    __slots__ = ("h11_protocol", "connection", "send_body", "chunked_writer", "raw_data", "socket_stream")
-
-    def __init__(
-        self, h11_protocol: Any, connection: Any, send_body: Any, chunked_writer: Any, raw_data: Any, socket_stream: Any
-    ) -> None:  # Any: `type(x) is ...` must not narrow x
-        self.h11_protocol = h11_protocol
-        self.connection = connection
-        self.send_body = send_body
-        self.chunked_writer = chunked_writer
-        self.raw_data = raw_data
-        self.socket_stream = socket_stream
+    # Any: `type(x) is ...` must not narrow x
+    h11_protocol: Any
+    connection: Any
+    send_body: Any
+    chunked_writer: Any
+    raw_data: Any
+    socket_stream: Any
 
 
 _layout: _Layout | None = None  # set by a successful install()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import anyio.lowlevel
@@ -58,64 +59,31 @@ class OutputMetrics(Protocol):
     ) -> None: ...
 
 
+@dataclass(slots=True, eq=False)
 class RequestState:
     """One engine request (one choice) on the output side."""
 
-    __slots__ = (
-        "request_id",
-        "index",
-        "collector",
-        "detok",
-        "kind",
-        "has_stops",
-        "unsent",
-        "detok_done",
-        "num_output_tokens",
-        "last_emit",
-        "logprobs",
-        "num_prompt_tokens",
-        "finished",
-        "emitted",
-        "num_cached_tokens",
-        "on_first_token",
-        "arrival_time",
-        "last_time",
-        "prompt_logprobs",
-        "finish_reason",
-    )
-
-    def __init__(
-        self,
-        request_id: str,
-        index: int,
-        collector: Collector,
-        detok: IncrementalDetokenizer,
-        kind: OutputKind,
-        has_stops: bool,
-        num_prompt_tokens: int,
-        on_first_token: Callable[[RequestState], None] | None = None,
-        arrival_time: float = 0.0,
-    ) -> None:
-        self.request_id = request_id
-        self.index = index
-        self.collector = collector
-        self.detok = detok
-        self.kind = kind
-        self.has_stops = has_stops
-        self.unsent: list[int] = []  # ids not yet handed over (DELTA) / all ids (FINAL_ONLY)
-        self.detok_done = 0  # how many of `unsent` the detokenizer has seen
-        self.num_output_tokens = 0
-        self.last_emit = 0  # num_output_tokens at the last hand-over
-        self.logprobs: list[TokenLogprobs] | None = None
-        self.num_prompt_tokens = num_prompt_tokens
-        self.finished = False  # the engine is done with it (finished, stopped here, or failed)
-        self.emitted = False
-        self.num_cached_tokens = 0
-        self.on_first_token = on_first_token
-        self.arrival_time = arrival_time
-        self.last_time = 0.0  # step time of the latest token (metrics)
-        self.prompt_logprobs: list[TokenLogprobs | None] | None = None  # echo + logprobs: sent with the first output
-        self.finish_reason: str | None = None  # for the access log
+    request_id: str
+    index: int
+    collector: Collector
+    detok: IncrementalDetokenizer
+    kind: OutputKind
+    has_stops: bool
+    num_prompt_tokens: int
+    on_first_token: Callable[[RequestState], None] | None = None
+    arrival_time: float = 0.0
+    unsent: list[int] = field(init=False, default_factory=list)  # ids not yet handed over (DELTA) / all (FINAL_ONLY)
+    detok_done: int = field(init=False, default=0)  # how many of `unsent` the detokenizer has seen
+    num_output_tokens: int = field(init=False, default=0)
+    last_emit: int = field(init=False, default=0)  # num_output_tokens at the last hand-over
+    logprobs: list[TokenLogprobs] | None = field(init=False, default=None)
+    finished: bool = field(init=False, default=False)  # the engine is done with it (finished, stopped here, or failed)
+    emitted: bool = field(init=False, default=False)
+    num_cached_tokens: int = field(init=False, default=0)
+    last_time: float = field(init=False, default=0.0)  # step time of the latest token (metrics)
+    # echo + logprobs: sent with the first output
+    prompt_logprobs: list[TokenLogprobs | None] | None = field(init=False, default=None)
+    finish_reason: str | None = field(init=False, default=None)  # for the access log
 
 
 class OutputProcessor:

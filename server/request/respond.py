@@ -4,7 +4,7 @@ server-sent events (`SseResponder`). Raises APIError only before the response st
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 from server.http import direct_body
 from server.http.asgi import Send, send_json
@@ -83,33 +83,27 @@ class StreamState:
     failed: bool = False  # an error event went out: no usage chunk after it
 
 
+@dataclass(eq=False)
 class SseResponder:
     """The SSE responder: the stream's start, its chunks (written by the output handler itself where it can:
     server/http/direct_body.py), keep-alives while waiting for the first token, an error event, the tail."""
 
-    def __init__(
-        self,
-        llm: AsyncLLM,
-        outputs: RequestStream,
-        fmt: Formatter,
-        send: Send,
-        counter: UsageCounter,
-        *,
-        continuous_usage: bool,
-        keepalive: float,
-        framing: StreamFraming,
-    ) -> None:
-        self.llm = llm
-        self.outputs = outputs
-        self.fmt = fmt
-        self.send = send
-        self.counter = counter
-        self.continuous_usage = continuous_usage
-        self.keepalive = keepalive
-        self.framing = framing
-        self.state = StreamState(waiting_first=keepalive > 0)
-        direct_ok = len(outputs.states) == 1 and fmt.direct_ok
-        self.direct: DirectBody | None = direct_body.for_current_request() if direct_ok else None
+    llm: AsyncLLM
+    outputs: RequestStream
+    fmt: Formatter
+    send: Send
+    counter: UsageCounter
+    _: KW_ONLY
+    continuous_usage: bool
+    keepalive: float
+    framing: StreamFraming
+    state: StreamState = field(init=False)
+    direct: DirectBody | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.state = StreamState(waiting_first=self.keepalive > 0)
+        direct_ok = len(self.outputs.states) == 1 and self.fmt.direct_ok
+        self.direct = direct_body.for_current_request() if direct_ok else None
 
     async def run(self, include_usage: bool, headers: Headers | None, before_end: BeforeEnd = None) -> None:
         start_headers = [*self.framing.headers, *(headers or [])]
