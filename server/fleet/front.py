@@ -55,6 +55,7 @@ from server.http.deploy import wrap_app
 from server.http.errors import APIError
 from server.http.version import send_version
 from server.metrics.prometheus import CONTENT_TYPE
+from server.request.openai_protocol import ModelCardBase
 from server.routes.table import enabled
 from server.worker_context import WorkerContext
 
@@ -62,12 +63,7 @@ log = logging.getLogger("spindle.server")
 KEEPALIVE = b": loading model\n\n"
 
 
-class ModelCard(msgspec.Struct):
-    id: str
-    created: int
-    owned_by: str
-    root: str
-    max_model_len: int
+class ModelCard(ModelCardBase):
     loaded: bool
     object: str = "model"
 

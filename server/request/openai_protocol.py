@@ -306,12 +306,17 @@ class ChatCompletionStreamResponse(msgspec.Struct):
     usage: Usage | None = None
 
 
-class ModelCard(msgspec.Struct):
+class ModelCardBase(msgspec.Struct):
+    """What every /v1/models card says (a --models-dir server's adds whether the model is loaded)."""
+
     id: str
     created: int
     owned_by: str
     root: str
     max_model_len: int
+
+
+class ModelCard(ModelCardBase):
     object: str = "model"
     parent: str | None = None
     # the sampling values used for fields a request leaves out (--generation-config; absent before the load)
