@@ -41,20 +41,39 @@ def header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-async def read_body(receive: Receive, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
+class BodyReader:
+    """The request body as it arrives, counted against `limit` (past it, `too_large()` is raised); ClientGone when
+    the client goes away first. `more`: whether a piece is still to come."""
+
+    def __init__(self, receive: Receive, limit: int, too_large: Callable[[], APIError]) -> None:
+        self.receive = receive
+        self.limit = limit
+        self.too_large = too_large
+        self.size = 0
+        self.more = True
+
+    async def next(self) -> bytes:
+        message = await self.receive()
         if message["type"] == "http.disconnect":
             raise ClientGone
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise APIError(f"The request body is larger than {limit} bytes; send a smaller request.", status=413)
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+        chunk: bytes = message.get("body", b"")
+        self.size += len(chunk)
+        if self.size > self.limit:
+            raise self.too_large()
+        self.more = bool(message.get("more_body", False))
+        return chunk
+
+
+async def read_body(receive: Receive, limit: int) -> bytes:
+    reader = BodyReader(
+        receive,
+        limit,
+        lambda: APIError(f"The request body is larger than {limit} bytes; send a smaller request.", status=413),
+    )
+    chunks: list[bytes] = []
+    while reader.more:
+        chunks.append(await reader.next())
+    return b"".join(chunks)
 
 
 def check_content_type(scope: Scope) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from server.http.asgi import ClientGone, Receive, Scope, header
+from server.http.asgi import BodyReader, Receive, Scope, header
 from server.http.errors import APIError, bad_request
 
 FORM_SLACK = 64 << 10  # bytes of form fields and part headers allowed beyond the file's cap
@@ -102,25 +102,21 @@ async def read_form(scope: Scope, receive: Receive, cap_mb: float) -> Form:
         )
     }
     parser = MultipartParser(boundary, callbacks, max_size=file_cap + FORM_SLACK)  # type: ignore[arg-type]
-    total = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        chunk = message.get("body", b"")
-        total += len(chunk)
-        if total > file_cap + FORM_SLACK:
-            raise bad_request(
-                f"the audio file is larger than the server's limit of {cap_mb:g} MB (--max-audio-filesize-mb)", "file"
-            )
-        more = bool(message.get("more_body", False))
+    reader = BodyReader(
+        receive,
+        file_cap + FORM_SLACK,
+        lambda: bad_request(
+            f"the audio file is larger than the server's limit of {cap_mb:g} MB (--max-audio-filesize-mb)", "file"
+        ),
+    )
+    while reader.more:
+        chunk = await reader.next()
         try:
             parser.write(chunk)
-            if not more:
+            if not reader.more:
                 parser.finalize()
         except APIError:
             raise
         except Exception as e:  # noqa: BLE001 - python-multipart's errors are all the client's malformed body
             raise bad_request(f"the multipart body is malformed ({type(e).__name__}: {e})") from None
-        if not more:
-            return collector.form
+    return collector.form
