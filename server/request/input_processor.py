@@ -400,20 +400,25 @@ def completion_prompts(prompt: str | list[Any] | None) -> list[str | list[int]]:
         raise bad_request(
             "prompt is required: a string, a list of strings, token ids, or a list of token-id lists.", "prompt"
         )
-    if isinstance(prompt, str):
-        return [prompt]
-    if not prompt:
-        raise bad_request("prompt must not be an empty list.", "prompt")
-    if all(isinstance(p, str) for p in prompt):
-        return list(prompt)
-    if all(type(p) is int for p in prompt):
-        return [list(prompt)]
-    if all(isinstance(p, list) and p and all(type(t) is int for t in p) for p in prompt):
-        return [list(p) for p in prompt]
+    return prompt_items(prompt, "prompt")
+
+
+def prompt_items(value: str | list[Any], param: str) -> list[str | list[int]]:
+    """The four prompt (or pooling `input`) shapes -> one text or token-id list each; a 400 naming `param`."""
+    if isinstance(value, str):
+        return [value]
+    if not value:
+        raise bad_request(f"{param} must not be an empty list.", param)
+    if all(isinstance(v, str) for v in value):
+        return list(value)
+    if all(type(v) is int for v in value):
+        return [list(value)]
+    if all(isinstance(v, list) and v and all(type(t) is int for t in v) for v in value):
+        return [list(v) for v in value]
     raise bad_request(
-        "prompt must be a string, a list of strings, a list of token ids, or a list of non-empty "
+        f"{param} must be a string, a list of strings, a list of token ids, or a list of non-empty "
         "token-id lists; do not mix them.",
-        "prompt",
+        param,
     )
 
 

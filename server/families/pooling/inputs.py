@@ -27,6 +27,7 @@ from server.request.input_processor import (
     check_prompt_ids,
     external_request_id,
     lora_for,
+    prompt_items,
     too_many,
     unique_prefix,
 )
@@ -40,21 +41,7 @@ Item = str | list[int]
 
 def input_items(value: str | list[Any], param: str = "input") -> list[Item]:
     """The four `input` shapes -> one text or token-id list per input."""
-    if isinstance(value, str):
-        return [value]
-    if not value:
-        raise bad_request(f"{param} must not be an empty list.", param)
-    if all(isinstance(v, str) for v in value):
-        return list(value)
-    if all(type(v) is int for v in value):
-        return [list(value)]
-    if all(isinstance(v, list) and v and all(type(t) is int for t in v) for v in value):
-        return [list(v) for v in value]
-    raise bad_request(
-        f"{param} must be a string, a list of strings, a list of token ids, or a list of non-empty "
-        "token-id lists; do not mix them.",
-        param,
-    )
+    return prompt_items(value, param)
 
 
 def require_task(llm: AsyncLLM, path: str, tasks: tuple[str, ...], single: bool = True) -> PoolingInfo:
