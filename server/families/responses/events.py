@@ -61,6 +61,10 @@ class ResponseBuilder:
         self.events.append({"type": kind, "sequence_number": self.seq, **fields})
         self.seq += 1
 
+    def _part_event(self, kind: str, item: dict[str, Any], index: int, **fields: Any) -> None:
+        """An event about the one content part of `item` (output[index])."""
+        self._emit(kind, item_id=item["id"], output_index=index, content_index=0, **fields)
+
     def take_events(self) -> list[dict[str, Any]]:
         events, self.events = self.events, []
         return events
@@ -95,25 +99,12 @@ class ResponseBuilder:
         index = self.output.index(item)
         if item["type"] == "message":
             part = item["content"][0]
-            self._emit(
-                "response.output_text.done",
-                item_id=item["id"],
-                output_index=index,
-                content_index=0,
-                text=part["text"],
-                logprobs=list(part["logprobs"]),
+            self._part_event(
+                "response.output_text.done", item, index, text=part["text"], logprobs=list(part["logprobs"])
             )
-            self._emit(
-                "response.content_part.done", item_id=item["id"], output_index=index, content_index=0, part=dict(part)
-            )
+            self._part_event("response.content_part.done", item, index, part=dict(part))
         elif item["type"] == "reasoning":
-            self._emit(
-                "response.reasoning_text.done",
-                item_id=item["id"],
-                output_index=index,
-                content_index=0,
-                text=item["content"][0]["text"],
-            )
+            self._part_event("response.reasoning_text.done", item, index, text=item["content"][0]["text"])
         else:
             self._emit(
                 "response.function_call_arguments.done",
@@ -132,24 +123,11 @@ class ResponseBuilder:
             index = self._add(item)
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
             item["content"].append(part)
-            self._emit(
-                "response.content_part.added",
-                item_id=item["id"],
-                output_index=index,
-                content_index=0,
-                part=dict(part, logprobs=[]),
-            )
+            self._part_event("response.content_part.added", item, index, part=dict(part, logprobs=[]))
         logprobs, self._logprobs = self._logprobs, []
         item["content"][0]["text"] += text
         item["content"][0]["logprobs"] = item["content"][0]["logprobs"] + logprobs
-        self._emit(
-            "response.output_text.delta",
-            item_id=item["id"],
-            output_index=len(self.output) - 1,
-            content_index=0,
-            delta=text,
-            logprobs=logprobs,
-        )
+        self._part_event("response.output_text.delta", item, len(self.output) - 1, delta=text, logprobs=logprobs)
 
     def _reasoning(self, text: str) -> None:
         item = self._open
@@ -163,13 +141,7 @@ class ResponseBuilder:
             }
             self._add(item)
         item["content"][0]["text"] += text
-        self._emit(
-            "response.reasoning_text.delta",
-            item_id=item["id"],
-            output_index=len(self.output) - 1,
-            content_index=0,
-            delta=text,
-        )
+        self._part_event("response.reasoning_text.delta", item, len(self.output) - 1, delta=text)
 
     def _call(self, call: ToolCallDelta) -> None:
         self.called = True
