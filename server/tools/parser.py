@@ -10,6 +10,7 @@ as content unless the block turns out to hold no call at all, in which case it i
 
 from __future__ import annotations
 
+import json
 import secrets
 import string
 from collections.abc import Callable, Iterable
@@ -70,6 +71,16 @@ def assemble(deltas: Iterable[ToolCallDelta]) -> list[ToolCall]:
             call.name = d.name
         call.arguments += d.arguments
     return [calls[i] for i in sorted(calls)]
+
+
+def arguments_object(arguments: str) -> dict[str, Any] | None:
+    """A call's arguments as the object APIs that send them parsed want (None: the model's text is not a JSON
+    object; empty text is {})."""
+    try:
+        value = json.loads(arguments) if arguments.strip() else {}
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 class ToolParser:

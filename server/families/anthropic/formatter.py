@@ -10,7 +10,6 @@ assembling the stream gets exactly the non-streamed message.
 
 from __future__ import annotations
 
-import json
 import secrets
 import string
 from typing import Any
@@ -27,7 +26,7 @@ from server.families.anthropic.translate import stop_reason
 from server.request.collector import Output
 from server.request.openai_protocol import Usage
 from server.structured.parsing import ChoiceParser
-from server.tools.parser import assemble
+from server.tools.parser import arguments_object, assemble
 
 _enc = encoder.encode
 _ALNUM = string.ascii_letters + string.digits
@@ -43,15 +42,6 @@ PING = event(b"ping", b'{"type":"ping"}')
 
 def tool_use_id() -> str:
     return "toolu_" + "".join(secrets.choice(_ALNUM) for _ in range(24))
-
-
-def tool_input(arguments: str) -> dict[str, Any] | None:
-    """A call's arguments as Anthropic's `input` object (None: the model's text is not a JSON object)."""
-    try:
-        value = json.loads(arguments) if arguments.strip() else {}
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
 
 
 class MessagesFormatter:
@@ -173,7 +163,7 @@ class MessagesFormatter:
             if d.content:
                 content.append(TextContent(d.content))
             for call in assemble(d.calls):
-                args = tool_input(call.arguments)
+                args = arguments_object(call.arguments)
                 if args is None:  # not an object: the model's text stays text rather than a broken tool_use
                     content.append(TextContent(call.arguments))
                 else:

@@ -5,7 +5,6 @@ puts the text in `message` (with `thinking` and `tool_calls`, arguments as objec
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -16,7 +15,7 @@ from server.request.collector import Output
 from server.request.formatter import StreamFraming
 from server.request.openai_protocol import Usage
 from server.structured.parsing import ChoiceParser
-from server.tools.parser import ToolCallDelta, assemble
+from server.tools.parser import ToolCallDelta, arguments_object, assemble
 
 _enc = encoder.encode
 NDJSON = ((b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no"))
@@ -29,14 +28,6 @@ def created_at() -> str:
 
 def done_reason(finish: str | None) -> str:
     return "length" if finish == "length" else "stop"
-
-
-def _arguments(text: str) -> dict[str, Any] | None:
-    try:
-        value = json.loads(text) if text.strip() else {}
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
 
 
 class OllamaFormatter:
@@ -82,7 +73,7 @@ class OllamaFormatter:
             message["thinking"] = thinking
         made = []
         for call in assemble(calls or []):
-            args = _arguments(call.arguments)
+            args = arguments_object(call.arguments)
             if args is None:  # not an object: the model's text stays text rather than a broken call
                 message["content"] += call.arguments
             else:
