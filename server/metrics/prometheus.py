@@ -176,16 +176,11 @@ class ServerMetrics:
         counter = self._counter
         self.prompt_tokens = counter("spindle_prompt_tokens", "Prompt tokens of finished requests.")
         self.generation_tokens = counter("spindle_generation_tokens", "Generated tokens.")
-        self.finished = dict(
-            zip(
-                FINISH_REASONS,
-                self._family(
-                    "spindle_request_success",
-                    "Finished requests by finish reason.",
-                    ["model_name", "finished_reason"],
-                    FINISH_REASONS,
-                ),
-            )
+        self.finished = self._family(
+            "spindle_request_success",
+            "Finished requests by finish reason.",
+            ["model_name", "finished_reason"],
+            FINISH_REASONS,
         )
 
     def _engine_counters(self) -> None:
@@ -234,16 +229,11 @@ class ServerMetrics:
 
     def _rejected_counters(self) -> None:
         """Requests refused before reaching the engine, by reason."""
-        self._rejected = dict(
-            zip(
-                REJECT_REASONS,
-                self._family(  # exported at 0 from the start
-                    "spindle_requests_rejected",
-                    "Requests refused with 503 before reaching the engine.",
-                    ["model_name", "reason"],
-                    REJECT_REASONS,
-                ),
-            )
+        self._rejected = self._family(  # exported at 0 from the start
+            "spindle_requests_rejected",
+            "Requests refused with 503 before reaching the engine.",
+            ["model_name", "reason"],
+            REJECT_REASONS,
         )
 
     def _structured_counters(self) -> None:
@@ -253,16 +243,11 @@ class ServerMetrics:
             "spindle_structured_output_checked",
             "Answers of best-effort (relaxed) structured-output constraints validated against their whole schema.",
         )
-        self._structured_invalid = dict(
-            zip(
-                STRUCTURED_INVALID_REASONS,
-                self._family(
-                    "spindle_structured_output_invalid",
-                    "Best-effort structured answers that failed their whole schema, by the keyword that failed.",
-                    ["model_name", "reason"],
-                    STRUCTURED_INVALID_REASONS,
-                ),
-            )
+        self._structured_invalid = self._family(
+            "spindle_structured_output_invalid",
+            "Best-effort structured answers that failed their whole schema, by the keyword that failed.",
+            ["model_name", "reason"],
+            STRUCTURED_INVALID_REASONS,
         )
 
     def _engine_gauges(self) -> None:
@@ -287,20 +272,21 @@ class ServerMetrics:
 
     def _family(
         self, name: str, doc: str, labels: list[str], values: tuple[str, ...] = ("",), engine: bool = False
-    ) -> list[LoopCounter]:
-        """A counter family with one child per value of its second label (or one child); `engine`: counts
+    ) -> dict[str, LoopCounter]:
+        """A counter family with one child per value of its second label (or one child, ""); `engine`: counts
         from the engine's totals, kept in this process."""
         fam = _CounterFamily(name, doc, labels)
         self._counters.families.append(fam)
+        made = {}
         for v in values:
-            c = LoopCounter(self._engine_slots if engine else self._slots)
+            c = made[v] = LoopCounter(self._engine_slots if engine else self._slots)
             fam.children[(self.model_name, v) if len(labels) > 1 else (self.model_name,)] = c
             if not engine:
                 self._request_values.append(c)
-        return list(fam.children.values())
+        return made
 
     def _counter(self, name: str, doc: str, engine: bool = False) -> LoopCounter:
-        return self._family(name, doc, ["model_name"], engine=engine)[0]
+        return self._family(name, doc, ["model_name"], engine=engine)[""]
 
     def _gauge(self, name: str, doc: str) -> Gauge:
         return Gauge(name, doc, ["model_name"], registry=self.registry).labels(self.model_name)
