@@ -136,6 +136,18 @@ def rope_settings(
     return theta, scaling
 
 
+def rope_fields(cfg: dict[str, Any], supported: tuple[str, ...], default_theta: float = 10000.0) -> dict[str, Any]:
+    """ModelArgs' rope_theta / rope_scaling, as `rope_settings` reads them."""
+    theta, scaling = rope_settings(cfg, supported, default_theta)
+    return dict(rope_theta=theta, rope_scaling=scaling)
+
+
+def attention_bias_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """ModelArgs' qkv_bias / o_bias from `attention_bias`: q, k, v and o biased together or not at all."""
+    biased = bool(cfg.get("attention_bias"))
+    return dict(qkv_bias=biased, o_bias=biased)
+
+
 def arch_of(cfg: dict[str, Any]) -> str:
     archs = cfg.get("architectures") or ["unknown"]
     return str(archs[0])

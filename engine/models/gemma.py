@@ -17,9 +17,11 @@ from engine.models.args import (
     ConfigError,
     ModelArgs,
     arch_of,
+    attention_bias_fields,
     common_fields,
     layer_windows,
     refuse,
+    rope_fields,
     rope_settings,
     window_fields,
 )
@@ -29,13 +31,11 @@ def _gemma_fields(cfg: dict[str, Any], default_types: list[str]) -> dict[str, An
     refuse(cfg, use_bidirectional_attention=False)
     fields = common_fields(cfg)
     fields["hidden_act"] = str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh")
-    biased = bool(cfg.get("attention_bias"))
     scalar = float(cfg.get("query_pre_attn_scalar") or fields["head_dim"])
     final_cap = cfg.get("final_logit_softcapping")
     return dict(
         fields,
-        qkv_bias=biased,
-        o_bias=biased,
+        **attention_bias_fields(cfg),
         mlp_bias=False,
         gemma_norms=True,
         embed_scale=True,
@@ -47,12 +47,11 @@ def _gemma_fields(cfg: dict[str, Any], default_types: list[str]) -> dict[str, An
 
 def parse_gemma2(cfg: dict[str, Any], arch: str) -> ModelArgs:
     n = int(cfg["num_hidden_layers"])
-    theta, scaling = rope_settings(cfg, ())
+    rope = rope_fields(cfg, ())
     attn_cap = cfg.get("attn_logit_softcapping")
     return ModelArgs(
         architecture=arch,
-        rope_theta=theta,
-        rope_scaling=scaling,
+        **rope,
         attn_softcap=float(attn_cap) if attn_cap else None,
         **_gemma_fields(cfg, ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]),
     )

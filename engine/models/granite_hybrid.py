@@ -16,7 +16,14 @@ import torch
 
 from engine.layers.linear import make_linear
 from engine.layers.moe import ACTIVATIONS, SparseMoE
-from engine.models.args import ConfigError, ModelArgs, checked_layer_types, common_fields, rope_settings
+from engine.models.args import (
+    ConfigError,
+    ModelArgs,
+    attention_bias_fields,
+    checked_layer_types,
+    common_fields,
+    rope_fields,
+)
 from engine.models.decoder import Checkpoint, GatedMLP, WeightSource, fused_rows
 from engine.models.hybrid import MLP, AttnBlock, Block, HybridLM, RecurrentBlock
 from engine.models.recurrent.mamba2 import Mamba2, SSDDims
@@ -64,9 +71,8 @@ def parse(cfg: dict[str, Any], arch: str) -> ModelArgs:
     pos = cfg.get("position_embedding_type")
     if pos not in (None, "rope", "nope"):
         raise ConfigError(f"{arch} with position_embedding_type={pos!r} is not supported; supported: rope, nope")
-    theta, scaling = rope_settings(cfg, ())
+    rope = rope_fields(cfg, ())
     fields = common_fields(cfg)
-    biased = bool(cfg.get("attention_bias"))
     e, k = int(cfg.get("num_local_experts") or 0), int(cfg.get("num_experts_per_tok") or 0)
     if e and not 0 < k <= e:
         raise ConfigError(f"num_experts_per_tok {k} must be in 1..num_local_experts ({e})")
@@ -82,9 +88,7 @@ def parse(cfg: dict[str, Any], arch: str) -> ModelArgs:
         "mamba_proj_bias": bool(cfg.get("mamba_proj_bias")),
         "mamba_conv_bias": bool(cfg.get("mamba_conv_bias", True)),
     }
-    return ModelArgs(
-        architecture=arch, **fields, rope_theta=theta, rope_scaling=scaling, qkv_bias=biased, o_bias=biased, extra=extra
-    )
+    return ModelArgs(architecture=arch, **fields, **rope, **attention_bias_fields(cfg), extra=extra)
 
 
 class TopKMoE(SparseMoE):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.layers.linear import make_linear
-from engine.models.args import ConfigError, ModelArgs, checked_layer_types, common_fields, refuse, rope_settings
+from engine.models.args import ConfigError, ModelArgs, checked_layer_types, common_fields, refuse, rope_fields
 from engine.models.decoder import Checkpoint, WeightSource, fused_rows
 from engine.models.hybrid import AttnBlock, Block, HybridLM, RecurrentBlock, gated_mlp
 from engine.models.recurrent.short_conv import ShortConv
@@ -35,14 +35,13 @@ def parse(cfg: dict[str, Any], arch: str) -> ModelArgs:
     if "conv_L_cache" not in cfg or int(cfg["conv_L_cache"]) < 1:
         raise ConfigError(f"{arch} config.json lacks conv_L_cache (the convolution's state length)")
     cfg = dict(cfg, intermediate_size=cfg.get("intermediate_size") or cfg.get("block_ff_dim"))
-    theta, scaling = rope_settings(cfg, ())
+    rope = rope_fields(cfg, ())
     types = layer_types(cfg)
     tie = cfg.get("tie_word_embeddings", cfg.get("tie_embedding"))
     return ModelArgs(
         architecture=arch,
         **dict(common_fields(cfg), rms_norm_eps=float(cfg.get("norm_eps", 1e-5)), tie_word_embeddings=tie),
-        rope_theta=theta,
-        rope_scaling=scaling,
+        **rope,
         qk_norm=True,
         extra={"layer_types": tuple(types), "conv_bias": bool(cfg.get("conv_bias"))},
     )

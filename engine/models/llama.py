@@ -13,10 +13,11 @@ from typing import Any
 from engine.models.args import (
     ConfigError,
     ModelArgs,
+    attention_bias_fields,
     common_fields,
     layer_windows,
     qwen_windows,
-    rope_settings,
+    rope_fields,
     window_fields,
 )
 
@@ -25,7 +26,7 @@ LLAMA_ROPE = ("linear", "llama3", "yarn")
 
 def parse(cfg: dict[str, Any], arch: str) -> ModelArgs:
     """config.json of a LlamaForCausalLM / Qwen2ForCausalLM / MistralForCausalLM / Qwen3ForCausalLM."""
-    theta, scaling = rope_settings(cfg, LLAMA_ROPE)
+    rope = rope_fields(cfg, LLAMA_ROPE)
     if arch == "MistralForCausalLM":
         window = cfg.get("sliding_window")
         windows: tuple[int | None, ...] = (int(window) if window else None,) * int(cfg["num_hidden_layers"])
@@ -35,8 +36,7 @@ def parse(cfg: dict[str, Any], arch: str) -> ModelArgs:
     return ModelArgs(
         architecture=arch,
         **common_fields(cfg),
-        rope_theta=theta,
-        rope_scaling=scaling,
+        **rope,
         qkv_bias=arch == "Qwen2ForCausalLM" or biased,
         o_bias=biased,
         mlp_bias=arch == "LlamaForCausalLM" and bool(cfg.get("mlp_bias")),
@@ -63,15 +63,12 @@ def parse_smollm3(cfg: dict[str, Any], arch: str) -> ModelArgs:
         raise ConfigError(
             f"{arch} with layer_types naming sliding_attention and use_sliding_window off is not supported"
         )
-    theta, scaling = rope_settings(cfg, LLAMA_ROPE, default_theta=2_000_000.0)  # SmolLM3Config's default
-    biased = bool(cfg.get("attention_bias"))
+    rope = rope_fields(cfg, LLAMA_ROPE, default_theta=2_000_000.0)  # SmolLM3Config's default
     return ModelArgs(
         architecture=arch,
         **common_fields(cfg),
-        rope_theta=theta,
-        rope_scaling=scaling,
-        qkv_bias=biased,
-        o_bias=biased,
+        **rope,
+        **attention_bias_fields(cfg),
         mlp_bias=bool(cfg.get("mlp_bias")),
         nope_layers=tuple(not flags[i] for i in range(n)),
         **window_fields(windows),

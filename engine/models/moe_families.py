@@ -14,9 +14,10 @@ from engine.models.args import (
     ConfigError,
     ModelArgs,
     MoEArgs,
+    attention_bias_fields,
     common_fields,
     qwen_windows,
-    rope_settings,
+    rope_fields,
     window_fields,
 )
 
@@ -45,16 +46,13 @@ def parse_qwen3_moe(cfg: dict[str, Any], arch: str) -> ModelArgs:
         block="mlp",
         expert_names=("gate_proj", "up_proj", "down_proj"),
     )
-    theta, scaling = rope_settings(cfg, ("linear", "yarn"))
-    biased = bool(cfg.get("attention_bias"))
+    rope = rope_fields(cfg, ("linear", "yarn"))
     windows = qwen_windows(cfg | {"layer_types": None, "max_window_layers": 0})  # every layer, as transformers
     return ModelArgs(
         architecture=arch,
         **common_fields(cfg),
-        rope_theta=theta,
-        rope_scaling=scaling,
-        qkv_bias=biased,
-        o_bias=biased,
+        **rope,
+        **attention_bias_fields(cfg),
         qk_norm=True,
         moe=moe,
         **window_fields(windows),
@@ -73,13 +71,12 @@ def parse_mixtral(cfg: dict[str, Any], arch: str) -> ModelArgs:
         block="block_sparse_moe",
         expert_names=("w1", "w3", "w2"),
     )
-    theta, scaling = rope_settings(cfg, ("linear", "yarn"))
+    rope = rope_fields(cfg, ("linear", "yarn"))
     window = cfg.get("sliding_window")
     return ModelArgs(
         architecture=arch,
         **common_fields(cfg),
-        rope_theta=theta,
-        rope_scaling=scaling,
+        **rope,
         moe=moe,
         **window_fields((int(window) if window else None,) * n),
     )

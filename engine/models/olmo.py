@@ -14,8 +14,10 @@ from engine.models.args import (
     ConfigError,
     ModelArgs,
     arch_of,
+    attention_bias_fields,
     common_fields,
     layer_windows,
+    rope_fields,
     rope_settings,
     window_fields,
 )
@@ -24,11 +26,9 @@ OLMO_ROPE = ("linear", "llama3", "yarn")
 
 
 def _olmo_fields(cfg: dict[str, Any]) -> dict[str, Any]:
-    biased = bool(cfg.get("attention_bias"))
     return dict(
         common_fields(cfg),
-        qkv_bias=biased,
-        o_bias=biased,
+        **attention_bias_fields(cfg),
         mlp_bias=False,
         qk_norm=True,
         qk_norm_across_heads=True,
@@ -37,11 +37,9 @@ def _olmo_fields(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def parse_olmo2(cfg: dict[str, Any], arch: str) -> ModelArgs:
-    theta, scaling = rope_settings(cfg, OLMO_ROPE, default_theta=10_000.0)  # Olmo2Config's default
+    rope = rope_fields(cfg, OLMO_ROPE, default_theta=10_000.0)  # Olmo2Config's default
     n = int(cfg["num_hidden_layers"])
-    return ModelArgs(
-        architecture=arch, rope_theta=theta, rope_scaling=scaling, **_olmo_fields(cfg), **window_fields((None,) * n)
-    )
+    return ModelArgs(architecture=arch, **rope, **_olmo_fields(cfg), **window_fields((None,) * n))
 
 
 def parse_olmo3(cfg: dict[str, Any], arch: str) -> ModelArgs:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.models.args import ModelArgs, common_fields, refuse, rope_settings, window_fields
+from engine.models.args import ModelArgs, common_fields, refuse, rope_fields, window_fields
 
 
 def parse(cfg: dict[str, Any], arch: str) -> ModelArgs:
@@ -19,14 +19,13 @@ def parse(cfg: dict[str, Any], arch: str) -> ModelArgs:
         if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) in ("su", "yarn"):
             cfg[key] = {k: v for k, v in scaling.items() if k != "type"} | {"rope_type": "longrope"}
     refuse(cfg, attention_bias=False)
-    theta, scaling = rope_settings(cfg, ("longrope", "linear"))
+    rope = rope_fields(cfg, ("longrope", "linear"))
     window = cfg.get("sliding_window")
     n = int(cfg["num_hidden_layers"])
     return ModelArgs(
         architecture=arch,
         **common_fields(cfg),
-        rope_theta=theta,
-        rope_scaling=scaling,
+        **rope,
         fused_qkv=True,
         **window_fields((int(window) if window else None,) * n),
     )

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from engine.layers.linear import make_linear
-from engine.models.args import ConfigError, ModelArgs, checked_layer_types, common_fields, refuse, rope_settings
+from engine.models.args import ConfigError, ModelArgs, checked_layer_types, common_fields, refuse, rope_fields
 from engine.models.decoder import Checkpoint, WeightSource, fused_rows
 from engine.models.hybrid import AttnBlock, Block, HybridLM, RecurrentBlock, gated_mlp
 from engine.models.recurrent.gated_deltanet import DeltaNetDims, GatedDeltaNet
@@ -40,7 +40,7 @@ def parse(cfg: dict[str, Any], arch: str) -> ModelArgs:
     missing = [k for k in (*_DIMS, "linear_conv_kernel_dim") if k not in cfg]
     if missing:
         raise ConfigError(f"{arch} config.json lacks {missing[0]} (a Gated DeltaNet state dimension)")
-    theta, scaling = rope_settings(cfg, ())
+    rope = rope_fields(cfg, ())
     k_heads, v_heads, k_dim, v_dim = (int(cfg[k]) for k in _DIMS)
     dims = DeltaNetDims(k_heads, v_heads, k_dim, v_dim, int(cfg["linear_conv_kernel_dim"]), 0.0)
     if dims.num_v_heads % dims.num_k_heads:
@@ -51,8 +51,7 @@ def parse(cfg: dict[str, Any], arch: str) -> ModelArgs:
     return ModelArgs(
         architecture=arch,
         **fields,
-        rope_theta=theta,
-        rope_scaling=scaling,
+        **rope,
         qk_norm=True,
         gemma_norms=True,  # (1 + w) norms in float32 (engine/models/hybrid.py HybridLM.rms_norm)
         extra={"layer_types": tuple(layer_types(cfg)), "deltanet": dims},
