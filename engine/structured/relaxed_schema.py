@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import llguidance
 
+from engine.structured.closed_counts import closed_counts
 from engine.structured.grammar import LIMITS, GrammarError
 from engine.structured.json_pointer import MISSING, walk
 from engine.structured.ref_intersections import distribute_siblings, unshadow_properties
@@ -159,6 +160,8 @@ def _repair(schema: dict[str, Any], error: str, fold: bool = True) -> tuple[dict
         return (work, "pattern") if _drop_bad_patterns(work) else None
     if "circular references with sibling keys" in error:
         return _circular(work, "#" + error.rpartition("#")[2].strip(), fold)
+    if "minProperties" in error or "maxProperties" in error:  # llguidance counts required keys only
+        return (work, None) if closed_counts(_nodes(work)) else None
     unsatisfiable = _INCOMPATIBLE.search(error)
     if unsatisfiable is not None:  # a subschema no value meets (`type: object` and a oneOf of strings) is `false`
         return (work, None) if _falsify(work, unsatisfiable.group(1)) else None

@@ -308,3 +308,26 @@ def test_an_unsatisfiable_definition_behind_an_optional_member_is_false_not_a_re
     assert not accepts(out.schema, '{"name":"x","kind":{}}') and not accepts(out.schema, '{"name":"x","kind":"a"}')
     with pytest.raises(GrammarError):
         relax({**schema, "required": ["name", "kind"]}, STYLE)
+
+
+def test_min_and_max_properties_of_a_closed_object_are_any_ofs_of_key_sets() -> None:
+    """JSONSchemaBench Github_medium o8454: minProperties 2 / maxProperties 5 over six optional closed keys was a
+    refusal (llguidance counts required keys only); at least two present is an anyOf of required pairs, at most
+    so many an anyOf of keys left out, a maxProperties no answer can pass dropped: exact, nothing relaxed."""
+    props = {k: {"type": "string"} for k in "abcd"}
+    schema = {
+        "type": "object",
+        "minProperties": 2,
+        "maxProperties": 3,
+        "additionalProperties": False,
+        "properties": props,
+    }
+    out = relax(schema, STYLE)
+    assert out.keywords == ()
+    assert accepts(out.schema, '{"a":"x","c":"y"}') and accepts(out.schema, '{"a":"x","b":"y","d":"z"}')
+    assert not accepts(out.schema, '{"b":"x"}') and not accepts(out.schema, "{}")
+    assert not accepts(out.schema, '{"a":"x","b":"y","c":"z","d":"w"}')
+    with_required = relax({**schema, "required": ["a"], "maxProperties": 4}, STYLE)
+    assert with_required.keywords == ()
+    assert accepts(with_required.schema, '{"a":"x","b":"y"}') and not accepts(with_required.schema, '{"a":"x"}')
+    assert accepts(with_required.schema, '{"a":"x","b":"y","c":"z","d":"w"}')
