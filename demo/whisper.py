@@ -10,7 +10,6 @@ config.json, generation_config.json (lang_to_id, task_to_id, suppress tokens, ..
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import tokenizers
 import torch
 
+from demo.tokenizers import tiktoken_tokenizer
 from server.multimodal.whisper_tokens import LANGUAGES, NUM_RANKS, PATTERN, special_tokens
 
 EOT, SOT, NO_TIMESTAMPS = "<|endoftext|>", "<|startoftranscript|>", "<|notimestamps|>"
@@ -35,23 +35,13 @@ DEMO_SHAPE: dict[str, Any] = {
 BEGIN_SUPPRESS = [220, 50257]
 
 
-def _vocab_file() -> Path:
-    spec = importlib.util.find_spec("whisper")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the Whisper tokenizer's vocabulary ships in openai-whisper: pip install openai-whisper"
-        )
-    return Path(list(spec.submodule_search_locations)[0]) / "assets" / "multilingual.tiktoken"
-
-
 def build_tokenizer() -> tokenizers.Tokenizer:
-    from transformers.convert_slow_tokenizer import TikTokenConverter  # why late: transformers is heavy
-
-    base = TikTokenConverter(
-        vocab_file=str(_vocab_file()),
-        pattern=PATTERN,  # type: ignore[no-untyped-call]
-        extra_special_tokens=[],
-    ).converted()
+    base = tiktoken_tokenizer(
+        "whisper",
+        "assets/multilingual.tiktoken",
+        PATTERN,
+        "the Whisper tokenizer's vocabulary ships in openai-whisper: pip install openai-whisper",
+    )
     if base.get_vocab_size() != NUM_RANKS:
         raise RuntimeError(f"multilingual.tiktoken has {base.get_vocab_size()} ranks, expected {NUM_RANKS}")
     specials = special_tokens(NUM_LANGUAGES)
