@@ -87,19 +87,21 @@ __attribute__((target("amx-tile,amx-bf16"))) inline void product(int t, bool ful
 template <class F>
 inline void b_tile(const uint8_t* const* rec, int j, uint16_t* b) {
     using L = Layout<F>;
-    // a slot's 16 dwords [column c][pair jj] -> [jj][c] (128-bit lane jj holds pair jj of the 4 columns)
-    const __m512i tr = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    // a slot's dword 4c + jj holds pair jj of column c. Two groups' pairs jj and jj + 1 side by side (columns in
+    // order), then two such halves per B row.
+    const __m512i lo = _mm512_set_epi32(29, 25, 21, 17, 13, 9, 5, 1, 28, 24, 20, 16, 12, 8, 4, 0);
+    const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(2));
     auto row4 = [&](auto S) {
         constexpr int s = decltype(S)::value;
-        __m512i t[kGroups];
+        __m512i v[kGroups];
         for (int gi = 0; gi < kGroups; ++gi)
-            t[gi] = rec[gi] ? _mm512_permutexvar_epi32(tr, slot<F::BITS, s>(rec[gi] + j * L::CHUNK)) : _mm512_setzero_si512();
-        const __m512i t0 = _mm512_shuffle_i32x4(t[0], t[1], 0x44), t1 = _mm512_shuffle_i32x4(t[0], t[1], 0xEE);
-        const __m512i t2 = _mm512_shuffle_i32x4(t[2], t[3], 0x44), t3 = _mm512_shuffle_i32x4(t[2], t[3], 0xEE);
-        _mm512_store_si512(b + 32 * (4 * s + 0), _mm512_shuffle_i32x4(t0, t2, 0x88));
-        _mm512_store_si512(b + 32 * (4 * s + 1), _mm512_shuffle_i32x4(t0, t2, 0xDD));
-        _mm512_store_si512(b + 32 * (4 * s + 2), _mm512_shuffle_i32x4(t1, t3, 0x88));
-        _mm512_store_si512(b + 32 * (4 * s + 3), _mm512_shuffle_i32x4(t1, t3, 0xDD));
+            v[gi] = rec[gi] ? slot<F::BITS, s>(rec[gi] + j * L::CHUNK) : _mm512_setzero_si512();
+        const __m512i a01 = _mm512_permutex2var_epi32(v[0], lo, v[1]), a23 = _mm512_permutex2var_epi32(v[0], hi, v[1]);
+        const __m512i b01 = _mm512_permutex2var_epi32(v[2], lo, v[3]), b23 = _mm512_permutex2var_epi32(v[2], hi, v[3]);
+        _mm512_store_si512(b + 32 * (4 * s + 0), _mm512_shuffle_i32x4(a01, b01, 0x44));
+        _mm512_store_si512(b + 32 * (4 * s + 1), _mm512_shuffle_i32x4(a01, b01, 0xEE));
+        _mm512_store_si512(b + 32 * (4 * s + 2), _mm512_shuffle_i32x4(a23, b23, 0x44));
+        _mm512_store_si512(b + 32 * (4 * s + 3), _mm512_shuffle_i32x4(a23, b23, 0xEE));
     };
     row4(std::integral_constant<int, 0>{});
     row4(std::integral_constant<int, 1>{});
@@ -111,6 +113,23 @@ inline void b_tile(const uint8_t* const* rec, int j, uint16_t* b) {
 template <class F>
 inline void scales16(const uint8_t* const* rec, __m512* dp, __m512* mp) {
     using L = Layout<F>;
+    if constexpr (F::SB == QK) {  // one sub-block: 4 float16 d (and m) per group, gathered into column order
+        auto half = [&](int at) {
+            __m256i h = _mm256_setzero_si256();
+            for (int gi = 0; gi < kGroups; ++gi) {
+                long long q = 0;
+                if (rec[gi]) memcpy(&q, rec[gi] + L::CHUNKS * L::CHUNK + at, 8);
+                h = _mm256_insert_epi64(h, q, gi);
+            }
+            return _mm512_cvtph_ps(h);
+        };
+        constexpr float unit = F::BITS == 8 ? 1.0f : (float)(1 << F::BITS);
+        const __m512 d = half(0), add = F::HAS_M ? half(8) : _mm512_setzero_ps();
+        dp[0] = _mm512_mul_ps(d, _mm512_set1_ps(unit));  // as product_scales computes them
+        const __m512 m = _mm512_fnmadd_ps(d, _mm512_set1_ps((float)F::OFF + (F::BITS == 8 ? 0.0f : unit)), add);
+        mp[0] = _mm512_mul_ps(m, _mm512_set1_ps(4.0f));
+        return;
+    }
     alignas(64) float d[L::NS][kCols], m[L::NS][kCols];
     for (int gi = 0; gi < kGroups; ++gi) {
         __m512 gd[L::NS], gm[L::NS];
