@@ -6,6 +6,7 @@ two offsets give two disjoint samples spread over every category alike.
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -49,8 +50,9 @@ def data_dir(root: Path | None = None) -> Path:
 
 def sample(data: Path, every: int, offset: int, only: list[str] | None = None) -> list[tuple[str, str, Any]]:
     """(category, file stem, schema) of every `every`-th schema of each category (files in name order), starting
-    at index `offset`; a category missing from `data` is skipped with a line on stderr."""
-    found = []
+    at index `offset`, the categories taken in turn (a run cut short has covered them alike); a category missing
+    from `data` is skipped with a line on stderr."""
+    lists = []
     for category in CATEGORIES:
         if only and category not in only:
             continue
@@ -58,6 +60,6 @@ def sample(data: Path, every: int, offset: int, only: list[str] | None = None) -
         if not folder.is_dir():
             print(f"JSONSchemaBench: no {folder}, category skipped", file=sys.stderr)
             continue
-        for path in sorted(folder.glob("*.json"))[offset::every]:
-            found.append((category, path.stem, json.loads(path.read_text())))
-    return found
+        lists.append([(category, path.stem) for path in sorted(folder.glob("*.json"))[offset::every]])
+    turns = itertools.chain.from_iterable(itertools.zip_longest(*lists))
+    return [(c, stem, json.loads((data / c / f"{stem}.json").read_text())) for c, stem in filter(None, turns)]

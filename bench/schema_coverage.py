@@ -201,11 +201,22 @@ def main() -> int:
     with httpx.Client() as client:
         model = client.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
         t0 = time.perf_counter()
+        details = (
+            args.details.open("w") if args.details else None
+        )  # a line per answer as it comes: a cut run keeps them
+
+        def one(p: tuple[int, tuple[str, str, Any]]) -> Result:
+            res = run_one(client, url, model, p[1], args, p[0])
+            if details is not None:
+                details.write(json.dumps(res.__dict__) + "\n")
+                details.flush()
+            return res
+
         with ThreadPoolExecutor(args.concurrency) as pool:
-            results = list(pool.map(lambda p: run_one(client, url, model, p[1], args, p[0]), items))
+            results = list(pool.map(one, items))
+        if details is not None:
+            details.close()
     took = time.perf_counter() - t0
-    if args.details:
-        args.details.write_text("".join(json.dumps(r.__dict__) + "\n" for r in results))
     print(table(results))
     print(f"\n{len(results)} schemas in {took:.0f} s, concurrency {args.concurrency}, max_tokens {args.max_tokens}")
     print(causes(results))
