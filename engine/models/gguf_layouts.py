@@ -87,7 +87,8 @@ def _qwen35(meta: dict[str, Any], names: gguf.TensorNameMap) -> Layout:
             return Recipe((gguf_name,), **({"keep": keep} | undo))
         if name.endswith("norm.weight"):
             return Recipe((gguf_name,), value=_minus_one, keep=False)
-        return Recipe((gguf_name,), keep=not name.endswith("q_proj.weight"))  # q|gate per head: split in the model
+        # q_proj holds q|gate per head, split in the model on a dense tensor, and k, v are fused with q
+        return Recipe((gguf_name,), keep=not name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")))
 
     return recipe
 
@@ -153,9 +154,8 @@ def _gemma4(meta: dict[str, Any], names: gguf.TensorNameMap) -> Layout:
     del meta  # Gemma 4's tensors come back as they are, under llama.cpp's names
 
     def recipe(name: str) -> Recipe | None:
-        gguf_name = names.get_name(name, try_suffixes=_SUFFIXES)
-        if gguf_name is None and name.endswith(".layer_scalar"):
-            gguf_name = names.get_name(name + ".weight", try_suffixes=_SUFFIXES)  # stored as layer_output_scale.weight
+        scalar = name.endswith(".layer_scalar")  # stored as layer_output_scale.weight
+        gguf_name = names.get_name(name + ".weight" if scalar else name, try_suffixes=_SUFFIXES)
         if gguf_name is None:
             return None
         return Recipe((gguf_name,), keep=name.endswith(_GEMMA4_KEPT))
