@@ -58,8 +58,9 @@ class EngineConfig:
     kv_disk_cache_size: int = 0
     kv_disk_cache_dir: str = ""
     # hybrid models (engine/core/state_pool.py): recurrent-state snapshots every this many tokens (rounded up to
-    # whole blocks) let prefix-cache hits resume there; 0: no snapshots, no prefix hits on hybrid models
-    state_snapshot_interval: int = 256
+    # whole blocks), at each prompt's last full block and at branch points let prefix-cache hits resume there; 0:
+    # no snapshots, no prefix hits on hybrid models
+    state_snapshot_interval: int = 64
     # bytes of those snapshots, out of kv_cache_memory (None: an eighth of it)
     state_snapshot_memory: int | None = None
     seed: int = 0

@@ -72,15 +72,33 @@ PREFIXED = [SHARED + PROMPTS[1][:5], SHARED + PROMPTS[3][:9], SHARED, SHARED[:20
 
 
 def test_prefix_hits_resume_from_state_snapshots(ckpt: Path) -> None:
-    """Snapshots every 8 tokens (two blocks): later prompts sharing 37 tokens resume at 32 (16 for a 20-token
-    prompt: its last token is always computed), chunks cut at 7 tokens so that snapshot points fall inside them."""
+    """Snapshots every 8 tokens (two blocks): the second prompt sharing 37 tokens resumes at 32 and, its prompt
+    matching cached blocks up to 36, leaves a snapshot at that branch point, where the third resumes (16 for a
+    20-token prompt: its last token is always computed); chunks cut at 7 tokens so that points fall inside them."""
     core = core_for(ckpt, max_num_batched_tokens=7, state_snapshot_interval=8)
     pool = core.block_manager.state
     assert pool is not None and pool.interval == 8
     outs = run(core, [(f"r{i}", p, greedy(NEW), 12 * i) for i, p in enumerate(PREFIXED)])
     for i, p in enumerate(PREFIXED):
         assert tokens(outs[f"r{i}"]) == hf_greedy(ckpt, p, NEW), i
-    assert [outs[f"r{i}"][-1].num_cached_tokens for i in range(len(PREFIXED))] == [0, 32, 32, 16]
+    assert [outs[f"r{i}"][-1].num_cached_tokens for i in range(len(PREFIXED))] == [0, 32, 36, 16]
+    assert pool_empty(core)
+
+
+def test_a_200_token_prefix_hits_by_default(ckpt: Path) -> None:
+    """Default settings (16-token blocks, snapshots every 64 tokens and at prompt ends and branch points): requests
+    sharing a 200-token prefix, each with its own tail, resume at 192 from the second on, with the reference's
+    tokens; the hit counters say so."""
+    rng = random.Random(9)
+    prefix = [rng.randrange(3, 30_000) for _ in range(200)]
+    prompts = [prefix + [rng.randrange(3, 30_000) for _ in range(n)] for n in (30, 17, 41)]
+    core = EngineCore(EngineConfig(model=str(ckpt)))
+    for i, p in enumerate(prompts):
+        before = core.stats().prefix_cache_hits
+        outs = run(core, [(f"r{i}", p, greedy(4), 0)])
+        assert tokens(outs[f"r{i}"]) == hf_greedy(ckpt, p, 4), i
+        assert outs[f"r{i}"][-1].num_cached_tokens == (192 if i else 0)
+        assert core.stats().prefix_cache_hits - before == (192 if i else 0)
     assert pool_empty(core)
 
 
