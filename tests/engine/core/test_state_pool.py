@@ -1,6 +1,8 @@
 """StatePool with the block manager: a slot per sequence taken with its first blocks and freed with them, waiting
 when none is free; snapshots bound to the block ending at their point (taken before or after its registration),
-prefix hits cut back to the last snapshot, dropped with their block, the least recently used evicted first."""
+prefix hits cut back to the last snapshot, dropped with their block, the least recently used evicted first (those at
+branch points or restored from after the others); a prompt's last full block and the end of a match past the last
+snapshot (a branch point) get snapshots of their own."""
 
 from __future__ import annotations
 
@@ -27,9 +29,8 @@ def compute(bm: BlockManager, pool: StatePool, s: Sequence, snapshot_first: bool
     assert (pool.pop_restore(s) is not None) == (cached > 0)  # the runner fills the slot from the snapshot
     if not snapshot_first:
         bm.register_full_blocks(s, upto=s.num_tokens)  # admission registers the chunk's blocks before the step
-    for p in range(cached + 1, s.num_tokens + 1):
-        if p % pool.interval == 0:
-            pool.take_snapshot(s, p)
+    for p in pool.points(s, cached, s.num_tokens):
+        pool.take_snapshot(s, p)
     s.num_computed_tokens = s.num_tokens
     bm.register_full_blocks(s)
     return cached
@@ -57,7 +58,7 @@ def test_hits_reach_the_last_snapshot(snapshot_first: bool) -> None:
     bm = BlockManager(64, BS, state=pool)
     shared = list(range(100, 121))  # 21 tokens: snapshots at 8 and 16
     assert compute(bm, pool, seq(shared + [1, 2, 3], "a"), snapshot_first) == 0
-    assert pool.num_bound_snapshots == 3  # 8, 16 and 24 (a's own 24 tokens)
+    assert pool.num_bound_snapshots == 3  # 8, 16 and 24 (a's own 24 tokens: its prompt's end)
     b = seq(shared + [7, 7, 7, 7, 7], "b")  # diverges at 21: blocks up to 20 hit, the snapshot at 16 is the last
     assert compute(bm, pool, b) == 16
     c = seq(shared[:10], "c")
@@ -83,3 +84,19 @@ def test_snapshots_go_with_their_blocks_and_the_oldest_is_evicted() -> None:
     big = seq(list(range(500, 532)), "big")
     assert bm.allocate(big, 32)  # every block, the cached ones evicted: their snapshot dropped with them
     assert pool.num_bound_snapshots == 0
+
+
+def test_a_branch_point_keeps_its_snapshot_before_prompt_ends() -> None:
+    """No periodic point in these prompts: a leaves one at its prompt's end (24); b matches a's blocks up to 20
+    (no snapshot there: no hit) and leaves one at that branch point, where c resumes. Room for two: a new prompt
+    end evicts the other prompt end, never the branch point."""
+    pool = StatePool(8, num_snapshots=2, interval=64)
+    bm = BlockManager(64, BS, state=pool)
+    shared = list(range(100, 121))  # 21 tokens
+    assert compute(bm, pool, seq(shared + [1, 2, 3], "a")) == 0
+    assert compute(bm, pool, seq(shared + [7, 7, 7, 7, 7], "b")) == 0
+    assert pool.num_bound_snapshots == 2  # b's branch point (20) and b's end (24); a's end evicted
+    pool.begin_step()
+    assert compute(bm, pool, seq(list(range(50, 59)), "d")) == 0  # its end (8) evicts b's, not the branch point
+    assert compute(bm, pool, seq(shared + [9, 9, 9], "c")) == 20  # its end (24) evicts d's
+    assert len(bm.lookup(seq(shared + [5, 5], "f"))) * BS == 20 and bm.lookup(seq(list(range(50, 59)), "g")) == []
