@@ -26,6 +26,7 @@ from engine.structured.closed_counts import closed_counts
 from engine.structured.grammar import LIMITS, GrammarError
 from engine.structured.json_pointer import MISSING, walk
 from engine.structured.ref_intersections import distribute_siblings, unshadow_properties
+from engine.structured.schema_ids import drop_plain_ids, ids_are_keywords
 from engine.structured.strict_schema import rewrite
 
 if TYPE_CHECKING:
@@ -168,6 +169,8 @@ def _repair(schema: dict[str, Any], error: str, fold: bool = True) -> tuple[dict
     pointer, resource = _POINTER.search(error), _RESOURCE.search(error)
     if pointer is None and resource is None:
         return None
+    if resource is not None and not ids_are_keywords(work) and drop_plain_ids(work):
+        return work, None  # an `id` llguidance took for a base URI where it is no keyword
     if resource is not None and str(work.get("$schema", "")).rstrip("#") == resource.group(1):
         del work["$schema"]  # a dialect llguidance does not know: read as the default draft
         return work, None

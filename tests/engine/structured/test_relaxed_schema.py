@@ -331,3 +331,28 @@ def test_min_and_max_properties_of_a_closed_object_are_any_ofs_of_key_sets() -> 
     assert with_required.keywords == ()
     assert accepts(with_required.schema, '{"a":"x","b":"y"}') and not accepts(with_required.schema, '{"a":"x"}')
     assert accepts(with_required.schema, '{"a":"x","b":"y","c":"z","d":"w"}')
+
+
+def test_an_id_outside_drafts_3_and_4_is_no_base_uri() -> None:
+    """JSONSchemaBench Github_medium o47944 names no draft (2020-12, where `id` is no keyword) and has a definition
+    with `id: schema/resource`, whose `$ref`s llguidance resolved against that missing document: a refusal. The `id`
+    goes (exact); a property named `id` stays; in draft 4 the id is kept and means what it says."""
+    schema = {
+        "properties": {"r": {"$ref": "#/definitions/res"}, "id": {"type": "integer"}},
+        "required": ["r", "id"],
+        "definitions": {
+            "res": {
+                "id": "schema/resource",
+                "type": "object",
+                "required": ["n"],
+                "properties": {"n": {"$ref": "#/definitions/res/definitions/num"}},
+                "definitions": {"num": {"type": "integer"}},
+            }
+        },
+    }
+    out = relax(schema, STYLE)
+    assert out.keywords == ()
+    assert accepts(out.schema, '{"r":{"n":1},"id":2}') and not accepts(out.schema, '{"r":{"n":"x"},"id":2}')
+    assert not accepts(out.schema, '{"r":{"n":1},"id":"x"}')
+    with pytest.raises(GrammarError):
+        relax({"$schema": "http://json-schema.org/draft-04/schema#", **schema}, STYLE)
