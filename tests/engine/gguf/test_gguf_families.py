@@ -202,3 +202,20 @@ def _rewrite(src: Path, dst: Path, keys: dict[str, Any], tensors: dict[str, np.n
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def test_qwen35_file_as_transformers_reads_it(tmp_path: Path) -> None:
+    """The test's writer and its inverse agree with transformers' own GGUF reader of qwen35 files, bit for bit (an
+    independent reading of llama.cpp's layout: the V-head order, A = -exp(A_log), the +1 norms)."""
+    from transformers import AutoModelForCausalLM
+
+    build, family, overrides = HYBRID_FILES["qwen35"]
+    ckpt = build(tmp_path / "hf", family, vocab_size=VOCAB, **overrides)
+    path = tmp_path / "gguf" / "qwen35.gguf"
+    path.parent.mkdir()
+    held = write_gguf(ckpt, path)
+    model: Any = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    state = model.state_dict()
+    assert set(state) == set(held)
+    for name, value in held.items():
+        assert torch.equal(torch.from_numpy(value).reshape(state[name].shape), state[name]), name
