@@ -1,6 +1,7 @@
 """`id` is draft 3's and 4's name for `$id`; from draft 6 on (and in a schema that names no draft, read as 2020-12
-by the output check) it is no keyword, yet llguidance reads it as a base URI, so the `$ref`s under it resolve
-against a document that is not there ("Resource ... is not present"). Dropping such an `id` is exact there."""
+by the output check, which goes by the root's `$schema` only) it is no keyword, yet llguidance reads it as a base URI
+where a subschema names draft 4 itself, so the `$ref`s under it resolve against a document that is not there
+("Resource ... is not present"). Dropping such an `id` is exact there."""
 
 from __future__ import annotations
 

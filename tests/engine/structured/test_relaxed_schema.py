@@ -335,13 +335,15 @@ def test_min_and_max_properties_of_a_closed_object_are_any_ofs_of_key_sets() -> 
 
 def test_an_id_outside_drafts_3_and_4_is_no_base_uri() -> None:
     """JSONSchemaBench Github_medium o47944 names no draft (2020-12, where `id` is no keyword) and has a definition
-    with `id: schema/resource`, whose `$ref`s llguidance resolved against that missing document: a refusal. The `id`
-    goes (exact); a property named `id` stays; in draft 4 the id is kept and means what it says."""
+    with a draft-4 `$schema` and `id: schema/resource`, whose `$ref`s llguidance resolved against that missing
+    document: a refusal. The `id` goes (exact, as the output check reads it); a property named `id` stays; in a
+    draft-4 document the id is kept and means what it says."""
     schema = {
         "properties": {"r": {"$ref": "#/definitions/res"}, "id": {"type": "integer"}},
         "required": ["r", "id"],
         "definitions": {
             "res": {
+                "$schema": "http://json-schema.org/draft-04/schema#",  # inside: no keyword to the root's draft
                 "id": "schema/resource",
                 "type": "object",
                 "required": ["n"],
