@@ -55,6 +55,13 @@ class Lost(msgspec.Struct, frozen=True, tag="lost"):
     why: str
 
 
+class KeepFor(msgspec.Struct, frozen=True, tag="keep"):
+    """A request's keep_alive (Ollama's) for `model`: seconds idle before its unload (inf: never; None: the flag's)."""
+
+    model: str
+    seconds: float | None
+
+
 class ListModels(msgspec.Struct, frozen=True, tag="list"):
     ticket: int
 
@@ -93,7 +100,7 @@ class Listing(msgspec.Struct, frozen=True, tag="listing"):
     loaded: list[str]
 
 
-ToOwner = Want | Activity | Reply | Closed | Lost | ListModels
+ToOwner = Want | Activity | Reply | Closed | Lost | ListModels | KeepFor
 FromOwner = Loaded | Failed | Quiesce | Resume | Unload | Listing
 
 

@@ -30,6 +30,7 @@ from server.fleet.control import (
     Control,
     Failed,
     FromOwner,
+    KeepFor,
     Listing,
     ListModels,
     Loaded,
@@ -155,6 +156,12 @@ class FollowerRegistry(ModelRegistry):
             self._notify()
         self.owner_gone = True  # API process 0 exited: this one is stopping too
         self._notify()
+
+    def keep(self, slot: ModelSlot, seconds: float | None) -> None:
+        """keep_alive: the owner holds the idle unloads (0 unloads once idle here too, as in one process)."""
+        super().keep(slot, seconds)
+        if seconds != 0:
+            self.control.post(KeepFor(slot.name, seconds))
 
     def _unload_now(self, slot: ModelSlot) -> None:
         if slot.status == "unloaded":

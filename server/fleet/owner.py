@@ -44,6 +44,7 @@ from server.fleet.control import (
     Closed,
     Control,
     Failed,
+    KeepFor,
     Listing,
     ListModels,
     Loaded,
@@ -71,6 +72,7 @@ class OwnedModel:
     lost: set[int] = field(default_factory=set)  # processes whose side of it ended unasked: unload when idle
     busy: set[int] = field(default_factory=set)  # processes where it is busy
     last_used: float = 0.0
+    keep_alive: float | None = None  # the last request's keep_alive: seconds idle before the unload (None: the flag's)
     replies: dict[int, bool] = field(default_factory=dict)  # this Quiesce's answers: process -> quiet
     closed: set[int] = field(default_factory=set)  # processes that closed their channel after Unload
     release: anyio.Event = field(default_factory=anyio.Event)
@@ -166,6 +168,8 @@ class ModelOwner:
                 m.busy.add(i)
         elif isinstance(msg, Closed):
             m.closed.add(i)
+        elif isinstance(msg, KeepFor):
+            m.keep_alive = msg.seconds
         elif isinstance(msg, Lost):
             log.warning("API process %d lost model %s (%s): it reloads once idle", i, m.name, msg.why)
             if m.status in ("loaded", "quiescing"):  # else its engine is going anyway (it died, most likely)
@@ -313,17 +317,18 @@ class ModelOwner:
         self._notify()
 
     async def _housekeeping(self) -> None:
-        """--model-idle-timeout, and models a process lost: unload each when idle everywhere."""
-        timeout = self.config.models.model_idle_timeout
+        """--model-idle-timeout (or the model's keep_alive), and models a process lost: unload each when idle
+        everywhere."""
         while True:
             changed = self._changed
             now, next_due = anyio.current_time(), float("inf")
             for m in self.models.values():
                 if m.status != "loaded" or m.busy:
                     continue
+                timeout = m.keep_alive if m.keep_alive is not None else self.config.models.model_idle_timeout
                 if m.lost:
                     self._quiesce(m, "an API process lost its channel")
-                elif timeout is not None:
+                elif timeout is not None and timeout != float("inf"):
                     due = m.last_used + timeout
                     if due <= now:
                         self._quiesce(m, f"idle for {timeout:g} s")

@@ -1,8 +1,8 @@
 """--models-dir with --api-server-count 2 against real engine subprocesses (server/fleet/owner.py): both models
 through both API processes, one load for concurrent first requests from both, a failed load is a 503 in each and is
 tried again, an LRU unload waits for the other process's stream, /v1/models agrees, a stored response is read through
-the other process, an engine's death unloads its model everywhere, SIGTERM drains every process, a SIGKILLed launcher
-takes every process.
+the other process, an engine's death unloads its model everywhere, Ollama's keep_alive sets the owner's idle
+unload, SIGTERM drains every process, a SIGKILLed launcher takes every process.
 
 Which process answers is forced: each client holds one kept-alive connection, and /proc says which API process
 accepted it (tests/helpers/processes.py connection_owner)."""
@@ -148,6 +148,20 @@ def test_an_engine_death_unloads_it_everywhere_and_the_next_request_loads_it(ser
     assert clients[1].post("/v1/completions", json={"model": "beta", **BODY}).status_code == 200
     assert loads_logged(served, "beta") == 2
     assert [loaded(c) for c in clients] == [{**every, "beta": True}] * 2
+
+
+def test_keep_alive_through_one_process_sets_the_owners_idle_unload(served: Server) -> None:
+    """Ollama's keep_alive reaches the owner, which holds the idle unloads: beta goes 1.5 s after its request,
+    in both processes; a request without one leaves the flag's rule (here: no idle unload)."""
+    (a,), (b,) = pinned(served)
+    body = {"model": "beta", "prompt": "Hi", "stream": False, "options": {"num_predict": 1}}
+    r = a.post("/api/generate", json={**body, "keep_alive": "1.5s"})
+    assert r.status_code == 200, r.text
+    wait_until(lambda: not loaded(b)["beta"], 60, "beta unloaded 1.5 s after its request")
+    assert not loaded(a)["beta"]
+    r = b.post("/api/generate", json=body)
+    assert r.status_code == 200 and r.json()["load_duration"] > 0, r.text  # reloaded: the first request reports it
+    assert loaded(a)["beta"]
 
 
 def test_sigterm_drains_every_process(served: Server) -> None:
