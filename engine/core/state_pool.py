@@ -131,7 +131,8 @@ class StatePool:
         if not self.interval:
             return None
         cid = self._expect.get(seq, {}).pop(position, None)
-        if cid is not None and cid in self._bound:
+        if cid is not None and cid in self._bound:  # kept already (an n > 1 sibling's): marked as seq would
+            self._mark(seq, position, cid)
             return None
         if not self._snap_free and not self._evict():
             return None
@@ -144,6 +145,10 @@ class StatePool:
 
     def _keep(self, seq: Sequence, position: int, cid: int, snap: int) -> None:
         self._bound[cid] = snap
+        self._mark(seq, position, cid)
+
+    def _mark(self, seq: Sequence, position: int, cid: int) -> None:
+        """A snapshot at seq's branch point is evicted after the others."""
         if self._points.get(seq, {}).get(position, False):
             self._kept.add(cid)
 
@@ -166,6 +171,7 @@ class StatePool:
             self._expect.setdefault(seq, {})[position] = content_id
         elif content_id in self._bound:  # another sequence's snapshot of the same prefix: keep one
             self._snap_free.append(snap)
+            self._mark(seq, position, content_id)
         else:
             self._keep(seq, position, content_id, snap)
 
