@@ -14,7 +14,7 @@ import torch
 
 from demo.checkpoints import write_random_checkpoint
 from engine.config import EngineConfig
-from engine.cpu_kernels import gemm_amx
+from engine.cpu_kernels import gemm_amx, quant_dot
 from engine.execution.model_runner import ModelRunner
 from engine.layers.linear import KernelLinear
 from engine.layers.ops import AttnMetadata
@@ -168,12 +168,14 @@ def test_a_decode_step_goes_fused_only_where_the_chooser_gave_our_kernel_its_row
     assert not fused.takes(meta(5), 5) and not fused.takes(meta(64), 64)
 
 
-@pytest.mark.parametrize(("choice", "count"), [("ggml", 1), ("dot,ggml", 5)])
+@pytest.mark.parametrize(("choice", "count"), [("ggml", 1), ("dot,ggml", 5), ("dot_tiles,ggml", 20)])
 def test_fused_decode_over_gguf_blocks_is_bitwise_the_layer_by_layer_path(
     choice: str, count: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SmolLM2's Q4_1 blocks (Q8_0 embeddings) through the block kernel from C++, the file's blocks or (dot) the
-    Q4_1 ones packed for bf16 dot products: bitwise the Python path's."""
+    Q4_1 ones packed for bf16 dot products (dot_tiles: through AMX tiles): bitwise the Python path's."""
+    if choice.startswith("dot_tiles") and not quant_dot.tiles_usable():
+        pytest.skip("no AMX tiles on this CPU")
     monkeypatch.setenv("SPINDLE_KERNEL_CHOICE", choice)
     packed: list[int] = []
     pack = QuantLinear.pack
