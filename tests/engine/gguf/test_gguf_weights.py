@@ -13,7 +13,8 @@ from gguf import GGMLQuantizationType as T
 
 from engine.gguf.tensor import GGMLWeight
 from engine.models.checkpoint_meta import ModelLoadError
-from engine.models.gguf_weights import GGUFWeights, _rotary_rows
+from engine.models.gguf_layouts import rotary_rows
+from engine.models.gguf_weights import GGUFWeights
 from tests.engine.gguf.files import HEADS, KV_HEADS, write_llama
 
 CPU = torch.device("cpu")
@@ -27,7 +28,7 @@ def _llama_reverse_permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 def test_rotary_rows_undo_llama_cpps_permutation() -> None:
     w = np.random.default_rng(0).standard_normal((8 * 32, 5))
-    assert np.array_equal(w[_rotary_rows(256, 8).numpy()], _llama_reverse_permute(w, 8))
+    assert np.array_equal(w[rotary_rows(256, 8).numpy()], _llama_reverse_permute(w, 8))
 
 
 @pytest.fixture
