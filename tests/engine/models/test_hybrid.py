@@ -159,6 +159,14 @@ def test_state_pool_comes_out_of_the_kv_budget(ckpt: Path) -> None:
     core.add_request(AddRequest("x", PROMPTS[2], greedy(2), arrival_time=0.0))
     core.step()
     assert core.stats().num_used_blocks == core.block_manager.num_used_blocks + runner.states.slot_blocks
+    # speculation: each slot keeps a state per draft token too, out of the same budget and weighed in the metric
+    spec = core_for(ckpt, num_blocks=None, kv_cache_memory=memory, max_num_seqs=4, speculative_config=NGRAM)
+    s = spec.runner.states
+    assert s is not None and s.num_slots == 4 and s.spec[0][0].shape[0] == 4 * 4
+    spec_bytes = sum(t.numel() * t.element_size() for layer in s.layers + s.snapshots + s.spec for t in layer)
+    assert spec_bytes + spec.runner.kv_cache.numel() * spec.runner.kv_cache.element_size() <= memory
+    assert s.slot_blocks >= 5 * runner.states.slot_blocks - 4  # five states a slot, each rounded up alone before
+    assert spec.stats().num_total_blocks == spec.runner.num_blocks + 4 * s.slot_blocks
 
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
