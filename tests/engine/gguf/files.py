@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -67,16 +68,32 @@ def write_llama(
     w.add_token_merges(["a b"])
     w.add_bos_token_id(VOCAB - 2)
     w.add_eos_token_id(VOCAB - 1)
+    write_tensors(w, tensors, qtype, lambda name, value: qtype is not None and value.ndim == 2)
+    return tensors
+
+
+def write_tensors(
+    w: gguf.GGUFWriter,
+    tensors: dict[str, np.ndarray],
+    qtype: gguf.GGMLQuantizationType | None,
+    quantized: Callable[[str, np.ndarray], bool],
+) -> dict[str, np.ndarray]:
+    """Adds the tensors (those `quantized` names as `qtype` blocks), then writes and closes the file; returns what
+    it holds by name (float32, quantized tensors dequantized back)."""
+    stored: dict[str, np.ndarray] = {}
     for name, value in tensors.items():
-        if qtype is not None and value.ndim == 2:
-            w.add_tensor(name, gguf.quants.quantize(value, qtype), raw_dtype=qtype)
+        stored[name] = value
+        if qtype is not None and quantized(name, value):
+            blocks = gguf.quants.quantize(value, qtype)
+            w.add_tensor(name, blocks, raw_dtype=qtype)
+            stored[name] = gguf.quants.dequantize(blocks, qtype).reshape(value.shape)
         else:
             w.add_tensor(name, value)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return tensors
+    return stored
 
 
 def smollm2_file() -> Path:

@@ -4,6 +4,7 @@ keys, gguf's tensor names, llama's Q/K rows permuted for its rotary layout, 2-D 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from tests.engine.gguf import hf_to_gguf_hybrid as hybrid
-from tests.engine.gguf.files import TOKENS
+from tests.engine.gguf.files import TOKENS, write_tensors
 
 # HF model_type -> (GGUF architecture, whether llama.cpp permutes Q/K rows for it)
 GGUF_ARCH = {
@@ -101,26 +102,18 @@ def _quantizable(name: str, value: np.ndarray, qtype: gguf.GGMLQuantizationType 
 
 
 def _write(
-    path: Path, arch: str, meta: Any, vocab: int, tensors: dict[str, np.ndarray], qtype: Any
+    path: Path,
+    arch: str,
+    meta: Callable[[gguf.GGUFWriter], None],
+    vocab: int,
+    tensors: dict[str, np.ndarray],
+    qtype: Any,
 ) -> dict[str, np.ndarray]:
     """Writes the file; returns what it holds by GGUF name (float32, quantized tensors dequantized back)."""
     w = gguf.GGUFWriter(str(path), arch)
     meta(w)
     _tokenizer(w, vocab)
-    stored: dict[str, np.ndarray] = {}
-    for name, value in tensors.items():
-        stored[name] = value
-        if _quantizable(name, value, qtype):
-            blocks = gguf.quants.quantize(value, qtype)
-            w.add_tensor(name, blocks, raw_dtype=qtype)
-            stored[name] = gguf.quants.dequantize(blocks, qtype).reshape(value.shape)
-        else:
-            w.add_tensor(name, value)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return stored
+    return write_tensors(w, tensors, qtype, lambda name, value: _quantizable(name, value, qtype))
 
 
 def _write_hybrid(ckpt: Path, path: Path, qtype: Any) -> dict[str, np.ndarray]:
@@ -140,21 +133,8 @@ def write_gguf(ckpt: Path, path: Path, qtype: gguf.GGMLQuantizationType | None =
     cfg = json.loads((ckpt / "config.json").read_text())
     if cfg["model_type"] in hybrid.KINDS:
         return _write_hybrid(ckpt, path, qtype)
-    w = gguf.GGUFWriter(str(path), GGUF_ARCH[cfg["model_type"]][0])
-    _metadata(w, cfg)
-    _tokenizer(w, cfg["vocab_size"])
-    held: dict[str, np.ndarray] = {}
-    for name, (hf_name, value, heads) in gguf_tensors(ckpt).items():
-        stored = value
-        if qtype is not None and value.ndim == 2 and value.shape[1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0:
-            blocks = gguf.quants.quantize(value, qtype)
-            w.add_tensor(name, blocks, raw_dtype=qtype)
-            stored = gguf.quants.dequantize(blocks, qtype).reshape(value.shape)
-        else:
-            w.add_tensor(name, value)
-        held[hf_name] = _unpermute(stored, heads) if heads else stored
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return held
+    converted = gguf_tensors(ckpt)
+    tensors = {name: value for name, (_, value, _) in converted.items()}
+    arch = GGUF_ARCH[cfg["model_type"]][0]
+    stored = _write(path, arch, lambda w: _metadata(w, cfg), cfg["vocab_size"], tensors, qtype)
+    return {hf: _unpermute(stored[n], heads) if heads else stored[n] for n, (hf, _, heads) in converted.items()}

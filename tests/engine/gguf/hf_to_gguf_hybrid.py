@@ -172,10 +172,10 @@ def _granite_tensors(
     bid = int(name.split(".")[2]) if name.startswith("model.layers.") else None
     block, experts = f"blk.{bid}", bool(cfg.get("num_local_experts"))
     if name.endswith("block_sparse_moe.input_linear.weight"):  # GraniteMoeModel.modify_tensors
-        gate, up = t.split(cfg["intermediate_size"], dim=-2)
+        gate, up = torch.split(t, cfg["intermediate_size"], dim=-2)
         return [(f"{block}.ffn_gate_exps.weight", gate), (f"{block}.ffn_up_exps.weight", up)]
     if name.endswith("shared_mlp.input_linear.weight"):
-        gate, up = t.split(cfg["shared_intermediate_size"], dim=-2)
+        gate, up = torch.split(t, cfg["shared_intermediate_size"], dim=-2)
         shexp = "_shexp" if experts else ""
         return [(f"{block}.ffn_gate{shexp}.weight", gate), (f"{block}.ffn_up{shexp}.weight", up)]
     if not experts and name.endswith("shared_mlp.output_linear.weight"):

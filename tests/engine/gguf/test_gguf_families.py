@@ -143,7 +143,12 @@ def test_hybrid_greedy_equals_transformers(
     assert derived["architectures"] == json.loads((ckpt / "config.json").read_text())["architectures"]
     made: list[Any] = []  # the weights the quantized linears were made from (GGUF blocks kept on CPU)
     maker = linear.QUANTIZED_MAKERS[-1]
-    monkeypatch.setattr(linear, "QUANTIZED_MAKERS", [lambda w, b: made.append(w) or maker(w, b)])
+
+    def counting(weight: Any, bias: torch.Tensor | None) -> Any:
+        made.append(weight)
+        return maker(weight, bias)
+
+    monkeypatch.setattr(linear, "QUANTIZED_MAKERS", [counting])
     got = _engine(path)
     if qtype == T.Q8_0:
         assert sum(t.ggml_type == T.Q8_0 for t in header.tensors.values()) >= 4
