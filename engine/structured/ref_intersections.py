@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 BRANCHES = ("anyOf", "oneOf")
+UNEVALUATED = frozenset({"unevaluatedProperties", "unevaluatedItems"})
 
 
 def distribute_siblings(nodes: list[dict[str, Any]], target: str, inert: frozenset[str]) -> bool:
@@ -27,8 +28,8 @@ def distribute_siblings(nodes: list[dict[str, Any]], target: str, inert: frozens
             if not isinstance(branches, list) or {"$ref": target} not in branches:
                 continue
             siblings = {k: v for k, v in node.items() if k not in inert and k not in BRANCHES}
-            if not siblings or any(k in node for k in BRANCHES if k != key):
-                continue  # nothing to move, or two branch lists the siblings would have to join first
+            if not siblings or any(k in node for k in BRANCHES if k != key) or UNEVALUATED & set(siblings):
+                continue  # nothing to move, two branch lists, or a keyword that sees what the branches evaluate
             node[key] = [{"allOf": [branch, siblings]} for branch in branches]
             for name in siblings:
                 del node[name]

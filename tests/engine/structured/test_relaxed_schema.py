@@ -12,6 +12,7 @@ import llguidance
 import pytest
 
 from engine.structured.grammar import GrammarError
+from engine.structured.ref_intersections import distribute_siblings
 from engine.structured.relaxed_schema import BEST_EFFORT, relax, warning_keywords
 
 STYLE: Any = {"whitespace_flexible": False}
@@ -358,3 +359,12 @@ def test_an_id_outside_drafts_3_and_4_is_no_base_uri() -> None:
     assert not accepts(out.schema, '{"r":{"n":1},"id":"x"}')
     with pytest.raises(GrammarError):
         relax({"$schema": "http://json-schema.org/draft-04/schema#", **schema}, STYLE)
+
+
+def test_unevaluated_properties_beside_a_recursive_any_of_stay_where_they_see_its_branches() -> None:
+    """`unevaluatedProperties` sees the keys an anyOf's branches evaluate: moved into each branch beside them it
+    would see only its own node's, and refuse keys the branch allows; so it is not moved (the schema is then
+    handled as before: relaxed, never read narrower)."""
+    node = {"anyOf": [{"$ref": "#/$defs/t"}], "unevaluatedProperties": False, "type": "object"}
+    assert not distribute_siblings([node], "#/$defs/t", frozenset())
+    assert set(node) == {"anyOf", "unevaluatedProperties", "type"}
