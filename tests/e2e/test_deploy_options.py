@@ -161,11 +161,7 @@ def test_root_path_routes_with_and_without_the_prefix(tls_server: tuple[Server, 
     assert httpx.get(f"{url}/llm/v1/models", verify=ctx, timeout=10).status_code == 401
 
 
-def test_h2c_prior_knowledge_streams(qwen2_ckpt: Path, tmp_path: Path) -> None:
-    s = start_server(qwen2_ckpt, tmp_path)
-    try:
-        with httpx.Client(http1=False, http2=True, timeout=60) as h2c:
-            version, lines = _stream(h2c, f"{s.url}/v1/chat/completions")
-        assert version == "HTTP/2" and lines[-1] == "data: [DONE]" and len(lines) >= 8
-    finally:
-        s.stop()
+def test_h2c_prior_knowledge_streams(server: Server) -> None:
+    with httpx.Client(http1=False, http2=True, timeout=60) as h2c:
+        version, lines = _stream(h2c, f"{server.url}/v1/chat/completions")
+    assert version == "HTTP/2" and lines[-1] == "data: [DONE]" and len(lines) >= 8

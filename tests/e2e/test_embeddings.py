@@ -180,13 +180,9 @@ def test_matryoshka_and_mean_pooling(matryoshka_ckpt: Path, tmp_path: Path) -> N
         s.stop()
 
 
-def test_embeddings_refused_on_a_generation_server(qwen2_ckpt: Path, tmp_path: Path) -> None:
-    s = start_server(qwen2_ckpt, tmp_path)
-    try:
-        r = httpx.post(f"{s.url}/v1/embeddings", json={"input": "hi"}, timeout=30)
-        assert r.status_code == 400 and "--runner pooling" in r.json()["error"]["message"]
-    finally:
-        s.stop()
+def test_embeddings_refused_on_a_generation_server(server: Server) -> None:
+    r = httpx.post(f"{server.url}/v1/embeddings", json={"input": "hi"}, timeout=30)
+    assert r.status_code == 400 and "--runner pooling" in r.json()["error"]["message"]
 
 
 def hf_raw(ckpt: Path, ids: list[int]) -> np.ndarray:

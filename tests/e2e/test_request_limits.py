@@ -24,7 +24,9 @@ CHAT = [{"role": "user", "content": "hi"}]
 COMPLETIONS, CHAT_ROUTE, GENERATE = "/v1/completions", "/v1/chat/completions", "/inference/v1/generate"
 
 
-@pytest.fixture(scope="module")
+# session, not module: a test here also takes the trio/asyncio `server`, so pytest runs this module in three
+# stretches (one per worker class, then the rest), and a module-scoped server would start in each
+@pytest.fixture(scope="session")
 def limited(qwen2_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     s = start_server(
         qwen2_ckpt,
