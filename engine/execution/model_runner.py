@@ -21,6 +21,7 @@ from engine.models.checkpoint_meta import max_model_len, read_generation_config
 from engine.models.decoder import CausalLM
 from engine.models.loader import ModelInfo, load_model, read_config, resolve_model, slow_half_precision
 from engine.models.qwen2_vl import Qwen2VLCausalLM
+from engine.models.step import Step
 from engine.models.weights import ModelLoadError
 from engine.models.whisper import WhisperModel
 from engine.multimodal.audio_runner import AudioRunner
@@ -303,20 +304,17 @@ class ModelRunner:
             self.lora.ctx.mapping = None
 
     def _run_model(self, batch: list[ScheduledSeq], inputs: StepInputs) -> torch.Tensor:
+        step = Step(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
         if self.states is not None:  # a hybrid model: its recurrent layers read and advance each slot's state
-            hidden = self.model.forward(
-                inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, states=self.states.step(batch)
-            )  # type: ignore[call-arg]
+            hidden = self.model.forward(replace(step, states=self.states.step(batch)))
             self.states.finish()
             return hidden
         if self.audio is not None:
-            return self.model.forward(
-                inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, cross=self.audio.cross_batch(batch)
-            )  # type: ignore[call-arg]
+            return self.model.forward(replace(step, cross=self.audio.cross_batch(batch)))
         if self.images is not None and any(s.seq.mm is not None for s in batch):
             positions, embeds = self.images.step_inputs(batch, inputs.input_ids)
-            return self.model.forward(inputs.input_ids, positions, self.kv_caches, inputs.meta, embeds=embeds)  # type: ignore[call-arg]
-        return self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+            return self.model.forward(replace(step, positions=positions, embeds=embeds))
+        return self.model.forward(step)
 
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> RunnerOutput:

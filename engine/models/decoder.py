@@ -28,6 +28,7 @@ from engine.layers.softcap import soft_cap_
 from engine.models.args import ModelArgs
 from engine.models.fused_decode import FUSED_LINEARS, FusedDecode, kernels_take
 from engine.models.rope import rope_table
+from engine.models.step import Step
 
 if TYPE_CHECKING:
     from engine.layers.quant_linear import QuantEmbedding
@@ -249,20 +250,14 @@ class CausalLM:
             if isinstance(layer.mlp, SparseMoE):
                 layer.mlp.use_triton = True
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        meta: AttnMetadata,
-    ) -> torch.Tensor:
-        """input_ids, positions [T] -> hidden states [T, hidden] before the final norm."""
-        x = self.embed_tokens(input_ids)
+    def forward(self, step: Step) -> torch.Tensor:
+        """The step's input_ids, positions [T] -> hidden states [T, hidden] before the final norm."""
+        x = self.embed_tokens(step.input_ids)
         if self.fused is None and not self.fused_checked:  # after the runner's choices (ops, LoRA), at first use
             self.fused, self.fused_checked = self.fused_decode(), True
-        if self.fused is not None and self.fused.takes(meta, x.shape[0]):
-            return self.fused.run(x, positions, kv_caches, meta)
-        return self.run_layers(x, kv_caches, meta, self.rope_for(positions))
+        if self.fused is not None and self.fused.takes(step.meta, x.shape[0]):
+            return self.fused.run(x, step.positions, step.kv_caches, step.meta)
+        return self.run_layers(x, step.kv_caches, step.meta, self.rope_for(step.positions))
 
     def fused_decode(self) -> FusedDecode | None:
         """A FusedDecode for this model, or None when some part of it is not what the fused layer runs: another ops

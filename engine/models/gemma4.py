@@ -27,6 +27,7 @@ from engine.models.rope import rope_table
 
 if TYPE_CHECKING:
     from engine.layers.ops import AttnMetadata
+    from engine.models.step import Step
 
 PER_LAYER_KEYS = frozenset({"head_dim", "num_key_value_heads"})
 
@@ -213,19 +214,13 @@ class Gemma4CausalLM(CausalLM):
             self.ple_projection = make_linear(get("model.per_layer_model_projection.weight"), None, quantization)
             self.ple_norm = get("model.per_layer_projection_norm.weight").float()
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        meta: AttnMetadata,
-    ) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
-        ple = self.per_layer_inputs(input_ids, x) if self.ple_dim else None
-        rope = self.rope_for(positions)
+    def forward(self, step: Step) -> torch.Tensor:
+        x = self.embed_tokens(step.input_ids)
+        ple = self.per_layer_inputs(step.input_ids, x) if self.ple_dim else None
+        rope = self.rope_for(step.positions)
         for i, layer in enumerate(self.layers4):
-            k_cache, v_cache = kv_caches[self.cache_of[i]]
-            h = self.attention4(i, layer, self.rms_norm(x, layer.ln1), k_cache, v_cache, meta, rope)
+            k_cache, v_cache = step.kv_caches[self.cache_of[i]]
+            h = self.attention4(i, layer, self.rms_norm(x, layer.ln1), k_cache, v_cache, step.meta, rope)
             x = x + self.rms_norm(h, layer.post_attn_norm)
             x = x + self.rms_norm(layer.mlp(self.rms_norm(x, layer.ln2)), layer.post_ff_norm)
             if ple is not None and layer.ple_gate is not None:

@@ -34,6 +34,7 @@ from engine.models.decoder import (
 )
 from engine.models.recurrent.state import StateBatch, StateShape
 from engine.models.rope import rope_table
+from engine.models.step import Step
 
 
 class MLP(Protocol):
@@ -163,23 +164,17 @@ class HybridLM(CausalLM):
             return gemma_rms_norm(x, weight, self.args.rms_norm_eps)
         return self.ops.rms_norm(x, weight, self.args.rms_norm_eps)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        meta: AttnMetadata,
-        states: StateBatch | None = None,
-    ) -> torch.Tensor:
-        """input_ids, positions [T] -> hidden states [T, hidden] before the final norm; states: the step's."""
+    def forward(self, step: Step) -> torch.Tensor:
+        """The step's input_ids, positions [T] and recurrent states -> hidden states [T, hidden] before the norm."""
+        states = step.states
         assert states is not None, "a hybrid model runs with its recurrent states"
-        x = self.embed_tokens(input_ids)
-        rope = self.rope_for(positions)
+        x = self.embed_tokens(step.input_ids)
+        rope = self.rope_for(step.positions)
         blocks = self.blocks
         normed = self.rms_norm(x, blocks[0].ln1)
         for i, b in enumerate(blocks):
             if isinstance(b, AttnBlock):
-                h = self.attend(i, b, normed, kv_caches[self.kv_index[i]], meta, rope)
+                h = self.attend(i, b, normed, step.kv_caches[self.kv_index[i]], step.meta, rope)
             else:
                 h = b.mixer(normed, states.layers[self.state_index[i]], states)
             x = self.residual(x, h)

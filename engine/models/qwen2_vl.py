@@ -18,10 +18,11 @@ import torch
 import torch.nn.functional as F
 
 from engine.layers.linear import Linear, make_linear
-from engine.layers.ops import AttnMetadata, apply_rope
+from engine.layers.ops import apply_rope
 from engine.models import llama
 from engine.models.args import ConfigError, ModelArgs
 from engine.models.decoder import CausalLM, Checkpoint, WeightGetter
+from engine.models.step import Step
 
 ARCHITECTURE = "Qwen2VLForConditionalGeneration"
 IMAGE_TOKEN_ID = 151655  # <|image_pad|>, the default when config.json does not say
@@ -234,20 +235,13 @@ class Qwen2VLCausalLM(CausalLM):
         cols = self._axis_cols[None, None, :].expand(1, rows.shape[1], rows.shape[2])
         return rows.gather(0, cols)[0]
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        meta: AttnMetadata,
-        embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def forward(self, step: Step) -> torch.Tensor:
         """positions [T] (text only) or [3, T]; embeds [T, hidden] replaces the token embedding when given."""
-        x = self.embed_tokens(input_ids) if embeds is None else embeds
-        if positions.dim() == 1:
-            return self.run_layers(x, kv_caches, meta, self.rope_for(positions))
-        rows = self.mrope_rows(positions)  # one table: every layer turns by the same M-RoPE rows
-        return self.run_layers(x, kv_caches, meta, lambda q, k, _: (apply_rope(q, rows), apply_rope(k, rows)))
+        x = self.embed_tokens(step.input_ids) if step.embeds is None else step.embeds
+        if step.positions.dim() == 1:
+            return self.run_layers(x, step.kv_caches, step.meta, self.rope_for(step.positions))
+        rows = self.mrope_rows(step.positions)  # one table: every layer turns by the same M-RoPE rows
+        return self.run_layers(x, step.kv_caches, step.meta, lambda q, k, _: (apply_rope(q, rows), apply_rope(k, rows)))
 
 
 def mrope_positions(

@@ -18,9 +18,10 @@ import torch.nn.functional as F
 
 from engine.layers.linear import Linear, make_linear
 from engine.layers.lm_head import LMHead
-from engine.layers.ops import AttnMetadata, TorchOps, TritonOps
+from engine.layers.ops import TorchOps, TritonOps
 from engine.models.args import ConfigError, ModelArgs
 from engine.models.decoder import CausalLM, Checkpoint, WeightGetter
+from engine.models.step import CrossBatch, CrossKV, Step
 
 ARCHITECTURE = "WhisperForConditionalGeneration"
 _EPS = 1e-5
@@ -119,24 +120,6 @@ def _layer_norm(x: torch.Tensor, wb: tuple[torch.Tensor, torch.Tensor]) -> torch
     return F.layer_norm(x, (x.shape[-1],), wb[0], wb[1], _EPS)
 
 
-@dataclass
-class CrossKV:
-    """One request's cross-attention keys and values: per decoder layer, K and V [heads, frames, head_dim]."""
-
-    layers: list[tuple[torch.Tensor, torch.Tensor]]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(k.numel() * k.element_size() * 2 for k, _ in self.layers)
-
-
-@dataclass
-class CrossBatch:
-    """The step's cross-attention inputs: per sequence in batch order, its rows [start, start + n) and its K/V."""
-
-    spans: list[tuple[int, int, CrossKV]]
-
-
 class WhisperModel(CausalLM):
     """Encoder, cross-attention K/V, and the decoder over the paged KV cache (the runner's CausalLM interface)."""
 
@@ -206,21 +189,15 @@ class WhisperModel(CausalLM):
             per_layer.append((k, v))
         return [CrossKV([(k[i].contiguous(), v[i].contiguous()) for k, v in per_layer]) for i in range(b)]
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        meta: AttnMetadata,
-        cross: CrossBatch | None = None,
-    ) -> torch.Tensor:
+    def forward(self, step: Step) -> torch.Tensor:
         """The decoder over the flat batch -> hidden states [T, d] before the final LayerNorm."""
+        cross, meta = step.cross, step.meta
         if cross is None:
             raise ValueError("a Whisper decoder step needs every request's audio (cross-attention K/V)")
         assert self.embed is not None
-        x = F.embedding(input_ids, self.embed) + self.dec_pos[positions]
+        x = F.embedding(step.input_ids, self.embed) + self.dec_pos[step.positions]
         t = x.shape[0]
-        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.dec_layers, kv_caches)):
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.dec_layers, step.kv_caches)):
             h = _layer_norm(x, layer.ln_self)
             a = layer.self_attn
             q = a.q(h).view(t, self.heads, self.head_dim)

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from engine.messages import AudioInput
-from engine.models.whisper import CrossBatch, WhisperModel
+from engine.models.step import CrossBatch
+from engine.models.whisper import WhisperModel
 from engine.multimodal.image_runner import EncoderCache
 from engine.multimodal.processing import ENCODER_CACHE_BYTES
 from engine.types.image_state import SeqAudio
