@@ -101,3 +101,31 @@ def build_hybrid(root: Path, family: str, **overrides: Any) -> Path:
     model = _seeded(model_cls, config, SEED, _reinit, int(kw["hidden_size"])).to(torch.float32)
     gen = {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}
     return _write_atomically(path, lambda tmp: _save(tmp, model, 1, gen, "qwen2.5"))
+
+
+def build_plain_draft(root: Path) -> Path:
+    """A tiny Qwen2 (attention only) with the hybrids' tokenizer: a draft model for them."""
+    import torch
+    import transformers
+
+    from demo.checkpoints import _reinit, _save, _seeded, _write_atomically
+
+    path = root / "qwen2-draft"
+    if path.is_dir():
+        return path
+    config = transformers.Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=151643,
+        eos_token_id=151645,
+        architectures=["Qwen2ForCausalLM"],
+    )
+    model = _seeded(transformers.Qwen2ForCausalLM, config, SEED, _reinit, 32).to(torch.float32)
+    gen = {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}
+    return _write_atomically(path, lambda tmp: _save(tmp, model, 1, gen, "qwen2.5"))

@@ -20,7 +20,7 @@ from engine.core.engine_core import EngineCore
 from engine.messages import AddRequest
 from engine.models.loader import ModelLoadError
 from engine.spec import ngram
-from tests.engine.models.hybrid_families import HYBRIDS, build_hybrid
+from tests.engine.models.hybrid_families import HYBRIDS, build_hybrid, build_plain_draft
 from tests.helpers.engine import greedy, hf_greedy, run, tokens
 
 NEW = 8
@@ -198,6 +198,23 @@ def test_speculative_decoding_rolls_the_state_back(ckpt: Path, regime: str, monk
     turn = refs[tuple(PROMPTS[0])] + PROMPTS[2]
     again = run(core, [("t", turn, greedy(4), 0)])
     assert tokens(again["t"]) == hf_greedy(ckpt, turn, 4) and again["t"][-1].num_cached_tokens == 72
+    assert pool_empty(core)
+
+
+def test_a_draft_model_speculates_for_a_hybrid(
+    ckpt: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain tiny Qwen2 drafting for the hybrid (its own cost not weighed): its drafts are rejected, the state
+    rolled back each time, and the tokens are transformers'."""
+    monkeypatch.setenv("SPINDLE_SPEC_DRAFT_COST", "0")
+    draft = build_plain_draft(tmp_path_factory.getbasetemp() / "hybrids")
+    spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3}
+    core = core_for(ckpt, speculative_config=spec)
+    outs = run(core, [(f"r{i}", p, greedy(12), i) for i, p in enumerate(PROMPTS[:2])])
+    for i, p in enumerate(PROMPTS[:2]):
+        assert tokens(outs[f"r{i}"]) == hf_greedy(ckpt, p, 12), i
+    st = core.stats()
+    assert st.spec_num_draft_tokens > st.spec_num_accepted_tokens
     assert pool_empty(core)
 
 
