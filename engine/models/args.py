@@ -9,6 +9,7 @@ Each family module turns its config.json into these fields (engine/models/regist
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,6 +141,34 @@ def rope_fields(cfg: dict[str, Any], supported: tuple[str, ...], default_theta: 
     """ModelArgs' rope_theta / rope_scaling, as `rope_settings` reads them."""
     theta, scaling = rope_settings(cfg, supported, default_theta)
     return dict(rope_theta=theta, rope_scaling=scaling)
+
+
+def layer_type_rope(
+    cfg: dict[str, Any],
+    arch: str,
+    older: Callable[[], tuple[dict[str, Any], dict[str, Any]]],
+    supported: tuple[str, ...],
+    theta: float,
+) -> tuple[float, dict[str, Any] | None, dict[str, Any]]:
+    """(full layers' rope_theta, their rope_scaling, the sliding layers' rope parameters) of a family whose layer
+    types turn differently: transformers 5 nests one dict per layer type under rope_parameters; an older config's
+    (full, sliding) come from `older`. The sliding layers' rope must be plain; `theta`: the full layers' default."""
+    nested = cfg.get("rope_parameters") or {}
+    if "full_attention" in nested or "sliding_attention" in nested:
+        full = dict(nested.get("full_attention") or {})
+        local = dict(nested.get("sliding_attention") or {})
+    else:
+        full, local = older()
+    if local.get("rope_type", "default") != "default":
+        raise ConfigError(
+            f"{arch_of(cfg)} with rope_parameters.sliding_attention.rope_type {local['rope_type']!r} is not "
+            "supported; only default"
+        )
+    positions = cfg.get("max_position_embeddings")
+    full_theta, scaling = rope_settings(
+        {"rope_parameters": full, "architectures": [arch], "max_position_embeddings": positions}, supported, theta
+    )
+    return float(full.get("rope_theta") or full_theta), scaling, local
 
 
 def attention_bias_fields(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -14,15 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 from engine.models.args import (
-    ConfigError,
     ModelArgs,
-    arch_of,
     attention_bias_fields,
     common_fields,
+    layer_type_rope,
     layer_windows,
     refuse,
     rope_fields,
-    rope_settings,
     window_fields,
 )
 
@@ -60,29 +58,15 @@ def parse_gemma2(cfg: dict[str, Any], arch: str) -> ModelArgs:
 def parse_gemma3(cfg: dict[str, Any], arch: str) -> ModelArgs:
     n = int(cfg["num_hidden_layers"])
     pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
-    nested = cfg.get("rope_parameters") or {}
-    if "full_attention" in nested or "sliding_attention" in nested:  # transformers 5: one dict per layer type
-        full = dict(nested.get("full_attention") or {})
-        local = dict(nested.get("sliding_attention") or {})
-    else:
+
+    def older() -> tuple[dict[str, Any], dict[str, Any]]:
         full = dict(cfg.get("rope_scaling") or {}, rope_theta=cfg.get("rope_theta") or 1_000_000.0)
-        local = {"rope_theta": cfg.get("rope_local_base_freq") or 10_000.0}
-    if local.get("rope_type", "default") != "default":
-        raise ConfigError(
-            f"{arch_of(cfg)} with rope_parameters.sliding_attention.rope_type "
-            f"{local['rope_type']!r} is not supported; only default"
-        )
-    theta, scaling = rope_settings(
-        {
-            "rope_parameters": full,
-            "architectures": [arch],
-            "max_position_embeddings": cfg.get("max_position_embeddings"),
-        },
-        ("linear", "yarn"),
-    )
+        return full, {"rope_theta": cfg.get("rope_local_base_freq") or 10_000.0}
+
+    full_theta, scaling, local = layer_type_rope(cfg, arch, older, ("linear", "yarn"), 10_000.0)
     return ModelArgs(
         architecture=arch,
-        rope_theta=float(full.get("rope_theta") or theta),
+        rope_theta=full_theta,
         rope_scaling=scaling,
         qk_norm=True,
         local_rope_theta=float(local.get("rope_theta") or 10_000.0),
