@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from engine.triton_kernels.paged_common import interpreter_dot_upcast, launch_caches, softcap_arg
-from engine.triton_kernels.paged_online_softmax import attend_block
+from engine.triton_kernels.paged_online_softmax import attend_block, online_start
 from engine.triton_kernels.paged_prefill_attention import paged_prefill_attention_ref
 
 TARGET_PROGRAMS = 264  # about two waves on a 132-SM H100/H200
@@ -55,9 +55,7 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_lens_ptr, out_ptr, part_pt
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    acc, m_i, l_i = online_start(BLOCK_G, BLOCK_D)
     for n0 in range(lo, hi, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         p_mask = pos < hi

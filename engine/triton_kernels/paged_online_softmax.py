@@ -15,6 +15,13 @@ def tanh(x):
 
 
 @triton.jit
+def online_start(ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """(acc, m, l) before any key, for ROWS query rows: output 0, running max -inf, running sum 0, in float32."""
+    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    return acc, tl.full([ROWS], float("-inf"), tl.float32), tl.zeros([ROWS], tl.float32)
+
+
+@triton.jit
 def attend_block(q, acc, m_i, l_i, kc_ptr, vc_ptr, bt_row_ptr, pos, p_mask, allowed, kvh, offs_d, d_mask,
                  c_stride_s, c_stride_h, block_size, scale, softcap,
                  DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, SOFTCAP: tl.constexpr):

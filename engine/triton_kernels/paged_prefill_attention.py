@@ -21,7 +21,7 @@ from engine.triton_kernels.paged_common import (
     launch_caches,
     softcap_arg,
 )
-from engine.triton_kernels.paged_online_softmax import attend_block
+from engine.triton_kernels.paged_online_softmax import attend_block, online_start
 
 
 def paged_prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -70,9 +70,7 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_q_ptr, seq_lens_ptr, out_p
         # Keys this tile can see: causal up to its last query; with a window, from its first query's reach.
         hi = tl.minimum(prefix + m0 + BLOCK_M, seq_len)
         lo = tl.where(window > 0, tl.maximum(prefix + m0 - window + 1, 0), 0)
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        acc, m_i, l_i = online_start(BLOCK_M, BLOCK_D)
         for n0 in range(lo, hi, BLOCK_N):
             pos = n0 + tl.arange(0, BLOCK_N)
             p_mask = pos < hi
