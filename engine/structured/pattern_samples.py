@@ -20,6 +20,7 @@ from typing import Any
 
 MAX_SAMPLES = 256  # patterns sampled per schema (each sample costs the search a validation when stuck)
 MAX_LENGTH = 64  # characters: a longer sample is no short way out
+MAX_PADDED = 256  # characters a sample is padded to for a string's minLength
 _PREFERRED = "a1A0_-."  # characters a class is sampled with first (plain, one token each, no JSON escape)
 
 
@@ -49,7 +50,22 @@ def schema_samples(schema: Any) -> list[str]:
             sample = pattern_sample(pattern)
             if sample:
                 found[json.dumps(sample)[1:-1]] = None
+                longer = _padded(pattern, sample, node.get("minLength"), node.get("maxLength"))
+                if longer:  # the sample alone cannot end a string of that minLength: no way out there
+                    found[json.dumps(longer)[1:-1]] = None
     return list(found)
+
+
+def _padded(pattern: str, sample: str, low: Any, high: Any) -> str | None:
+    """`sample` made `low` characters long (filler before or after it) where the pattern still finds it and
+    `high` allows it; None where it is long enough already or no filler keeps the match."""
+    if not isinstance(low, int) or low <= len(sample) or low > MAX_PADDED:
+        return None
+    fill = low - len(sample)
+    for text in (f"{'a' * fill}{sample}", f"{sample}{'a' * fill}", f"{'0' * fill}{sample}", f"{sample}{'0' * fill}"):
+        if (not isinstance(high, int) or len(text) <= high) and re.search(pattern, text) is not None:
+            return text
+    return None
 
 
 def required_keys(schema: Any) -> list[str]:

@@ -93,3 +93,18 @@ def test_just_under_the_shortest_finish_is_cut(core: EngineCore) -> None:
     params = SamplingParams(max_tokens=len(need) - 1, temperature=1.0, seed=0, structured_outputs=so)
     (o,) = run(core, [("r", PROMPT, params)]).values()
     assert finish(o) == ("length", None) and len(tokens(o)) == len(need) - 1
+
+
+def test_a_pattern_string_with_a_min_length_has_a_way_out(core: EngineCore) -> None:
+    """JSONSchemaBench's AWS X-Ray segment (Github_hard o79409): `trace_id` needs 35 characters and a `-` the
+    search never wrote (every digit left the mask as it was, so it wrote digits to any limit); the pattern's sample
+    padded to the minLength is a way out."""
+    schema = {
+        "type": "object",
+        "required": ["trace_id"],
+        "properties": {"trace_id": {"type": "string", "minLength": 35, "pattern": "\\d+-[A-Fa-f0-9]*-[A-Fa-f0-9]{24}"}},
+    }
+    g = shared_backend(core).compile(StructuredOutputs("json", json.dumps(relax(schema, {}).schema)))
+    path = g.completion(120)
+    assert path is not None
+    jsonschema.validate(json.loads(text_of(core, path)), schema)
