@@ -1,12 +1,14 @@
 """Interactive latency beside a running batch: TTFT of streamed /v1/completions requests, alone and while a
 /v1/batches batch of --lines lines runs (at the lowest priority, --batch-max-in-flight lines at once).
 
-    python -m bench.batch [--lines 200] [--requests 30] [--in-flight 4] [--policy priority|fcfs]
+    python -m bench.batch [--lines 200] [--requests 10] [--rounds 3] [--in-flight 4] [--policy priority|fcfs]
 
-Starts the real server (bench.admission's random-weight Qwen2-shaped checkpoint) on a fresh --batch-dir. Phase
-`idle`: --requests interactive requests one after another (a 64-token prompt, 16 tokens out), TTFT each. Phase
-`batch`: the batch created (each line a 64-token prompt, 64 tokens out, ignore_eos), the same interactive
-requests once it is in progress; then it reports how many batch lines were answered meanwhile.
+Starts the real server (bench.admission's random-weight Qwen2-shaped checkpoint) on a fresh --batch-dir. Each of
+--rounds rounds: phase `idle`, --requests interactive requests one after another (a 64-token prompt, 16 tokens
+out), TTFT each; then a batch is created (each line a 64-token prompt, 64 tokens out, ignore_eos) and, once it is in
+progress, phase `batch`: the same interactive requests; then the batch is cancelled. The phases alternate so that a
+machine whose load drifts weighs on both alike; the report pools each phase over the rounds and gives each round's
+p50 ratio, and how many batch lines were answered during the batch phases.
 """
 
 from __future__ import annotations
@@ -77,10 +79,41 @@ def report(name: str, xs: list[float]) -> None:
     print(f"{name:<8} TTFT ms  p50 {statistics.median(ms):7.1f}  p90 {pct(ms, 90):7.1f}  max {max(ms):7.1f}")
 
 
+def cancel(client: httpx.Client, batch_id: str) -> int:
+    """Cancel the batch and wait until it stopped: the lines it answered."""
+    client.post(f"/v1/batches/{batch_id}/cancel").raise_for_status()
+    deadline = time.monotonic() + 120
+    while (batch := client.get(f"/v1/batches/{batch_id}").json())["status"] != "cancelled":
+        if time.monotonic() > deadline:
+            raise RuntimeError("the batch did not stop")
+        time.sleep(0.05)
+    return int(batch["request_counts"]["completed"])
+
+
+def rounds(client: httpx.Client, rng: random.Random, args: argparse.Namespace) -> None:
+    idle: list[float] = []
+    busy: list[float] = []
+    answered = 0
+    for r in range(args.rounds):
+        alone = phase(client, rng, args.requests)
+        batch_id = start_batch(client, rng, args.lines)
+        before = client.get(f"/v1/batches/{batch_id}").json()["request_counts"]["completed"]
+        beside = phase(client, rng, args.requests)
+        answered += cancel(client, batch_id) - before
+        ratio = statistics.median(beside) / statistics.median(alone)
+        print(f"round {r + 1}: p50 idle {statistics.median(alone) * 1000:.1f} ms, batch x{ratio:.2f}", flush=True)
+        idle += alone
+        busy += beside
+    report("idle", idle)
+    report("batch", busy)
+    print(f"p50 ratio x{statistics.median(busy) / statistics.median(idle):.2f}; {answered} batch lines answered")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lines", type=int, default=200)
-    ap.add_argument("--requests", type=int, default=30)
+    ap.add_argument("--requests", type=int, default=10, help="interactive requests per phase and round")
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--in-flight", type=int, default=4)
     ap.add_argument("--policy", default="priority", choices=("priority", "fcfs"))
     args = ap.parse_args()
@@ -92,15 +125,7 @@ def main() -> None:
         try:
             with httpx.Client(base_url=server.url, timeout=300) as client:
                 phase(client, rng, 3)  # warm-up
-                idle = phase(client, rng, args.requests)
-                batch_id = start_batch(client, rng, args.lines)
-                before = client.get(f"/v1/batches/{batch_id}").json()["request_counts"]["completed"]
-                busy = phase(client, rng, args.requests)
-                after = client.get(f"/v1/batches/{batch_id}").json()
-                report("idle", idle)
-                report("batch", busy)
-                done = after["request_counts"]["completed"] - before
-                print(f"batch: {done} of {args.lines} lines answered during the batch phase ({after['status']})")
+                rounds(client, rng, args)
         finally:
             server.stop()
 
