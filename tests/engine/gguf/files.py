@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import importlib.util
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
+import torch
+from gguf import GGML_QUANT_SIZES
+
+from engine.cpu_kernels.quant_gemm import HALF_FIELDS, random_blocks
 
 # a llama of 2 layers, hidden 64, 4 heads / 2 KV heads, head_dim 16, vocab 96
 HIDDEN, HEADS, KV_HEADS, LAYERS, VOCAB, FFN = 64, 4, 2, 2, 96, 128
@@ -72,6 +77,23 @@ def write_llama(
     return tensors
 
 
+def _quantize(name: str, value: np.ndarray, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
+    """gguf's blocks of the values; for the K-quants, which gguf cannot quantize, random valid blocks of the
+    tensor's shape (seeded by its name) stand for what llama-quantize would write."""
+    try:
+        return gguf.quants.quantize(value, qtype)
+    except NotImplementedError:
+        rows = int(np.prod(value.shape[:-1]))
+        seed = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+        data = random_blocks(qtype, rows, value.shape[-1], seed)
+        size = GGML_QUANT_SIZES[qtype][1]
+        blocks = data.view(-1, size)
+        for at in HALF_FIELDS[qtype]:  # scales 1/32 of random_blocks', for weights of a checkpoint's size
+            half = blocks[:, at : at + 2].contiguous().view(torch.float16) / 32
+            blocks[:, at : at + 2] = half.view(torch.uint8)
+        return data.numpy().reshape(*value.shape[:-1], -1)
+
+
 def write_tensors(
     w: gguf.GGUFWriter,
     tensors: dict[str, np.ndarray],
@@ -84,7 +106,7 @@ def write_tensors(
     for name, value in tensors.items():
         stored[name] = value
         if qtype is not None and quantized(name, value):
-            blocks = gguf.quants.quantize(value, qtype)
+            blocks = _quantize(name, value, qtype)
             w.add_tensor(name, blocks, raw_dtype=qtype)
             stored[name] = gguf.quants.dequantize(blocks, qtype).reshape(value.shape)
         else:

@@ -124,8 +124,21 @@ HYBRID_FILES: dict[str, tuple[Callable[..., Path], str, dict[str, Any]]] = {
 }
 
 
-@pytest.mark.parametrize("qtype", [None, T.Q8_0], ids=["f32", "q8_0"])
-@pytest.mark.parametrize("name", list(HYBRID_FILES))
+# K-quant blocks need rows of 256 weights: the same checkpoints 256 wide
+WIDE = dict(hidden_size=256)
+HYBRID_FILES |= {
+    "qwen35-wide": (build_hybrid, "qwen3_5", WIDE),
+    "gemma4-wide": (build_family, "gemma4", dict(HYBRID_FILES["gemma4"][2], **WIDE)),
+}
+HYBRID_CASES = [(n, q) for n in HYBRID_FILES if not n.endswith("-wide") for q in (None, T.Q8_0)] + [
+    ("qwen35-wide", T.Q4_K),
+    ("gemma4-wide", T.Q6_K),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "qtype"), HYBRID_CASES, ids=[f"{n}-{q.name.lower() if q else 'f32'}" for n, q in HYBRID_CASES]
+)
 def test_hybrid_greedy_equals_transformers(
     name: str, qtype: T | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -150,9 +163,9 @@ def test_hybrid_greedy_equals_transformers(
 
     monkeypatch.setattr(linear, "QUANTIZED_MAKERS", [counting])
     got = _engine(path)
-    if qtype == T.Q8_0:
-        assert sum(t.ggml_type == T.Q8_0 for t in header.tensors.values()) >= 4
-        assert sum(getattr(w, "ggml_type", None) == T.Q8_0 for w in made) >= 4, made
+    if qtype is not None:
+        assert sum(t.ggml_type == qtype for t in header.tensors.values()) >= 4
+        assert sum(getattr(w, "ggml_type", None) == qtype for w in made) >= 4, made
     for i, prompt in enumerate(PROMPTS):
         assert got[f"r{i}"] == _reference(ckpt, prompt, held), (name, i)
 
