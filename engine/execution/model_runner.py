@@ -91,11 +91,13 @@ def one_intra_op_thread() -> Iterator[None]:
 
 def step_threads(runner: ModelRunner, batch: list[ScheduledSeq]) -> contextlib.AbstractContextManager[None]:
     """The threads a step runs on: the device's own on a GPU; on CPU all of torch's for a step whose products
-    are big enough to amortise each op's barrier (a prefill chunk, a large batch), else one."""
+    are big enough to amortise each op's barrier (a prefill chunk, a large batch) on a machine not too busy for
+    a team, else one."""
     if runner.device.type != "cpu":
         return contextlib.nullcontext()
+    WORKERS.observe()  # a machine too busy for a team: every step on one thread (engine/layers/parallel.py)
     tokens = sum(s.num_new_tokens for s in batch)
-    if tokens * runner.flops_per_token >= runner.threaded_step_flops:
+    if not WORKERS.contention.busy and tokens * runner.flops_per_token >= runner.threaded_step_flops:
         return contextlib.nullcontext()
     return one_intra_op_thread()
 
@@ -330,7 +332,7 @@ class ModelRunner:
         out = self._logits_buffer(inputs.num_samples) if reuse else None
         if inputs.num_samples:
             # the process's threads as they are now (another runner in this process may have remade the pool)
-            logits = self.model.compute_logits(sampled, out=out, pool=WORKERS.pool, workers=WORKERS.n)
+            logits = self.model.compute_logits(sampled, out=out, pool=WORKERS.pool, workers=WORKERS.threads)
         else:  # only prompt chunks that end mid-prompt: no row samples, no LM head
             logits = hidden.new_empty((0, self.vocab_size), dtype=torch.float32)
         prompt_logits = {i: self.model.compute_logits(hidden[r : r + n]) for i, (r, n) in inputs.prompt_rows.items()}

@@ -60,7 +60,7 @@ def _head_bench(heads: dict[str, LMHead], weight: torch.Tensor, quantization: st
         head = heads[name]
         h = torch.randn(rows, weight.shape[1], generator=torch.Generator().manual_seed(rows)).to(weight.dtype)
         out = torch.empty(rows, head.vocab, dtype=torch.float32)
-        return lambda: head(h, out, WORKERS.pool, WORKERS.n)
+        return lambda: head(h, out, WORKERS.pool, WORKERS.threads)
 
     return at
 

@@ -171,7 +171,7 @@ class FusedDecode:
             k0.stride(1),
             k0.stride(2),
             k0.shape[1],
-            WORKERS.n,
+            WORKERS.threads,
             KERNEL_PARALLEL_MACS,
             KERNEL_PARALLEL_BYTES,
             self.quant_gemm,
