@@ -10,7 +10,7 @@ from typing import Any
 
 from engine.lora.config import check_lora_settings
 from engine.pooling_config import CONVERTS, check_pooler_overrides
-from engine.spec.config import parse_spec_config
+from engine.spec_config import parse_spec_config
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 SCHEDULING_POLICIES = ("fcfs", "priority")

@@ -24,7 +24,7 @@ import torch
 from engine.config import EngineConfig
 from engine.models.checkpoint_meta import ModelLoadError
 from engine.models.recurrent.state import Chunk, Round, StateBatch, StateShape, slot_bytes
-from engine.spec.config import parse_spec_config
+from engine.spec_config import parse_spec_config
 from engine.types.sequence import ScheduledSeq, Sequence
 
 

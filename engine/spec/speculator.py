@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from engine.config import EngineEnv
 from engine.spec import ngram
 from engine.spec.adaptive import DraftCost, StepCost, draft_length
-from engine.spec.config import SpecConfig
+from engine.spec_config import SpecConfig
 from engine.structured.drafts import allowed_prefix, draft_room
 from engine.types.sequence import SeqStatus, Sequence
 

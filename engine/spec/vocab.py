@@ -9,7 +9,7 @@ from typing import Any
 
 from engine.gguf.folder import resolve_gguf
 from engine.models.checkpoint_meta import eos_token_ids, read_config, read_generation_config, tokenizer_token_count
-from engine.spec.config import FLAG, parse_spec_config
+from engine.spec_config import FLAG, parse_spec_config
 
 MISMATCH = "the draft model's vocabulary does not match the target's"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.spec.config import parse_spec_config
+from engine.spec_config import parse_spec_config
 from server.config.values import check_at_least_one, check_positive, check_unset_or_at_least_one
 
 

@@ -12,7 +12,7 @@ import pytest
 from engine.messages import SamplingParams
 from engine.spec import speculator
 from engine.spec.adaptive import BACKOFF_MAX, DEFAULT_COST, StepCost, draft_length
-from engine.spec.config import SpecConfig
+from engine.spec_config import SpecConfig
 from engine.spec.speculator import Speculator
 from engine.types.draft_state import BACKOFF_MIN, DraftState
 from engine.types.sequence import SeqStatus, Sequence

@@ -8,7 +8,7 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.spec import ngram
-from engine.spec.config import MAX_SPECULATIVE_TOKENS, SpecConfig, parse_spec_config
+from engine.spec_config import MAX_SPECULATIVE_TOKENS, SpecConfig, parse_spec_config
 
 
 def test_ngram_config_and_defaults() -> None:
