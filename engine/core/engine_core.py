@@ -29,9 +29,9 @@ from engine.models.loader import ModelLoadError, read_config, resolve_model
 from engine.models.pooling_archs import check_runner, load_score_head
 from engine.multimodal.audio_runner import AudioRunner
 from engine.pooling_config import pooling_info
-from engine.spec_config import SpecConfig, parse_spec_config
 from engine.spec.speculator import Speculator
 from engine.spec.verify import sampled_rows, verify
+from engine.spec_config import SpecConfig, parse_spec_config
 from engine.structured.backend import StructuredBackend
 from engine.structured.manager import StructuredOutputManager
 from engine.types.sequence import ScheduledSeq, SeqStatus, Sequence

@@ -22,8 +22,8 @@ from engine.execution.sampler import Sampler
 from engine.models.checkpoint_meta import max_model_len
 from engine.models.loader import read_config, resolve_model
 from engine.models.weights import ModelLoadError
-from engine.spec_config import FLAG, SpecConfig
 from engine.spec.vocab import MISMATCH, vocab_mismatch
+from engine.spec_config import FLAG, SpecConfig
 from engine.types.sequence import ScheduledSeq, Sequence
 
 

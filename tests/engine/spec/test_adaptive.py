@@ -12,8 +12,8 @@ import pytest
 from engine.messages import SamplingParams
 from engine.spec import speculator
 from engine.spec.adaptive import BACKOFF_MAX, DEFAULT_COST, StepCost, draft_length
-from engine.spec_config import SpecConfig
 from engine.spec.speculator import Speculator
+from engine.spec_config import SpecConfig
 from engine.types.draft_state import BACKOFF_MIN, DraftState
 from engine.types.sequence import SeqStatus, Sequence
 

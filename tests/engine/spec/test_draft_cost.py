@@ -10,8 +10,8 @@ import pytest
 
 from engine.messages import SamplingParams
 from engine.spec.adaptive import DraftCost, StepCost, draft_length, hopeless
-from engine.spec_config import SpecConfig
 from engine.spec.speculator import Speculator
+from engine.spec_config import SpecConfig
 from engine.types.draft_state import BACKOFF_MIN, DraftState
 from engine.types.sequence import SeqStatus, Sequence
 
