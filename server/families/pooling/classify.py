@@ -4,17 +4,15 @@ problems), the most likely label and the number of classes."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from engine.messages import PoolingInfo
 from server.families.pooling.finishing import class_scores
-from server.families.pooling.inputs import JSONBody, PoolingJob, input_items, require_task
-from server.families.pooling.protocol import ClassificationData, ClassificationResponse, PoolingUsage, classify_decoder
+from server.families.pooling.inputs import JSONBody, PoolingJob, input_items, list_body, require_task
+from server.families.pooling.protocol import ClassificationData, ClassificationResponse, classify_decoder
 from server.http.asgi import Send
 from server.request.collector import Output
-from server.request.openai_protocol import Usage, encoder
+from server.request.openai_protocol import Usage
 from server.request.post_route import PostRoute
 
 
@@ -28,15 +26,7 @@ class ClassifyFormatter(JSONBody):
         for out in outputs:
             probs = class_scores(out, self.info, self.use_activation)
             data.append(ClassificationData(out.index, labels[int(np.argmax(probs))], probs.tolist(), len(labels)))
-        return encoder.encode(
-            ClassificationResponse(
-                f"classify-{self.job.external}",
-                int(time.time()),
-                self.model,
-                data,
-                PoolingUsage(usage.prompt_tokens, usage.prompt_tokens),
-            )
-        )
+        return list_body(ClassificationResponse, "classify", self.job, self.model, data, usage)
 
 
 class ClassifyRoute(PostRoute):

@@ -9,11 +9,13 @@ checks run, and `respond` sends the inputs to the engine together (one batch) an
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
 from engine.messages import ImageInput, LoRARequest, PoolingInfo, SamplingParams
+from server.families.pooling.protocol import PoolingUsage
 from server.http.asgi import Send
 from server.http.errors import bad_request
 from server.render.renderer import Renderer
@@ -31,7 +33,7 @@ from server.request.input_processor import (
     too_many,
     unique_prefix,
 )
-from server.request.openai_protocol import Usage
+from server.request.openai_protocol import Usage, encoder
 from server.request.prompt_tokens import admit_prompts, prompts_lower_bound, render_errors
 from server.request.respond import respond
 
@@ -248,3 +250,12 @@ class JSONBody:
 
     def usage_chunk(self, usage: Usage) -> bytes:
         return b""
+
+
+def list_body(
+    response: Callable[..., Any], id_prefix: str, job: PoolingJob, model: str, data: list[Any], usage: Usage
+) -> bytes:
+    """A pooling route's list answer as JSON: `response(id, created, model, data, usage)`, its id
+    `{id_prefix}-{request id}`, its usage the prompt tokens."""
+    used = PoolingUsage(usage.prompt_tokens, usage.prompt_tokens)
+    return encoder.encode(response(f"{id_prefix}-{job.external}", int(time.time()), model, data, used))

@@ -5,16 +5,14 @@ activation (or not: `use_activation`). Floats, or base64 of the little-endian fl
 
 from __future__ import annotations
 
-import time
-
 from engine.messages import PoolingInfo
 from server.families.pooling.finishing import check_dimensions, class_scores, embedding, encode_vector
-from server.families.pooling.inputs import JSONBody, PoolingJob, input_items, require_task
-from server.families.pooling.protocol import PoolingData, PoolingRequest, PoolingResponse, PoolingUsage, pooling_decoder
+from server.families.pooling.inputs import JSONBody, PoolingJob, input_items, list_body, require_task
+from server.families.pooling.protocol import PoolingData, PoolingRequest, PoolingResponse, pooling_decoder
 from server.http.asgi import Send
 from server.http.errors import bad_request
 from server.request.collector import Output
-from server.request.openai_protocol import Usage, encoder
+from server.request.openai_protocol import Usage
 from server.request.post_route import PostRoute
 
 
@@ -32,15 +30,7 @@ class PoolingFormatter(JSONBody):
             else:
                 v = embedding(out, self.dims, info.normalize if req.normalize is None else req.normalize)
             data.append(PoolingData(out.index, encode_vector(v, b64)))
-        return encoder.encode(
-            PoolingResponse(
-                f"pool-{self.job.external}",
-                int(time.time()),
-                self.model,
-                data,
-                PoolingUsage(usage.prompt_tokens, usage.prompt_tokens),
-            )
-        )
+        return list_body(PoolingResponse, "pool", self.job, self.model, data, usage)
 
 
 class PoolingRoute(PostRoute):

@@ -3,23 +3,14 @@ as vLLM's older names), 1:1, 1:N or N:N; a cross-encoder's score or a bi-encoder
 
 from __future__ import annotations
 
-import time
-
-from server.families.pooling.inputs import JSONBody, PoolingJob, prompt_truncation, require_task
+from server.families.pooling.inputs import JSONBody, PoolingJob, list_body, prompt_truncation, require_task
 from server.families.pooling.pairs import PairScorer, check_scorer
-from server.families.pooling.protocol import (
-    PoolingUsage,
-    ScoreData,
-    ScoreRequest,
-    ScoreResponse,
-    TextList,
-    score_decoder,
-)
+from server.families.pooling.protocol import ScoreData, ScoreRequest, ScoreResponse, TextList, score_decoder
 from server.families.pooling.scoring import pair_up
 from server.http.asgi import Send
 from server.http.errors import bad_request
 from server.request.collector import Output
-from server.request.openai_protocol import Usage, encoder
+from server.request.openai_protocol import Usage
 from server.request.post_route import PostRoute
 
 _NAMES = (("queries", "documents"), ("text_1", "text_2"), ("data_1", "data_2"))
@@ -50,14 +41,8 @@ class ScoreFormatter(JSONBody):
 
     def final(self, outputs: list[Output], usage: Usage) -> bytes:
         scores = self.scorer.scores(outputs, self.use_activation)
-        return encoder.encode(
-            ScoreResponse(
-                f"score-{self.job.external}",
-                int(time.time()),
-                self.model,
-                [ScoreData(i, s) for i, s in enumerate(scores)],
-                PoolingUsage(usage.prompt_tokens, usage.prompt_tokens),
-            )
+        return list_body(
+            ScoreResponse, "score", self.job, self.model, [ScoreData(i, s) for i, s in enumerate(scores)], usage
         )
 
 
