@@ -2,7 +2,8 @@
 // (engine/models/decoder.py), without a trip through Python between them. Projections are packed bf16 weights
 // (gemm_bf16.cpp, or gemm_amx.cpp's tiles) or a GGUF file's blocks (quant_gemm.cpp, called through the step's pointer to it, which keeps
 // the two libraries apart). Dense layers only: fused q|k|v,
-// optional per-head q/k norms, rotary over the whole head, SiLU-gated MLP. Each step rounds as the separate
+// optional per-head q/k norms, rotary over the whole head (the layer's table: global or local), SiLU- or
+// GELU-tanh-gated MLP, Gemma's norms (float32 (1 + w) weights, rounded once; one closing each sub-block). Each step rounds as the separate
 // calls do, so the result is bitwise theirs (tests/engine/models/test_fused_decode.py).
 // Built and loaded by engine/cpu_kernels/build.py; called through engine/cpu_kernels/decoder_layer.py.
 #include <stddef.h>
@@ -25,6 +26,10 @@ void spindle_rope(uint16_t* x, long st, long sh, int tokens, int heads, int d, c
 int spindle_gemm_amx(const uint16_t* x, long ldx, int M, int K, const uint16_t* w, int N, const uint16_t* bias,
                      uint16_t* y, long ldy, float* yf, long ldyf, int threads);
 void spindle_silu_mul(const uint16_t* gu, long ldg, uint16_t* out, long ldo, int rows, int n, int threads);
+void spindle_gelu_tanh_mul(const uint16_t* gu, long ldg, uint16_t* out, long ldo, int rows, int n, int threads);
+void spindle_add_rms_norm_f32w(const uint16_t* x, long ldx, const uint16_t* h, long ldh, const float* w,
+                               uint16_t* x_out, long ldxo, uint16_t* norm, long ldn, int rows, int n, float eps,
+                               int threads);
 void spindle_decode_attention(const uint16_t* q, long q_sb, long q_sh, int batch, int heads, int kv_heads, int d,
                               const uint16_t* k, const uint16_t* v, long c_sblock, long c_stok, long c_shead,
                               int block_size, const int32_t* tables, long table_stride, const int32_t* lens,
@@ -53,15 +58,20 @@ extern "C" {
 
 struct SpindleLayer {  // static, built at load (engine/cpu_kernels/decoder_layer.py mirrors it)
     Projection qkv, o, gate_up, down;
-    const uint16_t* ln2;       // the norm before the MLP
-    const uint16_t* next_ln1;  // the next layer's input norm; null for the last layer
-    const uint16_t* q_norm;    // per-head norms (Qwen3) or null
-    const uint16_t* k_norm;
+    const void* ln2;        // the norm before the MLP (norm weights: bf16, or float32 where f32_norms)
+    const void* next_ln1;   // the next layer's input norm; null for the last layer
+    const void* q_norm;     // per-head norms (Qwen3, Gemma 3) or null
+    const void* k_norm;
+    const void* post_attn;  // Gemma's norms of the attention's and the MLP's outputs, or null
+    const void* post_ff;
     const uint16_t* k_cache;   // this layer's caches, addressed as the step's strides say
     const uint16_t* v_cache;
     const int32_t* los;        // each sequence's first visible key under this layer's window
     int heads, kv_heads, head_dim, hidden;
     float eps, scale, softcap;  // softcap <= 0: none
+    int f32_norms;  // Gemma: norm weights float32 holding (1 + w), each norm rounded once
+    int gelu;       // the MLP's activation: 1 gelu_tanh, 0 SiLU
+    int rope;       // the layer's rope table: 0 the step's cos / sin, 1 its local ones (Gemma 3's windowed layers)
 };
 
 struct SpindleStep {  // per step
@@ -77,18 +87,20 @@ struct SpindleStep {  // per step
     int threads;           // the step's threads for products big enough (engine/layers/parallel.py's rule)
     long parallel_macs, parallel_bytes;
     QuantGemm quant_gemm;  // for projections of GGUF blocks; null where there are none
+    const uint16_t* cos_local;  // [T, head_dim / 2] the local rope table's, or null
+    const uint16_t* sin_local;
 };
 
-int spindle_decoder_layer_abi() { return 3; }
+int spindle_decoder_layer_abi() { return 4; }
 
 // The structs' sizes and last fields' offsets: decoder_layer.py checks its ctypes mirror against them at load.
 void spindle_decoder_layer_layout(long* out) {
     out[0] = sizeof(Projection);
     out[1] = offsetof(Projection, row_bytes);
     out[2] = sizeof(SpindleLayer);
-    out[3] = offsetof(SpindleLayer, softcap);
+    out[3] = offsetof(SpindleLayer, rope);
     out[4] = sizeof(SpindleStep);
-    out[5] = offsetof(SpindleStep, quant_gemm);
+    out[5] = offsetof(SpindleStep, sin_local);
 }
 
 }  // extern "C"
@@ -145,6 +157,15 @@ void project(const SpindleStep& s, const Projection& p, const uint16_t* x, uint1
         for (int i = 0; i < p.n; ++i) y[t * p.n + i] = round_bf16(wide[t * p.n + i] + widen(p.bias[i]));
 }
 
+// x_out = x + h (h null: x), norm = x_out normed by w (norm may be x_out): the layer's kind of norm, rows of n
+void add_norm(const SpindleLayer& l, const uint16_t* x, const uint16_t* h, const void* w, uint16_t* x_out,
+              uint16_t* norm, int rows, int n, int threads) {
+    if (l.f32_norms)
+        spindle_add_rms_norm_f32w(x, n, h, n, (const float*)w, x_out, n, norm, n, rows, n, l.eps, threads);
+    else
+        spindle_add_rms_norm(x, n, h, n, (const uint16_t*)w, x_out, n, norm, n, rows, n, l.eps, threads);
+}
+
 }  // namespace
 
 // x [T, hidden]: the residual stream, updated in place; normed [T, hidden]: this layer's input norm of x on the way
@@ -166,12 +187,13 @@ extern "C" void spindle_decoder_layer(const SpindleLayer* L, const SpindleStep* 
     if (l.q_norm)  // per head, in place: rows of head_dim
         for (int t = 0; t < t_n; ++t) {
             uint16_t* q = qkv + (long)t * qn;
-            spindle_add_rms_norm(q, d, nullptr, 0, l.q_norm, q, d, q, d, l.heads, d, l.eps, 1);
-            spindle_add_rms_norm(q + q_size, d, nullptr, 0, l.k_norm, q + q_size, d, q + q_size, d, l.kv_heads, d,
-                                 l.eps, 1);
+            add_norm(l, q, nullptr, l.q_norm, q, q, l.heads, d, 1);
+            add_norm(l, q + q_size, nullptr, l.k_norm, q + q_size, q + q_size, l.kv_heads, d, 1);
         }
-    spindle_rope(qkv, qn, d, t_n, l.heads, d, s.cos, s.sin, d / 2, small);
-    spindle_rope(qkv + q_size, qn, d, t_n, l.kv_heads, d, s.cos, s.sin, d / 2, small);
+    const uint16_t* cos = l.rope ? s.cos_local : s.cos;
+    const uint16_t* sin = l.rope ? s.sin_local : s.sin;
+    spindle_rope(qkv, qn, d, t_n, l.heads, d, cos, sin, d / 2, small);
+    spindle_rope(qkv + q_size, qn, d, t_n, l.kv_heads, d, cos, sin, d / 2, small);
     for (int t = 0; t < t_n; ++t) {  // the new K and V into their slots
         const long slot = s.slots[t];
         const long at = slot / s.block_size * s.c_sblock + slot % s.block_size * s.c_stok;
@@ -186,17 +208,21 @@ extern "C" void spindle_decoder_layer(const SpindleLayer* L, const SpindleStep* 
                              s.c_shead, s.block_size, s.tables, s.table_stride, s.lens, l.los, l.scale, l.softcap,
                              attn, q_size, d, pick(s, 2 * keys * q_size, 4 * keys * kv_size));
     project(s, l.o, attn, h);
-    spindle_add_rms_norm(x, l.hidden, h, l.hidden, l.ln2, x, l.hidden, normed, l.hidden, t_n, l.hidden, l.eps, small);
+    if (l.post_attn) add_norm(l, h, nullptr, l.post_attn, h, h, t_n, l.hidden, small);
+    add_norm(l, x, h, l.ln2, x, normed, t_n, l.hidden, small);
     const Projection& g = l.gate_up;
-    if (g.ggml_type != -1 ||
-        !spindle_gemm_bf16_silu(normed, g.k, t_n, g.k, g.w, g.scale, g.n, g.bias, act, inter, threads_for(s, g))) {
+    if (l.gelu) {
+        project(s, g, normed, gu);
+        spindle_gelu_tanh_mul(gu, g.n, act, inter, t_n, inter, pick(s, 0, 3L * t_n * g.n));
+    } else if (g.ggml_type != -1 || !spindle_gemm_bf16_silu(normed, g.k, t_n, g.k, g.w, g.scale, g.n, g.bias, act,
+                                                             inter, threads_for(s, g))) {
         project(s, g, normed, gu);  // too many rows for the one call
         spindle_silu_mul(gu, g.n, act, inter, t_n, inter, pick(s, 0, 3L * t_n * g.n));
     }
     project(s, l.down, act, h);
+    if (l.post_ff) add_norm(l, h, nullptr, l.post_ff, h, h, t_n, l.hidden, small);
     if (l.next_ln1) {
-        spindle_add_rms_norm(x, l.hidden, h, l.hidden, l.next_ln1, x, l.hidden, normed, l.hidden, t_n, l.hidden, l.eps,
-                             small);
+        add_norm(l, x, h, l.next_ln1, x, normed, t_n, l.hidden, small);
         return;
     }
     // the last layer: x + h alone, rounded once as torch's bf16 add

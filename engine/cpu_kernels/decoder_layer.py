@@ -13,7 +13,7 @@ from typing import Any
 
 from engine.cpu_kernels.build import kernel
 
-ABI = 3
+ABI = 4
 _P, _L, _I, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
 
 
@@ -32,6 +32,8 @@ class Layer(ctypes.Structure):
         ("next_ln1", _P),
         ("q_norm", _P),
         ("k_norm", _P),
+        ("post_attn", _P),  # Gemma's closing norms, or None
+        ("post_ff", _P),
         ("k_cache", _P),
         ("v_cache", _P),
         ("los", _P),
@@ -42,6 +44,9 @@ class Layer(ctypes.Structure):
         ("eps", _F),
         ("scale", _F),
         ("softcap", _F),
+        ("f32_norms", _I),  # norm weights float32 (1 + w), Gemma's
+        ("gelu", _I),  # 1: gelu_tanh-gated MLP, 0: SiLU
+        ("rope", _I),  # 1: the step's local rope table (Gemma 3's windowed layers)
     ]
 
 
@@ -62,6 +67,8 @@ class Step(ctypes.Structure):
         ("parallel_macs", _L),
         ("parallel_bytes", _L),
         ("quant_gemm", _P),  # quant_gemm.cpp's product, for projections of blocks
+        ("cos_local", _P),  # the local rope table's cos / sin, or None
+        ("sin_local", _P),
     ]
 
 
@@ -71,9 +78,9 @@ def _mirrored() -> list[int]:
         ctypes.sizeof(Projection),
         Projection.row_bytes.offset,
         ctypes.sizeof(Layer),
-        Layer.softcap.offset,
+        Layer.rope.offset,
         ctypes.sizeof(Step),
-        Step.quant_gemm.offset,
+        Step.sin_local.offset,
     ]
 
 

@@ -21,7 +21,7 @@ from engine.cpu_kernels import layer_ops
 from engine.gguf.tensor import GGMLWeight, concat_rows
 from engine.layers.linear import KernelLinear, Linear, make_linear
 from engine.layers.lm_head import LMHead, choose_head
-from engine.layers.moe import ACTIVATIONS, Activation, SparseMoE
+from engine.layers.moe import ACTIVATIONS, Activation, SparseMoE, gelu_tanh
 from engine.layers.ops import AttnMetadata, TorchOps, TritonOps, rope_factors, rope_halves, rotate
 from engine.layers.parallel import WORKERS
 from engine.layers.softcap import soft_cap_
@@ -86,6 +86,8 @@ class GatedMLP:
         gate_up = self.gate_up(x)
         if self.act is F.silu and layer_ops.usable(gate_up):  # bf16 on CPU: one pass, rounded as below
             return self.down(layer_ops.silu_mul(gate_up, WORKERS.threads_for(0, 3 * gate_up.numel())))
+        if self.act is gelu_tanh and layer_ops.usable(gate_up):  # as the fused decode layer (fused_decode.py)
+            return self.down(layer_ops.gelu_tanh_mul(gate_up, WORKERS.threads_for(0, 3 * gate_up.numel())))
         gate, up = gate_up.chunk(2, dim=-1)
         if gate.is_cpu:  # a CPU activation runs ~1.5x slower on a strided view than on a copy made first (16 rows)
             gate = gate.contiguous()
@@ -189,6 +191,7 @@ class CausalLM:
     # per KV cache (kv heads, head dim) where layers differ or share caches (Gemma 4); None: one per layer, all alike
     kv_shapes: list[tuple[int, int]] | None = None
     logits_scaling = 1.0  # the logits divided by this (Granite's logits_scaling)
+    gemma_norm_kernel = True  # Gemma's norms of bf16 CPU rows through layer_ops.cpp, as the fused decode layer's
 
     def __init__(
         self, args: ModelArgs, get: WeightGetter, has_lm_head: bool, max_positions: int, quantization: str | None = None
@@ -262,7 +265,7 @@ class CausalLM:
     def fused_decode(self) -> FusedDecode | None:
         """A FusedDecode for this model, or None when some part of it is not what the fused layer runs: another ops
         path or dtype, tensor parallel (all_reduce), LoRA or projections the kernel doesn't run, MoE, another
-        activation, Gemma's norms, partial rotary. (int8 projections and GGUF blocks through the kernels it takes.)"""
+        activation, OLMo's norms, partial rotary. (int8 projections and GGUF blocks through the kernels it takes.)"""
         ok = (
             self.ops is TorchOps
             and self.dtype == torch.bfloat16
@@ -271,18 +274,26 @@ class CausalLM:
             and bool(self.layers)
             and kernels_take(self.args)
         )
+        norm_dtype = torch.float32 if self.args.gemma_norms else torch.bfloat16  # Gemma's: (1 + w) in float32
         for layer in self.layers if ok else []:
             mlp = layer.mlp
             ok = ok and (
                 all(type(p) in FUSED_LINEARS for p in (layer.qkv, layer.o, getattr(mlp, "gate_up", None)))
                 and isinstance(mlp, GatedMLP)
-                and mlp.act is F.silu
+                and (mlp.act is F.silu or mlp.act is gelu_tanh)
                 and type(mlp.down) in FUSED_LINEARS
-                and layer.post_attn_norm is None
-                and layer.post_ff_norm is None
+                and (self.args.gemma_norms and self.gemma_norm_kernel or layer.post_attn_norm is None)
+                and (layer.post_attn_norm is None) == (layer.post_ff_norm is None)
                 and all(
-                    w is None or (w.dtype == torch.bfloat16 and w.dim() == 1)
-                    for w in (layer.ln1, layer.ln2, layer.q_norm, layer.k_norm)
+                    w is None or (w.dtype == norm_dtype and w.dim() == 1)
+                    for w in (
+                        layer.ln1,
+                        layer.ln2,
+                        layer.q_norm,
+                        layer.k_norm,
+                        layer.post_attn_norm,
+                        layer.post_ff_norm,
+                    )
                 )
                 and (layer.q_norm is None) == (layer.k_norm is None)
             )
@@ -309,6 +320,8 @@ class CausalLM:
         return lambda q, k, i: self.ops.rope(positions, q, k, self.rope_tables[i])
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self.args.gemma_norms and self.gemma_norm_kernel and weight.dtype == torch.float32 and layer_ops.usable(x):
+            return layer_ops.gemma_rms_norm(x, weight, self.args.rms_norm_eps)
         if self.args.gemma_norms or self.args.olmo_norms:
             return gemma_rms_norm(x, weight, self.args.rms_norm_eps)
         return self.ops.rms_norm(x, weight, self.args.rms_norm_eps)

@@ -6,8 +6,10 @@ decode step (one new token per sequence) to `FusedDecode.run`, which calls the s
 same order, rounding the same: the result is bitwise the layer-by-layer path's. Weight-only int8 projections run
 through the same kernel, AMX-packed ones through gemm_amx.cpp, a GGUF model's blocks through the block kernel
 (engine/cpu_kernels/quant_gemm.cpp).
-Models it cannot take (another ops path, LoRA, tensor parallel, Gemma's or OLMo's norms, partial rotary, NoPE
-layers, MoE, another activation) never build one.
+Gemma 2 and 3 run through it too: their float32 (1 + w) norms, the norms closing each sub-block, the GELU-tanh
+MLP and Gemma 3's local rope table for its windowed layers are the kernel's per-layer options.
+Models it cannot take (another ops path, LoRA, tensor parallel, OLMo's norms, partial rotary, NoPE layers, MoE,
+another activation) never build one.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import ctypes
 from typing import Any, Protocol
 
 import torch
+import torch.nn.functional as F
 
 from engine.cpu_kernels import decode_attention, decoder_layer, layer_ops, quant_gemm
 from engine.layers.linear import AmxLinear, KernelLinear
@@ -35,6 +38,8 @@ class DenseModel(Protocol):
     layers: list[Any]
     scale: float
     cos_sin: torch.Tensor
+    rope_tables: list[torch.Tensor]
+    layer_rope: list[int]
     dtype: torch.dtype
     layer_windows: list[int | None]
 
@@ -44,11 +49,9 @@ class DenseModel(Protocol):
 def kernels_take(args: ModelArgs) -> bool:
     """Whether the fused layer's kernels run here and take this decoder's shape (the model checks its layers)."""
     return (
-        not args.gemma_norms
-        and not args.olmo_norms
+        not args.olmo_norms
         and not any(args.nope_layers)
         and args.rotary_dim == args.head_dim
-        and args.local_rope_theta is None
         and args.head_dim % 32 == 0
         and args.head_dim <= decode_attention.MAX_HEAD_DIM
         and args.num_heads % args.num_kv_heads == 0
@@ -107,6 +110,8 @@ class FusedDecode:
                     model.layers[i + 1].ln1 if i + 1 < len(model.layers) else None,
                     layer.q_norm,
                     layer.k_norm,
+                    layer.post_attn_norm,
+                    layer.post_ff_norm,
                 )
             ]
             self.keep += [w for w in norms if w is not None]
@@ -128,6 +133,9 @@ class FusedDecode:
                     a.rms_norm_eps,
                     model.scale,
                     a.attn_softcap or 0.0,
+                    int(a.gemma_norms),
+                    int(getattr(mlp, "act") is not F.silu),  # CausalLM.fused_decode checks: SiLU or gelu_tanh
+                    model.layer_rope[i],
                 )
             )
 
@@ -154,7 +162,8 @@ class FusedDecode:
         assert decodes is not None
         x = x.contiguous()
         normed = model.rms_norm(x, model.layers[0].ln1).contiguous()
-        cos, sin = rope_halves(model.cos_sin[positions], model.dtype)
+        (cos, sin), *local = [rope_halves(t[positions], model.dtype) for t in model.rope_tables]
+        cos_local, sin_local = local[0] if local else (None, None)
         slots = meta.slot_mapping.contiguous()
         tables, lens, _ = decodes.kernel_args(None)
         los = {w: decodes.kernel_args(w)[2] for w in set(model.layer_windows)}
@@ -175,6 +184,8 @@ class FusedDecode:
             KERNEL_PARALLEL_MACS,
             KERNEL_PARALLEL_BYTES,
             self.quant_gemm,
+            _ptr(cos_local),
+            _ptr(sin_local),
         )
         xp, np_ = x.data_ptr(), normed.data_ptr()
         for layer, (k_cache, v_cache), window in zip(self.layers, kv_caches, model.layer_windows):

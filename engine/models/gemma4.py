@@ -179,6 +179,7 @@ class Gemma4Layer(Layer):
 
 class Gemma4CausalLM(CausalLM):
     layer_class = Gemma4Layer
+    gemma_norm_kernel = False  # its norms stay torch's, rounded as before
 
     @classmethod
     def load(cls, ck: Checkpoint) -> CausalLM:

@@ -43,6 +43,19 @@ SHAPES: dict[str, dict[str, Any]] = {  # head_dim 32 or 64: what the fused atten
     "qwen3": dict(vocab_size=151_646, tie_word_embeddings=True),  # per-head q and k norms
     "llama": dict(vocab_size=32_000, tie_word_embeddings=False),
     "mistral": dict(vocab_size=32_000, tie_word_embeddings=False, sliding_window=6),  # a window the contexts pass
+    # (1 + w) norms closing each sub-block, q/k norms, GELU-tanh, windowed layers on their own rope base, soft-capped
+    # logits, embeddings scaled
+    "gemma3": dict(
+        vocab_size=151_646,
+        tie_word_embeddings=True,
+        sliding_window=6,
+        extra=dict(
+            query_pre_attn_scalar=24,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_local_base_freq=100.0,
+            final_logit_softcapping=5.0,
+        ),
+    ),
 }
 
 
@@ -134,9 +147,9 @@ def test_int8_fused_decode_is_bitwise_its_layer_by_layer_path(ckpt: Path, monkey
         assert not torch.equal(a, c)  # the int8 weights really ran
 
 
-@pytest.mark.parametrize("arch", ["gemma2", "phi3", "qwen3_moe"])
+@pytest.mark.parametrize("arch", ["olmo2", "phi3", "qwen3_moe"])
 def test_models_it_cannot_take_build_none(arch: str, tmp_path: Path) -> None:
-    """Gemma's sandwich norms and soft-caps, Phi-3's partial rotary, MoE layers: the layer-by-layer path."""
+    """OLMo's norms (no input norm), Phi-3's partial rotary, MoE layers: the layer-by-layer path."""
     extra: dict[str, Any] = {}
     if arch == "phi3":  # heads 32 wide (Phi-3 takes hidden / heads); longrope's factors: one per rotated pair
         extra = dict(hidden_size=128, rope_scaling=dict(LONGROPE, short_factor=[1.0] * 8, long_factor=[2.0] * 8))
