@@ -472,7 +472,7 @@ def make_vision_demo(path: str | Path) -> Path:
 
 MAKE_DEMO_USAGE = (
     f"usage: spindle make-demo [--vision | --whisper | --arch {{{','.join(FAMILY_DEMOS)}}} "
-    "| --shape {qwen2.5-0.5b,llama-3.2-1b}] PATH"
+    f"| --shape {{{','.join(SHAPES)}}}] PATH"
 )
 
 

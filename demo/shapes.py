@@ -1,4 +1,5 @@
-"""Random-weight checkpoints of real models' exact shapes, for benchmarks: `spindle make-demo --shape NAME PATH`.
+"""Random-weight checkpoints of real models' exact shapes, for benchmarks: `spindle make-demo --shape NAME PATH`
+(the hybrids' shapes: demo/hybrid_shapes.py).
 
 Tensors are drawn straight into safetensors shards (no transformers model is built), so the ~1 GB of
 Qwen2.5-0.5B takes seconds; the config.json is the real model's, so transformers loads the folder too.
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from demo.hybrid_shapes import HYBRID_GENERATION, HYBRID_SHAPES, hybrid_tensor_shapes
 
 # config.json of the real checkpoints (Qwen2.5-0.5B-Instruct, Llama-3.2-1B-Instruct), less their transformers version
 SHAPES: dict[str, dict[str, Any]] = {
@@ -75,6 +78,7 @@ SHAPES: dict[str, dict[str, Any]] = {
         "torch_dtype": "bfloat16",
         "use_cache": True,
     },
+    **HYBRID_SHAPES,
 }
 _GENERATION = {
     "qwen2": {
@@ -94,12 +98,18 @@ _GENERATION = {
         "temperature": 0.6,
         "top_p": 0.9,
     },
+    **HYBRID_GENERATION,
 }
+# the tokenizer each family's checkpoint gets (None: token ids only; LFM2's 65,536 ids hold none of ours)
+_TOKENIZER: dict[str, str | None] = {"qwen2": "qwen2.5", "qwen3_5_text": "qwen2.5", "llama": "llama3", "lfm2": None}
 SHARD_BYTES = 1 << 30
 
 
 def tensor_shapes(cfg: dict[str, Any]) -> Iterator[tuple[str, tuple[int, ...]]]:
-    """Every tensor a Hugging Face Qwen2/Llama checkpoint of this config holds, in file order."""
+    """Every tensor a Hugging Face checkpoint of this config holds, in file order."""
+    if cfg["model_type"] in HYBRID_GENERATION:
+        yield from hybrid_tensor_shapes(cfg)
+        return
     h, inter, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     d = cfg.get("head_dim") or h // heads
@@ -131,8 +141,8 @@ def _draw(name: str, shape: tuple[int, ...], hidden: int, g: torch.Generator, dt
         x = x.mul_(0.1).add_(1.0)
     elif name.endswith("bias"):
         x *= 0.1
-    else:
-        x *= 1 / math.sqrt(shape[1])
+    else:  # fan-in: the last dim (a depthwise conv1d weight [C, 1, K] too)
+        x *= 1 / math.sqrt(shape[-1])
     return x.to(dtype)
 
 
@@ -170,8 +180,8 @@ def write_shaped_checkpoint(
     path: str | Path, shape: str | dict[str, Any], *, seed: int = 0, dtype: str = "bfloat16", tokenizer: bool = True
 ) -> Path:
     """A random-weight checkpoint at `path` (must not exist), atomically. shape: a name in SHAPES or a config
-    dict (tests pass scaled-down ones). The tokenizer: Qwen2.5's real one, or for Llama 3 cl100k_base with
-    Llama 3's special tokens (demo/llama3_tokenizer.py)."""
+    dict (tests pass scaled-down ones). The tokenizer: Qwen2.5's real one (Qwen2.5, Qwen3.5), for Llama 3
+    cl100k_base with Llama 3's special tokens (demo/llama3_tokenizer.py), none for LFM2."""
     cfg = dict(SHAPES[shape]) if isinstance(shape, str) else dict(shape)
     cfg["torch_dtype"] = dtype
     path = Path(path)
@@ -179,18 +189,18 @@ def write_shaped_checkpoint(
         raise FileExistsError(f"{path} already exists; pick a new folder or delete it first")
     family = cfg["model_type"]
     if family not in _GENERATION:
-        raise ValueError(f"model_type {family!r} has no demo shape; use qwen2 or llama")
+        raise ValueError(f"model_type {family!r} has no demo shape; use one of {', '.join(_GENERATION)}")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
         (tmp / "generation_config.json").write_text(json.dumps(_GENERATION[family], indent=2))
         _write_weights(tmp, cfg, seed, getattr(torch, dtype))
-        if tokenizer and family == "qwen2":
+        if tokenizer and _TOKENIZER[family] == "qwen2.5":
             from demo.tokenizers import write_tokenizer
 
             write_tokenizer("qwen2.5", tmp)
-        elif tokenizer:
+        elif tokenizer and _TOKENIZER[family] == "llama3":
             from demo import llama3_tokenizer
 
             llama3_tokenizer.write(tmp)

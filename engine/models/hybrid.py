@@ -77,6 +77,7 @@ class Ends:
     embed: torch.Tensor
     norm: torch.Tensor
     head: torch.Tensor | None
+    dtype: torch.dtype | None = None  # the checkpoint's dtype where the norm is kept in another (Qwen3.5: float32)
 
 
 BlockLoader = Callable[[ModelArgs, int, WeightSource, str | None], Block]  # (args, layer index, weights, quantization)
@@ -99,7 +100,8 @@ class HybridLM(CausalLM):
     ) -> None:
         self.args = args
         self.ops = TorchOps
-        self.dtype, self.device = ends.norm.dtype, ends.norm.device  # the norm: always dense (a GGUF table: blocks)
+        # the norm: always dense (a GGUF table: blocks); the KV cache and the states take this dtype
+        self.dtype, self.device = ends.dtype or ends.norm.dtype, ends.norm.device
         self.blocks = blocks
         self.layers = []  # the plain decoder's layers: none (no fused decode, no LoRA)
         self.kv_index = {i: n for n, i in enumerate(i for i, b in enumerate(blocks) if isinstance(b, AttnBlock))}
@@ -140,7 +142,7 @@ class HybridLM(CausalLM):
         weights = ck.weights
         blocks = [block(ck.args, i, weights, ck.quantization) for i in range(ck.args.num_layers)]
         embed, final = weights("model.embed_tokens.weight"), weights(norm_name)
-        ends = Ends(embed, final if norm is None else norm(final), ck.lm_head())
+        ends = Ends(embed, final if norm is None else norm(final), ck.lm_head(), final.dtype)
         return cls(ck.args, blocks, ends, ck.max_positions, ck.quantization)
 
     @property
