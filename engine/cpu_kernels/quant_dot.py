@@ -15,15 +15,15 @@ import logging
 from typing import Any
 
 import torch
-from gguf import GGMLQuantizationType
 
 from engine.cpu_kernels import quant_gemm
 from engine.cpu_kernels.build import cpu_flags, kernel
+from engine.gguf.ggml_types import GGMLType
 
 log = logging.getLogger(__name__)
 
 ABI = 3
-_T = GGMLQuantizationType
+_T = GGMLType
 TYPES = frozenset(int(t) for t in (_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0, _T.Q4_K, _T.Q5_K, _T.Q6_K))
 # quant_gemm.cpp's spindle_quant_gemm takes the packed form of type t as type PACKED + t (the fused decode
 # layer calls that one function for every GGUF projection)
@@ -70,7 +70,7 @@ def supports(ggml_type: int) -> bool:
         return False
     why = _self_check(ggml_type)
     if why is not None:
-        log.warning("bf16 dot-product kernel for %s off: %s", GGMLQuantizationType(ggml_type).name, why)
+        log.warning("bf16 dot-product kernel for %s off: %s", _T(ggml_type).name, why)
     return why is None
 
 

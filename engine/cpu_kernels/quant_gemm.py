@@ -14,15 +14,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-from gguf.quants import dequantize as reference_dequantize
 
 from engine.cpu_kernels.build import kernel
+from engine.gguf.ggml_types import GGMLType
 
 log = logging.getLogger(__name__)
 
 ABI = 1
-_T = GGMLQuantizationType
+_T = GGMLType
 # the block types quant_gemm.cpp computes, and where each block holds float16 scales (random blocks need sane ones)
 HALF_FIELDS: dict[int, tuple[int, ...]] = {
     int(_T.Q8_0): (0,),
@@ -64,8 +63,11 @@ def raw_product() -> Any:
     return None if kernels is None else kernels[0]
 
 
+@functools.cache  # a dict lookup on the per-product path
 def block_shape(ggml_type: int) -> tuple[int, int]:
     """(weights per block, bytes per block) of a ggml type."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # why late: gguf imports mistral_common (+0.5 s)
+
     block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
     return int(block), int(size)
 
@@ -84,6 +86,9 @@ def random_blocks(ggml_type: int, rows: int, in_features: int, generator: torch.
 
 def reference(data: torch.Tensor, ggml_type: int) -> torch.Tensor:
     """gguf.quants.dequantize of rows of blocks: float32 [rows, in_features]."""
+    from gguf import GGMLQuantizationType  # why late: see block_shape
+    from gguf.quants import dequantize as reference_dequantize
+
     return torch.from_numpy(
         np.ascontiguousarray(reference_dequantize(data.numpy(), GGMLQuantizationType(ggml_type)), dtype=np.float32)
     )

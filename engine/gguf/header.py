@@ -14,34 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
 from engine.gguf import limits
+from engine.gguf.ggml_types import GGMLType
 
 MAGIC = b"GGUF"
 # The tensor types spindle loads: the float types and the block quantizations with a dequantizer.
-SUPPORTED_TYPES: frozenset[int] = frozenset(
-    int(t)
-    for t in (
-        GGMLQuantizationType.F32,
-        GGMLQuantizationType.F16,
-        GGMLQuantizationType.BF16,
-        GGMLQuantizationType.Q8_0,
-        GGMLQuantizationType.Q4_0,
-        GGMLQuantizationType.Q4_1,
-        GGMLQuantizationType.Q5_0,
-        GGMLQuantizationType.Q5_1,
-        GGMLQuantizationType.Q2_K,
-        GGMLQuantizationType.Q3_K,
-        GGMLQuantizationType.Q4_K,
-        GGMLQuantizationType.Q5_K,
-        GGMLQuantizationType.Q6_K,
-    )
-)
+SUPPORTED_TYPES: frozenset[int] = frozenset(int(t) for t in GGMLType)
 
 
 def type_name(ggml_type: int) -> str:
+    from gguf import GGMLQuantizationType  # why late: gguf imports mistral_common (+0.5 s); only a GGUF file needs it
+
     try:
         return GGMLQuantizationType(ggml_type).name
     except ValueError:
@@ -158,6 +141,8 @@ class _Cursor:
             _check_array(self.path, key, count, depth)
             what = f"metadata {key!r} ({count} items)"
             if item in _NUMPY:
+                import numpy as np  # why late: the API process reads a GGUF header only for a GGUF model (+0.1 s)
+
                 start = self.take(count * _SCALARS[item][1], what)
                 return np.frombuffer(self.buf, dtype=_NUMPY[item], count=count, offset=start).copy()
             if item == _STRING:
@@ -195,6 +180,8 @@ def _tensor_info(cur: _Cursor) -> tuple[str, tuple[int, ...], int, int]:
 
 
 def _nbytes(path: Path, name: str, shape: tuple[int, ...], ggml_type: int) -> int:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # why late: see type_name
+
     try:
         block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
     except (ValueError, KeyError):

@@ -7,14 +7,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-from gguf.quants import dequantize as _reference_dequantize
 
 from engine.gguf.header import type_name
 
 
 def row_bytes(ggml_type: int, in_features: int) -> int:
     """Bytes one row of `in_features` weights takes in this type (a whole number of blocks)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # why late: gguf imports mistral_common (+0.5 s)
+
     block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
     if in_features % block:
         raise ValueError(f"{type_name(ggml_type)} rows need a multiple of {block} weights, got {in_features}")
@@ -23,6 +23,9 @@ def row_bytes(ggml_type: int, in_features: int) -> int:
 
 def dequantize_blocks(data: np.ndarray, ggml_type: int, dtype: torch.dtype) -> torch.Tensor:
     """The file's bytes (any shape, last axis the row's bytes) as a float tensor of `dtype`."""
+    from gguf import GGMLQuantizationType  # why late: see row_bytes
+    from gguf.quants import dequantize as _reference_dequantize
+
     values = _reference_dequantize(data, GGMLQuantizationType(ggml_type))
     return torch.from_numpy(np.array(values, dtype=np.float32)).to(dtype)  # a copy: the file map is read-only
 

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import gguf
 import torch
+
+if TYPE_CHECKING:
+    import gguf
 
 
 def rotary_rows(rows: int, heads: int) -> torch.Tensor:
@@ -56,6 +58,8 @@ _SUFFIXES = (".weight", ".bias")
 
 
 def _name_map(arch: str, blocks: int) -> gguf.TensorNameMap:
+    import gguf  # why late: gguf imports mistral_common (+0.5 s); only a GGUF model needs it
+
     return gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch), blocks)
 
 

@@ -13,10 +13,10 @@ import mmap
 import re
 from pathlib import Path
 
-import gguf
 import numpy as np
 import torch
 
+from engine.gguf.ggml_types import GGMLType
 from engine.gguf.header import TensorInfo, open_mapped, read_header
 from engine.gguf.tensor import GGMLWeight, concat_rows, dequantize_blocks
 from engine.models.checkpoint_meta import ModelLoadError
@@ -29,7 +29,7 @@ _EXPERT = re.compile(r"^(?P<block>.*\.experts)\.(?P<e>\d+)\.(?P<w>\w+)$")
 _ROW_PERMUTED = {"llama", "smollm3"}  # llama.cpp's converter permutes Q/K rows for these (its rotary layout)
 _NORM_PLUS_ONE = {"gemma2", "gemma3"}
 _KEPT = ("proj.weight", "model.embed_tokens.weight", "lm_head.weight")  # projections, embedding, head
-_FLOATS = {int(gguf.GGMLQuantizationType.F32), int(gguf.GGMLQuantizationType.F16), int(gguf.GGMLQuantizationType.BF16)}
+_FLOATS = {int(GGMLType.F32), int(GGMLType.F16), int(GGMLType.BF16)}
 
 
 class GGUFWeights(Weights):
@@ -51,6 +51,8 @@ class GGUFWeights(Weights):
         }
         self.file_bytes = sum(h.tensor_bytes for h in headers)
         blocks = int(self.metadata.get(f"{self.arch}.block_count", 0))
+        import gguf  # why late: gguf imports mistral_common (+0.5 s); only a GGUF model needs it
+
         self._names = gguf.get_tensor_name_map(
             next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == self.arch), blocks
         )

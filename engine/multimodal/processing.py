@@ -10,9 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 IMAGE_PAD_ID = 151655
 # Vision-encoder outputs the engine keeps by image hash (LRU, bytes); the API's mirror of that cache
@@ -63,6 +64,8 @@ def process_image(
         if max_pixels is not None:
             size["longest_edge"] = max_pixels
         kwargs["size"] = size
+    import numpy as np  # why late: only the image workers process images; the API process imports this module too
+
     out = processor(images=[image], return_tensors="np", **kwargs)
     pixels = np.ascontiguousarray(out["pixel_values"], dtype=np.float32)
     grid = [int(x) for x in out["image_grid_thw"][0]]
