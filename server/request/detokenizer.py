@@ -71,14 +71,10 @@ def _tokenizer_info(tok: tokenizers.Tokenizer) -> _TokenizerInfo:
     invalid_alone = [i for i, b in byte_values.items() if 0x80 <= b <= 0xBF or b in (0xC0, 0xC1) or b >= 0xF5]
     bad_byte_id = min(invalid_alone, default=-1)  # without one no run can turn invalid
     n = tok.get_vocab_size(with_added_tokens=True)
-    info = _TokenizerInfo(
-        n,
-        special,
-        frozenset(byte_values),
-        byte_values,
-        bad_byte_id,
-        (_alone_lengths(tok, n, False), _alone_lengths(tok, n, True)),
-    )
+    shown = _alone_lengths(tok, n, False)
+    # skip_special_tokens drops only the special ids, so one scan gives both tables (a scan: 0.14 s for Qwen2's)
+    skipped = [0 if i in special else length for i, length in enumerate(shown)]
+    info = _TokenizerInfo(n, special, frozenset(byte_values), byte_values, bad_byte_id, (shown, skipped))
     _INFO[id(tok)] = (tok, info)
     return info
 

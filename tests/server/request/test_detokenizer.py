@@ -8,7 +8,7 @@ import pytest
 import tokenizers
 
 from demo.tokenizers import load_tokenizer
-from server.request.detokenizer import DetokenizeError, IncrementalDetokenizer
+from server.request.detokenizer import DetokenizeError, IncrementalDetokenizer, _alone_lengths, _tokenizer_info
 
 FAMILIES = ["qwen2", "llama", "tekken"]
 TEXT = " Hello 你好 👨\u200d👩\u200d👧 🇫🇷 wörld e\u0301 שלום!\n\n  end"
@@ -252,3 +252,13 @@ def test_valid_byte_fallback_run_is_held_without_a_decode_per_token() -> None:
     d = IncrementalDetokenizer(tok, ids("llama", "Hi"))
     deltas = [d.next_delta([byte[b]]) for b in (0xE4, 0xBD, 0x41, 0xA0)]
     assert deltas == ["", "", "\ufffd" * 3, "\ufffd"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_skip_table_from_one_scan_equals_a_decode_per_id(family: str) -> None:
+    """The skip_special_tokens table is derived from the other one (special ids: 0); each id decoded alone agrees."""
+    tok = load_tokenizer(family)
+    info = _tokenizer_info(tok)
+    assert info.special_ids  # the tables differ somewhere
+    assert info.alone_len[1] == _alone_lengths(tok, info.vocab_size, True)
+    assert info.alone_len[0] == _alone_lengths(tok, info.vocab_size, False)
