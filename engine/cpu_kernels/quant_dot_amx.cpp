@@ -115,13 +115,11 @@ inline void scales16(const uint8_t* const* rec, __m512* dp, __m512* mp) {
     using L = Layout<F>;
     if constexpr (F::SB == QK) {  // one sub-block: 4 float16 d (and m) per group, gathered into column order
         auto half = [&](int at) {
-            __m256i h = _mm256_setzero_si256();
-            for (int gi = 0; gi < kGroups; ++gi) {
-                long long q = 0;
-                if (rec[gi]) memcpy(&q, rec[gi] + L::CHUNKS * L::CHUNK + at, 8);
-                h = _mm256_insert_epi64(h, q, gi);
-            }
-            return _mm512_cvtph_ps(h);
+            alignas(32) long long q[4] = {0, 0, 0, 0};  // an array, not _mm256_insert_epi64: gi is no immediate at -O0
+            static_assert(kGroups <= 4, "four float16 groups fill the 256-bit vector");
+            for (int gi = 0; gi < kGroups; ++gi)
+                if (rec[gi]) memcpy(&q[gi], rec[gi] + L::CHUNKS * L::CHUNK + at, 8);
+            return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(q)));
         };
         constexpr float unit = F::BITS == 8 ? 1.0f : (float)(1 << F::BITS);
         const __m512 d = half(0), add = F::HAS_M ? half(8) : _mm512_setzero_ps();

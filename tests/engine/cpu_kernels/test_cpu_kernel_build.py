@@ -63,7 +63,7 @@ def test_builders_at_once_leave_one_whole_library(_cache: Path) -> None:
     assert ctypes.CDLL(str(target)).spindle_gemm_bf16_abi() > 0
 
 
-@pytest.mark.parametrize("case", ["switched off", "no compiler", "cpu lacks flags", "build fails"])
+@pytest.mark.parametrize("case", ["switched off", "no compiler", "cpu lacks flags", "build fails", "build too slow"])
 def test_every_way_it_cannot_run_is_none(
     case: str, _cache: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -79,13 +79,15 @@ def test_every_way_it_cannot_run_is_none(
         if build.compiler() is None:
             pytest.skip("no compiler here to fail")
         monkeypatch.setattr(build, "cpu_flags", lambda: build.NEEDS)
-        flags = (*build.FLAGS, "-fno-such-option-spindle")
+        flags = (*build.FLAGS, "-fno-such-option-spindle") if case == "build fails" else flags
+        if case == "build too slow":
+            monkeypatch.setattr(build, "COMPILE_TIMEOUT_S", 0.01)  # every compiler stopped, none left running
     with caplog.at_level(logging.INFO, logger="engine.cpu_kernels.build"):
         assert load(flags, build.NEEDS) is None
     if case == "no compiler":
         assert "no C++ compiler" in caplog.text
     elif case == "cpu lacks flags":
         assert "avx512_bf16" in caplog.text
-    elif case == "build fails":
-        assert "build failed" in caplog.text
-        assert not any((_cache / "cpu_kernels").iterdir())  # the failed attempt's file is gone
+    elif case in ("build fails", "build too slow"):
+        assert "build failed" in caplog.text and (case == "build fails" or "took over 0.01 s" in caplog.text)
+        assert not any((_cache / "cpu_kernels").iterdir())  # the failed attempt's files are gone
