@@ -1,8 +1,8 @@
 """Qwen3.5's Gated DeltaNet: linear attention whose state per head is a d_k x d_v matrix updated by the gated
 delta rule, after a causal convolution over q|k|v (its window is the second state).
 
-Chunks run transformers' chunked delta rule from the slot's state; the step's single-token sequences run the
-recurrent form together, their states updated in place. Both kernels are transformers' torch references.
+Chunks run transformers' chunked delta rule (its torch reference) from the slot's state; the step's single-token
+sequences run the recurrent form together, their states updated in place (engine/models/recurrent/delta_decode.py).
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ import torch.nn.functional as F
 from engine.layers.linear import Linear
 from engine.models.args import ConfigError
 from engine.models.recurrent.conv import causal_conv
+from engine.models.recurrent.delta_decode import delta_rule_decode
 from engine.models.recurrent.state import StateBatch, StateShape
 
 DeltaRule = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
 
 def delta_rule_kernels() -> tuple[DeltaRule, DeltaRule]:
-    """(chunked, recurrent) gated delta rules: transformers' exact torch references."""
+    """(chunked, recurrent) gated delta rules: transformers' exact torch references (the recurrent one: tests)."""
     try:  # why late: only a Qwen3.5 model needs them, and the module is slow to import
         from transformers.models.qwen3_5 import modeling_qwen3_5 as ref
     except ImportError:
@@ -119,13 +120,7 @@ class GatedDeltaNet:
             states[c.slot] = final[0]
             sb.save(c, states)
         for rnd in sb.rounds:
-            rows, slots = rnd.rows, rnd.slots
-            o, final = self.recurrent(
-                q[rows, None], k[rows, None], v[rows, None], g=g[rows, None], beta=beta[rows, None],
-                initial_state=states[slots], **kw,
-            )  # fmt: skip
-            out[rows] = o[:, 0]
-            assert final is not None
-            states[slots] = final
+            rows = rnd.rows
+            out[rows] = delta_rule_decode(q[rows], k[rows], v[rows], g[rows], beta[rows], states, rnd.slots)
             sb.keep(rnd, states)
         return out

@@ -1,0 +1,44 @@
+"""The gated delta rule's decode update for single-token rows, the states advanced in place at their slots.
+
+As transformers' torch_recurrent_gated_delta_rule for one token (q and k l2-normed in float32, q scaled by
+1/sqrt(d_k), a key head serving num_v / num_k value heads), without its per-call copies: the state is decayed and
+updated where it lies (a view of the slot's state for one row, else one gather and one scatter) and the two
+reductions over d_k run as batched matrix products.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + 1e-6)
+
+
+def delta_rule_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    states: torch.Tensor,
+    slots: torch.Tensor,
+) -> torch.Tensor:
+    """q, k [B, Hk, dk]; v [B, Hv, dv]; g, beta [B, Hv]; states [slots, Hv, dk, dv] float32 -> out [B, Hv, dv]
+    in v's dtype; the rows' states (at `slots`) advanced in place."""
+    b, hv, dv = v.shape
+    dk = k.shape[-1]
+    rep = hv // k.shape[1]
+    qf, kf = (x.float() if rep == 1 else x.float().repeat_interleave(rep, dim=1) for x in (q, k))
+    qf, kf = _l2norm(qf) / (dk**0.5), _l2norm(kf)
+    one = b == 1 and states.device.type == "cpu"  # why cpu only: reading the slot's number syncs a GPU
+    s = states[int(slots[0])].unsqueeze(0) if one else states.index_select(0, slots)
+    s.mul_(g.float().exp()[..., None, None])
+    flat = s.view(b * hv, dk, dv)
+    kv_mem = torch.bmm(kf.reshape(b * hv, 1, dk), flat).view(b, hv, dv)
+    delta = (v.float() - kv_mem) * beta.float().unsqueeze(-1)
+    flat.baddbmm_(kf.reshape(b * hv, dk, 1), delta.view(b * hv, 1, dv))
+    out = torch.bmm(qf.reshape(b * hv, 1, dk), flat).view(b, hv, dv)
+    if not one:
+        states.index_copy_(0, slots, s)
+    return out.to(v.dtype)
