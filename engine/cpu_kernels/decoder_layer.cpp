@@ -57,7 +57,7 @@ using QuantGemm = int (*)(int type, const void* x, int x_bf16, long ldx, int M, 
 extern "C" {
 
 struct SpindleLayer {  // static, built at load (engine/cpu_kernels/decoder_layer.py mirrors it)
-    Projection qkv, o, gate_up, down;
+    Projection qkv[3], o, gate_up[2], down;  // q|k|v and gate|up: their parts (types differing in a GGUF file)
     const void* ln2;        // the norm before the MLP (norm weights: bf16, or float32 where f32_norms)
     const void* next_ln1;   // the next layer's input norm; null for the last layer
     const void* q_norm;     // per-head norms (Qwen3, Gemma 3) or null
@@ -72,6 +72,7 @@ struct SpindleLayer {  // static, built at load (engine/cpu_kernels/decoder_laye
     int f32_norms;  // Gemma: norm weights float32 holding (1 + w), each norm rounded once
     int gelu;       // the MLP's activation: 1 gelu_tanh, 0 SiLU
     int rope;       // the layer's rope table: 0 the step's cos / sin, 1 its local ones (Gemma 3's windowed layers)
+    int qkv_parts, gate_up_parts;  // how many of qkv[], gate_up[] hold parts, each into its columns
 };
 
 struct SpindleStep {  // per step
@@ -98,7 +99,7 @@ void spindle_decoder_layer_layout(long* out) {
     out[0] = sizeof(Projection);
     out[1] = offsetof(Projection, row_bytes);
     out[2] = sizeof(SpindleLayer);
-    out[3] = offsetof(SpindleLayer, rope);
+    out[3] = offsetof(SpindleLayer, gate_up_parts);
     out[4] = sizeof(SpindleStep);
     out[5] = offsetof(SpindleStep, sin_local);
 }
@@ -134,19 +135,20 @@ uint16_t round_bf16(float f) {  // to nearest even, as torch's float32 -> bfloat
     return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
 }
 
-void project(const SpindleStep& s, const Projection& p, const uint16_t* x, uint16_t* y) {
+// y [T, ldy] (its first p.n columns) = x [T, p.k] @ p's weight
+void project(const SpindleStep& s, const Projection& p, const uint16_t* x, uint16_t* y, long ldy) {
     if (p.ggml_type == kAmx) {  // its tiles were granted when the layer was built (FusedDecode checks)
-        spindle_gemm_amx(x, p.k, s.tokens, p.k, (const uint16_t*)p.w, p.n, p.bias, y, p.n, nullptr, 0,
+        spindle_gemm_amx(x, p.k, s.tokens, p.k, (const uint16_t*)p.w, p.n, p.bias, y, ldy, nullptr, 0,
                          threads_for(s, p));
         return;
     }
     if (p.ggml_type < 0) {
-        spindle_gemm_bf16(x, p.k, s.tokens, p.k, p.w, p.scale, p.n, p.bias, y, p.n, nullptr, 0, threads_for(s, p));
+        spindle_gemm_bf16(x, p.k, s.tokens, p.k, p.w, p.scale, p.n, p.bias, y, ldy, nullptr, 0, threads_for(s, p));
         return;
     }
     const uint8_t* w = (const uint8_t*)p.w;
     if (!p.bias) {  // the kernel rounds its float32 sums to bf16 itself
-        s.quant_gemm(p.ggml_type, x, 1, p.k, s.tokens, p.k, w, p.row_bytes, p.n, y, 1, p.n, threads_for(s, p));
+        s.quant_gemm(p.ggml_type, x, 1, p.k, s.tokens, p.k, w, p.row_bytes, p.n, y, 1, ldy, threads_for(s, p));
         return;
     }
     // float32 sums, the bias added, one rounding: as engine/layers/quant_linear.py's path with a bias
@@ -154,7 +156,19 @@ void project(const SpindleStep& s, const Projection& p, const uint16_t* x, uint1
     float* wide = spindle::grow(wide_buf, (long)s.tokens * p.n);
     s.quant_gemm(p.ggml_type, x, 1, p.k, s.tokens, p.k, w, p.row_bytes, p.n, wide, 0, p.n, threads_for(s, p));
     for (long t = 0; t < s.tokens; ++t)
-        for (int i = 0; i < p.n; ++i) y[t * p.n + i] = round_bf16(wide[t * p.n + i] + widen(p.bias[i]));
+        for (int i = 0; i < p.n; ++i) y[t * ldy + i] = round_bf16(wide[t * p.n + i] + widen(p.bias[i]));
+}
+
+int width(const Projection* parts, int count) {
+    int n = 0;
+    for (int i = 0; i < count; ++i) n += parts[i].n;
+    return n;
+}
+
+// y [T, width]: each part's product into its columns, as engine/layers/quant_linear.py's QuantPartsLinear
+void project_parts(const SpindleStep& s, const Projection* parts, int count, const uint16_t* x, uint16_t* y) {
+    const int n = width(parts, count);
+    for (int i = 0, at = 0; i < count; at += parts[i++].n) project(s, parts[i], x, y + at, n);
 }
 
 // x_out = x + h (h null: x), norm = x_out normed by w (norm may be x_out): the layer's kind of norm, rows of n
@@ -174,16 +188,16 @@ extern "C" void spindle_decoder_layer(const SpindleLayer* L, const SpindleStep* 
     static thread_local std::vector<uint16_t> qkv_buf, attn_buf, h_buf, gu_buf, act_buf;
     const SpindleLayer& l = *L;
     const SpindleStep& s = *S;
-    const int t_n = s.tokens, d = l.head_dim, qn = l.qkv.n, inter = l.down.k;
+    const int t_n = s.tokens, d = l.head_dim, qn = width(l.qkv, l.qkv_parts), inter = l.down.k;
     const long q_size = (long)l.heads * d, kv_size = (long)l.kv_heads * d;
     uint16_t* qkv = spindle::grow(qkv_buf, (long)t_n * qn);
     uint16_t* attn = spindle::grow(attn_buf, t_n * q_size);
     uint16_t* h = spindle::grow(h_buf, (long)t_n * l.hidden);
-    uint16_t* gu = spindle::grow(gu_buf, (long)t_n * l.gate_up.n);
+    uint16_t* gu = spindle::grow(gu_buf, 2L * t_n * inter);
     uint16_t* act = spindle::grow(act_buf, (long)t_n * inter);
     const int small = pick(s, 0, 4L * t_n * qn);
 
-    project(s, l.qkv, normed, qkv);
+    project_parts(s, l.qkv, l.qkv_parts, normed, qkv);
     if (l.q_norm)  // per head, in place: rows of head_dim
         for (int t = 0; t < t_n; ++t) {
             uint16_t* q = qkv + (long)t * qn;
@@ -207,19 +221,21 @@ extern "C" void spindle_decoder_layer(const SpindleLayer* L, const SpindleStep* 
     spindle_decode_attention(qkv, qn, d, t_n, l.heads, l.kv_heads, d, l.k_cache, l.v_cache, s.c_sblock, s.c_stok,
                              s.c_shead, s.block_size, s.tables, s.table_stride, s.lens, l.los, l.scale, l.softcap,
                              attn, q_size, d, pick(s, 2 * keys * q_size, 4 * keys * kv_size));
-    project(s, l.o, attn, h);
+    project(s, l.o, attn, h, l.o.n);
     if (l.post_attn) add_norm(l, h, nullptr, l.post_attn, h, h, t_n, l.hidden, small);
     add_norm(l, x, h, l.ln2, x, normed, t_n, l.hidden, small);
-    const Projection& g = l.gate_up;
+    const Projection& g = l.gate_up[0];
+    const int gn = 2 * inter;
     if (l.gelu) {
-        project(s, g, normed, gu);
-        spindle_gelu_tanh_mul(gu, g.n, act, inter, t_n, inter, pick(s, 0, 3L * t_n * g.n));
-    } else if (g.ggml_type != -1 || !spindle_gemm_bf16_silu(normed, g.k, t_n, g.k, g.w, g.scale, g.n, g.bias, act,
-                                                             inter, threads_for(s, g))) {
-        project(s, g, normed, gu);  // too many rows for the one call
-        spindle_silu_mul(gu, g.n, act, inter, t_n, inter, pick(s, 0, 3L * t_n * g.n));
+        project_parts(s, l.gate_up, l.gate_up_parts, normed, gu);
+        spindle_gelu_tanh_mul(gu, gn, act, inter, t_n, inter, pick(s, 0, 3L * t_n * gn));
+    } else if (l.gate_up_parts > 1 || g.ggml_type != -1 ||
+               !spindle_gemm_bf16_silu(normed, g.k, t_n, g.k, g.w, g.scale, g.n, g.bias, act, inter,
+                                       threads_for(s, g))) {
+        project_parts(s, l.gate_up, l.gate_up_parts, normed, gu);  // too many rows for the one call
+        spindle_silu_mul(gu, gn, act, inter, t_n, inter, pick(s, 0, 3L * t_n * gn));
     }
-    project(s, l.down, act, h);
+    project(s, l.down, act, h, l.down.n);
     if (l.post_ff) add_norm(l, h, nullptr, l.post_ff, h, h, t_n, l.hidden, small);
     if (l.next_ln1) {
         add_norm(l, x, h, l.next_ln1, x, normed, t_n, l.hidden, small);

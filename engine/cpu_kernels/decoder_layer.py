@@ -24,9 +24,9 @@ class Projection(ctypes.Structure):
 
 class Layer(ctypes.Structure):
     _fields_ = [
-        ("qkv", Projection),
+        ("qkv", Projection * 3),  # q|k|v's parts (one where the weight is one), each into its columns
         ("o", Projection),
-        ("gate_up", Projection),
+        ("gate_up", Projection * 2),
         ("down", Projection),
         ("ln2", _P),
         ("next_ln1", _P),
@@ -47,6 +47,8 @@ class Layer(ctypes.Structure):
         ("f32_norms", _I),  # norm weights float32 (1 + w), Gemma's
         ("gelu", _I),  # 1: gelu_tanh-gated MLP, 0: SiLU
         ("rope", _I),  # 1: the step's local rope table (Gemma 3's windowed layers)
+        ("qkv_parts", _I),
+        ("gate_up_parts", _I),
     ]
 
 
@@ -78,7 +80,7 @@ def _mirrored() -> list[int]:
         ctypes.sizeof(Projection),
         Projection.row_bytes.offset,
         ctypes.sizeof(Layer),
-        Layer.rope.offset,
+        Layer.gate_up_parts.offset,
         ctypes.sizeof(Step),
         Step.sin_local.offset,
     ]

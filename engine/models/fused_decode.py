@@ -24,11 +24,11 @@ from engine.cpu_kernels import decode_attention, decoder_layer, layer_ops, quant
 from engine.layers.linear import AmxLinear, KernelLinear
 from engine.layers.ops import AttnMetadata, rope_halves
 from engine.layers.parallel import KERNEL_PARALLEL_BYTES, KERNEL_PARALLEL_MACS, WORKERS
-from engine.layers.quant_linear import QuantLinear
+from engine.layers.quant_linear import QuantLinear, QuantPartsLinear
 from engine.models.args import ModelArgs
 
 AMX = -2  # decoder_layer.cpp's mark of a projection packed for AMX tiles
-FUSED_LINEARS = (KernelLinear, AmxLinear, QuantLinear)  # the projections the fused layer runs
+FUSED_LINEARS = (KernelLinear, AmxLinear, QuantLinear, QuantPartsLinear)  # the projections the fused layer runs
 
 
 class DenseModel(Protocol):
@@ -80,6 +80,25 @@ def _projection(lin: object, keep: list[torch.Tensor]) -> decoder_layer.Projecti
     return decoder_layer.Projection(p.w_ptr, p.scale_ptr, p.bias_ptr, p.n, p.k, -1, 0)
 
 
+def _parts(lin: object) -> list[object]:
+    """A projection's parts, each into its columns: QuantPartsLinear's (q|k|v or gate|up of differing types)."""
+    return [q for _, _, q in lin.parts] if isinstance(lin, QuantPartsLinear) else [lin]
+
+
+def _projections(lin: object, keep: list[torch.Tensor], most: int) -> tuple[ctypes.Array[Any], int]:
+    """The kernel's array of `most` projections for lin's parts, and how many it holds."""
+    parts = _parts(lin)
+    if len(parts) > most:
+        raise ValueError(f"the fused layer takes at most {most} parts of a projection, not {len(parts)}")
+    return (decoder_layer.Projection * most)(*(_projection(p, keep) for p in parts)), len(parts)
+
+
+def _kernel_kind(lin: object) -> tuple[object, ...]:
+    """Projections alike in this are alike in which rows the kernel takes (the chooser decides per kind)."""
+    ggml = getattr(lin, "ggml", None)
+    return type(lin), getattr(ggml, "ggml_type", None), getattr(lin, "out_features"), getattr(lin, "in_features")
+
+
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
@@ -93,15 +112,13 @@ class FusedDecode:
         self.keep: list[torch.Tensor] = []  # what the structs point into, alive as long as they are
         raw = quant_gemm.raw_product()
         self.quant_gemm = None if raw is None else ctypes.cast(raw, ctypes.c_void_p).value
-        first = model.layers[0]
-        # every layer's projection of a kind has its shape, so the chooser's decision (which rows the kernel
-        # takes: engine/cpu_kernels/chooser.py) is the first layer's
-        self.projections: list[KernelLinear | AmxLinear | QuantLinear] = [
-            first.qkv,
-            first.o,
-            getattr(first.mlp, "gate_up"),
-            getattr(first.mlp, "down"),
-        ]
+        # one projection of each kind (type, blocks' type, shape): the chooser's decision (which rows the kernel
+        # takes: engine/cpu_kernels/chooser.py) is the kind's
+        kinds: dict[tuple[object, ...], Any] = {}
+        for layer in model.layers:
+            for lin in (layer.qkv, layer.o, getattr(layer.mlp, "gate_up"), getattr(layer.mlp, "down")):
+                kinds.update((_kernel_kind(p), p) for p in _parts(lin))
+        self.projections: list[KernelLinear | AmxLinear | QuantLinear] = list(kinds.values())
         for i, layer in enumerate(model.layers):
             norms = [
                 w.contiguous() if w is not None else None
@@ -116,11 +133,13 @@ class FusedDecode:
             ]
             self.keep += [w for w in norms if w is not None]
             mlp = layer.mlp
+            qkv, qkv_parts = _projections(layer.qkv, self.keep, 3)
+            gate_up, gate_up_parts = _projections(getattr(mlp, "gate_up"), self.keep, 2)
             self.layers.append(
                 decoder_layer.Layer(
-                    _projection(layer.qkv, self.keep),
+                    qkv,
                     _projection(layer.o, self.keep),
-                    _projection(getattr(mlp, "gate_up"), self.keep),
+                    gate_up,
                     _projection(getattr(mlp, "down"), self.keep),
                     *map(_ptr, norms),
                     None,
@@ -136,6 +155,8 @@ class FusedDecode:
                     int(a.gemma_norms),
                     int(getattr(mlp, "act") is not F.silu),  # CausalLM.fused_decode checks: SiLU or gelu_tanh
                     model.layer_rope[i],
+                    qkv_parts,
+                    gate_up_parts,
                 )
             )
 

@@ -1,6 +1,6 @@
 """engine/models/fused_decode.py: a decode step through one C++ call per layer gives bitwise the logits of the
 layer-by-layer path, for the dense families it takes (biases, per-head norms, windows, GQA, mixed context
-lengths, several threads, weight-only int8), and models it cannot take never build one."""
+lengths, several threads, weight-only int8, Gemma 2 and 3, GGUF blocks), and models it cannot take never build one."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from engine.messages import SamplingParams
 from engine.models import fused_decode
 from engine.models.decoder import CausalLM
 from engine.types.sequence import ScheduledSeq, Sequence
-from tests.engine.gguf.files import smollm2_file
+from tests.engine.gguf.files import gemma3_file, smollm2_file
 from tests.engine.models.families import LONGROPE, build_family
 
 pytestmark = pytest.mark.skipif(
@@ -43,8 +43,14 @@ SHAPES: dict[str, dict[str, Any]] = {  # head_dim 32 or 64: what the fused atten
     "qwen3": dict(vocab_size=151_646, tie_word_embeddings=True),  # per-head q and k norms
     "llama": dict(vocab_size=32_000, tie_word_embeddings=False),
     "mistral": dict(vocab_size=32_000, tie_word_embeddings=False, sliding_window=6),  # a window the contexts pass
-    # (1 + w) norms closing each sub-block, q/k norms, GELU-tanh, windowed layers on their own rope base, soft-capped
-    # logits, embeddings scaled
+    "gemma2": dict(  # (1 + w) norms closing each sub-block, soft-capped attention, alternate windows
+        vocab_size=151_646,
+        tie_word_embeddings=True,
+        sliding_window=6,
+        extra=dict(attn_logit_softcapping=3.0, final_logit_softcapping=5.0, query_pre_attn_scalar=24),
+    ),
+    # Gemma 3's: (1 + w) norms closing each sub-block, q/k norms, GELU-tanh, windowed layers on their own rope
+    # base, soft-capped logits, embeddings scaled
     "gemma3": dict(
         vocab_size=151_646,
         tie_word_embeddings=True,
@@ -200,6 +206,20 @@ def test_fused_decode_over_gguf_blocks_is_bitwise_the_layer_by_layer_path(
         assert torch.equal(a, b)
     # the packed layout really held: every Q4_1 projection of both models (4 per layer, 30 layers) and the Q8_0 head
     assert len(packed) == (2 * (4 * 30 + 1) if choice.startswith("dot") else 0)
+
+
+@pytest.mark.parametrize(("choice", "count"), [("ggml", 1), ("dot,ggml", 5)])
+def test_fused_decode_over_gemma3_blocks_is_bitwise_the_layer_by_layer_path(
+    choice: str, count: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Gemma-3-270M's Q4_K_M file (Q4_K, Q5_0, Q6_K and Q8_0 blocks, 18 layers, local and global rope) in bf16:
+    the fused layer over the file's blocks, or blocks packed for bf16 dot products, is bitwise the Python path."""
+    monkeypatch.setenv("SPINDLE_KERNEL_CHOICE", choice)
+    path = gemma3_file()
+    fused = decode_logits(path, True, 2, monkeypatch, count=count)
+    plain = decode_logits(path, False, 2, monkeypatch, count=count)
+    for a, b in zip(fused, plain):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.skipif(not gemm_amx.available(), reason="no AMX tiles on this CPU")
