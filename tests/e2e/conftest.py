@@ -101,6 +101,9 @@ def api_server_count(args: list[str]) -> int:
 
 
 STARTUP_S = 300  # start-up includes building the CPU kernels where their sources changed (g++: up to 120 s)
+# each /health poll of a starting server costs ~0.5 ms of the API process's CPU and ~0.6 ms of this one's (2 cores,
+# a start of 10-30 s): 5 a second, not 10, for at most 0.1 s more wait
+POLL_S = 0.2
 
 
 def wait_healthy(server: Server, timeout: float = STARTUP_S) -> None:
@@ -147,7 +150,7 @@ def _wait_one_healthy(server: Server, timeout: float) -> None:
                     return
             except httpx.TransportError:
                 pass
-            time.sleep(0.1)
+            time.sleep(POLL_S)
     server.stop()
     raise RuntimeError(f"server not healthy in {timeout}s:\n{server.log.read_text()[-3000:]}")
 
@@ -168,6 +171,21 @@ def qwen25_ckpt(checkpoints_root: Path) -> Path:
         tie_word_embeddings=True,
         rope_theta=1_000_000.0,
         tokenizer_family="qwen2.5",
+    )
+
+
+@pytest.fixture(scope="session")
+def qwen2_4k_ckpt(checkpoints_root: Path) -> Path:
+    """The Qwen2 checkpoint with 4096 positions (long prompts: test_chaos.py, test_ui.py), built once."""
+    from demo.checkpoints import write_random_checkpoint  # torch: only for tests that use it
+
+    return write_random_checkpoint(
+        checkpoints_root / "qwen2-4k",
+        "qwen2",
+        **{**TINY, "max_position_embeddings": 4096},
+        vocab_size=151_646,
+        tie_word_embeddings=True,
+        rope_theta=1_000_000.0,
     )
 
 

@@ -39,18 +39,9 @@ ASK = "Tell me about spindles."
 
 
 @pytest.fixture(scope="module")
-def long_ckpt(checkpoints_root: Path) -> Path:
-    from demo.checkpoints import write_random_checkpoint  # why here: torch, built once per module
-    from tests.conftest import TINY
-
-    return write_random_checkpoint(
-        checkpoints_root / "qwen2-4k-ui",
-        "qwen2",
-        **{**TINY, "max_position_embeddings": MAX_LEN},
-        vocab_size=151_646,
-        tie_word_embeddings=True,
-        rope_theta=1_000_000.0,
-    )
+def long_ckpt(qwen2_4k_ckpt: Path) -> Path:
+    assert MAX_LEN == 4096  # the shared checkpoint's positions
+    return qwen2_4k_ckpt
 
 
 @pytest.fixture(scope="module")
