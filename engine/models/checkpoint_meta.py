@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 # generation_config.json keys that become the server's default sampling parameters.
 SAMPLING_KEYS = (
     "temperature",
@@ -101,11 +103,26 @@ def tokenizer_token_count(folder: Path) -> int | None:
 
     Checkpoints pad the embedding beyond the tokenizer (Qwen2.5: 151,936 rows, 151,665 tokens); ids past the
     tokenizer are not tokens, so the engine never samples them."""
-    try:
-        data = json.loads((folder / "tokenizer.json").read_text())
-        vocab = data["model"]["vocab"]
-        top = (max(vocab.values(), default=-1) + 1) if isinstance(vocab, dict) else len(vocab)
-        added = max((int(t["id"]) + 1 for t in data.get("added_tokens") or ()), default=0)
-        return max(top, added) or None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    try:  # only the ids decoded: the merges and the rest skipped (0.08 s for Qwen2's 18 MB file, json.loads 0.4 s)
+        data = msgspec.json.decode((folder / "tokenizer.json").read_bytes(), type=_TokenizerIds, strict=False)
+    except (OSError, ValueError):  # msgspec's DecodeError and ValidationError are ValueErrors
         return None
+    vocab = data.model.vocab
+    top = (max(vocab.values(), default=-1) + 1) if isinstance(vocab, dict) else len(vocab)
+    added = max((t.id + 1 for t in data.added_tokens or ()), default=0)
+    return max(top, added) or None
+
+
+class _AddedTokenId(msgspec.Struct):
+    id: int
+
+
+class _ModelVocab(msgspec.Struct):
+    vocab: dict[str, int] | list[msgspec.Raw]  # BPE / WordPiece: token -> id; Unigram: [piece, score] pairs
+
+
+class _TokenizerIds(msgspec.Struct):
+    """What tokenizer_token_count reads of a tokenizer.json."""
+
+    model: _ModelVocab
+    added_tokens: list[_AddedTokenId] | None = None
