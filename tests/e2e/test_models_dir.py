@@ -178,7 +178,8 @@ def test_idle_timeout_engine_death_and_sigterm_drain(qwen2_ckpt: Path, tmp_path:
     root = tmp_path / "dir"
     root.mkdir()
     (root / "only").symlink_to(qwen2_ckpt)
-    server = start(root, tmp_path, "--model-idle-timeout", "1")
+    # the drain below must finish 200 tokens within the shutdown timeout, also on a busy machine
+    server = start(root, tmp_path, "--model-idle-timeout", "1", "--shutdown-timeout", "120")
     metrics = f"{server.url}/metrics"
     try:
         assert complete(server, "only").status_code == 200
