@@ -73,10 +73,11 @@ class Checkpoint:
 
 
 class GatedMLP:
-    """down(act(gate(x)) * up(x)), gate and up fused in one projection."""
+    """down(act(gate(x)) * up(x)), gate and up fused in one projection. kernel_gelu: gelu_tanh(gate) * up of bf16
+    CPU rows through layer_ops.cpp (Gemma 2 / 3's, rounded as the fused decode layer rounds it)."""
 
-    def __init__(self, gate_up: Linear, down: Linear, act: Activation) -> None:
-        self.gate_up, self.down, self.act = gate_up, down, act
+    def __init__(self, gate_up: Linear, down: Linear, act: Activation, kernel_gelu: bool = False) -> None:
+        self.gate_up, self.down, self.act, self.kernel_gelu = gate_up, down, act, kernel_gelu
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.act is F.silu and isinstance(self.gate_up, KernelLinear):  # [g | u] stays in registers
@@ -86,7 +87,7 @@ class GatedMLP:
         gate_up = self.gate_up(x)
         if self.act is F.silu and layer_ops.usable(gate_up):  # bf16 on CPU: one pass, rounded as below
             return self.down(layer_ops.silu_mul(gate_up, WORKERS.threads_for(0, 3 * gate_up.numel())))
-        if self.act is gelu_tanh and layer_ops.usable(gate_up):  # as the fused decode layer (fused_decode.py)
+        if self.kernel_gelu and self.act is gelu_tanh and layer_ops.usable(gate_up):
             return self.down(layer_ops.gelu_tanh_mul(gate_up, WORKERS.threads_for(0, 3 * gate_up.numel())))
         gate, up = gate_up.chunk(2, dim=-1)
         if gate.is_cpu:  # a CPU activation runs ~1.5x slower on a strided view than on a copy made first (16 rows)
@@ -148,7 +149,7 @@ def _dense_mlp(args: ModelArgs, p: str, get: WeightGetter, quantization: str | N
     down = make_linear(
         get(f"{p}.mlp.down_proj.weight"), get(f"{p}.mlp.down_proj.bias") if args.mlp_bias else None, quantization
     )
-    return GatedMLP(gate_up, down, ACTIVATIONS[args.hidden_act])
+    return GatedMLP(gate_up, down, ACTIVATIONS[args.hidden_act], kernel_gelu=args.gemma_norms)
 
 
 def _moe(args: ModelArgs, p: str, get: WeightGetter) -> SparseMoE:
@@ -273,6 +274,7 @@ class CausalLM:
             and type(self).all_reduce is CausalLM.all_reduce
             and bool(self.layers)
             and kernels_take(self.args)
+            and (not self.args.gemma_norms or self.gemma_norm_kernel)  # the norms it rounds as
         )
         norm_dtype = torch.float32 if self.args.gemma_norms else torch.bfloat16  # Gemma's: (1 + w) in float32
         for layer in self.layers if ok else []:
@@ -280,9 +282,9 @@ class CausalLM:
             ok = ok and (
                 all(type(p) in FUSED_LINEARS for p in (layer.qkv, layer.o, getattr(mlp, "gate_up", None)))
                 and isinstance(mlp, GatedMLP)
-                and (mlp.act is F.silu or mlp.act is gelu_tanh)
+                and (mlp.act is F.silu or mlp.act is gelu_tanh and mlp.kernel_gelu)
                 and type(mlp.down) in FUSED_LINEARS
-                and (self.args.gemma_norms and self.gemma_norm_kernel or layer.post_attn_norm is None)
+                and (self.args.gemma_norms or layer.post_attn_norm is None)
                 and (layer.post_attn_norm is None) == (layer.post_ff_norm is None)
                 and all(
                     w is None or (w.dtype == norm_dtype and w.dim() == 1)
