@@ -2,8 +2,8 @@
 
 As transformers' torch_recurrent_gated_delta_rule for one token (q and k l2-normed in float32, q scaled by
 1/sqrt(d_k), a key head serving num_v / num_k value heads), without its per-call copies: the state is decayed and
-updated where it lies (a view of the slot's state for one row, else one gather and one scatter) and the two
-reductions over d_k run as batched matrix products.
+updated where it lies (a view of the slots' states where they are consecutive, else one gather and one scatter)
+and the two reductions over d_k run as batched matrix products.
 """
 
 from __future__ import annotations
@@ -13,6 +13,15 @@ import torch
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + 1e-6)
+
+
+def _first_of_run(slots: torch.Tensor) -> int | None:
+    """The first slot where `slots` are consecutive (their states a view, no gather), else None; on CPU only, as
+    reading the slots syncs a GPU."""
+    if slots.device.type != "cpu":
+        return None
+    got = slots.tolist()
+    return got[0] if got == list(range(got[0], got[0] + len(got))) else None
 
 
 def delta_rule_decode(
@@ -31,14 +40,14 @@ def delta_rule_decode(
     rep = hv // k.shape[1]
     qf, kf = (x.float() if rep == 1 else x.float().repeat_interleave(rep, dim=1) for x in (q, k))
     qf, kf = _l2norm(qf) / (dk**0.5), _l2norm(kf)
-    one = b == 1 and states.device.type == "cpu"  # why cpu only: reading the slot's number syncs a GPU
-    s = states[int(slots[0])].unsqueeze(0) if one else states.index_select(0, slots)
+    first = _first_of_run(slots)
+    s = states.index_select(0, slots) if first is None else states[first : first + b]
     s.mul_(g.float().exp()[..., None, None])
     flat = s.view(b * hv, dk, dv)
     kv_mem = torch.bmm(kf.reshape(b * hv, 1, dk), flat).view(b, hv, dv)
     delta = (v.float() - kv_mem) * beta.float().unsqueeze(-1)
     flat.baddbmm_(kf.reshape(b * hv, dk, 1), delta.view(b * hv, 1, dv))
     out = torch.bmm(qf.reshape(b * hv, 1, dk), flat).view(b, hv, dv)
-    if not one:
+    if first is None:
         states.index_copy_(0, slots, s)
     return out.to(v.dtype)
