@@ -1,7 +1,7 @@
 """A decoder layer's small bfloat16 ops through layer_ops.cpp, one pass each instead of several torch ops:
 `add_rms_norm`, `gemma_rms_norm` (float32 (1 + w) weights), `rope` (in place), `silu_mul`, `gelu_tanh_mul`.
-Each rounds where the torch code it replaces rounds
-(layer_ops.cpp). `usable(x)` is False where they cannot run (engine/cpu_kernels); callers keep torch's ops.
+Each rounds where the torch code it replaces rounds (layer_ops.cpp). `usable(x)` is False where they cannot run
+(engine/cpu_kernels); callers keep torch's ops.
 """
 
 from __future__ import annotations

@@ -105,7 +105,7 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 class FusedDecode:
     def __init__(self, model: DenseModel) -> None:
-        """model: a dense bf16 CPU model whose projections are all KernelLinear (CausalLM.fused_decode checks)."""
+        """model: a dense bf16 CPU model whose projections the kernel runs (CausalLM.fused_decode checks)."""
         self.model = model
         a = model.args
         self.layers: list[decoder_layer.Layer] = []
