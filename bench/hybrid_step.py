@@ -8,7 +8,9 @@ Decode: `batch` sequences of 32-token prompts, a few warm-up steps, then `--step
 process's CPU time). The bound: the bytes a step reads (every weight once: the checkpoint's tensors, a tied
 embedding counted once as the LM head, an untied one not at all as only its rows are read; each sequence's
 recurrent state read and written; the attention layers' KV at the mean context) over the read bandwidth that
-bench/roofline.py measures right before the steps (the best over 1..threads threads). Prefill: one
+bench/roofline.py measures right before the steps (the best over 1..threads threads); and the step's CPU time
+against the same bytes over one thread's read rate per CPU second (steady while other processes take turns on
+the cores, as bench/profile_step.py's "cpu time" line). Prefill: one
 `--prompt`-token request to its first token. The load average goes beside each figure: the machine is shared.
 --profile: ms per step by layer kind (recurrent mixers, their recurrent kernel, attention, MLP, LM head).
 """
@@ -180,16 +182,17 @@ def run_threads(core: EngineCore, a: argparse.Namespace, threads: int, weights: 
         f"{a.prompt / cpu:.0f} tok per CPU s); {_load()}"
     )
     for batch in a.batch:
-        rates = max((measure("bfloat16", n, read_mib=512, tries=4) for n in range(1, threads + 1)),
-                    key=lambda r: r.read_gbs)  # fmt: skip
+        runs = [measure("bfloat16", n, read_mib=512, tries=4) for n in range(1, threads + 1)]
+        read_gbs, read_cpu = max(r.read_gbs for r in runs), runs[0].read_gbs_cpu  # GB per CPU s: one thread's
         times, cpu_s, parts = decode(core, batch, a.steps, batch * 100 + threads, totals)
         mean, median = statistics.mean(times) * 1e3, statistics.median(times) * 1e3
         nbytes = step_bytes(core, weights, batch, DECODE_PROMPT + 4 + a.steps // 2)
-        bound = nbytes / (rates.read_gbs * 1e9) * 1e3
+        bound, cpu_bound = nbytes / (read_gbs * 1e9) * 1e3, nbytes / (read_cpu * 1e9) * 1e3
         print(
-            f"decode batch {batch:>2}: mean {mean:7.2f} ms, median {median:7.2f} ms, cpu {cpu_s * 1e3:7.2f} ms/step "
-            f"-> {batch * 1e3 / mean:.1f} tok/s | bound {bound:.2f} ms ({nbytes / 1e6:.0f} MB at "
-            f"{rates.read_gbs:.1f} GB/s) median/bound {median / bound:.2f} mean/bound {mean / bound:.2f}; {_load()}"
+            f"decode batch {batch:>2}: mean {mean:7.2f} ms, median {median:7.2f} ms -> {batch * 1e3 / mean:.1f} tok/s"
+            f" | bound {bound:.2f} ms ({nbytes / 1e6:.0f} MB at {read_gbs:.1f} GB/s) median/bound "
+            f"{median / bound:.2f} | cpu {cpu_s * 1e3:.2f} ms/step, bound {cpu_bound:.2f} ms of one core "
+            f"({read_cpu:.1f} GB per CPU s) cpu/bound {cpu_s * 1e3 / cpu_bound:.2f}; {_load()}"
         )
         for name, ms in sorted(parts.items(), key=lambda kv: -kv[1]):
             print(f"    {name:<44} {ms:8.2f} ms/step")
