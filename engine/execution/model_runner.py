@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
+from engine.execution.lazy_zeros import lazy_zeros
 from engine.execution.recurrent_state import make_states
 from engine.layers.cpu_attention import DecodeSeqs, PrefillChunk
 from engine.layers.linear import Linear
@@ -193,7 +194,11 @@ class ModelRunner:
         dims = (layers, 2, self.num_blocks, block_size, heads, dim)
         if self.use_triton:
             return torch.zeros(dims, dtype=self.dtype, device=self.device)
-        store = torch.zeros(dims[:2] + (dims[4], dims[2], dims[3], dims[5]), dtype=self.dtype, device=self.device)
+        store_dims = dims[:2] + (dims[4], dims[2], dims[3], dims[5])
+        if self.device.type == "cpu":  # zeroed page by page as blocks are first used (1 GiB at once: 0.5 s of CPU)
+            store = lazy_zeros(store_dims, self.dtype)
+        else:
+            store = torch.zeros(store_dims, dtype=self.dtype, device=self.device)
         return store.permute(0, 1, 3, 4, 2, 5)
 
     def _make_lora(self, config: EngineConfig) -> LoRAManager:
