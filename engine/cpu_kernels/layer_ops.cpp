@@ -21,42 +21,13 @@ inline __mmask16 first(int n) { return spindle::first_lanes(n); }
 
 extern "C" int spindle_layer_ops_abi() { return 2; }
 
-// Rows of n: x_out = bf16(x + h) (h null: x_out = x, may be x itself), then
-// norm = bf16(w * bf16(x_out * rsqrt(mean(x_out^2) + eps))). Rows contiguous, row strides in elements.
-extern "C" void spindle_add_rms_norm(const uint16_t* x, long ldx, const uint16_t* h, long ldh, const uint16_t* w,
-                                     uint16_t* x_out, long ldxo, uint16_t* norm, long ldn, int rows, int n,
-                                     float eps, int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int r = 0; r < rows; ++r) {
-        const uint16_t* xr = x + r * ldx;
-        uint16_t* xo = x_out + r * ldxo;
-        __m512 ss = _mm512_setzero_ps();
-        for (int i = 0; i < n; i += 16) {
-            const __mmask16 m = first(n - i);
-            __m512 v = load_n(xr + i, m);
-            if (h) {
-                v = round_bf16(_mm512_add_ps(v, load_n(h + r * ldh + i, m)));
-                _mm256_mask_storeu_epi16(xo + i, m, narrow(v));
-            } else if (xo != xr) {
-                _mm256_mask_storeu_epi16(xo + i, m, narrow(v));
-            }
-            ss = _mm512_fmadd_ps(v, v, ss);
-        }
-        const __m512 inv = _mm512_set1_ps(1.0f / __builtin_sqrtf(_mm512_reduce_add_ps(ss) / n + eps));
-        for (int i = 0; i < n; i += 16) {
-            const __mmask16 m = first(n - i);
-            const __m512 normed = round_bf16(_mm512_mul_ps(load_n(xo + i, m), inv));
-            _mm256_mask_storeu_epi16(norm + r * ldn + i, m, narrow(_mm512_mul_ps(load_n(w + i, m), normed)));
-        }
-    }
-}
-
-// Gemma's norm, rows of n: x_out = bf16(x + h) (h null: x_out = x, may be x itself), then
-// norm = bf16(x_out * rsqrt(mean(x_out^2) + eps) * w) with w float32 (1 + weight): one rounding, as
-// engine/models/decoder.py's gemma_rms_norm. norm may be x_out itself (each chunk is read before it is written).
-extern "C" void spindle_add_rms_norm_f32w(const uint16_t* x, long ldx, const uint16_t* h, long ldh, const float* w,
-                                          uint16_t* x_out, long ldxo, uint16_t* norm, long ldn, int rows, int n,
-                                          float eps, int threads) {
+// Rows of n: x_out = bf16(x + h) (h null: x_out = x, may be x itself), then the norm of x_out into `norm`:
+// bf16 weights: bf16(w * bf16(x_out * rsqrt(mean(x_out^2) + eps)));
+// float32 weights (Gemma's 1 + weight): bf16(x_out * rsqrt(...) * w), one rounding, as engine/models/decoder.py's
+// gemma_rms_norm. norm may be x_out itself (each chunk is read before it is written).
+template <typename W>
+void add_rms_norm(const uint16_t* x, long ldx, const uint16_t* h, long ldh, const W* w, uint16_t* x_out, long ldxo,
+                  uint16_t* norm, long ldn, int rows, int n, float eps, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int r = 0; r < rows; ++r) {
         const uint16_t* xr = x + r * ldx;
@@ -77,9 +48,26 @@ extern "C" void spindle_add_rms_norm_f32w(const uint16_t* x, long ldx, const uin
         for (int i = 0; i < n; i += 16) {
             const __mmask16 m = first(n - i);
             const __m512 normed = _mm512_mul_ps(load_n(xo + i, m), inv);
-            _mm256_mask_storeu_epi16(norm + r * ldn + i, m, narrow(_mm512_mul_ps(normed, _mm512_maskz_loadu_ps(m, w + i))));
+            __m512 out;
+            if constexpr (sizeof(W) == 4)
+                out = _mm512_mul_ps(normed, _mm512_maskz_loadu_ps(m, w + i));
+            else
+                out = _mm512_mul_ps(load_n(w + i, m), round_bf16(normed));
+            _mm256_mask_storeu_epi16(norm + r * ldn + i, m, narrow(out));
         }
     }
+}
+
+extern "C" void spindle_add_rms_norm(const uint16_t* x, long ldx, const uint16_t* h, long ldh, const uint16_t* w,
+                                     uint16_t* x_out, long ldxo, uint16_t* norm, long ldn, int rows, int n,
+                                     float eps, int threads) {
+    add_rms_norm(x, ldx, h, ldh, w, x_out, ldxo, norm, ldn, rows, n, eps, threads);
+}
+
+extern "C" void spindle_add_rms_norm_f32w(const uint16_t* x, long ldx, const uint16_t* h, long ldh, const float* w,
+                                          uint16_t* x_out, long ldxo, uint16_t* norm, long ldn, int rows, int n,
+                                          float eps, int threads) {
+    add_rms_norm(x, ldx, h, ldh, w, x_out, ldxo, norm, ldn, rows, n, eps, threads);
 }
 
 // Rotary embedding in place, the non-interleaved halves: for token t, head j of x (strides st, sh; d contiguous),
