@@ -18,15 +18,10 @@ from typing import Any, Protocol
 
 import anyio.to_thread
 
-from server.http.asgi import Send
 from server.metrics.prometheus import STRUCTURED_INVALID_REASONS as INVALID_REASONS
-from server.request.admission import AdmissionTicket
-from server.request.async_llm import AsyncLLM
 from server.request.collector import Output
-from server.request.formatter import OPENAI_FRAMING, Formatter, StreamFraming
-from server.request.input_processor import GenerationSpec
-from server.request.openai_protocol import ChatCompletionRequest, CompletionRequest, Usage
-from server.request.respond import BeforeEnd, Headers, respond
+from server.request.formatter import Formatter
+from server.request.openai_protocol import Usage
 from server.structured.constraint import RELAXED_HEADER, Constraint, Relaxation
 from server.structured.parsing import ChoiceParsers
 from server.tools.parser import assemble
@@ -170,41 +165,3 @@ def relaxed_headers(constraint: Constraint | None, tools: dict[str, Relaxation])
     if tools:
         log.debug("structured output: tool parameters relaxed, not enforced: %s", "; ".join(parts))
     return [(RELAXED_HEADER, ", ".join(parts).encode("ascii", "replace"))]
-
-
-def checked(fmt: Formatter, check: OutputCheck | None) -> Formatter:
-    return fmt if check is None else CheckedFormatter(fmt, check)
-
-
-async def respond_checked(
-    llm: AsyncLLM,
-    specs: list[GenerationSpec],
-    fmt: Formatter,
-    check: OutputCheck | None,
-    send: Send,
-    req: ChatCompletionRequest | CompletionRequest,
-    headers: Headers,
-    ticket: AdmissionTicket,
-    *,
-    keepalive: float = 0.0,
-    framing: StreamFraming = OPENAI_FRAMING,
-    before_end: BeforeEnd = None,
-) -> None:
-    """`respond` for a chat or completions request (usage as its `stream_options` asks) with the relaxed answers
-    checked before the end (a `before_end` given awaits the check itself)."""
-    options = req.stream_options
-    usage = bool(options and options.include_usage)
-    await respond(
-        llm,
-        specs,
-        checked(fmt, check),
-        send,
-        stream=req.stream,
-        include_usage=usage,
-        continuous_usage=usage and bool(options and options.continuous_usage_stats),
-        keepalive=keepalive,
-        headers=headers,
-        framing=framing,
-        before_end=before_end if before_end is not None or check is None else check.finish,
-        ticket=ticket,
-    )

@@ -33,8 +33,7 @@ from server.request.formatter import StreamFraming
 from server.request.input_processor import ModelLimits, external_request_id
 from server.request.post_route import PostRoute
 from server.request.prompt_tokens import chat_ids_with_images, chat_prompt
-from server.structured.chat_plan import plan_chat
-from server.structured.output_check import respond_checked
+from server.structured.chat_plan import plan_chat, respond_checked
 
 _enc = encoder.encode
 FRAMING = StreamFraming(

@@ -22,9 +22,9 @@ from server.request.input_processor import GenerationSpec, ModelLimits, build_sp
 from server.request.openai_protocol import ChatCompletionRequest, CompletionRequest
 from server.request.post_route import PostRoute
 from server.request.prompt_tokens import admit_prompts, chat_prompt, fit_limits, render_errors, text_prompt_ids
-from server.structured.chat_plan import plan_chat
+from server.structured.chat_plan import plan_chat, respond_checked
 from server.structured.constraint import structured_outputs
-from server.structured.output_check import OutputCheck, relaxed_check, respond_checked
+from server.structured.output_check import OutputCheck, relaxed_check
 from server.structured.parsing import ChoiceParser
 
 

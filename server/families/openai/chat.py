@@ -11,8 +11,7 @@ from server.request.input_processor import external_request_id
 from server.request.openai_protocol import chat_decoder
 from server.request.post_route import PostRoute
 from server.request.prompt_tokens import chat_prompt, fit_limits, require_messages
-from server.structured.chat_plan import plan_chat
-from server.structured.output_check import respond_checked
+from server.structured.chat_plan import plan_chat, respond_checked
 
 
 class ChatRoute(PostRoute):

@@ -33,8 +33,9 @@ from server.request.openai_protocol import (
 )
 from server.request.post_route import PostRoute
 from server.request.prompt_tokens import admit_prompts, fit_limits, render_errors, text_prompt_ids
+from server.structured.chat_plan import respond_checked
 from server.structured.constraint import Constraint, structured_outputs
-from server.structured.output_check import relaxed_check, relaxed_headers, respond_checked
+from server.structured.output_check import relaxed_check, relaxed_headers
 
 _enc = encoder.encode
 

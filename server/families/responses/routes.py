@@ -36,8 +36,7 @@ from server.request.logprobs import chat_logprobs
 from server.request.openai_protocol import ChatCompletionRequest
 from server.request.post_route import PostRoute
 from server.request.prompt_tokens import chat_prompt
-from server.structured.chat_plan import ChatPlan, plan_chat
-from server.structured.output_check import respond_checked
+from server.structured.chat_plan import ChatPlan, plan_chat, respond_checked
 
 _enc = encoder.encode
 
