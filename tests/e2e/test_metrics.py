@@ -110,8 +110,9 @@ async def test_known_workload_counts_exactly(server: Server) -> None:
 
 async def test_repeated_prompt_hits_prefix_cache(server: Server) -> None:
     prompt = " ".join(f"word{i}" for i in range(40))  # several full KV blocks
-    hits = server.metric("spindle_prefix_cache_hits_total")
     for _ in range(2):
+        # the first may already hit: the KV disk store keeps blocks another server of this checkpoint computed
+        hits = server.metric("spindle_prefix_cache_hits_total")
         r = httpx.post(
             f"{server.url}/v1/completions", timeout=60, json={"model": "tiny", "prompt": prompt, "max_tokens": 1}
         )
