@@ -130,7 +130,9 @@ class QuantLinear(Linear):
             "dot_dequant": timed("dot_dequant", (DEQUANT_FEWEST_ROWS, 1 << 30)),
         }
         if quant_dot.tiles_usable():
-            dots["dot_tiles"] = timed("dot_tiles", (1, GGML_MOST_ROWS))
+            # a tile holds 16 rows: one row pays for sixteen (2x "dot" where measured), so never a candidate at 1,
+            # where a timing on a busy machine could otherwise keep it for every decode step
+            dots["dot_tiles"] = timed("dot_tiles", (2, GGML_MOST_ROWS))
         held, winners = chooser.choose_held(kind, shape, blocks | dots, FORM_OF)
         if held == "packed":
             self.pack()
