@@ -29,8 +29,8 @@ def _one_thread() -> None:
     torch.set_num_threads(1)  # each pool thread runs its chunk alone: no OpenMP team inside a chunk
 
 
-CONTENDED = 0.25  # share of a window the step thread waited for a CPU, from which a team costs more than it gives
-QUIET = 0.10  # below it, the team comes back
+CONTENDED = 0.5  # share of a window the step thread waited for a CPU, from which a team costs more than it gives
+QUIET = 0.2  # below it, the team comes back
 WINDOW = 0.5  # seconds of wall time per reading
 MAX_HOLD = 32.0  # seconds on one thread after a team came back and found the machine busy again (doubling from 1)
 
