@@ -106,4 +106,3 @@ def test_the_bound_is_fitted_to_a_tenth_of_the_free_disk(tmp_path: Path, monkeyp
     assert fitted_bound(tmp_path, 1001) == 1000  # over it: the tenth
     assert fitted_bound(tmp_path, 0) == 0  # off stays off
     assert fitted_bound(tmp_path / "new", 4 << 30) == 950  # a folder made on first use
-
