@@ -19,6 +19,7 @@ from server.http.errors import APIError, bad_request
 from server.lora.adapters import LoRARegistry
 from server.request.collector import OutputKind
 from server.request.openai_protocol import ChatCompletionRequest, CompletionRequest
+from server.request.prompt_shapes import num_prompts
 
 MAX_N = 128
 _INT64 = 1 << 63
@@ -120,13 +121,6 @@ def _in_range(value: float | None, name: str, low: float, high: float, *, low_op
 def too_many(what: str, count: int, cap: int, flag: str, param: str) -> None:
     if count > cap:
         raise bad_request(f"{what}: {count}, but this server allows at most {cap} per request ({flag}).", param)
-
-
-def num_prompts(prompt: str | list[Any] | None) -> int:
-    """How many prompts `completion_prompts` will make of this (a bad shape counts as whatever it is refused as)."""
-    if not isinstance(prompt, list) or not prompt or type(prompt[0]) is int:
-        return 1
-    return len(prompt)
 
 
 def check_request(req: CompletionRequest | ChatCompletionRequest, limits: ModelLimits) -> None:
@@ -391,34 +385,6 @@ def _sampling_params(
         logprobs=num_logprobs,
         prompt_logprobs=num_logprobs if echo and num_logprobs is not None else None,
         structured_outputs=structured_outputs,
-    )
-
-
-def completion_prompts(prompt: str | list[Any] | None) -> list[str | list[int]]:
-    """Normalise the four prompt shapes into a list of (text | token ids), one per choice group."""
-    if prompt is None:
-        raise bad_request(
-            "prompt is required: a string, a list of strings, token ids, or a list of token-id lists.", "prompt"
-        )
-    return prompt_items(prompt, "prompt")
-
-
-def prompt_items(value: str | list[Any], param: str) -> list[str | list[int]]:
-    """The four prompt (or pooling `input`) shapes -> one text or token-id list each; a 400 naming `param`."""
-    if isinstance(value, str):
-        return [value]
-    if not value:
-        raise bad_request(f"{param} must not be an empty list.", param)
-    if all(isinstance(v, str) for v in value):
-        return list(value)
-    if all(type(v) is int for v in value):
-        return [list(value)]
-    if all(isinstance(v, list) and v and all(type(t) is int for t in v) for v in value):
-        return [list(v) for v in value]
-    raise bad_request(
-        f"{param} must be a string, a list of strings, a list of token ids, or a list of non-empty "
-        "token-id lists; do not mix them.",
-        param,
     )
 
 

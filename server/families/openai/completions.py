@@ -16,7 +16,6 @@ from server.request.input_processor import (
     build_spec,
     check_prompt_ids,
     check_request,
-    completion_prompts,
     external_request_id,
 )
 from server.request.logprobs import TokenTexts, completion_logprobs
@@ -32,6 +31,7 @@ from server.request.openai_protocol import (
     encoder,
 )
 from server.request.post_route import PostRoute
+from server.request.prompt_shapes import completion_prompts
 from server.request.prompt_tokens import admit_prompts, fit_limits, render_errors, text_prompt_ids
 from server.structured.chat_plan import respond_checked
 from server.structured.constraint import Constraint, structured_outputs

@@ -29,11 +29,11 @@ from server.request.input_processor import (
     check_prompt_ids,
     external_request_id,
     lora_for,
-    prompt_items,
     too_many,
     unique_prefix,
 )
 from server.request.openai_protocol import Usage, encoder
+from server.request.prompt_shapes import prompt_items
 from server.request.prompt_tokens import admit_prompts, prompts_lower_bound, render_errors
 from server.request.respond import respond
 

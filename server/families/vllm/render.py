@@ -26,7 +26,6 @@ from server.request.input_processor import (
     build_spec,
     check_prompt_ids,
     check_request,
-    completion_prompts,
     external_request_id,
 )
 from server.request.openai_protocol import (
@@ -37,6 +36,7 @@ from server.request.openai_protocol import (
     encoder,
 )
 from server.request.post_route import PostRoute
+from server.request.prompt_shapes import completion_prompts
 from server.request.prompt_tokens import chat_ids_with_images, fit_limits, require_messages, text_prompt_ids
 
 

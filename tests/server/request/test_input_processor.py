@@ -10,16 +10,9 @@ import pytest
 
 from server.config import RequestCaps, ServerConfig
 from server.http.errors import APIError, from_decode_error
-from server.request.input_processor import (
-    ModelLimits,
-    build_spec,
-    check_prompt_ids,
-    check_request,
-    completion_prompts,
-    external_request_id,
-    num_prompts,
-)
+from server.request.input_processor import ModelLimits, build_spec, check_prompt_ids, check_request, external_request_id
 from server.request.openai_protocol import ChatCompletionRequest, CompletionRequest
+from server.request.prompt_shapes import completion_prompts, num_prompts
 
 LIMITS = ModelLimits(
     max_model_len=100, vocab_size=1000, max_logprobs=5, generation_defaults={"temperature": 0.7, "top_k": 20}
