@@ -1,14 +1,18 @@
 """The gated delta rule's decode update for single-token rows, the states advanced in place at their slots.
 
 As transformers' torch_recurrent_gated_delta_rule for one token (q and k l2-normed in float32, q scaled by
-1/sqrt(d_k), a key head serving num_v / num_k value heads), without its per-call copies: the state is decayed and
-updated where it lies (a view of the slots' states where they are consecutive, else one gather and one scatter)
-and the two reductions over d_k run as batched matrix products.
+1/sqrt(d_k), a key head serving num_v / num_k value heads). On CPU, where engine/cpu_kernels/delta_rule.cpp runs,
+each state is read once and written once, at its slot; elsewhere (a GPU, no kernel) the torch form below, without
+the reference's per-call copies: the state is decayed and updated where it lies (a view of the slots' states where
+they are consecutive, else one gather and one scatter) and the two reductions over d_k run as batched products.
 """
 
 from __future__ import annotations
 
 import torch
+
+from engine.cpu_kernels import delta_rule
+from engine.layers.parallel import WORKERS
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
@@ -34,7 +38,24 @@ def delta_rule_decode(
     slots: torch.Tensor,
 ) -> torch.Tensor:
     """q, k [B, Hk, dk]; v [B, Hv, dv]; g, beta [B, Hv]; states [slots, Hv, dk, dv] float32 -> out [B, Hv, dv]
-    in v's dtype; the rows' states (at `slots`) advanced in place."""
+    in v's dtype; the rows' states (at `slots`, distinct) advanced in place."""
+    if delta_rule.usable(q, k, v, states):
+        state_bytes = v.shape[0] * states[0].numel() * states.element_size()
+        threads = WORKERS.threads_for(3 * v.shape[0] * states[0].numel(), 2 * state_bytes)
+        return delta_rule.decode(q, k, v, g, beta, states, slots, threads)
+    return torch_delta_rule_decode(q, k, v, g, beta, states, slots)
+
+
+def torch_delta_rule_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    states: torch.Tensor,
+    slots: torch.Tensor,
+) -> torch.Tensor:
+    """delta_rule_decode in torch ops (any device)."""
     b, hv, dv = v.shape
     dk = k.shape[-1]
     rep = hv // k.shape[1]
