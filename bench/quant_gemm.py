@@ -1,13 +1,15 @@
 """One decode step's projections over GGUF blocks kept quantized, per type and per candidate, against bf16.
 
     python -m bench.quant_gemm [--model smollm2 gemma3] [--types Q4_1 Q8_0 Q4_K] [--rows 1 16] [--threads 1]
-                               [--tries 5]
+                               [--tries 5] [--shape 896x4864 ...]
 
 Every projection of every layer (fused q|k|v, o, fused gate|up, down) at SmolLM2-135M's and Gemma-3-270M's
 shapes, random blocks of each type (engine/cpu_kernels/quant_gemm.random_blocks): "ggml" (the blocks dequantized
 in registers, engine/cpu_kernels/quant_gemm.py), "dequant" (a tile of rows dequantized to bf16, then torch's
-GEMM: engine/layers/quant_linear.py), and the winner engine/cpu_kernels/chooser.py picks per row class (its
+GEMM: engine/layers/quant_linear.py), "dot" (the blocks repacked for bf16 dot products, engine/cpu_kernels/quant_dot.py,
+where the type has a packed form), and the winner engine/cpu_kernels/chooser.py picks per row class (its
 timing is cached), against bf16 weights through spindle's bf16 kernel (engine/layers/linear.py's KernelLinear).
+--shape OUTxIN times those single projections (one "layer") instead of the models' steps.
 Where a type's block does not divide a projection's input (K-quants' 256 into 576 or 640), that projection holds
 Q5_0 instead, as the real Q4_K_M file does (so "Q4_K" on these shapes is a mix; the bytes counted are the mix's).
 Activations
@@ -24,18 +26,21 @@ from collections.abc import Callable
 import gguf
 import torch
 
-from engine.cpu_kernels import chooser, gemm, quant_gemm
+from engine.cpu_kernels import chooser, gemm, quant_dot, quant_gemm
 from engine.gguf.tensor import GGMLWeight
 from engine.layers.linear import KernelLinear, Linear
 from engine.layers.quant_linear import QuantLinear
 
 # hidden, heads, kv heads, head_dim, intermediate, layers (the two real GGUF files' shapes)
 MODELS = {"smollm2": (576, 9, 3, 64, 1536, 30), "gemma3": (640, 4, 1, 256, 2048, 18)}
+SHAPES: dict[str, list[tuple[int, int]]] = {}  # --shape: "OUTxIN ..." -> those projections, one layer of them
 Form = list[Callable[[torch.Tensor], torch.Tensor]]
 
 
 def shapes(model: str) -> list[tuple[int, int]]:
     """[out, in] of one layer's projections."""
+    if model in SHAPES:
+        return SHAPES[model]
     h, heads, kv, d, inter, _ = MODELS[model]
     return [((heads + 2 * kv) * d, h), (h, heads * d), (2 * inter, h), (h, inter)]
 
@@ -44,7 +49,9 @@ class Forced:
     """A QuantLinear's one candidate, whatever the chooser says."""
 
     def __init__(self, lin: QuantLinear, candidate: str) -> None:
-        self.lin, self.run = lin, lin.ggml_into if candidate == "ggml" else lin.dequant_into
+        if candidate == "dot":  # the packed form's product in registers (ggml_into runs the form held)
+            lin.pack()
+        self.lin, self.run = lin, lin.dequant_into if candidate == "dequant" else lin.ggml_into
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.empty(x.shape[0], self.lin.out_features, dtype=x.dtype)
@@ -58,29 +65,32 @@ def block_type(type_name: str, in_features: int) -> int:
     return ggml_type if in_features % quant_gemm.block_shape(ggml_type)[0] == 0 else int(gguf.GGMLQuantizationType.Q5_0)
 
 
+def layers(model: str) -> int:
+    return 1 if model in SHAPES else MODELS[model][5]
+
+
 def quant_forms(model: str, type_name: str, g: torch.Generator) -> tuple[dict[str, Form], int]:
     ggml_type = int(gguf.GGMLQuantizationType[type_name])
-    lins = [
-        QuantLinear(
-            GGMLWeight(block_type(type_name, i), (o, i), quant_gemm.random_blocks(block_type(type_name, i), o, i, g)),
-            None,
-            torch.bfloat16,
-        )
-        for _ in range(MODELS[model][5])
+    weights = [
+        GGMLWeight(block_type(type_name, i), (o, i), quant_gemm.random_blocks(block_type(type_name, i), o, i, g))
+        for _ in range(layers(model))
         for o, i in shapes(model)
     ]
+    lins = [QuantLinear(w, None, torch.bfloat16) for w in weights]
     forms: dict[str, Form] = {
         f"{type_name} chosen": list(lins),
         f"{type_name} dequant": [Forced(lin, "dequant") for lin in lins],
     }
     if quant_gemm.supports(ggml_type):
         forms[f"{type_name} ggml"] = [Forced(lin, "ggml") for lin in lins]
+    if all(quant_dot.supports(w.ggml_type) for w in weights):  # a QuantLinear of its own: packing drops the blocks
+        forms[f"{type_name} dot"] = [Forced(QuantLinear(w, None), "dot") for w in weights]
     return forms, sum(lin.nbytes for lin in lins)
 
 
 def bf16_form(model: str, g: torch.Generator) -> tuple[Form, int]:
     weights = [
-        (torch.randn(o, i, generator=g) / i**0.5).bfloat16() for _ in range(MODELS[model][5]) for o, i in shapes(model)
+        (torch.randn(o, i, generator=g) / i**0.5).bfloat16() for _ in range(layers(model)) for o, i in shapes(model)
     ]
     lins: list[Linear] = [KernelLinear(w) if gemm.usable(w) else Linear(w) for w in weights]
     return list(lins), sum(w.nbytes for w in weights)
@@ -98,9 +108,9 @@ def run_model(model: str, types: list[str], rows_list: list[int], tries: int) ->
         got, size = quant_forms(model, t, g)
         forms.update(got)
         nbytes.update(dict.fromkeys(got, size))
-    print(f"{model}: {MODELS[model][5]} layers x 4 projections, CPU ms per step (best of {tries})")
+    print(f"{model}: {layers(model)} layers x {len(shapes(model))} projections, CPU ms per step (best of {tries})")
     for rows in rows_list:
-        xs = [torch.randn(rows, i, generator=g).bfloat16() for _ in range(MODELS[model][5]) for _, i in shapes(model)]
+        xs = [torch.randn(rows, i, generator=g).bfloat16() for _ in range(layers(model)) for _, i in shapes(model)]
         best = dict.fromkeys(forms, float("inf"))
         for _ in range(tries + 1):  # the first round warms up
             for name, lins in forms.items():
@@ -125,13 +135,16 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tries", type=int, default=5)
+    ap.add_argument("--shape", nargs="+", default=[], help="OUTxIN projections to time instead of --model's")
     a = ap.parse_args()
+    if a.shape:
+        SHAPES[" ".join(a.shape)] = [(int(o), int(i)) for o, i in (s.lower().split("x") for s in a.shape)]
     torch.set_num_threads(a.threads)
     from engine.layers.parallel import WORKERS  # why: configured once, as the runner does
 
     WORKERS.configure(a.threads)
     with torch.inference_mode():
-        for model in a.model:
+        for model in list(SHAPES) or a.model:
             run_model(model, a.types, a.rows, a.tries)
 
 

@@ -18,4 +18,11 @@ inline void scale_min_k4(const uint8_t* q, int j, T& sc, T& m) {
     }
 }
 
+// Q3_K: sixteen 6-bit scales, low 4 bits in bytes 0-7 (two per byte), high 2 bits in bytes 8-11; less 32
+inline int scale_k3(const uint8_t* s, int i) {
+    const int lo4 = i < 8 ? s[i] & 0xF : s[i - 8] >> 4;
+    const int hi2 = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+    return (int)(int8_t)(uint8_t)(lo4 | (hi2 << 4)) - 32;
+}
+
 }  // namespace spindle

@@ -1,6 +1,6 @@
-// y = x @ W^T for bf16 activations and W of GGUF blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) repacked
-// once at load (quant_dot_pack.cpp; the layouts in quant_dot_formats.h) so that AVX512-BF16's dot product does 32
-// products per instruction with the weights decoded in registers by shifts and masks.
+// y = x @ W^T for bf16 activations and W of GGUF blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K,
+// Q6_K) repacked once at load (quant_dot_pack.cpp; the layouts in quant_dot_formats.h) so that AVX512-BF16's dot
+// product does 32 products per instruction with the weights decoded in registers by shifts and masks.
 //
 // Why it is fast: quant_gemm.cpp widens each weight to float32 (about 10 cycles per 32 weights at one row, more
 // than a decode step's streaming of the blocks). Here a weight q decodes to the exact bf16 of 1 + q / 2^BITS

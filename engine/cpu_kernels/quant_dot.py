@@ -1,7 +1,7 @@
-"""y = x @ W.T for bfloat16 x and W of GGUF blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) through
-quant_dot.cpp: the blocks are repacked once (`pack`: the file's bytes, up to 3% more for K-quants' unpacked 6-bit
-scales) so that AVX512-BF16 dot products take 32 weights per instruction, up to 16 rows sharing each decoded chunk;
-the activations are not quantized (the reference's weights up to float32 rounding). Also
+"""y = x @ W.T for bfloat16 x and W of GGUF blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)
+through quant_dot.cpp: the blocks are repacked once (`pack`: the file's bytes, up to 4% more for K-quants' unpacked
+6-bit scales) so that AVX512-BF16 dot products take 32 weights per instruction, up to 16 rows sharing each decoded
+chunk; the activations are not quantized (the reference's weights up to float32 rounding). Also
 `dequantize`: rows of the packed form to float32 or bfloat16, each weight as gguf's dequantizer computes it.
 Checked against gguf.quants.dequantize at first use; `supports(t)` is False where the kernel cannot run or the
 check failed (engine/layers/quant_linear.py then keeps the file's blocks and quant_gemm.py's kernel).
@@ -24,7 +24,9 @@ log = logging.getLogger(__name__)
 
 ABI = 3
 _T = GGMLType
-TYPES = frozenset(int(t) for t in (_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0, _T.Q4_K, _T.Q5_K, _T.Q6_K))
+TYPES = frozenset(
+    int(t) for t in (_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0, _T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K)
+)
 # quant_gemm.cpp's spindle_quant_gemm takes the packed form of type t as type PACKED + t (the fused decode
 # layer calls that one function for every GGUF projection)
 PACKED = 1024

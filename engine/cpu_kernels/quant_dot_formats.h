@@ -7,9 +7,11 @@
 // of each of the 4 columns as 32 16-bit words: word w belongs to column w / 8 and, in slot s (0..3), to weight
 // 8 s + w % 8 of the chunk, so slot s of all words pairs with x[8s, 8s + 8) repeated per 128-bit lane (one 16-byte
 // broadcast of x, no reordered copy of the activations).
-// - BITS 4..6: 64 bytes with bits 4s..4s+3 of word w the low 4 bits of slot s's weight, then BITS - 4 masks of 32
-//   bits per slot (bit w: the weight's bit 4 + b). The weight q decodes to the bf16 of 1 + q / 2^BITS by a shift,
-//   one logic op and a masked add per high bit: exact, and sum q x = 2^BITS (A - sum x) for A = sum (1 + q/2^BITS) x.
+// - BITS 2..6: each weight's LOW low bits (LOW = 4; BITS 2, 3: LOW = 2) in a field of each word, LOW bits a slot:
+//   64 bytes with bits 4s..4s+3 of word w those of slot s's weight (LOW 2: 32 bytes, bits 2s, 2s + 1 of byte w),
+//   then BITS - LOW masks of 32 bits per slot (bit w: the weight's bit LOW + b). The weight q decodes to the bf16 of
+//   1 + q / 2^BITS by a shift (LOW 2: after widening the bytes to words), one logic op and a masked add per high bit:
+//   exact, and sum q x = 2^BITS (A - sum x) for A = sum (1 + q/2^BITS) x.
 // - BITS 8 (Q8_0): per slot 32 signed bytes in word order, widened to float32 and converted to bf16 (exact).
 // A weight is D (q - OFF) + M, D and M per column and SUB weights, as gguf.quants.dequantize computes them.
 #pragma once
@@ -21,7 +23,7 @@
 namespace spindle {
 namespace qdot {
 
-constexpr int GROUP = 4, QK = 32, NIB = 64;
+constexpr int GROUP = 4, QK = 32;
 
 // lanes 4c..4c+3 belong to column c
 inline __m512i by_column() { return _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0); }
@@ -44,7 +46,22 @@ inline __m512 pick(const __m512 v, int e) {
     return _mm512_permutexvar_ps(_mm512_add_epi32(by_column(), _mm512_set1_epi32(4 * e)), v);
 }
 
+// 16 bytes [e][c] of two 4-bit fields -> float32 per (e, c) of the field at bit AT (0 or 4)
+template <int AT>
+inline __m512 nibbles16(const uint8_t* p) {
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
+    return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(b, AT), _mm512_set1_epi32(0xF)));
+}
+
 inline __m512 negate(__m512 v) { return _mm512_xor_ps(v, _mm512_set1_ps(-0.0f)); }
+
+// sub-blocks 4h..4h+3 of a scale and a min vector ([e][c]): D = d sc, M = -(dmin m), as gguf rounds them
+inline void scale_min4(__m512 dd, __m512 dm, __m512 sc, __m512 mn, int h, __m512* d, __m512* m) {
+    for (int e = 0; e < 4; ++e) {
+        d[4 * h + e] = _mm512_mul_ps(dd, pick(sc, e));
+        m[4 * h + e] = negate(_mm512_mul_ps(dm, pick(mn, e)));
+    }
+}
 
 struct Base {
     static constexpr int SB = 32, SUB = 32, OFF = 0;
@@ -90,13 +107,8 @@ struct KScaleMin : Base {
     static constexpr bool HAS_M = true;
     static void scales(const uint8_t* s, __m512* d, __m512* m) {
         const __m512 dd = lanes4(s), dm = lanes4(s + 8);
-        for (int h = 0; h < 2; ++h) {
-            const __m512 sc = bytes16<false>(s + 16 + 16 * h), mn = bytes16<false>(s + 48 + 16 * h);
-            for (int e = 0; e < 4; ++e) {
-                d[4 * h + e] = _mm512_mul_ps(dd, pick(sc, e));
-                m[4 * h + e] = negate(_mm512_mul_ps(dm, pick(mn, e)));
-            }
-        }
+        for (int h = 0; h < 2; ++h)
+            scale_min4(dd, dm, bytes16<false>(s + 16 + 16 * h), bytes16<false>(s + 48 + 16 * h), h, d, m);
     }
 };
 struct Q4_K : KScaleMin {
@@ -106,9 +118,10 @@ struct Q5_K : KScaleMin {
     static constexpr int TYPE = 13, BITS = 5, FILE = 176;
 };
 
-// Q6_K: d per column, then a signed 8-bit scale per sub-block of 16 as bytes [e][c]: weight (d sc) (q - 32)
-struct Q6_K : Base {
-    static constexpr int TYPE = 14, BITS = 6, SB = 256, SUB = 16, OFF = 32, SCALES = 8 + 64, FILE = 210;
+// Q6_K, Q3_K: d per column, then a signed 8-bit scale per sub-block of 16 as bytes [e][c] (Q3_K's 6-bit ones less
+// 32): weight (d sc) (q - OFF)
+struct KScale16 : Base {
+    static constexpr int SB = 256, SUB = 16, SCALES = 8 + 64;
     static void scales(const uint8_t* s, __m512* d, __m512*) {
         const __m512 dd = lanes4(s);
         for (int h = 0; h < 4; ++h) {
@@ -117,13 +130,35 @@ struct Q6_K : Base {
         }
     }
 };
+struct Q6_K : KScale16 {
+    static constexpr int TYPE = 14, BITS = 6, OFF = 32, FILE = 210;
+};
+// q: the 2 low bits and the hmask bit as bit 2 (ggml subtracts 4 where that bit is clear)
+struct Q3_K : KScale16 {
+    static constexpr int TYPE = 11, BITS = 3, OFF = 4, FILE = 110;
+};
+
+// Q2_K: d, dmin per column, then per sub-block of 16 the file's byte [e][c] (scale in bits 0-3, min in 4-7):
+// weight (d sc) q - (dmin m)
+struct Q2_K : Base {
+    static constexpr int TYPE = 10, BITS = 2, SB = 256, SUB = 16, SCALES = 16 + 64, FILE = 84;
+    static constexpr bool HAS_M = true;
+    static void scales(const uint8_t* s, __m512* d, __m512* m) {
+        const __m512 dd = lanes4(s), dm = lanes4(s + 8);
+        for (int h = 0; h < 4; ++h)
+            scale_min4(dd, dm, nibbles16<0>(s + 16 + 16 * h), nibbles16<4>(s + 16 + 16 * h), h, d, m);
+    }
+};
+
+// the low bits of a weight held in a chunk's shifted field (the rest in masks)
+constexpr int low_bits(int bits) { return bits >= 4 ? 4 : 2; }
 
 template <class F>
 struct Layout {
-    static constexpr int CHUNK = F::BITS == 8 ? 128 : NIB + 16 * (F::BITS - 4);  // bytes per 32 weights x 4 columns
-    static constexpr int CHUNKS = F::SB / QK, NS = F::SB / F::SUB;                // chunks, scales per record
-    static constexpr int REC = CHUNKS * CHUNK + F::SCALES;                        // bytes per record
-    static constexpr bool SX = F::BITS < 8 || F::OFF != 0 || F::HAS_M;            // needs the sums of x
+    static constexpr int CHUNK = F::BITS == 8 ? 128 : 16 * F::BITS;    // bytes per 32 weights x 4 columns
+    static constexpr int CHUNKS = F::SB / QK, NS = F::SB / F::SUB;     // chunks, scales per record
+    static constexpr int REC = CHUNKS * CHUNK + F::SCALES;             // bytes per record
+    static constexpr bool SX = F::BITS < 8 || F::OFF != 0 || F::HAS_M;  // needs the sums of x
 };
 
 // slot S of a chunk as 32 bf16 words
@@ -134,14 +169,16 @@ inline __m512i slot(const uint8_t* c) {
         const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(c + 32 * S + 16))));
         return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
     } else {
-        constexpr int at = 7 - BITS;  // the low 4 bits land at mantissa bits at..at+3, the high bits above them
-        const __m512i w = _mm512_loadu_si512(c);
-        const __m512i sh = 4 * S >= at ? _mm512_srli_epi16(w, 4 * S - at) : _mm512_slli_epi16(w, at - 4 * S);
-        __m512i v = _mm512_ternarylogic_epi32(sh, _mm512_set1_epi16(0xF << at), _mm512_set1_epi16(0x3F80), 0xEA);
-        for (int b = 0; b < BITS - 4; ++b) {
+        constexpr int LOW = low_bits(BITS), at = 7 - BITS;  // low bits at mantissa bits at.., the high ones above
+        const __m512i w =
+            LOW == 4 ? _mm512_loadu_si512(c) : _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)c));
+        const __m512i sh = LOW * S >= at ? _mm512_srli_epi16(w, LOW * S - at) : _mm512_slli_epi16(w, at - LOW * S);
+        __m512i v = _mm512_ternarylogic_epi32(sh, _mm512_set1_epi16(((1 << LOW) - 1) << at), _mm512_set1_epi16(0x3F80),
+                                              0xEA);
+        for (int b = 0; b < BITS - LOW; ++b) {
             uint32_t bits;
-            memcpy(&bits, c + NIB + 4 * (S * (BITS - 4) + b), 4);
-            v = _mm512_mask_add_epi16(v, _cvtu32_mask32(bits), v, _mm512_set1_epi16((short)(1 << (at + 4 + b))));
+            memcpy(&bits, c + 16 * LOW + 4 * (S * (BITS - LOW) + b), 4);
+            v = _mm512_mask_add_epi16(v, _cvtu32_mask32(bits), v, _mm512_set1_epi16((short)(1 << (at + LOW + b))));
         }
         return v;
     }
@@ -174,6 +211,8 @@ int by_format(int type, G&& g) {
         case Q4_K::TYPE: g(Q4_K{}); return 0;
         case Q5_K::TYPE: g(Q5_K{}); return 0;
         case Q6_K::TYPE: g(Q6_K{}); return 0;
+        case Q2_K::TYPE: g(Q2_K{}); return 0;
+        case Q3_K::TYPE: g(Q3_K{}); return 0;
         default: return 1;
     }
 }

@@ -10,6 +10,7 @@
 namespace {
 
 using namespace spindle::qdot;
+using spindle::scale_k3;
 using spindle::scale_min_k4;
 
 // weight j (0..31) of a 32-weight block's 16 bytes of nibbles: j < 16 low nibbles
@@ -70,16 +71,37 @@ void unpack<Q5_K>(const uint8_t* b, int c, uint8_t* q, uint8_t* s) {
             q[32 * j + l] = (uint8_t)(lo | hi << 4);
         }
 }
+// d, then the signed scale of sub-block e of 16 at [e][c]
+void k_scales16(const uint8_t* d, int c, const int8_t* sc, uint8_t* s) {
+    memcpy(s + 2 * c, d, 2);
+    for (int e = 0; e < 16; ++e) s[8 + 4 * e + c] = (uint8_t)sc[e];
+}
 template <>
 void unpack<Q6_K>(const uint8_t* b, int c, uint8_t* q, uint8_t* s) {
-    memcpy(s + 2 * c, b + 208, 2);
-    for (int e = 0; e < 16; ++e) s[8 + 4 * e + c] = b[192 + e];
+    k_scales16(b + 208, c, (const int8_t*)(b + 192), s);
     for (int j = 0; j < 8; ++j) {
         const int g = j / 4, jj = j % 4;
         const uint8_t *ql = b + 64 * g + 32 * (jj & 1), *qh = b + 128 + 32 * g;
         for (int l = 0; l < 32; ++l)
             q[32 * j + l] = (uint8_t)(((ql[l] >> (4 * (jj >> 1))) & 0xF) | ((qh[l] >> (2 * jj)) & 3) << 4);
     }
+}
+
+// Q2_K, Q3_K: weight 128 h + 32 s + l is bits 2s, 2s + 1 of byte 32 h + l of the 64 quant bytes
+inline int crumb(const uint8_t* qs, int i) { return (qs[32 * (i / 128) + i % 32] >> (2 * (i / 32 % 4))) & 3; }
+template <>
+void unpack<Q2_K>(const uint8_t* b, int c, uint8_t* q, uint8_t* s) {
+    memcpy(s + 2 * c, b + 80, 2);
+    memcpy(s + 8 + 2 * c, b + 82, 2);
+    for (int e = 0; e < 16; ++e) s[16 + 4 * e + c] = b[e];  // scale | min << 4, split in registers
+    for (int i = 0; i < 256; ++i) q[i] = (uint8_t)crumb(b + 16, i);
+}
+template <>
+void unpack<Q3_K>(const uint8_t* b, int c, uint8_t* q, uint8_t* s) {
+    int8_t sc[16];
+    for (int e = 0; e < 16; ++e) sc[e] = (int8_t)scale_k3(b + 96, e);
+    k_scales16(b + 108, c, sc, s);
+    for (int i = 0; i < 256; ++i) q[i] = (uint8_t)(crumb(b + 32, i) | bit(b, (i % 32) * 8 + i / 32) << 2);
 }
 
 // weight l (0..31) of column c into chunk ch: word w = 8c + l % 8, slot l / 8
@@ -90,10 +112,11 @@ void put(uint8_t* ch, int c, int l, uint8_t q) {
         ch[32 * s + w] = q;
         return;
     }
-    const int at = 4 * s;  // bits 4s..4s+3 of the little-endian word
-    ch[2 * w + at / 8] |= (uint8_t)((q & 0xF) << (at % 8));
-    for (int b = 0; b < BITS - 4; ++b)
-        if ((q >> (4 + b)) & 1) ch[NIB + 4 * (s * (BITS - 4) + b) + w / 8] |= (uint8_t)(1 << (w % 8));
+    constexpr int LOW = low_bits(BITS);
+    const int at = LOW * s;  // bits LOW s.. of word w's field (LOW 4: a 16-bit word, LOW 2: a byte), little-endian
+    ch[LOW / 2 * w + at / 8] |= (uint8_t)((q & ((1 << LOW) - 1)) << (at % 8));
+    for (int b = 0; b < BITS - LOW; ++b)
+        if ((q >> (LOW + b)) & 1) ch[16 * LOW + 4 * (s * (BITS - LOW) + b) + w / 8] |= (uint8_t)(1 << (w % 8));
 }
 
 template <class F>

@@ -24,6 +24,7 @@
 namespace {
 
 using spindle::grow;
+using spindle::scale_k3;
 
 inline float half(const uint8_t* p) {
     uint16_t h;
@@ -152,13 +153,6 @@ struct Q6_K {
         hi = mul(d * (float)sc[2 * j + 1], _mm512_sub_epi32(q1, off));
     }
 };
-
-// Q3_K's sixteen 6-bit scales: low 4 bits in bytes 0-7 (two per byte), high 2 bits in bytes 8-11
-inline int scale_k3(const uint8_t* s, int i) {
-    const int lo4 = i < 8 ? s[i] & 0xF : s[i - 8] >> 4;
-    const int hi2 = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
-    return (int)(int8_t)(uint8_t)(lo4 | (hi2 << 4)) - 32;
-}
 
 struct Q3_K {
     static constexpr int QK = 256, BYTES = 110;

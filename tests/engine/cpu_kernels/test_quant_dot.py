@@ -15,8 +15,8 @@ from engine.gguf.header import open_mapped, read_header
 from tests.engine.gguf.files import gemma3_file
 
 T = gguf.GGMLQuantizationType
-TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
-K_QUANTS = {T.Q4_K, T.Q5_K, T.Q6_K}
+TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
+K_QUANTS = {T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K}
 
 pytestmark = pytest.mark.skipif(
     not all(quant_dot.supports(int(t)) for t in TYPES), reason="the bf16 dot-product kernel does not run here"
@@ -45,9 +45,9 @@ def same_dequantization(data: torch.Tensor, ggml_type: int, k: int) -> None:
     n = data.shape[0]
     want = quant_gemm.reference(data, ggml_type)
     packed = quant_dot.pack(data, ggml_type, k)
-    # the file's bytes (columns padded to groups of 4); K-quants' 6-bit scales unpacked to bytes: at most 3% more
+    # the file's bytes (columns padded to groups of 4); K-quants' 6-bit scales unpacked to bytes: at most 4% more
     file_bytes = (n + 3) // 4 * 4 * data.shape[1]
-    assert file_bytes <= packed.numel() <= 1.03 * file_bytes
+    assert file_bytes <= packed.numel() <= 1.04 * file_bytes
     for dtype in (torch.float32, torch.bfloat16):
         assert torch.equal(quant_dot.dequantize(packed, ggml_type, n, k, 0, n, dtype), want.to(dtype))
     for start, end in ((0, 0), (1, n), (n // 2, n), (n - 1, n)):  # rows starting inside a group
@@ -134,7 +134,7 @@ def test_tiles_from_a_row_count_by_the_type_code() -> None:
     within_rounding(tiled, x, quant_gemm.reference(data, t))
 
 
-@pytest.mark.parametrize("ggml_type", [T.Q8_0, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", [T.Q8_0, T.Q6_K, T.Q3_K], ids=lambda t: t.name)
 def test_quant_gemm_takes_the_packed_form_by_its_type_code(ggml_type: int) -> None:
     n, k, t = 9, width(ggml_type, 1), int(ggml_type)
     data = blocks(t, n, k, 3)
@@ -155,6 +155,6 @@ def test_quant_gemm_takes_the_packed_form_by_its_type_code(ggml_type: int) -> No
 
 
 def test_other_types_are_not_packed() -> None:
-    assert not quant_dot.supports(int(T.Q2_K)) and not quant_dot.supports(int(T.Q3_K))
+    assert not quant_dot.supports(int(T.Q8_1)) and not quant_dot.supports(int(T.IQ4_NL))
     with pytest.raises(ValueError):
-        quant_dot.pack(blocks(T.Q3_K, 4, 256, 1), int(T.Q3_K), 256)
+        quant_dot.pack(torch.zeros(4, 36, dtype=torch.uint8), int(T.Q8_1), 32)
