@@ -1,11 +1,14 @@
-"""The fused decode update of the gated delta rule against transformers' recurrent reference, one token."""
+"""The decode update of the gated delta rule against transformers' recurrent reference, one token: the dispatcher
+(the C++ kernel where it runs) and the torch path it falls back to."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import pytest
 import torch
 
-from engine.models.recurrent.delta_decode import delta_rule_decode
+from engine.models.recurrent.delta_decode import delta_rule_decode, torch_delta_rule_decode
 from engine.models.recurrent.gated_deltanet import delta_rule_kernels
 
 
@@ -13,7 +16,10 @@ from engine.models.recurrent.gated_deltanet import delta_rule_kernels
     ("rows", "k_heads", "v_heads", "dtype"),
     [(1, 4, 4, torch.bfloat16), (3, 2, 4, torch.float32), (4, 4, 4, torch.bfloat16)],
 )
-def test_decode_matches_reference(rows: int, k_heads: int, v_heads: int, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("decode", [delta_rule_decode, torch_delta_rule_decode])
+def test_decode_matches_reference(
+    rows: int, k_heads: int, v_heads: int, dtype: torch.dtype, decode: Callable[..., torch.Tensor]
+) -> None:
     g = torch.Generator().manual_seed(rows)
     dk, dv = 32, 16
     states = torch.randn(6, v_heads, dk, dv, generator=g)
@@ -27,7 +33,7 @@ def test_decode_matches_reference(rows: int, k_heads: int, v_heads: int, dtype: 
         initial_state=states[slots], output_final_state=True, use_qk_l2norm_in_kernel=True,
     )  # fmt: skip
     before = states.clone()
-    out = delta_rule_decode(q, k, v, decay, beta, states, slots)
+    out = decode(q, k, v, decay, beta, states, slots)
     assert out.dtype == dtype
     torch.testing.assert_close(
         out.float(), ref[:, 0].float(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-4
