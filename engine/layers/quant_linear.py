@@ -8,8 +8,8 @@ by measurement (engine/cpu_kernels/chooser.py):
 - "dequant": a tile of output rows at a time is dequantized to the activations' dtype and multiplied by torch
   (oneDNN: AMX tiles for a prefill's many rows); the tiles are shared over the step's threads. Never a dense copy
   of the whole weight. It is the only way for a type the kernel refuses (gguf's dequantizer then makes the tiles).
-- "dot" and "dot_dequant" (Q4_0/1, Q5_0/1, Q8_0, Q4_K, Q5_K, Q6_K blocks, bfloat16 activations): the same two over
-  the blocks repacked for bf16 dot products (engine/cpu_kernels/quant_dot.py; the file's bytes, K-quants up to 3%
+- "dot" and "dot_dequant" (Q4_0/1, Q5_0/1, Q8_0, Q2_K..Q6_K blocks, bfloat16 activations): the same two over
+  the blocks repacked for bf16 dot products (engine/cpu_kernels/quant_dot.py; the file's bytes, K-quants up to 4%
   more). Only one layout is held: the chooser keeps the one whose candidates lose least over all row classes
   (chooser.choose_held).
 - "dot_tiles" (where AMX tiles run): "dot"'s packed blocks through AMX tiles, each decoded chunk shared by every
