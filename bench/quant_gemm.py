@@ -6,15 +6,15 @@
 Every projection of every layer (fused q|k|v, o, fused gate|up, down) at SmolLM2-135M's and Gemma-3-270M's
 shapes, random blocks of each type (engine/cpu_kernels/quant_gemm.random_blocks): "ggml" (the blocks dequantized
 in registers, engine/cpu_kernels/quant_gemm.py), "dequant" (a tile of rows dequantized to bf16, then torch's
-GEMM: engine/layers/quant_linear.py), "dot" (the blocks repacked for bf16 dot products, engine/cpu_kernels/quant_dot.py,
-where the type has a packed form), and the winner engine/cpu_kernels/chooser.py picks per row class (its
-timing is cached), against bf16 weights through spindle's bf16 kernel (engine/layers/linear.py's KernelLinear).
---shape OUTxIN times those single projections (one "layer") instead of the models' steps.
-Where a type's block does not divide a projection's input (K-quants' 256 into 576 or 640), that projection holds
-Q5_0 instead, as the real Q4_K_M file does (so "Q4_K" on these shapes is a mix; the bytes counted are the mix's).
-Activations
-are bf16. Times are the process's CPU time per step, best of --tries, the forms interleaved (a shared machine
-still gives fair ratios); GB/s is over the bytes each form streams (the blocks, or the bf16 weights).
+GEMM: engine/layers/quant_linear.py), "dot" and "dot_tiles" (the blocks repacked for bf16 dot products,
+engine/cpu_kernels/quant_dot.py, where the type has a packed form; "dot_tiles" through AMX tiles where they run),
+and the winner engine/cpu_kernels/chooser.py picks per row class (its timing is cached), against bf16 weights
+through spindle's bf16 kernel (engine/layers/linear.py's KernelLinear). --shape OUTxIN times those single
+projections (one "layer") instead of the models' steps. Where a type's block does not divide a projection's input
+(K-quants' 256 into 576 or 640), that projection holds Q5_0 instead, as the real Q4_K_M file does (so "Q4_K" on
+these shapes is a mix; the bytes counted are the mix's). Activations are bf16. Times are the process's CPU time
+per step, best of --tries, the forms interleaved (a shared machine still gives fair ratios); GB/s is over the
+bytes each form streams (the blocks, or the bf16 weights).
 """
 
 from __future__ import annotations
@@ -48,10 +48,13 @@ def shapes(model: str) -> list[tuple[int, int]]:
 class Forced:
     """A QuantLinear's one candidate, whatever the chooser says."""
 
-    def __init__(self, lin: QuantLinear, candidate: str) -> None:
-        if candidate == "dot":  # the packed form's product in registers (ggml_into runs the form held)
+    def __init__(self, weight: GGMLWeight, candidate: str) -> None:
+        # a QuantLinear of its own, no choice made: "dot" and "dot_tiles" pack it (the blocks then let go)
+        lin = QuantLinear(weight, None)
+        if candidate in ("dot", "dot_tiles"):
             lin.pack()
-        self.lin, self.run = lin, lin.dequant_into if candidate == "dequant" else lin.ggml_into
+        runs = {"dequant": lin.dequant_into, "dot_tiles": lin.tiles_into}
+        self.lin, self.run = lin, runs.get(candidate, lin.ggml_into)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.empty(x.shape[0], self.lin.out_features, dtype=x.dtype)
@@ -77,14 +80,12 @@ def quant_forms(model: str, type_name: str, g: torch.Generator) -> tuple[dict[st
         for o, i in shapes(model)
     ]
     lins = [QuantLinear(w, None, torch.bfloat16) for w in weights]
-    forms: dict[str, Form] = {
-        f"{type_name} chosen": list(lins),
-        f"{type_name} dequant": [Forced(lin, "dequant") for lin in lins],
-    }
-    if quant_gemm.supports(ggml_type):
-        forms[f"{type_name} ggml"] = [Forced(lin, "ggml") for lin in lins]
-    if all(quant_dot.supports(w.ggml_type) for w in weights):  # a QuantLinear of its own: packing drops the blocks
-        forms[f"{type_name} dot"] = [Forced(QuantLinear(w, None), "dot") for w in weights]
+    candidates = ["dequant"] + ["ggml"] * quant_gemm.supports(ggml_type)
+    if all(quant_dot.supports(w.ggml_type) for w in weights):
+        candidates += ["dot"] + ["dot_tiles"] * quant_dot.tiles_usable()
+    forms: dict[str, Form] = {f"{type_name} chosen": list(lins)}
+    for c in candidates:
+        forms[f"{type_name} {c}"] = [Forced(w, c) for w in weights]
     return forms, sum(lin.nbytes for lin in lins)
 
 
