@@ -71,6 +71,7 @@ void unpack<Q5_K>(const uint8_t* b, int c, uint8_t* q, uint8_t* s) {
             q[32 * j + l] = (uint8_t)(lo | hi << 4);
         }
 }
+
 // d, then the signed scale of sub-block e of 16 at [e][c]
 void k_scales16(const uint8_t* d, int c, const int8_t* sc, uint8_t* s) {
     memcpy(s + 2 * c, d, 2);
@@ -101,7 +102,8 @@ void unpack<Q3_K>(const uint8_t* b, int c, uint8_t* q, uint8_t* s) {
     int8_t sc[16];
     for (int e = 0; e < 16; ++e) sc[e] = (int8_t)scale_k3(b + 96, e);
     k_scales16(b + 108, c, sc, s);
-    for (int i = 0; i < 256; ++i) q[i] = (uint8_t)(crumb(b + 32, i) | bit(b, (i % 32) * 8 + i / 32) << 2);
+    // the hmask's bit j of byte l: bit 2 of weight 32 j + l
+    for (int i = 0; i < 256; ++i) q[i] = (uint8_t)(crumb(b + 32, i) | ((b[i % 32] >> (i / 32)) & 1) << 2);
 }
 
 // weight l (0..31) of column c into chunk ch: word w = 8c + l % 8, slot l / 8
