@@ -90,6 +90,20 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
         float,
         "GiB of KV blocks kept on disk past eviction and restarts (default 4, at most a tenth of free disk; 0: off)",
     ),
+    (
+        "--state-snapshot-interval",
+        "state_snapshot_interval",
+        int,
+        "hybrid models (Qwen3.5, LFM2, Granite 4.0-H): snapshot each sequence's recurrent state every this many "
+        "tokens (rounded up to whole blocks; default 64) so prefix-cache hits resume there; 0: no prefix hits on them",
+    ),
+    (
+        "--state-snapshot-memory",
+        "state_snapshot_memory",
+        str,
+        "hybrid models: bytes of those snapshots, e.g. 256MiB, taken out of --kv-cache-memory (default an eighth of "
+        "it, at most half; least recently used evicted first)",
+    ),
     ("--max-logprobs", "max_logprobs", int, "most top logprobs a request may ask for"),
     ("--chat-template-render-timeout", "chat_template_render_timeout", float, "seconds a template may render"),
     ("--sse-keepalive", "sse_keepalive", float, "seconds of stream silence before a keep-alive comment (0: off)"),

@@ -36,7 +36,7 @@ _FLAG_GROUPS: dict[str, list[str]] = {
     "scheduling": (
         "--max-num-seqs --max-num-batched-tokens --max-num-queued-reqs --max-num-queued-tokens --scheduling-policy "
         "--block-size --kv-cache-memory --num-blocks --no-enable-prefix-caching --stream-interval --seed --cpu-threads "
-        "--kv-disk-cache-size"
+        "--kv-disk-cache-size --state-snapshot-interval --state-snapshot-memory"
     ).split(),
     "api": (
         "--max-logprobs --renderer-num-workers --chat-template-render-timeout --responses-store-size "

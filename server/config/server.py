@@ -102,6 +102,8 @@ class ServerConfig:
             num_blocks=e.num_blocks,
             enable_prefix_caching=e.enable_prefix_caching,
             kv_disk_cache_size=int(e.kv_disk_cache_size * (1 << 30)),
+            state_snapshot_interval=e.state_snapshot_interval,
+            state_snapshot_memory=e.state_snapshot_memory,
             seed=e.seed,
             device=e.device,
             scheduling_policy=s.scheduling_policy,

@@ -18,6 +18,7 @@ SIZE_FIELDS = (
     "max_structured_output_size",
     "responses_store_max_bytes",
     "batch_max_file_bytes",
+    "state_snapshot_memory",
 )
 # JSON objects: written as JSON text, as env vars and as flags.
 JSON_FIELDS = ("default_chat_template_kwargs", "pooler_config", "limit_mm_per_prompt", "speculative_config")
@@ -90,8 +91,8 @@ def parse_setting(name: str, hint: Any, raw: str, key: str) -> Any:
     """One SPINDLE_* variable's text as the field `name` (type `hint`) holds it; the error names `key`."""
     text = raw.strip()
     try:
-        if name in SIZE_FIELDS:
-            return parse_bytes(text)
+        if name in SIZE_FIELDS:  # an optional size (state_snapshot_memory) is unset by "none", as other settings
+            return None if type(None) in get_args(hint) and text.lower() in ("", "none", "null") else parse_bytes(text)
         if name == "api_keys":
             return tuple(k.strip() for k in text.split(",") if k.strip())
         if name in JSON_FIELDS:
