@@ -24,7 +24,10 @@ from pathlib import Path
 TUNABLE = "glibc.malloc.hugetlb"
 MIN_GLIBC = (2, 35)  # the first glibc with the tunable
 # below this many bytes of weights the TLB saving is small and the re-exec's start-up cost (~2 s) is not
-MIN_WEIGHT_BYTES = 256 << 20
+MIN_WEIGHT_BYTES = 128 << 20
+# the folder a GGUF file is derived into names its weights here (engine/gguf/folder.py MARKER; not imported: this
+# module runs before the engine's imports)
+GGUF_MARKER = "gguf.json"
 
 
 def _glibc_has_tunable() -> bool:
@@ -47,11 +50,22 @@ def huge_pages_env(env: Mapping[str, str]) -> dict[str, str] | None:
 
 
 def checkpoint_bytes(model: str | None) -> int:
-    """Bytes of weight files in a local checkpoint folder (0 for the built-in demo or a missing folder)."""
+    """Bytes of weights of a local checkpoint folder: its weight files, or for a folder derived from a GGUF file
+    the tensor bytes its gguf.json records (0 for the built-in demo, a missing folder or an unreadable marker)."""
     folder = Path(model) if model else None
     if folder is None or not folder.is_dir():
         return 0
-    return sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin", "*.pt") for f in folder.glob(pattern))
+    files = sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin", "*.pt") for f in folder.glob(pattern))
+    return files + _gguf_tensor_bytes(folder / GGUF_MARKER)
+
+
+def _gguf_tensor_bytes(marker: Path) -> int:
+    """gguf.json's `tensor_bytes` (engine/gguf/folder.py writes it); 0 when absent or not a count."""
+    try:
+        value = json.loads(marker.read_text()).get("tensor_bytes", 0)
+    except (OSError, ValueError, AttributeError):
+        return 0
+    return value if isinstance(value, int) and value > 0 else 0
 
 
 def engine_model(argv: Sequence[str]) -> str | None:

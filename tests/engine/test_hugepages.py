@@ -96,6 +96,23 @@ def test_only_a_checkpoint_big_enough_is_worth_the_reexec(tmp_path: Path) -> Non
     assert engine_model(["--channels", "3"]) is None and engine_model(["--config", "not json"]) is None
 
 
+@pytest.mark.parametrize("marker", ["tensor_bytes", "none", "not a count", "damaged"])
+def test_a_folder_derived_from_a_gguf_file_counts_the_files_tensor_bytes(tmp_path: Path, marker: str) -> None:
+    """A GGUF model's folder holds no weight files: its size is the tensor bytes gguf.json records."""
+    from engine.gguf.folder import MARKER
+    from engine.hugepages import GGUF_MARKER, MIN_WEIGHT_BYTES, checkpoint_bytes
+
+    assert GGUF_MARKER == MARKER
+    body = {
+        "tensor_bytes": json.dumps({"files": ["/x.gguf"], "tensor_bytes": MIN_WEIGHT_BYTES}),
+        "none": json.dumps({"files": ["/x.gguf"]}),
+        "not a count": json.dumps({"tensor_bytes": "many"}),
+        "damaged": "{",
+    }[marker]
+    (tmp_path / MARKER).write_text(body)
+    assert checkpoint_bytes(str(tmp_path)) == (MIN_WEIGHT_BYTES if marker == "tensor_bytes" else 0)
+
+
 @needs_glibc
 @pytest.mark.parametrize("big", [False, True])
 def test_the_engine_entry_reexecs_only_for_a_big_checkpoint(tmp_path: Path, big: bool) -> None:
