@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.cpu_kernels import build, decode_attention, decoder_layer, gemm, layer_ops
+from engine.cpu_kernels import build, decode_attention, decoder_layer, delta_rule, gemm, layer_ops
 
 pytestmark = pytest.mark.skipif(
     not build.enabled() or not build.NEEDS <= build.cpu_flags() or build.compiler() is None,
@@ -25,3 +25,8 @@ def test_the_layer_kernels_are_on() -> None:
 def test_the_decode_attention_kernel_is_on() -> None:
     q, cache = torch.zeros(1, 2, 32, dtype=torch.bfloat16), torch.zeros(1, 4, 1, 32, dtype=torch.bfloat16)
     assert decode_attention.usable(q, cache)
+
+
+def test_the_delta_rule_kernel_is_on() -> None:
+    rows, states = torch.zeros(1, 2, 16, dtype=torch.bfloat16), torch.zeros(1, 2, 16, 16)
+    assert delta_rule.usable(rows, rows, rows, states)
