@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.cpu_kernels import argmax as cpu_argmax
+from engine.cpu_kernels import topk as cpu_topk
 from engine.messages import SamplingParams, TokenLogprobs
 from engine.types.sequence import Sequence
 
@@ -199,7 +200,9 @@ class Sampler:
     def _draw_candidates(self, x: torch.Tensor, rows: list[int], seqs: list[Sequence], ks: list[int]) -> torch.Tensor:
         """top_k rows: everything happens on the k largest logits (temperature keeps the order)."""
         dev = x.device
-        vals, idx = (x if len(rows) == x.shape[0] else x[rows]).topk(max(ks), dim=-1)
+        xr = x if len(rows) == x.shape[0] else x[rows]
+        found = cpu_topk.topk(xr, max(ks), torch.get_num_threads())  # one pass; None: not here, or too few finite
+        vals, idx = found if found is not None else xr.topk(max(ks), dim=-1)
         vals = vals / _column([s.params.temperature for s in seqs], dev)
         vals = vals.masked_fill(
             torch.arange(vals.shape[1], device=dev)[None, :] >= torch.tensor(ks, device=dev)[:, None], -math.inf
