@@ -83,9 +83,9 @@ def test_distribution_matches_reference(params: SamplingParams, path: str, monke
         monkeypatch.setattr(sampler_mod, "ARGMAX_CHUNK", 5)
     if path == "large-k":  # top_k beyond the candidate limit: threshold mask on the full row
         monkeypatch.setattr(sampler_mod, "MAX_CANDIDATES", 2)
-    if path.startswith("fallback"):  # top_p without rejection draws
-        monkeypatch.setattr(sampler_mod, "REJECTION_ROUNDS", 0)
-    if path == "fallback-sort":  # ... and candidates too few: full sort
+    if path.startswith("fallback"):  # top_p: the first candidates too few for the nucleus
+        monkeypatch.setattr(sampler_mod, "FIRST_CANDIDATES", 1)
+    if path == "fallback-sort":  # ... and the wider candidates too: full sort
         monkeypatch.setattr(sampler_mod, "MAX_CANDIDATES", 1)
     torch.manual_seed(1234)
     n = 20_000
