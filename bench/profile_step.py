@@ -1,7 +1,7 @@
 """Where a decode step's time goes, through EngineCore.step: schedule / prepare inputs / forward /
 LM head / sample / postprocess (RequestOutputs, scheduler.update, stop checks), in ms per step.
 
-    python -m bench.profile_step [--model DIR] [--batch 64] [--dtype float32] [--threads 2] [--steps 30]
+    python -m bench.profile_step [--model DIR|FILE.gguf] [--batch 64] [--dtype auto] [--threads 2] [--steps 30]
                                  [--temperature 0] [--top-k -1] [--repetition-penalty 1] [--torch-profile]
                                  [--quantization int8] [--repeat 1]
 
@@ -32,12 +32,13 @@ from typing import Any
 
 import torch
 
-from bench.roofline import Rates, load_args, measure, measure_gpu, step_cost
+from bench.roofline import Rates, gguf_tensor_bytes, load_args, measure, measure_gpu, step_cost
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.cpu_kernels import chooser
 from engine.hugepages import reexec_with_huge_pages
 from engine.messages import AddRequest, SamplingParams
+from engine.models.loader import resolve_model
 
 PHASES = ("schedule", "prepare", "forward", "lm_head", "sample")
 
@@ -123,7 +124,7 @@ def timed_steps(core: EngineCore, steps: int, totals: dict[str, float]) -> tuple
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None, help="checkpoint folder (default: the demo checkpoint)")
-    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--dtype", default="auto", help="as the server's --dtype (auto: what it picks)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=30)
@@ -232,7 +233,10 @@ def main() -> None:
         )
         if rates is not None:
             context = prompt_len + 4 + r * args.steps + args.steps // 2  # the mean over these steps
-            cost = step_cost(load_args(args.model), model_dtype, args.batch, context, args.quantization)
+            folder = resolve_model(args.model)  # a .gguf file: the folder derived from it
+            cost = step_cost(
+                load_args(folder), model_dtype, args.batch, context, args.quantization, gguf_tensor_bytes(folder)
+            )
             bound, why = cost.bound_ms(rates)
             print(
                 f"{'bound':>12} {bound:8.2f} ms  ({why}; read {rates.read_gbs:.1f} GB/s, "

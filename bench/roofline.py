@@ -135,8 +135,26 @@ def load_args(model: str | Path) -> ModelArgs:
     return parse_config(json.loads((Path(model) / "config.json").read_text()))
 
 
-def step_cost(args: ModelArgs, dtype: str, batch: int, context: int, quantization: str | None = None) -> StepCost:
-    """One decode step of `batch` sequences, each attending over `context` tokens."""
+def gguf_tensor_bytes(model: str | Path) -> int | None:
+    """The tensor bytes of the GGUF file a folder was derived from (its gguf.json), None for other checkpoints: a
+    quantized step reads the file's blocks, not `dtype`-sized weights (a tied embedding is the head, read once)."""
+    marker = Path(model) / "gguf.json"
+    if not marker.is_file():
+        return None
+    value = json.loads(marker.read_text()).get("tensor_bytes")
+    return value if isinstance(value, int) else None
+
+
+def step_cost(
+    args: ModelArgs,
+    dtype: str,
+    batch: int,
+    context: int,
+    quantization: str | None = None,
+    weight_bytes: int | None = None,
+) -> StepCost:
+    """One decode step of `batch` sequences, each attending over `context` tokens; weight_bytes: what the weights
+    read per step hold when known (a GGUF file's blocks), else computed from the shape and dtype."""
     item = _DTYPES[dtype].itemsize
     d, h = args.head_dim, args.hidden_size
     per_layer = (
@@ -144,7 +162,9 @@ def step_cost(args: ModelArgs, dtype: str, batch: int, context: int, quantizatio
     )
     proj = args.num_layers * per_layer
     head = args.vocab_size * h
-    if quantization == "int8":  # int8 weights (the LM head's too) and one scale per output row (float32 at most)
+    if weight_bytes is not None:
+        pass
+    elif quantization == "int8":  # int8 weights (the LM head's too) and one scale per output row (float32 at most)
         rows = args.num_layers * ((args.num_heads + 2 * args.num_kv_heads) * d + h + 2 * args.intermediate_size + h)
         weight_bytes = proj + head + (rows + args.vocab_size) * 4
     else:
