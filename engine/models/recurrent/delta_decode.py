@@ -14,6 +14,11 @@ import torch
 from engine.cpu_kernels import delta_rule
 from engine.layers.parallel import WORKERS
 
+# the kernel's states from which a call takes the step's threads: a smaller update (Qwen3.5-0.8B at batch 1: 1 MB,
+# ~0.1 ms) saves less than a team's join costs when another process holds a core (bench/README.md, "Hybrid decode
+# against the memory bound")
+TEAM_STATE_BYTES = 4 << 20
+
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + 1e-6)
@@ -41,7 +46,7 @@ def delta_rule_decode(
     in v's dtype; the rows' states (at `slots`, distinct) advanced in place."""
     if delta_rule.usable(q, k, v, states):
         state_bytes = v.shape[0] * states[0].numel() * states.element_size()
-        threads = WORKERS.threads_for(3 * v.shape[0] * states[0].numel(), 2 * state_bytes)
+        threads = WORKERS.threads if state_bytes >= TEAM_STATE_BYTES else 1
         return delta_rule.decode(q, k, v, g, beta, states, slots, threads)
     return torch_delta_rule_decode(q, k, v, g, beta, states, slots)
 
