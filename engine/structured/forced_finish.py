@@ -21,7 +21,9 @@ from engine.types.constraint_state import StructuredGrammar, StructuredState
 log = logging.getLogger("engine")
 
 MARGIN = 4  # the finish starts this many tokens before it would have to: it ends just inside max_tokens
+GROWTH = 4  # and a 1/GROWTH of its length earlier: one token can lengthen it (a new item whose pattern must be met)
 EVERY_STEP = 16
+MAX_MISSES = 32  # steps in a row a finish is looked for again after one no longer fits
 
 
 def closing_token(state: StructuredState, budget: int, banned: Container[int]) -> int | None:
@@ -48,11 +50,17 @@ def _look(state: StructuredState, grammar: StructuredGrammar, budget: int) -> No
     if not (path and len(path) <= budget and grammar.finishes(path)):
         path = state.finish = grammar.completion(budget)
     if path is None:  # no finish fits (or none was found): look again later, the model may close things
-        state.check_at = budget // 2
-    elif budget <= len(path) + MARGIN:
+        # one fitted before: the finish grew for a while (a string's pattern to complete), and may shrink back
+        # within a few tokens (the string closed), so look again at the next step rather than at half the budget
+        state.misses += 1 if state.finish_len else 0
+        state.check_at = budget - 1 if 0 < state.misses <= MAX_MISSES else budget // 2
+        return
+    # the finish's length moves as the model writes (inside a string it is longer): of the last two, the longer
+    longest, state.finish_len, state.misses = max(len(path), state.finish_len), len(path), 0
+    if budget <= longest + longest // GROWTH + MARGIN:
         state.closing = list(path)
     else:
-        gap = budget - len(path) - MARGIN
+        gap = budget - longest - longest // GROWTH - MARGIN
         state.check_at = budget - 1 if gap <= EVERY_STEP else budget - gap // 2
 
 

@@ -37,6 +37,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
+from engine.structured.one_of import all_disjoint, branch_facts, narrow
 from engine.structured.unevaluated import rewrite_unevaluated
 
 MAX_CONDITIONALS = 8  # if/then/else rewritten two ways per object: each doubles what llguidance intersects there
@@ -71,7 +72,8 @@ def rewrite(schema: dict[str, Any], *, conditionals: bool = True) -> dict[str, A
     steps += [_format, _safe_integer]
     steps += [] if "enum" in pointed else [_unique_enum]
     steps += [] if pointed & {"dependencies", "dependentRequired", "dependentSchemas"} else [_dependencies]
-    steps += [] if "oneOf" in pointed else [_one_of]
+    steps += [] if "oneOf" in pointed else [functools.partial(_one_of, root=work)]
+    steps += [] if "not" in pointed else [_not]
     steps += [_conditionals] if conditionals and not pointed & {"if", "then", "else"} else []
     changed = "unevaluatedProperties" not in pointed and rewrite_unevaluated(work, nodes, _nodes)
     for node in nodes:
@@ -176,41 +178,20 @@ def _unique_enum(node: dict[str, Any]) -> bool:
     return True
 
 
-def _one_of(node: dict[str, Any]) -> bool:
+def _one_of(node: dict[str, Any], root: dict[str, Any]) -> bool:
     """oneOf as an anyOf that means the same: branches that no value satisfies together as they are, else each
-    branch with the others' negations (negate()) when every branch has one."""
+    branch with the others' negations (negate()) when every branch has one; else narrowed (one_of.narrow)."""
     branches = node.get("oneOf")
-    if not isinstance(branches, list) or not branches or len(branches) > MAX_ONE_OF or "anyOf" in node:
+    if not isinstance(branches, list) or not branches or "anyOf" in node:
         return False
-    if all(_disjoint(a, b) for i, a in enumerate(branches) for b in branches[i + 1 :]):
-        node["anyOf"] = node.pop("oneOf")
-        return True
-    negations = [negate(b) for b in branches]
-    if any(n is None for n in negations):
-        return False
-    node["anyOf"] = [{"allOf": [b, *(n for j, n in enumerate(negations) if j != i)]} for i, b in enumerate(branches)]
-    del node["oneOf"]
-    return True
-
-
-def _disjoint(a: Any, b: Any) -> bool:
-    """No value satisfies both: different types, different constants, or a required property's constants."""
-    if not isinstance(a, dict) or not isinstance(b, dict):
-        return a is False or b is False
-    ta, tb = _types(a), _types(b)
-    if ta is not None and tb is not None and not ta & tb:
-        return True
-    va, vb = _values(a), _values(b)
-    if va is not None and vb is not None and not any(v in vb for v in va):
-        return True
-    for key in set(a.get("properties", {})) & set(b.get("properties", {})):
-        if (
-            key in a.get("required", [])
-            and key in b.get("required", [])
-            and _disjoint(a["properties"][key], b["properties"][key])
-        ):
+    if len(branches) <= MAX_ONE_OF and not all_disjoint(branch_facts(node, root), root):
+        negations = [negate(b) for b in branches]
+        if all(n is not None for n in negations):
+            others = [[n for j, n in enumerate(negations) if j != i] for i in range(len(branches))]
+            node["anyOf"] = [{"allOf": [b, *others[i]]} for i, b in enumerate(branches)]
+            del node["oneOf"]
             return True
-    return False
+    return narrow(node, root)
 
 
 def _types(schema: dict[str, Any]) -> set[str] | None:
@@ -219,11 +200,17 @@ def _types(schema: dict[str, Any]) -> set[str] | None:
     return None if kinds is None else kinds | ({"integer"} if "number" in kinds else set())
 
 
-def _values(schema: dict[str, Any]) -> list[Any] | None:
-    if "const" in schema:
-        return [schema["const"]]
-    enum = schema.get("enum")
-    return enum if isinstance(enum, list) else None
+def _not(node: dict[str, Any]) -> bool:
+    """A `not` becomes an allOf member of its negation where negate() writes one (llguidance has no `not`):
+    `not: {required: [k]}` is an object without k. Run on a node before its `if` child, so affirm() still reads that."""
+    if "not" not in node:
+        return False
+    negated = negate(node["not"])
+    if negated is None:
+        return False
+    del node["not"]
+    node["allOf"] = [*(node["allOf"] if isinstance(node.get("allOf"), list) else []), negated]
+    return True
 
 
 def _dependencies(node: dict[str, Any]) -> bool:

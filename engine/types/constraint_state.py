@@ -63,3 +63,5 @@ class StructuredState:
     closing: list[int] | None = None  # the finish being forced near max_tokens (engine/structured/forced_finish.py)
     finish: list[int] | None = None  # the last finish found, from an earlier state (closing.py tries it first)
     check_at: int = 1 << 30  # look for a finish once the tokens left are at most this
+    finish_len: int = 0  # the length of the last finish found (0: none yet)
+    misses: int = 0  # searches in a row that found no finish within the tokens left, after one had been found

@@ -47,6 +47,7 @@ from anyio.lowlevel import RunVar
 
 from engine.messages import StructuredOutputs
 from engine.structured import grammar, relaxed_schema
+from engine.structured.one_of import first_one_of
 from server.config import RequestCaps
 from server.http.errors import bad_request
 from server.request.openai_protocol import (
@@ -304,7 +305,7 @@ async def structured_outputs(
 async def relax_constraint(so: StructuredOutputs, param: str, caps: RequestCaps) -> Constraint:
     """Best effort for a JSON-schema constraint: what the backend can enforce of it, and what it leaves out."""
     check_size(so, param, caps)
-    error, spec, keywords = await _cached(so, b"relax", lambda: _run_relax(so))
+    error, spec, keywords = await _cached(so, b"relax", lambda: _run_relax(so, exclusive=True))
     if error is not None:
         raise bad_request(f"Invalid {param}: {error}", param)
     engine = msgspec.structs.replace(so, spec=spec) if spec != so.spec else so
@@ -328,7 +329,8 @@ async def relax_schema(
     return (json.loads(spec) if spec != so.spec else schema), keywords
 
 
-def _run_relax(so: StructuredOutputs, style: Any = None) -> _Result:
+def _run_relax(so: StructuredOutputs, style: Any = None, *, exclusive: bool = False) -> _Result:
+    """exclusive: a oneOf the grammar would read as anyOf is refused (an answer could meet two of its branches)."""
     try:
         schema = json.loads(so.spec)
     except ValueError as e:
@@ -341,7 +343,20 @@ def _run_relax(so: StructuredOutputs, style: Any = None) -> _Result:
         out = backend_relax(schema, style if style is not None else grammar.json_style(so))
     except Exception as e:  # GrammarError, or the backend's own failure: the constraint's problem, never a 500
         return str(e).strip() or type(e).__name__, so.spec, ()
+    if exclusive and "oneOf" in out.keywords:
+        return one_of_refusal(out.schema), so.spec, ()
     return None, (so.spec if out.schema is schema else json.dumps(out.schema)), out.keywords
+
+
+def one_of_refusal(relaxed: Any) -> str:
+    """Why a oneOf is refused, and what to send instead."""
+    where = first_one_of(relaxed)
+    return (
+        f"oneOf{f' at {where}' if where else ''} cannot be enforced: its branches are not provably exclusive, so an "
+        "answer could match two of them and fail the schema. Send anyOf where matching several branches is fine, or "
+        "tell the branches apart (different types, a required property with different const or enum values, or a "
+        "property one branch requires and the others forbid)."
+    )
 
 
 def _key(so: StructuredOutputs, mode: bytes = b"") -> bytes:

@@ -249,12 +249,13 @@ def test_best_effort_names_what_it_relaxed_and_checks_the_answers(srv: Server) -
     before = srv.metric("spindle_structured_output_checked_total")
     r = ask(srv, RELAXED, n=3)
     assert r.status_code == 200, r.text
-    assert r.headers[HEADER] == "format:url, oneOf, uniqueItems"
+    assert r.headers[HEADER] == "format:url, uniqueItems"  # kind's oneOf: narrowed to branches told apart
     finished = 0
     for choice in r.json()["choices"]:
         assert choice["finish_reason"] == "stop"
         value = json.loads(choice["message"]["content"])
         assert set(value) == {"tags", "kind", "home"} and set(value["tags"]) <= {"a", "b", "c"}  # enforced parts
+        assert len(value["kind"]) == 1  # exactly one branch: x or y
         finished += 1
     invalid = sum(
         srv.metric("spindle_structured_output_invalid_total", f'reason="{k}"')
@@ -278,7 +279,7 @@ def test_streamed_best_effort_has_the_header_and_is_checked(srv: Server) -> None
         "structured_outputs": {"json": RELAXED},
     }
     with httpx.stream("POST", f"{srv.url}/v1/chat/completions", json=body, timeout=120) as r:
-        assert r.status_code == 200 and r.headers[HEADER] == "format:url, oneOf, uniqueItems"
+        assert r.status_code == 200 and r.headers[HEADER] == "format:url, uniqueItems"
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
     assert set(json.loads(text)) == {"tags", "kind", "home"}
@@ -302,12 +303,24 @@ def test_tool_parameters_are_best_effort_unless_strict(srv: Server) -> None:
 
     r = call(None)
     assert r.status_code == 200, r.text
-    assert r.headers[HEADER] == "tag(format:url, oneOf, uniqueItems)"
+    assert r.headers[HEADER] == "tag(format:url, uniqueItems)"
     calls = r.json()["choices"][0]["message"]["tool_calls"]
     assert calls[0]["function"]["name"] == "tag"
     assert set(json.loads(calls[0]["function"]["arguments"])) == {"tags", "kind", "home"}
     refused = call(True)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools"
+
+
+def test_a_one_of_whose_branches_may_overlap_is_refused_for_the_answer(srv: Server) -> None:
+    """Read as anyOf, an answer could meet both branches: response_format refuses it (400 naming oneOf and where),
+    with anyOf the same schema is enforced whole."""
+    overlap = {"type": "object", "properties": {"n": {"oneOf": [{"type": "number"}, {"type": "integer"}]}}}
+    r = ask(srv, overlap, n=1)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format.json_schema.schema"
+    assert "oneOf at /properties/n" in r.json()["error"]["message"]
+    either = {"type": "object", "properties": {"n": {"anyOf": [{"type": "number"}, {"type": "integer"}]}}}
+    ok = ask(srv, either, n=1)
+    assert ok.status_code == 200 and HEADER not in ok.headers
 
 
 def test_a_large_real_schema_passes_the_default_budget(srv: Server) -> None:

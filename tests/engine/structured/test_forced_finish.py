@@ -16,7 +16,7 @@ import pytest
 from engine.core.engine_core import EngineCore
 from engine.messages import SamplingParams, StructuredOutputs
 from engine.structured.finish_search import completion
-from engine.structured.forced_finish import EVERY_STEP, MARGIN, advance, closing_token
+from engine.structured.forced_finish import EVERY_STEP, GROWTH, MARGIN, advance, closing_token
 from engine.structured.relaxed_schema import relax
 from engine.types.constraint_state import StructuredState
 from tests.engine.structured.conftest import finish, make_core, run, shared_backend
@@ -240,7 +240,8 @@ def test_the_finish_is_looked_for_rarely_until_it_is_near(replays: bool) -> None
         if token is not None:
             forced.append(budget)
         advance(state, 7 if token is not None else 1)
-    assert forced == list(range(10 + MARGIN, MARGIN, -1))  # the ten tokens, ending MARGIN before the end
+    early = 10 // GROWTH + MARGIN
+    assert forced == list(range(10 + early, early, -1))  # the ten tokens, ending a margin before the end
     assert Fixed.calls == 1 if replays else 14 <= Fixed.calls <= 14 + EVERY_STEP + 2
 
 
@@ -284,6 +285,35 @@ def test_a_finish_token_the_sampler_would_ban_is_not_forced(core: EngineCore) ->
     assert finish(outs) == ("length", None)
     text = text_of(core, tokens(outs))
     assert re.fullmatch("[a-z]*", text), text  # only letters: "@" was never forced past the ban
+
+
+@pytest.mark.parametrize("phase", range(8))
+def test_a_finish_that_grows_with_each_new_item_is_still_forced_in_time(phase: int) -> None:
+    """Between items the finish is 20 tokens; inside one (3 of every 8 tokens, its pattern to complete) it is 30: a
+    new item lengthens it by half in one token. The finish starts early enough for that, and where a search finds none
+    that fits it looks again at the next step (the item closes soon) rather than at half the budget."""
+    written = [phase]
+
+    class Items:
+        def completion(self, limit: int) -> list[int] | None:
+            size = 30 if written[0] % 8 in (1, 2, 3) else 20
+            return [7] * size if size <= limit else None
+
+        def finishes(self, tokens: list[int]) -> bool:
+            return False
+
+    state = StructuredState(StructuredOutputs("json", "{}"), grammar=Items())  # type: ignore[arg-type]
+    forced = 0
+    for budget in range(300, 0, -1):
+        token = closing_token(state, budget, frozenset())
+        if token is None:
+            assert forced == 0, "the model wrote on inside the finish"
+            written[0] += 1
+        forced += token is not None
+        advance(state, 7 if token is not None else 1)
+        if forced and not state.closing:
+            break
+    assert forced in (20, 30) and budget >= 1
 
 
 def test_a_failing_search_disables_the_finish_for_that_request_only(caplog: pytest.LogCaptureFixture) -> None:

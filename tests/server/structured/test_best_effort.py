@@ -100,6 +100,37 @@ async def test_what_no_relaxation_fixes_is_a_400_even_without_strict() -> None:
         assert e.value.param == "response_format.json_schema.schema" and needle in e.value.message
 
 
+OVERLAP = {
+    "type": "object",
+    "properties": {"n": {"oneOf": [{"type": "number"}, {"type": "integer", "minimum": 0}]}},
+    "required": ["n"],
+}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"response_format": json_schema(OVERLAP)}, "response_format.json_schema.schema"),
+        ({"structured_outputs": {"json": OVERLAP}}, "structured_outputs.json"),
+        ({"guided_json": OVERLAP}, "guided_json"),
+    ],
+)
+async def test_a_one_of_whose_branches_may_overlap_is_a_400_naming_it(fields: dict[str, Any], param: str) -> None:
+    """Read as anyOf, an answer (5) could meet both branches and fail the schema: refused, never a relaxation."""
+    with pytest.raises(APIError) as e:
+        await structured_outputs(chat(**fields), CAPS)
+    assert e.value.status == 400 and e.value.param == param
+    assert "oneOf at /properties/n" in e.value.message and "anyOf" in e.value.message
+    disjoint = {
+        "oneOf": [{"type": "string"}, {"type": "object", "required": ["a"]}, {"type": "object", "required": ["b"]}]
+    }
+    found = await structured_outputs(chat(response_format=json_schema(disjoint)), CAPS)
+    assert found is not None and found.relaxed is None  # told apart: enforced whole
+    _, relaxed = await relax_tools([_tool("f", OVERLAP)], CAPS)  # a tool's arguments: relaxed as before
+    assert relaxed["f"].keywords == ("oneOf",)
+
+
 @pytest.mark.anyio
 async def test_relaxed_results_are_cached_per_mode() -> None:
     calls: list[Any] = []
