@@ -7,8 +7,9 @@ next token of that finish (engine/structured/finish_search.py), so the output pa
 A model that finishes by itself is never touched; one cut by a max_tokens too small for any finish gets a
 valid prefix, as before.
 
-The finish is looked for rarely: at the first step, then halfway to where it would have to start,
-and every step once within EVERY_STEP tokens of it (one token can open a deep structure).
+The finish is looked for rarely: at the first step, then halfway to where it would have to start (at most
+MAX_GAP tokens on: the model may open members whose required parts lengthen the finish manyfold), and every step
+once within EVERY_STEP tokens of it (one token can open a deep structure).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ log = logging.getLogger("engine")
 MARGIN = 4  # the finish starts this many tokens before it would have to: it ends just inside max_tokens
 GROWTH = 4  # and a 1/GROWTH of its length earlier: one token can lengthen it (a new item whose pattern must be met)
 EVERY_STEP = 16
+MAX_GAP = 32  # tokens between searches at most: what the model opens meanwhile can lengthen the finish manyfold
 MAX_MISSES = 32  # steps in a row a finish is looked for again after one no longer fits
 
 
@@ -61,7 +63,7 @@ def _look(state: StructuredState, grammar: StructuredGrammar, budget: int) -> No
         state.closing = list(path)
     else:
         gap = budget - longest - longest // GROWTH - MARGIN
-        state.check_at = budget - 1 if gap <= EVERY_STEP else budget - gap // 2
+        state.check_at = budget - 1 if gap <= EVERY_STEP else budget - min(gap // 2, MAX_GAP)
 
 
 def advance(state: StructuredState, token: int) -> None:
