@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from engine.core.engine_core import EngineCore
 from server.cli import config_from_args
 from server.cli_help import GROUP_OF
 from server.config import ServerConfig
+from tests.engine.models.hybrid_families import build_hybrid
 
 HALF_GIB = 1 << 29
 
@@ -69,3 +71,19 @@ def test_environment_variables() -> None:
 
 def test_both_flags_show_with_the_kv_cache_flags() -> None:
     assert GROUP_OF["--state-snapshot-interval"] == GROUP_OF["--state-snapshot-memory"] == "scheduling"
+
+
+@pytest.mark.parametrize(("argv", "interval", "snapshots"), [([], 64, 1), (["--state-snapshot-interval", "0"], 0, 0)])
+def test_the_flags_shape_a_hybrid_engines_snapshots(
+    tmp_path_factory: pytest.TempPathFactory, argv: list[str], interval: int, snapshots: int
+) -> None:
+    """A tiny Qwen3.5 engine built from the flags: its pool's snapshot interval and count (the memory flag gives
+    room for exactly one slot's state, the interval flag 0 turns them off)."""
+    ckpt = build_hybrid(tmp_path_factory.getbasetemp() / "hybrids", "qwen3_5")
+    base = ["--model", str(ckpt), "--num-blocks", "64", "--block-size", "16", "--max-num-seqs", "2"]
+    probe = EngineCore(config_from_args(base).engine_config()).runner.states
+    assert probe is not None
+    per_slot = sum(t[0].numel() * t.element_size() for layer in probe.layers for t in layer)
+    cfg = config_from_args([*base, "--state-snapshot-memory", str(per_slot), *argv]).engine_config()
+    pool = EngineCore(cfg).block_manager.state
+    assert pool is not None and (pool.interval, pool.num_snapshots) == (interval, snapshots)
