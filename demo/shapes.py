@@ -20,7 +20,7 @@ import torch
 
 from demo.hybrid_shapes import HYBRID_GENERATION, HYBRID_SHAPES, hybrid_tensor_shapes
 
-# config.json of the real checkpoints (Qwen2.5-0.5B-Instruct, Llama-3.2-1B-Instruct), less their transformers version
+# config.json of the real checkpoints (Qwen2.5-0.5B-Instruct, Qwen2.5-1.5B-Instruct, Llama-3.2-1B-Instruct), less their transformers version
 SHAPES: dict[str, dict[str, Any]] = {
     "qwen2.5-0.5b": {
         "architectures": ["Qwen2ForCausalLM"],
@@ -30,6 +30,30 @@ SHAPES: dict[str, dict[str, Any]] = {
         "intermediate_size": 4864,
         "num_hidden_layers": 24,
         "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 32768,
+        "max_window_layers": 21,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0,
+        "sliding_window": 32768,
+        "use_sliding_window": False,
+        "tie_word_embeddings": True,
+        "vocab_size": 151936,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+    },
+    "qwen2.5-1.5b": {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_act": "silu",
+        "hidden_size": 1536,
+        "intermediate_size": 8960,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
         "num_key_value_heads": 2,
         "max_position_embeddings": 32768,
         "max_window_layers": 21,

@@ -50,7 +50,9 @@ def small(name: str) -> dict[str, Any]:
     )
 
 
-@pytest.mark.parametrize("name, params", [("qwen2.5-0.5b", 494_032_768), ("llama-3.2-1b", 1_235_814_400)])
+@pytest.mark.parametrize(
+    "name, params", [("qwen2.5-0.5b", 494_032_768), ("qwen2.5-1.5b", 1_543_714_304), ("llama-3.2-1b", 1_235_814_400)]
+)
 def test_shapes_are_the_real_models(name: str, params: int) -> None:
     """Parameter counts as published, and every tensor name and shape as transformers builds the model."""
     from transformers import AutoConfig, AutoModelForCausalLM
