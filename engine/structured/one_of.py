@@ -11,8 +11,9 @@ anyOf, so an answer may meet two branches and fail the oneOf. Here, for one oneO
 - narrowed (fewer values, each valid): a branch that overlaps another gets, against each, one of the other's
   required properties forbidden (`properties: {k: false}`), else one of its own properties the other forbids
   required: it then meets no value of the other, where one of the two holds objects only; a branch that cannot be
-  told from another that way is dropped (`false`). When every branch
-  would go, nothing is rewritten (the oneOf stays relaxed).
+  told from another that way is dropped (`false`). Strings against a branch of a known format: a pattern no string
+  of that format matches (FORMAT_SHAPES: `hostname` against `ipv4` gets a character other than digits and dots).
+  When every branch would go, nothing is rewritten (the oneOf stays relaxed).
 
 No torch.
 """
@@ -31,6 +32,14 @@ from engine.structured.grammar import LIMITS
 MAX_BRANCHES = 32  # branches compared pairwise
 MAX_DEPTH = 6  # $ref / allOf / property levels followed
 _DRAFTS_IGNORING_REF_SIBLINGS = tuple(f"json-schema.org/draft-0{n}/" for n in (3, 4, 6, 7))
+# format: (a regex every valid string matches, one no valid string matches), as jsonschema's checkers read them
+# (ipaddress, uuid.UUID, a date): ipv4 is digits and dots, ipv6 has a colon, an email an @
+FORMAT_SHAPES = {
+    "ipv4": ("^[0-9.]+$", "[^0-9.]"),
+    "ipv6": (":", "^[^:]*$"),
+    "email": ("@", "^[^@]*$"),
+    "uuid": ("^[0-9a-fA-F-]+$", "[^0-9a-fA-F-]"),
+}
 _ALL = frozenset({"null", "boolean", "object", "array", "number", "integer", "string"})
 
 
@@ -45,6 +54,7 @@ class _Facts:
     allowed: set[str] | None = None  # the only keys allowed (`additionalProperties: false`), None: any
     properties: dict[str, list[Any]] = field(default_factory=dict)
     patterns: list[str] = field(default_factory=list)
+    outside: list[str] = field(default_factory=list)  # regexes no value of its formats matches
     never: bool = False  # no value (a `false` conjunct)
 
     def object_only(self) -> bool:
@@ -86,13 +96,18 @@ def narrow(node: dict[str, Any], root: Any) -> bool:
 
 
 def _narrow(i: int, branches: list[Any], facts: list[_Facts], root: Any) -> Any:
-    """Branch i told apart from each branch it may share a value with: one of that branch's required properties
-    forbidden, else one of its own properties that branch forbids required; False when neither is there."""
+    """Branch i told apart from each branch it may share a value with: a pattern no string of that branch's format
+    matches, else one of that branch's required properties forbidden, else one of its own properties that branch
+    forbids required; False when none is there."""
     forbid: list[str] = []
     require: list[str] = []
+    apart: list[str] = []
     mine = facts[i]
     for j, other in enumerate(facts):
         if j == i or disjoint(mine, other, root):
+            continue
+        if (mine.string_only() or other.string_only()) and other.outside:
+            apart.append(other.outside[0])  # a string of other's format never matches it
             continue
         if not (mine.object_only() or other.object_only()):
             return False
@@ -104,10 +119,12 @@ def _narrow(i: int, branches: list[Any], facts: list[_Facts], root: Any) -> Any:
             require.append(present[0])
         else:
             return False
-    if not forbid and not require:
+    if not forbid and not require and not apart:
         return branches[i]
-    told: dict[str, Any] = {"properties": {k: False for k in forbid}} if forbid else {}
-    return {"allOf": [branches[i], {**told, **({"required": sorted(set(require))} if require else {})}]}
+    told: list[Any] = [{"properties": {k: False for k in forbid}}] if forbid else []
+    told += [{"required": sorted(set(require))}] if require else []
+    told += [{"pattern": p} for p in dict.fromkeys(apart)]
+    return {"allOf": [branches[i], *told]}
 
 
 def disjoint(a: _Facts, b: _Facts, root: Any, depth: int = 0) -> bool:
@@ -190,8 +207,10 @@ def _add(facts: _Facts, part: Any) -> None:
     values = [part["const"]] if "const" in part else part.get("enum")
     if isinstance(values, list):
         facts.values = values if facts.values is None else [v for v in facts.values if v in values]
-    pattern = part.get("pattern")
+    pattern, shape = part.get("pattern"), FORMAT_SHAPES.get(str(part.get("format")))
     facts.patterns += [pattern] if isinstance(pattern, str) else []
+    facts.patterns += [shape[0]] if shape else []
+    facts.outside += [shape[1]] if shape else []
     required, props = part.get("required"), part.get("properties")
     facts.required |= {k for k in required if isinstance(k, str)} if isinstance(required, list) else set()
     props = props if isinstance(props, dict) else {}
