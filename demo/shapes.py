@@ -20,7 +20,8 @@ import torch
 
 from demo.hybrid_shapes import HYBRID_GENERATION, HYBRID_SHAPES, hybrid_tensor_shapes
 
-# config.json of the real checkpoints (Qwen2.5-0.5B-Instruct, Qwen2.5-1.5B-Instruct, Llama-3.2-1B-Instruct), less their transformers version
+# config.json of the real checkpoints (Qwen2.5-0.5B-Instruct, Qwen2.5-1.5B-Instruct, Llama-3.2-1B-Instruct), less
+# their transformers version
 SHAPES: dict[str, dict[str, Any]] = {
     "qwen2.5-0.5b": {
         "architectures": ["Qwen2ForCausalLM"],
