@@ -22,7 +22,8 @@ from engine.types.constraint_state import StructuredGrammar, StructuredState
 log = logging.getLogger("engine")
 
 MARGIN = 4  # the finish starts this many tokens before it would have to: it ends just inside max_tokens
-GROWTH = 4  # and a 1/GROWTH of its length earlier: one token can lengthen it (a new item whose pattern must be met)
+GROWTH = 3  # and a 1/GROWTH of its length earlier (or by the most it grew between two searches, when more): one token
+# can lengthen it (a new array item whose pattern must be met: a UUID's adds a third)
 EVERY_STEP = 16
 MAX_GAP = 32  # tokens between searches at most: what the model opens meanwhile can lengthen the finish manyfold
 MAX_MISSES = 32  # steps in a row a finish is looked for again after one no longer fits
@@ -58,11 +59,14 @@ def _look(state: StructuredState, grammar: StructuredGrammar, budget: int) -> No
         state.check_at = budget - 1 if 0 < state.misses <= MAX_MISSES else budget // 2
         return
     # the finish's length moves as the model writes (inside a string it is longer): of the last two, the longer
-    longest, state.finish_len, state.misses = max(len(path), state.finish_len), len(path), 0
-    if budget <= longest + longest // GROWTH + MARGIN:
+    longest = max(len(path), state.finish_len)
+    state.growth = max(state.growth, len(path) - state.finish_len if state.finish_len else 0)
+    state.finish_len, state.misses = len(path), 0
+    early = max(longest // GROWTH, state.growth) + MARGIN
+    if budget <= longest + early:
         state.closing = list(path)
     else:
-        gap = budget - longest - longest // GROWTH - MARGIN
+        gap = budget - longest - early
         state.check_at = budget - 1 if gap <= EVERY_STEP else budget - min(gap // 2, MAX_GAP)
 
 

@@ -64,4 +64,5 @@ class StructuredState:
     finish: list[int] | None = None  # the last finish found, from an earlier state (closing.py tries it first)
     check_at: int = 1 << 30  # look for a finish once the tokens left are at most this
     finish_len: int = 0  # the length of the last finish found (0: none yet)
+    growth: int = 0  # the most the finish grew from one search to the next
     misses: int = 0  # searches in a row that found no finish within the tokens left, after one had been found

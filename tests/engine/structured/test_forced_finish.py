@@ -240,7 +240,7 @@ def test_the_finish_is_looked_for_rarely_until_it_is_near(replays: bool) -> None
         if token is not None:
             forced.append(budget)
         advance(state, 7 if token is not None else 1)
-    early = 10 // GROWTH + MARGIN
+    early = 10 // GROWTH + MARGIN  # the finish never grew: a third of it early
     assert forced == list(range(10 + early, early, -1))  # the ten tokens, ending a margin before the end
     assert Fixed.calls == 1 if replays else Fixed.calls <= 10_000 // MAX_GAP + EVERY_STEP + 16
 
