@@ -24,6 +24,7 @@ from engine.structured.answer_floor import min_answer_tokens
 from engine.structured.grammar import json_style
 from engine.structured.relaxed_schema import relax
 from server.structured.answer_budget import vocabulary
+from server.structured.constraint import one_of_refusal
 
 MAX_BYTES = 256 * 1024  # the server's default --max-structured-output-size
 
@@ -44,6 +45,8 @@ def judge(schema: Any, tokenizer: Any, max_tokens: int) -> tuple[str, str]:
     if floor > max_tokens:
         return "budget", f"{floor} tokens"
     keywords = out.keywords
+    if "oneOf" in keywords:  # the server refuses a oneOf it would read as anyOf (constraint.one_of_refusal)
+        return "refused", one_of_refusal(out.schema)[:100]
     return ("relaxed", ",".join(keywords)) if keywords else ("accepted", "")
 
 
