@@ -25,6 +25,7 @@ from engine.types.sequence import Sequence
 GREEDY_EPS = 1e-5  # temperatures below this are greedy, as in vLLM
 MAX_CANDIDATES = 1024  # top_k up to this runs on the topk candidates only
 EXP_FLOOR = -87.0  # exp(x) below this is under float32's smallest normal (2^-126 ~ exp(-87.3)): taken as 0
+EXP_ZERO = math.exp(EXP_FLOOR + 1.0)  # at or below: 0; a margin over exp(EXP_FLOOR) whatever exp's last-bit rounding
 FIRST_CANDIDATES = 64  # a top_p draw looks for its nucleus among this many first (one pass), then MAX_CANDIDATES
 BIG = 1e30  # +inf logits become this: still the max, but arithmetic stays finite
 PROMPT_CHUNK = 64  # prompt positions scored at once
@@ -229,10 +230,7 @@ class Sampler:
             e = torch.index_select(x, 0, r, out=buf)
             e.sub_(e.amax(-1, keepdim=True))
         e.div_(_column([s.params.temperature for s in seqs], dev))  # row max is now 0
-        # unnormalized probabilities, max 1: the draw scales by the row total. exp is ~30x slower on arguments
-        # below float32's normal range (a 262,144-token row at temperature 0.2: 2.4 ms), so those count as 0
-        e.clamp_(min=EXP_FLOOR).exp_()
-        torch.threshold_(e, math.exp(EXP_FLOOR), 0.0)
+        _exp_floored_(e)  # unnormalized probabilities, max 1: the draw scales by the row total
         if any(ks):  # large top_k: zero what is below each row's k-th largest probability
             k = torch.tensor([k or 1 for k in ks], device=dev)
             kth = e.topk(max(ks), dim=-1).values.gather(1, (k - 1)[:, None])[:, 0]
@@ -361,6 +359,14 @@ def _argmax(x: torch.Tensor, maxima: torch.Tensor | None = None) -> torch.Tensor
 def _count_above(x: torch.Tensor, t: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
     """Per row: how many entries of x exceed t; sign/clamp in place beats a bool mask's sum."""
     return torch.sub(x, t, out=buf).sign_().clamp_(min=0).sum(-1)
+
+
+def _exp_floored_(x: torch.Tensor) -> torch.Tensor:
+    """exp in place, with arguments under EXP_FLOOR (and -inf: banned tokens) giving exactly 0: torch's exp is ~30x
+    slower below float32's normal range (a 262,144-token row at temperature 0.2: 2.4 ms), and a probability under
+    2^-124 of the top token's is nothing a draw can tell from 0."""
+    x.clamp_(min=EXP_FLOOR).exp_()
+    return torch.threshold_(x, EXP_ZERO, 0.0)
 
 
 def _zero_below(x: torch.Tensor, thresholds: list[float]) -> None:

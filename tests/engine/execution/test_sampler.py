@@ -360,3 +360,28 @@ def test_grammar_mask_survives_processing(temperature: float) -> None:
     assert lp is not None and set(lp.top_ids) <= {96, 97, 99} and math.isfinite(lp.logprob)
     allowed = logits[0, [96, 97, 99]]
     assert lp.logprob == pytest.approx(float(allowed[[96, 97, 99].index(lp.token_id)] - allowed.logsumexp(0)), abs=1e-5)
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.7])
+def test_a_sharp_row_draws_only_what_is_allowed(top_p: float) -> None:
+    """At a low temperature most of a row lies below exp's normal range (taken as 0, not worked through slowly):
+    a banned (-inf) token, and one ~1e-40 as likely as the top, are never drawn; the two top tokens still are."""
+    V = 300
+    row = torch.full((V,), -30.0)  # / 0.2 = -150 below the top: under float32's normal range
+    row[7], row[8] = 5.0, 4.8  # the top two: 73% and 27% at temperature 0.2 (top_p 0.7 keeps the first alone)
+    row[100:200] = -math.inf
+    n = 4000
+    logits = row.repeat(n, 1)
+    torch.manual_seed(7)
+    out = sampler(V).sample(logits, [seq(SamplingParams(max_tokens=1, temperature=0.2, top_p=top_p))] * n)
+    drawn = set(out.token_ids)
+    assert 7 in drawn and drawn <= {7, 8}
+    assert (8 in drawn) == (top_p == 1.0)
+
+
+def test_exp_floored_is_exp_above_the_floor_and_exactly_zero_at_or_below_it() -> None:
+    x = torch.tensor([0.0, -1.0, -50.0, -85.5, -86.5, -87.0, -90.0, -104.0, -200.0, -math.inf])
+    got = sampler_mod._exp_floored_(x.clone())
+    above = x > sampler_mod.EXP_FLOOR + 1.0  # no point within exp's last-bit rounding of the cut
+    assert torch.equal(got[above], torch.exp(x[above]))  # bitwise torch's exp where it counts
+    assert (got[~above] == 0.0).all()
