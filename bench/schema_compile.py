@@ -45,8 +45,10 @@ def judge(schema: Any, tokenizer: Any, max_tokens: int) -> tuple[str, str]:
     if floor > max_tokens:
         return "budget", f"{floor} tokens"
     keywords = out.keywords
-    if "oneOf" in keywords:  # the server refuses a oneOf it would read as anyOf (constraint.one_of_refusal)
-        return "refused", one_of_refusal(out.schema)[:100]
+    refusal = one_of_refusal(out.schema) if "oneOf" in keywords else None
+    if refusal is not None:  # the server refuses a oneOf it reads as anyOf whose branches may overlap
+        return "refused", refusal[:100]
+    keywords = tuple(k for k in keywords if k != "oneOf")
     return ("relaxed", ",".join(keywords)) if keywords else ("accepted", "")
 
 

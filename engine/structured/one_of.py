@@ -55,6 +55,8 @@ class _Facts:
     properties: dict[str, list[Any]] = field(default_factory=dict)
     patterns: list[str] = field(default_factory=list)
     outside: list[str] = field(default_factory=list)  # regexes no value of its formats matches
+    low: float | None = None  # numbers: the greatest lower bound given (exclusive or not)
+    high: float | None = None  # and the least upper bound
     never: bool = False  # no value (a `false` conjunct)
 
     def object_only(self) -> bool:
@@ -67,10 +69,18 @@ class _Facts:
         return key in self.forbidden or (self.allowed is not None and key not in self.allowed)
 
 
+_CONTEXT = ("type", "required", "properties", "additionalProperties", "patternProperties", "minimum", "maximum")
+
+
 def branch_facts(node: dict[str, Any], root: Any) -> list[_Facts]:
-    """What each oneOf branch says, with the node's own `type` (its values are of that type in every branch)."""
-    kind = node.get("type")
-    return [_facts({"type": kind, "allOf": [b]} if kind is not None else b, root, 0) for b in node["oneOf"]]
+    """What each oneOf branch says, with what the node itself says of every value (its type, required keys, ...)."""
+    context = {k: node[k] for k in _CONTEXT if k in node}
+    return [_facts({**context, "allOf": [b]} if context else b, root, 0) for b in node["oneOf"]]
+
+
+def exclusive(branches: list[Any], node: dict[str, Any], root: Any) -> bool:
+    """No value meets two of these oneOf branches (of `node`, in the document `root`)."""
+    return len(branches) < 2 or all_disjoint(branch_facts({**node, "oneOf": branches}, root), root)
 
 
 def all_disjoint(facts: list[_Facts], root: Any) -> bool:
@@ -102,6 +112,7 @@ def _narrow(i: int, branches: list[Any], facts: list[_Facts], root: Any) -> Any:
     forbid: list[str] = []
     require: list[str] = []
     apart: list[str] = []
+    objects = False
     mine = facts[i]
     for j, other in enumerate(facts):
         if j == i or disjoint(mine, other, root):
@@ -110,9 +121,12 @@ def _narrow(i: int, branches: list[Any], facts: list[_Facts], root: Any) -> Any:
             apart.append(other.outside[0])  # a string of other's format never matches it
             continue
         if not (mine.object_only() or other.object_only()):
-            return False
+            if mine.types is not None and "object" not in mine.types:
+                return False
+            objects = True  # narrowed to objects too: a value that is none meets every `required`
         absent = sorted(other.required - mine.required)
         present = sorted(k for k in mine.properties if other.forbids(k) and not mine.forbids(k))
+        present += sorted(k for k in set(mine.properties) & set(other.properties) if _apart(mine, other, k, root))
         if absent:
             forbid.append(absent[0])
         elif present:
@@ -121,10 +135,18 @@ def _narrow(i: int, branches: list[Any], facts: list[_Facts], root: Any) -> Any:
             return False
     if not forbid and not require and not apart:
         return branches[i]
-    told: list[Any] = [{"properties": {k: False for k in forbid}}] if forbid else []
+    told: list[Any] = [{"type": "object"}] if objects else []
+    told += [{"properties": {k: False for k in forbid}}] if forbid else []
     told += [{"required": sorted(set(require))}] if require else []
     told += [{"pattern": p} for p in dict.fromkeys(apart)]
     return {"allOf": [branches[i], *told]}
+
+
+def _apart(a: _Facts, b: _Facts, key: str, root: Any) -> bool:
+    """No value of `key` meets both branches' schemas of it (present in both, a discriminator not required)."""
+    return any(
+        disjoint(_facts(x, root, 1), _facts(y, root, 1), root, 1) for x in a.properties[key] for y in b.properties[key]
+    )
 
 
 def disjoint(a: _Facts, b: _Facts, root: Any, depth: int = 0) -> bool:
@@ -137,6 +159,10 @@ def disjoint(a: _Facts, b: _Facts, root: Any, depth: int = 0) -> bool:
         return True
     for x, y in ((a, b), (b, a)):
         if any(y.forbids(k) for k in x.required) and (x.object_only() or y.object_only()):
+            return True
+        if x.values is not None and y.types is not None and not any(_json_type(v) & y.types for v in x.values):
+            return True
+        if _number_only(x) and _number_only(y) and x.low is not None and y.high is not None and y.high < x.low:
             return True
     if (a.string_only() or b.string_only()) and any(patterns_disjoint(p, q) for p in a.patterns for q in b.patterns):
         return True
@@ -160,6 +186,19 @@ def patterns_disjoint(p: str, q: str) -> bool:
     except Exception:  # a regex it cannot read: nothing proved
         return False
     return p != q and not failed
+
+
+def _number_only(f: _Facts) -> bool:
+    return f.types is not None and f.types <= {"number", "integer"}
+
+
+def _json_type(value: Any) -> set[str]:
+    if isinstance(value, bool):
+        return {"boolean"}
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+        return {"integer", "number"}
+    kinds = {float: "number", str: "string", list: "array", dict: "object", type(None): "null"}
+    return {kinds.get(type(value), "other")}
 
 
 def _overlap(a: frozenset[str], b: frozenset[str]) -> bool:
@@ -207,6 +246,14 @@ def _add(facts: _Facts, part: Any) -> None:
     values = [part["const"]] if "const" in part else part.get("enum")
     if isinstance(values, list):
         facts.values = values if facts.values is None else [v for v in facts.values if v in values]
+    for key in ("minimum", "exclusiveMinimum"):
+        bound = part.get(key)
+        if isinstance(bound, (int, float)) and not isinstance(bound, bool):
+            facts.low = bound if facts.low is None else max(facts.low, bound)
+    for key in ("maximum", "exclusiveMaximum"):
+        bound = part.get(key)
+        if isinstance(bound, (int, float)) and not isinstance(bound, bool):
+            facts.high = bound if facts.high is None else min(facts.high, bound)
     pattern, shape = part.get("pattern"), FORMAT_SHAPES.get(str(part.get("format")))
     facts.patterns += [pattern] if isinstance(pattern, str) else []
     facts.patterns += [shape[0]] if shape else []
@@ -247,12 +294,13 @@ def _ref_siblings_ignored(root: Any) -> bool:
 
 
 def first_one_of(schema: Any) -> str | None:
-    """The JSON pointer of the first oneOf left in `schema` (breadth first), or None."""
+    """The JSON pointer of the first oneOf in `schema` (breadth first) whose branches may overlap, or None."""
     queue: list[tuple[Any, str]] = [(schema, "")]
     while queue:
         node, path = queue.pop(0)
         if isinstance(node, dict):
-            if isinstance(node.get("oneOf"), list):
+            branches = node.get("oneOf")
+            if isinstance(branches, list) and not exclusive(branches, node, schema):
                 return path or "/"
             queue += [(v, f"{path}/{str(k).replace('~', '~0').replace('/', '~1')}") for k, v in node.items()]
         elif isinstance(node, list):

@@ -343,16 +343,23 @@ def _run_relax(so: StructuredOutputs, style: Any = None, *, exclusive: bool = Fa
         out = backend_relax(schema, style if style is not None else grammar.json_style(so))
     except Exception as e:  # GrammarError, or the backend's own failure: the constraint's problem, never a 500
         return str(e).strip() or type(e).__name__, so.spec, ()
-    if exclusive and "oneOf" in out.keywords:
-        return one_of_refusal(out.schema), so.spec, ()
-    return None, (so.spec if out.schema is schema else json.dumps(out.schema)), out.keywords
+    keywords = out.keywords
+    if exclusive and "oneOf" in keywords:
+        refusal = one_of_refusal(out.schema)
+        if refusal is not None:
+            return refusal, so.spec, ()
+        keywords = tuple(k for k in keywords if k != "oneOf")  # read as anyOf, but no value meets two branches
+    return None, (so.spec if out.schema is schema else json.dumps(out.schema)), keywords
 
 
-def one_of_refusal(relaxed: Any) -> str:
-    """Why a oneOf is refused, and what to send instead."""
+def one_of_refusal(relaxed: Any) -> str | None:
+    """Why a oneOf the grammar reads as anyOf is refused, and what to send instead; None when no value can meet two
+    of its branches (one branch; a fallback that compiled the schema as it came, disjoint branches and all)."""
     where = first_one_of(relaxed)
+    if where is None:
+        return None
     return (
-        f"oneOf{f' at {where}' if where else ''} cannot be enforced: its branches are not provably exclusive, so an "
+        f"oneOf at {where} cannot be enforced: its branches are not provably exclusive, so an "
         "answer could match two of them and fail the schema. Send anyOf where matching several branches is fine, or "
         "tell the branches apart (different types, a required property with different const or enum values, or a "
         "property one branch requires and the others forbid)."

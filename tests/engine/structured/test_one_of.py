@@ -10,7 +10,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from engine.structured.one_of import patterns_disjoint
+from engine.structured.one_of import first_one_of, patterns_disjoint
 from engine.structured.relaxed_schema import relax
 from tests.engine.structured.test_relaxed_schema import STYLE, accepts
 
@@ -44,6 +44,28 @@ EITHER = {
 }
 HOST = {"type": "string", "maxLength": 12, "oneOf": [{"pattern": "^[^:]+$"}, {"pattern": "^[^:]+:[^:]+:[0-9]+$"}]}
 HOSTS = {"type": "string", "oneOf": [{"format": "hostname"}, {"format": "ipv4"}, {"format": "ipv6"}]}
+NAMES = {  # no type: a string meets both `required`s
+    "oneOf": [
+        {"properties": {"first": {"type": "string"}}, "required": ["first"]},
+        {"properties": {"last": {"type": "string"}}, "required": ["last"]},
+    ]
+}
+COUNTRY = {
+    "type": "object",
+    "oneOf": [
+        {"properties": {"country": {"enum": ["CAN"]}, "state": {"enum": ["AB", "BC"]}}},
+        {"properties": {"country": {"enum": ["MEX"]}, "state": {"type": "string"}}},
+    ],
+}
+IMAGES = {
+    "definitions": {"name": {"enum": ["a", "b"]}},
+    "oneOf": [{"type": "array", "items": {"$ref": "#/definitions/name"}}, {"$ref": "#/definitions/name"}],
+}
+VERSIONS = {
+    "type": "object",
+    "required": ["version"],
+    "oneOf": [{"properties": {"version": {"const": "2"}}}, {"properties": {"version": {"const": "1"}}}],
+}
 CLOSED = {
     "oneOf": [
         {"type": "object", "properties": {"x": {"type": "integer"}}, "additionalProperties": False},
@@ -77,8 +99,25 @@ def _valid(schema: Any, text: str) -> bool:
         (HOST, ['"a"', '"a:b:1"', '"a:b"', '""']),
         (CLOSED, ['{"x":1}', '{"y":1}', "{}", '{"x":1,"y":2}']),
         (HOSTS, ['"example.com"', '"1.2.3.4"', '"::1"']),  # an IPv4 address may pass as a hostname: left out
+        (NAMES, ['{"first":"a"}', '{"last":"b"}', '{"first":"a","last":"b"}', '"x"']),  # "x": both branches
+        (COUNTRY, ['{"country":"CAN","state":"AB"}', '{"country":"MEX"}', "{}", '{"state":"AB"}']),
+        ({"type": "integer", "oneOf": [{"minimum": -1, "maximum": -1}, {"minimum": 50, "maximum": 100}]}, ["-1", "50"]),
+        (IMAGES, ['"a"', '["a","b"]', "[]"]),
+        (VERSIONS, ['{"version":"2"}', '{"version":"1"}', "{}"]),
     ],
-    ids=["refs-required", "ref-or-null", "not-required", "patterns", "closed-objects", "formats"],
+    ids=[
+        "refs-required",
+        "ref-or-null",
+        "not-required",
+        "patterns",
+        "closed-objects",
+        "formats",
+        "untyped-objects",
+        "optional-discriminator",
+        "ranges",
+        "values-and-types",
+        "node-requires-it",
+    ],
 )
 def test_a_one_of_whose_branches_can_be_told_apart_is_enforced(schema: dict[str, Any], texts: list[str]) -> None:
     out = relax(schema, STYLE)
@@ -93,6 +132,12 @@ def test_an_overlap_the_grammar_cannot_rule_out_stays_relaxed() -> None:
     assert relax({"oneOf": [{"type": "number"}, {"type": "integer"}]}, STYLE).keywords == ("oneOf",)
     formats = {"type": "string", "oneOf": [{"format": "hostname"}, {"format": "uri"}]}
     assert "oneOf" in relax(formats, STYLE).keywords
+
+
+def test_only_a_one_of_whose_branches_may_overlap_is_named() -> None:
+    assert first_one_of({"properties": {"a": {"oneOf": [{"type": "string"}]}}}) is None  # one branch
+    assert first_one_of({"oneOf": [{"type": "string"}, {"type": "null"}]}) is None
+    assert first_one_of({"items": {"oneOf": [{"type": "number"}, {"type": "integer"}]}}) == "/items"
 
 
 def test_patterns_disjoint() -> None:
