@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,8 +56,11 @@ class _Facts:
     properties: dict[str, list[Any]] = field(default_factory=dict)
     patterns: list[str] = field(default_factory=list)
     outside: list[str] = field(default_factory=list)  # regexes no value of its formats matches
+    excluded: list[Any] = field(default_factory=list)  # values a `not` rules out
     low: float | None = None  # numbers: the greatest lower bound given (exclusive or not)
     high: float | None = None  # and the least upper bound
+    shortest: int = 0  # strings: minLength
+    longest: int | None = None  # and maxLength
     never: bool = False  # no value (a `false` conjunct)
 
     def object_only(self) -> bool:
@@ -87,7 +91,7 @@ def all_disjoint(facts: list[_Facts], root: Any) -> bool:
     return all(disjoint(a, b, root) for i, a in enumerate(facts) for b in facts[i + 1 :])
 
 
-def narrow(node: dict[str, Any], root: Any) -> bool:
+def narrow(node: dict[str, Any], root: Any, negate: Callable[[Any], Any] = lambda _: None) -> bool:
     """Rewrite node's oneOf into an anyOf that means the same (its branches exclude each other) or less (narrowed);
     False when left as it is."""
     branches = node.get("oneOf")
@@ -97,7 +101,7 @@ def narrow(node: dict[str, Any], root: Any) -> bool:
     if all_disjoint(facts, root):
         node["anyOf"] = node.pop("oneOf")
         return True
-    narrowed = [_narrow(i, branches, facts, root) for i in range(len(branches))]
+    narrowed = [_narrow(i, branches, facts, root, negate) for i in range(len(branches))]
     if all(b is False for b in narrowed):
         return False
     node["anyOf"] = narrowed
@@ -105,13 +109,14 @@ def narrow(node: dict[str, Any], root: Any) -> bool:
     return True
 
 
-def _narrow(i: int, branches: list[Any], facts: list[_Facts], root: Any) -> Any:
+def _narrow(i: int, branches: list[Any], facts: list[_Facts], root: Any, negate: Callable[[Any], Any]) -> Any:
     """Branch i told apart from each branch it may share a value with: a pattern no string of that branch's format
     matches, else one of that branch's required properties forbidden, else one of its own properties that branch
     forbids required; False when none is there."""
     forbid: list[str] = []
     require: list[str] = []
     apart: list[str] = []
+    written: list[Any] = []
     objects = False
     mine = facts[i]
     for j, other in enumerate(facts):
@@ -119,6 +124,10 @@ def _narrow(i: int, branches: list[Any], facts: list[_Facts], root: Any) -> Any:
             continue
         if (mine.string_only() or other.string_only()) and other.outside:
             apart.append(other.outside[0])  # a string of other's format never matches it
+            continue
+        negation = negate(branches[j])
+        if negation is not None:  # exact: mine and not other
+            written.append(negation)
             continue
         if not (mine.object_only() or other.object_only()):
             if mine.types is not None and "object" not in mine.types:
@@ -133,12 +142,12 @@ def _narrow(i: int, branches: list[Any], facts: list[_Facts], root: Any) -> Any:
             require.append(present[0])
         else:
             return False
-    if not forbid and not require and not apart:
+    if not forbid and not require and not apart and not written:
         return branches[i]
     told: list[Any] = [{"type": "object"}] if objects else []
     told += [{"properties": {k: False for k in forbid}}] if forbid else []
     told += [{"required": sorted(set(require))}] if require else []
-    told += [{"pattern": p} for p in dict.fromkeys(apart)]
+    told += [{"pattern": p} for p in dict.fromkeys(apart)] + written
     return {"allOf": [branches[i], *told]}
 
 
@@ -162,7 +171,11 @@ def disjoint(a: _Facts, b: _Facts, root: Any, depth: int = 0) -> bool:
             return True
         if x.values is not None and y.types is not None and not any(_json_type(v) & y.types for v in x.values):
             return True
+        if x.values is not None and all(any(_same_value(v, e) for e in y.excluded) for v in x.values):
+            return True
         if _number_only(x) and _number_only(y) and x.low is not None and y.high is not None and y.high < x.low:
+            return True
+        if (x.string_only() or y.string_only()) and y.longest is not None and y.longest < x.shortest:
             return True
     if (a.string_only() or b.string_only()) and any(patterns_disjoint(p, q) for p in a.patterns for q in b.patterns):
         return True
@@ -254,6 +267,11 @@ def _add(facts: _Facts, part: Any) -> None:
         bound = part.get(key)
         if isinstance(bound, (int, float)) and not isinstance(bound, bool):
             facts.high = bound if facts.high is None else min(facts.high, bound)
+    shortest, longest = part.get("minLength"), part.get("maxLength")
+    if isinstance(shortest, int) and not isinstance(shortest, bool):
+        facts.shortest = max(facts.shortest, shortest)
+    if isinstance(longest, int) and not isinstance(longest, bool):
+        facts.longest = longest if facts.longest is None else min(facts.longest, longest)
     pattern, shape = part.get("pattern"), FORMAT_SHAPES.get(str(part.get("format")))
     facts.patterns += [pattern] if isinstance(pattern, str) else []
     facts.patterns += [shape[0]] if shape else []
@@ -267,9 +285,19 @@ def _add(facts: _Facts, part: Any) -> None:
     if part.get("additionalProperties") is False and not part.get("patternProperties"):
         facts.allowed = set(props) if facts.allowed is None else facts.allowed & set(props)
     negated = part.get("not")
+    values = _values_of(negated) if isinstance(negated, dict) else None
+    facts.excluded += values or []
     if isinstance(negated, dict) and set(negated) == {"required"} and isinstance(negated["required"], list):
         if len(negated["required"]) == 1 and isinstance(negated["required"][0], str):
             facts.forbidden.add(negated["required"][0])
+
+
+def _values_of(schema: dict[str, Any]) -> list[Any] | None:
+    """The values of a `const` / `enum` (beside only a `type` and annotations), else None."""
+    if not set(schema) - {"type", "title", "description"} <= {"const", "enum"}:
+        return None
+    values = [schema["const"]] if "const" in schema else schema.get("enum")
+    return values if isinstance(values, list) else None
 
 
 def _resolve(root: Any, ref: str) -> Any:

@@ -191,7 +191,7 @@ def _one_of(node: dict[str, Any], root: dict[str, Any]) -> bool:
             node["anyOf"] = [{"allOf": [b, *others[i]]} for i, b in enumerate(branches)]
             del node["oneOf"]
             return True
-    return narrow(node, root)
+    return narrow(node, root, negate)
 
 
 def _types(schema: dict[str, Any]) -> set[str] | None:
@@ -327,6 +327,9 @@ def negate(schema: Any) -> Any:
         return not_in([schema["const"]])
     if keys == {"enum"} and isinstance(schema["enum"], list):
         return not_in(schema["enum"])
+    strings = schema.get("enum") if schema.get("type") == "string" else None
+    if keys == {"type", "enum"} and isinstance(strings, list) and all(isinstance(v, str) for v in strings):
+        return not_in(strings)  # not a string, or another string: every value but these
     if len(keys) == 1 and keys <= {"anyOf", "allOf"} and isinstance(schema[next(iter(keys))], list):
         key = next(iter(keys))
         parts = [negate(p) for p in schema[key]]

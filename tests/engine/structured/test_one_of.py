@@ -57,6 +57,14 @@ COUNTRY = {
         {"properties": {"country": {"enum": ["MEX"]}, "state": {"type": "string"}}},
     ],
 }
+OTHER_COUNTRY = {
+    "type": "object",
+    "required": ["country"],
+    "oneOf": [
+        {"properties": {"country": {"type": "string", "enum": ["CAN"]}}},
+        {"properties": {"country": {"not": {"type": "string", "enum": ["CAN", "MEX"]}}}},
+    ],
+}
 IMAGES = {
     "definitions": {"name": {"enum": ["a", "b"]}},
     "oneOf": [{"type": "array", "items": {"$ref": "#/definitions/name"}}, {"$ref": "#/definitions/name"}],
@@ -104,6 +112,9 @@ def _valid(schema: Any, text: str) -> bool:
         ({"type": "integer", "oneOf": [{"minimum": -1, "maximum": -1}, {"minimum": 50, "maximum": 100}]}, ["-1", "50"]),
         (IMAGES, ['"a"', '["a","b"]', "[]"]),
         (VERSIONS, ['{"version":"2"}', '{"version":"1"}', "{}"]),
+        ({"type": "string", "oneOf": [{"enum": ["window"]}, {"enume": ["inline"]}]}, ['"window"', '"inline"']),
+        (OTHER_COUNTRY, ['{"country":"CAN"}', '{"country":"FRA"}', "{}"]),
+        ({"type": "string", "oneOf": [{"maxLength": 0}, {"minLength": 1, "maxLength": 3}]}, ['""', '"ab"']),
     ],
     ids=[
         "refs-required",
@@ -117,6 +128,9 @@ def _valid(schema: Any, text: str) -> bool:
         "ranges",
         "values-and-types",
         "node-requires-it",
+        "a-branch-that-takes-anything",
+        "not-enum",
+        "lengths",
     ],
 )
 def test_a_one_of_whose_branches_can_be_told_apart_is_enforced(schema: dict[str, Any], texts: list[str]) -> None:
