@@ -24,7 +24,8 @@ needs no check afterwards:
   (engine/structured/unevaluated.py; first, before the rewrites below move keywords into branches).
 - `date-time`, `date` and `time` get the pattern of what the output check's format checker (jsonschema with
   rfc3339-validator) accepts: llguidance's own regexes let through a 60th second, year 0 and 29 February of any
-  year.
+  year. `json-pointer` and `relative-json-pointer` (unknown to llguidance, which would relax them) become the
+  pattern of RFC 6901's grammar.
 
 No torch, no llguidance.
 """
@@ -55,7 +56,16 @@ _DATE = (
     f"|02-(?:0[1-9]|1[0-9]|2[0-8]))|{_LEAP}-02-29)"
 )
 _TIME = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]+)?(?:[zZ]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
-FORMATS = {"date": f"^{_DATE}$", "time": f"^{_TIME}$", "date-time": f"^{_DATE}[tT]{_TIME}$"}
+_POINTER = "(?:/(?:[^~/]|~[01])*)*"  # RFC 6901: "/"-led tokens, "~" only as ~0 or ~1
+FORMATS = {
+    "date": f"^{_DATE}$",
+    "time": f"^{_TIME}$",
+    "date-time": f"^{_DATE}[tT]{_TIME}$",
+    "json-pointer": f"^{_POINTER}$",
+    # draft 2019-09's form (a count of levels up, then "#" or a pointer); 2020-12's index shift (+n/-n) is left out
+    "relative-json-pointer": f"^(?:0|[1-9][0-9]*)(?:#|{_POINTER})$",
+}
+NEW_FORMATS = frozenset({"json-pointer", "relative-json-pointer"})  # llguidance knows none: the pattern replaces it
 
 
 def rewrite(schema: dict[str, Any], *, conditionals: bool = True) -> dict[str, Any]:
@@ -139,6 +149,8 @@ def _format(node: dict[str, Any]) -> bool:
         node["pattern"] = pattern
     else:  # llguidance intersects the patterns of an allOf
         node["allOf"] = [*node.get("allOf", []), {"pattern": pattern}]
+    if node["format"] in NEW_FORMATS:
+        del node["format"]
     return True
 
 

@@ -78,6 +78,32 @@ def test_format_patterns_equal_the_output_checks_format_checker(fmt: str, sample
         assert bool(re.search(pattern, s)) == CHECKER.conforms(s, fmt), (fmt, s)
 
 
+POINTERS = ["", "/", "/a", "/a/b", "/a~0b", "/a~1b", "//", "/~01", "a", "/~", "/~2", "~0", "/a~", "#", "/é/ü"]
+
+
+@pytest.mark.parametrize(
+    "fmt, samples",
+    [
+        ("json-pointer", POINTERS),
+        ("relative-json-pointer", [f"{n}{p}" for n in ("0", "1", "12", "01", "") for p in ["#", *POINTERS]]),
+    ],
+)
+def test_pointer_patterns_take_only_what_the_format_checker_accepts(fmt: str, samples: list[str]) -> None:
+    """json-pointer exactly; relative-json-pointer a subset (2020-12's +n/-n index shift left out)."""
+    pattern = FORMATS[fmt]
+    taken = [s for s in samples if re.search(pattern, s)]
+    assert all(CHECKER.conforms(s, fmt) for s in taken), fmt
+    if fmt == "json-pointer":
+        assert taken == [s for s in samples if CHECKER.conforms(s, fmt)]
+    assert {"/a~1b", "1/a"} & set(taken)  # not an empty pattern
+
+
+def test_a_pointer_format_is_enforced_not_relaxed() -> None:
+    out = relax({"type": "string", "format": "json-pointer"}, STYLE)
+    assert out.keywords == ()
+    assert accepts(out.schema, '"/a~1b/0"') and not accepts(out.schema, '"a/b"') and not accepts(out.schema, '"/~2"')
+
+
 def test_the_format_pattern_is_enforced_beside_the_users_own() -> None:
     out = relax({"type": "string", "format": "date-time"}, STYLE)
     assert out.keywords == ()
