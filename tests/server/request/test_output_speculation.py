@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from engine.core.engine_core import EngineCore
 from engine.messages import AddRequest, EngineStats, SamplingParams, StepOutputs
-from engine.spec import ngram, speculator
+from engine.spec import adaptive, ngram, speculator
 from server.request.collector import Collector, Output, OutputKind
 from server.request.detokenizer import IncrementalDetokenizer
 from server.request.output_processor import OutputProcessor, RequestState
@@ -57,8 +57,10 @@ def engines(qwen2_ckpt: Path) -> Iterator[Engines]:
     made = Engines(qwen2_ckpt)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ngram, "propose", made.propose)
-        # every step drafts its most: the adaptive policy times steps, and on a busy machine it may draft nothing
+        # every step drafts its most and verifies it: the adaptive policy times steps, and on a busy machine it may
+        # draft nothing, or find that a verification costs more than it gains and drop the draft
         mp.setattr(speculator, "draft_length", lambda state, cost, most, jump=0.0, probe=True: most)
+        mp.setattr(adaptive.StepCost, "pays", lambda self, num_seqs, gain, draft_tokens, draft_seconds=0.0: True)
         yield made
 
 
