@@ -47,30 +47,6 @@ SHAPES: dict[str, dict[str, Any]] = {
         "torch_dtype": "bfloat16",
         "use_cache": True,
     },
-    "qwen2.5-1.5b": {
-        "architectures": ["Qwen2ForCausalLM"],
-        "model_type": "qwen2",
-        "hidden_act": "silu",
-        "hidden_size": 1536,
-        "intermediate_size": 8960,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 12,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 32768,
-        "max_window_layers": 21,
-        "rms_norm_eps": 1e-06,
-        "rope_theta": 1000000.0,
-        "sliding_window": 32768,
-        "use_sliding_window": False,
-        "tie_word_embeddings": True,
-        "vocab_size": 151936,
-        "bos_token_id": 151643,
-        "eos_token_id": 151645,
-        "attention_dropout": 0.0,
-        "initializer_range": 0.02,
-        "torch_dtype": "bfloat16",
-        "use_cache": True,
-    },
     "llama-3.2-1b": {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -128,6 +104,15 @@ _GENERATION = {
 # the tokenizer each family's checkpoint gets (None: token ids only; LFM2's 65,536 ids hold none of ours)
 _TOKENIZER: dict[str, str | None] = {"qwen2": "qwen2.5", "qwen3_5_text": "qwen2.5", "llama": "llama3", "lfm2": None}
 SHARD_BYTES = 1 << 30
+
+# Qwen2.5-1.5B-Instruct's config.json is 0.5B's with these sizes
+SHAPES["qwen2.5-1.5b"] = {
+    **SHAPES["qwen2.5-0.5b"],
+    "hidden_size": 1536,
+    "intermediate_size": 8960,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 12,
+}
 
 
 def tensor_shapes(cfg: dict[str, Any]) -> Iterator[tuple[str, tuple[int, ...]]]:
