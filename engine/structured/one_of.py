@@ -29,6 +29,7 @@ from typing import Any
 import llguidance
 
 from engine.structured.grammar import LIMITS
+from engine.structured.json_pointer import MISSING, walk
 
 MAX_BRANCHES = 32  # branches compared pairwise
 MAX_DEPTH = 6  # $ref / allOf / property levels followed
@@ -304,16 +305,8 @@ def _resolve(root: Any, ref: str) -> Any:
     """The local `#/...` pointer's target, or None."""
     if not ref.startswith("#/"):
         return root if ref == "#" else None
-    node = root
-    for part in ref[2:].split("/"):
-        part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
-    return node
+    node = walk(root, ref[2:].split("/"))
+    return None if node is MISSING else node
 
 
 def _ref_siblings_ignored(root: Any) -> bool:
